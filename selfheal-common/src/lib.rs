@@ -1,0 +1,106 @@
+//! Map layouts shared by the eBPF programs (`selfheal-ebpf`) and the loader
+//! (`selfheal::ebpf`). `#![no_std]`, `#[repr(C)]`, no padding surprises: every
+//! struct is laid out so that both sides agree byte for byte.
+//!
+//! Times are `bpf_ktime_get_boot_ns()`, i.e. `CLOCK_BOOTTIME` in nanoseconds:
+//! monotonic, counts suspend, immune to wall-clock jumps.
+#![no_std]
+
+/// Capacity of the pid filter (`WATCHED`): watched thread-group ids.
+pub const MAX_WATCHED: u32 = 4096;
+/// Capacity of `IN_RECV`: threads of watched processes inside a receive.
+pub const MAX_IN_RECV: u32 = 16384;
+/// Capacity of `SOCKS`: sockets of watched processes seen receiving or sending.
+pub const MAX_SOCKS: u32 = 16384;
+/// Capacity of `IN_SEND` (kprobe strategy only: send entry stash).
+pub const MAX_IN_SEND: u32 = 16384;
+
+/// `flags` bit: the receive was non-blocking (`MSG_DONTWAIT`, set by the kernel
+/// for `O_NONBLOCK` files too), so it cannot wait for data.
+pub const RECV_NONBLOCKING: u32 = 1 << 0;
+/// `flags` bit: the entry hook knew the socket (`inode` is valid); otherwise
+/// only `fd` is known (syscall-tracepoint strategy).
+pub const RECV_HAS_INODE: u32 = 1 << 1;
+
+/// Linux `MSG_DONTWAIT`.
+pub const MSG_DONTWAIT: u32 = 0x40;
+/// Linux `EAGAIN` (== `EWOULDBLOCK`).
+pub const EAGAIN: i64 = 11;
+/// Linux `IPPROTO_TCP`.
+pub const IPPROTO_TCP: u16 = 6;
+
+/// Value of `IN_RECV`, keyed by tid: a thread of a watched process that is
+/// inside a receive right now.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InRecv {
+    /// When the receive began (`CLOCK_BOOTTIME` ns).
+    pub since_ns: u64,
+    /// Socket inode, valid when `flags & RECV_HAS_INODE`.
+    pub inode: u64,
+    /// Thread-group id (the pid).
+    pub tgid: u32,
+    /// File descriptor, or -1 where the entry hook does not see it.
+    pub fd: i32,
+    /// `RECV_*` bits.
+    pub flags: u32,
+    /// Syscall number (syscall-tracepoint strategy) or 0.
+    pub syscall: u32,
+}
+
+/// Value of `SOCKS`, keyed by socket inode: receive and send activity of one
+/// socket of a watched process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockActivity {
+    /// Last receive that returned data (`CLOCK_BOOTTIME` ns), 0 if none.
+    pub last_recv_ns: u64,
+    /// Bytes that receive returned.
+    pub last_recv_bytes: u64,
+    /// Last send that returned a byte count (`CLOCK_BOOTTIME` ns), 0 if none.
+    pub last_send_ns: u64,
+    /// Bytes that send returned.
+    pub last_send_bytes: u64,
+    /// Receives that returned data.
+    pub recv_data: u64,
+    /// Receives that returned nothing: 0 (end of stream) or `EAGAIN`.
+    pub recv_empty: u64,
+    /// Receives that failed with another error.
+    pub recv_error: u64,
+    /// Sends that returned a byte count.
+    pub sends: u64,
+    /// Sum of bytes received.
+    pub bytes_received: u64,
+    /// Sum of bytes sent.
+    pub bytes_sent: u64,
+    /// Thread-group id that last touched the socket.
+    pub tgid: u32,
+    /// Padding, always 0.
+    pub _pad: u32,
+}
+
+/// Indexes of the `COUNTERS` array: events the programs could not record.
+pub mod counter {
+    /// `IN_RECV` was full: a receive went unrecorded.
+    pub const IN_RECV_FULL: u32 = 0;
+    /// `SOCKS` was full: a socket's activity went unrecorded.
+    pub const SOCKS_FULL: u32 = 1;
+    /// A kernel pointer could not be read (socket identity unknown).
+    pub const READ_FAILED: u32 = 2;
+    /// `IN_SEND` was full (kprobe strategy).
+    pub const IN_SEND_FULL: u32 = 3;
+    /// Number of counters.
+    pub const LEN: u32 = 4;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: both are `#[repr(C)]`, made only of integers, with no implicit
+    // padding (checked by the size assertions below), so every bit pattern is
+    // a valid value.
+    unsafe impl aya::Pod for super::InRecv {}
+    unsafe impl aya::Pod for super::SockActivity {}
+
+    const _: () = assert!(core::mem::size_of::<super::InRecv>() == 32);
+    const _: () = assert!(core::mem::size_of::<super::SockActivity>() == 88);
+}

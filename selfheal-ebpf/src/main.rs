@@ -1,0 +1,520 @@
+//! selfheal's eBPF receive tracer: which threads of watched processes are
+//! inside a TCP receive right now (and since when), and per socket the time
+//! and size of the last receive and send.
+//!
+//! Four attach strategies share the same maps and helpers; user space
+//! (`selfheal::ebpf`) loads and attaches exactly one of them:
+//!
+//! | strategy   | receive entry              | receive exit / accounting     | send          |
+//! |------------|----------------------------|-------------------------------|---------------|
+//! | kprobe     | kprobe `tcp_recvmsg`       | kretprobe `tcp_recvmsg`       | k(ret)probe `tcp_sendmsg` |
+//! | fentry     | fentry `tcp_recvmsg`       | fexit `tcp_recvmsg`           | fexit `tcp_sendmsg` |
+//! | tp_btf     | syscall tracepoints (fd)   | tp_btf `sock_recv_length`     | tp_btf `sock_send_length` |
+//! | tracepoint | syscall tracepoints (fd)   | tracepoint `sock:sock_recv_length` | tracepoint `sock:sock_send_length` |
+//!
+//! Every program first looks the current tgid up in `WATCHED` and returns at
+//! once for other processes: that lookup is the whole cost for the rest of
+//! the host.
+//!
+//! Rust eBPF has no CO-RE field relocations, so the few struct offsets needed
+//! (sock → socket → inode number, sock → protocol) are read from the running
+//! kernel's BTF by the loader and passed in as read-only globals.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    maps::{Array, HashMap},
+    programs::{
+        BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
+        TracePointContext,
+    },
+};
+use selfheal_common::{
+    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, MAX_WATCHED, MSG_DONTWAIT,
+    RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity, counter,
+};
+
+// ---- configuration, written by the loader before load ----------------------
+
+/// `offsetof(struct sock, sk_socket)`.
+#[unsafe(no_mangle)]
+static OFF_SK_SOCKET: u64 = 0;
+/// Offset from a `struct socket *` to its inode's `i_ino`
+/// (`struct socket_alloc { struct socket socket; struct inode vfs_inode; }`).
+#[unsafe(no_mangle)]
+static OFF_SOCKET_INO: u64 = 0;
+/// `offsetof(struct sock, sk_protocol)` (a plain `u16` since Linux 5.6).
+#[unsafe(no_mangle)]
+static OFF_SK_PROTOCOL: u64 = 0;
+/// Index of `flags` among `tcp_recvmsg`'s parameters.
+#[unsafe(no_mangle)]
+static RECVMSG_FLAGS_ARG: u64 = 3;
+/// Index of `nonblock` among `tcp_recvmsg`'s parameters (before 5.19), or
+/// `u64::MAX` when the kernel folds it into `flags`.
+#[unsafe(no_mangle)]
+static RECVMSG_NONBLOCK_ARG: u64 = u64::MAX;
+
+#[inline(always)]
+fn config(v: &'static u64) -> u64 {
+    // SAFETY: reading a static; volatile so the loader's value is used
+    // instead of the compile-time one.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+// ---- maps -----------------------------------------------------------------
+
+/// The pid filter: thread-group ids user space watches.
+#[map]
+static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
+
+/// tid → the receive that thread is in now.
+#[map]
+static IN_RECV: HashMap<u32, InRecv> = HashMap::with_max_entries(MAX_IN_RECV, 0);
+
+/// socket inode → its receive/send activity.
+#[map]
+static SOCKS: HashMap<u64, SockActivity> = HashMap::with_max_entries(MAX_SOCKS, 0);
+
+/// tid → socket inode of the `tcp_sendmsg` in progress (kprobe strategy).
+#[map]
+static IN_SEND: HashMap<u32, u64> = HashMap::with_max_entries(MAX_IN_SEND, 0);
+
+/// Events that could not be recorded, indexed by `selfheal_common::counter`.
+#[map]
+static COUNTERS: Array<u64> = Array::with_max_entries(counter::LEN, 0);
+
+// ---- helpers ----------------------------------------------------------------
+
+/// `(tgid, tid)` of the current task if its process is watched.
+#[inline(always)]
+fn watched() -> Option<(u32, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    // SAFETY: the value is only tested for presence.
+    if unsafe { WATCHED.get(&tgid) }.is_some() {
+        Some((tgid, id as u32))
+    } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn bump(index: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: the pointer comes from the map and is valid for this program run.
+        unsafe { *c += 1 };
+    }
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_ktime_get_boot_ns() }
+}
+
+/// Inode number of the socket that owns `sk`, or 0 when it cannot be read.
+#[inline(always)]
+fn sock_inode(sk: u64) -> u64 {
+    if sk == 0 {
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address; offsets come from BTF.
+    let socket = match unsafe { bpf_probe_read_kernel((sk + config(&OFF_SK_SOCKET)) as *const u64) }
+    {
+        Ok(s) if s != 0 => s,
+        _ => {
+            bump(counter::READ_FAILED);
+            return 0;
+        }
+    };
+    // SAFETY: as above.
+    match unsafe { bpf_probe_read_kernel((socket + config(&OFF_SOCKET_INO)) as *const u64) } {
+        Ok(ino) => ino,
+        Err(_) => {
+            bump(counter::READ_FAILED);
+            0
+        }
+    }
+}
+
+/// Whether `sk` is a TCP socket (for hooks that see every protocol).
+#[inline(always)]
+fn sock_is_tcp(sk: u64) -> bool {
+    // SAFETY: bpf_probe_read_kernel checks the address; offset comes from BTF.
+    matches!(
+        unsafe { bpf_probe_read_kernel((sk + config(&OFF_SK_PROTOCOL)) as *const u16) },
+        Ok(IPPROTO_TCP)
+    )
+}
+
+#[inline(always)]
+fn recv_begin(tgid: u32, tid: u32, entry_flags: u32, inode: u64, fd: i32, syscall: u32) {
+    let rec = InRecv {
+        since_ns: now(),
+        inode,
+        tgid,
+        fd,
+        flags: entry_flags,
+        syscall,
+    };
+    if IN_RECV.insert(&tid, &rec, 0).is_err() {
+        bump(counter::IN_RECV_FULL);
+    }
+}
+
+/// Removes and returns the receive `tid` was in.
+#[inline(always)]
+fn recv_end(tid: u32) -> Option<InRecv> {
+    // SAFETY: the value is copied out before the entry is removed.
+    let rec = unsafe { IN_RECV.get(&tid) }.copied();
+    if rec.is_some() {
+        let _ = IN_RECV.remove(&tid);
+    }
+    rec
+}
+
+#[inline(always)]
+fn activity(tgid: u32, inode: u64) -> Option<&'static mut SockActivity> {
+    if inode == 0 {
+        return None;
+    }
+    if let Some(a) = SOCKS.get_ptr_mut(&inode) {
+        // SAFETY: map value pointer, valid for this program run.
+        return Some(unsafe { &mut *a });
+    }
+    let fresh = SockActivity {
+        tgid,
+        ..SockActivity::default()
+    };
+    if SOCKS.insert(&inode, &fresh, 0).is_err() {
+        bump(counter::SOCKS_FULL);
+        return None;
+    }
+    // SAFETY: as above.
+    SOCKS.get_ptr_mut(&inode).map(|a| unsafe { &mut *a })
+}
+
+/// Accounts a finished receive on the socket with `inode`. Counters are
+/// plain adds: two threads of one process receiving on the same socket at
+/// the same instant may lose an increment, which the consumers tolerate.
+#[inline(always)]
+fn account_recv(tgid: u32, inode: u64, ret: i64) {
+    let Some(a) = activity(tgid, inode) else {
+        return;
+    };
+    a.tgid = tgid;
+    if ret > 0 {
+        a.last_recv_ns = now();
+        a.last_recv_bytes = ret as u64;
+        a.recv_data += 1;
+        a.bytes_received += ret as u64;
+    } else if ret == 0 || ret == -EAGAIN {
+        a.recv_empty += 1;
+    } else {
+        a.recv_error += 1;
+    }
+}
+
+#[inline(always)]
+fn account_send(tgid: u32, inode: u64, ret: i64) {
+    if ret <= 0 {
+        return;
+    }
+    let Some(a) = activity(tgid, inode) else {
+        return;
+    };
+    a.tgid = tgid;
+    a.last_send_ns = now();
+    a.last_send_bytes = ret as u64;
+    a.sends += 1;
+    a.bytes_sent += ret as u64;
+}
+
+/// `(flags, nonblock)` of a `tcp_recvmsg` call from its 4th and 5th
+/// arguments: `(sk, msg, len, flags, addr_len)` since 5.19,
+/// `(sk, msg, len, nonblock, flags, addr_len)` before.
+#[inline(always)]
+fn recvmsg_flags_nonblock(a3: u64, a4: u64) -> (u64, u64) {
+    let pick = |i: u64| {
+        if i == 3 {
+            a3
+        } else if i == 4 {
+            a4
+        } else {
+            0
+        }
+    };
+    (
+        pick(config(&RECVMSG_FLAGS_ARG)),
+        pick(config(&RECVMSG_NONBLOCK_ARG)),
+    )
+}
+
+/// Entry flags of a `tcp_recvmsg` call from its `flags` (and, before 5.19,
+/// `nonblock`) argument.
+#[inline(always)]
+fn tcp_recvmsg_flags(flags: u64, nonblock: u64) -> u32 {
+    let nb = flags as u32 & MSG_DONTWAIT != 0 || nonblock != 0;
+    RECV_HAS_INODE | if nb { RECV_NONBLOCKING } else { 0 }
+}
+
+// ---- strategy "kprobe" -------------------------------------------------------
+
+#[kprobe]
+pub fn kprobe_tcp_recvmsg(ctx: ProbeContext) -> u32 {
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    let sk: u64 = ctx.arg(0).unwrap_or(0);
+    // The verifier wants constant context offsets: read both candidate
+    // registers, then pick by the kernel's signature.
+    let a3: u64 = ctx.arg(3).unwrap_or(0);
+    let a4: u64 = ctx.arg(4).unwrap_or(0);
+    let (flags, nonblock) = recvmsg_flags_nonblock(a3, a4);
+    recv_begin(
+        tgid,
+        tid,
+        tcp_recvmsg_flags(flags, nonblock),
+        sock_inode(sk),
+        -1,
+        0,
+    );
+    0
+}
+
+#[kretprobe]
+pub fn kretprobe_tcp_recvmsg(ctx: RetProbeContext) -> u32 {
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    let ret: i32 = ctx.ret();
+    if let Some(rec) = recv_end(tid) {
+        account_recv(tgid, rec.inode, i64::from(ret));
+    }
+    0
+}
+
+#[kprobe]
+pub fn kprobe_tcp_sendmsg(ctx: ProbeContext) -> u32 {
+    let Some((_, tid)) = watched() else { return 0 };
+    let sk: u64 = ctx.arg(0).unwrap_or(0);
+    if IN_SEND.insert(&tid, &sock_inode(sk), 0).is_err() {
+        bump(counter::IN_SEND_FULL);
+    }
+    0
+}
+
+#[kretprobe]
+pub fn kretprobe_tcp_sendmsg(ctx: RetProbeContext) -> u32 {
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    let ret: i32 = ctx.ret();
+    // SAFETY: copied out before removal.
+    if let Some(inode) = unsafe { IN_SEND.get(&tid) }.copied() {
+        let _ = IN_SEND.remove(&tid);
+        account_send(tgid, inode, i64::from(ret));
+    }
+    0
+}
+
+// ---- strategy "fentry" -------------------------------------------------------
+
+#[fentry(function = "tcp_recvmsg")]
+pub fn fentry_tcp_recvmsg(ctx: FEntryContext) -> i32 {
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    let sk: u64 = ctx.arg(0);
+    let (flags, nonblock) = recvmsg_flags_nonblock(ctx.arg(3), ctx.arg(4));
+    recv_begin(
+        tgid,
+        tid,
+        tcp_recvmsg_flags(flags, nonblock),
+        sock_inode(sk),
+        -1,
+        0,
+    );
+    0
+}
+
+#[fexit(function = "tcp_recvmsg")]
+pub fn fexit_tcp_recvmsg(ctx: FExitContext) -> i32 {
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    let ret: i32 = ctx.ret().unwrap_or(0);
+    let inode = match recv_end(tid) {
+        Some(rec) => rec.inode,
+        None => sock_inode(ctx.arg(0)),
+    };
+    account_recv(tgid, inode, i64::from(ret));
+    0
+}
+
+#[fexit(function = "tcp_sendmsg")]
+pub fn fexit_tcp_sendmsg(ctx: FExitContext) -> i32 {
+    let Some((tgid, _)) = watched() else { return 0 };
+    let ret: i32 = ctx.ret().unwrap_or(0);
+    account_send(tgid, sock_inode(ctx.arg(0)), i64::from(ret));
+    0
+}
+
+// ---- strategy "tp_btf" -------------------------------------------------------
+
+#[btf_tracepoint(function = "sock_recv_length")]
+pub fn tp_btf_sock_recv_length(ctx: BtfTracePointContext) -> i32 {
+    let Some((tgid, _)) = watched() else { return 0 };
+    let sk: u64 = ctx.arg(0);
+    if sock_is_tcp(sk) {
+        let ret: i32 = ctx.arg(1);
+        account_recv(tgid, sock_inode(sk), i64::from(ret));
+    }
+    0
+}
+
+#[btf_tracepoint(function = "sock_send_length")]
+pub fn tp_btf_sock_send_length(ctx: BtfTracePointContext) -> i32 {
+    let Some((tgid, _)) = watched() else { return 0 };
+    let sk: u64 = ctx.arg(0);
+    if sock_is_tcp(sk) {
+        let ret: i32 = ctx.arg(1);
+        account_send(tgid, sock_inode(sk), i64::from(ret));
+    }
+    0
+}
+
+// ---- strategy "tracepoint" (classic sock:* events) ---------------------------
+
+/// Field offsets of `sock:sock_{recv,send}_length` (checked against the
+/// tracefs format file by the loader).
+mod sock_tp {
+    pub const SK: usize = 8;
+    pub const PROTOCOL: usize = 18;
+    pub const RET: usize = 20;
+}
+
+#[inline(always)]
+fn sock_tp_fields(ctx: &TracePointContext) -> Option<(u64, i64)> {
+    // SAFETY: offsets of the tracepoint's fixed record, verified at load.
+    unsafe {
+        let proto: u16 = ctx.read_at(sock_tp::PROTOCOL).ok()?;
+        if proto != IPPROTO_TCP {
+            return None;
+        }
+        let sk: u64 = ctx.read_at(sock_tp::SK).ok()?;
+        let ret: i32 = ctx.read_at(sock_tp::RET).ok()?;
+        Some((sk, i64::from(ret)))
+    }
+}
+
+#[tracepoint(category = "sock", name = "sock_recv_length")]
+pub fn tp_sock_recv_length(ctx: TracePointContext) -> u32 {
+    let Some((tgid, _)) = watched() else { return 0 };
+    if let Some((sk, ret)) = sock_tp_fields(&ctx) {
+        account_recv(tgid, sock_inode(sk), ret);
+    }
+    0
+}
+
+#[tracepoint(category = "sock", name = "sock_send_length")]
+pub fn tp_sock_send_length(ctx: TracePointContext) -> u32 {
+    let Some((tgid, _)) = watched() else { return 0 };
+    if let Some((sk, ret)) = sock_tp_fields(&ctx) {
+        account_send(tgid, sock_inode(sk), ret);
+    }
+    0
+}
+
+// ---- receive entry/exit by syscall (tp_btf and tracepoint strategies) ------
+
+/// Field offsets of `syscalls:sys_enter_*` / `sys_exit_*` records.
+mod sys_tp {
+    pub const NR: usize = 8;
+    pub const ARG0: usize = 16;
+}
+
+/// Records that the current thread entered a receive syscall on `fd`.
+/// `flags_at` is the offset of the call's `flags` argument, if it has one.
+#[inline(always)]
+fn sys_recv_enter(ctx: &TracePointContext, flags_at: Option<usize>) -> u32 {
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    // SAFETY: fixed layout of syscall tracepoint records, verified at load.
+    let (nr, fd, flags) = unsafe {
+        let nr: i32 = ctx.read_at(sys_tp::NR).unwrap_or(-1);
+        let fd: u64 = ctx.read_at(sys_tp::ARG0).unwrap_or(u64::MAX);
+        let flags: u64 = match flags_at {
+            Some(off) => ctx.read_at(off).unwrap_or(0),
+            None => 0,
+        };
+        (nr, fd, flags)
+    };
+    let nb = if flags as u32 & MSG_DONTWAIT != 0 {
+        RECV_NONBLOCKING
+    } else {
+        0
+    };
+    recv_begin(tgid, tid, nb, 0, fd as i32, nr as u32);
+    0
+}
+
+#[inline(always)]
+fn sys_recv_exit() -> u32 {
+    let Some((_, tid)) = watched() else { return 0 };
+    let _ = IN_RECV.remove(&tid);
+    0
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_recvfrom")]
+pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
+    sys_recv_enter(&ctx, Some(40))
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_recvmsg")]
+pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
+    sys_recv_enter(&ctx, Some(32))
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_read")]
+pub fn sys_enter_read(ctx: TracePointContext) -> u32 {
+    sys_recv_enter(&ctx, None)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_enter_readv")]
+pub fn sys_enter_readv(ctx: TracePointContext) -> u32 {
+    sys_recv_enter(&ctx, None)
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_recvfrom")]
+pub fn sys_exit_recvfrom(_ctx: TracePointContext) -> u32 {
+    sys_recv_exit()
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_recvmsg")]
+pub fn sys_exit_recvmsg(_ctx: TracePointContext) -> u32 {
+    sys_recv_exit()
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_read")]
+pub fn sys_exit_read(_ctx: TracePointContext) -> u32 {
+    sys_recv_exit()
+}
+
+#[tracepoint(category = "syscalls", name = "sys_exit_readv")]
+pub fn sys_exit_readv(_ctx: TracePointContext) -> u32 {
+    sys_recv_exit()
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

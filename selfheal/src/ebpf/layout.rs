@@ -1,0 +1,237 @@
+//! Kernel struct layout the eBPF programs need, read from the running
+//! kernel's BTF (`/sys/kernel/btf/vmlinux`).
+//!
+//! Rust eBPF programs get no CO-RE field relocations, so instead of compiling
+//! one kernel's offsets in, the loader looks up the handful it needs here and
+//! hands them to the programs as read-only globals before loading.
+
+use std::path::Path;
+
+use btf_rs::{Btf, Type};
+
+/// Offsets and signatures the programs depend on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelLayout {
+    /// `offsetof(struct sock, sk_socket)`.
+    pub sk_socket: u64,
+    /// From `struct socket *` to `i_ino` of the inode allocated with it
+    /// (`struct socket_alloc`).
+    pub socket_ino: u64,
+    /// `offsetof(struct sock, sk_protocol)`, when it is a whole `u16`
+    /// (Linux 5.6+); `None` when it is a bitfield.
+    pub sk_protocol: Option<u64>,
+    /// Index of `flags` among `tcp_recvmsg`'s parameters.
+    pub recvmsg_flags_arg: u64,
+    /// Index of `nonblock` among `tcp_recvmsg`'s parameters (before 5.19).
+    pub recvmsg_nonblock_arg: Option<u64>,
+}
+
+/// Why the layout could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// The kernel exposes no BTF (CONFIG_DEBUG_INFO_BTF off) or it is unreadable.
+    #[error("cannot read kernel BTF at {path}: {reason}")]
+    NoBtf { path: String, reason: String },
+    /// A type, member or function the programs need is missing.
+    #[error("kernel BTF has no {what}")]
+    Missing { what: String },
+    /// A member has an unexpected shape.
+    #[error("kernel BTF: {what}")]
+    Unexpected { what: String },
+}
+
+/// The running kernel's BTF.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+impl KernelLayout {
+    /// Reads the layout from the BTF file at `path`.
+    pub fn from_btf_file(path: &Path) -> Result<Self, LayoutError> {
+        let btf = Btf::from_file(path).map_err(|e| LayoutError::NoBtf {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_btf(&btf)
+    }
+
+    fn from_btf(btf: &Btf) -> Result<Self, LayoutError> {
+        let sk_socket = member_offset(btf, "sock", "sk_socket")?.whole("sock.sk_socket")?;
+        let socket = member_offset(btf, "socket_alloc", "socket")?.whole("socket_alloc.socket")?;
+        let vfs_inode =
+            member_offset(btf, "socket_alloc", "vfs_inode")?.whole("socket_alloc.vfs_inode")?;
+        let i_ino = member_offset(btf, "inode", "i_ino")?.whole("inode.i_ino")?;
+        let sk_protocol = member_offset(btf, "sock", "sk_protocol")?
+            .whole("sock.sk_protocol")
+            .ok();
+        let params = func_params(btf, "tcp_recvmsg")?;
+        let index = |name: &str| params.iter().position(|p| p == name).map(|i| i as u64);
+        let recvmsg_flags_arg = index("flags").ok_or_else(|| LayoutError::Missing {
+            what: format!("parameter `flags` of tcp_recvmsg (has {params:?})"),
+        })?;
+        Ok(Self {
+            sk_socket,
+            socket_ino: vfs_inode - socket + i_ino,
+            sk_protocol,
+            recvmsg_flags_arg,
+            recvmsg_nonblock_arg: index("nonblock"),
+        })
+    }
+}
+
+/// A member's position: byte offset, and bit size when it is a bitfield.
+struct Position {
+    bits: u64,
+    bitfield: Option<u32>,
+}
+
+impl Position {
+    fn whole(&self, what: &str) -> Result<u64, LayoutError> {
+        match self.bitfield {
+            Some(size) if size != 0 => Err(LayoutError::Unexpected {
+                what: format!("{what} is a {size}-bit bitfield"),
+            }),
+            _ if self.bits % 8 != 0 => Err(LayoutError::Unexpected {
+                what: format!("{what} is not byte-aligned"),
+            }),
+            _ => Ok(self.bits / 8),
+        }
+    }
+}
+
+/// Strips typedefs and qualifiers.
+fn resolve(btf: &Btf, mut ty: Type) -> Type {
+    for _ in 0..32 {
+        match &ty {
+            Type::Typedef(_)
+            | Type::Const(_)
+            | Type::Volatile(_)
+            | Type::Restrict(_)
+            | Type::TypeTag(_) => match ty.as_btf_type().map(|t| btf.resolve_chained_type(t)) {
+                Some(Ok(next)) => ty = next,
+                _ => return ty,
+            },
+            _ => return ty,
+        }
+    }
+    ty
+}
+
+fn named_struct(btf: &Btf, name: &str) -> Result<btf_rs::Struct, LayoutError> {
+    btf.resolve_types_by_name(name)
+        .ok()
+        .into_iter()
+        .flatten()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => Some(s),
+            _ => None,
+        })
+        .ok_or_else(|| LayoutError::Missing {
+            what: format!("struct {name}"),
+        })
+}
+
+fn member_offset(btf: &Btf, struct_name: &str, member: &str) -> Result<Position, LayoutError> {
+    let s = named_struct(btf, struct_name)?;
+    find_member(btf, &s, member, 0, 0).ok_or_else(|| LayoutError::Missing {
+        what: format!("member {struct_name}.{member}"),
+    })
+}
+
+/// Depth-first search through anonymous structs and unions.
+fn find_member(
+    btf: &Btf,
+    s: &btf_rs::Struct,
+    name: &str,
+    base: u64,
+    depth: u32,
+) -> Option<Position> {
+    if depth > 8 {
+        return None;
+    }
+    for m in &s.members {
+        let bits = base + u64::from(m.bit_offset());
+        let member_name = btf.resolve_name(m).unwrap_or_default();
+        if member_name == name {
+            return Some(Position {
+                bits,
+                bitfield: m.bitfield_size(),
+            });
+        }
+        if member_name.is_empty() {
+            let inner = btf.resolve_chained_type(m).ok().map(|t| resolve(btf, t));
+            if let Some(Type::Struct(inner) | Type::Union(inner)) = inner {
+                if let Some(p) = find_member(btf, &inner, name, bits, depth + 1) {
+                    return Some(p);
+                }
+            }
+        }
+    }
+    None
+}
+
+fn func_params(btf: &Btf, func: &str) -> Result<Vec<String>, LayoutError> {
+    let missing = || LayoutError::Missing {
+        what: format!("function {func}"),
+    };
+    let f = btf
+        .resolve_types_by_name(func)
+        .map_err(|_| missing())?
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Func(f) => Some(f),
+            _ => None,
+        })
+        .ok_or_else(missing)?;
+    match btf.resolve_chained_type(&f) {
+        Ok(Type::FuncProto(proto)) => Ok(proto
+            .parameters
+            .iter()
+            .map(|p| btf.resolve_name(p).unwrap_or_default())
+            .collect()),
+        _ => Err(LayoutError::Unexpected {
+            what: format!("{func} has no prototype"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The running kernel's layout, where it has BTF. Values are checked for
+    /// plausibility only: they differ between kernels.
+    #[test]
+    fn reads_the_running_kernels_layout() {
+        let path = Path::new(VMLINUX_BTF);
+        if !path.exists() {
+            eprintln!("skipped: {VMLINUX_BTF} is missing (kernel without BTF)");
+            return;
+        }
+        let layout = KernelLayout::from_btf_file(path).expect("layout");
+        assert!(
+            layout.sk_socket > 0 && layout.sk_socket < 4096,
+            "{layout:?}"
+        );
+        assert!(
+            layout.socket_ino > 0 && layout.socket_ino < 4096,
+            "{layout:?}"
+        );
+        assert!(layout.sk_protocol.is_some(), "{layout:?}");
+        assert!(matches!(layout.recvmsg_flags_arg, 3 | 4), "{layout:?}");
+    }
+
+    #[test]
+    fn missing_btf_is_an_error_not_a_panic() {
+        let err = KernelLayout::from_btf_file(Path::new("/nonexistent/vmlinux")).unwrap_err();
+        assert!(matches!(err, LayoutError::NoBtf { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/vmlinux"));
+    }
+
+    #[test]
+    fn garbage_btf_is_an_error_not_a_panic() {
+        let dir = std::env::temp_dir().join(format!("selfheal-btf-{}", std::process::id()));
+        std::fs::write(&dir, b"\x9f\xeb\x01\x00garbage").unwrap();
+        let err = KernelLayout::from_btf_file(&dir);
+        let _ = std::fs::remove_file(&dir);
+        assert!(err.is_err());
+    }
+}

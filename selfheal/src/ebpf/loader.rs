@@ -1,0 +1,468 @@
+//! The aya side of the tracer: load, attach, pid filter, map reads.
+
+use std::{collections::BTreeMap, path::Path};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData},
+    programs::{BtfTracePoint, FEntry, FExit, KProbe, Program, TracePoint},
+};
+use selfheal_common::{InRecv, SockActivity, counter};
+
+use super::{
+    Attempt, FdKind, Overflow, Strategy, TracerError, TracerOptions, TracerSnapshot, chain,
+    layout::KernelLayout,
+    snapshot::{blocked_recv, socket_activity},
+    strategy::{Hook, ProgramSpec},
+    tracefs,
+};
+use crate::clock::boot_ns;
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/selfheal"));
+
+/// The attached tracer. Dropping it detaches every program and frees the maps.
+pub struct Tracer {
+    ebpf: Ebpf,
+    strategy: Strategy,
+    attempts: Vec<Attempt>,
+    attached_at_ns: u64,
+    /// tgid → when it was added to the pid filter (`CLOCK_BOOTTIME` ns).
+    watched: BTreeMap<u32, u64>,
+}
+
+impl Tracer {
+    /// Loads the object and attaches the first strategy of `opts` that the
+    /// kernel accepts.
+    pub fn attach(opts: &TracerOptions) -> Result<Self, TracerError> {
+        let layout = KernelLayout::from_btf_file(&opts.btf_path)?;
+        let mut loader = EbpfLoader::new();
+        let nonblock_arg = layout.recvmsg_nonblock_arg.unwrap_or(u64::MAX);
+        let sk_protocol = layout.sk_protocol.unwrap_or(0);
+        loader
+            .override_global("OFF_SK_SOCKET", &layout.sk_socket, true)
+            .override_global("OFF_SOCKET_INO", &layout.socket_ino, true)
+            .override_global("OFF_SK_PROTOCOL", &sk_protocol, true)
+            .override_global("RECVMSG_FLAGS_ARG", &layout.recvmsg_flags_arg, true)
+            .override_global("RECVMSG_NONBLOCK_ARG", &nonblock_arg, true);
+        let mut ebpf = loader
+            .load(OBJECT)
+            .map_err(|e| TracerError::Load(chain(&e)))?;
+        // Kernel BTF for fentry/fexit/tp_btf; its absence fails only those.
+        let btf = Btf::parse_file(&opts.btf_path, aya::Endianness::default()).map_err(|e| {
+            format!(
+                "cannot read kernel BTF {}: {}",
+                opts.btf_path.display(),
+                chain(&e)
+            )
+        });
+
+        let mut attempts = Vec::new();
+        for &strategy in &opts.strategies {
+            let result = precheck(strategy, &layout)
+                .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref().map_err(Clone::clone)));
+            match result {
+                Ok(()) => {
+                    attempts.push(Attempt {
+                        strategy,
+                        error: None,
+                    });
+                    return Ok(Self {
+                        ebpf,
+                        strategy,
+                        attempts,
+                        attached_at_ns: boot_ns(),
+                        watched: BTreeMap::new(),
+                    });
+                }
+                Err(error) => attempts.push(Attempt {
+                    strategy,
+                    error: Some(error),
+                }),
+            }
+        }
+        Err(TracerError::NoStrategy { attempts })
+    }
+
+    /// The strategy that attached.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// Every strategy tried, with why the ones before the winner failed.
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
+
+    /// When the programs were attached (`CLOCK_BOOTTIME` ns).
+    pub fn attached_at_ns(&self) -> u64 {
+        self.attached_at_ns
+    }
+
+    /// Since when `tgid`'s receives are seen: receives it began earlier are
+    /// invisible to the entry hooks.
+    pub fn watched_since(&self, tgid: u32) -> Option<u64> {
+        self.watched.get(&tgid).copied()
+    }
+
+    /// Adds `tgid` to the pid filter.
+    pub fn watch(&mut self, tgid: u32) -> Result<(), TracerError> {
+        let mut map: HashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, "WATCHED")?;
+        map.insert(tgid, 1, 0).map_err(|e| map_err("WATCHED", &e))?;
+        self.watched.entry(tgid).or_insert_with(boot_ns);
+        Ok(())
+    }
+
+    /// Removes `tgid` from the pid filter and forgets what it left in the maps.
+    pub fn unwatch(&mut self, tgid: u32) -> Result<(), TracerError> {
+        let mut map: HashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, "WATCHED")?;
+        let _ = map.remove(&tgid);
+        self.watched.remove(&tgid);
+        let mut recv: HashMap<&mut MapData, u32, InRecv> = map_mut(&mut self.ebpf, "IN_RECV")?;
+        let stale: Vec<u32> = recv
+            .iter()
+            .flatten()
+            .filter(|(_, r)| r.tgid == tgid)
+            .map(|(k, _)| k)
+            .collect();
+        for tid in stale {
+            let _ = recv.remove(&tid);
+        }
+        let mut socks: HashMap<&mut MapData, u64, SockActivity> = map_mut(&mut self.ebpf, "SOCKS")?;
+        let stale: Vec<u64> = socks
+            .iter()
+            .flatten()
+            .filter(|(_, a)| a.tgid == tgid)
+            .map(|(k, _)| k)
+            .collect();
+        for inode in stale {
+            let _ = socks.remove(&inode);
+        }
+        Ok(())
+    }
+
+    /// Reads the maps. Entries of threads that no longer exist are dropped
+    /// from the map (a thread killed inside a receive leaves one behind only
+    /// if its exit hook never ran).
+    pub fn snapshot(&mut self) -> Result<TracerSnapshot, TracerError> {
+        let now = boot_ns();
+        let mut resolve = resolve_fd;
+        let mut blocked = Vec::new();
+        let mut gone = Vec::new();
+        {
+            let recv: HashMap<&MapData, u32, InRecv> = map_ref(&self.ebpf, "IN_RECV")?;
+            for (tid, rec) in recv.iter().flatten() {
+                if !Path::new(&format!("/proc/{}/task/{tid}", rec.tgid)).exists() {
+                    gone.push(tid);
+                } else if let Some(b) = blocked_recv(now, tid, &rec, &mut resolve) {
+                    blocked.push(b);
+                }
+            }
+        }
+        if !gone.is_empty() {
+            let mut recv: HashMap<&mut MapData, u32, InRecv> = map_mut(&mut self.ebpf, "IN_RECV")?;
+            for tid in gone {
+                let _ = recv.remove(&tid);
+            }
+        }
+        blocked.sort_by_key(|b| (b.tgid, b.tid));
+        let socks: HashMap<&MapData, u64, SockActivity> = map_ref(&self.ebpf, "SOCKS")?;
+        let mut sockets: Vec<_> = socks
+            .iter()
+            .flatten()
+            .map(|(inode, a)| socket_activity(now, inode, &a))
+            .collect();
+        sockets.sort_by_key(|s| (s.tgid, s.inode));
+        let counters: Array<&MapData, u64> = self
+            .ebpf
+            .map("COUNTERS")
+            .ok_or(TracerError::Map {
+                map: "COUNTERS",
+                reason: "missing from the object".into(),
+            })
+            .and_then(|m| Array::try_from(m).map_err(|e| map_err("COUNTERS", &e)))?;
+        let c = |i| counters.get(&i, 0).unwrap_or(0);
+        Ok(TracerSnapshot {
+            strategy: self.strategy,
+            taken_at_ns: now,
+            blocked,
+            sockets,
+            overflow: Overflow {
+                in_recv_full: c(counter::IN_RECV_FULL),
+                socks_full: c(counter::SOCKS_FULL),
+                read_failed: c(counter::READ_FAILED),
+                in_send_full: c(counter::IN_SEND_FULL),
+            },
+        })
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        // Detach explicitly (aya would on drop too) so the order is plain:
+        // programs first, then the maps they used.
+        for spec in self.strategy.programs() {
+            if let Some(prog) = self.ebpf.program_mut(spec.program) {
+                let _ = unload(prog);
+            }
+        }
+    }
+}
+
+fn map_err(map: &'static str, e: &dyn std::error::Error) -> TracerError {
+    TracerError::Map {
+        map,
+        reason: chain(e),
+    }
+}
+
+fn map_ref<'a, K: aya::Pod, V: aya::Pod>(
+    ebpf: &'a Ebpf,
+    name: &'static str,
+) -> Result<HashMap<&'a MapData, K, V>, TracerError> {
+    let map = ebpf.map(name).ok_or(TracerError::Map {
+        map: name,
+        reason: "missing from the object".into(),
+    })?;
+    HashMap::try_from(map).map_err(|e| map_err(name, &e))
+}
+
+fn map_mut<'a, K: aya::Pod, V: aya::Pod>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<HashMap<&'a mut MapData, K, V>, TracerError> {
+    let map = ebpf.map_mut(name).ok_or(TracerError::Map {
+        map: name,
+        reason: "missing from the object".into(),
+    })?;
+    HashMap::try_from(map).map_err(|e| map_err(name, &e))
+}
+
+/// What `fd` of `tgid` is: a socket (with inode and `O_NONBLOCK`), something
+/// else, or gone. Reads `/proc/PID/fd/N` and `/proc/PID/fdinfo/N`.
+fn resolve_fd(tgid: u32, fd: i32) -> FdKind {
+    let Ok(target) = std::fs::read_link(format!("/proc/{tgid}/fd/{fd}")) else {
+        return FdKind::Gone;
+    };
+    let target = target.to_string_lossy();
+    let Some(inode) = target
+        .strip_prefix("socket:[")
+        .and_then(|s| s.strip_suffix(']'))
+        .and_then(|s| s.parse().ok())
+    else {
+        return FdKind::NotSocket;
+    };
+    let nonblocking = std::fs::read_to_string(format!("/proc/{tgid}/fdinfo/{fd}"))
+        .ok()
+        .and_then(|info| fdinfo_flags(&info))
+        .is_some_and(|flags| flags & libc::O_NONBLOCK as u32 != 0);
+    FdKind::Socket { inode, nonblocking }
+}
+
+/// The octal `flags:` line of `/proc/PID/fdinfo/N`.
+pub(crate) fn fdinfo_flags(info: &str) -> Option<u32> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+}
+
+/// Checks what a strategy needs before touching the kernel.
+fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), String> {
+    match strategy {
+        Strategy::TpBtf if layout.sk_protocol.is_none() => {
+            Err("sock.sk_protocol is a bitfield on this kernel (before 5.6)".into())
+        }
+        Strategy::TpBtf | Strategy::Tracepoint => check_tracepoint_layout(strategy),
+        Strategy::Kprobe | Strategy::Fentry => Ok(()),
+    }
+}
+
+/// The classic tracepoints' record offsets the programs read must match this
+/// kernel's format files.
+fn check_tracepoint_layout(strategy: Strategy) -> Result<(), String> {
+    let root = tracefs::root()
+        .ok_or("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")?;
+    let mut expected: Vec<(&str, &str, &str, u64)> = vec![
+        ("syscalls", "sys_enter_recvfrom", "fd", 16),
+        ("syscalls", "sys_enter_recvfrom", "flags", 40),
+        ("syscalls", "sys_enter_recvmsg", "fd", 16),
+        ("syscalls", "sys_enter_recvmsg", "flags", 32),
+        ("syscalls", "sys_enter_read", "fd", 16),
+        ("syscalls", "sys_enter_readv", "fd", 16),
+    ];
+    if strategy == Strategy::Tracepoint {
+        for event in ["sock_recv_length", "sock_send_length"] {
+            expected.extend([
+                ("sock", event, "sk", 8),
+                ("sock", event, "protocol", 18),
+                ("sock", event, "ret", 20),
+            ]);
+        }
+    }
+    for (category, event, field, want) in expected {
+        let got = tracefs::field_offset(&root, category, event, field)?;
+        if got != want {
+            return Err(format!(
+                "{category}:{event} field {field} is at offset {got}, the program reads {want}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Loads and attaches every program of `strategy`; on the first failure,
+/// unloads what it loaded and returns the reason.
+fn attach_all(
+    ebpf: &mut Ebpf,
+    strategy: Strategy,
+    btf: Result<&Btf, String>,
+) -> Result<(), String> {
+    let specs = strategy.programs();
+    for (i, spec) in specs.iter().enumerate() {
+        if let Err(e) = attach_one(ebpf, spec, btf.clone()) {
+            for done in &specs[..=i] {
+                if let Some(prog) = ebpf.program_mut(done.program) {
+                    let _ = unload(prog);
+                }
+            }
+            return Err(format!(
+                "{}: {}{}",
+                describe(spec.hook),
+                condense(&e),
+                hint(spec.hook, &e)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn attach_one(
+    ebpf: &mut Ebpf,
+    spec: &ProgramSpec,
+    btf: Result<&Btf, String>,
+) -> Result<(), String> {
+    let prog = ebpf
+        .program_mut(spec.program)
+        .ok_or_else(|| format!("program {} missing from the object", spec.program))?;
+    let e = |e: aya::programs::ProgramError| chain(&e);
+    match spec.hook {
+        Hook::Kprobe(f) | Hook::Kretprobe(f) => {
+            let p: &mut KProbe = prog.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach(f, 0).map_err(e)?;
+        }
+        Hook::Fentry(f) => {
+            let p: &mut FEntry = prog.try_into().map_err(e)?;
+            p.load(f, btf?).map_err(e)?;
+            p.attach().map_err(e)?;
+        }
+        Hook::Fexit(f) => {
+            let p: &mut FExit = prog.try_into().map_err(e)?;
+            p.load(f, btf?).map_err(e)?;
+            p.attach().map_err(e)?;
+        }
+        Hook::TpBtf(t) => {
+            let p: &mut BtfTracePoint = prog.try_into().map_err(e)?;
+            p.load(t, btf?).map_err(e)?;
+            p.attach().map_err(e)?;
+        }
+        Hook::Tracepoint(category, name) => {
+            let p: &mut TracePoint = prog.try_into().map_err(e)?;
+            p.load().map_err(e)?;
+            p.attach(category, name).map_err(e)?;
+        }
+    }
+    Ok(())
+}
+
+fn unload(prog: &mut Program) -> Result<(), aya::programs::ProgramError> {
+    match prog {
+        Program::KProbe(p) => p.unload(),
+        Program::FEntry(p) => p.unload(),
+        Program::FExit(p) => p.unload(),
+        Program::BtfTracePoint(p) => p.unload(),
+        Program::TracePoint(p) => p.unload(),
+        _ => Ok(()),
+    }
+}
+
+fn describe(hook: Hook) -> String {
+    match hook {
+        Hook::Kprobe(f) => format!("kprobe {f}"),
+        Hook::Kretprobe(f) => format!("kretprobe {f}"),
+        Hook::Fentry(f) => format!("fentry {f}"),
+        Hook::Fexit(f) => format!("fexit {f}"),
+        Hook::TpBtf(t) => format!("tp_btf {t}"),
+        Hook::Tracepoint(c, n) => format!("tracepoint {c}:{n}"),
+    }
+}
+
+/// Keeps a verifier log's verdict and drops the listing: the line that says
+/// why a program was rejected, not the hundreds before it.
+pub(crate) fn condense(error: &str) -> String {
+    let Some((head, log)) = error.split_once("Verifier output:") else {
+        return error.trim().to_string();
+    };
+    let head = head.trim().trim_end_matches('.');
+    let verdict = log
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            !["verification time", "stack depth", "processed "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .last();
+    match verdict {
+        Some(v) => format!("{head}; verifier: {v}"),
+        None => head.to_string(),
+    }
+}
+
+/// A likely cause, for failures that have a well-known one.
+fn hint(hook: Hook, error: &str) -> &'static str {
+    let no_kprobe_pmu = !Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    match hook {
+        Hook::Kprobe(_) | Hook::Kretprobe(_) if no_kprobe_pmu => {
+            " (this kernel has no kprobe PMU: CONFIG_KPROBES is off)"
+        }
+        Hook::Fentry(_) | Hook::Fexit(_)
+            if error.contains("Operation not permitted") || error.contains("EPERM") =>
+        {
+            " (the kernel refuses BPF trampolines here: lockdown, or no trampoline support)"
+        }
+        Hook::TpBtf(_) if error.contains("No such") || error.contains("not found") => {
+            " (this kernel has no such tracepoint: sock_{recv,send}_length need Linux 6.3+)"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_logs_are_condensed_to_their_verdict() {
+        let log = "the BPF_PROG_LOAD syscall returned Permission denied (os error 13). Verifier output: 0: R1=ctx()\n38: (79) r3 = *(u64 *)(r2 +0)\ndereference of modified ctx ptr R2 off=88 disallowed\nverification time 88 usec\nstack depth 40\nprocessed 22 insns\n";
+        assert_eq!(
+            condense(log),
+            "the BPF_PROG_LOAD syscall returned Permission denied (os error 13); verifier: dereference of modified ctx ptr R2 off=88 disallowed"
+        );
+        assert_eq!(
+            condense("returned Operation not permitted (os error 1). Verifier output: "),
+            "returned Operation not permitted (os error 1)"
+        );
+        assert_eq!(condense("plain error"), "plain error");
+    }
+
+    #[test]
+    fn fdinfo_flags_are_octal() {
+        assert_eq!(
+            fdinfo_flags("pos:\t0\nflags:\t04002\nmnt_id:\t9\n"),
+            Some(0o4002)
+        );
+        assert_eq!(fdinfo_flags("pos:\t0\n"), None);
+        assert_eq!(fdinfo_flags("flags:\tzz\n"), None);
+    }
+}

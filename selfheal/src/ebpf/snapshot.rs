@@ -1,0 +1,234 @@
+//! What the tracer saw, as plain Rust types, and the pure rules that turn
+//! raw map entries into it. No I/O here: resolving a file descriptor is
+//! passed in as a function.
+
+use selfheal_common::{InRecv, RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity};
+use serde::Serialize;
+
+use super::Strategy;
+use crate::clock::age_ms;
+
+/// A thread of a watched process inside a blocking receive on a socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BlockedRecv {
+    pub tgid: u32,
+    pub tid: u32,
+    /// The socket's inode (as in `/proc/PID/fd` and sock_diag), when known.
+    pub inode: Option<u64>,
+    /// The file descriptor, when the entry hook saw it (syscall strategies).
+    pub fd: Option<i32>,
+    /// The syscall, when the entry hook was a syscall tracepoint.
+    pub syscall: Option<&'static str>,
+    /// Whether the hook itself guarantees a TCP socket (`tcp_recvmsg`);
+    /// otherwise the caller must check the inode against sock_diag.
+    pub tcp_checked: bool,
+    /// When the receive began (`CLOCK_BOOTTIME` ns).
+    pub since_ns: u64,
+    /// How long it has been blocked at snapshot time.
+    pub age_ms: u64,
+}
+
+/// Receive/send activity of one socket of a watched process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SocketActivity {
+    pub inode: u64,
+    pub tgid: u32,
+    /// Age of the last receive that returned data.
+    pub last_recv_ms: Option<u64>,
+    pub last_recv_bytes: u64,
+    /// Age of the last send that returned a byte count.
+    pub last_send_ms: Option<u64>,
+    pub last_send_bytes: u64,
+    pub recv_data: u64,
+    pub recv_empty: u64,
+    pub recv_error: u64,
+    pub sends: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+}
+
+/// Events the kernel side could not record: non-zero means the picture is
+/// incomplete (a map was full, a pointer unreadable).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Overflow {
+    pub in_recv_full: u64,
+    pub socks_full: u64,
+    pub read_failed: u64,
+    pub in_send_full: u64,
+}
+
+/// One reading of the tracer's maps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TracerSnapshot {
+    pub strategy: Strategy,
+    /// When the reading was taken (`CLOCK_BOOTTIME` ns).
+    pub taken_at_ns: u64,
+    pub blocked: Vec<BlockedRecv>,
+    pub sockets: Vec<SocketActivity>,
+    pub overflow: Overflow,
+}
+
+/// What a file descriptor of a watched process is, as far as the tracer
+/// cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FdKind {
+    Socket {
+        inode: u64,
+        nonblocking: bool,
+    },
+    NotSocket,
+    /// The fd or the process is gone.
+    Gone,
+}
+
+/// Syscall numbers (x86_64) the syscall strategies record.
+pub fn syscall_name(nr: u32) -> Option<&'static str> {
+    match nr {
+        0 => Some("read"),
+        19 => Some("readv"),
+        45 => Some("recvfrom"),
+        47 => Some("recvmsg"),
+        _ => None,
+    }
+}
+
+/// Turns one `IN_RECV` entry into a blocked receive, or `None` when it is
+/// not one: a non-blocking read (an event loop polling), a read of a file or
+/// pipe, or a descriptor that is gone.
+pub fn blocked_recv(
+    now_ns: u64,
+    tid: u32,
+    rec: &InRecv,
+    resolve_fd: &mut dyn FnMut(u32, i32) -> FdKind,
+) -> Option<BlockedRecv> {
+    if rec.flags & RECV_NONBLOCKING != 0 {
+        return None;
+    }
+    let (inode, fd, tcp_checked) = if rec.flags & RECV_HAS_INODE != 0 {
+        ((rec.inode != 0).then_some(rec.inode), None, true)
+    } else {
+        match resolve_fd(rec.tgid, rec.fd) {
+            FdKind::Socket {
+                nonblocking: true, ..
+            }
+            | FdKind::NotSocket
+            | FdKind::Gone => {
+                return None;
+            }
+            FdKind::Socket {
+                inode,
+                nonblocking: false,
+            } => (Some(inode), Some(rec.fd), false),
+        }
+    };
+    Some(BlockedRecv {
+        tgid: rec.tgid,
+        tid,
+        inode,
+        fd,
+        syscall: syscall_name(rec.syscall),
+        tcp_checked,
+        since_ns: rec.since_ns,
+        age_ms: age_ms(now_ns, rec.since_ns),
+    })
+}
+
+/// Turns one `SOCKS` entry into plain activity with ages.
+pub fn socket_activity(now_ns: u64, inode: u64, a: &SockActivity) -> SocketActivity {
+    let age = |t: u64| (t != 0).then(|| age_ms(now_ns, t));
+    SocketActivity {
+        inode,
+        tgid: a.tgid,
+        last_recv_ms: age(a.last_recv_ns),
+        last_recv_bytes: a.last_recv_bytes,
+        last_send_ms: age(a.last_send_ns),
+        last_send_bytes: a.last_send_bytes,
+        recv_data: a.recv_data,
+        recv_empty: a.recv_empty,
+        recv_error: a.recv_error,
+        sends: a.sends,
+        bytes_received: a.bytes_received,
+        bytes_sent: a.bytes_sent,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 10_000_000_000;
+
+    fn rec(flags: u32, inode: u64, fd: i32, syscall: u32) -> InRecv {
+        InRecv {
+            since_ns: NOW - 2_500_000_000,
+            inode,
+            tgid: 7,
+            fd,
+            flags,
+            syscall,
+        }
+    }
+
+    fn check(r: InRecv, fd_kind: FdKind, expected: Option<(Option<u64>, Option<i32>, bool)>) {
+        let got = blocked_recv(NOW, 8, &r, &mut |tgid, fd| {
+            assert_eq!((tgid, fd), (7, r.fd));
+            fd_kind
+        });
+        match (got, expected) {
+            (None, None) => {}
+            (Some(b), Some((inode, fd, tcp))) => {
+                assert_eq!((b.inode, b.fd, b.tcp_checked), (inode, fd, tcp));
+                assert_eq!((b.tgid, b.tid, b.age_ms), (7, 8, 2500));
+            }
+            (got, expected) => panic!("{r:?} {fd_kind:?}: got {got:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn entries_become_blocked_receives_only_when_they_can_block() {
+        let sock = FdKind::Socket {
+            inode: 99,
+            nonblocking: false,
+        };
+        let nb_sock = FdKind::Socket {
+            inode: 99,
+            nonblocking: true,
+        };
+        // tcp_recvmsg hooks: inode known, TCP by construction.
+        check(
+            rec(RECV_HAS_INODE, 42, -1, 0),
+            FdKind::Gone,
+            Some((Some(42), None, true)),
+        );
+        check(
+            rec(RECV_HAS_INODE | RECV_NONBLOCKING, 42, -1, 0),
+            FdKind::Gone,
+            None,
+        );
+        // an unreadable socket pointer still reports the blocked thread
+        check(
+            rec(RECV_HAS_INODE, 0, -1, 0),
+            FdKind::Gone,
+            Some((None, None, true)),
+        );
+        // syscall hooks: the fd decides.
+        check(rec(0, 0, 3, 45), sock, Some((Some(99), Some(3), false)));
+        check(rec(0, 0, 3, 0), nb_sock, None);
+        check(rec(0, 0, 3, 0), FdKind::NotSocket, None);
+        check(rec(0, 0, 3, 0), FdKind::Gone, None);
+        check(rec(RECV_NONBLOCKING, 0, 3, 45), sock, None);
+    }
+
+    #[test]
+    fn activity_ages_are_relative_to_the_snapshot() {
+        let a = SockActivity {
+            last_recv_ns: NOW - 1_000_000_000,
+            last_recv_bytes: 5,
+            recv_data: 1,
+            ..SockActivity::default()
+        };
+        let s = socket_activity(NOW, 3, &a);
+        assert_eq!(s.last_recv_ms, Some(1000));
+        assert_eq!(s.last_send_ms, None);
+    }
+}

@@ -1,0 +1,13 @@
+//! selfheal: finds wedged AI-agent processes from outside, proves the wedge
+//! with kernel evidence, and heals them with the gentlest action that works.
+//!
+//! This library holds everything but the command line: the eBPF tracer's
+//! user-space side ([`ebpf`]), procfs and sock_diag collectors ([`proc`],
+//! [`sockdiag`]), the clock ages are measured with ([`clock`]), and the
+//! `inspect` report that joins them ([`inspect`]).
+
+pub mod clock;
+pub mod ebpf;
+pub mod inspect;
+pub mod proc;
+pub mod sockdiag;

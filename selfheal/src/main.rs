@@ -1,0 +1,58 @@
+//! The `selfheal` command. `main` owns exit codes and prints the error chain;
+//! each subcommand lives in its own file under `cli/`.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Finds wedged AI-agent processes from outside, proves the wedge with kernel
+/// evidence, and heals them with the gentlest action that works.
+#[derive(Parser)]
+#[command(name = "selfheal", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Inspect(cli::inspect::Args),
+}
+
+/// Exit code for usage and configuration errors.
+const EXIT_USAGE: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match cli.command {
+        Command::Inspect(args) => cli::inspect::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("selfheal: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A closed stdout (`selfheal inspect … | head`) is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

@@ -1,0 +1,109 @@
+//! Project tasks, run as `cargo xtask <task>`. Owns the machine set-up that
+//! the README's two commands rely on (`setup`), and the entry points for the
+//! demo, the full test run, the VM kernel test and the benchmarks.
+//!
+//! Every set-up step is idempotent: it checks before it installs.
+
+mod setup;
+mod vm;
+
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "selfheal project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent): Debian packages,
+    /// nightly rust-src, bpf-linker linked to nightly's libLLVM, tracefs.
+    Setup,
+    /// Set up, build, and run `selfheal inspect` on a process this command
+    /// starts and blocks in a receive.
+    Demo,
+    /// Set up, then run every test, with the eBPF object required.
+    Test {
+        /// Skip the VM kernel test (kprobe/fentry strategies on Debian's 6.1).
+        #[arg(long)]
+        no_vm: bool,
+    },
+    /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
+    /// integration tests there, once per attach strategy it should support.
+    VmTest(vm::VmArgs),
+    /// Run the receive-path overhead benchmark (needs root).
+    Bench,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.task {
+        Task::Setup => setup::all(),
+        Task::Demo => {
+            setup::all()?;
+            cargo(&["build", "--release", "-p", "selfheal", "-p", "tests"])?;
+            run(Command::new("target/release/demo-agent")
+                .env("SELFHEAL_BIN", "target/release/selfheal"))
+        }
+        Task::Test { no_vm } => {
+            setup::all()?;
+            // The whole workspace's tests, with the eBPF object required:
+            // a missing toolchain must fail here, not skip.
+            cargo_env(
+                &["test", "--workspace", "--exclude", "selfheal-ebpf"],
+                &[("SELFHEAL_REQUIRE_EBPF", "1")],
+            )?;
+            if no_vm {
+                eprintln!(
+                    "xtask: --no-vm given: the kprobe/fentry strategies were not tested on a stock kernel"
+                );
+                Ok(())
+            } else {
+                vm::vm_test(vm::VmArgs::default())
+            }
+        }
+        Task::VmTest(args) => {
+            setup::all()?;
+            vm::vm_test(args)
+        }
+        Task::Bench => {
+            setup::all()?;
+            cargo_env(
+                &["build", "--release", "-p", "tests", "--bin", "recv-bench"],
+                &[("SELFHEAL_REQUIRE_EBPF", "1")],
+            )?;
+            run(&mut Command::new("target/release/recv-bench"))
+        }
+    }
+}
+
+/// Runs cargo with `args` from the workspace root.
+pub fn cargo(args: &[&str]) -> Result<()> {
+    cargo_env(args, &[])
+}
+
+/// Runs cargo with `args` and extra environment variables.
+pub fn cargo_env(args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    run(&mut cmd)
+}
+
+/// Runs `cmd`, failing with its command line when it exits non-zero.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! Idempotent machine set-up: each step checks first and acts only when
+//! something is missing, so running it on every `demo`/`test` costs little.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::run;
+
+/// Debian packages the tests and the VM test use.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "iproute2",        // ip netns / veth for network-namespace tests
+    "nftables",        // dropping a peer's traffic to make half-open connections
+    "qemu-system-x86", // booting a stock kernel for the kprobe/fentry strategies
+    "busybox-static",  // the VM's userland
+    "cpio",            // packing the VM's initramfs
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn all() -> Result<()> {
+    debian_packages()?;
+    nightly_rust_src()?;
+    bpf_linker()?;
+    tracefs()?;
+    Ok(())
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions. (xtask keeps to std + anyhow.)
+    unsafe extern "C" {
+        fn geteuid() -> u32;
+    }
+    unsafe { geteuid() == 0 }
+}
+
+fn debian_packages() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+                .unwrap_or(false)
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages {missing:?}; run `cargo xtask setup` as root or install them"
+        );
+    }
+    eprintln!("setup: installing {missing:?}");
+    run(Command::new("apt-get").args(["update", "-q"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn nightly_sysroot() -> Result<PathBuf> {
+    let out = Command::new("rustc")
+        .args(["+nightly", "--print", "sysroot"])
+        .output()
+        .context("cannot run `rustc +nightly`")?;
+    if !out.status.success() {
+        bail!(
+            "no nightly toolchain (`rustc +nightly` failed: {}); the eBPF programs need nightly",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+fn nightly_rust_src() -> Result<()> {
+    let sysroot = nightly_sysroot()?;
+    if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        return Ok(());
+    }
+    eprintln!("setup: adding rust-src to nightly");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+fn bpf_linker() -> Result<()> {
+    let have = Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
+        .unwrap_or(false);
+    if have {
+        return Ok(());
+    }
+    // bpf-linker needs a libLLVM of the same major version as nightly's own
+    // LLVM: link nightly's libLLVM.so into a prefix it can find.
+    let lib = nightly_sysroot()?.join("lib");
+    let so = fs::read_dir(&lib)
+        .with_context(|| format!("cannot read {}", lib.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("libLLVM.so.") || (n.starts_with("libLLVM-") && n.ends_with(".so")))
+        .with_context(|| format!("no libLLVM in {}", lib.display()))?;
+    let major = llvm_major(&so).with_context(|| format!("cannot tell LLVM's version from {so}"))?;
+    let prefix = Path::new("/opt/rllvm/lib");
+    fs::create_dir_all(prefix).with_context(|| format!("cannot create {}", prefix.display()))?;
+    for name in ["libLLVM.so", so.as_str()] {
+        let link = prefix.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib.join(&so), &link)
+            .with_context(|| format!("cannot link {}", link.display()))?;
+    }
+    eprintln!("setup: installing bpf-linker {BPF_LINKER_VERSION} against {so} (about 100 s)");
+    run(Command::new("cargo")
+        .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+        ])
+        .env("LLVM_PREFIX", "/opt/rllvm"))
+}
+
+/// `libLLVM.so.22.1-rust-1.97.0-nightly` or `libLLVM-22-rust-….so` → 22.
+fn llvm_major(so: &str) -> Option<u32> {
+    let rest = so
+        .strip_prefix("libLLVM.so.")
+        .or_else(|| so.strip_prefix("libLLVM-"))?;
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn tracefs() -> Result<()> {
+    if Path::new("/sys/kernel/tracing/events").is_dir() || !is_root() {
+        return Ok(());
+    }
+    eprintln!("setup: mounting tracefs at /sys/kernel/tracing");
+    run(Command::new("mount").args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"]))
+}
