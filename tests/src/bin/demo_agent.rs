@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("being written");
+    std::process::exit(1)
+}

@@ -1,0 +1,294 @@
+//! Helpers for selfheal's integration tests: spawning the peer programs and
+//! talking to them, network namespaces that clean up after themselves,
+//! bounded waiting, and skipping (with the reason on stderr) where the
+//! machine truly cannot run a test.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::mpsc::{Receiver, RecvTimeoutError, channel},
+    time::{Duration, Instant},
+};
+
+use selfheal::ebpf::{Strategy, Tracer, TracerOptions};
+
+/// Path of a helper program of this crate: cargo puts binaries in the
+/// directory above the test executables (`target/<profile>/deps/`).
+pub fn helper_bin(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(|d| {
+        if d.ends_with("deps") {
+            d.parent()
+        } else {
+            Some(d)
+        }
+    });
+    let path = dir.expect("executable directory").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p tests --bins`",
+        path.display()
+    );
+    path
+}
+
+/// Whether we run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Prints why a test is skipped, on stderr, in one recognizable form.
+pub fn skip(test: &str, why: &str) {
+    eprintln!("SKIPPED {test}: {why}");
+}
+
+/// Skips (returns `false`) unless root.
+pub fn need_root(test: &str) -> bool {
+    if !is_root() {
+        skip(test, "needs root (eBPF, network namespaces)");
+        return false;
+    }
+    true
+}
+
+/// Polls `f` every `step` until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(
+    timeout: Duration,
+    step: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(step);
+    }
+}
+
+/// A running helper program whose stdout lines we read and whose stdin we
+/// write. Killed on drop.
+pub struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    what: String,
+}
+
+/// What a client peer reports once connected.
+#[derive(Clone, Debug)]
+pub struct Ready {
+    pub pid: u32,
+    pub tid: u32,
+    pub inode: u64,
+    pub local: String,
+    pub remote: String,
+}
+
+impl Peer {
+    /// Starts `cmd` with piped stdio.
+    pub fn spawn(mut cmd: Command) -> Peer {
+        let what = format!("{cmd:?}");
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        Peer {
+            child,
+            stdin,
+            lines,
+            what,
+        }
+    }
+
+    /// `recv-peer ARGS…`.
+    pub fn recv_peer(args: &[&str]) -> Peer {
+        let mut cmd = Command::new(helper_bin("recv-peer"));
+        cmd.args(args);
+        Peer::spawn(cmd)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next line starting with `prefix`, within `timeout`.
+    pub fn expect(&self, prefix: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => continue,
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("{}: no `{prefix}` line within {timeout:?}", self.what)
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("{}: exited before a `{prefix}` line", self.what)
+                }
+            }
+        }
+    }
+
+    /// Waits for the `ready` line of a client peer.
+    pub fn ready(&self) -> Ready {
+        let line = self.expect("ready ", Duration::from_secs(10));
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+                .to_string()
+        };
+        Ready {
+            pid: field("pid").parse().expect("pid"),
+            tid: field("tid").parse().expect("tid"),
+            inode: field("inode").parse().expect("inode"),
+            local: field("local"),
+            remote: field("remote"),
+        }
+    }
+
+    /// Writes one command line to the peer's stdin.
+    pub fn tell(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .expect("write to peer");
+    }
+
+    /// Closes the peer's stdin.
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A network namespace made for one test, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    /// Creates `selfheal-<tag>-<pid>` with its loopback up. `None` (with the
+    /// reason printed) when `ip netns` is unavailable.
+    pub fn new(tag: &str) -> Result<Netns, String> {
+        let name = format!("selfheal-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        run("ip", &["netns", "add", &name])?;
+        let ns = Netns { name };
+        run("ip", &["-n", &ns.name, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// A command that runs `program` inside the namespace.
+    pub fn command(&self, program: &std::path::Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name]).arg(program);
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The strategy the test environment forces (`SELFHEAL_FORCE_STRATEGY`), if any.
+pub fn forced_strategy() -> Option<Strategy> {
+    let name = std::env::var("SELFHEAL_FORCE_STRATEGY").ok()?;
+    Some(
+        Strategy::from_name(&name)
+            .unwrap_or_else(|| panic!("SELFHEAL_FORCE_STRATEGY={name}: unknown strategy")),
+    )
+}
+
+/// The strategy the test environment expects to be chosen
+/// (`SELFHEAL_EXPECT_STRATEGY`), if any.
+pub fn expected_strategy() -> Option<Strategy> {
+    let name = std::env::var("SELFHEAL_EXPECT_STRATEGY").ok()?;
+    Some(
+        Strategy::from_name(&name)
+            .unwrap_or_else(|| panic!("SELFHEAL_EXPECT_STRATEGY={name}: unknown strategy")),
+    )
+}
+
+/// Attaches a tracer restricted to `strategies` (or all, or the forced one).
+pub fn attach(strategies: Option<&[Strategy]>) -> Tracer {
+    let strategies = match (forced_strategy(), strategies) {
+        (Some(f), _) => vec![f],
+        (None, Some(s)) => s.to_vec(),
+        (None, None) => Strategy::ALL.to_vec(),
+    };
+    let tracer = Tracer::attach(&TracerOptions {
+        strategies,
+        ..TracerOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("tracer: {}", selfheal_error_chain(&e)));
+    if let Some(expected) = expected_strategy() {
+        assert_eq!(
+            tracer.strategy(),
+            expected,
+            "attempts: {:?}",
+            tracer.attempts()
+        );
+    }
+    tracer
+}
+
+fn selfheal_error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(&format!(": {c}"));
+        cur = c.source();
+    }
+    s
+}
+
+/// A loopback listener the test drives directly.
+pub fn listener() -> std::net::TcpListener {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback")
+}
