@@ -60,7 +60,9 @@ pub enum SockDiagError {
     },
     #[error("sock_diag: malformed reply: {0}")]
     Malformed(String),
-    #[error("sock_diag: kernel error {0}")]
+    /// The kernel refused the request (`ENOENT`: no TCP sock_diag, e.g. the
+    /// `tcp_diag` module is not loaded).
+    #[error("sock_diag: the kernel refused the dump: {}", std::io::Error::from_raw_os_error(-.0))]
     Kernel(i32),
     #[error("cannot enter the network namespace of pid {pid}: {reason}")]
     Netns { pid: u32, reason: String },

@@ -66,6 +66,20 @@ const KERNEL_METAPACKAGE: &str = "linux-image-amd64";
 /// busybox-static's binary: the VM's whole userland.
 const BUSYBOX: &str = "/bin/busybox";
 const QEMU: &str = "qemu-system-x86_64";
+/// TCG only (this host's `/dev/kvm` cannot boot a stock kernel); 1 GiB, one
+/// CPU, the serial console on stdio; a panic (`panic=-1`) ends qemu.
+const QEMU_ARGS: &[&str] = &[
+    "-accel",
+    "tcg",
+    "-cpu",
+    "max",
+    "-m",
+    "1024",
+    "-smp",
+    "1",
+    "-nographic",
+    "-no-reboot",
+];
 const KERNEL_CMDLINE: &str = "console=ttyS0 panic=-1 quiet";
 
 /// Markers `/init` prints on the console; the run is judged from them.
@@ -133,7 +147,7 @@ pub fn vm_test(args: VmArgs) -> Result<()> {
         None => build_test_binaries(&root, args.package(), args.test_target())?,
     };
     let init = init_script(&binaries.test, args.filter());
-    let initramfs = build_initramfs(&vm_dir, &binaries, &init)?;
+    let initramfs = build_initramfs(&vm_dir, &binaries, &kernel.modules, &init)?;
 
     let log = vm_dir.join("serial.log");
     let boot = boot(&kernel.vmlinuz, &initramfs, &log, args.timeout())?;
@@ -163,7 +177,16 @@ struct Kernel {
     /// Its Debian version, e.g. `6.1.192-3`.
     version: String,
     vmlinuz: PathBuf,
+    /// `lib/modules/<release>/` of the unpacked image.
+    modules: PathBuf,
 }
+
+/// Modules the tests need that Debian builds as modules, in load order,
+/// relative to `lib/modules/<release>/`: sock_diag for TCP (what `ss` uses).
+const MODULES: &[&str] = &[
+    "kernel/net/ipv4/inet_diag.ko",
+    "kernel/net/ipv4/tcp_diag.ko",
+];
 
 /// Debian 12's current stock kernel, downloaded and unpacked once into
 /// `cache/<package>/`, reused after that.
@@ -176,18 +199,24 @@ fn debian_kernel(cache: &Path) -> Result<Kernel> {
             kernel_package()?
         }
     };
-    let version = package_version(&package)?;
     let dir = cache.join(&package);
+    let deb = download_deb(&package, &dir.join("deb"))?;
+    let version = deb_version(&deb)?;
     let unpacked = dir.join("root");
     if !unpacked.is_dir() {
-        let deb = download_deb(&package, &dir.join("deb"))?;
         unpack_deb(&deb, &unpacked)?;
     }
     let vmlinuz = find_vmlinuz(&unpacked.join("boot"))?;
+    let modules_root = unpacked.join("lib/modules");
+    let release = read_dir_names(&modules_root)?
+        .into_iter()
+        .next()
+        .with_context(|| format!("no kernel release under {}", modules_root.display()))?;
     Ok(Kernel {
         package,
         version,
         vmlinuz,
+        modules: modules_root.join(release),
     })
 }
 
@@ -212,13 +241,13 @@ fn versioned_image(apt_cache_depends: &str) -> Option<String> {
     })
 }
 
-/// The candidate version of `package`, for the report.
-fn package_version(package: &str) -> Result<String> {
-    let out = output(Command::new("apt-cache").args(["show", "--no-all-versions", package]))?;
-    out.lines()
-        .find_map(|l| l.strip_prefix("Version:"))
-        .map(|v| v.trim().to_owned())
-        .with_context(|| format!("`apt-cache show {package}` gives no Version"))
+/// The Debian version in a .deb's name (`<package>_<version>_<arch>.deb`,
+/// the epoch's colon written `%3a`), for the report.
+fn deb_version(deb: &Path) -> Result<String> {
+    deb.file_name()
+        .and_then(|n| n.to_str()?.split('_').nth(1))
+        .map(|v| v.replace("%3a", ":"))
+        .with_context(|| format!("no version in the name of {}", deb.display()))
 }
 
 /// `apt-get download`s `package` into `dir` unless a .deb of it is there;
@@ -253,6 +282,7 @@ fn find_deb(package: &str, dir: &Path) -> Result<Option<PathBuf>> {
         return Ok(None);
     }
     let prefix = format!("{package}_");
+    // One per folder in practice: the folder is named after the package.
     let debs = read_dir_names(dir)?
         .into_iter()
         .filter(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
@@ -366,7 +396,12 @@ fn artifact(msg: &serde_json::Value) -> Option<Artifact> {
 
 /// Stages the VM's root file system under `vm_dir/initramfs/` and packs it
 /// into `vm_dir/initramfs.cpio` (newc, uncompressed: TCG is slow to inflate).
-fn build_initramfs(vm_dir: &Path, binaries: &TestBinaries, init: &str) -> Result<PathBuf> {
+fn build_initramfs(
+    vm_dir: &Path,
+    binaries: &TestBinaries,
+    modules: &Path,
+    init: &str,
+) -> Result<PathBuf> {
     let staging = vm_dir.join("initramfs");
     if staging.exists() {
         fs::remove_dir_all(&staging)
@@ -387,6 +422,20 @@ fn build_initramfs(vm_dir: &Path, binaries: &TestBinaries, init: &str) -> Result
     }
     for file in &files {
         stage_file(&staging, file)?;
+    }
+
+    // Modules as /modules/<load order>-<name>.ko, loaded by /init in order.
+    let module_dir = staging.join("modules");
+    fs::create_dir_all(&module_dir)
+        .with_context(|| format!("cannot create {}", module_dir.display()))?;
+    for (i, rel) in MODULES.iter().enumerate() {
+        let src = modules.join(rel);
+        let name = Path::new(rel)
+            .file_name()
+            .context("module path has a file name")?;
+        let dst = module_dir.join(format!("{i}-{}", name.to_string_lossy()));
+        fs::copy(&src, &dst)
+            .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
     }
 
     let init_path = staging.join("init");
@@ -418,6 +467,9 @@ fn install_busybox(staging: &Path) -> Result<()> {
         let link = staging.join(applet);
         if link.exists() {
             continue; // bin/busybox itself
+        }
+        if let Some(dir) = link.parent() {
+            fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
         std::os::unix::fs::symlink(BUSYBOX, &link)
             .with_context(|| format!("cannot link {}", link.display()))?;
@@ -552,6 +604,7 @@ mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 # A tmpfs on /tmp, unless a staged binary lives there (it would be hidden).
 [ -z "$(ls -A /tmp)" ] && mount -t tmpfs tmpfs /tmp
 ip link set lo up
+for m in /modules/*.ko; do insmod "$m" || echo "SELFHEAL-VM-WARN cannot load $m"; done
 cd /tmp
 export HOME=/root TMPDIR=/tmp
 # /proc/uptime in centiseconds, and centiseconds as seconds.
@@ -609,32 +662,31 @@ struct Boot {
     status: ExitStatus,
 }
 
+impl Boot {
+    /// `/init` got to the end of its cases.
+    fn powered_off(&self) -> bool {
+        self.lines.iter().any(|l| l.contains(DONE_MARKER))
+    }
+    fn panicked(&self) -> bool {
+        self.lines.iter().any(|l| l.contains("Kernel panic"))
+    }
+}
+
 /// Boots `kernel` + `initrd` under qemu TCG, streaming the console to the
 /// terminal and `log`, killing qemu once `timeout` has passed.
 fn boot(kernel: &Path, initrd: &Path, log: &Path, timeout: Duration) -> Result<Boot> {
     let mut log_file =
         File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     let mut cmd = Command::new(QEMU);
-    cmd.args([
-        "-accel",
-        "tcg",
-        "-cpu",
-        "max",
-        "-m",
-        "1024",
-        "-smp",
-        "1",
-        "-nographic",
-        "-no-reboot",
-    ])
-    .arg("-kernel")
-    .arg(kernel)
-    .arg("-initrd")
-    .arg(initrd)
-    .args(["-append", KERNEL_CMDLINE])
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
+    cmd.args(QEMU_ARGS)
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", KERNEL_CMDLINE])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     eprintln!(
         "vm-test: booting ({QEMU}, TCG; timeout {} s; console also in {})",
         timeout.as_secs(),
@@ -845,8 +897,13 @@ fn print_summary(kernel: &Kernel, boot: &Boot, outcomes: &[(&str, Outcome)], log
         );
     }
     let guest = |marker, key| marker_field(&boot.lines, marker, key).unwrap_or("?");
+    let end = if boot.powered_off() {
+        "poweroff"
+    } else {
+        "qemu exit"
+    };
     println!(
-        "  boot to poweroff: {:.1} s wall (guest uptime: /init at {} s, poweroff at {} s); qemu {}",
+        "  boot to {end}: {:.1} s wall (guest uptime: /init at {} s, poweroff at {} s); qemu {}",
         boot.wall.as_secs_f64(),
         guest(INIT_MARKER, "uptime"),
         guest(DONE_MARKER, "uptime"),
@@ -869,6 +926,8 @@ fn verdict(boot: &Boot, outcomes: &[(&str, Outcome)], filter: &str, log: &Path) 
     }
     let why = if boot.timed_out {
         "; the VM timed out"
+    } else if boot.panicked() {
+        "; the kernel panicked"
     } else {
         ""
     };
@@ -929,6 +988,17 @@ mod tests {
             versioned_image("linux-image-amd64\n  Depends: kmod\n"),
             None
         );
+    }
+
+    #[test]
+    fn reads_the_deb_version() {
+        let deb = Path::new("/c/linux-image-6.1.0-57-amd64_6.1.192-3_amd64.deb");
+        assert_eq!(deb_version(deb).unwrap(), "6.1.192-3");
+        assert_eq!(
+            deb_version(Path::new("/c/p_1%3a2.0-1_all.deb")).unwrap(),
+            "1:2.0-1"
+        );
+        assert!(deb_version(Path::new("/c/odd.deb")).is_err());
     }
 
     #[test]

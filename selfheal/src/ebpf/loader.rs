@@ -431,7 +431,7 @@ fn hint(hook: Hook, error: &str) -> &'static str {
         {
             " (the kernel refuses BPF trampolines here: lockdown, or no trampoline support)"
         }
-        Hook::TpBtf(_) if error.contains("No such") || error.contains("not found") => {
+        Hook::TpBtf(_) if error.contains("unknown BTF type") => {
             " (this kernel has no such tracepoint: sock_{recv,send}_length need Linux 6.3+)"
         }
         _ => "",
