@@ -6,8 +6,11 @@
 //! monotonic, counts suspend, immune to wall-clock jumps.
 #![no_std]
 
-/// Capacity of the pid filter (`WATCHED`): watched thread-group ids.
-pub const MAX_WATCHED: u32 = 4096;
+/// Size of the pid filter (`WATCHED`), a bitmap over every possible pid:
+/// `u64` words for pids below 2^22, the kernel's largest `pid_max`. An array
+/// lookup is inlined by the verifier, which keeps the cost for unwatched
+/// processes to a few instructions.
+pub const WATCHED_WORDS: u32 = (1 << 22) / 64;
 /// Capacity of `IN_RECV`: threads of watched processes inside a receive.
 pub const MAX_IN_RECV: u32 = 16384;
 /// Capacity of `SOCKS`: sockets of watched processes seen receiving or sending.

@@ -9,12 +9,19 @@
 //! |------------|----------------------------|-------------------------------|---------------|
 //! | kprobe     | kprobe `tcp_recvmsg`       | kretprobe `tcp_recvmsg`       | k(ret)probe `tcp_sendmsg` |
 //! | fentry     | fentry `tcp_recvmsg`       | fexit `tcp_recvmsg`           | fexit `tcp_sendmsg` |
-//! | tp_btf     | syscall tracepoints (fd)   | tp_btf `sock_recv_length`     | tp_btf `sock_send_length` |
+//! | tp_btf     | tp_btf `sched_switch` (fd) | tp_btf `sock_recv_length`     | tp_btf `sock_send_length` |
 //! | tracepoint | syscall tracepoints (fd)   | tracepoint `sock:sock_recv_length` | tracepoint `sock:sock_send_length` |
 //!
-//! Every program first looks the current tgid up in `WATCHED` and returns at
-//! once for other processes: that lookup is the whole cost for the rest of
-//! the host.
+//! Every program first looks the current tgid up in `WATCHED` (a bitmap) and
+//! returns at once for other processes: that lookup is the whole cost for
+//! the rest of the host.
+//!
+//! The tp_btf strategy has no receive-entry tracepoint to hook. Rather than
+//! the syscall tracepoints (which put every syscall of every process on the
+//! slow path), it notes a receive when a watched thread goes to sleep inside
+//! one (`sched_switch`, reading the syscall and its fd from the thread's
+//! saved registers), and clears it when the receive returns
+//! (`sock_recv_length`). A receive that never sleeps never blocked.
 //!
 //! Rust eBPF has no CO-RE field relocations, so the few struct offsets needed
 //! (sock → socket → inode number, sock → protocol) are read from the running
@@ -23,7 +30,10 @@
 #![no_main]
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel},
+    bindings::task_struct,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_task_pt_regs,
+    },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{Array, HashMap},
     programs::{
@@ -32,8 +42,8 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, MAX_WATCHED, MSG_DONTWAIT,
-    RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity, counter,
+    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, MSG_DONTWAIT, RECV_HAS_INODE,
+    RECV_NONBLOCKING, SockActivity, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -55,6 +65,12 @@ static RECVMSG_FLAGS_ARG: u64 = 3;
 /// `u64::MAX` when the kernel folds it into `flags`.
 #[unsafe(no_mangle)]
 static RECVMSG_NONBLOCK_ARG: u64 = u64::MAX;
+/// `offsetof(struct pt_regs, orig_ax)`: the syscall number.
+#[unsafe(no_mangle)]
+static OFF_REGS_SYSCALL: u64 = 120;
+/// `offsetof(struct pt_regs, di)`: the syscall's first argument.
+#[unsafe(no_mangle)]
+static OFF_REGS_ARG0: u64 = 112;
 
 #[inline(always)]
 fn config(v: &'static u64) -> u64 {
@@ -65,9 +81,10 @@ fn config(v: &'static u64) -> u64 {
 
 // ---- maps -----------------------------------------------------------------
 
-/// The pid filter: thread-group ids user space watches.
+/// The pid filter: bit `tgid % 64` of word `tgid / 64` is set for every
+/// thread-group id user space watches.
 #[map]
-static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
+static WATCHED: Array<u64> = Array::with_max_entries(WATCHED_WORDS, 0);
 
 /// tid → the receive that thread is in now.
 #[map]
@@ -92,8 +109,8 @@ static COUNTERS: Array<u64> = Array::with_max_entries(counter::LEN, 0);
 fn watched() -> Option<(u32, u32)> {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
-    // SAFETY: the value is only tested for presence.
-    if unsafe { WATCHED.get(&tgid) }.is_some() {
+    let word = WATCHED.get(tgid >> 6).copied().unwrap_or(0);
+    if word & (1 << (tgid & 63)) != 0 {
         Some((tgid, id as u32))
     } else {
         None
@@ -366,7 +383,13 @@ pub fn fexit_tcp_sendmsg(ctx: FExitContext) -> i32 {
 
 #[btf_tracepoint(function = "sock_recv_length")]
 pub fn tp_btf_sock_recv_length(ctx: BtfTracePointContext) -> i32 {
-    let Some((tgid, _)) = watched() else { return 0 };
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    // The receive returned: the thread is no longer waiting in it.
+    if IN_RECV.get_ptr(&tid).is_some() {
+        let _ = IN_RECV.remove(&tid);
+    }
     let sk: u64 = ctx.arg(0);
     if sock_is_tcp(sk) {
         let ret: i32 = ctx.arg(1);
@@ -382,6 +405,52 @@ pub fn tp_btf_sock_send_length(ctx: BtfTracePointContext) -> i32 {
     if sock_is_tcp(sk) {
         let ret: i32 = ctx.arg(1);
         account_send(tgid, sock_inode(sk), i64::from(ret));
+    }
+    0
+}
+
+/// x86_64 receive syscalls: read, readv, recvfrom, recvmsg.
+#[inline(always)]
+fn is_recv_syscall(nr: u64) -> bool {
+    matches!(nr, 0 | 19 | 45 | 47)
+}
+
+/// A watched thread goes to sleep: if inside a receive syscall, note the
+/// receive (once: it keeps its first `since` across spurious wake-ups);
+/// if inside anything else, any receive it was in is over.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn tp_btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
+    // At sched_switch `current` is still `prev`, the thread leaving the CPU.
+    let Some((tgid, tid)) = watched() else {
+        return 0;
+    };
+    let preempt: u64 = ctx.arg(0);
+    let prev_state: u64 = ctx.arg(3);
+    if preempt & 0xff != 0 || prev_state as u32 == 0 {
+        return 0; // preempted or still runnable: not waiting for anything
+    }
+    let prev: *mut task_struct = ctx.arg(1);
+    // SAFETY: `prev` is the tracepoint's trusted task pointer.
+    let regs = unsafe { bpf_task_pt_regs(prev) } as u64;
+    if regs == 0 {
+        return 0;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address; offsets come from BTF.
+    let (nr, arg0) = unsafe {
+        (
+            bpf_probe_read_kernel((regs + config(&OFF_REGS_SYSCALL)) as *const u64)
+                .unwrap_or(u64::MAX),
+            bpf_probe_read_kernel((regs + config(&OFF_REGS_ARG0)) as *const u64)
+                .unwrap_or(u64::MAX),
+        )
+    };
+    let known = IN_RECV.get_ptr(&tid).is_some();
+    if is_recv_syscall(nr) {
+        if !known {
+            recv_begin(tgid, tid, 0, 0, arg0 as i32, nr as u32);
+        }
+    } else if known {
+        let _ = IN_RECV.remove(&tid);
     }
     0
 }
@@ -428,7 +497,7 @@ pub fn tp_sock_send_length(ctx: TracePointContext) -> u32 {
     0
 }
 
-// ---- receive entry/exit by syscall (tp_btf and tracepoint strategies) ------
+// ---- receive entry/exit by syscall (tracepoint strategy) -------------------
 
 /// Field offsets of `syscalls:sys_enter_*` / `sys_exit_*` records.
 mod sys_tp {

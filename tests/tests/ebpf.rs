@@ -400,7 +400,10 @@ fn bad_input_is_an_error_not_a_panic() {
         s.blocked.iter().all(|b| b.tgid != ready.pid),
         "a dead process is not blocked: {s:#?}"
     );
-    // Watching a pid that does not exist is harmless.
-    tracer.watch(u32::MAX - 7).unwrap();
+    // Watching a pid that does not exist is harmless; one that cannot exist
+    // (above the largest pid_max, 2^22) is a clear error.
+    tracer.watch((1 << 22) - 1).unwrap();
     snapshot(&mut tracer);
+    let err = tracer.watch(u32::MAX - 7).unwrap_err();
+    assert!(err.to_string().contains("pid_max"), "{err}");
 }

@@ -24,6 +24,11 @@ pub struct KernelLayout {
     pub recvmsg_flags_arg: u64,
     /// Index of `nonblock` among `tcp_recvmsg`'s parameters (before 5.19).
     pub recvmsg_nonblock_arg: Option<u64>,
+    /// `offsetof(struct pt_regs, orig_ax)` and `offsetof(struct pt_regs, di)`:
+    /// where a sleeping thread's syscall number and first argument are saved
+    /// (x86_64).
+    pub regs_syscall: u64,
+    pub regs_arg0: u64,
 }
 
 /// Why the layout could not be read.
@@ -67,7 +72,11 @@ impl KernelLayout {
         let recvmsg_flags_arg = index("flags").ok_or_else(|| LayoutError::Missing {
             what: format!("parameter `flags` of tcp_recvmsg (has {params:?})"),
         })?;
+        let regs_syscall = member_offset(btf, "pt_regs", "orig_ax")?.whole("pt_regs.orig_ax")?;
+        let regs_arg0 = member_offset(btf, "pt_regs", "di")?.whole("pt_regs.di")?;
         Ok(Self {
+            regs_syscall,
+            regs_arg0,
             sk_socket,
             socket_ino: vfs_inode - socket + i_ino,
             sk_protocol,
@@ -217,6 +226,8 @@ mod tests {
         );
         assert!(layout.sk_protocol.is_some(), "{layout:?}");
         assert!(matches!(layout.recvmsg_flags_arg, 3 | 4), "{layout:?}");
+        // x86_64's pt_regs is ABI: orig_ax at 120, di at 112.
+        assert_eq!((layout.regs_syscall, layout.regs_arg0), (120, 112));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, HashMap, MapData},
     programs::{BtfTracePoint, FEntry, FExit, KProbe, Program, TracePoint},
 };
-use selfheal_common::{InRecv, SockActivity, counter};
+use selfheal_common::{InRecv, SockActivity, WATCHED_WORDS, counter};
 
 use super::{
     Attempt, FdKind, Overflow, Strategy, TracerError, TracerOptions, TracerSnapshot, chain,
@@ -43,7 +43,9 @@ impl Tracer {
             .override_global("OFF_SOCKET_INO", &layout.socket_ino, true)
             .override_global("OFF_SK_PROTOCOL", &sk_protocol, true)
             .override_global("RECVMSG_FLAGS_ARG", &layout.recvmsg_flags_arg, true)
-            .override_global("RECVMSG_NONBLOCK_ARG", &nonblock_arg, true);
+            .override_global("RECVMSG_NONBLOCK_ARG", &nonblock_arg, true)
+            .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
+            .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true);
         let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| TracerError::Load(chain(&e)))?;
@@ -106,16 +108,34 @@ impl Tracer {
 
     /// Adds `tgid` to the pid filter.
     pub fn watch(&mut self, tgid: u32) -> Result<(), TracerError> {
-        let mut map: HashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, "WATCHED")?;
-        map.insert(tgid, 1, 0).map_err(|e| map_err("WATCHED", &e))?;
+        self.set_watched(tgid, true)?;
         self.watched.entry(tgid).or_insert_with(boot_ns);
         Ok(())
     }
 
+    /// Sets or clears `tgid`'s bit in the `WATCHED` bitmap.
+    fn set_watched(&mut self, tgid: u32, on: bool) -> Result<(), TracerError> {
+        if tgid >= WATCHED_WORDS * 64 {
+            return Err(TracerError::Map {
+                map: "WATCHED",
+                reason: format!("pid {tgid} is above the largest pid_max"),
+            });
+        }
+        let map = self.ebpf.map_mut("WATCHED").ok_or(TracerError::Map {
+            map: "WATCHED",
+            reason: "missing from the object".into(),
+        })?;
+        let mut bits: Array<&mut MapData, u64> =
+            Array::try_from(map).map_err(|e| map_err("WATCHED", &e))?;
+        let (index, bit) = (tgid / 64, 1u64 << (tgid % 64));
+        let word = bits.get(&index, 0).map_err(|e| map_err("WATCHED", &e))?;
+        let word = if on { word | bit } else { word & !bit };
+        bits.set(index, word, 0).map_err(|e| map_err("WATCHED", &e))
+    }
+
     /// Removes `tgid` from the pid filter and forgets what it left in the maps.
     pub fn unwatch(&mut self, tgid: u32) -> Result<(), TracerError> {
-        let mut map: HashMap<&mut MapData, u32, u8> = map_mut(&mut self.ebpf, "WATCHED")?;
-        let _ = map.remove(&tgid);
+        self.set_watched(tgid, false)?;
         self.watched.remove(&tgid);
         let mut recv: HashMap<&mut MapData, u32, InRecv> = map_mut(&mut self.ebpf, "IN_RECV")?;
         let stale: Vec<u32> = recv
@@ -271,14 +291,15 @@ fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), String> {
         Strategy::TpBtf if layout.sk_protocol.is_none() => {
             Err("sock.sk_protocol is a bitfield on this kernel (before 5.6)".into())
         }
-        Strategy::TpBtf | Strategy::Tracepoint => check_tracepoint_layout(strategy),
+        Strategy::TpBtf => Ok(()),
+        Strategy::Tracepoint => check_tracepoint_layout(),
         Strategy::Kprobe | Strategy::Fentry => Ok(()),
     }
 }
 
 /// The classic tracepoints' record offsets the programs read must match this
 /// kernel's format files.
-fn check_tracepoint_layout(strategy: Strategy) -> Result<(), String> {
+fn check_tracepoint_layout() -> Result<(), String> {
     let root = tracefs::root()
         .ok_or("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")?;
     let mut expected: Vec<(&str, &str, &str, u64)> = vec![
@@ -289,14 +310,12 @@ fn check_tracepoint_layout(strategy: Strategy) -> Result<(), String> {
         ("syscalls", "sys_enter_read", "fd", 16),
         ("syscalls", "sys_enter_readv", "fd", 16),
     ];
-    if strategy == Strategy::Tracepoint {
-        for event in ["sock_recv_length", "sock_send_length"] {
-            expected.extend([
-                ("sock", event, "sk", 8),
-                ("sock", event, "protocol", 18),
-                ("sock", event, "ret", 20),
-            ]);
-        }
+    for event in ["sock_recv_length", "sock_send_length"] {
+        expected.extend([
+            ("sock", event, "sk", 8),
+            ("sock", event, "protocol", 18),
+            ("sock", event, "ret", 20),
+        ]);
     }
     for (category, event, field, want) in expected {
         let got = tracefs::field_offset(&root, category, event, field)?;

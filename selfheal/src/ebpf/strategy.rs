@@ -11,8 +11,8 @@ pub enum Strategy {
     Kprobe,
     /// fentry/fexit on `tcp_recvmsg`, fexit on `tcp_sendmsg`.
     Fentry,
-    /// `tp_btf` on `sock_recv_length`/`sock_send_length`, plus the
-    /// receive syscalls' enter/exit tracepoints.
+    /// `tp_btf` on `sock_recv_length`/`sock_send_length`, and on
+    /// `sched_switch` to see receives that sleep.
     TpBtf,
     /// Classic `sock:sock_{recv,send}_length` tracepoints, plus the receive
     /// syscalls' enter/exit tracepoints.
@@ -42,8 +42,9 @@ const fn p(program: &'static str, hook: Hook) -> ProgramSpec {
     ProgramSpec { program, hook }
 }
 
-/// Receive entry/exit by syscall, for the strategies whose receive hook
-/// fires only when the receive returns.
+/// Receive entry/exit by syscall, for the classic-tracepoint strategy. Costly:
+/// any enabled syscall tracepoint sends every syscall of every process down
+/// the kernel's slow path.
 const SYSCALL_HOOKS: [ProgramSpec; 8] = [
     p(
         "sys_enter_recvfrom",
@@ -92,9 +93,10 @@ const FENTRY: [ProgramSpec; 3] = [
     p("fexit_tcp_sendmsg", Hook::Fexit("tcp_sendmsg")),
 ];
 
-const TP_BTF: [ProgramSpec; 2] = [
+const TP_BTF: [ProgramSpec; 3] = [
     p("tp_btf_sock_recv_length", Hook::TpBtf("sock_recv_length")),
     p("tp_btf_sock_send_length", Hook::TpBtf("sock_send_length")),
+    p("tp_btf_sched_switch", Hook::TpBtf("sched_switch")),
 ];
 
 const TRACEPOINT: [ProgramSpec; 2] = [
@@ -133,7 +135,7 @@ impl Strategy {
         match self {
             Self::Kprobe => KPROBE.to_vec(),
             Self::Fentry => FENTRY.to_vec(),
-            Self::TpBtf => [&TP_BTF[..], &SYSCALL_HOOKS[..]].concat(),
+            Self::TpBtf => TP_BTF.to_vec(),
             Self::Tracepoint => [&TRACEPOINT[..], &SYSCALL_HOOKS[..]].concat(),
         }
     }
