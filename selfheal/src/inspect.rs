@@ -339,8 +339,8 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(o, "\nthreads");
     let _ = writeln!(
         o,
-        "  {:>7}  {:<16} {:<2} {:<24} {}",
-        "TID", "NAME", "ST", "WCHAN", "RECEIVE"
+        "  {:>7}  {:<16} {:<2} {:<24} RECEIVE",
+        "TID", "NAME", "ST", "WCHAN"
     );
     for t in &r.threads {
         let recv = match (t.recv_blocked_ms, t.recv_inode) {

@@ -98,7 +98,7 @@ impl Position {
             Some(size) if size != 0 => Err(LayoutError::Unexpected {
                 what: format!("{what} is a {size}-bit bitfield"),
             }),
-            _ if self.bits % 8 != 0 => Err(LayoutError::Unexpected {
+            _ if !self.bits.is_multiple_of(8) => Err(LayoutError::Unexpected {
                 what: format!("{what} is not byte-aligned"),
             }),
             _ => Ok(self.bits / 8),
@@ -167,10 +167,10 @@ fn find_member(
         }
         if member_name.is_empty() {
             let inner = btf.resolve_chained_type(m).ok().map(|t| resolve(btf, t));
-            if let Some(Type::Struct(inner) | Type::Union(inner)) = inner {
-                if let Some(p) = find_member(btf, &inner, name, bits, depth + 1) {
-                    return Some(p);
-                }
+            if let Some(Type::Struct(inner) | Type::Union(inner)) = inner
+                && let Some(p) = find_member(btf, &inner, name, bits, depth + 1)
+            {
+                return Some(p);
             }
         }
     }

@@ -422,16 +422,12 @@ pub(crate) fn condense(error: &str) -> String {
         return error.trim().to_string();
     };
     let head = head.trim().trim_end_matches('.');
-    let verdict = log
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .filter(|l| {
-            !["verification time", "stack depth", "processed "]
+    let verdict = log.lines().map(str::trim).rfind(|l| {
+        !l.is_empty()
+            && !["verification time", "stack depth", "processed "]
                 .iter()
                 .any(|p| l.starts_with(p))
-        })
-        .last();
+    });
     match verdict {
         Some(v) => format!("{head}; verifier: {v}"),
         None => head.to_string(),
