@@ -36,12 +36,21 @@ enum Task {
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),
-    /// Run the receive-path overhead benchmark (needs root).
-    Bench,
+    /// Run the receive-path overhead benchmark (needs root). Arguments after
+    /// `--` go to `recv-bench` (e.g. `-- --bytes 268435456 --rounds 3`).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // Paths below are relative to the workspace root, wherever we were started.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("xtask lives inside the workspace")?;
+    std::env::set_current_dir(root).with_context(|| format!("cannot enter {}", root.display()))?;
     match cli.task {
         Task::Setup => setup::all(),
         Task::Demo => {
@@ -52,11 +61,25 @@ fn main() -> Result<()> {
         }
         Task::Test { no_vm } => {
             setup::all()?;
+            let ebpf_required = [("SELFHEAL_REQUIRE_EBPF", "1")];
+            cargo_env(
+                &[
+                    "clippy",
+                    "--workspace",
+                    "--exclude",
+                    "selfheal-ebpf",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ],
+                &ebpf_required,
+            )?;
             // The whole workspace's tests, with the eBPF object required:
             // a missing toolchain must fail here, not skip.
             cargo_env(
                 &["test", "--workspace", "--exclude", "selfheal-ebpf"],
-                &[("SELFHEAL_REQUIRE_EBPF", "1")],
+                &ebpf_required,
             )?;
             if no_vm {
                 eprintln!(
@@ -71,13 +94,13 @@ fn main() -> Result<()> {
             setup::all()?;
             vm::vm_test(args)
         }
-        Task::Bench => {
+        Task::Bench { args } => {
             setup::all()?;
             cargo_env(
                 &["build", "--release", "-p", "tests", "--bin", "recv-bench"],
                 &[("SELFHEAL_REQUIRE_EBPF", "1")],
             )?;
-            run(&mut Command::new("target/release/recv-bench"))
+            run(Command::new("target/release/recv-bench").args(args))
         }
     }
 }
