@@ -32,6 +32,31 @@ pub fn helper_bin(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// The `selfheal` binary of this build, built on first use if cargo did not
+/// build it for this test run.
+pub fn selfheal_bin() -> std::path::PathBuf {
+    static BUILD: std::sync::Once = std::sync::Once::new();
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().and_then(|d| {
+        if d.ends_with("deps") {
+            d.parent()
+        } else {
+            Some(d)
+        }
+    });
+    let path = dir.expect("executable directory").join("selfheal");
+    BUILD.call_once(|| {
+        if !path.exists() {
+            let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(["build", "-p", "selfheal", "--bin", "selfheal"])
+                .status()
+                .expect("run cargo");
+            assert!(status.success(), "cannot build selfheal");
+        }
+    });
+    path
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
