@@ -98,6 +98,18 @@ pub struct EbpfEvidence {
     pub snapshot: Option<TracerSnapshot>,
 }
 
+/// Why `inspect` has nothing to show.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// The process is gone, or its `what` cannot be read.
+    #[error("cannot read the {what} of pid {pid}: {reason}")]
+    Process {
+        pid: u32,
+        what: &'static str,
+        reason: String,
+    },
+}
+
 /// How to collect.
 #[derive(Clone, Debug, Default)]
 pub struct CollectOptions {
@@ -111,14 +123,16 @@ pub struct CollectOptions {
 }
 
 /// Gathers evidence on `pid`. `Err` only when the process cannot be read.
-pub fn collect(pid: u32, opts: &CollectOptions) -> anyhow::Result<Evidence> {
-    use anyhow::Context as _;
-    let process =
-        procfs::process::Process::new(pid as i32).with_context(|| format!("no process {pid}"))?;
-    let name = process
-        .stat()
-        .map(|s| s.comm)
-        .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
+pub fn collect(pid: u32, opts: &CollectOptions) -> Result<Evidence, InspectError> {
+    let unreadable = |what: &'static str| {
+        move |e: procfs::ProcError| InspectError::Process {
+            pid,
+            what,
+            reason: e.to_string(),
+        }
+    };
+    let process = procfs::process::Process::new(pid as i32).map_err(unreadable("process"))?;
+    let name = process.stat().map(|s| s.comm).map_err(unreadable("stat"))?;
 
     let mut tracer = None;
     let mut ebpf = EbpfEvidence {
@@ -163,8 +177,7 @@ pub fn collect(pid: u32, opts: &CollectOptions) -> anyhow::Result<Evidence> {
         }
     }
 
-    let threads =
-        proc::threads(pid).with_context(|| format!("cannot read the threads of {pid}"))?;
+    let threads = proc::threads(pid).map_err(unreadable("threads"))?;
     let socket_inodes = process
         .fd()
         .map(|fds| {
