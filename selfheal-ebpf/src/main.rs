@@ -269,6 +269,20 @@ fn recvmsg_flags_nonblock(a3: u64, a4: u64) -> (u64, u64) {
     )
 }
 
+/// Records the start of `tcp_recvmsg(sk, …)` given its 4th and 5th arguments.
+#[inline(always)]
+fn tcp_recvmsg_entry(tgid: u32, tid: u32, sk: u64, a3: u64, a4: u64) {
+    let (flags, nonblock) = recvmsg_flags_nonblock(a3, a4);
+    recv_begin(
+        tgid,
+        tid,
+        tcp_recvmsg_flags(flags, nonblock),
+        sock_inode(sk),
+        -1,
+        0,
+    );
+}
+
 /// Entry flags of a `tcp_recvmsg` call from its `flags` (and, before 5.19,
 /// `nonblock`) argument.
 #[inline(always)]
@@ -284,19 +298,14 @@ pub fn kprobe_tcp_recvmsg(ctx: ProbeContext) -> u32 {
     let Some((tgid, tid)) = watched() else {
         return 0;
     };
-    let sk: u64 = ctx.arg(0).unwrap_or(0);
     // The verifier wants constant context offsets: read both candidate
     // registers, then pick by the kernel's signature.
-    let a3: u64 = ctx.arg(3).unwrap_or(0);
-    let a4: u64 = ctx.arg(4).unwrap_or(0);
-    let (flags, nonblock) = recvmsg_flags_nonblock(a3, a4);
-    recv_begin(
+    tcp_recvmsg_entry(
         tgid,
         tid,
-        tcp_recvmsg_flags(flags, nonblock),
-        sock_inode(sk),
-        -1,
-        0,
+        ctx.arg(0).unwrap_or(0),
+        ctx.arg(3).unwrap_or(0),
+        ctx.arg(4).unwrap_or(0),
     );
     0
 }
@@ -344,16 +353,7 @@ pub fn fentry_tcp_recvmsg(ctx: FEntryContext) -> i32 {
     let Some((tgid, tid)) = watched() else {
         return 0;
     };
-    let sk: u64 = ctx.arg(0);
-    let (flags, nonblock) = recvmsg_flags_nonblock(ctx.arg(3), ctx.arg(4));
-    recv_begin(
-        tgid,
-        tid,
-        tcp_recvmsg_flags(flags, nonblock),
-        sock_inode(sk),
-        -1,
-        0,
-    );
+    tcp_recvmsg_entry(tgid, tid, ctx.arg(0), ctx.arg(3), ctx.arg(4));
     0
 }
 

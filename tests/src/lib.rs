@@ -12,18 +12,23 @@ use std::{
 
 use selfheal::ebpf::{Strategy, Tracer, TracerOptions};
 
+/// `target/<profile>/`, where cargo puts binaries: the directory above the
+/// test executables (`target/<profile>/deps/`).
+fn bin_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().expect("executable directory");
+    if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    }
+    .to_path_buf()
+}
+
 /// Path of a helper program of this crate: cargo puts binaries in the
 /// directory above the test executables (`target/<profile>/deps/`).
 pub fn helper_bin(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().and_then(|d| {
-        if d.ends_with("deps") {
-            d.parent()
-        } else {
-            Some(d)
-        }
-    });
-    let path = dir.expect("executable directory").join(name);
+    let path = bin_dir().join(name);
     assert!(
         path.exists(),
         "{} is missing: build it with `cargo build -p tests --bins`",
@@ -36,15 +41,7 @@ pub fn helper_bin(name: &str) -> std::path::PathBuf {
 /// build it for this test run.
 pub fn selfheal_bin() -> std::path::PathBuf {
     static BUILD: std::sync::Once = std::sync::Once::new();
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe.parent().and_then(|d| {
-        if d.ends_with("deps") {
-            d.parent()
-        } else {
-            Some(d)
-        }
-    });
-    let path = dir.expect("executable directory").join("selfheal");
+    let path = bin_dir().join("selfheal");
     BUILD.call_once(|| {
         if !path.exists() {
             let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

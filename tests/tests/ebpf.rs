@@ -18,7 +18,7 @@ use selfheal::{
     ebpf::{Strategy, Tracer, TracerError, TracerOptions, TracerSnapshot},
     sockdiag,
 };
-use tests::{Netns, Peer, attach, forced_strategy, listener, need_root, skip, wait_for};
+use tests::{Netns, Peer, Ready, attach, forced_strategy, listener, need_root, skip, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(50);
@@ -73,6 +73,23 @@ fn accept(l: &std::net::TcpListener) -> TcpStream {
     l.accept().expect("accept").0
 }
 
+/// A `recv-peer` client (`args[0]` its mode, the rest what follows the
+/// address) connected to a loopback listener of ours, watched by `tracer`
+/// before it is told to start reading. Returns the peer, our end of the
+/// connection, and what the peer reported.
+fn watched_client(tracer: &mut Tracer, args: &[&str]) -> (Peer, TcpStream, Ready) {
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut full = vec![args[0], addr.as_str()];
+    full.extend_from_slice(&args[1..]);
+    let mut peer = Peer::recv_peer(&full);
+    let server_side = accept(&l);
+    let ready = peer.ready();
+    tracer.watch(ready.pid).unwrap();
+    peer.tell("go");
+    (peer, server_side, ready)
+}
+
 fn snapshot(t: &mut Tracer) -> TracerSnapshot {
     t.snapshot().expect("snapshot")
 }
@@ -87,13 +104,7 @@ fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
     drop(attach(None));
     for strategy in strategies_here("blocked_recv") {
         let mut tracer = attach(Some(&[strategy]));
-        let l = listener();
-        let addr = l.local_addr().unwrap().to_string();
-        let mut peer = Peer::recv_peer(&["client", &addr, "--once"]);
-        let mut server_side = accept(&l);
-        let ready = peer.ready();
-        tracer.watch(ready.pid).unwrap();
-        peer.tell("go");
+        let (peer, mut server_side, ready) = watched_client(&mut tracer, &["client", "--once"]);
 
         std::thread::sleep(2 * SEC);
         let snap = snapshot(&mut tracer);
@@ -176,13 +187,7 @@ fn event_loop_client_is_never_blocked_while_its_reads_are_timed() {
     }
     for strategy in strategies_here("event_loop") {
         let mut tracer = attach(Some(&[strategy]));
-        let l = listener();
-        let addr = l.local_addr().unwrap().to_string();
-        let mut peer = Peer::recv_peer(&["tokio-client", &addr]);
-        let mut server_side = accept(&l);
-        let ready = peer.ready();
-        tracer.watch(ready.pid).unwrap();
-        peer.tell("go");
+        let (_peer, mut server_side, ready) = watched_client(&mut tracer, &["tokio-client"]);
 
         let mut last_seen_bytes = 0;
         for i in 0..20 {
@@ -386,13 +391,7 @@ fn bad_input_is_an_error_not_a_panic() {
     assert!(matches!(err, Err(TracerError::NoStrategy { ref attempts }) if attempts.is_empty()));
     // A pid that exits between watching and reading.
     let mut tracer = attach(None);
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let mut peer = Peer::recv_peer(&["client", &addr]);
-    let _side = accept(&l);
-    let ready = peer.ready();
-    tracer.watch(ready.pid).unwrap();
-    peer.tell("go");
+    let (peer, _side, ready) = watched_client(&mut tracer, &["client"]);
     std::thread::sleep(Duration::from_millis(300));
     drop(peer);
     let s = snapshot(&mut tracer);

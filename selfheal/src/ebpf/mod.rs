@@ -10,7 +10,10 @@
 pub mod layout;
 pub mod snapshot;
 pub mod strategy;
-#[cfg_attr(not(selfheal_ebpf), expect(dead_code, reason = "only the loader reads tracefs"))]
+#[cfg_attr(
+    not(selfheal_ebpf),
+    expect(dead_code, reason = "only the loader reads tracefs")
+)]
 mod tracefs;
 
 #[cfg(selfheal_ebpf)]

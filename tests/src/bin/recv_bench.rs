@@ -13,7 +13,12 @@
 //! per receive in nanoseconds — from wall time, and from the receiver's own
 //! CPU time, which is where the programs run and which is far less noisy —
 //! for every strategy this kernel attaches. The sender and the receiver are
-//! pinned to different CPUs where there are two. Needs root.
+//! pinned to different CPUs where there are two.
+//!
+//! A second benchmark, ping-pong, sends one byte back and forth with an echo
+//! process whose every receive blocks: each round trip is two sleeps in a
+//! receive and two context switches, the path the blocked-receive hooks
+//! (and `sched_switch`, for the tp_btf strategy) pay on. Needs root.
 
 use std::{
     io::{Read as _, Write as _},
@@ -28,9 +33,10 @@ const READ_SIZE: usize = 4096;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("receiver") {
-        receiver(&args[2], args[3].parse().expect("bytes"));
-        return;
+    match args.get(1).map(String::as_str) {
+        Some("receiver") => return receiver(&args[2], args[3].parse().expect("bytes")),
+        Some("echo") => return echo(&args[2]),
+        _ => {}
     }
     let mut bytes: u64 = 1 << 30;
     let mut rounds = 7;
@@ -82,6 +88,7 @@ fn main() {
             }
         }
         bench_strategy(strategy, bytes, rounds, idle.id());
+        bench_pingpong(strategy, rounds, idle.id());
     }
     let _ = idle.kill();
     let _ = idle.wait();
@@ -255,4 +262,80 @@ fn receiver(addr: &str, bytes: u64) {
     }
     let wall = start.elapsed().as_secs_f64();
     println!("{wall} {} {reads}", cpu_time_secs() - cpu0);
+}
+
+const PINGS: u32 = 20_000;
+
+/// Round trips per second with an echo process, detached / echo watched /
+/// another process watched.
+fn bench_pingpong(strategy: Strategy, rounds: usize, idle_pid: u32) {
+    let modes = [Mode::Detached, Mode::Watched, Mode::Unwatched];
+    let mut us: [Vec<f64>; 3] = Default::default();
+    for _ in 0..rounds {
+        for (i, &mode) in modes.iter().enumerate() {
+            us[i].push(pingpong_run(strategy, mode, idle_pid));
+        }
+    }
+    let med: Vec<f64> = us.iter_mut().map(|v| median(v)).collect();
+    println!("  ping-pong, {PINGS} one-byte round trips, every receive blocks:");
+    for (i, name) in ["detached", "watched", "unwatched"].iter().enumerate() {
+        println!(
+            "  {name:<10} {:>8.2} us/round trip {:>8.1}% of detached rate  {:>+8.0} ns/round trip",
+            med[i],
+            med[0] / med[i] * 100.0,
+            (med[i] - med[0]) * 1000.0
+        );
+    }
+}
+
+/// One ping-pong run; microseconds per round trip.
+fn pingpong_run(strategy: Strategy, mode: Mode, idle_pid: u32) -> f64 {
+    let mut tracer = (mode != Mode::Detached).then(|| {
+        Tracer::attach(&TracerOptions {
+            strategies: vec![strategy],
+            ..TracerOptions::default()
+        })
+        .expect("attach")
+    });
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap().to_string();
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["echo", &addr])
+        .spawn()
+        .expect("spawn echo");
+    if let Some(t) = tracer.as_mut() {
+        t.watch(if mode == Mode::Watched {
+            child.id()
+        } else {
+            idle_pid
+        })
+        .expect("watch");
+    }
+    let (mut s, _) = l.accept().expect("accept");
+    s.set_nodelay(true).expect("nodelay");
+    pin(0);
+    let mut b = [0u8; 1];
+    let start = Instant::now();
+    for _ in 0..PINGS {
+        s.write_all(&b).expect("ping");
+        s.read_exact(&mut b).expect("pong");
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / f64::from(PINGS);
+    drop(s);
+    let _ = child.wait();
+    us
+}
+
+/// The echo process: returns every byte until the peer closes.
+fn echo(addr: &str) {
+    pin(1);
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    let mut b = [0u8; 1];
+    while matches!(s.read(&mut b), Ok(1)) {
+        if s.write_all(&b).is_err() {
+            break;
+        }
+    }
 }
