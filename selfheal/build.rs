@@ -11,6 +11,10 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(selfheal_ebpf)");
     println!("cargo::rerun-if-env-changed=SELFHEAL_REQUIRE_EBPF");
     let required = std::env::var("SELFHEAL_REQUIRE_EBPF").is_ok_and(|v| v == "1");
+    // Rebuild once bpf-linker appears (or changes): a build made before
+    // `cargo xtask setup` must not stay without eBPF. A path that does not
+    // exist yet makes cargo rerun this script on every build until it does.
+    println!("cargo::rerun-if-changed={}", bpf_linker_path().display());
     match toolchain_missing() {
         None => {}
         Some(why) if required => panic!(
@@ -39,6 +43,22 @@ fn main() {
             println!("cargo::warning=eBPF not built in: building the eBPF object failed: {e:#}")
         }
     }
+}
+
+/// Where bpf-linker is, or where `cargo install` puts it.
+fn bpf_linker_path() -> PathBuf {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("bpf-linker"))
+            .find(|p| p.is_file())
+    });
+    on_path.unwrap_or_else(|| {
+        let cargo_home = std::env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+            .unwrap_or_default();
+        cargo_home.join("bin/bpf-linker")
+    })
 }
 
 /// Why the eBPF toolchain is unusable, or `None` when it is there.

@@ -37,21 +37,19 @@ pub fn helper_bin(name: &str) -> std::path::PathBuf {
     path
 }
 
-/// The `selfheal` binary of this build, built on first use if cargo did not
-/// build it for this test run.
+/// The `selfheal` binary of this build. `cargo test -p tests` does not build
+/// other packages' binaries, so it is built (or found up to date) once per
+/// test process, with the same eBPF requirement as the tests.
 pub fn selfheal_bin() -> std::path::PathBuf {
     static BUILD: std::sync::Once = std::sync::Once::new();
-    let path = bin_dir().join("selfheal");
     BUILD.call_once(|| {
-        if !path.exists() {
-            let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "-p", "selfheal", "--bin", "selfheal"])
-                .status()
-                .expect("run cargo");
-            assert!(status.success(), "cannot build selfheal");
-        }
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--quiet", "-p", "selfheal", "--bin", "selfheal"])
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "cannot build selfheal");
     });
-    path
+    bin_dir().join("selfheal")
 }
 
 /// Whether we run as root.
@@ -72,6 +70,23 @@ pub fn need_root(test: &str) -> bool {
         return false;
     }
     true
+}
+
+/// Skips (returns `false`) unless root and the eBPF object is built in. When
+/// `SELFHEAL_REQUIRE_EBPF=1` (CI, `cargo xtask test`) a missing object fails.
+pub fn need_ebpf(test: &str) -> bool {
+    if !selfheal::ebpf::BUILT_IN {
+        assert!(
+            std::env::var("SELFHEAL_REQUIRE_EBPF").as_deref() != Ok("1"),
+            "SELFHEAL_REQUIRE_EBPF=1 but this build has no eBPF object"
+        );
+        skip(
+            test,
+            "eBPF is not built in (no eBPF toolchain: `cargo xtask setup`)",
+        );
+        return false;
+    }
+    need_root(test)
 }
 
 /// Polls `f` every `step` until it returns `Some` or `timeout` passes.

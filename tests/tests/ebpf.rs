@@ -18,7 +18,7 @@ use selfheal::{
     ebpf::{Strategy, Tracer, TracerError, TracerOptions, TracerSnapshot},
     sockdiag,
 };
-use tests::{Netns, Peer, Ready, attach, forced_strategy, listener, need_root, skip, wait_for};
+use tests::{Netns, Peer, Ready, attach, forced_strategy, listener, need_ebpf, skip, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(50);
@@ -96,7 +96,7 @@ fn snapshot(t: &mut Tracer) -> TracerSnapshot {
 
 #[test]
 fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
-    if !need_root("blocked_recv") {
+    if !need_ebpf("blocked_recv") {
         return;
     }
     // Left to itself, the loader picks the strategy this kernel is expected
@@ -182,7 +182,7 @@ fn age_since(t: u64) -> u64 {
 
 #[test]
 fn event_loop_client_is_never_blocked_while_its_reads_are_timed() {
-    if !need_root("event_loop") {
+    if !need_ebpf("event_loop") {
         return;
     }
     for strategy in strategies_here("event_loop") {
@@ -231,7 +231,7 @@ fn event_loop_client_is_never_blocked_while_its_reads_are_timed() {
 
 #[test]
 fn processes_outside_the_pid_filter_leave_nothing() {
-    if !need_root("pid_filter") {
+    if !need_ebpf("pid_filter") {
         return;
     }
     let mut tracer = attach(None);
@@ -286,7 +286,7 @@ fn processes_outside_the_pid_filter_leave_nothing() {
 
 #[test]
 fn another_network_namespace_is_traced() {
-    if !need_root("netns") {
+    if !need_ebpf("netns") {
         return;
     }
     let ns = match Netns::new("ebpf") {
@@ -344,7 +344,7 @@ fn another_network_namespace_is_traced() {
 
 #[test]
 fn strategy_selection_reports_why_each_earlier_strategy_failed() {
-    if !need_root("strategy_selection") {
+    if !need_ebpf("strategy_selection") {
         return;
     }
     let tracer = attach(None);
@@ -370,7 +370,7 @@ fn strategy_selection_reports_why_each_earlier_strategy_failed() {
 
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
-    if !need_root("bad_input") {
+    if !need_ebpf("bad_input") {
         return;
     }
     // No BTF.

@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
-use tests::{Peer, listener, need_root, selfheal_bin};
+use tests::{Peer, listener, need_ebpf, selfheal_bin};
 
 fn inspect(args: &[&str]) -> std::process::Output {
     Command::new(selfheal_bin())
@@ -16,7 +16,7 @@ fn inspect(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn json_report_has_the_contract_fields() {
-    if !need_root("json_report") {
+    if !need_ebpf("json_report") {
         return;
     }
     let l = listener();
@@ -107,7 +107,7 @@ fn usage_errors_are_exit_3() {
 
 #[test]
 fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
-    if !need_root("unprivileged") {
+    if !need_ebpf("unprivileged") {
         return;
     }
     // Drop to nobody for the run; inspect a process of nobody's own.
