@@ -1,12 +1,18 @@
-//! The `inspect` report for one process: its threads and the receive each is
-//! blocked in (from eBPF where attached, from procfs otherwise, and which),
-//! its TCP sockets with `tcp_info` and eBPF activity, and the eBPF strategy
-//! with why the others failed.
+//! The `inspect` report for one agent (or one process and its descendants):
+//! a tree of processes → threads (state, wchan, kernel stack, the receive
+//! each is blocked in and for how long, from eBPF or procfs and which) and
+//! sockets (role, addresses, tcp_info ages, timer, eBPF activity), zombies
+//! and the missing-init diagnosis, the eBPF strategy or why there is none,
+//! and what could not be read.
 //!
-//! [`build`] is pure: it joins evidence already collected. [`collect`] is
-//! the I/O edge that gathers it.
+//! [`collect`] is the I/O edge; [`build`] is a pure join of what it
+//! gathered; [`render`] is the text for a person at a terminal.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    time::Duration,
+};
 
 use serde::Serialize;
 
@@ -14,20 +20,118 @@ use crate::{
     ebpf::{
         self, Attempt, BlockedRecv, SocketActivity, Strategy, Tracer, TracerOptions, TracerSnapshot,
     },
-    proc::{self, ThreadInfo},
-    sockdiag::{self, TcpInfo, TcpSocket},
+    proc::{self, ProcessInfo},
+    sockdiag::{self, TcpInfo, TcpSocket, TimerInfo},
 };
 
-/// Everything `inspect` shows for one process.
+/// What to inspect: an agent's processes, or one process and its descendants.
+pub struct Target {
+    /// The agent's name, `None` for `--pid`.
+    pub agent: Option<String>,
+    /// The match rule as written (`cmdline=…`, `pid=…`).
+    pub rule: String,
+    /// Matched processes (the rule's roots).
+    pub roots: Vec<u32>,
+    /// Roots and all their descendants.
+    pub pids: Vec<u32>,
+    /// Why the rule matched nothing, if it did not.
+    pub problem: Option<String>,
+    /// The role of a remote address among the agent's upstreams.
+    pub role_of: Box<dyn Fn(SocketAddr) -> Option<&'static str>>,
+    /// Upstreams as configured, with what their host names resolved to.
+    pub upstreams: Vec<String>,
+}
+
+/// Everything `inspect` shows.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
-    pub pid: u32,
-    pub name: String,
-    pub ebpf: EbpfStatus,
-    pub threads: Vec<ThreadReport>,
+    pub agent: Option<String>,
+    pub rule: String,
+    pub roots: Vec<u32>,
+    pub upstreams: Vec<String>,
+    pub processes: Vec<ProcessReport>,
     pub sockets: Vec<SocketReport>,
+    pub zombies: Vec<Zombie>,
+    pub init: InitDiagnosis,
+    pub ebpf: EbpfStatus,
     /// What could not be seen, in words.
     pub gaps: Vec<String>,
+}
+
+/// One process of the agent.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub ppid: u32,
+    pub name: String,
+    pub state: char,
+    pub uid: Option<u32>,
+    /// PID 1 of its own pid namespace.
+    pub pid_ns_init: bool,
+    pub threads: Vec<ThreadReport>,
+    /// Inodes of its TCP sockets (details in the report's `sockets`).
+    pub sockets: Vec<u64>,
+}
+
+/// One thread.
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreadReport {
+    pub tid: u32,
+    pub name: String,
+    pub state: char,
+    pub wchan: Option<String>,
+    pub cpu_ticks: u64,
+    /// The syscall it is blocked in, by name (or number).
+    pub syscall: Option<String>,
+    /// Milliseconds since it last ran.
+    pub idle_ms: Option<u64>,
+    /// Top kernel stack frames (root only).
+    pub kstack: Vec<String>,
+    /// How long it has been blocked in a receive on a TCP socket, or `None`.
+    pub recv_blocked_ms: Option<u64>,
+    pub recv_inode: Option<u64>,
+    pub recv_syscall: Option<String>,
+    /// `ebpf` (timed from the receive's start) or `procfs` (timed from when
+    /// the thread last ran).
+    pub recv_source: Option<&'static str>,
+    pub anomalies: Vec<String>,
+}
+
+/// One TCP socket of the agent.
+#[derive(Clone, Debug, Serialize)]
+pub struct SocketReport {
+    /// The process holding it (the first, if several share it).
+    pub pid: u32,
+    pub inode: u64,
+    pub cookie: u64,
+    pub local: String,
+    pub remote: String,
+    pub state: &'static str,
+    /// `control`, `provider`, or `other`.
+    pub role: &'static str,
+    pub timer: Option<TimerInfo>,
+    pub tcp_info: Option<TcpInfo>,
+    /// Receive/send activity from eBPF since the process was watched.
+    pub ebpf: Option<SocketActivity>,
+    pub anomalies: Vec<String>,
+}
+
+/// A zombie in the agent's tree.
+#[derive(Clone, Debug, Serialize)]
+pub struct Zombie {
+    pub pid: u32,
+    pub ppid: u32,
+    pub name: String,
+}
+
+/// Whether the agent's root is an init that does not reap.
+#[derive(Clone, Debug, Serialize)]
+pub struct InitDiagnosis {
+    /// A root process is PID 1 of its pid namespace.
+    pub root_is_pid1: bool,
+    pub zombies: usize,
+    /// Set when zombies pile up under a PID 1 that is not an init.
+    pub diagnosis: Option<String>,
 }
 
 /// The tracer, as far as this report is concerned.
@@ -40,53 +144,27 @@ pub struct EbpfStatus {
     pub attempts: Vec<Attempt>,
     /// Why there is no tracer at all, if there is none.
     pub error: Option<String>,
-    /// How long the process had been watched when the snapshot was taken.
+    /// How long the processes had been watched when the snapshot was taken.
     pub watched_ms: Option<u64>,
     /// Events the tracer could not record (full maps, unreadable pointers).
     pub overflow: Option<ebpf::Overflow>,
 }
 
-/// One thread.
-#[derive(Clone, Debug, Serialize)]
-pub struct ThreadReport {
-    pub tid: u32,
-    pub name: String,
-    pub state: char,
-    pub wchan: Option<String>,
-    /// How long it has been blocked in a receive on a TCP socket, or `None`
-    /// when it is not in one.
-    pub recv_blocked_ms: Option<u64>,
-    /// The socket it is blocked on.
-    pub recv_inode: Option<u64>,
-    pub recv_syscall: Option<String>,
-    /// `ebpf` (timed from the receive's entry) or `procfs` (timed from when
-    /// the thread last ran; the receive began before the tracer saw it, or
-    /// there is no tracer).
-    pub recv_source: Option<&'static str>,
-}
-
-/// One TCP socket of the process.
-#[derive(Clone, Debug, Serialize)]
-pub struct SocketReport {
-    pub inode: u64,
-    pub cookie: u64,
-    pub local: String,
-    pub remote: String,
-    pub state: &'static str,
-    pub tcp_info: Option<TcpInfo>,
-    /// Receive/send activity from eBPF since the process was watched.
-    pub ebpf: Option<SocketActivity>,
-}
-
-/// Evidence gathered for one process.
+/// Evidence gathered for a target.
 pub struct Evidence {
-    pub pid: u32,
-    pub name: String,
-    pub threads: Vec<ThreadInfo>,
-    /// The process's socket inodes (from `/proc/PID/fd`).
-    pub socket_inodes: Vec<u64>,
-    /// TCP sockets of the process's network namespace.
-    pub tcp: Result<Vec<TcpSocket>, String>,
+    pub agent: Option<String>,
+    pub rule: String,
+    pub roots: Vec<u32>,
+    pub problem: Option<String>,
+    pub upstreams: Vec<String>,
+    pub processes: Vec<ProcessInfo>,
+    /// Processes that vanished before they could be read.
+    pub gone: Vec<u32>,
+    /// TCP sockets per network namespace the processes live in, with the
+    /// pid the dump was made through.
+    pub tcp: Vec<(u32, Result<Vec<TcpSocket>, String>)>,
+    /// Role of each socket by inode.
+    pub roles: BTreeMap<u64, &'static str>,
     pub ebpf: EbpfEvidence,
 }
 
@@ -98,18 +176,6 @@ pub struct EbpfEvidence {
     pub snapshot: Option<TracerSnapshot>,
 }
 
-/// Why `inspect` has nothing to show.
-#[derive(Debug, thiserror::Error)]
-pub enum InspectError {
-    /// The process is gone, or its `what` cannot be read.
-    #[error("cannot read the {what} of pid {pid}: {reason}")]
-    Process {
-        pid: u32,
-        what: &'static str,
-        reason: String,
-    },
-}
-
 /// How to collect.
 #[derive(Clone, Debug, Default)]
 pub struct CollectOptions {
@@ -118,162 +184,248 @@ pub struct CollectOptions {
     /// Strategies to try; all when empty.
     pub strategies: Vec<Strategy>,
     /// Watch this long before reading the tracer, so receives that begin
-    /// meanwhile are timed from their start.
+    /// meanwhile are timed from their beginning.
     pub wait: Duration,
 }
 
-/// Gathers evidence on `pid`. `Err` only when the process cannot be read.
-pub fn collect(pid: u32, opts: &CollectOptions) -> Result<Evidence, InspectError> {
-    let unreadable = |what: &'static str| {
-        move |e: procfs::ProcError| InspectError::Process {
-            pid,
-            what,
-            reason: e.to_string(),
-        }
-    };
-    let process = procfs::process::Process::new(pid as i32).map_err(unreadable("process"))?;
-    let name = process.stat().map(|s| s.comm).map_err(unreadable("stat"))?;
-
-    let mut tracer = None;
-    let mut ebpf = EbpfEvidence {
-        attempts: Vec::new(),
-        error: None,
-        watched_since_ns: None,
-        snapshot: None,
-    };
-    if opts.no_ebpf {
-        ebpf.error = Some("disabled by --no-ebpf".into());
-    } else {
-        let topts = TracerOptions {
-            strategies: if opts.strategies.is_empty() {
-                Strategy::ALL.to_vec()
-            } else {
-                opts.strategies.clone()
-            },
-            ..TracerOptions::default()
-        };
-        match Tracer::attach(&topts) {
-            Ok(mut t) => match t.watch(pid) {
-                Ok(()) => tracer = Some(t),
-                Err(e) => ebpf.error = Some(ebpf::chain(&e)),
-            },
-            Err(e) => {
-                if let ebpf::TracerError::NoStrategy { attempts } = &e {
-                    ebpf.attempts = attempts.clone();
-                }
-                ebpf.error = Some(ebpf::chain(&e));
-            }
-        }
-    }
+/// Gathers evidence on `target`. Never fails: what cannot be read becomes
+/// a gap in the report.
+pub fn collect(target: &Target, opts: &CollectOptions) -> Evidence {
+    let (mut tracer, mut ebpf) = attach(&target.pids, opts);
     if tracer.is_some() && !opts.wait.is_zero() {
         std::thread::sleep(opts.wait);
     }
     if let Some(t) = tracer.as_mut() {
         ebpf.attempts = t.attempts().to_vec();
-        ebpf.watched_since_ns = t.watched_since(pid);
+        ebpf.watched_since_ns = target.pids.iter().filter_map(|p| t.watched_since(*p)).max();
         match t.snapshot() {
             Ok(s) => ebpf.snapshot = Some(s),
             Err(e) => ebpf.error = Some(ebpf::chain(&e)),
         }
     }
 
-    let threads = proc::threads(pid).map_err(unreadable("threads"))?;
-    let socket_inodes = process
-        .fd()
-        .map(|fds| {
-            fds.flatten()
-                .filter_map(|fd| match fd.target {
-                    procfs::process::FDTarget::Socket(inode) => Some(inode),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let tcp = sockdiag::dump_tcp_in_netns_of(pid).map_err(|e| e.to_string());
-    Ok(Evidence {
-        pid,
-        name,
-        threads,
-        socket_inodes,
+    let mut processes = Vec::new();
+    let mut gone = Vec::new();
+    for &pid in &target.pids {
+        match proc::process(pid) {
+            Ok(p) => processes.push(p),
+            Err(_) => gone.push(pid),
+        }
+    }
+
+    // One sock_diag dump per network namespace, made from inside it.
+    let mut seen_ns = BTreeSet::new();
+    let mut tcp = Vec::new();
+    for p in &processes {
+        let ns = std::fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| {
+            use std::os::unix::fs::MetadataExt as _;
+            (m.dev(), m.ino())
+        });
+        let Ok(ns) = ns else { continue };
+        if p.sockets.is_empty() || !seen_ns.insert(ns) {
+            continue;
+        }
+        tcp.push((
+            p.pid,
+            sockdiag::dump_tcp_in_netns_of(p.pid).map_err(|e| e.to_string()),
+        ));
+    }
+    let roles = tcp
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .flatten()
+        .map(|s| (s.inode, (target.role_of)(s.remote).unwrap_or("other")))
+        .collect();
+
+    Evidence {
+        agent: target.agent.clone(),
+        rule: target.rule.clone(),
+        roots: target.roots.clone(),
+        problem: target.problem.clone(),
+        upstreams: target.upstreams.clone(),
+        processes,
+        gone,
         tcp,
+        roles,
         ebpf,
-    })
+    }
 }
+
+fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence) {
+    let mut ev = EbpfEvidence {
+        attempts: Vec::new(),
+        error: None,
+        watched_since_ns: None,
+        snapshot: None,
+    };
+    if opts.no_ebpf {
+        ev.error = Some("disabled by --no-ebpf".into());
+        return (None, ev);
+    }
+    let strategies = if opts.strategies.is_empty() {
+        Strategy::ALL.to_vec()
+    } else {
+        opts.strategies.clone()
+    };
+    match Tracer::attach(&TracerOptions {
+        strategies,
+        ..TracerOptions::default()
+    }) {
+        Ok(mut t) => {
+            for &pid in pids {
+                if let Err(e) = t.watch(pid) {
+                    ev.error = Some(ebpf::chain(&e));
+                    return (None, ev);
+                }
+            }
+            (Some(t), ev)
+        }
+        Err(e) => {
+            if let ebpf::TracerError::NoStrategy { attempts } = &e {
+                ev.attempts = attempts.clone();
+            }
+            ev.error = Some(ebpf::chain(&e));
+            (None, ev)
+        }
+    }
+}
+
+/// A receive blocked longer than this is marked in the report.
+const LONG_RECV_MS: u64 = 60_000;
+/// A connection silent longer than this is marked.
+const SILENT_MS: u32 = 300_000;
 
 /// Joins the evidence into the report.
 pub fn build(ev: &Evidence) -> Report {
-    let mut gaps = Vec::new();
-    let own: std::collections::BTreeSet<u64> = ev.socket_inodes.iter().copied().collect();
-    let tcp: BTreeMap<u64, &TcpSocket> = match &ev.tcp {
-        Ok(all) => all
-            .iter()
-            .filter(|s| own.contains(&s.inode))
-            .map(|s| (s.inode, s))
-            .collect(),
-        Err(e) => {
-            gaps.push(format!("TCP sockets unavailable: {e}"));
-            BTreeMap::new()
+    let mut gaps: Vec<String> = Vec::new();
+    if let Some(p) = &ev.problem {
+        gaps.push(format!("no process matched: {p}"));
+    }
+    for pid in &ev.gone {
+        gaps.push(format!("pid {pid} exited before it could be read"));
+    }
+    for p in &ev.processes {
+        gaps.extend(p.gaps.iter().cloned());
+    }
+
+    // Sockets of the agent: the dumps, restricted to inodes its processes hold.
+    let owner: BTreeMap<u64, u32> = ev
+        .processes
+        .iter()
+        .rev()
+        .flat_map(|p| p.sockets.iter().map(move |(_, ino)| (*ino, p.pid)))
+        .collect();
+    let mut tcp: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
+    let mut tcp_complete = true;
+    for (pid, dump) in &ev.tcp {
+        match dump {
+            Ok(all) => tcp.extend(
+                all.iter()
+                    .filter(|s| owner.contains_key(&s.inode))
+                    .map(|s| (s.inode, s)),
+            ),
+            Err(e) => {
+                tcp_complete = false;
+                gaps.push(format!(
+                    "TCP sockets of pid {pid}'s network namespace unavailable: {e}"
+                ));
+            }
         }
-    };
-    let is_tcp = |inode: u64| tcp.contains_key(&inode) || ev.tcp.is_err();
+    }
+    let is_tcp = |inode: u64| tcp.contains_key(&inode) || !tcp_complete;
 
     let snapshot = ev.ebpf.snapshot.as_ref();
     let blocked: BTreeMap<u32, &BlockedRecv> = snapshot
         .map(|s| {
             s.blocked
                 .iter()
-                .filter(|b| b.tgid == ev.pid && (b.tcp_checked || b.inode.is_some_and(is_tcp)))
+                .filter(|b| b.tcp_checked || b.inode.is_some_and(is_tcp))
                 .map(|b| (b.tid, b))
                 .collect()
         })
         .unwrap_or_default();
     let activity: BTreeMap<u64, &SocketActivity> = snapshot
-        .map(|s| {
-            s.sockets
-                .iter()
-                .filter(|a| a.tgid == ev.pid)
-                .map(|a| (a.inode, a))
-                .collect()
-        })
+        .map(|s| s.sockets.iter().map(|a| (a.inode, a)).collect())
         .unwrap_or_default();
 
     let mut unseen_by_ebpf = 0;
-    let threads = ev
-        .threads
-        .iter()
-        .map(|t| {
-            let mut r = ThreadReport {
-                tid: t.tid,
-                name: t.name.clone(),
-                state: t.state,
-                wchan: t.wchan.clone(),
-                recv_blocked_ms: None,
-                recv_inode: None,
-                recv_syscall: None,
-                recv_source: None,
-            };
-            if let Some(b) = blocked.get(&t.tid) {
-                r.recv_blocked_ms = Some(b.age_ms);
-                r.recv_inode = b.inode;
-                r.recv_syscall = Some(b.syscall.unwrap_or("tcp_recvmsg").to_string());
-                r.recv_source = Some("ebpf");
-            } else if let Some(p) = t.recv.as_ref().filter(|p| is_tcp(p.inode)) {
-                // A thread procfs shows asleep in a receive. Time it by when it
-                // last ran: that is when it went to sleep in the receive.
-                r.recv_blocked_ms = p.idle_ms;
-                r.recv_inode = Some(p.inode);
-                r.recv_syscall = Some(p.syscall.to_string());
-                r.recv_source = Some("procfs");
-                if snapshot.is_some() {
-                    unseen_by_ebpf += 1;
+    let mut processes = Vec::new();
+    let mut zombies = Vec::new();
+    for p in &ev.processes {
+        if p.state == 'Z' {
+            zombies.push(Zombie {
+                pid: p.pid,
+                ppid: p.ppid,
+                name: p.name.clone(),
+            });
+        }
+        let threads = p
+            .threads
+            .iter()
+            .map(|t| {
+                let mut r = ThreadReport {
+                    tid: t.tid,
+                    name: t.name.clone(),
+                    state: t.state,
+                    wchan: t.wchan.clone(),
+                    cpu_ticks: t.cpu_ticks,
+                    syscall: t.syscall.as_ref().map(|s| {
+                        s.name
+                            .map_or_else(|| format!("syscall {}", s.nr), String::from)
+                    }),
+                    idle_ms: t.idle_ms,
+                    kstack: t.kstack.clone(),
+                    recv_blocked_ms: None,
+                    recv_inode: None,
+                    recv_syscall: None,
+                    recv_source: None,
+                    anomalies: Vec::new(),
+                };
+                if let Some(b) = blocked.get(&t.tid) {
+                    r.recv_blocked_ms = Some(b.age_ms);
+                    r.recv_inode = b.inode;
+                    r.recv_syscall = Some(b.syscall.unwrap_or("tcp_recvmsg").to_string());
+                    r.recv_source = Some("ebpf");
+                } else if let Some(pr) = t.recv.as_ref().filter(|pr| is_tcp(pr.inode)) {
+                    r.recv_blocked_ms = pr.idle_ms;
+                    r.recv_inode = Some(pr.inode);
+                    r.recv_syscall = Some(pr.syscall.to_string());
+                    r.recv_source = Some("procfs");
+                    if snapshot.is_some() {
+                        unseen_by_ebpf += 1;
+                    }
                 }
-            }
-            r
-        })
-        .collect();
+                if t.state == 'D' {
+                    r.anomalies.push("uninterruptible sleep (D)".into());
+                }
+                if r.recv_blocked_ms.is_some_and(|ms| ms >= LONG_RECV_MS) {
+                    r.anomalies.push(format!(
+                        "blocked in a receive for {}",
+                        human_ms(r.recv_blocked_ms.unwrap_or(0))
+                    ));
+                }
+                r
+            })
+            .collect();
+        processes.push(ProcessReport {
+            pid: p.pid,
+            ppid: p.ppid,
+            name: p.name.clone(),
+            state: p.state,
+            uid: p.uid,
+            pid_ns_init: p.pid_ns_init,
+            threads,
+            sockets: p
+                .sockets
+                .iter()
+                .map(|(_, ino)| *ino)
+                .filter(|ino| tcp.contains_key(ino))
+                .collect(),
+        });
+    }
     if unseen_by_ebpf > 0 {
         gaps.push(format!(
-            "{unseen_by_ebpf} receive(s) began before the tracer watched this process: eBPF cannot see them; \
+            "{unseen_by_ebpf} receive(s) began before the tracer watched: eBPF cannot see them; \
              timed from procfs (when the thread last ran) instead"
         ));
     }
@@ -289,23 +441,63 @@ pub fn build(ev: &Evidence) -> Report {
     {
         gaps.push(format!("eBPF maps overflowed or reads failed: {o:?}"));
     }
+    if processes
+        .iter()
+        .any(|p| p.threads.iter().any(|t| t.kstack.is_empty()))
+        && !processes.is_empty()
+    {
+        let any_stack = processes
+            .iter()
+            .any(|p| p.threads.iter().any(|t| !t.kstack.is_empty()));
+        if !any_stack {
+            gaps.push("kernel stacks unreadable (root only)".into());
+        }
+    }
 
     let sockets = tcp
         .values()
-        .map(|s| SocketReport {
-            inode: s.inode,
-            cookie: s.cookie,
-            local: s.local.to_string(),
-            remote: s.remote.to_string(),
-            state: s.state,
-            tcp_info: s.tcp_info.clone(),
-            ebpf: activity.get(&s.inode).map(|a| (*a).clone()),
+        .map(|s| {
+            let role = ev.roles.get(&s.inode).copied().unwrap_or("other");
+            SocketReport {
+                pid: owner.get(&s.inode).copied().unwrap_or(0),
+                inode: s.inode,
+                cookie: s.cookie,
+                local: s.local.to_string(),
+                remote: s.remote.to_string(),
+                state: s.state,
+                role,
+                timer: s.timer.clone(),
+                tcp_info: s.tcp_info.clone(),
+                ebpf: activity.get(&s.inode).map(|a| (*a).clone()),
+                anomalies: socket_anomalies(s),
+            }
         })
         .collect();
 
+    let root_is_pid1 = ev
+        .processes
+        .iter()
+        .any(|p| ev.roots.contains(&p.pid) && p.pid_ns_init);
+    let diagnosis = (root_is_pid1 && !zombies.is_empty()).then(|| {
+        format!(
+            "{} zombie(s) under a PID 1 that does not reap: run the agent under an init (tini, `docker run --init`, `init: true`)",
+            zombies.len()
+        )
+    });
+
     Report {
-        pid: ev.pid,
-        name: ev.name.clone(),
+        agent: ev.agent.clone(),
+        rule: ev.rule.clone(),
+        roots: ev.roots.clone(),
+        upstreams: ev.upstreams.clone(),
+        processes,
+        sockets,
+        init: InitDiagnosis {
+            root_is_pid1,
+            zombies: zombies.len(),
+            diagnosis,
+        },
+        zombies,
         ebpf: EbpfStatus {
             built_in: ebpf::BUILT_IN,
             strategy: snapshot.map(|s| s.strategy),
@@ -316,103 +508,203 @@ pub fn build(ev: &Evidence) -> Report {
                 .map(|(s, since)| crate::clock::age_ms(s.taken_at_ns, since)),
             overflow: snapshot.map(|s| s.overflow),
         },
-        threads,
-        sockets,
         gaps,
     }
 }
 
-/// The report for a person at a terminal.
+/// What looks wrong with a socket, as a person would say it.
+fn socket_anomalies(s: &TcpSocket) -> Vec<String> {
+    let mut a = Vec::new();
+    if s.state == "CLOSE-WAIT" {
+        a.push("peer closed; the application has not".into());
+    }
+    if let Some(i) = &s.tcp_info {
+        if i.probes > 0 {
+            a.push(format!("{} keepalive/window probe(s) unanswered", i.probes));
+        }
+        if i.backoff > 0 {
+            a.push(format!("retransmission backoff {}", i.backoff));
+        }
+        if i.unacked > 0 && i.last_ack_recv_ms > i.rto_us / 1000 {
+            a.push(format!(
+                "{} segment(s) unacknowledged for {}",
+                i.unacked,
+                human_ms(u64::from(i.last_ack_recv_ms))
+            ));
+        }
+        if i.last_data_recv_ms >= SILENT_MS && i.last_ack_recv_ms >= SILENT_MS {
+            a.push(format!(
+                "silent for {}",
+                human_ms(u64::from(i.last_data_recv_ms.min(i.last_ack_recv_ms)))
+            ));
+        }
+    }
+    a
+}
+
+/// Milliseconds as people read them: `850ms`, `3.2s`, `12m05s`, `4h31m`, `2d3h`.
+pub fn human_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{}.{}s", s, (ms % 1000) / 100),
+        60_000..3_600_000 => format!("{}m{:02}s", s / 60, s % 60),
+        3_600_000..86_400_000 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// The report for a person at a terminal: a tree, anomalies marked `!`.
 pub fn render(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
-    let _ = writeln!(o, "process {} ({})", r.pid, r.name);
-    let _ = writeln!(o, "\neBPF");
-    match r.ebpf.strategy {
-        Some(s) => {
+    let title = match &r.agent {
+        Some(name) => format!("agent {name} ({})", r.rule),
+        None => format!("process tree of {}", r.rule),
+    };
+    let _ = writeln!(
+        o,
+        "{title}: {} process(es), {} zombie(s)",
+        r.processes.len(),
+        r.zombies.len()
+    );
+    for u in &r.upstreams {
+        let _ = writeln!(o, "  upstream {u}");
+    }
+    let sockets: BTreeMap<u64, &SocketReport> = r.sockets.iter().map(|s| (s.inode, s)).collect();
+    let live: Vec<&ProcessReport> = r.processes.iter().filter(|p| p.state != 'Z').collect();
+    for (i, p) in live.iter().enumerate() {
+        let last = i + 1 == live.len() && r.zombies.is_empty();
+        let (branch, indent) = if last {
+            ("└─", "   ")
+        } else {
+            ("├─", "│  ")
+        };
+        let init = if p.pid_ns_init {
+            ", PID 1 of its pid namespace"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            "{branch} pid {} {} [{}] (parent {}{init})",
+            p.pid, p.name, p.state, p.ppid
+        );
+        for t in &p.threads {
+            let mark = if t.anomalies.is_empty() { ' ' } else { '!' };
+            let what = match (t.recv_blocked_ms, t.recv_inode) {
+                (Some(ms), inode) => format!(
+                    "blocked {} in {} on socket {}{} [{}]",
+                    human_ms(ms),
+                    t.recv_syscall.as_deref().unwrap_or("?"),
+                    inode.map_or("?".into(), |i| i.to_string()),
+                    inode
+                        .and_then(|i| sockets.get(&i))
+                        .map_or(String::new(), |s| format!(" ({})", s.role)),
+                    t.recv_source.unwrap_or("?")
+                ),
+                _ => match (&t.syscall, t.idle_ms) {
+                    (Some(sc), Some(ms)) => format!("in {sc} for {}", human_ms(ms)),
+                    (Some(sc), None) => format!("in {sc}"),
+                    (None, _) => "running".into(),
+                },
+            };
             let _ = writeln!(
                 o,
-                "  strategy: {s} (watched for {} ms)",
-                r.ebpf.watched_ms.unwrap_or(0)
+                "{indent}{mark} thread {:>7} {:<15} {} {:<18} {what}",
+                t.tid,
+                t.name,
+                t.state,
+                t.wchan.as_deref().unwrap_or("-")
             );
+            if !t.kstack.is_empty() {
+                let _ = writeln!(o, "{indent}    kernel: {}", t.kstack.join(" < "));
+            }
         }
-        None => {
-            let _ = writeln!(o, "  strategy: none");
+        for inode in &p.sockets {
+            let Some(s) = sockets.get(inode) else {
+                continue;
+            };
+            let mark = if s.anomalies.is_empty() { ' ' } else { '!' };
+            let _ = writeln!(
+                o,
+                "{indent}{mark} socket {} {:<8} {} -> {} {}",
+                s.inode, s.role, s.local, s.remote, s.state
+            );
+            if let Some(t) = &s.tcp_info {
+                let keepalive = match &s.timer {
+                    Some(timer) if timer.kind == "keepalive" => "keepalive on".to_string(),
+                    Some(timer) => {
+                        format!("{} timer in {}", timer.kind, human_ms(timer.expires_ms))
+                    }
+                    None => "no timer".to_string(),
+                };
+                let _ = writeln!(
+                    o,
+                    "{indent}    data in {} ago, out {} ago, ack {} ago; unacked {}, retrans {}, probes {}; {keepalive}",
+                    human_ms(u64::from(t.last_data_recv_ms)),
+                    human_ms(u64::from(t.last_data_sent_ms)),
+                    human_ms(u64::from(t.last_ack_recv_ms)),
+                    t.unacked,
+                    t.retransmits,
+                    t.probes
+                );
+            }
+            if let Some(a) = &s.ebpf {
+                let age = |v: Option<u64>| {
+                    v.map_or("never".to_string(), |ms| format!("{} ago", human_ms(ms)))
+                };
+                let _ = writeln!(
+                    o,
+                    "{indent}    eBPF: app read {} ({} B), wrote {} ({} B); reads {} with data, {} empty",
+                    age(a.last_recv_ms),
+                    a.last_recv_bytes,
+                    age(a.last_send_ms),
+                    a.last_send_bytes,
+                    a.recv_data,
+                    a.recv_empty
+                );
+            }
+            for an in &s.anomalies {
+                let _ = writeln!(o, "{indent}    ! {an}");
+            }
         }
     }
+    if !r.zombies.is_empty() {
+        let pids: Vec<String> = r
+            .zombies
+            .iter()
+            .take(8)
+            .map(|z| z.pid.to_string())
+            .collect();
+        let more = if r.zombies.len() > 8 { ", …" } else { "" };
+        let _ = writeln!(
+            o,
+            "└─ ! zombies: {} (pids {}{more})",
+            r.zombies.len(),
+            pids.join(", ")
+        );
+    }
+    if let Some(d) = &r.init.diagnosis {
+        let _ = writeln!(o, "   ! missing init: {d}");
+    }
+    let _ = writeln!(
+        o,
+        "\neBPF: {}",
+        r.ebpf.strategy.map_or("none".to_string(), |s| {
+            format!(
+                "{s} (watched for {})",
+                human_ms(r.ebpf.watched_ms.unwrap_or(0))
+            )
+        })
+    );
     for a in &r.ebpf.attempts {
-        let _ = match &a.error {
-            None => writeln!(o, "  {:<10}  attached", a.strategy.name()),
-            Some(e) => writeln!(o, "  {:<10}  failed: {e}", a.strategy.name()),
-        };
+        if let Some(e) = &a.error {
+            let _ = writeln!(o, "  {:<10} failed: {e}", a.strategy.name());
+        }
     }
     if let Some(e) = &r.ebpf.error {
         let _ = writeln!(o, "  error: {e}");
-    }
-    let _ = writeln!(o, "\nthreads");
-    let _ = writeln!(
-        o,
-        "  {:>7}  {:<16} {:<2} {:<24} RECEIVE",
-        "TID", "NAME", "ST", "WCHAN"
-    );
-    for t in &r.threads {
-        let recv = match (t.recv_blocked_ms, t.recv_inode) {
-            (Some(ms), inode) => format!(
-                "blocked {ms} ms in {} on socket {} [{}]",
-                t.recv_syscall.as_deref().unwrap_or("?"),
-                inode.map_or("?".into(), |i| i.to_string()),
-                t.recv_source.unwrap_or("?")
-            ),
-            (None, Some(inode)) => format!("in a receive on socket {inode}, age unknown"),
-            (None, None) => "-".into(),
-        };
-        let _ = writeln!(
-            o,
-            "  {:>7}  {:<16} {:<2} {:<24} {}",
-            t.tid,
-            t.name,
-            t.state,
-            t.wchan.as_deref().unwrap_or("-"),
-            recv
-        );
-    }
-    let _ = writeln!(o, "\nTCP sockets");
-    if r.sockets.is_empty() {
-        let _ = writeln!(o, "  none");
-    }
-    for s in &r.sockets {
-        let _ = writeln!(
-            o,
-            "  {} {} -> {} {} (cookie {})",
-            s.inode, s.local, s.remote, s.state, s.cookie
-        );
-        if let Some(i) = &s.tcp_info {
-            let _ = writeln!(
-                o,
-                "      kernel: last recv {} ms, last send {} ms, last ack {} ms, unacked {}, probes {}, backoff {}, rtt {} us",
-                i.last_data_recv_ms,
-                i.last_data_sent_ms,
-                i.last_ack_recv_ms,
-                i.unacked,
-                i.probes,
-                i.backoff,
-                i.rtt_us
-            );
-        }
-        if let Some(a) = &s.ebpf {
-            let age = |v: Option<u64>| v.map_or("never".to_string(), |ms| format!("{ms} ms ago"));
-            let _ = writeln!(
-                o,
-                "      eBPF:   last recv {} ({} B), last send {} ({} B), recvs {} with data / {} empty / {} errors",
-                age(a.last_recv_ms),
-                a.last_recv_bytes,
-                age(a.last_send_ms),
-                a.last_send_bytes,
-                a.recv_data,
-                a.recv_empty,
-                a.recv_error
-            );
-        }
     }
     if !r.gaps.is_empty() {
         let _ = writeln!(o, "\nnot seen");
@@ -421,4 +713,257 @@ pub fn render(r: &Report) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::{
+        ebpf::snapshot::BlockedRecv,
+        proc::{ProcRecv, SyscallInfo, ThreadInfo},
+    };
+
+    fn thread(tid: u32, recv: Option<(u64, u64)>) -> ThreadInfo {
+        ThreadInfo {
+            tid,
+            name: format!("t{tid}"),
+            state: 'S',
+            wchan: Some("wait_woken".into()),
+            cpu_ticks: 3,
+            syscall: recv.map(|_| SyscallInfo {
+                nr: 45,
+                name: Some("recvfrom"),
+                arg0: 3,
+            }),
+            idle_ms: recv.map(|(_, ms)| ms),
+            kstack: vec!["wait_woken".into()],
+            recv: recv.map(|(inode, ms)| ProcRecv {
+                syscall: "recvfrom",
+                fd: 3,
+                inode,
+                idle_ms: Some(ms),
+            }),
+        }
+    }
+
+    fn process(
+        pid: u32,
+        ppid: u32,
+        state: char,
+        init: bool,
+        threads: Vec<ThreadInfo>,
+        sockets: Vec<(i32, u64)>,
+    ) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            ppid,
+            name: format!("p{pid}"),
+            state,
+            uid: Some(0),
+            pid_ns_init: init,
+            threads,
+            sockets,
+            gaps: vec![],
+        }
+    }
+
+    fn socket(inode: u64, remote: &str, last_recv: u32, last_ack: u32, probes: u8) -> TcpSocket {
+        TcpSocket {
+            inode,
+            cookie: inode + 1000,
+            local: "10.0.0.2:40000".parse().unwrap(),
+            remote: remote.parse().unwrap(),
+            state: "ESTAB",
+            uid: 0,
+            recv_queue: 0,
+            send_queue: 0,
+            timer: None,
+            tcp_info: Some(TcpInfo {
+                rtt_us: 100,
+                rto_us: 204_000,
+                unacked: 0,
+                retransmits: 0,
+                backoff: 0,
+                probes,
+                last_data_recv_ms: last_recv,
+                last_data_sent_ms: last_recv,
+                last_ack_recv_ms: last_ack,
+                bytes_received: 10,
+                bytes_acked: 10,
+            }),
+        }
+    }
+
+    fn evidence(
+        processes: Vec<ProcessInfo>,
+        tcp: Vec<TcpSocket>,
+        snapshot: Option<TracerSnapshot>,
+    ) -> Evidence {
+        let roles = tcp
+            .iter()
+            .map(|s| {
+                (
+                    s.inode,
+                    if s.remote.port() == 7443 {
+                        "control"
+                    } else {
+                        "provider"
+                    },
+                )
+            })
+            .collect();
+        Evidence {
+            agent: Some("sol".into()),
+            rule: "cmdline=sol".into(),
+            roots: vec![processes[0].pid],
+            problem: None,
+            upstreams: vec![],
+            processes,
+            gone: vec![99],
+            tcp: vec![(1, Ok(tcp))],
+            roles,
+            ebpf: EbpfEvidence {
+                attempts: vec![],
+                error: None,
+                watched_since_ns: Some(0),
+                snapshot,
+            },
+        }
+    }
+
+    fn snapshot(blocked: Vec<BlockedRecv>) -> TracerSnapshot {
+        TracerSnapshot {
+            strategy: Strategy::TpBtf,
+            taken_at_ns: 5_000_000_000,
+            blocked,
+            sockets: vec![],
+            overflow: Default::default(),
+        }
+    }
+
+    #[test]
+    fn receives_come_from_ebpf_when_it_saw_them_and_from_procfs_otherwise() {
+        let ev = evidence(
+            vec![process(
+                10,
+                1,
+                'S',
+                false,
+                vec![
+                    thread(10, Some((500, 16_260_000))),
+                    thread(11, Some((501, 2_000))),
+                ],
+                vec![(3, 500), (4, 501), (5, 999)],
+            )],
+            vec![
+                socket(500, "10.0.0.1:7443", 16_260_000, 16_260_000, 0),
+                socket(501, "10.0.0.9:443", 2_000, 100, 0),
+            ],
+            Some(snapshot(vec![BlockedRecv {
+                tgid: 10,
+                tid: 11,
+                inode: Some(501),
+                fd: Some(4),
+                syscall: Some("recvfrom"),
+                tcp_checked: false,
+                since_ns: 0,
+                age_ms: 1_900,
+            }])),
+        );
+        let r = build(&ev);
+        let t10 = &r.processes[0].threads[0];
+        assert_eq!(
+            (t10.recv_blocked_ms, t10.recv_inode, t10.recv_source),
+            (Some(16_260_000), Some(500), Some("procfs"))
+        );
+        assert!(
+            t10.anomalies.iter().any(|a| a.contains("4h31m")),
+            "{:?}",
+            t10.anomalies
+        );
+        let t11 = &r.processes[0].threads[1];
+        assert_eq!(
+            (t11.recv_blocked_ms, t11.recv_source),
+            (Some(1_900), Some("ebpf"))
+        );
+        // Socket 999 is not TCP (not in the dump): not reported.
+        assert_eq!(
+            r.sockets
+                .iter()
+                .map(|s| (s.inode, s.role))
+                .collect::<Vec<_>>(),
+            [(500, "control"), (501, "provider")]
+        );
+        assert!(
+            r.sockets[0]
+                .anomalies
+                .iter()
+                .any(|a| a.starts_with("silent for"))
+        );
+        assert!(r.sockets[1].anomalies.is_empty());
+        assert!(r.gaps.iter().any(|g| g.contains("pid 99 exited")));
+        assert!(
+            r.gaps
+                .iter()
+                .any(|g| g.contains("1 receive(s) began before the tracer"))
+        );
+    }
+
+    #[test]
+    fn zombies_under_a_pid_1_are_the_missing_init() {
+        let mut procs = vec![process(1, 0, 'S', true, vec![thread(1, None)], vec![])];
+        procs.extend((2..=6).map(|pid| process(pid, 1, 'Z', false, vec![], vec![])));
+        let r = build(&evidence(procs.clone(), vec![], None));
+        assert_eq!(r.zombies.len(), 5);
+        assert!(r.init.root_is_pid1);
+        assert!(
+            r.init
+                .diagnosis
+                .as_deref()
+                .is_some_and(|d| d.contains("5 zombie(s)"))
+        );
+        assert!(r.gaps.iter().any(|g| g.contains("no eBPF evidence")));
+        // The same zombies under a root that is not PID 1: no init diagnosis.
+        procs[0].pid_ns_init = false;
+        let r = build(&evidence(procs, vec![], None));
+        assert_eq!((r.zombies.len(), r.init.diagnosis.is_some()), (5, false));
+        assert!(render(&r).contains("zombies: 5"));
+    }
+
+    #[test]
+    fn a_failed_socket_dump_is_a_gap_and_receives_are_still_shown() {
+        let mut ev = evidence(
+            vec![process(
+                10,
+                1,
+                'S',
+                false,
+                vec![thread(10, Some((500, 3_000)))],
+                vec![(3, 500)],
+            )],
+            vec![],
+            None,
+        );
+        ev.tcp = vec![(10, Err("sock_diag: permission denied".into()))];
+        let r = build(&ev);
+        assert!(r.gaps.iter().any(|g| g.contains("permission denied")));
+        assert_eq!(r.processes[0].threads[0].recv_blocked_ms, Some(3_000));
+        assert!(r.sockets.is_empty());
+    }
+
+    #[test]
+    fn ages_read_like_people_write_them() {
+        for (ms, s) in [
+            (0, "0ms"),
+            (850, "850ms"),
+            (3_200, "3.2s"),
+            (59_999, "59.9s"),
+            (725_000, "12m05s"),
+            (16_260_000, "4h31m"),
+            (183_600_000, "2d3h"),
+        ] {
+            assert_eq!(human_ms(ms), s, "{ms}");
+        }
+    }
 }

@@ -6,7 +6,9 @@
 //! [`sockdiag`]), the clock ages are measured with ([`clock`]), and the
 //! `inspect` report that joins them ([`inspect`]).
 
+pub mod agents;
 pub mod clock;
+pub mod config;
 pub mod ebpf;
 pub mod inspect;
 pub mod proc;

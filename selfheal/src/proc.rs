@@ -1,105 +1,256 @@
-//! Thread evidence from procfs: state, wait channel, the syscall each thread
-//! is in and on which fd, and how long since it last ran. A process or
-//! thread that exits mid-read is a normal event: it is skipped, not an error.
+//! Process evidence from procfs: per process its threads (state, wait
+//! channel, CPU ticks, the syscall each is in and on which fd, how long since
+//! it last ran, the top of its kernel stack), its socket fds, and whether it
+//! is PID 1 of its pid namespace. A process or thread that exits mid-read is
+//! a normal event: it is skipped, not an error; what could not be read is
+//! listed in `gaps`.
+//!
+//! Ages from `se.exec_start` are measured against the scheduler clock itself:
+//! `exec_start` counts in the runqueue's task clock, which excludes interrupt
+//! and steal time and so drifts from every user-space clock (by hundreds of
+//! milliseconds after an hour on a VM). The reference is the `exec_start` of
+//! our own thread, taken right after `sched_yield()`, which is "now" in that
+//! clock to within a tick.
 
-use procfs::process::{Process, Task};
+use procfs::process::{FDTarget, Process, Task};
 use serde::Serialize;
 
-/// One thread of a watched process.
+/// One process of an agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub name: String,
+    /// R, S, D, Z, T, …
+    pub state: char,
+    pub uid: Option<u32>,
+    /// Whether this process is PID 1 of its own pid namespace (an init that
+    /// must reap orphans).
+    pub pid_ns_init: bool,
+    pub threads: Vec<ThreadInfo>,
+    /// `(fd, inode)` of every socket the process holds.
+    pub sockets: Vec<(i32, u64)>,
+    /// What could not be read, and why.
+    pub gaps: Vec<String>,
+}
+
+/// One thread.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ThreadInfo {
     pub tid: u32,
     pub name: String,
-    /// R, S, D, Z, T, …
     pub state: char,
     /// Kernel function the thread sleeps in, if any.
     pub wchan: Option<String>,
-    /// Receive syscall the thread is in, with the socket it reads.
+    /// User + system CPU time, in clock ticks.
+    pub cpu_ticks: u64,
+    /// The syscall the thread is in, if it is blocked in one.
+    pub syscall: Option<SyscallInfo>,
+    /// Milliseconds since the thread last ran (`se.exec_start`); for a
+    /// thread asleep in a syscall, how long it has waited.
+    pub idle_ms: Option<u64>,
+    /// Top frames of the kernel stack (root only), innermost first.
+    pub kstack: Vec<String>,
+    /// The receive it is blocked in, when the syscall is a receive on a socket.
     pub recv: Option<ProcRecv>,
 }
 
-/// A thread inside a receive syscall on a socket, as procfs shows it (seen
-/// with or without eBPF, including receives that began before any tracer).
+/// A syscall a thread is blocked in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SyscallInfo {
+    pub nr: i64,
+    pub name: Option<&'static str>,
+    pub arg0: u64,
+}
+
+/// A thread inside a receive syscall on a socket, as procfs shows it: seen
+/// with or without eBPF, including receives that began before any tracer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProcRecv {
     pub syscall: &'static str,
     pub fd: i32,
     pub inode: u64,
-    /// Milliseconds since the thread last ran (`se.exec_start`), where the
-    /// kernel exposes it: for a thread asleep in a receive, how long it has
-    /// waited.
+    /// How long it has waited (the thread's `idle_ms`).
     pub idle_ms: Option<u64>,
 }
 
-/// Threads of `pid`. `Err` only when the process itself cannot be read.
-pub fn threads(pid: u32) -> procfs::ProcResult<Vec<ThreadInfo>> {
+/// Frames of the kernel stack kept per thread.
+const KSTACK_FRAMES: usize = 4;
+
+/// Reads one process. `Err` only when the process itself is gone or its
+/// `stat` unreadable; anything finer becomes a gap.
+pub fn process(pid: u32) -> procfs::ProcResult<ProcessInfo> {
+    let now = SchedNow::take();
     let process = Process::new(pid as i32)?;
-    let now_ms = monotonic_ms();
-    let mut out = Vec::new();
-    for task in process.tasks()?.flatten() {
-        if let Some(t) = thread(&process, &task, now_ms) {
-            out.push(t);
+    let stat = process.stat()?;
+    let mut gaps = Vec::new();
+    let status = process.status().ok();
+    let pid_ns_init = status
+        .as_ref()
+        .and_then(|s| s.nspid.as_ref())
+        .is_some_and(|ns| ns.len() > 1 && ns.last() == Some(&1));
+    let sockets = match process.fd() {
+        Ok(fds) => {
+            let mut v: Vec<(i32, u64)> = fds
+                .flatten()
+                .filter_map(|fd| match fd.target {
+                    FDTarget::Socket(inode) => Some((fd.fd, inode)),
+                    _ => None,
+                })
+                .collect();
+            v.sort_unstable();
+            v
         }
+        Err(e) => {
+            gaps.push(format!("pid {pid}: cannot list fds: {e}"));
+            Vec::new()
+        }
+    };
+    let mut threads = Vec::new();
+    match process.tasks() {
+        Ok(tasks) => {
+            for task in tasks.flatten() {
+                if let Some(t) = thread(&task, &sockets, now, &mut gaps) {
+                    threads.push(t);
+                }
+            }
+        }
+        Err(e) => gaps.push(format!("pid {pid}: cannot list threads: {e}")),
     }
-    out.sort_by_key(|t| t.tid);
-    Ok(out)
+    threads.sort_by_key(|t| t.tid);
+    Ok(ProcessInfo {
+        pid,
+        ppid: stat.ppid.max(0) as u32,
+        name: stat.comm,
+        state: stat.state,
+        uid: status.map(|s| s.ruid),
+        pid_ns_init,
+        threads,
+        sockets,
+        gaps,
+    })
 }
 
-fn thread(process: &Process, task: &Task, now_ms: f64) -> Option<ThreadInfo> {
-    let stat = task.stat().ok()?;
-    let base = format!("/proc/{}/task/{}", task.pid, task.tid);
-    let wchan = std::fs::read_to_string(format!("{base}/wchan"))
+fn thread(
+    task: &Task,
+    sockets: &[(i32, u64)],
+    now: SchedNow,
+    gaps: &mut Vec<String>,
+) -> Option<ThreadInfo> {
+    let stat = task.stat().ok()?; // gone: skip
+    let dir = format!("/proc/{}/task/{}", task.pid, task.tid);
+    let wchan = std::fs::read_to_string(format!("{dir}/wchan"))
         .ok()
         .map(|w| w.trim().to_string())
         .filter(|w| !w.is_empty() && w != "0");
-    let recv = match task.syscall() {
+    let syscall = match task.syscall() {
         Ok(procfs::process::Syscall::Blocked {
             syscall_number,
             argument_registers,
             ..
-        }) => recv_syscall(syscall_number).and_then(|name| {
-            let fd = argument_registers[0] as i32;
-            let target = process.fd_from_fd(fd).ok()?.target;
-            match target {
-                procfs::process::FDTarget::Socket(inode) => Some(ProcRecv {
-                    syscall: name,
-                    fd,
-                    inode,
-                    idle_ms: exec_start_ms(&base).map(|t| (now_ms - t).max(0.0) as u64),
-                }),
-                _ => None,
-            }
+        }) if syscall_number >= 0 => Some(SyscallInfo {
+            nr: syscall_number,
+            name: syscall_name(syscall_number),
+            arg0: argument_registers[0],
         }),
-        _ => None,
+        Ok(_) => None,
+        Err(procfs::ProcError::PermissionDenied(_)) => {
+            gaps.push(format!(
+                "tid {}: syscall unreadable (needs ptrace access)",
+                task.tid
+            ));
+            None
+        }
+        Err(_) => None,
     };
+    let idle_ms = std::fs::read_to_string(format!("{dir}/sched"))
+        .ok()
+        .and_then(|s| parse_exec_start(&s))
+        .and_then(|start| now.age_ms(start));
+    let kstack = std::fs::read_to_string(format!("{dir}/stack"))
+        .map(|s| parse_kstack(&s, KSTACK_FRAMES))
+        .unwrap_or_default();
+    let recv = syscall.as_ref().and_then(|s| {
+        let name = recv_syscall(s.nr)?;
+        let fd = s.arg0 as i32;
+        let inode = sockets.iter().find(|(f, _)| *f == fd)?.1;
+        Some(ProcRecv {
+            syscall: name,
+            fd,
+            inode,
+            idle_ms,
+        })
+    });
     Some(ThreadInfo {
         tid: task.tid as u32,
         name: stat.comm,
         state: stat.state,
         wchan,
+        cpu_ticks: stat.utime + stat.stime,
+        syscall,
+        idle_ms,
+        kstack,
         recv,
     })
 }
 
-/// x86_64 receive syscalls.
-fn recv_syscall(nr: i64) -> Option<&'static str> {
-    match nr {
-        0 => Some("read"),
-        19 => Some("readv"),
-        45 => Some("recvfrom"),
-        47 => Some("recvmsg"),
-        299 => Some("recvmmsg"),
-        _ => None,
+/// "Now" in the scheduler's task clock, in milliseconds.
+#[derive(Clone, Copy, Debug)]
+struct SchedNow(Option<f64>);
+
+impl SchedNow {
+    fn take() -> Self {
+        // Yielding makes the kernel update our own exec_start to the current
+        // task clock of this CPU.
+        let _ = nix::sched::sched_yield();
+        SchedNow(
+            std::fs::read_to_string("/proc/thread-self/sched")
+                .ok()
+                .and_then(|s| parse_exec_start(&s)),
+        )
+    }
+
+    fn age_ms(self, exec_start_ms: f64) -> Option<u64> {
+        self.0.map(|now| (now - exec_start_ms).max(0.0) as u64)
     }
 }
 
-/// `se.exec_start` of `/proc/PID/task/TID/sched`, in milliseconds of the
-/// scheduler clock.
-fn exec_start_ms(task_dir: &str) -> Option<f64> {
-    let sched = std::fs::read_to_string(format!("{task_dir}/sched")).ok()?;
-    parse_exec_start(&sched)
+/// x86_64 syscall names worth showing (what a waiting agent sits in).
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    Some(match nr {
+        0 => "read",
+        1 => "write",
+        7 => "poll",
+        19 => "readv",
+        23 => "select",
+        35 => "nanosleep",
+        43 => "accept",
+        44 => "sendto",
+        45 => "recvfrom",
+        46 => "sendmsg",
+        47 => "recvmsg",
+        61 => "wait4",
+        202 => "futex",
+        230 => "clock_nanosleep",
+        232 => "epoll_wait",
+        270 => "pselect6",
+        271 => "ppoll",
+        281 => "epoll_pwait",
+        288 => "accept4",
+        299 => "recvmmsg",
+        441 => "epoll_pwait2",
+        _ => return None,
+    })
 }
 
+/// x86_64 receive syscalls whose first argument is the socket's fd.
+fn recv_syscall(nr: i64) -> Option<&'static str> {
+    matches!(nr, 0 | 19 | 45 | 47 | 299)
+        .then(|| syscall_name(nr))
+        .flatten()
+}
+
+/// `se.exec_start` of a `/proc/…/sched` file, in milliseconds.
 pub(crate) fn parse_exec_start(sched: &str) -> Option<f64> {
     sched.lines().find_map(|l| {
         let (key, value) = l.split_once(':')?;
@@ -109,12 +260,18 @@ pub(crate) fn parse_exec_start(sched: &str) -> Option<f64> {
     })
 }
 
-/// The scheduler clock runs with `CLOCK_MONOTONIC` on the kernels selfheal
-/// targets (both count from boot, neither counts suspend).
-fn monotonic_ms() -> f64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
-    ts.tv_sec() as f64 * 1000.0 + ts.tv_nsec() as f64 / 1e6
+/// Function names of the first `n` frames of a `/proc/…/stack` file:
+/// `[<0>] wait_woken+0x6d/0x80` → `wait_woken`.
+pub(crate) fn parse_kstack(stack: &str, n: usize) -> Vec<String> {
+    stack
+        .lines()
+        .filter_map(|l| {
+            let frame = l.trim().rsplit("] ").next()?.trim();
+            let name = frame.split('+').next()?.trim();
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .take(n)
+        .collect()
 }
 
 #[cfg(test)]
@@ -125,12 +282,52 @@ mod tests {
     fn parses_exec_start() {
         let sched = "sleeper (1234, #threads: 1)\n---------\nse.exec_start                                :       5338406.123456\nse.vruntime : 1.0\n";
         assert_eq!(parse_exec_start(sched), Some(5338406.123456));
-        assert_eq!(parse_exec_start("se.exec_start : x"), None);
-        assert_eq!(parse_exec_start(""), None);
+        for bad in [
+            "se.exec_start : x",
+            "",
+            "se.exec_start",
+            "se.exec_start:",
+            "\u{0}",
+        ] {
+            assert_eq!(parse_exec_start(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parses_kernel_stacks() {
+        let stack = "[<0>] wait_woken+0x6d/0x80\n[<0>] sk_wait_data+0x13a/0x150\n[<0>] tcp_recvmsg_locked+0x2c4/0x9a0\n[<0>] tcp_recvmsg+0x7d/0x1d0\n[<0>] inet_recvmsg+0x5b/0x100\n";
+        assert_eq!(
+            parse_kstack(stack, 3),
+            ["wait_woken", "sk_wait_data", "tcp_recvmsg_locked"]
+        );
+        assert!(parse_kstack("", 3).is_empty());
+        assert!(parse_kstack("garbage without frames", 3).len() <= 1);
+        assert!(parse_kstack("[<0>] \n\n", 3).is_empty());
+    }
+
+    #[test]
+    fn receive_syscalls_are_the_ones_with_a_socket_fd() {
+        for (nr, name) in [
+            (0, Some("read")),
+            (45, Some("recvfrom")),
+            (47, Some("recvmsg")),
+            (202, None),
+            (232, None),
+            (-1, None),
+        ] {
+            assert_eq!(recv_syscall(nr), name, "{nr}");
+        }
     }
 
     #[test]
     fn a_vanished_pid_is_an_error_not_a_panic() {
-        assert!(threads(u32::MAX - 1).is_err());
+        assert!(process(u32::MAX - 1).is_err());
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = process(std::process::id()).expect("own process");
+        assert!(!me.threads.is_empty());
+        assert!(me.threads.iter().any(|t| t.tid == std::process::id()));
     }
 }

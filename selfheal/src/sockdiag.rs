@@ -10,7 +10,7 @@ use netlink_packet_core::{
 use netlink_packet_sock_diag::{
     SockDiagMessage,
     constants::{AF_INET, AF_INET6, IPPROTO_TCP},
-    inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags, nlas::Nla},
+    inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags, Timer, nlas::Nla},
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
 use serde::Serialize;
@@ -28,9 +28,22 @@ pub struct TcpSocket {
     pub uid: u32,
     pub recv_queue: u32,
     pub send_queue: u32,
+    /// The socket's pending timer, if one is armed.
+    pub timer: Option<TimerInfo>,
     /// Absent when the kernel did not attach it (e.g. listening sockets of
     /// some kernels).
     pub tcp_info: Option<TcpInfo>,
+}
+
+/// A TCP socket's armed timer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TimerInfo {
+    /// `retransmit`, `keepalive`, `time_wait` or `zero_window_probe`.
+    pub kind: &'static str,
+    /// Milliseconds until it fires.
+    pub expires_ms: u64,
+    /// Retransmissions so far (retransmit timer only).
+    pub retransmits: u8,
 }
 
 /// The `tcp_info` fields selfheal reasons with.
@@ -205,7 +218,30 @@ fn convert(r: &InetResponse) -> TcpSocket {
         }),
         _ => None,
     });
+    let timer = h.timer.as_ref().map(|t| match t {
+        Timer::Retransmit(d, n) => TimerInfo {
+            kind: "retransmit",
+            expires_ms: d.as_millis() as u64,
+            retransmits: *n,
+        },
+        Timer::KeepAlive(d) => TimerInfo {
+            kind: "keepalive",
+            expires_ms: d.as_millis() as u64,
+            retransmits: 0,
+        },
+        Timer::TimeWait => TimerInfo {
+            kind: "time_wait",
+            expires_ms: 0,
+            retransmits: 0,
+        },
+        Timer::Probe(d) => TimerInfo {
+            kind: "zero_window_probe",
+            expires_ms: d.as_millis() as u64,
+            retransmits: 0,
+        },
+    });
     TcpSocket {
+        timer,
         inode: u64::from(h.inode),
         cookie: u64::from_ne_bytes(id.cookie),
         local: SocketAddr::new(id.source_address, id.source_port),

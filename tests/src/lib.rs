@@ -332,3 +332,135 @@ fn selfheal_error_chain(e: &dyn std::error::Error) -> String {
 pub fn listener() -> std::net::TcpListener {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback")
 }
+
+/// Two network namespaces joined by a veth pair: `a` at 10.251.`n`.1 and
+/// `b` at 10.251.`n`.2 (addresses that exist only inside these namespaces).
+/// Deleting the namespaces on drop removes the veth and any nft rules.
+pub struct NetnsPair {
+    pub a: Netns,
+    pub b: Netns,
+    pub a_addr: String,
+    pub b_addr: String,
+}
+
+impl NetnsPair {
+    pub fn new(tag: &str) -> Result<NetnsPair, String> {
+        let a = Netns::new(&format!("{tag}a"))?;
+        let b = Netns::new(&format!("{tag}b"))?;
+        let n = std::process::id() % 250 + 1;
+        let (va, vb) = (format!("sha{n}"), format!("shb{n}"));
+        run(
+            "ip",
+            &[
+                "-n", &a.name, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns",
+                &b.name,
+            ],
+        )?;
+        let (a_addr, b_addr) = (format!("10.251.{n}.1"), format!("10.251.{n}.2"));
+        run(
+            "ip",
+            &[
+                "-n",
+                &a.name,
+                "addr",
+                "add",
+                &format!("{a_addr}/24"),
+                "dev",
+                &va,
+            ],
+        )?;
+        run(
+            "ip",
+            &[
+                "-n",
+                &b.name,
+                "addr",
+                "add",
+                &format!("{b_addr}/24"),
+                "dev",
+                &vb,
+            ],
+        )?;
+        run("ip", &["-n", &a.name, "link", "set", &va, "up"])?;
+        run("ip", &["-n", &b.name, "link", "set", &vb, "up"])?;
+        Ok(NetnsPair {
+            a,
+            b,
+            a_addr,
+            b_addr,
+        })
+    }
+
+    /// Makes `b` vanish without a FIN: it drops every packet it receives
+    /// (nftables in `b`), so `a`'s connections to it go half-open.
+    pub fn drop_all_into_b(&self) -> Result<(), String> {
+        let rules = "table inet selfheal_test {\n chain input { type filter hook input priority 0; policy drop; }\n}\n";
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.b.name, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run nft: {e}"))?;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(rules.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "nft: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+}
+
+/// Arms TCP keepalive on socket `fd` of process `pid`, from outside, as the
+/// helper will: `pidfd_getfd` duplicates the socket, `setsockopt` on the
+/// duplicate changes the shared socket. Idle/interval in seconds.
+pub fn arm_keepalive(
+    pid: u32,
+    fd: i32,
+    idle: i32,
+    interval: i32,
+    count: i32,
+) -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls with integer arguments; the fds they return are
+    // closed below.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        if pidfd < 0 {
+            return Err(os("pidfd_open"));
+        }
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        libc::close(pidfd);
+        if dup < 0 {
+            return Err(os("pidfd_getfd"));
+        }
+        let set = |level, name, value: libc::c_int| {
+            libc::setsockopt(
+                dup,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        let failed = [
+            set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+            set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle),
+            set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, interval),
+            set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, count),
+        ]
+        .iter()
+        .any(|r| *r != 0);
+        let err = failed.then(|| os("setsockopt"));
+        libc::close(dup);
+        err.map_or(Ok(()), Err)
+    }
+}

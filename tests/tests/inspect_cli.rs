@@ -34,18 +34,29 @@ fn json_report_has_the_contract_fields() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
-    assert_eq!(v["pid"], ready.pid);
+    assert_eq!(v["roots"][0], ready.pid);
+    assert!(v["agent"].is_null(), "--pid inspects no named agent");
     assert!(v["ebpf"]["strategy"].is_string(), "{}", v["ebpf"]);
     assert!(
         v["ebpf"]["attempts"]
             .as_array()
             .is_some_and(|a| !a.is_empty())
     );
-    let threads = v["threads"].as_array().expect("threads");
-    let t = threads
+    for key in ["processes", "sockets", "zombies", "ebpf"] {
+        assert!(v.get(key).is_some(), "report lacks {key}");
+    }
+    let process = v["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == ready.pid)
+        .expect("the client");
+    let t = process["threads"]
+        .as_array()
+        .expect("threads")
         .iter()
         .find(|t| t["tid"] == ready.tid)
-        .expect("the client's thread");
+        .expect("its thread");
     for key in ["tid", "state", "wchan", "recv_blocked_ms"] {
         assert!(t.get(key).is_some(), "thread lacks {key}: {t}");
     }
@@ -69,7 +80,7 @@ fn json_report_has_the_contract_fields() {
         .iter()
         .find(|s| s["inode"] == ready.inode)
         .expect("socket");
-    for key in ["inode", "local", "remote", "state"] {
+    for key in ["inode", "local", "remote", "state", "role"] {
         assert!(s.get(key).is_some(), "socket lacks {key}: {s}");
     }
     assert!(
@@ -147,5 +158,5 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
         why.contains("ermission") || why.contains("not permitted"),
         "{why}"
     );
-    assert!(!v["threads"].as_array().unwrap().is_empty());
+    assert!(!v["processes"][0]["threads"].as_array().unwrap().is_empty());
 }

@@ -43,7 +43,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         strategies: args.strategies,
         wait: args.wait,
     };
-    let evidence = inspect::collect(args.pid, &opts)?;
+    let pid = args.pid;
+    procfs::process::Process::new(pid as i32)
+        .with_context(|| format!("no process with pid {pid}"))?;
+    let target = inspect::Target {
+        agent: None,
+        rule: format!("pid={pid}"),
+        roots: vec![pid],
+        pids: vec![pid],
+        problem: None,
+        role_of: Box::new(|_| None),
+        upstreams: Vec::new(),
+    };
+    let evidence = inspect::collect(&target, &opts);
     let report = inspect::build(&evidence);
     let mut out = std::io::stdout().lock();
     if args.json {

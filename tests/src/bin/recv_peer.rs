@@ -10,6 +10,9 @@
 //! Clients connect, print `ready`, then wait for one line on stdin before
 //! their first read, so the test can start watching them first.
 //! recv-peer server ADDR            accept one; stdin "send N" writes N bytes, "close" exits
+//! recv-peer threads ADDR           one thread blocked in a read, one in futex, one spinning
+//! recv-peer zombies N              N children that exit and are never reaped
+//! recv-peer sink ADDR              accept one and never read (the sender's data piles up)
 //! ```
 //! Lines: `ready pid=P tid=T inode=I local=A remote=B`, `got N`, `listening A`, `sent N`.
 
@@ -32,7 +35,10 @@ fn main() -> ExitCode {
         ["client", addr, "--once"] => client(addr, true),
         ["tokio-client", addr] => tokio_client(addr),
         ["server", addr] => server(addr),
-        _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR".into()),
+        ["threads", addr] => threads(addr),
+        ["zombies", n] => zombies(n),
+        ["sink", addr] => sink(addr),
+        _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | sink ADDR".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -144,5 +150,110 @@ fn server(addr: &str) -> Result<()> {
             other => return Err(format!("unknown command {other:?}")),
         }
     }
+    Ok(())
+}
+
+/// A process with three threads in three different waits: `recv-wait`
+/// blocked in a read on a connection to ADDR, `futex-wait` parked on a
+/// condition variable, `spin` burning CPU. Prints
+/// `ready pid=P recv=T futex=T spin=T inode=I`, then runs until stdin closes.
+fn threads(addr: &str) -> Result<()> {
+    use std::sync::{Arc, Condvar, Mutex, mpsc};
+    let s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let inode = inode_of(s.as_raw_fd());
+    let (tx, rx) = mpsc::channel();
+    let tid = || {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::gettid() }
+    };
+    let t1 = tx.clone();
+    std::thread::Builder::new()
+        .name("recv-wait".into())
+        .spawn(move || {
+            let _ = t1.send(("recv", tid()));
+            let mut s = s;
+            let _ = s.read(&mut [0u8; 64]);
+        })
+        .map_err(|e| e.to_string())?;
+    let t2 = tx.clone();
+    let pair = Arc::new((Mutex::new(()), Condvar::new()));
+    std::thread::Builder::new()
+        .name("futex-wait".into())
+        .spawn(move || {
+            let _ = t2.send(("futex", tid()));
+            let (lock, cv) = &*pair;
+            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _unused = cv.wait(guard);
+        })
+        .map_err(|e| e.to_string())?;
+    std::thread::Builder::new()
+        .name("spin".into())
+        .spawn(move || {
+            let _ = tx.send(("spin", tid()));
+            let mut x: u64 = 0;
+            loop {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let mut tids = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        let (k, v) = rx.recv().map_err(|e| e.to_string())?;
+        tids.insert(k, v);
+    }
+    say(&format!(
+        "ready pid={} recv={} futex={} spin={} inode={inode}",
+        std::process::id(),
+        tids["recv"],
+        tids["futex"],
+        tids["spin"]
+    ));
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0);
+}
+
+/// Starts N children that exit at once and never reaps them. Prints
+/// `ready pid=P zombies=N` once all N are zombies, then waits for stdin to
+/// close.
+fn zombies(n: &str) -> Result<()> {
+    let n: usize = n.parse().map_err(|_| format!("bad count {n}"))?;
+    let mut children = Vec::new();
+    for _ in 0..n {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .map_err(|e| format!("spawn: {e}"))?;
+        children.push(child.id());
+    }
+    // Wait (bounded) until every child has exited and become a zombie.
+    for _ in 0..500 {
+        let zombies = children
+            .iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z')))
+            })
+            .count();
+        if zombies == n {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    say(&format!("ready pid={} zombies={n}", std::process::id()));
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    // `children` are never waited for: that is the point.
+    std::mem::forget(children);
+    Ok(())
+}
+
+/// Accepts one connection and never reads from it.
+fn sink(addr: &str) -> Result<()> {
+    let l = TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    say(&format!(
+        "listening {}",
+        l.local_addr().map_err(|e| e.to_string())?
+    ));
+    let (_s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
+    say("accepted");
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
     Ok(())
 }

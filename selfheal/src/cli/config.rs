@@ -1,0 +1,1 @@
+//! `selfheal config` (being written).

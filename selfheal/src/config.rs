@@ -1,0 +1,1201 @@
+//! The TOML configuration: where it is found, its shape, its validation (every
+//! error names the file, the line and the key), and the resolution of an
+//! agent's upstream addresses into a pure matcher that tells a socket's role
+//! by its remote address.
+//!
+//! The file is read as a spanned TOML tree (`toml::de::DeTable`) and walked
+//! by hand rather than through serde: that way every check — unknown keys,
+//! wrong types, bad regexes, durations and addresses, rules that depend on
+//! other keys — knows the key's position and the agent it belongs to.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    ffi::OsStr,
+    fmt,
+    io::Read as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs as _},
+    ops::Range,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use serde::Serialize;
+use toml::{
+    Spanned,
+    de::{DeTable, DeValue},
+};
+
+/// The system-wide config file, the last candidate [`locate`] tries.
+pub const SYSTEM_CONFIG: &str = "/etc/selfheal/config.toml";
+
+/// A config file larger than this is refused (it is certainly not one).
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Default timeout of an HTTP probe.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a config could not be found, read or accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file was named or found but cannot be read.
+    #[error("cannot read config {}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// No `--config` was given and no candidate exists.
+    #[error("no config file: tried {} (give one with --config PATH)", list_paths(tried))]
+    NotFound { tried: Vec<PathBuf> },
+    /// The file was read but is not a valid config. `line` and `column` are
+    /// 1-based; `message` names the agent, the key and what is wrong.
+    #[error("{}:{line}: {message}", path.display())]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The 1-based line an `Invalid` error points at.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ConfigError::Invalid { line, .. } => Some(*line),
+            _ => None,
+        }
+    }
+}
+
+fn list_paths(paths: &[PathBuf]) -> String {
+    let v: Vec<_> = paths.iter().map(|p| p.display().to_string()).collect();
+    v.join(", ")
+}
+
+/// The config files tried when no `--config` is given, in order:
+/// `$XDG_CONFIG_HOME/selfheal/config.toml` when `XDG_CONFIG_HOME` is set to an
+/// absolute path, else `$HOME/.config/selfheal/config.toml` when `HOME` is
+/// set, then [`SYSTEM_CONFIG`].
+pub fn candidates(xdg_config_home: Option<&OsStr>, home: Option<&OsStr>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let absolute = |v: Option<&OsStr>| v.map(Path::new).filter(|p| p.is_absolute());
+    if let Some(xdg) = absolute(xdg_config_home) {
+        out.push(xdg.join("selfheal/config.toml"));
+    } else if let Some(home) = absolute(home) {
+        out.push(home.join(".config/selfheal/config.toml"));
+    }
+    out.push(PathBuf::from(SYSTEM_CONFIG));
+    out
+}
+
+/// The config file to load: `cli` (the `--config` argument) when given, which
+/// must exist; otherwise the first of [`candidates`] (from the environment)
+/// that exists.
+pub fn locate(cli: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    let xdg = std::env::var_os("XDG_CONFIG_HOME");
+    let home = std::env::var_os("HOME");
+    locate_among(cli, candidates(xdg.as_deref(), home.as_deref()))
+}
+
+/// [`locate`] over an explicit candidate list.
+pub fn locate_among(cli: Option<&Path>, candidates: Vec<PathBuf>) -> Result<PathBuf, ConfigError> {
+    if let Some(path) = cli {
+        return match std::fs::metadata(path) {
+            Ok(_) => Ok(path.to_path_buf()),
+            Err(error) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                error,
+            }),
+        };
+    }
+    for c in &candidates {
+        // A candidate whose existence cannot be told (a directory we may not
+        // search) is taken: loading it then says why, rather than silently
+        // falling through to the next one.
+        if c.try_exists().unwrap_or(true) {
+            return Ok(c.clone());
+        }
+    }
+    Err(ConfigError::NotFound { tried: candidates })
+}
+
+/// A loaded, validated config.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// The file it was read from (named in every message about it).
+    pub path: PathBuf,
+    /// The watched agents, in file order; at least one, names unique.
+    pub agents: Vec<AgentConfig>,
+}
+
+/// One watched agent: a named set of processes and what it talks to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// Unique, non-empty, of `[A-Za-z0-9._-]`.
+    pub name: String,
+    /// Which processes are this agent (their descendants belong to it too).
+    pub rule: MatchRule,
+    /// Its upstreams, in file order (the first that matches a socket wins).
+    pub upstreams: Vec<Upstream>,
+    /// Its health probes, in file order.
+    pub probes: Vec<ProbeConfig>,
+}
+
+/// How an agent's processes are found (`match = { … }`, exactly one key).
+#[derive(Clone, Debug)]
+pub enum MatchRule {
+    /// `pid = 123`: that process.
+    Pid(u32),
+    /// `pidfile = "/run/sol.pid"`: the process whose pid the file holds.
+    Pidfile(PathBuf),
+    /// `cmdline = "regex"`: processes whose argv, joined with spaces, the
+    /// regex finds (unanchored search).
+    Cmdline(regex::Regex),
+    /// `exe = "/usr/bin/x"`: processes running that executable.
+    Exe(PathBuf),
+    /// `unit = "x.service"`: the processes of a systemd unit, by cgroup. A
+    /// name without a unit type gets `.service`, as with systemctl.
+    Unit(String),
+}
+
+impl PartialEq for MatchRule {
+    fn eq(&self, other: &Self) -> bool {
+        use MatchRule::*;
+        match (self, other) {
+            (Pid(a), Pid(b)) => a == b,
+            (Pidfile(a), Pidfile(b)) | (Exe(a), Exe(b)) => a == b,
+            (Cmdline(a), Cmdline(b)) => a.as_str() == b.as_str(),
+            (Unit(a), Unit(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for MatchRule {
+    /// As written in the config: `cmdline = "sol-runner"`, `pid = 123`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MatchRule::Pid(pid) => write!(f, "pid = {pid}"),
+            MatchRule::Pidfile(p) => write!(f, "pidfile = {:?}", p.display().to_string()),
+            MatchRule::Cmdline(re) => write!(f, "cmdline = {:?}", re.as_str()),
+            MatchRule::Exe(p) => write!(f, "exe = {:?}", p.display().to_string()),
+            MatchRule::Unit(u) => write!(f, "unit = {u:?}"),
+        }
+    }
+}
+
+/// What an upstream is to the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The dispatch server's attach stream (heartbeats expected).
+    Control,
+    /// An LLM API: long silences are normal.
+    Provider,
+}
+
+impl Role {
+    /// `control` or `provider`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Control => "control",
+            Role::Provider => "provider",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One `[[agent.upstream]]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    pub role: Role,
+    pub addr: UpstreamAddr,
+    /// Control only: data is expected at least this often.
+    pub heartbeat: Option<Duration>,
+}
+
+/// An upstream's address as written.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum UpstreamAddr {
+    /// `host:port` with a host name, resolved by [`AgentConfig::resolve_upstreams`].
+    Host { host: String, port: u16 },
+    /// `ip:port` or `[v6]:port`.
+    Socket(SocketAddr),
+    /// `10.0.0.0/8`, `::1/128`: any port on those addresses.
+    Cidr(IpAddr, u8),
+    /// `:443`: any address on that port.
+    Port(u16),
+}
+
+impl fmt::Display for UpstreamAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpstreamAddr::Host { host, port } => write!(f, "{host}:{port}"),
+            UpstreamAddr::Socket(sa) => write!(f, "{sa}"),
+            UpstreamAddr::Cidr(ip, prefix) => write!(f, "{ip}/{prefix}"),
+            UpstreamAddr::Port(port) => write!(f, ":{port}"),
+        }
+    }
+}
+
+impl FromStr for UpstreamAddr {
+    type Err = String;
+
+    /// Parses `host:port`, `ip:port`, `[v6]:port`, a CIDR (`10.0.0.0/8`,
+    /// `::1/128`) or `:port`. The error says what is wrong and what to write.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("empty address (write host:port, ip:port, a CIDR or :port)".into());
+        }
+        if s.chars().any(char::is_whitespace) {
+            return Err(format!("bad address {s:?}: contains a space"));
+        }
+        if let Ok(sa) = s.parse::<SocketAddr>() {
+            nonzero_port(sa.port(), s)?;
+            return Ok(UpstreamAddr::Socket(sa));
+        }
+        if let Some((net, prefix)) = s.split_once('/') {
+            let ip: IpAddr = net
+                .parse()
+                .map_err(|_| format!("bad CIDR {s:?}: {net:?} is not an IP address"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            let prefix = prefix
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("bad CIDR {s:?}: prefix must be 0 to {max}"))?;
+            return Ok(UpstreamAddr::Cidr(ip, prefix));
+        }
+        if let Some(port) = s.strip_prefix(':')
+            && !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Ok(UpstreamAddr::Port(parse_port(port, s)?));
+        }
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Err(match ip {
+                IpAddr::V4(_) => format!("bad address {s:?}: no port (write {s}:PORT, or {s}/32 for any port)"),
+                IpAddr::V6(_) => format!("bad address {s:?}: no port (write [{s}]:PORT, or {s}/128 for any port)"),
+            });
+        }
+        let Some((host, port)) = s.rsplit_once(':') else {
+            return Err(format!("bad address {s:?}: no port (write {s}:PORT)"));
+        };
+        if host.starts_with('[') || host.contains(':') {
+            return Err(format!(
+                "bad address {s:?}: not an IPv6 address with a port (write [v6]:PORT)"
+            ));
+        }
+        let port = parse_port(port, s)?;
+        if !valid_host(host) {
+            return Err(format!("bad address {s:?}: {host:?} is not a host name"));
+        }
+        Ok(UpstreamAddr::Host {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+fn parse_port(port: &str, whole: &str) -> Result<u16, String> {
+    let p = port
+        .parse::<u16>()
+        .map_err(|_| format!("bad address {whole:?}: bad port {port:?}"))?;
+    nonzero_port(p, whole)?;
+    Ok(p)
+}
+
+fn nonzero_port(port: u16, whole: &str) -> Result<(), String> {
+    if port == 0 {
+        return Err(format!("bad address {whole:?}: port 0 is no remote port"));
+    }
+    Ok(())
+}
+
+/// A DNS name: labels of letters, digits, `-` and `_`, separated by dots.
+fn valid_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').enumerate().all(|(i, label)| {
+            // A trailing dot (fully qualified) leaves one empty last label.
+            (label.is_empty() && i > 0 && host.ends_with('.') && i == host.split('.').count() - 1)
+                || (!label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        })
+}
+
+/// One `[[agent.probe]]`: accepted and validated now, run by a later part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeConfig {
+    /// An HTTP status endpoint (`url = …`).
+    Http {
+        url: String,
+        /// Upper case: GET (default), HEAD or POST.
+        method: String,
+        /// Default [`DEFAULT_PROBE_TIMEOUT`].
+        timeout: Duration,
+        expect_status: Option<u16>,
+        /// Field name → JSON pointer into the response body.
+        fields: BTreeMap<String, String>,
+        /// Field name (declared in `fields`) → the value expected there.
+        expect: BTreeMap<String, String>,
+    },
+    /// A file the agent touches (`health_file = …`): stale after `max_age`.
+    HealthFile { path: PathBuf, max_age: Duration },
+}
+
+impl Config {
+    /// Reads and validates the config at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let read_err = |error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        };
+        let file = std::fs::File::open(path).map_err(read_err)?;
+        let mut bytes = Vec::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: 1,
+                column: 1,
+                message: format!("file larger than {} MiB", MAX_CONFIG_BYTES >> 20),
+            });
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => Config::parse(&text, path),
+            Err(e) => {
+                let valid = e.utf8_error().valid_up_to();
+                let text = String::from_utf8_lossy(&e.as_bytes()[..valid]);
+                let (line, column) = line_col(&text, valid);
+                Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    line,
+                    column,
+                    message: "not UTF-8 text".into(),
+                })
+            }
+        }
+    }
+
+    /// Validates config `text`; `path` is only used to name it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let cx = Cx { text, path };
+        let root = DeTable::parse(text).map_err(|e| cx.syntax(&e))?;
+        let root = Fields::new(&cx, root.get_ref(), 0..0, String::new());
+        root.only(&["agent"])?;
+        let Some(agents) = root.tables("agent")? else {
+            return Err(cx.error(0..0, "no agents: add an [[agent]] table".into()));
+        };
+        let mut out = Vec::new();
+        let mut names: HashMap<String, usize> = HashMap::new();
+        for (i, (table, span)) in agents.into_iter().enumerate() {
+            let agent = agent(&cx, table, span, i + 1, &mut names)?;
+            out.push(agent);
+        }
+        if out.is_empty() {
+            return Err(cx.error(0..0, "no agents: add an [[agent]] table".into()));
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            agents: out,
+        })
+    }
+
+    /// The agent called `name`.
+    pub fn agent(&self, name: &str) -> Option<&AgentConfig> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+}
+
+/// The text being parsed and its file name, for errors.
+struct Cx<'a> {
+    text: &'a str,
+    path: &'a Path,
+}
+
+impl Cx<'_> {
+    fn error(&self, span: Range<usize>, message: String) -> ConfigError {
+        let (line, column) = line_col(self.text, span.start);
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            line,
+            column,
+            message,
+        }
+    }
+
+    fn syntax(&self, e: &toml::de::Error) -> ConfigError {
+        let span = e.span().unwrap_or(0..0);
+        let mut message = format!("bad TOML: {}", e.message().trim());
+        // "duplicate key" points at the key: name it.
+        if let Some(key) = self.text.get(span.clone())
+            && !key.is_empty()
+            && key.len() <= 80
+            && !key.contains('\n')
+            && message.ends_with("duplicate key")
+        {
+            message.push_str(&format!(" `{}`", key.trim()));
+        }
+        self.error(span, message)
+    }
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `text`.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.bytes().filter(|b| *b == b'\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+type Value<'i> = Spanned<DeValue<'i>>;
+
+/// The keys of one table, with where it is (for messages) and its scope
+/// (`agent "sol" upstream 1`).
+struct Fields<'a, 'i> {
+    cx: &'a Cx<'a>,
+    entries: Vec<(&'a str, Range<usize>, &'a Value<'i>)>,
+    span: Range<usize>,
+    scope: String,
+}
+
+impl<'a, 'i> Fields<'a, 'i> {
+    fn new(cx: &'a Cx<'a>, table: &'a DeTable<'i>, span: Range<usize>, scope: String) -> Self {
+        let mut entries: Vec<_> = table
+            .iter()
+            .map(|(k, v)| (k.get_ref().as_ref(), k.span(), v))
+            .collect();
+        entries.sort_by_key(|(_, span, _)| span.start);
+        Fields {
+            cx,
+            entries,
+            span,
+            scope,
+        }
+    }
+
+    fn prefix(&self) -> String {
+        if self.scope.is_empty() {
+            String::new()
+        } else {
+            format!("{}: ", self.scope)
+        }
+    }
+
+    /// An error about `key` at `span`.
+    fn key_error(&self, key: &str, span: Range<usize>, what: impl fmt::Display) -> ConfigError {
+        self.cx
+            .error(span, format!("{}key `{key}`: {what}", self.prefix()))
+    }
+
+    /// An error about the table as a whole.
+    fn table_error(&self, what: impl fmt::Display) -> ConfigError {
+        self.cx
+            .error(self.span.clone(), format!("{}{what}", self.prefix()))
+    }
+
+    /// Fails on the first key (in file order) not in `allowed`.
+    fn only(&self, allowed: &[&str]) -> Result<(), ConfigError> {
+        for (key, span, _) in &self.entries {
+            if !allowed.contains(key) {
+                return Err(self.key_error(
+                    key,
+                    span.clone(),
+                    format!("unknown key (expected {})", allowed.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Option<(Range<usize>, &'a Value<'i>)> {
+        self.entries
+            .iter()
+            .find(|(k, _, _)| *k == key)
+            .map(|(_, span, v)| (span.clone(), *v))
+    }
+
+    fn type_error(&self, key: &str, v: &Value<'_>, expected: &str) -> ConfigError {
+        self.key_error(
+            key,
+            v.span(),
+            format!("expected {expected}, found {}", v.get_ref().type_str()),
+        )
+    }
+
+    /// A string value and its span.
+    fn string(&self, key: &str) -> Result<Option<(&'a str, Range<usize>)>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some((_, v)) => match v.get_ref() {
+                DeValue::String(s) => Ok(Some((s.as_ref(), v.span()))),
+                _ => Err(self.type_error(key, v, "a string")),
+            },
+        }
+    }
+
+    fn integer(&self, key: &str) -> Result<Option<(i64, Range<usize>)>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some((_, v)) => match v.get_ref() {
+                DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
+                    .map(|n| Some((n, v.span())))
+                    .map_err(|_| self.key_error(key, v.span(), "integer out of range")),
+                _ => Err(self.type_error(key, v, "an integer")),
+            },
+        }
+    }
+
+    fn duration(&self, key: &str) -> Result<Option<Duration>, ConfigError> {
+        let Some((s, span)) = self.string(key)? else {
+            return Ok(None);
+        };
+        let d = humantime::parse_duration(s).map_err(|e| {
+            self.key_error(
+                key,
+                span.clone(),
+                format!("bad duration {s:?}: {e} (examples: 500ms, 90s, 5m)"),
+            )
+        })?;
+        if d.is_zero() {
+            return Err(self.key_error(key, span, format!("duration {s:?} must be more than 0")));
+        }
+        Ok(Some(d))
+    }
+
+    /// A table value (inline or not) as `Fields`.
+    fn table(&self, key: &str, scope: String) -> Result<Option<Fields<'a, 'i>>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some((_, v)) => match v.get_ref() {
+                DeValue::Table(t) => Ok(Some(Fields::new(self.cx, t, v.span(), scope))),
+                _ => Err(self.type_error(key, v, "a table")),
+            },
+        }
+    }
+
+    /// An array of tables (`[[key]]`, or `key = [{…}, …]`).
+    #[allow(clippy::type_complexity)]
+    fn tables(&self, key: &str) -> Result<Option<Vec<(&'a DeTable<'i>, Range<usize>)>>, ConfigError> {
+        let Some((_, v)) = self.get(key) else {
+            return Ok(None);
+        };
+        let DeValue::Array(items) = v.get_ref() else {
+            return Err(self.type_error(key, v, &format!("an array of tables ([[{key}]])")));
+        };
+        let mut out = Vec::new();
+        for item in items.iter() {
+            match item.get_ref() {
+                DeValue::Table(t) => out.push((t, item.span())),
+                _ => return Err(self.type_error(key, item, "an array of tables")),
+            }
+        }
+        Ok(Some(out))
+    }
+}
+
+const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe"];
+const MATCH_KEYS: &[&str] = &["pid", "pidfile", "cmdline", "exe", "unit"];
+const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat"];
+const PROBE_KEYS: &[&str] = &[
+    "url",
+    "method",
+    "timeout",
+    "expect_status",
+    "fields",
+    "expect",
+    "health_file",
+    "max_age",
+];
+const HTTP_ONLY: &[&str] = &["method", "timeout", "expect_status", "fields", "expect"];
+const METHODS: &[&str] = &["GET", "HEAD", "POST"];
+
+fn agent<'a>(
+    cx: &'a Cx<'a>,
+    table: &'a DeTable<'_>,
+    span: Range<usize>,
+    index: usize,
+    names: &mut HashMap<String, usize>,
+) -> Result<AgentConfig, ConfigError> {
+    let f = Fields::new(cx, table, span, format!("agent {index}"));
+    // The name first, so that every later message can say which agent.
+    let Some((name, name_span)) = f.string("name")? else {
+        f.only(AGENT_KEYS)?;
+        return Err(f.table_error("key `name`: missing (every agent needs a name)"));
+    };
+    if name.is_empty() {
+        return Err(f.key_error("name", name_span, "empty name"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(f.key_error(
+            "name",
+            name_span,
+            format!("bad name {name:?}: use letters, digits, '.', '_' and '-'"),
+        ));
+    }
+    if let Some(first) = names.get(name) {
+        return Err(f.key_error(
+            "name",
+            name_span,
+            format!("duplicate agent name {name:?} (first at line {first})"),
+        ));
+    }
+    names.insert(name.to_string(), line_col(cx.text, name_span.start).0);
+    let scope = format!("agent {name:?}");
+    let f = Fields { scope: scope.clone(), ..f };
+    f.only(AGENT_KEYS)?;
+
+    let Some(m) = f.table("match", format!("{scope} match"))? else {
+        return Err(f.table_error(format!(
+            "key `match`: missing (one of {})",
+            MATCH_KEYS.join(", ")
+        )));
+    };
+    let rule = match_rule(&f, &m)?;
+
+    let mut upstreams = Vec::new();
+    for (i, (t, span)) in f.tables("upstream")?.unwrap_or_default().into_iter().enumerate() {
+        let u = Fields::new(cx, t, span, format!("{scope} upstream {}", i + 1));
+        upstreams.push(upstream(&u)?);
+    }
+    let mut probes = Vec::new();
+    for (i, (t, span)) in f.tables("probe")?.unwrap_or_default().into_iter().enumerate() {
+        let p = Fields::new(cx, t, span, format!("{scope} probe {}", i + 1));
+        probes.push(probe(&p)?);
+    }
+    Ok(AgentConfig {
+        name: name.to_string(),
+        rule,
+        upstreams,
+        probes,
+    })
+}
+
+fn match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRule, ConfigError> {
+    m.only(MATCH_KEYS)?;
+    let keys: Vec<&str> = m.entries.iter().map(|(k, _, _)| *k).collect();
+    match keys.as_slice() {
+        [] => {
+            return Err(agent.key_error(
+                "match",
+                m.span.clone(),
+                format!("no rule: give one of {}", MATCH_KEYS.join(", ")),
+            ));
+        }
+        [_] => {}
+        [..] => {
+            return Err(agent.key_error(
+                "match",
+                m.entries[1].1.clone(),
+                format!("more than one rule ({}): give exactly one", keys.join(", ")),
+            ));
+        }
+    }
+    let key = keys[0];
+    if key == "pid" {
+        let (pid, span) = m.integer("pid")?.unwrap_or((0, 0..0));
+        return match u32::try_from(pid) {
+            Ok(pid) if pid > 0 && pid <= i32::MAX as u32 => Ok(MatchRule::Pid(pid)),
+            _ => Err(m.key_error("pid", span, format!("bad pid {pid}"))),
+        };
+    }
+    let (value, span) = m.string(key)?.unwrap_or(("", 0..0));
+    if value.is_empty() {
+        return Err(m.key_error(key, span, "empty"));
+    }
+    match key {
+        "pidfile" | "exe" => {
+            if !Path::new(value).is_absolute() {
+                return Err(m.key_error(
+                    key,
+                    span,
+                    format!("{value:?} is not an absolute path"),
+                ));
+            }
+            Ok(if key == "exe" {
+                MatchRule::Exe(PathBuf::from(value))
+            } else {
+                MatchRule::Pidfile(PathBuf::from(value))
+            })
+        }
+        "cmdline" => regex::Regex::new(value)
+            .map(MatchRule::Cmdline)
+            .map_err(|e| m.key_error(key, span, format!("bad regex {value:?}: {}", regex_reason(&e)))),
+        _ => {
+            if value.contains('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(m.key_error(key, span, format!("bad unit name {value:?}")));
+            }
+            Ok(MatchRule::Unit(if value.contains('.') {
+                value.to_string()
+            } else {
+                format!("{value}.service")
+            }))
+        }
+    }
+}
+
+/// The one-line reason of a regex error (its Display draws a caret diagram
+/// over several lines).
+fn regex_reason(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("error: "))
+        .map_or_else(|| text.replace('\n', " "), str::to_string)
+}
+
+fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
+    u.only(UPSTREAM_KEYS)?;
+    let role = match u.string("role")? {
+        None => return Err(u.table_error("key `role`: missing (control or provider)")),
+        Some(("control", _)) => Role::Control,
+        Some(("provider", _)) => Role::Provider,
+        Some((other, span)) => {
+            return Err(u.key_error(
+                "role",
+                span,
+                format!("bad role {other:?} (expected control or provider)"),
+            ));
+        }
+    };
+    let addr = match u.string("addr")? {
+        None => {
+            return Err(u.table_error(
+                "key `addr`: missing (host:port, ip:port, a CIDR or :port)",
+            ));
+        }
+        Some((s, span)) => s.parse::<UpstreamAddr>().map_err(|e| u.key_error("addr", span, e))?,
+    };
+    let heartbeat = u.duration("heartbeat")?;
+    if heartbeat.is_some() && role != Role::Control {
+        let (span, _) = u.get("heartbeat").expect("heartbeat was read");
+        return Err(u.key_error(
+            "heartbeat",
+            span,
+            format!("only a control upstream has a heartbeat (this one is {role})"),
+        ));
+    }
+    Ok(Upstream {
+        role,
+        addr,
+        heartbeat,
+    })
+}
+
+fn probe(p: &Fields<'_, '_>) -> Result<ProbeConfig, ConfigError> {
+    p.only(PROBE_KEYS)?;
+    match (p.get("url"), p.get("health_file")) {
+        (Some(_), Some((span, _))) => Err(p.key_error(
+            "health_file",
+            span,
+            "a probe has either url or health_file, not both",
+        )),
+        (None, None) => Err(p.table_error("no url or health_file: give one")),
+        (None, Some(_)) => {
+            for key in HTTP_ONLY {
+                if let Some((span, _)) = p.get(key) {
+                    return Err(p.key_error(key, span, "only with url, not health_file"));
+                }
+            }
+            let (path, span) = p.string("health_file")?.expect("health_file is present");
+            if !Path::new(path).is_absolute() {
+                return Err(p.key_error(
+                    "health_file",
+                    span,
+                    format!("{path:?} is not an absolute path"),
+                ));
+            }
+            let Some(max_age) = p.duration("max_age")? else {
+                return Err(p.table_error(
+                    "key `max_age`: missing (how old health_file may get, e.g. \"30s\")",
+                ));
+            };
+            Ok(ProbeConfig::HealthFile {
+                path: PathBuf::from(path),
+                max_age,
+            })
+        }
+        (Some(_), None) => {
+            if let Some((span, _)) = p.get("max_age") {
+                return Err(p.key_error("max_age", span, "only with health_file, not url"));
+            }
+            let (url, span) = p.string("url")?.expect("url is present");
+            check_url(url).map_err(|e| p.key_error("url", span, e))?;
+            let method = match p.string("method")? {
+                None => "GET".to_string(),
+                Some((m, span)) => {
+                    let upper = m.to_ascii_uppercase();
+                    if !METHODS.contains(&upper.as_str()) {
+                        return Err(p.key_error(
+                            "method",
+                            span,
+                            format!("bad method {m:?} (expected {})", METHODS.join(", ")),
+                        ));
+                    }
+                    upper
+                }
+            };
+            let timeout = p.duration("timeout")?.unwrap_or(DEFAULT_PROBE_TIMEOUT);
+            let expect_status = match p.integer("expect_status")? {
+                None => None,
+                Some((n, span)) => match u16::try_from(n) {
+                    Ok(s) if (100..=599).contains(&s) => Some(s),
+                    _ => {
+                        return Err(p.key_error(
+                            "expect_status",
+                            span,
+                            format!("bad HTTP status {n} (100 to 599)"),
+                        ));
+                    }
+                },
+            };
+            let fields = string_map(p, "fields", |name, pointer| {
+                check_json_pointer(pointer).map_err(|e| format!("field {name:?}: {e}"))
+            })?;
+            let expect = string_map(p, "expect", |name, _| {
+                if fields.contains_key(name) {
+                    Ok(())
+                } else {
+                    let declared: Vec<_> = fields.keys().map(String::as_str).collect();
+                    Err(if declared.is_empty() {
+                        format!("field {name:?} is not declared in fields (none are)")
+                    } else {
+                        format!(
+                            "field {name:?} is not declared in fields (declared: {})",
+                            declared.join(", ")
+                        )
+                    })
+                }
+            })?;
+            Ok(ProbeConfig::Http {
+                url: url.to_string(),
+                method,
+                timeout,
+                expect_status,
+                fields,
+                expect,
+            })
+        }
+    }
+}
+
+/// A table of strings, each checked by `check(name, value)`; errors name the
+/// key as `table.name`.
+fn string_map(
+    p: &Fields<'_, '_>,
+    key: &str,
+    check: impl Fn(&str, &str) -> Result<(), String>,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut out = BTreeMap::new();
+    let Some(t) = p.table(key, p.scope.clone())? else {
+        return Ok(out);
+    };
+    for (name, name_span, v) in &t.entries {
+        let full = format!("{key}.{name}");
+        let DeValue::String(s) = v.get_ref() else {
+            return Err(p.type_error(&full, v, "a string"));
+        };
+        if name.is_empty() {
+            return Err(p.key_error(&full, name_span.clone(), "empty field name"));
+        }
+        check(name, s).map_err(|e| p.key_error(&full, name_span.clone(), e))?;
+        out.insert(name.to_string(), s.to_string());
+    }
+    Ok(out)
+}
+
+/// An RFC 6901 JSON pointer: empty, or `/`-separated tokens in which `~` is
+/// only `~0` or `~1`.
+pub fn check_json_pointer(p: &str) -> Result<(), String> {
+    if !p.is_empty() && !p.starts_with('/') {
+        return Err(format!(
+            "bad JSON pointer {p:?}: must be empty or start with \"/\" (like \"/{p}\")"
+        ));
+    }
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err(format!(
+                "bad JSON pointer {p:?}: \"~\" must be followed by 0 or 1"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let bad = || format!("bad url {url:?}: expected http://host[:port]/path");
+    let lower = url.to_ascii_lowercase();
+    let rest = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+        .ok_or_else(bad)?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.is_empty() || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// How an upstream's address was resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// Written as addresses (ip:port, CIDR, :port): nothing to look up.
+    Literal,
+    /// A host name and the addresses it resolved to (never empty).
+    Resolved(Vec<SocketAddr>),
+    /// A host name that did not resolve: this upstream matches nothing.
+    Failed(String),
+}
+
+/// An upstream with its host name (if any) resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedUpstream {
+    pub upstream: Upstream,
+    pub resolution: Resolution,
+}
+
+impl ResolvedUpstream {
+    /// Whether a socket whose remote end is `remote` talks to this upstream.
+    /// IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`) are the IPv4 address
+    /// they map, on either side.
+    pub fn matches(&self, remote: SocketAddr) -> bool {
+        let ip = canonical(remote.ip());
+        let port = remote.port();
+        match &self.upstream.addr {
+            UpstreamAddr::Port(p) => *p == port,
+            UpstreamAddr::Socket(sa) => canonical(sa.ip()) == ip && sa.port() == port,
+            UpstreamAddr::Cidr(net, prefix) => cidr_contains(*net, *prefix, ip),
+            UpstreamAddr::Host { .. } => match &self.resolution {
+                Resolution::Resolved(addrs) => addrs
+                    .iter()
+                    .any(|sa| canonical(sa.ip()) == ip && sa.port() == port),
+                Resolution::Literal | Resolution::Failed(_) => false,
+            },
+        }
+    }
+}
+
+/// An agent's upstreams, resolved once, ready to classify sockets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResolvedUpstreams {
+    /// In config order.
+    pub upstreams: Vec<ResolvedUpstream>,
+}
+
+impl ResolvedUpstreams {
+    /// The upstream a socket with remote end `remote` talks to: the first in
+    /// config order that matches. Pure.
+    pub fn upstream_of(&self, remote: SocketAddr) -> Option<&ResolvedUpstream> {
+        self.upstreams.iter().find(|u| u.matches(remote))
+    }
+
+    /// The role of a socket with remote end `remote`, if any upstream matches.
+    pub fn role_of(&self, remote: SocketAddr) -> Option<Role> {
+        self.upstream_of(remote).map(|u| u.upstream.role)
+    }
+
+    /// One line per host name: what it resolved to, or why it did not.
+    pub fn notes(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for u in &self.upstreams {
+            let addr = &u.upstream.addr;
+            match &u.resolution {
+                Resolution::Literal => {}
+                Resolution::Resolved(addrs) => {
+                    let list: Vec<_> = addrs.iter().map(ToString::to_string).collect();
+                    out.push(format!("{addr} resolves to {}", list.join(", ")));
+                }
+                Resolution::Failed(e) => {
+                    out.push(format!("{addr} does not resolve ({e}): it matches no socket"));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl AgentConfig {
+    /// Resolves the upstreams' host names (once each, with the system
+    /// resolver). A name that does not resolve is not an error: that upstream
+    /// matches nothing and [`ResolvedUpstreams::notes`] says why.
+    pub fn resolve_upstreams(&self) -> ResolvedUpstreams {
+        self.resolve_upstreams_with(|host, port| {
+            (host, port)
+                .to_socket_addrs()
+                .map(Iterator::collect)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    /// [`Self::resolve_upstreams`] with the given lookup function.
+    pub fn resolve_upstreams_with(
+        &self,
+        mut lookup: impl FnMut(&str, u16) -> Result<Vec<SocketAddr>, String>,
+    ) -> ResolvedUpstreams {
+        let mut cache: HashMap<(String, u16), Resolution> = HashMap::new();
+        let upstreams = self
+            .upstreams
+            .iter()
+            .map(|u| {
+                let resolution = match &u.addr {
+                    UpstreamAddr::Host { host, port } => cache
+                        .entry((host.clone(), *port))
+                        .or_insert_with(|| match lookup(host, *port) {
+                            Ok(mut addrs) => {
+                                let mut seen = Vec::new();
+                                addrs.retain(|a| {
+                                    let key = (a.ip(), a.port());
+                                    let new = !seen.contains(&key);
+                                    seen.push(key);
+                                    new
+                                });
+                                if addrs.is_empty() {
+                                    Resolution::Failed("no addresses".into())
+                                } else {
+                                    Resolution::Resolved(addrs)
+                                }
+                            }
+                            Err(e) => Resolution::Failed(e),
+                        })
+                        .clone(),
+                    _ => Resolution::Literal,
+                };
+                ResolvedUpstream {
+                    upstream: u.clone(),
+                    resolution,
+                }
+            })
+            .collect();
+        ResolvedUpstreams { upstreams }
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it maps; others as is.
+/// (`::1` stays IPv6: only `::ffff:a.b.c.d` is mapped.)
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` (canonical) is in `net/prefix`. A mapped network
+/// (`::ffff:10.0.0.0/104`) is its IPv4 network; an IPv6 network shorter than
+/// the mapped range (`::/0`) also holds IPv4 addresses in their mapped form.
+fn cidr_contains(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
+    let (net, prefix) = match net {
+        IpAddr::V6(n) if prefix >= 96 && n.to_ipv4_mapped().is_some() => {
+            (IpAddr::V4(n.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)), prefix - 96)
+        }
+        other => (other, prefix),
+    };
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(u32::from(n).into(), u32::from(a).into(), prefix, 32),
+        (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(u128::from(n), u128::from(a), prefix, 128),
+        (IpAddr::V6(n), IpAddr::V4(a)) => {
+            prefix_eq(u128::from(n), u128::from(a.to_ipv6_mapped()), prefix, 128)
+        }
+        (IpAddr::V4(_), IpAddr::V6(_)) => false,
+    }
+}
+
+/// Whether the first `prefix` of `bits` bits of `a` and `b` agree.
+fn prefix_eq(a: u128, b: u128, prefix: u8, bits: u32) -> bool {
+    let prefix = u32::from(prefix).min(bits);
+    if prefix == 0 {
+        return true;
+    }
+    let shift = bits - prefix;
+    (a >> shift) == (b >> shift)
+}
+
+#[allow(dead_code)]
+const _V6_UNUSED: Ipv6Addr = Ipv6Addr::UNSPECIFIED;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn line_col_counts_from_one() {
+        assert_eq!(line_col("", 0), (1, 1));
+        assert_eq!(line_col("ab\ncd", 4), (2, 2));
+        assert_eq!(line_col("ab\ncd", 99), (2, 3));
+        assert_eq!(line_col("é\nx", 1), (1, 1));
+    }
+
+    #[test]
+    fn upstream_addr_forms() {
+        use UpstreamAddr::*;
+        let ok = [
+            ("127.0.0.1:7443", Socket(addr("127.0.0.1:7443"))),
+            ("[::1]:443", Socket(addr("[::1]:443"))),
+            ("10.0.0.0/8", Cidr("10.0.0.0".parse().unwrap(), 8)),
+            ("::1/128", Cidr("::1".parse().unwrap(), 128)),
+            (":443", Port(443)),
+            ("api.example.com:443", Host { host: "api.example.com".into(), port: 443 }),
+            ("localhost:80", Host { host: "localhost".into(), port: 80 }),
+        ];
+        for (text, want) in ok {
+            let got: UpstreamAddr = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(got, want, "{text}");
+            assert_eq!(got.to_string(), text);
+        }
+        for bad in [
+            "", "127.0.0.1", "::1", "host", "host:", "host:99999", "host:0", ":0", ":", "1.2.3.4/33",
+            "::/129", "x/8", "::1:80", "[::1]", "[::1:80", "a b:80", "bad..name:80", "-:x", ":abc",
+        ] {
+            assert!(bad.parse::<UpstreamAddr>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn json_pointers() {
+        for ok in ["", "/", "/a", "/a/0", "/a~0b/~1c"] {
+            assert!(check_json_pointer(ok).is_ok(), "{ok}");
+        }
+        for bad in ["a", "a/b", "/a~", "/a~2"] {
+            assert!(check_json_pointer(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cidr_edges() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(cidr_contains(ip("0.0.0.0"), 0, ip("1.2.3.4")));
+        assert!(cidr_contains(ip("10.1.2.3"), 8, ip("10.9.9.9")));
+        assert!(!cidr_contains(ip("10.0.0.0"), 8, ip("11.0.0.0")));
+        assert!(cidr_contains(ip("1.2.3.4"), 32, ip("1.2.3.4")));
+        assert!(!cidr_contains(ip("1.2.3.4"), 32, ip("1.2.3.5")));
+        assert!(cidr_contains(ip("::"), 0, ip("::1")));
+        assert!(cidr_contains(ip("::"), 0, ip("1.2.3.4")));
+        assert!(cidr_contains(ip("::ffff:10.0.0.0"), 104, ip("10.1.1.1")));
+        assert!(!cidr_contains(ip("10.0.0.0"), 8, ip("::1")));
+        assert!(cidr_contains(ip("fd00::"), 8, ip("fdff::1")));
+        assert!(!cidr_contains(ip("fd00::"), 8, ip("fe00::1")));
+    }
+}
