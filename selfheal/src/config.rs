@@ -13,7 +13,7 @@ use std::{
     ffi::OsStr,
     fmt,
     io::Read as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs as _},
+    net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs as _},
     ops::Range,
     path::{Path, PathBuf},
     str::FromStr,
@@ -45,7 +45,10 @@ pub enum ConfigError {
         error: std::io::Error,
     },
     /// No `--config` was given and no candidate exists.
-    #[error("no config file: tried {} (give one with --config PATH)", list_paths(tried))]
+    #[error(
+        "no config file: tried {} (give one with --config PATH)",
+        list_paths(tried)
+    )]
     NotFound { tried: Vec<PathBuf> },
     /// The file was read but is not a valid config. `line` and `column` are
     /// 1-based; `message` names the agent, the key and what is wrong.
@@ -79,7 +82,9 @@ fn list_paths(paths: &[PathBuf]) -> String {
 /// set, then [`SYSTEM_CONFIG`].
 pub fn candidates(xdg_config_home: Option<&OsStr>, home: Option<&OsStr>) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let absolute = |v: Option<&OsStr>| v.map(Path::new).filter(|p| p.is_absolute());
+    fn absolute(v: Option<&OsStr>) -> Option<&Path> {
+        v.map(Path::new).filter(|p| p.is_absolute())
+    }
     if let Some(xdg) = absolute(xdg_config_home) {
         out.push(xdg.join("selfheal/config.toml"));
     } else if let Some(home) = absolute(home) {
@@ -280,8 +285,12 @@ impl FromStr for UpstreamAddr {
         }
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Err(match ip {
-                IpAddr::V4(_) => format!("bad address {s:?}: no port (write {s}:PORT, or {s}/32 for any port)"),
-                IpAddr::V6(_) => format!("bad address {s:?}: no port (write [{s}]:PORT, or {s}/128 for any port)"),
+                IpAddr::V4(_) => {
+                    format!("bad address {s:?}: no port (write {s}:PORT, or {s}/32 for any port)")
+                }
+                IpAddr::V6(_) => format!(
+                    "bad address {s:?}: no port (write [{s}]:PORT, or {s}/128 for any port)"
+                ),
             });
         }
         let Some((host, port)) = s.rsplit_once(':') else {
@@ -592,7 +601,10 @@ impl<'a, 'i> Fields<'a, 'i> {
 
     /// An array of tables (`[[key]]`, or `key = [{…}, …]`).
     #[allow(clippy::type_complexity)]
-    fn tables(&self, key: &str) -> Result<Option<Vec<(&'a DeTable<'i>, Range<usize>)>>, ConfigError> {
+    fn tables(
+        &self,
+        key: &str,
+    ) -> Result<Option<Vec<(&'a DeTable<'i>, Range<usize>)>>, ConfigError> {
         let Some((_, v)) = self.get(key) else {
             return Ok(None);
         };
@@ -661,7 +673,10 @@ fn agent<'a>(
     }
     names.insert(name.to_string(), line_col(cx.text, name_span.start).0);
     let scope = format!("agent {name:?}");
-    let f = Fields { scope: scope.clone(), ..f };
+    let f = Fields {
+        scope: scope.clone(),
+        ..f
+    };
     f.only(AGENT_KEYS)?;
 
     let Some(m) = f.table("match", format!("{scope} match"))? else {
@@ -673,12 +688,22 @@ fn agent<'a>(
     let rule = match_rule(&f, &m)?;
 
     let mut upstreams = Vec::new();
-    for (i, (t, span)) in f.tables("upstream")?.unwrap_or_default().into_iter().enumerate() {
+    for (i, (t, span)) in f
+        .tables("upstream")?
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
         let u = Fields::new(cx, t, span, format!("{scope} upstream {}", i + 1));
         upstreams.push(upstream(&u)?);
     }
     let mut probes = Vec::new();
-    for (i, (t, span)) in f.tables("probe")?.unwrap_or_default().into_iter().enumerate() {
+    for (i, (t, span)) in f
+        .tables("probe")?
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+    {
         let p = Fields::new(cx, t, span, format!("{scope} probe {}", i + 1));
         probes.push(probe(&p)?);
     }
@@ -725,11 +750,7 @@ fn match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRule, C
     match key {
         "pidfile" | "exe" => {
             if !Path::new(value).is_absolute() {
-                return Err(m.key_error(
-                    key,
-                    span,
-                    format!("{value:?} is not an absolute path"),
-                ));
+                return Err(m.key_error(key, span, format!("{value:?} is not an absolute path")));
             }
             Ok(if key == "exe" {
                 MatchRule::Exe(PathBuf::from(value))
@@ -739,7 +760,13 @@ fn match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRule, C
         }
         "cmdline" => regex::Regex::new(value)
             .map(MatchRule::Cmdline)
-            .map_err(|e| m.key_error(key, span, format!("bad regex {value:?}: {}", regex_reason(&e)))),
+            .map_err(|e| {
+                m.key_error(
+                    key,
+                    span,
+                    format!("bad regex {value:?}: {}", regex_reason(&e)),
+                )
+            }),
         _ => {
             if value.contains('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
                 return Err(m.key_error(key, span, format!("bad unit name {value:?}")));
@@ -779,11 +806,11 @@ fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
     };
     let addr = match u.string("addr")? {
         None => {
-            return Err(u.table_error(
-                "key `addr`: missing (host:port, ip:port, a CIDR or :port)",
-            ));
+            return Err(u.table_error("key `addr`: missing (host:port, ip:port, a CIDR or :port)"));
         }
-        Some((s, span)) => s.parse::<UpstreamAddr>().map_err(|e| u.key_error("addr", span, e))?,
+        Some((s, span)) => s
+            .parse::<UpstreamAddr>()
+            .map_err(|e| u.key_error("addr", span, e))?,
     };
     let heartbeat = u.duration("heartbeat")?;
     if heartbeat.is_some() && role != Role::Control {
@@ -1026,7 +1053,9 @@ impl ResolvedUpstreams {
                     out.push(format!("{addr} resolves to {}", list.join(", ")));
                 }
                 Resolution::Failed(e) => {
-                    out.push(format!("{addr} does not resolve ({e}): it matches no socket"));
+                    out.push(format!(
+                        "{addr} does not resolve ({e}): it matches no socket"
+                    ));
                 }
             }
         }
@@ -1104,13 +1133,16 @@ fn canonical(ip: IpAddr) -> IpAddr {
 /// the mapped range (`::/0`) also holds IPv4 addresses in their mapped form.
 fn cidr_contains(net: IpAddr, prefix: u8, ip: IpAddr) -> bool {
     let (net, prefix) = match net {
-        IpAddr::V6(n) if prefix >= 96 && n.to_ipv4_mapped().is_some() => {
-            (IpAddr::V4(n.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)), prefix - 96)
-        }
+        IpAddr::V6(n) if prefix >= 96 && n.to_ipv4_mapped().is_some() => (
+            IpAddr::V4(n.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)),
+            prefix - 96,
+        ),
         other => (other, prefix),
     };
     match (net, ip) {
-        (IpAddr::V4(n), IpAddr::V4(a)) => prefix_eq(u32::from(n).into(), u32::from(a).into(), prefix, 32),
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            prefix_eq(u32::from(n).into(), u32::from(a).into(), prefix, 32)
+        }
         (IpAddr::V6(n), IpAddr::V6(a)) => prefix_eq(u128::from(n), u128::from(a), prefix, 128),
         (IpAddr::V6(n), IpAddr::V4(a)) => {
             prefix_eq(u128::from(n), u128::from(a.to_ipv6_mapped()), prefix, 128)
@@ -1128,9 +1160,6 @@ fn prefix_eq(a: u128, b: u128, prefix: u8, bits: u32) -> bool {
     let shift = bits - prefix;
     (a >> shift) == (b >> shift)
 }
-
-#[allow(dead_code)]
-const _V6_UNUSED: Ipv6Addr = Ipv6Addr::UNSPECIFIED;
 
 #[cfg(test)]
 mod tests {
@@ -1157,8 +1186,20 @@ mod tests {
             ("10.0.0.0/8", Cidr("10.0.0.0".parse().unwrap(), 8)),
             ("::1/128", Cidr("::1".parse().unwrap(), 128)),
             (":443", Port(443)),
-            ("api.example.com:443", Host { host: "api.example.com".into(), port: 443 }),
-            ("localhost:80", Host { host: "localhost".into(), port: 80 }),
+            (
+                "api.example.com:443",
+                Host {
+                    host: "api.example.com".into(),
+                    port: 443,
+                },
+            ),
+            (
+                "localhost:80",
+                Host {
+                    host: "localhost".into(),
+                    port: 80,
+                },
+            ),
         ];
         for (text, want) in ok {
             let got: UpstreamAddr = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -1166,8 +1207,25 @@ mod tests {
             assert_eq!(got.to_string(), text);
         }
         for bad in [
-            "", "127.0.0.1", "::1", "host", "host:", "host:99999", "host:0", ":0", ":", "1.2.3.4/33",
-            "::/129", "x/8", "::1:80", "[::1]", "[::1:80", "a b:80", "bad..name:80", "-:x", ":abc",
+            "",
+            "127.0.0.1",
+            "::1",
+            "host",
+            "host:",
+            "host:99999",
+            "host:0",
+            ":0",
+            ":",
+            "1.2.3.4/33",
+            "::/129",
+            "x/8",
+            "::1:80",
+            "[::1]",
+            "[::1:80",
+            "a b:80",
+            "bad..name:80",
+            "-:x",
+            ":abc",
         ] {
             assert!(bad.parse::<UpstreamAddr>().is_err(), "{bad:?} parsed");
         }

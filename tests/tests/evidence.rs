@@ -1,0 +1,314 @@
+//! procfs and sock_diag collectors against real processes and sockets:
+//! threads in three different waits, zombies under a PID 1, sockets in
+//! ESTABLISHED and CLOSE_WAIT and with unacknowledged data, and a connection
+//! whose peer vanished without a FIN, before and after keepalive is armed.
+
+use std::{process::Command, time::Duration};
+
+use selfheal::{proc, sockdiag};
+use tests::{NetnsPair, Peer, arm_keepalive, listener, need_root, selfheal_bin, wait_for};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn field(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+/// The fd number of socket `inode` in process `pid`.
+fn fd_of(pid: u32, inode: u64) -> i32 {
+    let want = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == want))
+        .and_then(|e| e.file_name().to_string_lossy().parse().ok())
+        .expect("the socket's fd")
+}
+
+#[test]
+fn three_threads_in_three_waits() {
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let peer = Peer::recv_peer(&["threads", &addr]);
+    let _side = l.accept().unwrap();
+    let line = peer.expect("ready ", 10 * SEC);
+    let (pid, recv, futex, spin, inode) = (
+        field(&line, "pid") as u32,
+        field(&line, "recv"),
+        field(&line, "futex"),
+        field(&line, "spin"),
+        field(&line, "inode"),
+    );
+
+    // Let the waits settle and the spinner accumulate CPU time.
+    let p = wait_for(5 * SEC, Duration::from_millis(50), || {
+        let p = proc::process(pid).ok()?;
+        let t = |tid: u64| p.threads.iter().find(|t| u64::from(t.tid) == tid).cloned();
+        let r = t(recv)?;
+        (r.recv.is_some() && r.idle_ms.is_some_and(|ms| ms >= 300) && t(spin)?.cpu_ticks > 10)
+            .then_some(p)
+    })
+    .expect("threads settle into their waits");
+    let t = |tid: u64| p.threads.iter().find(|t| u64::from(t.tid) == tid).unwrap();
+
+    let r = t(recv);
+    assert_eq!(r.name, "recv-wait");
+    assert_eq!(r.state, 'S');
+    let pr = r.recv.as_ref().unwrap();
+    assert_eq!((pr.syscall, pr.inode), ("recvfrom", inode));
+    assert!(p.sockets.iter().any(|(_, i)| *i == inode));
+    if tests::is_root() {
+        assert!(
+            r.kstack
+                .iter()
+                .any(|f| f.contains("recvmsg") || f.contains("wait")),
+            "{:?}",
+            r.kstack
+        );
+    }
+
+    let f = t(futex);
+    assert_eq!(f.syscall.as_ref().and_then(|s| s.name), Some("futex"));
+    assert!(f.recv.is_none());
+
+    let s = t(spin);
+    assert_eq!(s.state, 'R');
+    assert!(s.recv.is_none());
+    assert!(s.cpu_ticks > 10, "{}", s.cpu_ticks);
+    assert_eq!(p.threads.len(), 4, "main + 3: {:?}", p.threads);
+}
+
+#[test]
+fn zombies_under_their_own_pid_1() {
+    if !need_root("zombies") {
+        return;
+    }
+    // The peer as PID 1 of a new pid namespace, leaking 5 zombies.
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(tests::helper_bin("recv-peer"))
+        .args(["zombies", "5"]);
+    let peer = Peer::spawn(cmd);
+    let line = peer.expect("ready ", 10 * SEC);
+    assert_eq!(
+        field(&line, "pid"),
+        1,
+        "the peer sees itself as PID 1: {line}"
+    );
+    // Find it from outside: the child of `unshare`.
+    let outer =
+        std::fs::read_to_string(format!("/proc/{}/task/{}/children", peer.pid(), peer.pid()))
+            .expect("unshare's children");
+    let init: u32 = outer
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the namespace's init");
+    let p = proc::process(init).unwrap();
+    assert!(p.pid_ns_init, "{p:?}");
+    let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
+    let zombies: Vec<u32> = kids
+        .split_whitespace()
+        .filter_map(|k| k.parse().ok())
+        .collect();
+    assert_eq!(zombies.len(), 5);
+    for z in zombies {
+        let zp = proc::process(z).unwrap();
+        assert_eq!((zp.state, zp.ppid), ('Z', init));
+        assert!(!zp.pid_ns_init);
+    }
+}
+
+#[test]
+fn established_close_wait_and_unacked_sockets() {
+    if !need_root("socket_states") {
+        return;
+    }
+    // ESTABLISHED and CLOSE_WAIT on loopback: the server side closes, the
+    // client neither reads nor closes.
+    let l = listener();
+    let addr = l.local_addr().unwrap();
+    let keep = std::net::TcpStream::connect(addr).unwrap();
+    let (_keep_srv, _) = l.accept().unwrap();
+    let closing = std::net::TcpStream::connect(addr).unwrap();
+    let (closing_srv, _) = l.accept().unwrap();
+    drop(closing_srv);
+    let state_of = |local: std::net::SocketAddr| {
+        sockdiag::dump_tcp()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.local == local)
+            .map(|s| s.state)
+    };
+    assert_eq!(state_of(keep.local_addr().unwrap()), Some("ESTAB"));
+    let cw = wait_for(5 * SEC, Duration::from_millis(20), || {
+        (state_of(closing.local_addr().unwrap()) == Some("CLOSE-WAIT")).then_some(())
+    });
+    assert!(cw.is_some(), "CLOSE-WAIT");
+
+    // Unacknowledged data: connect, then the peer drops everything, then
+    // data is sent into the dead connection.
+    let pair = NetnsPair::new("unack").expect("netns pair");
+    let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["sink", &format!("{}:7000", pair.b_addr)]);
+    let sink = Peer::spawn(cmd);
+    sink.expect("listening", 10 * SEC);
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["client", &format!("{}:7000", pair.b_addr)]);
+    let client = Peer::spawn(cmd);
+    let ready = client.ready();
+    sink.expect("accepted", 10 * SEC);
+    pair.drop_all_into_b().expect("nft");
+    // Write into the dead connection from outside the client: duplicate its
+    // socket and send on the duplicate.
+    send_via_pidfd(ready.pid, fd_of(ready.pid, ready.inode), b"hello?");
+    let s = wait_for(5 * SEC, Duration::from_millis(50), || {
+        sockdiag::dump_tcp_in_netns_of(ready.pid)
+            .ok()?
+            .into_iter()
+            .find(|s| {
+                s.inode == ready.inode
+                    && s.tcp_info
+                        .as_ref()
+                        .is_some_and(|i| i.unacked > 0 && i.retransmits > 0)
+            })
+    })
+    .expect("unacknowledged, retransmitted data");
+    assert_eq!(
+        s.timer.as_ref().map(|t| t.kind),
+        Some("retransmit"),
+        "{s:?}"
+    );
+}
+
+/// Sends `data` on socket `fd` of `pid` through a pidfd duplicate.
+fn send_via_pidfd(pid: u32, fd: i32, data: &[u8]) {
+    // SAFETY: plain syscalls; the fds are closed here.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        assert!(
+            pidfd >= 0,
+            "pidfd_open: {}",
+            std::io::Error::last_os_error()
+        );
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        assert!(dup >= 0, "pidfd_getfd: {}", std::io::Error::last_os_error());
+        let n = libc::send(dup, data.as_ptr().cast(), data.len(), libc::MSG_DONTWAIT);
+        assert_eq!(
+            n,
+            data.len() as isize,
+            "send: {}",
+            std::io::Error::last_os_error()
+        );
+        libc::close(dup);
+        libc::close(pidfd);
+    }
+}
+
+#[test]
+fn half_open_connection_then_keepalive_probes() {
+    if !need_root("half_open") {
+        return;
+    }
+    let pair = NetnsPair::new("half").expect("netns pair");
+    let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["server", &format!("{}:7443", pair.b_addr)]);
+    let mut server = Peer::spawn(cmd);
+    server.expect("listening", 10 * SEC);
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["client", &format!("{}:7443", pair.b_addr)]);
+    let mut client = Peer::spawn(cmd);
+    let ready = client.ready();
+    client.tell("go");
+    server.tell("send 5");
+    client.expect("got 5", 5 * SEC);
+
+    // The server vanishes without a FIN.
+    pair.drop_all_into_b().expect("nft");
+    let info = |pid: u32, inode: u64| {
+        sockdiag::dump_tcp_in_netns_of(pid)
+            .unwrap()
+            .into_iter()
+            .find(|s| s.inode == inode)
+            .expect("the socket")
+    };
+    let inspect_json = |pid: u32| -> serde_json::Value {
+        let out = Command::new(selfheal_bin())
+            .args(["inspect", "--no-ebpf", "--json", "--pid", &pid.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let before = inspect_json(ready.pid);
+    std::thread::sleep(2 * SEC);
+    let after = inspect_json(ready.pid);
+    let sock = |v: &serde_json::Value| {
+        v["sockets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["inode"] == ready.inode)
+            .cloned()
+            .expect("socket in inspect")
+    };
+    for key in ["last_data_recv_ms", "last_ack_recv_ms"] {
+        let (b, a) = (
+            sock(&before)["tcp_info"][key].as_u64().unwrap(),
+            sock(&after)["tcp_info"][key].as_u64().unwrap(),
+        );
+        assert!(
+            a >= b + 1500,
+            "{key} grows while the peer is gone: {b} then {a}"
+        );
+    }
+    // The client's thread is blocked in its receive the whole time.
+    let t = after["processes"][0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == ready.tid)
+        .cloned()
+        .unwrap();
+    assert!(
+        t["recv_blocked_ms"].as_u64().is_some_and(|ms| ms >= 1500),
+        "{t}"
+    );
+    assert_eq!(sock(&after)["tcp_info"]["probes"], 0);
+
+    // Arm keepalive on the client's socket from outside: probes go out, none
+    // is answered, and the count climbs.
+    arm_keepalive(ready.pid, fd_of(ready.pid, ready.inode), 1, 1, 20).expect("arm keepalive");
+    let probed = wait_for(8 * SEC, Duration::from_millis(200), || {
+        let s = info(ready.pid, ready.inode);
+        (s.tcp_info.as_ref()?.probes >= 3).then_some(s)
+    })
+    .expect("keepalive probes count up");
+    assert_eq!(
+        probed.timer.as_ref().map(|t| t.kind),
+        Some("keepalive"),
+        "{probed:?}"
+    );
+    let v = inspect_json(ready.pid);
+    assert!(
+        sock(&v)["tcp_info"]["probes"]
+            .as_u64()
+            .is_some_and(|p| p >= 3),
+        "{}",
+        sock(&v)
+    );
+    assert!(
+        sock(&v)["anomalies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a.as_str().unwrap().contains("probe"))
+    );
+}
