@@ -1,1 +1,595 @@
-//! Agent discovery (being written).
+//! Which processes are an agent: a snapshot of the process table from procfs
+//! (the I/O edge, [`ProcessTable::read`]) and the pure rules that pick an
+//! agent's processes, and their descendants, out of it ([`find`]).
+//!
+//! A process that exits while the table is read, or whose fields cannot be
+//! read (another user's `exe`), is normal: it is skipped or its field is
+//! `None`, never an error.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    io::Read as _,
+    path::{Path, PathBuf},
+};
+
+use crate::config::MatchRule;
+
+/// One process as the snapshot saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: u32,
+    /// 0 for the kernel's own (pid 1, kthreadd).
+    pub ppid: u32,
+    /// The command name (`/proc/PID/comm`, at most 15 bytes).
+    pub comm: String,
+    /// argv; empty for kernel threads and zombies.
+    pub cmdline: Vec<String>,
+    /// The target of `/proc/PID/exe`, where readable (needs ptrace access).
+    pub exe: Option<PathBuf>,
+    /// The cgroup v2 path (the `0::` line of `/proc/PID/cgroup`; on a
+    /// cgroup v1 host, the `name=systemd` hierarchy's path).
+    pub cgroup: Option<String>,
+    pub uid: Option<u32>,
+}
+
+impl ProcEntry {
+    /// An entry with `argv` as its command line (and its base name as
+    /// `comm`), no exe, cgroup or uid: for fixtures.
+    pub fn new(pid: u32, ppid: u32, argv: &[&str]) -> ProcEntry {
+        let comm = argv
+            .first()
+            .map(|a| a.rsplit('/').next().unwrap_or(a).chars().take(15).collect())
+            .unwrap_or_default();
+        ProcEntry {
+            pid,
+            ppid,
+            comm,
+            cmdline: argv.iter().map(|a| a.to_string()).collect(),
+            exe: None,
+            cgroup: None,
+            uid: None,
+        }
+    }
+}
+
+/// A snapshot of the processes on the host (in selfheal's pid namespace).
+#[derive(Clone, Debug, Default)]
+pub struct ProcessTable {
+    entries: BTreeMap<u32, ProcEntry>,
+    children: HashMap<u32, Vec<u32>>,
+    own_pid: Option<u32>,
+}
+
+impl ProcessTable {
+    /// Reads every process from `/proc`. Processes that vanish mid-read are
+    /// left out; fields that cannot be read are `None` (or empty). Never
+    /// fails: an unreadable `/proc` gives an empty table.
+    pub fn read() -> ProcessTable {
+        let mut entries = Vec::new();
+        if let Ok(all) = procfs::process::all_processes() {
+            for process in all.flatten() {
+                if let Some(e) = read_entry(&process) {
+                    entries.push(e);
+                }
+            }
+        }
+        ProcessTable::from_entries(entries).with_own_pid(std::process::id())
+    }
+
+    /// A table of the given entries (for fixtures). A pid given twice keeps
+    /// the last entry.
+    pub fn from_entries(entries: Vec<ProcEntry>) -> ProcessTable {
+        let entries: BTreeMap<u32, ProcEntry> = entries.into_iter().map(|e| (e.pid, e)).collect();
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for e in entries.values() {
+            if e.ppid != e.pid {
+                children.entry(e.ppid).or_default().push(e.pid);
+            }
+        }
+        ProcessTable {
+            entries,
+            children,
+            own_pid: None,
+        }
+    }
+
+    /// Marks `pid` as selfheal itself: rules other than `pid`/`pidfile`
+    /// never match it. [`ProcessTable::read`] marks the current process.
+    pub fn with_own_pid(mut self, pid: u32) -> ProcessTable {
+        self.own_pid = Some(pid);
+        self
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&ProcEntry> {
+        self.entries.get(&pid)
+    }
+
+    /// The entries, by pid.
+    pub fn entries(&self) -> impl Iterator<Item = &ProcEntry> {
+        self.entries.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// `roots` and all their descendants present in the table, sorted and
+    /// deduplicated. Each pid is visited once, so a ppid cycle (impossible in
+    /// a real table, possible in a torn read or a fixture) ends.
+    pub fn with_descendants(&self, roots: &[u32]) -> Vec<u32> {
+        let mut seen: BTreeSet<u32> = BTreeSet::new();
+        let mut stack: Vec<u32> = roots
+            .iter()
+            .copied()
+            .filter(|p| self.entries.contains_key(p))
+            .collect();
+        while let Some(pid) = stack.pop() {
+            if !seen.insert(pid) {
+                continue;
+            }
+            if let Some(kids) = self.children.get(&pid) {
+                stack.extend(kids.iter().copied().filter(|k| !seen.contains(k)));
+            }
+        }
+        seen.into_iter().collect()
+    }
+
+    /// The matched processes whose parent is not matched too: the tops of
+    /// the matched subtrees. Matched processes in a ppid cycle (no top) get
+    /// their lowest pid as a root, so none is lost.
+    fn tops(&self, matched: &BTreeSet<u32>) -> Vec<u32> {
+        let mut roots: Vec<u32> = matched
+            .iter()
+            .copied()
+            .filter(|pid| {
+                self.entries
+                    .get(pid)
+                    .is_none_or(|e| e.ppid == e.pid || !matched.contains(&e.ppid))
+            })
+            .collect();
+        loop {
+            let covered = self.with_descendants(&roots);
+            match matched.iter().find(|p| covered.binary_search(p).is_err()) {
+                Some(p) => roots.push(*p),
+                None => break,
+            }
+        }
+        roots.sort_unstable();
+        roots
+    }
+
+    fn is_own(&self, pid: u32) -> bool {
+        self.own_pid == Some(pid)
+    }
+}
+
+fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
+    // No stat: the process is gone.
+    let stat = process.stat().ok()?;
+    let pid = u32::try_from(process.pid).ok()?;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|t| cgroup_path(&t));
+    Some(ProcEntry {
+        pid,
+        ppid: u32::try_from(stat.ppid).unwrap_or(0),
+        comm: stat.comm,
+        cmdline: process.cmdline().unwrap_or_default(),
+        exe: process.exe().ok(),
+        cgroup,
+        uid: process.uid().ok(),
+    })
+}
+
+/// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
+/// hierarchy's `0::PATH` line, else (cgroup v1) the `name=systemd` one.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let v2 = text.lines().find_map(|l| l.strip_prefix("0::"));
+    let v1 = || {
+        text.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            (controllers == "name=systemd").then_some(path)
+        })
+    };
+    v2.or_else(v1)
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+}
+
+/// The processes a rule found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Matched {
+    /// The processes the rule names (for `cmdline`, `exe` and `unit`: those
+    /// whose parent is not matched too), sorted.
+    pub roots: Vec<u32>,
+    /// The roots and every descendant, sorted, deduplicated.
+    pub all: Vec<u32>,
+    /// Why nothing (or not what was asked) was found: a pidfile that cannot
+    /// be read or holds no pid, a pid that is not running, no process
+    /// matching.
+    pub problem: Option<String>,
+}
+
+impl Matched {
+    fn problem(problem: String) -> Matched {
+        Matched {
+            problem: Some(problem),
+            ..Matched::default()
+        }
+    }
+
+    fn of_roots(table: &ProcessTable, roots: Vec<u32>, none: impl FnOnce() -> String) -> Matched {
+        if roots.is_empty() {
+            return Matched::problem(none());
+        }
+        Matched {
+            all: table.with_descendants(&roots),
+            roots,
+            problem: None,
+        }
+    }
+}
+
+/// The processes of `table` that `rule` picks, with their descendants.
+/// Reads the pidfile of a `pidfile` rule and resolves the symlinks of an
+/// `exe` rule's path; the rest is pure.
+pub fn find(rule: &MatchRule, table: &ProcessTable) -> Matched {
+    match rule {
+        MatchRule::Pid(pid) => by_pid(table, *pid, |pid| format!("pid {pid} is not running")),
+        MatchRule::Pidfile(path) => match read_pidfile(path) {
+            Ok(pid) => by_pid(table, pid, |pid| {
+                format!("pidfile {}: pid {pid} is not running", path.display())
+            }),
+            Err(problem) => Matched::problem(problem),
+        },
+        MatchRule::Cmdline(re) => {
+            let matched = table
+                .entries()
+                .filter(|e| !e.cmdline.is_empty() && !table.is_own(e.pid))
+                .filter(|e| re.is_match(&e.cmdline.join(" ")))
+                .map(|e| e.pid)
+                .collect();
+            Matched::of_roots(table, table.tops(&matched), || {
+                format!("no process's command line matches {:?}", re.as_str())
+            })
+        }
+        MatchRule::Exe(path) => {
+            let mut paths = vec![path.clone()];
+            if let Ok(real) = std::fs::canonicalize(path)
+                && real != *path
+            {
+                paths.push(real);
+            }
+            by_exe(table, &paths)
+        }
+        MatchRule::Unit(unit) => {
+            let matched = table
+                .entries()
+                .filter(|e| !table.is_own(e.pid))
+                .filter(|e| e.cgroup.as_deref().is_some_and(|c| in_unit(c, unit)))
+                .map(|e| e.pid)
+                .collect();
+            Matched::of_roots(table, table.tops(&matched), || {
+                let mut p = format!("unit {unit} has no processes");
+                if table.entries().all(|e| e.cgroup.is_none()) {
+                    p.push_str(" (no process's cgroup could be read)");
+                }
+                p
+            })
+        }
+    }
+}
+
+fn by_pid(table: &ProcessTable, pid: u32, missing: impl FnOnce(u32) -> String) -> Matched {
+    let roots = if table.get(pid).is_some() {
+        vec![pid]
+    } else {
+        Vec::new()
+    };
+    Matched::of_roots(table, roots, || missing(pid))
+}
+
+/// Processes whose executable is one of `paths` (the rule's path and its
+/// canonical form). An executable replaced on disk (an upgrade) reads as
+/// `PATH (deleted)` and still matches.
+fn by_exe(table: &ProcessTable, paths: &[PathBuf]) -> Matched {
+    let is_target = |exe: &Path| {
+        let exe = exe
+            .to_str()
+            .and_then(|s| s.strip_suffix(" (deleted)"))
+            .map_or(exe, Path::new);
+        paths.iter().any(|p| p == exe)
+    };
+    let matched = table
+        .entries()
+        .filter(|e| !table.is_own(e.pid))
+        .filter(|e| e.exe.as_deref().is_some_and(is_target))
+        .map(|e| e.pid)
+        .collect();
+    Matched::of_roots(table, table.tops(&matched), || {
+        let mut p = format!("no process runs {}", paths[0].display());
+        let unreadable = table
+            .entries()
+            .filter(|e| e.exe.is_none() && !e.cmdline.is_empty())
+            .count();
+        if unreadable > 0 {
+            p.push_str(&format!(
+                " ({unreadable} processes' executables could not be read: run as root or as their user)"
+            ));
+        }
+        p
+    })
+}
+
+/// Whether a process in cgroup `path` belongs to systemd unit `unit`: the
+/// unit's cgroup is one of the path's components (its own processes and any
+/// sub-cgroups a delegated unit makes).
+pub fn in_unit(path: &str, unit: &str) -> bool {
+    path.split('/').any(|c| c == unit)
+}
+
+/// Largest pidfile read: a pid is a few bytes.
+const MAX_PIDFILE_BYTES: u64 = 4096;
+
+/// Reads the pid in `path`. The error names the file.
+pub fn read_pidfile(path: &Path) -> Result<u32, String> {
+    let name = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read pidfile {name}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("pidfile {name} is not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PIDFILE_BYTES).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read pidfile {name}: {e}"))?;
+    parse_pidfile(&String::from_utf8_lossy(&bytes)).map_err(|e| format!("pidfile {name}: {e}"))
+}
+
+/// The pid in a pidfile's text: its first line, trimmed, a positive decimal
+/// number (later lines, which some daemons add, are ignored).
+pub fn parse_pidfile(text: &str) -> Result<u32, String> {
+    let line = text.trim_start().lines().next().unwrap_or("").trim();
+    if line.is_empty() {
+        return Err("empty (no pid)".into());
+    }
+    let shown: String = line.chars().take(40).collect();
+    if !line.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("not a pid: {shown:?}"));
+    }
+    match line.parse::<u32>() {
+        Ok(pid) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid),
+        _ => Err(format!("not a pid: {shown:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(entries: &[(u32, u32, &str)]) -> ProcessTable {
+        ProcessTable::from_entries(
+            entries
+                .iter()
+                .map(|(pid, ppid, cmd)| {
+                    let argv: Vec<&str> = cmd.split(' ').filter(|a| !a.is_empty()).collect();
+                    ProcEntry::new(*pid, *ppid, &argv)
+                })
+                .collect(),
+        )
+    }
+
+    fn cmdline(re: &str) -> MatchRule {
+        MatchRule::Cmdline(regex::Regex::new(re).unwrap())
+    }
+
+    /// 1 init ─┬─ 10 sol-runner ─┬─ 11 python worker ── 12 git
+    ///         │                 └─ 13 sol-runner --child
+    ///         ├─ 20 other
+    ///         └─ 2 [kthreadd] (no cmdline) ── 3 [kworker]
+    fn fixture() -> ProcessTable {
+        table(&[
+            (1, 0, "/sbin/init"),
+            (2, 0, ""),
+            (3, 2, ""),
+            (10, 1, "/usr/bin/sol-runner --attach wss://x"),
+            (11, 10, "python worker.py"),
+            (12, 11, "git fetch"),
+            (13, 10, "/usr/bin/sol-runner --child"),
+            (20, 1, "other --flag sol"),
+        ])
+    }
+
+    #[test]
+    fn pid_rule_takes_the_subtree() {
+        let t = fixture();
+        let m = find(&MatchRule::Pid(10), &t);
+        assert_eq!(m.roots, [10]);
+        assert_eq!(m.all, [10, 11, 12, 13]);
+        assert_eq!(m.problem, None);
+        let m = find(&MatchRule::Pid(12), &t);
+        assert_eq!((m.roots, m.all), (vec![12], vec![12]));
+        let m = find(&MatchRule::Pid(99), &t);
+        assert!(m.roots.is_empty() && m.all.is_empty());
+        assert_eq!(m.problem.as_deref(), Some("pid 99 is not running"));
+    }
+
+    #[test]
+    fn cmdline_searches_the_joined_argv() {
+        let t = fixture();
+        // Spans two arguments: only the joined argv has it.
+        let m = find(&cmdline("sol-runner --attach"), &t);
+        assert_eq!(m.roots, [10]);
+        assert_eq!(m.all, [10, 11, 12, 13]);
+        // Unanchored search; the child that matches too is not a second root.
+        let m = find(&cmdline("sol-runner"), &t);
+        assert_eq!(m.roots, [10]);
+        assert_eq!(m.all, [10, 11, 12, 13]);
+        // Two unrelated matches are two roots.
+        let m = find(&cmdline("(^| )sol($| )"), &t);
+        assert_eq!(m.roots, [20]);
+        let m = find(&cmdline("sol"), &t);
+        assert_eq!(m.roots, [10, 20]);
+        assert_eq!(m.all, [10, 11, 12, 13, 20]);
+        // Anchors apply to the joined string.
+        let m = find(&cmdline("^python worker"), &t);
+        assert_eq!(m.roots, [11]);
+        // Kernel threads (empty cmdline) never match, even `^$` or `.*`.
+        let m = find(&cmdline("^$"), &t);
+        assert!(m.roots.is_empty());
+        assert!(m.problem.unwrap().contains("^$"));
+        let m = find(&cmdline(".*"), &t);
+        assert_eq!(m.roots, [1]);
+        assert!(!m.all.contains(&2) && !m.all.contains(&3));
+    }
+
+    #[test]
+    fn cmdline_skips_selfheal_itself() {
+        let t = table(&[
+            (1, 0, "/sbin/init"),
+            (5, 1, "selfheal check --config /etc/sol-runner.toml"),
+            (6, 1, "sol-runner"),
+        ])
+        .with_own_pid(5);
+        assert_eq!(find(&cmdline("sol-runner"), &t).roots, [6]);
+    }
+
+    #[test]
+    fn descendants_survive_cycles() {
+        // 5 → 6 → 7 → 5: a torn read; and 8 is its own parent.
+        let t = table(&[(5, 7, "a"), (6, 5, "b"), (7, 6, "c"), (8, 8, "d"), (9, 8, "e")]);
+        assert_eq!(t.with_descendants(&[5]), [5, 6, 7]);
+        assert_eq!(t.with_descendants(&[6, 7]), [5, 6, 7]);
+        assert_eq!(t.with_descendants(&[8]), [8, 9]);
+        assert_eq!(t.with_descendants(&[42]), Vec::<u32>::new());
+        // In a cycle every member has a matched parent: the lowest pid stands in.
+        let m = find(&cmdline("^[abc]$"), &t);
+        assert_eq!((m.roots, m.all), (vec![5], vec![5, 6, 7]));
+        let m = find(&cmdline("^[de]$"), &t);
+        assert_eq!((m.roots, m.all), (vec![8], vec![8, 9]));
+    }
+
+    #[test]
+    fn deep_chains_do_not_overflow() {
+        let entries: Vec<_> = (1..=100_000u32)
+            .map(|p| ProcEntry::new(p, p - 1, &["x"]))
+            .collect();
+        let t = ProcessTable::from_entries(entries);
+        assert_eq!(t.with_descendants(&[1]).len(), 100_000);
+    }
+
+    #[test]
+    fn exe_rule_matches_the_link_target() {
+        let mut entries = vec![
+            ProcEntry::new(1, 0, &["/sbin/init"]),
+            ProcEntry::new(10, 1, &["sol"]),
+            ProcEntry::new(11, 10, &["sol", "--child"]),
+            ProcEntry::new(12, 1, &["sol"]),
+            ProcEntry::new(13, 1, &["other"]),
+        ];
+        entries[1].exe = Some("/usr/bin/sol".into());
+        entries[2].exe = Some("/usr/bin/sol".into());
+        entries[3].exe = Some("/usr/bin/sol (deleted)".into());
+        entries[4].exe = Some("/usr/bin/solar".into());
+        let t = ProcessTable::from_entries(entries);
+        let m = by_exe(&t, &["/usr/bin/sol".into()]);
+        assert_eq!(m.roots, [10, 12]);
+        assert_eq!(m.all, [10, 11, 12]);
+        let m = by_exe(&t, &["/bin/sol".into()]);
+        let p = m.problem.unwrap();
+        assert!(p.contains("/bin/sol") && p.contains("1 processes"), "{p}");
+    }
+
+    #[test]
+    fn unit_rule_uses_the_cgroup() {
+        let mut entries = vec![
+            ProcEntry::new(1, 0, &["/sbin/init"]),
+            ProcEntry::new(10, 1, &["sol"]),
+            ProcEntry::new(11, 10, &["sol-worker"]),
+            ProcEntry::new(12, 10, &["moved-out"]),
+            ProcEntry::new(13, 12, &["grandchild"]),
+            ProcEntry::new(14, 1, &["delegated"]),
+            ProcEntry::new(15, 1, &["other"]),
+        ];
+        let cg = [
+            "/init.scope",
+            "/system.slice/sol.service",
+            "/system.slice/sol.service",
+            "/system.slice/sol-helper.service",
+            "/system.slice/sol.service",
+            "/system.slice/sol.service/payload",
+            "/system.slice/sol.service.other",
+        ];
+        for (e, c) in entries.iter_mut().zip(cg) {
+            e.cgroup = Some(c.into());
+        }
+        let t = ProcessTable::from_entries(entries);
+        let m = find(&MatchRule::Unit("sol.service".into()), &t);
+        // 13's parent (12) is in another unit: it is a root of its own.
+        assert_eq!(m.roots, [10, 13, 14]);
+        // Descendants come along whatever their cgroup.
+        assert_eq!(m.all, [10, 11, 12, 13, 14]);
+        let m = find(&MatchRule::Unit("nope.service".into()), &t);
+        assert_eq!(m.problem.as_deref(), Some("unit nope.service has no processes"));
+        let bare = table(&[(1, 0, "init")]);
+        let m = find(&MatchRule::Unit("x.service".into()), &bare);
+        assert!(m.problem.unwrap().contains("no process's cgroup could be read"));
+    }
+
+    #[test]
+    fn cgroup_lines() {
+        assert_eq!(
+            cgroup_path("0::/system.slice/sol.service\n").as_deref(),
+            Some("/system.slice/sol.service")
+        );
+        // Hybrid: v1 lines and the unified one.
+        assert_eq!(
+            cgroup_path("12:cpu,cpuacct:/x\n1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n")
+                .as_deref(),
+            Some("/system.slice/b.service")
+        );
+        // Pure v1.
+        assert_eq!(
+            cgroup_path("3:memory:/m\n1:name=systemd:/system.slice/a.service\n").as_deref(),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(cgroup_path(""), None);
+        assert_eq!(cgroup_path("0::\n"), None);
+        assert_eq!(cgroup_path("garbage"), None);
+    }
+
+    #[test]
+    fn pidfile_text() {
+        for (text, want) in [
+            ("123", Ok(123)),
+            ("123\n", Ok(123)),
+            ("  42  \n", Ok(42)),
+            ("\n\n7\nport=80\n", Ok(7)),
+            ("2147483647", Ok(2147483647)),
+        ] {
+            assert_eq!(parse_pidfile(text), want, "{text:?}");
+        }
+        for (text, says) in [
+            ("", "empty"),
+            ("   \n\t", "empty"),
+            ("abc", "not a pid: \"abc\""),
+            ("-5", "not a pid: \"-5\""),
+            ("+5", "not a pid"),
+            ("123abc", "not a pid: \"123abc\""),
+            ("12 34", "not a pid"),
+            ("0", "not a pid: \"0\""),
+            ("2147483648", "not a pid"),
+            ("99999999999999999999999", "not a pid"),
+            ("１２３", "not a pid"),
+            ("\u{0}", "not a pid"),
+        ] {
+            let err = parse_pidfile(text).expect_err(text);
+            assert!(err.contains(says), "{text:?}: {err}");
+        }
+    }
+}

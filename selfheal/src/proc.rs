@@ -89,18 +89,8 @@ pub fn process(pid: u32) -> procfs::ProcResult<ProcessInfo> {
         .as_ref()
         .and_then(|s| s.nspid.as_ref())
         .is_some_and(|ns| ns.len() > 1 && ns.last() == Some(&1));
-    let sockets = match process.fd() {
-        Ok(fds) => {
-            let mut v: Vec<(i32, u64)> = fds
-                .flatten()
-                .filter_map(|fd| match fd.target {
-                    FDTarget::Socket(inode) => Some((fd.fd, inode)),
-                    _ => None,
-                })
-                .collect();
-            v.sort_unstable();
-            v
-        }
+    let sockets = match socket_fds(pid) {
+        Ok(v) => v,
         Err(e) => {
             gaps.push(format!("pid {pid}: cannot list fds: {e}"));
             Vec::new()
@@ -131,6 +121,33 @@ pub fn process(pid: u32) -> procfs::ProcResult<ProcessInfo> {
     })
 }
 
+/// `(fd, inode)` of every socket `pid` holds, sorted. One `readlinkat` per
+/// fd (procfs's iterator also opens and stats each, four syscalls instead
+/// of one, which shows on agents with thousands of sockets); the link text
+/// is parsed by procfs.
+pub fn socket_fds(pid: u32) -> nix::Result<Vec<(i32, u64)>> {
+    use std::str::FromStr as _;
+    let mut dir = nix::dir::Dir::open(
+        format!("/proc/{pid}/fd").as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let dirfd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+    let mut out = Vec::new();
+    for entry in dir.iter().flatten() {
+        let name = entry.file_name();
+        let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        // SAFETY: `dirfd` stays open while `dir` lives, i.e. for this loop.
+        let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(dirfd) };
+        let Ok(link) = nix::fcntl::readlinkat(dirfd, name) else { continue }; // closed meanwhile
+        if let Ok(FDTarget::Socket(inode)) = FDTarget::from_str(&link.to_string_lossy()) {
+            out.push((fd, inode));
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
 fn thread(
     task: &Task,
     sockets: &[(i32, u64)],
@@ -139,10 +156,19 @@ fn thread(
 ) -> Option<ThreadInfo> {
     let stat = task.stat().ok()?; // gone: skip
     let dir = format!("/proc/{}/task/{}", task.pid, task.tid);
-    let wchan = std::fs::read_to_string(format!("{dir}/wchan"))
-        .ok()
-        .map(|w| w.trim().to_string())
-        .filter(|w| !w.is_empty() && w != "0");
+    let kstack = std::fs::read_to_string(format!("{dir}/stack"))
+        .map(|s| parse_kstack(&s, KSTACK_FRAMES))
+        .unwrap_or_default();
+    // The kernel stack skips scheduler functions as `wchan` does, so its top
+    // frame is the wait channel; read `wchan` only when the stack is not
+    // readable (not root) or empty (running).
+    let wchan = match kstack.first() {
+        Some(top) if stat.state != 'R' => Some(top.clone()),
+        _ => std::fs::read_to_string(format!("{dir}/wchan"))
+            .ok()
+            .map(|w| w.trim().to_string())
+            .filter(|w| !w.is_empty() && w != "0"),
+    };
     let syscall = match task.syscall() {
         Ok(procfs::process::Syscall::Blocked {
             syscall_number,
@@ -167,9 +193,6 @@ fn thread(
         .ok()
         .and_then(|s| parse_exec_start(&s))
         .and_then(|start| now.age_ms(start));
-    let kstack = std::fs::read_to_string(format!("{dir}/stack"))
-        .map(|s| parse_kstack(&s, KSTACK_FRAMES))
-        .unwrap_or_default();
     let recv = syscall.as_ref().and_then(|s| {
         let name = recv_syscall(s.nr)?;
         let fd = s.arg0 as i32;
@@ -266,7 +289,8 @@ pub(crate) fn parse_kstack(stack: &str, n: usize) -> Vec<String> {
     stack
         .lines()
         .filter_map(|l| {
-            let frame = l.trim().rsplit("] ").next()?.trim();
+            let line = l.trim();
+            let frame = line.split_once(']').map_or(line, |(_, rest)| rest).trim();
             let name = frame.split('+').next()?.trim();
             (!name.is_empty()).then(|| name.to_string())
         })

@@ -1,1 +1,170 @@
-//! `selfheal config` (being written).
+//! `selfheal config check`: validates the config file and shows what it
+//! means on this host now: each agent's processes and its upstreams'
+//! addresses.
+
+use std::{fmt::Write as _, io::Write as _, path::PathBuf, process::ExitCode};
+
+use anyhow::Context as _;
+use selfheal::{
+    agents::{self, Matched, ProcessTable},
+    config::{self, Config, ProbeConfig, Resolution, ResolvedUpstreams},
+};
+
+/// Check the config file.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Validate the config (exit 3 on an error, which names the file, line
+    /// and key) and show, per agent, the processes its match rule finds now
+    /// and the addresses its upstreams resolve to.
+    Check(CheckArgs),
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// The config file. Default: $XDG_CONFIG_HOME/selfheal/config.toml (or
+    /// ~/.config/selfheal/config.toml), else /etc/selfheal/config.toml.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
+/// Exit code for usage and configuration errors (the design's contract).
+const EXIT_CONFIG: u8 = 3;
+
+/// Most root pids listed per agent.
+const MAX_ROOTS_SHOWN: usize = 10;
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Command::Check(args) => check(args),
+    }
+}
+
+fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let loaded = config::locate(args.config.as_deref()).and_then(|path| Config::load(&path));
+    let config = match loaded {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("selfheal: {e}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    let table = ProcessTable::read();
+    let agents: Vec<_> = config
+        .agents
+        .iter()
+        .map(|a| (agents::find(&a.rule, &table), a.resolve_upstreams()))
+        .collect();
+    std::io::stdout()
+        .lock()
+        .write_all(render(&config, &agents).as_bytes())
+        .context("cannot write the report")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The report: `found[i]` is what agent `i` matched and resolved to.
+fn render(config: &Config, found: &[(Matched, ResolvedUpstreams)]) -> String {
+    let mut out = String::new();
+    let n = config.agents.len();
+    let _ = writeln!(
+        out,
+        "config {}: ok, {n} agent{}",
+        config.path.display(),
+        if n == 1 { "" } else { "s" }
+    );
+    for (agent, (matched, upstreams)) in config.agents.iter().zip(found) {
+        let _ = writeln!(out, "\nagent {}", agent.name);
+        let _ = writeln!(out, "  match      {}", agent.rule);
+        let _ = writeln!(out, "  processes  {}", processes(matched));
+        if upstreams.upstreams.is_empty() {
+            let _ = writeln!(out, "  upstreams  none (every socket is \"other\")");
+        }
+        for u in &upstreams.upstreams {
+            let mut line = format!("{} {}", u.upstream.role, u.upstream.addr);
+            if let Some(hb) = u.upstream.heartbeat {
+                let _ = write!(line, " heartbeat {}", humantime::format_duration(hb));
+            }
+            match &u.resolution {
+                Resolution::Literal => {}
+                Resolution::Resolved(addrs) => {
+                    let list: Vec<_> = addrs.iter().map(ToString::to_string).collect();
+                    let _ = write!(line, " -> {}", list.join(", "));
+                }
+                Resolution::Failed(e) => {
+                    let _ = write!(line, " -> does not resolve ({e}): matches nothing");
+                }
+            }
+            let _ = writeln!(out, "  upstream   {line}");
+        }
+        for p in &agent.probes {
+            let _ = writeln!(out, "  probe      {}", probe(p));
+        }
+    }
+    out
+}
+
+fn processes(m: &Matched) -> String {
+    if m.roots.is_empty() {
+        return format!(
+            "none ({})",
+            m.problem.as_deref().unwrap_or("no process matches")
+        );
+    }
+    let mut shown: Vec<_> = m
+        .roots
+        .iter()
+        .take(MAX_ROOTS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if m.roots.len() > MAX_ROOTS_SHOWN {
+        shown.push(format!("and {} more", m.roots.len() - MAX_ROOTS_SHOWN));
+    }
+    let mut s = format!(
+        "{} {} ({} in all with descendants)",
+        if m.roots.len() == 1 { "pid" } else { "pids" },
+        shown.join(", "),
+        m.all.len()
+    );
+    if let Some(p) = &m.problem {
+        let _ = write!(s, "; {p}");
+    }
+    s
+}
+
+fn probe(p: &ProbeConfig) -> String {
+    match p {
+        ProbeConfig::Http {
+            url,
+            method,
+            timeout,
+            expect_status,
+            fields,
+            expect,
+        } => {
+            let mut s = format!(
+                "{method} {url} timeout {}",
+                humantime::format_duration(*timeout)
+            );
+            if let Some(status) = expect_status {
+                let _ = write!(s, " expect status {status}");
+            }
+            for (name, pointer) in fields {
+                let _ = write!(s, ", {name} at {pointer:?}");
+                if let Some(want) = expect.get(name) {
+                    let _ = write!(s, " = {want:?}");
+                }
+            }
+            s
+        }
+        ProbeConfig::HealthFile { path, max_age } => format!(
+            "health file {} at most {} old",
+            path.display(),
+            humantime::format_duration(*max_age)
+        ),
+    }
+}

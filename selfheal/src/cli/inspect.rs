@@ -57,7 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let evidence = inspect::collect(&target, &opts);
     let report = inspect::build(&evidence);
-    let mut out = std::io::stdout().lock();
+    // Stdout is line-buffered: a pretty JSON document of thousands of lines
+    // would otherwise be thousands of writes.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report).context("cannot write the report")?;
         writeln!(out).context("cannot write the report")?;
@@ -65,5 +67,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         out.write_all(inspect::render(&report).as_bytes())
             .context("cannot write the report")?;
     }
+    out.flush().context("cannot write the report")?;
     Ok(ExitCode::SUCCESS)
 }

@@ -51,10 +51,26 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 impl KernelLayout {
     /// Reads the layout from the BTF file at `path`.
     pub fn from_btf_file(path: &Path) -> Result<Self, LayoutError> {
-        let btf = Btf::from_file(path).map_err(|e| LayoutError::NoBtf {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let no_btf = |reason: String| LayoutError::NoBtf { path: path.display().to_string(), reason };
+        // A handful of lookups: the mmap backend skips indexing all ~100k
+        // types up front. Where the file cannot be mapped, read it.
+        match Btf::from_file_with_backend(path, btf_rs::Backend::Mmap) {
+            Ok(btf) => Self::from_btf(&btf),
+            Err(_) => {
+                let bytes = std::fs::read(path).map_err(|e| no_btf(e.to_string()))?;
+                Self::from_btf_bytes(&bytes).map_err(|e| match e {
+                    LayoutError::NoBtf { reason, .. } => no_btf(reason),
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// Reads the layout from BTF already in memory (parsing from a slice is
+    /// several times faster than btf-rs's seeking file reader).
+    pub fn from_btf_bytes(bytes: &[u8]) -> Result<Self, LayoutError> {
+        let btf = Btf::from_bytes(bytes)
+            .map_err(|e| LayoutError::NoBtf { path: "(memory)".into(), reason: e.to_string() })?;
         Self::from_btf(&btf)
     }
 

@@ -11,7 +11,7 @@ use selfheal_common::{InRecv, SockActivity, WATCHED_WORDS, counter};
 
 use super::{
     Attempt, FdKind, Overflow, Strategy, TracerError, TracerOptions, TracerSnapshot, chain,
-    layout::KernelLayout,
+    layout::{self, KernelLayout},
     snapshot::{blocked_recv, socket_activity},
     strategy::{Hook, ProgramSpec},
     tracefs,
@@ -34,8 +34,15 @@ impl Tracer {
     /// Loads the object and attaches the first strategy of `opts` that the
     /// kernel accepts.
     pub fn attach(opts: &TracerOptions) -> Result<Self, TracerError> {
+        // The kernel's BTF is read once: for the struct layout, for aya's
+        // relocations, and for loading fentry/fexit/tp_btf programs.
+        let no_btf = |reason: String| layout::LayoutError::NoBtf { path: opts.btf_path.display().to_string(), reason };
+        let bytes = std::fs::read(&opts.btf_path).map_err(|e| no_btf(e.to_string()))?;
         let layout = KernelLayout::from_btf_file(&opts.btf_path)?;
+        let btf = Btf::parse(&bytes, aya::Endianness::default())
+            .map_err(|e| format!("cannot parse kernel BTF {}: {}", opts.btf_path.display(), chain(&e)));
         let mut loader = EbpfLoader::new();
+        loader.btf(btf.as_ref().ok());
         let nonblock_arg = layout.recvmsg_nonblock_arg.unwrap_or(u64::MAX);
         let sk_protocol = layout.sk_protocol.unwrap_or(0);
         loader
@@ -46,17 +53,7 @@ impl Tracer {
             .override_global("RECVMSG_NONBLOCK_ARG", &nonblock_arg, true)
             .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
             .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true);
-        let mut ebpf = loader
-            .load(OBJECT)
-            .map_err(|e| TracerError::Load(chain(&e)))?;
-        // Kernel BTF for fentry/fexit/tp_btf; its absence fails only those.
-        let btf = Btf::parse_file(&opts.btf_path, aya::Endianness::default()).map_err(|e| {
-            format!(
-                "cannot read kernel BTF {}: {}",
-                opts.btf_path.display(),
-                chain(&e)
-            )
-        });
+        let mut ebpf = loader.load(OBJECT).map_err(|e| TracerError::Load(chain(&e)))?;
 
         let mut attempts = Vec::new();
         for &strategy in &opts.strategies {

@@ -13,6 +13,7 @@
 //! recv-peer threads ADDR           one thread blocked in a read, one in futex, one spinning
 //! recv-peer zombies N              N children that exit and are never reaped
 //! recv-peer sink ADDR              accept one and never read (the sender's data piles up)
+//! recv-peer fat ADDR THREADS SOCKETS  THREADS threads blocked in reads, SOCKETS connections in all
 //! ```
 //! Lines: `ready pid=P tid=T inode=I local=A remote=B`, `got N`, `listening A`, `sent N`.
 
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
         ["threads", addr] => threads(addr),
         ["zombies", n] => zombies(n),
         ["sink", addr] => sink(addr),
+        ["fat", addr, threads, sockets] => fat(addr, threads, sockets),
         _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | sink ADDR".into()),
     };
     match result {
@@ -256,4 +258,34 @@ fn sink(addr: &str) -> Result<()> {
     say("accepted");
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     Ok(())
+}
+
+/// A big agent: `sockets` connections to ADDR, the first `threads` of them
+/// each read by its own blocked thread. Prints `ready pid=P`, then runs
+/// until stdin closes.
+fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
+    let threads: usize = threads.parse().map_err(|_| format!("bad count {threads}"))?;
+    let sockets: usize = sockets.parse().map_err(|_| format!("bad count {sockets}"))?;
+    raise_nofile(sockets as u64 + 256);
+    let mut conns = Vec::with_capacity(sockets);
+    for _ in 0..sockets {
+        conns.push(TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?);
+    }
+    let mut readers = Vec::new();
+    for s in conns.iter().take(threads) {
+        let mut s = s.try_clone().map_err(|e| e.to_string())?;
+        readers.push(std::thread::spawn(move || {
+            let _ = s.read(&mut [0u8; 64]);
+        }));
+    }
+    say(&format!("ready pid={}", std::process::id()));
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0);
+}
+
+/// Raises the open-file limit to at least `n` (root may raise the hard limit).
+pub fn raise_nofile(n: u64) {
+    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+    // SAFETY: setrlimit reads a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
 }
