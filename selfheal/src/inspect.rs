@@ -129,6 +129,9 @@ pub struct Zombie {
 pub struct InitDiagnosis {
     /// A root process is PID 1 of its pid namespace.
     pub root_is_pid1: bool,
+    /// The agent's process that is PID 1 of its pid namespace, if any (the
+    /// one that inherits orphans and must reap them).
+    pub pid1: Option<u32>,
     pub zombies: usize,
     /// Set when zombies pile up under a PID 1 that is not an init.
     pub diagnosis: Option<String>,
@@ -478,10 +481,17 @@ pub fn build(ev: &Evidence) -> Report {
         .processes
         .iter()
         .any(|p| ev.roots.contains(&p.pid) && p.pid_ns_init);
-    let diagnosis = (root_is_pid1 && !zombies.is_empty()).then(|| {
+    let pid1 = ev
+        .processes
+        .iter()
+        .find(|p| p.pid_ns_init && p.state != 'Z')
+        .map(|p| p.pid);
+    let unreaped = pid1.map_or(0, |init| zombies.iter().filter(|z| z.ppid == init).count());
+    let diagnosis = (unreaped > 0).then(|| {
         format!(
-            "{} zombie(s) under a PID 1 that does not reap: run the agent under an init (tini, `docker run --init`, `init: true`)",
-            zombies.len()
+            "{unreaped} zombie(s) under pid {} (PID 1 of its pid namespace), which does not reap: \
+             run the agent under an init (tini, `docker run --init`, `init: true`)",
+            pid1.unwrap_or(0)
         )
     });
 
@@ -494,6 +504,7 @@ pub fn build(ev: &Evidence) -> Report {
         sockets,
         init: InitDiagnosis {
             root_is_pid1,
+            pid1,
             zombies: zombies.len(),
             diagnosis,
         },

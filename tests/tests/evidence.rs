@@ -312,3 +312,114 @@ fn half_open_connection_then_keepalive_probes() {
             .any(|a| a.as_str().unwrap().contains("probe"))
     );
 }
+
+/// Writes `text` to a fresh config file and returns its path.
+fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("selfheal-{tag}-{}.toml", std::process::id()));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn inspect_name(config: &std::path::Path, name: &str) -> serde_json::Value {
+    let out = Command::new(selfheal_bin())
+        .args(["inspect", name, "--json", "--no-ebpf", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn inspect_by_name_in_another_netns_with_roles() {
+    if !need_root("inspect_name") {
+        return;
+    }
+    let pair = NetnsPair::new("name").expect("netns pair");
+    let mut servers = Vec::new();
+    for port in [7443, 8443] {
+        let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
+        cmd.args(["server", &format!("{}:{port}", pair.b_addr)]);
+        let s = Peer::spawn(cmd);
+        s.expect("listening", 10 * SEC);
+        servers.push(s);
+    }
+    let mut clients = Vec::new();
+    for port in [7443, 8443] {
+        let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+        cmd.args(["client", &format!("{}:{port}", pair.b_addr)]);
+        let c = Peer::spawn(cmd);
+        let ready = c.ready();
+        clients.push((c, ready));
+    }
+    let config = config_file(
+        "name",
+        &format!(
+            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"10s\"\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \":8443\"\n",
+            b = pair.b_addr
+        ),
+    );
+    let v = inspect_name(&config, "runner");
+    let _ = std::fs::remove_file(&config);
+    assert_eq!(v["agent"], "runner");
+    let pids: Vec<u64> = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    for (_, r) in &clients {
+        assert!(pids.contains(&u64::from(r.pid)), "{pids:?} lacks {}", r.pid);
+    }
+    let role_of = |inode: u64| {
+        v["sockets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["inode"] == inode)
+            .map(|s| s["role"].clone())
+    };
+    assert_eq!(role_of(clients[0].1.inode), Some("control".into()));
+    assert_eq!(role_of(clients[1].1.inode), Some("provider".into()));
+}
+
+#[test]
+fn inspect_by_name_diagnoses_the_missing_init() {
+    if !need_root("missing_init") {
+        return;
+    }
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(tests::helper_bin("recv-peer"))
+        .args(["zombies", "7"]);
+    let peer = Peer::spawn(cmd);
+    peer.expect("ready ", 10 * SEC);
+    let config = config_file(
+        "init",
+        "[[agent]]\nname = \"leaky\"\nmatch = { cmdline = '^/\\S*recv-peer zombies 7$' }\n",
+    );
+    let v = inspect_name(&config, "leaky");
+    let _ = std::fs::remove_file(&config);
+    // The rule names the process that is PID 1 of its namespace (as an
+    // agent that is a container's entrypoint), not the `unshare` above it.
+    assert_eq!(
+        v["zombies"].as_array().unwrap().len(),
+        7,
+        "{}",
+        v["zombies"]
+    );
+    assert_eq!(v["init"]["root_is_pid1"], true, "{}", v["init"]);
+    assert!(
+        v["init"]["diagnosis"]
+            .as_str()
+            .is_some_and(|d| d.contains("7 zombie(s)")),
+        "{}",
+        v["init"]
+    );
+}

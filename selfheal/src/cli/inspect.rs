@@ -1,19 +1,33 @@
-//! `selfheal inspect`: kernel-level diagnosis of one process for a person at
-//! a terminal (or a script, with `--json`).
+//! `selfheal inspect`: kernel-level diagnosis of one agent (by its configured
+//! name) or one process and its descendants (`--pid`), for a person at a
+//! terminal or a script (`--json`).
 
-use std::{io::Write as _, process::ExitCode, time::Duration};
+use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
-use selfheal::{ebpf::Strategy, inspect};
+use selfheal::{
+    agents::{self, ProcessTable},
+    config::{self, Config, MatchRule},
+    ebpf::Strategy,
+    inspect,
+};
 
-/// Show a process's threads and the receive each is blocked in (and for how
-/// long), its TCP sockets with the kernel's tcp_info and eBPF activity, and
+/// Show an agent's processes, threads and the receive each is blocked in
+/// (and for how long), its TCP sockets with their role, the kernel's
+/// tcp_info and eBPF activity, zombies and the missing-init diagnosis, and
 /// which eBPF attach strategy was used and why the others failed.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["name", "pid"])))]
 pub struct Args {
-    /// The process to inspect.
+    /// The configured agent to inspect.
+    name: Option<String>,
+    /// Inspect this process and its descendants instead of a configured agent.
     #[arg(long)]
-    pid: u32,
+    pid: Option<u32>,
+    /// The config file (for NAME). Default: $XDG_CONFIG_HOME/selfheal/config.toml,
+    /// else /etc/selfheal/config.toml.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Print one JSON document instead of text.
     #[arg(long)]
     json: bool,
@@ -37,26 +51,83 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
     })
 }
 
+/// Exit code for usage and configuration errors.
+const EXIT_CONFIG: u8 = 3;
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let table = ProcessTable::read().with_own_pid(std::process::id());
+    let target = match (&args.name, args.pid) {
+        (_, Some(pid)) => {
+            let matched = agents::find(&MatchRule::Pid(pid), &table);
+            if let Some(problem) = matched.problem {
+                anyhow::bail!("pid {pid}: {problem}");
+            }
+            inspect::Target {
+                agent: None,
+                rule: format!("pid={pid}"),
+                roots: matched.roots,
+                pids: matched.all,
+                problem: None,
+                role_of: Box::new(|_| None),
+                upstreams: Vec::new(),
+            }
+        }
+        (Some(name), None) => {
+            let loaded =
+                config::locate(args.config.as_deref()).and_then(|path| Config::load(&path));
+            let config = match loaded {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!("selfheal: {e}");
+                    return Ok(ExitCode::from(EXIT_CONFIG));
+                }
+            };
+            let Some(agent) = config.agent(name) else {
+                let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
+                eprintln!(
+                    "selfheal: no agent named {name:?} in {}; configured: {}",
+                    config.path.display(),
+                    names.join(", ")
+                );
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            };
+            let matched = agents::find(&agent.rule, &table);
+            let upstreams = agent.resolve_upstreams();
+            let mut lines: Vec<String> = agent
+                .upstreams
+                .iter()
+                .map(|u| match u.heartbeat {
+                    Some(hb) => format!(
+                        "{} {} (heartbeat {})",
+                        u.role,
+                        u.addr,
+                        humantime::format_duration(hb)
+                    ),
+                    None => format!("{} {}", u.role, u.addr),
+                })
+                .collect();
+            lines.extend(upstreams.notes());
+            inspect::Target {
+                agent: Some(agent.name.clone()),
+                rule: agent.rule.to_string(),
+                roots: matched.roots,
+                pids: matched.all,
+                problem: matched.problem,
+                role_of: Box::new(move |remote| upstreams.role_of(remote).map(|r| r.as_str())),
+                upstreams: lines,
+            }
+        }
+        (None, None) => {
+            eprintln!("selfheal: inspect needs an agent NAME or --pid PID");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
     let opts = inspect::CollectOptions {
         no_ebpf: args.no_ebpf,
         strategies: args.strategies,
         wait: args.wait,
     };
-    let pid = args.pid;
-    procfs::process::Process::new(pid as i32)
-        .with_context(|| format!("no process with pid {pid}"))?;
-    let target = inspect::Target {
-        agent: None,
-        rule: format!("pid={pid}"),
-        roots: vec![pid],
-        pids: vec![pid],
-        problem: None,
-        role_of: Box::new(|_| None),
-        upstreams: Vec::new(),
-    };
-    let evidence = inspect::collect(&target, &opts);
-    let report = inspect::build(&evidence);
+    let report = inspect::build(&inspect::collect(&target, &opts));
     // Stdout is line-buffered: a pretty JSON document of thousands of lines
     // would otherwise be thousands of writes.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
