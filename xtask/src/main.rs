@@ -36,8 +36,10 @@ enum Task {
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),
-    /// Run the receive-path overhead benchmark (needs root). Arguments after
-    /// `--` go to `recv-bench` (e.g. `-- --bytes 268435456 --rounds 3`).
+    /// Run the benchmarks (needs root): the tracer's receive-path overhead
+    /// (`recv-bench`; arguments after `--` go to it, e.g.
+    /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
+    /// against `ps` + `ss` (`inspect-bench`).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -97,10 +99,11 @@ fn main() -> Result<()> {
         Task::Bench { args } => {
             setup::all()?;
             cargo_env(
-                &["build", "--release", "-p", "tests", "--bin", "recv-bench"],
+                &["build", "--release", "-p", "selfheal", "-p", "tests", "--bins"],
                 &[("SELFHEAL_REQUIRE_EBPF", "1")],
             )?;
-            run(Command::new("target/release/recv-bench").args(args))
+            run(Command::new("target/release/recv-bench").args(args))?;
+            run(Command::new("target/release/inspect-bench").env("SELFHEAL_BIN", "target/release/selfheal"))
         }
     }
 }
