@@ -58,6 +58,8 @@ pub struct ProcessTable {
     entries: BTreeMap<u32, ProcEntry>,
     children: HashMap<u32, Vec<u32>>,
     own_pid: Option<u32>,
+    /// `own_pid` and its ancestors.
+    own_lineage: BTreeSet<u32>,
 }
 
 impl ProcessTable {
@@ -90,13 +92,25 @@ impl ProcessTable {
             entries,
             children,
             own_pid: None,
+            own_lineage: BTreeSet::new(),
         }
     }
 
     /// Marks `pid` as selfheal itself: rules other than `pid`/`pidfile`
-    /// never match it. [`ProcessTable::read`] marks the current process.
+    /// never pick it or one of its ancestors (`sudo selfheal inspect sol`
+    /// must not be the agent `sol`, nor take selfheal along as its
+    /// descendant). [`ProcessTable::read`] marks the current process.
     pub fn with_own_pid(mut self, pid: u32) -> ProcessTable {
         self.own_pid = Some(pid);
+        let mut lineage = BTreeSet::new();
+        let mut cur = Some(pid);
+        while let Some(p) = cur {
+            if !lineage.insert(p) {
+                break;
+            }
+            cur = self.entries.get(&p).map(|e| e.ppid);
+        }
+        self.own_lineage = lineage;
         self
     }
 
@@ -162,8 +176,9 @@ impl ProcessTable {
         roots
     }
 
+    /// Whether `pid` is selfheal or one of its ancestors.
     fn is_own(&self, pid: u32) -> bool {
-        self.own_pid == Some(pid)
+        self.own_lineage.contains(&pid)
     }
 }
 
@@ -319,8 +334,10 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf]) -> Matched {
             .filter(|e| e.exe.is_none() && !e.cmdline.is_empty())
             .count();
         if unreadable > 0 {
+            let plural = if unreadable == 1 { "" } else { "es" };
             p.push_str(&format!(
-                " ({unreadable} processes' executables could not be read: run as root or as their user)"
+                " ({unreadable} process{plural} whose executable could not be read: \
+                 selfheal may lack the privilege)"
             ));
         }
         p
@@ -449,20 +466,36 @@ mod tests {
     }
 
     #[test]
-    fn cmdline_skips_selfheal_itself() {
-        let t = table(&[
-            (1, 0, "/sbin/init"),
-            (5, 1, "selfheal check --config /etc/sol-runner.toml"),
-            (6, 1, "sol-runner"),
-        ])
-        .with_own_pid(5);
+    fn rules_skip_selfheal_and_its_ancestors() {
+        let mut entries = vec![
+            ProcEntry::new(1, 0, &["/sbin/init"]),
+            ProcEntry::new(4, 1, &["sudo", "selfheal", "inspect", "sol-runner"]),
+            ProcEntry::new(5, 4, &["selfheal", "inspect", "sol-runner"]),
+            ProcEntry::new(6, 1, &["sol-runner"]),
+        ];
+        for e in &mut entries {
+            e.exe = Some("/usr/bin/x".into());
+            e.cgroup = Some("/system.slice/x.service".into());
+        }
+        let t = ProcessTable::from_entries(entries).with_own_pid(5);
         assert_eq!(find(&cmdline("sol-runner"), &t).roots, [6]);
+        assert_eq!(find(&cmdline("sol-runner"), &t).all, [6]);
+        assert_eq!(by_exe(&t, &["/usr/bin/x".into()]).roots, [6]);
+        assert_eq!(find(&MatchRule::Unit("x.service".into()), &t).roots, [6]);
+        // Asked for by pid, selfheal's own process is what was asked for.
+        assert_eq!(find(&MatchRule::Pid(5), &t).roots, [5]);
     }
 
     #[test]
     fn descendants_survive_cycles() {
         // 5 → 6 → 7 → 5: a torn read; and 8 is its own parent.
-        let t = table(&[(5, 7, "a"), (6, 5, "b"), (7, 6, "c"), (8, 8, "d"), (9, 8, "e")]);
+        let t = table(&[
+            (5, 7, "a"),
+            (6, 5, "b"),
+            (7, 6, "c"),
+            (8, 8, "d"),
+            (9, 8, "e"),
+        ]);
         assert_eq!(t.with_descendants(&[5]), [5, 6, 7]);
         assert_eq!(t.with_descendants(&[6, 7]), [5, 6, 7]);
         assert_eq!(t.with_descendants(&[8]), [8, 9]);
@@ -502,7 +535,10 @@ mod tests {
         assert_eq!(m.all, [10, 11, 12]);
         let m = by_exe(&t, &["/bin/sol".into()]);
         let p = m.problem.unwrap();
-        assert!(p.contains("/bin/sol") && p.contains("1 processes"), "{p}");
+        assert!(
+            p.contains("/bin/sol") && p.contains("(1 process whose executable"),
+            "{p}"
+        );
     }
 
     #[test]
@@ -535,10 +571,17 @@ mod tests {
         // Descendants come along whatever their cgroup.
         assert_eq!(m.all, [10, 11, 12, 13, 14]);
         let m = find(&MatchRule::Unit("nope.service".into()), &t);
-        assert_eq!(m.problem.as_deref(), Some("unit nope.service has no processes"));
+        assert_eq!(
+            m.problem.as_deref(),
+            Some("unit nope.service has no processes")
+        );
         let bare = table(&[(1, 0, "init")]);
         let m = find(&MatchRule::Unit("x.service".into()), &bare);
-        assert!(m.problem.unwrap().contains("no process's cgroup could be read"));
+        assert!(
+            m.problem
+                .unwrap()
+                .contains("no process's cgroup could be read")
+        );
     }
 
     #[test]

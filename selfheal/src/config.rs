@@ -270,9 +270,9 @@ impl FromStr for UpstreamAddr {
                 .parse()
                 .map_err(|_| format!("bad CIDR {s:?}: {net:?} is not an IP address"))?;
             let max = if ip.is_ipv4() { 32 } else { 128 };
-            let prefix = prefix
-                .parse::<u8>()
-                .ok()
+            let prefix = Some(prefix)
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u8>().ok())
                 .filter(|p| *p <= max)
                 .ok_or_else(|| format!("bad CIDR {s:?}: prefix must be 0 to {max}"))?;
             return Ok(UpstreamAddr::Cidr(ip, prefix));
@@ -313,9 +313,10 @@ impl FromStr for UpstreamAddr {
 }
 
 fn parse_port(port: &str, whole: &str) -> Result<u16, String> {
-    let p = port
-        .parse::<u16>()
-        .map_err(|_| format!("bad address {whole:?}: bad port {port:?}"))?;
+    let p = Some(port)
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|p| p.parse::<u16>().ok())
+        .ok_or_else(|| format!("bad address {whole:?}: bad port {port:?}"))?;
     nonzero_port(p, whole)?;
     Ok(p)
 }
@@ -327,18 +328,18 @@ fn nonzero_port(port: u16, whole: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A DNS name: labels of letters, digits, `-` and `_`, separated by dots.
+/// A DNS name: labels of letters, digits, `-` and `_`, separated by dots
+/// (one trailing dot allowed).
 fn valid_host(host: &str) -> bool {
-    !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').enumerate().all(|(i, label)| {
-            // A trailing dot (fully qualified) leaves one empty last label.
-            (label.is_empty() && i > 0 && host.ends_with('.') && i == host.split('.').count() - 1)
-                || (!label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+    let h = host.strip_suffix('.').unwrap_or(host);
+    !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
 
@@ -404,7 +405,7 @@ impl Config {
         let root = DeTable::parse(text).map_err(|e| cx.syntax(&e))?;
         let root = Fields::new(&cx, root.get_ref(), 0..0, String::new());
         root.only(&["agent"])?;
-        let Some(agents) = root.tables("agent")? else {
+        let Some(agents) = root.tables("agent", "agent")? else {
             return Err(cx.error(0..0, "no agents: add an [[agent]] table".into()));
         };
         let mut out = Vec::new();
@@ -447,7 +448,13 @@ impl Cx<'_> {
 
     fn syntax(&self, e: &toml::de::Error) -> ConfigError {
         let span = e.span().unwrap_or(0..0);
-        let mut message = format!("bad TOML: {}", e.message().trim());
+        let reason: Vec<_> = e
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let mut message = format!("bad TOML: {}", reason.join("; "));
         // "duplicate key" points at the key: name it.
         if let Some(key) = self.text.get(span.clone())
             && !key.is_empty()
@@ -509,6 +516,12 @@ impl<'a, 'i> Fields<'a, 'i> {
 
     /// An error about `key` at `span`.
     fn key_error(&self, key: &str, span: Range<usize>, what: impl fmt::Display) -> ConfigError {
+        // A quoted key may hold anything: keep the message on one line.
+        let key = if key.chars().any(char::is_control) {
+            format!("{key:?}")
+        } else {
+            key.to_string()
+        };
         self.cx
             .error(span, format!("{}key `{key}`: {what}", self.prefix()))
     }
@@ -604,12 +617,13 @@ impl<'a, 'i> Fields<'a, 'i> {
     fn tables(
         &self,
         key: &str,
+        header: &str,
     ) -> Result<Option<Vec<(&'a DeTable<'i>, Range<usize>)>>, ConfigError> {
         let Some((_, v)) = self.get(key) else {
             return Ok(None);
         };
         let DeValue::Array(items) = v.get_ref() else {
-            return Err(self.type_error(key, v, &format!("an array of tables ([[{key}]])")));
+            return Err(self.type_error(key, v, &format!("an array of tables ([[{header}]])")));
         };
         let mut out = Vec::new();
         for item in items.iter() {
@@ -689,7 +703,7 @@ fn agent<'a>(
 
     let mut upstreams = Vec::new();
     for (i, (t, span)) in f
-        .tables("upstream")?
+        .tables("upstream", "agent.upstream")?
         .unwrap_or_default()
         .into_iter()
         .enumerate()
@@ -699,7 +713,7 @@ fn agent<'a>(
     }
     let mut probes = Vec::new();
     for (i, (t, span)) in f
-        .tables("probe")?
+        .tables("probe", "agent.probe")?
         .unwrap_or_default()
         .into_iter()
         .enumerate()
@@ -1200,6 +1214,13 @@ mod tests {
                     port: 80,
                 },
             ),
+            (
+                "fqdn.example.:443",
+                Host {
+                    host: "fqdn.example.".into(),
+                    port: 443,
+                },
+            ),
         ];
         for (text, want) in ok {
             let got: UpstreamAddr = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -1219,6 +1240,11 @@ mod tests {
             "1.2.3.4/33",
             "::/129",
             "x/8",
+            "h:+80",
+            "1.2.3.4/+8",
+            "..:80",
+            "a..b:1",
+            "a.:1x",
             "::1:80",
             "[::1]",
             "[::1:80",

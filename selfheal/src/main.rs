@@ -19,6 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     Inspect(cli::inspect::Args),
+    Config(cli::config::Args),
 }
 
 /// Exit code for usage and configuration errors.
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Inspect(args) => cli::inspect::run(args),
+        Command::Config(args) => cli::config::run(args),
     };
     match result {
         Ok(code) => code,

@@ -136,10 +136,14 @@ pub fn socket_fds(pid: u32) -> nix::Result<Vec<(i32, u64)>> {
     let mut out = Vec::new();
     for entry in dir.iter().flatten() {
         let name = entry.file_name();
-        let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
         // SAFETY: `dirfd` stays open while `dir` lives, i.e. for this loop.
         let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(dirfd) };
-        let Ok(link) = nix::fcntl::readlinkat(dirfd, name) else { continue }; // closed meanwhile
+        let Ok(link) = nix::fcntl::readlinkat(dirfd, name) else {
+            continue;
+        }; // closed meanwhile
         if let Ok(FDTarget::Socket(inode)) = FDTarget::from_str(&link.to_string_lossy()) {
             out.push((fd, inode));
         }

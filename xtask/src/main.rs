@@ -99,11 +99,20 @@ fn main() -> Result<()> {
         Task::Bench { args } => {
             setup::all()?;
             cargo_env(
-                &["build", "--release", "-p", "selfheal", "-p", "tests", "--bins"],
+                &[
+                    "build",
+                    "--release",
+                    "-p",
+                    "selfheal",
+                    "-p",
+                    "tests",
+                    "--bins",
+                ],
                 &[("SELFHEAL_REQUIRE_EBPF", "1")],
             )?;
             run(Command::new("target/release/recv-bench").args(args))?;
-            run(Command::new("target/release/inspect-bench").env("SELFHEAL_BIN", "target/release/selfheal"))
+            run(Command::new("target/release/inspect-bench")
+                .env("SELFHEAL_BIN", "target/release/selfheal"))
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Subcommands, one file each.
 
+pub mod config;
 pub mod inspect;
 
 /// Parses a duration like `500ms`, `2s`, `5m`.

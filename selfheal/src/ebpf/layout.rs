@@ -51,7 +51,10 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 impl KernelLayout {
     /// Reads the layout from the BTF file at `path`.
     pub fn from_btf_file(path: &Path) -> Result<Self, LayoutError> {
-        let no_btf = |reason: String| LayoutError::NoBtf { path: path.display().to_string(), reason };
+        let no_btf = |reason: String| LayoutError::NoBtf {
+            path: path.display().to_string(),
+            reason,
+        };
         // A handful of lookups: the mmap backend skips indexing all ~100k
         // types up front. Where the file cannot be mapped, read it.
         match Btf::from_file_with_backend(path, btf_rs::Backend::Mmap) {
@@ -69,8 +72,10 @@ impl KernelLayout {
     /// Reads the layout from BTF already in memory (parsing from a slice is
     /// several times faster than btf-rs's seeking file reader).
     pub fn from_btf_bytes(bytes: &[u8]) -> Result<Self, LayoutError> {
-        let btf = Btf::from_bytes(bytes)
-            .map_err(|e| LayoutError::NoBtf { path: "(memory)".into(), reason: e.to_string() })?;
+        let btf = Btf::from_bytes(bytes).map_err(|e| LayoutError::NoBtf {
+            path: "(memory)".into(),
+            reason: e.to_string(),
+        })?;
         Self::from_btf(&btf)
     }
 

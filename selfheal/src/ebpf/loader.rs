@@ -36,11 +36,19 @@ impl Tracer {
     pub fn attach(opts: &TracerOptions) -> Result<Self, TracerError> {
         // The kernel's BTF is read once: for the struct layout, for aya's
         // relocations, and for loading fentry/fexit/tp_btf programs.
-        let no_btf = |reason: String| layout::LayoutError::NoBtf { path: opts.btf_path.display().to_string(), reason };
+        let no_btf = |reason: String| layout::LayoutError::NoBtf {
+            path: opts.btf_path.display().to_string(),
+            reason,
+        };
         let bytes = std::fs::read(&opts.btf_path).map_err(|e| no_btf(e.to_string()))?;
         let layout = KernelLayout::from_btf_file(&opts.btf_path)?;
-        let btf = Btf::parse(&bytes, aya::Endianness::default())
-            .map_err(|e| format!("cannot parse kernel BTF {}: {}", opts.btf_path.display(), chain(&e)));
+        let btf = Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| {
+            format!(
+                "cannot parse kernel BTF {}: {}",
+                opts.btf_path.display(),
+                chain(&e)
+            )
+        });
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref().ok());
         let nonblock_arg = layout.recvmsg_nonblock_arg.unwrap_or(u64::MAX);
@@ -53,7 +61,9 @@ impl Tracer {
             .override_global("RECVMSG_NONBLOCK_ARG", &nonblock_arg, true)
             .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
             .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true);
-        let mut ebpf = loader.load(OBJECT).map_err(|e| TracerError::Load(chain(&e)))?;
+        let mut ebpf = loader
+            .load(OBJECT)
+            .map_err(|e| TracerError::Load(chain(&e)))?;
 
         let mut attempts = Vec::new();
         for &strategy in &opts.strategies {

@@ -21,7 +21,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut num = || it.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| usage(a));
+        let mut num = || {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(a))
+        };
         match a.as_str() {
             "--threads" => threads = num(),
             "--sockets" => sockets = num(),
@@ -29,16 +33,28 @@ fn main() {
             other => usage(other),
         }
     }
-    let bin_dir = std::env::current_exe().expect("current_exe").parent().expect("dir").to_path_buf();
-    let selfheal = std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
+    let bin_dir = std::env::current_exe()
+        .expect("current_exe")
+        .parent()
+        .expect("dir")
+        .to_path_buf();
+    let selfheal =
+        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
     let peer = bin_dir.join("recv-peer");
 
-    let lim = libc::rlimit { rlim_cur: sockets as u64 + 256, rlim_max: sockets as u64 + 256 };
+    let lim = libc::rlimit {
+        rlim_cur: sockets as u64 + 256,
+        rlim_max: sockets as u64 + 256,
+    };
     // SAFETY: setrlimit reads a valid struct.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().unwrap().to_string();
-    let accepter = std::thread::spawn(move || (0..sockets).map(|_| l.accept().expect("accept").0).collect::<Vec<_>>());
+    let accepter = std::thread::spawn(move || {
+        (0..sockets)
+            .map(|_| l.accept().expect("accept").0)
+            .collect::<Vec<_>>()
+    });
     let mut agent = Command::new(&peer)
         .args(["fat", &addr, &threads.to_string(), &sockets.to_string()])
         .stdin(Stdio::piped())
@@ -46,25 +62,40 @@ fn main() {
         .spawn()
         .expect("spawn the agent");
     let mut line = String::new();
-    BufReader::new(agent.stdout.take().unwrap()).read_line(&mut line).expect("ready");
+    BufReader::new(agent.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("ready");
     let _server_ends = accepter.join().expect("accepter");
     let pid = agent.id().to_string();
     std::thread::sleep(std::time::Duration::from_millis(500));
 
-    println!("inspect-bench: agent pid {pid} with {threads} blocked threads and {sockets} TCP connections; medians of {runs} runs");
+    println!(
+        "inspect-bench: agent pid {pid} with {threads} blocked threads and {sockets} TCP connections; medians of {runs} runs"
+    );
     let time = |cmd: &mut Command| {
         let mut v: Vec<(f64, i64)> = (0..runs).map(|_| timed(cmd)).collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
         v[v.len() / 2]
     };
-    let (with_ebpf, rss_ebpf) = time(Command::new(&selfheal).args(["inspect", "--json", "--pid", &pid]));
-    let (no_ebpf, rss_plain) = time(Command::new(&selfheal).args(["inspect", "--json", "--no-ebpf", "--pid", &pid]));
+    let (with_ebpf, rss_ebpf) =
+        time(Command::new(&selfheal).args(["inspect", "--json", "--pid", &pid]));
+    let (no_ebpf, rss_plain) =
+        time(Command::new(&selfheal).args(["inspect", "--json", "--no-ebpf", "--pid", &pid]));
     let (ps, _) = time(Command::new("ps").args(["-L", "-o", "pid,tid,stat,wchan", "-p", &pid]));
     let (ss, _) = time(Command::new("ss").args(["-tinpe"]));
     let peer_total = ps + ss;
-    println!("  ps -L -o pid,tid,stat,wchan -p PID   {:>8.1} ms", ps * 1e3);
-    println!("  ss -tinpe                            {:>8.1} ms", ss * 1e3);
-    println!("  both together                        {:>8.1} ms", peer_total * 1e3);
+    println!(
+        "  ps -L -o pid,tid,stat,wchan -p PID   {:>8.1} ms",
+        ps * 1e3
+    );
+    println!(
+        "  ss -tinpe                            {:>8.1} ms",
+        ss * 1e3
+    );
+    println!(
+        "  both together                        {:>8.1} ms",
+        peer_total * 1e3
+    );
     println!(
         "  selfheal inspect --json --no-ebpf    {:>8.1} ms  ratio {:.2} (goal <= 0.5)  peak RSS {} KiB",
         no_ebpf * 1e3,
@@ -88,9 +119,17 @@ fn usage(arg: &str) -> ! {
 }
 
 /// Runs `cmd` with its output discarded; wall seconds and peak RSS (KiB).
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is reaped by wait4, for its rusage"
+)]
 fn timed(cmd: &mut Command) -> (f64, i64) {
     let start = Instant::now();
-    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn");
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
     let mut status = 0;
     // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };

@@ -264,8 +264,12 @@ fn sink(addr: &str) -> Result<()> {
 /// each read by its own blocked thread. Prints `ready pid=P`, then runs
 /// until stdin closes.
 fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
-    let threads: usize = threads.parse().map_err(|_| format!("bad count {threads}"))?;
-    let sockets: usize = sockets.parse().map_err(|_| format!("bad count {sockets}"))?;
+    let threads: usize = threads
+        .parse()
+        .map_err(|_| format!("bad count {threads}"))?;
+    let sockets: usize = sockets
+        .parse()
+        .map_err(|_| format!("bad count {sockets}"))?;
     raise_nofile(sockets as u64 + 256);
     let mut conns = Vec::with_capacity(sockets);
     for _ in 0..sockets {
@@ -285,7 +289,10 @@ fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
 
 /// Raises the open-file limit to at least `n` (root may raise the hard limit).
 pub fn raise_nofile(n: u64) {
-    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+    let lim = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
     // SAFETY: setrlimit reads a valid struct.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
 }

@@ -1,0 +1,167 @@
+//! `selfheal config check` as a user and a script see it: what a good config
+//! matches on this host, exit code 3 with file, line and key for a bad one,
+//! and where the config is looked for.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use tests::selfheal_bin;
+
+/// A scratch directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "selfheal-cfgcli-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).expect("create dir");
+        std::fs::write(&p, contents).expect("write file");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("run selfheal");
+    (
+        status.code().expect("exit code"),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+fn check(config: &std::path::Path) -> (i32, String, String) {
+    run(Command::new(selfheal_bin())
+        .args(["config", "check", "--config"])
+        .arg(config))
+}
+
+#[test]
+fn a_good_config_shows_processes_and_upstreams() {
+    let dir = TempDir::new("good");
+    let me = std::process::id();
+    let config = dir.write(
+        "config.toml",
+        &format!(
+            r#"
+[[agent]]
+name = "tester"
+match = {{ pid = {me} }}
+[[agent.upstream]]
+role = "control"
+addr = "127.0.0.1:7443"
+heartbeat = "10s"
+[[agent.upstream]]
+role = "provider"
+addr = "selfheal-test.invalid:443"
+[[agent.probe]]
+url = "http://127.0.0.1:8080/status"
+
+[[agent]]
+name = "ghost"
+match = {{ pidfile = "{}/none.pid" }}
+"#,
+            dir.0.display()
+        ),
+    );
+    let (code, out, err) = check(&config);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.starts_with(&format!("config {}: ok, 2 agents", config.display())),
+        "{out}"
+    );
+    assert!(out.contains("\nagent tester\n"), "{out}");
+    assert!(out.contains(&format!("match      pid = {me}")), "{out}");
+    assert!(out.contains(&format!("processes  pid {me} (")), "{out}");
+    assert!(
+        out.contains("upstream   control 127.0.0.1:7443 heartbeat 10s\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("upstream   provider selfheal-test.invalid:443 -> does not resolve"),
+        "{out}"
+    );
+    assert!(
+        out.contains("probe      GET http://127.0.0.1:8080/status timeout 2s"),
+        "{out}"
+    );
+    assert!(out.contains("\nagent ghost\n"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "processes  none (cannot read pidfile {}/none.pid",
+            dir.0.display()
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_bad_config_exits_3_naming_file_line_and_key() {
+    let dir = TempDir::new("bad");
+    let config = dir.write(
+        "config.toml",
+        "[[agent]]\nname = \"sol\"\nmatch = { pid = 1 }\n[[agent.upstream]]\nrole = \"control\"\nadr = \"127.0.0.1:1\"\n",
+    );
+    let (code, out, err) = check(&config);
+    assert_eq!(code, 3, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.is_empty(), "{out}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "selfheal: {}:6: agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat)",
+            config.display()
+        )
+    );
+
+    let missing = dir.0.join("missing.toml");
+    let (code, _, err) = check(&missing);
+    assert_eq!(code, 3);
+    assert!(
+        err.contains(&*missing.to_string_lossy()) && err.contains("os error"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_config_is_found_under_xdg_config_home() {
+    let dir = TempDir::new("xdg");
+    dir.write(
+        "selfheal/config.toml",
+        "[[agent]]\nname = \"found\"\nmatch = { pid = 1 }\n",
+    );
+    let (code, out, err) = run(Command::new(selfheal_bin())
+        .args(["config", "check"])
+        .env("XDG_CONFIG_HOME", &dir.0));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\nagent found\n"), "{out}");
+}
+
+#[test]
+fn usage_errors_exit_3() {
+    let (code, _, err) = run(Command::new(selfheal_bin()).args(["config"]));
+    assert_eq!(code, 3, "{err}");
+    let (code, _, err) = run(Command::new(selfheal_bin()).args(["config", "check", "--bogus"]));
+    assert_eq!(code, 3, "{err}");
+}
