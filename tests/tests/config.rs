@@ -680,10 +680,9 @@ fn no_upstreams_classify_nothing() {
 
 #[test]
 fn host_names_resolve_with_the_system_resolver() {
-    let agent = agent_with(&[
-        ("control", "localhost:7443"),
-        ("provider", "selfheal-test.invalid:443"),
-    ]);
+    // Only `localhost`, which /etc/hosts answers: tests send nothing to a DNS
+    // server. Names that fail are covered with a fake resolver above.
+    let agent = agent_with(&[("control", "localhost:7443")]);
     let r = agent.resolve_upstreams();
     let Resolution::Resolved(addrs) = &r.upstreams[0].resolution else {
         panic!("localhost: {:?}", r.upstreams[0].resolution)
@@ -694,15 +693,6 @@ fn host_names_resolve_with_the_system_resolver() {
         assert_eq!(r.role_of(*a), Some(Role::Control));
     }
     assert_eq!(r.role_of(sa("127.0.0.1:7444")), None);
-    // .invalid never resolves (RFC 6761): listed, not fatal.
-    assert!(matches!(r.upstreams[1].resolution, Resolution::Failed(_)));
-    assert!(
-        r.notes()
-            .iter()
-            .any(|n| n.starts_with("selfheal-test.invalid:443 does not resolve")),
-        "{:?}",
-        r.notes()
-    );
 }
 
 /// A scratch directory removed on drop.

@@ -160,3 +160,49 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
     );
     assert!(!v["processes"][0]["threads"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn another_users_process_is_a_gap_not_an_error() {
+    if !tests::need_root("other_user") {
+        return;
+    }
+    // A root-owned process inspected by nobody: stat is readable, its fds,
+    // syscalls and stacks are not. The report says so and still prints.
+    let mut sleeper = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(selfheal_bin())
+        .args([
+            "inspect",
+            "--no-ebpf",
+            "--json",
+            "--pid",
+            &sleeper.id().to_string(),
+        ])
+        .output()
+        .expect("run selfheal as nobody");
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["processes"][0]["pid"], sleeper.id());
+    let gaps: Vec<&str> = v["gaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g.as_str())
+        .collect();
+    assert!(
+        gaps.iter().any(|g| g.contains("cannot list fds")),
+        "{gaps:?}"
+    );
+}
