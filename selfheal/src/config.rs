@@ -145,6 +145,52 @@ pub struct AgentConfig {
     pub upstreams: Vec<Upstream>,
     /// Its health probes, in file order.
     pub probes: Vec<ProbeConfig>,
+    /// When evidence counts as suspect, dead or damaging (`[agent.thresholds]`).
+    pub thresholds: Thresholds,
+}
+
+/// The judge's thresholds for one agent (`[agent.thresholds]`); every key
+/// is optional and defaults as documented in the README.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// `suspect_after`: an upstream socket with no data in for this long is
+    /// suspect (not dead: that needs proof). Default 60 s; an upstream may
+    /// override it.
+    pub suspect_after: Duration,
+    /// `dead_probes`: this many unanswered keepalive probes prove the peer
+    /// dead. Default 2.
+    pub dead_probes: u32,
+    /// `dead_backoff`: retransmission backoff this deep on unacknowledged
+    /// data proves the peer dead. Default 3.
+    pub dead_backoff: u32,
+    /// `recv_blocked`: a thread blocked in a receive longer than this on a
+    /// dead or suspect socket is named. Default 60 s.
+    pub recv_blocked: Duration,
+    /// `current_task_stale`: a `current_task` unchanged this long while no
+    /// upstream moved data contradicts the agent's story. Default 10 min.
+    pub current_task_stale: Duration,
+    /// `zombies`: more zombies than this is damage. Default 20.
+    pub zombies: u32,
+    /// `d_state`: a thread in uninterruptible sleep longer than this is
+    /// damage. Default 10 s.
+    pub d_state: Duration,
+    /// `probe_slow`: a probe slower than this is damage. Default 1 s.
+    pub probe_slow: Duration,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            suspect_after: Duration::from_secs(60),
+            dead_probes: 2,
+            dead_backoff: 3,
+            recv_blocked: Duration::from_secs(60),
+            current_task_stale: Duration::from_secs(600),
+            zombies: 20,
+            d_state: Duration::from_secs(10),
+            probe_slow: Duration::from_secs(1),
+        }
+    }
 }
 
 /// How an agent's processes are found (`match = { … }`, exactly one key).
@@ -223,6 +269,9 @@ pub struct Upstream {
     pub addr: UpstreamAddr,
     /// Control only: data is expected at least this often.
     pub heartbeat: Option<Duration>,
+    /// Overrides the agent's `suspect_after` for this upstream (a provider
+    /// that thinks for minutes).
+    pub suspect_after: Option<Duration>,
 }
 
 /// An upstream's address as written.
@@ -636,9 +685,19 @@ impl<'a, 'i> Fields<'a, 'i> {
     }
 }
 
-const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe"];
+const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe", "thresholds"];
+const THRESHOLD_KEYS: &[&str] = &[
+    "suspect_after",
+    "dead_probes",
+    "dead_backoff",
+    "recv_blocked",
+    "current_task_stale",
+    "zombies",
+    "d_state",
+    "probe_slow",
+];
 const MATCH_KEYS: &[&str] = &["pid", "pidfile", "cmdline", "exe", "unit"];
-const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat"];
+const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat", "suspect_after"];
 const PROBE_KEYS: &[&str] = &[
     "url",
     "method",
@@ -721,11 +780,42 @@ fn agent<'a>(
         let p = Fields::new(cx, t, span, format!("{scope} probe {}", i + 1));
         probes.push(probe(&p)?);
     }
+    let thresholds = match f.table("thresholds", format!("{scope} thresholds"))? {
+        Some(t) => thresholds(&t)?,
+        None => Thresholds::default(),
+    };
     Ok(AgentConfig {
         name: name.to_string(),
         rule,
         upstreams,
         probes,
+        thresholds,
+    })
+}
+
+fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
+    t.only(THRESHOLD_KEYS)?;
+    let d = Thresholds::default();
+    let count = |key: &str, default: u32| -> Result<u32, ConfigError> {
+        match t.integer(key)? {
+            None => Ok(default),
+            Some((n, span)) => u32::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| t.key_error(key, span, format!("{n} is not a positive count"))),
+        }
+    };
+    Ok(Thresholds {
+        suspect_after: t.duration("suspect_after")?.unwrap_or(d.suspect_after),
+        dead_probes: count("dead_probes", d.dead_probes)?,
+        dead_backoff: count("dead_backoff", d.dead_backoff)?,
+        recv_blocked: t.duration("recv_blocked")?.unwrap_or(d.recv_blocked),
+        current_task_stale: t
+            .duration("current_task_stale")?
+            .unwrap_or(d.current_task_stale),
+        zombies: count("zombies", d.zombies)?,
+        d_state: t.duration("d_state")?.unwrap_or(d.d_state),
+        probe_slow: t.duration("probe_slow")?.unwrap_or(d.probe_slow),
     })
 }
 
@@ -839,6 +929,7 @@ fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
         role,
         addr,
         heartbeat,
+        suspect_after: u.duration("suspect_after")?,
     })
 }
 

@@ -36,8 +36,9 @@ pub struct Target {
     pub pids: Vec<u32>,
     /// Why the rule matched nothing, if it did not.
     pub problem: Option<String>,
-    /// The role of a remote address among the agent's upstreams.
-    pub role_of: Box<dyn Fn(SocketAddr) -> Option<&'static str>>,
+    /// The upstream a remote address belongs to: its role and its index in
+    /// the agent's upstream list.
+    pub upstream_of: Box<dyn Fn(SocketAddr) -> Option<(&'static str, usize)>>,
     /// Upstreams as configured, with what their host names resolved to.
     pub upstreams: Vec<String>,
 }
@@ -109,6 +110,8 @@ pub struct SocketReport {
     pub state: &'static str,
     /// `control`, `provider`, or `other`.
     pub role: &'static str,
+    /// Index of the matching upstream in the agent's config.
+    pub upstream: Option<usize>,
     pub timer: Option<TimerInfo>,
     pub tcp_info: Option<TcpInfo>,
     /// Receive/send activity from eBPF since the process was watched.
@@ -166,8 +169,8 @@ pub struct Evidence {
     /// TCP sockets per network namespace the processes live in, with the
     /// pid the dump was made through.
     pub tcp: Vec<(u32, Result<Vec<TcpSocket>, String>)>,
-    /// Role of each socket by inode.
-    pub roles: BTreeMap<u64, &'static str>,
+    /// Role and upstream index of each socket by inode.
+    pub roles: BTreeMap<u64, (&'static str, usize)>,
     pub ebpf: EbpfEvidence,
 }
 
@@ -194,63 +197,123 @@ pub struct CollectOptions {
 /// Gathers evidence on `target`. Never fails: what cannot be read becomes
 /// a gap in the report.
 pub fn collect(target: &Target, opts: &CollectOptions) -> Evidence {
-    let (mut tracer, mut ebpf) = attach(&target.pids, opts);
-    if tracer.is_some() && !opts.wait.is_zero() {
-        std::thread::sleep(opts.wait);
-    }
-    if let Some(t) = tracer.as_mut() {
-        ebpf.attempts = t.attempts().to_vec();
-        ebpf.watched_since_ns = target.pids.iter().filter_map(|p| t.watched_since(*p)).max();
-        match t.snapshot() {
-            Ok(s) => ebpf.snapshot = Some(s),
-            Err(e) => ebpf.error = Some(ebpf::chain(&e)),
+    Collector::new(opts, &target.pids).collect(target)
+}
+
+/// Gathers evidence on several targets in one pass: the tracer is attached
+/// once (watching every target's pids) and read once, and each network
+/// namespace's sockets are dumped once, however many agents live in it.
+pub struct Collector {
+    /// The tracer's evidence, shared by every target.
+    ebpf: EbpfEvidence,
+    /// Socket dumps by network namespace, made on first need.
+    dumps: BTreeMap<(u64, u64), (u32, Result<Vec<TcpSocket>, String>)>,
+}
+
+impl Collector {
+    /// Attaches the tracer (unless `opts.no_ebpf`), watches `pids`, waits
+    /// `opts.wait`, and takes its snapshot.
+    pub fn new(opts: &CollectOptions, pids: &[u32]) -> Collector {
+        let (mut tracer, mut ebpf) = attach(pids, opts);
+        if tracer.is_some() && !opts.wait.is_zero() {
+            std::thread::sleep(opts.wait);
+        }
+        if let Some(t) = tracer.as_mut() {
+            ebpf.attempts = t.attempts().to_vec();
+            ebpf.watched_since_ns = pids.iter().filter_map(|p| t.watched_since(*p)).max();
+            match t.snapshot() {
+                Ok(s) => ebpf.snapshot = Some(s),
+                Err(e) => ebpf.error = Some(ebpf::chain(&e)),
+            }
+        }
+        Collector {
+            ebpf,
+            dumps: BTreeMap::new(),
         }
     }
 
-    let mut processes = Vec::new();
-    let mut gone = Vec::new();
-    for &pid in &target.pids {
-        match proc::process(pid) {
-            Ok(p) => processes.push(p),
-            Err(_) => gone.push(pid),
+    /// Reads `target`'s processes, and its sockets from the (cached) dump of
+    /// each network namespace they live in.
+    pub fn collect(&mut self, target: &Target) -> Evidence {
+        let mut processes = Vec::new();
+        let mut gone = Vec::new();
+        for &pid in &target.pids {
+            match proc::process(pid) {
+                Ok(p) => processes.push(p),
+                Err(_) => gone.push(pid),
+            }
         }
-    }
-
-    // One sock_diag dump per network namespace, made from inside it.
-    let mut seen_ns = BTreeSet::new();
-    let mut tcp = Vec::new();
-    for p in &processes {
-        let ns = std::fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| {
-            use std::os::unix::fs::MetadataExt as _;
-            (m.dev(), m.ino())
+        let owned: BTreeSet<u64> = processes
+            .iter()
+            .flat_map(|p| p.sockets.iter().map(|(_, ino)| *ino))
+            .collect();
+        let mut tcp: Vec<(u32, Result<Vec<TcpSocket>, String>)> = Vec::new();
+        let mut seen_ns = BTreeSet::new();
+        for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
+            let Ok(ns) = std::fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| {
+                use std::os::unix::fs::MetadataExt as _;
+                (m.dev(), m.ino())
+            }) else {
+                continue;
+            };
+            if !seen_ns.insert(ns) {
+                continue;
+            }
+            let (via, dump) = self.dumps.entry(ns).or_insert_with(|| {
+                (
+                    p.pid,
+                    sockdiag::dump_tcp_in_netns_of(p.pid).map_err(|e| e.to_string()),
+                )
+            });
+            let mine = dump
+                .as_ref()
+                .map(|all| {
+                    all.iter()
+                        .filter(|s| owned.contains(&s.inode))
+                        .cloned()
+                        .collect()
+                })
+                .map_err(Clone::clone);
+            tcp.push((*via, mine));
+        }
+        let roles = tcp
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .flatten()
+            .filter_map(|s| Some((s.inode, (target.upstream_of)(s.remote)?)))
+            .collect();
+        let snapshot = self.ebpf.snapshot.as_ref().map(|s| TracerSnapshot {
+            blocked: s
+                .blocked
+                .iter()
+                .filter(|b| target.pids.contains(&b.tgid))
+                .cloned()
+                .collect(),
+            sockets: s
+                .sockets
+                .iter()
+                .filter(|a| target.pids.contains(&a.tgid))
+                .cloned()
+                .collect(),
+            ..s.clone()
         });
-        let Ok(ns) = ns else { continue };
-        if p.sockets.is_empty() || !seen_ns.insert(ns) {
-            continue;
+        Evidence {
+            agent: target.agent.clone(),
+            rule: target.rule.clone(),
+            roots: target.roots.clone(),
+            problem: target.problem.clone(),
+            upstreams: target.upstreams.clone(),
+            processes,
+            gone,
+            tcp,
+            roles,
+            ebpf: EbpfEvidence {
+                attempts: self.ebpf.attempts.clone(),
+                error: self.ebpf.error.clone(),
+                watched_since_ns: self.ebpf.watched_since_ns,
+                snapshot,
+            },
         }
-        tcp.push((
-            p.pid,
-            sockdiag::dump_tcp_in_netns_of(p.pid).map_err(|e| e.to_string()),
-        ));
-    }
-    let roles = tcp
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().ok())
-        .flatten()
-        .map(|s| (s.inode, (target.role_of)(s.remote).unwrap_or("other")))
-        .collect();
-
-    Evidence {
-        agent: target.agent.clone(),
-        rule: target.rule.clone(),
-        roots: target.roots.clone(),
-        problem: target.problem.clone(),
-        upstreams: target.upstreams.clone(),
-        processes,
-        gone,
-        tcp,
-        roles,
-        ebpf,
     }
 }
 
@@ -460,15 +523,16 @@ pub fn build(ev: &Evidence) -> Report {
     let sockets = tcp
         .values()
         .map(|s| {
-            let role = ev.roles.get(&s.inode).copied().unwrap_or("other");
+            let upstream = ev.roles.get(&s.inode).copied();
             SocketReport {
+                role: upstream.map_or("other", |(role, _)| role),
+                upstream: upstream.map(|(_, i)| i),
                 pid: owner.get(&s.inode).copied().unwrap_or(0),
                 inode: s.inode,
                 cookie: s.cookie,
                 local: s.local.to_string(),
                 remote: s.remote.to_string(),
                 state: s.state,
-                role,
                 timer: s.timer.clone(),
                 tcp_info: s.tcp_info.clone(),
                 ebpf: activity.get(&s.inode).map(|a| (*a).clone()),
@@ -817,9 +881,9 @@ mod tests {
                 (
                     s.inode,
                     if s.remote.port() == 7443 {
-                        "control"
+                        ("control", 0)
                     } else {
-                        "provider"
+                        ("provider", 1)
                     },
                 )
             })

@@ -84,7 +84,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(AGENT, "nmae = \"x\"\n"),
             4,
-            "agent \"sol\": key `nmae`: unknown key (expected name, match, upstream, probe)",
+            "agent \"sol\": key `nmae`: unknown key (expected name, match, upstream, probe, thresholds)",
         ),
         (
             "[[agent]]\nmatch = { pid = 1 }\n".into(),
@@ -219,7 +219,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             upstream("role = \"control\"\nadr = \"127.0.0.1:1\"\n"),
             6,
-            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat)",
+            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after)",
         ),
         (
             with(
@@ -437,6 +437,7 @@ fn the_full_example_means_what_it_says() {
                 role: Role::Control,
                 addr: UpstreamAddr::Socket("127.0.0.1:7443".parse().unwrap()),
                 heartbeat: Some(Duration::from_secs(10)),
+                suspect_after: None,
             },
             Upstream {
                 role: Role::Provider,
@@ -445,21 +446,25 @@ fn the_full_example_means_what_it_says() {
                     port: 443
                 },
                 heartbeat: None,
+                suspect_after: None,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Cidr("10.0.0.0".parse().unwrap(), 8),
                 heartbeat: None,
+                suspect_after: None,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Socket("[2001:db8::1]:443".parse().unwrap()),
                 heartbeat: None,
+                suspect_after: None,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Port(8443),
                 heartbeat: None,
+                suspect_after: None,
             },
         ]
     );

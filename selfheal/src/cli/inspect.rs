@@ -68,7 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 roots: matched.roots,
                 pids: matched.all,
                 problem: None,
-                role_of: Box::new(|_| None),
+                upstream_of: Box::new(|_| None),
                 upstreams: Vec::new(),
             }
         }
@@ -113,7 +113,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 roots: matched.roots,
                 pids: matched.all,
                 problem: matched.problem,
-                role_of: Box::new(move |remote| upstreams.role_of(remote).map(|r| r.as_str())),
+                upstream_of: Box::new(move |remote| {
+                    let i = upstreams.upstreams.iter().position(|u| u.matches(remote))?;
+                    Some((upstreams.upstreams[i].upstream.role.as_str(), i))
+                }),
                 upstreams: lines,
             }
         }
