@@ -187,6 +187,8 @@ pub struct EbpfEvidence {
 pub struct CollectOptions {
     /// Skip eBPF entirely.
     pub no_ebpf: bool,
+    /// Why eBPF is skipped, for the report (default: "disabled by --no-ebpf").
+    pub no_ebpf_why: Option<String>,
     /// Strategies to try; all when empty.
     pub strategies: Vec<Strategy>,
     /// Watch this long before reading the tracer, so receives that begin
@@ -325,7 +327,11 @@ fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence)
         snapshot: None,
     };
     if opts.no_ebpf {
-        ev.error = Some("disabled by --no-ebpf".into());
+        ev.error = Some(
+            opts.no_ebpf_why
+                .clone()
+                .unwrap_or_else(|| "disabled by --no-ebpf".into()),
+        );
         return (None, ev);
     }
     let strategies = if opts.strategies.is_empty() {

@@ -7,9 +7,14 @@
 //! `inspect` report that joins them ([`inspect`]).
 
 pub mod agents;
+pub mod check;
 pub mod clock;
 pub mod config;
 pub mod ebpf;
 pub mod inspect;
+pub mod judge;
+pub mod probe;
 pub mod proc;
+pub mod snapshots;
 pub mod sockdiag;
+pub mod store;

@@ -18,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Check(cli::check::CheckArgs),
+    Watch(cli::check::WatchArgs),
     Inspect(cli::inspect::Args),
     Config(cli::config::Args),
 }
@@ -37,7 +39,19 @@ fn main() -> ExitCode {
             };
         }
     };
+    // The log stream: transitions, snapshots, problems; on stderr, so that
+    // stdout stays the report. RUST_LOG overrides the level.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let result = match cli.command {
+        Command::Check(args) => cli::check::check(args),
+        Command::Watch(args) => cli::check::watch(args),
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Config(args) => cli::config::run(args),
     };

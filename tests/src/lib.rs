@@ -394,7 +394,18 @@ impl NetnsPair {
     /// Makes `b` vanish without a FIN: it drops every packet it receives
     /// (nftables in `b`), so `a`'s connections to it go half-open.
     pub fn drop_all_into_b(&self) -> Result<(), String> {
-        let rules = "table inet selfheal_test {\n chain input { type filter hook input priority 0; policy drop; }\n}\n";
+        self.nft_in_b("table inet selfheal_test {\n chain input { type filter hook input priority 0; policy drop; }\n}\n")
+    }
+
+    /// Makes `b`'s server on `port` vanish without a FIN: `b` drops every
+    /// packet for that port, other ports keep working.
+    pub fn drop_port_into_b(&self, port: u16) -> Result<(), String> {
+        self.nft_in_b(&format!(
+            "table inet selfheal_test_{port} {{\n chain input {{ type filter hook input priority 0; tcp dport {port} drop; }}\n}}\n"
+        ))
+    }
+
+    fn nft_in_b(&self, rules: &str) -> Result<(), String> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.b.name, "nft", "-f", "-"])
             .stdin(Stdio::piped())

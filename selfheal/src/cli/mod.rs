@@ -1,5 +1,6 @@
 //! Subcommands, one file each.
 
+pub mod check;
 pub mod config;
 pub mod inspect;
 

@@ -13,6 +13,7 @@
 //! recv-peer threads ADDR           one thread blocked in a read, one in futex, one spinning
 //! recv-peer zombies N              N children that exit and are never reaped
 //! recv-peer sink ADDR              accept one and never read (the sender's data piles up)
+//! recv-peer beat ADDR MS           accept one, send a byte every MS milliseconds until stdin closes
 //! recv-peer fat ADDR THREADS SOCKETS  THREADS threads blocked in reads, SOCKETS connections in all
 //! ```
 //! Lines: `ready pid=P tid=T inode=I local=A remote=B`, `got N`, `listening A`, `sent N`.
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         ["threads", addr] => threads(addr),
         ["zombies", n] => zombies(n),
         ["sink", addr] => sink(addr),
+        ["beat", addr, ms] => beat(addr, ms),
         ["fat", addr, threads, sockets] => fat(addr, threads, sockets),
         _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | sink ADDR".into()),
     };
@@ -295,4 +297,32 @@ pub fn raise_nofile(n: u64) {
     };
     // SAFETY: setrlimit reads a valid struct.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
+/// A server that sends one byte every `ms` milliseconds to the one client it
+/// accepts (heartbeats, or a slow stream), until stdin closes or the client
+/// goes away.
+fn beat(addr: &str, ms: &str) -> Result<()> {
+    let ms: u64 = ms.parse().map_err(|_| format!("bad interval {ms}"))?;
+    let l = TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    say(&format!(
+        "listening {}",
+        l.local_addr().map_err(|e| e.to_string())?
+    ));
+    let (mut s, _) = l.accept().map_err(|e| format!("accept: {e}"))?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = std::sync::Arc::clone(&stop);
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        stop2.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        // A write into a dead connection queues up; it never blocks for long
+        // at one byte per beat.
+        if s.write_all(b".").is_err() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    Ok(())
 }

@@ -1,0 +1,366 @@
+//! One check of every configured agent — the pipeline behind `selfheal
+//! check` (one shot, run by a timer) and `selfheal watch` (a loop): find
+//! each agent's processes, collect evidence, run the probes concurrently,
+//! judge with the history, write a forensic snapshot for every agent that
+//! is not fine, and report transitions.
+//!
+//! The history it needs between runs is [`History`]; the caller loads and
+//! stores it (`store`). Snapshots go to a [`SnapshotLog`] before anything
+//! else is reported, so nothing later can lose them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    agents::{self, ProcessTable},
+    config::{AgentConfig, Config},
+    inspect::{self, CollectOptions, Collector, Report, Target},
+    judge::{self, AgentHistory, Judgement, ProbeView, Verdict},
+    probe::{self, ProbeResult},
+    snapshots::SnapshotLog,
+};
+
+/// What `check` remembers between runs, per agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// The boot the times below belong to (`CLOCK_BOOTTIME` restarts at
+    /// boot); a different boot starts a fresh history.
+    pub boot_id: String,
+    pub agents: BTreeMap<String, AgentRecord>,
+}
+
+/// One agent's memory: the judge's, plus counters for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub judge: AgentHistory,
+    /// Transitions into `wedged` since the history began.
+    #[serde(default)]
+    pub wedges: u64,
+}
+
+/// The result of checking one agent.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub agent: String,
+    pub verdict: Verdict,
+    pub reasons: Vec<judge::Reason>,
+    /// The forensic snapshot's id, when one was written.
+    pub snapshot: Option<String>,
+    /// Why the snapshot could not be written, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_error: Option<String>,
+    /// The previous verdict, when this check changed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Verdict>,
+    #[serde(skip)]
+    pub transition: bool,
+    /// Milliseconds the agent had been in its previous verdict, on a transition.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_for_ms: Option<u64>,
+    pub probes: Vec<ProbeResult>,
+    /// What could not be seen.
+    pub gaps: Vec<String>,
+}
+
+/// Knobs of one check.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Only these agents (all when empty).
+    pub only: Vec<String>,
+    /// Evidence collection (eBPF off for a one-shot check: receives that
+    /// began before it attached would be invisible anyway, and procfs times
+    /// them).
+    pub collect: CollectOptions,
+}
+
+/// The kernel's id of this boot.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Checks every agent of `config` once. `history` is updated in place.
+pub fn run(
+    config: &Config,
+    history: &mut History,
+    snapshots: Option<&SnapshotLog>,
+    opts: &Options,
+    now_ms: u64,
+) -> Vec<Outcome> {
+    let boot = boot_id();
+    if history.boot_id != boot {
+        *history = History {
+            boot_id: boot,
+            agents: BTreeMap::new(),
+        };
+    }
+    let agents: Vec<&AgentConfig> = config
+        .agents
+        .iter()
+        .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
+        .collect();
+    let table = ProcessTable::read().with_own_pid(std::process::id());
+    let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
+    let all_pids: Vec<u32> = targets
+        .iter()
+        .flat_map(|t| t.pids.iter().copied())
+        .collect();
+    let mut collector = Collector::new(&opts.collect, &all_pids);
+
+    // Every agent's probes at once, each bounded by its own timeout.
+    let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();
+    let mut results = probe::run_all(&probe_configs).into_iter();
+
+    let mut outcomes = Vec::new();
+    for (agent, target) in agents.iter().zip(&targets) {
+        let report = inspect::build(&collector.collect(target));
+        let probes: Vec<ProbeResult> = results.by_ref().take(agent.probes.len()).collect();
+        let views: Vec<ProbeView> = agent
+            .probes
+            .iter()
+            .zip(&probes)
+            .map(|(c, r)| view(c, r))
+            .collect();
+        let record = history.agents.entry(agent.name.clone()).or_default();
+        let before = record.judge.clone();
+        let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
+        let transition = before.verdict != Some(judgement.verdict);
+        if transition && judgement.verdict == Verdict::Wedged {
+            record.wedges += 1;
+        }
+        record.judge = next;
+
+        let mut outcome = Outcome {
+            agent: agent.name.clone(),
+            verdict: judgement.verdict,
+            reasons: judgement.reasons.clone(),
+            snapshot: None,
+            snapshot_error: None,
+            previous: if transition { before.verdict } else { None },
+            transition,
+            previous_for_ms: (transition && before.verdict.is_some())
+                .then(|| now_ms.saturating_sub(before.verdict_since_ms)),
+            gaps: report.gaps.clone(),
+            probes,
+        };
+        if !judgement.verdict.is_ok() {
+            match snapshots {
+                Some(log) => match log.append(
+                    &agent.name,
+                    judgement.verdict.as_str(),
+                    &snapshot_body(&judgement, &report, &outcome.probes),
+                ) {
+                    Ok(id) => outcome.snapshot = Some(id),
+                    Err(e) => outcome.snapshot_error = Some(e.to_string()),
+                },
+                None => outcome.snapshot_error = Some("no snapshot log".into()),
+            }
+        }
+        outcomes.push(outcome);
+    }
+    history
+        .agents
+        .retain(|name, _| config.agents.iter().any(|a| &a.name == name));
+    outcomes
+}
+
+/// The processes of `agent`, and how to tell its upstreams.
+fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
+    let matched = agents::find(&agent.rule, table);
+    let upstreams = agent.resolve_upstreams();
+    let mut lines: Vec<String> = agent
+        .upstreams
+        .iter()
+        .map(|u| format!("{} {}", u.role, u.addr))
+        .collect();
+    lines.extend(upstreams.notes());
+    Target {
+        agent: Some(agent.name.clone()),
+        rule: agent.rule.to_string(),
+        roots: matched.roots,
+        pids: matched.all,
+        problem: matched.problem,
+        upstream_of: Box::new(move |remote| {
+            let i = upstreams.upstreams.iter().position(|u| u.matches(remote))?;
+            Some((upstreams.upstreams[i].upstream.role.as_str(), i))
+        }),
+        upstreams: lines,
+    }
+}
+
+/// What the judge needs of a probe result.
+fn view(config: &crate::config::ProbeConfig, r: &ProbeResult) -> ProbeView {
+    let makes_claims = match config {
+        crate::config::ProbeConfig::Http { expect, .. } => !expect.is_empty(),
+        crate::config::ProbeConfig::HealthFile { .. } => false,
+    };
+    ProbeView {
+        target: r.target.clone(),
+        error: r.error.as_ref().map(|e| {
+            serde_json::to_value(e)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("{e:?}"))
+        }),
+        expectations_met: r.ok || r.error.is_some(),
+        makes_claims,
+        latency_ms: r.latency_ms,
+        fields: r.fields.clone(),
+    }
+}
+
+/// The forensic snapshot: everything the verdict rests on.
+fn snapshot_body(j: &Judgement, report: &Report, probes: &[ProbeResult]) -> serde_json::Value {
+    serde_json::json!({
+        "verdict": j.verdict,
+        "reasons": j.reasons,
+        "evidence": report,
+        "probes": probes,
+    })
+}
+
+/// The exit code of `check` for these outcomes (design's contract): 0 all
+/// fine, 1 something degraded (or a snapshot could not be written), 2
+/// something wedged, unresponsive or down.
+pub fn exit_code(outcomes: &[Outcome]) -> u8 {
+    let worst = outcomes
+        .iter()
+        .map(|o| match o.verdict {
+            Verdict::Wedged | Verdict::Unresponsive | Verdict::Down => 2,
+            Verdict::Degraded => 1,
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0);
+    let snapshot_failed = outcomes.iter().any(|o| o.snapshot_error.is_some());
+    worst.max(u8::from(snapshot_failed))
+}
+
+/// One line for a person: verdict, the main reason.
+pub fn summary_line(o: &Outcome) -> String {
+    let main = o
+        .reasons
+        .first()
+        .map_or(String::new(), |r| format!(" — {}: {}", r.code, r.message));
+    let snap = o
+        .snapshot
+        .as_ref()
+        .map_or(String::new(), |id| format!(" [snapshot {id}]"));
+    let err = o
+        .snapshot_error
+        .as_ref()
+        .map_or(String::new(), |e| format!(" [snapshot NOT written: {e}]"));
+    format!(
+        "{:<16} {:<12}{main}{snap}{err}",
+        o.agent,
+        o.verdict.as_str()
+    )
+}
+
+/// The log line for a transition, or `None` when the verdict did not change.
+pub fn transition_line(o: &Outcome) -> Option<String> {
+    if !o.transition {
+        return None;
+    }
+    let from = o
+        .previous
+        .map_or("(first check)".to_string(), |v| v.to_string());
+    let held = o.previous_for_ms.map_or(String::new(), |ms| {
+        format!(" after {}", inspect::human_ms(ms))
+    });
+    let why = o
+        .reasons
+        .first()
+        .map_or(String::new(), |r| format!(": {} — {}", r.code, r.message));
+    let snap = o
+        .snapshot
+        .as_ref()
+        .map_or(String::new(), |id| format!(" snapshot={id}"));
+    let recovered = if o.previous.is_some_and(|p| !p.is_ok()) && o.verdict.is_ok() {
+        " (recovered)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "agent {}: {from} -> {}{held}{recovered}{why}{snap}",
+        o.agent, o.verdict
+    ))
+}
+
+/// Prometheus text format: verdict per agent, wedge count, probe latency,
+/// last check time.
+pub fn metrics(outcomes: &[Outcome], history: &History, now_unix_s: f64) -> String {
+    use std::fmt::Write as _;
+    const ALL: [Verdict; 7] = [
+        Verdict::Healthy,
+        Verdict::Idle,
+        Verdict::Busy,
+        Verdict::Degraded,
+        Verdict::Unresponsive,
+        Verdict::Wedged,
+        Verdict::Down,
+    ];
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# HELP selfheal_agent_verdict 1 for the agent's current verdict, 0 for the others."
+    );
+    let _ = writeln!(o, "# TYPE selfheal_agent_verdict gauge");
+    for a in outcomes {
+        for v in ALL {
+            let _ = writeln!(
+                o,
+                "selfheal_agent_verdict{{agent=\"{}\",verdict=\"{v}\"}} {}",
+                label(&a.agent),
+                u8::from(a.verdict == v)
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "# HELP selfheal_agent_wedges_total Transitions into wedged since the history began."
+    );
+    let _ = writeln!(o, "# TYPE selfheal_agent_wedges_total counter");
+    for a in outcomes {
+        let n = history.agents.get(&a.agent).map_or(0, |r| r.wedges);
+        let _ = writeln!(
+            o,
+            "selfheal_agent_wedges_total{{agent=\"{}\"}} {n}",
+            label(&a.agent)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "# HELP selfheal_probe_latency_seconds Latency of the last probe, when it answered."
+    );
+    let _ = writeln!(o, "# TYPE selfheal_probe_latency_seconds gauge");
+    for a in outcomes {
+        for p in &a.probes {
+            if let Some(ms) = p.latency_ms {
+                let _ = writeln!(
+                    o,
+                    "selfheal_probe_latency_seconds{{agent=\"{}\",probe=\"{}\"}} {}",
+                    label(&a.agent),
+                    label(&p.target),
+                    ms as f64 / 1000.0
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        o,
+        "# HELP selfheal_last_check_timestamp_seconds When the last check finished."
+    );
+    let _ = writeln!(o, "# TYPE selfheal_last_check_timestamp_seconds gauge");
+    let _ = writeln!(o, "selfheal_last_check_timestamp_seconds {now_unix_s:.3}");
+    o
+}
+
+/// A Prometheus label value, escaped.
+fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

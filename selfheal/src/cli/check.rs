@@ -1,0 +1,287 @@
+//! `selfheal check` (one shot, for a timer) and `selfheal watch` (a loop, for
+//! a sidecar or a foreground run): the same pipeline, `check::run`, with the
+//! history kept in the state file and snapshots in the snapshot log.
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use selfheal::{
+    check::{self, History, Outcome},
+    clock,
+    config::{self, Config},
+    snapshots::{self, SnapshotLog},
+    store::{self, StateStore},
+};
+
+/// What `check` and `watch` share.
+#[derive(clap::Args)]
+pub struct Common {
+    /// The config file. Default: $XDG_CONFIG_HOME/selfheal/config.toml, else
+    /// /etc/selfheal/config.toml.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Print one JSON object per agent per line (agent, verdict, reasons,
+    /// snapshot, probes, gaps) instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Check only this agent (repeatable).
+    #[arg(long = "agent", value_name = "NAME")]
+    agents: Vec<String>,
+    /// Where the history between runs is kept. Default:
+    /// $XDG_STATE_HOME/selfheal (or /var/lib/selfheal as root).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Where forensic snapshots are written. Default:
+    /// $XDG_STATE_HOME/selfheal (or /var/log/selfheal as root).
+    #[arg(long, value_name = "DIR")]
+    snapshot_dir: Option<PathBuf>,
+    /// Write Prometheus metrics to this file (atomically), for
+    /// node_exporter's textfile collector.
+    #[arg(long, value_name = "PATH")]
+    metrics_file: Option<PathBuf>,
+}
+
+/// Judge every configured agent once and exit with a code for the worst
+/// verdict: 0 all healthy/idle/busy, 1 something degraded (or a snapshot
+/// could not be written), 2 something wedged/unresponsive/down, 3 usage or
+/// config error.
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Check every configured agent in a loop. Logs transitions (into and out of
+/// each verdict), not one line per agent per check.
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Time between checks.
+    #[arg(long, value_parser = super::parse_duration, default_value = "10s")]
+    interval: Duration,
+    /// Serve the metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Stop after this many checks (default: run until killed).
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+}
+
+/// Exit code for usage and configuration errors.
+const EXIT_CONFIG: u8 = 3;
+
+/// Everything one check needs that outlives it.
+struct Session {
+    config: Config,
+    store: Option<StateStore>,
+    history: History,
+    log: Option<SnapshotLog>,
+    opts: check::Options,
+}
+
+impl Session {
+    fn open(c: &Common) -> Result<Session, ExitCode> {
+        let config = match config::locate(c.config.as_deref()).and_then(|p| Config::load(&p)) {
+            Ok(config) => config,
+            Err(e) => {
+                eprintln!("selfheal: {e}");
+                return Err(ExitCode::from(EXIT_CONFIG));
+            }
+        };
+        for name in &c.agents {
+            if config.agent(name).is_none() {
+                let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
+                eprintln!(
+                    "selfheal: no agent named {name:?} in {}; configured: {}",
+                    config.path.display(),
+                    names.join(", ")
+                );
+                return Err(ExitCode::from(EXIT_CONFIG));
+            }
+        }
+        let state_dir = c.state_dir.clone().unwrap_or_else(store::default_state_dir);
+        let (store, history) = match StateStore::open(&state_dir) {
+            Ok(store) => {
+                let loaded = store.load::<History>();
+                if let Some(note) = &loaded.note {
+                    tracing::info!("state: {note}");
+                }
+                (Some(store), loaded.value)
+            }
+            Err(e) => {
+                tracing::error!("state unavailable, judging without history: {e}");
+                (None, History::default())
+            }
+        };
+        let snapshot_dir = c
+            .snapshot_dir
+            .clone()
+            .unwrap_or_else(snapshots::default_snapshot_dir);
+        let log = match SnapshotLog::open(
+            &snapshot_dir,
+            snapshots::DEFAULT_MAX_BYTES,
+            snapshots::DEFAULT_KEEP,
+        ) {
+            Ok(log) => Some(log),
+            Err(e) => {
+                tracing::error!("snapshot log unavailable: {e}");
+                None
+            }
+        };
+        let opts = check::Options {
+            only: c.agents.clone(),
+            // A one-shot check attaches no tracer: receives that began before
+            // it would be invisible, and procfs times them. eBPF evidence
+            // arrives with the long-running helper.
+            collect: selfheal::inspect::CollectOptions {
+                no_ebpf: true,
+                no_ebpf_why: Some(
+                    "check does not load eBPF itself; the long-running helper will provide it"
+                        .into(),
+                ),
+                ..Default::default()
+            },
+        };
+        Ok(Session {
+            config,
+            store,
+            history,
+            log,
+            opts,
+        })
+    }
+
+    /// One check: judge, save the history, print, log transitions.
+    fn once(&mut self, c: &Common) -> anyhow::Result<(u8, String)> {
+        let outcomes = check::run(
+            &self.config,
+            &mut self.history,
+            self.log.as_ref(),
+            &self.opts,
+            clock::boot_ns() / 1_000_000,
+        );
+        if let Some(store) = &self.store
+            && let Err(e) = store.save(&self.history)
+        {
+            tracing::error!("cannot save the state: {e}");
+        }
+        report(&outcomes, c.json)?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let metrics = check::metrics(&outcomes, &self.history, now);
+        if let Some(path) = &c.metrics_file
+            && let Err(e) = write_atomically(path, metrics.as_bytes())
+        {
+            tracing::error!("cannot write metrics to {}: {e:#}", path.display());
+        }
+        Ok((check::exit_code(&outcomes), metrics))
+    }
+}
+
+fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
+    for o in outcomes {
+        if let Some(line) = check::transition_line(o) {
+            if o.verdict.is_ok() {
+                tracing::info!("{line}");
+            } else {
+                tracing::warn!("{line}");
+            }
+        }
+        if let Some(e) = &o.snapshot_error {
+            tracing::error!(
+                "agent {}: {} but its snapshot was NOT written: {e}",
+                o.agent,
+                o.verdict
+            );
+        }
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for o in outcomes {
+        if json {
+            serde_json::to_writer(&mut out, o).context("cannot write the result")?;
+            writeln!(out).context("cannot write the result")?;
+        } else {
+            writeln!(out, "{}", check::summary_line(o)).context("cannot write the result")?;
+        }
+    }
+    out.flush().context("cannot write the result")
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+}
+
+pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let mut session = match Session::open(&args.common) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let (code, _) = session.once(&args.common)?;
+    Ok(ExitCode::from(code))
+}
+
+pub fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let mut session = match Session::open(&args.common) {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
+    let metrics = Arc::new(Mutex::new(String::new()));
+    if let Some(addr) = args.metrics_addr {
+        serve_metrics(addr, Arc::clone(&metrics))
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    }
+    let mut n = 0u64;
+    loop {
+        let started = Instant::now();
+        let (code, text) = session.once(&args.common)?;
+        if let Ok(mut m) = metrics.lock() {
+            *m = text;
+        }
+        n += 1;
+        if args.count.is_some_and(|max| n >= max) {
+            return Ok(ExitCode::from(code));
+        }
+        std::thread::sleep(args.interval.saturating_sub(started.elapsed()));
+    }
+}
+
+/// Serves `GET /metrics` from a background thread, one short request at a time.
+fn serve_metrics(addr: std::net::SocketAddr, metrics: Arc<Mutex<String>>) -> std::io::Result<()> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+            let mut stream = stream;
+            let mut buf = [0u8; 1024];
+            let n = std::io::Read::read(&mut stream, &mut buf).unwrap_or(0);
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let (status, body) = if request.starts_with("GET /metrics ") {
+                (
+                    "200 OK",
+                    metrics.lock().map(|m| m.clone()).unwrap_or_default(),
+                )
+            } else {
+                ("404 Not Found", "only /metrics here\n".to_string())
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,538 @@
+//! The judge on fixtures: every proof rule, the agent's story against the
+//! kernel, damage, and history across runs.
+
+use std::time::Duration;
+
+use super::*;
+use crate::{
+    config::{Config, Upstream},
+    ebpf::Overflow,
+    inspect::{EbpfStatus, InitDiagnosis, ProcessReport, ThreadReport, Zombie},
+    sockdiag::TcpInfo,
+};
+
+const MIN: u64 = 60_000;
+
+fn agent(extra: &str) -> AgentConfig {
+    let text = format!(
+        "[[agent]]\nname = \"sol\"\nmatch = {{ cmdline = \"sol\" }}\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"10.0.0.1:7443\"\nheartbeat = \"10s\"\n\
+         [[agent.upstream]]\nrole = \"provider\"\naddr = \":443\"\n{extra}"
+    );
+    Config::parse(&text, std::path::Path::new("/test.toml"))
+        .expect("fixture config")
+        .agents
+        .remove(0)
+}
+
+fn info(last_recv_ms: u64, last_ack_ms: u64, last_sent_ms: u64) -> TcpInfo {
+    TcpInfo {
+        rtt_us: 200,
+        rto_us: 204_000,
+        unacked: 0,
+        retransmits: 0,
+        backoff: 0,
+        probes: 0,
+        last_data_recv_ms: last_recv_ms as u32,
+        last_data_sent_ms: last_sent_ms as u32,
+        last_ack_recv_ms: last_ack_ms as u32,
+        bytes_received: 1000,
+        bytes_acked: 1000,
+    }
+}
+
+fn socket(inode: u64, role: &'static str, i: TcpInfo) -> SocketReport {
+    SocketReport {
+        pid: 100,
+        inode,
+        cookie: inode + 5000,
+        local: "10.0.0.2:40000".into(),
+        remote: if role == "control" {
+            "10.0.0.1:7443".into()
+        } else {
+            "10.9.9.9:443".into()
+        },
+        state: "ESTAB",
+        role,
+        upstream: match role {
+            "control" => Some(0),
+            "provider" => Some(1),
+            _ => None,
+        },
+        timer: None,
+        tcp_info: Some(i),
+        ebpf: None,
+        anomalies: vec![],
+    }
+}
+
+fn thread(tid: u32, state: char, recv: Option<(u64, u64)>) -> ThreadReport {
+    ThreadReport {
+        tid,
+        name: "t".into(),
+        state,
+        wchan: Some("wait_woken".into()),
+        cpu_ticks: 1,
+        syscall: recv.map(|_| "recvfrom".into()),
+        idle_ms: Some(recv.map_or(20_000, |(_, age)| age)),
+        kstack: vec![],
+        recv_blocked_ms: recv.map(|(_, age)| age),
+        recv_inode: recv.map(|(inode, _)| inode),
+        recv_syscall: recv.map(|_| "recvfrom".into()),
+        recv_source: recv.map(|_| "procfs"),
+        anomalies: vec![],
+    }
+}
+
+fn report(threads: Vec<ThreadReport>, sockets: Vec<SocketReport>) -> Report {
+    Report {
+        agent: Some("sol".into()),
+        rule: "cmdline = \"sol\"".into(),
+        roots: vec![100],
+        upstreams: vec![],
+        processes: vec![ProcessReport {
+            pid: 100,
+            ppid: 1,
+            name: "sol".into(),
+            state: 'S',
+            uid: Some(0),
+            pid_ns_init: false,
+            threads,
+            sockets: sockets.iter().map(|s| s.inode).collect(),
+        }],
+        sockets,
+        zombies: vec![],
+        init: InitDiagnosis {
+            root_is_pid1: false,
+            pid1: None,
+            zombies: 0,
+            diagnosis: None,
+        },
+        ebpf: EbpfStatus {
+            built_in: true,
+            strategy: None,
+            attempts: vec![],
+            error: None,
+            watched_ms: None,
+            overflow: Some(Overflow::default()),
+        },
+        gaps: vec![],
+    }
+}
+
+fn ok_probe(claims: bool) -> ProbeView {
+    ProbeView {
+        target: "http://127.0.0.1:8080/status".into(),
+        error: None,
+        expectations_met: true,
+        makes_claims: claims,
+        latency_ms: Some(3),
+        fields: BTreeMap::new(),
+    }
+}
+
+fn alive_control() -> SocketReport {
+    socket(1, "control", info(2_000, 2_000, 2_000))
+}
+
+fn codes(j: &Judgement) -> Vec<&str> {
+    j.reasons.iter().map(|r| r.code.as_str()).collect()
+}
+
+/// One case: evidence in, verdict and the codes that must be among the reasons.
+struct Case {
+    name: &'static str,
+    config: &'static str,
+    report: Report,
+    probes: Vec<ProbeView>,
+    history: AgentHistory,
+    verdict: Verdict,
+    codes: &'static [&'static str],
+}
+
+fn check(case: Case) {
+    let cfg = agent(case.config);
+    let (j, _) = judge(&cfg, &case.report, &case.probes, &case.history, 100 * MIN);
+    assert_eq!(j.verdict, case.verdict, "{}: {:#?}", case.name, j.reasons);
+    for code in case.codes {
+        assert!(
+            codes(&j).contains(code),
+            "{}: no {code} in {:?}",
+            case.name,
+            codes(&j)
+        );
+    }
+    assert_eq!(
+        j.verdict, j.reasons[0].verdict,
+        "{}: worst reason first",
+        case.name
+    );
+}
+
+#[test]
+fn verdicts_on_fixtures() {
+    let mut dead_keepalive = info(10 * MIN, 10 * MIN, 10 * MIN);
+    dead_keepalive.probes = 3;
+    let mut backoff = info(3 * MIN, 3 * MIN, 1_000);
+    backoff.unacked = 2;
+    backoff.backoff = 4;
+    let mut close_wait = socket(2, "provider", info(5_000, 5_000, 5_000));
+    close_wait.state = "CLOSE-WAIT";
+    let mut zombies = report(vec![thread(100, 'S', None)], vec![alive_control()]);
+    zombies.zombies = (0..25)
+        .map(|i| Zombie {
+            pid: 200 + i,
+            ppid: 100,
+            name: "opencode".into(),
+        })
+        .collect();
+    zombies.init = InitDiagnosis {
+        root_is_pid1: true,
+        pid1: Some(100),
+        zombies: 25,
+        diagnosis: Some(
+            "25 zombie(s) under pid 100 (PID 1 of its pid namespace), which does not reap".into(),
+        ),
+    };
+    let mut no_process = report(vec![], vec![]);
+    no_process.processes.clear();
+    no_process
+        .gaps
+        .push("no process matched: no process's command line matches \"sol\"".into());
+    let timeout = ProbeView {
+        error: Some("timeout".into()),
+        latency_ms: None,
+        ..ok_probe(false)
+    };
+    let said_disconnected = ProbeView {
+        expectations_met: false,
+        ..ok_probe(true)
+    };
+    let slow = ProbeView {
+        latency_ms: Some(1_500),
+        ..ok_probe(false)
+    };
+    let mut d_state = thread(101, 'D', None);
+    d_state.idle_ms = Some(30_000);
+
+    let cases = vec![
+        Case {
+            name: "provider silent 10 min, peer ACKs keepalives: busy",
+            config: "",
+            report: report(
+                vec![thread(101, 'S', Some((2, 10 * MIN)))],
+                vec![
+                    alive_control(),
+                    socket(2, "provider", info(10 * MIN, 500, 10 * MIN)),
+                ],
+            ),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            codes: &["call_in_flight"],
+        },
+        Case {
+            name: "the same with keepalive probes unanswered: wedged",
+            config: "",
+            report: report(
+                vec![thread(101, 'S', Some((2, 10 * MIN)))],
+                vec![alive_control(), socket(2, "provider", dead_keepalive)],
+            ),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Wedged,
+            codes: &["peer_unresponsive", "recv_blocked"],
+        },
+        Case {
+            name: "retransmission backoff on unacknowledged data: wedged",
+            config: "",
+            report: report(
+                vec![],
+                vec![alive_control(), socket(2, "provider", backoff)],
+            ),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Wedged,
+            codes: &["peer_unresponsive"],
+        },
+        Case {
+            name: "control silent 4 × heartbeat: wedged",
+            config: "",
+            report: report(
+                vec![thread(101, 'S', Some((1, 40_000)))],
+                vec![socket(1, "control", info(40_000, 40_000, 40_000))],
+            ),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Wedged,
+            codes: &["control_silent"],
+        },
+        Case {
+            name: "control silent 2 × heartbeat: not yet",
+            config: "",
+            report: report(
+                vec![thread(101, 'S', Some((1, 20_000)))],
+                vec![socket(1, "control", info(20_000, 20_000, 20_000))],
+            ),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Idle,
+            codes: &["idle"],
+        },
+        Case {
+            name: "status says connected while the control socket is gone: wedged",
+            config: "",
+            report: report(vec![thread(100, 'S', None)], vec![]),
+            probes: vec![ok_probe(true)],
+            history: AgentHistory {
+                control_absent_since_ms: Some(100 * MIN - 5 * MIN),
+                ..AgentHistory::default()
+            },
+            verdict: Verdict::Wedged,
+            codes: &["status_contradicts_kernel", "control_absent"],
+        },
+        Case {
+            name: "peer closed, the agent did not: wedged",
+            config: "",
+            report: report(vec![], vec![alive_control(), close_wait]),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Wedged,
+            codes: &["peer_closed"],
+        },
+        Case {
+            name: "zombies over threshold under PID 1: degraded, missing init",
+            config: "",
+            report: zombies,
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Degraded,
+            codes: &["zombies"],
+        },
+        Case {
+            name: "probe timeout on a live process: unresponsive",
+            config: "",
+            report: report(vec![thread(100, 'S', None)], vec![alive_control()]),
+            probes: vec![timeout],
+            history: AgentHistory::default(),
+            verdict: Verdict::Unresponsive,
+            codes: &["probe_failed"],
+        },
+        Case {
+            name: "the agent's status answers, but says something unexpected: degraded",
+            config: "",
+            report: report(vec![thread(100, 'S', None)], vec![alive_control()]),
+            probes: vec![said_disconnected],
+            history: AgentHistory::default(),
+            verdict: Verdict::Degraded,
+            codes: &["probe_unexpected"],
+        },
+        Case {
+            name: "slow probe: degraded",
+            config: "",
+            report: report(vec![thread(100, 'S', None)], vec![alive_control()]),
+            probes: vec![slow],
+            history: AgentHistory::default(),
+            verdict: Verdict::Degraded,
+            codes: &["probe_slow"],
+        },
+        Case {
+            name: "thread in D state for 30 s: degraded",
+            config: "",
+            report: report(vec![d_state], vec![alive_control()]),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Degraded,
+            codes: &["d_state"],
+        },
+        Case {
+            name: "no process: down",
+            config: "",
+            report: no_process,
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Down,
+            codes: &["no_process"],
+        },
+        Case {
+            name: "control alive, nothing in flight: idle",
+            config: "",
+            report: report(
+                vec![thread(101, 'S', Some((1, 2_000)))],
+                vec![
+                    alive_control(),
+                    socket(2, "provider", info(30 * MIN, 30 * MIN, 30 * MIN)),
+                ],
+            ),
+            probes: vec![ok_probe(true)],
+            history: AgentHistory::default(),
+            verdict: Verdict::Idle,
+            codes: &["idle"],
+        },
+        Case {
+            name: "a provider thinking silently, no proof either way: busy, suspect",
+            config: "",
+            report: report(
+                vec![thread(101, 'S', Some((2, 5 * MIN)))],
+                vec![
+                    alive_control(),
+                    socket(2, "provider", info(5 * MIN, 5 * MIN, 5 * MIN)),
+                ],
+            ),
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            codes: &["suspect"],
+        },
+        Case {
+            name: "a per-upstream suspect_after keeps a slow provider out of suspicion",
+            config: "[[agent.upstream]]\nrole = \"provider\"\naddr = \":8443\"\nsuspect_after = \"10m\"\n",
+            report: {
+                let mut s = socket(3, "provider", info(5 * MIN, 5 * MIN, 5 * MIN));
+                s.upstream = Some(2);
+                report(
+                    vec![thread(101, 'S', Some((3, 5 * MIN)))],
+                    vec![alive_control(), s],
+                )
+            },
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            codes: &["call_in_flight"],
+        },
+    ];
+    for case in cases {
+        check(case);
+    }
+}
+
+fn task_probe(task: &str) -> ProbeView {
+    let mut p = ok_probe(false);
+    p.fields
+        .insert(CURRENT_TASK.into(), serde_json::Value::String(task.into()));
+    p
+}
+
+#[test]
+fn current_task_unchanged_without_progress_is_a_contradiction() {
+    let cfg = agent("[agent.thresholds]\ncurrent_task_stale = \"10m\"\n");
+    let history = AgentHistory {
+        current_task: Some(("WI-42".into(), 100 * MIN - 15 * MIN)),
+        ..AgentHistory::default()
+    };
+    // No upstream socket received anything for 20 minutes.
+    let stuck = report(
+        vec![thread(101, 'S', Some((2, 20 * MIN)))],
+        vec![
+            socket(1, "control", info(20 * MIN, 20 * MIN, 20 * MIN)),
+            socket(2, "provider", info(20 * MIN, 20 * MIN, 20 * MIN)),
+        ],
+    );
+    let (j, h) = judge(&cfg, &stuck, &[task_probe("WI-42")], &history, 100 * MIN);
+    assert!(
+        codes(&j).contains(&"status_contradicts_kernel"),
+        "{:?}",
+        codes(&j)
+    );
+    assert_eq!(j.verdict, Verdict::Wedged);
+    assert_eq!(h.current_task, Some(("WI-42".into(), 100 * MIN - 15 * MIN)));
+
+    // A stream still delivering is progress, whatever the task says.
+    let streaming = report(
+        vec![],
+        vec![
+            socket(1, "control", info(8_000, 8_000, 8_000)),
+            socket(2, "provider", info(3_000, 3_000, 15 * MIN)),
+        ],
+    );
+    let (j, _) = judge(
+        &cfg,
+        &streaming,
+        &[task_probe("WI-42")],
+        &history,
+        100 * MIN,
+    );
+    assert!(
+        !codes(&j).contains(&"status_contradicts_kernel"),
+        "{:?}",
+        codes(&j)
+    );
+    assert_eq!(j.verdict, Verdict::Busy);
+
+    // A new task resets the clock.
+    let (j, h) = judge(&cfg, &stuck, &[task_probe("WI-43")], &history, 100 * MIN);
+    assert!(!codes(&j).contains(&"status_contradicts_kernel"));
+    assert_eq!(h.current_task, Some(("WI-43".into(), 100 * MIN)));
+}
+
+#[test]
+fn flapping_evidence_across_runs() {
+    let cfg = agent("");
+    let silent = || {
+        report(
+            vec![thread(101, 'S', Some((2, 2 * MIN)))],
+            vec![
+                alive_control(),
+                socket(2, "provider", info(2 * MIN, 2 * MIN, 2 * MIN)),
+            ],
+        )
+    };
+    let moving = || {
+        report(
+            vec![thread(101, 'S', Some((2, 1_000)))],
+            vec![
+                alive_control(),
+                socket(2, "provider", info(1_000, 1_000, 1_000)),
+            ],
+        )
+    };
+    let mut dead = silent();
+    dead.sockets[1].tcp_info.as_mut().unwrap().probes = 2;
+
+    let mut h = AgentHistory::default();
+    let mut verdicts = Vec::new();
+    let mut since = Vec::new();
+    for (t, r) in [
+        (1, silent()),
+        (2, silent()),
+        (3, moving()),
+        (4, silent()),
+        (5, dead.clone()),
+        (6, dead),
+        (7, moving()),
+    ] {
+        let (j, next) = judge(&cfg, &r, &[], &h, t * MIN);
+        verdicts.push(j.verdict);
+        since.push((
+            next.suspect_since_ms.get(&5002).copied(),
+            next.verdict_since_ms,
+        ));
+        h = next;
+    }
+    use Verdict::*;
+    assert_eq!(verdicts, [Busy, Busy, Busy, Busy, Wedged, Wedged, Busy]);
+    // The suspect clock starts at the first silent run, survives the next,
+    // and restarts after data moved.
+    assert_eq!(since[0].0, Some(MIN));
+    assert_eq!(since[1].0, Some(MIN));
+    assert_eq!(since[2].0, None);
+    assert_eq!(since[3].0, Some(4 * MIN));
+    // The verdict's clock moves only on transitions.
+    assert_eq!(
+        since.iter().map(|s| s.1).collect::<Vec<_>>(),
+        [MIN, MIN, MIN, MIN, 5 * MIN, 5 * MIN, 7 * MIN]
+    );
+}
+
+#[test]
+fn thresholds_parse_and_default() {
+    let cfg = agent("[agent.thresholds]\nsuspect_after = \"30s\"\nzombies = 5\n");
+    assert_eq!(cfg.thresholds.suspect_after, Duration::from_secs(30));
+    assert_eq!(cfg.thresholds.zombies, 5);
+    assert_eq!(
+        cfg.thresholds.dead_probes,
+        Thresholds::default().dead_probes
+    );
+    let u: &Upstream = &cfg.upstreams[0];
+    assert_eq!(u.suspect_after, None);
+}

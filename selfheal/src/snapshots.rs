@@ -1,0 +1,421 @@
+//! The forensic snapshot log: one JSON line per snapshot, appended and
+//! fsynced **before** any healing step is taken ("no action without a
+//! snapshot"), rotated by size, and read back by `selfheal snapshots`.
+//!
+//! This module owns the log's location ([`default_snapshot_dir`]), its
+//! record format, snapshot ids, durable appends that never leave a half line
+//! behind ([`SnapshotLog::append`]), size rotation (`snapshots.jsonl` →
+//! `.1` → … → `.keep`), and reading ([`SnapshotLog::list`],
+//! [`SnapshotLog::show`]). What goes *into* a snapshot is the caller's.
+//!
+//! A record is `{"id", "time", "unix_ms", "agent", "verdict", "snapshot"}`.
+//! Appends and rotation take `snapshots.lock` (flock, bounded wait), so
+//! `selfheal check` and `selfheal watch` can share a log; readers take no
+//! lock (they never delay a writer) and tolerate a concurrent rotation.
+
+use std::{
+    collections::HashSet,
+    ffi::OsStr,
+    fs::{self, File, OpenOptions},
+    hash::{BuildHasher as _, Hasher as _},
+    io::{self, BufRead as _, BufReader, Write as _},
+    os::unix::fs::{FileExt as _, MetadataExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{
+    self, DEFAULT_LOCK_TIMEOUT, StoreError, fsync_dir, io_err, lock_file, prepare_dir,
+};
+
+/// The current log file's name; rotated files add `.1`, `.2`, ….
+pub const SNAPSHOT_FILE: &str = "snapshots.jsonl";
+/// The lock appends and rotation take.
+pub const LOCK_FILE: &str = "snapshots.lock";
+/// Rotate when the current file would grow past this.
+pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+/// Rotated files kept.
+pub const DEFAULT_KEEP: usize = 5;
+/// Upper bound on `keep` (bounds rotation and reading).
+pub const MAX_KEEP: usize = 1000;
+/// Longest agent name carried into an id.
+const ID_AGENT_CHARS: usize = 32;
+
+/// Where snapshots go for this process: `/var/log/selfheal` as root, else
+/// the state directory (`$XDG_STATE_HOME/selfheal`, else
+/// `$HOME/.local/state/selfheal`).
+pub fn default_snapshot_dir() -> PathBuf {
+    snapshot_dir_for(
+        store::euid(),
+        std::env::var_os("XDG_STATE_HOME").as_deref(),
+        std::env::var_os("HOME").as_deref(),
+    )
+}
+
+/// [`default_snapshot_dir`] as a pure function of the effective uid and the
+/// environment.
+pub fn snapshot_dir_for(
+    euid: u32,
+    xdg_state_home: Option<&OsStr>,
+    home: Option<&OsStr>,
+) -> PathBuf {
+    if euid == 0 {
+        return PathBuf::from("/var/log/selfheal");
+    }
+    store::state_dir_for(euid, xdg_state_home, home)
+}
+
+/// A snapshot's identity and headline, without its body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    /// Unique, sortable by time: `20261129T235100Z-sol-3fa2-0`.
+    pub id: String,
+    /// RFC 3339 UTC, second precision.
+    pub time: String,
+    /// Milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    pub agent: String,
+    pub verdict: String,
+    /// The file the record was read from.
+    #[serde(skip_deserializing, serialize_with = "path_lossy")]
+    pub file: PathBuf,
+}
+
+fn path_lossy<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
+}
+
+/// What [`SnapshotLog::list`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// Matching records, oldest first (file order: rotated files, then the
+    /// current one).
+    pub entries: Vec<SnapshotMeta>,
+    /// Lines that are not records (torn, hand-edited, not JSON): skipped.
+    pub skipped: usize,
+}
+
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    id: &'a str,
+    time: &'a str,
+    unix_ms: u64,
+    agent: &'a str,
+    verdict: &'a str,
+    snapshot: &'a serde_json::Value,
+}
+
+/// The snapshot log in one directory.
+#[derive(Debug, Clone)]
+pub struct SnapshotLog {
+    dir: PathBuf,
+    max_bytes: u64,
+    keep: usize,
+    writable: bool,
+    lock_timeout: Duration,
+}
+
+impl SnapshotLog {
+    /// Opens the log in `dir` for appending and reading: creates the
+    /// directory (0700) if needed and refuses a symlink, another user's
+    /// directory or one others can write to. Rotates when the current file
+    /// would pass `max_bytes`, keeping `keep` rotated files (at most
+    /// [`MAX_KEEP`]).
+    pub fn open(dir: &Path, max_bytes: u64, keep: usize) -> Result<SnapshotLog, StoreError> {
+        prepare_dir(dir)?;
+        Ok(SnapshotLog {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            keep: keep.min(MAX_KEEP),
+            writable: true,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        })
+    }
+
+    /// Opens the log in `dir` for reading only (`selfheal snapshots`):
+    /// creates and checks nothing; a missing directory reads as empty.
+    /// Reads the default number of rotated files unless `keep` says more.
+    pub fn open_read(dir: &Path, keep: usize) -> SnapshotLog {
+        SnapshotLog {
+            dir: dir.to_path_buf(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            keep: keep.min(MAX_KEEP),
+            writable: false,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        }
+    }
+
+    /// How long [`SnapshotLog::append`] waits for another writer.
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> SnapshotLog {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The current log file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(SNAPSHOT_FILE)
+    }
+
+    /// Rotated file `n` (1 = newest).
+    fn rotated(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("{SNAPSHOT_FILE}.{n}"))
+    }
+
+    /// Appends one record and makes it durable (fsync) before returning its
+    /// id: act on a snapshot only after this returns `Ok`. The line is
+    /// serialized first and written with one write; if the write or the
+    /// fsync fails (a full disk…), the file is cut back to its previous
+    /// length, so no half line is left behind, and the error names the file
+    /// and the OS error.
+    pub fn append(
+        &self,
+        agent: &str,
+        verdict: &str,
+        body: &serde_json::Value,
+    ) -> Result<String, StoreError> {
+        let path = self.path();
+        if !self.writable {
+            return Err(StoreError::ReadOnly { path });
+        }
+        let now = SystemTime::now();
+        let time = humantime::format_rfc3339_seconds(now).to_string();
+        let id = make_id(&time, agent);
+        let record = RecordOut {
+            id: &id,
+            time: &time,
+            unix_ms: store::unix_ms(now),
+            agent,
+            verdict,
+            snapshot: body,
+        };
+        let mut line = Vec::with_capacity(256);
+        line.push(b'\n'); // dropped below unless the file ends in a torn line
+        serde_json::to_writer(&mut line, &record).map_err(|error| StoreError::Serialize {
+            path: path.clone(),
+            error,
+        })?;
+        line.push(b'\n');
+
+        let _lock = lock_file(&self.dir.join(LOCK_FILE), self.lock_timeout)?;
+        let size = match fs::symlink_metadata(&path) {
+            Ok(md) => md.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io_err("examine", &path)(e)),
+        };
+        if size > 0 && size.saturating_add(line.len() as u64 - 1) > self.max_bytes {
+            self.rotate()?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        let prev = file.metadata().map_err(io_err("examine", &path))?.len();
+        let mut last = [0u8; 1];
+        let torn = prev > 0 && file.read_at(&mut last, prev - 1).is_ok() && last[0] != b'\n';
+        let line = if torn { &line[..] } else { &line[1..] };
+        let written = (&file)
+            .write_all(line)
+            .map_err(io_err("append to", &path))
+            .and_then(|()| file.sync_data().map_err(io_err("fsync", &path)));
+        if let Err(e) = written {
+            // Cut the partial line; what was there before stays.
+            let _ = file.set_len(prev).and_then(|()| file.sync_data());
+            return Err(e);
+        }
+        if prev == 0 {
+            // A new file: make its directory entry durable too.
+            fsync_dir(&self.dir)?;
+        }
+        Ok(id)
+    }
+
+    /// `snapshots.jsonl` → `.1` → … → `.keep`; the oldest is dropped, as are
+    /// leftovers beyond `keep` (from a larger `keep` before). Called with the
+    /// lock held.
+    fn rotate(&self) -> Result<(), StoreError> {
+        let remove = |p: &Path| match fs::remove_file(p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("remove", p)(e)),
+        };
+        let base = self.path();
+        if self.keep == 0 {
+            remove(&base)?;
+        } else {
+            remove(&self.rotated(self.keep))?;
+            for n in (1..self.keep).rev() {
+                let from = self.rotated(n);
+                match fs::rename(&from, self.rotated(n + 1)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err("rotate", &from)(e)),
+                }
+            }
+            fs::rename(&base, self.rotated(1)).map_err(io_err("rotate", &base))?;
+        }
+        if let Ok(entries) = fs::read_dir(&self.dir) {
+            let prefix = format!("{SNAPSHOT_FILE}.");
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let Some(n) = name
+                    .to_str()
+                    .and_then(|s| s.strip_prefix(&prefix))
+                    .and_then(|s| s.parse::<usize>().ok())
+                else {
+                    continue;
+                };
+                if n > self.keep {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+        fsync_dir(&self.dir)
+    }
+
+    /// The log's files, oldest first, each opened once. Opened newest first
+    /// and deduplicated by inode so a rotation by a concurrent writer neither
+    /// repeats nor loses a file (but the one it drops).
+    fn files(&self) -> Result<Vec<(PathBuf, File)>, StoreError> {
+        let mut seen = HashSet::new();
+        let mut files = Vec::new();
+        for path in std::iter::once(self.path()).chain((1..=self.keep).map(|n| self.rotated(n))) {
+            let file = match OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_err("open", &path)(e)),
+            };
+            let md = file.metadata().map_err(io_err("examine", &path))?;
+            if !md.is_file() {
+                continue;
+            }
+            if seen.insert((md.dev(), md.ino())) {
+                files.push((path, file));
+            }
+        }
+        files.reverse();
+        Ok(files)
+    }
+
+    /// The records of `agent` (all when `None`) written at or after
+    /// `since_unix_ms`, oldest first, across the current and rotated files.
+    /// Lines that are not records are skipped and counted.
+    pub fn list(
+        &self,
+        agent: Option<&str>,
+        since_unix_ms: Option<u64>,
+    ) -> Result<Listing, StoreError> {
+        #[derive(Deserialize)]
+        struct MetaIn {
+            id: String,
+            time: String,
+            unix_ms: u64,
+            agent: String,
+            verdict: String,
+        }
+        let mut listing = Listing::default();
+        for (path, file) in self.files()? {
+            for line in BufReader::new(file).split(b'\n') {
+                let line = line.map_err(io_err("read", &path))?;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let Ok(m) = serde_json::from_slice::<MetaIn>(&line) else {
+                    listing.skipped += 1;
+                    continue;
+                };
+                if agent.is_some_and(|a| a != m.agent)
+                    || since_unix_ms.is_some_and(|s| m.unix_ms < s)
+                {
+                    continue;
+                }
+                listing.entries.push(SnapshotMeta {
+                    id: m.id,
+                    time: m.time,
+                    unix_ms: m.unix_ms,
+                    agent: m.agent,
+                    verdict: m.verdict,
+                    file: path.clone(),
+                });
+            }
+        }
+        Ok(listing)
+    }
+
+    /// The whole record with this id, or `None`.
+    pub fn show(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        // Our own lines start with the id: parse only those that match, and
+        // any line in another shape.
+        let ours = format!("{{\"id\":{}", serde_json::Value::from(id));
+        let mut files = self.files()?;
+        files.reverse();
+        for (path, file) in files {
+            for line in BufReader::new(file).split(b'\n') {
+                let line = line.map_err(io_err("read", &path))?;
+                if !line.starts_with(ours.as_bytes()) && line.starts_with(b"{\"id\":") {
+                    continue;
+                }
+                let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if v.get("id").and_then(|v| v.as_str()) == Some(id) {
+                    return Ok(Some(v));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// `20261129T235100Z-sol-3fa2-0`: the time, the agent (made safe for a file
+/// name and a terminal), a random per-process token (ids from two processes
+/// in the same second differ) and a per-process counter (ids from one
+/// process always differ).
+fn make_id(rfc3339_seconds: &str, agent: &str) -> String {
+    static TOKEN: OnceLock<u16> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let token = *TOKEN.get_or_init(|| {
+        // RandomState is seeded from the OS's random source.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        (h.finish() & 0xffff) as u16
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let stamp: String = rfc3339_seconds
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    let mut name: String = agent
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(ID_AGENT_CHARS)
+        .collect();
+    if name.is_empty() {
+        name.push('_');
+    }
+    format!("{stamp}-{name}-{token:04x}-{n:x}")
+}
