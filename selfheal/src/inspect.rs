@@ -168,7 +168,7 @@ pub struct Evidence {
     pub gone: Vec<u32>,
     /// TCP sockets per network namespace the processes live in, with the
     /// pid the dump was made through.
-    pub tcp: Vec<(u32, Result<Vec<TcpSocket>, String>)>,
+    pub tcp: Vec<NetnsSockets>,
     /// Role and upstream index of each socket by inode.
     pub roles: BTreeMap<u64, (&'static str, usize)>,
     pub ebpf: EbpfEvidence,
@@ -209,8 +209,12 @@ pub struct Collector {
     /// The tracer's evidence, shared by every target.
     ebpf: EbpfEvidence,
     /// Socket dumps by network namespace, made on first need.
-    dumps: BTreeMap<(u64, u64), (u32, Result<Vec<TcpSocket>, String>)>,
+    dumps: BTreeMap<(u64, u64), NetnsSockets>,
 }
+
+/// The TCP sockets of one network namespace, and the pid whose namespace it
+/// is; or why they could not be read.
+pub type NetnsSockets = (u32, Result<Vec<TcpSocket>, String>);
 
 impl Collector {
     /// Attaches the tracer (unless `opts.no_ebpf`), watches `pids`, waits
@@ -249,7 +253,7 @@ impl Collector {
             .iter()
             .flat_map(|p| p.sockets.iter().map(|(_, ino)| *ino))
             .collect();
-        let mut tcp: Vec<(u32, Result<Vec<TcpSocket>, String>)> = Vec::new();
+        let mut tcp: Vec<NetnsSockets> = Vec::new();
         let mut seen_ns = BTreeSet::new();
         for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
             let Ok(ns) = std::fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| {

@@ -22,6 +22,7 @@ enum Command {
     Watch(cli::check::WatchArgs),
     Inspect(cli::inspect::Args),
     Config(cli::config::Args),
+    Snapshots(cli::snapshots::Args),
 }
 
 /// Exit code for usage and configuration errors.
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         Command::Watch(args) => cli::check::watch(args),
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Config(args) => cli::config::run(args),
+        Command::Snapshots(args) => cli::snapshots::run(args),
     };
     match result {
         Ok(code) => code,

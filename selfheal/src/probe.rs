@@ -92,10 +92,6 @@ pub enum ProbeError {
     /// More than [`MAX_REDIRECTS`] redirects (a loop, or a chain too long).
     #[error("too many redirects")]
     RedirectLoop,
-    /// The answer is well-formed but a field's value is not the expected one
-    /// (or the field is absent).
-    #[error("expectation not met")]
-    ExpectationUnmet,
     /// The probe cannot be sent as configured (a URL or method the HTTP
     /// client refuses), or the HTTP client cannot be built.
     #[error("probe cannot be sent")]
@@ -123,7 +119,6 @@ impl ProbeError {
             ProbeError::BadJson => "bad_json",
             ProbeError::TooLarge => "too_large",
             ProbeError::RedirectLoop => "redirect_loop",
-            ProbeError::ExpectationUnmet => "expectation_unmet",
             ProbeError::Invalid => "invalid",
             ProbeError::Io => "io",
             ProbeError::Missing => "missing",
@@ -153,7 +148,7 @@ pub struct ProbeResult {
     /// The URL, or the health file's path, as text.
     pub target: String,
     pub kind: ProbeKind,
-    /// Every check passed: `error` is `None`.
+    /// Every check passed: no `error`, and every expectation met.
     pub ok: bool,
     /// HTTP: from sending the request to the outcome (body read, or the
     /// failure). `None` for health files.
@@ -165,10 +160,13 @@ pub struct ProbeResult {
     pub fields: BTreeMap<String, Value>,
     /// The expectations in name order, each with what was found.
     pub expectations: Vec<Expectation>,
-    /// Why the probe failed; `None` exactly when `ok`.
+    /// Why the probe got no usable answer. `None` when it got one, even if
+    /// an expectation is unmet: the agent answered, and what it says is the
+    /// judge's to weigh against the kernel (then `ok` is false and `detail`
+    /// names the unmet fields).
     pub error: Option<ProbeError>,
-    /// A human message about the failure (or an oddity, like a health file
-    /// modified in the future).
+    /// A human message: the failure, the unmet expectations, or an oddity
+    /// (a health file modified in the future).
     pub detail: Option<String>,
     /// The first [`EXCERPT_BYTES`] of the body (UTF-8, lossily), when there
     /// was one.
@@ -505,9 +503,9 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
     result.fields = eval.fields;
     result.expectations = eval.expectations;
     result.body_excerpt = excerpt(&body);
-    if let Some((error, detail)) = eval.error {
-        result.fail(error, detail);
-    }
+    result.ok = eval.ok;
+    result.error = eval.error;
+    result.detail = eval.detail;
     result
 }
 
@@ -525,9 +523,12 @@ fn size_text(bytes: usize) -> String {
 /// What a complete response amounts to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evaluation {
-    /// The first failure found, with its detail: status, then JSON, then
-    /// expectations.
-    pub error: Option<(ProbeError, String)>,
+    /// No error and every expectation met.
+    pub ok: bool,
+    /// The first failure found: status, then JSON.
+    pub error: Option<ProbeError>,
+    /// The failure's message, else the unmet expectations'.
+    pub detail: Option<String>,
     /// Fields found (absent pointers left out).
     pub fields: BTreeMap<String, Value>,
     /// Every expectation, in name order.
@@ -536,7 +537,8 @@ pub struct Evaluation {
 
 /// Judges a complete response (pure): the status against `expect_status`
 /// (any 2xx when `None`); when `fields` is not empty, the body as JSON and
-/// each field at its pointer; then each expectation. Fields are extracted
+/// each field at its pointer; then each expectation (unmet ones are no
+/// error, but make the result not ok). Fields are extracted
 /// even from a response with an unexpected status when its body is JSON (a
 /// 503 may still say why).
 pub fn evaluate_response(
@@ -574,23 +576,28 @@ pub fn evaluate_response(
         }
     }
     let expectations = evaluate_expectations(&found, expect);
-    if error.is_none() {
-        let unmet: Vec<String> = expectations
-            .iter()
-            .filter(|x| !x.met)
-            .map(|x| match &x.actual {
-                Some(actual) => {
-                    format!("field {} is {actual:?}, expected {:?}", x.field, x.expected)
-                }
-                None => format!("field {} is absent, expected {:?}", x.field, x.expected),
-            })
-            .collect();
-        if !unmet.is_empty() {
-            error = Some((ProbeError::ExpectationUnmet, unmet.join("; ")));
-        }
-    }
+    let all_met = expectations.iter().all(|x| x.met);
+    let detail = match error {
+        Some((_, ref detail)) => Some(detail.clone()),
+        None if all_met => None,
+        None => Some(
+            expectations
+                .iter()
+                .filter(|x| !x.met)
+                .map(|x| match &x.actual {
+                    Some(actual) => {
+                        format!("field {} is {actual:?}, expected {:?}", x.field, x.expected)
+                    }
+                    None => format!("field {} is absent, expected {:?}", x.field, x.expected),
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+    };
     Evaluation {
-        error,
+        ok: error.is_none() && all_met,
+        error: error.map(|(e, _)| e),
+        detail,
         fields: found,
         expectations,
     }
@@ -946,44 +953,50 @@ mod tests {
         let fields = map(&[("s", "/status")]);
         let expect = map(&[("s", "connected")]);
         let ok = evaluate_response(200, br#"{"status":"connected"}"#, None, &fields, &expect);
+        assert!(ok.ok);
         assert_eq!(ok.error, None);
+        assert_eq!(ok.detail, None);
         assert_eq!(ok.fields["s"], json!("connected"));
 
+        // An unmet expectation is an answer, not an error: not ok all the same.
         let unmet = evaluate_response(200, br#"{"status":"gone"}"#, None, &fields, &expect);
-        let (kind, detail) = unmet.error.unwrap();
-        assert_eq!(kind, ProbeError::ExpectationUnmet);
+        assert!(!unmet.ok);
+        assert_eq!(unmet.error, None);
+        let detail = unmet.detail.unwrap();
         assert!(
             detail.contains(r#"field s is "gone", expected "connected""#),
             "{detail}"
         );
 
         let absent = evaluate_response(200, b"{}", None, &fields, &expect);
-        let (kind, detail) = absent.error.unwrap();
-        assert_eq!(kind, ProbeError::ExpectationUnmet);
+        assert!(!absent.ok);
+        assert_eq!(absent.error, None);
+        let detail = absent.detail.unwrap();
         assert!(detail.contains("absent"), "{detail}");
 
         let bad = evaluate_response(200, b"<html>", None, &fields, &expect);
-        let (kind, detail) = bad.error.unwrap();
-        assert_eq!(kind, ProbeError::BadJson);
+        assert!(!bad.ok);
+        assert_eq!(bad.error, Some(ProbeError::BadJson));
+        let detail = bad.detail.unwrap();
         assert!(detail.starts_with("body is not json: "), "{detail}");
         assert!(bad.fields.is_empty());
         assert!(!bad.expectations[0].met);
 
         let empty = evaluate_response(200, b"", None, &fields, &BTreeMap::new());
-        assert_eq!(empty.error.unwrap().0, ProbeError::BadJson);
+        assert_eq!(empty.error.unwrap(), ProbeError::BadJson);
 
         // Status first, but fields still read from a JSON error body.
         let status = evaluate_response(503, br#"{"status":"draining"}"#, None, &fields, &expect);
-        let (kind, detail) = status.error.unwrap();
-        assert_eq!(kind, ProbeError::UnexpectedStatus);
-        assert_eq!(detail, "status 503, expected 2xx");
+        assert_eq!(status.error, Some(ProbeError::UnexpectedStatus));
+        assert_eq!(status.detail.as_deref(), Some("status 503, expected 2xx"));
         assert_eq!(status.fields["s"], json!("draining"));
 
         let wanted = evaluate_response(200, b"", Some(204), &BTreeMap::new(), &BTreeMap::new());
-        assert_eq!(wanted.error.unwrap().1, "status 200, expected 204");
+        assert_eq!(wanted.detail.as_deref(), Some("status 200, expected 204"));
 
         // No fields wanted: the body need not be JSON.
         let plain = evaluate_response(200, b"ok", None, &BTreeMap::new(), &BTreeMap::new());
+        assert!(plain.ok);
         assert_eq!(plain.error, None);
     }
 
@@ -997,7 +1010,7 @@ mod tests {
             &map(&[("a", "/a")]),
             &BTreeMap::new(),
         );
-        assert_eq!(got.error.unwrap().0, ProbeError::BadJson);
+        assert_eq!(got.error, Some(ProbeError::BadJson));
         let got = evaluate_response(
             200,
             &[0xff, 0xfe, 0x00],
@@ -1005,7 +1018,7 @@ mod tests {
             &map(&[("a", "/a")]),
             &BTreeMap::new(),
         );
-        assert_eq!(got.error.unwrap().0, ProbeError::BadJson);
+        assert_eq!(got.error, Some(ProbeError::BadJson));
     }
 
     #[test]
@@ -1126,7 +1139,6 @@ mod tests {
             ProbeError::BadJson,
             ProbeError::TooLarge,
             ProbeError::RedirectLoop,
-            ProbeError::ExpectationUnmet,
             ProbeError::Invalid,
             ProbeError::Io,
             ProbeError::Missing,
