@@ -115,7 +115,14 @@ pub fn run(
 
     let mut outcomes = Vec::new();
     for (agent, target) in agents.iter().zip(&targets) {
-        let report = inspect::build(&collector.collect(target));
+        // Minimal thread evidence first; the threads' syscalls and waits are
+        // read only where the sockets or thread states call for them.
+        let mut report = inspect::build(&collector.collect(target));
+        let mut detail = opts.collect.detail;
+        if detail == crate::proc::Detail::Minimal && judge::needs_thread_detail(agent, &report) {
+            detail = crate::proc::Detail::Light;
+            report = inspect::build(&collector.collect_with(target, detail));
+        }
         let probes: Vec<ProbeResult> = results.by_ref().take(agent.probes.len()).collect();
         let views: Vec<ProbeView> = agent
             .probes
@@ -146,11 +153,18 @@ pub fn run(
             probes,
         };
         if !judgement.verdict.is_ok() {
+            // The snapshot gets the full evidence (kernel stacks of every
+            // thread), re-read now if the check itself read light.
+            let full = if detail == crate::proc::Detail::Full {
+                report
+            } else {
+                inspect::build(&collector.collect_with(target, crate::proc::Detail::Full))
+            };
             match snapshots {
                 Some(log) => match log.append(
                     &agent.name,
                     judgement.verdict.as_str(),
-                    &snapshot_body(&judgement, &report, &outcome.probes),
+                    &snapshot_body(&judgement, &full, &outcome.probes),
                 ) {
                     Ok(id) => outcome.snapshot = Some(id),
                     Err(e) => outcome.snapshot_error = Some(e.to_string()),

@@ -189,6 +189,8 @@ pub struct CollectOptions {
     pub no_ebpf: bool,
     /// Why eBPF is skipped, for the report (default: "disabled by --no-ebpf").
     pub no_ebpf_why: Option<String>,
+    /// How much to read per thread.
+    pub detail: proc::Detail,
     /// Strategies to try; all when empty.
     pub strategies: Vec<Strategy>,
     /// Watch this long before reading the tracer, so receives that begin
@@ -210,6 +212,7 @@ pub struct Collector {
     ebpf: EbpfEvidence,
     /// Socket dumps by network namespace, made on first need.
     dumps: BTreeMap<(u64, u64), NetnsSockets>,
+    detail: proc::Detail,
 }
 
 /// The TCP sockets of one network namespace, and the pid whose namespace it
@@ -235,16 +238,23 @@ impl Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
+            detail: opts.detail,
         }
     }
 
     /// Reads `target`'s processes, and its sockets from the (cached) dump of
     /// each network namespace they live in.
     pub fn collect(&mut self, target: &Target) -> Evidence {
+        self.collect_with(target, self.detail)
+    }
+
+    /// [`Collector::collect`] with another level of thread detail (a full
+    /// re-read for a forensic snapshot after a light check).
+    pub fn collect_with(&mut self, target: &Target, detail: proc::Detail) -> Evidence {
         let mut processes = Vec::new();
         let mut gone = Vec::new();
         for &pid in &target.pids {
-            match proc::process(pid) {
+            match proc::process(pid, detail) {
                 Ok(p) => processes.push(p),
                 Err(_) => gone.push(pid),
             }

@@ -259,6 +259,24 @@ fn socket_reason(r: Reason, s: &SocketReport) -> Reason {
     }
 }
 
+/// Whether judging this agent needs more than the minimal per-thread
+/// evidence: an upstream socket that is not plainly alive (the threads
+/// waiting on it are evidence), or a thread in uninterruptible sleep (how
+/// long it has been there). A check reads every thread's syscall and wait
+/// only then.
+pub fn needs_thread_detail(cfg: &AgentConfig, report: &Report) -> bool {
+    report
+        .sockets
+        .iter()
+        .filter(|s| s.role != "other")
+        .any(|s| !matches!(liveness(s, cfg), Liveness::Alive(_)))
+        || report
+            .processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .any(|t| t.state == 'D')
+}
+
 /// Judges one agent. Returns the judgement and the history to store.
 pub fn judge(
     cfg: &AgentConfig,

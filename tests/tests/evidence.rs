@@ -45,7 +45,7 @@ fn three_threads_in_three_waits() {
 
     // Let the waits settle and the spinner accumulate CPU time.
     let p = wait_for(5 * SEC, Duration::from_millis(50), || {
-        let p = proc::process(pid).ok()?;
+        let p = proc::process(pid, proc::Detail::Full).ok()?;
         let t = |tid: u64| p.threads.iter().find(|t| u64::from(t.tid) == tid).cloned();
         let r = t(recv)?;
         (r.recv.is_some() && r.idle_ms.is_some_and(|ms| ms >= 300) && t(spin)?.cpu_ticks > 10)
@@ -107,7 +107,7 @@ fn zombies_under_their_own_pid_1() {
         .next()
         .and_then(|p| p.parse().ok())
         .expect("the namespace's init");
-    let p = proc::process(init).unwrap();
+    let p = proc::process(init, proc::Detail::Full).unwrap();
     assert!(p.pid_ns_init, "{p:?}");
     let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
     let zombies: Vec<u32> = kids
@@ -116,7 +116,7 @@ fn zombies_under_their_own_pid_1() {
         .collect();
     assert_eq!(zombies.len(), 5);
     for z in zombies {
-        let zp = proc::process(z).unwrap();
+        let zp = proc::process(z, proc::Detail::Full).unwrap();
         assert_eq!((zp.state, zp.ppid), ('Z', init));
         assert!(!zp.pid_ns_init);
     }

@@ -146,6 +146,7 @@ impl Session {
                     "check does not load eBPF itself; the long-running helper will provide it"
                         .into(),
                 ),
+                detail: selfheal::proc::Detail::Minimal,
                 ..Default::default()
             },
         };

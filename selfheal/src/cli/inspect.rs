@@ -127,6 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let opts = inspect::CollectOptions {
         no_ebpf: args.no_ebpf,
+        detail: selfheal::proc::Detail::Full,
         no_ebpf_why: None,
         strategies: args.strategies,
         wait: args.wait,

@@ -262,8 +262,8 @@ fn sink(addr: &str) -> Result<()> {
     Ok(())
 }
 
-/// A big agent: `sockets` connections to ADDR, the first `threads` of them
-/// each read by its own blocked thread. Prints `ready pid=P`, then runs
+/// A big agent: `sockets` connections to ADDR and `threads` threads blocked
+/// in reads on them (round robin). Prints `ready pid=P`, then runs
 /// until stdin closes.
 fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
     let threads: usize = threads
@@ -278,7 +278,11 @@ fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
         conns.push(TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?);
     }
     let mut readers = Vec::new();
-    for s in conns.iter().take(threads) {
+    for s in conns
+        .iter()
+        .cycle()
+        .take(if conns.is_empty() { 0 } else { threads })
+    {
         let mut s = s.try_clone().map_err(|e| e.to_string())?;
         readers.push(std::thread::spawn(move || {
             let _ = s.read(&mut [0u8; 64]);

@@ -1,0 +1,213 @@
+//! `selfheal check` (one shot, as the timer runs it) over many agents,
+//! against the tools a person would run over the same host in the same run:
+//! `ps -eLo pid,tid,stat,wchan` plus `ss -tinp` (which see less). Then the
+//! same agents with one local HTTP probe each, run concurrently by selfheal,
+//! against a shell loop with one `curl` per probe.
+//!
+//! Agents: `--agents` processes of `--threads` threads blocked in reads and
+//! `--sockets` TCP connections each, at 10 and then the full count, so the
+//! growth shows. Prints medians of `--runs`, ratios and selfheal's peak RSS.
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Instant,
+};
+
+fn main() {
+    let mut agents = 100usize;
+    let mut threads = 50usize;
+    let mut sockets = 20usize;
+    let mut runs = 5usize;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut num = || {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(a))
+        };
+        match a.as_str() {
+            "--agents" => agents = num(),
+            "--threads" => threads = num(),
+            "--sockets" => sockets = num(),
+            "--runs" => runs = num(),
+            other => usage(other),
+        }
+    }
+    let bin_dir = std::env::current_exe()
+        .expect("current_exe")
+        .parent()
+        .expect("dir")
+        .to_path_buf();
+    let selfheal =
+        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
+    let peer = bin_dir.join("recv-peer");
+    let work = std::env::temp_dir().join(format!("selfheal-check-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("work dir");
+
+    let total_sockets = agents * sockets;
+    let lim = libc::rlimit {
+        rlim_cur: total_sockets as u64 + 512,
+        rlim_max: total_sockets as u64 + 512,
+    };
+    // SAFETY: setrlimit reads a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap().to_string();
+    let accepter = std::thread::spawn(move || {
+        (0..total_sockets)
+            .map(|_| l.accept().expect("accept").0)
+            .collect::<Vec<_>>()
+    });
+    let mut children: Vec<Child> = (0..agents)
+        .map(|_| {
+            let mut c = Command::new(&peer)
+                .args(["fat", &addr, &threads.to_string(), &sockets.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn an agent");
+            let mut line = String::new();
+            BufReader::new(c.stdout.take().unwrap())
+                .read_line(&mut line)
+                .expect("ready");
+            c
+        })
+        .collect();
+    let _server_ends = accepter.join().expect("accepter");
+    let status = status_server();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+
+    println!(
+        "check-bench: {agents} agents of {threads} threads and {sockets} TCP connections; medians of {runs} runs"
+    );
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let ps = median(runs, || {
+        timed(Command::new("ps").args(["-eLo", "pid,tid,stat,wchan"])).0
+    });
+    let ss = median(runs, || timed(Command::new("ss").args(["-tinp"])).0);
+    println!(
+        "  ps -eLo pid,tid,stat,wchan + ss -tinp (whole host): {:.1} + {:.1} = {:.1} ms",
+        ps * 1e3,
+        ss * 1e3,
+        (ps + ss) * 1e3
+    );
+    for n in [10.min(agents), agents] {
+        let config = write_config(&work, &pids[..n], None);
+        let (t, rss) = median_rss(runs, || timed(&mut check_cmd(&selfheal, &config, &work)));
+        println!(
+            "  selfheal check, {n:>3} agents: {:>7.1} ms  ratio {:.2} (goal <= 0.25 at {agents})  peak RSS {:.1} MiB",
+            t * 1e3,
+            t / (ps + ss),
+            rss as f64 / 1024.0
+        );
+    }
+    // One HTTP probe per agent, concurrently, against curl one at a time.
+    for n in [10.min(agents), agents] {
+        let config = write_config(&work, &pids[..n], Some(status));
+        let (t, rss) = median_rss(runs, || timed(&mut check_cmd(&selfheal, &config, &work)));
+        let script = format!(
+            "for i in $(seq 1 {n}); do curl -s -m 2 -o /dev/null http://{status}/status/$i; done"
+        );
+        let curl = median(runs, || timed(Command::new("sh").args(["-c", &script])).0);
+        println!(
+            "  with a probe each, {n:>3} agents: selfheal check {:>7.1} ms (peak RSS {:.1} MiB); curl loop {:>7.1} ms; ratio {:.2}",
+            t * 1e3,
+            rss as f64 / 1024.0,
+            curl * 1e3,
+            t / curl
+        );
+    }
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+fn usage(arg: &str) -> ! {
+    eprintln!("usage: check-bench [--agents N] [--threads N] [--sockets N] [--runs N] (bad {arg})");
+    std::process::exit(3)
+}
+
+fn check_cmd(selfheal: &Path, config: &Path, work: &Path) -> Command {
+    let mut c = Command::new(selfheal);
+    c.args(["check", "--json", "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--snapshot-dir")
+        .arg(work.join("snap"));
+    c
+}
+
+fn write_config(work: &Path, pids: &[u32], status: Option<std::net::SocketAddr>) -> PathBuf {
+    let mut text = String::new();
+    for (i, pid) in pids.iter().enumerate() {
+        text.push_str(&format!("[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n[[agent.upstream]]\nrole = \"provider\"\naddr = \":1\"\n"));
+        if let Some(s) = status {
+            text.push_str(&format!("[[agent.probe]]\nurl = \"http://{s}/status/{i}\"\nfields = {{ current_task = \"/current_task\" }}\n"));
+        }
+    }
+    let path = work.join(format!("config-{}-{}.toml", pids.len(), status.is_some()));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A local status endpoint: `{"current_task": null}` for every request.
+fn status_server() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf);
+                let body = "{\"current_task\": null}";
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+fn median(runs: usize, mut f: impl FnMut() -> f64) -> f64 {
+    let mut v: Vec<f64> = (0..runs).map(|_| f()).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn median_rss(runs: usize, mut f: impl FnMut() -> (f64, i64)) -> (f64, i64) {
+    let mut v: Vec<(f64, i64)> = (0..runs).map(|_| f()).collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v[v.len() / 2]
+}
+
+/// Runs `cmd` with its output discarded; wall seconds and peak RSS (KiB).
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is reaped by wait4, for its rusage"
+)]
+fn timed(cmd: &mut Command) -> (f64, i64) {
+    let start = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for the child we just spawned (and that std never waits for).
+    unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
+}
