@@ -92,6 +92,9 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         c.tell("go");
         clients.push(c);
     }
+    // The wedging runner's own status endpoint keeps saying it is connected,
+    // as the incident's did.
+    let status = status_server(r#"{"status": "connected", "current_task": "WI-7"}"#);
     let dirs = Dirs::new("e2e");
     let config = dirs.0.join("config.toml");
     std::fs::write(
@@ -99,6 +102,9 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         format!(
             "[[agent]]\nname = \"wedging\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
              [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
+             [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
+             fields = {{ server_status = \"/status\", current_task = \"/current_task\" }}\n\
+             expect = {{ server_status = \"connected\" }}\n\
              [agent.thresholds]\nsuspect_after = \"2s\"\n\
              [[agent]]\nname = \"streaming\"\nmatch = {{ cmdline = \"recv-peer client {b}:8443$\" }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:8443\"\n\
@@ -134,7 +140,16 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         let w = verdict_of(&r, "wedging");
         if w["verdict"] == "wedged" {
             assert_eq!(code, 2);
-            assert_eq!(w["reasons"][0]["code"], "control_silent", "{w:#}");
+            let codes: Vec<&str> = w["reasons"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|r| r["code"].as_str())
+                .collect();
+            assert!(codes.contains(&"control_silent"), "{w:#}");
+            // The agent's story (connected) against the kernel (dead control).
+            assert!(codes.contains(&"status_contradicts_kernel"), "{w:#}");
+            assert_eq!(w["probes"][0]["fields"]["server_status"], "connected");
             let id = w["snapshot"].as_str().expect("a snapshot id").to_string();
             wedged_after = Some((dropped.elapsed(), id));
             break;
@@ -251,4 +266,71 @@ fn a_garbage_state_file_is_replaced_and_reported() {
         serde_json::from_str(&std::fs::read_to_string(dirs.0.join("state/state.json")).unwrap())
             .unwrap();
     assert_eq!(v["version"], 1);
+}
+
+/// A status endpoint on loopback answering every request with `body`.
+fn status_server(body: &'static str) -> std::net::SocketAddr {
+    use std::io::{Read as _, Write as _};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        // Bounded: a test makes at most a few dozen requests.
+        for s in l.incoming().take(200).flatten() {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(SEC));
+            let _ = s.read(&mut [0u8; 2048]);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+#[test]
+fn watch_logs_transitions_not_every_check() {
+    let dirs = Dirs::new("watch");
+    let config = dirs.0.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(selfheal_bin())
+        .args(["watch", "--interval", "100ms", "--count", "10", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dirs.0.join("state"))
+        .arg("--snapshot-dir")
+        .arg(dirs.0.join("snapshots"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.lines().count(),
+        10,
+        "one summary line per check: {stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let transitions: Vec<&str> = stderr.lines().filter(|l| l.contains("agent me:")).collect();
+    assert_eq!(
+        transitions.len(),
+        1,
+        "ten checks of an unchanged agent log one transition: {stderr}"
+    );
+    assert!(
+        transitions[0].contains("(first check) -> healthy"),
+        "{stderr}"
+    );
 }
