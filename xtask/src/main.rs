@@ -39,7 +39,8 @@ enum Task {
     /// Run the benchmarks (needs root): the tracer's receive-path overhead
     /// (`recv-bench`; arguments after `--` go to it, e.g.
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
-    /// against `ps` + `ss` (`inspect-bench`).
+    /// against `ps` + `ss` (`inspect-bench`), and `check` over 100 agents
+    /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -111,8 +112,10 @@ fn main() -> Result<()> {
                 &[("SELFHEAL_REQUIRE_EBPF", "1")],
             )?;
             run(Command::new("target/release/recv-bench").args(args))?;
-            run(Command::new("target/release/inspect-bench")
-                .env("SELFHEAL_BIN", "target/release/selfheal"))
+            for bench in ["inspect-bench", "check-bench"] {
+                run(Command::new(format!("target/release/{bench}")).env("SELFHEAL_BIN", "target/release/selfheal"))?;
+            }
+            Ok(())
         }
     }
 }
