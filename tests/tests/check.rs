@@ -334,3 +334,86 @@ fn watch_logs_transitions_not_every_check() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
+    let dirs = Dirs::new("nosnap");
+    let config = dirs.0.join("config.toml");
+    // A down agent needs a snapshot; its directory is a plain file.
+    std::fs::write(
+        &config,
+        "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n",
+    )
+    .unwrap();
+    let not_a_dir = dirs.0.join("snapshots");
+    std::fs::write(&not_a_dir, b"not a directory").unwrap();
+    let out = Command::new(selfheal_bin())
+        .args(["check", "--json", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dirs.0.join("state"))
+        .arg("--snapshot-dir")
+        .arg(&not_a_dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "down, and said so");
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the check still reports");
+    assert_eq!(v["verdict"], "down");
+    assert!(v["snapshot"].is_null());
+    assert!(v["snapshot_error"].is_string(), "{v}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NOT written"), "{err}");
+}
+
+#[test]
+fn watch_serves_metrics() {
+    let dirs = Dirs::new("metrics");
+    let config = dirs.0.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = Command::new(selfheal_bin())
+        .args([
+            "watch",
+            "--interval",
+            "100ms",
+            "--count",
+            "50",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--config",
+        ])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dirs.0.join("state"))
+        .arg("--snapshot-dir")
+        .arg(dirs.0.join("snapshots"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = tests::wait_for(5 * SEC, Duration::from_millis(100), || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.contains("selfheal_agent_verdict{agent=\"me\",verdict=\"healthy\"} 1")
+            .then_some(text)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let body = body.expect("metrics served");
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+}

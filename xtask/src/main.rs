@@ -113,7 +113,8 @@ fn main() -> Result<()> {
             )?;
             run(Command::new("target/release/recv-bench").args(args))?;
             for bench in ["inspect-bench", "check-bench"] {
-                run(Command::new(format!("target/release/{bench}")).env("SELFHEAL_BIN", "target/release/selfheal"))?;
+                run(Command::new(format!("target/release/{bench}"))
+                    .env("SELFHEAL_BIN", "target/release/selfheal"))?;
             }
             Ok(())
         }
