@@ -147,6 +147,52 @@ pub struct AgentConfig {
     pub probes: Vec<ProbeConfig>,
     /// When evidence counts as suspect, dead or damaging (`[agent.thresholds]`).
     pub thresholds: Thresholds,
+    /// What healing may do for it (`[agent.heal]`).
+    pub heal: HealConfig,
+}
+
+/// The healing ladder's permissions and limits for one agent
+/// (`[agent.heal]`). The socket steps are on by default: they only touch a
+/// connection the kernel already shows dead. Signals and restarts act only
+/// where the config asks for them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealConfig {
+    /// `sockets`: arm keepalive on, then destroy, a dead socket. Default true.
+    pub sockets: bool,
+    /// `signal`: SIGTERM, then SIGKILL after `grace`. Default false.
+    pub signal: bool,
+    /// `grace`: between SIGTERM and SIGKILL. Default 10 s.
+    pub grace: Duration,
+    /// `restart`: the restart command, an argv (never a shell string).
+    pub restart: Option<Vec<String>>,
+    /// `restart_timeout`: how long the restart command may run. Default 60 s.
+    pub restart_timeout: Duration,
+    /// `step_window`: how long a step gets to clear the wedge before the next
+    /// one is tried. Default 30 s.
+    pub step_window: Duration,
+    /// `backoff`: the least time between two actions; it doubles with every
+    /// step that did not help, up to an hour. Default 10 s.
+    pub backoff: Duration,
+    /// `max_actions_per_hour`: all steps together. Default 10.
+    pub max_actions_per_hour: u32,
+    /// `max_restarts_per_hour`: signal and restart steps. Default 3.
+    pub max_restarts_per_hour: u32,
+}
+
+impl Default for HealConfig {
+    fn default() -> Self {
+        Self {
+            sockets: true,
+            signal: false,
+            grace: Duration::from_secs(10),
+            restart: None,
+            restart_timeout: Duration::from_secs(60),
+            step_window: Duration::from_secs(30),
+            backoff: Duration::from_secs(10),
+            max_actions_per_hour: 10,
+            max_restarts_per_hour: 3,
+        }
+    }
 }
 
 /// The judge's thresholds for one agent (`[agent.thresholds]`); every key
@@ -661,6 +707,35 @@ impl<'a, 'i> Fields<'a, 'i> {
         }
     }
 
+    /// A boolean value.
+    fn boolean(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some((_, v)) => match v.get_ref() {
+                DeValue::Boolean(b) => Ok(Some(*b)),
+                _ => Err(self.type_error(key, v, "true or false")),
+            },
+        }
+    }
+
+    /// An array of strings (an argv).
+    fn strings(&self, key: &str) -> Result<Option<(Vec<String>, Range<usize>)>, ConfigError> {
+        let Some((_, v)) = self.get(key) else {
+            return Ok(None);
+        };
+        let DeValue::Array(items) = v.get_ref() else {
+            return Err(self.type_error(key, v, "an array of strings"));
+        };
+        let mut out = Vec::new();
+        for item in items.iter() {
+            match item.get_ref() {
+                DeValue::String(s) => out.push(s.to_string()),
+                _ => return Err(self.type_error(key, item, "a string")),
+            }
+        }
+        Ok(Some((out, v.span())))
+    }
+
     /// An array of tables (`[[key]]`, or `key = [{…}, …]`).
     #[allow(clippy::type_complexity)]
     fn tables(
@@ -685,7 +760,18 @@ impl<'a, 'i> Fields<'a, 'i> {
     }
 }
 
-const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe", "thresholds"];
+const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe", "thresholds", "heal"];
+const HEAL_KEYS: &[&str] = &[
+    "sockets",
+    "signal",
+    "grace",
+    "restart",
+    "restart_timeout",
+    "step_window",
+    "backoff",
+    "max_actions_per_hour",
+    "max_restarts_per_hour",
+];
 const THRESHOLD_KEYS: &[&str] = &[
     "suspect_after",
     "dead_probes",
@@ -784,12 +870,17 @@ fn agent<'a>(
         Some(t) => thresholds(&t)?,
         None => Thresholds::default(),
     };
+    let heal = match f.table("heal", format!("{scope} heal"))? {
+        Some(h) => heal(&h)?,
+        None => HealConfig::default(),
+    };
     Ok(AgentConfig {
         name: name.to_string(),
         rule,
         upstreams,
         probes,
         thresholds,
+        heal,
     })
 }
 
@@ -816,6 +907,46 @@ fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
         zombies: count("zombies", d.zombies)?,
         d_state: t.duration("d_state")?.unwrap_or(d.d_state),
         probe_slow: t.duration("probe_slow")?.unwrap_or(d.probe_slow),
+    })
+}
+
+fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
+    h.only(HEAL_KEYS)?;
+    let d = HealConfig::default();
+    let count = |key: &str, default: u32| -> Result<u32, ConfigError> {
+        match h.integer(key)? {
+            None => Ok(default),
+            Some((n, span)) => {
+                u32::try_from(n).map_err(|_| h.key_error(key, span, format!("{n} is not a count")))
+            }
+        }
+    };
+    let restart = match h.strings("restart")? {
+        None => None,
+        Some((argv, span)) => {
+            if argv.is_empty() || argv[0].is_empty() {
+                return Err(h.key_error("restart", span, "an empty command"));
+            }
+            if argv.len() == 1 && argv[0].contains(' ') {
+                return Err(h.key_error(
+                    "restart",
+                    span,
+                    format!("{:?} looks like a shell string: give the argv as a list, e.g. [\"systemctl\", \"restart\", \"x.service\"]", argv[0]),
+                ));
+            }
+            Some(argv)
+        }
+    };
+    Ok(HealConfig {
+        sockets: h.boolean("sockets")?.unwrap_or(d.sockets),
+        signal: h.boolean("signal")?.unwrap_or(d.signal),
+        grace: h.duration("grace")?.unwrap_or(d.grace),
+        restart,
+        restart_timeout: h.duration("restart_timeout")?.unwrap_or(d.restart_timeout),
+        step_window: h.duration("step_window")?.unwrap_or(d.step_window),
+        backoff: h.duration("backoff")?.unwrap_or(d.backoff),
+        max_actions_per_hour: count("max_actions_per_hour", d.max_actions_per_hour)?,
+        max_restarts_per_hour: count("max_restarts_per_hour", d.max_restarts_per_hour)?,
     })
 }
 

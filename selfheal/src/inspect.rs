@@ -66,6 +66,8 @@ pub struct ProcessReport {
     pub ppid: u32,
     pub name: String,
     pub state: char,
+    /// Start time in clock ticks after boot (the process's identity).
+    pub start_ticks: Option<u64>,
     pub uid: Option<u32>,
     /// PID 1 of its own pid namespace.
     pub pid_ns_init: bool,
@@ -103,6 +105,8 @@ pub struct ThreadReport {
 pub struct SocketReport {
     /// The process holding it (the first, if several share it).
     pub pid: u32,
+    /// Its file descriptor in that process.
+    pub fd: Option<i32>,
     pub inode: u64,
     pub cookie: u64,
     pub local: String,
@@ -395,11 +399,12 @@ pub fn build(ev: &Evidence) -> Report {
     }
 
     // Sockets of the agent: the dumps, restricted to inodes its processes hold.
-    let owner: BTreeMap<u64, u32> = ev
+    // inode → (pid, fd) of the first process holding it.
+    let owner: BTreeMap<u64, (u32, i32)> = ev
         .processes
         .iter()
         .rev()
-        .flat_map(|p| p.sockets.iter().map(move |(_, ino)| (*ino, p.pid)))
+        .flat_map(|p| p.sockets.iter().map(move |(fd, ino)| (*ino, (p.pid, *fd))))
         .collect();
     let mut tcp: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
     let mut tcp_complete = true;
@@ -495,6 +500,7 @@ pub fn build(ev: &Evidence) -> Report {
             .collect();
         processes.push(ProcessReport {
             pid: p.pid,
+            start_ticks: Some(p.start_ticks),
             ppid: p.ppid,
             name: p.name.clone(),
             state: p.state,
@@ -547,7 +553,8 @@ pub fn build(ev: &Evidence) -> Report {
             SocketReport {
                 role: upstream.map_or("other", |(role, _)| role),
                 upstream: upstream.map(|(_, i)| i),
-                pid: owner.get(&s.inode).copied().unwrap_or(0),
+                pid: owner.get(&s.inode).map_or(0, |(pid, _)| *pid),
+                fd: owner.get(&s.inode).map(|(_, fd)| *fd),
                 inode: s.inode,
                 cookie: s.cookie,
                 local: s.local.to_string(),
@@ -855,6 +862,7 @@ mod tests {
             ppid,
             name: format!("p{pid}"),
             state,
+            start_ticks: 1000 + u64::from(pid),
             uid: Some(0),
             pid_ns_init: init,
             threads,

@@ -13,6 +13,7 @@ pub mod config;
 pub mod ebpf;
 pub mod inspect;
 pub mod judge;
+pub mod ladder;
 pub mod pidfd;
 pub mod probe;
 pub mod proc;

@@ -23,6 +23,9 @@ pub struct ProcessInfo {
     pub name: String,
     /// R, S, D, Z, T, …
     pub state: char,
+    /// Start time in clock ticks after boot: with the pid, the process's
+    /// identity (a reused pid has another).
+    pub start_ticks: u64,
     pub uid: Option<u32>,
     /// Whether this process is PID 1 of its own pid namespace (an init that
     /// must reap orphans).
@@ -117,6 +120,7 @@ pub fn process(pid: u32, detail: Detail) -> procfs::ProcResult<ProcessInfo> {
         ppid: stat.ppid.max(0) as u32,
         name: stat.comm,
         state: stat.state,
+        start_ticks: stat.starttime,
         uid: status.map(|s| s.ruid),
         pid_ns_init,
         threads,

@@ -84,7 +84,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(AGENT, "nmae = \"x\"\n"),
             4,
-            "agent \"sol\": key `nmae`: unknown key (expected name, match, upstream, probe, thresholds)",
+            "agent \"sol\": key `nmae`: unknown key (expected name, match, upstream, probe, thresholds, heal)",
         ),
         (
             "[[agent]]\nmatch = { pid = 1 }\n".into(),

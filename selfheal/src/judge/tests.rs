@@ -44,6 +44,7 @@ fn info(last_recv_ms: u64, last_ack_ms: u64, last_sent_ms: u64) -> TcpInfo {
 fn socket(inode: u64, role: &'static str, i: TcpInfo) -> SocketReport {
     SocketReport {
         pid: 100,
+        fd: Some(inode as i32 + 2),
         inode,
         cookie: inode + 5000,
         local: "10.0.0.2:40000".into(),
@@ -95,6 +96,7 @@ fn report(threads: Vec<ThreadReport>, sockets: Vec<SocketReport>) -> Report {
             ppid: 1,
             name: "sol".into(),
             state: 'S',
+            start_ticks: Some(4242),
             uid: Some(0),
             pid_ns_init: false,
             threads,

@@ -1,0 +1,333 @@
+//! The healing ladder: a pure policy from a wedged agent's judgement, its
+//! evidence and its healing history to the next step — the gentlest that
+//! fits the reason, escalating only when the previous step did not clear the
+//! wedge within its window, within budgets, with backoff, and a circuit
+//! breaker that gives up (and says so) rather than storm.
+//!
+//! Rungs, gentlest first:
+//! 1. `arm_keepalive` on each dead socket: a dead peer then fails the
+//!    agent's blocked read, and its own reconnect logic runs;
+//! 2. `destroy_socket` on each dead socket still there;
+//! 3. `signal` (SIGTERM, then SIGKILL after the grace), if the config allows;
+//! 4. `restart` with the configured command, if there is one.
+//!
+//! No I/O, no clock: `now_ms` (`CLOCK_BOOTTIME`) comes in, the caller
+//! executes the step and records it with [`HealHistory::record`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::HealConfig,
+    inspect::Report,
+    judge::{Judgement, Verdict},
+};
+
+/// One healing action, fully addressed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Step {
+    ArmKeepalive {
+        pid: u32,
+        start_ticks: u64,
+        fd: i32,
+        inode: u64,
+    },
+    DestroySocket {
+        pid: u32,
+        start_ticks: u64,
+        fd: i32,
+        inode: u64,
+    },
+    Signal {
+        pid: u32,
+        start_ticks: u64,
+        grace_ms: u64,
+    },
+    Restart {
+        argv: Vec<String>,
+        timeout_ms: u64,
+    },
+}
+
+impl Step {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::ArmKeepalive { .. } => "arm_keepalive",
+            Self::DestroySocket { .. } => "destroy_socket",
+            Self::Signal { .. } => "signal",
+            Self::Restart { .. } => "restart",
+        }
+    }
+
+    /// Which rung of the ladder this step is on (0 gentlest).
+    pub fn rung(&self) -> u8 {
+        match self {
+            Self::ArmKeepalive { .. } => 0,
+            Self::DestroySocket { .. } => 1,
+            Self::Signal { .. } => 2,
+            Self::Restart { .. } => 3,
+        }
+    }
+
+    /// Whether the step ends the process (counted against the restart budget).
+    pub fn is_disruptive(&self) -> bool {
+        self.rung() >= 2
+    }
+}
+
+/// What the ladder decides.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// Nothing to heal (not wedged), or not allowed to.
+    Nothing { why: String },
+    /// Take these steps now (one rung; one step per dead socket).
+    Act { steps: Vec<Step> },
+    /// A step was taken; give it time, or respect the backoff.
+    Wait { why: String, until_ms: u64 },
+    /// Every allowed rung was tried, or the budget is spent: stop acting.
+    GaveUp { why: String },
+}
+
+/// One action taken.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    pub at_ms: u64,
+    pub step: Step,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What the ladder remembers of an agent between checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealHistory {
+    /// Actions of the last hour, oldest first.
+    #[serde(default)]
+    pub actions: Vec<ActionRecord>,
+    /// The rung the current wedge has reached, if one is being healed.
+    #[serde(default)]
+    pub rung: Option<u8>,
+    /// Steps taken on this wedge (each one that is followed by another did
+    /// not clear it).
+    #[serde(default)]
+    pub steps_this_wedge: u32,
+    /// Set when the breaker opened: no action until the agent recovers.
+    #[serde(default)]
+    pub gave_up: Option<String>,
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+impl HealHistory {
+    /// Records a step taken at `now_ms`.
+    pub fn record(&mut self, now_ms: u64, step: Step, ok: bool, detail: String) {
+        self.rung = Some(self.rung.map_or(step.rung(), |r| r.max(step.rung())));
+        self.steps_this_wedge += 1;
+        self.actions.push(ActionRecord {
+            at_ms: now_ms,
+            step,
+            ok,
+            detail,
+        });
+    }
+
+    fn last_action_ms(&self) -> Option<u64> {
+        self.actions.last().map(|a| a.at_ms)
+    }
+
+    fn within_hour(&self, now_ms: u64) -> impl Iterator<Item = &ActionRecord> {
+        self.actions
+            .iter()
+            .filter(move |a| now_ms.saturating_sub(a.at_ms) < HOUR_MS)
+    }
+}
+
+/// The socket steps' targets: dead sockets named by the judgement's reasons,
+/// still present in the evidence, with their holder's identity.
+fn dead_sockets(j: &Judgement, report: &Report) -> Vec<(u32, u64, i32, u64)> {
+    const DEAD: [&str; 3] = ["peer_unresponsive", "control_silent", "peer_closed"];
+    let mut out = Vec::new();
+    for r in j.reasons.iter().filter(|r| DEAD.contains(&r.code.as_str())) {
+        let Some(inode) = r.evidence.get("inode").and_then(serde_json::Value::as_u64) else {
+            continue;
+        };
+        let Some(s) = report.sockets.iter().find(|s| s.inode == inode) else {
+            continue;
+        };
+        let Some(fd) = s.fd else { continue };
+        let Some(start) = report
+            .processes
+            .iter()
+            .find(|p| p.pid == s.pid)
+            .and_then(|p| p.start_ticks)
+        else {
+            continue;
+        };
+        if !out.iter().any(|(_, _, _, i)| *i == inode) {
+            out.push((s.pid, start, fd, inode));
+        }
+    }
+    out
+}
+
+/// Decides the next step for an agent. `hist` is updated for the new
+/// situation (a recovered agent's ladder is reset; a breaker opens).
+pub fn decide(
+    cfg: &HealConfig,
+    j: &Judgement,
+    report: &Report,
+    hist: &mut HealHistory,
+    now_ms: u64,
+) -> Decision {
+    hist.actions
+        .retain(|a| now_ms.saturating_sub(a.at_ms) < HOUR_MS);
+    if j.verdict != Verdict::Wedged {
+        // Recovered (or never wedged): the next wedge starts at the bottom.
+        hist.rung = None;
+        hist.steps_this_wedge = 0;
+        hist.gave_up = None;
+        return Decision::Nothing {
+            why: format!("{} is not wedged", j.verdict),
+        };
+    }
+    if let Some(why) = &hist.gave_up {
+        return Decision::GaveUp { why: why.clone() };
+    }
+    // A process stopped on purpose (SIGSTOP, a debugger) is left alone.
+    if let Some(p) = report
+        .processes
+        .iter()
+        .find(|p| report.roots.contains(&p.pid) && matches!(p.state, 'T' | 't'))
+    {
+        return Decision::Nothing {
+            why: format!("pid {} is stopped (state {}): left alone", p.pid, p.state),
+        };
+    }
+
+    // Give the last step its window, and respect the backoff.
+    if let (Some(rung), Some(last)) = (hist.rung, hist.last_action_ms()) {
+        let wait = cfg.step_window.as_millis() as u64;
+        if now_ms < last + wait {
+            return Decision::Wait {
+                why: format!("giving rung {rung} until its window ends"),
+                until_ms: last + wait,
+            };
+        }
+    }
+    // Still wedged after the window: every step of this wedge so far did not
+    // help, and each doubles the wait before the next.
+    if let Some(last) = hist.last_action_ms() {
+        let doublings = hist.steps_this_wedge.saturating_sub(1).min(20);
+        let backoff = (cfg.backoff.as_millis() as u64)
+            .saturating_mul(1 << doublings)
+            .min(HOUR_MS);
+        if now_ms < last + backoff {
+            return Decision::Wait {
+                why: format!(
+                    "backing off {backoff} ms after {} step(s) that did not clear the wedge",
+                    hist.steps_this_wedge
+                ),
+                until_ms: last + backoff,
+            };
+        }
+    }
+
+    // The next rung that applies.
+    let sockets = if cfg.sockets {
+        dead_sockets(j, report)
+    } else {
+        Vec::new()
+    };
+    let root = report
+        .roots
+        .iter()
+        .find_map(|r| report.processes.iter().find(|p| p.pid == *r))
+        .and_then(|p| Some((p.pid, p.start_ticks?)));
+    let from = hist.rung.map_or(0, |r| r + 1);
+    let mut chosen = None;
+    for rung in from..=3u8 {
+        let steps: Vec<Step> = match rung {
+            0 => sockets
+                .iter()
+                .map(|&(pid, start_ticks, fd, inode)| Step::ArmKeepalive {
+                    pid,
+                    start_ticks,
+                    fd,
+                    inode,
+                })
+                .collect(),
+            1 => sockets
+                .iter()
+                .map(|&(pid, start_ticks, fd, inode)| Step::DestroySocket {
+                    pid,
+                    start_ticks,
+                    fd,
+                    inode,
+                })
+                .collect(),
+            2 if cfg.signal => root
+                .map(|(pid, start_ticks)| Step::Signal {
+                    pid,
+                    start_ticks,
+                    grace_ms: cfg.grace.as_millis() as u64,
+                })
+                .into_iter()
+                .collect(),
+            3 => cfg
+                .restart
+                .clone()
+                .map(|argv| Step::Restart {
+                    argv,
+                    timeout_ms: cfg.restart_timeout.as_millis() as u64,
+                })
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !steps.is_empty() {
+            chosen = Some(steps);
+            break;
+        }
+    }
+    let Some(steps) = chosen else {
+        let why = if hist.rung.is_none() {
+            "no step fits: no dead socket to act on, and neither signal nor restart is enabled in [agent.heal]".to_string()
+        } else {
+            format!(
+                "every allowed step was tried ({} action(s) this hour) and the agent is still wedged",
+                hist.within_hour(now_ms).count()
+            )
+        };
+        hist.gave_up = Some(why.clone());
+        return Decision::GaveUp { why };
+    };
+
+    // Budgets.
+    let this_hour = hist.within_hour(now_ms).count() as u32;
+    if this_hour + steps.len() as u32 > cfg.max_actions_per_hour {
+        let why = format!(
+            "action budget spent: {this_hour} of {} this hour",
+            cfg.max_actions_per_hour
+        );
+        hist.gave_up = Some(why.clone());
+        return Decision::GaveUp { why };
+    }
+    if steps.iter().any(Step::is_disruptive) {
+        let disruptive = hist
+            .within_hour(now_ms)
+            .filter(|a| a.step.is_disruptive())
+            .count() as u32;
+        if disruptive >= cfg.max_restarts_per_hour {
+            let why = format!(
+                "restart budget spent: {disruptive} of {} this hour",
+                cfg.max_restarts_per_hour
+            );
+            hist.gave_up = Some(why.clone());
+            return Decision::GaveUp { why };
+        }
+    }
+    Decision::Act { steps }
+}
+
+#[cfg(test)]
+mod tests;

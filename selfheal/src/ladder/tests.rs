@@ -1,0 +1,387 @@
+//! The ladder on fixtures: escalation, windows, backoff, budgets, the
+//! circuit breaker, a stopped process left alone, recovery resetting it.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use super::*;
+use crate::{
+    inspect::{EbpfStatus, InitDiagnosis, ProcessReport, SocketReport},
+    judge::Reason,
+};
+
+const SEC: u64 = 1_000;
+
+fn heal(signal: bool, restart: bool) -> HealConfig {
+    HealConfig {
+        signal,
+        restart: restart.then(|| vec!["systemctl".into(), "restart".into(), "sol.service".into()]),
+        step_window: Duration::from_secs(30),
+        backoff: Duration::from_secs(10),
+        ..HealConfig::default()
+    }
+}
+
+fn report(state: char, with_socket: bool) -> Report {
+    Report {
+        agent: Some("sol".into()),
+        rule: "pid = 100".into(),
+        roots: vec![100],
+        upstreams: vec![],
+        processes: vec![ProcessReport {
+            pid: 100,
+            ppid: 1,
+            name: "sol".into(),
+            state,
+            start_ticks: Some(777),
+            uid: Some(0),
+            pid_ns_init: false,
+            threads: vec![],
+            sockets: if with_socket { vec![42] } else { vec![] },
+        }],
+        sockets: if with_socket {
+            vec![SocketReport {
+                pid: 100,
+                fd: Some(7),
+                inode: 42,
+                cookie: 9,
+                local: "10.0.0.2:1".into(),
+                remote: "10.0.0.1:7443".into(),
+                state: "ESTAB",
+                role: "control",
+                upstream: Some(0),
+                timer: None,
+                tcp_info: None,
+                ebpf: None,
+                anomalies: vec![],
+            }]
+        } else {
+            vec![]
+        },
+        zombies: vec![],
+        init: InitDiagnosis {
+            root_is_pid1: false,
+            pid1: None,
+            zombies: 0,
+            diagnosis: None,
+        },
+        ebpf: EbpfStatus {
+            built_in: true,
+            strategy: None,
+            attempts: vec![],
+            error: None,
+            watched_ms: None,
+            overflow: None,
+        },
+        gaps: vec![],
+    }
+}
+
+fn wedged(code: &str, inode: Option<u64>) -> Judgement {
+    let mut evidence = BTreeMap::new();
+    if let Some(i) = inode {
+        evidence.insert("inode".to_string(), serde_json::json!(i));
+    }
+    Judgement {
+        verdict: Verdict::Wedged,
+        reasons: vec![Reason {
+            code: code.into(),
+            verdict: Verdict::Wedged,
+            message: String::new(),
+            evidence,
+        }],
+    }
+}
+
+fn busy() -> Judgement {
+    Judgement {
+        verdict: Verdict::Busy,
+        reasons: vec![],
+    }
+}
+
+/// Runs the ladder over a timeline, executing every Act (recording ok), and
+/// returns what it decided at each time, as short words.
+fn timeline(cfg: &HealConfig, events: &[(u64, Judgement, Report)]) -> Vec<String> {
+    let mut h = HealHistory::default();
+    let mut out = Vec::new();
+    for (t, j, r) in events {
+        let d = decide(cfg, j, r, &mut h, *t);
+        out.push(match &d {
+            Decision::Act { steps } => {
+                for s in steps {
+                    h.record(*t, s.clone(), true, String::new());
+                }
+                steps.iter().map(Step::name).collect::<Vec<_>>().join("+")
+            }
+            Decision::Wait { .. } => "wait".into(),
+            Decision::GaveUp { .. } => "gave_up".into(),
+            Decision::Nothing { .. } => "nothing".into(),
+        });
+    }
+    out
+}
+
+#[test]
+fn a_dead_socket_climbs_the_socket_rungs_then_the_process_rungs() {
+    let cfg = heal(true, true);
+    let w = || (wedged("control_silent", Some(42)), report('S', true));
+    let events: Vec<_> = [0, 5, 31, 40, 62, 105, 140, 190, 200]
+        .iter()
+        .map(|t| {
+            let (j, r) = w();
+            (t * SEC, j, r)
+        })
+        .collect();
+    assert_eq!(
+        timeline(&cfg, &events),
+        [
+            "arm_keepalive",
+            "wait",
+            "destroy_socket",
+            "wait",
+            "signal",
+            "restart",
+            "wait",
+            "gave_up",
+            "gave_up"
+        ]
+    );
+}
+
+#[test]
+fn defaults_act_only_on_sockets() {
+    // No signal, no restart configured: after the socket rungs, give up.
+    let cfg = HealConfig::default();
+    let events: Vec<_> = [0, 31, 70]
+        .iter()
+        .map(|t| {
+            (
+                t * SEC,
+                wedged("peer_unresponsive", Some(42)),
+                report('S', true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        timeline(&cfg, &events),
+        ["arm_keepalive", "destroy_socket", "gave_up"]
+    );
+    // A wedge with no socket to blame and nothing enabled: give up at once,
+    // and say why.
+    let mut h = HealHistory::default();
+    let d = decide(
+        &cfg,
+        &wedged("status_contradicts_kernel", None),
+        &report('S', false),
+        &mut h,
+        0,
+    );
+    assert!(
+        matches!(&d, Decision::GaveUp { why } if why.contains("no step fits")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn recovery_resets_the_ladder() {
+    let cfg = heal(true, true);
+    let events = vec![
+        (0, wedged("control_silent", Some(42)), report('S', true)),
+        (31 * SEC, busy(), report('S', true)),
+        (
+            40 * SEC,
+            wedged("control_silent", Some(42)),
+            report('S', true),
+        ),
+    ];
+    // After recovery the next wedge starts at the bottom again — after the
+    // backoff from the last action (10 s) has passed.
+    assert_eq!(
+        timeline(&cfg, &events),
+        ["arm_keepalive", "nothing", "arm_keepalive"]
+    );
+}
+
+#[test]
+fn backoff_doubles_with_every_step_that_did_not_help() {
+    let cfg = HealConfig {
+        backoff: Duration::from_secs(40),
+        step_window: Duration::from_secs(30),
+        ..heal(true, true)
+    };
+    let events: Vec<_> = [0, 31, 41, 70, 121, 200, 281]
+        .iter()
+        .map(|t| {
+            (
+                t * SEC,
+                wedged("control_silent", Some(42)),
+                report('S', true),
+            )
+        })
+        .collect();
+    // Window 30 s; backoff 40 s, then 80 s, then 160 s.
+    let got = timeline(&cfg, &events);
+    assert_eq!(
+        got,
+        [
+            "arm_keepalive",
+            "wait",
+            "destroy_socket",
+            "wait",
+            "signal",
+            "wait",
+            "restart"
+        ]
+    );
+}
+
+#[test]
+fn budgets_open_the_breaker() {
+    let cfg = HealConfig {
+        max_restarts_per_hour: 1,
+        ..heal(true, true)
+    };
+    let mut h = HealHistory::default();
+    // One restart already this hour, from an earlier wedge.
+    h.record(
+        0,
+        Step::Restart {
+            argv: vec!["x".into()],
+            timeout_ms: 1,
+        },
+        true,
+        String::new(),
+    );
+    h.rung = None;
+    let d = decide(
+        &cfg,
+        &wedged("status_contradicts_kernel", None),
+        &report('S', false),
+        &mut h,
+        100 * SEC,
+    );
+    assert!(
+        matches!(&d, Decision::GaveUp { why } if why.contains("restart budget")),
+        "{d:?}"
+    );
+    // The breaker stays open while the agent stays wedged...
+    assert!(matches!(
+        decide(
+            &cfg,
+            &wedged("status_contradicts_kernel", None),
+            &report('S', false),
+            &mut h,
+            200 * SEC
+        ),
+        Decision::GaveUp { .. }
+    ));
+    // ...and closes when it recovers.
+    assert!(matches!(
+        decide(&cfg, &busy(), &report('S', false), &mut h, 300 * SEC),
+        Decision::Nothing { .. }
+    ));
+    assert_eq!(h.gave_up, None);
+
+    let cfg = HealConfig {
+        max_actions_per_hour: 1,
+        ..heal(false, false)
+    };
+    let mut h = HealHistory::default();
+    h.record(
+        0,
+        Step::ArmKeepalive {
+            pid: 1,
+            start_ticks: 1,
+            fd: 1,
+            inode: 1,
+        },
+        true,
+        String::new(),
+    );
+    h.rung = None;
+    let d = decide(
+        &cfg,
+        &wedged("control_silent", Some(42)),
+        &report('S', true),
+        &mut h,
+        100 * SEC,
+    );
+    assert!(
+        matches!(&d, Decision::GaveUp { why } if why.contains("action budget")),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn a_stopped_process_is_left_alone() {
+    let mut h = HealHistory::default();
+    let d = decide(
+        &heal(true, true),
+        &wedged("control_silent", Some(42)),
+        &report('T', true),
+        &mut h,
+        0,
+    );
+    assert!(
+        matches!(&d, Decision::Nothing { why } if why.contains("stopped")),
+        "{d:?}"
+    );
+    assert!(h.actions.is_empty());
+}
+
+#[test]
+fn steps_carry_the_process_identity() {
+    let mut h = HealHistory::default();
+    let Decision::Act { steps } = decide(
+        &heal(false, false),
+        &wedged("peer_unresponsive", Some(42)),
+        &report('S', true),
+        &mut h,
+        0,
+    ) else {
+        panic!("acts")
+    };
+    assert_eq!(
+        steps,
+        [Step::ArmKeepalive {
+            pid: 100,
+            start_ticks: 777,
+            fd: 7,
+            inode: 42
+        }]
+    );
+    // A socket the judgement names but the evidence no longer has is skipped.
+    let mut h = HealHistory::default();
+    let d = decide(
+        &heal(false, false),
+        &wedged("peer_unresponsive", Some(4242)),
+        &report('S', true),
+        &mut h,
+        0,
+    );
+    assert!(matches!(d, Decision::GaveUp { .. }), "{d:?}");
+}
+
+#[test]
+fn old_actions_leave_the_hour() {
+    let mut h = HealHistory::default();
+    h.record(
+        0,
+        Step::ArmKeepalive {
+            pid: 1,
+            start_ticks: 1,
+            fd: 1,
+            inode: 1,
+        },
+        true,
+        String::new(),
+    );
+    let _ = decide(
+        &HealConfig::default(),
+        &busy(),
+        &report('S', false),
+        &mut h,
+        2 * HOUR_MS,
+    );
+    assert!(h.actions.is_empty());
+}
