@@ -719,7 +719,7 @@ impl<'a, 'i> Fields<'a, 'i> {
     }
 
     /// An array of strings (an argv).
-    fn strings(&self, key: &str) -> Result<Option<(Vec<String>, Range<usize>)>, ConfigError> {
+    fn strings(&self, key: &str) -> Result<Option<WithSpan<Vec<String>>>, ConfigError> {
         let Some((_, v)) = self.get(key) else {
             return Ok(None);
         };
@@ -759,6 +759,9 @@ impl<'a, 'i> Fields<'a, 'i> {
         Ok(Some(out))
     }
 }
+
+/// A value and where it stands in the file.
+type WithSpan<T> = (T, Range<usize>);
 
 const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe", "thresholds", "heal"];
 const HEAL_KEYS: &[&str] = &[
