@@ -16,7 +16,8 @@ use crate::{
     agents::{self, ProcessTable},
     config::{AgentConfig, Config},
     inspect::{self, CollectOptions, Collector, Report, Target},
-    judge::{self, AgentHistory, Judgement, ProbeView, Verdict},
+    judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
+    ladder::{self, Decision, HealHistory, Step},
     probe::{self, ProbeResult},
     snapshots::SnapshotLog,
 };
@@ -30,10 +31,12 @@ pub struct History {
     pub agents: BTreeMap<String, AgentRecord>,
 }
 
-/// One agent's memory: the judge's, plus counters for metrics.
+/// One agent's memory: the judge's, the ladder's, plus counters for metrics.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentRecord {
     pub judge: AgentHistory,
+    #[serde(default)]
+    pub heal: HealHistory,
     /// Transitions into `wedged` since the history began.
     #[serde(default)]
     pub wedges: u64,
@@ -61,6 +64,38 @@ pub struct Outcome {
     pub probes: Vec<ProbeResult>,
     /// What could not be seen.
     pub gaps: Vec<String>,
+    /// What the healing ladder decided and did, for a wedged agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heal: Option<HealReport>,
+}
+
+/// The ladder's decision for one agent in one check, and the actions taken.
+#[derive(Clone, Debug, Serialize)]
+pub struct HealReport {
+    pub decision: Decision,
+    /// `true` when the steps were only decided (`--dry-run`).
+    pub dry_run: bool,
+    pub actions: Vec<ActionOutcome>,
+    /// The breaker opened in this check (log it once, not every check).
+    #[serde(skip)]
+    pub newly_gave_up: bool,
+}
+
+/// One step and how it went.
+#[derive(Clone, Debug, Serialize)]
+pub struct ActionOutcome {
+    pub step: Step,
+    pub ok: bool,
+    /// The executor's result, or the error.
+    pub detail: String,
+}
+
+/// Who performs healing steps: the privileged helper, or this process
+/// directly where it has the permission.
+pub trait Healer {
+    /// Performs `step` for `agent`; the result's text goes into the audit
+    /// trail and the report.
+    fn act(&self, agent: &str, step: &Step) -> Result<String, String>;
 }
 
 /// Knobs of one check.
@@ -72,6 +107,8 @@ pub struct Options {
     /// began before it attached would be invisible anyway, and procfs times
     /// them).
     pub collect: CollectOptions,
+    /// Decide healing steps but take none.
+    pub dry_run: bool,
 }
 
 /// The kernel's id of this boot.
@@ -86,6 +123,7 @@ pub fn run(
     config: &Config,
     history: &mut History,
     snapshots: Option<&SnapshotLog>,
+    healer: Option<&dyn Healer>,
     opts: &Options,
     now_ms: u64,
 ) -> Vec<Outcome> {
@@ -151,6 +189,7 @@ pub fn run(
                 .then(|| now_ms.saturating_sub(before.verdict_since_ms)),
             gaps: report.gaps.clone(),
             probes,
+            heal: None,
         };
         if !judgement.verdict.is_ok() {
             // The snapshot gets the full evidence (kernel stacks of every
@@ -171,6 +210,28 @@ pub fn run(
                 },
                 None => outcome.snapshot_error = Some("no snapshot log".into()),
             }
+            if judgement.verdict == Verdict::Wedged {
+                outcome.heal = Some(heal(
+                    agent,
+                    &judgement,
+                    &full,
+                    &mut record.heal,
+                    &outcome,
+                    healer,
+                    opts.dry_run,
+                    now_ms,
+                ));
+                if let Some(Decision::GaveUp { why }) = outcome.heal.as_ref().map(|h| &h.decision) {
+                    outcome.reasons.push(Reason {
+                        code: "gave_up".into(),
+                        verdict: Verdict::Wedged,
+                        message: format!("healing gave up: {why}"),
+                        evidence: Default::default(),
+                    });
+                }
+            }
+        } else {
+            let _ = ladder::decide(&agent.heal, &judgement, &report, &mut record.heal, now_ms);
         }
         outcomes.push(outcome);
     }
@@ -178,6 +239,57 @@ pub fn run(
         .agents
         .retain(|name, _| config.agents.iter().any(|a| &a.name == name));
     outcomes
+}
+
+/// Runs the ladder for a wedged agent: decides, and (unless `dry_run`, and
+/// only with a snapshot written) takes the steps through `healer`.
+#[allow(clippy::too_many_arguments)]
+fn heal(
+    agent: &AgentConfig,
+    j: &Judgement,
+    report: &Report,
+    hist: &mut HealHistory,
+    outcome: &Outcome,
+    healer: Option<&dyn Healer>,
+    dry_run: bool,
+    now_ms: u64,
+) -> HealReport {
+    let had_given_up = hist.gave_up.is_some();
+    let decision = ladder::decide(&agent.heal, j, report, hist, now_ms);
+    let newly_gave_up = !had_given_up && hist.gave_up.is_some();
+    let mut actions = Vec::new();
+    if let Decision::Act { steps } = &decision {
+        for step in steps {
+            let result = if dry_run {
+                continue;
+            } else if outcome.snapshot.is_none() {
+                // No snapshot, no action: the evidence must survive the cure.
+                Err("not taken: its forensic snapshot could not be written".to_string())
+            } else if let Some(h) = healer {
+                h.act(&agent.name, step)
+            } else {
+                Err("not taken: no helper and no permission to act directly".to_string())
+            };
+            let (ok, detail) = match result {
+                Ok(d) => (true, d),
+                Err(e) => (false, e),
+            };
+            if outcome.snapshot.is_some() {
+                hist.record(now_ms, step.clone(), ok, detail.clone());
+            }
+            actions.push(ActionOutcome {
+                step: step.clone(),
+                ok,
+                detail,
+            });
+        }
+    }
+    HealReport {
+        decision,
+        dry_run,
+        actions,
+        newly_gave_up,
+    }
 }
 
 /// The processes of `agent`, and how to tell its upstreams.
@@ -242,6 +354,14 @@ pub fn exit_code(outcomes: &[Outcome]) -> u8 {
     let worst = outcomes
         .iter()
         .map(|o| match o.verdict {
+            // Wedged but a healing step was taken this check: "healed" (1).
+            Verdict::Wedged
+                if o.heal
+                    .as_ref()
+                    .is_some_and(|h| h.actions.iter().any(|a| a.ok)) =>
+            {
+                1
+            }
             Verdict::Wedged | Verdict::Unresponsive | Verdict::Down => 2,
             Verdict::Degraded => 1,
             _ => 0,
@@ -266,11 +386,55 @@ pub fn summary_line(o: &Outcome) -> String {
         .snapshot_error
         .as_ref()
         .map_or(String::new(), |e| format!(" [snapshot NOT written: {e}]"));
+    let heal = o.heal.as_ref().map_or(String::new(), heal_words);
     format!(
-        "{:<16} {:<12}{main}{snap}{err}",
+        "{:<16} {:<12}{main}{snap}{err}{heal}",
         o.agent,
         o.verdict.as_str()
     )
+}
+
+/// What the ladder did, in a few words: ` [healed: arm_keepalive pid 7 fd 3: ok]`.
+fn heal_words(h: &HealReport) -> String {
+    match &h.decision {
+        Decision::Act { steps } if h.dry_run => {
+            let names: Vec<String> = steps.iter().map(step_words).collect();
+            format!(" [would heal: {}]", names.join(", "))
+        }
+        Decision::Act { .. } => {
+            let done: Vec<String> = h
+                .actions
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}: {}",
+                        step_words(&a.step),
+                        if a.ok {
+                            "ok".to_string()
+                        } else {
+                            format!("FAILED ({})", a.detail)
+                        }
+                    )
+                })
+                .collect();
+            format!(" [heal: {}]", done.join(", "))
+        }
+        Decision::Wait { why, .. } => format!(" [heal: waiting, {why}]"),
+        Decision::GaveUp { why } => format!(" [heal: GAVE UP, {why}]"),
+        Decision::Nothing { why } => format!(" [heal: nothing, {why}]"),
+    }
+}
+
+/// A step as people say it.
+pub fn step_words(s: &Step) -> String {
+    match s {
+        Step::ArmKeepalive { pid, fd, .. } => format!("arm keepalive on pid {pid} fd {fd}"),
+        Step::DestroySocket { pid, fd, .. } => format!("destroy socket pid {pid} fd {fd}"),
+        Step::Signal { pid, grace_ms, .. } => {
+            format!("SIGTERM pid {pid} (SIGKILL after {grace_ms} ms)")
+        }
+        Step::Restart { argv, .. } => format!("restart: {}", argv.join(" ")),
+    }
 }
 
 /// The log line for a transition, or `None` when the verdict did not change.

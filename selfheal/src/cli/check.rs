@@ -15,6 +15,7 @@ use selfheal::{
     check::{self, History, Outcome},
     clock,
     config::{self, Config},
+    ladder,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
 };
@@ -45,6 +46,9 @@ pub struct Common {
     /// node_exporter's textfile collector.
     #[arg(long, value_name = "PATH")]
     metrics_file: Option<PathBuf>,
+    /// Decide healing steps and report them, but take none.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// Judge every configured agent once and exit with a code for the worst
@@ -136,6 +140,7 @@ impl Session {
             }
         };
         let opts = check::Options {
+            dry_run: c.dry_run,
             only: c.agents.clone(),
             // A one-shot check attaches no tracer: receives that began before
             // it would be invisible, and procfs times them. eBPF evidence
@@ -165,6 +170,7 @@ impl Session {
             &self.config,
             &mut self.history,
             self.log.as_ref(),
+            None,
             &self.opts,
             clock::boot_ns() / 1_000_000,
         );
@@ -195,6 +201,26 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             } else {
                 tracing::warn!("{line}");
             }
+        }
+        for a in o.heal.iter().flat_map(|h| &h.actions) {
+            let what = check::step_words(&a.step);
+            if a.ok {
+                tracing::warn!("agent {}: healed: {what}: {}", o.agent, a.detail);
+            } else {
+                tracing::error!(
+                    "agent {}: healing step failed: {what}: {}",
+                    o.agent,
+                    a.detail
+                );
+            }
+        }
+        if let Some(ladder::Decision::GaveUp { why }) = o
+            .heal
+            .as_ref()
+            .filter(|h| h.newly_gave_up)
+            .map(|h| &h.decision)
+        {
+            tracing::error!("agent {}: healing gave up: {why}", o.agent);
         }
         if let Some(e) = &o.snapshot_error {
             tracing::error!(
