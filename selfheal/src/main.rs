@@ -23,6 +23,7 @@ enum Command {
     Inspect(cli::inspect::Args),
     Config(cli::config::Args),
     Snapshots(cli::snapshots::Args),
+    Install(cli::install::Args),
 }
 
 /// Exit code for usage and configuration errors.
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Config(args) => cli::config::run(args),
         Command::Snapshots(args) => cli::snapshots::run(args),
+        Command::Install(args) => cli::install::run(args),
     };
     match result {
         Ok(code) => code,

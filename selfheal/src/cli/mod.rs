@@ -3,6 +3,7 @@
 pub mod check;
 pub mod config;
 pub mod inspect;
+pub mod install;
 pub mod snapshots;
 
 /// Parses a duration like `500ms`, `2s`, `5m`.

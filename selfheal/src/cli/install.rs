@@ -1,0 +1,96 @@
+//! `selfheal install`: writes the systemd units of `dist/systemd/` with this
+//! binary's path, and says what it wrote and what to run next. It starts
+//! nothing itself.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use anyhow::Context as _;
+
+/// Write the systemd units: `--user` the timer that runs `selfheal check`
+/// every 30 s; `--system` the privileged helper's socket and hardened
+/// service.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("scope").required(true).args(["user", "system"])))]
+pub struct Args {
+    /// The user timer and service (`~/.config/systemd/user/`).
+    #[arg(long)]
+    user: bool,
+    /// The helper's socket and service (`/etc/systemd/system/`).
+    #[arg(long)]
+    system: bool,
+    /// The selfheal binary the units run (default: this one).
+    #[arg(long, value_name = "PATH")]
+    bin: Option<PathBuf>,
+    /// Write into this directory instead of systemd's.
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+}
+
+const USER_UNITS: [(&str, &str); 2] = [
+    (
+        "selfheal.service",
+        include_str!("../../../dist/systemd/selfheal.service"),
+    ),
+    (
+        "selfheal.timer",
+        include_str!("../../../dist/systemd/selfheal.timer"),
+    ),
+];
+
+const SYSTEM_UNITS: [(&str, &str); 2] = [
+    (
+        "selfheal-helper.socket",
+        include_str!("../../../dist/systemd/selfheal-helper.socket"),
+    ),
+    (
+        "selfheal-helper.service",
+        include_str!("../../../dist/systemd/selfheal-helper.service"),
+    ),
+];
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let bin = match args.bin {
+        Some(b) => b,
+        None => std::env::current_exe().context("cannot tell where this binary is")?,
+    };
+    let bin = bin
+        .canonicalize()
+        .with_context(|| format!("no binary at {}", bin.display()))?;
+    let bin_text = bin.to_str().context("the binary's path is not UTF-8")?;
+    if bin_text.contains(char::is_whitespace) {
+        anyhow::bail!("the binary's path {bin_text:?} contains whitespace; install it elsewhere");
+    }
+    let (units, default_dir, next): (&[(&str, &str)], PathBuf, &str) = if args.user {
+        let home = std::env::var_os("XDG_CONFIG_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+            .context("neither XDG_CONFIG_HOME nor HOME is set")?;
+        (
+            &USER_UNITS,
+            home.join("systemd/user"),
+            "systemctl --user daemon-reload && systemctl --user enable --now selfheal.timer",
+        )
+    } else {
+        (
+            &SYSTEM_UNITS,
+            PathBuf::from("/etc/systemd/system"),
+            "systemctl daemon-reload && systemctl enable --now selfheal-helper.socket",
+        )
+    };
+    let dir = args.dir.unwrap_or(default_dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (name, template) in units {
+        let path = dir.join(name);
+        let text = template.replace("@BIN@", bin_text);
+        let existed = path.exists();
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!(
+            "{} {}",
+            if existed { "replaced" } else { "wrote" },
+            path.display()
+        );
+    }
+    println!("units run {bin_text}");
+    println!("next: {next}");
+    Ok(ExitCode::SUCCESS)
+}
