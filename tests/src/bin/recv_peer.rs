@@ -42,6 +42,8 @@ fn main() -> ExitCode {
         ["sink", addr] => sink(addr),
         ["beat", addr, ms] => beat(addr, ms),
         ["fat", addr, threads, sockets] => fat(addr, threads, sockets),
+        ["reconnecting", addr] => reconnecting(addr),
+        ["acceptor", addr] => acceptor(addr),
         _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | sink ADDR".into()),
     };
     match result {
@@ -328,5 +330,76 @@ fn beat(addr: &str, ms: &str) -> Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
+    Ok(())
+}
+
+/// A client with its own reconnect logic, as an agent would have: blocking
+/// reads on a connection to ADDR; when a read fails it prints
+/// `error os=ERRNO MESSAGE` (or `eof` when it returns 0), reconnects (up to
+/// 50 attempts, 100 ms apart) and prints a new
+/// `ready pid=P tid=T inode=I local=A remote=B` line. It does not wait for
+/// stdin. Gives up after 100 reconnects.
+fn reconnecting(addr: &str) -> Result<()> {
+    let connect = || -> Result<TcpStream> {
+        let mut last = String::new();
+        for _ in 0..50 {
+            match TcpStream::connect(addr) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(format!("connect {addr}: {last}"))
+    };
+    let announce = |s: &TcpStream| -> Result<()> {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        say(&format!(
+            "ready pid={} tid={tid} inode={} local={} remote={}",
+            std::process::id(),
+            inode_of(s.as_raw_fd()),
+            s.local_addr().map_err(|e| e.to_string())?,
+            s.peer_addr().map_err(|e| e.to_string())?
+        ));
+        Ok(())
+    };
+    let mut buf = [0u8; 4096];
+    for _ in 0..100 {
+        let mut s = connect()?;
+        announce(&s)?;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    say("eof");
+                    break;
+                }
+                Ok(n) => say(&format!("got {n}")),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    say(&format!("error os={} {e}", e.raw_os_error().unwrap_or(0)));
+                    break;
+                }
+            }
+        }
+    }
+    Err("gave up after 100 reconnects".into())
+}
+
+/// A server that accepts every connection (up to 1000), prints
+/// `accepted REMOTE` for each, and never sends or reads: a live but silent
+/// peer.
+fn acceptor(addr: &str) -> Result<()> {
+    let l = TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    say(&format!(
+        "listening {}",
+        l.local_addr().map_err(|e| e.to_string())?
+    ));
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        let (s, remote) = l.accept().map_err(|e| format!("accept: {e}"))?;
+        say(&format!("accepted {remote}"));
+        held.push(s);
+    }
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
     Ok(())
 }

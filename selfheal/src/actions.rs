@@ -1,0 +1,1441 @@
+//! The privileged actions of the healing ladder, and nothing else: arming
+//! TCP keepalive on an agent's socket, destroying a socket, signalling a
+//! process (SIGTERM, then SIGKILL), running a restart command — plus the
+//! [`guard`] every one of them passes first.
+//!
+//! Processes are addressed by [`Pidfd`] (opened when the decision was taken,
+//! checked against the judged process's start time), so a pid reused between
+//! decision and action is never hit. Sockets are reached through
+//! `pidfd_getfd`: the agent's own socket, duplicated into this process, is
+//! changed and the duplicate closed; the agent's fd table is never touched.
+//!
+//! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
+//! helper's JSON protocol and for audit lines. Deciding *whether* to act is
+//! the ladder's job, not this module's.
+
+use std::{
+    io::Read,
+    net::SocketAddr,
+    os::fd::{AsFd, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_sock_diag::{
+    SockDiagDestroy, SockDiagMessage,
+    constants::{AF_INET, AF_INET6, IPPROTO_TCP},
+    inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
+};
+use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
+use serde::{Deserialize, Serialize};
+
+use crate::pidfd::{Pidfd, PidfdError};
+
+/// Why an action was not taken, or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// The guard refused the target (pid 1, ourselves, an ancestor of ours,
+    /// a kernel thread).
+    #[error("refusing to act on pid {pid}: {why}")]
+    Forbidden { pid: u32, why: String },
+    #[error("pid {pid} is not running")]
+    Gone { pid: u32 },
+    #[error(
+        "pid {pid} is no longer the process that was judged (started at tick {expected}, now {found})"
+    )]
+    Reused { pid: u32, expected: u64, found: u64 },
+    #[error("pid {pid} has no fd {fd}")]
+    NoSuchFd { pid: u32, fd: i32 },
+    #[error("fd {fd} of pid {pid} is not a socket")]
+    NotASocket { pid: u32, fd: i32 },
+    #[error("fd {fd} of pid {pid} is not a TCP socket")]
+    NotTcp { pid: u32, fd: i32 },
+    #[error("invalid keepalive settings: {0}")]
+    InvalidKeepalive(String),
+    #[error("the restart command is empty")]
+    EmptyCommand,
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    /// A system call failed; `action` names it with its pid and fd.
+    #[error("{action}: {source}")]
+    Io {
+        action: String,
+        source: std::io::Error,
+    },
+    /// sock_diag could not find or destroy the socket.
+    #[error("sock_diag for fd {fd} of pid {pid}: {reason}")]
+    Netlink { pid: u32, fd: i32, reason: String },
+}
+
+impl ActionError {
+    fn io(action: String, source: std::io::Error) -> ActionError {
+        ActionError::Io { action, source }
+    }
+}
+
+impl From<PidfdError> for ActionError {
+    fn from(e: PidfdError) -> ActionError {
+        match e {
+            PidfdError::Gone { pid } => ActionError::Gone { pid },
+            PidfdError::Reused {
+                pid,
+                expected,
+                found,
+            } => ActionError::Reused {
+                pid,
+                expected,
+                found,
+            },
+            PidfdError::Open { pid, source } => {
+                ActionError::io(format!("pidfd_open {pid}"), source)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The guard
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags field (include/linux/sched.h).
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// How far up our own parent chain [`guard`] looks (a chain is never this
+/// long; the bound only makes the walk finite on any input).
+const MAX_ANCESTORS: usize = 4096;
+
+/// Refuses targets no action may touch: pid 0 and pids out of range, pid 1
+/// (init: of the host, or of the pid namespace we run in — the host's as far
+/// as we can see), this process, any ancestor of this process (a signal
+/// there could take us down with it), and kernel threads (`PF_KTHREAD`).
+/// A pid that does not exist is [`ActionError::Gone`].
+pub fn guard(pid: u32) -> Result<(), ActionError> {
+    guard_stat(pid).map(|_| ())
+}
+
+/// [`guard`], returning the target's stat for the identity check.
+fn guard_stat(pid: u32) -> Result<procfs::process::Stat, ActionError> {
+    let forbid = |why: &str| ActionError::Forbidden {
+        pid,
+        why: why.to_string(),
+    };
+    if pid == 0 || pid > i32::MAX as u32 {
+        return Err(forbid("not a valid pid"));
+    }
+    if pid == 1 {
+        return Err(forbid("it is init (pid 1)"));
+    }
+    let me = std::process::id();
+    if pid == me {
+        return Err(forbid("it is this process"));
+    }
+    let stat = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .map_err(|_| ActionError::Gone { pid })?;
+    if stat.flags & PF_KTHREAD != 0 {
+        return Err(forbid("it is a kernel thread"));
+    }
+    if is_ancestor(pid, me) {
+        return Err(forbid("it is an ancestor of this process"));
+    }
+    Ok(stat)
+}
+
+/// Whether `pid` is on the parent chain of `me`.
+fn is_ancestor(pid: u32, me: u32) -> bool {
+    let mut cur = me;
+    for _ in 0..MAX_ANCESTORS {
+        let Some(ppid) = procfs::process::Process::new(cur as i32)
+            .and_then(|p| p.stat())
+            .ok()
+            .and_then(|s| u32::try_from(s.ppid).ok())
+        else {
+            return false;
+        };
+        if ppid == pid {
+            return true;
+        }
+        if ppid <= 1 {
+            return false;
+        }
+        cur = ppid;
+    }
+    false
+}
+
+/// The guard for an open handle: [`guard`] on its pid, then proof that the
+/// pid still names the handle's process (same start time, not exited).
+fn check_target(target: &Pidfd) -> Result<(), ActionError> {
+    let pid = target.pid();
+    let stat = guard_stat(pid)?;
+    if stat.starttime != target.start_ticks() {
+        return Err(ActionError::Reused {
+            pid,
+            expected: target.start_ticks(),
+            found: stat.starttime,
+        });
+    }
+    if !target.is_alive() {
+        return Err(ActionError::Gone { pid });
+    }
+    Ok(())
+}
+
+/// Opens the handle every action takes: [`guard`] first, then a pidfd
+/// checked against `expect_start` (the start time, in clock ticks after
+/// boot, of the process that was judged). A pid that now names another
+/// process is [`ActionError::Reused`]; one that names none, [`ActionError::Gone`].
+pub fn open_target(pid: u32, expect_start: u64) -> Result<Pidfd, ActionError> {
+    guard(pid)?;
+    Ok(Pidfd::open(pid, Some(expect_start))?)
+}
+
+// ---------------------------------------------------------------------------
+// Sockets through pidfd_getfd
+
+/// A duplicate of a target's socket fd, with the socket's inode.
+struct DupSocket {
+    fd: OwnedFd,
+    inode: u64,
+}
+
+/// Duplicates `fd` of the target and checks that it is a socket (the inode
+/// is the one `/proc/PID/fd/FD` names: `socket:[inode]`).
+fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
+    let pid = target.pid();
+    if fd < 0 {
+        return Err(ActionError::NoSuchFd { pid, fd });
+    }
+    let dup = target.get_fd(fd).map_err(|e| match e.raw_os_error() {
+        Some(libc::EBADF) => ActionError::NoSuchFd { pid, fd },
+        Some(libc::ESRCH) => ActionError::Gone { pid },
+        _ => ActionError::io(format!("pidfd_getfd fd {fd} of pid {pid}"), e),
+    })?;
+    let st = nix::sys::stat::fstat(&dup).map_err(|e| {
+        ActionError::io(
+            format!("fstat fd {fd} of pid {pid}"),
+            std::io::Error::from(e),
+        )
+    })?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(ActionError::NotASocket { pid, fd });
+    }
+    Ok(DupSocket {
+        fd: dup,
+        inode: st.st_ino,
+    })
+}
+
+/// [`dup_socket`], refusing anything but TCP over IPv4/IPv6.
+fn dup_tcp_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
+    let pid = target.pid();
+    let dup = dup_socket(target, fd)?;
+    let domain = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
+    let protocol = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
+    match (domain, protocol) {
+        (Ok(libc::AF_INET | libc::AF_INET6), Ok(libc::IPPROTO_TCP)) => Ok(dup),
+        _ => Err(ActionError::NotTcp { pid, fd }),
+    }
+}
+
+fn get_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> std::io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of an int's size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(value)
+    }
+}
+
+fn set_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
+    // SAFETY: `value` is valid for reads of an int's size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Keepalive
+
+/// What [`arm_keepalive`] asks of a socket.
+///
+/// The defaults (idle 5 s, interval 5 s, count 3, user timeout 60 s) only
+/// ever touch a connection the judge already calls dead or suspect, and are
+/// chosen so that a slow but live link survives:
+///
+/// - `idle` 5 s: such a connection has been silent far longer, so probing
+///   starts at once (the kernel counts idleness from the last segment
+///   received, not from arming).
+/// - `interval` 5 s: far above any real round trip (satellite ~0.6 s, a
+///   congested mobile link a few seconds), so a live peer's ACK is back
+///   before the next probe.
+/// - `count` 3: two probes or their ACKs may be lost without cutting a
+///   live link; a dead peer is declared about 15 s after arming.
+/// - `user_timeout` 60 s: a floor — the kernel never drops the connection
+///   while anything was heard from the peer in the last 60 s, nor (for data
+///   in flight) before 60 s of unacknowledged retransmission. Once set, the
+///   kernel ignores `count` for keepalive and drops the connection at the
+///   first unanswered probe after `user_timeout` of silence — which, for a
+///   connection silent for minutes, would be the *first* probe. So
+///   [`arm_keepalive`] raises the timeout it sets to cover the silence so
+///   far plus `idle + count × interval`: the peer always gets `count`
+///   probes to answer. Zero leaves `TCP_USER_TIMEOUT` off (the kernel's
+///   retransmission limits apply to data in flight).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Keepalive {
+    /// `TCP_KEEPIDLE`: silence before the first probe (whole seconds,
+    /// rounded up; 1 s to 32767 s).
+    pub idle: Duration,
+    /// `TCP_KEEPINTVL`: between probes (whole seconds, rounded up; 1 s to
+    /// 32767 s).
+    pub interval: Duration,
+    /// `TCP_KEEPCNT`: unanswered probes before the connection is dropped
+    /// (1 to 127).
+    pub count: u32,
+    /// `TCP_USER_TIMEOUT` (milliseconds; see above for how it is raised).
+    pub user_timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Keepalive {
+        Keepalive {
+            idle: Duration::from_secs(5),
+            interval: Duration::from_secs(5),
+            count: 3,
+            user_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The kernel's limits (include/net/tcp.h).
+const MAX_TCP_KEEPIDLE: u32 = 32767;
+const MAX_TCP_KEEPINTVL: u32 = 32767;
+const MAX_TCP_KEEPCNT: u32 = 127;
+
+impl Keepalive {
+    /// The settings in the kernel's units, or why they cannot be set.
+    pub fn to_settings(&self) -> Result<KeepaliveSettings, ActionError> {
+        let secs = |what: &str, d: Duration, max: u32| {
+            let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+            if s == 0 || s > u64::from(max) {
+                Err(ActionError::InvalidKeepalive(format!(
+                    "{what} must be 1 s to {max} s, not {d:?}"
+                )))
+            } else {
+                Ok(s as u32)
+            }
+        };
+        let idle_s = secs("idle", self.idle, MAX_TCP_KEEPIDLE)?;
+        let interval_s = secs("interval", self.interval, MAX_TCP_KEEPINTVL)?;
+        if self.count == 0 || self.count > MAX_TCP_KEEPCNT {
+            return Err(ActionError::InvalidKeepalive(format!(
+                "count must be 1 to {MAX_TCP_KEEPCNT}, not {}",
+                self.count
+            )));
+        }
+        let user_timeout_ms = u32::try_from(self.user_timeout.as_millis())
+            .ok()
+            .filter(|ms| *ms <= i32::MAX as u32)
+            .ok_or_else(|| {
+                ActionError::InvalidKeepalive(format!(
+                    "user timeout {:?} is too long",
+                    self.user_timeout
+                ))
+            })?;
+        Ok(KeepaliveSettings {
+            enabled: true,
+            idle_s,
+            interval_s,
+            count: self.count,
+            user_timeout_ms,
+        })
+    }
+}
+
+/// A socket's keepalive options, in the kernel's units.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeepaliveSettings {
+    /// `SO_KEEPALIVE`.
+    pub enabled: bool,
+    /// `TCP_KEEPIDLE`, seconds.
+    pub idle_s: u32,
+    /// `TCP_KEEPINTVL`, seconds.
+    pub interval_s: u32,
+    /// `TCP_KEEPCNT`.
+    pub count: u32,
+    /// `TCP_USER_TIMEOUT`, milliseconds (0: off).
+    pub user_timeout_ms: u32,
+}
+
+/// The user timeout [`arm_keepalive`] sets: the asked one, raised so that a
+/// connection already silent for `silent_ms` still gets `count` probes
+/// (`silent + idle + count × interval`). Zero stays zero (off).
+pub fn effective_user_timeout_ms(wanted: &KeepaliveSettings, silent_ms: Option<u32>) -> u32 {
+    if wanted.user_timeout_ms == 0 {
+        return 0;
+    }
+    let needed = u64::from(silent_ms.unwrap_or(0))
+        + 1000 * u64::from(wanted.idle_s)
+        + 1000 * u64::from(wanted.count) * u64::from(wanted.interval_s);
+    u64::from(wanted.user_timeout_ms)
+        .max(needed)
+        .min(i32::MAX as u64) as u32
+}
+
+/// What [`arm_keepalive`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeepaliveOutcome {
+    pub pid: u32,
+    pub fd: i32,
+    /// The socket's inode (`socket:[inode]`).
+    pub inode: u64,
+    /// The options before: hand them to [`restore_keepalive`] once the peer
+    /// proves alive.
+    pub previous: KeepaliveSettings,
+    /// The options set (the user timeout as raised, see [`Keepalive`]).
+    pub applied: KeepaliveSettings,
+    /// How long the socket had heard nothing from its peer when armed
+    /// (`tcp_info`), if the kernel said.
+    pub silent_ms: Option<u32>,
+}
+
+fn read_settings(dup: BorrowedFd<'_>, what: &str) -> Result<KeepaliveSettings, ActionError> {
+    use nix::sys::socket::{getsockopt, sockopt::KeepAlive};
+    let enabled = getsockopt(&dup, KeepAlive).map_err(|e| {
+        ActionError::io(
+            format!("getsockopt SO_KEEPALIVE on {what}"),
+            std::io::Error::from(e),
+        )
+    })?;
+    let get = |name: libc::c_int, label: &str| {
+        get_int(dup, libc::IPPROTO_TCP, name)
+            .map(|v| v.max(0) as u32)
+            .map_err(|e| ActionError::io(format!("getsockopt {label} on {what}"), e))
+    };
+    Ok(KeepaliveSettings {
+        enabled,
+        idle_s: get(libc::TCP_KEEPIDLE, "TCP_KEEPIDLE")?,
+        interval_s: get(libc::TCP_KEEPINTVL, "TCP_KEEPINTVL")?,
+        count: get(libc::TCP_KEEPCNT, "TCP_KEEPCNT")?,
+        user_timeout_ms: get(libc::TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT")?,
+    })
+}
+
+/// Sets `s` on the socket. Order matters: the timing options first, then
+/// `SO_KEEPALIVE`, and `TCP_KEEPIDLE` last — setting it on a socket with
+/// keepalive on re-arms the timer from the connection's real idle time, with
+/// every other option already in place.
+fn write_settings(
+    dup: BorrowedFd<'_>,
+    s: &KeepaliveSettings,
+    what: &str,
+) -> Result<(), ActionError> {
+    use nix::sys::socket::{setsockopt, sockopt::KeepAlive};
+    let set = |name: libc::c_int, label: &str, v: u32| {
+        set_int(
+            dup,
+            libc::IPPROTO_TCP,
+            name,
+            i32::try_from(v).unwrap_or(i32::MAX),
+        )
+        .map_err(|e| ActionError::io(format!("setsockopt {label}={v} on {what}"), e))
+    };
+    set(
+        libc::TCP_USER_TIMEOUT,
+        "TCP_USER_TIMEOUT",
+        s.user_timeout_ms,
+    )?;
+    set(libc::TCP_KEEPINTVL, "TCP_KEEPINTVL", s.interval_s)?;
+    set(libc::TCP_KEEPCNT, "TCP_KEEPCNT", s.count)?;
+    setsockopt(&dup, KeepAlive, &s.enabled).map_err(|e| {
+        ActionError::io(
+            format!("setsockopt SO_KEEPALIVE={} on {what}", s.enabled),
+            std::io::Error::from(e),
+        )
+    })?;
+    set(libc::TCP_KEEPIDLE, "TCP_KEEPIDLE", s.idle_s)?;
+    Ok(())
+}
+
+/// How long the socket has heard nothing from its peer, as the keepalive
+/// timer counts it (the later of the last data and the last ACK received).
+fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
+    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are valid for writes of `len` bytes; the
+    // kernel writes at most that much.
+    let r = unsafe {
+        libc::getsockopt(
+            dup.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    // Both fields must have been filled in (every kernel with pidfd_getfd
+    // fills far more).
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_last_ack_recv) + 4;
+    (r == 0 && len as usize >= needed)
+        .then(|| info.tcpi_last_data_recv.min(info.tcpi_last_ack_recv))
+}
+
+/// Arms TCP keepalive on socket `fd` of the target: duplicates it with
+/// `pidfd_getfd`, reads its current options (returned as `previous`), sets
+/// `ka` (see [`Keepalive`] for the user timeout), closes the duplicate. A
+/// live peer answers the probes and nothing changes for the agent; a dead
+/// one does not, and the kernel fails the agent's blocked read
+/// (`ETIMEDOUT`) so its own reconnect logic runs. If setting fails midway,
+/// the previous options are put back (best effort) and the error returned.
+pub fn arm_keepalive(
+    target: &Pidfd,
+    fd: i32,
+    ka: &Keepalive,
+) -> Result<KeepaliveOutcome, ActionError> {
+    check_target(target)?;
+    let mut wanted = ka.to_settings()?;
+    let pid = target.pid();
+    let dup = dup_tcp_socket(target, fd)?;
+    let what = format!("fd {fd} of pid {pid}");
+    let previous = read_settings(dup.fd.as_fd(), &what)?;
+    let silent = silent_ms(dup.fd.as_fd());
+    wanted.user_timeout_ms = effective_user_timeout_ms(&wanted, silent);
+    if let Err(e) = write_settings(dup.fd.as_fd(), &wanted, &what) {
+        let _ = write_settings(dup.fd.as_fd(), &previous, &what);
+        return Err(e);
+    }
+    Ok(KeepaliveOutcome {
+        pid,
+        fd,
+        inode: dup.inode,
+        previous,
+        applied: wanted,
+        silent_ms: silent,
+    })
+}
+
+/// Puts back keepalive options on socket `fd` of the target (the `previous`
+/// of an [`arm_keepalive`] outcome) and returns them as read back. Options
+/// that were the system defaults become explicit values equal to them.
+pub fn restore_keepalive(
+    target: &Pidfd,
+    fd: i32,
+    previous: &KeepaliveSettings,
+) -> Result<KeepaliveSettings, ActionError> {
+    check_target(target)?;
+    let dup = dup_tcp_socket(target, fd)?;
+    let what = format!("fd {fd} of pid {}", target.pid());
+    write_settings(dup.fd.as_fd(), previous, &what)?;
+    read_settings(dup.fd.as_fd(), &what)
+}
+
+/// The keepalive options of socket `fd` of the target, read through a
+/// duplicate.
+pub fn read_keepalive(target: &Pidfd, fd: i32) -> Result<KeepaliveSettings, ActionError> {
+    check_target(target)?;
+    let dup = dup_tcp_socket(target, fd)?;
+    read_settings(dup.fd.as_fd(), &format!("fd {fd} of pid {}", target.pid()))
+}
+
+// ---------------------------------------------------------------------------
+// Destroying a socket
+
+/// How [`destroy_socket`] ended the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestroyMethod {
+    /// `SOCK_DESTROY` over sock_diag (as `ss -K`): the kernel aborts the
+    /// socket; the agent's blocked read fails with `ECONNABORTED` and the
+    /// peer gets a RST.
+    SockDestroy,
+    /// `shutdown(SHUT_RDWR)` through a duplicate: the agent's blocked read
+    /// returns end-of-file (0 bytes) and the peer gets a FIN.
+    Shutdown,
+}
+
+/// What [`destroy_socket`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DestroyOutcome {
+    pub method: DestroyMethod,
+    /// In words, with why `SOCK_DESTROY` was not used when it was not.
+    pub detail: String,
+    pub pid: u32,
+    pub fd: i32,
+    pub inode: u64,
+    /// The connection's addresses, as sock_diag or the socket reported them.
+    pub local: Option<SocketAddr>,
+    pub remote: Option<SocketAddr>,
+}
+
+/// `SIOCGSKNS` (linux/sockios.h): a socket's network namespace as an fd.
+const SIOCGSKNS: libc::c_ulong = 0x894C;
+
+/// Replies are read with this timeout, so a kernel that never answers
+/// cannot hang the helper.
+const NETLINK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Ends the connection of socket `fd` of the target. First `SOCK_DESTROY`:
+/// the socket is found by inode in a sock_diag dump of *its own* network
+/// namespace (`SIOCGSKNS`; the target's `/proc/PID/ns/net` if that fails),
+/// entered from a short-lived thread, and destroyed by its 4-tuple, interface
+/// and cookie (the cookie makes sure it is this socket and no other). Where
+/// the kernel refuses (`EOPNOTSUPP` without `CONFIG_INET_DIAG_DESTROY`,
+/// `EPERM` without `CAP_NET_ADMIN` over that namespace, or any failure), it
+/// falls back to [`shutdown_socket`]'s method. The outcome says which.
+pub fn destroy_socket(target: &Pidfd, fd: i32) -> Result<DestroyOutcome, ActionError> {
+    check_target(target)?;
+    let pid = target.pid();
+    let dup = dup_tcp_socket(target, fd)?;
+    match sock_destroy(target, fd, &dup) {
+        Ok((local, remote, cookie)) => Ok(DestroyOutcome {
+            method: DestroyMethod::SockDestroy,
+            detail: format!(
+                "SOCK_DESTROY of inode {} (cookie {cookie:#x}) in the socket's network namespace",
+                dup.inode
+            ),
+            pid,
+            fd,
+            inode: dup.inode,
+            local: Some(local),
+            remote: Some(remote),
+        }),
+        Err(refused) => shutdown_dup(pid, fd, &dup, Some(refused.to_string())),
+    }
+}
+
+/// Ends the connection of socket `fd` of the target with `shutdown(SHUT_RDWR)`
+/// on a `pidfd_getfd` duplicate, without trying `SOCK_DESTROY`: the agent's
+/// blocked read returns end-of-file. [`destroy_socket`]'s fallback, callable
+/// on its own.
+pub fn shutdown_socket(target: &Pidfd, fd: i32) -> Result<DestroyOutcome, ActionError> {
+    check_target(target)?;
+    let dup = dup_tcp_socket(target, fd)?;
+    shutdown_dup(target.pid(), fd, &dup, None)
+}
+
+fn shutdown_dup(
+    pid: u32,
+    fd: i32,
+    dup: &DupSocket,
+    refused: Option<String>,
+) -> Result<DestroyOutcome, ActionError> {
+    // A second duplicate as a std TcpStream: its addresses and `shutdown`
+    // are the socket's (dropping it closes only that duplicate).
+    let stream = dup
+        .fd
+        .try_clone()
+        .map(std::net::TcpStream::from)
+        .map_err(|e| ActionError::io(format!("dup fd {fd} of pid {pid}"), e))?;
+    let (local, remote) = (stream.local_addr().ok(), stream.peer_addr().ok());
+    if let Err(e) = stream.shutdown(std::net::Shutdown::Both) {
+        let action = match &refused {
+            Some(why) => format!("shutdown fd {fd} of pid {pid} (SOCK_DESTROY failed: {why})"),
+            None => format!("shutdown fd {fd} of pid {pid}"),
+        };
+        return Err(ActionError::io(action, e));
+    }
+    let detail = match refused {
+        Some(why) => format!(
+            "SOCK_DESTROY failed ({why}); shut down (SHUT_RDWR) through a duplicate of the fd"
+        ),
+        None => "shut down (SHUT_RDWR) through a duplicate of the fd".to_string(),
+    };
+    Ok(DestroyOutcome {
+        method: DestroyMethod::Shutdown,
+        detail,
+        pid,
+        fd,
+        inode: dup.inode,
+        local,
+        remote,
+    })
+}
+
+/// The network namespace the socket lives in, as an fd.
+fn socket_netns(target: &Pidfd, dup: &DupSocket) -> Result<OwnedFd, String> {
+    // SAFETY: an ioctl without argument; a non-negative result is a new fd
+    // we own.
+    let r = unsafe { libc::ioctl(dup.fd.as_raw_fd(), SIOCGSKNS as _) };
+    if r >= 0 {
+        // SAFETY: a fresh fd we own.
+        return Ok(unsafe { OwnedFd::from_raw_fd(r) });
+    }
+    let pid = target.pid();
+    std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map(OwnedFd::from)
+        .map_err(|e| format!("cannot open the network namespace of pid {pid}: {e}"))
+}
+
+/// Runs the sock_diag lookup and `SOCK_DESTROY` in the socket's network
+/// namespace. Returns the addresses and cookie of the destroyed socket.
+fn sock_destroy(
+    target: &Pidfd,
+    fd: i32,
+    dup: &DupSocket,
+) -> Result<(SocketAddr, SocketAddr, u64), ActionError> {
+    let pid = target.pid();
+    let nl_err = |reason: String| ActionError::Netlink { pid, fd, reason };
+    let families: &[u8] = match get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN) {
+        Ok(libc::AF_INET) => &[AF_INET],
+        Ok(libc::AF_INET6) => &[AF_INET6],
+        _ => &[AF_INET, AF_INET6],
+    };
+    let ns = socket_netns(target, dup).map_err(nl_err)?;
+    let inode = dup.inode;
+    let here = || destroy_by_inode(families, inode);
+    let result = if same_netns(&ns) {
+        here()
+    } else {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| format!("cannot enter the socket's network namespace: {e}"))?;
+                here()
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the sock_diag thread panicked".to_string()))
+        })
+    };
+    result.map_err(nl_err)
+}
+
+/// Whether `ns` is the calling thread's network namespace.
+fn same_netns(ns: &OwnedFd) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let (Ok(theirs), Ok(ours)) = (
+        nix::sys::stat::fstat(ns),
+        std::fs::metadata("/proc/thread-self/ns/net"),
+    ) else {
+        return false;
+    };
+    (theirs.st_dev, theirs.st_ino) == (ours.dev(), ours.ino())
+}
+
+/// In the calling thread's network namespace: dumps the TCP sockets of
+/// `families`, finds the one with `inode`, destroys it and checks the ack.
+fn destroy_by_inode(families: &[u8], inode: u64) -> Result<(SocketAddr, SocketAddr, u64), String> {
+    let socket = diag_socket()?;
+    let mut seq = 0u32;
+    for &family in families {
+        seq += 1;
+        let Some((family, id)) = find_by_inode(&socket, family, inode, seq)? else {
+            continue;
+        };
+        let local = SocketAddr::new(id.source_address, id.source_port);
+        let remote = SocketAddr::new(id.destination_address, id.destination_port);
+        let cookie = u64::from_ne_bytes(id.cookie);
+        seq += 1;
+        send_destroy(&socket, family, id, seq)?;
+        return Ok((local, remote, cookie));
+    }
+    Err(format!(
+        "no TCP socket with inode {inode} in the socket's network namespace"
+    ))
+}
+
+fn diag_socket() -> Result<Socket, String> {
+    let mut socket = Socket::new(NETLINK_SOCK_DIAG).map_err(|e| format!("netlink socket: {e}"))?;
+    socket
+        .bind_auto()
+        .map_err(|e| format!("netlink bind: {e}"))?;
+    socket
+        .connect(&NlAddr::new(0, 0))
+        .map_err(|e| format!("netlink connect: {e}"))?;
+    let _ = socket.set_rx_buf_sz(1 << 20);
+    let tv = libc::timeval {
+        tv_sec: NETLINK_TIMEOUT.as_secs() as libc::time_t,
+        tv_usec: 0,
+    };
+    // SAFETY: `tv` is valid for reads of its size.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "netlink SO_RCVTIMEO: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(socket)
+}
+
+/// Receives netlink messages, handing each to `f` until it returns
+/// `Some(result)`. Bounded by the receive timeout and a message count.
+fn recv_until<T>(
+    socket: &Socket,
+    mut f: impl FnMut(NetlinkMessage<SockDiagMessage>) -> Option<Result<T, String>>,
+) -> Result<T, String> {
+    let mut rx = vec![0u8; 1 << 16];
+    // A 64 KiB read holds hundreds of sockets: this allows millions.
+    for _ in 0..100_000 {
+        let n = socket
+            .recv(&mut &mut rx[..], 0)
+            .map_err(|e| format!("netlink recv: {e}"))?;
+        let mut offset = 0;
+        while offset < n {
+            let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&rx[offset..n])
+                .map_err(|e| format!("malformed sock_diag reply: {e}"))?;
+            let len = msg.header.length as usize;
+            if let Some(done) = f(msg) {
+                return done;
+            }
+            if len == 0 {
+                return Err("malformed sock_diag reply: zero-length message".into());
+            }
+            offset += len;
+        }
+    }
+    Err("sock_diag reply did not end".into())
+}
+
+/// Dumps `family`'s TCP sockets in every state and returns the one with
+/// `inode`: its family and id (addresses, interface, cookie) as the kernel
+/// reported them, ready to be sent back.
+fn find_by_inode(
+    socket: &Socket,
+    family: u8,
+    inode: u64,
+    seq: u32,
+) -> Result<Option<(u8, SocketId)>, String> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    header.sequence_number = seq;
+    let mut packet = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family,
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: if family == AF_INET {
+                SocketId::new_v4()
+            } else {
+                SocketId::new_v6()
+            },
+        })
+        .into(),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    socket
+        .send(&buf, 0)
+        .map_err(|e| format!("netlink send: {e}"))?;
+    // Read the whole dump (to NLMSG_DONE) so the socket is clean for the
+    // destroy request.
+    let mut found = None;
+    recv_until(socket, |msg| match msg.payload {
+        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+            if found.is_none() && u64::from(r.header.inode) == inode {
+                found = Some((r.header.family, r.header.socket_id.clone()));
+            }
+            None
+        }
+        NetlinkPayload::Done(_) => Some(Ok(())),
+        NetlinkPayload::Error(e) => Some(Err(format!(
+            "the kernel refused the dump: {}",
+            std::io::Error::from_raw_os_error(-e.code.map_or(0, |c| c.get()))
+        ))),
+        _ => None,
+    })?;
+    Ok(found)
+}
+
+/// The `SOCK_DESTROY` request: a netlink header of type 21
+/// (`SOCK_DESTROY`, set by the crate's [`SockDiagDestroy`] wrapper; flags `NLM_F_REQUEST | NLM_F_ACK`) followed by the same
+/// `struct inet_diag_req_v2` a dump sends (family, `IPPROTO_TCP`, the socket
+/// id with its cookie). Built with the crate's request type; only the
+/// netlink message type differs from a query.
+fn destroy_request(family: u8, id: SocketId, seq: u32) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = seq;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::InnerMessage(SockDiagDestroy::new(SockDiagMessage::InetRequest(
+            InetRequest {
+                family,
+                protocol: IPPROTO_TCP,
+                extensions: ExtensionFlags::empty(),
+                states: StateFlags::all(),
+                socket_id: id,
+            },
+        ))),
+    );
+    packet.finalize();
+    let mut buf = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buf);
+    buf
+}
+
+fn send_destroy(socket: &Socket, family: u8, id: SocketId, seq: u32) -> Result<(), String> {
+    let buf = destroy_request(family, id, seq);
+    socket
+        .send(&buf, 0)
+        .map_err(|e| format!("netlink send: {e}"))?;
+    recv_until(socket, |msg| match msg.payload {
+        NetlinkPayload::Error(e) if msg.header.sequence_number == seq => Some(match e.code {
+            None => Ok(()),
+            Some(c) => Err(format!(
+                "the kernel refused SOCK_DESTROY: {}",
+                std::io::Error::from_raw_os_error(-c.get())
+            )),
+        }),
+        _ => None,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Signals
+
+/// A signal [`signal_escalate`] sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Signal {
+    #[serde(rename = "SIGTERM")]
+    Term,
+    #[serde(rename = "SIGKILL")]
+    Kill,
+}
+
+/// What [`signal_escalate`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalOutcome {
+    pub pid: u32,
+    /// In order: `SIGTERM`, then `SIGKILL` if the grace ran out.
+    pub sent: Vec<Signal>,
+    /// Whether the process was seen to exit.
+    pub exited: bool,
+    /// When it exited, counted from the SIGTERM.
+    pub exited_after_ms: Option<u64>,
+    pub grace_ms: u64,
+}
+
+/// How long [`signal_escalate`] waits after SIGKILL (a process in
+/// uninterruptible sleep dies only when it leaves it).
+pub const KILL_WAIT: Duration = Duration::from_secs(3);
+
+/// `from + d`, saturating at a year ahead (an absurd duration must not
+/// panic).
+fn deadline(from: Instant, d: Duration) -> Instant {
+    from.checked_add(d)
+        .or_else(|| from.checked_add(Duration::from_secs(365 * 86_400)))
+        .unwrap_or(from)
+}
+
+/// Waits (bounded by `timeout`) for the target to exit; retries after
+/// interrupted polls.
+fn wait_exit(target: &Pidfd, timeout: Duration) -> bool {
+    let end = deadline(Instant::now(), timeout);
+    // Each wait either sees the exit or ends at the deadline; an early
+    // return (EINTR) only costs one more round.
+    for _ in 0..1000 {
+        let left = end.saturating_duration_since(Instant::now());
+        if target.wait_exit(left) {
+            return true;
+        }
+        if left.is_zero() {
+            return false;
+        }
+    }
+    !target.is_alive()
+}
+
+/// SIGTERM through the pidfd, up to `grace` for the process to exit, then
+/// SIGKILL and up to [`KILL_WAIT`]. A target that is already gone is
+/// [`ActionError::Gone`] and nothing is sent.
+pub fn signal_escalate(target: &Pidfd, grace: Duration) -> Result<SignalOutcome, ActionError> {
+    check_target(target)?;
+    let pid = target.pid();
+    let send = |sig: libc::c_int, name: &str| {
+        target.send_signal(sig).map_err(|e| match e.raw_os_error() {
+            Some(libc::ESRCH) => ActionError::Gone { pid },
+            _ => ActionError::io(format!("pidfd_send_signal {name} to pid {pid}"), e),
+        })
+    };
+    let start = Instant::now();
+    send(libc::SIGTERM, "SIGTERM")?;
+    let mut sent = vec![Signal::Term];
+    let mut exited = wait_exit(target, grace);
+    if !exited {
+        match send(libc::SIGKILL, "SIGKILL") {
+            Ok(()) => sent.push(Signal::Kill),
+            // It exited between the wait and the kill.
+            Err(ActionError::Gone { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        exited = wait_exit(target, KILL_WAIT);
+    }
+    Ok(SignalOutcome {
+        pid,
+        sent,
+        exited,
+        exited_after_ms: exited.then(|| start.elapsed().as_millis() as u64),
+        grace_ms: grace.as_millis() as u64,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Restart
+
+/// Bytes of each output stream kept by [`restart`]: the first and last
+/// halves when there is more.
+pub const OUTPUT_LIMIT: usize = 16 * 1024;
+
+/// How long [`restart`] keeps reading output after the command exited (a
+/// child it left running may hold the pipes open).
+const OUTPUT_GRACE: Duration = Duration::from_millis(500);
+
+/// What [`restart`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartOutcome {
+    /// The exit code, if it exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did (SIGKILL after a timeout).
+    pub signal: Option<i32>,
+    /// Exited with code 0, in time.
+    pub success: bool,
+    /// Killed (with its process group) at the timeout.
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    /// Output excerpts (lossy UTF-8; see [`OUTPUT_LIMIT`]).
+    pub stdout: String,
+    pub stderr: String,
+    /// More was written than kept, or reading stopped before the stream
+    /// ended.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+/// An output excerpt: the first and last `limit / 2` bytes.
+#[derive(Clone, Debug, Default)]
+struct Excerpt {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    total: u64,
+    limit: usize,
+}
+
+impl Excerpt {
+    fn new(limit: usize) -> Excerpt {
+        Excerpt {
+            limit,
+            ..Excerpt::default()
+        }
+    }
+
+    fn push(&mut self, mut data: &[u8]) {
+        self.total += data.len() as u64;
+        let half = self.limit / 2;
+        let room = half.saturating_sub(self.head.len());
+        let take = room.min(data.len());
+        self.head.extend_from_slice(&data[..take]);
+        data = &data[take..];
+        let keep = self.limit - half;
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > 2 * keep.max(1) {
+            let cut = self.tail.len() - keep;
+            self.tail.drain(..cut);
+        }
+    }
+
+    /// The text, with a marker where bytes were left out; whether any were.
+    fn finish(mut self) -> (String, bool) {
+        let keep = self.limit - self.limit / 2;
+        if self.tail.len() > keep {
+            let cut = self.tail.len() - keep;
+            self.tail.drain(..cut);
+        }
+        let kept = (self.head.len() + self.tail.len()) as u64;
+        let left_out = self.total - kept;
+        let mut text = String::from_utf8_lossy(&self.head).into_owned();
+        if left_out > 0 {
+            text.push_str(&format!("\n[… {left_out} bytes left out …]\n"));
+        }
+        text.push_str(&String::from_utf8_lossy(&self.tail));
+        (text, left_out > 0)
+    }
+}
+
+/// An output stream being read on its own thread: the excerpt so far, and
+/// a signal when the stream ended.
+struct Capture {
+    excerpt: std::sync::Arc<std::sync::Mutex<Excerpt>>,
+    done: mpsc::Receiver<()>,
+}
+
+/// Reads `r` to its end into an excerpt, on its own thread (so one stream
+/// filling up never blocks the other, nor the command).
+fn capture(mut r: impl Read + Send + 'static) -> Capture {
+    let excerpt = std::sync::Arc::new(std::sync::Mutex::new(Excerpt::new(OUTPUT_LIMIT)));
+    let (tx, done) = mpsc::channel();
+    let shared = std::sync::Arc::clone(&excerpt);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        loop {
+            match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => match shared.lock() {
+                    Ok(mut e) => e.push(&buf[..n]),
+                    Err(p) => p.into_inner().push(&buf[..n]),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(());
+    });
+    Capture { excerpt, done }
+}
+
+/// Runs the restart command `argv` (`argv[0]` found on `PATH` unless it has
+/// a slash; the rest passed verbatim — never through a shell) in a new
+/// process group, stdin from /dev/null, stdout and stderr captured
+/// concurrently (a chatty command cannot block). At `timeout` the whole
+/// process group is killed. A command that exits in time is not killed, and
+/// nor are the children it leaves (a restarted service may be one).
+pub fn restart(argv: &[String], timeout: Duration) -> Result<RestartOutcome, ActionError> {
+    use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+    let (program, args) = argv.split_first().ok_or(ActionError::EmptyCommand)?;
+    if program.is_empty() {
+        return Err(ActionError::EmptyCommand);
+    }
+    let start = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|source| ActionError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+    let pgid = child.id() as libc::pid_t;
+    let out = child.stdout.take().map(capture);
+    let err = child.stderr.take().map(capture);
+    let kill_at = deadline(start, timeout);
+    let mut step = Duration::from_millis(1);
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(e) => {
+                // Cannot wait for it: do not leave it running.
+                // SAFETY: a plain syscall on the group we created.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                if wait_bounded(&mut child, KILL_WAIT).is_none() {
+                    std::thread::spawn(move || {
+                        let _ = child.wait();
+                    });
+                }
+                return Err(ActionError::io(format!("wait for {program}"), e));
+            }
+        }
+        let now = Instant::now();
+        if now >= kill_at {
+            timed_out = true;
+            // SAFETY: a plain syscall on the group we created (pgid = the
+            // child's pid, not yet reaped, so not reused).
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            break wait_bounded(&mut child, KILL_WAIT);
+        }
+        std::thread::sleep(step.min(kill_at - now));
+        step = (step * 2).min(Duration::from_millis(20));
+    };
+    let read_end = Instant::now() + OUTPUT_GRACE;
+    let collect = |c: Option<Capture>| {
+        c.map_or((String::new(), false), |c| {
+            let ended = c
+                .done
+                .recv_timeout(read_end.saturating_duration_since(Instant::now()))
+                .is_ok();
+            let excerpt = c
+                .excerpt
+                .lock()
+                .map(|e| e.clone())
+                .unwrap_or_else(|p| p.into_inner().clone());
+            let (mut text, truncated) = excerpt.finish();
+            if !ended {
+                if !text.is_empty() && !text.ends_with('\n') {
+                    text.push('\n');
+                }
+                text.push_str("[… still open: not read to its end]\n");
+            }
+            (text, truncated || !ended)
+        })
+    };
+    let (stdout, stdout_truncated) = collect(out);
+    let (stderr, stderr_truncated) = collect(err);
+    if status.is_none() {
+        // Killed but not dead yet (uninterruptible sleep): reap it whenever
+        // it dies, rather than leave a zombie.
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+    }
+    let exit_code = status.and_then(|s| s.code());
+    Ok(RestartOutcome {
+        exit_code,
+        signal: status.and_then(|s| s.signal()),
+        success: !timed_out && exit_code == Some(0),
+        timed_out,
+        duration_ms: start.elapsed().as_millis() as u64,
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+    })
+}
+
+/// Reaps `child` within `timeout`; `None` if it has not died by then.
+fn wait_bounded(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> Option<std::process::ExitStatus> {
+    let end = deadline(Instant::now(), timeout);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_sock_diag::SOCK_DESTROY;
+
+    #[test]
+    fn default_keepalive_is_valid_and_gentle() {
+        let s = Keepalive::default().to_settings().unwrap();
+        assert_eq!(
+            s,
+            KeepaliveSettings {
+                enabled: true,
+                idle_s: 5,
+                interval_s: 5,
+                count: 3,
+                user_timeout_ms: 60_000,
+            }
+        );
+    }
+
+    #[test]
+    fn keepalive_limits_are_checked() {
+        let ka = |idle, interval, count, ut| Keepalive {
+            idle: Duration::from_millis(idle),
+            interval: Duration::from_millis(interval),
+            count,
+            user_timeout: Duration::from_millis(ut),
+        };
+        assert!(ka(0, 1000, 3, 0).to_settings().is_err());
+        assert!(ka(1000, 0, 3, 0).to_settings().is_err());
+        assert!(ka(1000, 1000, 0, 0).to_settings().is_err());
+        assert!(ka(1000, 1000, 128, 0).to_settings().is_err());
+        assert!(ka(32_768_000, 1000, 3, 0).to_settings().is_err());
+        assert!(ka(1000, 1000, 3, 1 << 40).to_settings().is_err());
+        // Sub-second values round up to the kernel's whole seconds.
+        let s = ka(1500, 200, 3, 0).to_settings().unwrap();
+        assert_eq!((s.idle_s, s.interval_s, s.user_timeout_ms), (2, 1, 0));
+        let e = ka(0, 1000, 3, 0).to_settings().unwrap_err().to_string();
+        assert!(e.starts_with("invalid keepalive settings: idle"), "{e}");
+    }
+
+    #[test]
+    fn user_timeout_covers_the_silence_and_count_probes() {
+        let s = Keepalive::default().to_settings().unwrap();
+        // Silent for 10 s: the 60 s floor already leaves room for 3 probes.
+        assert_eq!(effective_user_timeout_ms(&s, Some(10_000)), 60_000);
+        // Silent for 10 minutes: raised to silence + 5 s + 3 × 5 s.
+        assert_eq!(
+            effective_user_timeout_ms(&s, Some(600_000)),
+            600_000 + 5_000 + 15_000
+        );
+        // Unknown silence: at least idle + count × interval.
+        assert_eq!(effective_user_timeout_ms(&s, None), 60_000);
+        let off = KeepaliveSettings {
+            user_timeout_ms: 0,
+            ..s.clone()
+        };
+        assert_eq!(effective_user_timeout_ms(&off, Some(600_000)), 0);
+        assert_eq!(
+            effective_user_timeout_ms(&s, Some(u32::MAX)),
+            i32::MAX as u32
+        );
+    }
+
+    #[test]
+    fn excerpt_keeps_head_and_tail() {
+        let mut e = Excerpt::new(8);
+        e.push(b"abc");
+        assert_eq!(e.finish(), ("abc".to_string(), false));
+        let mut e = Excerpt::new(8);
+        e.push(b"abcdefgh");
+        assert_eq!(e.finish(), ("abcdefgh".to_string(), false));
+        let mut e = Excerpt::new(8);
+        for chunk in [&b"0123"[..], b"456789", b"ABCDEFGHIJ", b"xyz"] {
+            e.push(chunk);
+        }
+        let (text, truncated) = e.finish();
+        assert!(truncated);
+        assert_eq!(text, "0123\n[… 15 bytes left out …]\nJxyz");
+    }
+
+    #[test]
+    fn guard_refuses_init_ourselves_and_our_parent() {
+        for pid in [
+            0,
+            1,
+            std::process::id(),
+            std::os::unix::process::parent_id(),
+        ] {
+            let e = guard(pid).unwrap_err();
+            assert!(matches!(e, ActionError::Forbidden { .. }), "{pid}: {e}");
+            assert!(e.to_string().contains(&format!("pid {pid}")), "{e}");
+        }
+        assert!(matches!(
+            guard(u32::MAX),
+            Err(ActionError::Forbidden { .. })
+        ));
+    }
+
+    #[test]
+    fn guard_refuses_kernel_threads_and_allows_a_child() {
+        // kthreadd (pid 2) where the pid namespace shows kernel threads.
+        let kthread = (2..64u32).find(|pid| {
+            procfs::process::Process::new(*pid as i32)
+                .and_then(|p| p.stat())
+                .is_ok_and(|s| s.flags & PF_KTHREAD != 0)
+        });
+        match kthread {
+            Some(pid) => assert!(matches!(
+                guard(pid),
+                Err(ActionError::Forbidden { ref why, .. }) if why.contains("kernel thread")
+            )),
+            None => eprintln!("SKIPPED kernel thread case: none visible in this pid namespace"),
+        }
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id();
+        assert!(guard(pid).is_ok());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(matches!(guard(pid), Err(ActionError::Gone { .. })));
+    }
+
+    #[test]
+    fn destroy_request_is_an_inet_diag_req_v2_of_type_sock_destroy() {
+        let id = SocketId {
+            source_port: 0x1234,
+            destination_port: 80,
+            source_address: "10.0.0.1".parse().unwrap(),
+            destination_address: "10.0.0.2".parse().unwrap(),
+            interface_id: 7,
+            cookie: 0xdead_beef_u64.to_ne_bytes(),
+        };
+        let buf = destroy_request(AF_INET, id, 9);
+        // nlmsghdr (16) + inet_diag_req_v2 (56).
+        assert_eq!(buf.len(), 16 + 56);
+        assert_eq!(u32::from_ne_bytes(buf[0..4].try_into().unwrap()), 72);
+        assert_eq!(
+            u16::from_ne_bytes(buf[4..6].try_into().unwrap()),
+            SOCK_DESTROY
+        );
+        let flags = u16::from_ne_bytes(buf[6..8].try_into().unwrap());
+        assert_eq!(flags, NLM_F_REQUEST | NLM_F_ACK);
+        assert_eq!(u32::from_ne_bytes(buf[8..12].try_into().unwrap()), 9);
+        let req = &buf[16..];
+        assert_eq!((req[0], req[1]), (AF_INET, IPPROTO_TCP));
+        // inet_diag_sockid: ports big-endian, then addresses, interface, cookie.
+        assert_eq!(&req[8..10], &[0x12, 0x34]);
+        assert_eq!(&req[10..12], &[0, 80]);
+        assert_eq!(&req[12..16], &[10, 0, 0, 1]);
+        assert_eq!(&req[28..32], &[10, 0, 0, 2]);
+        assert_eq!(u32::from_ne_bytes(req[44..48].try_into().unwrap()), 7);
+        assert_eq!(&req[48..56], &0xdead_beef_u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn restart_refuses_an_empty_or_missing_command() {
+        assert!(matches!(
+            restart(&[], Duration::from_secs(1)),
+            Err(ActionError::EmptyCommand)
+        ));
+        let e = restart(
+            &["/nonexistent/selfheal-restart".to_string()],
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ActionError::Spawn { .. }), "{e}");
+        assert!(e.to_string().starts_with("cannot run /nonexistent"), "{e}");
+    }
+
+    #[test]
+    fn outcomes_round_trip_through_json() {
+        let o = SignalOutcome {
+            pid: 42,
+            sent: vec![Signal::Term, Signal::Kill],
+            exited: true,
+            exited_after_ms: Some(1200),
+            grace_ms: 1000,
+        };
+        let json = serde_json::to_string(&o).unwrap();
+        assert!(json.contains(r#""sent":["SIGTERM","SIGKILL"]"#), "{json}");
+        assert_eq!(serde_json::from_str::<SignalOutcome>(&json).unwrap(), o);
+        let d = DestroyOutcome {
+            method: DestroyMethod::SockDestroy,
+            detail: String::new(),
+            pid: 1,
+            fd: 3,
+            inode: 9,
+            local: Some("127.0.0.1:1".parse().unwrap()),
+            remote: None,
+        };
+        let json = serde_json::to_string(&d).unwrap();
+        assert!(json.contains(r#""method":"sock_destroy""#), "{json}");
+        assert_eq!(serde_json::from_str::<DestroyOutcome>(&json).unwrap(), d);
+    }
+}
