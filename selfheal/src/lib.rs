@@ -6,11 +6,13 @@
 //! [`sockdiag`]), the clock ages are measured with ([`clock`]), and the
 //! `inspect` report that joins them ([`inspect`]).
 
+pub mod actions;
 pub mod agents;
 pub mod check;
 pub mod clock;
 pub mod config;
 pub mod ebpf;
+pub mod healer;
 pub mod inspect;
 pub mod judge;
 pub mod ladder;

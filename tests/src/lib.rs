@@ -405,6 +405,32 @@ impl NetnsPair {
         ))
     }
 
+    /// Cuts `b`'s `port` off in both directions: nothing in, nothing out
+    /// (so not even a FIN or RST leaves when its server dies).
+    pub fn cut_port_in_b(&self, port: u16) -> Result<(), String> {
+        self.nft_in_b(&format!(
+            "table inet selfheal_cut_{port} {{\n chain input {{ type filter hook input priority 0; tcp dport {port} drop; }}\n \
+             chain output {{ type filter hook output priority 0; tcp sport {port} drop; }}\n}}\n"
+        ))
+    }
+
+    /// Undoes [`NetnsPair::cut_port_in_b`].
+    pub fn restore_port_in_b(&self, port: u16) -> Result<(), String> {
+        run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.b.name,
+                "nft",
+                "delete",
+                "table",
+                "inet",
+                &format!("selfheal_cut_{port}"),
+            ],
+        )
+    }
+
     fn nft_in_b(&self, rules: &str) -> Result<(), String> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.b.name, "nft", "-f", "-"])

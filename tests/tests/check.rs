@@ -417,3 +417,91 @@ fn watch_serves_metrics() {
     let body = body.expect("metrics served");
     assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
 }
+
+/// The timer flow with healing: a runner's dispatch server vanishes without
+/// a FIN (its traffic cut both ways, the old server killed, a new one
+/// started: a replaced pod). `check` finds the runner wedged and heals it
+/// gently (arm keepalive on the dead connection); once the new server is
+/// reachable, the probe draws a reset, the runner's own reconnect logic runs,
+/// and a later `check` sees it recovered. No signal, same pid.
+#[test]
+fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
+    if !need_root("check_heals") {
+        return;
+    }
+    let pair = NetnsPair::new("heal").expect("netns pair");
+    let peer = tests::helper_bin("recv-peer");
+    let b = pair.b_addr.clone();
+    let server = |pair: &NetnsPair| {
+        let mut cmd = pair.b.command(&peer);
+        cmd.args(["beats", &format!("{b}:7443"), "300"]);
+        let s = Peer::spawn(cmd);
+        s.expect("listening", 10 * SEC);
+        s
+    };
+    let old_server = server(&pair);
+    let mut cmd = pair.a.command(&peer);
+    cmd.args(["reconnecting", &format!("{b}:7443")]);
+    let runner = Peer::spawn(cmd);
+    let first = runner.ready();
+    let dirs = Dirs::new("heal");
+    let config = dirs.0.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer reconnecting {b}:7443$\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\n\
+             [agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n"
+        ),
+    )
+    .unwrap();
+    std::thread::sleep(SEC);
+    let (_, r) = check(&dirs.0, &config);
+    assert_eq!(verdict_of(&r, "runner")["verdict"], "idle", "{r:#?}");
+
+    // The server vanishes without a FIN, and a new one takes its place.
+    pair.cut_port_in_b(7443).expect("nft");
+    drop(old_server);
+    let _new_server = server(&pair);
+
+    let mut healed = None;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(500));
+        let (code, r) = check(&dirs.0, &config);
+        let o = verdict_of(&r, "runner");
+        if o["verdict"] == "wedged" {
+            let actions = o["heal"]["actions"].as_array().cloned().unwrap_or_default();
+            assert_eq!(actions.len(), 1, "one gentle step: {o:#}");
+            assert_eq!(actions[0]["step"]["action"], "arm_keepalive", "{o:#}");
+            assert_eq!(actions[0]["ok"], true, "{o:#}");
+            assert!(
+                o["snapshot"].is_string(),
+                "no action without a snapshot: {o:#}"
+            );
+            assert_eq!(code, 1, "wedged and healed");
+            healed = Some(Instant::now());
+            break;
+        }
+    }
+    let healed = healed.expect("check found the runner wedged and healed it");
+    // The new server is reachable: the old connection's keepalive probe draws
+    // a reset, the runner reconnects by itself.
+    pair.restore_port_in_b(7443).expect("nft");
+    let again = runner.ready();
+    assert_ne!(again.inode, first.inode, "a new connection");
+    assert_eq!(again.pid, first.pid, "same process: no signal, no restart");
+    let recovered = tests::wait_for(10 * SEC, Duration::from_millis(500), || {
+        let (code, r) = check(&dirs.0, &config);
+        (verdict_of(&r, "runner")["verdict"] == "idle").then_some(code)
+    });
+    assert_eq!(
+        recovered,
+        Some(0),
+        "a later check sees the runner recovered"
+    );
+    eprintln!(
+        "healed by keepalive; recovered {:?} after the heal",
+        healed.elapsed()
+    );
+}

@@ -84,6 +84,7 @@ const EXIT_CONFIG: u8 = 3;
 /// Everything one check needs that outlives it.
 struct Session {
     config: Config,
+    healer: selfheal::healer::DirectHealer,
     store: Option<StateStore>,
     history: History,
     log: Option<SnapshotLog>,
@@ -156,6 +157,7 @@ impl Session {
             },
         };
         Ok(Session {
+            healer: Default::default(),
             config,
             store,
             history,
@@ -170,7 +172,7 @@ impl Session {
             &self.config,
             &mut self.history,
             self.log.as_ref(),
-            None,
+            Some(&self.healer as &dyn check::Healer),
             &self.opts,
             clock::boot_ns() / 1_000_000,
         );

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
         ["zombies", n] => zombies(n),
         ["sink", addr] => sink(addr),
         ["beat", addr, ms] => beat(addr, ms),
+        ["beats", addr, ms] => beats(addr, ms),
         ["fat", addr, threads, sockets] => fat(addr, threads, sockets),
         ["reconnecting", addr] => reconnecting(addr),
         ["acceptor", addr] => acceptor(addr),
@@ -400,6 +401,29 @@ fn acceptor(addr: &str) -> Result<()> {
         say(&format!("accepted {remote}"));
         held.push(s);
     }
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    Ok(())
+}
+
+/// Like `beat`, for every client it accepts (up to 100): a dispatch server
+/// whose runners reconnect. Runs until stdin closes.
+fn beats(addr: &str, ms: &str) -> Result<()> {
+    let ms: u64 = ms.parse().map_err(|_| format!("bad interval {ms}"))?;
+    let l = TcpListener::bind(addr).map_err(|e| format!("bind {addr}: {e}"))?;
+    say(&format!(
+        "listening {}",
+        l.local_addr().map_err(|e| e.to_string())?
+    ));
+    std::thread::spawn(move || {
+        for s in l.incoming().take(100).flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                while s.write_all(b".").is_ok() {
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                }
+            });
+        }
+    });
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
     Ok(())
 }
