@@ -80,3 +80,111 @@ impl Healer for DirectHealer {
         run_step(step, &self.keepalive).map(|v| v.to_string())
     }
 }
+
+/// The helper's executor: the real actions, for requests the helper has
+/// already parsed, authorized and pinned to a pidfd.
+#[derive(Debug, Default)]
+pub struct ActionsExecutor {
+    pub keepalive: Keepalive,
+}
+
+/// Longest grace a caller may ask the helper to wait before SIGKILL.
+const MAX_GRACE: Duration = Duration::from_secs(120);
+
+impl crate::helper::server::Executor for ActionsExecutor {
+    fn act(
+        &self,
+        _caller: &crate::helper::protocol::Caller,
+        target: &crate::pidfd::Pidfd,
+        req: &crate::helper::protocol::ActRequest,
+    ) -> Result<serde_json::Value, String> {
+        use crate::helper::protocol::Action;
+        let e = |e: actions::ActionError| e.to_string();
+        let fd = || {
+            req.fd
+                .ok_or_else(|| format!("{} needs an fd", req.action.as_str()))
+        };
+        let value = match req.action {
+            Action::ArmKeepalive => serde_json::to_value(
+                actions::arm_keepalive(target, fd()?, &self.keepalive).map_err(e)?,
+            ),
+            Action::DestroySocket => {
+                serde_json::to_value(actions::destroy_socket(target, fd()?).map_err(e)?)
+            }
+            Action::Signal => {
+                let grace = req
+                    .params
+                    .get("grace_ms")
+                    .and_then(serde_json::Value::as_u64)
+                    .map_or(Duration::from_secs(10), Duration::from_millis);
+                serde_json::to_value(
+                    actions::signal_escalate(target, grace.min(MAX_GRACE)).map_err(e)?,
+                )
+            }
+            // Running a command as root on a caller's say-so is not the
+            // helper's to do: the caller runs its own restart command.
+            Action::Restart => {
+                return Err(
+                    "the helper does not run restart commands: the caller runs its own".into(),
+                );
+            }
+        };
+        value.map_err(|e| e.to_string())
+    }
+}
+
+/// Acts through the privileged helper (for agents of other users, or to
+/// keep the caller unprivileged); restart commands run here, as the caller.
+pub struct HelperHealer {
+    client: std::sync::Mutex<crate::helper::client::HelperClient>,
+    keepalive: Keepalive,
+}
+
+impl HelperHealer {
+    pub fn new(client: crate::helper::client::HelperClient) -> HelperHealer {
+        HelperHealer {
+            client: std::sync::Mutex::new(client),
+            keepalive: Keepalive::default(),
+        }
+    }
+}
+
+impl Healer for HelperHealer {
+    fn act(&self, agent: &str, step: &Step) -> Result<String, String> {
+        use crate::helper::protocol::{ActRequest, Action};
+        let (action, pid, start_ticks, fd, grace_ms) = match step {
+            Step::ArmKeepalive {
+                pid,
+                start_ticks,
+                fd,
+                ..
+            } => (Action::ArmKeepalive, *pid, *start_ticks, Some(*fd), None),
+            Step::DestroySocket {
+                pid,
+                start_ticks,
+                fd,
+                ..
+            } => (Action::DestroySocket, *pid, *start_ticks, Some(*fd), None),
+            Step::Signal {
+                pid,
+                start_ticks,
+                grace_ms,
+            } => (Action::Signal, *pid, *start_ticks, None, Some(*grace_ms)),
+            Step::Restart { .. } => return run_step(step, &self.keepalive).map(|v| v.to_string()),
+        };
+        let mut req = ActRequest::new(action, pid, start_ticks);
+        req.fd = fd;
+        req.agent = Some(agent.to_string());
+        if let Some(g) = grace_ms {
+            req.params.insert("grace_ms".into(), g.into());
+        }
+        let mut client = self
+            .client
+            .lock()
+            .map_err(|_| "helper client poisoned".to_string())?;
+        client
+            .act(&req)
+            .map(|v| v.to_string())
+            .map_err(|e| format!("through the helper: {e}"))
+    }
+}

@@ -13,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod ebpf;
 pub mod healer;
+pub mod helper;
 pub mod inspect;
 pub mod judge;
 pub mod ladder;

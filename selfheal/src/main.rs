@@ -24,6 +24,7 @@ enum Command {
     Config(cli::config::Args),
     Snapshots(cli::snapshots::Args),
     Install(cli::install::Args),
+    Helper(cli::helper::Args),
 }
 
 /// Exit code for usage and configuration errors.
@@ -58,6 +59,10 @@ fn main() -> ExitCode {
         Command::Config(args) => cli::config::run(args),
         Command::Snapshots(args) => cli::snapshots::run(args),
         Command::Install(args) => cli::install::run(args),
+        Command::Helper(args) => cli::helper::run(
+            args,
+            std::sync::Arc::new(selfheal::healer::ActionsExecutor::default()),
+        ),
     };
     match result {
         Ok(code) => code,

@@ -139,7 +139,9 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         }
         let w = verdict_of(&r, "wedging");
         if w["verdict"] == "wedged" {
-            assert_eq!(code, 2);
+            // Healed at once (keepalive armed on the dead connection): exit 1.
+            assert_eq!(w["heal"]["actions"][0]["step"]["action"], "arm_keepalive", "{w:#}");
+            assert_eq!(code, 1, "wedged, and a healing step was taken");
             let codes: Vec<&str> = w["reasons"]
                 .as_array()
                 .unwrap()

@@ -49,6 +49,11 @@ pub struct Common {
     /// Decide healing steps and report them, but take none.
     #[arg(long)]
     dry_run: bool,
+    /// The privileged helper's socket. Without a helper there, `check` acts
+    /// directly where it has the permission (its own uid's agents, or all as
+    /// root).
+    #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::DEFAULT_SOCKET)]
+    helper: PathBuf,
 }
 
 /// Judge every configured agent once and exit with a code for the worst
@@ -78,13 +83,27 @@ pub struct WatchArgs {
     count: Option<u64>,
 }
 
+/// The helper if one answers at `path`, else this process itself.
+fn healer(path: &Path) -> Box<dyn check::Healer> {
+    match selfheal::helper::client::HelperClient::connect(path) {
+        Ok(client) => {
+            tracing::debug!("healing through the helper at {}", path.display());
+            Box::new(selfheal::healer::HelperHealer::new(client))
+        }
+        Err(e) => {
+            tracing::info!("{e}; acting directly where permitted");
+            Box::new(selfheal::healer::DirectHealer::default())
+        }
+    }
+}
+
 /// Exit code for usage and configuration errors.
 const EXIT_CONFIG: u8 = 3;
 
 /// Everything one check needs that outlives it.
 struct Session {
     config: Config,
-    healer: selfheal::healer::DirectHealer,
+    healer: Box<dyn check::Healer>,
     store: Option<StateStore>,
     history: History,
     log: Option<SnapshotLog>,
@@ -157,7 +176,7 @@ impl Session {
             },
         };
         Ok(Session {
-            healer: Default::default(),
+            healer: healer(&c.helper),
             config,
             store,
             history,
@@ -172,7 +191,7 @@ impl Session {
             &self.config,
             &mut self.history,
             self.log.as_ref(),
-            Some(&self.healer as &dyn check::Healer),
+            Some(self.healer.as_ref()),
             &self.opts,
             clock::boot_ns() / 1_000_000,
         );

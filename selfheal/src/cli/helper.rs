@@ -1,0 +1,132 @@
+//! `selfheal helper`: the privileged long-running process. Owns the command
+//! line (flags, the root check, socket activation, signals, the exit code);
+//! everything else is `selfheal::helper`.
+
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use nix::sys::signal::{SigSet, Signal};
+use selfheal::{
+    ebpf::TracerOptions,
+    helper::{
+        DEFAULT_SOCKET, Executor, Listen, Policy, SOCKET_MODE, ServerOptions, StopReason, serve,
+        server::take_activated_listener,
+    },
+};
+
+/// Run the privileged helper that holds the eBPF tracer and heals for
+/// authorized callers.
+///
+/// It keeps the eBPF tracer loaded, answers queries and performs healing
+/// actions for the callers its policy authorizes (each request by the
+/// caller's uid), on a unix socket speaking JSON lines (protocol version 1).
+/// Socket-activated by systemd (LISTEN_FDS), it exits after --idle-timeout
+/// without connections; otherwise it runs until SIGTERM or SIGINT.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The unix socket to listen on (created mode 0666: every request is
+    /// authorized by the caller's uid). Needed to run as a user other than
+    /// root. [default: /run/selfheal/helper.sock]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// The policy file granting uids other uids' processes. It must be
+    /// owned by root and writable by nobody else. [default:
+    /// /etc/selfheal/helper.toml, when it exists]
+    #[arg(long, value_name = "PATH")]
+    policy: Option<PathBuf>,
+    /// When socket-activated, exit after this long without a connection
+    /// (e.g. 60s, 5m).
+    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, default_value = "60s")]
+    idle_timeout: Duration,
+    /// Do not load the eBPF tracer (eBPF queries are answered
+    /// `unavailable`).
+    #[arg(long)]
+    no_ebpf: bool,
+}
+
+/// Exit code for usage and configuration errors.
+const EXIT_USAGE: u8 = 3;
+
+pub fn run(args: Args, executor: Arc<dyn Executor>) -> anyhow::Result<ExitCode> {
+    // SAFETY: the first thing this subcommand does, before it starts any
+    // thread; main starts none (the log subscriber runs on the caller's).
+    let activated = unsafe { take_activated_listener() }?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 && args.socket.is_none() && activated.is_none() {
+        eprintln!(
+            "selfheal helper: refusing to run as uid {euid} on the system socket {DEFAULT_SOCKET}: \
+             only root may serve it (and only root can load eBPF and act on other users' \
+             processes). To run a helper for your own processes, give --socket PATH."
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
+    let policy = match Policy::load(args.policy.as_deref(), euid) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("selfheal helper: {e}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let policy_line = policy.describe();
+    let (listen, idle, where_) = match activated {
+        Some(fd) => (
+            Listen::Fd(fd),
+            Some(args.idle_timeout),
+            "the socket systemd passed (fd 3)".to_string(),
+        ),
+        None => {
+            let path = args.socket.unwrap_or_else(|| DEFAULT_SOCKET.into());
+            let where_ = format!("{} (mode {SOCKET_MODE:04o})", path.display());
+            (Listen::Path(path), None, where_)
+        }
+    };
+    let mut opts = ServerOptions::new(listen);
+    opts.policy = policy;
+    opts.idle_timeout = idle;
+    opts.ebpf = (!args.no_ebpf).then(TracerOptions::default);
+
+    // SIGTERM and SIGINT are taken by one thread with sigwait; blocked here,
+    // before any thread starts, so that every thread inherits the mask.
+    // (Children get an empty mask: std resets it before exec.)
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals
+        .thread_block()
+        .context("cannot block SIGTERM and SIGINT")?;
+
+    let handle = serve(opts, executor)?;
+    match &handle.ebpf().strategy {
+        Some(s) => tracing::info!("helper: eBPF tracer attached ({s})"),
+        None => tracing::warn!(
+            "helper: no eBPF tracer: {}",
+            handle.ebpf().error.as_deref().unwrap_or("unknown reason")
+        ),
+    }
+    tracing::info!(
+        "helper: listening on {where_}; policy: {policy_line}; idle timeout: {}",
+        idle.map_or("none".to_string(), |d| humantime::format_duration(d)
+            .to_string())
+    );
+
+    let stopper = handle.stopper();
+    std::thread::Builder::new()
+        .name("selfheal-signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!("helper: {sig}: stopping (finishing requests in flight)");
+                stopper.stop();
+            }
+        })
+        .context("cannot start the signal thread")?;
+
+    match handle.join()? {
+        StopReason::Shutdown => tracing::info!("helper: stopped"),
+        StopReason::Idle => tracing::info!(
+            "helper: no connection for {}; exiting (systemd starts it again on the next one)",
+            humantime::format_duration(args.idle_timeout)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}

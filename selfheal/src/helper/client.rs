@@ -1,0 +1,422 @@
+//! The client side of the helper protocol: one connection, reused while it
+//! is fresh, with connect and read timeouts. A helper that is not there is
+//! [`ClientError::Unavailable`] (callers go on without it); a connection
+//! lost mid-request is retried once on a fresh connection for the
+//! idempotent ops (`hello`, `watch`, `unwatch`, `ebpf_snapshot`), never for
+//! `act`, which may have been performed.
+
+use std::{
+    io::{self, Read as _, Write as _},
+    os::{fd::AsRawFd as _, unix::net::UnixStream},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    errno::Errno,
+    sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, recv, socket},
+};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::protocol::{
+    ActRequest, ErrorCode, HelloResult, Op, Request, Response, SnapshotWire, UnwatchResult,
+    WatchResult,
+};
+use crate::ebpf::TracerSnapshot;
+
+/// The longest response accepted (a snapshot of many sockets is large).
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+/// A connection idle longer than this is replaced before use: the helper
+/// closes idle connections after its request timeout.
+const REUSE_IDLE: Duration = Duration::from_millis(500);
+
+/// The helper answered with an error.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("helper refused: {code}: {message}")]
+pub struct RemoteError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// Why a request got no result.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No helper to talk to (no socket, nobody listening, no permission):
+    /// go on without it.
+    #[error("helper at {} is unavailable: {reason}", path.display())]
+    Unavailable { path: PathBuf, reason: String },
+    /// The connection broke before the answer (the helper died or closed
+    /// it).
+    #[error("helper at {}: {reason}", path.display())]
+    Broken { path: PathBuf, reason: String },
+    /// No answer in time.
+    #[error("helper at {} did not answer within {} ms", path.display(), timeout.as_millis())]
+    Timeout { path: PathBuf, timeout: Duration },
+    /// An answer this client cannot read.
+    #[error("helper at {} sent a bad response: {reason}", path.display())]
+    Protocol { path: PathBuf, reason: String },
+    /// The helper refused the request.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+}
+
+impl ClientError {
+    /// The helper's error code, when the helper answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Remote(r) => Some(r.code),
+            _ => None,
+        }
+    }
+}
+
+/// Timeouts of a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// To get a connection (a helper whose backlog is full).
+    pub connect_timeout: Duration,
+    /// For the answer to a query.
+    pub timeout: Duration,
+    /// For the answer to `act` (actions wait for grace periods and restart
+    /// commands).
+    pub act_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+            act_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+struct Conn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    last_used: Instant,
+}
+
+/// A client of `selfheal helper`.
+pub struct HelperClient {
+    path: PathBuf,
+    opts: ClientOptions,
+    conn: Option<Conn>,
+    next_id: u64,
+}
+
+/// How one attempt failed.
+enum Failure {
+    /// Worth one retry on a fresh connection (for an idempotent op).
+    Broken(String),
+    Final(ClientError),
+}
+
+impl HelperClient {
+    /// Connects to the helper at `path` with the default timeouts.
+    pub fn connect(path: impl AsRef<Path>) -> Result<HelperClient, ClientError> {
+        Self::connect_with(path, ClientOptions::default())
+    }
+
+    pub fn connect_with(
+        path: impl AsRef<Path>,
+        opts: ClientOptions,
+    ) -> Result<HelperClient, ClientError> {
+        let mut c = HelperClient {
+            path: path.as_ref().to_path_buf(),
+            opts,
+            conn: None,
+            next_id: 1,
+        };
+        c.conn = Some(c.open()?);
+        Ok(c)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Protocol and helper versions, the caller as the helper sees it, the
+    /// eBPF strategy or why there is none, the limits.
+    pub fn hello(&mut self) -> Result<HelloResult, ClientError> {
+        self.typed(Op::Hello, true)
+    }
+
+    /// Adds `pids` to the helper's tracer; says since when each is watched.
+    pub fn watch(&mut self, pids: &[u32]) -> Result<WatchResult, ClientError> {
+        self.typed(
+            Op::Watch {
+                pids: pids.to_vec(),
+            },
+            true,
+        )
+    }
+
+    /// Withdraws this uid's interest in `pids`.
+    pub fn unwatch(&mut self, pids: &[u32]) -> Result<UnwatchResult, ClientError> {
+        self.typed(
+            Op::Unwatch {
+                pids: pids.to_vec(),
+            },
+            true,
+        )
+    }
+
+    /// The tracer's snapshot, holding only `pids`.
+    pub fn ebpf_snapshot(&mut self, pids: &[u32]) -> Result<TracerSnapshot, ClientError> {
+        let wire: SnapshotWire = self.typed(
+            Op::EbpfSnapshot {
+                pids: pids.to_vec(),
+            },
+            true,
+        )?;
+        wire.into_snapshot()
+            .map_err(|reason| ClientError::Protocol {
+                path: self.path.clone(),
+                reason,
+            })
+    }
+
+    /// Asks the helper to act; the result is what the action reports. Never
+    /// retried: a lost connection may have lost only the answer.
+    pub fn act(&mut self, req: &ActRequest) -> Result<Value, ClientError> {
+        self.call(Op::Act(req.clone()), false)
+    }
+
+    fn typed<T: DeserializeOwned>(&mut self, op: Op, idempotent: bool) -> Result<T, ClientError> {
+        let name = op.name();
+        let v = self.call(op, idempotent)?;
+        serde_json::from_value(v).map_err(|e| ClientError::Protocol {
+            path: self.path.clone(),
+            reason: format!("{name} result: {e}"),
+        })
+    }
+
+    /// Sends one request and reads its answer, retrying once on a fresh
+    /// connection when `idempotent` and the connection broke.
+    fn call(&mut self, op: Op, idempotent: bool) -> Result<Value, ClientError> {
+        let timeout = if matches!(op, Op::Act(_)) {
+            self.opts.act_timeout
+        } else {
+            self.opts.timeout
+        };
+        let req = Request {
+            id: self.next_id,
+            op,
+        };
+        self.next_id = self.next_id.wrapping_add(1);
+        let line = req.to_line();
+        match self.attempt(req.id, &line, timeout) {
+            Ok(v) => Ok(v),
+            Err(Failure::Final(e)) => Err(e),
+            Err(Failure::Broken(reason)) if !idempotent => Err(ClientError::Broken {
+                path: self.path.clone(),
+                reason,
+            }),
+            Err(Failure::Broken(first)) => {
+                self.conn = None;
+                match self.attempt(req.id, &line, timeout) {
+                    Ok(v) => Ok(v),
+                    Err(Failure::Final(e)) => Err(e),
+                    Err(Failure::Broken(reason)) => Err(ClientError::Broken {
+                        path: self.path.clone(),
+                        reason: format!("{reason} (and before the retry: {first})"),
+                    }),
+                }
+            }
+        }
+    }
+
+    fn attempt(&mut self, id: u64, line: &[u8], timeout: Duration) -> Result<Value, Failure> {
+        let mut conn = match self.conn.take() {
+            Some(c) if is_fresh(&c) => c,
+            _ => self.open().map_err(Failure::Final)?,
+        };
+        let result = self.exchange(&mut conn, id, line, timeout);
+        // A connection is kept only after a complete exchange.
+        if matches!(result, Ok(_) | Err(Failure::Final(ClientError::Remote(_)))) {
+            conn.last_used = Instant::now();
+            self.conn = Some(conn);
+        }
+        result
+    }
+
+    fn exchange(
+        &self,
+        conn: &mut Conn,
+        id: u64,
+        line: &[u8],
+        timeout: Duration,
+    ) -> Result<Value, Failure> {
+        let broken = |what: &str, e: io::Error| Failure::Broken(format!("{what}: {e}"));
+        let mut deadline = Instant::now() + timeout;
+        conn.stream
+            .set_write_timeout(Some(timeout))
+            .map_err(|e| broken("set the write timeout", e))?;
+        // A helper that refused the connection (busy) answered and closed
+        // before reading: the write then fails, but its answer is there to
+        // be read. So a failed write is reported only if no answer follows.
+        let mut write_error = None;
+        if let Err(e) = conn.stream.write_all(line) {
+            if is_timeout(&e) {
+                return Err(Failure::Final(self.timeout(timeout)));
+            }
+            deadline = Instant::now() + Duration::from_millis(100);
+            write_error = Some(e);
+        }
+        let broken_write = |write_error: Option<io::Error>, f: Failure| match write_error {
+            Some(e) => broken("send the request", e),
+            None => f,
+        };
+        let line = loop {
+            if let Some(pos) = conn.buf.iter().position(|b| *b == b'\n') {
+                break conn.buf.drain(..=pos).collect::<Vec<u8>>();
+            }
+            if conn.buf.len() > MAX_RESPONSE_BYTES {
+                return Err(Failure::Final(self.protocol(format!(
+                    "response longer than {} MiB",
+                    MAX_RESPONSE_BYTES >> 20
+                ))));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(broken_write(
+                    write_error,
+                    Failure::Final(self.timeout(timeout)),
+                ));
+            }
+            conn.stream
+                .set_read_timeout(Some(left))
+                .map_err(|e| broken("set the read timeout", e))?;
+            let mut chunk = [0u8; 16384];
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => {
+                    return Err(broken_write(
+                        write_error,
+                        Failure::Broken("the helper closed the connection before answering".into()),
+                    ));
+                }
+                Ok(n) => conn.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(broken_write(write_error, broken("read the answer", e))),
+            }
+        };
+        let resp = Response::parse(&line).map_err(|r| Failure::Final(self.protocol(r)))?;
+        match (resp.id, resp.ok) {
+            (Some(got), _) if got != id => {
+                return Err(Failure::Final(
+                    self.protocol(format!("answer to request {got}, not {id}")),
+                ));
+            }
+            // `id` null: refused before it was read (busy, too large).
+            _ => {}
+        }
+        match (resp.result, resp.error) {
+            (Some(v), None) if resp.ok => Ok(v),
+            (_, Some(e)) => Err(Failure::Final(ClientError::Remote(RemoteError {
+                code: e.code,
+                message: e.message,
+            }))),
+            _ => Err(Failure::Final(
+                self.protocol("neither result nor error".into()),
+            )),
+        }
+    }
+
+    fn timeout(&self, timeout: Duration) -> ClientError {
+        ClientError::Timeout {
+            path: self.path.clone(),
+            timeout,
+        }
+    }
+
+    fn protocol(&self, reason: String) -> ClientError {
+        ClientError::Protocol {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// A new connection, within the connect timeout.
+    fn open(&self) -> Result<Conn, ClientError> {
+        let unavailable = |reason: String| ClientError::Unavailable {
+            path: self.path.clone(),
+            reason,
+        };
+        let addr = UnixAddr::new(self.path.as_path())
+            .map_err(|e| unavailable(format!("bad socket path: {}", e.desc())))?;
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )
+        .map_err(|e| unavailable(format!("socket: {}", e.desc())))?;
+        let deadline = Instant::now() + self.opts.connect_timeout;
+        loop {
+            match connect(fd.as_raw_fd(), &addr) {
+                Ok(()) => break,
+                Err(Errno::EINTR) => {}
+                // The backlog is full (a unix socket does not connect in
+                // the background): wait a little.
+                Err(Errno::EAGAIN) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(Errno::EAGAIN) => {
+                    return Err(unavailable(format!(
+                        "not accepting connections (waited {} ms)",
+                        self.opts.connect_timeout.as_millis()
+                    )));
+                }
+                Err(Errno::ENOENT) => {
+                    return Err(unavailable(
+                        "no socket there (is the helper running?)".into(),
+                    ));
+                }
+                Err(Errno::ECONNREFUSED) => {
+                    return Err(unavailable(
+                        "nobody listens on the socket (the helper is not running)".into(),
+                    ));
+                }
+                Err(e) => return Err(unavailable(format!("connect: {}", e.desc()))),
+            }
+        }
+        let stream = UnixStream::from(fd);
+        stream
+            .set_nonblocking(false)
+            .map_err(|e| unavailable(format!("set the socket blocking: {e}")))?;
+        Ok(Conn {
+            stream,
+            buf: Vec::new(),
+            last_used: Instant::now(),
+        })
+    }
+}
+
+/// Whether a kept connection may be used again: recently used, and not
+/// closed by the helper meanwhile (nothing to read, no end of stream).
+fn is_fresh(c: &Conn) -> bool {
+    if c.last_used.elapsed() > REUSE_IDLE || !c.buf.is_empty() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    matches!(
+        recv(
+            c.stream.as_raw_fd(),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+        ),
+        Err(Errno::EAGAIN)
+    )
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}

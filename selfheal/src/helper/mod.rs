@@ -1,0 +1,21 @@
+//! `selfheal helper`, the privileged long-running process, as a library:
+//! its wire protocol ([`protocol`], the contract), who may do what
+//! ([`policy`]), the server that checks every request and hands actions to
+//! an [`Executor`] ([`server`]), and the client `selfheal check` talks to it
+//! with ([`client`]). The actions themselves live elsewhere and are plugged
+//! in through [`Executor`].
+
+pub mod client;
+pub mod policy;
+pub mod protocol;
+pub mod server;
+
+pub use self::client::{ClientError, ClientOptions, HelperClient, RemoteError};
+pub use self::policy::{DEFAULT_POLICY, Policy, PolicyError};
+pub use self::protocol::{
+    ActRequest, Action, Caller, ErrorCode, HelloResult, PROTOCOL_VERSION, parse_request,
+};
+pub use self::server::{
+    AuditRecord, DEFAULT_SOCKET, DryCall, DryExecutor, Executor, Listen, RateLimit, SOCKET_MODE,
+    ServerError, ServerHandle, ServerOptions, StopReason, Stopper, serve,
+};

@@ -1,0 +1,1044 @@
+//! The helper's wire protocol, version 1 — the contract between
+//! `selfheal helper` and its clients. This module owns the message shapes,
+//! the error codes, the limits, and the pure request parser
+//! ([`parse_request`]); it does no I/O.
+//!
+//! # Framing
+//!
+//! JSON lines over a unix stream socket: every request and every response is
+//! one JSON object on one line, ended by `\n` (a trailing `\r` is ignored).
+//! A connection carries any number of requests, answered in order, one
+//! response per request. A request line longer than
+//! [`MAX_REQUEST_BYTES`] is answered `too_large` and the connection is
+//! closed. A request must be complete within the helper's request timeout
+//! (5 s by default, counted from when the helper starts waiting for it): a
+//! partial line is then answered `timeout` and the connection closed; an idle
+//! connection is closed silently.
+//!
+//! # Requests
+//!
+//! ```json
+//! {"v":1,"id":7,"op":"hello"}
+//! {"v":1,"id":8,"op":"watch","pids":[1234,1240]}
+//! {"v":1,"id":9,"op":"unwatch","pids":[1240]}
+//! {"v":1,"id":10,"op":"ebpf_snapshot","pids":[1234]}
+//! {"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"agent":"sol","params":{"idle_s":10}}
+//! ```
+//!
+//! - `v` (required): the protocol version, `1`.
+//! - `id` (required): an unsigned 64-bit integer chosen by the client,
+//!   echoed in the response.
+//! - `op` (required): one of the ops below. Keys an op does not define are
+//!   errors.
+//!
+//! | op | fields | result |
+//! |----|--------|--------|
+//! | `hello` | — | `protocol`, `helper_version`, `helper_pid`, `caller` {`uid`,`gid`,`pid`} as the helper sees it, `ebpf` {`strategy` or null, `attempts`, `error` or null}, `limits` |
+//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` [{`pid`,`since_ns`}], `gone` [pids that do not exist] |
+//! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` [pids]; a pid leaves the filter when no uid wants it any more |
+//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids |
+//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `agent`?, `params`? | what the action did (its own JSON object) |
+//!
+//! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0); a caller may
+//! name only processes it may query (see below), or the whole request is
+//! `forbidden`. Pids that do not exist are reported (`watch`) or simply
+//! contribute nothing (`ebpf_snapshot`).
+//!
+//! `act`: `action` is `arm_keepalive`, `destroy_socket`, `signal` or
+//! `restart`; `pid` and `start_ticks` (the process's start time in clock
+//! ticks after boot, `/proc/PID/stat` field 22) name the process — a pid now
+//! held by another process is `gone`; `fd` (required for the socket actions)
+//! is the target's file descriptor; `agent` is the agent's name, for the
+//! audit log (`[A-Za-z0-9._-]`, at most [`MAX_AGENT_NAME`] bytes); `params`
+//! is an object the action reads its own options from.
+//!
+//! # Responses
+//!
+//! ```json
+//! {"v":1,"id":7,"ok":true,"result":{...}}
+//! {"v":1,"id":7,"ok":false,"error":{"code":"forbidden","message":"uid 1000 may not act on pid 1"}}
+//! ```
+//!
+//! `id` is `null` when the request's id could not be read (malformed JSON,
+//! no id) or the connection is refused before any request (`busy`).
+//!
+//! # Error codes (stable)
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | `bad_request` | malformed JSON, a missing or unknown field, an unknown op, an unsupported version, a bad value |
+//! | `too_large` | the request line is longer than the limit (the connection is closed) |
+//! | `timeout` | the request did not arrive in time (the connection is closed) |
+//! | `forbidden` | the caller may not query or act on that process, or nobody may (pid 1, the helper, kernel threads) |
+//! | `gone` | the process exited, or its pid now names another process |
+//! | `failed` | the action was tried and failed |
+//! | `busy` | rate limited (a token bucket per uid), or too many connections (in all, or of that uid; answered with `id` null and closed): try again later |
+//! | `unavailable` | the helper cannot do that here (no eBPF tracer) |
+//!
+//! # Authorization
+//!
+//! Every request is authorized by the caller's `SO_PEERCRED`: a caller may
+//! query and act on processes all of whose uids (real, effective, saved) are
+//! its own, or granted to it by the helper's policy; root on all. Nobody may
+//! act on pid 1, the helper itself, or kernel threads. Pids are the helper's:
+//! a caller in another pid namespace is `forbidden` to name any.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::ebpf::{BlockedRecv, Overflow, SocketActivity, Strategy, TracerSnapshot};
+
+/// The protocol version this module speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The longest request line accepted, without its `\n`.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// The most pids one request may name.
+pub const MAX_PIDS: usize = 4096;
+
+/// The longest agent name accepted in `act`.
+pub const MAX_AGENT_NAME: usize = 64;
+
+/// A stable error code (the `error.code` of a response).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    BadRequest,
+    TooLarge,
+    Timeout,
+    Forbidden,
+    Gone,
+    Failed,
+    Busy,
+    Unavailable,
+    /// A code this client does not know (a newer helper). Never sent.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::TooLarge => "too_large",
+            Self::Timeout => "timeout",
+            Self::Forbidden => "forbidden",
+            Self::Gone => "gone",
+            Self::Failed => "failed",
+            Self::Busy => "busy",
+            Self::Unavailable => "unavailable",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request that is refused, with the code and message of its response.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ProtoError {
+    /// The request's id, when it could be read.
+    pub id: Option<u64>,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ProtoError {
+    pub fn new(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            id,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad(id: Option<u64>, message: impl Into<String>) -> Self {
+        Self::new(id, ErrorCode::BadRequest, message)
+    }
+}
+
+/// One parsed, validated request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub id: u64,
+    pub op: Op,
+}
+
+/// What a request asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Hello,
+    /// Pids sorted, without duplicates.
+    Watch {
+        pids: Vec<u32>,
+    },
+    Unwatch {
+        pids: Vec<u32>,
+    },
+    EbpfSnapshot {
+        pids: Vec<u32>,
+    },
+    Act(ActRequest),
+}
+
+impl Op {
+    /// The op's name on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Hello => "hello",
+            Op::Watch { .. } => "watch",
+            Op::Unwatch { .. } => "unwatch",
+            Op::EbpfSnapshot { .. } => "ebpf_snapshot",
+            Op::Act(_) => "act",
+        }
+    }
+}
+
+/// A privileged action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Duplicate the socket `fd` and arm TCP keepalive and user timeout on it.
+    ArmKeepalive,
+    /// Destroy the socket `fd` (`SOCK_DESTROY`, or `shutdown` where missing).
+    DestroySocket,
+    /// SIGTERM, then SIGKILL after a grace period.
+    Signal,
+    /// Run the agent's restart command.
+    Restart,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ArmKeepalive => "arm_keepalive",
+            Self::DestroySocket => "destroy_socket",
+            Self::Signal => "signal",
+            Self::Restart => "restart",
+        }
+    }
+
+    /// Whether the action works on one of the target's sockets (and so
+    /// needs `fd`).
+    pub fn needs_fd(self) -> bool {
+        matches!(self, Self::ArmKeepalive | Self::DestroySocket)
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The fields of an `act` request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActRequest {
+    pub action: Action,
+    pub pid: u32,
+    /// The process's start time in clock ticks after boot: with `pid`, its
+    /// identity.
+    pub start_ticks: u64,
+    /// The target's file descriptor (socket actions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fd: Option<i32>,
+    /// The agent's name, for the audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The action's own options; the executor validates them.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub params: Map<String, Value>,
+}
+
+impl ActRequest {
+    /// A request with no fd, agent or params.
+    pub fn new(action: Action, pid: u32, start_ticks: u64) -> Self {
+        Self {
+            action,
+            pid,
+            start_ticks,
+            fd: None,
+            agent: None,
+            params: Map::new(),
+        }
+    }
+
+    fn validate(&self, id: u64) -> Result<(), ProtoError> {
+        if self.pid == 0 {
+            return Err(ProtoError::bad(Some(id), "pid 0 is not a process"));
+        }
+        match self.fd {
+            Some(fd) if fd < 0 => {
+                return Err(ProtoError::bad(
+                    Some(id),
+                    format!("fd {fd} is not a file descriptor"),
+                ));
+            }
+            None if self.action.needs_fd() => {
+                return Err(ProtoError::bad(
+                    Some(id),
+                    format!("missing field `fd` (required by {})", self.action),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(agent) = &self.agent {
+            let ok = !agent.is_empty()
+                && agent.len() <= MAX_AGENT_NAME
+                && agent
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !ok {
+                return Err(ProtoError::bad(
+                    Some(id),
+                    format!(
+                        "bad agent name (1 to {MAX_AGENT_NAME} of A-Z a-z 0-9 . _ -): {:?}",
+                        truncate(agent, 80)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keys of the envelope, common to every request.
+const ENVELOPE: [&str; 3] = ["v", "id", "op"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PidsFields {
+    pids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+/// Parses and validates one request line (without or with its `\n`). Pure;
+/// never panics.
+pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.len() > MAX_REQUEST_BYTES {
+        return Err(ProtoError::new(
+            None,
+            ErrorCode::TooLarge,
+            format!("request longer than {MAX_REQUEST_BYTES} bytes"),
+        ));
+    }
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Err(ProtoError::bad(None, "empty request"));
+    }
+    let value: Value = serde_json::from_slice(line)
+        .map_err(|e| ProtoError::bad(None, format!("malformed JSON: {e}")))?;
+    let Value::Object(mut obj) = value else {
+        return Err(ProtoError::bad(None, "request is not a JSON object"));
+    };
+    let id = match obj.get("id") {
+        None => return Err(ProtoError::bad(None, "missing field `id`")),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| ProtoError::bad(None, "field `id` is not an unsigned integer"))?,
+    };
+    let some = Some(id);
+    match obj.get("v") {
+        None => return Err(ProtoError::bad(some, "missing field `v`")),
+        Some(v) if v.as_u64() == Some(u64::from(PROTOCOL_VERSION)) => {}
+        Some(v) => {
+            return Err(ProtoError::bad(
+                some,
+                format!(
+                    "unsupported protocol version {} (this helper speaks {PROTOCOL_VERSION})",
+                    truncate(&v.to_string(), 40)
+                ),
+            ));
+        }
+    }
+    let op = match obj.get("op") {
+        None => return Err(ProtoError::bad(some, "missing field `op`")),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(ProtoError::bad(some, "field `op` is not a string")),
+    };
+    for key in ENVELOPE {
+        obj.remove(key);
+    }
+    let fields = Value::Object(obj);
+    let op = match op.as_str() {
+        "hello" => {
+            fields_of::<NoFields>(fields, id, "hello")?;
+            Op::Hello
+        }
+        "watch" => Op::Watch {
+            pids: pids(fields, id, "watch")?,
+        },
+        "unwatch" => Op::Unwatch {
+            pids: pids(fields, id, "unwatch")?,
+        },
+        "ebpf_snapshot" => Op::EbpfSnapshot {
+            pids: pids(fields, id, "ebpf_snapshot")?,
+        },
+        "act" => {
+            let act: ActRequest = fields_of(fields, id, "act")?;
+            act.validate(id)?;
+            Op::Act(act)
+        }
+        other => {
+            return Err(ProtoError::bad(
+                some,
+                format!(
+                    "unknown op {:?} (expected hello, watch, unwatch, ebpf_snapshot, act)",
+                    truncate(other, 40)
+                ),
+            ));
+        }
+    };
+    Ok(Request { id, op })
+}
+
+fn fields_of<T: serde::de::DeserializeOwned>(
+    fields: Value,
+    id: u64,
+    op: &str,
+) -> Result<T, ProtoError> {
+    serde_json::from_value(fields).map_err(|e| ProtoError::bad(Some(id), format!("{op}: {e}")))
+}
+
+fn pids(fields: Value, id: u64, op: &str) -> Result<Vec<u32>, ProtoError> {
+    let PidsFields { mut pids } = fields_of(fields, id, op)?;
+    if pids.len() > MAX_PIDS {
+        return Err(ProtoError::bad(
+            Some(id),
+            format!("{op}: more than {MAX_PIDS} pids"),
+        ));
+    }
+    if pids.contains(&0) {
+        return Err(ProtoError::bad(
+            Some(id),
+            format!("{op}: pid 0 is not a process"),
+        ));
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+impl Request {
+    /// The request as one line, `\n` included.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut obj = Map::new();
+        obj.insert("v".into(), PROTOCOL_VERSION.into());
+        obj.insert("id".into(), self.id.into());
+        obj.insert("op".into(), self.op.name().into());
+        match &self.op {
+            Op::Hello => {}
+            Op::Watch { pids } | Op::Unwatch { pids } | Op::EbpfSnapshot { pids } => {
+                obj.insert("pids".into(), pids.clone().into());
+            }
+            Op::Act(act) => {
+                if let Ok(Value::Object(fields)) = serde_json::to_value(act) {
+                    obj.extend(fields);
+                }
+            }
+        }
+        line(&Value::Object(obj))
+    }
+}
+
+fn line<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing plain data into a Vec cannot fail; an empty object is the
+    // harmless answer if it ever did.
+    let mut out = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
+    out.push(b'\n');
+    out
+}
+
+/// A response's error object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// One response line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub v: u32,
+    pub id: Option<u64>,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<WireError>,
+}
+
+impl Response {
+    pub fn ok(id: u64, result: Value) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            id: Some(id),
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    pub fn error(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            id,
+            ok: false,
+            result: None,
+            error: Some(WireError {
+                code,
+                message: message.into(),
+            }),
+        }
+    }
+
+    pub fn from_error(e: ProtoError) -> Self {
+        Self::error(e.id, e.code, e.message)
+    }
+
+    /// The response as one line, `\n` included.
+    pub fn to_line(&self) -> Vec<u8> {
+        line(self)
+    }
+
+    /// Parses one response line.
+    pub fn parse(line: &[u8]) -> Result<Response, String> {
+        let r: Response =
+            serde_json::from_slice(line).map_err(|e| format!("malformed response: {e}"))?;
+        if r.v != PROTOCOL_VERSION {
+            return Err(format!(
+                "response of protocol version {} (this client speaks {PROTOCOL_VERSION})",
+                r.v
+            ));
+        }
+        if r.ok != r.result.is_some() || r.ok == r.error.is_some() {
+            return Err(
+                "malformed response: exactly one of `result` and `error` is expected".into(),
+            );
+        }
+        Ok(r)
+    }
+}
+
+/// Who is asking, as the kernel says (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// The result of `hello`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloResult {
+    pub protocol: u32,
+    pub helper_version: String,
+    pub helper_pid: u32,
+    pub caller: Caller,
+    pub ebpf: EbpfStatus,
+    pub limits: Limits,
+}
+
+/// The helper's tracer: which strategy runs, or why none does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbpfStatus {
+    /// The attached strategy's name (`kprobe`, `fentry`, `tp_btf`,
+    /// `tracepoint`), or null.
+    pub strategy: Option<String>,
+    /// Every strategy tried, with why it failed (`error` null for the one
+    /// that attached).
+    pub attempts: Vec<AttemptWire>,
+    /// Why there is no tracer, when there is none.
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptWire {
+    pub strategy: String,
+    pub error: Option<String>,
+}
+
+/// The helper's limits, for clients to respect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_request_bytes: usize,
+    pub request_timeout_ms: u64,
+    pub max_pids: usize,
+}
+
+/// The result of `watch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchResult {
+    /// When the tracer was attached (`CLOCK_BOOTTIME` ns).
+    pub attached_at_ns: u64,
+    /// The watched pids and since when each is (receives begun earlier are
+    /// invisible to the tracer).
+    pub watched: Vec<WatchedPid>,
+    /// Requested pids that do not exist.
+    pub gone: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchedPid {
+    pub pid: u32,
+    /// `CLOCK_BOOTTIME` ns.
+    pub since_ns: u64,
+}
+
+/// The result of `unwatch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnwatchResult {
+    pub unwatched: Vec<u32>,
+}
+
+/// [`TracerSnapshot`] as it is read back from the wire (the tracer's types
+/// only serialize). [`SnapshotWire::into_snapshot`] checks and converts.
+#[derive(Clone, Debug, Deserialize)]
+pub struct SnapshotWire {
+    pub strategy: String,
+    pub taken_at_ns: u64,
+    pub blocked: Vec<BlockedWire>,
+    pub sockets: Vec<SocketWire>,
+    pub overflow: OverflowWire,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct BlockedWire {
+    pub tgid: u32,
+    pub tid: u32,
+    pub inode: Option<u64>,
+    pub fd: Option<i32>,
+    pub syscall: Option<String>,
+    pub tcp_checked: bool,
+    pub since_ns: u64,
+    pub age_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct SocketWire {
+    pub inode: u64,
+    pub tgid: u32,
+    pub last_recv_ms: Option<u64>,
+    pub last_recv_bytes: u64,
+    pub last_send_ms: Option<u64>,
+    pub last_send_bytes: u64,
+    pub recv_data: u64,
+    pub recv_empty: u64,
+    pub recv_error: u64,
+    pub sends: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub struct OverflowWire {
+    pub in_recv_full: u64,
+    pub socks_full: u64,
+    pub read_failed: u64,
+    pub in_send_full: u64,
+}
+
+impl SnapshotWire {
+    /// The snapshot, or what is wrong with it.
+    pub fn into_snapshot(self) -> Result<TracerSnapshot, String> {
+        let strategy = Strategy::from_name(&self.strategy)
+            .ok_or_else(|| format!("unknown eBPF strategy {:?}", truncate(&self.strategy, 40)))?;
+        let blocked = self
+            .blocked
+            .into_iter()
+            .map(|b| BlockedRecv {
+                tgid: b.tgid,
+                tid: b.tid,
+                inode: b.inode,
+                fd: b.fd,
+                // The tracer's names are static; a name it does not know is
+                // dropped rather than invented.
+                syscall: b.syscall.as_deref().and_then(static_syscall_name),
+                tcp_checked: b.tcp_checked,
+                since_ns: b.since_ns,
+                age_ms: b.age_ms,
+            })
+            .collect();
+        let sockets = self
+            .sockets
+            .into_iter()
+            .map(|s| SocketActivity {
+                inode: s.inode,
+                tgid: s.tgid,
+                last_recv_ms: s.last_recv_ms,
+                last_recv_bytes: s.last_recv_bytes,
+                last_send_ms: s.last_send_ms,
+                last_send_bytes: s.last_send_bytes,
+                recv_data: s.recv_data,
+                recv_empty: s.recv_empty,
+                recv_error: s.recv_error,
+                sends: s.sends,
+                bytes_received: s.bytes_received,
+                bytes_sent: s.bytes_sent,
+            })
+            .collect();
+        let o = self.overflow;
+        Ok(TracerSnapshot {
+            strategy,
+            taken_at_ns: self.taken_at_ns,
+            blocked,
+            sockets,
+            overflow: Overflow {
+                in_recv_full: o.in_recv_full,
+                socks_full: o.socks_full,
+                read_failed: o.read_failed,
+                in_send_full: o.in_send_full,
+            },
+        })
+    }
+}
+
+/// The tracer's static name for syscall `name`.
+fn static_syscall_name(name: &str) -> Option<&'static str> {
+    // The syscall numbers the tracer names are all below 512 (x86_64).
+    (0..512).find_map(|nr| crate::ebpf::snapshot::syscall_name(nr).filter(|n| *n == name))
+}
+
+/// The result of `ebpf_snapshot` restricted to `pids` (pure).
+pub fn filter_snapshot(mut snap: TracerSnapshot, pids: &[u32]) -> TracerSnapshot {
+    snap.blocked.retain(|b| pids.binary_search(&b.tgid).is_ok());
+    snap.sockets.retain(|s| pids.binary_search(&s.tgid).is_ok());
+    snap
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(line: &str) -> (Option<u64>, ErrorCode, String) {
+        let e = parse_request(line.as_bytes()).unwrap_err();
+        (e.id, e.code, e.message)
+    }
+
+    #[test]
+    fn good_requests_parse() {
+        assert_eq!(
+            parse_request(br#"{"v":1,"id":7,"op":"hello"}"#).unwrap(),
+            Request {
+                id: 7,
+                op: Op::Hello
+            }
+        );
+        assert_eq!(
+            parse_request(b"{\"op\":\"watch\",\"pids\":[9,3,9],\"v\":1,\"id\":1}\r\n").unwrap(),
+            Request {
+                id: 1,
+                op: Op::Watch { pids: vec![3, 9] }
+            }
+        );
+        let r = parse_request(
+            br#"{"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"agent":"sol","params":{"idle_s":10}}"#,
+        )
+        .unwrap();
+        let Op::Act(act) = r.op else {
+            panic!("not act: {r:?}")
+        };
+        assert_eq!(act.action, Action::ArmKeepalive);
+        assert_eq!((act.pid, act.start_ticks, act.fd), (1234, 5170, Some(7)));
+        assert_eq!(act.agent.as_deref(), Some("sol"));
+        assert_eq!(act.params["idle_s"], 10);
+    }
+
+    #[test]
+    fn requests_round_trip_through_to_line() {
+        let mut act = ActRequest::new(Action::Signal, 42, 99);
+        act.agent = Some("a.b-c_d".into());
+        act.params.insert("grace_ms".into(), 500.into());
+        for op in [
+            Op::Hello,
+            Op::Watch { pids: vec![1, 2] },
+            Op::Unwatch { pids: vec![] },
+            Op::EbpfSnapshot { pids: vec![5] },
+            Op::Act(act),
+        ] {
+            let req = Request { id: u64::MAX, op };
+            assert_eq!(parse_request(&req.to_line()).unwrap(), req);
+        }
+    }
+
+    #[test]
+    fn every_malformed_request_is_a_bad_request() {
+        use ErrorCode::*;
+        let cases: &[(&str, Option<u64>, ErrorCode, &str)] = &[
+            ("", None, BadRequest, "empty request"),
+            ("{", None, BadRequest, "malformed JSON"),
+            ("\u{0}\u{ff}", None, BadRequest, "malformed JSON"),
+            ("[1]", None, BadRequest, "not a JSON object"),
+            (
+                r#"{"v":1,"op":"hello"}"#,
+                None,
+                BadRequest,
+                "missing field `id`",
+            ),
+            (r#"{"v":1,"id":-1,"op":"hello"}"#, None, BadRequest, "`id`"),
+            (
+                r#"{"id":3,"op":"hello"}"#,
+                Some(3),
+                BadRequest,
+                "missing field `v`",
+            ),
+            (
+                r#"{"v":2,"id":3,"op":"hello"}"#,
+                Some(3),
+                BadRequest,
+                "version 2",
+            ),
+            (
+                r#"{"v":"1","id":3,"op":"hello"}"#,
+                Some(3),
+                BadRequest,
+                "version",
+            ),
+            (
+                r#"{"v":1,"id":3}"#,
+                Some(3),
+                BadRequest,
+                "missing field `op`",
+            ),
+            (r#"{"v":1,"id":3,"op":7}"#, Some(3), BadRequest, "`op`"),
+            (
+                r#"{"v":1,"id":3,"op":"reboot"}"#,
+                Some(3),
+                BadRequest,
+                "unknown op \"reboot\"",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"hello","x":1}"#,
+                Some(3),
+                BadRequest,
+                "unknown field `x`",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"watch"}"#,
+                Some(3),
+                BadRequest,
+                "missing field `pids`",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"watch","pids":[-1]}"#,
+                Some(3),
+                BadRequest,
+                "invalid value",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"watch","pids":[0]}"#,
+                Some(3),
+                BadRequest,
+                "pid 0",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"watch","pids":"1"}"#,
+                Some(3),
+                BadRequest,
+                "invalid type",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","pid":5,"start_ticks":1}"#,
+                Some(3),
+                BadRequest,
+                "missing field `action`",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"reboot","pid":5,"start_ticks":1}"#,
+                Some(3),
+                BadRequest,
+                "unknown variant",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"signal","pid":5}"#,
+                Some(3),
+                BadRequest,
+                "missing field `start_ticks`",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"signal","pid":0,"start_ticks":1}"#,
+                Some(3),
+                BadRequest,
+                "pid 0",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"destroy_socket","pid":5,"start_ticks":1}"#,
+                Some(3),
+                BadRequest,
+                "missing field `fd`",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"destroy_socket","pid":5,"start_ticks":1,"fd":-3}"#,
+                Some(3),
+                BadRequest,
+                "fd -3",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"signal","pid":5,"start_ticks":1,"agent":"a b\n"}"#,
+                Some(3),
+                BadRequest,
+                "bad agent name",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"signal","pid":5,"start_ticks":1,"params":[1]}"#,
+                Some(3),
+                BadRequest,
+                "invalid type",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"signal","pid":5,"start_ticks":1,"extra":1}"#,
+                Some(3),
+                BadRequest,
+                "unknown field `extra`",
+            ),
+        ];
+        for (line, id, c, needle) in cases {
+            let (got_id, got_code, message) = code(line);
+            assert_eq!((got_id, got_code), (*id, *c), "{line}: {message}");
+            assert!(
+                message.contains(needle),
+                "{line}: {message:?} lacks {needle:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let mut big = br#"{"v":1,"id":1,"op":"hello","x":""#.to_vec();
+        big.resize(MAX_REQUEST_BYTES + 1, b'a');
+        assert_eq!(parse_request(&big).unwrap_err().code, ErrorCode::TooLarge);
+        let pids: Vec<String> = (1..=MAX_PIDS as u32 + 1).map(|p| p.to_string()).collect();
+        let line = format!(
+            r#"{{"v":1,"id":1,"op":"watch","pids":[{}]}}"#,
+            pids.join(",")
+        );
+        assert!(code(&line).2.contains("more than"));
+        // Deep nesting is refused by the JSON parser, not by the stack.
+        let deep = format!("{}{}", "[".repeat(30_000), "]".repeat(30_000));
+        assert_eq!(code(&deep).1, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        // A cheap deterministic fuzz until the real fuzz target exists.
+        let seeds: &[&[u8]] = &[
+            br#"{"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7}"#,
+            br#"{"v":1,"id":8,"op":"watch","pids":[1234,1240]}"#,
+        ];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for seed in seeds {
+            for _ in 0..3000 {
+                let mut s = seed.to_vec();
+                for _ in 0..4 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let i = (x as usize) % s.len();
+                    match x % 3 {
+                        0 => s[i] = (x >> 8) as u8,
+                        1 => {
+                            s.remove(i);
+                        }
+                        _ => s.insert(i, (x >> 16) as u8),
+                    }
+                }
+                let _ = parse_request(&s);
+            }
+        }
+    }
+
+    #[test]
+    fn responses_parse_and_are_checked() {
+        let ok = Response::ok(3, serde_json::json!({"a":1}));
+        assert_eq!(Response::parse(&ok.to_line()).unwrap(), ok);
+        let err = Response::error(None, ErrorCode::Busy, "slow down");
+        assert_eq!(Response::parse(&err.to_line()).unwrap(), err);
+        assert!(Response::parse(br#"{"v":1,"id":1,"ok":true}"#).is_err());
+        assert!(Response::parse(br#"{"v":2,"id":1,"ok":true,"result":{}}"#).is_err());
+        let r = Response::parse(
+            br#"{"v":1,"id":1,"ok":false,"error":{"code":"new_code","message":"m"}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.error.unwrap().code, ErrorCode::Unknown);
+    }
+
+    #[test]
+    fn snapshots_survive_the_wire() {
+        let snap = TracerSnapshot {
+            strategy: Strategy::TpBtf,
+            taken_at_ns: 123,
+            blocked: vec![
+                BlockedRecv {
+                    tgid: 10,
+                    tid: 11,
+                    inode: Some(99),
+                    fd: Some(4),
+                    syscall: Some("recvfrom"),
+                    tcp_checked: false,
+                    since_ns: 5,
+                    age_ms: 6,
+                },
+                BlockedRecv {
+                    tgid: 20,
+                    tid: 21,
+                    inode: None,
+                    fd: None,
+                    syscall: None,
+                    tcp_checked: true,
+                    since_ns: 7,
+                    age_ms: 8,
+                },
+            ],
+            sockets: vec![SocketActivity {
+                inode: 99,
+                tgid: 10,
+                last_recv_ms: Some(1),
+                last_recv_bytes: 2,
+                last_send_ms: None,
+                last_send_bytes: 3,
+                recv_data: 4,
+                recv_empty: 5,
+                recv_error: 6,
+                sends: 7,
+                bytes_received: 8,
+                bytes_sent: 9,
+            }],
+            overflow: Overflow {
+                in_recv_full: 1,
+                socks_full: 2,
+                read_failed: 3,
+                in_send_full: 4,
+            },
+        };
+        let json = serde_json::to_vec(&snap).unwrap();
+        let wire: SnapshotWire = serde_json::from_slice(&json).unwrap();
+        assert_eq!(wire.into_snapshot().unwrap(), snap);
+        let only_10 = filter_snapshot(snap.clone(), &[10]);
+        assert_eq!(only_10.blocked.len(), 1);
+        assert_eq!(only_10.sockets.len(), 1);
+        assert!(filter_snapshot(snap, &[30]).blocked.is_empty());
+    }
+}

@@ -1,0 +1,1522 @@
+//! The helper's server: listening (a socket path it binds, or a listener
+//! handed over by systemd socket activation), one thread per connection
+//! with a bound on their number (in all and per uid), framing with size and
+//! time limits, a per-uid rate limit, authorization of every request by
+//! `SO_PEERCRED` (and of every pid it names: same pid namespace, policy),
+//! the eBPF tracer it keeps attached, the audit of every action, and
+//! graceful shutdown. The actions themselves are the [`Executor`]'s: the
+//! server checks everything first and calls it last.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    io::{self, Read as _, Write as _},
+    os::{
+        fd::{AsFd, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        unix::{
+            fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
+            net::{UnixListener, UnixStream},
+        },
+    },
+    panic::AssertUnwindSafe,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Condvar, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use nix::sys::socket::{getsockopt, sockopt};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{
+    policy::{Policy, Target, never_acted_on, read_target},
+    protocol::{
+        ActRequest, AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits, MAX_PIDS,
+        MAX_REQUEST_BYTES, Op, PROTOCOL_VERSION, Response, UnwatchResult, WatchResult, WatchedPid,
+        WireError, filter_snapshot, parse_request,
+    },
+};
+use crate::{
+    ebpf::{Tracer, TracerError, TracerOptions, chain},
+    pidfd::{Pidfd, PidfdError, start_ticks},
+};
+
+/// Where the helper listens when no `--socket` is given.
+pub const DEFAULT_SOCKET: &str = "/run/selfheal/helper.sock";
+
+/// Mode of the socket file the helper binds: 0666, anyone may connect.
+///
+/// Authorization is by `SO_PEERCRED` on every request, against the policy;
+/// the file mode only limits who may *connect*. The default policy lets
+/// every user query and heal its own processes, and `selfheal check` runs
+/// from every user's timer, so every user must be able to connect: a 0660
+/// socket would need a deployment-time group mirroring the policy with a
+/// second, coarser rule that can only disagree with it. What a stranger who
+/// connects can cost is bounded by the connection cap, the request size and
+/// time limits, and the per-uid rate limit; what it can do is nothing the
+/// policy does not grant. (A deployment that wants fewer callers can set
+/// `SocketMode=` on its socket unit: the helper accepts any mode then.)
+pub const SOCKET_MODE: u32 = 0o666;
+
+/// Mode of the socket's directory when the helper creates it.
+pub const SOCKET_DIR_MODE: u32 = 0o755;
+
+/// Most pids one uid may have watched at once.
+pub const MAX_WATCHED_PER_UID: usize = 4096;
+
+/// Performs the privileged actions. The server has already parsed the
+/// request, authorized the caller, and opened `target` (checked against the
+/// request's `start_ticks`) when it calls [`Executor::act`]; the executor
+/// acts through `target` only, and bounds its own time (a grace period, a
+/// restart command's timeout). A restart command must never come from the
+/// request as root: it is the agent's configured one, or it runs with the
+/// caller's credentials.
+pub trait Executor: Send + Sync {
+    /// Performs `req` on `target`; the result is the response's JSON, the
+    /// error its `failed` message.
+    fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String>;
+}
+
+/// One call a [`DryExecutor`] received.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DryCall {
+    pub caller: Caller,
+    /// The pidfd's pid and start time.
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub request: ActRequest,
+}
+
+/// An executor that does nothing but record its calls (tests, dry runs).
+#[derive(Debug, Default)]
+pub struct DryExecutor {
+    calls: Mutex<Vec<DryCall>>,
+    delay: Duration,
+}
+
+impl DryExecutor {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One that takes `delay` per call (an action in flight).
+    pub fn with_delay(delay: Duration) -> Self {
+        Self {
+            calls: Mutex::default(),
+            delay,
+        }
+    }
+
+    /// The calls so far, in order.
+    pub fn calls(&self) -> Vec<DryCall> {
+        lock(&self.calls).clone()
+    }
+}
+
+impl Executor for DryExecutor {
+    fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String> {
+        std::thread::sleep(self.delay);
+        lock(&self.calls).push(DryCall {
+            caller: *caller,
+            pid: target.pid(),
+            start_ticks: target.start_ticks(),
+            request: req.clone(),
+        });
+        Ok(serde_json::json!({
+            "dry_run": true,
+            "action": req.action,
+            "pid": target.pid(),
+        }))
+    }
+}
+
+/// Where the server gets its listening socket.
+#[derive(Debug)]
+pub enum Listen {
+    /// Bind this path (its directory is created 0755 if missing; a stale
+    /// socket is replaced; a live one is an error).
+    Path(PathBuf),
+    /// A listening unix stream socket handed over (socket activation).
+    Fd(OwnedFd),
+}
+
+/// The per-uid token bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Requests a uid may make at once.
+    pub burst: u32,
+    /// Requests per second a uid earns back.
+    pub per_second: u32,
+}
+
+/// How the server runs.
+#[derive(Debug)]
+pub struct ServerOptions {
+    pub listen: Listen,
+    pub policy: Policy,
+    /// How to attach the tracer; `None` runs without eBPF.
+    pub ebpf: Option<TracerOptions>,
+    /// Exit after this long with no connection (socket activation).
+    pub idle_timeout: Option<Duration>,
+    /// A request must arrive completely within this long.
+    pub request_timeout: Duration,
+    /// A response must be taken by the client within this long.
+    pub write_timeout: Duration,
+    /// Connections served at once; more are answered `busy` and closed.
+    pub max_connections: usize,
+    /// Connections one uid may hold open at once (so that one uid cannot
+    /// take them all); more are answered `busy` and closed.
+    pub max_connections_per_uid: usize,
+    pub rate: RateLimit,
+    /// On shutdown, how long in-flight requests may still take.
+    pub shutdown_grace: Duration,
+    /// How many audit records [`ServerHandle::audit`] keeps.
+    pub audit_capacity: usize,
+}
+
+impl ServerOptions {
+    /// The defaults: no eBPF, no idle timeout, 5 s per request, 64
+    /// connections (16 per uid), bursts of 100 requests per uid then 50 per
+    /// second, 30 s to finish in-flight requests on shutdown.
+    pub fn new(listen: Listen) -> Self {
+        Self {
+            listen,
+            policy: Policy::default(),
+            ebpf: None,
+            idle_timeout: None,
+            request_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(5),
+            max_connections: 64,
+            max_connections_per_uid: 16,
+            rate: RateLimit {
+                burst: 100,
+                per_second: 50,
+            },
+            shutdown_grace: Duration::from_secs(30),
+            audit_capacity: 1024,
+        }
+    }
+}
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("refusing socket directory {}: {reason}", path.display())]
+    UnsafeDir { path: PathBuf, reason: String },
+    #[error("another helper already listens on {}", path.display())]
+    AlreadyRunning { path: PathBuf },
+    #[error("refusing to replace {}: it exists and is not a socket", path.display())]
+    NotASocket { path: PathBuf },
+    #[error("socket activation: {0}")]
+    Activation(String),
+    #[error("{action}: {source}")]
+    Sys {
+        action: &'static str,
+        source: io::Error,
+    },
+}
+
+/// Why the server stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// [`Stopper::stop`] (a signal, a test).
+    Shutdown,
+    /// No connection for the idle timeout.
+    Idle,
+}
+
+/// One audited action request, allowed or refused.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AuditRecord {
+    pub caller: Caller,
+    pub action: super::protocol::Action,
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub fd: Option<i32>,
+    pub agent: Option<String>,
+    /// `None` when it was performed.
+    pub error: Option<WireError>,
+}
+
+/// What `systemd` passes a socket-activated service, read from
+/// `LISTEN_PID` and `LISTEN_FDS` (pure): the number of fds from 3 on when
+/// they are meant for `our_pid`, else `None`.
+pub fn activation(
+    listen_pid: Option<&str>,
+    listen_fds: Option<&str>,
+    our_pid: u32,
+) -> Result<Option<u32>, String> {
+    let Some(pid) = listen_pid else {
+        return Ok(None);
+    };
+    // Variables inherited from a parent that was activated are not ours.
+    if pid.trim().parse::<u32>().ok() != Some(our_pid) {
+        return Ok(None);
+    }
+    let fds = listen_fds.ok_or("LISTEN_PID is set but LISTEN_FDS is not")?;
+    let n: u32 = fds
+        .trim()
+        .parse()
+        .map_err(|_| format!("LISTEN_FDS={fds:?} is not a number"))?;
+    Ok((n > 0).then_some(n))
+}
+
+/// Takes the listening socket systemd passed (fd 3) when `LISTEN_PID` is
+/// ours and `LISTEN_FDS` ≥ 1, and removes `LISTEN_PID`, `LISTEN_FDS` and
+/// `LISTEN_FDNAMES` from the environment either way, so that no child
+/// mistakes them for its own. Every passed fd is made close-on-exec; fds
+/// after the first are left unused.
+///
+/// # Safety
+///
+/// Changes the environment: no other thread may read or write it
+/// meanwhile (call it first thing, before any thread starts).
+pub unsafe fn take_activated_listener() -> Result<Option<OwnedFd>, ServerError> {
+    let pid = std::env::var("LISTEN_PID").ok();
+    let fds = std::env::var("LISTEN_FDS").ok();
+    let found = activation(pid.as_deref(), fds.as_deref(), std::process::id());
+    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
+        // SAFETY: the caller guarantees no other thread uses the environment.
+        unsafe { std::env::remove_var(var) };
+    }
+    let Some(n) = found.map_err(ServerError::Activation)? else {
+        return Ok(None);
+    };
+    for fd in 3..3 + n.min(1024) as i32 {
+        // SAFETY: fcntl on any integer is harmless; a closed fd fails EBADF.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        if flags < 0 {
+            if fd == 3 {
+                return Err(ServerError::Activation(
+                    "LISTEN_FDS is set but fd 3 is not open".into(),
+                ));
+            }
+            continue;
+        }
+        // SAFETY: as above, on an fd we were handed.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
+    }
+    // SAFETY: fd 3 is open (checked above) and was passed to us to own.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(3) }))
+}
+
+/// A running server.
+pub struct ServerHandle {
+    stopper: Stopper,
+    thread: Option<JoinHandle<Result<StopReason, ServerError>>>,
+    socket: Option<PathBuf>,
+}
+
+/// Stops a server from anywhere (a signal thread, a test).
+#[derive(Clone)]
+pub struct Stopper {
+    shared: Arc<Shared>,
+    wake: Arc<UnixStream>,
+}
+
+impl Stopper {
+    /// Stops accepting; in-flight requests finish within the grace period.
+    pub fn stop(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = (&*self.wake).write(&[1]);
+    }
+}
+
+impl ServerHandle {
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// [`Stopper::stop`].
+    pub fn shutdown(&self) {
+        self.stopper.stop();
+    }
+
+    /// Whether the server has stopped (idle timeout, shutdown).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Waits for the server to stop.
+    pub fn join(mut self) -> Result<StopReason, ServerError> {
+        self.join_inner()
+    }
+
+    fn join_inner(&mut self) -> Result<StopReason, ServerError> {
+        match self.thread.take() {
+            None => Ok(StopReason::Shutdown),
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(ServerError::Sys {
+                    action: "accept loop",
+                    source: io::Error::other("the accept thread panicked"),
+                })
+            }),
+        }
+    }
+
+    /// The last audit records, oldest first.
+    pub fn audit(&self) -> Vec<AuditRecord> {
+        lock(&self.stopper.shared.audit).iter().cloned().collect()
+    }
+
+    /// The socket path the server bound (`None` when handed a listener).
+    pub fn socket_path(&self) -> Option<&Path> {
+        self.socket.as_deref()
+    }
+
+    /// The tracer's state, as `hello` reports it.
+    pub fn ebpf(&self) -> &EbpfStatus {
+        &self.stopper.shared.ebpf
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.shutdown();
+            let _ = self.join_inner();
+        }
+    }
+}
+
+/// Starts a server on its own thread: binds (or takes the handed-over
+/// listener), attaches the tracer, and returns once it accepts connections.
+pub fn serve(
+    opts: ServerOptions,
+    executor: Arc<dyn Executor>,
+) -> Result<ServerHandle, ServerError> {
+    let (listener, bound) = match opts.listen {
+        Listen::Path(path) => {
+            let (l, b) = bind_path(&path)?;
+            (l, Some(b))
+        }
+        Listen::Fd(fd) => (listener_from_fd(fd)?, None),
+    };
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ServerError::Sys {
+            action: "make the listener non-blocking",
+            source,
+        })?;
+    let (tracer, ebpf) = attach(opts.ebpf.as_ref());
+    let (wake_tx, wake_rx) = UnixStream::pair().map_err(|source| ServerError::Sys {
+        action: "create the wake-up pipe",
+        source,
+    })?;
+    for s in [&wake_tx, &wake_rx] {
+        s.set_nonblocking(true).map_err(|source| ServerError::Sys {
+            action: "make the wake-up pipe non-blocking",
+            source,
+        })?;
+    }
+    let shared = Arc::new(Shared {
+        policy: opts.policy,
+        executor,
+        tracer: Mutex::new(TracerState {
+            tracer,
+            watched: BTreeMap::new(),
+        }),
+        ebpf,
+        rate: RateLimiter {
+            limit: opts.rate,
+            buckets: Mutex::default(),
+        },
+        audit: Mutex::default(),
+        audit_capacity: opts.audit_capacity,
+        stopping: AtomicBool::new(false),
+        conns: Mutex::new(Conns {
+            open: 0,
+            per_uid: HashMap::new(),
+            last_change: Instant::now(),
+        }),
+        conns_cv: Condvar::new(),
+        helper_pid: std::process::id(),
+        pid_ns: pid_namespace("self"),
+        request_timeout: opts.request_timeout,
+        write_timeout: opts.write_timeout,
+    });
+    let socket = bound.as_ref().map(|b| b.path.clone());
+    let loop_shared = shared.clone();
+    let limits = LoopLimits {
+        idle_timeout: opts.idle_timeout,
+        max_connections: opts.max_connections.max(1),
+        max_per_uid: opts.max_connections_per_uid.max(1),
+        shutdown_grace: opts.shutdown_grace,
+    };
+    let thread = std::thread::Builder::new()
+        .name("selfheal-helper".into())
+        .spawn(move || accept_loop(&loop_shared, listener, wake_rx, bound, limits))
+        .map_err(|source| ServerError::Sys {
+            action: "start the accept thread",
+            source,
+        })?;
+    Ok(ServerHandle {
+        stopper: Stopper {
+            shared,
+            wake: Arc::new(wake_tx),
+        },
+        thread: Some(thread),
+        socket,
+    })
+}
+
+fn attach(opts: Option<&TracerOptions>) -> (Option<Tracer>, EbpfStatus) {
+    let Some(opts) = opts else {
+        return (
+            None,
+            EbpfStatus {
+                strategy: None,
+                attempts: Vec::new(),
+                error: Some("eBPF is disabled (--no-ebpf)".into()),
+            },
+        );
+    };
+    let wire = |a: &crate::ebpf::Attempt| AttemptWire {
+        strategy: a.strategy.name().into(),
+        error: a.error.clone(),
+    };
+    match Tracer::attach(opts) {
+        Ok(t) => {
+            let status = EbpfStatus {
+                strategy: Some(t.strategy().name().into()),
+                attempts: t.attempts().iter().map(wire).collect(),
+                error: None,
+            };
+            (Some(t), status)
+        }
+        Err(e) => {
+            let attempts = match &e {
+                TracerError::NoStrategy { attempts } => attempts.iter().map(wire).collect(),
+                _ => Vec::new(),
+            };
+            (
+                None,
+                EbpfStatus {
+                    strategy: None,
+                    attempts,
+                    error: Some(chain(&e)),
+                },
+            )
+        }
+    }
+}
+
+/// A socket file we bound, removed on exit if it is still ours.
+struct BoundSocket {
+    path: PathBuf,
+    /// Device, inode and change time: inode numbers are reused at once on
+    /// tmpfs.
+    id: (u64, u64, i64, i64),
+}
+
+fn file_id(md: &std::fs::Metadata) -> (u64, u64, i64, i64) {
+    (md.dev(), md.ino(), md.ctime(), md.ctime_nsec())
+}
+
+impl BoundSocket {
+    fn remove(&self) {
+        if let Ok(md) = std::fs::symlink_metadata(&self.path)
+            && file_id(&md) == self.id
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Creates the socket's directory (0755) if missing and checks that only we
+/// or root could replace the socket in it.
+fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
+    let io_err = |action| {
+        move |source| ServerError::Io {
+            action,
+            path: dir.to_path_buf(),
+            source,
+        }
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(SOCKET_DIR_MODE)
+                .create(dir)
+                .map_err(io_err("create"))?;
+            // The umask may have taken bits away.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(SOCKET_DIR_MODE))
+                .map_err(io_err("set the mode of"))?;
+        }
+        Err(e) => return Err(io_err("examine")(e)),
+    }
+    let md = std::fs::symlink_metadata(dir).map_err(io_err("examine"))?;
+    let unsafe_dir = |reason: String| ServerError::UnsafeDir {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    if md.file_type().is_symlink() {
+        return Err(unsafe_dir(
+            "it is a symlink (give the real directory)".into(),
+        ));
+    }
+    if !md.is_dir() {
+        return Err(unsafe_dir("not a directory".into()));
+    }
+    let me = euid();
+    let mode = md.mode() & 0o7777;
+    // A sticky directory (/tmp) lets nobody else remove our socket.
+    if mode & 0o1000 == 0 {
+        if md.uid() != me && md.uid() != 0 {
+            return Err(unsafe_dir(format!(
+                "owned by uid {}, not by root or this user (uid {me})",
+                md.uid()
+            )));
+        }
+        if mode & 0o022 != 0 {
+            return Err(unsafe_dir(format!(
+                "writable by group or others (mode {mode:04o})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn bind_path(path: &Path) -> Result<(UnixListener, BoundSocket), ServerError> {
+    let io_err = |action| {
+        move |source| ServerError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    prepare_socket_dir(dir)?;
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("examine")(e)),
+        Ok(md) if md.file_type().is_socket() => match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(ServerError::AlreadyRunning {
+                    path: path.to_path_buf(),
+                });
+            }
+            // Nobody listens: a helper that died left it.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                std::fs::remove_file(path).map_err(io_err("remove the stale socket"))?;
+            }
+            Err(e) => return Err(io_err("connect to the existing socket")(e)),
+        },
+        Ok(_) => {
+            return Err(ServerError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(io_err("bind"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(io_err("set the mode of"))?;
+    let md = std::fs::symlink_metadata(path).map_err(io_err("examine"))?;
+    Ok((
+        listener,
+        BoundSocket {
+            path: path.to_path_buf(),
+            id: file_id(&md),
+        },
+    ))
+}
+
+/// Checks that a handed-over fd is a listening unix stream socket.
+fn listener_from_fd(fd: OwnedFd) -> Result<UnixListener, ServerError> {
+    let bad = |what: String| ServerError::Activation(format!("fd {}: {what}", fd.as_raw_fd()));
+    match getsockopt(&fd, sockopt::SockType) {
+        Ok(nix::sys::socket::SockType::Stream) => {}
+        Ok(t) => return Err(bad(format!("a {t:?} socket, not a stream socket"))),
+        Err(e) => return Err(bad(format!("not a socket ({e})"))),
+    }
+    if !getsockopt(&fd, sockopt::AcceptConn).unwrap_or(false) {
+        return Err(bad("not a listening socket".into()));
+    }
+    let listener = UnixListener::from(fd);
+    listener
+        .local_addr()
+        .map_err(|e| ServerError::Activation(format!("not a unix socket ({e})")))?;
+    Ok(listener)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code holding these locks panics; if one did, its data is still
+    // consistent enough to serve on.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// State shared by the accept loop and the connections.
+struct Shared {
+    policy: Policy,
+    executor: Arc<dyn Executor>,
+    tracer: Mutex<TracerState>,
+    ebpf: EbpfStatus,
+    rate: RateLimiter,
+    audit: Mutex<VecDeque<AuditRecord>>,
+    audit_capacity: usize,
+    stopping: AtomicBool,
+    conns: Mutex<Conns>,
+    conns_cv: Condvar,
+    helper_pid: u32,
+    /// The helper's pid namespace (device, inode of `/proc/self/ns/pid`).
+    pid_ns: Option<(u64, u64)>,
+    request_timeout: Duration,
+    write_timeout: Duration,
+}
+
+struct Conns {
+    open: usize,
+    /// Open connections by the uid that connected.
+    per_uid: HashMap<u32, usize>,
+    /// When a connection last opened or closed (the idle clock).
+    last_change: Instant,
+}
+
+struct TracerState {
+    tracer: Option<Tracer>,
+    /// Watched pid → the process it was (start time) and the uids that
+    /// asked; it leaves the filter when the last uid withdraws or it exits.
+    watched: BTreeMap<u32, Watched>,
+}
+
+struct Watched {
+    start_ticks: u64,
+    uids: BTreeSet<u32>,
+}
+
+impl TracerState {
+    /// Forgets watched pids that exited or now name another process.
+    fn prune(&mut self) {
+        let stale: Vec<u32> = self
+            .watched
+            .iter()
+            .filter(|(pid, w)| start_ticks(**pid) != Some(w.start_ticks))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in stale {
+            if let Some(t) = self.tracer.as_mut() {
+                let _ = t.unwatch(pid);
+            }
+            self.watched.remove(&pid);
+        }
+    }
+}
+
+struct RateLimiter {
+    limit: RateLimit,
+    buckets: Mutex<HashMap<u32, Bucket>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl RateLimiter {
+    /// Takes one token from `uid`'s bucket; false when it is empty.
+    fn take(&self, uid: u32) -> bool {
+        let now = Instant::now();
+        let burst = f64::from(self.limit.burst.max(1));
+        let rate = f64::from(self.limit.per_second);
+        let refill = |b: &mut Bucket| {
+            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * rate).min(burst);
+            b.at = now;
+        };
+        let mut buckets = lock(&self.buckets);
+        if buckets.len() > 4096 {
+            buckets.retain(|_, b| {
+                refill(b);
+                b.tokens < burst
+            });
+        }
+        let b = buckets.entry(uid).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        refill(b);
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+struct LoopLimits {
+    idle_timeout: Option<Duration>,
+    max_connections: usize,
+    max_per_uid: usize,
+    shutdown_grace: Duration,
+}
+
+/// Waits up to `timeout` for any of `fds` to be readable.
+fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(vec![false; pfds.len()]);
+        }
+        return Err(e);
+    }
+    Ok(pfds.iter().map(|p| p.revents != 0).collect())
+}
+
+fn accept_loop(
+    shared: &Arc<Shared>,
+    listener: UnixListener,
+    wake: UnixStream,
+    bound: Option<BoundSocket>,
+    limits: LoopLimits,
+) -> Result<StopReason, ServerError> {
+    const TICK: Duration = Duration::from_secs(1);
+    let result = loop {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break Ok(StopReason::Shutdown);
+        }
+        let mut timeout = TICK;
+        if let Some(idle) = limits.idle_timeout {
+            let c = lock(&shared.conns);
+            if c.open == 0 {
+                let left = idle.saturating_sub(c.last_change.elapsed());
+                if left.is_zero() {
+                    break Ok(StopReason::Idle);
+                }
+                timeout = timeout.min(left);
+            }
+        }
+        let ready = match wait_readable(&[listener.as_fd(), wake.as_fd()], timeout) {
+            Ok(r) => r,
+            Err(source) => {
+                break Err(ServerError::Sys {
+                    action: "wait for connections",
+                    source,
+                });
+            }
+        };
+        let (incoming, woken) = match ready[..] {
+            [incoming, woken] => (incoming, woken),
+            _ => (false, false),
+        };
+        if woken {
+            let _ = (&wake).read(&mut [0u8; 64]);
+        }
+        if incoming {
+            accept_all(shared, &listener, &limits);
+        }
+    };
+    // Stop accepting: close the listener (and remove our socket file), then
+    // give the connections in flight the grace period.
+    shared.stopping.store(true, Ordering::SeqCst);
+    drop(listener);
+    if let Some(b) = &bound {
+        b.remove();
+    }
+    let deadline = Instant::now() + limits.shutdown_grace;
+    let mut c = lock(&shared.conns);
+    while c.open > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::warn!(
+                open = c.open,
+                "helper: connections still busy after the shutdown grace period; leaving them"
+            );
+            break;
+        }
+        c = shared
+            .conns_cv
+            .wait_timeout(c, left)
+            .map(|(g, _)| g)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    result
+}
+
+fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits) {
+    let (max, max_per_uid) = (limits.max_connections, limits.max_per_uid);
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => {
+                // Out of fds, most likely: back off rather than spin.
+                tracing::warn!("helper: accept: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                return;
+            }
+        };
+        let _ = stream.set_nonblocking(false);
+        let uid = match peer(&stream) {
+            Ok(c) => c.uid,
+            Err(e) => {
+                tracing::debug!("helper: cannot read a connection's credentials: {e}");
+                continue;
+            }
+        };
+        {
+            let mut c = lock(&shared.conns);
+            let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
+            if c.open >= max || mine >= max_per_uid {
+                drop(c);
+                let why = if mine >= max_per_uid {
+                    format!("uid {uid} has {mine} connections open (at most {max_per_uid})")
+                } else {
+                    format!("too many connections (at most {max})")
+                };
+                refuse(&stream, format!("{why}; try again later"));
+                continue;
+            }
+            c.open += 1;
+            *c.per_uid.entry(uid).or_default() += 1;
+            c.last_change = Instant::now();
+        }
+        let conn_shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("selfheal-helper-conn".into())
+            .spawn(move || {
+                let _guard = ConnGuard(conn_shared.clone(), uid);
+                connection(&conn_shared, &stream);
+            });
+        if let Err(e) = spawned {
+            // The closure (and its guard) never ran: count it out here.
+            tracing::warn!("helper: cannot start a connection thread: {e}");
+            drop(ConnGuard(shared.clone(), uid));
+        }
+    }
+}
+
+/// Answers `busy` on a connection we will not serve, and closes it.
+fn refuse(stream: &UnixStream, message: String) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = (&*stream).write_all(&Response::error(None, ErrorCode::Busy, message).to_line());
+}
+
+/// Counts a connection (of a uid) out when its thread ends, however it ends.
+struct ConnGuard(Arc<Shared>, u32);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let mut c = lock(&self.0.conns);
+        c.open = c.open.saturating_sub(1);
+        if let Some(n) = c.per_uid.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.per_uid.remove(&self.1);
+            }
+        }
+        c.last_change = Instant::now();
+        self.0.conns_cv.notify_all();
+    }
+}
+
+/// What reading the next request gave.
+enum Next {
+    Line(Vec<u8>),
+    /// The client closed the connection, or it stayed idle, or we stop.
+    Done,
+    /// Part of a request arrived, not all of it, in time.
+    Timeout,
+    TooLarge,
+}
+
+/// Reads one request line within the request timeout. Reads in slices of
+/// 100 ms so that an idle connection notices a shutdown.
+fn next_request(stream: &UnixStream, buf: &mut Vec<u8>, shared: &Shared) -> Next {
+    const SLICE: Duration = Duration::from_millis(100);
+    let deadline = Instant::now() + shared.request_timeout;
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            if pos > MAX_REQUEST_BYTES {
+                return Next::TooLarge;
+            }
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            return Next::Line(line);
+        }
+        if buf.len() > MAX_REQUEST_BYTES {
+            return Next::TooLarge;
+        }
+        if buf.is_empty() && shared.stopping.load(Ordering::SeqCst) {
+            return Next::Done;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return if buf.is_empty() {
+                Next::Done
+            } else {
+                Next::Timeout
+            };
+        }
+        if stream.set_read_timeout(Some(left.min(SLICE))).is_err() {
+            return Next::Done;
+        }
+        match (&*stream).read(&mut chunk) {
+            // End of stream: a last request without its newline still counts.
+            Ok(0) if buf.is_empty() => return Next::Done,
+            Ok(0) => return Next::Line(std::mem::take(buf)),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => return Next::Done,
+        }
+    }
+}
+
+fn connection(shared: &Shared, stream: &UnixStream) {
+    if stream
+        .set_write_timeout(Some(shared.write_timeout))
+        .is_err()
+    {
+        return;
+    }
+    let send = |r: Response| (&*stream).write_all(&r.to_line()).is_ok();
+    let mut buf = Vec::new();
+    loop {
+        match next_request(stream, &mut buf, shared) {
+            Next::Line(line) => {
+                if !send(handle(shared, stream, &line)) {
+                    return;
+                }
+            }
+            Next::Done => return,
+            Next::Timeout => {
+                tracing::debug!("helper: a request did not arrive in time; closing");
+                send(Response::error(
+                    None,
+                    ErrorCode::Timeout,
+                    format!(
+                        "request incomplete after {} ms; closing",
+                        shared.request_timeout.as_millis()
+                    ),
+                ));
+                return;
+            }
+            Next::TooLarge => {
+                send(Response::error(
+                    None,
+                    ErrorCode::TooLarge,
+                    format!("request longer than {MAX_REQUEST_BYTES} bytes; closing"),
+                ));
+                return;
+            }
+        }
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// The caller's credentials, read from the socket for every request.
+fn peer(stream: &UnixStream) -> io::Result<Caller> {
+    let c = getsockopt(stream, sockopt::PeerCredentials).map_err(io::Error::from)?;
+    Ok(Caller {
+        uid: c.uid(),
+        gid: c.gid(),
+        pid: u32::try_from(c.pid()).unwrap_or(0),
+    })
+}
+
+fn refusal(code: ErrorCode, message: impl Into<String>) -> WireError {
+    WireError {
+        code,
+        message: message.into(),
+    }
+}
+
+fn handle(shared: &Shared, stream: &UnixStream, line: &[u8]) -> Response {
+    let caller = match peer(stream) {
+        Ok(c) => c,
+        Err(e) => {
+            return Response::error(
+                None,
+                ErrorCode::Failed,
+                format!("cannot read the caller's credentials: {e}"),
+            );
+        }
+    };
+    // Every request costs a token, malformed ones too; parsing first (it is
+    // bounded) lets a `busy` answer carry the request's id.
+    let parsed = parse_request(line);
+    if !shared.rate.take(caller.uid) {
+        let limit = shared.rate.limit;
+        let e = refusal(
+            ErrorCode::Busy,
+            format!(
+                "uid {} is over its request rate ({} per second, bursts of {}); try again later",
+                caller.uid, limit.per_second, limit.burst
+            ),
+        );
+        let id = match &parsed {
+            Ok(req) => {
+                if let Op::Act(act) = &req.op {
+                    shared.audit(&caller, act, Some(&e));
+                }
+                Some(req.id)
+            }
+            Err(pe) => pe.id,
+        };
+        return Response::error(id, e.code, e.message);
+    }
+    let req = match parsed {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(
+                caller_uid = caller.uid,
+                caller_pid = caller.pid,
+                code = %e.code,
+                reason = ?e.message,
+                "helper: bad request"
+            );
+            return Response::from_error(e);
+        }
+    };
+    let result = match &req.op {
+        Op::Hello => Ok(shared.hello(&caller)),
+        Op::Watch { pids } => shared.watch(&caller, pids),
+        Op::Unwatch { pids } => shared.unwatch(&caller, pids),
+        Op::EbpfSnapshot { pids } => shared.snapshot(&caller, pids),
+        Op::Act(act) => {
+            let r = shared.act(&caller, act);
+            shared.audit(&caller, act, r.as_ref().err());
+            r
+        }
+    };
+    match result {
+        Ok(v) => Response::ok(req.id, v),
+        Err(e) => Response::error(Some(req.id), e.code, e.message),
+    }
+}
+
+/// Opens a pidfd on `pid` (checked against `start` when given) and reads
+/// the process's identity through it: the identity is of the process the
+/// pidfd holds, since it was still alive after the read.
+fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, Target), WireError> {
+    let gone = |m: String| refusal(ErrorCode::Gone, m);
+    let fd = Pidfd::open(pid, start).map_err(|e| match &e {
+        PidfdError::Gone { .. } => gone(format!("pid {pid} is not running")),
+        PidfdError::Reused { .. } => gone(e.to_string()),
+        PidfdError::Open { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) =>
+        {
+            refusal(
+                ErrorCode::BadRequest,
+                format!("pid {pid} is not a process (a thread id?)"),
+            )
+        }
+        PidfdError::Open { .. } => refusal(ErrorCode::Failed, e.to_string()),
+    })?;
+    let target = read_target(pid).ok_or_else(|| gone(format!("pid {pid} is not running")))?;
+    if !fd.is_alive() {
+        return Err(gone(format!("pid {pid} exited")));
+    }
+    Ok((fd, target))
+}
+
+/// The pid namespace of process `pid` (`"self"` for ours).
+fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|md| (md.dev(), md.ino()))
+}
+
+/// Pids a query may name: (pid, start ticks) of those that exist, and
+/// those that do not.
+struct Authorized {
+    ok: Vec<(u32, u64)>,
+    gone: Vec<u32>,
+}
+
+impl Shared {
+    fn hello(&self, caller: &Caller) -> Value {
+        let hello = HelloResult {
+            protocol: PROTOCOL_VERSION,
+            helper_version: env!("CARGO_PKG_VERSION").into(),
+            helper_pid: self.helper_pid,
+            caller: *caller,
+            ebpf: self.ebpf.clone(),
+            limits: Limits {
+                max_request_bytes: MAX_REQUEST_BYTES,
+                request_timeout_ms: self.request_timeout.as_millis() as u64,
+                max_pids: MAX_PIDS,
+            },
+        };
+        serde_json::to_value(hello).unwrap_or(Value::Null)
+    }
+
+    fn no_tracer(&self) -> WireError {
+        refusal(
+            ErrorCode::Unavailable,
+            format!(
+                "no eBPF tracer: {}",
+                self.ebpf.error.as_deref().unwrap_or("not attached")
+            ),
+        )
+    }
+
+    /// Pids in requests are read in the helper's pid namespace: a caller in
+    /// another one (a container) would name other processes than it means.
+    fn check_pid_namespace(&self, caller: &Caller) -> Result<(), WireError> {
+        let forbidden = |m: String| refusal(ErrorCode::Forbidden, m);
+        if caller.pid == 0 {
+            return Err(forbidden(
+                "the caller's pid is not visible to the helper (another pid namespace): \
+                 the pids it names are not the helper's"
+                    .into(),
+            ));
+        }
+        let theirs = pid_namespace(&caller.pid.to_string());
+        if theirs.is_none() {
+            return Err(forbidden(format!(
+                "cannot tell the caller's pid namespace (pid {} has exited?): \
+                 the pids it names may not be the helper's",
+                caller.pid
+            )));
+        }
+        if theirs != self.pid_ns {
+            return Err(forbidden(format!(
+                "the caller (pid {}) is not in the helper's pid namespace: \
+                 the pids it names are not the helper's",
+                caller.pid
+            )));
+        }
+        Ok(())
+    }
+
+    /// Pins and authorizes `pids` for a query; pids that do not exist are
+    /// returned apart.
+    fn authorize_query(&self, caller: &Caller, pids: &[u32]) -> Result<Authorized, WireError> {
+        self.check_pid_namespace(caller)?;
+        let mut ok = Vec::new();
+        let mut gone = Vec::new();
+        for &pid in pids {
+            match pin(pid, None) {
+                Ok((fd, target)) => {
+                    self.policy
+                        .check_query(caller, &target)
+                        .map_err(|m| refusal(ErrorCode::Forbidden, m))?;
+                    ok.push((pid, fd.start_ticks()));
+                }
+                Err(e) if e.code == ErrorCode::Gone => gone.push(pid),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Authorized { ok, gone })
+    }
+
+    fn watch(&self, caller: &Caller, pids: &[u32]) -> Result<Value, WireError> {
+        if lock(&self.tracer).tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        let Authorized { ok, gone } = self.authorize_query(caller, pids)?;
+        let mut st = lock(&self.tracer);
+        st.prune();
+        let TracerState { tracer, watched } = &mut *st;
+        let Some(tracer) = tracer.as_mut() else {
+            return Err(self.no_tracer());
+        };
+        let held = watched
+            .values()
+            .filter(|w| w.uids.contains(&caller.uid))
+            .count();
+        let new = ok
+            .iter()
+            .filter(|(pid, _)| {
+                !watched
+                    .get(pid)
+                    .is_some_and(|w| w.uids.contains(&caller.uid))
+            })
+            .count();
+        if held + new > MAX_WATCHED_PER_UID {
+            return Err(refusal(
+                ErrorCode::Busy,
+                format!(
+                    "uid {} would watch more than {MAX_WATCHED_PER_UID} pids; unwatch some first",
+                    caller.uid
+                ),
+            ));
+        }
+        let mut out = Vec::new();
+        for (pid, start) in ok {
+            match watched.get_mut(&pid) {
+                Some(w) if w.start_ticks == start => {
+                    w.uids.insert(caller.uid);
+                }
+                _ => {
+                    tracer.watch(pid).map_err(|e| {
+                        refusal(ErrorCode::Failed, format!("watch pid {pid}: {}", chain(&e)))
+                    })?;
+                    watched.insert(
+                        pid,
+                        Watched {
+                            start_ticks: start,
+                            uids: BTreeSet::from([caller.uid]),
+                        },
+                    );
+                }
+            }
+            out.push(WatchedPid {
+                pid,
+                since_ns: tracer.watched_since(pid).unwrap_or(tracer.attached_at_ns()),
+            });
+        }
+        let result = WatchResult {
+            attached_at_ns: tracer.attached_at_ns(),
+            watched: out,
+            gone,
+        };
+        Ok(serde_json::to_value(result).unwrap_or(Value::Null))
+    }
+
+    fn unwatch(&self, caller: &Caller, pids: &[u32]) -> Result<Value, WireError> {
+        // Withdrawing one's own interest needs no authorization: it cannot
+        // take anything from anyone else.
+        let mut st = lock(&self.tracer);
+        if st.tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        let TracerState { tracer, watched } = &mut *st;
+        let mut unwatched = Vec::new();
+        for &pid in pids {
+            let Some(w) = watched.get_mut(&pid) else {
+                continue;
+            };
+            if !w.uids.remove(&caller.uid) {
+                continue;
+            }
+            unwatched.push(pid);
+            if w.uids.is_empty() {
+                watched.remove(&pid);
+                if let Some(t) = tracer.as_mut() {
+                    t.unwatch(pid).map_err(|e| {
+                        refusal(
+                            ErrorCode::Failed,
+                            format!("unwatch pid {pid}: {}", chain(&e)),
+                        )
+                    })?;
+                }
+            }
+        }
+        Ok(serde_json::to_value(UnwatchResult { unwatched }).unwrap_or(Value::Null))
+    }
+
+    fn snapshot(&self, caller: &Caller, pids: &[u32]) -> Result<Value, WireError> {
+        if lock(&self.tracer).tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        let Authorized { ok, .. } = self.authorize_query(caller, pids)?;
+        let allowed: Vec<u32> = ok.iter().map(|(pid, _)| *pid).collect();
+        let mut st = lock(&self.tracer);
+        // Entries of a pid that exited or was reused go first, so they are
+        // never shown to the new process's owner.
+        st.prune();
+        let Some(tracer) = st.tracer.as_mut() else {
+            return Err(self.no_tracer());
+        };
+        let snap = tracer
+            .snapshot()
+            .map_err(|e| refusal(ErrorCode::Failed, format!("eBPF snapshot: {}", chain(&e))))?;
+        drop(st);
+        Ok(serde_json::to_value(filter_snapshot(snap, &allowed)).unwrap_or(Value::Null))
+    }
+
+    fn act(&self, caller: &Caller, req: &ActRequest) -> Result<Value, WireError> {
+        let forbidden = |m: String| refusal(ErrorCode::Forbidden, m);
+        if let Some(why) = never_acted_on(req.pid, self.helper_pid) {
+            return Err(forbidden(why));
+        }
+        self.check_pid_namespace(caller)?;
+        let (target, info) = pin(req.pid, Some(req.start_ticks))?;
+        self.policy
+            .check_act(caller, &info, self.helper_pid)
+            .map_err(forbidden)?;
+        let executor = self.executor.clone();
+        let outcome =
+            std::panic::catch_unwind(AssertUnwindSafe(|| executor.act(caller, &target, req)));
+        match outcome {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(m)) => {
+                let exited = if target.is_alive() {
+                    ""
+                } else {
+                    " (the process has exited)"
+                };
+                Err(refusal(
+                    ErrorCode::Failed,
+                    format!("{}: {m}{exited}", req.action),
+                ))
+            }
+            Err(_) => Err(refusal(
+                ErrorCode::Failed,
+                format!("{}: the action panicked", req.action),
+            )),
+        }
+    }
+
+    /// Logs one audit line and keeps the record.
+    fn audit(&self, caller: &Caller, req: &ActRequest, error: Option<&WireError>) {
+        let record = AuditRecord {
+            caller: *caller,
+            action: req.action,
+            pid: req.pid,
+            start_ticks: req.start_ticks,
+            fd: req.fd,
+            agent: req.agent.clone(),
+            error: error.cloned(),
+        };
+        // The agent name is validated to [A-Za-z0-9._-]; the message is
+        // quoted (Debug) so that nothing in it can forge a log line.
+        let fd = req.fd.map_or_else(|| "-".to_string(), |fd| fd.to_string());
+        let agent = req.agent.as_deref().unwrap_or("-");
+        match error {
+            None => tracing::info!(
+                target: "selfheal::audit",
+                caller_uid = caller.uid,
+                caller_pid = caller.pid,
+                action = %req.action,
+                pid = req.pid,
+                start_ticks = req.start_ticks,
+                fd = %fd,
+                agent = %agent,
+                outcome = %"ok",
+                "act performed"
+            ),
+            Some(e) => tracing::warn!(
+                target: "selfheal::audit",
+                caller_uid = caller.uid,
+                caller_pid = caller.pid,
+                action = %req.action,
+                pid = req.pid,
+                start_ticks = req.start_ticks,
+                fd = %fd,
+                agent = %agent,
+                outcome = %e.code,
+                reason = ?e.message,
+                "act refused"
+            ),
+        }
+        let mut audit = lock(&self.audit);
+        while audit.len() >= self.audit_capacity.max(1) {
+            audit.pop_front();
+        }
+        audit.push_back(record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activation_is_read_from_the_environment() {
+        assert_eq!(activation(None, None, 10), Ok(None));
+        assert_eq!(activation(Some("10"), Some("1"), 10), Ok(Some(1)));
+        assert_eq!(activation(Some("10"), Some("3"), 10), Ok(Some(3)));
+        assert_eq!(activation(Some("10"), Some("0"), 10), Ok(None));
+        // Meant for another process (inherited): ignored.
+        assert_eq!(activation(Some("11"), Some("1"), 10), Ok(None));
+        assert_eq!(activation(Some("x"), Some("1"), 10), Ok(None));
+        assert!(activation(Some("10"), None, 10).is_err());
+        assert!(
+            activation(Some("10"), Some("two"), 10)
+                .unwrap_err()
+                .contains("LISTEN_FDS")
+        );
+    }
+
+    #[test]
+    fn the_rate_limit_refills() {
+        let r = RateLimiter {
+            limit: RateLimit {
+                burst: 3,
+                per_second: 20,
+            },
+            buckets: Mutex::default(),
+        };
+        assert!((0..3).all(|_| r.take(5)));
+        assert!(!r.take(5));
+        // Another uid has its own bucket.
+        assert!(r.take(6));
+        std::thread::sleep(Duration::from_millis(120));
+        assert!(r.take(5));
+    }
+
+    #[test]
+    fn a_stale_socket_is_replaced_and_a_live_one_refused() {
+        struct Cleanup(PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("selfheal-helper-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let _cleanup = Cleanup(dir.clone());
+        let path = dir.join("sub/helper.sock");
+        let (l, b) = bind_path(&path).unwrap();
+        let md = std::fs::metadata(dir.join("sub")).unwrap();
+        assert_eq!(md.mode() & 0o777, SOCKET_DIR_MODE);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().mode() & 0o777,
+            SOCKET_MODE
+        );
+        assert!(matches!(
+            bind_path(&path),
+            Err(ServerError::AlreadyRunning { .. })
+        ));
+        drop(l);
+        let (_l, b2) = bind_path(&path).unwrap();
+        // The old handle no longer names the file: it leaves it alone.
+        b.remove();
+        assert!(path.exists());
+        b2.remove();
+        assert!(!path.exists());
+        std::fs::write(&path, "x").unwrap();
+        assert!(matches!(
+            bind_path(&path),
+            Err(ServerError::NotASocket { .. })
+        ));
+    }
+}
