@@ -533,18 +533,6 @@ pub fn build(ev: &Evidence) -> Report {
     {
         gaps.push(format!("eBPF maps overflowed or reads failed: {o:?}"));
     }
-    if processes
-        .iter()
-        .any(|p| p.threads.iter().any(|t| t.kstack.is_empty()))
-        && !processes.is_empty()
-    {
-        let any_stack = processes
-            .iter()
-            .any(|p| p.threads.iter().any(|t| !t.kstack.is_empty()));
-        if !any_stack {
-            gaps.push("kernel stacks unreadable (root only)".into());
-        }
-    }
 
     let sockets = tcp
         .values()

@@ -250,9 +250,16 @@ fn thread(
     let sleeping = matches!(stat.state, 'S' | 'D' | 'I');
     let full = detail == Detail::Full;
     let kstack = if full {
-        read_at(dir, "stack", buf)
-            .map(|b| parse_kstack(&String::from_utf8_lossy(b), KSTACK_FRAMES))
-            .unwrap_or_default()
+        match read_at(dir, "stack", buf) {
+            Some(b) => parse_kstack(&String::from_utf8_lossy(b), KSTACK_FRAMES),
+            None => {
+                let gap = "kernel stacks unreadable (root only)".to_string();
+                if !gaps.contains(&gap) {
+                    gaps.push(gap);
+                }
+                Vec::new()
+            }
+        }
     } else {
         Vec::new()
     };

@@ -347,7 +347,11 @@ impl NetnsPair {
     pub fn new(tag: &str) -> Result<NetnsPair, String> {
         let a = Netns::new(&format!("{tag}a"))?;
         let b = Netns::new(&format!("{tag}b"))?;
-        let n = std::process::id() % 250 + 1;
+        // Distinct per pair, even for pairs of concurrent tests in one
+        // process: their addresses appear in agents' command lines.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = (std::process::id().wrapping_mul(7).wrapping_add(k * 13)) % 250 + 1;
         let (va, vb) = (format!("sha{n}"), format!("shb{n}"));
         run(
             "ip",

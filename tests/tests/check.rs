@@ -44,6 +44,10 @@ fn check(dirs: &Path, config: &Path) -> (i32, Vec<serde_json::Value>) {
         .arg(dirs.join("snapshots"))
         .arg("--metrics-file")
         .arg(dirs.join("selfheal.prom"))
+        // The test's own helper socket (there is one only where a test starts
+        // a helper): never whatever runs on the machine.
+        .arg("--helper")
+        .arg(dirs.join("helper.sock"))
         .output()
         .expect("run selfheal check");
     let lines = String::from_utf8_lossy(&out.stdout)
@@ -140,7 +144,10 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         let w = verdict_of(&r, "wedging");
         if w["verdict"] == "wedged" {
             // Healed at once (keepalive armed on the dead connection): exit 1.
-            assert_eq!(w["heal"]["actions"][0]["step"]["action"], "arm_keepalive", "{w:#}");
+            assert_eq!(
+                w["heal"]["actions"][0]["step"]["action"], "arm_keepalive",
+                "{w:#}"
+            );
             assert_eq!(code, 1, "wedged, and a healing step was taken");
             let codes: Vec<&str> = w["reasons"]
                 .as_array()
@@ -431,7 +438,21 @@ fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
     if !need_root("check_heals") {
         return;
     }
-    let pair = NetnsPair::new("heal").expect("netns pair");
+    heal_flow("direct", false);
+}
+
+/// The same timer flow, healing through a running `selfheal helper`: the
+/// helper performs the step and audits it.
+#[test]
+fn check_heals_through_the_helper() {
+    if !need_root("check_heals_helper") {
+        return;
+    }
+    heal_flow("helper", true);
+}
+
+fn heal_flow(tag: &str, through_helper: bool) {
+    let pair = NetnsPair::new(&format!("h{}", &tag[..1])).expect("netns pair");
     let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
     let server = |pair: &NetnsPair| {
@@ -446,8 +467,24 @@ fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
     cmd.args(["reconnecting", &format!("{b}:7443")]);
     let runner = Peer::spawn(cmd);
     let first = runner.ready();
-    let dirs = Dirs::new("heal");
+    let dirs = Dirs::new(tag);
     let config = dirs.0.join("config.toml");
+    let helper = through_helper.then(|| {
+        let mut h = Command::new(selfheal_bin())
+            .args(["helper", "--socket"])
+            .arg(dirs.0.join("helper.sock"))
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the helper");
+        let up = tests::wait_for(10 * SEC, Duration::from_millis(50), || {
+            dirs.0.join("helper.sock").exists().then_some(())
+        });
+        if up.is_none() {
+            let _ = h.kill();
+            panic!("the helper did not come up");
+        }
+        h
+    });
     std::fs::write(
         &config,
         format!(
@@ -503,7 +540,17 @@ fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
         "a later check sees the runner recovered"
     );
     eprintln!(
-        "healed by keepalive; recovered {:?} after the heal",
+        "[{tag}] healed by keepalive; recovered {:?} after the heal",
         healed.elapsed()
     );
+    if let Some(h) = helper {
+        // SAFETY: a plain kill(2) of our own child.
+        unsafe { libc::kill(h.id() as libc::pid_t, libc::SIGTERM) };
+        let out = h.wait_with_output().expect("helper output");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            log.contains("act performed") && log.contains("arm_keepalive"),
+            "the helper audited the action: {log}"
+        );
+    }
 }
