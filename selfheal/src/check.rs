@@ -90,6 +90,17 @@ pub struct ActionOutcome {
     pub detail: String,
 }
 
+/// Where eBPF evidence comes from when `check` does not attach a tracer of
+/// its own: the helper's, which stays loaded between checks.
+pub trait TracerSource {
+    /// Watches `pids` (from now on, if not yet) and returns the tracer's
+    /// picture of them, with since when they are all watched.
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(crate::ebpf::TracerSnapshot, Option<u64>), String>;
+}
+
 /// Who performs healing steps: the privileged helper, or this process
 /// directly where it has the permission.
 pub trait Healer {
@@ -124,6 +135,7 @@ pub fn run(
     history: &mut History,
     snapshots: Option<&SnapshotLog>,
     healer: Option<&dyn Healer>,
+    tracer: Option<&mut dyn TracerSource>,
     opts: &Options,
     now_ms: u64,
 ) -> Vec<Outcome> {
@@ -145,7 +157,10 @@ pub fn run(
         .iter()
         .flat_map(|t| t.pids.iter().copied())
         .collect();
-    let mut collector = Collector::new(&opts.collect, &all_pids);
+    let mut collector = match tracer {
+        Some(source) => Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail),
+        None => Collector::new(&opts.collect, &all_pids),
+    };
 
     // Every agent's probes at once, each bounded by its own timeout.
     let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();

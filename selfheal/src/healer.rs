@@ -188,3 +188,18 @@ impl Healer for HelperHealer {
             .map_err(|e| format!("through the helper: {e}"))
     }
 }
+
+/// The helper's tracer as `check`'s eBPF evidence.
+pub struct HelperTracer(pub crate::helper::client::HelperClient);
+
+impl crate::check::TracerSource for HelperTracer {
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(crate::ebpf::TracerSnapshot, Option<u64>), String> {
+        let watched = self.0.watch(pids).map_err(|e| e.to_string())?;
+        let since = watched.watched.iter().map(|w| w.since_ns).max();
+        let snap = self.0.ebpf_snapshot(pids).map_err(|e| e.to_string())?;
+        Ok((snap, since))
+    }
+}

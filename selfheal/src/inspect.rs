@@ -246,6 +246,34 @@ impl Collector {
         }
     }
 
+    /// A collector whose eBPF evidence comes from elsewhere (the helper's
+    /// long-running tracer): its snapshot, since when the pids are watched,
+    /// or why there is none.
+    pub fn from_snapshot(
+        snapshot: Result<(TracerSnapshot, Option<u64>), String>,
+        detail: proc::Detail,
+    ) -> Collector {
+        let ebpf = match snapshot {
+            Ok((s, since)) => EbpfEvidence {
+                attempts: Vec::new(),
+                error: None,
+                watched_since_ns: since,
+                snapshot: Some(s),
+            },
+            Err(e) => EbpfEvidence {
+                attempts: Vec::new(),
+                error: Some(e),
+                watched_since_ns: None,
+                snapshot: None,
+            },
+        };
+        Collector {
+            ebpf,
+            dumps: BTreeMap::new(),
+            detail,
+        }
+    }
+
     /// Reads `target`'s processes, and its sockets from the (cached) dump of
     /// each network namespace they live in.
     pub fn collect(&mut self, target: &Target) -> Evidence {

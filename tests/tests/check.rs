@@ -518,6 +518,26 @@ fn heal_flow(tag: &str, through_helper: bool) {
                 o["snapshot"].is_string(),
                 "no action without a snapshot: {o:#}"
             );
+            if through_helper {
+                // The evidence includes the helper's eBPF picture.
+                let out = Command::new(selfheal_bin())
+                    .args([
+                        "snapshots",
+                        "show",
+                        o["snapshot"].as_str().unwrap(),
+                        "--json",
+                        "--dir",
+                    ])
+                    .arg(dirs.0.join("snapshots"))
+                    .output()
+                    .unwrap();
+                let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let ebpf = &snap["snapshot"]["evidence"]["ebpf"];
+                assert!(
+                    ebpf["strategy"].is_string(),
+                    "eBPF evidence from the helper: {ebpf:#}"
+                );
+            }
             assert_eq!(code, 1, "wedged and healed");
             healed = Some(Instant::now());
             break;

@@ -104,6 +104,8 @@ const EXIT_CONFIG: u8 = 3;
 struct Session {
     config: Config,
     healer: Box<dyn check::Healer>,
+    /// The helper's tracer, when a helper answers.
+    tracer: Option<selfheal::healer::HelperTracer>,
     store: Option<StateStore>,
     history: History,
     log: Option<SnapshotLog>,
@@ -168,7 +170,7 @@ impl Session {
             collect: selfheal::inspect::CollectOptions {
                 no_ebpf: true,
                 no_ebpf_why: Some(
-                    "check does not load eBPF itself; the long-running helper will provide it"
+                    "no helper answered: check does not load eBPF itself (run `selfheal helper`)"
                         .into(),
                 ),
                 detail: selfheal::proc::Detail::Minimal,
@@ -177,6 +179,9 @@ impl Session {
         };
         Ok(Session {
             healer: healer(&c.helper),
+            tracer: selfheal::helper::client::HelperClient::connect(&c.helper)
+                .ok()
+                .map(selfheal::healer::HelperTracer),
             config,
             store,
             history,
@@ -192,6 +197,9 @@ impl Session {
             &mut self.history,
             self.log.as_ref(),
             Some(self.healer.as_ref()),
+            self.tracer
+                .as_mut()
+                .map(|t| t as &mut dyn check::TracerSource),
             &self.opts,
             clock::boot_ns() / 1_000_000,
         );
