@@ -307,14 +307,23 @@ fn heal(
     }
 }
 
-/// The processes of `agent`, and how to tell its upstreams.
-fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
+/// The processes of `agent`, and how to tell its upstreams (with their
+/// heartbeats and what host names resolved to, for people).
+pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
     let matched = agents::find(&agent.rule, table);
     let upstreams = agent.resolve_upstreams();
     let mut lines: Vec<String> = agent
         .upstreams
         .iter()
-        .map(|u| format!("{} {}", u.role, u.addr))
+        .map(|u| match u.heartbeat {
+            Some(hb) => format!(
+                "{} {} (heartbeat {})",
+                u.role,
+                u.addr,
+                humantime::format_duration(hb)
+            ),
+            None => format!("{} {}", u.role, u.addr),
+        })
         .collect();
     lines.extend(upstreams.notes());
     Target {

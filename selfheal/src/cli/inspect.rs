@@ -91,34 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
                 return Ok(ExitCode::from(EXIT_CONFIG));
             };
-            let matched = agents::find(&agent.rule, &table);
-            let upstreams = agent.resolve_upstreams();
-            let mut lines: Vec<String> = agent
-                .upstreams
-                .iter()
-                .map(|u| match u.heartbeat {
-                    Some(hb) => format!(
-                        "{} {} (heartbeat {})",
-                        u.role,
-                        u.addr,
-                        humantime::format_duration(hb)
-                    ),
-                    None => format!("{} {}", u.role, u.addr),
-                })
-                .collect();
-            lines.extend(upstreams.notes());
-            inspect::Target {
-                agent: Some(agent.name.clone()),
-                rule: agent.rule.to_string(),
-                roots: matched.roots,
-                pids: matched.all,
-                problem: matched.problem,
-                upstream_of: Box::new(move |remote| {
-                    let i = upstreams.upstreams.iter().position(|u| u.matches(remote))?;
-                    Some((upstreams.upstreams[i].upstream.role.as_str(), i))
-                }),
-                upstreams: lines,
-            }
+            selfheal::check::target(agent, &table)
         }
         (None, None) => {
             eprintln!("selfheal: inspect needs an agent NAME or --pid PID");

@@ -13,8 +13,9 @@ use std::{
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::Instant,
 };
+
+use tests::timed;
 
 fn main() {
     let mut agents = 100usize;
@@ -190,24 +191,4 @@ fn median_rss(runs: usize, mut f: impl FnMut() -> (f64, i64)) -> (f64, i64) {
     let mut v: Vec<(f64, i64)> = (0..runs).map(|_| f()).collect();
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
     v[v.len() / 2]
-}
-
-/// Runs `cmd` with its output discarded; wall seconds and peak RSS (KiB).
-#[expect(
-    clippy::zombie_processes,
-    reason = "the child is reaped by wait4, for its rusage"
-)]
-fn timed(cmd: &mut Command) -> (f64, i64) {
-    let start = Instant::now();
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child we just spawned (and that std never waits for).
-    unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
 }

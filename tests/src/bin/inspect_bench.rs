@@ -11,8 +11,9 @@ use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::TcpListener,
     process::{Command, Stdio},
-    time::Instant,
 };
+
+use tests::timed;
 
 fn main() {
     let mut threads = 200usize;
@@ -116,24 +117,4 @@ fn main() {
 fn usage(arg: &str) -> ! {
     eprintln!("usage: inspect-bench [--threads N] [--sockets N] [--runs N] (bad {arg})");
     std::process::exit(3)
-}
-
-/// Runs `cmd` with its output discarded; wall seconds and peak RSS (KiB).
-#[expect(
-    clippy::zombie_processes,
-    reason = "the child is reaped by wait4, for its rusage"
-)]
-fn timed(cmd: &mut Command) -> (f64, i64) {
-    let start = Instant::now();
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child we just spawned (and that std never waits for).
-    unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
 }
