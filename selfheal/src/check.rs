@@ -269,6 +269,18 @@ fn heal(
     dry_run: bool,
     now_ms: u64,
 ) -> HealReport {
+    if let crate::config::MatchRule::Unit(unit) = &agent.rule
+        && let Some(state) = unit_stopping(unit)
+    {
+        // Stopped (or being stopped) on purpose: not ours to heal.
+        let why = format!("unit {unit} is {state}: stopped on purpose, left alone");
+        return HealReport {
+            decision: Decision::Nothing { why },
+            dry_run,
+            actions: Vec::new(),
+            newly_gave_up: false,
+        };
+    }
     let had_given_up = hist.gave_up.is_some();
     let decision = ladder::decide(&agent.heal, j, report, hist, now_ms);
     let newly_gave_up = !had_given_up && hist.gave_up.is_some();
@@ -305,6 +317,21 @@ fn heal(
         actions,
         newly_gave_up,
     }
+}
+
+/// The unit's state when systemd says it is stopping or stopped
+/// (`deactivating`, `inactive`, `failed`); `None` when it is active or
+/// systemd cannot say (no systemd here: nothing is assumed).
+fn unit_stopping(unit: &str) -> Option<String> {
+    let out = std::process::Command::new("systemctl")
+        .args(["show", "--property=ActiveState", "--value", "--", unit])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && matches!(state.as_str(), "deactivating" | "inactive" | "failed"))
+        .then_some(state)
 }
 
 /// The processes of `agent`, and how to tell its upstreams (with their
