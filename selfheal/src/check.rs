@@ -188,7 +188,7 @@ pub fn run(
         let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
         let transition = before.verdict != Some(judgement.verdict);
         if transition && judgement.verdict == Verdict::Wedged {
-            record.wedges += 1;
+            record.wedges = record.wedges.saturating_add(1);
         }
         record.judge = next;
 

@@ -188,7 +188,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig) -> Liveness {
         .filter(|u| u.role == Role::Control)
         .and_then(|u| u.heartbeat)
     {
-        let limit = 3 * hb.as_millis() as u64;
+        let limit = (hb.as_millis() as u64).saturating_mul(3);
         if silent > limit {
             return Liveness::Dead {
                 code: "control_silent",

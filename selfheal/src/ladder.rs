@@ -122,7 +122,7 @@ impl HealHistory {
     /// Records a step taken at `now_ms`.
     pub fn record(&mut self, now_ms: u64, step: Step, ok: bool, detail: String) {
         self.rung = Some(self.rung.map_or(step.rung(), |r| r.max(step.rung())));
-        self.steps_this_wedge += 1;
+        self.steps_this_wedge = self.steps_this_wedge.saturating_add(1);
         self.actions.push(ActionRecord {
             at_ms: now_ms,
             step,
@@ -207,10 +207,10 @@ pub fn decide(
     // Give the last step its window, and respect the backoff.
     if let (Some(rung), Some(last)) = (hist.rung, hist.last_action_ms()) {
         let wait = cfg.step_window.as_millis() as u64;
-        if now_ms < last + wait {
+        if now_ms < last.saturating_add(wait) {
             return Decision::Wait {
                 why: format!("giving rung {rung} until its window ends"),
-                until_ms: last + wait,
+                until_ms: last.saturating_add(wait),
             };
         }
     }
@@ -221,13 +221,13 @@ pub fn decide(
         let backoff = (cfg.backoff.as_millis() as u64)
             .saturating_mul(1 << doublings)
             .min(HOUR_MS);
-        if now_ms < last + backoff {
+        if now_ms < last.saturating_add(backoff) {
             return Decision::Wait {
                 why: format!(
                     "backing off {backoff} ms after {} step(s) that did not clear the wedge",
                     hist.steps_this_wedge
                 ),
-                until_ms: last + backoff,
+                until_ms: last.saturating_add(backoff),
             };
         }
     }
@@ -243,7 +243,7 @@ pub fn decide(
         .iter()
         .find_map(|r| report.processes.iter().find(|p| p.pid == *r))
         .and_then(|p| Some((p.pid, p.start_ticks?)));
-    let from = hist.rung.map_or(0, |r| r + 1);
+    let from = hist.rung.map_or(0, |r| r.saturating_add(1));
     let mut chosen = None;
     for rung in from..=3u8 {
         let steps: Vec<Step> = match rung {

@@ -538,3 +538,23 @@ fn thresholds_parse_and_default() {
     let u: &Upstream = &cfg.upstreams[0];
     assert_eq!(u.suspect_after, None);
 }
+
+/// Found by fuzzing: a heartbeat at the edge of what a duration holds.
+#[test]
+fn a_huge_heartbeat_does_not_overflow() {
+    let text = "[[agent]]\nname = \"sol\"\nmatch = { pid = 1 }\n[[agent.upstream]]\nrole = \"control\"\naddr = \"10.0.0.1:7443\"\nheartbeat = \"500000000000y\"\n";
+    let cfg = Config::parse(text, std::path::Path::new("/t.toml"))
+        .expect("parses")
+        .agents
+        .remove(0);
+    let r = report(
+        vec![],
+        vec![socket(
+            1,
+            "control",
+            info(u32::MAX as u64, u32::MAX as u64, 0),
+        )],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), u64::MAX);
+    assert!(j.verdict.rank() >= Verdict::Idle.rank());
+}

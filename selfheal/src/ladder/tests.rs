@@ -385,3 +385,57 @@ fn old_actions_leave_the_hour() {
     );
     assert!(h.actions.is_empty());
 }
+
+/// Found by fuzzing (fuzz/regressions/ladder, state_file, config): a history
+/// from a state file or settings from a config at the edges of their types
+/// must not overflow.
+#[test]
+fn extreme_history_and_settings_do_not_overflow() {
+    let huge = HealConfig {
+        step_window: Duration::from_secs(u64::MAX / 1000),
+        backoff: Duration::from_secs(u64::MAX / 1000),
+        ..heal(true, true)
+    };
+    let mut h = HealHistory {
+        actions: vec![ActionRecord {
+            at_ms: u64::MAX,
+            step: Step::ArmKeepalive {
+                pid: 1,
+                start_ticks: 1,
+                fd: 1,
+                inode: 1,
+            },
+            ok: true,
+            detail: String::new(),
+        }],
+        rung: Some(255),
+        steps_this_wedge: u32::MAX,
+        gave_up: None,
+    };
+    for now in [0, 1, u64::MAX - 1, u64::MAX] {
+        let _ = decide(
+            &huge,
+            &wedged("control_silent", Some(42)),
+            &report('S', true),
+            &mut h.clone(),
+            now,
+        );
+        let _ = decide(
+            &HealConfig::default(),
+            &wedged("control_silent", Some(42)),
+            &report('S', true),
+            &mut h,
+            now,
+        );
+    }
+    h.record(
+        u64::MAX,
+        Step::Restart {
+            argv: vec!["x".into()],
+            timeout_ms: u64::MAX,
+        },
+        true,
+        String::new(),
+    );
+    assert_eq!(h.steps_this_wedge, u32::MAX);
+}
