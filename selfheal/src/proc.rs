@@ -389,7 +389,7 @@ fn recv_syscall(nr: i64) -> Option<&'static str> {
 }
 
 /// `se.exec_start` of a `/proc/…/sched` file, in milliseconds.
-pub(crate) fn parse_exec_start(sched: &str) -> Option<f64> {
+pub fn parse_exec_start(sched: &str) -> Option<f64> {
     sched.lines().find_map(|l| {
         let (key, value) = l.split_once(':')?;
         (key.trim() == "se.exec_start")
@@ -400,7 +400,7 @@ pub(crate) fn parse_exec_start(sched: &str) -> Option<f64> {
 
 /// Function names of the first `n` frames of a `/proc/…/stack` file:
 /// `[<0>] wait_woken+0x6d/0x80` → `wait_woken`.
-pub(crate) fn parse_kstack(stack: &str, n: usize) -> Vec<String> {
+pub fn parse_kstack(stack: &str, n: usize) -> Vec<String> {
     stack
         .lines()
         .filter_map(|l| {

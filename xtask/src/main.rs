@@ -4,6 +4,7 @@
 //!
 //! Every set-up step is idempotent: it checks before it installs.
 
+mod fuzz;
 mod setup;
 mod vm;
 
@@ -36,6 +37,9 @@ enum Task {
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),
+    /// Fuzz the parsers of outside input (cargo-fuzz on nightly; installs
+    /// cargo-fuzz if missing). Fails on any crash, naming the input.
+    Fuzz(fuzz::FuzzArgs),
     /// Run the benchmarks (needs root): the tracer's receive-path overhead
     /// (`recv-bench`; arguments after `--` go to it, e.g.
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
@@ -92,6 +96,10 @@ fn main() -> Result<()> {
             } else {
                 vm::vm_test(vm::VmArgs::default())
             }
+        }
+        Task::Fuzz(args) => {
+            setup::all()?;
+            fuzz::fuzz(args)
         }
         Task::VmTest(args) => {
             setup::all()?;

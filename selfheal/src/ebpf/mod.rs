@@ -10,11 +10,7 @@
 pub mod layout;
 pub mod snapshot;
 pub mod strategy;
-#[cfg_attr(
-    not(selfheal_ebpf),
-    expect(dead_code, reason = "only the loader reads tracefs")
-)]
-mod tracefs;
+pub mod tracefs;
 
 #[cfg(selfheal_ebpf)]
 mod loader;

@@ -1,0 +1,97 @@
+//! The config parser on any text: `Config::parse` returns a config or an
+//! error naming file, line and key; it must never panic. What a parsed
+//! config is then used for by pure code (error and address rendering, the
+//! upstream matcher with a fake resolver, the address parser, the judge and
+//! the healing ladder on fixed evidence of a wedged agent) must not panic
+//! either: its durations, counts and commands are outside input too.
+
+#![no_main]
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::Path,
+    str::FromStr as _,
+};
+
+use libfuzzer_sys::fuzz_target;
+use selfheal::{
+    config::{Config, UpstreamAddr, check_json_pointer, line_col},
+    judge::{self, AgentHistory},
+    ladder::{self, HealHistory},
+};
+use selfheal_fuzz::{after_first_step, report, wedged};
+
+/// `CLOCK_BOOTTIME` ms of the first ladder step, and of the checks after it.
+const FIRST_STEP_MS: u64 = 6_000;
+const NOWS: [u64; 3] = [1_000, 40_000, 604_800_000];
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    match Config::parse(&text, Path::new("/fuzz.toml")) {
+        Err(e) => {
+            let _ = e.to_string();
+            let _ = e.line();
+        }
+        Ok(config) => {
+            // Sockets to classify: a few fixed ones and one whose address and
+            // port come from the input.
+            let mut remotes = vec![
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 443),
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3)), 8443),
+                SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 443),
+                SocketAddr::new(
+                    IpAddr::V6(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped()),
+                    7443,
+                ),
+            ];
+            if let Some(b) = data.get(..6) {
+                let ip = Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+                let port = u16::from_be_bytes([b[4], b[5]]);
+                remotes.push(SocketAddr::new(IpAddr::V4(ip), port));
+                remotes.push(SocketAddr::new(IpAddr::V6(ip.to_ipv6_mapped()), port));
+            }
+            for agent in &config.agents {
+                let _ = config.agent(&agent.name);
+                for u in &agent.upstreams {
+                    // Rendering an address and parsing it back.
+                    let shown = u.addr.to_string();
+                    let _ = UpstreamAddr::from_str(&shown);
+                }
+                let resolved = agent.resolve_upstreams_with(|host, port| match host.len() % 3 {
+                    0 => Err("no such host".into()),
+                    1 => Ok(Vec::new()),
+                    _ => Ok(vec![
+                        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+                        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+                        SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), port),
+                    ]),
+                });
+                let _ = resolved.notes();
+                for remote in &remotes {
+                    let _ = resolved.role_of(*remote);
+                }
+                for probe in &agent.probes {
+                    let _ = format!("{probe:?}");
+                }
+                // The judge and the ladder under this agent's thresholds and
+                // heal settings.
+                let report = report();
+                for now_ms in NOWS {
+                    let (j, next) =
+                        judge::judge(agent, &report, &[], &AgentHistory::default(), now_ms);
+                    let _ = judge::judge(agent, &report, &[], &next, now_ms.saturating_add(1));
+                    for j in [&j, &wedged()] {
+                        for mut h in [HealHistory::default(), after_first_step(FIRST_STEP_MS)] {
+                            let _ = ladder::decide(&agent.heal, j, &report, &mut h, now_ms);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The helpers the parser's messages and checks use, on the raw text.
+    let _ = check_json_pointer(&text);
+    let _ = UpstreamAddr::from_str(&text);
+    let _ = line_col(&text, data.len() / 2);
+    let _ = line_col(&text, usize::MAX);
+});

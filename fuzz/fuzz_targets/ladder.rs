@@ -1,0 +1,209 @@
+//! The judge and the healing ladder on the values a config and a state file
+//! hand them, built field by field from the input (structure-aware: a
+//! parser target rarely gets a whole valid history through): durations,
+//! counts and flags of `[agent.thresholds]` and `[agent.heal]` (any a
+//! config accepts: up to `u64::MAX` seconds), and the judge's and the
+//! ladder's history as `check` saves it (times, rung, step counts). Fixed
+//! evidence: agent `sol` with its control socket (or without it, or
+//! stopped). Never a panic.
+
+#![no_main]
+
+use std::{path::Path, sync::OnceLock, time::Duration};
+
+use libfuzzer_sys::{
+    arbitrary::{Result, Unstructured},
+    fuzz_target,
+};
+use selfheal::{
+    config::{AgentConfig, Config, HealConfig, Thresholds},
+    judge::{self, AgentHistory, ProbeView, Verdict},
+    ladder::{self, ActionRecord, HealHistory, Step},
+};
+use selfheal_fuzz::{report, wedged};
+
+const CONFIG: &str = r#"
+[[agent]]
+name = "sol"
+match = { pid = 100 }
+upstream = [{ role = "control", addr = "10.0.0.1:7443" }]
+"#;
+
+const VERDICTS: [Verdict; 7] = [
+    Verdict::Healthy,
+    Verdict::Idle,
+    Verdict::Busy,
+    Verdict::Degraded,
+    Verdict::Unresponsive,
+    Verdict::Wedged,
+    Verdict::Down,
+];
+
+fn base() -> &'static AgentConfig {
+    static AGENT: OnceLock<AgentConfig> = OnceLock::new();
+    AGENT.get_or_init(|| {
+        Config::parse(CONFIG, Path::new("/fuzz.toml"))
+            .expect("fixture config")
+            .agents
+            .remove(0)
+    })
+}
+
+/// Any duration a config may hold: humantime accepts up to `u64::MAX` s.
+fn duration(u: &mut Unstructured<'_>) -> Result<Duration> {
+    Ok(Duration::new(
+        u.arbitrary()?,
+        u.int_in_range(0..=999_999_999)?,
+    ))
+}
+
+fn thresholds(u: &mut Unstructured<'_>) -> Result<Thresholds> {
+    Ok(Thresholds {
+        suspect_after: duration(u)?,
+        dead_probes: u.arbitrary()?,
+        dead_backoff: u.arbitrary()?,
+        recv_blocked: duration(u)?,
+        current_task_stale: duration(u)?,
+        zombies: u.arbitrary()?,
+        d_state: duration(u)?,
+        probe_slow: duration(u)?,
+    })
+}
+
+fn heal_config(u: &mut Unstructured<'_>) -> Result<HealConfig> {
+    Ok(HealConfig {
+        sockets: u.arbitrary()?,
+        signal: u.arbitrary()?,
+        grace: duration(u)?,
+        restart: u
+            .arbitrary::<bool>()?
+            .then(|| vec!["systemctl".into(), "restart".into(), "sol.service".into()]),
+        restart_timeout: duration(u)?,
+        step_window: duration(u)?,
+        backoff: duration(u)?,
+        max_actions_per_hour: u.arbitrary()?,
+        max_restarts_per_hour: u.arbitrary()?,
+    })
+}
+
+fn step(u: &mut Unstructured<'_>) -> Result<Step> {
+    let (pid, start_ticks, fd, inode) = (
+        u.arbitrary()?,
+        u.arbitrary()?,
+        u.arbitrary()?,
+        u.arbitrary()?,
+    );
+    Ok(match u.int_in_range(0..=3)? {
+        0 => Step::ArmKeepalive {
+            pid,
+            start_ticks,
+            fd,
+            inode,
+        },
+        1 => Step::DestroySocket {
+            pid,
+            start_ticks,
+            fd,
+            inode,
+        },
+        2 => Step::Signal {
+            pid,
+            start_ticks,
+            grace_ms: u.arbitrary()?,
+        },
+        _ => Step::Restart {
+            argv: vec!["true".into()],
+            timeout_ms: u.arbitrary()?,
+        },
+    })
+}
+
+fn heal_history(u: &mut Unstructured<'_>) -> Result<HealHistory> {
+    let n = u.int_in_range(0..=12)?;
+    let mut actions = Vec::with_capacity(n);
+    for _ in 0..n {
+        actions.push(ActionRecord {
+            at_ms: u.arbitrary()?,
+            step: step(u)?,
+            ok: u.arbitrary()?,
+            detail: String::new(),
+        });
+    }
+    Ok(HealHistory {
+        actions,
+        rung: u.arbitrary()?,
+        steps_this_wedge: u.arbitrary()?,
+        gave_up: u.arbitrary::<bool>()?.then(|| "gave up".to_string()),
+    })
+}
+
+fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
+    let verdict = match u.int_in_range(0..=VERDICTS.len())? {
+        0 => None,
+        i => Some(VERDICTS[i - 1]),
+    };
+    Ok(AgentHistory {
+        verdict,
+        verdict_since_ms: u.arbitrary()?,
+        suspect_since_ms: [(9, u.arbitrary()?)]
+            .into_iter()
+            .take(u.int_in_range(0..=1)?)
+            .collect(),
+        control_absent_since_ms: u.arbitrary()?,
+        current_task: u
+            .arbitrary::<bool>()?
+            .then(|| u.arbitrary().map(|since| ("summarize".to_string(), since)))
+            .transpose()?,
+    })
+}
+
+fn one(u: &mut Unstructured<'_>) -> Result<()> {
+    let mut agent = base().clone();
+    agent.thresholds = thresholds(u)?;
+    agent.heal = heal_config(u)?;
+    if let Some(up) = agent.upstreams.first_mut() {
+        up.heartbeat = u.arbitrary::<bool>()?.then(|| duration(u)).transpose()?;
+        up.suspect_after = u.arbitrary::<bool>()?.then(|| duration(u)).transpose()?;
+    }
+    let judge_history = agent_history(u)?;
+    let mut heal_history = heal_history(u)?;
+    let now_ms: u64 = u.arbitrary()?;
+
+    let mut report = report();
+    match u.int_in_range(0..=2)? {
+        0 => {}
+        1 => report.sockets.clear(),
+        _ => report.processes[0].state = 'T',
+    }
+    let probes = [ProbeView {
+        target: "http://127.0.0.1:8080/status".into(),
+        expectations_met: u.arbitrary()?,
+        latency_ms: u.arbitrary()?,
+        fields: [("current_task".to_string(), serde_json::json!("summarize"))].into(),
+        ..ProbeView::default()
+    }];
+    let probes = &probes[..u.int_in_range(0..=1)?];
+
+    let (j, next) = judge::judge(&agent, &report, probes, &judge_history, now_ms);
+    let _ = judge::judge(&agent, &report, probes, &next, now_ms.saturating_add(1));
+    let j = if u.arbitrary()? { j } else { wedged() };
+    let decision = ladder::decide(&agent.heal, &j, &report, &mut heal_history, now_ms);
+    if let ladder::Decision::Act { steps } = &decision {
+        for s in steps {
+            heal_history.record(now_ms, s.clone(), true, String::new());
+        }
+        let _ = ladder::decide(
+            &agent.heal,
+            &j,
+            &report,
+            &mut heal_history,
+            now_ms.saturating_add(1),
+        );
+    }
+    let _ = serde_json::to_string(&decision);
+    Ok(())
+}
+
+fuzz_target!(|data: &[u8]| {
+    let _ = one(&mut Unstructured::new(data));
+});
