@@ -26,6 +26,19 @@ impl Dirs {
     }
 }
 
+impl Dirs {
+    /// A config with one agent, "me": this test process.
+    fn own_agent_config(&self) -> PathBuf {
+        let config = self.0.join("config.toml");
+        let text = format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        );
+        std::fs::write(&config, text).expect("write config");
+        config
+    }
+}
+
 impl Drop for Dirs {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -207,15 +220,7 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
 #[test]
 fn concurrent_checks_leave_a_sound_state_file() {
     let dirs = Dirs::new("concurrent");
-    let config = dirs.0.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .unwrap();
+    let config = dirs.own_agent_config();
     let runs: Vec<_> = (0..4)
         .map(|_| {
             Command::new(selfheal_bin())
@@ -244,15 +249,7 @@ fn concurrent_checks_leave_a_sound_state_file() {
 #[test]
 fn a_garbage_state_file_is_replaced_and_reported() {
     let dirs = Dirs::new("garbage");
-    let config = dirs.0.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .unwrap();
+    let config = dirs.own_agent_config();
     std::fs::create_dir_all(dirs.0.join("state")).unwrap();
     std::fs::write(
         dirs.0.join("state/state.json"),
@@ -301,15 +298,7 @@ fn status_server(body: &'static str) -> std::net::SocketAddr {
 #[test]
 fn watch_logs_transitions_not_every_check() {
     let dirs = Dirs::new("watch");
-    let config = dirs.0.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .unwrap();
+    let config = dirs.own_agent_config();
     let out = Command::new(selfheal_bin())
         .args(["watch", "--interval", "100ms", "--count", "10", "--config"])
         .arg(&config)
@@ -378,15 +367,7 @@ fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
 #[test]
 fn watch_serves_metrics() {
     let dirs = Dirs::new("metrics");
-    let config = dirs.0.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .unwrap();
+    let config = dirs.own_agent_config();
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
