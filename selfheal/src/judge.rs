@@ -190,10 +190,21 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig) -> Liveness {
     {
         let limit = (hb.as_millis() as u64).saturating_mul(3);
         if silent > limit {
+            // Which kind of silence: a peer whose kernel still acknowledges
+            // (the server process hung) or one that vanished.
+            let ack = u64::from(i.last_ack_recv_ms);
+            let peer = if ack < silent && ack <= limit {
+                format!(
+                    "the peer's kernel still acknowledges (last ACK {} ago): its application is silent",
+                    human_ms(ack)
+                )
+            } else {
+                format!("nothing acknowledged for {} either", human_ms(ack))
+            };
             return Liveness::Dead {
                 code: "control_silent",
                 why: format!(
-                    "no data for {} on a control connection with a {} heartbeat (limit 3×)",
+                    "no data for {} on a control connection with a {} heartbeat (limit 3×); {peer}",
                     human_ms(silent),
                     human_ms(hb.as_millis() as u64)
                 ),
@@ -307,6 +318,17 @@ pub fn judge(
         return finish(reasons, next, now_ms);
     }
 
+    // The agent says it is working on something (an event loop waiting on
+    // a provider shows no thread blocked in a receive): a silent provider
+    // call is then in flight, not abandoned. Only ever a reason for busy
+    // over idle, never for a wedge.
+    let claimed_task = probes
+        .iter()
+        .filter(|p| p.error.is_none())
+        .filter_map(|p| p.fields.get(CURRENT_TASK))
+        .find(|t| !t.is_null() && t.as_str() != Some(""))
+        .map(|t| t.as_str().map_or_else(|| t.to_string(), str::to_string));
+
     // Threads blocked in a receive, by socket: (tid, age).
     let mut blocked_on: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
     for p in &report.processes {
@@ -324,7 +346,15 @@ pub fn judge(
     let mut control_alive = false;
     let mut control_dead = false;
     let mut busy = false;
-    for s in report.sockets.iter().filter(|s| s.role != "other") {
+    // A connection attempt (SYN sent, no answer yet) has exchanged no data:
+    // its tcp_info silences are meaningless. It is judged as what it is,
+    // the absence of a connection, below.
+    let connecting = |s: &&SocketReport| s.state == "SYN-SENT";
+    for s in report
+        .sockets
+        .iter()
+        .filter(|s| s.role != "other" && !connecting(s))
+    {
         let suspect_after = s
             .upstream
             .and_then(|i| cfg.upstreams.get(i))
@@ -370,13 +400,16 @@ pub fn judge(
                 if control {
                     control_alive = true; // unproven either way: not dead
                 }
-                if control || in_flight(s, &blocked_on, suspect_after) {
+                let task = claimed_task.as_ref().filter(|_| s.role == "provider");
+                if control || in_flight(s, &blocked_on, suspect_after) || task.is_some() {
                     busy |= !control;
-                    let waiting = blocked_on
-                        .get(&s.inode)
-                        .map_or(String::new(), |(tid, age)| {
+                    let waiting = match (blocked_on.get(&s.inode), task) {
+                        (Some((tid, age)), _) => {
                             format!("; thread {tid} waiting {}", human_ms(*age))
-                        });
+                        }
+                        (None, Some(task)) => format!("; the agent reports current_task {task:?}"),
+                        (None, None) => String::new(),
+                    };
                     let r = reason(
                         "suspect",
                         if control {
@@ -412,18 +445,35 @@ pub fn judge(
 
     // The control upstream the config promises, absent from the kernel.
     let wants_control = cfg.upstreams.iter().any(|u| u.role == Role::Control);
-    let control_absent = wants_control && !report.sockets.iter().any(|s| s.role == "control");
-    if control_absent {
+    let no_control = wants_control
+        && !report
+            .sockets
+            .iter()
+            .any(|s| s.role == "control" && !connecting(&s));
+    let attempts = report
+        .sockets
+        .iter()
+        .filter(|s| s.role == "control" && connecting(s))
+        .count();
+    // Absent for a moment is a reconnect; past `suspect_after` it is a fact.
+    let mut control_absent = false;
+    if no_control {
         let since = history.control_absent_since_ms.unwrap_or(now_ms);
         next.control_absent_since_ms = Some(since);
         let absent_ms = now_ms.saturating_sub(since);
         if absent_ms >= th.suspect_after.as_millis() as u64 {
+            control_absent = true;
             reasons.push(reason(
                 "control_absent",
                 Verdict::Wedged,
                 format!(
-                    "no connection to the control upstream for {}",
-                    human_ms(absent_ms)
+                    "no connection to the control upstream for {}{}",
+                    human_ms(absent_ms),
+                    if attempts > 0 {
+                        format!("; {attempts} connection attempt(s) unanswered (SYN sent)")
+                    } else {
+                        String::new()
+                    }
                 ),
             ));
         }

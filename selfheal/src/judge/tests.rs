@@ -558,3 +558,126 @@ fn a_huge_heartbeat_does_not_overflow() {
     let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), u64::MAX);
     assert!(j.verdict.rank() >= Verdict::Idle.rank());
 }
+
+#[test]
+fn control_silence_says_whether_the_peer_still_acknowledges() {
+    let cfg = agent("");
+    let message = |i: TcpInfo| {
+        let r = report(
+            vec![thread(101, 'S', Some((1, 40_000)))],
+            vec![socket(1, "control", i)],
+        );
+        let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+        assert_eq!(j.verdict, Verdict::Wedged);
+        j.reasons
+            .iter()
+            .find(|r| r.code == "control_silent")
+            .expect("control_silent")
+            .message
+            .clone()
+    };
+    // A stopped server: its kernel ACKed a heartbeat 500 ms ago.
+    let hung = message(info(40_000, 500, 500));
+    assert!(
+        hung.contains("still acknowledges (last ACK 500ms ago)"),
+        "{hung}"
+    );
+    // A vanished server: nothing acknowledged since the silence began.
+    let gone = message(info(40_000, 40_000, 500));
+    assert!(
+        gone.contains("nothing acknowledged for 40.0s either"),
+        "{gone}"
+    );
+}
+
+#[test]
+fn an_event_loop_waiting_on_a_silent_provider_is_busy_when_it_reports_a_task() {
+    let cfg = agent("[agent.thresholds]\nsuspect_after = \"2s\"\n");
+    // No thread blocked in a receive (an event loop); the provider sent the
+    // response head, then nothing for 5 s; its kernel ACKs.
+    let r = report(
+        vec![thread(101, 'S', None)],
+        vec![
+            alive_control(),
+            socket(2, "provider", info(5_000, 4_000, 5_100)),
+        ],
+    );
+    let (j, _) = judge(
+        &cfg,
+        &r,
+        &[task_probe("WI-9")],
+        &AgentHistory::default(),
+        100 * MIN,
+    );
+    assert_eq!(j.verdict, Verdict::Busy, "{:?}", codes(&j));
+    let suspect = j
+        .reasons
+        .iter()
+        .find(|r| r.code == "suspect")
+        .expect("suspect");
+    assert!(
+        suspect.message.contains("current_task \"WI-9\""),
+        "{}",
+        suspect.message
+    );
+    // Without the claim, the same socket is nobody's call: idle.
+    let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+    assert_eq!(j.verdict, Verdict::Idle, "{:?}", codes(&j));
+    // An empty or null task claims nothing.
+    let (j, _) = judge(
+        &cfg,
+        &r,
+        &[task_probe("")],
+        &AgentHistory::default(),
+        100 * MIN,
+    );
+    assert_eq!(j.verdict, Verdict::Idle, "{:?}", codes(&j));
+}
+
+#[test]
+fn a_status_contradicts_an_absent_control_only_once_the_absence_persists() {
+    let cfg = agent("[agent.thresholds]\nsuspect_after = \"2s\"\n");
+    let r = report(vec![thread(100, 'S', None)], vec![]);
+    // Just noticed (a reconnect in progress): no verdict yet.
+    let (j, h) = judge(
+        &cfg,
+        &r,
+        &[ok_probe(true)],
+        &AgentHistory::default(),
+        100 * MIN,
+    );
+    assert!(j.verdict.is_ok(), "{:?}", codes(&j));
+    // Still absent 3 s later: both the absence and the contradiction.
+    let (j, _) = judge(&cfg, &r, &[ok_probe(true)], &h, 100 * MIN + 3_000);
+    assert_eq!(j.verdict, Verdict::Wedged);
+    let c = codes(&j);
+    assert!(
+        c.contains(&"status_contradicts_kernel") && c.contains(&"control_absent"),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn a_connection_attempt_is_an_absent_control_not_a_silent_one() {
+    let cfg = agent("[agent.thresholds]\nsuspect_after = \"2s\"\n");
+    // SYN sent, never answered: tcp_info's "last received" is meaningless
+    // (the time since boot), and must not read as hours of silence.
+    let mut syn = socket(1, "control", info(10_000_000, 10_000_000, 500));
+    syn.state = "SYN-SENT";
+    let r = report(vec![thread(100, 'S', None)], vec![syn]);
+    let (j, h) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+    assert!(
+        j.verdict.is_ok(),
+        "a reconnect in progress: {:?}",
+        codes(&j)
+    );
+    let (j, _) = judge(&cfg, &r, &[], &h, 100 * MIN + 3_000);
+    assert_eq!(codes(&j), ["control_absent"]);
+    assert!(
+        j.reasons[0]
+            .message
+            .contains("1 connection attempt(s) unanswered"),
+        "{}",
+        j.reasons[0].message
+    );
+}
