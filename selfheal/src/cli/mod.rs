@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod config;
+pub mod demo;
 pub mod helper;
 pub mod inspect;
 pub mod install;

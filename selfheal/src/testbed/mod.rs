@@ -1,0 +1,77 @@
+//! The incident testbed: real programs that replay the 2026-07-23 outage
+//! (`../shared/context/incident-pr-358.txt`) so that `selfheal demo` and the
+//! scenario tests can show selfheal finding and healing it.
+//!
+//! - [`dispatch`]: the dispatch server runners attach to; its runners table
+//!   keeps saying `connected` for a runner whose stream is dead.
+//! - [`provider`]: an LLM provider streaming server-sent events, which can
+//!   think silently, stream slowly, or go silent with the connection open.
+//! - [`runner`]: an agent runner with the incident's bug (no keepalive on its
+//!   attach stream), a blocking-thread and a tokio variant, and a PID-1 mode
+//!   that leaks zombies.
+//! - [`topology`]: network namespaces joined by veth, and the "gateway drops
+//!   the flow without a FIN" fault.
+//! - [`scenario`]: the scenarios, driving real `selfheal helper` and
+//!   `selfheal check` processes as a timer would, measuring time to detect
+//!   and to recover; the demo narrates them and the tests assert on them.
+//!
+//! The three programs run as `selfheal testbed ROLE` (a hidden subcommand),
+//! so the demo needs nothing but the `selfheal` binary.
+
+pub mod dispatch;
+pub mod http;
+pub mod provider;
+pub mod runner;
+pub mod scenario;
+pub mod topology;
+pub mod wire;
+
+/// `selfheal testbed ROLE …`.
+#[derive(clap::Args, Debug)]
+pub struct TestbedArgs {
+    #[command(subcommand)]
+    pub role: Role,
+}
+
+/// The testbed's programs.
+#[derive(clap::Subcommand, Debug)]
+pub enum Role {
+    /// The dispatch server: attach streams, heartbeats, work, runners table.
+    Dispatch(dispatch::Args),
+    /// The LLM provider: server-sent events with configurable pacing.
+    Provider(provider::Args),
+    /// An agent runner with the incident's bug.
+    Runner(runner::Args),
+}
+
+/// Runs one testbed program until it is killed.
+pub fn run(args: TestbedArgs) -> anyhow::Result<()> {
+    match args.role {
+        Role::Dispatch(a) => dispatch::run(a),
+        Role::Provider(a) => provider::run(a),
+        Role::Runner(a) => runner::run(a),
+    }
+}
+
+/// One line of a testbed program's story on stdout (the scenario driver
+/// reads them), flushed at once.
+pub fn say(line: impl std::fmt::Display) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Milliseconds since the Unix epoch (for "last seen" in tables).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A current-thread tokio runtime with I/O and timers.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}

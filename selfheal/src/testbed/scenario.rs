@@ -1,0 +1,925 @@
+//! The scenarios: a [`Bed`] (topology, testbed programs, a `selfheal
+//! helper`, a config) and the scripts that fault it and watch selfheal
+//! answer, by running `selfheal check` as a timer would. Every observation
+//! goes to a narrator as an [`Event`] (the demo prints them, the tests log
+//! them) and is summed up in a [`Report`] the tests assert on.
+//!
+//! Checks run inside the runners' network namespace (so the runners'
+//! status endpoints on 127.0.0.1 answer the probes) and heal through the
+//! helper, which runs in the host's.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc::{Receiver, channel},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{http, runner::Mode, topology::Topology};
+
+/// Set (by a signal handler) to stop a scenario at its next pause; the bed
+/// is then dropped, which kills its processes and deletes its namespaces.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+
+const ATTACH_PORT: u16 = 7443;
+const API_PORT: u16 = 8080;
+const PROVIDER_PORT: u16 = 8443;
+
+/// What every scenario is given.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The `selfheal` binary to run (helper, check, testbed programs).
+    pub selfheal: PathBuf,
+    /// The runners' heartbeat, and the control upstream's in the config.
+    pub heartbeat: Duration,
+    /// How often `selfheal check` runs (the timer's interval).
+    pub check_every: Duration,
+    /// Picks the subnets (1–250); concurrent scenarios need distinct values.
+    pub net: u8,
+}
+
+/// One thing a person watching should see.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The bed is up.
+    Setup { what: String },
+    /// A runner's own story (`GET /status`) and the dispatch server's row.
+    Story {
+        at_ms: u64,
+        runner: String,
+        status: Value,
+        table: Value,
+    },
+    /// The fault was injected.
+    Fault { at_ms: u64, what: String },
+    /// One agent's verdict in one check (printed on a change, or when it
+    /// carries a snapshot or a heal).
+    Verdict {
+        at_ms: u64,
+        agent: String,
+        verdict: String,
+        reasons: Vec<Value>,
+        snapshot: Option<String>,
+        heal: Vec<String>,
+        /// Whether the verdict differs from this agent's previous one.
+        changed: bool,
+    },
+    /// A runner is back at work: time from the fault to the verdict and to
+    /// the first work item done after reattaching.
+    Recovered {
+        agent: String,
+        detect_ms: u64,
+        recover_ms: u64,
+    },
+    /// Anything else worth a line.
+    Note { at_ms: u64, text: String },
+}
+
+/// What a scenario saw.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    /// Every verdict of every agent, in check order.
+    pub verdicts: BTreeMap<String, Vec<String>>,
+    /// Every reason code seen per agent.
+    pub reasons: BTreeMap<String, Vec<String>>,
+    /// Healing steps taken, as "agent: action".
+    pub heals: Vec<String>,
+    /// Snapshot ids written.
+    pub snapshots: Vec<String>,
+    /// Fault to the first `wedged` verdict.
+    pub detect_ms: Option<u64>,
+    /// Fault to the runner's first work item done after it reattached.
+    pub recover_ms: Option<u64>,
+    pub checks: u32,
+    /// Facts a scenario wants to keep (its own assertions' inputs).
+    pub facts: BTreeMap<String, Value>,
+}
+
+impl Report {
+    fn new(scenario: &str) -> Report {
+        Report {
+            scenario: scenario.into(),
+            ..Report::default()
+        }
+    }
+
+    /// Verdicts of `agent` other than those in `allowed`.
+    pub fn verdicts_outside(&self, agent: &str, allowed: &[&str]) -> Vec<String> {
+        self.verdicts
+            .get(agent)
+            .into_iter()
+            .flatten()
+            .filter(|v| !allowed.contains(&v.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    pub fn saw_reason(&self, agent: &str, code: &str) -> bool {
+        self.reasons
+            .get(agent)
+            .is_some_and(|c| c.iter().any(|x| x == code))
+    }
+}
+
+/// A testbed program, killed on drop.
+struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+    what: String,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Proc> {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {what}"))?;
+        let stdout = child.stdout.take().context("piped stdout")?;
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Proc {
+            child,
+            lines,
+            what: what.into(),
+        })
+    }
+
+    /// Waits for a line starting with `prefix`.
+    fn expect(&self, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return Ok(line),
+                Ok(_) => {}
+                Err(_) => bail!("{}: no `{prefix}` line within {timeout:?}", self.what),
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How a runner is set up.
+#[derive(Clone, Debug)]
+pub struct RunnerSpec {
+    pub name: String,
+    pub mode: Mode,
+    /// The provider request per work item (its pacing).
+    pub provider_path: String,
+    /// Run as PID 1 of its own pid namespace, leaking a child this often.
+    pub leak_every: Option<Duration>,
+    /// Where the agent's probe asks: the runner itself, or the dispatch
+    /// server's row for it.
+    pub probe_table: bool,
+    /// Extra `[agent.thresholds]` lines.
+    pub thresholds: String,
+}
+
+impl RunnerSpec {
+    pub fn new(name: &str, mode: Mode) -> RunnerSpec {
+        RunnerSpec {
+            name: name.into(),
+            mode,
+            provider_path: FAST.into(),
+            leak_every: None,
+            probe_table: false,
+            thresholds: String::new(),
+        }
+    }
+}
+
+/// A provider answering at once, 5 tokens 20 ms apart.
+pub const FAST: &str = "/v1/stream?first_ms=100&gap_ms=20&tokens=5";
+
+/// The topology, the programs in it, a helper, and the config.
+pub struct Bed {
+    pub opts: Options,
+    pub topo: Topology,
+    dir: PathBuf,
+    started: Instant,
+    dispatch: Option<Proc>,
+    procs: Vec<Proc>,
+    runners: Vec<(RunnerSpec, SocketAddr)>,
+}
+
+impl Bed {
+    /// Builds the topology and starts the dispatch server (work every
+    /// `work_every`), the provider and the helper.
+    pub fn new(opts: &Options, tag: &str, work_every: Duration) -> anyhow::Result<Bed> {
+        super::topology::remove_stale();
+        let tag = format!("{tag}{}", opts.net);
+        let topo = Topology::new(&tag, opts.net)?;
+        let dir = std::env::temp_dir().join(format!("selfheal-tb{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut bed = Bed {
+            opts: opts.clone(),
+            topo,
+            dir,
+            started: Instant::now(),
+            dispatch: None,
+            procs: Vec::new(),
+            runners: Vec::new(),
+        };
+        let mut cmd = bed.topo.dispatch.command(&bed.opts.selfheal);
+        cmd.args(["testbed", "dispatch", "--listen"])
+            .arg(bed.dispatch_addr().to_string())
+            .arg("--api")
+            .arg(bed.api_addr().to_string())
+            .arg("--work-every")
+            .arg(format!("{}ms", work_every.as_millis()));
+        let d = Proc::spawn(cmd, "the dispatch server")?;
+        d.expect("listening", Duration::from_secs(10))?;
+        bed.dispatch = Some(d);
+        let mut cmd = bed.topo.provider.command(&bed.opts.selfheal);
+        cmd.args(["testbed", "provider", "--listen"])
+            .arg(bed.provider_addr().to_string());
+        let p = Proc::spawn(cmd, "the provider")?;
+        p.expect("listening", Duration::from_secs(10))?;
+        bed.procs.push(p);
+        let mut cmd = Command::new(&bed.opts.selfheal);
+        cmd.args(["helper", "--socket"]).arg(bed.helper_socket());
+        bed.procs.push(Proc::spawn(cmd, "selfheal helper")?);
+        let sock = bed.helper_socket();
+        bed.wait("the helper's socket", Duration::from_secs(20), || {
+            Ok(sock.exists().then_some(()))
+        })?;
+        Ok(bed)
+    }
+
+    pub fn dispatch_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.topo.dispatch_ip, ATTACH_PORT))
+    }
+
+    fn api_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.topo.dispatch_ip, API_PORT))
+    }
+
+    fn provider_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.topo.provider_ip, PROVIDER_PORT))
+    }
+
+    fn helper_socket(&self) -> PathBuf {
+        self.dir.join("helper.sock")
+    }
+
+    /// Milliseconds since the bed was built.
+    pub fn at_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// The dispatch server's pid (to stop it).
+    pub fn dispatch_pid(&self) -> Option<u32> {
+        self.dispatch.as_ref().map(|d| d.child.id())
+    }
+
+    /// Starts a runner in the runners' namespace and adds it to the config.
+    pub fn add_runner(&mut self, spec: RunnerSpec) -> anyhow::Result<()> {
+        let status = SocketAddr::from(([127, 0, 0, 1], 9001 + self.runners.len() as u16));
+        let mut cmd = self.topo.runners.command(&self.opts.selfheal);
+        cmd.args(["testbed", "runner", "--name", &spec.name, "--dispatch"])
+            .arg(self.dispatch_addr().to_string())
+            .arg("--provider")
+            .arg(self.provider_addr().to_string())
+            .args(["--provider-path", &spec.provider_path, "--status"])
+            .arg(status.to_string())
+            .arg("--heartbeat")
+            .arg(format!("{}ms", self.opts.heartbeat.as_millis()))
+            .args([
+                "--mode",
+                match spec.mode {
+                    Mode::Blocking => "blocking",
+                    Mode::Tokio => "tokio",
+                },
+            ]);
+        if let Some(every) = spec.leak_every {
+            cmd.args(["--pid1", "--pidfile"])
+                .arg(self.pidfile(&spec.name))
+                .arg("--leak-every")
+                .arg(format!("{}ms", every.as_millis()));
+        }
+        let p = Proc::spawn(cmd, &format!("runner {}", spec.name))?;
+        if spec.leak_every.is_some() {
+            p.expect("pid1 ", Duration::from_secs(10))?;
+        }
+        self.procs.push(p);
+        self.runners.push((spec, status));
+        self.write_config()
+    }
+
+    fn pidfile(&self, runner: &str) -> PathBuf {
+        self.dir.join(format!("{runner}.pid"))
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.join("config.toml")
+    }
+
+    fn write_config(&self) -> anyhow::Result<()> {
+        let mut text = String::new();
+        for (spec, status) in &self.runners {
+            let name = &spec.name;
+            let matcher = if spec.leak_every.is_some() {
+                format!("pidfile = {:?}", self.pidfile(name).display().to_string())
+            } else {
+                format!("cmdline = \"testbed runner --name {name} \"")
+            };
+            let probe = if spec.probe_table {
+                format!("http://{}/runners/{name}", self.api_addr())
+            } else {
+                format!("http://{status}/status")
+            };
+            text.push_str(&format!(
+                "[[agent]]\nname = \"{name}\"\nmatch = {{ {matcher} }}\n\
+                 [[agent.upstream]]\nrole = \"control\"\naddr = \"{}\"\nheartbeat = \"{}ms\"\n\
+                 [[agent.upstream]]\nrole = \"provider\"\naddr = \"{}\"\n\
+                 [[agent.probe]]\nurl = \"{probe}\"\ntimeout = \"1s\"\n\
+                 fields = {{ server_status = \"/status\", current_task = \"/current_task\" }}\n\
+                 expect = {{ server_status = \"connected\" }}\n\
+                 [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n{}\n\
+                 [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n\n",
+                self.dispatch_addr(),
+                self.opts.heartbeat.as_millis(),
+                self.provider_addr(),
+                spec.thresholds,
+            ));
+        }
+        let path = self.config_path();
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// One `selfheal check --json`, as the timer runs it, inside the
+    /// runners' namespace and through the helper.
+    pub fn check(&self) -> anyhow::Result<CheckRun> {
+        let mut cmd = self.topo.runners.command(&self.opts.selfheal);
+        cmd.args(["check", "--json", "--config"])
+            .arg(self.config_path())
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .arg("--snapshot-dir")
+            .arg(self.snapshot_dir())
+            .arg("--helper")
+            .arg(self.helper_socket());
+        let out = cmd.output().context("cannot run selfheal check")?;
+        let mut outcomes = Vec::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            outcomes.push(
+                serde_json::from_str::<Value>(line)
+                    .with_context(|| format!("check printed a line that is not JSON: {line:?}"))?,
+            );
+        }
+        Ok(CheckRun {
+            code: out.status.code().unwrap_or(-1),
+            outcomes,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.dir.join("snapshots")
+    }
+
+    /// A runner's own story (`GET /status`).
+    pub fn runner_status(&self, name: &str) -> anyhow::Result<Value> {
+        let (_, addr) = self
+            .runners
+            .iter()
+            .find(|(s, _)| s.name == name)
+            .with_context(|| format!("no runner {name}"))?;
+        let addr = *addr;
+        let (_, v) = self
+            .topo
+            .runners
+            .enter(move || http::get_json(addr, "/status", Duration::from_secs(2)))??;
+        Ok(v)
+    }
+
+    /// The dispatch server's row for `name` (Null when it has none).
+    pub fn row(&self, name: &str) -> anyhow::Result<Value> {
+        let addr = self.api_addr();
+        let (_, v) = self
+            .topo
+            .runners
+            .enter(move || http::get_json(addr, "/runners", Duration::from_secs(2)))??;
+        Ok(v["runners"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["runner"] == name))
+            .cloned()
+            .unwrap_or(Value::Null))
+    }
+
+    /// Polls `f` every 100 ms until it yields, for at most `timeout`.
+    pub fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut f: impl FnMut() -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(v) = f()? {
+                return Ok(v);
+            }
+            if Instant::now() >= end {
+                bail!("{what}: not within {timeout:?}");
+            }
+            pause(Duration::from_millis(100))?;
+        }
+    }
+
+    /// Waits until `runner` is attached and has finished `n` work items.
+    pub fn wait_working(&self, runner: &str, n: u64) -> anyhow::Result<Value> {
+        self.wait(
+            &format!("{runner} attached and working"),
+            Duration::from_secs(30),
+            || {
+                let row = self.row(runner).unwrap_or(Value::Null);
+                Ok(
+                    (row["status"] == "connected" && row["done"].as_u64() >= Some(n))
+                        .then_some(row),
+                )
+            },
+        )
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        // Processes first (they hold the namespaces' sockets), then the
+        // files; the topology deletes the namespaces when dropped after.
+        self.procs.clear();
+        if let Some(d) = self.dispatch.take() {
+            // A stopped server must be continued to die promptly.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(d.child.id() as i32),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+            drop(d);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One `selfheal check` run.
+#[derive(Debug)]
+pub struct CheckRun {
+    pub code: i32,
+    pub outcomes: Vec<Value>,
+    pub stderr: String,
+}
+
+impl CheckRun {
+    pub fn of(&self, agent: &str) -> Option<&Value> {
+        self.outcomes.iter().find(|o| o["agent"] == agent)
+    }
+}
+
+/// Sleeps `d` in short slices; fails at once when [`STOP`] is set.
+pub fn pause(d: Duration) -> anyhow::Result<()> {
+    let end = Instant::now() + d;
+    loop {
+        if STOP.load(Ordering::Relaxed) {
+            bail!("interrupted");
+        }
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+/// Runs checks every `check_every` for at most `limit`, recording and
+/// narrating every outcome, until `done` says so (given the bed and the
+/// latest check). Returns the number of checks.
+fn checks(
+    bed: &Bed,
+    report: &mut Report,
+    say: &mut dyn FnMut(Event),
+    limit: Duration,
+    mut done: impl FnMut(&Bed, &CheckRun, &mut Report, &mut dyn FnMut(Event)) -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let end = Instant::now() + limit;
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    while Instant::now() < end {
+        let tick = Instant::now();
+        let run = bed.check()?;
+        if run.outcomes.is_empty() {
+            bail!(
+                "selfheal check printed nothing (exit {}): {}",
+                run.code,
+                run.stderr.trim()
+            );
+        }
+        report.checks += 1;
+        for o in &run.outcomes {
+            record(bed, o, report, &mut last, say);
+        }
+        if done(bed, &run, report, say)? {
+            return Ok(());
+        }
+        pause(bed.opts.check_every.saturating_sub(tick.elapsed()))?;
+    }
+    Ok(())
+}
+
+fn record(
+    bed: &Bed,
+    o: &Value,
+    report: &mut Report,
+    last: &mut BTreeMap<String, String>,
+    say: &mut dyn FnMut(Event),
+) {
+    let agent = o["agent"].as_str().unwrap_or("?").to_string();
+    let verdict = o["verdict"].as_str().unwrap_or("?").to_string();
+    report
+        .verdicts
+        .entry(agent.clone())
+        .or_default()
+        .push(verdict.clone());
+    let reasons = o["reasons"].as_array().cloned().unwrap_or_default();
+    let codes = report.reasons.entry(agent.clone()).or_default();
+    for r in &reasons {
+        if let Some(c) = r["code"].as_str().filter(|c| !codes.iter().any(|x| x == c)) {
+            codes.push(c.to_string());
+        }
+    }
+    let snapshot = o["snapshot"].as_str().map(str::to_string);
+    if let Some(id) = &snapshot {
+        report.snapshots.push(id.clone());
+    }
+    let heal: Vec<String> = o["heal"]["actions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            let action = a["step"]["action"].as_str().unwrap_or("?");
+            match a["error"].as_str() {
+                Some(e) => format!("{action} (failed: {e})"),
+                None => action.to_string(),
+            }
+        })
+        .collect();
+    for h in &heal {
+        report.heals.push(format!("{agent}: {h}"));
+    }
+    let changed = last.insert(agent.clone(), verdict.clone()).as_ref() != Some(&verdict);
+    if changed || snapshot.is_some() || !heal.is_empty() {
+        say(Event::Verdict {
+            at_ms: bed.at_ms(),
+            agent,
+            verdict,
+            reasons,
+            snapshot,
+            heal,
+            changed,
+        });
+    }
+}
+
+fn story(bed: &Bed, runner: &str, say: &mut dyn FnMut(Event)) -> anyhow::Result<()> {
+    say(Event::Story {
+        at_ms: bed.at_ms(),
+        runner: runner.into(),
+        status: bed.runner_status(runner).unwrap_or(Value::Null),
+        table: bed.row(runner)?,
+    });
+    Ok(())
+}
+
+/// A provider that thinks 6 s before its first token (longer than the
+/// suspect threshold of 2 s), then streams 20 tokens 100 ms apart.
+pub const THINKING: &str = "/v1/stream?first_ms=6000&gap_ms=100&tokens=20";
+
+/// The 2026-07-23 incident: a runner's attach stream goes half-open (the
+/// gateway drops the flow without a FIN) while the dispatch server's table
+/// keeps saying `connected`. selfheal must call it `wedged`, snapshot it,
+/// heal it without a restart, and the runner must reattach and work again.
+/// With `thinker`, a second runner waits on a slow provider beside it and
+/// must stay `busy` (the demo runs both side by side).
+pub fn incident(
+    opts: &Options,
+    mode: Mode,
+    thinker: bool,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let mut report = Report::new("incident");
+    let mut bed = Bed::new(opts, "inc", Duration::from_secs(1))?;
+    bed.add_runner(RunnerSpec::new("runner", mode))?;
+    if thinker {
+        let mut t = RunnerSpec::new("thinker", Mode::Blocking);
+        t.provider_path = THINKING.into();
+        bed.add_runner(t)?;
+    }
+    say(Event::Setup {
+        what: format!(
+            "dispatch server {} (namespace {}), provider {} ({}), runners in {}; heartbeat {} ms, a check every {} ms",
+            bed.dispatch_addr(),
+            bed.topo.dispatch.name,
+            bed.provider_addr(),
+            bed.topo.provider.name,
+            bed.topo.runners.name,
+            opts.heartbeat.as_millis(),
+            opts.check_every.as_millis()
+        ),
+    });
+    let row = bed.wait_working("runner", 1)?;
+    story(&bed, "runner", say)?;
+    // A first check: all is well.
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(1),
+        |_, _, _, _| Ok(true),
+    )?;
+
+    let peer: SocketAddr = row["peer"]
+        .as_str()
+        .and_then(|p| p.parse().ok())
+        .context("the table has no peer address for the runner")?;
+    let (old_conn, done_before) = (row["conn"].as_u64(), row["done"].as_u64().unwrap_or(0));
+    bed.topo.drop_flow(peer)?;
+    let fault = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the attach flow {peer} ↔ {} both ways, without a FIN or RST: the stream is half-open",
+            bed.dispatch_addr()
+        ),
+    });
+
+    let mut told = false;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let verdict = run.of("runner").map(|o| o["verdict"].clone());
+            if report.detect_ms.is_none() && verdict.as_ref().is_some_and(|v| v == "wedged") {
+                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+                // The stories at the moment of the wedge: both still lie.
+                story(bed, "runner", say)?;
+                told = true;
+            }
+            if report.detect_ms.is_none() {
+                return Ok(false);
+            }
+            let row = bed.row("runner")?;
+            let back = row["conn"].as_u64() > old_conn
+                && row["done"].as_u64().unwrap_or(0) > done_before
+                && row["status"] == "connected";
+            if back && report.recover_ms.is_none() {
+                report.recover_ms = Some(fault.elapsed().as_millis() as u64);
+                story(bed, "runner", say)?;
+                say(Event::Recovered {
+                    agent: "runner".into(),
+                    detect_ms: report.detect_ms.unwrap_or(0),
+                    recover_ms: report.recover_ms.unwrap_or(0),
+                });
+            }
+            // One more check after recovery, to see the verdict clear.
+            Ok(back && verdict.is_some_and(|v| v != "wedged"))
+        },
+    )?;
+    if !told {
+        story(&bed, "runner", say)?;
+    }
+    // The runner's pid did not change: healed, not restarted.
+    report.facts.insert(
+        "runner_status".into(),
+        bed.runner_status("runner").unwrap_or(Value::Null),
+    );
+    report.facts.insert("row".into(), bed.row("runner")?);
+    Ok(report)
+}
+
+/// Busy, not wedged: a provider that thinks silently longer than the
+/// suspect threshold, then streams. Two think cycles; never healed.
+pub fn busy_provider(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let mut report = Report::new("busy_provider");
+    let mut bed = Bed::new(opts, "busy", Duration::from_millis(500))?;
+    let mut spec = RunnerSpec::new("thinker", Mode::Blocking);
+    spec.provider_path = THINKING.into();
+    bed.add_runner(spec)?;
+    let mut spec = RunnerSpec::new("thinker-tokio", Mode::Tokio);
+    spec.provider_path = THINKING.into();
+    bed.add_runner(spec)?;
+    say(Event::Setup {
+        what: format!(
+            "two runners (blocking, tokio) whose provider thinks 6 s before streaming; suspect after 2 s; heartbeat {} ms",
+            opts.heartbeat.as_millis()
+        ),
+    });
+    bed.wait_working("thinker", 0)?;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(16),
+        |_, _, _, _| Ok(false),
+    )?;
+    for r in ["thinker", "thinker-tokio"] {
+        report
+            .facts
+            .insert(format!("{r}_done"), bed.row(r)?["done"].clone());
+    }
+    Ok(report)
+}
+
+/// Peer alive, application silent: the dispatch server is stopped
+/// (SIGSTOP); its kernel still ACKs the heartbeats, but nothing comes back.
+/// The control upstream's heartbeat rule makes the runner `wedged`, and the
+/// evidence says the peer still acknowledges.
+pub fn peer_stopped(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let mut report = Report::new("peer_stopped");
+    let mut bed = Bed::new(opts, "stop", Duration::from_secs(1))?;
+    bed.add_runner(RunnerSpec::new("runner", Mode::Blocking))?;
+    bed.wait_working("runner", 1)?;
+    let pid = bed.dispatch_pid().context("no dispatch server")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .context("SIGSTOP the dispatch server")?;
+    let fault = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!("the dispatch server (pid {pid}) is stopped: its kernel still ACKs"),
+    });
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(20),
+        |_, run, report, _| {
+            let Some(o) = run.of("runner").filter(|o| o["verdict"] == "wedged") else {
+                return Ok(false);
+            };
+            report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+            report.facts.insert("wedged".into(), o.clone());
+            Ok(true)
+        },
+    )?;
+    if let Some(id) = report.snapshots.last() {
+        let out = Command::new(&bed.opts.selfheal)
+            .args(["snapshots", "show", id, "--json", "--dir"])
+            .arg(bed.snapshot_dir())
+            .output()
+            .context("selfheal snapshots show")?;
+        let snap: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        report.facts.insert("snapshot".into(), snap);
+    }
+    Ok(report)
+}
+
+/// A zombie leak: a runner as PID 1 of its namespace starts a child every
+/// 100 ms and never reaps one. It must turn `degraded` with the
+/// missing-init diagnosis long before it reaches `limit` zombies.
+pub fn zombie_leak(
+    opts: &Options,
+    limit: u32,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let mut report = Report::new("zombie_leak");
+    let mut bed = Bed::new(opts, "zmb", Duration::from_secs(1))?;
+    let mut spec = RunnerSpec::new("pid1", Mode::Blocking);
+    spec.leak_every = Some(Duration::from_millis(100));
+    spec.thresholds = "zombies = 10".into();
+    bed.add_runner(spec)?;
+    say(Event::Setup {
+        what: format!(
+            "a runner as PID 1 of its pid namespace, leaking a zombie every 100 ms; threshold 10, limit {limit}"
+        ),
+    });
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(20),
+        |_, run, report, _| {
+            let Some(o) = run.of("pid1").filter(|o| o["verdict"] == "degraded") else {
+                return Ok(false);
+            };
+            report.facts.insert("degraded".into(), o.clone());
+            Ok(true)
+        },
+    )?;
+    Ok(report)
+}
+
+/// The table lies: the runner's control connection is gone (destroyed, and
+/// the way to the server's attach port blocked, so it cannot reattach and
+/// the server never hears of it), while the server's HTTP view — the
+/// agent's probe here — still says `connected`.
+pub fn table_lies(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let mut report = Report::new("table_lies");
+    let mut bed = Bed::new(opts, "tbl", Duration::from_secs(1))?;
+    let mut spec = RunnerSpec::new("runner", Mode::Tokio);
+    spec.probe_table = true;
+    bed.add_runner(spec)?;
+    bed.wait_working("runner", 1)?;
+    bed.topo.drop_port(ATTACH_PORT)?;
+    // The runner's socket dies where only the runner sees it.
+    let out = bed
+        .topo
+        .runners
+        .command(Path::new("ss"))
+        .args(["-K", "dst"])
+        .arg(bed.topo.dispatch_ip.to_string())
+        .args(["dport", "=", &ATTACH_PORT.to_string()])
+        .output()
+        .context("cannot run ss -K (Debian package iproute2)")?;
+    if !out.status.success() {
+        bail!("ss -K: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let fault = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: "the runner's control socket is destroyed and the attach port blocked; the server never hears".into(),
+    });
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(20),
+        |bed, run, report, _| {
+            let Some(o) = run.of("runner").filter(|o| {
+                o["reasons"]
+                    .to_string()
+                    .contains("status_contradicts_kernel")
+            }) else {
+                return Ok(false);
+            };
+            report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+            report.facts.insert("wedged".into(), o.clone());
+            report.facts.insert("row".into(), bed.row("runner")?);
+            Ok(true)
+        },
+    )?;
+    Ok(report)
+}
+
+/// No false positives under load: `n` runners (alternately blocking and
+/// tokio) streaming from the provider back to back for `length`.
+pub fn load(
+    opts: &Options,
+    n: usize,
+    length: Duration,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let mut report = Report::new("load");
+    let mut bed = Bed::new(opts, "load", Duration::from_millis(200))?;
+    for i in 0..n {
+        let mode = if i % 2 == 0 {
+            Mode::Blocking
+        } else {
+            Mode::Tokio
+        };
+        let mut spec = RunnerSpec::new(&format!("r{i}"), mode);
+        // 50 tokens 100 ms apart: each call streams for 5 s.
+        spec.provider_path = "/v1/stream?first_ms=300&gap_ms=100&tokens=50".into();
+        bed.add_runner(spec)?;
+    }
+    say(Event::Setup {
+        what: format!("{n} runners streaming from the provider back to back for {length:?}"),
+    });
+    for i in 0..n {
+        bed.wait_working(&format!("r{i}"), 0)?;
+    }
+    checks(&bed, &mut report, say, length, |_, _, _, _| Ok(false))?;
+    let mut done = 0;
+    for i in 0..n {
+        done += bed.row(&format!("r{i}"))?["done"].as_u64().unwrap_or(0);
+    }
+    report.facts.insert("work_done".into(), done.into());
+    Ok(report)
+}
