@@ -25,9 +25,13 @@ enum Task {
     /// Install what building and testing need (idempotent): Debian packages,
     /// nightly rust-src, bpf-linker linked to nightly's libLLVM, tracefs.
     Setup,
-    /// Set up, build, and run `selfheal inspect` on a process this command
-    /// starts and blocks in a receive.
-    Demo,
+    /// Set up, build, and run `selfheal demo` (the incident replayed in
+    /// network namespaces, narrated); arguments after `--` go to it, e.g.
+    /// `-- --json`.
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Set up, then run every test, with the eBPF object required.
     Test {
         /// Skip the VM kernel test (kprobe/fentry strategies on Debian's 6.1).
@@ -60,11 +64,15 @@ fn main() -> Result<()> {
     std::env::set_current_dir(root).with_context(|| format!("cannot enter {}", root.display()))?;
     match cli.task {
         Task::Setup => setup::all(),
-        Task::Demo => {
+        Task::Demo { args } => {
             setup::all()?;
-            cargo(&["build", "--release", "-p", "selfheal", "-p", "tests"])?;
-            run(Command::new("target/release/demo-agent")
-                .env("SELFHEAL_BIN", "target/release/selfheal"))
+            cargo_env(
+                &["build", "--release", "-p", "selfheal"],
+                &[("SELFHEAL_REQUIRE_EBPF", "1")],
+            )?;
+            run(Command::new("target/release/selfheal")
+                .arg("demo")
+                .args(args))
         }
         Task::Test { no_vm } => {
             setup::all()?;

@@ -136,14 +136,14 @@ fn narrate(e: &Event) {
                 t => t.as_str().unwrap_or("?").to_string(),
             };
             println!(
-                "{} {runner} says:       status={} current_task={task} tasks_done={} attaches={}",
+                "{} {runner}'s own /status:  status={} current_task={task} tasks_done={} attaches={}",
                 stamp(at_ms),
                 status["status"].as_str().unwrap_or("?"),
                 status["tasks_done"],
                 status["attaches"],
             );
             println!(
-                "{:>8} dispatch table says: status={} last_seen={} ago conn={} dispatched={} done={}",
+                "{:>8} dispatch server's table: status={} last_seen={} ago conn={} dispatched={} done={}",
                 "",
                 table["status"].as_str().unwrap_or("?"),
                 table["last_seen_ms_ago"].as_u64().map_or("?".into(), secs),

@@ -72,7 +72,8 @@ pub enum Event {
         reasons: Vec<Value>,
         snapshot: Option<String>,
         heal: Vec<String>,
-        /// Whether the verdict differs from this agent's previous one.
+        /// Whether the verdict or its reasons' codes differ from this
+        /// agent's previous ones.
         changed: bool,
     },
     /// A runner is back at work: time from the fault to the verdict and to
@@ -590,7 +591,10 @@ fn record(
     for h in &heal {
         report.heals.push(format!("{agent}: {h}"));
     }
-    let changed = last.insert(agent.clone(), verdict.clone()).as_ref() != Some(&verdict);
+    // A change of verdict or of the reasons' codes is news.
+    let now: Vec<&str> = reasons.iter().filter_map(|r| r["code"].as_str()).collect();
+    let key = format!("{verdict} {}", now.join(","));
+    let changed = last.insert(agent.clone(), key.clone()).as_ref() != Some(&key);
     if changed || snapshot.is_some() || !heal.is_empty() {
         say(Event::Verdict {
             at_ms: bed.at_ms(),
@@ -640,12 +644,16 @@ pub fn incident(
     }
     say(Event::Setup {
         what: format!(
-            "dispatch server {} (namespace {}), provider {} ({}), runners in {}; heartbeat {} ms, a check every {} ms",
+            "dispatch server {} (namespace {}), provider {} ({}), runners in {} (the wedging one: {}); heartbeat {} ms, a check every {} ms",
             bed.dispatch_addr(),
             bed.topo.dispatch.name,
             bed.provider_addr(),
             bed.topo.provider.name,
             bed.topo.runners.name,
+            match mode {
+                Mode::Blocking => "a blocking reader thread",
+                Mode::Tokio => "a tokio event loop",
+            },
             opts.heartbeat.as_millis(),
             opts.check_every.as_millis()
         ),
