@@ -31,11 +31,18 @@ fn log(name: &'static str) -> impl FnMut(Event) {
     move |e| eprintln!("[{name}] {}", serde_json::to_string(&e).unwrap_or_default())
 }
 
-fn summary(r: &Report) {
+/// Logs the report, and keeps it where `cargo xtask test` prints the
+/// scenarios' measured times from (libtest hides a passing test's output).
+fn summary(r: &Report, name: &str) {
     eprintln!(
         "SCENARIO {}: detect {:?} ms, recover {:?} ms, {} checks, heals {:?}, verdicts {:?}",
         r.scenario, r.detect_ms, r.recover_ms, r.checks, r.heals, r.verdicts
     );
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("scenarios");
+    std::fs::create_dir_all(&dir).expect("scenario report dir");
+    let mut v = serde_json::to_value(r).expect("report as JSON");
+    v["test"] = name.into();
+    std::fs::write(dir.join(format!("{name}.json")), v.to_string()).expect("write scenario report");
 }
 
 fn incident(mode: Mode, name: &'static str) {
@@ -44,7 +51,7 @@ fn incident(mode: Mode, name: &'static str) {
     }
     let opts = options();
     let r = scenario::incident(&opts, mode, true, &mut log(name)).expect("the scenario ran");
-    summary(&r);
+    summary(&r, name);
     let detect = r.detect_ms.expect("the half-open runner was found wedged");
     // At most 3 × heartbeat plus one check interval (and the check's own
     // run time, at most a second here).
@@ -102,7 +109,7 @@ fn a_provider_thinking_past_the_suspect_threshold_is_busy_and_never_healed() {
         return;
     }
     let r = scenario::busy_provider(&options(), &mut log("busy")).expect("the scenario ran");
-    summary(&r);
+    summary(&r, "busy_provider");
     for agent in ["thinker", "thinker-tokio"] {
         let v = &r.verdicts[agent];
         assert!(v.iter().any(|v| v == "busy"), "{agent}: {v:?}");
@@ -129,7 +136,7 @@ fn a_stopped_server_whose_kernel_still_acks_is_told_apart_from_a_vanished_one() 
         return;
     }
     let r = scenario::peer_stopped(&options(), &mut log("stopped")).expect("the scenario ran");
-    summary(&r);
+    summary(&r, "peer_stopped");
     let detect = r.detect_ms.expect("wedged");
     assert!(detect <= 5000, "detected after {detect} ms");
     let w = &r.facts["wedged"];
@@ -170,7 +177,7 @@ fn a_runner_as_pid_1_leaking_zombies_is_degraded_with_the_missing_init_diagnosis
     let limit = 150;
     let r =
         scenario::zombie_leak(&options(), limit, &mut log("zombies")).expect("the scenario ran");
-    summary(&r);
+    summary(&r, "zombie_leak");
     let d = &r.facts["degraded"];
     let z = d["reasons"]
         .as_array()
@@ -191,7 +198,7 @@ fn a_table_saying_connected_while_the_control_socket_is_gone_contradicts_the_ker
         return;
     }
     let r = scenario::table_lies(&options(), &mut log("table")).expect("the scenario ran");
-    summary(&r);
+    summary(&r, "table_lies");
     let detect = r.detect_ms.expect("status_contradicts_kernel seen");
     assert_eq!(
         r.facts["row"]["status"], "connected",
@@ -210,7 +217,7 @@ fn ten_runners_streaming_under_load_are_never_wedged_nor_healed() {
     }
     let r = scenario::load(&options(), 10, Duration::from_secs(20), &mut log("load"))
         .expect("the scenario ran");
-    summary(&r);
+    summary(&r, "load");
     assert_eq!(r.verdicts.len(), 10, "{:?}", r.verdicts);
     for agent in r.verdicts.keys() {
         assert_eq!(

@@ -92,10 +92,12 @@ fn main() -> Result<()> {
             )?;
             // The whole workspace's tests, with the eBPF object required:
             // a missing toolchain must fail here, not skip.
+            let _ = std::fs::remove_dir_all(SCENARIO_REPORTS);
             cargo_env(
                 &["test", "--workspace", "--exclude", "selfheal-ebpf"],
                 &ebpf_required,
             )?;
+            print_scenarios();
             if no_vm {
                 eprintln!(
                     "xtask: --no-vm given: the kprobe/fentry strategies were not tested on a stock kernel"
@@ -138,6 +140,42 @@ fn main() -> Result<()> {
 }
 
 /// Runs cargo with `args` from the workspace root.
+/// Where the incident scenarios' tests leave their reports
+/// (`CARGO_TARGET_TMPDIR/scenarios`).
+const SCENARIO_REPORTS: &str = "target/tmp/scenarios";
+
+/// The scenarios' measured times, one line each (a passing test's own
+/// output is hidden by libtest).
+fn print_scenarios() {
+    let Ok(dir) = std::fs::read_dir(SCENARIO_REPORTS) else {
+        eprintln!("xtask: no scenario reports in {SCENARIO_REPORTS} (the scenarios were skipped?)");
+        return;
+    };
+    let mut paths: Vec<_> = dir.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    eprintln!("\nincident scenarios (times from the fault):");
+    for path in paths {
+        let Ok(v) = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()))
+        else {
+            continue;
+        };
+        let ms = |k: &str| {
+            v[k].as_u64()
+                .map_or("-".to_string(), |m| format!("{:.1} s", m as f64 / 1000.0))
+        };
+        eprintln!(
+            "  {:<20} detect {:>7}  recover {:>7}  {:>3} checks  heals {}",
+            v["test"].as_str().unwrap_or("?"),
+            ms("detect_ms"),
+            ms("recover_ms"),
+            v["checks"],
+            v["heals"]
+        );
+    }
+}
+
 pub fn cargo(args: &[&str]) -> Result<()> {
     cargo_env(args, &[])
 }
