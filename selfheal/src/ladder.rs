@@ -142,9 +142,22 @@ impl HealHistory {
     }
 }
 
-/// The socket steps' targets: dead sockets named by the judgement's reasons,
-/// still present in the evidence, with their holder's identity.
-fn dead_sockets(j: &Judgement, report: &Report) -> Vec<(u32, u64, i32, u64)> {
+/// A socket step's target: a dead socket named by the judgement's reasons,
+/// still present in the evidence, with its holder's identity.
+#[derive(Clone, Copy)]
+struct DeadSocket {
+    pid: u32,
+    start_ticks: u64,
+    fd: i32,
+    inode: u64,
+    /// It has unacknowledged data in flight. The kernel sends keepalive
+    /// probes only on an idle connection, so arming them cannot help here
+    /// (a runner heartbeating into a half-open stream): the gentlest step
+    /// that works is destroying it.
+    unacked: bool,
+}
+
+fn dead_sockets(j: &Judgement, report: &Report) -> Vec<DeadSocket> {
     const DEAD: [&str; 3] = ["peer_unresponsive", "control_silent", "peer_closed"];
     let mut out = Vec::new();
     for r in j.reasons.iter().filter(|r| DEAD.contains(&r.code.as_str())) {
@@ -163,8 +176,14 @@ fn dead_sockets(j: &Judgement, report: &Report) -> Vec<(u32, u64, i32, u64)> {
         else {
             continue;
         };
-        if !out.iter().any(|(_, _, _, i)| *i == inode) {
-            out.push((s.pid, start, fd, inode));
+        if !out.iter().any(|d: &DeadSocket| d.inode == inode) {
+            out.push(DeadSocket {
+                pid: s.pid,
+                start_ticks: start,
+                fd,
+                inode,
+                unacked: s.tcp_info.as_ref().is_some_and(|i| i.unacked > 0),
+            });
         }
     }
     out
@@ -247,22 +266,24 @@ pub fn decide(
     let mut chosen = None;
     for rung in from..=3u8 {
         let steps: Vec<Step> = match rung {
-            0 => sockets
+            // Keepalive where it can work; a socket with data in flight
+            // goes straight to the next rung.
+            0 if sockets.iter().all(|d| !d.unacked) => sockets
                 .iter()
-                .map(|&(pid, start_ticks, fd, inode)| Step::ArmKeepalive {
-                    pid,
-                    start_ticks,
-                    fd,
-                    inode,
+                .map(|d| Step::ArmKeepalive {
+                    pid: d.pid,
+                    start_ticks: d.start_ticks,
+                    fd: d.fd,
+                    inode: d.inode,
                 })
                 .collect(),
             1 => sockets
                 .iter()
-                .map(|&(pid, start_ticks, fd, inode)| Step::DestroySocket {
-                    pid,
-                    start_ticks,
-                    fd,
-                    inode,
+                .map(|d| Step::DestroySocket {
+                    pid: d.pid,
+                    start_ticks: d.start_ticks,
+                    fd: d.fd,
+                    inode: d.inode,
                 })
                 .collect(),
             2 if cfg.signal => root

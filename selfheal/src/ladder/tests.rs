@@ -439,3 +439,32 @@ fn extreme_history_and_settings_do_not_overflow() {
     );
     assert_eq!(h.steps_this_wedge, u32::MAX);
 }
+
+#[test]
+fn a_dead_socket_with_data_in_flight_skips_keepalive_for_destroy() {
+    // A runner heartbeating into a half-open stream: its writes sit
+    // unacknowledged, so the kernel would never send a keepalive probe.
+    let cfg = heal(false, false);
+    let mut r = report('S', true);
+    r.sockets[0].tcp_info = Some(crate::sockdiag::TcpInfo {
+        rtt_us: 200,
+        rto_us: 3_200_000,
+        unacked: 2,
+        retransmits: 4,
+        backoff: 4,
+        probes: 0,
+        last_data_recv_ms: 5_000,
+        last_data_sent_ms: 900,
+        last_ack_recv_ms: 5_000,
+        bytes_received: 10,
+        bytes_acked: 10,
+    });
+    let events = [
+        (0, wedged("peer_unresponsive", Some(42)), r.clone()),
+        (40 * SEC, wedged("peer_unresponsive", Some(42)), r),
+    ];
+    assert_eq!(timeline(&cfg, &events), ["destroy_socket", "gave_up"]);
+    // An idle dead socket still gets the gentler keepalive first.
+    let idle = [(0, wedged("control_silent", Some(42)), report('S', true))];
+    assert_eq!(timeline(&cfg, &idle), ["arm_keepalive"]);
+}
