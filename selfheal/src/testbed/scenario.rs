@@ -519,12 +519,25 @@ pub fn pause(d: Duration) -> anyhow::Result<()> {
 
 /// Runs checks every `check_every` for at most `limit`, recording and
 /// narrating every outcome, until `done` says so (given the bed and the
-/// latest check). Returns the number of checks.
+/// latest check).
 fn checks(
     bed: &Bed,
     report: &mut Report,
     say: &mut dyn FnMut(Event),
     limit: Duration,
+    done: impl FnMut(&Bed, &CheckRun, &mut Report, &mut dyn FnMut(Event)) -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    checks_with(bed, report, say, limit, |_, _| {}, done)
+}
+
+/// [`checks`], with `first` told about each check before its outcomes are
+/// narrated (to narrate what stood before it).
+fn checks_with(
+    bed: &Bed,
+    report: &mut Report,
+    say: &mut dyn FnMut(Event),
+    limit: Duration,
+    mut first: impl FnMut(&CheckRun, &mut dyn FnMut(Event)),
     mut done: impl FnMut(&Bed, &CheckRun, &mut Report, &mut dyn FnMut(Event)) -> anyhow::Result<bool>,
 ) -> anyhow::Result<()> {
     let end = Instant::now() + limit;
@@ -540,6 +553,7 @@ fn checks(
             );
         }
         report.checks += 1;
+        first(&run, say);
         for o in &run.outcomes {
             record(bed, o, report, &mut last, say);
         }
@@ -609,13 +623,18 @@ fn record(
 }
 
 fn story(bed: &Bed, runner: &str, say: &mut dyn FnMut(Event)) -> anyhow::Result<()> {
-    say(Event::Story {
+    say(told(bed, runner)?);
+    Ok(())
+}
+
+/// A runner's story and the table's row, now.
+fn told(bed: &Bed, runner: &str) -> anyhow::Result<Event> {
+    Ok(Event::Story {
         at_ms: bed.at_ms(),
         runner: runner.into(),
         status: bed.runner_status(runner).unwrap_or(Value::Null),
         table: bed.row(runner)?,
-    });
-    Ok(())
+    })
 }
 
 /// A provider that thinks 6 s before its first token (longer than the
@@ -684,21 +703,27 @@ pub fn incident(
         ),
     });
 
-    let mut told = false;
-    checks(
+    // The stories as they stood before the check that found the wedge (it
+    // may heal at once): both still say all is well.
+    let before = std::cell::RefCell::new(None::<Event>);
+    checks_with(
         &bed,
         &mut report,
         say,
         Duration::from_secs(60),
+        |run, say| {
+            let wedged = run.of("runner").is_some_and(|o| o["verdict"] == "wedged");
+            if let Some(e) = before.borrow_mut().take().filter(|_| wedged) {
+                say(e);
+            }
+        },
         |bed, run, report, say| {
             let verdict = run.of("runner").map(|o| o["verdict"].clone());
             if report.detect_ms.is_none() && verdict.as_ref().is_some_and(|v| v == "wedged") {
                 report.detect_ms = Some(fault.elapsed().as_millis() as u64);
-                // The stories at the moment of the wedge: both still lie.
-                story(bed, "runner", say)?;
-                told = true;
             }
             if report.detect_ms.is_none() {
+                *before.borrow_mut() = Some(told(bed, "runner")?);
                 return Ok(false);
             }
             let row = bed.row("runner")?;
@@ -718,9 +743,6 @@ pub fn incident(
             Ok(back && verdict.is_some_and(|v| v != "wedged"))
         },
     )?;
-    if !told {
-        story(&bed, "runner", say)?;
-    }
     // The runner's pid did not change: healed, not restarted.
     report.facts.insert(
         "runner_status".into(),
