@@ -444,12 +444,21 @@ pub fn tp_btf_sched_switch(ctx: BtfTracePointContext) -> i32 {
                 .unwrap_or(u64::MAX),
         )
     };
-    let known = IN_RECV.get_ptr(&tid).is_some();
+    // SAFETY: the value is copied out at once.
+    let known = unsafe { IN_RECV.get(&tid) }.copied();
     if is_recv_syscall(nr) {
-        if !known {
+        // The same receive sleeping again keeps its start. A different one
+        // began since: a read of a pipe or file returns without any socket
+        // hook clearing its entry, and must not hide the socket receive
+        // that follows it.
+        let same = match known {
+            Some(r) => r.fd == arg0 as i32 && r.syscall == nr as u32,
+            None => false,
+        };
+        if !same {
             recv_begin(tgid, tid, 0, 0, arg0 as i32, nr as u32);
         }
-    } else if known {
+    } else if known.is_some() {
         let _ = IN_RECV.remove(&tid);
     }
     0

@@ -94,6 +94,41 @@ fn snapshot(t: &mut Tracer) -> TracerSnapshot {
     t.snapshot().expect("snapshot")
 }
 
+/// A thread that blocks reading a pipe while watched, then in a socket
+/// receive: the pipe read's entry (no socket hook clears it) must not hide
+/// the socket receive. Found under load, where the watch could land before
+/// the peer's first stdin read.
+#[test]
+fn a_socket_receive_after_a_blocking_pipe_read_is_seen() {
+    if !need_ebpf("recv_after_pipe_read") {
+        return;
+    }
+    for strategy in strategies_here("recv_after_pipe_read") {
+        let mut tracer = attach(Some(&[strategy]));
+        let l = listener();
+        let mut peer = Peer::recv_peer(&["client", &l.local_addr().unwrap().to_string(), "--once"]);
+        let _server_side = accept(&l);
+        let ready = peer.ready();
+        tracer.watch(ready.pid).unwrap();
+        // Woken, it reads this line and blocks in read(stdin) again, watched.
+        peer.tell("not yet");
+        std::thread::sleep(SEC / 2);
+        peer.tell("go");
+        let found = wait_for(5 * SEC, TICK, || {
+            let snap = snapshot(&mut tracer);
+            snap.blocked
+                .iter()
+                .find(|b| b.tid == ready.tid && b.inode == Some(ready.inode))
+                .cloned()
+        });
+        assert!(
+            found.is_some(),
+            "[{strategy}] the socket receive after the pipe read was not reported: {:#?}",
+            snapshot(&mut tracer)
+        );
+    }
+}
+
 #[test]
 fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
     if !need_ebpf("blocked_recv") {

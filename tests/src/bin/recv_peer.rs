@@ -77,7 +77,9 @@ fn inode_of(fd: i32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Announces the connection, then waits for the test's go-ahead on stdin.
+/// Announces the connection, then waits for the test's go-ahead on stdin
+/// (a line `go`; other lines are read and ignored, so a test can make the
+/// thread block in a pipe read more than once first).
 fn ready(fd: i32, local: std::net::SocketAddr, remote: std::net::SocketAddr) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
@@ -86,7 +88,14 @@ fn ready(fd: i32, local: std::net::SocketAddr, remote: std::net::SocketAddr) {
         std::process::id(),
         inode_of(fd)
     ));
-    let _ = std::io::stdin().lock().read_line(&mut String::new());
+    let mut stdin = std::io::stdin().lock();
+    loop {
+        let mut line = String::new();
+        match stdin.read_line(&mut line) {
+            Ok(n) if n > 0 && line.trim() != "go" => continue,
+            _ => return,
+        }
+    }
 }
 
 fn client(addr: &str, once: bool) -> Result<()> {
