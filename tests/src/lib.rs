@@ -222,54 +222,24 @@ impl Drop for Peer {
     }
 }
 
-/// A network namespace made for one test, deleted on drop.
-pub struct Netns {
-    pub name: String,
-}
+/// A network namespace made for one test, deleted on drop (the testbed's
+/// [`selfheal::testbed::topology::Netns`]: `name`, `command`, `nft`).
+pub struct Netns(selfheal::testbed::topology::Netns);
 
 impl Netns {
-    /// Creates `selfheal-<tag>-<pid>` with its loopback up. `None` (with the
-    /// reason printed) when `ip netns` is unavailable.
+    /// Creates `selfheal-<tag>-<pid>` with its loopback up, or says why not.
     pub fn new(tag: &str) -> Result<Netns, String> {
         let name = format!("selfheal-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        run("ip", &["netns", "add", &name])?;
-        let ns = Netns { name };
-        run("ip", &["-n", &ns.name, "link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-
-    /// A command that runs `program` inside the namespace.
-    pub fn command(&self, program: &std::path::Path) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name]).arg(program);
-        cmd
+        selfheal::testbed::topology::Netns::create(name)
+            .map(Netns)
+            .map_err(|e| format!("{e:#}"))
     }
 }
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+impl std::ops::Deref for Netns {
+    type Target = selfheal::testbed::topology::Netns;
+    fn deref(&self) -> &Self::Target {
+        &self.0
     }
 }
 
@@ -352,41 +322,13 @@ impl NetnsPair {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let n = (std::process::id().wrapping_mul(7).wrapping_add(k * 13)) % 250 + 1;
-        let (va, vb) = (format!("sha{n}"), format!("shb{n}"));
-        run(
-            "ip",
-            &[
-                "-n", &a.name, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns",
-                &b.name,
-            ],
-        )?;
-        let (a_addr, b_addr) = (format!("10.251.{n}.1"), format!("10.251.{n}.2"));
-        run(
-            "ip",
-            &[
-                "-n",
-                &a.name,
-                "addr",
-                "add",
-                &format!("{a_addr}/24"),
-                "dev",
-                &va,
-            ],
-        )?;
-        run(
-            "ip",
-            &[
-                "-n",
-                &b.name,
-                "addr",
-                "add",
-                &format!("{b_addr}/24"),
-                "dev",
-                &vb,
-            ],
-        )?;
-        run("ip", &["-n", &a.name, "link", "set", &va, "up"])?;
-        run("ip", &["-n", &b.name, "link", "set", &vb, "up"])?;
+        let (a_ip, b_ip) = (
+            std::net::Ipv4Addr::new(10, 251, n as u8, 1),
+            std::net::Ipv4Addr::new(10, 251, n as u8, 2),
+        );
+        selfheal::testbed::topology::link(&a, &b, &format!("sh{n}"), a_ip, b_ip)
+            .map_err(|e| format!("{e:#}"))?;
+        let (a_addr, b_addr) = (a_ip.to_string(), b_ip.to_string());
         Ok(NetnsPair {
             a,
             b,
@@ -420,43 +362,11 @@ impl NetnsPair {
 
     /// Undoes [`NetnsPair::cut_port_in_b`].
     pub fn restore_port_in_b(&self, port: u16) -> Result<(), String> {
-        run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.b.name,
-                "nft",
-                "delete",
-                "table",
-                "inet",
-                &format!("selfheal_cut_{port}"),
-            ],
-        )
+        self.nft_in_b(&format!("delete table inet selfheal_cut_{port}\n"))
     }
 
     fn nft_in_b(&self, rules: &str) -> Result<(), String> {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.b.name, "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot run nft: {e}"))?;
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(rules.as_bytes())
-            .map_err(|e| e.to_string())?;
-        let out = child.wait_with_output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "nft: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        self.b.nft(rules).map_err(|e| format!("{e:#}"))
     }
 }
 

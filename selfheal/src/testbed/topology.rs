@@ -23,7 +23,9 @@ pub struct Netns {
 }
 
 impl Netns {
-    fn new(name: String) -> anyhow::Result<Netns> {
+    /// Creates namespace `name` (replacing a leftover of that name) with
+    /// its loopback up.
+    pub fn create(name: String) -> anyhow::Result<Netns> {
         let _ = quiet("ip", &["netns", "del", &name]);
         run("ip", &["netns", "add", &name])?;
         let ns = Netns { name };
@@ -54,7 +56,8 @@ impl Netns {
         })
     }
 
-    fn nft(&self, rules: &str) -> anyhow::Result<()> {
+    /// Loads `rules` (an `nft -f` script) inside the namespace.
+    pub fn nft(&self, rules: &str) -> anyhow::Result<()> {
         use std::io::Write as _;
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.name, "nft", "-f", "-"])
@@ -103,9 +106,9 @@ impl Topology {
     /// (1–250) picks the subnets; concurrent topologies need distinct `n`.
     pub fn new(tag: &str, n: u8) -> anyhow::Result<Topology> {
         let base = format!("{PREFIX}{}-{tag}", std::process::id());
-        let runners = Netns::new(format!("{base}-run"))?;
-        let dispatch = Netns::new(format!("{base}-dsp"))?;
-        let provider = Netns::new(format!("{base}-prv"))?;
+        let runners = Netns::create(format!("{base}-run"))?;
+        let dispatch = Netns::create(format!("{base}-dsp"))?;
+        let provider = Netns::create(format!("{base}-prv"))?;
         let runners_ip = Ipv4Addr::new(10, 253, n, 1);
         let dispatch_ip = Ipv4Addr::new(10, 253, n, 2);
         let provider_ip = Ipv4Addr::new(10, 254, n, 2);
@@ -156,7 +159,15 @@ impl Topology {
     }
 }
 
-fn link(a: &Netns, b: &Netns, name: &str, a_ip: Ipv4Addr, b_ip: Ipv4Addr) -> anyhow::Result<()> {
+/// Joins `a` and `b` by a veth pair `{name}a`/`{name}b` (names of at most
+/// 14 bytes), addressed `a_ip/24` and `b_ip/24`, both up.
+pub fn link(
+    a: &Netns,
+    b: &Netns,
+    name: &str,
+    a_ip: Ipv4Addr,
+    b_ip: Ipv4Addr,
+) -> anyhow::Result<()> {
     let (va, vb) = (format!("{name}a"), format!("{name}b"));
     run(
         "ip",
