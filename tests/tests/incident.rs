@@ -235,3 +235,70 @@ fn ten_runners_streaming_under_load_are_never_wedged_nor_healed() {
         r.checks, r.facts["work_done"]
     );
 }
+
+/// The provider paces as asked: the response head at once, the first token
+/// after `first_ms`, then `tokens` events; with `hang=1`, the head and then
+/// silence on an open connection.
+#[test]
+fn the_provider_thinks_streams_and_hangs_as_asked() {
+    use std::io::{BufRead as _, Read as _};
+    use std::time::Instant;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut cmd = std::process::Command::new(selfheal_bin());
+    cmd.args(["testbed", "provider", "--listen", &addr.to_string()]);
+    let p = tests::Peer::spawn(cmd);
+    p.expect("listening", Duration::from_secs(10));
+    let get = selfheal::testbed::http::get_streaming;
+
+    let start = Instant::now();
+    let resp = get(
+        addr,
+        "/v1/stream?first_ms=700&gap_ms=10&tokens=4",
+        Some(Duration::from_secs(5)),
+    )
+    .expect("stream");
+    assert_eq!(resp.status, 200);
+    let head_after = start.elapsed();
+    let events: Vec<String> = resp
+        .body
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with("data: "))
+        .collect();
+    assert_eq!(events.len(), 5, "{events:?}");
+    assert_eq!(events[4], "data: [DONE]");
+    assert!(
+        head_after < Duration::from_millis(500),
+        "head after {head_after:?}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(700),
+        "thought {:?}",
+        start.elapsed()
+    );
+
+    let mut hung = get(addr, "/v1/stream?hang=1", Some(Duration::from_millis(1500))).expect("head");
+    assert_eq!(hung.status, 200);
+    let mut buf = [0u8; 64];
+    let err = hung
+        .body
+        .read(&mut buf)
+        .expect_err("silence, not data or EOF");
+    assert!(
+        matches!(
+            err.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{err}"
+    );
+
+    let missing =
+        selfheal::testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
+    assert_eq!(missing.0, 404);
+}
