@@ -15,7 +15,7 @@ use std::{
 
 use tests::{
     CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
-    selfheal_bin, socket_fd_of,
+    selfheal_bin, socket_fd_of, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -270,4 +270,351 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
     assert_eq!(log.iter().filter(|b| **b == b'\n').count(), 1);
     assert_eq!(log.last(), Some(&b'\n'));
     drop(runner.client);
+}
+
+// ---------------------------------------------------------------------------
+// The helper killed mid-request and restarted.
+
+/// A `selfheal helper` started on a listening socket the test holds (as
+/// systemd's socket unit would: the socket outlives the helper), killed on
+/// drop.
+struct ActivatedHelper {
+    child: std::process::Child,
+}
+
+impl ActivatedHelper {
+    fn start(listener: &std::os::unix::net::UnixListener, extra: &[&str]) -> ActivatedHelper {
+        use std::os::{fd::AsRawFd as _, unix::process::CommandExt as _};
+        let fd = listener.as_raw_fd();
+        let mut cmd = Command::new("sh");
+        // LISTEN_PID must be the helper's pid: the shell's, which exec keeps.
+        cmd.arg("-c")
+            .arg(r#"export LISTEN_PID=$$ LISTEN_FDS=1; exec "$0" helper --idle-timeout 120s "$@""#)
+            .arg(selfheal_bin())
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == 3 {
+                    let flags = libc::fcntl(3, libc::F_GETFD);
+                    libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                } else if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        ActivatedHelper {
+            child: cmd.spawn().expect("start selfheal helper"),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(self.pid() as libc::pid_t, sig) }, 0);
+    }
+
+    /// SIGKILL, reaped.
+    fn kill(mut self) -> String {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+        self.stderr()
+    }
+
+    /// SIGTERM, reaped within 10 s.
+    fn stop(mut self) -> String {
+        self.signal(libc::SIGTERM);
+        let exited = wait_for(10 * SEC, Duration::from_millis(20), || {
+            self.child.try_wait().ok().flatten()
+        });
+        if exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            panic!("the helper did not stop on SIGTERM: {}", self.stderr());
+        }
+        self.stderr()
+    }
+
+    fn stderr(&mut self) -> String {
+        use std::io::Read as _;
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for ActivatedHelper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// The helper (real `selfheal helper`, eBPF loaded) takes a `watch`
+/// request and dies (SIGKILL) before answering; systemd-style, the socket
+/// stays and a new helper is started on it. The client retries once on a
+/// new connection and gets its answer from the new helper. Every BPF
+/// program and map the killed helper held is gone from the kernel's lists;
+/// the new helper's are new ones, and they go too when it stops.
+#[test]
+fn a_helper_killed_mid_request_is_retried_and_leaks_no_bpf_programs() {
+    use selfheal::helper::{ClientOptions, HelperClient};
+    if !tests::need_ebpf("helper_killed") {
+        return;
+    }
+    let dir = Scratch::new("faults-killed");
+    let path = dir.join("helper.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let before = tests::kernel_bpf_ids(false).expect("the kernel's program list");
+
+    let a = ActivatedHelper::start(&listener, &[]);
+    let opts = ClientOptions {
+        connect_timeout: 3 * SEC,
+        timeout: 15 * SEC,
+        act_timeout: 15 * SEC,
+    };
+    let mut client = HelperClient::connect_with(&path, opts).expect("connect");
+    let hello = client.hello().expect("helper A answers");
+    assert_eq!(hello.helper_pid, a.pid());
+    assert!(
+        hello.ebpf.strategy.is_some(),
+        "helper A attached its tracer: {:?}",
+        hello.ebpf
+    );
+    let (a_progs, a_maps) = tests::bpf_ids_held_by(a.pid());
+    assert!(!a_progs.is_empty() && !a_maps.is_empty());
+    let loaded = tests::kernel_bpf_ids(false).unwrap();
+    assert!(a_progs.is_subset(&loaded), "{a_progs:?} not in {loaded:?}");
+    assert!(a_progs.is_disjoint(&before));
+    eprintln!(
+        "helper A (pid {}) holds {} BPF programs and {} maps ({:?})",
+        a.pid(),
+        a_progs.len(),
+        a_maps.len(),
+        hello.ebpf.strategy
+    );
+
+    // A process to watch: ours.
+    let me = std::process::id();
+    // Mid-request: A has the connection (it answered on it just now) and
+    // is stopped, so the request sits unanswered; then A dies.
+    client.hello().expect("keep the connection fresh");
+    a.signal(libc::SIGSTOP);
+    wait_for(5 * SEC, Duration::from_millis(2), || {
+        (process_state(a.pid()) == Some('T')).then_some(())
+    })
+    .expect("helper A stopped");
+    let sent = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let asker = std::thread::spawn(move || {
+        let r = client.watch(&[me]);
+        let _ = tx.send(sent.elapsed());
+        (client, r)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(rx.try_recv().is_err(), "nobody could have answered yet");
+    let a_pid = a.pid();
+    let a_log = a.kill();
+    let killed = Instant::now();
+    // The kernel frees the programs once the last fd closes (RCU: soon).
+    let gone = wait_for(10 * SEC, Duration::from_millis(20), || {
+        let progs = tests::kernel_bpf_ids(false).ok()?;
+        let maps = tests::kernel_bpf_ids(true).ok()?;
+        (progs.is_disjoint(&a_progs) && maps.is_disjoint(&a_maps)).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "helper A's BPF programs or maps outlived it: progs {:?} maps {:?}",
+        a_progs.intersection(&tests::kernel_bpf_ids(false).unwrap()),
+        a_maps.intersection(&tests::kernel_bpf_ids(true).unwrap()),
+    );
+    let freed_in = killed.elapsed();
+    assert!(
+        !a_log.contains("panicked"),
+        "helper A (pid {a_pid}): {a_log}"
+    );
+
+    // The restart, on the same socket.
+    let b = ActivatedHelper::start(&listener, &[]);
+    let (mut client, answer) = asker.join().expect("the asking thread");
+    let waited = rx.recv().unwrap();
+    let watched = answer.expect("the watch is answered after the retry");
+    assert_eq!(
+        watched.watched.iter().map(|w| w.pid).collect::<Vec<_>>(),
+        vec![me]
+    );
+    assert!(
+        waited > Duration::from_millis(300),
+        "answered only once B was up: {waited:?}"
+    );
+    let hello = client.hello().expect("helper B answers");
+    assert_eq!(hello.helper_pid, b.pid(), "the answer came from helper B");
+    let (b_progs, b_maps) = tests::bpf_ids_held_by(b.pid());
+    assert!(!b_progs.is_empty());
+    assert!(b_progs.is_disjoint(&a_progs), "new programs, not A's");
+    eprintln!(
+        "helper A killed mid-request: its {} programs and {} maps were gone {freed_in:?} \
+         later; the retried watch was answered by helper B {waited:?} after it was sent",
+        a_progs.len(),
+        a_maps.len()
+    );
+    drop(client);
+    let b_log = b.stop();
+    let gone = wait_for(10 * SEC, Duration::from_millis(20), || {
+        let progs = tests::kernel_bpf_ids(false).ok()?;
+        let maps = tests::kernel_bpf_ids(true).ok()?;
+        (progs.is_disjoint(&b_progs) && maps.is_disjoint(&b_maps)).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "helper B's BPF objects outlived it: {b_log}"
+    );
+}
+
+/// `selfheal check --helper` where the helper was SIGKILLed (its socket
+/// left behind, nobody listening): the check says so on stderr, reports
+/// the missing eBPF evidence as a gap, and still judges.
+#[test]
+fn check_reports_a_dead_helper_and_goes_on_without_it() {
+    if !need_root("check_dead_helper") {
+        return;
+    }
+    let dir = Scratch::new("faults-dead-helper");
+    let path = dir.join("helper.sock");
+    let mut helper = Command::new(selfheal_bin())
+        .args(["helper", "--no-ebpf", "--socket"])
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the helper");
+    let up = wait_for(10 * SEC, Duration::from_millis(20), || {
+        selfheal::helper::HelperClient::connect(&path).ok()
+    });
+    let _ = helper.kill();
+    let _ = helper.wait();
+    assert!(up.is_some(), "the helper came up");
+    assert!(path.exists(), "SIGKILL leaves the socket file behind");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let r = run_check(&config, &dir.join("state"), &dir.join("snaps"), &path, &[]);
+    assert_eq!(r.code, 0, "{r:#?}");
+    assert_eq!(r.agent("me")["verdict"], "healthy", "{r:#?}");
+    assert!(
+        r.stderr
+            .contains(&format!("helper at {} is unavailable", path.display()))
+            && r.stderr.contains("nobody listens"),
+        "{}",
+        r.stderr
+    );
+    let gaps = r.agent("me")["gaps"].to_string();
+    assert!(gaps.contains("helper"), "the missing eBPF evidence: {gaps}");
+}
+
+/// The same without socket activation: the killed helper leaves a stale
+/// socket file (connections refused) until a supervisor starts a new helper
+/// on the path. The client's retry waits for it, within its connect
+/// timeout, instead of failing at once.
+#[test]
+fn the_retry_waits_for_a_helper_restarted_on_its_path() {
+    use selfheal::helper::{ClientOptions, HelperClient};
+    if !need_root("helper_restarted_on_path") {
+        return;
+    }
+    let dir = Scratch::new("faults-restart-path");
+    let path = dir.join("helper.sock");
+    let start = || {
+        Command::new(selfheal_bin())
+            .args(["helper", "--no-ebpf", "--socket"])
+            .arg(&path)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the helper")
+    };
+    let mut a = start();
+    let opts = ClientOptions {
+        connect_timeout: 3 * SEC,
+        timeout: 10 * SEC,
+        act_timeout: 10 * SEC,
+    };
+    let mut client = wait_for(10 * SEC, Duration::from_millis(20), || {
+        HelperClient::connect_with(&path, opts).ok()
+    })
+    .expect("helper A up");
+    assert_eq!(client.hello().unwrap().helper_pid, a.id());
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGSTOP) };
+    wait_for(5 * SEC, Duration::from_millis(2), || {
+        (process_state(a.id()) == Some('T')).then_some(())
+    })
+    .expect("helper A stopped");
+    let asker = std::thread::spawn(move || {
+        let r = client.hello();
+        (client, r)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = a.kill();
+    let _ = a.wait();
+    // The supervisor takes a moment to start the new one.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut b = start();
+    let (_client, r) = asker.join().unwrap();
+    let _ = b.kill();
+    let _ = b.wait();
+    let hello = r.expect("answered by the restarted helper");
+    assert_eq!(hello.helper_pid, b.id());
+
+    // No helper comes back: a clear error after the bounded wait.
+    let mut c = start();
+    let mut client = wait_for(10 * SEC, Duration::from_millis(20), || {
+        HelperClient::connect_with(
+            &path,
+            ClientOptions {
+                connect_timeout: SEC,
+                ..opts
+            },
+        )
+        .ok()
+    })
+    .expect("helper C up");
+    client.hello().unwrap();
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGSTOP) };
+    wait_for(5 * SEC, Duration::from_millis(2), || {
+        (process_state(c.id()) == Some('T')).then_some(())
+    })
+    .expect("helper C stopped");
+    let asker = std::thread::spawn(move || client.hello());
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = c.kill();
+    let _ = c.wait();
+    let killed = Instant::now();
+    let e = asker.join().unwrap().expect_err("nobody answers");
+    let waited = killed.elapsed();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("the retry found no helper within 1000 ms") && msg.contains("nobody listens"),
+        "{msg}"
+    );
+    assert!(waited < 5 * SEC, "bounded: {waited:?}");
+    eprintln!("no helper came back: gave up {waited:?} after the kill: {msg}");
 }
