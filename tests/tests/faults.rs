@@ -618,3 +618,196 @@ fn the_retry_waits_for_a_helper_restarted_on_its_path() {
     assert!(waited < 5 * SEC, "bounded: {waited:?}");
     eprintln!("no helper came back: gave up {waited:?} after the kill: {msg}");
 }
+
+// ---------------------------------------------------------------------------
+// A pid reused between judging and acting.
+
+/// `struct clone_args` (linux/sched.h, version 2: with `set_tid`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// A `sleep 60` that the kernel gives exactly pid `pid` (`clone3` with
+/// `set_tid`: root only), killed and reaped on drop.
+struct Impostor(u32);
+
+impl Impostor {
+    fn spawn(pid: u32) -> std::io::Result<Impostor> {
+        use std::ffi::CString;
+        let prog = CString::new("/bin/sleep").unwrap();
+        let args = [CString::new("sleep").unwrap(), CString::new("60").unwrap()];
+        let argv: [*const libc::c_char; 3] = [args[0].as_ptr(), args[1].as_ptr(), std::ptr::null()];
+        let tid: [libc::pid_t; 1] = [pid as libc::pid_t];
+        let mut ca = CloneArgs {
+            exit_signal: libc::SIGCHLD as u64,
+            set_tid: tid.as_ptr() as u64,
+            set_tid_size: 1,
+            ..CloneArgs::default()
+        };
+        // SAFETY: clone3 without CLONE_VM forks this thread; the child only
+        // calls execv and _exit (async-signal-safe) on memory prepared above.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &mut ca as *mut CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        match r {
+            // SAFETY: in the child: exec, or exit without unwinding.
+            0 => unsafe {
+                libc::execv(prog.as_ptr(), argv.as_ptr());
+                libc::_exit(127)
+            },
+            r if r < 0 => Err(std::io::Error::last_os_error()),
+            r => Ok(Impostor(r as u32)),
+        }
+    }
+
+    /// Whether it still runs (not signalled, not exited).
+    fn alive(&self) -> bool {
+        let mut status = 0;
+        // SAFETY: WNOHANG wait for our own child.
+        let r = unsafe { libc::waitpid(self.0 as libc::pid_t, &mut status, libc::WNOHANG) };
+        r == 0
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        // SAFETY: our own child, reaped right after.
+        unsafe {
+            libc::kill(self.0 as libc::pid_t, libc::SIGKILL);
+            libc::waitpid(self.0 as libc::pid_t, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// A process is judged (pid and start time, as the ladder's steps carry
+/// them), dies, and another process gets its very pid. Every way to act —
+/// the direct healer `check` uses, the helper's real executor over the
+/// socket, and the helper healer — refuses: the pid no longer names the
+/// judged process. The impostor is never signalled.
+#[test]
+fn a_reused_pid_is_never_acted_on() {
+    use selfheal::{
+        actions::Keepalive,
+        check::Healer as _,
+        healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
+        helper::{
+            ActRequest, Action, ClientOptions, ErrorCode, HelperClient, Listen, ServerOptions,
+            serve,
+        },
+        ladder::Step,
+        pidfd::start_ticks,
+    };
+    if !need_root("pid_reuse") {
+        return;
+    }
+    let mut victim = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = victim.id();
+    wait_for(5 * SEC, Duration::from_millis(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")
+    })
+    .expect("victim started");
+    let judged = start_ticks(pid).unwrap();
+    let steps = [
+        Step::Signal {
+            pid,
+            start_ticks: judged,
+            grace_ms: 100,
+        },
+        Step::ArmKeepalive {
+            pid,
+            start_ticks: judged,
+            fd: 0,
+            inode: 1,
+        },
+        Step::DestroySocket {
+            pid,
+            start_ticks: judged,
+            fd: 0,
+            inode: 1,
+        },
+    ];
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    // Start times are in clock ticks (10 ms): let one pass.
+    std::thread::sleep(Duration::from_millis(30));
+    let impostor = match Impostor::spawn(pid) {
+        Ok(i) => i,
+        Err(e) => panic!("clone3 with set_tid={pid}: {e}"),
+    };
+    assert_eq!(impostor.0, pid, "the impostor has the judged pid");
+    let now = wait_for(5 * SEC, Duration::from_millis(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")
+            .and_then(|_| start_ticks(pid))
+    })
+    .expect("impostor running");
+    assert_ne!(now, judged);
+    eprintln!("pid {pid} reused: judged start tick {judged}, now {now}");
+
+    // The direct healer (what `check` uses without a helper).
+    for step in &steps {
+        let e = run_step(step, &Keepalive::default()).expect_err("refused");
+        assert!(e.contains("no longer the process that was judged"), "{e}");
+        let e = DirectHealer::default()
+            .act("victim", step)
+            .expect_err("refused");
+        assert!(e.contains("no longer the process"), "{e}");
+    }
+
+    // The helper, with the real executor, over its socket.
+    let dir = Scratch::new("faults-reuse");
+    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
+    opts.shutdown_grace = 5 * SEC;
+    let server = serve(opts, std::sync::Arc::new(ActionsExecutor::default())).unwrap();
+    let copts = ClientOptions {
+        connect_timeout: SEC,
+        timeout: 5 * SEC,
+        act_timeout: 5 * SEC,
+    };
+    let mut client = HelperClient::connect_with(dir.join("helper.sock"), copts).unwrap();
+    for action in [Action::Signal, Action::ArmKeepalive, Action::DestroySocket] {
+        let mut req = ActRequest::new(action, pid, judged);
+        req.fd = Some(0);
+        let e = client.act(&req).expect_err("refused");
+        assert_eq!(e.code(), Some(ErrorCode::Gone), "{e}");
+        assert!(e.to_string().contains("no longer the process"), "{e}");
+    }
+    let healer =
+        HelperHealer::new(HelperClient::connect_with(dir.join("helper.sock"), copts).unwrap());
+    for step in &steps {
+        let e = healer.act("victim", step).expect_err("refused");
+        assert!(e.contains("no longer the process"), "{e}");
+    }
+    let audit = server.audit();
+    assert_eq!(audit.len(), 6, "{audit:#?}");
+    assert!(
+        audit
+            .iter()
+            .all(|a| a.error.as_ref().is_some_and(|e| e.code == ErrorCode::Gone))
+    );
+
+    // After all that, the impostor has not been touched.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(impostor.alive(), "the impostor was signalled");
+    assert!(process_state(pid).is_some_and(|s| s != 'Z'));
+    server.shutdown();
+}
