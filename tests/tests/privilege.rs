@@ -1,0 +1,204 @@
+//! Privilege and the helper's surface, attacked on purpose (issue 7, part
+//! 4): what another user can plant in selfheal's paths (symlinks,
+//! directories, writable config and policy files), what an unprivileged
+//! uid can get from a real `selfheal helper` (another uid's evidence or
+//! processes: nothing), a flood from one client against another client,
+//! the helper socket's mode and owner, and restart commands run as argv.
+//!
+//! The "other user" is `nobody` (65534): a thread of this test that
+//! dropped to it with raw `setresuid` (that thread only), or a child
+//! started as it. Needs root; skips otherwise.
+
+use std::{
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    path::Path,
+};
+
+use tests::{Scratch, need_root, run_check};
+
+const NOBODY: u32 = 65534;
+
+/// Runs `f` on a thread whose credentials are `uid`'s (this thread only:
+/// raw syscalls, not glibc's process-wide wrappers).
+fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: plain syscalls that change this thread's credentials.
+            unsafe {
+                assert_eq!(
+                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+                    0
+                );
+                assert_eq!(libc::syscall(libc::SYS_setresgid, uid, uid, uid), 0);
+                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+            }
+            f()
+        })
+        .join()
+        .expect("thread with dropped credentials")
+    })
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .mode()
+        & 0o7777
+}
+
+fn chmod(p: &Path, m: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// A config whose one agent is `down` (no such pid): every check writes a
+/// snapshot, so the snapshot log's files exist.
+fn down_config(dir: &Scratch) -> std::path::PathBuf {
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n",
+    )
+    .unwrap();
+    config
+}
+
+/// State and snapshot directories are created 0700 (and the parents we
+/// create too), their files 0600; a symlink, a directory or a parent
+/// directory planted by another user is refused with an error naming the
+/// path, and nothing is written where they lead; a symlink planted where
+/// the metrics file's temporary file goes is not followed.
+#[test]
+fn planted_paths_are_refused_and_ours_are_private() {
+    if !need_root("planted_paths") {
+        return;
+    }
+    let dir = Scratch::new("priv-paths");
+    let config = down_config(&dir);
+    let helper = dir.join("no-helper.sock");
+
+    // Fresh: created private.
+    let state = dir.join("fresh/deeper/state");
+    let snaps = dir.join("fresh/deeper/snaps");
+    let r = run_check(&config, &state, &snaps, &helper, &[]);
+    assert_eq!(r.code, 2, "down: {r:#?}");
+    assert!(r.agent("ghost")["snapshot"].is_string(), "{r:#?}");
+    for d in [
+        &state,
+        &snaps,
+        &dir.join("fresh"),
+        &dir.join("fresh/deeper"),
+    ] {
+        assert_eq!(mode(d), 0o700, "{}", d.display());
+    }
+    for f in [
+        state.join("state.json"),
+        state.join("state.lock"),
+        snaps.join("snapshots.jsonl"),
+        snaps.join("snapshots.lock"),
+    ] {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+        assert_eq!(std::fs::metadata(&f).unwrap().uid(), 0);
+    }
+
+    // A world-writable sticky directory (like /tmp) where nobody plants
+    // things for root to use.
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    chmod(&public, 0o1777);
+    // Where nobody's symlinks lead: a directory of root's.
+    let target = dir.join("roots");
+    std::fs::create_dir(&target).unwrap();
+    chmod(&target, 0o700);
+    let nobodys = public.join("nobodys");
+    as_uid(NOBODY, || {
+        std::os::unix::fs::symlink(&target, public.join("state-link")).unwrap();
+        std::os::unix::fs::symlink(&target, public.join("snaps-link")).unwrap();
+        std::fs::create_dir(public.join("state-dir")).unwrap();
+        std::fs::create_dir(&nobodys).unwrap();
+        chmod(&nobodys, 0o755);
+    });
+
+    let refused = |state: &Path, snaps: &Path, why_state: &str, why_snaps: &str| {
+        let r = run_check(&config, state, snaps, &helper, &[]);
+        assert!(!r.stderr.contains("panicked"), "{r:#?}");
+        let o = r.agent("ghost");
+        assert!(o["snapshot"].is_null(), "{r:#?}");
+        let err = o["snapshot_error"].as_str().unwrap_or_default();
+        assert!(
+            r.stderr.contains(&format!("refusing {}", state.display()))
+                && r.stderr.contains(why_state),
+            "state {}: {}",
+            state.display(),
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains(&format!("refusing {}", snaps.display()))
+                && r.stderr.contains(why_snaps)
+                && err.contains("snapshot log"),
+            "snapshots {}: {} / {err}",
+            snaps.display(),
+            r.stderr
+        );
+        // Not healthy, and it says so: down, and no snapshot.
+        assert_eq!(r.code, 2, "{r:#?}");
+    };
+    // Symlinks planted by nobody: not followed.
+    refused(
+        &public.join("state-link"),
+        &public.join("snaps-link"),
+        "it is a symlink",
+        "it is a symlink",
+    );
+    assert_eq!(
+        std::fs::read_dir(&target).unwrap().count(),
+        0,
+        "nothing written where the symlinks lead"
+    );
+    // A directory nobody made, and directories inside nobody's directory.
+    refused(
+        &public.join("state-dir"),
+        &nobodys.join("snaps"),
+        &format!("owned by uid {NOBODY}"),
+        &format!("{} above it is owned by uid {NOBODY}", nobodys.display()),
+    );
+    assert!(
+        !nobodys.join("snaps").exists(),
+        "nothing created in nobody's directory"
+    );
+    // A directory of root's that others may write to, and one below such.
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    refused(
+        &open,
+        &open.join("snaps"),
+        "writable by group or others (mode 0777)",
+        "is writable by group or others and not sticky (mode 0777)",
+    );
+
+    // The metrics file in a directory of nobody's (a textfile collector's):
+    // nobody plants its temporary file as a symlink to a file of root's.
+    let secret = target.join("secret");
+    std::fs::write(&secret, "root's\n").unwrap();
+    let prom = nobodys.join("selfheal.prom");
+    as_uid(NOBODY, || {
+        std::os::unix::fs::symlink(&secret, nobodys.join("selfheal.tmp")).unwrap();
+    });
+    let r = run_check(
+        &config,
+        &state,
+        &snaps,
+        &helper,
+        &["--metrics-file", prom.to_str().unwrap()],
+    );
+    assert_eq!(r.code, 2, "{r:#?}");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's\n");
+    let md = std::fs::symlink_metadata(&prom).expect("metrics written");
+    assert!(md.is_file(), "a regular file, not a link");
+    assert!(
+        std::fs::read_to_string(&prom)
+            .unwrap()
+            .contains("selfheal_agent_verdict{agent=\"ghost\",verdict=\"down\"} 1")
+    );
+    assert!(!nobodys.join("selfheal.tmp").exists());
+}
