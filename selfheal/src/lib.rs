@@ -23,3 +23,4 @@ pub mod proc;
 pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
+pub mod trust;

@@ -12,6 +12,7 @@
 use std::{
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::Path,
+    process::Command,
 };
 
 use tests::{Scratch, need_root, run_check};
@@ -201,4 +202,171 @@ fn planted_paths_are_refused_and_ours_are_private() {
             .contains("selfheal_agent_verdict{agent=\"ghost\",verdict=\"down\"} 1")
     );
     assert!(!nobodys.join("selfheal.tmp").exists());
+}
+
+/// `selfheal` with `args`, as `uid` when given; exit code and stderr.
+fn selfheal_as(uid: Option<u32>, args: &[&std::ffi::OsStr]) -> (i32, String) {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Command::new(tests::selfheal_bin());
+    cmd.args(args);
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let out = cmd.output().expect("run selfheal");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+/// A config or a helper policy that another user could have written — the
+/// file group/other-writable, owned by another non-root uid, or in a
+/// directory of theirs or one open to all — is refused when running as
+/// root, with an error naming the file (exit 3). The same files, owned by
+/// root and closed, are used; a user's own config is that user's to use.
+#[test]
+fn configs_and_policies_others_could_write_are_refused() {
+    if !need_root("untrusted_config") {
+        return;
+    }
+    let dir = Scratch::new("priv-trust");
+    let text = format!(
+        "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+        std::process::id()
+    );
+    let state = dir.join("state");
+    let snaps = dir.join("snaps");
+    let check = |config: &Path| {
+        selfheal_as(
+            None,
+            &[
+                os("check"),
+                os("--config"),
+                config.as_os_str(),
+                os("--state-dir"),
+                state.as_os_str(),
+                os("--snapshot-dir"),
+                snaps.as_os_str(),
+                os("--helper"),
+                dir.join("no-helper.sock").as_os_str(),
+            ],
+        )
+    };
+    let config = dir.join("config.toml");
+    std::fs::write(&config, &text).unwrap();
+    chmod(&config, 0o644);
+    let (code, err) = check(&config);
+    assert_eq!(code, 0, "root's closed config is used: {err}");
+
+    let refused = |config: &Path, why: &str| {
+        let (code, err) = check(config);
+        assert_eq!(code, 3, "{err}");
+        assert!(
+            err.contains(&format!("refusing config {}", config.display())) && err.contains(why),
+            "{why}: {err}"
+        );
+    };
+    chmod(&config, 0o666);
+    refused(&config, "writable by group or others (mode 0666)");
+    chmod(&config, 0o620);
+    refused(&config, "writable by group or others (mode 0620)");
+    chmod(&config, 0o644);
+    std::os::unix::fs::chown(&config, Some(NOBODY), Some(NOBODY)).unwrap();
+    refused(&config, &format!("owned by uid {NOBODY}, not root"));
+    std::os::unix::fs::chown(&config, Some(0), Some(0)).unwrap();
+    // Root's file in a directory of nobody's: nobody could replace it.
+    let theirs = dir.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    let in_theirs = theirs.join("config.toml");
+    std::fs::write(&in_theirs, &text).unwrap();
+    refused(
+        &in_theirs,
+        &format!("directory {} is owned by uid {NOBODY}", theirs.display()),
+    );
+    // In a directory anyone may write to.
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    let in_open = open.join("config.toml");
+    std::fs::write(&in_open, &text).unwrap();
+    refused(
+        &in_open,
+        &format!(
+            "directory {} is writable by group or others",
+            open.display()
+        ),
+    );
+    // Through a symlink (resolved, then checked): the real file decides.
+    let link = dir.join("link.toml");
+    std::os::unix::fs::symlink(&in_open, &link).unwrap();
+    let (code, err) = check(&link);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("refusing config"), "{err}");
+
+    // nobody's own config, in nobody's own directory, is nobody's to use.
+    let mine = theirs.join("mine.toml");
+    std::fs::write(
+        &mine,
+        "[[agent]]\nname = \"x\"\nmatch = { pid = 4194000 }\n",
+    )
+    .unwrap();
+    std::os::unix::fs::chown(&mine, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (code, err) = selfheal_as(
+        Some(NOBODY),
+        &[
+            os("check"),
+            os("--config"),
+            mine.as_os_str(),
+            os("--state-dir"),
+            theirs.join("state").as_os_str(),
+            os("--snapshot-dir"),
+            theirs.join("snaps").as_os_str(),
+            os("--helper"),
+            dir.join("no-helper.sock").as_os_str(),
+        ],
+    );
+    assert_eq!(
+        code, 2,
+        "nobody's own config is used (the agent is down): {err}"
+    );
+    assert!(!err.contains("refusing"), "{err}");
+
+    // The helper's policy file: the same rule.
+    let policy = dir.join("helper.toml");
+    std::fs::write(&policy, format!("[[grant]]\nuid = {NOBODY}\nuids = [1]\n")).unwrap();
+    let helper = |policy: &Path| {
+        selfheal_as(
+            None,
+            &[
+                os("helper"),
+                os("--no-ebpf"),
+                os("--socket"),
+                dir.join("h.sock").as_os_str(),
+                os("--policy"),
+                policy.as_os_str(),
+            ],
+        )
+    };
+    for (m, owner, why) in [
+        (
+            0o666,
+            0,
+            "writable by group or others (mode 0666)".to_string(),
+        ),
+        (0o644, NOBODY, format!("owned by uid {NOBODY}, not root")),
+    ] {
+        chmod(&policy, m);
+        std::os::unix::fs::chown(&policy, Some(owner), Some(owner)).unwrap();
+        let (code, err) = helper(&policy);
+        assert_eq!(code, 3, "{err}");
+        assert!(
+            err.contains(&format!("refusing policy {}", policy.display())) && err.contains(&why),
+            "{why}: {err}"
+        );
+    }
 }
