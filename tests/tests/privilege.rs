@@ -13,9 +13,16 @@ use std::{
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::Path,
     process::Command,
+    time::Duration,
 };
 
-use tests::{Scratch, need_root, run_check};
+use selfheal::{
+    helper::{ActRequest, Action, ClientError, ClientOptions, ErrorCode, HelperClient},
+    pidfd::start_ticks,
+};
+use tests::{Peer, Ready, Scratch, need_root, run_check};
+
+const SEC: Duration = Duration::from_secs(1);
 
 const NOBODY: u32 = 65534;
 
@@ -369,4 +376,310 @@ fn configs_and_policies_others_could_write_are_refused() {
             "{why}: {err}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// A real `selfheal helper` and what other uids can get from it.
+
+/// `selfheal helper --socket PATH ARGS…` (the real binary, real executor),
+/// up and answering; killed on drop.
+struct RealHelper {
+    child: std::process::Child,
+    path: std::path::PathBuf,
+}
+
+impl RealHelper {
+    fn start(path: &Path, args: &[&str]) -> RealHelper {
+        let child = Command::new(tests::selfheal_bin())
+            .arg("helper")
+            .args(args)
+            .arg("--socket")
+            .arg(path)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start selfheal helper");
+        let h = RealHelper {
+            child,
+            path: path.to_path_buf(),
+        };
+        tests::wait_for(15 * SEC, Duration::from_millis(20), || {
+            HelperClient::connect_with(path, client_opts())
+                .ok()?
+                .hello()
+                .ok()
+        })
+        .expect("the helper answers");
+        h
+    }
+
+    fn client(&self) -> HelperClient {
+        HelperClient::connect_with(&self.path, client_opts()).expect("connect to the helper")
+    }
+
+    /// SIGTERM; its log (stderr).
+    fn stop(mut self) -> String {
+        use std::io::Read as _;
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let done = tests::wait_for(10 * SEC, Duration::from_millis(20), || {
+            self.child.try_wait().ok().flatten()
+        });
+        assert!(done.is_some(), "the helper stops on SIGTERM");
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for RealHelper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client_opts() -> ClientOptions {
+    ClientOptions {
+        connect_timeout: SEC,
+        timeout: 5 * SEC,
+        act_timeout: 10 * SEC,
+    }
+}
+
+/// A blocking client (`recv-peer client`) of `addr`, as `uid` when given,
+/// waiting for "go" before its first read.
+fn agent(addr: &str, uid: Option<u32>) -> (Peer, Ready, i32) {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = Command::new(tests::helper_bin("recv-peer"));
+    cmd.args(["client", addr]);
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let p = Peer::spawn(cmd);
+    let r = p.ready();
+    let fd = tests::socket_fd_of(r.pid, r.inode).expect("the agent's socket fd");
+    (p, r, fd)
+}
+
+fn act(action: Action, pid: u32, fd: Option<i32>) -> ActRequest {
+    let mut r = ActRequest::new(action, pid, start_ticks(pid).expect("running"));
+    r.fd = fd;
+    r.agent = Some("agent".into());
+    r
+}
+
+/// Through a real helper (eBPF loaded, real executor), `nobody` can watch,
+/// read the eBPF evidence of, and arm keepalive on its own agent — and can
+/// do none of it to root's: every such request is `forbidden` (a request
+/// naming both is refused whole, leaking nothing), root's socket keeps no
+/// keepalive, root's agent gets no signal, and the helper's audit log
+/// names each refusal.
+#[test]
+fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
+    if !need_root("helper_other_uid") {
+        return;
+    }
+    let dir = Scratch::new("priv-uid");
+    let ebpf = selfheal::ebpf::BUILT_IN;
+    let helper = RealHelper::start(
+        &dir.join("helper.sock"),
+        if ebpf { &[] } else { &["--no-ebpf"] },
+    );
+    let l = tests::listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let (mut root_peer, root, root_fd) = agent(&addr, None);
+    let (mut nobody_peer, mine, mine_fd) = agent(&addr, Some(NOBODY));
+    let mut rc = helper.client();
+    let traced = rc.hello().unwrap().ebpf.strategy.is_some();
+    if traced {
+        rc.watch(&[root.pid]).expect("root watches its agent");
+    } else {
+        tests::skip(
+            "helper_other_uid (eBPF evidence)",
+            "the helper has no tracer here",
+        );
+    }
+    let nobody_watch = as_uid(NOBODY, || helper.client().watch(&[mine.pid]));
+    if traced {
+        nobody_watch.expect("nobody watches its own agent");
+    }
+    root_peer.tell("go");
+    nobody_peer.tell("go");
+    if traced {
+        // The evidence exists: root sees its agent blocked in the read.
+        tests::wait_for(10 * SEC, Duration::from_millis(50), || {
+            let s = rc.ebpf_snapshot(&[root.pid]).ok()?;
+            s.blocked.iter().any(|b| b.tgid == root.pid).then_some(())
+        })
+        .expect("the tracer sees root's agent blocked");
+    }
+
+    let forbidden = |e: ClientError, what: &str| {
+        assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{what}: {e}");
+        assert!(
+            e.to_string().contains(&format!("uid {NOBODY} may not")),
+            "{what}: {e}"
+        );
+    };
+    as_uid(NOBODY, || {
+        let mut c = helper.client();
+        assert_eq!(c.hello().unwrap().caller.uid, NOBODY);
+        if traced {
+            forbidden(c.watch(&[root.pid]).unwrap_err(), "watch root's");
+            forbidden(c.ebpf_snapshot(&[root.pid]).unwrap_err(), "root's evidence");
+            forbidden(
+                c.ebpf_snapshot(&[mine.pid, root.pid]).unwrap_err(),
+                "root's evidence with its own",
+            );
+            let s = tests::wait_for(10 * SEC, Duration::from_millis(50), || {
+                let s = c.ebpf_snapshot(&[mine.pid]).ok()?;
+                s.blocked.iter().any(|b| b.tgid == mine.pid).then_some(s)
+            })
+            .expect("nobody sees its own agent blocked");
+            assert!(
+                s.blocked.iter().all(|b| b.tgid == mine.pid)
+                    && s.sockets.iter().all(|x| x.tgid == mine.pid),
+                "only its own pids: {s:?}"
+            );
+        }
+        for (action, fd) in [
+            (Action::ArmKeepalive, Some(root_fd)),
+            (Action::DestroySocket, Some(root_fd)),
+            (Action::Signal, None),
+        ] {
+            forbidden(
+                c.act(&act(action, root.pid, fd)).unwrap_err(),
+                &format!("{action:?} on root's"),
+            );
+        }
+        c.act(&act(Action::ArmKeepalive, mine.pid, Some(mine_fd)))
+            .expect("nobody arms keepalive on its own agent's socket");
+    });
+    assert!(
+        !tests::keepalive_enabled(root.pid, root_fd).unwrap(),
+        "root's socket was touched"
+    );
+    assert!(tests::keepalive_enabled(mine.pid, mine_fd).unwrap());
+    // Root's agent is still there, blocked in its read.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", root.pid)).unwrap();
+    assert!(!stat.contains(") Z"), "{stat}");
+    drop(rc);
+    let log = helper.stop();
+    let refusals = log
+        .lines()
+        .filter(|l| {
+            l.contains("act refused")
+                && l.contains(&format!("caller_uid={NOBODY}"))
+                && l.contains(&format!("pid={}", root.pid))
+        })
+        .count();
+    assert_eq!(refusals, 3, "{log}");
+    drop((root_peer, nobody_peer));
+    assert!(
+        log.lines().any(|l| l.contains("act performed")
+            && l.contains(&format!("caller_uid={NOBODY}"))
+            && l.contains(&format!("pid={}", mine.pid))),
+        "{log}"
+    );
+    drop(l);
+}
+
+/// Four connections of `nobody` flood a real helper (default limits: 16
+/// connections and bursts of 100 then 50 requests per second per uid) with
+/// pipelined requests for 3 s, while another unprivileged uid asks every
+/// 50 ms. The flood is mostly refused `busy`; the other uid is answered,
+/// every time, within a bound.
+#[test]
+fn a_flood_from_one_uid_does_not_starve_another() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    if !need_root("helper_flood_real") {
+        return;
+    }
+    const OTHER: u32 = 65533;
+    const FLOOD_FOR: Duration = Duration::from_secs(3);
+    let dir = Scratch::new("priv-flood");
+    let helper = RealHelper::start(&dir.join("helper.sock"), &["--no-ebpf"]);
+    let path = helper.path.clone();
+    let (flood, other) = std::thread::scope(|s| {
+        let flooders: Vec<_> = (0..4)
+            .map(|k| {
+                let path = path.clone();
+                s.spawn(move || {
+                    as_uid(NOBODY, || {
+                        let stream = std::os::unix::net::UnixStream::connect(&path).unwrap();
+                        stream.set_read_timeout(Some(10 * SEC)).unwrap();
+                        let mut reader = BufReader::new(stream.try_clone().unwrap());
+                        let (mut ok, mut busy) = (0u64, 0u64);
+                        let end = std::time::Instant::now() + FLOOD_FOR;
+                        let mut id = 0u64;
+                        while std::time::Instant::now() < end {
+                            let mut batch = Vec::new();
+                            for _ in 0..50 {
+                                id += 1;
+                                batch.extend_from_slice(
+                                    format!("{{\"v\":1,\"id\":{id},\"op\":\"hello\"}}\n")
+                                        .as_bytes(),
+                                );
+                            }
+                            (&stream).write_all(&batch).expect("flood");
+                            for _ in 0..50 {
+                                let mut line = String::new();
+                                reader.read_line(&mut line).expect("an answer");
+                                let v: serde_json::Value = serde_json::from_str(&line)
+                                    .unwrap_or_else(|e| panic!("{line:?}: {e}"));
+                                match v["error"]["code"].as_str() {
+                                    None => ok += 1,
+                                    Some("busy") => busy += 1,
+                                    Some(c) => panic!("flooder {k}: unexpected {c}: {line}"),
+                                }
+                            }
+                        }
+                        (ok, busy)
+                    })
+                })
+            })
+            .collect();
+        let asker = s.spawn(|| {
+            as_uid(OTHER, || {
+                let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+                let mut worst = Duration::ZERO;
+                let mut n = 0u32;
+                let end = std::time::Instant::now() + FLOOD_FOR;
+                while std::time::Instant::now() < end {
+                    let t = std::time::Instant::now();
+                    let h = c.hello().expect("the other uid is answered");
+                    assert_eq!(h.caller.uid, OTHER);
+                    worst = worst.max(t.elapsed());
+                    n += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                (n, worst)
+            })
+        });
+        let flood: Vec<(u64, u64)> = flooders.into_iter().map(|f| f.join().unwrap()).collect();
+        (flood, asker.join().unwrap())
+    });
+    let ok: u64 = flood.iter().map(|f| f.0).sum();
+    let busy: u64 = flood.iter().map(|f| f.1).sum();
+    let (n, worst) = other;
+    eprintln!(
+        "flood: {} requests from uid {NOBODY} in {FLOOD_FOR:?} on 4 connections: {ok} served, \
+         {busy} refused busy; uid {OTHER}: {n} of {n} answered, slowest {worst:?}",
+        ok + busy
+    );
+    // The burst plus the refill (50/s over 3 s), with slack for timing.
+    assert!(
+        ok <= 100 + 50 * 4 + 50,
+        "the flood was not limited: {ok} served"
+    );
+    assert!(
+        busy > ok,
+        "most of the flood is refused: {busy} busy, {ok} served"
+    );
+    assert!(n >= 20, "the other uid kept asking: {n}");
+    assert!(worst < 2 * SEC, "the other uid waited {worst:?}");
+    let log = helper.stop();
+    assert!(!log.contains("panicked"), "{log}");
 }
