@@ -811,3 +811,140 @@ fn a_reused_pid_is_never_acted_on() {
     assert!(process_state(pid).is_some_and(|s| s != 'Z'));
     server.shutdown();
 }
+
+// ---------------------------------------------------------------------------
+// Churn.
+
+/// 300 short-lived processes that match an agent's cmdline rule — shells
+/// that sleep 20–200 ms, and TCP clients killed 20–200 ms into a blocking
+/// read, six at a time — start and exit while `selfheal check` runs in a loop, next to
+/// one steady matching process. Every check exits 0 with a whole JSON
+/// report and a `healthy` verdict: no panic, no `wedged`, no `down`.
+#[test]
+fn a_churn_of_matching_processes_never_upsets_check() {
+    use std::process::Stdio;
+    const CHURN: usize = 300;
+    let dir = Scratch::new("faults-churn");
+    let marker = format!("selfheal-churn-{}", std::process::id());
+    let l = tests::listener();
+    let addr = l.local_addr().unwrap().to_string();
+    // Accepts (and holds, bounded) the churning clients' connections.
+    let acceptor = {
+        let l = l.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming().take(CHURN) {
+                match s {
+                    Ok(s) => held.push(s),
+                    Err(_) => break,
+                }
+            }
+            held.len()
+        })
+    };
+    let mut steady = Command::new("sh")
+        .args(["-c", "sleep 120; true", &marker])
+        .spawn()
+        .unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"churn\"\nmatch = {{ cmdline = \"{marker}|recv-peer client {addr}$\" }}\n"
+        ),
+    )
+    .unwrap();
+    let peer = tests::helper_bin("recv-peer");
+    let began = Instant::now();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spawner = {
+        let done = done.clone();
+        let marker = marker.clone();
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut live: Vec<(std::process::Child, Instant)> = Vec::new();
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+            let mut rand = move |n: u64| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed % n
+            };
+            let end = Instant::now() + 25 * SEC;
+            let mut started = 0;
+            while (started < CHURN || !live.is_empty()) && Instant::now() < end {
+                live.retain_mut(|(c, kill_at)| {
+                    if Instant::now() >= *kill_at {
+                        let _ = c.kill();
+                    }
+                    !matches!(c.try_wait(), Ok(Some(_)))
+                });
+                while started < CHURN && live.len() < 6 {
+                    let ms = 20 + rand(180);
+                    let child = if started % 3 == 0 {
+                        Command::new(&peer)
+                            .args(["client", &addr])
+                            .stdin(Stdio::null())
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .spawn()
+                    } else {
+                        Command::new("sh")
+                            .args(["-c", &format!("sleep 0.{ms:03}; true"), &marker])
+                            .spawn()
+                    };
+                    live.push((
+                        child.expect("spawn a churning process"),
+                        Instant::now() + Duration::from_millis(ms),
+                    ));
+                    started += 1;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for (mut c, _) in live {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            started
+        })
+    };
+    let mut checks = 0u32;
+    let mut verdicts = std::collections::BTreeMap::<String, u32>::new();
+    while !done.load(std::sync::atomic::Ordering::SeqCst) && began.elapsed() < 30 * SEC {
+        let r = run_check(
+            &config,
+            &dir.join("state"),
+            &dir.join("snaps"),
+            &dir.join("no-helper.sock"),
+            &[],
+        );
+        checks += 1;
+        assert!(!r.stderr.contains("panicked"), "{r:#?}");
+        assert_eq!(r.results.len(), 1, "{r:#?}");
+        let v = r.agent("churn")["verdict"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        *verdicts.entry(v.clone()).or_default() += 1;
+        assert_eq!(v, "healthy", "check {checks}: {r:#?}");
+        assert_eq!(r.code, 0, "check {checks}: {r:#?}");
+    }
+    let started = spawner.join().unwrap();
+    let _ = steady.kill();
+    let _ = steady.wait();
+    // Unblock the acceptor if fewer clients than CHURN connected.
+    for _ in 0..CHURN {
+        if acceptor.is_finished() {
+            break;
+        }
+        let _ = std::net::TcpStream::connect(&addr);
+    }
+    let _ = acceptor.join();
+    assert_eq!(started, CHURN, "all churning processes started");
+    assert!(checks >= 5, "only {checks} checks ran during the churn");
+    eprintln!(
+        "{CHURN} processes churned in {:?}; {checks} checks: {verdicts:?}",
+        began.elapsed()
+    );
+}
