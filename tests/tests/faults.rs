@@ -948,3 +948,263 @@ fn a_churn_of_matching_processes_never_upsets_check() {
         began.elapsed()
     );
 }
+
+// ---------------------------------------------------------------------------
+// The wall clock jumping.
+
+fn clock_now(clock: libc::clockid_t) -> libc::timespec {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(unsafe { libc::clock_gettime(clock, &mut ts) }, 0);
+    ts
+}
+
+fn ns(ts: &libc::timespec) -> i128 {
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+fn set_wall(total_ns: i128) -> std::io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (total_ns.div_euclid(1_000_000_000)) as libc::time_t,
+        tv_nsec: (total_ns.rem_euclid(1_000_000_000)) as libc::c_long,
+    };
+    // SAFETY: a valid timespec.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The wall clock moved by `offset_s` for as long as this lives; put back on
+/// drop (also on a panic) to where it would be now, from the monotonic time
+/// that passed meanwhile.
+struct WallClockJump {
+    wall0: i128,
+    mono0: i128,
+}
+
+impl WallClockJump {
+    fn by(offset_s: i64) -> std::io::Result<WallClockJump> {
+        let mono0 = ns(&clock_now(libc::CLOCK_MONOTONIC));
+        let wall0 = ns(&clock_now(libc::CLOCK_REALTIME));
+        set_wall(wall0 + i128::from(offset_s) * 1_000_000_000)?;
+        Ok(WallClockJump { wall0, mono0 })
+    }
+}
+
+impl Drop for WallClockJump {
+    fn drop(&mut self) {
+        let passed = ns(&clock_now(libc::CLOCK_MONOTONIC)) - self.mono0;
+        if let Err(e) = set_wall(self.wall0 + passed) {
+            eprintln!("CANNOT RESTORE THE WALL CLOCK: {e}");
+        }
+    }
+}
+
+/// The state file's `saved_unix_ms` and the judge's history of `agent`.
+fn saved_history(state: &Path, agent: &str) -> (u64, serde_json::Value) {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("state.json")).unwrap()).unwrap();
+    (
+        v["saved_unix_ms"].as_u64().unwrap(),
+        v["data"]["agents"][agent]["judge"].clone(),
+    )
+}
+
+/// Two steady runners — one idle on a live control connection (a beat
+/// every 300 ms), one busy on a silent but live provider — are checked,
+/// then checked again with the wall clock set 3 hours ahead, then 3 hours
+/// back (each time only for that one check, and restored). The check saw
+/// the jumps (the state file's save time moved by ±3 h), yet every verdict
+/// stayed as it was, no age or history time moved, and nothing was healed.
+#[test]
+fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
+    if !need_root("wall_clock_jump") {
+        return;
+    }
+    const JUMP_S: i64 = 3 * 3600;
+    let pair = NetnsPair::new("wc").expect("netns pair");
+    let peer = tests::helper_bin("recv-peer");
+    let b = pair.b_addr.clone();
+    let mut servers = Vec::new();
+    for args in [
+        vec!["beat".to_string(), format!("{b}:7443"), "300".into()],
+        vec!["sink".into(), format!("{b}:9443")],
+    ] {
+        let mut cmd = pair.b.command(&peer);
+        cmd.args(&args);
+        let s = Peer::spawn(cmd);
+        s.expect("listening", 10 * SEC);
+        servers.push(s);
+    }
+    let mut clients = Vec::new();
+    for port in [7443, 9443] {
+        let mut cmd = pair.a.command(&peer);
+        cmd.args(["client", &format!("{b}:{port}")]);
+        let mut c = Peer::spawn(cmd);
+        c.ready();
+        c.tell("go");
+        clients.push(c);
+    }
+    // The thinking runner's own status: the same task all along (a wall
+    // clock age would make it stale, and the runner wedged, at once).
+    let status = status_server(r#"{"current_task": "WI-7"}"#, 200);
+    let dir = Scratch::new("faults-clock");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\n\
+             [[agent]]\nname = \"thinking\"\nmatch = {{ cmdline = \"recv-peer client {b}:9443$\" }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:9443\"\n\
+             [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
+             fields = {{ current_task = \"/current_task\" }}\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\ncurrent_task_stale = \"10m\"\n"
+        ),
+    )
+    .unwrap();
+    let state = dir.join("state");
+    let check = || {
+        run_check(
+            &config,
+            &state,
+            &dir.join("snaps"),
+            &dir.join("no-helper.sock"),
+            &[],
+        )
+    };
+    // Settle: the silent provider turns suspect (busy) after 1 s.
+    std::thread::sleep(2 * SEC);
+    check();
+    std::thread::sleep(Duration::from_millis(300));
+    let base = check();
+    let verdicts = |r: &CheckRun| {
+        (
+            r.agent("runner")["verdict"].as_str().unwrap().to_string(),
+            r.agent("thinking")["verdict"].as_str().unwrap().to_string(),
+        )
+    };
+    let want = verdicts(&base);
+    assert_eq!(want, ("idle".to_string(), "busy".to_string()), "{base:#?}");
+    assert_eq!(base.code, 0, "{base:#?}");
+    let (_, runner0) = saved_history(&state, "runner");
+    let (_, thinking0) = saved_history(&state, "thinking");
+    assert!(
+        thinking0["suspect_since_ms"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty()),
+        "the silent socket is suspect: {thinking0:#}"
+    );
+
+    for offset in [JUMP_S, -JUMP_S, JUMP_S] {
+        std::thread::sleep(Duration::from_millis(300));
+        let (r, real_ms) = {
+            let jump = match WallClockJump::by(offset) {
+                Ok(j) => j,
+                Err(e) => panic!("clock_settime as root: {e}"),
+            };
+            let real_ms = (jump.wall0 / 1_000_000) as i64;
+            let r = check();
+            drop(jump);
+            (r, real_ms)
+        };
+        let (saved, runner) = saved_history(&state, "runner");
+        let (_, thinking) = saved_history(&state, "thinking");
+        let skew_ms = saved as i64 - real_ms;
+        assert!(
+            (skew_ms - offset * 1000).abs() < 60_000,
+            "the check ran with the wall clock moved by {offset} s (its save time is {skew_ms} ms off)"
+        );
+        assert_eq!(verdicts(&r), want, "after a {offset} s jump: {r:#?}");
+        assert_eq!(r.code, 0, "{r:#?}");
+        assert!(r.results.iter().all(|o| o.get("heal").is_none()), "{r:#?}");
+        assert_eq!(
+            runner["verdict_since_ms"], runner0["verdict_since_ms"],
+            "{runner:#}"
+        );
+        assert_eq!(
+            thinking["verdict_since_ms"], thinking0["verdict_since_ms"],
+            "{thinking:#}"
+        );
+        assert_eq!(
+            thinking["suspect_since_ms"], thinking0["suspect_since_ms"],
+            "the suspect socket's age did not jump"
+        );
+        assert_eq!(thinking["current_task"], thinking0["current_task"]);
+        let suspect_for = suspect_for_ms(r.agent("thinking"));
+        assert!(
+            suspect_for < 60_000,
+            "the suspect age jumped to {suspect_for} ms: {r:#?}"
+        );
+        eprintln!("wall clock {offset:+} s for one check: verdicts {want:?}, history unchanged");
+    }
+    // The clock is back (within the test's own run time of where it was).
+    let after = check();
+    assert_eq!(verdicts(&after), want);
+    let (saved, _) = saved_history(&state, "runner");
+    let now_ms = ns(&clock_now(libc::CLOCK_REALTIME)) / 1_000_000;
+    assert!((now_ms - i128::from(saved)).abs() < 10_000, "restored");
+    drop(clients);
+}
+
+/// The "suspect for N" age in a `suspect` reason's message, in ms.
+fn suspect_for_ms(o: &serde_json::Value) -> u64 {
+    let msg = o["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["code"] == "suspect")
+        .and_then(|r| r["message"].as_str())
+        .unwrap_or_else(|| panic!("no suspect reason: {o:#}"));
+    let age = msg
+        .split("(suspect for ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no age in {msg:?}"));
+    // `inspect::human_ms`: 500ms, 1.2s, 1m05s, 3h00m, 2d3h.
+    let mut total = 0.0f64;
+    let mut chars = age.chars().peekable();
+    while chars.peek().is_some() {
+        let num: String =
+            std::iter::from_fn(|| chars.next_if(|c| c.is_ascii_digit() || *c == '.')).collect();
+        let unit: String =
+            std::iter::from_fn(|| chars.next_if(char::is_ascii_alphabetic)).collect();
+        let n: f64 = num.parse().unwrap_or_else(|_| panic!("age {age:?}"));
+        total += n * match unit.as_str() {
+            "ms" => 1.0,
+            "s" => 1000.0,
+            "m" => 60_000.0,
+            "h" => 3_600_000.0,
+            "d" => 86_400_000.0,
+            u => panic!("unit {u:?} in {age:?}"),
+        };
+    }
+    total as u64
+}
+
+/// A status endpoint on loopback answering every request with `body`, at
+/// most `max` requests.
+fn status_server(body: &'static str, max: usize) -> std::net::SocketAddr {
+    use std::io::{Read as _, Write as _};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(max).flatten() {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(SEC));
+            let _ = s.read(&mut [0u8; 2048]);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
