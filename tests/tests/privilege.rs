@@ -683,3 +683,255 @@ fn a_flood_from_one_uid_does_not_starve_another() {
     let log = helper.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+// ---------------------------------------------------------------------------
+// The helper socket, as documented.
+
+/// `Key=value` of a systemd unit file.
+fn unit_value(unit: &str, key: &str) -> Option<String> {
+    unit.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_string))
+}
+
+/// The real helper binds its socket as its documentation and the shipped
+/// socket unit say — mode 0666 (any uid may connect; every request is
+/// authorized by SO_PEERCRED), owned by the helper's uid, in a directory it
+/// creates 0755 — so `nobody` connects and is known as itself. It refuses
+/// a socket directory another user could change (owned by another uid,
+/// group/other-writable and not sticky, a symlink), a path that is not a
+/// socket, and a path a live helper serves; it removes its socket on exit.
+#[test]
+fn the_helper_socket_has_the_documented_mode_and_owner() {
+    if !need_root("helper_socket_mode") {
+        return;
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let unit = std::fs::read_to_string(repo.join("dist/systemd/selfheal-helper.socket")).unwrap();
+    let socket_mode = u32::from_str_radix(&unit_value(&unit, "SocketMode").unwrap(), 8).unwrap();
+    let dir_mode = u32::from_str_radix(&unit_value(&unit, "DirectoryMode").unwrap(), 8).unwrap();
+    assert_eq!(socket_mode, selfheal::helper::SOCKET_MODE, "unit vs code");
+    assert_eq!(
+        dir_mode,
+        selfheal::helper::server::SOCKET_DIR_MODE,
+        "unit vs code"
+    );
+    let help = Command::new(tests::selfheal_bin())
+        .args(["helper", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains(&format!("created mode {socket_mode:04o}")),
+        "the help says the mode"
+    );
+
+    let dir = Scratch::new("priv-sock");
+    let run = dir.join("run");
+    let path = run.join("helper.sock");
+    let helper = RealHelper::start(&path, &["--no-ebpf"]);
+    let md = std::fs::symlink_metadata(&path).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&md.file_type()));
+    assert_eq!(md.mode() & 0o7777, socket_mode);
+    assert_eq!((md.uid(), md.gid()), (0, 0), "owned by the helper's uid");
+    let dmd = std::fs::metadata(&run).unwrap();
+    assert_eq!(dmd.mode() & 0o7777, dir_mode);
+    assert_eq!(dmd.uid(), 0);
+    let who = as_uid(NOBODY, || helper.client().hello().map(|h| h.caller.uid));
+    assert_eq!(who.unwrap(), NOBODY, "nobody may connect, and is nobody");
+
+    // A second helper on a live path.
+    let (code, err) = selfheal_as(
+        None,
+        &[
+            os("helper"),
+            os("--no-ebpf"),
+            os("--socket"),
+            path.as_os_str(),
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("another helper already listens on"), "{err}");
+    let log = helper.stop();
+    assert!(!path.exists(), "the socket is removed on exit: {log}");
+
+    let refuse = |sock: &Path, why: &str| {
+        let (code, err) = selfheal_as(
+            None,
+            &[
+                os("helper"),
+                os("--no-ebpf"),
+                os("--socket"),
+                sock.as_os_str(),
+            ],
+        );
+        assert_ne!(code, 0, "{err}");
+        assert!(err.contains(why), "{why}: {err}");
+        assert!(
+            !sock.exists()
+                || !std::os::unix::fs::FileTypeExt::is_socket(
+                    &std::fs::symlink_metadata(sock).unwrap().file_type()
+                )
+        );
+    };
+    let theirs = dir.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    refuse(
+        &theirs.join("helper.sock"),
+        &format!(
+            "refusing socket directory {}: owned by uid {NOBODY}",
+            theirs.display()
+        ),
+    );
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    chmod(&open, 0o777);
+    refuse(
+        &open.join("helper.sock"),
+        "writable by group or others (mode 0777)",
+    );
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&run, &link).unwrap();
+    refuse(&link.join("helper.sock"), "it is a symlink");
+    std::fs::write(run.join("file.sock"), "x").unwrap();
+    refuse(&run.join("file.sock"), "exists and is not a socket");
+}
+
+// ---------------------------------------------------------------------------
+// Restart commands: argv, never a shell.
+
+/// A restart command is run as an argv, never through a shell: shell
+/// metacharacters in its arguments reach the program literally and run
+/// nothing. The config refuses a restart command given as a string, or as
+/// one string with spaces in it, naming the file, line and key. End to end:
+/// a wedged agent whose ladder goes straight to restart runs the argv, and
+/// the marker files its metacharacters name are never created.
+#[test]
+fn restart_commands_are_argv_never_a_shell() {
+    let dir = Scratch::new("priv-argv");
+    let mark = dir.join("pwned");
+    let m = mark.display().to_string();
+    let tricks = [
+        format!("a; touch {m}"),
+        format!("$(touch {m})"),
+        format!("`touch {m}`"),
+        format!("x && touch {m} || touch {m}"),
+        format!("| touch {m}"),
+        format!("> {m}"),
+        "*".to_string(),
+    ];
+    let mut argv = vec!["/bin/echo".to_string()];
+    argv.extend(tricks.iter().cloned());
+    let out = selfheal::actions::restart(&argv, 10 * SEC).expect("run /bin/echo");
+    assert!(out.success, "{out:?}");
+    assert_eq!(out.stdout.trim_end(), tricks.join(" "), "passed literally");
+    assert!(!mark.exists(), "a shell ran: {} exists", mark.display());
+
+    // The config: a string is refused, as is one string with spaces.
+    let config = dir.join("config.toml");
+    let check_config = |restart: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 4194000 }}\n[agent.heal]\nrestart = {restart}\n"
+            ),
+        )
+        .unwrap();
+        let out = Command::new(tests::selfheal_bin())
+            .args(["config", "check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned()
+                + &String::from_utf8_lossy(&out.stdout),
+        )
+    };
+    let (code, err) = check_config(&format!("\"systemctl restart x; touch {m}\""));
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains(&format!("{}:5", config.display())) && err.contains("restart"),
+        "{err}"
+    );
+    let (code, err) = check_config("[\"systemctl restart x\"]");
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("looks like a shell string"), "{err}");
+    let (code, err) = check_config("[\"systemctl\", \"restart\", \"x\"]");
+    assert_eq!(code, Some(0), "an argv list is fine: {err}");
+    assert!(!mark.exists());
+}
+
+/// End to end: `check` heals a wedged agent by its restart command (the
+/// only rung its config allows), and the command's metacharacters run
+/// nothing.
+#[test]
+fn check_runs_the_restart_argv_literally() {
+    if !need_root("restart_argv_e2e") {
+        return;
+    }
+    let pair = tests::NetnsPair::new("ra").expect("netns pair");
+    let peer = tests::helper_bin("recv-peer");
+    let b = pair.b_addr.clone();
+    let mut cmd = pair.b.command(&peer);
+    cmd.args(["beat", &format!("{b}:7443"), "300"]);
+    let server = Peer::spawn(cmd);
+    server.expect("listening", 10 * SEC);
+    let mut cmd = pair.a.command(&peer);
+    cmd.args(["client", &format!("{b}:7443")]);
+    let mut client = Peer::spawn(cmd);
+    client.ready();
+    client.tell("go");
+    let dir = Scratch::new("priv-argv-e2e");
+    let mark = dir.join("pwned");
+    let m = mark.display().to_string();
+    let config = dir.join("config.toml");
+    // env runs its arguments as a program and its arguments, no shell.
+    let argv = serde_json::json!([
+        "/usr/bin/env",
+        "--",
+        "/bin/echo",
+        format!("$(touch {m}); touch {m} `touch {m}`"),
+    ]);
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\n\
+             [agent.heal]\nsockets = false\nsignal = false\nrestart = {argv}\n"
+        ),
+    )
+    .unwrap();
+    let check = || {
+        run_check(
+            &config,
+            &dir.join("state"),
+            &dir.join("snaps"),
+            &dir.join("no-helper.sock"),
+            &[],
+        )
+    };
+    std::thread::sleep(SEC);
+    assert_eq!(check().agent("runner")["verdict"], "idle");
+    pair.drop_port_into_b(7443).expect("nft");
+    let healed = tests::wait_for(15 * SEC, Duration::from_millis(500), || {
+        let r = check();
+        (r.agent("runner")["verdict"] == "wedged").then_some(r)
+    })
+    .expect("wedged within 15 s");
+    let o = healed.agent("runner");
+    let actions = o["heal"]["actions"].as_array().cloned().unwrap_or_default();
+    assert_eq!(actions.len(), 1, "{o:#}");
+    assert_eq!(actions[0]["step"]["action"], "restart", "{o:#}");
+    assert_eq!(actions[0]["ok"], true, "{o:#}");
+    let detail: serde_json::Value =
+        serde_json::from_str(actions[0]["detail"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        detail["stdout"].as_str().unwrap().trim_end(),
+        format!("$(touch {m}); touch {m} `touch {m}`"),
+        "{detail:#}"
+    );
+    assert!(!mark.exists(), "a shell ran the restart command");
+    drop(client);
+}
