@@ -1208,3 +1208,61 @@ fn status_server(body: &'static str, max: usize) -> std::net::SocketAddr {
     });
     addr
 }
+
+/// The helper `check` connected to dies before `check` acts (SIGKILL, its
+/// socket file left behind): the step is taken directly instead (we are
+/// root here), and the outcome says the helper was unavailable. A process
+/// that was judged and then exited is still refused.
+#[test]
+fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
+    use selfheal::{check::Healer as _, healer::HelperHealer, helper::HelperClient, ladder::Step};
+    if !need_root("helper_gone_before_act") {
+        return;
+    }
+    let dir = Scratch::new("faults-gone-act");
+    let path = dir.join("helper.sock");
+    let mut helper = Command::new(selfheal_bin())
+        .args(["helper", "--no-ebpf", "--socket"])
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = wait_for(10 * SEC, Duration::from_millis(20), || {
+        HelperClient::connect(&path).ok()
+    });
+    let _ = helper.kill();
+    let _ = helper.wait();
+    let healer = HelperHealer::new(client.expect("the helper came up"));
+    let mut target = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = target.id();
+    let start = wait_for(5 * SEC, Duration::from_millis(5), || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")
+            .and_then(|_| selfheal::pidfd::start_ticks(pid))
+    })
+    .unwrap();
+    let step = Step::Signal {
+        pid,
+        start_ticks: start,
+        grace_ms: 1000,
+    };
+    let done = healer.act("sleeper", &step).expect("acted directly");
+    assert!(
+        done.contains("SIGTERM") || done.contains("sigterm"),
+        "{done}"
+    );
+    let status = target.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM)
+    );
+    // Gone meanwhile: refused, with both reasons.
+    let e = healer
+        .act("sleeper", &step)
+        .expect_err("the target is gone");
+    assert!(
+        e.contains("unavailable") && e.contains("acting directly") && e.contains("not running"),
+        "{e}"
+    );
+}
