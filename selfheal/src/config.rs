@@ -472,7 +472,12 @@ impl Config {
             path: path.to_path_buf(),
             error,
         };
-        let file = crate::trust::open_trusted(path, crate::trust::euid()).map_err(|e| match e {
+        let file = crate::trust::open_trusted(
+            path,
+            crate::trust::euid(),
+            crate::trust::Sticky::AlsoItsOwn,
+        )
+        .map_err(|e| match e {
             crate::trust::TrustError::Read { path, error } => ConfigError::Read { path, error },
             crate::trust::TrustError::Untrusted { reason } => ConfigError::Untrusted {
                 path: path.to_path_buf(),

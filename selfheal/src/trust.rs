@@ -7,9 +7,11 @@
 //!
 //! Trusted are root and the user selfheal runs as. The file and every
 //! directory above it (along its real path) must be owned by a trusted
-//! user and not writable by group or others; above the file's own
-//! directory, a sticky directory (`/tmp`) is accepted, since others may not
-//! rename or remove there what they do not own.
+//! user and not writable by group or others; a sticky directory (`/tmp`)
+//! is accepted above the file's own directory, and — where the caller
+//! allows it ([`Sticky::AlsoItsOwn`], the config) — as the file's own
+//! directory too: others may not rename or remove there what they do not
+//! own, and a file they put there first is theirs, which is refused.
 
 use std::{
     fs::File,
@@ -30,12 +32,22 @@ pub enum TrustError {
     Untrusted { reason: String },
 }
 
+/// Where a sticky, world-writable directory (`/tmp`) is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sticky {
+    /// Only above the file's own directory (the helper's policy: it must
+    /// live in a directory of root's).
+    AboveItsOwn,
+    /// As the file's own directory too (a config in `/tmp`).
+    AlsoItsOwn,
+}
+
 /// Opens `path` for reading after checking that only root or `euid` could
 /// have written it or replaced it. Symlinks are resolved once, first; the
 /// checks and the open are on the real path, and the open refuses a
 /// symlink put there meanwhile. A directory is a read error (`EISDIR`), as
 /// reading it would be.
-pub fn open_trusted(path: &Path, euid: u32) -> Result<File, TrustError> {
+pub fn open_trusted(path: &Path, euid: u32, sticky: Sticky) -> Result<File, TrustError> {
     let read_err = |p: &Path| {
         let p = p.to_path_buf();
         move |error| TrustError::Read { path: p, error }
@@ -66,7 +78,8 @@ pub fn open_trusted(path: &Path, euid: u32) -> Result<File, TrustError> {
             )));
         }
         let mode = md.mode() & 0o7777;
-        if mode & 0o022 != 0 && (first || mode & 0o1000 == 0) {
+        let sticky_ok = mode & 0o1000 != 0 && (!first || sticky == Sticky::AlsoItsOwn);
+        if mode & 0o022 != 0 && !sticky_ok {
             return Err(untrusted(format!(
                 "directory {} is writable by group or others (mode {mode:04o})",
                 d.display()

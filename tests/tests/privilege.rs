@@ -308,6 +308,18 @@ fn configs_and_policies_others_could_write_are_refused() {
             open.display()
         ),
     );
+    // In a sticky directory open to all (/tmp): root's own file is root's
+    // (nobody may rename or remove it there); one nobody put there is not.
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    chmod(&public, 0o1777);
+    let in_public = public.join("config.toml");
+    std::fs::write(&in_public, &text).unwrap();
+    let (code, err) = check(&in_public);
+    assert_eq!(code, 0, "root's config in a sticky directory: {err}");
+    let planted = public.join("planted.toml");
+    as_uid(NOBODY, || std::fs::write(&planted, &text).unwrap());
+    refused(&planted, &format!("owned by uid {NOBODY}, not root"));
     // Through a symlink (resolved, then checked): the real file decides.
     let link = dir.join("link.toml");
     std::os::unix::fs::symlink(&in_open, &link).unwrap();

@@ -379,13 +379,16 @@ fn read_trusted(path: &Path, euid: u32) -> Result<String, PolicyError> {
         path: path.to_path_buf(),
         error,
     };
-    let file = crate::trust::open_trusted(path, euid).map_err(|e| match e {
-        crate::trust::TrustError::Read { path, error } => PolicyError::Read { path, error },
-        crate::trust::TrustError::Untrusted { reason } => PolicyError::Untrusted {
-            path: path.to_path_buf(),
-            reason,
-        },
-    })?;
+    let file =
+        crate::trust::open_trusted(path, euid, crate::trust::Sticky::AboveItsOwn).map_err(|e| {
+            match e {
+                crate::trust::TrustError::Read { path, error } => PolicyError::Read { path, error },
+                crate::trust::TrustError::Untrusted { reason } => PolicyError::Untrusted {
+                    path: path.to_path_buf(),
+                    reason,
+                },
+            }
+        })?;
     let mut bytes = Vec::new();
     file.take(MAX_POLICY_BYTES + 1)
         .read_to_end(&mut bytes)
