@@ -1,7 +1,8 @@
 //! The TOML configuration: where it is found, its shape, its validation (every
-//! error names the file, the line and the key), and the resolution of an
-//! agent's upstream addresses into a pure matcher that tells a socket's role
-//! by its remote address.
+//! error names the file, the line and the key), the refusal of a file that
+//! another user could have written (the rule is [`crate::trust`]'s), and the
+//! resolution of an agent's upstream addresses into a pure matcher that
+//! tells a socket's role by its remote address.
 //!
 //! The file is read as a spanned TOML tree (`toml::de::DeTable`) and walked
 //! by hand rather than through serde: that way every check — unknown keys,
@@ -44,6 +45,11 @@ pub enum ConfigError {
         path: PathBuf,
         error: std::io::Error,
     },
+    /// Someone untrusted could have written or replaced the file (see
+    /// [`crate::trust`]): it decides which processes are signalled and which
+    /// commands run, with our privileges.
+    #[error("refusing config {}: {reason}", path.display())]
+    Untrusted { path: PathBuf, reason: String },
     /// No `--config` was given and no candidate exists.
     #[error(
         "no config file: tried {} (give one with --config PATH)",
@@ -459,13 +465,25 @@ pub enum ProbeConfig {
 }
 
 impl Config {
-    /// Reads and validates the config at `path`.
+    /// Reads and validates the config at `path`, after checking that only
+    /// root or we could have written it ([`crate::trust::open_trusted`]).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let read_err = |error| ConfigError::Read {
             path: path.to_path_buf(),
             error,
         };
-        let file = std::fs::File::open(path).map_err(read_err)?;
+        let file = crate::trust::open_trusted(
+            path,
+            crate::trust::euid(),
+            crate::trust::Sticky::AlsoItsOwn,
+        )
+        .map_err(|e| match e {
+            crate::trust::TrustError::Read { path, error } => ConfigError::Read { path, error },
+            crate::trust::TrustError::Untrusted { reason } => ConfigError::Untrusted {
+                path: path.to_path_buf(),
+                reason,
+            },
+        })?;
         let mut bytes = Vec::new();
         file.take(MAX_CONFIG_BYTES + 1)
             .read_to_end(&mut bytes)

@@ -2,7 +2,8 @@
 //! process (when it has the permission: same uid, or root), and
 //! [`step_action`] turns a step into the actions the helper's executor runs.
 //! Every step re-opens its target by pidfd against the start time the check
-//! saw, so a pid reused since then is never touched.
+//! saw, so a pid reused since then is never touched. [`HelperHealer`] acts
+//! directly when its helper has gone away (no connection: nothing was sent).
 
 use std::time::Duration;
 
@@ -182,10 +183,19 @@ impl Healer for HelperHealer {
             .client
             .lock()
             .map_err(|_| "helper client poisoned".to_string())?;
-        client
-            .act(&req)
-            .map(|v| v.to_string())
-            .map_err(|e| format!("through the helper: {e}"))
+        match client.act(&req) {
+            Ok(v) => Ok(v.to_string()),
+            // The helper went away since the check began (the request was
+            // never sent: no connection could be had): act from here, where
+            // permitted, and say so.
+            Err(e @ crate::helper::ClientError::Unavailable { .. }) => {
+                tracing::warn!("{e}; acting directly where permitted");
+                run_step(step, &self.keepalive)
+                    .map(|v| v.to_string())
+                    .map_err(|d| format!("{e}; acting directly: {d}"))
+            }
+            Err(e) => Err(format!("through the helper: {e}")),
+        }
     }
 }
 

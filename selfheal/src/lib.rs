@@ -24,3 +24,4 @@ pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
 pub mod testbed;
+pub mod trust;

@@ -124,7 +124,8 @@ pub struct SnapshotLog {
 impl SnapshotLog {
     /// Opens the log in `dir` for appending and reading: creates the
     /// directory (0700) if needed and refuses a symlink, another user's
-    /// directory or one others can write to. Rotates when the current file
+    /// directory, one others can write to, or one below a directory another
+    /// user could change (`store::check_ancestors`). Rotates when the current file
     /// would pass `max_bytes`, keeping `keep` rotated files (at most
     /// [`MAX_KEEP`]).
     pub fn open(dir: &Path, max_bytes: u64, keep: usize) -> Result<SnapshotLog, StoreError> {

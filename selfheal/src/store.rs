@@ -68,6 +68,14 @@ pub enum StoreError {
         owner: u32,
         euid: u32,
     },
+    /// A directory above it could be changed by another user, who could
+    /// then swap the directory (or a symlink on the way to it) for another.
+    #[error("refusing {}: {} above it {reason}", path.display(), ancestor.display())]
+    UnsafeAncestor {
+        path: PathBuf,
+        ancestor: PathBuf,
+        reason: String,
+    },
     /// Others could replace our files.
     #[error(
         "refusing {}: writable by group or others (mode {mode:04o}); run chmod go-w on it",
@@ -114,6 +122,7 @@ impl StoreError {
             | StoreError::Symlink { path }
             | StoreError::NotDirectory { path }
             | StoreError::NotOwner { path, .. }
+            | StoreError::UnsafeAncestor { path, .. }
             | StoreError::Writable { path, .. }
             | StoreError::Locked { path, .. }
             | StoreError::Serialize { path, .. }
@@ -185,8 +194,11 @@ pub(crate) fn user_state_home(
 }
 
 /// Creates `dir` (and missing parents, mode 0700) if needed, then checks it
-/// is a real directory of ours that nobody else can write to.
+/// is a real directory of ours that nobody else can write to, below
+/// directories that only root or we can change (see [`check_ancestors`]).
 pub(crate) fn prepare_dir(dir: &Path) -> Result<(), StoreError> {
+    // Before creating anything: no directory of ours inside another user's.
+    check_ancestors(dir)?;
     match fs::symlink_metadata(dir) {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -217,6 +229,71 @@ pub(crate) fn prepare_dir(dir: &Path) -> Result<(), StoreError> {
     let mode = md.mode() & 0o7777;
     if mode & 0o022 != 0 {
         return Err(StoreError::Writable { path, mode });
+    }
+    Ok(())
+}
+
+/// Checks every existing directory above `dir` — along the path as given
+/// and along its real path (symlinks resolved) — is owned by root or by us
+/// and not writable by group or others, unless sticky (`/tmp`: others may
+/// not rename or remove what they do not own there). Otherwise another user
+/// could rename our directory away and put a symlink in its place between
+/// two of our writes (`O_NOFOLLOW` guards only the last component).
+/// Directories that do not exist yet are created by us, 0700.
+pub(crate) fn check_ancestors(dir: &Path) -> Result<(), StoreError> {
+    let me = euid();
+    let absolute = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(io_err("find the current directory for", dir))?
+            .join(dir)
+    };
+    let unsafe_ancestor = |ancestor: &Path, reason: String| StoreError::UnsafeAncestor {
+        path: dir.to_path_buf(),
+        ancestor: ancestor.to_path_buf(),
+        reason,
+    };
+    let check = |ancestor: &Path| -> Result<(), StoreError> {
+        let md = match fs::metadata(ancestor) {
+            Ok(md) => md,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_err("examine", ancestor)(e)),
+        };
+        if !md.is_dir() {
+            return Ok(()); // creating below it fails, and says so
+        }
+        if md.uid() != 0 && md.uid() != me {
+            return Err(unsafe_ancestor(
+                ancestor,
+                format!(
+                    "is owned by uid {}, not by root or this user (uid {me})",
+                    md.uid()
+                ),
+            ));
+        }
+        let mode = md.mode() & 0o7777;
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(unsafe_ancestor(
+                ancestor,
+                format!("is writable by group or others and not sticky (mode {mode:04o})"),
+            ));
+        }
+        Ok(())
+    };
+    for a in absolute.ancestors().skip(1) {
+        check(a)?;
+    }
+    // The real path of the deepest existing ancestor: directories a
+    // symlink on the way leads into.
+    if let Some(real) = absolute
+        .ancestors()
+        .skip(1)
+        .find_map(|a| fs::canonicalize(a).ok())
+    {
+        for a in real.ancestors() {
+            check(a)?;
+        }
     }
     Ok(())
 }

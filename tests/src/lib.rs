@@ -435,3 +435,214 @@ pub fn timed(cmd: &mut Command) -> (f64, i64) {
     unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
     (start.elapsed().as_secs_f64(), usage.ru_maxrss)
 }
+
+// ---------------------------------------------------------------------------
+// Faults and privilege (tests/tests/faults.rs, tests/tests/privilege.rs):
+// scratch directories, running `selfheal check`, reading a socket's options
+// from outside, and the kernel's list of loaded BPF programs and maps.
+
+/// A scratch directory under the temp dir (mode 0755), removed on drop.
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = std::env::temp_dir().join(format!("selfheal-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("create scratch dir");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod scratch dir");
+        Scratch(d)
+    }
+
+    pub fn join(&self, p: &str) -> std::path::PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What one `selfheal check --json` run gave.
+#[derive(Debug)]
+pub struct CheckRun {
+    /// Exit code (-1 when killed by a signal).
+    pub code: i32,
+    /// One JSON value per agent.
+    pub results: Vec<serde_json::Value>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CheckRun {
+    /// The result for `agent`.
+    pub fn agent(&self, agent: &str) -> &serde_json::Value {
+        self.results
+            .iter()
+            .find(|r| r["agent"] == agent)
+            .unwrap_or_else(|| panic!("no {agent} in {self:#?}"))
+    }
+}
+
+/// `selfheal check --json --config CONFIG --state-dir STATE --snapshot-dir
+/// SNAPS --helper HELPER` plus `extra` arguments. A line of stdout that is
+/// not JSON fails the test (the report must stay machine-readable).
+pub fn run_check(
+    config: &std::path::Path,
+    state: &std::path::Path,
+    snapshots: &std::path::Path,
+    helper: &std::path::Path,
+    extra: &[&str],
+) -> CheckRun {
+    let out = Command::new(selfheal_bin())
+        .args(["check", "--json", "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(state)
+        .arg("--snapshot-dir")
+        .arg(snapshots)
+        .arg("--helper")
+        .arg(helper)
+        .args(extra)
+        .output()
+        .expect("run selfheal check");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let results = stdout
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}; stderr: {stderr}"))
+        })
+        .collect();
+    CheckRun {
+        code: out.status.code().unwrap_or(-1),
+        results,
+        stdout,
+        stderr,
+    }
+}
+
+/// The fd number under which process `pid` holds socket `inode`.
+pub fn socket_fd_of(pid: u32, inode: u64) -> Option<i32> {
+    let want = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+        .and_then(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// Whether `SO_KEEPALIVE` is on for socket `fd` of process `pid`, read from
+/// outside through a duplicate (`pidfd_getfd`): the options are the shared
+/// socket's.
+pub fn keepalive_enabled(pid: u32, fd: i32) -> Result<bool, String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls with integer arguments and a local out-value;
+    // the fds they return are closed below.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        if pidfd < 0 {
+            return Err(os("pidfd_open"));
+        }
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        libc::close(pidfd);
+        if dup < 0 {
+            return Err(os("pidfd_getfd"));
+        }
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let r = libc::getsockopt(
+            dup,
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        );
+        let err = (r != 0).then(|| os("getsockopt"));
+        libc::close(dup);
+        err.map_or(Ok(v != 0), Err)
+    }
+}
+
+/// Ids of every BPF program (`BPF_PROG_GET_NEXT_ID`) or map
+/// (`BPF_MAP_GET_NEXT_ID`) the kernel has loaded — the list `bpftool prog`
+/// and `bpftool map` walk. Needs root. Bounded at 1,000,000 ids.
+pub fn kernel_bpf_ids(maps: bool) -> Result<std::collections::BTreeSet<u32>, String> {
+    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+    const BPF_MAP_GET_NEXT_ID: libc::c_long = 12;
+    let cmd = if maps {
+        BPF_MAP_GET_NEXT_ID
+    } else {
+        BPF_PROG_GET_NEXT_ID
+    };
+    let mut ids = std::collections::BTreeSet::new();
+    let mut start = 0u32;
+    for _ in 0..1_000_000 {
+        // union bpf_attr { struct { __u32 start_id, next_id, open_flags; } }
+        let mut attr = [0u32; 4];
+        attr[0] = start;
+        // SAFETY: `attr` is a valid, zero-padded bpf_attr of the given size.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) => Ok(ids),
+                _ => Err(format!("bpf(GET_NEXT_ID): {e}")),
+            };
+        }
+        start = attr[1];
+        ids.insert(start);
+    }
+    Err("more than 1,000,000 BPF ids".into())
+}
+
+/// The BPF program ids (`prog_id:` lines) and map ids (`map_id:` lines) that
+/// process `pid` holds through its fds (programs, links, maps), from
+/// `/proc/PID/fdinfo`.
+pub fn bpf_ids_held_by(
+    pid: u32,
+) -> (
+    std::collections::BTreeSet<u32>,
+    std::collections::BTreeSet<u32>,
+) {
+    let mut progs = std::collections::BTreeSet::new();
+    let mut maps = std::collections::BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return (progs, maps);
+    };
+    for e in dir.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            let mut kv = line.splitn(2, ':');
+            let (Some(k), Some(v)) = (kv.next(), kv.next()) else {
+                continue;
+            };
+            let Ok(id) = v.trim().parse::<u32>() else {
+                continue;
+            };
+            match k {
+                "prog_id" => {
+                    progs.insert(id);
+                }
+                "map_id" => {
+                    maps.insert(id);
+                }
+                _ => {}
+            }
+        }
+    }
+    (progs, maps)
+}

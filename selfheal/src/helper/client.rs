@@ -2,8 +2,9 @@
 //! is fresh, with connect and read timeouts. A helper that is not there is
 //! [`ClientError::Unavailable`] (callers go on without it); a connection
 //! lost mid-request is retried once on a fresh connection for the
-//! idempotent ops (`hello`, `watch`, `unwatch`, `ebpf_snapshot`), never for
-//! `act`, which may have been performed.
+//! idempotent ops (`hello`, `watch`, `unwatch`, `ebpf_snapshot`), waiting
+//! up to the connect timeout for a helper being restarted, and logged;
+//! never for `act`, which may have been performed.
 
 use std::{
     io::{self, Read as _, Write as _},
@@ -31,6 +32,9 @@ const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// A connection idle longer than this is replaced before use: the helper
 /// closes idle connections after its request timeout.
 const REUSE_IDLE: Duration = Duration::from_millis(500);
+
+/// Between attempts to reach a helper that went away mid-request.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// The helper answered with an error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -218,8 +222,37 @@ impl HelperClient {
             }),
             Err(Failure::Broken(first)) => {
                 self.conn = None;
-                match self.attempt(req.id, &line, timeout) {
+                tracing::warn!(
+                    "helper at {}: {first}; retrying the {} request once on a new connection",
+                    self.path.display(),
+                    req.op.name()
+                );
+                // A helper that is being restarted (systemd's
+                // Restart=on-failure) may not listen yet: the retry waits
+                // for it up to the connect timeout. Safe to repeat: a
+                // connection that could not be opened carried no request.
+                let deadline = Instant::now() + self.opts.connect_timeout;
+                let second = loop {
+                    match self.attempt(req.id, &line, timeout) {
+                        Err(Failure::Final(ClientError::Unavailable { .. }))
+                            if Instant::now() < deadline =>
+                        {
+                            std::thread::sleep(RETRY_PAUSE);
+                        }
+                        other => break other,
+                    }
+                };
+                match second {
                     Ok(v) => Ok(v),
+                    Err(Failure::Final(ClientError::Unavailable { reason, .. })) => {
+                        Err(ClientError::Broken {
+                            path: self.path.clone(),
+                            reason: format!(
+                                "{first}; the retry found no helper within {} ms: {reason}",
+                                self.opts.connect_timeout.as_millis()
+                            ),
+                        })
+                    }
                     Err(Failure::Final(e)) => Err(e),
                     Err(Failure::Broken(reason)) => Err(ClientError::Broken {
                         path: self.path.clone(),

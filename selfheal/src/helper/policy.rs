@@ -39,7 +39,6 @@ use std::{
     fmt,
     io::Read as _,
     ops::Range,
-    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
 };
 
@@ -376,70 +375,20 @@ impl Cx<'_> {
 /// Reads `path` after checking that only trusted users (root, and `euid`)
 /// could have written it or replaced it.
 fn read_trusted(path: &Path, euid: u32) -> Result<String, PolicyError> {
-    let untrusted = |reason: String| PolicyError::Untrusted {
-        path: path.to_path_buf(),
-        reason,
-    };
     let read_err = |error| PolicyError::Read {
         path: path.to_path_buf(),
         error,
     };
-    let trusted = |uid: u32| uid == 0 || uid == euid;
-    let owner_name = if euid == 0 {
-        "root".to_string()
-    } else {
-        format!("root or uid {euid}")
-    };
-    // Symlinks are resolved once, here; the checks and the read below are
-    // on the real path, and the read refuses a symlink put there meanwhile.
-    let real = std::fs::canonicalize(path).map_err(read_err)?;
-    let mut dir = real.parent();
-    let mut first = true;
-    while let Some(d) = dir {
-        let md = std::fs::metadata(d).map_err(|error| PolicyError::Read {
-            path: d.to_path_buf(),
-            error,
+    let file =
+        crate::trust::open_trusted(path, euid, crate::trust::Sticky::AboveItsOwn).map_err(|e| {
+            match e {
+                crate::trust::TrustError::Read { path, error } => PolicyError::Read { path, error },
+                crate::trust::TrustError::Untrusted { reason } => PolicyError::Untrusted {
+                    path: path.to_path_buf(),
+                    reason,
+                },
+            }
         })?;
-        if !trusted(md.uid()) {
-            return Err(untrusted(format!(
-                "directory {} is owned by uid {}, not {owner_name}",
-                d.display(),
-                md.uid()
-            )));
-        }
-        let mode = md.mode() & 0o7777;
-        // Above the file's own directory, a sticky directory (/tmp) is
-        // fine: others may not rename what they do not own there.
-        if mode & 0o022 != 0 && (first || mode & 0o1000 == 0) {
-            return Err(untrusted(format!(
-                "directory {} is writable by group or others (mode {mode:04o})",
-                d.display()
-            )));
-        }
-        first = false;
-        dir = d.parent();
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&real)
-        .map_err(read_err)?;
-    let md = file.metadata().map_err(read_err)?;
-    if !md.is_file() {
-        return Err(untrusted("not a regular file".into()));
-    }
-    if !trusted(md.uid()) {
-        return Err(untrusted(format!(
-            "owned by uid {}, not {owner_name}",
-            md.uid()
-        )));
-    }
-    let mode = md.mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(untrusted(format!(
-            "writable by group or others (mode {mode:04o}); run chmod go-w on it"
-        )));
-    }
     let mut bytes = Vec::new();
     file.take(MAX_POLICY_BYTES + 1)
         .read_to_end(&mut bytes)
