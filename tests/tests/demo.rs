@@ -52,8 +52,11 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
     if !need_root("demo_json") {
         return;
     }
+    let keep = std::env::temp_dir().join(format!("selfheal-demo-keep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&keep);
     let child = Command::new(selfheal_bin())
-        .args(["demo", "--json"])
+        .args(["demo", "--json", "--keep-snapshots"])
+        .arg(&keep)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -83,13 +86,37 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
         "{summary:#}"
     );
     assert!(summary["recover_ms"].is_u64(), "{summary:#}");
-    // A wedged verdict carried a snapshot id.
+    // A wedged verdict carried a snapshot id, and the kept snapshot reads
+    // back with the kernel's evidence of the dead control connection.
+    let id = events
+        .iter()
+        .find(|e| e["verdict"] == "wedged" && e["snapshot"].is_string())
+        .and_then(|e| e["snapshot"].as_str())
+        .unwrap_or_else(|| panic!("no wedged verdict with a snapshot: {stdout}"));
+    let shown = Command::new(selfheal_bin())
+        .args(["snapshots", "show", id, "--json", "--dir"])
+        .arg(&keep)
+        .output()
+        .expect("selfheal snapshots show");
     assert!(
-        events
-            .iter()
-            .any(|e| e["verdict"] == "wedged" && e["snapshot"].is_string()),
-        "{stdout}"
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
     );
+    let snap: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("snapshot JSON");
+    assert_eq!(snap["agent"], "runner");
+    assert_eq!(snap["snapshot"]["verdict"], "wedged");
+    let control = snap["snapshot"]["evidence"]["sockets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["role"] == "control")
+        .unwrap_or_else(|| panic!("no control socket: {snap:#}"));
+    assert!(
+        control["tcp_info"]["unacked"].as_u64() > Some(0),
+        "{control:#}"
+    );
+    let _ = std::fs::remove_dir_all(&keep);
     assert_eq!(
         namespaces_of(pid),
         Vec::<String>::new(),

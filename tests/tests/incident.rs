@@ -23,6 +23,7 @@ fn options() -> Options {
         heartbeat: Duration::from_secs(1),
         check_every: Duration::from_secs(1),
         net: ((std::process::id() % 25) as u8) * 10 + k % 10 + 1,
+        keep_snapshots: None,
     }
 }
 

@@ -35,6 +35,10 @@ pub struct Args {
     /// event loop.
     #[arg(long, value_enum, default_value_t = Mode::Blocking)]
     mode: Mode,
+    /// Keep the run's forensic snapshots in DIR (otherwise removed with
+    /// everything else), for `selfheal snapshots show ID --dir DIR`.
+    #[arg(long, value_name = "DIR")]
+    keep_snapshots: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -56,6 +60,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         heartbeat: args.heartbeat,
         check_every: args.check_every,
         net: (std::process::id() % 250 + 1) as u8,
+        keep_snapshots: args.keep_snapshots.clone(),
     };
     let json = args.json;
     if !json {
@@ -88,6 +93,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{v}");
     } else {
         summary(&report, &opts, &ok);
+        if let (Some(dir), Some(id)) = (&args.keep_snapshots, report.snapshots.first()) {
+            println!(
+                "the snapshots are kept: selfheal snapshots show {id} --dir {}",
+                dir.display()
+            );
+        }
     }
     Ok(if ok.is_ok() {
         ExitCode::SUCCESS

@@ -46,6 +46,9 @@ pub struct Options {
     pub check_every: Duration,
     /// Picks the subnets (1–250); concurrent scenarios need distinct values.
     pub net: u8,
+    /// Where to keep the snapshot log when the bed is removed (it is
+    /// deleted with the bed otherwise).
+    pub keep_snapshots: Option<PathBuf>,
 }
 
 /// One thing a person watching should see.
@@ -476,6 +479,9 @@ impl Drop for Bed {
         // Processes first (they hold the namespaces' sockets), then the
         // files; the topology deletes the namespaces when dropped after.
         self.procs.clear();
+        if let Some(keep) = &self.opts.keep_snapshots {
+            keep_snapshots(&self.snapshot_dir(), keep);
+        }
         if let Some(d) = self.dispatch.take() {
             // A stopped server must be continued to die promptly.
             let _ = nix::sys::signal::kill(
@@ -485,6 +491,33 @@ impl Drop for Bed {
             drop(d);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Copies the snapshot log's files from `from` into `to` (created 0700),
+/// saying on stderr what could not be copied: the bed is being removed and
+/// there is nobody else to tell.
+fn keep_snapshots(from: &Path, to: &Path) {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let copy = || -> std::io::Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(to)?;
+        for entry in std::fs::read_dir(from)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = copy() {
+        eprintln!(
+            "selfheal: cannot keep the snapshots of {} in {}: {e}",
+            from.display(),
+            to.display()
+        );
     }
 }
 
