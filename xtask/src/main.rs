@@ -44,8 +44,10 @@ enum Task {
     /// Run the benchmarks (needs root): the tracer's receive-path overhead
     /// (`recv-bench`; arguments after `--` go to it, e.g.
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
-    /// against `ps` + `ss` (`inspect-bench`), and `check` over 100 agents
-    /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`).
+    /// against `ps` + `ss` (`inspect-bench`), `check` over 100 agents
+    /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`), and
+    /// how `check` grows with 1k-10k sockets and 200-2000 threads
+    /// (`scale-bench`).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -132,7 +134,7 @@ fn main() -> Result<()> {
             setup::all()?;
             build_release()?;
             run(Command::new("target/release/recv-bench").args(args))?;
-            for bench in ["inspect-bench", "check-bench"] {
+            for bench in ["inspect-bench", "check-bench", "scale-bench"] {
                 run(Command::new(format!("target/release/{bench}"))
                     .env("SELFHEAL_BIN", "target/release/selfheal"))?;
             }
