@@ -511,14 +511,15 @@ fn read_watch(stdout: impl std::io::Read, routes: &[mpsc::Sender<Value>]) -> See
 /// Samples both processes every second until `stop` (or until one exits).
 fn sample(watch: u32, helper: u32, started: Instant, stop: Instant) -> [Vec<Sample>; 2] {
     let mut out = [Vec::new(), Vec::new()];
-    while Instant::now() < stop {
+    // From a second in: a process just started has not mapped its binary.
+    while Instant::now() + SEC < stop {
+        std::thread::sleep(SEC);
         let at = started.elapsed().as_secs_f64();
         for (i, pid) in [watch, helper].into_iter().enumerate() {
             if let (Some(rss_kib), Some(fds)) = (rss_kib(pid), fd_count(pid)) {
                 out[i].push(Sample { at, rss_kib, fds });
             }
         }
-        std::thread::sleep(SEC);
     }
     out
 }
