@@ -555,11 +555,8 @@ pub fn build(ev: &Evidence) -> Report {
             None => "no eBPF evidence; receives timed from procfs only".into(),
         });
     }
-    if let Some(o) = snapshot
-        .map(|s| s.overflow)
-        .filter(|o| *o != ebpf::Overflow::default())
-    {
-        gaps.push(format!("eBPF maps overflowed or reads failed: {o:?}"));
+    if let Some(line) = snapshot.and_then(|s| s.overflow.describe()) {
+        gaps.push(line);
     }
 
     let sockets = tcp

@@ -646,3 +646,40 @@ pub fn bpf_ids_held_by(
     }
     (progs, maps)
 }
+
+// ---- soak and scale helpers -------------------------------------------------
+
+impl Peer {
+    /// Like [`Peer::expect`], but `None` (no panic) when no such line comes
+    /// within `timeout` or the peer exits first: for drivers that count
+    /// failures instead of stopping at the first.
+    pub fn try_expect(&self, prefix: &str, timeout: Duration) -> Option<String> {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return Some(line),
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+/// Resident set size of `pid` in KiB (`VmRSS` of `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Open file descriptors of `pid` (entries of `/proc/PID/fd`).
+pub fn fd_count(pid: u32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}

@@ -1,6 +1,7 @@
 //! Project tasks, run as `cargo xtask <task>`. Owns the machine set-up that
 //! the README's two commands rely on (`setup`), and the entry points for the
-//! demo, the full test run, the VM kernel test and the benchmarks.
+//! demo, the full test run, the VM kernel test, fuzzing, the benchmarks and
+//! the soak.
 //!
 //! Every set-up step is idempotent: it checks before it installs.
 
@@ -47,9 +48,24 @@ enum Task {
     /// Run the benchmarks (needs root): the tracer's receive-path overhead
     /// (`recv-bench`; arguments after `--` go to it, e.g.
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
-    /// against `ps` + `ss` (`inspect-bench`), and `check` over 100 agents
-    /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`).
+    /// against `ps` + `ss` (`inspect-bench`), `check` over 100 agents
+    /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`), and
+    /// how `check` grows with 1k-10k sockets and 200-2000 threads
+    /// (`scale-bench`).
     Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Soak (needs root): `selfheal watch` healing through `selfheal helper`
+    /// while agents start, wedge (half-open connections in network
+    /// namespaces), heal and exit; fails on RSS growth of 1 MiB or more
+    /// after warm-up, fd growth, or a lost snapshot. Prints a summary table.
+    Soak {
+        /// How long to churn, in seconds.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// More arguments for the `soak` program (`--slots N`,
+        /// `--interval-ms MS`, `--warmup SECONDS`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -115,28 +131,43 @@ fn main() -> Result<()> {
             setup::all()?;
             vm::vm_test(args)
         }
+        Task::Soak { seconds, args } => {
+            setup::all()?;
+            build_release()?;
+            run(Command::new("target/release/soak")
+                .arg("--seconds")
+                .arg(seconds.to_string())
+                .args(args)
+                .env("SELFHEAL_BIN", "target/release/selfheal"))
+        }
         Task::Bench { args } => {
             setup::all()?;
-            cargo_env(
-                &[
-                    "build",
-                    "--release",
-                    "-p",
-                    "selfheal",
-                    "-p",
-                    "tests",
-                    "--bins",
-                ],
-                &[("SELFHEAL_REQUIRE_EBPF", "1")],
-            )?;
+            build_release()?;
             run(Command::new("target/release/recv-bench").args(args))?;
-            for bench in ["inspect-bench", "check-bench"] {
+            for bench in ["inspect-bench", "check-bench", "scale-bench"] {
                 run(Command::new(format!("target/release/{bench}"))
                     .env("SELFHEAL_BIN", "target/release/selfheal"))?;
             }
             Ok(())
         }
     }
+}
+
+/// The release build the benchmarks and the soak run: selfheal (with its
+/// eBPF object required) and every helper program.
+fn build_release() -> Result<()> {
+    cargo_env(
+        &[
+            "build",
+            "--release",
+            "-p",
+            "selfheal",
+            "-p",
+            "tests",
+            "--bins",
+        ],
+        &[("SELFHEAL_REQUIRE_EBPF", "1")],
+    )
 }
 
 /// Runs cargo with `args` from the workspace root.

@@ -1,6 +1,9 @@
 //! The aya side of the tracer: load, attach, pid filter, map reads.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
@@ -10,9 +13,10 @@ use aya::{
 use selfheal_common::{InRecv, SockActivity, WATCHED_WORDS, counter};
 
 use super::{
-    Attempt, FdKind, Overflow, Strategy, TracerError, TracerOptions, TracerSnapshot, chain,
+    Attempt, FdKind, Overflow, PRUNE_SOCKS_AT, Strategy, TracerError, TracerOptions,
+    TracerSnapshot, chain,
     layout::{self, KernelLayout},
-    snapshot::{blocked_recv, socket_activity},
+    snapshot::{blocked_recv, closed_sockets, socket_activity},
     strategy::{Hook, ProgramSpec},
     tracefs,
 };
@@ -169,7 +173,8 @@ impl Tracer {
 
     /// Reads the maps. Entries of threads that no longer exist are dropped
     /// from the map (a thread killed inside a receive leaves one behind only
-    /// if its exit hook never ran).
+    /// if its exit hook never ran); so are entries of closed sockets, once
+    /// the socket map is half full ([`PRUNE_SOCKS_AT`]).
     pub fn snapshot(&mut self) -> Result<TracerSnapshot, TracerError> {
         let now = boot_ns();
         let mut resolve = resolve_fd;
@@ -192,12 +197,28 @@ impl Tracer {
             }
         }
         blocked.sort_by_key(|b| (b.tgid, b.tid));
-        let socks: HashMap<&MapData, u64, SockActivity> = map_ref(&self.ebpf, "SOCKS")?;
-        let mut sockets: Vec<_> = socks
-            .iter()
-            .flatten()
-            .map(|(inode, a)| socket_activity(now, inode, &a))
-            .collect();
+        let mut sockets: Vec<_> = {
+            let socks: HashMap<&MapData, u64, SockActivity> = map_ref(&self.ebpf, "SOCKS")?;
+            socks
+                .iter()
+                .flatten()
+                .map(|(inode, a)| socket_activity(now, inode, &a))
+                .collect()
+        };
+        if sockets.len() >= PRUNE_SOCKS_AT {
+            let entries: Vec<(u64, u32)> = sockets.iter().map(|s| (s.inode, s.tgid)).collect();
+            let closed: BTreeSet<u64> = closed_sockets(&entries, &mut open_sockets)
+                .into_iter()
+                .collect();
+            if !closed.is_empty() {
+                let mut socks: HashMap<&mut MapData, u64, SockActivity> =
+                    map_mut(&mut self.ebpf, "SOCKS")?;
+                for inode in &closed {
+                    let _ = socks.remove(inode);
+                }
+                sockets.retain(|s| !closed.contains(&s.inode));
+            }
+        }
         sockets.sort_by_key(|s| (s.tgid, s.inode));
         let counters: Array<&MapData, u64> = self
             .ebpf
@@ -262,6 +283,24 @@ fn map_mut<'a, K: aya::Pod, V: aya::Pod>(
         reason: "missing from the object".into(),
     })?;
     HashMap::try_from(map).map_err(|e| map_err(name, &e))
+}
+
+/// The socket inodes `tgid` holds open now (`/proc/PID/fd`), or `None` when
+/// it is gone.
+fn open_sockets(tgid: u32) -> Option<BTreeSet<u64>> {
+    let fds = std::fs::read_dir(format!("/proc/{tgid}/fd")).ok()?;
+    Some(
+        fds.flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .filter_map(|t| {
+                t.to_str()?
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .parse()
+                    .ok()
+            })
+            .collect(),
+    )
 }
 
 /// What `fd` of `tgid` is: a socket (with inode and `O_NONBLOCK`), something

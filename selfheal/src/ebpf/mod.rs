@@ -19,6 +19,18 @@ use serde::Serialize;
 
 pub use self::snapshot::{BlockedRecv, FdKind, Overflow, SocketActivity, TracerSnapshot};
 pub use self::strategy::Strategy;
+/// The maps' capacities (`selfheal-common`): threads in a receive, sockets
+/// with activity, threads in a send (kprobe strategy).
+pub use selfheal_common::{MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS};
+
+/// Once `SOCKS` holds this many entries, a snapshot drops those of sockets
+/// no longer open. The kernel side adds an entry for every socket a watched
+/// process receives or sends on and never removes one (only unwatching its
+/// process does), so a long-lived agent that opens a connection per request
+/// would fill the map in time, and every later socket would go unrecorded.
+/// Below this the map has room, and the snapshot skips the cost (one
+/// `readlink` per open fd of each watched process).
+pub const PRUNE_SOCKS_AT: usize = MAX_SOCKS as usize / 2;
 
 /// Whether this binary carries the eBPF object (it does not when it was built
 /// without the eBPF toolchain).

@@ -2,7 +2,11 @@
 //! raw map entries into it. No I/O here: resolving a file descriptor is
 //! passed in as a function.
 
-use selfheal_common::{InRecv, RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity};
+use std::collections::{BTreeMap, BTreeSet};
+
+use selfheal_common::{
+    InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity,
+};
 use serde::Serialize;
 
 use super::Strategy;
@@ -55,6 +59,64 @@ pub struct Overflow {
     pub socks_full: u64,
     pub read_failed: u64,
     pub in_send_full: u64,
+}
+
+impl Overflow {
+    /// The report's line for a non-zero overflow: what went unrecorded, in
+    /// which map, and how big that map is; `None` when nothing was lost.
+    /// The counters run from when the tracer was loaded (a long-running
+    /// helper's reach back to its start).
+    pub fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if self.in_recv_full > 0 {
+            parts.push(format!(
+                "{} receive(s) not timed (IN_RECV full at {MAX_IN_RECV} threads)",
+                self.in_recv_full
+            ));
+        }
+        if self.socks_full > 0 {
+            parts.push(format!(
+                "{} socket event(s) not recorded (SOCKS full at {MAX_SOCKS} sockets)",
+                self.socks_full
+            ));
+        }
+        if self.in_send_full > 0 {
+            parts.push(format!(
+                "{} send(s) not recorded (IN_SEND full at {MAX_IN_SEND} threads)",
+                self.in_send_full
+            ));
+        }
+        if self.read_failed > 0 {
+            parts.push(format!("{} socket identities unreadable", self.read_failed));
+        }
+        (!parts.is_empty()).then(|| {
+            format!(
+                "eBPF evidence incomplete since the tracer loaded: {}",
+                parts.join("; ")
+            )
+        })
+    }
+}
+
+/// Entries of the socket map whose socket is no longer open in the process
+/// that last used it: `open` gives a process's open socket inodes, or
+/// `None` when the process is gone. Each process is asked once.
+pub fn closed_sockets(
+    entries: &[(u64, u32)],
+    open: &mut dyn FnMut(u32) -> Option<BTreeSet<u64>>,
+) -> Vec<u64> {
+    let mut by_tgid: BTreeMap<u32, Option<BTreeSet<u64>>> = BTreeMap::new();
+    entries
+        .iter()
+        .filter(|(inode, tgid)| {
+            by_tgid
+                .entry(*tgid)
+                .or_insert_with(|| open(*tgid))
+                .as_ref()
+                .is_none_or(|o| !o.contains(inode))
+        })
+        .map(|(inode, _)| *inode)
+        .collect()
 }
 
 /// One reading of the tracer's maps.
@@ -155,6 +217,54 @@ pub fn socket_activity(now_ns: u64, inode: u64, a: &SockActivity) -> SocketActiv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overflow_is_described_only_when_something_was_lost() {
+        assert_eq!(Overflow::default().describe(), None);
+        let line = Overflow {
+            socks_full: 616,
+            ..Overflow::default()
+        }
+        .describe()
+        .unwrap();
+        assert!(
+            line.contains("616 socket event(s) not recorded (SOCKS full at 16384 sockets)"),
+            "{line}"
+        );
+        assert!(!line.contains("IN_RECV"), "{line}");
+        let all = Overflow {
+            in_recv_full: 1,
+            socks_full: 2,
+            read_failed: 3,
+            in_send_full: 4,
+        }
+        .describe()
+        .unwrap();
+        for part in [
+            "1 receive(s)",
+            "2 socket event(s)",
+            "3 socket identities",
+            "4 send(s)",
+        ] {
+            assert!(all.contains(part), "{all}");
+        }
+    }
+
+    #[test]
+    fn closed_sockets_are_those_no_longer_open_or_of_gone_processes() {
+        let entries = [(10, 1), (11, 1), (12, 1), (20, 2), (30, 3)];
+        let mut asked = Vec::new();
+        let closed = closed_sockets(&entries, &mut |tgid| {
+            asked.push(tgid);
+            match tgid {
+                1 => Some([10, 12].into()),
+                2 => None, // exited
+                _ => Some([30].into()),
+            }
+        });
+        assert_eq!(closed, vec![11, 20]);
+        assert_eq!(asked, vec![1, 2, 3], "each process read once");
+    }
 
     const NOW: u64 = 10_000_000_000;
 

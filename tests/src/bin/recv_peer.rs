@@ -284,7 +284,8 @@ fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
     let sockets: usize = sockets
         .parse()
         .map_err(|_| format!("bad count {sockets}"))?;
-    raise_nofile(sockets as u64 + 256);
+    // Every reader thread holds a duplicate of its socket.
+    raise_nofile((sockets + threads) as u64 + 256);
     let mut conns = Vec::with_capacity(sockets);
     for _ in 0..sockets {
         conns.push(TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?);

@@ -1,0 +1,766 @@
+//! `soak`: `selfheal watch` healing through a running `selfheal helper` for a
+//! bounded time while agents churn, sampling both processes' memory and file
+//! descriptors, and counting every forensic snapshot against the verdicts
+//! the watch reported. Run by `cargo xtask soak [--seconds N]`; needs root
+//! (network namespaces, nftables, the helper's eBPF).
+//!
+//! The churn: `--slots` agents (`recv-peer reconnecting`, a runner with its
+//! own reconnect logic) in network namespace `a`, each with its own dispatch
+//! server (`recv-peer beats`, a byte every 300 ms) on its own port in `b`.
+//! Each slot loops, out of phase with the others:
+//!
+//! 1. start: a server and a runner; the watch sees it `idle`;
+//! 2. wedge: the server's port is cut both ways and the server replaced
+//!    (a pod gone without a FIN); the watch must find the runner `wedged`
+//!    (control silent past 3 × its 1 s heartbeat), write its snapshot, and
+//!    arm keepalive on the dead connection through the helper;
+//! 3. heal: the port comes back, the keepalive probe draws a reset, the
+//!    runner reconnects by itself, and the watch sees it `idle` again;
+//! 4. exit: the runner and its server exit; the watch sees it `down`.
+//!
+//! Every agent also has an HTTP probe (a status endpoint in this process),
+//! so the probe path runs every check too.
+//!
+//! Passes when, after the warm-up: neither process's RSS grew by 1 MiB or
+//! more (median of the first samples against the median of the last), the
+//! floor of their open fds did not rise, no not-ok verdict lacks its
+//! snapshot and every snapshot id reported is in the snapshot log, every
+//! injected wedge was found, healed and recovered, and both processes are
+//! still running. Prints a summary table; exits 1 on failure, 2 when it
+//! cannot run here.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tests::{NetnsPair, Peer, fd_count, is_root, rss_kib};
+
+const SEC: Duration = Duration::from_secs(1);
+/// First port of the slots' dispatch servers (inside namespace `b`).
+const BASE_PORT: u16 = 7600;
+/// Longest the watch may take to find, snapshot and heal an injected wedge.
+const HEAL_BOUND: Duration = Duration::from_secs(30);
+/// Longest a healed runner may take to reconnect.
+const RECOVER_BOUND: Duration = Duration::from_secs(30);
+/// No wedge is injected with less time left (one takes about 5 s to heal
+/// and recover).
+const WEDGE_MIN_LEFT: Duration = Duration::from_secs(15);
+/// RSS growth after warm-up that fails the soak.
+const RSS_LIMIT_KIB: i64 = 1024;
+
+struct Args {
+    seconds: u64,
+    slots: usize,
+    interval_ms: u64,
+    warmup: Option<u64>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        seconds: 600,
+        slots: 4,
+        interval_ms: 500,
+        warmup: None,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut num = || -> u64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(flag))
+        };
+        match flag.as_str() {
+            "--seconds" => a.seconds = num(),
+            "--slots" => a.slots = num() as usize,
+            "--interval-ms" => a.interval_ms = num(),
+            "--warmup" => a.warmup = Some(num()),
+            other => usage(other),
+        }
+    }
+    if a.seconds < 30 || a.slots == 0 || a.slots > 50 || a.interval_ms == 0 {
+        eprintln!("soak: --seconds must be at least 30, --slots 1 to 50, --interval-ms above 0");
+        std::process::exit(2);
+    }
+    a
+}
+
+fn usage(arg: &str) -> ! {
+    eprintln!(
+        "usage: soak [--seconds N] [--slots N] [--interval-ms MS] [--warmup SECONDS] (bad {arg})"
+    );
+    std::process::exit(2)
+}
+
+/// What the churn did, summed over the slots.
+#[derive(Default)]
+struct Churn {
+    started: u64,
+    injected: u64,
+    healed: u64,
+    recovered: u64,
+    exited: u64,
+    /// Waits the end of the soak cut short (not failures).
+    cut_short: u64,
+    failures: Vec<String>,
+}
+
+/// What the watch printed, summed over its JSON lines.
+#[derive(Default)]
+struct Seen {
+    lines: u64,
+    verdicts: BTreeMap<String, u64>,
+    /// Outcomes with a not-ok verdict (each must carry a snapshot).
+    not_ok: u64,
+    snapshot_ids: Vec<String>,
+    snapshot_errors: Vec<String>,
+    wedged_transitions: u64,
+    actions_ok: u64,
+    actions_failed: Vec<String>,
+    no_ebpf: u64,
+    bad_lines: u64,
+}
+
+/// One sample of a process.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: f64,
+    rss_kib: u64,
+    fds: usize,
+}
+
+fn main() {
+    let args = parse_args();
+    if !is_root() {
+        eprintln!("SKIPPED soak: needs root (network namespaces, nftables, the helper's eBPF)");
+        std::process::exit(2);
+    }
+    let warmup = args
+        .warmup
+        .unwrap_or_else(|| (args.seconds / 3).clamp(20, 120));
+    if warmup + 20 > args.seconds {
+        eprintln!("soak: the warm-up ({warmup} s) leaves under 20 s to measure");
+        std::process::exit(2);
+    }
+    let bin_dir = std::env::current_exe()
+        .expect("current_exe")
+        .parent()
+        .expect("dir")
+        .to_path_buf();
+    let selfheal: PathBuf =
+        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
+    let peer = bin_dir.join("recv-peer");
+    for p in [&selfheal, &peer] {
+        if !p.exists() {
+            eprintln!(
+                "soak: {} is missing (cargo build --release -p selfheal -p tests --bins)",
+                p.display()
+            );
+            std::process::exit(2);
+        }
+    }
+    let work = std::env::temp_dir().join(format!("selfheal-soak-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("work dir");
+
+    let pair = Arc::new(NetnsPair::new("soak").unwrap_or_else(|e| {
+        eprintln!("soak: cannot make the network namespaces: {e}");
+        std::process::exit(2)
+    }));
+    let status = status_server();
+    let config = work.join("config.toml");
+    std::fs::write(&config, config_text(&pair.b_addr, args.slots, status)).expect("config");
+
+    // The helper first: the watch connects to it once, when it starts.
+    let sock = work.join("helper.sock");
+    let helper_log = std::fs::File::create(work.join("helper.log")).expect("helper log");
+    let mut helper = Command::new(&selfheal)
+        .args(["helper", "--socket"])
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(helper_log)
+        .spawn()
+        .expect("start the helper");
+    if tests::wait_for(10 * SEC, Duration::from_millis(50), || {
+        sock.exists().then_some(())
+    })
+    .is_none()
+    {
+        let _ = helper.kill();
+        eprintln!("soak: the helper did not come up; see {}", work.display());
+        std::process::exit(1);
+    }
+    let watch_log = std::fs::File::create(work.join("watch.log")).expect("watch log");
+    let mut watch = Command::new(&selfheal)
+        .args([
+            "watch",
+            "--json",
+            "--interval",
+            &format!("{}ms", args.interval_ms),
+            "--config",
+        ])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--snapshot-dir")
+        .arg(work.join("snapshots"))
+        .arg("--helper")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(watch_log)
+        .spawn()
+        .expect("start the watch");
+    let (watch_pid, helper_pid) = (watch.id(), helper.id());
+
+    // The watch's JSON lines: counted here, routed to their slot.
+    let mut routes = Vec::new();
+    let mut inboxes = Vec::new();
+    for _ in 0..args.slots {
+        let (tx, rx) = mpsc::channel::<Value>();
+        routes.push(tx);
+        inboxes.push(rx);
+    }
+    let stdout = watch.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || read_watch(stdout, &routes));
+
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let sampler = {
+        let stop = deadline;
+        std::thread::spawn(move || sample(watch_pid, helper_pid, started, stop))
+    };
+    println!(
+        "soak: {} s, {} agents churning, watch every {} ms with the helper, warm-up {warmup} s; work dir {}",
+        args.seconds,
+        args.slots,
+        args.interval_ms,
+        work.display()
+    );
+
+    let churn = Arc::new(Mutex::new(Churn::default()));
+    let slots: Vec<_> = inboxes
+        .into_iter()
+        .enumerate()
+        .map(|(k, inbox)| {
+            let pair = Arc::clone(&pair);
+            let churn = Arc::clone(&churn);
+            let peer = peer.clone();
+            std::thread::spawn(move || {
+                // Out of phase: slot k starts k × 2.5 s in.
+                sleep_until(started + Duration::from_millis(2500 * k as u64), deadline);
+                slot(k, &pair, &peer, deadline, &inbox, &churn);
+            })
+        })
+        .collect();
+    for (k, s) in slots.into_iter().enumerate() {
+        if s.join().is_err() {
+            lock(&churn)
+                .failures
+                .push(format!("slot{k}: its driver panicked"));
+        }
+    }
+    let samples = sampler.join().expect("sampler");
+    let watch_alive = watch.try_wait().ok().flatten().is_none();
+    let helper_alive = helper.try_wait().ok().flatten().is_none();
+    // A snapshot appended after the last line the watch printed is not lost:
+    // the watch was stopped between the two.
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen = reader.join().expect("watch reader");
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(helper_pid as libc::pid_t, libc::SIGTERM) };
+    let _ = tests::wait_for(5 * SEC, Duration::from_millis(50), || {
+        helper.try_wait().ok().flatten()
+    });
+    let _ = helper.kill();
+    let _ = helper.wait();
+
+    let logged = logged_snapshot_ids(&work.join("snapshots"));
+    let transitions = wedged_transition_ids(&work.join("watch.log"));
+    let churn = std::mem::take(&mut *lock(&churn));
+    let ok = report(
+        &args,
+        warmup,
+        &samples,
+        &churn,
+        &seen,
+        &logged,
+        &transitions,
+        watch_alive,
+        helper_alive,
+    );
+    drop(pair);
+    if ok {
+        let _ = std::fs::remove_dir_all(&work);
+        println!("soak: PASS");
+    } else {
+        println!("soak: FAIL (logs kept in {})", work.display());
+        std::process::exit(1);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sleep_until(t: Instant, deadline: Instant) {
+    let t = t.min(deadline);
+    std::thread::sleep(t.saturating_duration_since(Instant::now()));
+}
+
+/// The watch's config: one agent per slot, its control upstream with a 1 s
+/// heartbeat, a status probe, and a heal budget large enough for the churn.
+fn config_text(b: &str, slots: usize, status: std::net::SocketAddr) -> String {
+    let mut text = String::new();
+    for k in 0..slots {
+        let port = BASE_PORT + k as u16;
+        text.push_str(&format!(
+            "[[agent]]\nname = \"slot{k}\"\nmatch = {{ cmdline = \"recv-peer reconnecting {b}:{port}$\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:{port}\"\nheartbeat = \"1s\"\n\
+             [[agent.probe]]\nurl = \"http://{status}/status/{k}\"\nfields = {{ current_task = \"/current_task\" }}\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\n\
+             [agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\nmax_actions_per_hour = 10000\n"
+        ));
+    }
+    text
+}
+
+/// One slot's churn until `deadline`. A wait that the deadline cuts short
+/// is not a failure; one that runs out its own bound is.
+fn slot(
+    k: usize,
+    pair: &NetnsPair,
+    peer: &Path,
+    deadline: Instant,
+    inbox: &mpsc::Receiver<Value>,
+    churn: &Mutex<Churn>,
+) {
+    let port = BASE_PORT + k as u16;
+    let name = format!("slot{k}");
+    let over = || Instant::now() >= deadline;
+    let bound = |b: Duration| b.min(deadline.saturating_duration_since(Instant::now()));
+    let fail = |why: String| {
+        if over() {
+            lock(churn).cut_short += 1;
+        } else {
+            lock(churn).failures.push(format!("{name}: {why}"));
+        }
+    };
+    let server = || -> Option<Peer> {
+        let mut cmd = pair.b.command(peer);
+        cmd.args(["beats", &format!("{}:{port}", pair.b_addr), "300"]);
+        let s = Peer::spawn(cmd);
+        s.try_expect("listening", 10 * SEC).map(|_| s)
+    };
+    while !over() {
+        // 1. start
+        let Some(old_server) = server() else {
+            fail("its server did not start".into());
+            return;
+        };
+        let mut cmd = pair.a.command(peer);
+        cmd.args(["reconnecting", &format!("{}:{port}", pair.b_addr)]);
+        let runner = Peer::spawn(cmd);
+        if runner.try_expect("ready ", 10 * SEC).is_none() {
+            fail("its runner did not connect".into());
+            return;
+        }
+        lock(churn).started += 1;
+        if !wait_verdict(inbox, &name, bound(10 * SEC), |o| o["verdict"] == "idle") {
+            fail("the watch never saw the new runner idle".into());
+            continue;
+        }
+        std::thread::sleep(bound(SEC));
+        if deadline.saturating_duration_since(Instant::now()) < WEDGE_MIN_LEFT {
+            // No time for a whole wedge: idle until the end.
+            std::thread::sleep(bound(WEDGE_MIN_LEFT));
+            return;
+        }
+
+        // 2. wedge: the server vanishes without a FIN, a new one takes its port.
+        if let Err(e) = pair.cut_port_in_b(port) {
+            fail(format!("cannot cut port {port}: {e}"));
+            return;
+        }
+        drop(old_server);
+        let Some(new_server) = server() else {
+            fail("its new server did not start".into());
+            return;
+        };
+        lock(churn).injected += 1;
+        let healed = wait_verdict(inbox, &name, bound(HEAL_BOUND), |o| {
+            o["verdict"] == "wedged"
+                && o["snapshot"].is_string()
+                && o["heal"]["actions"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["ok"] == true))
+        });
+        if let Err(e) = pair.restore_port_in_b(port) {
+            fail(format!("cannot restore port {port}: {e}"));
+            return;
+        }
+        if !healed {
+            fail(format!(
+                "an injected wedge was not found and healed within {HEAL_BOUND:?}"
+            ));
+            continue;
+        }
+        lock(churn).healed += 1;
+
+        // 3. the runner reconnects by itself, the watch sees it idle again.
+        if runner.try_expect("ready ", bound(RECOVER_BOUND)).is_none() {
+            fail(format!(
+                "the healed runner did not reconnect within {RECOVER_BOUND:?}"
+            ));
+            continue;
+        }
+        if wait_verdict(inbox, &name, bound(10 * SEC), |o| o["verdict"] == "idle") {
+            lock(churn).recovered += 1;
+        } else {
+            fail("the watch never saw the healed runner idle".into());
+            continue;
+        }
+        std::thread::sleep(bound(SEC));
+
+        // 4. exit
+        drop(runner);
+        drop(new_server);
+        lock(churn).exited += 1;
+        if !wait_verdict(inbox, &name, bound(10 * SEC), |o| o["verdict"] == "down") {
+            fail("the watch never saw the runner gone".into());
+        }
+    }
+}
+
+/// Waits until the watch reports `agent` with an outcome that satisfies
+/// `f`; outcomes before it are consumed.
+fn wait_verdict(
+    inbox: &mpsc::Receiver<Value>,
+    agent: &str,
+    timeout: Duration,
+    f: impl Fn(&Value) -> bool,
+) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match inbox.recv_timeout(left) {
+            Ok(o) if o["agent"] == agent && f(&o) => return true,
+            Ok(_) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Reads the watch's JSON lines until it exits: counts them and hands each
+/// to its slot.
+fn read_watch(stdout: impl std::io::Read, routes: &[mpsc::Sender<Value>]) -> Seen {
+    let mut seen = Seen::default();
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        seen.lines += 1;
+        let Ok(o) = serde_json::from_str::<Value>(&line) else {
+            seen.bad_lines += 1;
+            continue;
+        };
+        let verdict = o["verdict"].as_str().unwrap_or("?").to_string();
+        *seen.verdicts.entry(verdict.clone()).or_default() += 1;
+        if !matches!(verdict.as_str(), "healthy" | "idle" | "busy") {
+            seen.not_ok += 1;
+            match (o["snapshot"].as_str(), o["snapshot_error"].as_str()) {
+                (Some(id), _) => seen.snapshot_ids.push(id.to_string()),
+                (None, e) => seen.snapshot_errors.push(format!(
+                    "{} {verdict}: {}",
+                    o["agent"],
+                    e.unwrap_or("no snapshot and no error")
+                )),
+            }
+        }
+        if verdict == "wedged" && o.get("previous").is_some() {
+            seen.wedged_transitions += 1;
+        }
+        for a in o["heal"]["actions"].as_array().into_iter().flatten() {
+            if a["ok"] == true {
+                seen.actions_ok += 1;
+            } else {
+                seen.actions_failed.push(a["detail"].to_string());
+            }
+        }
+        if o["gaps"].as_array().is_some_and(|g| {
+            g.iter()
+                .any(|g| g.as_str().is_some_and(|g| g.contains("no eBPF evidence")))
+        }) {
+            seen.no_ebpf += 1;
+        }
+        let slot = o["agent"]
+            .as_str()
+            .and_then(|a| a.strip_prefix("slot"))
+            .and_then(|k| k.parse::<usize>().ok());
+        if let Some(tx) = slot.and_then(|k| routes.get(k)) {
+            let _ = tx.send(o);
+        }
+    }
+    seen
+}
+
+/// Samples both processes every second until `stop` (or until one exits).
+fn sample(watch: u32, helper: u32, started: Instant, stop: Instant) -> [Vec<Sample>; 2] {
+    let mut out = [Vec::new(), Vec::new()];
+    // From a second in: a process just started has not mapped its binary.
+    while Instant::now() + SEC < stop {
+        std::thread::sleep(SEC);
+        let at = started.elapsed().as_secs_f64();
+        for (i, pid) in [watch, helper].into_iter().enumerate() {
+            if let (Some(rss_kib), Some(fds)) = (rss_kib(pid), fd_count(pid)) {
+                out[i].push(Sample { at, rss_kib, fds });
+            }
+        }
+    }
+    out
+}
+
+/// Ids of every record in the snapshot log (current and rotated files).
+fn logged_snapshot_ids(dir: &Path) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("snapshots.jsonl") {
+            continue;
+        }
+        let Ok(f) = std::fs::File::open(entry.path()) else {
+            continue;
+        };
+        for line in BufReader::new(f).lines().map_while(Result::ok) {
+            if let Some(id) = serde_json::from_str::<Value>(&line)
+                .ok()
+                .and_then(|v| v["id"].as_str().map(str::to_string))
+            {
+                ids.insert(id);
+            }
+        }
+    }
+    ids
+}
+
+/// The snapshot ids of the `-> wedged` transitions in the watch's log stream.
+fn wedged_transition_ids(log: &Path) -> Vec<Option<String>> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" -> wedged"))
+        .map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("snapshot="))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Median of `v`'s values (`v` not empty).
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Prints the summary; `true` when everything held.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one summary of everything measured"
+)]
+fn report(
+    args: &Args,
+    warmup: u64,
+    samples: &[Vec<Sample>; 2],
+    churn: &Churn,
+    seen: &Seen,
+    logged: &BTreeSet<String>,
+    transitions: &[Option<String>],
+    watch_alive: bool,
+    helper_alive: bool,
+) -> bool {
+    let mut failures: Vec<String> = churn.failures.clone();
+    println!();
+    println!(
+        "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "process",
+        "rss start",
+        "rss warm",
+        "rss end",
+        "rss max",
+        "growth",
+        "fds warm",
+        "fds end",
+        "fds max"
+    );
+    for (name, s, alive) in [
+        ("selfheal watch", &samples[0], watch_alive),
+        ("selfheal helper", &samples[1], helper_alive),
+    ] {
+        if !alive {
+            failures.push(format!("{name} exited during the soak"));
+        }
+        let after: Vec<Sample> = s
+            .iter()
+            .copied()
+            .filter(|x| x.at >= warmup as f64)
+            .collect();
+        if after.len() < 10 {
+            failures.push(format!(
+                "{name}: only {} samples after the warm-up",
+                after.len()
+            ));
+            continue;
+        }
+        // Medians of the first and last five samples after the warm-up: a
+        // leak moves the level, a single allocation peak does not.
+        let n = 5.min(after.len() / 2);
+        let warm = median(after[..n].iter().map(|x| x.rss_kib).collect());
+        let end = median(after[after.len() - n..].iter().map(|x| x.rss_kib).collect());
+        let max = after.iter().map(|x| x.rss_kib).max().unwrap_or(0);
+        let growth = end as i64 - warm as i64;
+        // The fd floor: a leak raises the fewest fds the process ever holds;
+        // descriptors open during a check come and go.
+        let q = (after.len() / 4).max(1);
+        let fds_warm = after[..q].iter().map(|x| x.fds).min().unwrap_or(0);
+        let fds_end = after[after.len() - q..]
+            .iter()
+            .map(|x| x.fds)
+            .min()
+            .unwrap_or(0);
+        let fds_max = after.iter().map(|x| x.fds).max().unwrap_or(0);
+        println!(
+            "{name:<16} {:>6} KiB {warm:>5} KiB {end:>5} KiB {max:>5} KiB {growth:>+5} KiB {fds_warm:>8} {fds_end:>8} {fds_max:>8}",
+            s.first().map_or(0, |x| x.rss_kib),
+        );
+        if growth >= RSS_LIMIT_KIB {
+            failures.push(format!(
+                "{name}: RSS grew {growth} KiB after the warm-up (limit {RSS_LIMIT_KIB} KiB)"
+            ));
+        }
+        if fds_end > fds_warm {
+            failures.push(format!(
+                "{name}: open fds grew from {fds_warm} to {fds_end} after the warm-up"
+            ));
+        }
+    }
+    println!();
+    println!(
+        "churn: {} runners started, {} wedges injected, {} found and healed, {} recovered, {} exits ({} waits cut short by the end)",
+        churn.started, churn.injected, churn.healed, churn.recovered, churn.exited, churn.cut_short
+    );
+    let verdicts: Vec<String> = seen
+        .verdicts
+        .iter()
+        .map(|(v, n)| format!("{v} {n}"))
+        .collect();
+    println!(
+        "watch: {} outcome lines over {} s ({}), {} wedged transitions, {} heal actions ok, {} failed",
+        seen.lines,
+        args.seconds,
+        verdicts.join(", "),
+        seen.wedged_transitions,
+        seen.actions_ok,
+        seen.actions_failed.len()
+    );
+    let reported: BTreeSet<&String> = seen.snapshot_ids.iter().collect();
+    let missing: Vec<&&String> = reported
+        .iter()
+        .filter(|id| !logged.contains(**id))
+        .collect();
+    let unreported = logged.len().saturating_sub(reported.len());
+    let transitions_missing = transitions
+        .iter()
+        .filter(|id| id.as_ref().is_none_or(|id| !logged.contains(id)))
+        .count();
+    println!(
+        "snapshots: {} not-ok outcomes, {} with a snapshot id, {} records in the log; {} reported ids missing from the log, {} without a snapshot, {} logged after the last line read; {} `-> wedged` log lines, {} of them without their snapshot in the log",
+        seen.not_ok,
+        seen.snapshot_ids.len(),
+        logged.len(),
+        missing.len(),
+        seen.snapshot_errors.len(),
+        unreported,
+        transitions.len(),
+        transitions_missing
+    );
+    if seen.no_ebpf > 0 {
+        println!(
+            "note: {} outcomes had no eBPF evidence from the helper",
+            seen.no_ebpf
+        );
+    }
+    if churn.injected == 0 {
+        failures.push("no wedge was injected: the soak was too short".into());
+    }
+    if seen.bad_lines > 0 {
+        failures.push(format!("{} watch lines were not JSON", seen.bad_lines));
+    }
+    if reported.len() != seen.snapshot_ids.len() {
+        failures.push("a snapshot id was reported twice".into());
+    }
+    if !missing.is_empty() {
+        failures.push(format!(
+            "{} reported snapshot ids are not in the log, e.g. {}",
+            missing.len(),
+            missing[0]
+        ));
+    }
+    for e in seen.snapshot_errors.iter().take(5) {
+        failures.push(format!("a not-ok verdict without its snapshot: {e}"));
+    }
+    // Only the check the watch was killed in may have logged unreported
+    // snapshots: at most one per agent.
+    if unreported > args.slots {
+        failures.push(format!(
+            "{unreported} snapshots in the log were never reported"
+        ));
+    }
+    if transitions.len() as u64 != seen.wedged_transitions {
+        failures.push(format!(
+            "{} `-> wedged` log lines against {} wedged transitions reported",
+            transitions.len(),
+            seen.wedged_transitions
+        ));
+    }
+    if transitions_missing > 0 {
+        failures.push(format!(
+            "{transitions_missing} `-> wedged` transitions without their snapshot in the log"
+        ));
+    }
+    if churn.healed + churn.cut_short < churn.injected {
+        failures.push("not every injected wedge was healed".into());
+    }
+    for f in seen.actions_failed.iter().take(5) {
+        failures.push(format!("a heal action failed: {f}"));
+    }
+    for f in &failures {
+        println!("FAILED: {f}");
+    }
+    failures.is_empty()
+}
+
+/// A local status endpoint: `{"current_task": null}` for every request.
+fn status_server() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(2 * SEC));
+            let mut buf = [0u8; 2048];
+            let _ = s.read(&mut buf);
+            let body = "{\"current_task\": null}";
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}

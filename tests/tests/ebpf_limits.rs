@@ -1,0 +1,328 @@
+//! The eBPF maps are bounded (`selfheal-common`); here they are filled for
+//! real. A watched process that sends on more sockets than `SOCKS` holds
+//! gets every socket either tracked or counted as lost — never silently
+//! dropped — and the loss is a line in the inspect report's gaps (and its
+//! `ebpf.overflow`) and in `check`'s gaps through the helper. Sockets that
+//! were closed leave the map, so a long-lived agent that opens a connection
+//! per request does not fill it over time.
+//!
+//! The sockets are made by a thread of this test process inside a network
+//! namespace of its own (its loopback, its ports: nothing else on the host
+//! competes for them), and the process watches itself. Needs root.
+
+use std::{
+    fs::File,
+    io::Write as _,
+    net::{TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use selfheal::{
+    ebpf::{MAX_SOCKS, PRUNE_SOCKS_AT, Tracer},
+    inspect::{self, Collector, Target},
+    proc::Detail,
+};
+use tests::{Netns, attach, need_ebpf, selfheal_bin, skip, wait_for};
+
+/// The tests here watch this process: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Longest a fill may take.
+const FILL_BOUND: Duration = Duration::from_secs(90);
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lets this process hold `n` descriptors: raises the soft limit (and the
+/// hard one, where the hard one is lower and we may). `false`, with the
+/// reason printed, when this machine will not allow that many.
+fn allow_fds(test: &str, n: u64) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a valid struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let want = libc::rlimit {
+        rlim_cur: n.max(lim.rlim_cur),
+        rlim_max: n.max(lim.rlim_max),
+    };
+    // SAFETY: setrlimit reads a valid struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } != 0 {
+        skip(
+            test,
+            &format!(
+                "needs {n} open files; the hard limit is {} and cannot be raised: {}",
+                lim.rlim_max,
+                std::io::Error::last_os_error()
+            ),
+        );
+        return false;
+    }
+    true
+}
+
+/// Descriptors a fill of `n` sockets needs, with room for the rest of the
+/// test process.
+fn fds_for(n: usize) -> u64 {
+    n as u64 + 1024
+}
+
+/// `n` loopback connections made inside `ns` by a thread of this process,
+/// the client end of each sending one byte (one socket event each). The
+/// client ends are returned open; the server ends are closed at once (one
+/// descriptor per connection, and the client ports leave no TIME_WAIT).
+fn fill(ns: &Netns, n: usize) -> Vec<TcpStream> {
+    let path = format!("/run/netns/{}", ns.name);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            // SAFETY: setns moves only this thread, given a valid fd.
+            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind in the namespace");
+            let addr = l.local_addr().expect("addr");
+            let end = Instant::now() + FILL_BOUND;
+            let mut socks = Vec::with_capacity(n);
+            for i in 0..n {
+                assert!(
+                    Instant::now() < end,
+                    "made only {i} of {n} connections in {FILL_BOUND:?}"
+                );
+                let mut c = TcpStream::connect(addr)
+                    .unwrap_or_else(|e| panic!("connection {i} of {n}: {e}"));
+                let (server, _) = l.accept().expect("accept");
+                c.write_all(b"x").expect("send");
+                drop(server);
+                socks.push(c);
+            }
+            socks
+        })
+        .join()
+        .expect("the filling thread")
+    })
+}
+
+/// An inspect target for this process alone.
+fn me() -> Target {
+    let pid = std::process::id();
+    Target {
+        agent: Some("me".into()),
+        rule: format!("pid={pid}"),
+        roots: vec![pid],
+        pids: vec![pid],
+        problem: None,
+        upstream_of: Box::new(|_| None),
+        upstreams: Vec::new(),
+    }
+}
+
+fn watched_tracer() -> Tracer {
+    let mut tracer = attach(None);
+    tracer
+        .watch(std::process::id())
+        .expect("watch this process");
+    tracer
+}
+
+#[test]
+fn a_full_socket_map_is_counted_and_reported_not_silent() {
+    if !need_ebpf("full_socket_map") {
+        return;
+    }
+    let _serial = serial();
+    let n = MAX_SOCKS as usize + 1000;
+    if !allow_fds("full_socket_map", fds_for(n)) {
+        return;
+    }
+    let ns = Netns::new("limfill").expect("netns");
+    let mut tracer = watched_tracer();
+    let socks = fill(&ns, n);
+    let snap = tracer.snapshot().expect("snapshot");
+    let o = snap.overflow;
+    let tracked = snap.sockets.len();
+    eprintln!(
+        "{n} sockets sent on: {tracked} tracked, {} socket events counted lost ({o:?})",
+        o.socks_full
+    );
+    assert!(tracked <= MAX_SOCKS as usize, "{tracked} entries");
+    assert!(o.socks_full > 0, "the map was filled: {o:?}");
+    assert!(
+        tracked as u64 + o.socks_full >= n as u64,
+        "every socket tracked or counted: {tracked} + {} < {n}",
+        o.socks_full
+    );
+
+    // The report says so: in the inspect JSON's `ebpf.overflow` and gaps.
+    let report = inspect::build(
+        &Collector::from_snapshot(
+            Ok((snap, tracer.watched_since(std::process::id()))),
+            Detail::Minimal,
+        )
+        .collect(&me()),
+    );
+    let json = serde_json::to_value(&report).expect("report as JSON");
+    assert_eq!(
+        json["ebpf"]["overflow"]["socks_full"], o.socks_full,
+        "{}",
+        json["ebpf"]
+    );
+    let gaps: Vec<&str> = json["gaps"]
+        .as_array()
+        .expect("gaps")
+        .iter()
+        .filter_map(|g| g.as_str())
+        .collect();
+    let line = format!(
+        "{} socket event(s) not recorded (SOCKS full at {MAX_SOCKS} sockets)",
+        o.socks_full
+    );
+    assert!(
+        gaps.iter().any(|g| g.contains(&line)),
+        "a gap names the loss: {gaps:#?}"
+    );
+    drop(socks);
+}
+
+#[test]
+fn closed_sockets_leave_the_map_so_churn_does_not_fill_it() {
+    if !need_ebpf("closed_sockets_leave") {
+        return;
+    }
+    let _serial = serial();
+    let first = PRUNE_SOCKS_AT + 2000;
+    let second = MAX_SOCKS as usize - 1000;
+    if !allow_fds("closed_sockets_leave", fds_for(second.max(first))) {
+        return;
+    }
+    let mut tracer = watched_tracer();
+
+    let ns = Netns::new("limchurn1").expect("netns");
+    let socks = fill(&ns, first);
+    let snap = tracer.snapshot().expect("snapshot");
+    assert!(
+        snap.sockets.len() >= first,
+        "{} of {first} open sockets tracked",
+        snap.sockets.len()
+    );
+    drop(socks);
+    drop(ns);
+    // The next snapshot finds them closed (the map is past half full) and
+    // drops them.
+    let after = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+        let s = tracer.snapshot().expect("snapshot");
+        (s.sockets.len() < 100).then_some(s)
+    });
+    let after = after.expect("the closed sockets left the map");
+    eprintln!(
+        "{first} sockets closed: {} entries left",
+        after.sockets.len()
+    );
+
+    // Room for a second wave that, with the first still there, would not fit.
+    let ns = Netns::new("limchurn2").expect("netns");
+    let socks = fill(&ns, second);
+    let snap = tracer.snapshot().expect("snapshot");
+    assert_eq!(
+        snap.overflow.socks_full, 0,
+        "{first} + {second} sockets over time, at most {second} at once: nothing lost"
+    );
+    assert!(
+        snap.sockets.len() >= second,
+        "{} tracked",
+        snap.sockets.len()
+    );
+    drop(socks);
+}
+
+/// The same loss through the long-running helper: `check` reports it among
+/// the agent's gaps.
+#[test]
+fn check_reports_the_helpers_full_map_in_its_gaps() {
+    if !need_ebpf("check_reports_full_map") {
+        return;
+    }
+    let _serial = serial();
+    let n = MAX_SOCKS as usize + 1000;
+    if !allow_fds("check_reports_full_map", fds_for(n)) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("selfheal-limits-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sock = dir.join("helper.sock");
+    let mut helper = Command::new(selfheal_bin())
+        .args(["helper", "--socket"])
+        .arg(&sock)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the helper");
+    let up = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        sock.exists().then_some(())
+    });
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        ),
+    )
+    .expect("config");
+    let check = |dir: &PathBuf| -> serde_json::Value {
+        let out = Command::new(selfheal_bin())
+            .args(["check", "--json", "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--snapshot-dir")
+            .arg(dir.join("snapshots"))
+            .arg("--helper")
+            .arg(&sock)
+            .output()
+            .expect("run check");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "check printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    };
+    let result = std::panic::catch_unwind(|| {
+        assert!(up.is_some(), "the helper did not come up");
+        // The first check has the helper watch this process.
+        let before = check(&dir);
+        let gaps = before["gaps"].to_string();
+        assert!(!gaps.contains("SOCKS full"), "{gaps}");
+        assert!(
+            !gaps.contains("no eBPF evidence"),
+            "the helper's eBPF: {gaps}"
+        );
+        let ns = Netns::new("limcheck").expect("netns");
+        let socks = fill(&ns, n);
+        let after = check(&dir);
+        drop(socks);
+        let gaps: Vec<String> = after["gaps"]
+            .as_array()
+            .expect("gaps")
+            .iter()
+            .filter_map(|g| g.as_str().map(str::to_string))
+            .collect();
+        assert!(
+            gaps.iter()
+                .any(|g| g.contains("socket event(s) not recorded (SOCKS full at")),
+            "check reports the full map: {gaps:#?}"
+        );
+    });
+    let _ = helper.kill();
+    let _ = helper.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
