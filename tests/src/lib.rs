@@ -679,7 +679,17 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// Open file descriptors of `pid` (entries of `/proc/PID/fd`).
-pub fn fd_count(pid: u32) -> Option<usize> {
-    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+/// The open file descriptors of `pid` and what each points at
+/// (`/proc/PID/fd/N` → `socket:[…]`, a path…); `None` when it is gone.
+pub fn open_fds(pid: u32) -> Option<std::collections::BTreeMap<u32, String>> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(
+        dir.flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_str()?.parse().ok()?;
+                let t = std::fs::read_link(e.path()).ok()?;
+                Some((n, t.to_string_lossy().into_owned()))
+            })
+            .collect(),
+    )
 }

@@ -40,7 +40,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tests::{NetnsPair, Peer, fd_count, is_root, rss_kib};
+use tests::{NetnsPair, Peer, is_root, open_fds, rss_kib};
 
 const SEC: Duration = Duration::from_secs(1);
 /// First port of the slots' dispatch servers (inside namespace `b`).
@@ -129,11 +129,13 @@ struct Seen {
 }
 
 /// One sample of a process.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Sample {
     at: f64,
     rss_kib: u64,
     fds: usize,
+    /// What each fd is (`/proc/PID/fd/N` → target), to name a leak.
+    open: BTreeMap<u32, String>,
 }
 
 fn main() {
@@ -508,16 +510,27 @@ fn read_watch(stdout: impl std::io::Read, routes: &[mpsc::Sender<Value>]) -> See
     seen
 }
 
-/// Samples both processes every second until `stop` (or until one exits).
+/// Samples both processes about every second until `stop`.
 fn sample(watch: u32, helper: u32, started: Instant, stop: Instant) -> [Vec<Sample>; 2] {
     let mut out = [Vec::new(), Vec::new()];
     // From a second in: a process just started has not mapped its binary.
+    std::thread::sleep(SEC);
+    let mut k: u64 = 0;
     while Instant::now() + SEC < stop {
-        std::thread::sleep(SEC);
+        // 0.7 to 1.3 s apart, never in step with the watch's interval: a
+        // fixed period locks onto one phase of the check, and a floor taken
+        // in the middle of every check would look like a leak.
+        k += 1;
+        std::thread::sleep(Duration::from_millis(700 + (k * 379) % 600));
         let at = started.elapsed().as_secs_f64();
         for (i, pid) in [watch, helper].into_iter().enumerate() {
-            if let (Some(rss_kib), Some(fds)) = (rss_kib(pid), fd_count(pid)) {
-                out[i].push(Sample { at, rss_kib, fds });
+            if let (Some(rss_kib), Some(open)) = (rss_kib(pid), open_fds(pid)) {
+                out[i].push(Sample {
+                    at,
+                    rss_kib,
+                    fds: open.len(),
+                    open,
+                });
             }
         }
     }
@@ -604,11 +617,7 @@ fn report(
         if !alive {
             failures.push(format!("{name} exited during the soak"));
         }
-        let after: Vec<Sample> = s
-            .iter()
-            .copied()
-            .filter(|x| x.at >= warmup as f64)
-            .collect();
+        let after: Vec<&Sample> = s.iter().filter(|x| x.at >= warmup as f64).collect();
         if after.len() < 10 {
             failures.push(format!(
                 "{name}: only {} samples after the warm-up",
@@ -643,8 +652,29 @@ fn report(
             ));
         }
         if fds_end > fds_warm {
+            // Name what the extra descriptors are: held in every late sample,
+            // in none of the early samples with the fewest.
+            let early = after[..q]
+                .iter()
+                .find(|x| x.fds == fds_warm)
+                .map(|x| &x.open);
+            let late = &after[after.len() - q..];
+            let extra: Vec<String> = late[0]
+                .open
+                .iter()
+                .filter(|(n, t)| {
+                    late.iter().all(|x| x.open.get(n) == Some(t))
+                        && early.is_none_or(|e| e.get(n) != Some(t))
+                })
+                .map(|(n, t)| format!("{n} -> {t}"))
+                .collect();
             failures.push(format!(
-                "{name}: open fds grew from {fds_warm} to {fds_end} after the warm-up"
+                "{name}: open fds grew from {fds_warm} to {fds_end} after the warm-up; held since: {}",
+                if extra.is_empty() {
+                    "(none held throughout: a different one each time)".to_string()
+                } else {
+                    extra.join(", ")
+                }
             ));
         }
     }
