@@ -2,9 +2,10 @@
 //! is fresh, with connect and read timeouts. A helper that is not there is
 //! [`ClientError::Unavailable`] (callers go on without it); a connection
 //! lost mid-request is retried once on a fresh connection for the
-//! idempotent ops (`hello`, `watch`, `unwatch`, `ebpf_snapshot`), waiting
-//! up to the connect timeout for a helper being restarted, and logged;
-//! never for `act`, which may have been performed.
+//! idempotent ops (`hello`, `watch`, `unwatch`, `ebpf_snapshot`), after a
+//! pause for a dying helper to let go of its socket and waiting up to the
+//! connect timeout for a helper being restarted, and logged; never for
+//! `act`, which may have been performed.
 
 use std::{
     io::{self, Read as _, Write as _},
@@ -35,6 +36,9 @@ const REUSE_IDLE: Duration = Duration::from_millis(500);
 
 /// Between attempts to reach a helper that went away mid-request.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Before the retry: time for a dying helper to close its listener.
+const DYING_PAUSE: Duration = Duration::from_millis(100);
 
 /// The helper answered with an error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -227,10 +231,14 @@ impl HelperClient {
                     self.path.display(),
                     req.op.name()
                 );
-                // A helper that is being restarted (systemd's
-                // Restart=on-failure) may not listen yet: the retry waits
-                // for it up to the connect timeout. Safe to repeat: a
+                // A dying helper closes our connection before its
+                // listener (its fds close in order): a retry at once could
+                // land in the listener's queue and be reset with it. So the
+                // retry waits a moment first, and then, for a helper being
+                // restarted (systemd's Restart=on-failure) that does not
+                // listen yet, up to the connect timeout. Safe to repeat: a
                 // connection that could not be opened carried no request.
+                std::thread::sleep(DYING_PAUSE);
                 let deadline = Instant::now() + self.opts.connect_timeout;
                 let second = loop {
                     match self.attempt(req.id, &line, timeout) {
