@@ -693,3 +693,24 @@ pub fn open_fds(pid: u32) -> Option<std::collections::BTreeMap<u32, String>> {
             .collect(),
     )
 }
+
+/// A status endpoint on loopback answering each of at most `max` requests
+/// with `body` (JSON, HTTP/1.1, then closed).
+pub fn status_server(body: &'static str, max: usize) -> std::net::SocketAddr {
+    use std::io::Read as _;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("local address");
+    std::thread::spawn(move || {
+        for s in l.incoming().take(max).flatten() {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+            let _ = s.read(&mut [0u8; 2048]);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}

@@ -111,7 +111,7 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
     }
     // The wedging runner's own status endpoint keeps saying it is connected,
     // as the incident's did.
-    let status = status_server(r#"{"status": "connected", "current_task": "WI-7"}"#);
+    let status = tests::status_server(r#"{"status": "connected", "current_task": "WI-7"}"#, 200);
     let dirs = Dirs::new("e2e");
     let config = dirs.0.join("config.toml");
     std::fs::write(
@@ -272,27 +272,6 @@ fn a_garbage_state_file_is_replaced_and_reported() {
         serde_json::from_str(&std::fs::read_to_string(dirs.0.join("state/state.json")).unwrap())
             .unwrap();
     assert_eq!(v["version"], 1);
-}
-
-/// A status endpoint on loopback answering every request with `body`.
-fn status_server(body: &'static str) -> std::net::SocketAddr {
-    use std::io::{Read as _, Write as _};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        // Bounded: a test makes at most a few dozen requests.
-        for s in l.incoming().take(200).flatten() {
-            let mut s = s;
-            let _ = s.set_read_timeout(Some(SEC));
-            let _ = s.read(&mut [0u8; 2048]);
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    addr
 }
 
 #[test]

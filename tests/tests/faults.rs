@@ -1052,7 +1052,7 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     }
     // The thinking runner's own status: the same task all along (a wall
     // clock age would make it stale, and the runner wedged, at once).
-    let status = status_server(r#"{"current_task": "WI-7"}"#, 200);
+    let status = tests::status_server(r#"{"current_task": "WI-7"}"#, 200);
     let dir = Scratch::new("faults-clock");
     let config = dir.join("config.toml");
     std::fs::write(
@@ -1186,27 +1186,6 @@ fn suspect_for_ms(o: &serde_json::Value) -> u64 {
         };
     }
     total as u64
-}
-
-/// A status endpoint on loopback answering every request with `body`, at
-/// most `max` requests.
-fn status_server(body: &'static str, max: usize) -> std::net::SocketAddr {
-    use std::io::{Read as _, Write as _};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming().take(max).flatten() {
-            let mut s = s;
-            let _ = s.set_read_timeout(Some(SEC));
-            let _ = s.read(&mut [0u8; 2048]);
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    addr
 }
 
 /// The helper `check` connected to dies before `check` acts (SIGKILL, its
