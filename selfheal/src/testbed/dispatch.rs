@@ -21,7 +21,7 @@ use std::{
 use tokio::{io::AsyncWriteExt as _, sync::mpsc};
 
 use super::{
-    http, say, unix_ms,
+    http, say,
     wire::{self, Msg},
 };
 
@@ -41,7 +41,7 @@ pub struct Args {
 struct Row {
     executor: String,
     status: &'static str,
-    last_seen_ms: u64,
+    last_seen: std::time::Instant,
     conn: u64,
     peer: SocketAddr,
     dispatched: u64,
@@ -102,7 +102,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn runners_json(t: &Shared) -> serde_json::Value {
-    let now = unix_ms();
     let t = lock(t);
     let rows: Vec<_> = t
         .rows
@@ -112,7 +111,7 @@ fn runners_json(t: &Shared) -> serde_json::Value {
                 "runner": name,
                 "executor": r.executor,
                 "status": r.status,
-                "last_seen_ms_ago": now.saturating_sub(r.last_seen_ms),
+                "last_seen_ms_ago": r.last_seen.elapsed().as_millis() as u64,
                 "conn": r.conn,
                 "peer": r.peer.to_string(),
                 "dispatched": r.dispatched,
@@ -141,7 +140,7 @@ async fn connection(table: Shared, stream: tokio::net::TcpStream, peer: SocketAd
             Row {
                 executor,
                 status: "connected",
-                last_seen_ms: unix_ms(),
+                last_seen: std::time::Instant::now(),
                 conn,
                 peer,
                 // Work sent down an older connection is lost with it.
@@ -185,7 +184,7 @@ async fn connection(table: Shared, stream: tokio::net::TcpStream, peer: SocketAd
 
 fn touch(table: &Shared, runner: &str, conn: u64, f: impl FnOnce(&mut Row)) {
     if let Some(r) = lock(table).rows.get_mut(runner).filter(|r| r.conn == conn) {
-        r.last_seen_ms = unix_ms();
+        r.last_seen = std::time::Instant::now();
         f(r);
     }
 }

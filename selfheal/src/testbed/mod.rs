@@ -62,13 +62,6 @@ pub fn say(line: impl std::fmt::Display) {
     let _ = out.flush();
 }
 
-/// Milliseconds since the Unix epoch (for "last seen" in tables).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// A current-thread tokio runtime with I/O and timers.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
