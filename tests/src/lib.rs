@@ -714,3 +714,24 @@ pub fn status_server(body: &'static str, max: usize) -> std::net::SocketAddr {
     });
     addr
 }
+
+/// Runs `f` on a thread whose credentials are `uid`'s (this thread only:
+/// raw syscalls, not glibc's process-wide wrappers).
+pub fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: plain syscalls that change this thread's credentials.
+            unsafe {
+                assert_eq!(
+                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+                    0
+                );
+                assert_eq!(libc::syscall(libc::SYS_setresgid, uid, uid, uid), 0);
+                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
+            }
+            f()
+        })
+        .join()
+        .expect("thread with dropped credentials")
+    })
+}

@@ -36,7 +36,8 @@ use selfheal::{
 };
 use serde_json::{Value, json};
 use tests::{
-    Peer, expected_strategy, forced_strategy, listener, need_ebpf, need_root, skip, wait_for,
+    Peer, as_uid, expected_strategy, forced_strategy, listener, need_ebpf, need_root, skip,
+    wait_for,
 };
 
 const NOBODY: u32 = 65534;
@@ -105,27 +106,6 @@ impl Drop for Sleeper {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Runs `f` on a thread whose credentials are `uid`'s (this thread only:
-/// raw syscalls, not glibc's process-wide wrappers).
-fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: plain syscalls that change this thread's credentials.
-            unsafe {
-                assert_eq!(
-                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
-                    0
-                );
-                assert_eq!(libc::syscall(libc::SYS_setresgid, uid, uid, uid), 0);
-                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
-            }
-            f()
-        })
-        .join()
-        .expect("thread with dropped credentials")
-    })
 }
 
 fn client_opts() -> ClientOptions {

@@ -20,32 +20,11 @@ use selfheal::{
     helper::{ActRequest, Action, ClientError, ClientOptions, ErrorCode, HelperClient},
     pidfd::start_ticks,
 };
-use tests::{Peer, Ready, Scratch, need_root, run_check};
+use tests::{Peer, Ready, Scratch, as_uid, need_root, run_check};
 
 const SEC: Duration = Duration::from_secs(1);
 
 const NOBODY: u32 = 65534;
-
-/// Runs `f` on a thread whose credentials are `uid`'s (this thread only:
-/// raw syscalls, not glibc's process-wide wrappers).
-fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: plain syscalls that change this thread's credentials.
-            unsafe {
-                assert_eq!(
-                    libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
-                    0
-                );
-                assert_eq!(libc::syscall(libc::SYS_setresgid, uid, uid, uid), 0);
-                assert_eq!(libc::syscall(libc::SYS_setresuid, uid, uid, uid), 0);
-            }
-            f()
-        })
-        .join()
-        .expect("thread with dropped credentials")
-    })
-}
 
 fn mode(p: &Path) -> u32 {
     std::fs::symlink_metadata(p)
