@@ -203,3 +203,23 @@ fn without_root_the_demo_says_what_it_needs() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("needs root") && err.contains("sudo"), "{err}");
 }
+
+#[test]
+fn a_demo_with_an_absurd_pace_is_refused_before_it_builds_anything() {
+    if !need_root("demo_bad_pace") {
+        return;
+    }
+    for args in [["--heartbeat", "0s"], ["--check-every", "2h"]] {
+        let out = Command::new(selfheal_bin())
+            .arg("demo")
+            .args(args)
+            .output()
+            .expect("run selfheal demo");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(args[0]) && err.contains("100ms to 60s"),
+            "{err}"
+        );
+    }
+}

@@ -11,8 +11,11 @@ use selfheal::testbed::{
 };
 use serde_json::Value;
 
-/// Replay the incident that selfheal exists for: in temporary network
-/// namespaces, a dispatch server, an LLM provider and two runners; the
+/// Replay the 2026-07-23 incident on this machine and watch selfheal find
+/// and heal it (needs root).
+///
+/// In temporary network namespaces: a dispatch server, an LLM provider and
+/// two runners; the
 /// gateway silently drops one runner's attach stream (half-open, no FIN)
 /// while the other waits on a provider that thinks. Watch `selfheal check`
 /// (through a `selfheal helper`) tell the wedged runner from the busy one,
@@ -52,6 +55,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for (tool, package) in [("ip", "iproute2"), ("nft", "nftables"), ("ss", "iproute2")] {
         if !on_path(tool) {
             bail!("selfheal demo needs `{tool}` (Debian package {package})");
+        }
+    }
+    for (what, d) in [
+        ("--heartbeat", args.heartbeat),
+        ("--check-every", args.check_every),
+    ] {
+        if d < Duration::from_millis(100) || d > Duration::from_secs(60) {
+            bail!("{what} {d:?}: give a duration from 100ms to 60s");
         }
     }
     install_stop_handler()?;

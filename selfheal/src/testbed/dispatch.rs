@@ -63,6 +63,9 @@ fn lock(t: &Shared) -> std::sync::MutexGuard<'_, Table> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.work_every < Duration::from_millis(10) {
+        anyhow::bail!("--work-every {:?}: at least 10ms", args.work_every);
+    }
     super::runtime()?.block_on(async {
         let attach = tokio::net::TcpListener::bind(args.listen).await?;
         let api = tokio::net::TcpListener::bind(args.api).await?;

@@ -95,6 +95,13 @@ fn update(s: &Shared, f: impl FnOnce(&mut Status)) {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.heartbeat < Duration::from_millis(10)
+        || args
+            .leak_every
+            .is_some_and(|d| d < Duration::from_millis(10))
+    {
+        anyhow::bail!("--heartbeat and --leak-every: at least 10ms");
+    }
     if args.pid1 {
         become_pid1(args.pidfile.as_deref())?;
     }
