@@ -137,14 +137,22 @@ impl crate::helper::server::Executor for ActionsExecutor {
 /// Acts through the privileged helper (for agents of other users, or to
 /// keep the caller unprivileged); restart commands run here, as the caller.
 pub struct HelperHealer {
-    client: std::sync::Mutex<crate::helper::client::HelperClient>,
+    client: SharedClient,
     keepalive: Keepalive,
 }
 
+/// One helper connection shared by the healer and the tracer of a check.
+pub type SharedClient = std::sync::Arc<std::sync::Mutex<crate::helper::client::HelperClient>>;
+
 impl HelperHealer {
     pub fn new(client: crate::helper::client::HelperClient) -> HelperHealer {
+        HelperHealer::shared(std::sync::Arc::new(std::sync::Mutex::new(client)))
+    }
+
+    /// A healer on a connection the check's [`HelperTracer`] uses too.
+    pub fn shared(client: SharedClient) -> HelperHealer {
         HelperHealer {
-            client: std::sync::Mutex::new(client),
+            client,
             keepalive: Keepalive::default(),
         }
     }
@@ -199,17 +207,22 @@ impl Healer for HelperHealer {
     }
 }
 
-/// The helper's tracer as `check`'s eBPF evidence.
-pub struct HelperTracer(pub crate::helper::client::HelperClient);
+/// The helper's tracer as `check`'s eBPF evidence, on the connection the
+/// check's [`HelperHealer`] uses.
+pub struct HelperTracer(pub SharedClient);
 
 impl crate::check::TracerSource for HelperTracer {
     fn snapshot(
         &mut self,
         pids: &[u32],
     ) -> Result<(crate::ebpf::TracerSnapshot, Option<u64>), String> {
-        let watched = self.0.watch(pids).map_err(|e| e.to_string())?;
+        let mut client = self
+            .0
+            .lock()
+            .map_err(|_| "helper client poisoned".to_string())?;
+        let watched = client.watch(pids).map_err(|e| e.to_string())?;
         let since = watched.watched.iter().map(|w| w.since_ns).max();
-        let snap = self.0.ebpf_snapshot(pids).map_err(|e| e.to_string())?;
+        let snap = client.ebpf_snapshot(pids).map_err(|e| e.to_string())?;
         Ok((snap, since))
     }
 }

@@ -83,16 +83,27 @@ pub struct WatchArgs {
     count: Option<u64>,
 }
 
-/// The helper if one answers at `path`, else this process itself.
-fn healer(path: &Path) -> Box<dyn check::Healer> {
+/// The helper if one answers at `path` (healing through it, and its
+/// tracer's evidence, on one connection), else this process itself and no
+/// eBPF evidence.
+fn healer(
+    path: &Path,
+) -> (
+    Box<dyn check::Healer>,
+    Option<selfheal::healer::HelperTracer>,
+) {
     match selfheal::helper::client::HelperClient::connect(path) {
         Ok(client) => {
             tracing::debug!("healing through the helper at {}", path.display());
-            Box::new(selfheal::healer::HelperHealer::new(client))
+            let shared = std::sync::Arc::new(std::sync::Mutex::new(client));
+            (
+                Box::new(selfheal::healer::HelperHealer::shared(shared.clone())),
+                Some(selfheal::healer::HelperTracer(shared)),
+            )
         }
         Err(e) => {
             tracing::info!("{e}; acting directly where permitted");
-            Box::new(selfheal::healer::DirectHealer::default())
+            (Box::new(selfheal::healer::DirectHealer::default()), None)
         }
     }
 }
@@ -177,11 +188,10 @@ impl Session {
                 ..Default::default()
             },
         };
+        let (healer, tracer) = healer(&c.helper);
         Ok(Session {
-            healer: healer(&c.helper),
-            tracer: selfheal::helper::client::HelperClient::connect(&c.helper)
-                .ok()
-                .map(selfheal::healer::HelperTracer),
+            healer,
+            tracer,
             config,
             store,
             history,
