@@ -141,18 +141,24 @@ impl Report {
 struct Proc {
     child: Child,
     lines: Receiver<String>,
+    /// The last lines of its stderr, for the error when it fails to start.
+    errors: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
     what: String,
 }
+
+/// Stderr lines kept per program.
+const KEEP_ERRORS: usize = 10;
 
 impl Proc {
     fn spawn(mut cmd: Command, what: &str) -> anyhow::Result<Proc> {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start {what}"))?;
         let stdout = child.stdout.take().context("piped stdout")?;
+        let stderr = child.stderr.take().context("piped stderr")?;
         let (tx, lines) = channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -161,14 +167,29 @@ impl Proc {
                 }
             }
         });
+        let errors = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let keep = errors.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut q = keep
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if q.len() == KEEP_ERRORS {
+                    q.pop_front();
+                }
+                q.push_back(line);
+            }
+        });
         Ok(Proc {
             child,
             lines,
+            errors,
             what: what.into(),
         })
     }
 
-    /// Waits for a line starting with `prefix`.
+    /// Waits for a line starting with `prefix`; the error carries the
+    /// program's last stderr lines.
     fn expect(&self, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
         let end = Instant::now() + timeout;
         loop {
@@ -176,7 +197,19 @@ impl Proc {
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.starts_with(prefix) => return Ok(line),
                 Ok(_) => {}
-                Err(_) => bail!("{}: no `{prefix}` line within {timeout:?}", self.what),
+                Err(_) => {
+                    // Give its stderr reader a moment to catch the last words.
+                    std::thread::sleep(Duration::from_millis(50));
+                    let errors = self
+                        .errors
+                        .lock()
+                        .map(|q| q.iter().cloned().collect::<Vec<_>>().join(" | "))
+                        .unwrap_or_default();
+                    bail!(
+                        "{}: no `{prefix}` line within {timeout:?}; its stderr: {errors}",
+                        self.what
+                    )
+                }
             }
         }
     }
