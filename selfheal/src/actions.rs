@@ -54,6 +54,20 @@ pub enum ActionError {
     NotASocket { pid: u32, fd: i32 },
     #[error("fd {fd} of pid {pid} is not a TCP socket")]
     NotTcp { pid: u32, fd: i32 },
+    /// The fd now holds another socket than the one judged (the agent
+    /// closed it and the number was reused): nothing was done to it.
+    #[error(
+        "fd {fd} of pid {pid} is now socket inode {found}, not the judged inode {expected}: left alone"
+    )]
+    Replaced {
+        pid: u32,
+        fd: i32,
+        expected: u64,
+        found: u64,
+    },
+    /// The socket is not in a state the action is for; nothing was done.
+    #[error("fd {fd} of pid {pid}: {why}")]
+    NotApplicable { pid: u32, fd: i32, why: String },
     #[error("invalid keepalive settings: {0}")]
     InvalidKeepalive(String),
     #[error("the restart command is empty")]
@@ -232,10 +246,21 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
     })
 }
 
-/// [`dup_socket`], refusing anything but TCP over IPv4/IPv6.
-fn dup_tcp_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
+/// [`dup_socket`], refusing anything but TCP over IPv4/IPv6, and, when
+/// `expect` names the judged socket's inode, any other socket the fd holds
+/// now: the check is made on the duplicate itself, after `pidfd_getfd`, so
+/// what is acted on is what was compared.
+fn dup_tcp_socket(target: &Pidfd, fd: i32, expect: Option<u64>) -> Result<DupSocket, ActionError> {
     let pid = target.pid();
     let dup = dup_socket(target, fd)?;
+    if let Some(expected) = expect.filter(|i| *i != dup.inode) {
+        return Err(ActionError::Replaced {
+            pid,
+            fd,
+            expected,
+            found: dup.inode,
+        });
+    }
     let domain = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
     let protocol = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
     match (domain, protocol) {
@@ -387,6 +412,7 @@ impl Keepalive {
 
 /// A socket's keepalive options, in the kernel's units.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KeepaliveSettings {
     /// `SO_KEEPALIVE`.
     pub enabled: bool,
@@ -490,9 +516,9 @@ fn write_settings(
     Ok(())
 }
 
-/// How long the socket has heard nothing from its peer, as the keepalive
-/// timer counts it (the later of the last data and the last ACK received).
-fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
+/// The socket's `tcp_info`, when the kernel filled in at least the fields
+/// up to `tcpi_last_ack_recv` (every kernel with `pidfd_getfd` fills far more).
+fn tcp_info(dup: BorrowedFd<'_>) -> Option<libc::tcp_info> {
     // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -507,11 +533,14 @@ fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
             &mut len,
         )
     };
-    // Both fields must have been filled in (every kernel with pidfd_getfd
-    // fills far more).
     let needed = std::mem::offset_of!(libc::tcp_info, tcpi_last_ack_recv) + 4;
-    (r == 0 && len as usize >= needed)
-        .then(|| info.tcpi_last_data_recv.min(info.tcpi_last_ack_recv))
+    (r == 0 && len as usize >= needed).then_some(info)
+}
+
+/// How long the socket has heard nothing from its peer, as the keepalive
+/// timer counts it (the later of the last data and the last ACK received).
+fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
+    tcp_info(dup).map(|i| i.tcpi_last_data_recv.min(i.tcpi_last_ack_recv))
 }
 
 /// Arms TCP keepalive on socket `fd` of the target: duplicates it with
@@ -524,12 +553,13 @@ fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
 pub fn arm_keepalive(
     target: &Pidfd,
     fd: i32,
+    inode: Option<u64>,
     ka: &Keepalive,
 ) -> Result<KeepaliveOutcome, ActionError> {
     check_target(target)?;
     let mut wanted = ka.to_settings()?;
     let pid = target.pid();
-    let dup = dup_tcp_socket(target, fd)?;
+    let dup = dup_tcp_socket(target, fd, inode)?;
     let what = format!("fd {fd} of pid {pid}");
     let previous = read_settings(dup.fd.as_fd(), &what)?;
     let silent = silent_ms(dup.fd.as_fd());
@@ -554,10 +584,11 @@ pub fn arm_keepalive(
 pub fn restore_keepalive(
     target: &Pidfd,
     fd: i32,
+    inode: Option<u64>,
     previous: &KeepaliveSettings,
 ) -> Result<KeepaliveSettings, ActionError> {
     check_target(target)?;
-    let dup = dup_tcp_socket(target, fd)?;
+    let dup = dup_tcp_socket(target, fd, inode)?;
     let what = format!("fd {fd} of pid {}", target.pid());
     write_settings(dup.fd.as_fd(), previous, &what)?;
     read_settings(dup.fd.as_fd(), &what)
@@ -567,8 +598,195 @@ pub fn restore_keepalive(
 /// duplicate.
 pub fn read_keepalive(target: &Pidfd, fd: i32) -> Result<KeepaliveSettings, ActionError> {
     check_target(target)?;
-    let dup = dup_tcp_socket(target, fd)?;
+    let dup = dup_tcp_socket(target, fd, None)?;
     read_settings(dup.fd.as_fd(), &format!("fd {fd} of pid {}", target.pid()))
+}
+
+/// A *proof keepalive*: probes that ask a silent socket's peer whether it
+/// is there, without ending anything while the question is open.
+///
+/// The kernel is told to give up only `hold` after the last probe the
+/// judge counts (`TCP_USER_TIMEOUT` = silence so far + `idle` + `count` ×
+/// `interval` + `hold`): the check that sees the probes unanswered writes
+/// its snapshot first and then ends the connection itself
+/// ([`expire_keepalive`]); the kernel's own deadline only matters if no
+/// check comes back. A live peer answers the first probe, and the options
+/// are put back ([`restore_keepalive`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProofKeepalive {
+    /// `TCP_KEEPIDLE`, seconds (1 to 32767).
+    pub idle_s: u32,
+    /// `TCP_KEEPINTVL`, seconds (1 to 32767).
+    pub interval_s: u32,
+    /// Probes the judge waits for (1 to 127; also `TCP_KEEPCNT`).
+    pub count: u32,
+    /// How long past the judged probes the kernel waits before it gives up
+    /// by itself, in milliseconds.
+    pub hold_ms: u32,
+}
+
+/// `TCP_ESTABLISHED` and `TCP_CLOSE` (include/net/tcp_states.h), as
+/// `tcpi_state` holds them.
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_CLOSE: u8 = 7;
+
+/// How long a proof keepalive holds a dead connection open for the next
+/// check to see it ([`ProofKeepalive::hold_ms`]): two minutes covers a
+/// timer running `check` every 30 s (and 60 s) with room to spare.
+pub const PROOF_HOLD: Duration = Duration::from_secs(120);
+
+impl ProofKeepalive {
+    fn settings(&self, silent_ms: Option<u32>) -> Result<KeepaliveSettings, ActionError> {
+        let bad = |m: String| Err(ActionError::InvalidKeepalive(m));
+        if !(1..=MAX_TCP_KEEPIDLE).contains(&self.idle_s) {
+            return bad(format!(
+                "idle must be 1 to {MAX_TCP_KEEPIDLE} s, not {}",
+                self.idle_s
+            ));
+        }
+        if !(1..=MAX_TCP_KEEPINTVL).contains(&self.interval_s) {
+            return bad(format!(
+                "interval must be 1 to {MAX_TCP_KEEPINTVL} s, not {}",
+                self.interval_s
+            ));
+        }
+        if !(1..=MAX_TCP_KEEPCNT).contains(&self.count) {
+            return bad(format!(
+                "count must be 1 to {MAX_TCP_KEEPCNT}, not {}",
+                self.count
+            ));
+        }
+        let timeout = u64::from(silent_ms.unwrap_or(0))
+            + 1000 * u64::from(self.idle_s)
+            + 1000 * u64::from(self.count) * u64::from(self.interval_s)
+            + u64::from(self.hold_ms);
+        Ok(KeepaliveSettings {
+            enabled: true,
+            idle_s: self.idle_s,
+            interval_s: self.interval_s,
+            count: self.count,
+            user_timeout_ms: timeout.min(i32::MAX as u64) as u32,
+        })
+    }
+}
+
+/// Arms a proof keepalive ([`ProofKeepalive`]) on socket `fd` of the
+/// target, which must still be the judged socket `inode`. Its own options
+/// are read first and returned as `previous` (a socket whose options cannot
+/// be read is not touched). A socket with unacknowledged data is refused:
+/// the kernel sends no keepalive probe while data is in flight, and its
+/// retransmissions already prove the peer alive or dead.
+pub fn arm_proof_keepalive(
+    target: &Pidfd,
+    fd: i32,
+    inode: u64,
+    proof: &ProofKeepalive,
+) -> Result<KeepaliveOutcome, ActionError> {
+    check_target(target)?;
+    let pid = target.pid();
+    let dup = dup_tcp_socket(target, fd, Some(inode))?;
+    let what = format!("fd {fd} of pid {pid}");
+    let previous = read_settings(dup.fd.as_fd(), &what)?;
+    let info = tcp_info(dup.fd.as_fd());
+    if let Some(i) = &info {
+        if i.tcpi_unacked > 0 {
+            return Err(ActionError::NotApplicable {
+                pid,
+                fd,
+                why: format!(
+                    "{} segment(s) unacknowledged: the kernel probes no connection with data in flight (its retransmissions are the proof)",
+                    i.tcpi_unacked
+                ),
+            });
+        }
+        if i.tcpi_state != TCP_ESTABLISHED {
+            return Err(ActionError::NotApplicable {
+                pid,
+                fd,
+                why: format!("not established (TCP state {})", i.tcpi_state),
+            });
+        }
+    }
+    let silent = info.map(|i| i.tcpi_last_data_recv.min(i.tcpi_last_ack_recv));
+    let applied = proof.settings(silent)?;
+    if let Err(e) = write_settings(dup.fd.as_fd(), &applied, &what) {
+        let _ = write_settings(dup.fd.as_fd(), &previous, &what);
+        return Err(e);
+    }
+    Ok(KeepaliveOutcome {
+        pid,
+        fd,
+        inode: dup.inode,
+        previous,
+        applied,
+        silent_ms: silent,
+    })
+}
+
+/// What [`expire_keepalive`] did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpireOutcome {
+    pub pid: u32,
+    pub fd: i32,
+    pub inode: u64,
+    /// Unanswered probes when it was ended.
+    pub probes: u8,
+    /// Whether the connection was seen closed within 200 ms (the kernel ends
+    /// it from its timer, a moment after the call).
+    pub ended: bool,
+}
+
+/// Ends a connection whose keepalive probes went unanswered, the way the
+/// kernel ends one by itself: a keepalive timeout, so the agent's blocked
+/// read fails with `ETIMEDOUT` and its own error path runs. It sets
+/// `TCP_USER_TIMEOUT` to 1 ms and re-arms the keepalive timer
+/// (`TCP_KEEPIDLE`): the timer fires at once, finds a probe unanswered past
+/// the user timeout, and gives up. Refused (nothing changed) when keepalive
+/// is off, or when no probe is outstanding: a peer that answered since the
+/// judgement is alive.
+pub fn expire_keepalive(target: &Pidfd, fd: i32, inode: u64) -> Result<ExpireOutcome, ActionError> {
+    check_target(target)?;
+    let pid = target.pid();
+    let dup = dup_tcp_socket(target, fd, Some(inode))?;
+    let what = format!("fd {fd} of pid {pid}");
+    let now = read_settings(dup.fd.as_fd(), &what)?;
+    let probes = tcp_info(dup.fd.as_fd()).map_or(0, |i| i.tcpi_probes);
+    if !now.enabled || probes == 0 {
+        return Err(ActionError::NotApplicable {
+            pid,
+            fd,
+            why: if now.enabled {
+                "no keepalive probe is outstanding: the peer answered since it was judged".into()
+            } else {
+                "keepalive is off on it".into()
+            },
+        });
+    }
+    set_int(dup.fd.as_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 1)
+        .map_err(|e| ActionError::io(format!("setsockopt TCP_USER_TIMEOUT=1 on {what}"), e))?;
+    set_int(
+        dup.fd.as_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPIDLE,
+        i32::try_from(now.idle_s.max(1)).unwrap_or(1),
+    )
+    .map_err(|e| ActionError::io(format!("setsockopt TCP_KEEPIDLE on {what}"), e))?;
+    let deadline = Instant::now() + Duration::from_millis(200);
+    let ended = loop {
+        let closed = tcp_info(dup.fd.as_fd()).is_none_or(|i| i.tcpi_state == TCP_CLOSE);
+        if closed || Instant::now() >= deadline {
+            break closed;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Ok(ExpireOutcome {
+        pid,
+        fd,
+        inode: dup.inode,
+        probes,
+        ended,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -616,10 +834,14 @@ const NETLINK_TIMEOUT: Duration = Duration::from_secs(2);
 /// the kernel refuses (`EOPNOTSUPP` without `CONFIG_INET_DIAG_DESTROY`,
 /// `EPERM` without `CAP_NET_ADMIN` over that namespace, or any failure), it
 /// falls back to [`shutdown_socket`]'s method. The outcome says which.
-pub fn destroy_socket(target: &Pidfd, fd: i32) -> Result<DestroyOutcome, ActionError> {
+pub fn destroy_socket(
+    target: &Pidfd,
+    fd: i32,
+    inode: Option<u64>,
+) -> Result<DestroyOutcome, ActionError> {
     check_target(target)?;
     let pid = target.pid();
-    let dup = dup_tcp_socket(target, fd)?;
+    let dup = dup_tcp_socket(target, fd, inode)?;
     match sock_destroy(target, fd, &dup) {
         Ok((local, remote, cookie)) => Ok(DestroyOutcome {
             method: DestroyMethod::SockDestroy,
@@ -641,9 +863,13 @@ pub fn destroy_socket(target: &Pidfd, fd: i32) -> Result<DestroyOutcome, ActionE
 /// on a `pidfd_getfd` duplicate, without trying `SOCK_DESTROY`: the agent's
 /// blocked read returns end-of-file. [`destroy_socket`]'s fallback, callable
 /// on its own.
-pub fn shutdown_socket(target: &Pidfd, fd: i32) -> Result<DestroyOutcome, ActionError> {
+pub fn shutdown_socket(
+    target: &Pidfd,
+    fd: i32,
+    inode: Option<u64>,
+) -> Result<DestroyOutcome, ActionError> {
     check_target(target)?;
-    let dup = dup_tcp_socket(target, fd)?;
+    let dup = dup_tcp_socket(target, fd, inode)?;
     shutdown_dup(target.pid(), fd, &dup, None)
 }
 

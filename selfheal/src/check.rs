@@ -13,12 +13,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    actions::{KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
     agents::{self, ProcessTable},
     config::{AgentConfig, Config},
     inspect::{self, CollectOptions, Collector, Report, Target},
     judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
     ladder::{self, Decision, HealHistory, Step},
     probe::{self, ProbeResult},
+    prove::{self, Proof, ProofEvent, ProofTarget, ProofWork},
     snapshots::SnapshotLog,
 };
 
@@ -64,6 +66,10 @@ pub struct Outcome {
     pub probes: Vec<ProbeResult>,
     /// What could not be seen.
     pub gaps: Vec<String>,
+    /// What the prove stage did in this check (proof keepalives armed and
+    /// options put back).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub proofs: Vec<ProofEvent>,
     /// What the healing ladder decided and did, for a wedged agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heal: Option<HealReport>,
@@ -107,6 +113,30 @@ pub trait Healer {
     /// Performs `step` for `agent`; the result's text goes into the audit
     /// trail and the report.
     fn act(&self, agent: &str, step: &Step) -> Result<String, String>;
+
+    /// The prove stage: arms a proof keepalive on socket `t` of `agent`,
+    /// returning the options it had and those set.
+    fn arm_proof(
+        &self,
+        agent: &str,
+        t: &ProofTarget,
+        ka: &ProofKeepalive,
+    ) -> Result<KeepaliveOutcome, String> {
+        let _ = (agent, t, ka);
+        Err("this healer cannot arm proof keepalives".into())
+    }
+
+    /// The prove stage: puts `previous` back on socket `t` of `agent`,
+    /// returning the options as read back.
+    fn restore_proof(
+        &self,
+        agent: &str,
+        t: &ProofTarget,
+        previous: &KeepaliveSettings,
+    ) -> Result<KeepaliveSettings, String> {
+        let _ = (agent, t, previous);
+        Err("this healer cannot restore keepalive options".into())
+    }
 }
 
 /// Knobs of one check.
@@ -172,7 +202,10 @@ pub fn run(
         // read only where the sockets or thread states call for them.
         let mut report = inspect::build(&collector.collect(target));
         let mut detail = opts.collect.detail;
-        if detail == crate::proc::Detail::Minimal && judge::needs_thread_detail(agent, &report) {
+        let record = history.agents.entry(agent.name.clone()).or_default();
+        if detail == crate::proc::Detail::Minimal
+            && judge::needs_thread_detail(agent, &report, &record.judge, now_ms)
+        {
             detail = crate::proc::Detail::Light;
             report = inspect::build(&collector.collect_with(target, detail));
         }
@@ -183,7 +216,6 @@ pub fn run(
             .zip(&probes)
             .map(|(c, r)| view(c, r))
             .collect();
-        let record = history.agents.entry(agent.name.clone()).or_default();
         let before = record.judge.clone();
         let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
         let transition = before.verdict != Some(judgement.verdict);
@@ -191,6 +223,14 @@ pub fn run(
             record.wedges = record.wedges.saturating_add(1);
         }
         record.judge = next;
+        let (proofs, proof_gaps) = prove_stage(
+            agent,
+            &judgement.work,
+            &mut record.judge,
+            healer,
+            opts.dry_run,
+            now_ms,
+        );
 
         let mut outcome = Outcome {
             agent: agent.name.clone(),
@@ -202,8 +242,9 @@ pub fn run(
             transition,
             previous_for_ms: (transition && before.verdict.is_some())
                 .then(|| now_ms.saturating_sub(before.verdict_since_ms)),
-            gaps: report.gaps.clone(),
+            gaps: report.gaps.iter().cloned().chain(proof_gaps).collect(),
             probes,
+            proofs,
             heal: None,
         };
         if !judgement.verdict.is_ok() {
@@ -254,6 +295,189 @@ pub fn run(
         .agents
         .retain(|name, _| config.agents.iter().any(|a| &a.name == name));
     outcomes
+}
+
+/// The prove stage: carries out the judge's proof work for one agent
+/// through `healer` (the helper, or this process for its own uid), and
+/// records it in the agent's history. Returns what was done, and what could
+/// not be (as gaps: a proof that could not be armed is evidence not seen).
+/// With `dry_run` nothing is touched: the work is only reported.
+fn prove_stage(
+    agent: &AgentConfig,
+    work: &[ProofWork],
+    hist: &mut AgentHistory,
+    healer: Option<&dyn Healer>,
+    dry_run: bool,
+    now_ms: u64,
+) -> (Vec<ProofEvent>, Vec<String>) {
+    let mut events = Vec::new();
+    let mut gaps = Vec::new();
+    let ka = prove::keepalive(&agent.proof);
+    for w in work {
+        match w {
+            ProofWork::Arm {
+                cookie,
+                target,
+                silent_ms,
+                remote,
+            } => {
+                let what = format!(
+                    "a proof keepalive on the connection to {remote} (fd {} of pid {})",
+                    target.fd, target.pid
+                );
+                let result = match healer {
+                    _ if dry_run => continue,
+                    Some(h) => h.arm_proof(&agent.name, target, &ka),
+                    None => Err("no helper and no permission to act directly".into()),
+                };
+                match result {
+                    Ok(out) => {
+                        tracing::info!(
+                            agent = %agent.name, pid = target.pid, fd = target.fd,
+                            inode = target.inode, remote = %remote,
+                            "proof keepalive armed: idle {} s, interval {} s, {} probes (options before: {:?})",
+                            ka.idle_s, ka.interval_s, ka.count, out.previous
+                        );
+                        hist.proofs.insert(
+                            *cookie,
+                            Proof {
+                                pid: target.pid,
+                                start_ticks: target.start_ticks,
+                                fd: target.fd,
+                                inode: target.inode,
+                                armed_at_ms: now_ms,
+                                first_probe_ms: (u64::from(ka.idle_s) * 1000)
+                                    .saturating_sub(*silent_ms),
+                                interval_ms: u64::from(ka.interval_s) * 1000,
+                                count: ka.count,
+                                previous: out.previous.clone(),
+                                restore_failures: 0,
+                                restore_error: None,
+                            },
+                        );
+                        events.push(ProofEvent {
+                            action: "arm",
+                            inode: target.inode,
+                            remote: remote.clone(),
+                            ok: true,
+                            detail: format!(
+                                "armed: {} probes {} s apart (user timeout {} ms); the socket's own options were {}",
+                                ka.count,
+                                ka.interval_s,
+                                out.applied.user_timeout_ms,
+                                settings_words(&out.previous)
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        gaps.push(format!("could not arm {what}: {e}"));
+                        events.push(ProofEvent {
+                            action: "arm",
+                            inode: target.inode,
+                            remote: remote.clone(),
+                            ok: false,
+                            detail: e,
+                        });
+                    }
+                }
+            }
+            ProofWork::Restore { cookie, remote } => {
+                let Some(p) = hist.proofs.get(cookie).cloned() else {
+                    continue;
+                };
+                let target = ProofTarget {
+                    pid: p.pid,
+                    start_ticks: p.start_ticks,
+                    fd: p.fd,
+                    inode: p.inode,
+                };
+                let result = match healer {
+                    _ if dry_run => continue,
+                    Some(h) => h.restore_proof(&agent.name, &target, &p.previous),
+                    None => Err("no helper and no permission to act directly".into()),
+                };
+                // Read back and compared: a live call keeps no trace.
+                let result = result.and_then(|back| {
+                    if back == p.previous {
+                        Ok(back)
+                    } else {
+                        Err(format!(
+                            "put back {}, but read back {}",
+                            settings_words(&p.previous),
+                            settings_words(&back)
+                        ))
+                    }
+                });
+                match result {
+                    Ok(back) => {
+                        hist.proofs.remove(cookie);
+                        let a = hist.answered.entry(*cookie).or_default();
+                        a.at_ms = now_ms;
+                        a.rounds = a.rounds.saturating_add(1);
+                        tracing::info!(
+                            agent = %agent.name, pid = p.pid, fd = p.fd, inode = p.inode,
+                            remote = %remote,
+                            "proof keepalive answered; options put back and read back: {}",
+                            settings_words(&back)
+                        );
+                        events.push(ProofEvent {
+                            action: "restore",
+                            inode: p.inode,
+                            remote: remote.clone(),
+                            ok: true,
+                            detail: format!(
+                                "the peer answered; options put back and read back: {}",
+                                settings_words(&back)
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        let failures = p.restore_failures.saturating_add(1);
+                        let gap = if failures >= prove::MAX_RESTORE_FAILURES {
+                            hist.proofs.remove(cookie);
+                            format!(
+                                "gave up putting back the keepalive options of the connection to {remote} (fd {} of pid {}) after {failures} attempts, {}: {e}",
+                                p.fd,
+                                p.pid,
+                                settings_words(&p.previous)
+                            )
+                        } else {
+                            if let Some(q) = hist.proofs.get_mut(cookie) {
+                                q.restore_failures = failures;
+                                q.restore_error = Some(e.clone());
+                            }
+                            format!(
+                                "could not put back the keepalive options of the connection to {remote} (fd {} of pid {}; attempt {failures}, tried again next check): {e}",
+                                p.fd, p.pid
+                            )
+                        };
+                        tracing::warn!(agent = %agent.name, "{gap}");
+                        gaps.push(gap);
+                        events.push(ProofEvent {
+                            action: "restore",
+                            inode: p.inode,
+                            remote: remote.clone(),
+                            ok: false,
+                            detail: e,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    (events, gaps)
+}
+
+/// Keepalive options in a few words.
+fn settings_words(s: &KeepaliveSettings) -> String {
+    format!(
+        "SO_KEEPALIVE {} idle {} s interval {} s count {} user timeout {} ms",
+        if s.enabled { "on" } else { "off" },
+        s.idle_s,
+        s.interval_s,
+        s.count,
+        s.user_timeout_ms
+    )
 }
 
 /// Runs the ladder for a wedged agent: decides, and (unless `dry_run`, and
@@ -480,6 +704,9 @@ fn heal_words(h: &HealReport) -> String {
 pub fn step_words(s: &Step) -> String {
     match s {
         Step::ArmKeepalive { pid, fd, .. } => format!("arm keepalive on pid {pid} fd {fd}"),
+        Step::ExpireKeepalive { pid, fd, .. } => {
+            format!("end the unanswered keepalive on pid {pid} fd {fd} (ETIMEDOUT)")
+        }
         Step::DestroySocket { pid, fd, .. } => format!("destroy socket pid {pid} fd {fd}"),
         Step::Signal { pid, grace_ms, .. } => {
             format!("SIGTERM pid {pid} (SIGKILL after {grace_ms} ms)")

@@ -155,6 +155,39 @@ pub struct AgentConfig {
     pub thresholds: Thresholds,
     /// What healing may do for it (`[agent.heal]`).
     pub heal: HealConfig,
+    /// How a silent call is proven alive or dead (`[agent.proof]`).
+    pub proof: ProofConfig,
+}
+
+/// The prove stage's settings for one agent (`[agent.proof]`): a suspect
+/// upstream socket with a call in flight gets a *proof keepalive* (short
+/// `SO_KEEPALIVE` probes through `pidfd_getfd`). A live peer answers and the
+/// socket's own options are put back; a dead one does not, and after
+/// `count` unanswered probes, each given `interval` to be answered, the
+/// socket is proven dead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProofConfig {
+    /// `keepalive`: arm proof keepalives at all. Default true.
+    pub keepalive: bool,
+    /// `idle`: `TCP_KEEPIDLE` of the proof (the socket is already silent
+    /// longer, so the first probe goes at once). Default 5 s.
+    pub idle: Duration,
+    /// `interval`: between probes, and how long each has to be answered.
+    /// Default 5 s.
+    pub interval: Duration,
+    /// `count`: unanswered probes that prove the peer dead. Default 3.
+    pub count: u32,
+}
+
+impl Default for ProofConfig {
+    fn default() -> Self {
+        Self {
+            keepalive: true,
+            idle: Duration::from_secs(5),
+            interval: Duration::from_secs(5),
+            count: 3,
+        }
+    }
 }
 
 /// The healing ladder's permissions and limits for one agent
@@ -324,7 +357,17 @@ pub struct Upstream {
     /// Overrides the agent's `suspect_after` for this upstream (a provider
     /// that thinks for minutes).
     pub suspect_after: Option<Duration>,
+    /// `max_silence`: a call in flight silent longer than this is
+    /// `unresponsive` even while its TCP peer answers: keepalive and ACKs
+    /// prove one hop only, and a proxy may be answering for a dead upstream.
+    /// Default [`DEFAULT_MAX_SILENCE`].
+    pub max_silence: Duration,
 }
+
+/// The default `max_silence`: 10 minutes, the read timeout of the official
+/// openai and anthropic SDKs. A call silent longer than any SDK would wait
+/// is not thinking.
+pub const DEFAULT_MAX_SILENCE: Duration = Duration::from_secs(600);
 
 /// An upstream's address as written.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -781,7 +824,16 @@ impl<'a, 'i> Fields<'a, 'i> {
 /// A value and where it stands in the file.
 type WithSpan<T> = (T, Range<usize>);
 
-const AGENT_KEYS: &[&str] = &["name", "match", "upstream", "probe", "thresholds", "heal"];
+const AGENT_KEYS: &[&str] = &[
+    "name",
+    "match",
+    "upstream",
+    "probe",
+    "thresholds",
+    "heal",
+    "proof",
+];
+const PROOF_KEYS: &[&str] = &["keepalive", "idle", "interval", "count"];
 const HEAL_KEYS: &[&str] = &[
     "sockets",
     "signal",
@@ -804,7 +856,7 @@ const THRESHOLD_KEYS: &[&str] = &[
     "probe_slow",
 ];
 const MATCH_KEYS: &[&str] = &["pid", "pidfile", "cmdline", "exe", "unit"];
-const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat", "suspect_after"];
+const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat", "suspect_after", "max_silence"];
 const PROBE_KEYS: &[&str] = &[
     "url",
     "method",
@@ -895,6 +947,10 @@ fn agent<'a>(
         Some(h) => heal(&h)?,
         None => HealConfig::default(),
     };
+    let proof = match f.table("proof", format!("{scope} proof"))? {
+        Some(p) => proof(&p)?,
+        None => ProofConfig::default(),
+    };
     Ok(AgentConfig {
         name: name.to_string(),
         rule,
@@ -902,6 +958,49 @@ fn agent<'a>(
         probes,
         thresholds,
         heal,
+        proof,
+    })
+}
+
+fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
+    p.only(PROOF_KEYS)?;
+    let d = ProofConfig::default();
+    // The kernel's limits (include/net/tcp.h): whole seconds, 1 to 32767;
+    // 1 to 127 probes.
+    let secs = |key: &str, default: Duration| -> Result<Duration, ConfigError> {
+        let Some(v) = p.duration(key)? else {
+            return Ok(default);
+        };
+        if v < Duration::from_secs(1) || v > Duration::from_secs(32767) || v.subsec_nanos() != 0 {
+            let (span, _) = p.get(key).expect("the key was read");
+            return Err(p.key_error(
+                key,
+                span,
+                format!(
+                    "{v:?} is not whole seconds from 1s to 32767s (the kernel's keepalive unit)"
+                ),
+            ));
+        }
+        Ok(v)
+    };
+    let count = match p.integer("count")? {
+        None => d.count,
+        Some((n, span)) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=127).contains(n))
+            .ok_or_else(|| {
+                p.key_error(
+                    "count",
+                    span,
+                    format!("{n} is not a probe count from 1 to 127"),
+                )
+            })?,
+    };
+    Ok(ProofConfig {
+        keepalive: p.boolean("keepalive")?.unwrap_or(d.keepalive),
+        idle: secs("idle", d.idle)?,
+        interval: secs("interval", d.interval)?,
+        count,
     })
 }
 
@@ -1082,6 +1181,7 @@ fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
         addr,
         heartbeat,
         suspect_after: u.duration("suspect_after")?,
+        max_silence: u.duration("max_silence")?.unwrap_or(DEFAULT_MAX_SILENCE),
     })
 }
 

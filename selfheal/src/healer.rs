@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use crate::{
-    actions::{self, Keepalive},
+    actions::{self, Keepalive, KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
     check::Healer,
     ladder::Step,
+    prove::ProofTarget,
 };
 
 /// Runs a step here and now; `Ok` carries the action's outcome as JSON text.
@@ -22,22 +23,33 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
             pid,
             start_ticks,
             fd,
-            ..
+            inode,
         } => {
             let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
             json(serde_json::to_value(
-                actions::arm_keepalive(&target, *fd, keepalive).map_err(e)?,
+                actions::arm_keepalive(&target, *fd, Some(*inode), keepalive).map_err(e)?,
+            ))
+        }
+        Step::ExpireKeepalive {
+            pid,
+            start_ticks,
+            fd,
+            inode,
+        } => {
+            let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
+            json(serde_json::to_value(
+                actions::expire_keepalive(&target, *fd, *inode).map_err(e)?,
             ))
         }
         Step::DestroySocket {
             pid,
             start_ticks,
             fd,
-            ..
+            inode,
         } => {
             let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
             json(serde_json::to_value(
-                actions::destroy_socket(&target, *fd).map_err(e)?,
+                actions::destroy_socket(&target, *fd, Some(*inode)).map_err(e)?,
             ))
         }
         Step::Signal {
@@ -69,6 +81,23 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
     }
 }
 
+/// Arms a proof keepalive from this process.
+fn arm_proof_here(t: &ProofTarget, ka: &ProofKeepalive) -> Result<KeepaliveOutcome, String> {
+    let e = |e: actions::ActionError| e.to_string();
+    let target = actions::open_target(t.pid, t.start_ticks).map_err(e)?;
+    actions::arm_proof_keepalive(&target, t.fd, t.inode, ka).map_err(e)
+}
+
+/// Puts a socket's keepalive options back from this process.
+fn restore_here(
+    t: &ProofTarget,
+    previous: &KeepaliveSettings,
+) -> Result<KeepaliveSettings, String> {
+    let e = |e: actions::ActionError| e.to_string();
+    let target = actions::open_target(t.pid, t.start_ticks).map_err(e)?;
+    actions::restore_keepalive(&target, t.fd, Some(t.inode), previous).map_err(e)
+}
+
 /// Acts from this process: for agents of our own uid, or as root without a
 /// helper running.
 #[derive(Debug, Default)]
@@ -79,6 +108,24 @@ pub struct DirectHealer {
 impl Healer for DirectHealer {
     fn act(&self, _agent: &str, step: &Step) -> Result<String, String> {
         run_step(step, &self.keepalive).map(|v| v.to_string())
+    }
+
+    fn arm_proof(
+        &self,
+        _agent: &str,
+        t: &ProofTarget,
+        ka: &ProofKeepalive,
+    ) -> Result<KeepaliveOutcome, String> {
+        arm_proof_here(t, ka)
+    }
+
+    fn restore_proof(
+        &self,
+        _agent: &str,
+        t: &ProofTarget,
+        previous: &KeepaliveSettings,
+    ) -> Result<KeepaliveSettings, String> {
+        restore_here(t, previous)
     }
 }
 
@@ -91,6 +138,9 @@ pub struct ActionsExecutor {
 
 /// Longest grace a caller may ask the helper to wait before SIGKILL.
 const MAX_GRACE: Duration = Duration::from_secs(120);
+
+/// Longest hold a caller may ask of a proof keepalive (10 minutes).
+const MAX_PROOF_HOLD_MS: u32 = 600_000;
 
 impl crate::helper::server::Executor for ActionsExecutor {
     fn act(
@@ -105,12 +155,47 @@ impl crate::helper::server::Executor for ActionsExecutor {
             req.fd
                 .ok_or_else(|| format!("{} needs an fd", req.action.as_str()))
         };
+        let inode = || {
+            req.inode
+                .ok_or_else(|| format!("{} needs an inode", req.action.as_str()))
+        };
+        // The prove stage's parameters, as a whole object of known keys.
+        fn params<T: serde::de::DeserializeOwned>(
+            req: &crate::helper::protocol::ActRequest,
+        ) -> Result<T, String> {
+            serde_json::from_value(serde_json::Value::Object(req.params.clone()))
+                .map_err(|e| format!("{}: bad params: {e}", req.action.as_str()))
+        }
         let value = match req.action {
             Action::ArmKeepalive => serde_json::to_value(
-                actions::arm_keepalive(target, fd()?, &self.keepalive).map_err(e)?,
+                actions::arm_keepalive(target, fd()?, req.inode, &self.keepalive).map_err(e)?,
             ),
             Action::DestroySocket => {
-                serde_json::to_value(actions::destroy_socket(target, fd()?).map_err(e)?)
+                serde_json::to_value(actions::destroy_socket(target, fd()?, req.inode).map_err(e)?)
+            }
+            Action::ProveKeepalive => {
+                let ka: ProofKeepalive = params(req)?;
+                // A caller may not stretch the kernel's own deadline past
+                // what a proof needs.
+                if ka.hold_ms > MAX_PROOF_HOLD_MS {
+                    return Err(format!(
+                        "prove_keepalive: hold_ms {} is over the limit of {MAX_PROOF_HOLD_MS}",
+                        ka.hold_ms
+                    ));
+                }
+                serde_json::to_value(
+                    actions::arm_proof_keepalive(target, fd()?, inode()?, &ka).map_err(e)?,
+                )
+            }
+            Action::RestoreKeepalive => {
+                let previous: KeepaliveSettings = params(req)?;
+                serde_json::to_value(
+                    actions::restore_keepalive(target, fd()?, Some(inode()?), &previous)
+                        .map_err(e)?,
+                )
+            }
+            Action::ExpireKeepalive => {
+                serde_json::to_value(actions::expire_keepalive(target, fd()?, inode()?).map_err(e)?)
             }
             Action::Signal => {
                 let grace = req
@@ -161,46 +246,121 @@ impl HelperHealer {
 impl Healer for HelperHealer {
     fn act(&self, agent: &str, step: &Step) -> Result<String, String> {
         use crate::helper::protocol::{ActRequest, Action};
-        let (action, pid, start_ticks, fd, grace_ms) = match step {
+        let socket = |action, pid: &u32, start_ticks: &u64, fd: &i32, inode: &u64| {
+            let mut req = ActRequest::new(action, *pid, *start_ticks);
+            req.fd = Some(*fd);
+            req.inode = Some(*inode);
+            req
+        };
+        let mut req = match step {
             Step::ArmKeepalive {
                 pid,
                 start_ticks,
                 fd,
-                ..
-            } => (Action::ArmKeepalive, *pid, *start_ticks, Some(*fd), None),
+                inode,
+            } => socket(Action::ArmKeepalive, pid, start_ticks, fd, inode),
+            Step::ExpireKeepalive {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            } => socket(Action::ExpireKeepalive, pid, start_ticks, fd, inode),
             Step::DestroySocket {
                 pid,
                 start_ticks,
                 fd,
-                ..
-            } => (Action::DestroySocket, *pid, *start_ticks, Some(*fd), None),
+                inode,
+            } => socket(Action::DestroySocket, pid, start_ticks, fd, inode),
             Step::Signal {
                 pid,
                 start_ticks,
                 grace_ms,
-            } => (Action::Signal, *pid, *start_ticks, None, Some(*grace_ms)),
+            } => {
+                let mut req = ActRequest::new(Action::Signal, *pid, *start_ticks);
+                req.params.insert("grace_ms".into(), (*grace_ms).into());
+                req
+            }
             Step::Restart { .. } => return run_step(step, &self.keepalive).map(|v| v.to_string()),
         };
-        let mut req = ActRequest::new(action, pid, start_ticks);
-        req.fd = fd;
         req.agent = Some(agent.to_string());
-        if let Some(g) = grace_ms {
-            req.params.insert("grace_ms".into(), g.into());
-        }
+        self.request(&req, || run_step(step, &self.keepalive))
+            .map(|v| v.to_string())
+    }
+
+    fn arm_proof(
+        &self,
+        agent: &str,
+        t: &ProofTarget,
+        ka: &ProofKeepalive,
+    ) -> Result<KeepaliveOutcome, String> {
+        let req = proof_request(
+            crate::helper::protocol::Action::ProveKeepalive,
+            agent,
+            t,
+            ka,
+        )?;
+        let v = self.request(&req, || {
+            arm_proof_here(t, ka).and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
+        })?;
+        serde_json::from_value(v).map_err(|e| format!("the helper's answer: {e}"))
+    }
+
+    fn restore_proof(
+        &self,
+        agent: &str,
+        t: &ProofTarget,
+        previous: &KeepaliveSettings,
+    ) -> Result<KeepaliveSettings, String> {
+        let req = proof_request(
+            crate::helper::protocol::Action::RestoreKeepalive,
+            agent,
+            t,
+            previous,
+        )?;
+        let v = self.request(&req, || {
+            restore_here(t, previous)
+                .and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
+        })?;
+        serde_json::from_value(v).map_err(|e| format!("the helper's answer: {e}"))
+    }
+}
+
+/// A prove-stage request for socket `t`, with `params` as its options.
+fn proof_request(
+    action: crate::helper::protocol::Action,
+    agent: &str,
+    t: &ProofTarget,
+    params: &impl serde::Serialize,
+) -> Result<crate::helper::protocol::ActRequest, String> {
+    let mut req = crate::helper::protocol::ActRequest::new(action, t.pid, t.start_ticks);
+    req.fd = Some(t.fd);
+    req.inode = Some(t.inode);
+    req.agent = Some(agent.to_string());
+    match serde_json::to_value(params).map_err(|e| e.to_string())? {
+        serde_json::Value::Object(map) => req.params = map,
+        other => return Err(format!("params are not an object: {other}")),
+    }
+    Ok(req)
+}
+
+impl HelperHealer {
+    /// Sends `req` to the helper. When the helper went away since the check
+    /// began (the request was never sent: no connection could be had),
+    /// `direct` acts from here, where permitted, and the log says so.
+    fn request(
+        &self,
+        req: &crate::helper::protocol::ActRequest,
+        direct: impl FnOnce() -> Result<serde_json::Value, String>,
+    ) -> Result<serde_json::Value, String> {
         let mut client = self
             .client
             .lock()
             .map_err(|_| "helper client poisoned".to_string())?;
-        match client.act(&req) {
-            Ok(v) => Ok(v.to_string()),
-            // The helper went away since the check began (the request was
-            // never sent: no connection could be had): act from here, where
-            // permitted, and say so.
+        match client.act(req) {
+            Ok(v) => Ok(v),
             Err(e @ crate::helper::ClientError::Unavailable { .. }) => {
                 tracing::warn!("{e}; acting directly where permitted");
-                run_step(step, &self.keepalive)
-                    .map(|v| v.to_string())
-                    .map_err(|d| format!("{e}; acting directly: {d}"))
+                direct().map_err(|d| format!("{e}; acting directly: {d}"))
             }
             Err(e) => Err(format!("through the helper: {e}")),
         }

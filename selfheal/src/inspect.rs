@@ -97,6 +97,15 @@ pub struct ThreadReport {
     /// `ebpf` (timed from the receive's start) or `procfs` (timed from when
     /// the thread last ran).
     pub recv_source: Option<&'static str>,
+    /// The readiness wait it sits in (poll, select, epoll_*) when its set includes sockets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_syscall: Option<String>,
+    /// The sockets (inodes) that wait covers with read interest.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub wait_inodes: Vec<u64>,
+    /// Whether that wait is an event loop's (epoll): its sockets are registered, not necessarily awaited.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub wait_event_loop: bool,
     pub anomalies: Vec<String>,
 }
 
@@ -498,6 +507,9 @@ pub fn build(ev: &Evidence) -> Report {
                     recv_inode: None,
                     recv_syscall: None,
                     recv_source: None,
+                    wait_syscall: None,
+                    wait_inodes: Vec::new(),
+                    wait_event_loop: false,
                     anomalies: Vec::new(),
                 };
                 if let Some(b) = blocked.get(&t.tid) {

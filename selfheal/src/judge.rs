@@ -10,6 +10,15 @@
 //! data, a peer that closed (CLOSE-WAIT), or, for a control upstream with a
 //! heartbeat, no data for more than 3 × the heartbeat. A suspect socket whose
 //! peer still acknowledges is alive.
+//!
+//! Proof is also asked for: a suspect socket with a call in flight and
+//! nothing unacknowledged is handed to the prove stage ([`ProofWork`]), whose
+//! proof keepalive this judge then reads ([`Proof`]): answered, the socket is
+//! alive; `count` probes unanswered, each given its interval, it is dead.
+//! "A call in flight" is decided from the socket itself as well as from the
+//! threads: a thread waits on it (in a receive, `poll` or `select`), or the
+//! last thing on it was a send (ties included), or nothing has come back
+//! since a request went out (kept across checks).
 
 use std::collections::BTreeMap;
 
@@ -18,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     config::{AgentConfig, Role, Thresholds},
     inspect::{Report, SocketReport, human_ms},
+    prove::{Answered, Proof, ProofTarget, ProofWork},
 };
 
 /// What is concluded about an agent.
@@ -95,6 +105,9 @@ pub struct Reason {
 pub struct Judgement {
     pub verdict: Verdict,
     pub reasons: Vec<Reason>,
+    /// What the prove stage is to do after this judgement.
+    #[serde(skip)]
+    pub work: Vec<ProofWork>,
 }
 
 /// What the judge needs of a probe result.
@@ -129,6 +142,17 @@ pub struct AgentHistory {
     /// The last `current_task` a probe reported, and since when.
     #[serde(default)]
     pub current_task: Option<(String, u64)>,
+    /// Proof keepalives armed, by socket cookie.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub proofs: BTreeMap<u64, Proof>,
+    /// Peers that answered their proofs, by socket cookie.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub answered: BTreeMap<u64, Answered>,
+    /// Sockets with a request out and no answer yet, by cookie: the bytes
+    /// received when that was seen. The call stays in flight until more
+    /// arrive.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pending: BTreeMap<u64, u64>,
 }
 
 /// The field a probe names `current_task` (design: the agent's own story of
@@ -146,7 +170,15 @@ enum Liveness {
     Dead { code: &'static str, why: String },
 }
 
-fn liveness(s: &SocketReport, cfg: &AgentConfig) -> Liveness {
+/// The proof keepalive history holds for this socket, if it is this socket.
+fn proof_of<'h>(s: &SocketReport, history: &'h AgentHistory) -> Option<&'h Proof> {
+    history
+        .proofs
+        .get(&s.cookie)
+        .filter(|p| p.inode == s.inode && p.pid == s.pid)
+}
+
+fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: u64) -> Liveness {
     let th = &cfg.thresholds;
     let upstream = s.upstream.and_then(|i| cfg.upstreams.get(i));
     let suspect_after = upstream
@@ -163,7 +195,28 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig) -> Liveness {
         return Liveness::Alive("no tcp_info");
     };
     let silent = u64::from(i.last_data_recv_ms);
-    if u32::from(i.probes) >= th.dead_probes {
+    if let Some(p) = proof {
+        // Our own probes: they govern, not the agent's keepalive threshold.
+        let armed_for = p.armed_for(now_ms);
+        if silent < armed_for {
+            return Liveness::Alive("data arriving");
+        }
+        if u64::from(i.last_ack_recv_ms) < armed_for {
+            return Liveness::Alive("the peer answered the proof keepalive");
+        }
+        if i.unacked == 0 && p.proves_dead(i.probes, armed_for) {
+            return Liveness::Dead {
+                code: "peer_unresponsive",
+                why: format!(
+                    "proof keepalive armed {} ago: {} probe(s) unanswered, {} apart; nothing from the peer for {}",
+                    human_ms(armed_for),
+                    i.probes,
+                    human_ms(p.interval_ms),
+                    human_ms(silent)
+                ),
+            };
+        }
+    } else if u32::from(i.probes) >= th.dead_probes {
         return Liveness::Dead {
             code: "peer_unresponsive",
             why: format!(
@@ -220,20 +273,48 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig) -> Liveness {
     Liveness::Suspect { silent_ms: silent }
 }
 
-/// Whether a provider socket carries a call now: a thread waits on it, or a
-/// request went out after the last answer, or an answer is streaming in.
+/// Whether the last thing on the socket was a request: something was sent,
+/// and nothing has been received since (ties included: ages are whole
+/// milliseconds, and an answer takes longer than that).
+fn request_out(s: &SocketReport) -> bool {
+    s.tcp_info
+        .as_ref()
+        .is_some_and(|i| i.bytes_acked > 0 && i.last_data_sent_ms <= i.last_data_recv_ms)
+}
+
+/// Whether an upstream socket carries a call now: a thread waits on it (in
+/// a receive, `poll` or `select`), or a request is out with no answer yet
+/// (`pending`: [`request_out`] now or kept from an earlier check), or an
+/// answer is streaming in.
 fn in_flight(
     s: &SocketReport,
-    blocked_on: &BTreeMap<u64, (u32, u64)>,
+    waiting: &BTreeMap<u64, Waiter>,
+    pending: bool,
     suspect_after_ms: u64,
 ) -> bool {
-    if blocked_on.contains_key(&s.inode) {
-        return true;
-    }
-    s.tcp_info.as_ref().is_some_and(|i| {
-        i.last_data_sent_ms < i.last_data_recv_ms
-            || u64::from(i.last_data_recv_ms) <= suspect_after_ms
-    })
+    waiting.contains_key(&s.inode)
+        || pending
+        || s.tcp_info
+            .as_ref()
+            .is_some_and(|i| u64::from(i.last_data_recv_ms) <= suspect_after_ms)
+}
+
+/// A thread waiting on a socket: its tid, how long it has waited, and in
+/// what (`recv`, `poll`, …).
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    tid: u32,
+    age_ms: u64,
+    syscall: Wait,
+}
+
+/// What a waiting thread sits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// A blocking receive on the socket.
+    Recv,
+    /// `poll`/`select` with the socket in its read set.
+    Poll,
 }
 
 fn reason(code: &str, verdict: Verdict, message: String) -> Reason {
@@ -275,12 +356,22 @@ fn socket_reason(r: Reason, s: &SocketReport) -> Reason {
 /// waiting on it are evidence), or a thread in uninterruptible sleep (how
 /// long it has been there). A check reads every thread's syscall and wait
 /// only then.
-pub fn needs_thread_detail(cfg: &AgentConfig, report: &Report) -> bool {
+pub fn needs_thread_detail(
+    cfg: &AgentConfig,
+    report: &Report,
+    history: &AgentHistory,
+    now_ms: u64,
+) -> bool {
     report
         .sockets
         .iter()
         .filter(|s| s.role != "other")
-        .any(|s| !matches!(liveness(s, cfg), Liveness::Alive(_)))
+        .any(|s| {
+            !matches!(
+                liveness(s, cfg, proof_of(s, history), now_ms),
+                Liveness::Alive(_)
+            )
+        })
         || report
             .processes
             .iter()
@@ -315,7 +406,7 @@ pub fn judge(
             Verdict::Down,
             why.unwrap_or_else(|| "no process matches the agent's rule".into()),
         ));
-        return finish(reasons, next, now_ms);
+        return finish(reasons, Vec::new(), next, now_ms);
     }
 
     // The agent says it is working on something (an event loop waiting on
@@ -329,23 +420,49 @@ pub fn judge(
         .find(|t| !t.is_null() && t.as_str() != Some(""))
         .map(|t| t.as_str().map_or_else(|| t.to_string(), str::to_string));
 
-    // Threads blocked in a receive, by socket: (tid, age).
-    let mut blocked_on: BTreeMap<u64, (u32, u64)> = BTreeMap::new();
-    for p in &report.processes {
-        for t in &p.threads {
-            if let (Some(inode), Some(age)) = (t.recv_inode, t.recv_blocked_ms) {
-                let e = blocked_on.entry(inode).or_insert((t.tid, age));
-                if age > e.1 {
-                    *e = (t.tid, age);
-                }
+    // Threads waiting on a socket, by inode: in a receive (procfs or eBPF),
+    // or in poll/select with it in the read set. The longest wait wins, a
+    // receive over a poll. An event loop's epoll set is not counted: it
+    // holds idle connections too; the socket's own history decides there.
+    let mut waiting: BTreeMap<u64, Waiter> = BTreeMap::new();
+    let mut wait_on = |inode: u64, w: Waiter| {
+        let e = waiting.entry(inode).or_insert(w);
+        if (w.syscall == Wait::Recv, w.age_ms) > (e.syscall == Wait::Recv, e.age_ms) {
+            *e = w;
+        }
+    };
+    for t in report.processes.iter().flat_map(|p| &p.threads) {
+        if let (Some(inode), Some(age_ms)) = (t.recv_inode, t.recv_blocked_ms) {
+            wait_on(
+                inode,
+                Waiter {
+                    tid: t.tid,
+                    age_ms,
+                    syscall: Wait::Recv,
+                },
+            );
+        }
+        if !t.wait_event_loop {
+            for &inode in &t.wait_inodes {
+                let age_ms = t.idle_ms.unwrap_or(0);
+                wait_on(
+                    inode,
+                    Waiter {
+                        tid: t.tid,
+                        age_ms,
+                        syscall: Wait::Poll,
+                    },
+                );
             }
         }
     }
+    let recv_blocked_ms = th.recv_blocked.as_millis() as u64;
 
     // Upstream sockets.
     let mut control_alive = false;
     let mut control_dead = false;
     let mut busy = false;
+    let mut work = Vec::new();
     // A connection attempt (SYN sent, no answer yet) has exchanged no data:
     // its tcp_info silences are meaningless. It is judged as what it is,
     // the absence of a connection, below.
@@ -355,14 +472,46 @@ pub fn judge(
         .iter()
         .filter(|s| s.role != "other" && !connecting(s))
     {
-        let suspect_after = s
-            .upstream
-            .and_then(|i| cfg.upstreams.get(i))
+        let upstream = s.upstream.and_then(|i| cfg.upstreams.get(i));
+        let suspect_after = upstream
             .and_then(|u| u.suspect_after)
             .unwrap_or(th.suspect_after)
             .as_millis() as u64;
         let control = s.role == "control";
-        match liveness(s, cfg) {
+        let proof = proof_of(s, history);
+        // A request out and nothing back: now, or since an earlier check
+        // with no byte received since.
+        let received = s.tcp_info.as_ref().map_or(0, |i| i.bytes_received);
+        let pending = request_out(s) || history.pending.get(&s.cookie) == Some(&received);
+        if pending {
+            next.pending.insert(s.cookie, received);
+        }
+        let task = claimed_task.as_ref().filter(|_| s.role == "provider");
+        let awaited = in_flight(s, &waiting, pending, suspect_after) || task.is_some();
+        let liveness = liveness(s, cfg, proof, now_ms);
+        if let Some(p) = proof {
+            // Kept until the peer answers (then put back) or the socket goes.
+            next.proofs.insert(s.cookie, p.clone());
+            if matches!(liveness, Liveness::Alive(_)) || !cfg.proof.keepalive {
+                work.push(ProofWork::Restore {
+                    cookie: s.cookie,
+                    remote: s.remote.clone(),
+                });
+            }
+        }
+        if let Some(a) = history.answered.get(&s.cookie) {
+            next.answered.insert(s.cookie, *a);
+        }
+        let answered = history.answered.get(&s.cookie).map_or(String::new(), |a| {
+            format!(
+                "; the peer answered {} proof keepalive round(s), the last {} ago",
+                a.rounds,
+                human_ms(now_ms.saturating_sub(a.at_ms))
+            )
+        });
+        let waiter = waiting.get(&s.inode);
+        let dead = matches!(liveness, Liveness::Dead { .. });
+        match liveness {
             Liveness::Dead { code, why } => {
                 control_dead |= control;
                 let r = reason(
@@ -370,23 +519,30 @@ pub fn judge(
                     Verdict::Wedged,
                     format!("{} connection to {}: {why}", s.role, s.remote),
                 );
-                reasons.push(socket_reason(r, s));
-                if let Some(&(tid, age)) = blocked_on
-                    .get(&s.inode)
-                    .filter(|(_, age)| *age >= th.recv_blocked.as_millis() as u64)
-                {
+                let r = socket_reason(r, s);
+                reasons.push(if proof.is_some() {
+                    with(r, "proof", true)
+                } else {
+                    r
+                });
+                if let Some(w) = waiter.filter(|w| w.age_ms >= recv_blocked_ms) {
+                    let (code, what) = match w.syscall {
+                        Wait::Recv => ("recv_blocked", "in a receive"),
+                        Wait::Poll => ("wait_blocked", "in poll/select"),
+                    };
                     let r = reason(
-                        "recv_blocked",
+                        code,
                         Verdict::Wedged,
                         format!(
-                            "thread {tid} has been blocked {} in a receive on that dead connection",
-                            human_ms(age)
+                            "thread {} has been waiting {} {what} on that dead connection",
+                            w.tid,
+                            human_ms(w.age_ms)
                         ),
                     );
                     reasons.push(with(
-                        with(with(r, "tid", tid), "inode", s.inode),
+                        with(with(r, "tid", w.tid), "inode", s.inode),
                         "age_ms",
-                        age,
+                        w.age_ms,
                     ));
                 }
             }
@@ -400,15 +556,53 @@ pub fn judge(
                 if control {
                     control_alive = true; // unproven either way: not dead
                 }
-                let task = claimed_task.as_ref().filter(|_| s.role == "provider");
-                if control || in_flight(s, &blocked_on, suspect_after) || task.is_some() {
+                if control || awaited {
                     busy |= !control;
-                    let waiting = match (blocked_on.get(&s.inode), task) {
-                        (Some((tid, age)), _) => {
-                            format!("; thread {tid} waiting {}", human_ms(*age))
-                        }
+                    let waiting = match (waiter, task) {
+                        (Some(w), _) => format!(
+                            "; thread {} waiting {} in {}",
+                            w.tid,
+                            human_ms(w.age_ms),
+                            match w.syscall {
+                                Wait::Recv => "a receive",
+                                Wait::Poll => "poll/select",
+                            }
+                        ),
                         (None, Some(task)) => format!("; the agent reports current_task {task:?}"),
+                        (None, None) if pending => "; a request is out and no answer came".into(),
                         (None, None) => String::new(),
+                    };
+                    let unacked = s.tcp_info.as_ref().map_or(0, |i| i.unacked);
+                    let proving = match (proof, s.fd, start_ticks(report, s.pid)) {
+                        (Some(p), _, _) => format!(
+                            "; proof keepalive armed {} ago: {} probe(s) unanswered",
+                            human_ms(p.armed_for(now_ms)),
+                            s.tcp_info.as_ref().map_or(0, |i| i.probes)
+                        ),
+                        (None, _, _) if !cfg.proof.keepalive => {
+                            "; proof keepalives are off ([agent.proof] keepalive = false)".into()
+                        }
+                        (None, _, _) if unacked > 0 => format!(
+                            "; {unacked} segment(s) unacknowledged: their retransmissions are the proof"
+                        ),
+                        (None, _, _) if s.state != "ESTAB" => String::new(),
+                        (None, Some(fd), Some(start)) => {
+                            work.push(ProofWork::Arm {
+                                cookie: s.cookie,
+                                target: ProofTarget {
+                                    pid: s.pid,
+                                    start_ticks: start,
+                                    fd,
+                                    inode: s.inode,
+                                },
+                                silent_ms,
+                                remote: s.remote.clone(),
+                            });
+                            "; arming a proof keepalive".into()
+                        }
+                        (None, _, _) => {
+                            "; its fd or process is unknown: no proof can be armed".into()
+                        }
                     };
                     let r = reason(
                         "suspect",
@@ -418,7 +612,7 @@ pub fn judge(
                             Verdict::Busy
                         },
                         format!(
-                            "{} connection to {} silent for {} (suspect for {}){waiting}: no proof the peer is dead or alive yet",
+                            "{} connection to {} silent for {} (suspect for {}){waiting}{proving}{answered}: no proof the peer is dead or alive yet",
                             s.role,
                             s.remote,
                             human_ms(silent_ms),
@@ -430,16 +624,38 @@ pub fn judge(
             }
             Liveness::Alive(how) => {
                 control_alive |= control;
-                if !control && in_flight(s, &blocked_on, suspect_after) {
+                if !control && awaited {
                     busy = true;
                     let r = reason(
                         "call_in_flight",
                         Verdict::Busy,
-                        format!("provider call to {} in flight: {how}", s.remote),
+                        format!("{} call to {} in flight: {how}{answered}", s.role, s.remote),
                     );
                     reasons.push(socket_reason(r, s));
                 }
             }
+        }
+        // One hop only: keepalive and ACKs prove the TCP peer, which may be
+        // a proxy answering for a dead upstream. A call silent past
+        // max_silence is not thinking, whoever answers the probes.
+        let max_silence = upstream.map_or(crate::config::DEFAULT_MAX_SILENCE, |u| u.max_silence);
+        let silent = s
+            .tcp_info
+            .as_ref()
+            .map_or(0, |i| u64::from(i.last_data_recv_ms));
+        if !control && awaited && silent > max_silence.as_millis() as u64 && !dead {
+            let r = reason(
+                "silence_exceeded",
+                Verdict::Unresponsive,
+                format!(
+                    "{} call to {} silent for {}, past its max_silence of {}, while its TCP peer still answers: a proxy may be answering for a dead upstream",
+                    s.role,
+                    s.remote,
+                    human_ms(silent),
+                    human_ms(max_silence.as_millis() as u64)
+                ),
+            );
+            reasons.push(socket_reason(r, s));
         }
     }
 
@@ -626,11 +842,12 @@ pub fn judge(
             reasons.push(reason(base.as_str(), base, msg));
         }
     }
-    finish(reasons, next, now_ms)
+    finish(reasons, work, next, now_ms)
 }
 
 fn finish(
     mut reasons: Vec<Reason>,
+    work: Vec<ProofWork>,
     mut next: AgentHistory,
     now_ms: u64,
 ) -> (Judgement, AgentHistory) {
@@ -640,7 +857,23 @@ fn finish(
         next.verdict = Some(verdict);
         next.verdict_since_ms = now_ms;
     }
-    (Judgement { verdict, reasons }, next)
+    (
+        Judgement {
+            verdict,
+            reasons,
+            work,
+        },
+        next,
+    )
+}
+
+/// The start time of process `pid` of the report, if it was read.
+fn start_ticks(report: &Report, pid: u32) -> Option<u64> {
+    report
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.start_ticks)
 }
 
 #[cfg(test)]

@@ -5,8 +5,11 @@
 //! breaker that gives up (and says so) rather than storm.
 //!
 //! Rungs, gentlest first:
-//! 1. `arm_keepalive` on each dead socket: a dead peer then fails the
-//!    agent's blocked read, and its own reconnect logic runs;
+//! 1. on each dead socket, `expire_keepalive` where the prove stage's
+//!    keepalive already went unanswered (the kernel ends the connection as
+//!    a keepalive timeout, now that the snapshot is written), else
+//!    `arm_keepalive`: either way the agent's blocked read fails and its
+//!    own reconnect logic runs;
 //! 2. `destroy_socket` on each dead socket still there;
 //! 3. `signal` (SIGTERM, then SIGKILL after the grace), if the config allows;
 //! 4. `restart` with the configured command, if there is one.
@@ -27,6 +30,14 @@ use crate::{
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Step {
     ArmKeepalive {
+        pid: u32,
+        start_ticks: u64,
+        fd: i32,
+        inode: u64,
+    },
+    /// The prove stage's keepalive went unanswered: end the connection as a
+    /// keepalive timeout (`ETIMEDOUT` to the agent's read).
+    ExpireKeepalive {
         pid: u32,
         start_ticks: u64,
         fd: i32,
@@ -53,6 +64,7 @@ impl Step {
     pub fn name(&self) -> &'static str {
         match self {
             Self::ArmKeepalive { .. } => "arm_keepalive",
+            Self::ExpireKeepalive { .. } => "expire_keepalive",
             Self::DestroySocket { .. } => "destroy_socket",
             Self::Signal { .. } => "signal",
             Self::Restart { .. } => "restart",
@@ -62,7 +74,7 @@ impl Step {
     /// Which rung of the ladder this step is on (0 gentlest).
     pub fn rung(&self) -> u8 {
         match self {
-            Self::ArmKeepalive { .. } => 0,
+            Self::ArmKeepalive { .. } | Self::ExpireKeepalive { .. } => 0,
             Self::DestroySocket { .. } => 1,
             Self::Signal { .. } => 2,
             Self::Restart { .. } => 3,
@@ -155,6 +167,8 @@ struct DeadSocket {
     /// (a runner heartbeating into a half-open stream): the gentlest step
     /// that works is destroying it.
     unacked: bool,
+    /// The prove stage's keepalive is armed on it and went unanswered.
+    proof: bool,
 }
 
 fn dead_sockets(j: &Judgement, report: &Report) -> Vec<DeadSocket> {
@@ -183,6 +197,7 @@ fn dead_sockets(j: &Judgement, report: &Report) -> Vec<DeadSocket> {
                 fd,
                 inode,
                 unacked: s.tcp_info.as_ref().is_some_and(|i| i.unacked > 0),
+                proof: r.evidence.get("proof") == Some(&serde_json::Value::Bool(true)),
             });
         }
     }
@@ -266,15 +281,28 @@ pub fn decide(
     let mut chosen = None;
     for rung in from..=3u8 {
         let steps: Vec<Step> = match rung {
-            // Keepalive where it can work; a socket with data in flight
-            // goes straight to the next rung.
-            0 if sockets.iter().all(|d| !d.unacked) => sockets
+            // Keepalive where it can work (a proof keepalive that went
+            // unanswered is ended; elsewhere one is armed); a socket with
+            // data in flight goes straight to the next rung.
+            0 if sockets.iter().all(|d| d.proof || !d.unacked) => sockets
                 .iter()
-                .map(|d| Step::ArmKeepalive {
-                    pid: d.pid,
-                    start_ticks: d.start_ticks,
-                    fd: d.fd,
-                    inode: d.inode,
+                .map(|d| {
+                    let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
+                    if d.proof {
+                        Step::ExpireKeepalive {
+                            pid,
+                            start_ticks,
+                            fd,
+                            inode,
+                        }
+                    } else {
+                        Step::ArmKeepalive {
+                            pid,
+                            start_ticks,
+                            fd,
+                            inode,
+                        }
+                    }
                 })
                 .collect(),
             1 => sockets

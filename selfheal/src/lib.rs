@@ -20,6 +20,7 @@ pub mod ladder;
 pub mod pidfd;
 pub mod probe;
 pub mod proc;
+pub mod prove;
 pub mod snapshots;
 pub mod sockdiag;
 pub mod store;

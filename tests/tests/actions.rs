@@ -199,7 +199,7 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
 
     let target = target(ready.pid);
     let armed_at = Instant::now();
-    let out = actions::arm_keepalive(&target, fd, &small_keepalive()).expect("arm keepalive");
+    let out = actions::arm_keepalive(&target, fd, None, &small_keepalive()).expect("arm keepalive");
     assert_eq!(out.pid, ready.pid);
     assert_eq!(out.inode, ready.inode);
     assert!(!out.previous.enabled, "{out:?}");
@@ -260,7 +260,7 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
     let target = target(ready.pid);
     let before = raw_keepalive(&target, fd);
     let armed_at = Instant::now();
-    let out = actions::arm_keepalive(&target, fd, &small_keepalive()).expect("arm keepalive");
+    let out = actions::arm_keepalive(&target, fd, None, &small_keepalive()).expect("arm keepalive");
     assert_eq!(out.previous, before);
     let silent = out.silent_ms.expect("tcp_info");
     assert!(silent >= 1000, "{out:?}");
@@ -298,7 +298,7 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
     assert!(target.is_alive());
 
     // The options go back as they were.
-    let restored = actions::restore_keepalive(&target, fd, &out.previous).expect("restore");
+    let restored = actions::restore_keepalive(&target, fd, None, &out.previous).expect("restore");
     assert_eq!(restored, out.previous);
     assert_eq!(raw_keepalive(&target, fd), before);
 }
@@ -311,9 +311,9 @@ fn destroy_and_expect(client: &Peer, ready: &Ready, use_shutdown: bool) -> Destr
     let target = target(ready.pid);
     let t0 = Instant::now();
     let out = if use_shutdown {
-        actions::shutdown_socket(&target, fd)
+        actions::shutdown_socket(&target, fd, None)
     } else {
-        actions::destroy_socket(&target, fd)
+        actions::destroy_socket(&target, fd, None)
     }
     .expect("destroy");
     let acted = t0.elapsed();
@@ -464,7 +464,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
     let out = std::thread::scope(|s| {
         s.spawn(|| {
             drop_net_admin_in_this_thread();
-            actions::destroy_socket(&target, fd)
+            actions::destroy_socket(&target, fd, None)
         })
         .join()
         .expect("thread")
@@ -487,23 +487,23 @@ fn socket_actions_refuse_what_is_not_a_tcp_socket() {
     let _side = l.accept().unwrap();
     let target = target(ready.pid);
     // fd 0 is the peer's stdin, a pipe.
-    let e = actions::destroy_socket(&target, 0).unwrap_err();
+    let e = actions::destroy_socket(&target, 0, None).unwrap_err();
     assert!(matches!(e, ActionError::NotASocket { fd: 0, .. }), "{e}");
     assert_eq!(
         e.to_string(),
         format!("fd 0 of pid {} is not a socket", ready.pid)
     );
-    let e = actions::arm_keepalive(&target, 999, &Keepalive::default()).unwrap_err();
+    let e = actions::arm_keepalive(&target, 999, None, &Keepalive::default()).unwrap_err();
     assert!(matches!(e, ActionError::NoSuchFd { fd: 999, .. }), "{e}");
-    let e = actions::arm_keepalive(&target, -1, &Keepalive::default()).unwrap_err();
+    let e = actions::arm_keepalive(&target, -1, None, &Keepalive::default()).unwrap_err();
     assert!(matches!(e, ActionError::NoSuchFd { .. }), "{e}");
-    let e = actions::arm_keepalive(&target, 0, &Keepalive::default()).unwrap_err();
+    let e = actions::arm_keepalive(&target, 0, None, &Keepalive::default()).unwrap_err();
     assert!(matches!(e, ActionError::NotASocket { .. }), "{e}");
     let bad = Keepalive {
         count: 0,
         ..Keepalive::default()
     };
-    let e = actions::arm_keepalive(&target, 0, &bad).unwrap_err();
+    let e = actions::arm_keepalive(&target, 0, None, &bad).unwrap_err();
     assert!(matches!(e, ActionError::InvalidKeepalive(_)), "{e}");
 }
 
@@ -591,7 +591,7 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
         matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
         "{e}"
     );
-    let e = actions::arm_keepalive(&h, 3, &Keepalive::default()).unwrap_err();
+    let e = actions::arm_keepalive(&h, 3, None, &Keepalive::default()).unwrap_err();
     assert!(
         matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
         "{e}"
@@ -736,7 +736,7 @@ fn the_guard_refuses_init_ourselves_and_kernel_threads() {
         Err(ActionError::Forbidden { pid: 1, .. })
     ));
     assert!(matches!(
-        actions::destroy_socket(&init, 0),
+        actions::destroy_socket(&init, 0, None),
         Err(ActionError::Forbidden { pid: 1, .. })
     ));
 

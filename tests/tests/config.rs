@@ -438,6 +438,7 @@ fn the_full_example_means_what_it_says() {
                 addr: UpstreamAddr::Socket("127.0.0.1:7443".parse().unwrap()),
                 heartbeat: Some(Duration::from_secs(10)),
                 suspect_after: None,
+                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
             },
             Upstream {
                 role: Role::Provider,
@@ -447,24 +448,28 @@ fn the_full_example_means_what_it_says() {
                 },
                 heartbeat: None,
                 suspect_after: None,
+                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Cidr("10.0.0.0".parse().unwrap(), 8),
                 heartbeat: None,
                 suspect_after: None,
+                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Socket("[2001:db8::1]:443".parse().unwrap()),
                 heartbeat: None,
                 suspect_after: None,
+                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Port(8443),
                 heartbeat: None,
                 suspect_after: None,
+                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
             },
         ]
     );

@@ -37,18 +37,25 @@
 //! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` [{`pid`,`since_ns`}], `gone` [pids that do not exist] |
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` [pids]; a pid leaves the filter when no uid wants it any more |
 //! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids |
-//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `agent`?, `params`? | what the action did (its own JSON object) |
+//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`?, `agent`?, `params`? | what the action did (its own JSON object) |
 //!
 //! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0); a caller may
 //! name only processes it may query (see below), or the whole request is
 //! `forbidden`. Pids that do not exist are reported (`watch`) or simply
 //! contribute nothing (`ebpf_snapshot`).
 //!
-//! `act`: `action` is `arm_keepalive`, `destroy_socket`, `signal` or
-//! `restart`; `pid` and `start_ticks` (the process's start time in clock
+//! `act`: `action` is `arm_keepalive`, `destroy_socket`, `signal`,
+//! `restart`, or one of the prove stage's `prove_keepalive` (params
+//! `idle_s`, `interval_s`, `count`, `hold_ms`), `restore_keepalive` (params
+//! `enabled`, `idle_s`, `interval_s`, `count`, `user_timeout_ms`: the
+//! options to put back) and `expire_keepalive`; `pid` and `start_ticks` (the process's start time in clock
 //! ticks after boot, `/proc/PID/stat` field 22) name the process — a pid now
 //! held by another process is `gone`; `fd` (required for the socket actions)
-//! is the target's file descriptor; `agent` is the agent's name, for the
+//! is the target's file descriptor; `inode` (required by the prove stage's
+//! actions, honoured by all socket actions) is the judged socket's inode:
+//! the fd is duplicated and the duplicate's inode compared before anything
+//! is done, so a connection that replaced the judged one under the same fd
+//! number is never touched; `agent` is the agent's name, for the
 //! audit log (`[A-Za-z0-9._-]`, at most [`MAX_AGENT_NAME`] bytes); `params`
 //! is an object the action reads its own options from.
 //!
@@ -212,6 +219,13 @@ pub enum Action {
     Signal,
     /// Run the agent's restart command.
     Restart,
+    /// The prove stage: arm a proof keepalive on socket `fd` (`inode`).
+    ProveKeepalive,
+    /// The prove stage: put a socket's own keepalive options back.
+    RestoreKeepalive,
+    /// End a connection whose proof keepalive went unanswered, as a
+    /// keepalive timeout (the agent's read fails with `ETIMEDOUT`).
+    ExpireKeepalive,
 }
 
 impl Action {
@@ -221,13 +235,24 @@ impl Action {
             Self::DestroySocket => "destroy_socket",
             Self::Signal => "signal",
             Self::Restart => "restart",
+            Self::ProveKeepalive => "prove_keepalive",
+            Self::RestoreKeepalive => "restore_keepalive",
+            Self::ExpireKeepalive => "expire_keepalive",
         }
     }
 
     /// Whether the action works on one of the target's sockets (and so
     /// needs `fd`).
     pub fn needs_fd(self) -> bool {
-        matches!(self, Self::ArmKeepalive | Self::DestroySocket)
+        !matches!(self, Self::Signal | Self::Restart)
+    }
+
+    /// Whether the action must name the judged socket's `inode`.
+    pub fn needs_inode(self) -> bool {
+        matches!(
+            self,
+            Self::ProveKeepalive | Self::RestoreKeepalive | Self::ExpireKeepalive
+        )
     }
 }
 
@@ -249,6 +274,10 @@ pub struct ActRequest {
     /// The target's file descriptor (socket actions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fd: Option<i32>,
+    /// The judged socket's inode: the action refuses an fd that now holds
+    /// another socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inode: Option<u64>,
     /// The agent's name, for the audit log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
@@ -265,6 +294,7 @@ impl ActRequest {
             pid,
             start_ticks,
             fd: None,
+            inode: None,
             agent: None,
             params: Map::new(),
         }
@@ -288,6 +318,12 @@ impl ActRequest {
                 ));
             }
             _ => {}
+        }
+        if self.inode.is_none() && self.action.needs_inode() {
+            return Err(ProtoError::bad(
+                Some(id),
+                format!("missing field `inode` (required by {})", self.action),
+            ));
         }
         if let Some(agent) = &self.agent {
             let ok = !agent.is_empty()

@@ -242,6 +242,8 @@ pub struct AuditRecord {
     pub pid: u32,
     pub start_ticks: u64,
     pub fd: Option<i32>,
+    /// The judged socket's inode, when the request named one.
+    pub inode: Option<u64>,
     pub agent: Option<String>,
     /// `None` when it was performed.
     pub error: Option<WireError>,
@@ -1403,12 +1405,14 @@ impl Shared {
             pid: req.pid,
             start_ticks: req.start_ticks,
             fd: req.fd,
+            inode: req.inode,
             agent: req.agent.clone(),
             error: error.cloned(),
         };
         // The agent name is validated to [A-Za-z0-9._-]; the message is
         // quoted (Debug) so that nothing in it can forge a log line.
         let fd = req.fd.map_or_else(|| "-".to_string(), |fd| fd.to_string());
+        let inode = req.inode.map_or_else(|| "-".to_string(), |i| i.to_string());
         let agent = req.agent.as_deref().unwrap_or("-");
         match error {
             None => tracing::info!(
@@ -1419,6 +1423,7 @@ impl Shared {
                 pid = req.pid,
                 start_ticks = req.start_ticks,
                 fd = %fd,
+                inode = %inode,
                 agent = %agent,
                 outcome = %"ok",
                 "act performed"
@@ -1431,6 +1436,7 @@ impl Shared {
                 pid = req.pid,
                 start_ticks = req.start_ticks,
                 fd = %fd,
+                inode = %inode,
                 agent = %agent,
                 outcome = %e.code,
                 reason = ?e.message,

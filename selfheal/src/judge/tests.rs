@@ -81,6 +81,9 @@ fn thread(tid: u32, state: char, recv: Option<(u64, u64)>) -> ThreadReport {
         recv_inode: recv.map(|(inode, _)| inode),
         recv_syscall: recv.map(|_| "recvfrom".into()),
         recv_source: recv.map(|_| "procfs"),
+        wait_syscall: None,
+        wait_inodes: vec![],
+        wait_event_loop: false,
         anomalies: vec![],
     }
 }
@@ -363,7 +366,8 @@ fn verdicts_on_fixtures() {
                 vec![thread(101, 'S', Some((1, 2_000)))],
                 vec![
                     alive_control(),
-                    socket(2, "provider", info(30 * MIN, 30 * MIN, 30 * MIN)),
+                    // The answer came after the request: nothing is out.
+                    socket(2, "provider", info(30 * MIN, 30 * MIN, 30 * MIN + 40)),
                 ],
             ),
             probes: vec![ok_probe(true)],
@@ -680,4 +684,256 @@ fn a_connection_attempt_is_an_absent_control_not_a_silent_one() {
         "{}",
         j.reasons[0].message
     );
+}
+
+/// A proof keepalive armed `armed_for` before `100 * MIN` on socket 2.
+fn armed(armed_for: u64) -> AgentHistory {
+    let mut h = AgentHistory::default();
+    h.proofs.insert(
+        5002,
+        Proof {
+            pid: 100,
+            start_ticks: 4242,
+            fd: 4,
+            inode: 2,
+            armed_at_ms: 100 * MIN - armed_for,
+            first_probe_ms: 0,
+            interval_ms: 1_000,
+            count: 3,
+            previous: crate::actions::KeepaliveSettings {
+                enabled: false,
+                idle_s: 7200,
+                interval_s: 75,
+                count: 9,
+                user_timeout_ms: 0,
+            },
+            restore_failures: 0,
+            restore_error: None,
+        },
+    );
+    h
+}
+
+/// A thread waiting in poll on socket `inode` for `age` ms (as a Python SDK
+/// with a timeout does).
+fn poll_thread(tid: u32, inode: u64, age: u64) -> ThreadReport {
+    let mut t = thread(tid, 'S', None);
+    t.syscall = Some("poll".into());
+    t.idle_ms = Some(age);
+    t.wait_syscall = Some("poll".into());
+    t.wait_inodes = vec![inode];
+    t
+}
+
+fn work_of(j: &Judgement) -> Vec<&'static str> {
+    j.work
+        .iter()
+        .map(|w| match w {
+            ProofWork::Arm { .. } => "arm",
+            ProofWork::Restore { .. } => "restore",
+        })
+        .collect()
+}
+
+/// The prove stage's cases: which silent calls get a proof keepalive, and
+/// what its probes prove.
+#[test]
+fn silent_calls_are_proven() {
+    const S: u64 = 2 * MIN; // silent past the default suspect_after (60 s)
+    let provider = |i: TcpInfo| socket(2, "provider", i);
+    let silent = info(S, S, S); // request out, nothing back for a minute
+    let mut probes = |n: u8, ack_ms: u64| {
+        let mut i = info(S, ack_ms, S);
+        i.probes = n;
+        i
+    };
+    let mut unacked = info(S, S, 2_000);
+    unacked.unacked = 1;
+    let mut answered_before = info(S, S, S + 30);
+    answered_before.bytes_received = 4000;
+    let mut carried = AgentHistory::default();
+    carried.pending.insert(5002, 4000);
+    struct P {
+        name: &'static str,
+        config: &'static str,
+        threads: Vec<ThreadReport>,
+        socket: SocketReport,
+        history: AgentHistory,
+        verdict: Verdict,
+        code: &'static str,
+        work: &'static [&'static str],
+    }
+    let cases = vec![
+        P {
+            name: "a call awaited in poll (the SDKs), request out, silent a minute: arm",
+            config: "",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(silent.clone()),
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &["arm"],
+        },
+        P {
+            name: "no thread waits (futex, event loop); the last thing was a send (tie): arm",
+            config: "",
+            threads: vec![],
+            socket: provider(silent.clone()),
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &["arm"],
+        },
+        P {
+            name: "an answer came after the request, no thread waits: idle, nothing armed",
+            config: "",
+            threads: vec![],
+            socket: provider(answered_before.clone()),
+            history: AgentHistory::default(),
+            verdict: Verdict::Idle,
+            code: "idle",
+            work: &[],
+        },
+        P {
+            name: "a request seen out earlier, no byte received since: still in flight",
+            config: "",
+            threads: vec![],
+            socket: provider(answered_before.clone()),
+            history: carried,
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &["arm"],
+        },
+        P {
+            name: "data in flight: its retransmissions are the proof, nothing armed",
+            config: "",
+            threads: vec![thread(101, 'S', Some((2, S)))],
+            socket: provider(unacked),
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &[],
+        },
+        P {
+            name: "proof keepalives turned off: watched only",
+            config: "[agent.proof]\nkeepalive = false\n",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(silent.clone()),
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &[],
+        },
+        P {
+            name: "armed 1.5 s ago, 2 probes out: not yet proven, nothing new armed",
+            config: "",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(probes(2, S)),
+            history: armed(1_500),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &[],
+        },
+        P {
+            name: "armed 3 s ago, 3 probes unanswered, each given 1 s: dead",
+            config: "",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(probes(3, S)),
+            history: armed(3_000),
+            verdict: Verdict::Wedged,
+            code: "peer_unresponsive",
+            work: &[],
+        },
+        P {
+            name: "3 probes out but the third only just sent: not yet",
+            config: "",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(probes(3, S)),
+            history: armed(2_100),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &[],
+        },
+        P {
+            name: "the peer ACKed after arming: alive, options put back",
+            config: "",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(probes(0, 300)),
+            history: armed(1_200),
+            verdict: Verdict::Busy,
+            code: "call_in_flight",
+            work: &["restore"],
+        },
+        P {
+            name: "the agent's own keepalive with 2 probes out is not our proof: dead by dead_probes",
+            config: "",
+            threads: vec![poll_thread(101, 2, S)],
+            socket: provider(probes(2, S)),
+            history: AgentHistory::default(),
+            verdict: Verdict::Wedged,
+            code: "peer_unresponsive",
+            work: &[],
+        },
+        P {
+            name: "a proxy answers the probes, silent past max_silence: unresponsive",
+            config: "",
+            threads: vec![poll_thread(101, 2, 11 * MIN)],
+            socket: provider(info(11 * MIN, 500, 11 * MIN)),
+            history: AgentHistory::default(),
+            verdict: Verdict::Unresponsive,
+            code: "silence_exceeded",
+            work: &[],
+        },
+    ];
+    for c in cases {
+        let cfg = agent(c.config);
+        let r = report(c.threads, vec![alive_control(), c.socket]);
+        let (j, next) = judge(&cfg, &r, &[], &c.history, 100 * MIN);
+        assert_eq!(j.verdict, c.verdict, "{}: {:#?}", c.name, j.reasons);
+        assert!(codes(&j).contains(&c.code), "{}: {:?}", c.name, codes(&j));
+        assert_eq!(work_of(&j), c.work, "{}", c.name);
+        // An armed proof is kept while its socket lives.
+        assert_eq!(
+            next.proofs.keys().collect::<Vec<_>>(),
+            c.history.proofs.keys().collect::<Vec<_>>(),
+            "{}",
+            c.name
+        );
+    }
+}
+
+/// The proof's dead reason carries the mark the ladder ends it by; a proof
+/// whose socket went (or whose fd now holds another socket) is forgotten.
+#[test]
+fn proofs_are_marked_and_forgotten_with_their_socket() {
+    let cfg = agent("");
+    let mut dead = info(2 * MIN, 2 * MIN, 2 * MIN);
+    dead.probes = 3;
+    let r = report(vec![], vec![alive_control(), socket(2, "provider", dead)]);
+    let (j, _) = judge(&cfg, &r, &[], &armed(5_000), 100 * MIN);
+    let reason = j
+        .reasons
+        .iter()
+        .find(|r| r.code == "peer_unresponsive")
+        .expect("dead");
+    assert_eq!(reason.evidence["proof"], true);
+    assert!(
+        reason.message.contains("proof keepalive armed 5.0s ago"),
+        "{}",
+        reason.message
+    );
+
+    let gone = report(vec![], vec![alive_control()]);
+    let (_, next) = judge(&cfg, &gone, &[], &armed(5_000), 100 * MIN);
+    assert!(next.proofs.is_empty());
+    let mut replaced = socket(2, "provider", info(2 * MIN, 2 * MIN, 2 * MIN));
+    replaced.inode = 77; // same cookie in the fixture's history, another inode
+    let (_, next) = judge(
+        &cfg,
+        &report(vec![], vec![replaced]),
+        &[],
+        &armed(5_000),
+        100 * MIN,
+    );
+    assert!(next.proofs.is_empty());
 }

@@ -89,6 +89,7 @@ fn wedged(code: &str, inode: Option<u64>) -> Judgement {
             message: String::new(),
             evidence,
         }],
+        work: vec![],
     }
 }
 
@@ -96,6 +97,7 @@ fn busy() -> Judgement {
     Judgement {
         verdict: Verdict::Busy,
         reasons: vec![],
+        work: vec![],
     }
 }
 
@@ -467,4 +469,42 @@ fn a_dead_socket_with_data_in_flight_skips_keepalive_for_destroy() {
     // An idle dead socket still gets the gentler keepalive first.
     let idle = [(0, wedged("control_silent", Some(42)), report('S', true))];
     assert_eq!(timeline(&cfg, &idle), ["arm_keepalive"]);
+}
+
+#[test]
+fn an_unanswered_proof_keepalive_is_ended_first_then_the_ladder_goes_on() {
+    let cfg = HealConfig::default();
+    let proven = || {
+        let mut j = wedged("peer_unresponsive", Some(42));
+        j.reasons[0]
+            .evidence
+            .insert("proof".into(), serde_json::Value::Bool(true));
+        j
+    };
+    let events: Vec<_> = [0, 31, 70]
+        .iter()
+        .map(|t| (t * SEC, proven(), report('S', true)))
+        .collect();
+    assert_eq!(
+        timeline(&cfg, &events),
+        ["expire_keepalive", "destroy_socket", "gave_up"]
+    );
+    let d = decide(
+        &cfg,
+        &proven(),
+        &report('S', true),
+        &mut HealHistory::default(),
+        0,
+    );
+    assert_eq!(
+        d,
+        Decision::Act {
+            steps: vec![Step::ExpireKeepalive {
+                pid: 100,
+                start_ticks: 777,
+                fd: 7,
+                inode: 42
+            }]
+        }
+    );
 }
