@@ -575,17 +575,19 @@ pub fn judge(
                     let unacked = s.tcp_info.as_ref().map_or(0, |i| i.unacked);
                     let proving = match (proof, s.fd, start_ticks(report, s.pid)) {
                         (Some(p), _, _) => format!(
-                            "; proof keepalive armed {} ago: {} probe(s) unanswered",
+                            "; proof keepalive armed {} ago: {} probe(s) unanswered so far",
                             human_ms(p.armed_for(now_ms)),
                             s.tcp_info.as_ref().map_or(0, |i| i.probes)
                         ),
                         (None, _, _) if !cfg.proof.keepalive => {
-                            "; proof keepalives are off ([agent.proof] keepalive = false)".into()
+                            "; no proof either way (proof keepalives are off: [agent.proof] keepalive = false)".into()
                         }
                         (None, _, _) if unacked > 0 => format!(
-                            "; {unacked} segment(s) unacknowledged: their retransmissions are the proof"
+                            "; {unacked} segment(s) unacknowledged: their retransmissions will prove it"
                         ),
-                        (None, _, _) if s.state != "ESTAB" => String::new(),
+                        (None, _, _) if s.state != "ESTAB" => {
+                            format!("; no proof either way (state {})", s.state)
+                        }
                         (None, Some(fd), Some(start)) => {
                             work.push(ProofWork::Arm {
                                 cookie: s.cookie,
@@ -598,10 +600,10 @@ pub fn judge(
                                 silent_ms,
                                 remote: s.remote.clone(),
                             });
-                            "; arming a proof keepalive".into()
+                            "; no proof either way yet: arming a proof keepalive".into()
                         }
                         (None, _, _) => {
-                            "; its fd or process is unknown: no proof can be armed".into()
+                            "; no proof either way (its fd or process could not be read: no proof keepalive can be armed)".into()
                         }
                     };
                     let r = reason(
@@ -612,7 +614,7 @@ pub fn judge(
                             Verdict::Busy
                         },
                         format!(
-                            "{} connection to {} silent for {} (suspect for {}){waiting}{proving}{answered}: no proof the peer is dead or alive yet",
+                            "{} connection to {} silent for {} (suspect for {}){waiting}{answered}{proving}",
                             s.role,
                             s.remote,
                             human_ms(silent_ms),

@@ -17,7 +17,9 @@ use std::{
 };
 
 use selfheal::{
-    actions::{self, ActionError, DestroyMethod, Keepalive, KeepaliveSettings, Signal},
+    actions::{
+        self, ActionError, DestroyMethod, Keepalive, KeepaliveSettings, ProofKeepalive, Signal,
+    },
     pidfd::{Pidfd, start_ticks},
     sockdiag,
 };
@@ -775,4 +777,194 @@ fn the_guard_refuses_init_ourselves_and_kernel_threads() {
             "no kernel thread is visible in this pid namespace",
         ),
     }
+}
+
+/// The proof the tests arm: one probe a second, three to prove.
+fn small_proof() -> ProofKeepalive {
+    ProofKeepalive {
+        idle_s: 1,
+        interval_s: 1,
+        count: 3,
+        hold_ms: 120_000,
+    }
+}
+
+/// The socket's tcp_info as sock_diag reports it.
+fn info_of(pid: u32, inode: u64) -> Option<sockdiag::TcpInfo> {
+    let socks = sockdiag::dump_tcp_in_netns_of(pid).ok()?;
+    socks.into_iter().find(|s| s.inode == inode)?.tcp_info
+}
+
+/// The prove stage on a half-open connection whose reader waits silently
+/// (a cut during think time): the proof's probes go unanswered and only
+/// then is the connection ended, as a keepalive timeout the agent's read
+/// sees as `ETIMEDOUT`; it reconnects, same pid.
+#[test]
+fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_the_read() {
+    if !need_root(
+        "a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_the_read",
+    ) {
+        return;
+    }
+    let Pair {
+        pair,
+        _server,
+        client,
+        ready,
+    } = netns_pair("apd");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    drop_connection_into_b(&pair, port_of(&ready.local));
+    std::thread::sleep(Duration::from_millis(1200)); // silent past idle
+
+    let target = target(ready.pid);
+    let before = raw_keepalive(&target, fd);
+    let armed_at = Instant::now();
+    let out = actions::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
+        .expect("arm the proof");
+    assert_eq!(out.previous, before);
+    assert_eq!(raw_keepalive(&target, fd), out.applied);
+    let silent = u64::from(out.silent_ms.expect("tcp_info"));
+    // The kernel holds the connection past the judged probes.
+    assert!(
+        u64::from(out.applied.user_timeout_ms) >= silent + 1000 + 3000 + 120_000,
+        "{out:?}"
+    );
+
+    // Probes go out and none is answered; the connection is not ended by
+    // the proof itself.
+    let probes = wait_for(8 * SEC, Duration::from_millis(100), || {
+        info_of(ready.pid, ready.inode).filter(|i| i.probes >= 3)
+    })
+    .expect("three unanswered probes");
+    eprintln!(
+        "TIMING proof: {} probes unanswered {:?} after arming",
+        probes.probes,
+        armed_at.elapsed()
+    );
+    assert!(fd_of(ready.pid, ready.inode).is_some());
+    wait_blocked_in_read(ready.pid, ready.tid);
+
+    let t0 = Instant::now();
+    let ended = actions::expire_keepalive(&target, fd, ready.inode).expect("expire");
+    assert!(ended.ended, "{ended:?}");
+    assert!(ended.probes >= 3, "{ended:?}");
+    let line = client.expect("error ", 5 * SEC);
+    eprintln!(
+        "TIMING expired: the read failed {:?} after expire_keepalive: {line}",
+        t0.elapsed()
+    );
+    assert!(
+        line.contains(&format!("os={}", libc::ETIMEDOUT)),
+        "expected ETIMEDOUT: {line}"
+    );
+    let again = client.ready();
+    assert_eq!(again.pid, ready.pid);
+    assert!(target.is_alive());
+    assert!(no_pending_signals(ready.pid));
+}
+
+/// The prove stage on a live peer that is only silent (thinking): it
+/// answers the first probe, expiring is refused (no probe outstanding), and
+/// the socket's own options, here the agent's own keepalive, go back
+/// exactly.
+#[test]
+fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back() {
+    if !need_root("a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back") {
+        return;
+    }
+    let Pair {
+        pair: _pair,
+        _server,
+        client: _client,
+        ready,
+    } = netns_pair("apl");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    let target = target(ready.pid);
+    // The agent's own keepalive, as the anthropic SDK sets it.
+    let own = KeepaliveSettings {
+        enabled: true,
+        idle_s: 60,
+        interval_s: 15,
+        count: 4,
+        user_timeout_ms: 0,
+    };
+    actions::restore_keepalive(&target, fd, Some(ready.inode), &own).expect("set the agent's own");
+    std::thread::sleep(Duration::from_millis(1200));
+
+    let armed_at = Instant::now();
+    let out = actions::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
+        .expect("arm the proof");
+    assert_eq!(out.previous, own);
+    let answered = wait_for(5 * SEC, Duration::from_millis(50), || {
+        info_of(ready.pid, ready.inode)
+            .filter(|i| u128::from(i.last_ack_recv_ms) < armed_at.elapsed().as_millis())
+    })
+    .expect("an ACK after arming");
+    eprintln!(
+        "TIMING proof answered within {:?} (last ACK {} ms ago, probes out {})",
+        armed_at.elapsed(),
+        answered.last_ack_recv_ms,
+        answered.probes
+    );
+    // A peer that answered is not ended, even if asked.
+    std::thread::sleep(Duration::from_millis(300));
+    match actions::expire_keepalive(&target, fd, ready.inode) {
+        Err(ActionError::NotApplicable { .. }) => {}
+        other => panic!("expire on a live peer: {other:?}"),
+    }
+    let back = actions::restore_keepalive(&target, fd, Some(ready.inode), &out.previous)
+        .expect("put back");
+    assert_eq!(back, own);
+    assert_eq!(raw_keepalive(&target, fd), own);
+    wait_blocked_in_read(ready.pid, ready.tid);
+}
+
+/// Bad input for the prove stage's actions: an fd that now holds another
+/// socket, or no socket at all, and settings out of the kernel's range: a
+/// clear error each, and the socket untouched.
+#[test]
+fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
+    if !need_root("proof_actions_refuse_a_replaced_fd_and_bad_settings") {
+        return;
+    }
+    let Pair {
+        pair: _pair,
+        _server,
+        client: _client,
+        ready,
+    } = netns_pair("apr");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let target = target(ready.pid);
+    let before = raw_keepalive(&target, fd);
+    let other = ready.inode + 1;
+    for e in [
+        actions::arm_proof_keepalive(&target, fd, other, &small_proof()).map(|_| ()),
+        actions::expire_keepalive(&target, fd, other).map(|_| ()),
+        actions::restore_keepalive(&target, fd, Some(other), &before).map(|_| ()),
+        actions::destroy_socket(&target, fd, Some(other)).map(|_| ()),
+    ] {
+        match e {
+            Err(ActionError::Replaced {
+                expected, found, ..
+            }) => assert_eq!((expected, found), (other, ready.inode)),
+            other => panic!("expected Replaced: {other:?}"),
+        }
+    }
+    let bad = ProofKeepalive {
+        count: 0,
+        ..small_proof()
+    };
+    assert!(matches!(
+        actions::arm_proof_keepalive(&target, fd, ready.inode, &bad),
+        Err(ActionError::InvalidKeepalive(_))
+    ));
+    assert!(matches!(
+        actions::arm_proof_keepalive(&target, 999, ready.inode, &small_proof()),
+        Err(ActionError::NoSuchFd { .. })
+    ));
+    // Nothing was changed by any of them.
+    assert_eq!(raw_keepalive(&target, fd), before);
+    assert_eq!(fd_of(ready.pid, ready.inode), Some(fd));
 }
