@@ -166,8 +166,12 @@ enum Liveness {
     Alive(&'static str),
     /// Silent past its threshold, no proof either way.
     Suspect { silent_ms: u64 },
-    /// Proven dead.
-    Dead { code: &'static str, why: String },
+    /// Proven dead (`by_proof`: by the prove stage's own keepalive).
+    Dead {
+        code: &'static str,
+        why: String,
+        by_proof: bool,
+    },
 }
 
 /// The proof keepalive history holds for this socket, if it is this socket.
@@ -189,6 +193,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
         return Liveness::Dead {
             code: "peer_closed",
             why: "the peer closed the connection; the agent has not".into(),
+            by_proof: false,
         };
     }
     let Some(i) = &s.tcp_info else {
@@ -214,6 +219,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
                     human_ms(p.interval_ms),
                     human_ms(silent)
                 ),
+                by_proof: true,
             };
         }
     } else if u32::from(i.probes) >= th.dead_probes {
@@ -224,6 +230,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
                 i.probes,
                 human_ms(silent)
             ),
+            by_proof: false,
         };
     }
     if i.unacked > 0 && u32::from(i.backoff) >= th.dead_backoff {
@@ -235,6 +242,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
                 i.backoff,
                 human_ms(u64::from(i.last_ack_recv_ms))
             ),
+            by_proof: false,
         };
     }
     if let Some(hb) = upstream
@@ -261,6 +269,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
                     human_ms(silent),
                     human_ms(hb.as_millis() as u64)
                 ),
+                by_proof: false,
             };
         }
     }
@@ -478,6 +487,11 @@ pub fn judge(
             .unwrap_or(th.suspect_after)
             .as_millis() as u64;
         let control = s.role == "control";
+        // A control upstream with a heartbeat is proven by its silence
+        // (3 × the heartbeat): no proof keepalive is armed on it.
+        let heartbeat = upstream
+            .filter(|u| u.role == Role::Control)
+            .and_then(|u| u.heartbeat);
         let proof = proof_of(s, history);
         // A request out and nothing back: now, or since an earlier check
         // with no byte received since.
@@ -512,7 +526,11 @@ pub fn judge(
         let waiter = waiting.get(&s.inode);
         let dead = matches!(liveness, Liveness::Dead { .. });
         match liveness {
-            Liveness::Dead { code, why } => {
+            Liveness::Dead {
+                code,
+                why,
+                by_proof,
+            } => {
                 control_dead |= control;
                 let r = reason(
                     code,
@@ -585,6 +603,7 @@ pub fn judge(
                         (None, _, _) if unacked > 0 => format!(
                             "; {unacked} segment(s) unacknowledged: their retransmissions will prove it"
                         ),
+                        (None, _, _) if heartbeat.is_some() => String::new(),
                         (None, _, _) if s.state != "ESTAB" => {
                             format!("; no proof either way (state {})", s.state)
                         }
