@@ -859,6 +859,7 @@ mod tests {
                 inode,
                 idle_ms: Some(ms),
             }),
+            wait: None,
         }
     }
 
