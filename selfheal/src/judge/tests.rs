@@ -81,6 +81,9 @@ fn thread(tid: u32, state: char, recv: Option<(u64, u64)>) -> ThreadReport {
         recv_inode: recv.map(|(inode, _)| inode),
         recv_syscall: recv.map(|_| "recvfrom".into()),
         recv_source: recv.map(|_| "procfs"),
+        wait_syscall: None,
+        wait_inodes: vec![],
+        wait_event_loop: false,
         anomalies: vec![],
     }
 }
