@@ -290,9 +290,9 @@ fn thread(
     } else {
         Vec::new()
     };
-    // The second argument, for the readiness waits (nfds; select's read set).
-    let mut arg1 = 0;
-    let syscall = if full || (sleeping && detail == Detail::Light) {
+    // The syscall, and its second argument for the readiness waits (nfds;
+    // select's read set).
+    let blocked = if full || (sleeping && detail == Detail::Light) {
         match read_at(dir, "syscall", buf) {
             None if full => {
                 gaps.push(format!(
@@ -306,20 +306,22 @@ fn thread(
                     syscall_number,
                     argument_registers,
                     ..
-                }) if syscall_number >= 0 => Some(SyscallInfo {
-                    nr: syscall_number,
-                    arg0: {
-                        arg1 = argument_registers[1];
-                        argument_registers[0]
+                }) if syscall_number >= 0 => Some((
+                    SyscallInfo {
+                        nr: syscall_number,
+                        name: syscall_name(syscall_number),
+                        arg0: argument_registers[0],
                     },
-                    name: syscall_name(syscall_number),
-                }),
+                    argument_registers[1],
+                )),
                 _ => None,
             },
         }
     } else {
         None
     };
+    let arg1 = blocked.as_ref().map_or(0, |(_, arg1)| *arg1);
+    let syscall = blocked.map(|(s, _)| s);
     // The kernel stack skips scheduler functions as `wchan` does, so its top
     // frame is the wait channel; read `wchan` only when the stack is not
     // readable (not root), or in light mode for D-state threads.
