@@ -194,7 +194,8 @@ pub enum Detail {
     #[default]
     Full,
     /// What judging needs: state, CPU ticks, the syscall of sleeping threads,
-    /// how long threads in a receive or in D state have waited, and the wait
+    /// the sockets of their poll/select/epoll waits, how long threads in a
+    /// receive, in such a wait or in D state have waited, and the wait
     /// channel of D-state threads. A few times cheaper on big agents.
     Light,
     /// Per thread only its state and CPU ticks (`stat`): enough to see that
