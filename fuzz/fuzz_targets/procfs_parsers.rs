@@ -1,6 +1,7 @@
 //! selfheal's own parsers over kernel and procfs data, on any text: a
-//! tracefs event `format` file, a pidfile, `/proc/PID/cgroup`, and the pure
-//! rules over raw eBPF map entries. Never a panic.
+//! tracefs event `format` file, a pidfile, `/proc/PID/cgroup`, an epoll fd's
+//! fdinfo, the pure rules over raw eBPF map entries, and (on the raw bytes)
+//! the pollfd array and `fd_set` decoders. Never a panic.
 //!
 //! Every parser sees the whole input as (lossy UTF-8) text; the numbers the
 //! map-entry rules need come from its first bytes.
@@ -14,6 +15,7 @@ use selfheal::{
         FdKind,
         snapshot::{blocked_recv, socket_activity, syscall_name},
     },
+    proc::{MAX_SELECT_FDS, POLLFD_SIZE, decode_fd_set, decode_pollfds, parse_epoll_tfds},
 };
 use selfheal_common::{InRecv, SockActivity};
 
@@ -71,6 +73,20 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = in_unit(&text, "sol.service");
+
+    // /proc/PID/fdinfo/EPFD of an epoll fd.
+    for (tfd, _) in parse_epoll_tfds(&text) {
+        assert!(tfd >= 0, "tfd {tfd}");
+    }
+
+    // A poll set and a select read set as read from another process.
+    let pollfds = decode_pollfds(data).count();
+    assert!(pollfds <= data.len() / POLLFD_SIZE);
+    for nfds in [data.first().map_or(0, |b| usize::from(*b) * 8), MAX_SELECT_FDS] {
+        let fds: Vec<i32> = decode_fd_set(data, nfds).collect();
+        assert!(fds.windows(2).all(|w| w[0] < w[1]), "{fds:?}");
+        assert!(fds.iter().all(|fd| *fd >= 0 && (*fd as usize) < nfds));
+    }
 
     // Raw eBPF map entries (kernel-written values) through the pure rules.
     let mut b = Bytes(data);

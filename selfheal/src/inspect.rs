@@ -1,6 +1,7 @@
 //! The `inspect` report for one agent (or one process and its descendants):
 //! a tree of processes → threads (state, wchan, kernel stack, the receive
-//! each is blocked in and for how long, from eBPF or procfs and which) and
+//! each is blocked in and for how long, from eBPF or procfs and which, or
+//! the poll/select/epoll wait it sits in and on which sockets) and
 //! sockets (role, addresses, tcp_info ages, timer, eBPF activity), zombies
 //! and the missing-init diagnosis, the eBPF strategy or why there is none,
 //! and what could not be read.
@@ -97,13 +98,15 @@ pub struct ThreadReport {
     /// `ebpf` (timed from the receive's start) or `procfs` (timed from when
     /// the thread last ran).
     pub recv_source: Option<&'static str>,
-    /// The readiness wait it sits in (poll, select, epoll_*) when its set includes sockets.
+    /// The readiness wait it sits in (poll, select, epoll_*) when its set
+    /// includes sockets.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wait_syscall: Option<String>,
     /// The sockets (inodes) that wait covers with read interest.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub wait_inodes: Vec<u64>,
-    /// Whether that wait is an event loop's (epoll): its sockets are registered, not necessarily awaited.
+    /// Whether that wait is an event loop's (epoll): its sockets are
+    /// registered, not necessarily awaited.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub wait_event_loop: bool,
     pub anomalies: Vec<String>,
@@ -512,6 +515,20 @@ pub fn build(ev: &Evidence) -> Report {
                     wait_event_loop: false,
                     anomalies: Vec::new(),
                 };
+                // The TCP sockets of a readiness wait (as for receives).
+                if let Some(w) = &t.wait {
+                    let inodes: Vec<u64> = w
+                        .sockets
+                        .iter()
+                        .map(|(_, ino)| *ino)
+                        .filter(|ino| is_tcp(*ino))
+                        .collect();
+                    if !inodes.is_empty() {
+                        r.wait_syscall = Some(w.syscall.to_string());
+                        r.wait_inodes = inodes;
+                        r.wait_event_loop = w.epoll_fd.is_some();
+                    }
+                }
                 if let Some(b) = blocked.get(&t.tid) {
                     r.recv_blocked_ms = Some(b.age_ms);
                     r.recv_inode = b.inode;
@@ -681,6 +698,42 @@ pub fn human_ms(ms: u64) -> String {
     }
 }
 
+/// A thread's readiness wait, in words: `waits in poll on socket inode 1234
+/// (fd 5, provider) for 3.2s`, or `event loop waits in epoll_wait on 3
+/// sockets (inodes 1, 2, 3) for 3.2s`. Only static names and numbers.
+fn wait_line(t: &ThreadReport, pid: u32, sockets: &BTreeMap<u64, &SocketReport>) -> String {
+    let sc = t.wait_syscall.as_deref().unwrap_or("?");
+    let what = if t.wait_event_loop {
+        format!("event loop waits in {sc}")
+    } else {
+        format!("waits in {sc}")
+    };
+    let on = match t.wait_inodes.as_slice() {
+        [inode] => {
+            let s = sockets.get(inode);
+            let fd = s
+                .filter(|s| s.pid == pid)
+                .and_then(|s| s.fd)
+                .map(|fd| format!("fd {fd}"));
+            let about: Vec<String> = fd.into_iter().chain(s.map(|s| s.role.into())).collect();
+            if about.is_empty() {
+                format!("socket inode {inode}")
+            } else {
+                format!("socket inode {inode} ({})", about.join(", "))
+            }
+        }
+        many => {
+            let shown: Vec<String> = many.iter().take(8).map(u64::to_string).collect();
+            let more = if many.len() > 8 { ", …" } else { "" };
+            format!("{} sockets (inodes {}{more})", many.len(), shown.join(", "))
+        }
+    };
+    match t.idle_ms {
+        Some(ms) => format!("{what} on {on} for {}", human_ms(ms)),
+        None => format!("{what} on {on}"),
+    }
+}
+
 /// The report for a person at a terminal: a tree, anomalies marked `!`.
 pub fn render(r: &Report) -> String {
     use std::fmt::Write as _;
@@ -730,6 +783,7 @@ pub fn render(r: &Report) -> String {
                         .map_or(String::new(), |s| format!(" ({})", s.role)),
                     t.recv_source.unwrap_or("?")
                 ),
+                _ if t.wait_syscall.is_some() => wait_line(t, p.pid, &sockets),
                 _ => match (&t.syscall, t.idle_ms) {
                     (Some(sc), Some(ms)) => format!("in {sc} for {}", human_ms(ms)),
                     (Some(sc), None) => format!("in {sc}"),
@@ -871,6 +925,7 @@ mod tests {
                 inode,
                 idle_ms: Some(ms),
             }),
+            wait: None,
         }
     }
 
@@ -1078,6 +1133,89 @@ mod tests {
         assert!(r.gaps.iter().any(|g| g.contains("permission denied")));
         assert_eq!(r.processes[0].threads[0].recv_blocked_ms, Some(3_000));
         assert!(r.sockets.is_empty());
+    }
+
+    #[test]
+    fn readiness_waits_name_their_tcp_sockets_and_event_loops() {
+        use crate::proc::ProcWait;
+        let waiting = |tid: u32, syscall: &'static str, sockets: Vec<(i32, u64)>, epoll| {
+            let mut t = thread(tid, None);
+            t.idle_ms = Some(3_200);
+            t.wait = Some(ProcWait {
+                syscall,
+                sockets,
+                epoll_fd: epoll,
+                idle_ms: Some(3_200),
+            });
+            t
+        };
+        let ev = evidence(
+            vec![process(
+                10,
+                1,
+                'S',
+                false,
+                vec![
+                    waiting(10, "poll", vec![(5, 500)], None),
+                    waiting(
+                        11,
+                        "epoll_wait",
+                        vec![(5, 500), (6, 501), (7, 999)],
+                        Some(4),
+                    ),
+                    // Only a non-TCP socket (999 is not in the dump): no wait.
+                    waiting(12, "select", vec![(7, 999)], None),
+                ],
+                vec![(5, 500), (6, 501), (7, 999)],
+            )],
+            vec![
+                socket(500, "10.0.0.9:443", 3_200, 100, 0),
+                socket(501, "10.0.0.1:7443", 3_200, 100, 0),
+            ],
+            None,
+        );
+        let r = build(&ev);
+        let t = &r.processes[0].threads;
+        assert_eq!(
+            (
+                t[0].wait_syscall.as_deref(),
+                &t[0].wait_inodes[..],
+                t[0].wait_event_loop
+            ),
+            (Some("poll"), &[500][..], false)
+        );
+        assert_eq!(
+            (
+                t[1].wait_syscall.as_deref(),
+                &t[1].wait_inodes[..],
+                t[1].wait_event_loop
+            ),
+            (Some("epoll_wait"), &[500, 501][..], true)
+        );
+        assert_eq!(
+            (t[2].wait_syscall.as_ref(), t[2].wait_inodes.len()),
+            (None, 0)
+        );
+        // Not a receive: the recv fields stay empty.
+        assert!(t.iter().all(|t| t.recv_inode.is_none()));
+        let text = render(&r);
+        assert!(
+            text.contains("waits in poll on socket inode 500 (fd 5, provider) for 3.2s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("event loop waits in epoll_wait on 2 sockets (inodes 500, 501) for 3.2s"),
+            "{text}"
+        );
+        // JSON: the fields appear only when set.
+        let json = serde_json::to_value(&r).unwrap();
+        let threads = &json["processes"][0]["threads"];
+        assert_eq!(threads[1]["wait_event_loop"], true);
+        assert_eq!(threads[1]["wait_inodes"], serde_json::json!([500, 501]));
+        let quiet = threads[2].as_object().unwrap();
+        for key in ["wait_syscall", "wait_inodes", "wait_event_loop"] {
+            assert!(!quiet.contains_key(key), "{key} in {quiet:?}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Process evidence from procfs: per process its threads (state, wait
 //! channel, CPU ticks, the syscall each is in and on which fd, how long since
-//! it last ran, the top of its kernel stack), its socket fds, and whether it
-//! is PID 1 of its pid namespace. A process or thread that exits mid-read is
+//! it last ran, the top of its kernel stack, the sockets a readiness wait
+//! — poll, select, epoll — covers), its socket fds, and whether it is PID 1
+//! of its pid namespace. A process or thread that exits mid-read is
 //! a normal event: it is skipped, not an error; what could not be read is
 //! listed in `gaps`.
 //!
@@ -56,6 +57,9 @@ pub struct ThreadInfo {
     pub kstack: Vec<String>,
     /// The receive it is blocked in, when the syscall is a receive on a socket.
     pub recv: Option<ProcRecv>,
+    /// The wait it sits in when that is a poll/select/epoll wait whose set
+    /// includes sockets with read interest.
+    pub wait: Option<ProcWait>,
 }
 
 /// A syscall a thread is blocked in.
@@ -76,6 +80,28 @@ pub struct ProcRecv {
     /// How long it has waited (the thread's `idle_ms`).
     pub idle_ms: Option<u64>,
 }
+
+/// A thread waiting for readiness (poll, ppoll, select, pselect6, epoll_wait,
+/// epoll_pwait, epoll_pwait2) on a set that includes sockets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcWait {
+    pub syscall: &'static str,
+    /// The sockets in the set with read interest (POLLIN/POLLPRI, the read
+    /// fd_set, EPOLLIN/EPOLLPRI): (fd, inode), sorted. Other fds (pipes,
+    /// eventfds, timerfds) are left out.
+    pub sockets: Vec<(i32, u64)>,
+    /// For epoll waits: the epoll fd (an event loop: its registered sockets
+    /// are not all calls in flight).
+    pub epoll_fd: Option<i32>,
+    /// How long it has waited (the thread's `idle_ms`).
+    pub idle_ms: Option<u64>,
+}
+
+/// Most pollfds read from a poll/ppoll set (32 KiB); a larger set is cut
+/// here and the cut is a gap.
+pub const MAX_POLLFDS: usize = 4096;
+/// Most fds read from a select/pselect6 read set: glibc's `FD_SETSIZE`.
+pub const MAX_SELECT_FDS: usize = 1024;
 
 /// Frames of the kernel stack kept per thread.
 const KSTACK_FRAMES: usize = 4;
@@ -168,7 +194,8 @@ pub enum Detail {
     #[default]
     Full,
     /// What judging needs: state, CPU ticks, the syscall of sleeping threads,
-    /// how long threads in a receive or in D state have waited, and the wait
+    /// the sockets of their poll/select/epoll waits, how long threads in a
+    /// receive, in such a wait or in D state have waited, and the wait
     /// channel of D-state threads. A few times cheaper on big agents.
     Light,
     /// Per thread only its state and CPU ticks (`stat`): enough to see that
@@ -237,6 +264,7 @@ fn thread(
             idle_ms: None,
             kstack: Vec::new(),
             recv: None,
+            wait: None,
         });
     }
     let dir = nix::fcntl::open(
@@ -263,7 +291,9 @@ fn thread(
     } else {
         Vec::new()
     };
-    let syscall = if full || (sleeping && detail == Detail::Light) {
+    // The syscall, and its second argument for the readiness waits (nfds;
+    // select's read set).
+    let blocked = if full || (sleeping && detail == Detail::Light) {
         match read_at(dir, "syscall", buf) {
             None if full => {
                 gaps.push(format!(
@@ -277,17 +307,22 @@ fn thread(
                     syscall_number,
                     argument_registers,
                     ..
-                }) if syscall_number >= 0 => Some(SyscallInfo {
-                    nr: syscall_number,
-                    name: syscall_name(syscall_number),
-                    arg0: argument_registers[0],
-                }),
+                }) if syscall_number >= 0 => Some((
+                    SyscallInfo {
+                        nr: syscall_number,
+                        name: syscall_name(syscall_number),
+                        arg0: argument_registers[0],
+                    },
+                    argument_registers[1],
+                )),
                 _ => None,
             },
         }
     } else {
         None
     };
+    let arg1 = blocked.as_ref().map_or(0, |(_, arg1)| *arg1);
+    let syscall = blocked.map(|(s, _)| s);
     // The kernel stack skips scheduler functions as `wchan` does, so its top
     // frame is the wait channel; read `wchan` only when the stack is not
     // readable (not root), or in light mode for D-state threads.
@@ -301,13 +336,24 @@ fn thread(
     let in_recv = syscall
         .as_ref()
         .is_some_and(|s| recv_syscall(s.nr).is_some());
-    let idle_ms = if full || in_recv || (stat.state == 'D' && detail == Detail::Light) {
-        read_at(dir, "sched", buf)
-            .and_then(|b| parse_exec_start(&String::from_utf8_lossy(b)))
-            .and_then(|start| now.age_ms(start))
-    } else {
-        None
+    // Only sleeping threads in a readiness wait, and only in processes with
+    // sockets, cost the extra reads (memory or fdinfo).
+    let mut wait = match syscall.as_ref() {
+        Some(s) if sleeping && !sockets.is_empty() => {
+            wait_syscall(s.nr).zip(s.name).and_then(|(kind, name)| {
+                read_wait(pid, tid, name, kind, s.arg0, arg1, sockets, buf, gaps)
+            })
+        }
+        _ => None,
     };
+    let idle_ms =
+        if full || in_recv || wait.is_some() || (stat.state == 'D' && detail == Detail::Light) {
+            read_at(dir, "sched", buf)
+                .and_then(|b| parse_exec_start(&String::from_utf8_lossy(b)))
+                .and_then(|start| now.age_ms(start))
+        } else {
+            None
+        };
     let recv = syscall.as_ref().and_then(|s| {
         let name = recv_syscall(s.nr)?;
         let fd = s.arg0 as i32;
@@ -319,6 +365,9 @@ fn thread(
             idle_ms,
         })
     });
+    if let Some(w) = wait.as_mut() {
+        w.idle_ms = idle_ms;
+    }
     Some(ThreadInfo {
         tid,
         name: stat.comm,
@@ -329,6 +378,7 @@ fn thread(
         idle_ms,
         kstack,
         recv,
+        wait,
     })
 }
 
@@ -386,6 +436,238 @@ fn recv_syscall(nr: i64) -> Option<&'static str> {
     matches!(nr, 0 | 19 | 45 | 47 | 299)
         .then(|| syscall_name(nr))
         .flatten()
+}
+
+/// How a readiness wait names its set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitKind {
+    /// poll, ppoll: arg0 = `struct pollfd *`, arg1 = nfds.
+    Poll,
+    /// select, pselect6: arg0 = nfds, arg1 = the read `fd_set *`.
+    Select,
+    /// epoll_wait, epoll_pwait, epoll_pwait2: arg0 = the epoll fd.
+    Epoll,
+}
+
+/// x86_64 readiness waits.
+fn wait_syscall(nr: i64) -> Option<WaitKind> {
+    Some(match nr {
+        7 | 271 => WaitKind::Poll,
+        23 | 270 => WaitKind::Select,
+        232 | 281 | 441 => WaitKind::Epoll,
+        _ => return None,
+    })
+}
+
+/// Pushes `gap` unless it is there already.
+fn push_gap(gaps: &mut Vec<String>, gap: String) {
+    if !gaps.contains(&gap) {
+        gaps.push(gap);
+    }
+}
+
+/// The sockets a readiness wait covers with read interest, or `None` when
+/// it covers none (or its set cannot be read: then a gap says why).
+#[allow(clippy::too_many_arguments)]
+fn read_wait(
+    pid: u32,
+    tid: u32,
+    syscall: &'static str,
+    kind: WaitKind,
+    arg0: u64,
+    arg1: u64,
+    sockets: &[(i32, u64)],
+    buf: &mut [u8],
+    gaps: &mut Vec<String>,
+) -> Option<ProcWait> {
+    let socket_of = |fd: i32| sockets.iter().find(|(f, _)| *f == fd).copied();
+    let (found, epoll_fd): (Vec<(i32, u64)>, Option<i32>) = match kind {
+        WaitKind::Poll => {
+            let nfds = arg1 as usize;
+            if nfds > MAX_POLLFDS {
+                push_gap(
+                    gaps,
+                    format!("tid {tid}: poll set of {nfds} fds: only the first {MAX_POLLFDS} read"),
+                );
+            }
+            let len = nfds.min(MAX_POLLFDS) * POLLFD_SIZE;
+            let bytes = read_remote(pid, arg0, &mut buf[..len])
+                .map_err(|e| push_gap(gaps, format!("tid {tid}: cannot read its poll set: {e}")))
+                .ok()?;
+            let found = decode_pollfds(bytes)
+                .filter(|(_, events)| events & POLL_READ != 0)
+                .filter_map(|(fd, _)| socket_of(fd))
+                .collect();
+            (found, None)
+        }
+        WaitKind::Select => {
+            let nfds = arg0 as usize;
+            if arg1 == 0 {
+                return None; // no read set
+            }
+            if nfds > MAX_SELECT_FDS {
+                push_gap(
+                    gaps,
+                    format!(
+                        "tid {tid}: select set of {nfds} fds: only the first {MAX_SELECT_FDS} read"
+                    ),
+                );
+            }
+            let nfds = nfds.min(MAX_SELECT_FDS);
+            // The kernel reads whole `unsigned long`s.
+            let len = nfds.div_ceil(64) * 8;
+            let bytes = read_remote(pid, arg1, &mut buf[..len])
+                .map_err(|e| push_gap(gaps, format!("tid {tid}: cannot read its select set: {e}")))
+                .ok()?;
+            let found = decode_fd_set(bytes, nfds).filter_map(socket_of).collect();
+            (found, None)
+        }
+        WaitKind::Epoll => {
+            let epfd = arg0 as i32;
+            let cwd = nix::fcntl::AT_FDCWD;
+            let cap = buf.len();
+            let Some(bytes) = read_at(cwd, &format!("/proc/{pid}/fdinfo/{epfd}"), buf) else {
+                push_gap(
+                    gaps,
+                    format!("tid {tid}: cannot read its epoll set (fdinfo of fd {epfd})"),
+                );
+                return None;
+            };
+            // A full buffer may end inside a line: keep whole lines only.
+            let bytes = if bytes.len() == cap {
+                push_gap(
+                    gaps,
+                    format!(
+                        "tid {tid}: epoll set of fd {epfd} larger than {} KiB: only its first part read",
+                        cap >> 10
+                    ),
+                );
+                &bytes[..bytes.iter().rposition(|b| *b == b'\n').unwrap_or(0)]
+            } else {
+                bytes
+            };
+            let text = String::from_utf8_lossy(bytes);
+            let found = epoll_items(&text)
+                .filter(|item| item.events & EPOLL_READ != 0)
+                .filter_map(|item| match (socket_of(item.tfd), item.ino) {
+                    // The fd still names the registered file.
+                    (Some(s), None) => Some(s),
+                    (Some(s), Some(ino)) if s.1 == ino => Some(s),
+                    // The registered file is no longer at that fd (closed
+                    // after a dup): find it by inode.
+                    (_, Some(ino)) => sockets.iter().find(|(_, i)| *i == ino).copied(),
+                    (None, None) => None,
+                })
+                .collect();
+            (found, Some(epfd))
+        }
+    };
+    let mut found = found;
+    found.sort_unstable();
+    found.dedup();
+    if found.is_empty() {
+        return None;
+    }
+    Some(ProcWait {
+        syscall,
+        sockets: found,
+        epoll_fd,
+        idle_ms: None,
+    })
+}
+
+/// Reads `buf.len()` bytes at `addr` of process `pid` (the thread group's
+/// memory). A short read is an error: the set was not all readable.
+fn read_remote(pid: u32, addr: u64, buf: &mut [u8]) -> nix::Result<&[u8]> {
+    use nix::sys::uio::{RemoteIoVec, process_vm_readv};
+    if buf.is_empty() {
+        return Ok(buf);
+    }
+    let want = buf.len();
+    let remote = [RemoteIoVec {
+        base: addr as usize,
+        len: want,
+    }];
+    let n = process_vm_readv(
+        nix::unistd::Pid::from_raw(pid as i32),
+        &mut [std::io::IoSliceMut::new(buf)],
+        &remote,
+    )?;
+    if n < want {
+        return Err(nix::errno::Errno::EFAULT);
+    }
+    Ok(&buf[..n])
+}
+
+/// `sizeof(struct pollfd)`: `int fd; short events; short revents;`.
+pub const POLLFD_SIZE: usize = 8;
+/// Read interest in a pollfd's `events`: POLLIN, POLLPRI, POLLRDNORM,
+/// POLLRDBAND.
+const POLL_READ: i16 = 0x1 | 0x2 | 0x40 | 0x80;
+/// Read interest in an epoll item's events: EPOLLIN, EPOLLPRI, EPOLLRDNORM,
+/// EPOLLRDBAND.
+const EPOLL_READ: u32 = 0x1 | 0x2 | 0x40 | 0x80;
+
+/// `(fd, events)` of each whole `struct pollfd` in `bytes` (x86_64: native
+/// little-endian); negative fds (ignored by poll) are left out. A trailing
+/// partial entry is ignored.
+pub fn decode_pollfds(bytes: &[u8]) -> impl Iterator<Item = (i32, i16)> + '_ {
+    bytes.chunks_exact(POLLFD_SIZE).filter_map(|c| {
+        let fd = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let events = i16::from_le_bytes([c[4], c[5]]);
+        (fd >= 0).then_some((fd, events))
+    })
+}
+
+/// The fds below `nfds` set in an `fd_set` bitmap (x86_64: fd `i` is bit
+/// `i % 8` of byte `i / 8`); bits past the end of `bytes` count as clear.
+pub fn decode_fd_set(bytes: &[u8], nfds: usize) -> impl Iterator<Item = i32> + '_ {
+    (0..nfds.min(bytes.len() * 8))
+        .filter(|i| bytes[i / 8] & (1 << (i % 8)) != 0)
+        .map(|i| i as i32)
+}
+
+/// One item of an epoll set, from its fdinfo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct EpollItem {
+    tfd: i32,
+    events: u32,
+    /// The registered file's inode (kernels since 3.15 print it).
+    ino: Option<u64>,
+}
+
+/// The items of `/proc/PID/fdinfo/EPFD`'s `tfd:` lines:
+/// `tfd:        7 events:       19 data:                7  pos:0 ino:2a sdev:8`
+/// (events, data and ino in hex). Lines that do not parse are skipped.
+fn epoll_items(text: &str) -> impl Iterator<Item = EpollItem> + '_ {
+    text.lines().filter_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next()? != "tfd:" {
+            return None;
+        }
+        let tfd: i32 = words.next()?.parse().ok().filter(|fd| *fd >= 0)?;
+        let mut events = None;
+        let mut ino = None;
+        while let Some(w) = words.next() {
+            if w == "events:" {
+                events = u32::from_str_radix(words.next()?, 16).ok();
+            } else if let Some(hex) = w.strip_prefix("ino:") {
+                ino = u64::from_str_radix(hex, 16).ok();
+            }
+        }
+        Some(EpollItem {
+            tfd,
+            events: events?,
+            ino,
+        })
+    })
+}
+
+/// `(tfd, events)` of every item of an epoll fd's fdinfo text
+/// (`/proc/PID/fdinfo/EPFD`), in file order. Hand-parsed: the `procfs`
+/// crate (0.18) has no parser for epoll fdinfo. Junk lines are skipped.
+pub fn parse_epoll_tfds(text: &str) -> Vec<(i32, u32)> {
+    epoll_items(text).map(|i| (i.tfd, i.events)).collect()
 }
 
 /// `se.exec_start` of a `/proc/…/sched` file, in milliseconds.
@@ -456,6 +738,263 @@ mod tests {
         ] {
             assert_eq!(recv_syscall(nr), name, "{nr}");
         }
+    }
+
+    /// `/proc/PID/fdinfo/EPFD` of an epoll fd (kernel 6.18): a socket with
+    /// EPOLLIN, a pipe with EPOLLIN|EPOLLPRI, a socket with EPOLLOUT|EPOLLET
+    /// (EPOLLERR and EPOLLHUP are always added).
+    const EPOLL_FDINFO: &str = "pos:\t0\nflags:\t02000002\nmnt_id:\t17\nino:\t1038\n\
+        tfd:        5 events: 8000001c data:                5  pos:0 ino:7c76 sdev:9\n\
+        tfd:        6 events:       1b data:                6  pos:0 ino:7c77 sdev:f\n\
+        tfd:        4 events:       19 data:                4  pos:0 ino:7c75 sdev:9\n";
+
+    #[test]
+    fn parses_epoll_fdinfo() {
+        assert_eq!(
+            parse_epoll_tfds(EPOLL_FDINFO),
+            [(5, 0x8000_001c), (6, 0x1b), (4, 0x19)]
+        );
+        assert_eq!(
+            epoll_items(EPOLL_FDINFO).map(|i| i.ino).collect::<Vec<_>>(),
+            [Some(0x7c76), Some(0x7c77), Some(0x7c75)]
+        );
+        // Older kernels: no pos/ino/sdev.
+        assert_eq!(
+            epoll_items("tfd:        9 events:       19 data: 7f0000000009\n").collect::<Vec<_>>(),
+            [EpollItem {
+                tfd: 9,
+                events: 0x19,
+                ino: None
+            }]
+        );
+        // Huge values: the largest fd and events, a 64-bit ino; one past
+        // them is junk and skipped.
+        assert_eq!(
+            epoll_items(
+                "tfd: 2147483647 events: ffffffff data: ffffffffffffffff pos:0 ino:ffffffffffffffff sdev:0\n\
+                 tfd: 2147483648 events: 19\n\
+                 tfd: 3 events: 100000000\n"
+            )
+            .collect::<Vec<_>>(),
+            [EpollItem {
+                tfd: i32::MAX,
+                events: u32::MAX,
+                ino: Some(u64::MAX)
+            }]
+        );
+        for junk in [
+            "",
+            "\n\n",
+            "tfd:",
+            "tfd: x events: 19",
+            "tfd: -1 events: 19",
+            "tfd: 5",
+            "tfd: 5 events:",
+            "tfd: 5 events: zz",
+            "tfd5 events: 19",
+            " eventfd-count: 0",
+            "\u{0}\u{ffff}",
+            "events: 19 tfd: 5",
+        ] {
+            assert_eq!(parse_epoll_tfds(junk), [], "{junk:?}");
+        }
+        // A bad ino is dropped, the item kept; junk lines between items too.
+        assert_eq!(
+            epoll_items("tfd: 7 events: 1 ino:zz\ngarbage\ntfd: 8 events: 2\n")
+                .map(|i| (i.tfd, i.events, i.ino))
+                .collect::<Vec<_>>(),
+            [(7, 1, None), (8, 2, None)]
+        );
+    }
+
+    #[test]
+    fn decodes_pollfd_arrays() {
+        let mut bytes = Vec::new();
+        for (fd, events, revents) in [(5i32, 1i16, 0i16), (-1, 1, 0), (7, 4, 0), (9, 0x43, 1)] {
+            bytes.extend(fd.to_le_bytes());
+            bytes.extend(events.to_le_bytes());
+            bytes.extend(revents.to_le_bytes());
+        }
+        assert_eq!(
+            decode_pollfds(&bytes).collect::<Vec<_>>(),
+            [(5, 1), (7, 4), (9, 0x43)]
+        );
+        // Read interest: POLLIN, POLLPRI, POLLRDNORM, POLLRDBAND; not POLLOUT.
+        let read: Vec<i32> = decode_pollfds(&bytes)
+            .filter(|(_, e)| e & POLL_READ != 0)
+            .map(|(fd, _)| fd)
+            .collect();
+        assert_eq!(read, [5, 9]);
+        // A trailing partial entry and empty input.
+        assert_eq!(decode_pollfds(&bytes[..11]).count(), 1);
+        assert_eq!(decode_pollfds(&[]).count(), 0);
+        // Extremes.
+        let mut big = i32::MAX.to_le_bytes().to_vec();
+        big.extend(i16::MIN.to_le_bytes());
+        big.extend([0xff, 0xff]);
+        assert_eq!(
+            decode_pollfds(&big).collect::<Vec<_>>(),
+            [(i32::MAX, i16::MIN)]
+        );
+    }
+
+    #[test]
+    fn decodes_fd_set_bitmaps() {
+        let mut set = [0u8; 128];
+        for fd in [0usize, 3, 8, 63, 64, 1023] {
+            set[fd / 8] |= 1 << (fd % 8);
+        }
+        assert_eq!(
+            decode_fd_set(&set, 1024).collect::<Vec<_>>(),
+            [0, 3, 8, 63, 64, 1023]
+        );
+        // Only fds below nfds count.
+        assert_eq!(decode_fd_set(&set, 64).collect::<Vec<_>>(), [0, 3, 8, 63]);
+        assert_eq!(decode_fd_set(&set, 0).count(), 0);
+        // nfds past the bytes read: bits beyond count as clear, no panic.
+        assert_eq!(
+            decode_fd_set(&set[..1], 100_000).collect::<Vec<_>>(),
+            [0, 3]
+        );
+        assert_eq!(decode_fd_set(&[], usize::MAX).count(), 0);
+    }
+
+    #[test]
+    fn readiness_waits_are_the_poll_select_and_epoll_syscalls() {
+        for (nr, kind) in [
+            (7, Some(WaitKind::Poll)),
+            (271, Some(WaitKind::Poll)),
+            (23, Some(WaitKind::Select)),
+            (270, Some(WaitKind::Select)),
+            (232, Some(WaitKind::Epoll)),
+            (281, Some(WaitKind::Epoll)),
+            (441, Some(WaitKind::Epoll)),
+            (0, None),
+            (45, None),
+            (202, None),
+            (-1, None),
+        ] {
+            assert_eq!(wait_syscall(nr), kind, "{nr}");
+            if kind.is_some() {
+                assert!(syscall_name(nr).is_some(), "{nr} has a name");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unreadable_poll_set_is_a_gap_not_a_panic() {
+        let me = std::process::id();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut gaps = Vec::new();
+        let sockets = [(3, 42)];
+        // Address 8: unmapped (EFAULT), twice: one gap.
+        for _ in 0..2 {
+            let w = read_wait(
+                me,
+                me,
+                "poll",
+                WaitKind::Poll,
+                8,
+                2,
+                &sockets,
+                &mut buf,
+                &mut gaps,
+            );
+            assert_eq!(w, None);
+        }
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert!(gaps[0].contains("cannot read its poll set"), "{gaps:?}");
+        // A huge nfds is cut at MAX_POLLFDS (and said so); a huge select
+        // nfds at FD_SETSIZE.
+        let _ = read_wait(
+            me,
+            me,
+            "poll",
+            WaitKind::Poll,
+            8,
+            u64::MAX,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        let _ = read_wait(
+            me,
+            me,
+            "select",
+            WaitKind::Select,
+            u64::MAX,
+            8,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        assert!(
+            gaps.iter().any(|g| g.contains("only the first 4096")),
+            "{gaps:?}"
+        );
+        assert!(
+            gaps.iter().any(|g| g.contains("only the first 1024")),
+            "{gaps:?}"
+        );
+        // A vanished process (ESRCH) and a closed epoll fd.
+        let _ = read_wait(
+            u32::MAX - 1,
+            1,
+            "ppoll",
+            WaitKind::Poll,
+            8,
+            1,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        let _ = read_wait(
+            me,
+            me,
+            "epoll_wait",
+            WaitKind::Epoll,
+            99_999,
+            0,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        assert!(
+            gaps.iter().any(|g| g.contains("cannot read its epoll set")),
+            "{gaps:?}"
+        );
+    }
+
+    #[test]
+    fn reads_a_poll_set_from_memory() {
+        // This process's own memory: a pollfd array naming fd 3 (read) and
+        // fd 4 (write only), and a socket table holding both.
+        let mut set = Vec::new();
+        for (fd, events) in [(3i32, 1i16), (4, 4)] {
+            set.extend(fd.to_le_bytes());
+            set.extend(events.to_le_bytes());
+            set.extend(0i16.to_le_bytes());
+        }
+        let me = std::process::id();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut gaps = Vec::new();
+        let w = read_wait(
+            me,
+            me,
+            "poll",
+            WaitKind::Poll,
+            set.as_ptr() as u64,
+            2,
+            &[(3, 42), (4, 43)],
+            &mut buf,
+            &mut gaps,
+        )
+        .expect("a wait on socket 42");
+        assert_eq!(
+            (w.syscall, w.sockets, w.epoll_fd),
+            ("poll", vec![(3, 42)], None)
+        );
+        assert!(gaps.is_empty(), "{gaps:?}");
     }
 
     #[test]

@@ -423,3 +423,184 @@ fn inspect_by_name_diagnoses_the_missing_init() {
         v["init"]
     );
 }
+
+/// A python3 client of `127.0.0.1:PORT` that announces its socket
+/// (`ready pid=… inode=… fd=…`) and then waits on it in `MODE`: `poll` (a
+/// socket with a timeout, as every LLM SDK's), `select`, or `asyncio` (an
+/// event loop's epoll). It dies with the test thread (PR_SET_PDEATHSIG).
+const PY_WAITER: &str = r#"
+import asyncio, ctypes, os, select, socket, sys
+ctypes.CDLL(None).prctl(1, 9)
+port, mode = int(sys.argv[1]), sys.argv[2]
+def ready(s):
+    print(f"ready pid={os.getpid()} inode={os.fstat(s.fileno()).st_ino} fd={s.fileno()}", flush=True)
+if mode == "poll":
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(600)
+    ready(s)
+    s.recv(1)
+elif mode == "select":
+    s = socket.create_connection(("127.0.0.1", port))
+    ready(s)
+    select.select([s], [], [], 600)
+elif mode == "asyncio":
+    async def main():
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        ready(w.get_extra_info("socket"))
+        await asyncio.wait_for(r.read(1), 600)
+    asyncio.run(main())
+"#;
+
+/// The python3 waiter in `mode` against a fresh loopback listener that
+/// accepts and never answers: the peer, the accepted side (kept open), and
+/// the waiter's (pid, socket inode, fd). `None` (skipped) without python3.
+fn python_waiter(test: &str, mode: &str) -> Option<(Peer, std::net::TcpStream, u32, u64, i32)> {
+    if Command::new("python3").arg("-V").output().is_err() {
+        tests::skip(test, "no python3");
+        return None;
+    }
+    let l = listener();
+    let port = l.local_addr().unwrap().port().to_string();
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", PY_WAITER, &port, mode]);
+    let peer = Peer::spawn(cmd);
+    let (side, _) = l.accept().unwrap();
+    let line = peer.expect("ready ", 10 * SEC);
+    let (pid, inode, fd) = (
+        field(&line, "pid") as u32,
+        field(&line, "inode"),
+        field(&line, "fd") as i32,
+    );
+    Some((peer, side, pid, inode, fd))
+}
+
+/// Thread `tid` of `pid` once it sits in a readiness wait covering socket
+/// `inode` (within 10 s), read with `detail`.
+fn settled_wait(pid: u32, tid: u32, inode: u64, detail: proc::Detail) -> proc::ThreadInfo {
+    wait_for(10 * SEC, Duration::from_millis(50), || {
+        let p = proc::process(pid, detail).ok()?;
+        p.threads.into_iter().find(|t| {
+            t.tid == tid
+                && t.wait
+                    .as_ref()
+                    .is_some_and(|w| w.sockets.iter().any(|(_, i)| *i == inode))
+        })
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "thread {tid} never waited on socket {inode}: {:?}",
+            proc::process(pid, detail).map(|p| p.threads)
+        )
+    })
+}
+
+/// `selfheal inspect --pid PID --json --no-ebpf`.
+fn inspect_pid(pid: u32) -> serde_json::Value {
+    let out = Command::new(selfheal_bin())
+        .args(["inspect", "--no-ebpf", "--json", "--pid", &pid.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Thread `tid` of the first process of an inspect report.
+fn json_thread(v: &serde_json::Value, tid: u32) -> serde_json::Value {
+    v["processes"][0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .cloned()
+        .unwrap_or_else(|| panic!("no thread {tid} in {v}"))
+}
+
+#[test]
+fn python_socket_with_a_timeout_waits_in_poll() {
+    let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_poll", "poll") else {
+        return;
+    };
+    for detail in [proc::Detail::Light, proc::Detail::Full] {
+        let t = settled_wait(pid, pid, inode, detail);
+        let w = t.wait.as_ref().unwrap();
+        assert!(matches!(w.syscall, "poll" | "ppoll"), "{w:?}");
+        assert_eq!(
+            (w.sockets.as_slice(), w.epoll_fd),
+            (&[(fd, inode)][..], None)
+        );
+        assert!(w.idle_ms.is_some() && w.idle_ms == t.idle_ms, "{t:?}");
+        // A wait, not a receive.
+        assert!(t.recv.is_none(), "{t:?}");
+    }
+    let t = json_thread(&inspect_pid(pid), pid);
+    assert!(
+        matches!(t["wait_syscall"].as_str(), Some("poll" | "ppoll")),
+        "{t}"
+    );
+    assert_eq!(t["wait_inodes"], serde_json::json!([inode]), "{t}");
+    assert!(t.get("wait_event_loop").is_none(), "{t}");
+}
+
+#[test]
+fn python_select_waits_on_its_read_set() {
+    let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_select", "select") else {
+        return;
+    };
+    let t = settled_wait(pid, pid, inode, proc::Detail::Light);
+    let w = t.wait.as_ref().unwrap();
+    assert!(matches!(w.syscall, "select" | "pselect6"), "{w:?}");
+    assert_eq!(
+        (w.sockets.as_slice(), w.epoll_fd),
+        (&[(fd, inode)][..], None)
+    );
+    assert!(w.idle_ms.is_some(), "{t:?}");
+}
+
+#[test]
+fn python_asyncio_waits_in_its_event_loops_epoll() {
+    let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_asyncio", "asyncio") else {
+        return;
+    };
+    let t = settled_wait(pid, pid, inode, proc::Detail::Light);
+    let w = t.wait.as_ref().unwrap();
+    assert!(w.syscall.starts_with("epoll_"), "{w:?}");
+    assert!(w.sockets.contains(&(fd, inode)), "{w:?}");
+    let epfd = w.epoll_fd.expect("an event loop's epoll fd");
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{pid}/fd/{epfd}"))
+            .unwrap()
+            .to_string_lossy(),
+        "anon_inode:[eventpoll]"
+    );
+    // Through inspect: only the TCP socket (asyncio's self-pipe is a unix
+    // socket pair, registered too), marked as an event loop's.
+    let t = json_thread(&inspect_pid(pid), pid);
+    assert!(
+        t["wait_syscall"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("epoll_")),
+        "{t}"
+    );
+    assert_eq!(t["wait_inodes"], serde_json::json!([inode]), "{t}");
+    assert_eq!(t["wait_event_loop"], true, "{t}");
+}
+
+#[test]
+fn tokio_client_waits_in_its_event_loops_epoll() {
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut peer = Peer::recv_peer(&["tokio-client", &addr]);
+    let _side = l.accept().unwrap();
+    let ready = peer.ready();
+    peer.tell("go");
+    let t = settled_wait(ready.pid, ready.tid, ready.inode, proc::Detail::Full);
+    let w = t.wait.as_ref().unwrap();
+    assert!(w.syscall.starts_with("epoll_"), "{w:?}");
+    assert!(w.epoll_fd.is_some(), "{w:?}");
+    assert!(w.sockets.iter().any(|(_, i)| *i == ready.inode), "{w:?}");
+    assert!(t.recv.is_none(), "{t:?}");
+}
