@@ -538,7 +538,7 @@ pub fn judge(
                     format!("{} connection to {}: {why}", s.role, s.remote),
                 );
                 let r = socket_reason(r, s);
-                reasons.push(if proof.is_some() {
+                reasons.push(if by_proof {
                     with(r, "proof", true)
                 } else {
                     r

@@ -742,7 +742,7 @@ fn silent_calls_are_proven() {
     const S: u64 = 2 * MIN; // silent past the default suspect_after (60 s)
     let provider = |i: TcpInfo| socket(2, "provider", i);
     let silent = info(S, S, S); // request out, nothing back for a minute
-    let mut probes = |n: u8, ack_ms: u64| {
+    let probes = |n: u8, ack_ms: u64| {
         let mut i = info(S, ack_ms, S);
         i.probes = n;
         i
