@@ -476,3 +476,47 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
         selfheal::testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
     assert_eq!(missing.0, 404);
 }
+
+/// The OpenAI- and Anthropic-compatible endpoints serve the real SDKs
+/// (`tests/py/sdk_runner.py`), with the response head early and late.
+#[test]
+fn the_compatible_provider_serves_the_real_openai_and_anthropic_sdks() {
+    let Ok((python, script)) = scenario::sdk_runner() else {
+        tests::skip(
+            "compatible_provider",
+            "python3 cannot import openai and anthropic (`cargo xtask setup` installs them)",
+        );
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut cmd = std::process::Command::new(selfheal_bin());
+    cmd.args(["testbed", "provider", "--listen", &addr]);
+    let p = tests::Peer::spawn(cmd);
+    p.expect("listening", Duration::from_secs(10));
+    for (sdk, base) in [
+        ("openai", format!("http://{addr}/v1")),
+        ("anthropic", format!("http://{addr}")),
+    ] {
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .args(["--name", "compat", "--sdk", sdk, "--base-url", &base])
+            .args(["--model", "think-300-gap-10-tokens-7-head-late"])
+            .args(["--then-model", "think-100-gap-10-tokens-3"])
+            .args(["--calls", "2"])
+            .output()
+            .expect("run the SDK runner");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{sdk}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("call 1 done tokens=7"), "{sdk}: {text}");
+        assert!(text.contains("call 2 done tokens=3"), "{sdk}: {text}");
+    }
+}

@@ -1456,7 +1456,12 @@ fn start_caller(
             "--status",
         ])
         .arg(status.to_string());
-    let models = models.unwrap_or_else(|| vec![NEVER_MODEL.into()]);
+    // OpenAI's API sends the response head with the first token, Anthropic's
+    // at once: the first call's head comes as each provider's would.
+    let models = models.unwrap_or_else(|| match caller {
+        Caller::OpenAi => vec![format!("{NEVER_MODEL}-head-late")],
+        _ => vec![NEVER_MODEL.into()],
+    });
     if models.len() > 1 {
         cmd.args(["--threads", &models.len().to_string()]);
     } else {
@@ -1723,7 +1728,8 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
 
 /// No false heals at scale: one agent (the openai SDK runner, one process)
 /// with `n` threads, each calling a model that thinks between 30 and 300 s
-/// (spread evenly) and then streams, checked every `opts.check_every` for
+/// (spread evenly; every other one sends the response head only with the
+/// first token) and then streams, checked every `opts.check_every` for
 /// `length`. Every provider socket's keepalive options are read before
 /// the first check and again while it thinks, every 15 s (through pidfd,
 /// as root): the proof must put back what it changed.
@@ -1741,7 +1747,9 @@ pub fn many_thinking(
     let models: Vec<String> = (0..n)
         .map(|i| {
             let think = 30_000 + (270_000 * i as u64) / (n.max(2) as u64 - 1);
-            format!("think-{think}-gap-100-tokens-20")
+            // Half send the response head at once, half with the first token.
+            let head = if i % 2 == 0 { "early" } else { "late" };
+            format!("think-{think}-gap-100-tokens-20-head-{head}")
         })
         .collect();
     start_caller(&mut bed, name, Caller::OpenAi, provider, "", Some(models))?;
