@@ -1591,6 +1591,19 @@ fn cut_while_thinking(
     report
         .facts
         .insert("waits".into(), serde_json::to_value(waits(pid, &fds))?);
+    // The caller's own keepalive options on its provider socket (the
+    // anthropic SDK sets SO_KEEPALIVE itself), before any proof.
+    if let (Some(&fd), Some(start)) = (fds.first(), crate::pidfd::start_ticks(pid)) {
+        let ka = crate::actions::open_target(pid, start)
+            .and_then(|t| crate::actions::read_keepalive(&t, fd));
+        report.facts.insert(
+            "caller_keepalive".into(),
+            match ka {
+                Ok(k) => serde_json::to_value(k)?,
+                Err(e) => e.to_string().into(),
+            },
+        );
+    }
     for f in &flows {
         bed.topo.drop_provider_flow(f.local)?;
     }
