@@ -10,7 +10,7 @@ use std::{sync::atomic::AtomicU8, time::Duration};
 
 use selfheal::testbed::{
     runner::Mode,
-    scenario::{self, Event, Options, Report},
+    scenario::{self, Caller, Event, Options, Report},
 };
 use tests::{need_root, selfheal_bin};
 
@@ -237,6 +237,179 @@ fn ten_runners_streaming_under_load_are_never_wedged_nor_healed() {
     );
 }
 
+/// The longest `selfheal check` run of a scenario (the bounds allow for it).
+fn check_ms(r: &Report) -> u64 {
+    r.facts
+        .get("check_ms_max")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0)
+}
+
+fn fact_ms(r: &Report, key: &str) -> Option<u64> {
+    r.facts.get(key).and_then(|v| v.as_u64())
+}
+
+/// A provider flow cut while the LLM thinks (no FIN, no RST): the proof
+/// keepalive goes unanswered, so `wedged`; the heal fails the caller's own
+/// call (same process) and its next call starts and completes.
+fn silent_cut(caller: Caller, name: &'static str) {
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::silent_cut(&options(), caller, &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    let before = &r.facts["verdicts_before_cut"];
+    assert!(
+        !before.to_string().contains("wedged"),
+        "wedged before the cut: {before}"
+    );
+    // suspect_after 2 s + proof idle 1 s + 3 probes × 1 s + one check
+    // interval, plus the longest check's own run time.
+    let took = check_ms(&r);
+    let bound = 2000 + 1000 + 3 * 1000 + 1000 + took;
+    let detect = r.detect_ms.unwrap_or_else(|| {
+        panic!(
+            "never wedged after the cut: verdicts {:?}, reasons {:?}",
+            r.verdicts, r.reasons
+        )
+    });
+    assert!(
+        detect <= bound,
+        "wedged {detect} ms after the cut (bound {bound} ms, checks took up to {took} ms)"
+    );
+    assert!(
+        r.heals
+            .iter()
+            .any(|h| h.starts_with("caller: ") && !h.contains("failed")),
+        "no heal action ran: {:?}",
+        r.heals
+    );
+    let failed = fact_ms(&r, "call_failed_ms")
+        .unwrap_or_else(|| panic!("the caller's own call never failed: {:?}", r.facts));
+    assert!(
+        failed >= detect,
+        "the call failed ({failed} ms) before the wedge was found ({detect} ms)"
+    );
+    let started = fact_ms(&r, "next_call_started_ms").expect("the next call started");
+    assert!(
+        started >= failed,
+        "next call at {started} ms, failure at {failed} ms"
+    );
+    assert!(fact_ms(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
+    assert!(fact_ms(&r, "next_call_tokens") >= Some(1), "{:?}", r.facts);
+    assert_eq!(r.facts["same_pid"], true, "{:?}", r.facts);
+    eprintln!(
+        "{name}: wedged {detect} ms after the cut (bound {bound}), call failed at {failed} ms with {}, next call done at {:?} ms; waits {}",
+        r.facts["call_failed_error"],
+        fact_ms(&r, "next_call_done_ms"),
+        r.facts["waits"]
+    );
+}
+
+#[test]
+fn a_blocking_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    silent_cut(Caller::Blocking, "silent_cut_blocking");
+}
+
+#[test]
+fn a_tokio_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    silent_cut(Caller::Tokio, "silent_cut_tokio");
+}
+
+#[test]
+fn an_openai_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    silent_cut(Caller::OpenAi, "silent_cut_openai");
+}
+
+#[test]
+fn an_anthropic_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    silent_cut(Caller::Anthropic, "silent_cut_anthropic");
+}
+
+/// Behind a local proxy the proof says alive (the proxy's kernel ACKs),
+/// so a cut proxy→provider flow is `unresponsive` by `max_silence`, never
+/// `wedged`.
+#[test]
+fn a_cut_behind_a_local_proxy_is_unresponsive_by_max_silence_never_wedged() {
+    let name = "proxy_cut";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::proxy_cut(&options(), &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    let wedged: Vec<&String> = r
+        .verdicts
+        .get("caller")
+        .into_iter()
+        .flatten()
+        .filter(|v| *v == "wedged")
+        .collect();
+    assert!(
+        wedged.is_empty(),
+        "wedged behind the proxy: {:?}",
+        r.verdicts
+    );
+    // max_silence 8 s + one check interval + the longest check's run time.
+    let took = check_ms(&r);
+    let bound = 8000 + 1000 + took;
+    let detect = r.detect_ms.unwrap_or_else(|| {
+        panic!(
+            "never unresponsive with silence_exceeded: verdicts {:?}, reasons {:?}",
+            r.verdicts, r.reasons
+        )
+    });
+    assert!(
+        detect <= bound,
+        "unresponsive {detect} ms after the cut (bound {bound} ms)"
+    );
+    eprintln!("{name}: unresponsive (silence_exceeded) {detect} ms after the cut (bound {bound})");
+}
+
+/// 50 calls in one agent thinking 30–300 s: never wedged, never healed,
+/// and the proof leaves every socket's keepalive options as it found them.
+#[test]
+fn fifty_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
+    let name = "many_thinking";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::many_thinking(&options(), 50, Duration::from_secs(330), &mut log(name))
+        .expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    assert_eq!(
+        r.verdicts_outside("thinkers", &["busy", "idle", "healthy"]),
+        Vec::<String>::new(),
+        "{:?}",
+        r.reasons
+    );
+    assert_eq!(r.heals, Vec::<String>::new());
+    assert!(r.checks >= 200, "{} checks", r.checks);
+    assert!(
+        fact_ms(&r, "keepalive_compared") >= Some(50),
+        "{:?}",
+        r.facts
+    );
+    assert_eq!(
+        r.facts["keepalive_mismatches"],
+        serde_json::json!([]),
+        "the proof changed keepalive options"
+    );
+    assert_eq!(r.facts["same_pid"], true);
+    assert!(fact_ms(&r, "calls_done") >= Some(40), "{:?}", r.facts);
+}
+
 /// The provider paces as asked: the response head at once, the first token
 /// after `first_ms`, then `tokens` events; with `hang=1`, the head and then
 /// silence on an open connection.
@@ -302,4 +475,48 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
     let missing =
         selfheal::testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
     assert_eq!(missing.0, 404);
+}
+
+/// The OpenAI- and Anthropic-compatible endpoints serve the real SDKs
+/// (`tests/py/sdk_runner.py`), with the response head early and late.
+#[test]
+fn the_compatible_provider_serves_the_real_openai_and_anthropic_sdks() {
+    let Ok((python, script)) = scenario::sdk_runner() else {
+        tests::skip(
+            "compatible_provider",
+            "python3 cannot import openai and anthropic (`cargo xtask setup` installs them)",
+        );
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut cmd = std::process::Command::new(selfheal_bin());
+    cmd.args(["testbed", "provider", "--listen", &addr]);
+    let p = tests::Peer::spawn(cmd);
+    p.expect("listening", Duration::from_secs(10));
+    for (sdk, base) in [
+        ("openai", format!("http://{addr}/v1")),
+        ("anthropic", format!("http://{addr}")),
+    ] {
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .args(["--name", "compat", "--sdk", sdk, "--base-url", &base])
+            .args(["--model", "think-300-gap-10-tokens-7-head-late"])
+            .args(["--then-model", "think-100-gap-10-tokens-3"])
+            .args(["--calls", "2"])
+            .output()
+            .expect("run the SDK runner");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{sdk}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("call 1 done tokens=7"), "{sdk}: {text}");
+        assert!(text.contains("call 2 done tokens=3"), "{sdk}: {text}");
+    }
 }

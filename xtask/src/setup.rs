@@ -18,16 +18,41 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "qemu-system-x86", // booting a stock kernel for the kprobe/fentry strategies
     "busybox-static",  // the VM's userland
     "cpio",            // packing the VM's initramfs
+    "python3-pip",     // the official LLM SDKs the silent-call scenarios drive
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// The official LLM SDKs the silent-call scenarios drive the testbed's
+/// provider with (`tests/py/sdk_runner.py`), at the versions verified
+/// against it.
+const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0"];
 
 pub fn all() -> Result<()> {
     debian_packages()?;
     nightly_rust_src()?;
     bpf_linker()?;
     tracefs()?;
+    python_sdks()?;
     Ok(())
+}
+
+/// The `openai` and `anthropic` Python packages, for the `python3` on PATH
+/// (the one the scenarios run). Installed with pip only when either does
+/// not import.
+fn python_sdks() -> Result<()> {
+    let have = Command::new("python3")
+        .args(["-c", "import openai, anthropic"])
+        .output()
+        .map(|o| o.status.success())
+        .context("cannot run python3 (Debian package python3)")?;
+    if have {
+        return Ok(());
+    }
+    eprintln!("setup: installing the Python SDKs {PYTHON_SDKS:?}");
+    run(Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet"])
+        .args(PYTHON_SDKS))
 }
 
 fn is_root() -> bool {

@@ -19,12 +19,18 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 /// Request heads larger than this are refused.
 const MAX_HEAD: usize = 16 * 1024;
 
+/// Request bodies larger than this are refused (the connection dropped).
+pub const MAX_BODY: usize = 1 << 20;
+
 /// A parsed request line.
 #[derive(Debug)]
 pub struct Request {
     pub method: String,
     pub path: String,
     query: Vec<(String, String)>,
+    /// The body, read in full (`Content-Length` bytes, at most
+    /// [`MAX_BODY`]) before the handler is called; empty without one.
+    pub body: Vec<u8>,
 }
 
 impl Request {
@@ -44,7 +50,8 @@ impl Request {
     }
 }
 
-/// Reads and parses one request head.
+/// Reads and parses one request head, then its body (`Content-Length`
+/// bytes; chunked bodies are refused).
 pub async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result<Request> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -57,16 +64,46 @@ pub async fn read_request(stream: &mut tokio::net::TcpStream) -> std::io::Result
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
+            Ok(httparse::Status::Complete(head_len)) => {
                 let target = req.path.unwrap_or("/");
                 let (path, query) = target.split_once('?').unwrap_or((target, ""));
-                return Ok(Request {
+                let header = |name: &str| {
+                    req.headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case(name))
+                        .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
+                };
+                if header("transfer-encoding").is_some() {
+                    return Err(invalid("chunked request bodies are not supported".into()));
+                }
+                let length = match header("content-length") {
+                    Some(v) => v
+                        .parse::<usize>()
+                        .map_err(|_| invalid(format!("bad Content-Length {v:?}")))?,
+                    None => 0,
+                };
+                if length > MAX_BODY {
+                    return Err(invalid(format!("request body over {MAX_BODY} bytes")));
+                }
+                let request = Request {
                     method: req.method.unwrap_or("GET").to_string(),
                     path: path.to_string(),
                     query: form_urlencoded::parse(query.as_bytes())
                         .into_owned()
                         .collect(),
-                });
+                    body: Vec::new(),
+                };
+                let mut body = buf.split_off(head_len);
+                body.truncate(length);
+                while body.len() < length {
+                    let want = (length - body.len()).min(chunk.len());
+                    let n = stream.read(&mut chunk[..want]).await?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    body.extend_from_slice(&chunk[..n]);
+                }
+                return Ok(Request { body, ..request });
             }
             Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
             Ok(httparse::Status::Partial) => {
@@ -88,7 +125,12 @@ pub async fn respond_json(
     body: &serde_json::Value,
 ) -> std::io::Result<()> {
     let body = body.to_string();
-    let reason = if status == 200 { "OK" } else { "Not Found" };
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        _ => "Error",
+    };
     let head = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -113,7 +155,7 @@ where
         };
         let handler = handler.clone();
         tokio::spawn(async move {
-            // A client that sends no head in 5 s is dropped.
+            // A client that sends no head and body in 5 s is dropped.
             let req = tokio::time::timeout(Duration::from_secs(5), read_request(&mut stream)).await;
             if let Ok(Ok(req)) = req {
                 let _ = handler(req, stream).await;

@@ -9,6 +9,7 @@
 //! - [`runner`]: an agent runner with the incident's bug (no keepalive on its
 //!   attach stream), a blocking-thread and a tokio variant, and a PID-1 mode
 //!   that leaks zombies.
+//! - [`proxy`]: a local TCP proxy between a caller and the provider.
 //! - [`topology`]: network namespaces joined by veth, and the "gateway drops
 //!   the flow without a FIN" fault.
 //! - [`scenario`]: the scenarios, driving real `selfheal helper` and
@@ -21,6 +22,7 @@
 pub mod dispatch;
 pub mod http;
 pub mod provider;
+pub mod proxy;
 pub mod runner;
 pub mod scenario;
 pub mod topology;
@@ -42,6 +44,8 @@ pub enum Role {
     Provider(provider::Args),
     /// An agent runner with the incident's bug.
     Runner(runner::Args),
+    /// A local TCP proxy: copies bytes both ways to an upstream.
+    Proxy(proxy::Args),
 }
 
 /// Runs one testbed program until it is killed.
@@ -50,6 +54,7 @@ pub fn run(args: TestbedArgs) -> anyhow::Result<()> {
         Role::Dispatch(a) => dispatch::run(a),
         Role::Provider(a) => provider::run(a),
         Role::Runner(a) => runner::run(a),
+        Role::Proxy(a) => proxy::run(a),
     }
 }
 

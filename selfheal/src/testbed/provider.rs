@@ -1,11 +1,22 @@
-//! The testbed's LLM provider: `GET /v1/stream` answers at once with the
-//! head of a server-sent-events response, then thinks for `first_ms`, then
-//! sends `tokens` events `gap_ms` apart and `[DONE]`. With `hang=1` it sends
-//! the head and then nothing, keeping the connection open: a provider gone
-//! silent.
+//! The testbed's LLM provider.
+//!
+//! - `GET /v1/stream` answers at once with the head of a server-sent-events
+//!   response, then thinks for `first_ms`, then sends `tokens` events
+//!   `gap_ms` apart and `[DONE]`. With `hang=1` it sends the head and then
+//!   nothing, keeping the connection open: a provider gone silent.
+//! - `POST /v1/chat/completions` speaks OpenAI's chat completions (SSE
+//!   `chat.completion.chunk`s and `[DONE]` with `"stream": true`, one
+//!   `chat.completion` otherwise) and `POST /v1/messages` Anthropic's
+//!   Messages API (its streaming events with `"stream": true`, one
+//!   `message` otherwise), so that the official SDKs, unmodified, can call
+//!   it. The pacing is the request's `model` ([`Pacing::parse`]), e.g.
+//!   `think-6000-gap-100-tokens-20-head-late`.
+//!
+//! The request body is read in full before the provider starts thinking.
 
 use std::{net::SocketAddr, time::Duration};
 
+use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 
 use super::{http, say};
@@ -17,38 +28,256 @@ pub struct Args {
     pub listen: SocketAddr,
 }
 
+/// How a call through the compatible APIs is paced, from its `model`:
+/// dash-separated pairs `think-MS` (silence before the first byte of the
+/// body, default 200), `gap-MS` (between tokens, default 50), `tokens-N`
+/// (default 10, at most 100 000), and `head-late` (the response head only
+/// with the first token; default `head-early`: the head at once, as
+/// providers that acknowledge a request before thinking do). Unknown words
+/// are ignored, so any model name works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pacing {
+    pub think: Duration,
+    pub gap: Duration,
+    pub tokens: u64,
+    pub head_late: bool,
+}
+
+impl Pacing {
+    pub fn parse(model: &str) -> Pacing {
+        let mut p = Pacing {
+            think: Duration::from_millis(200),
+            gap: Duration::from_millis(50),
+            tokens: 10,
+            head_late: false,
+        };
+        let words: Vec<&str> = model.split('-').collect();
+        for pair in words.windows(2) {
+            let n = pair[1].parse::<u64>().ok();
+            match (pair[0], n) {
+                ("think", Some(ms)) => p.think = Duration::from_millis(ms),
+                ("gap", Some(ms)) => p.gap = Duration::from_millis(ms),
+                ("tokens", Some(k)) => p.tokens = k.min(100_000),
+                ("head", _) => p.head_late = pair[1] == "late",
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
         say(format!("listening provider={}", args.listen));
         http::serve(listener, |req, mut s| async move {
-            if req.path != "/v1/stream" {
-                return http::respond_json(&mut s, 404, &serde_json::json!({"error": "no such path"}))
-                    .await;
+            let peer = s
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "?".into());
+            match (req.method.as_str(), req.path.as_str()) {
+                (_, "/v1/stream") => stream(&req, &mut s).await,
+                ("POST", "/v1/chat/completions") => {
+                    compatible(Api::OpenAi, &req, &mut s, &peer).await
+                }
+                ("POST", "/v1/messages") => compatible(Api::Anthropic, &req, &mut s, &peer).await,
+                _ => http::respond_json(&mut s, 404, &json!({"error": "no such path"})).await,
             }
-            let first = Duration::from_millis(req.param_u64("first_ms", 200));
-            let gap = Duration::from_millis(req.param_u64("gap_ms", 50));
-            let tokens = req.param_u64("tokens", 10).min(100_000);
-            let hang = req.param_u64("hang", 0) == 1;
-            s.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
-            )
-            .await?;
-            if hang {
-                // Silent with the connection open, for an hour at most.
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                return Ok(());
-            }
-            tokio::time::sleep(first).await;
-            for i in 0..tokens {
-                s.write_all(format!("data: {{\"token\":{i}}}\n\n").as_bytes())
-                    .await?;
-                tokio::time::sleep(gap).await;
-            }
-            s.write_all(b"data: [DONE]\n\n").await?;
-            s.shutdown().await
         })
         .await;
         Ok(())
     })
+}
+
+const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
+
+async fn stream(req: &http::Request, s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    let first = Duration::from_millis(req.param_u64("first_ms", 200));
+    let gap = Duration::from_millis(req.param_u64("gap_ms", 50));
+    let tokens = req.param_u64("tokens", 10).min(100_000);
+    let hang = req.param_u64("hang", 0) == 1;
+    s.write_all(SSE_HEAD).await?;
+    if hang {
+        // Silent with the connection open, for an hour at most.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        return Ok(());
+    }
+    tokio::time::sleep(first).await;
+    for i in 0..tokens {
+        s.write_all(format!("data: {{\"token\":{i}}}\n\n").as_bytes())
+            .await?;
+        tokio::time::sleep(gap).await;
+    }
+    s.write_all(b"data: [DONE]\n\n").await?;
+    s.shutdown().await
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Api {
+    OpenAi,
+    Anthropic,
+}
+
+/// One call through a compatible API. Says `call api=… peer=… model=…` as
+/// it starts thinking (the scenarios find a caller's connection by it).
+async fn compatible(
+    api: Api,
+    req: &http::Request,
+    s: &mut tokio::net::TcpStream,
+    peer: &str,
+) -> std::io::Result<()> {
+    let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
+        return http::respond_json(s, 400, &error(api, "the body is not JSON")).await;
+    };
+    let model = body["model"].as_str().unwrap_or("").to_string();
+    let streaming = body["stream"].as_bool().unwrap_or(false);
+    let pace = Pacing::parse(&model);
+    say(format!(
+        "call api={} peer={peer} model={model} stream={streaming}",
+        match api {
+            Api::OpenAi => "openai",
+            Api::Anthropic => "anthropic",
+        }
+    ));
+    let id = format!("tb-{}", std::process::id());
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    if !streaming {
+        let text = "tok ".repeat(pace.tokens as usize);
+        let out = match api {
+            Api::OpenAi => json!({
+                "id": id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": null, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": pace.tokens,
+                          "total_tokens": pace.tokens + 1},
+            }),
+            Api::Anthropic => json!({
+                "id": id, "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn", "stop_sequence": null,
+                "usage": {"input_tokens": 1, "output_tokens": pace.tokens},
+            }),
+        };
+        let out = out.to_string();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            out.len()
+        );
+        if !pace.head_late {
+            s.write_all(head.as_bytes()).await?;
+        }
+        tokio::time::sleep(pace.think + pace.gap * pace.tokens as u32).await;
+        if pace.head_late {
+            s.write_all(head.as_bytes()).await?;
+        }
+        s.write_all(out.as_bytes()).await?;
+        return s.shutdown().await;
+    }
+    if !pace.head_late {
+        s.write_all(SSE_HEAD).await?;
+    }
+    tokio::time::sleep(pace.think).await;
+    let mut first = Vec::new();
+    if pace.head_late {
+        first.extend_from_slice(SSE_HEAD);
+    }
+    let chunk = |delta: Value, finish: Value| {
+        sse(
+            None,
+            &json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            }),
+        )
+    };
+    match api {
+        Api::OpenAi => {
+            first.extend(chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            ));
+            s.write_all(&first).await?;
+            for _ in 0..pace.tokens {
+                s.write_all(&chunk(json!({"content": "tok "}), Value::Null))
+                    .await?;
+                tokio::time::sleep(pace.gap).await;
+            }
+            s.write_all(&chunk(json!({}), json!("stop"))).await?;
+            s.write_all(b"data: [DONE]\n\n").await?;
+        }
+        Api::Anthropic => {
+            first.extend(sse(
+                Some("message_start"),
+                &json!({"type": "message_start", "message": {
+                    "id": id, "type": "message", "role": "assistant", "model": model,
+                    "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": 1, "output_tokens": 1}}}),
+            ));
+            first.extend(sse(
+                Some("content_block_start"),
+                &json!({"type": "content_block_start", "index": 0,
+                        "content_block": {"type": "text", "text": ""}}),
+            ));
+            s.write_all(&first).await?;
+            for _ in 0..pace.tokens {
+                let delta = json!({"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": "tok "}});
+                s.write_all(&sse(Some("content_block_delta"), &delta))
+                    .await?;
+                tokio::time::sleep(pace.gap).await;
+            }
+            let mut last = sse(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": 0}),
+            );
+            last.extend(sse(
+                Some("message_delta"),
+                &json!({"type": "message_delta",
+                        "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                        "usage": {"output_tokens": pace.tokens}}),
+            ));
+            last.extend(sse(Some("message_stop"), &json!({"type": "message_stop"})));
+            s.write_all(&last).await?;
+        }
+    }
+    s.shutdown().await
+}
+
+/// One server-sent event.
+fn sse(event: Option<&str>, data: &Value) -> Vec<u8> {
+    let mut out = String::new();
+    if let Some(e) = event {
+        out.push_str(&format!("event: {e}\n"));
+    }
+    out.push_str(&format!("data: {data}\n\n"));
+    out.into_bytes()
+}
+
+fn error(api: Api, message: &str) -> Value {
+    match api {
+        Api::OpenAi => json!({"error": {"message": message, "type": "invalid_request_error"}}),
+        Api::Anthropic => json!({"type": "error",
+                                 "error": {"type": "invalid_request_error", "message": message}}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_comes_from_the_model_name() {
+        let p = Pacing::parse("think-6000-gap-100-tokens-20-head-late");
+        assert_eq!(p.think, Duration::from_millis(6000));
+        assert_eq!(p.gap, Duration::from_millis(100));
+        assert_eq!(p.tokens, 20);
+        assert!(p.head_late);
+        let d = Pacing::parse("gpt-4o");
+        assert_eq!(d.think, Duration::from_millis(200));
+        assert!(!d.head_late);
+        assert_eq!(Pacing::parse("tokens-999999999").tokens, 100_000);
+    }
 }

@@ -48,6 +48,10 @@ pub struct Args {
     /// The provider request for each work item (its pacing).
     #[arg(long, default_value = "/v1/stream")]
     pub provider_path: String,
+    /// The provider request for every work item after the first (default:
+    /// `--provider-path`): a first call that never answers, then fast ones.
+    #[arg(long)]
+    pub then_path: Option<String>,
     /// Address of the runner's own `GET /status`.
     #[arg(long)]
     pub status: SocketAddr,
@@ -263,7 +267,7 @@ fn attach_blocking(args: &Args, state: &Shared) -> anyhow::Result<()> {
             match wire::read(&mut reader) {
                 Ok(Msg::Work { id, .. }) => {
                     let (writer, state) = (writer.clone(), state.clone());
-                    let (provider, path) = (args.provider, args.provider_path.clone());
+                    let (provider, path) = (args.provider, provider_path(args, &state));
                     std::thread::spawn(move || {
                         let tokens = work_blocking(&id, provider, &path, &state);
                         let mut w = writer
@@ -286,6 +290,21 @@ fn attach_blocking(args: &Args, state: &Shared) -> anyhow::Result<()> {
     }
 }
 
+/// The provider request for the next work item: `--then-path` once the
+/// runner has started one.
+fn provider_path(args: &Args, state: &Shared) -> String {
+    let started = {
+        let s = state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.tasks_done > 0 || s.current_task.is_some()
+    };
+    match &args.then_path {
+        Some(then) if started => then.clone(),
+        _ => args.provider_path.clone(),
+    }
+}
+
 /// One work item on a blocking thread: the provider call's reads block
 /// while the provider thinks. Returns the tokens received.
 fn work_blocking(id: &str, provider: SocketAddr, path: &str, state: &Shared) -> u64 {
@@ -296,7 +315,13 @@ fn work_blocking(id: &str, provider: SocketAddr, path: &str, state: &Shared) -> 
     match http::get_streaming(provider, path, None) {
         Ok(resp) if resp.status == 200 => {
             for line in resp.body.lines() {
-                let Ok(line) = line else { break };
+                let line = match line {
+                    Ok(line) => line,
+                    Err(e) => {
+                        say(format!("provider call for {id} failed: {e}"));
+                        break;
+                    }
+                };
                 match line.strip_prefix("data: ") {
                     Some("[DONE]") => break,
                     Some(_) => tokens += 1,
@@ -305,7 +330,7 @@ fn work_blocking(id: &str, provider: SocketAddr, path: &str, state: &Shared) -> 
             }
         }
         Ok(resp) => say(format!("provider said {} for {id}", resp.status)),
-        Err(e) => say(format!("provider call for {id} failed: {e}")),
+        Err(e) => say(format!("provider call for {id} failed: {}", chain(&e))),
     }
     finish(id, tokens, state);
     tokens
@@ -381,7 +406,7 @@ async fn attach_tokio(args: &Args, state: &Shared) -> anyhow::Result<()> {
             match wire::read_async(&mut rd).await {
                 Ok(Msg::Work { id, .. }) => {
                     let (writer, state, client) = (writer.clone(), state.clone(), client.clone());
-                    let url = format!("http://{}{}", args.provider, args.provider_path);
+                    let url = format!("http://{}{}", args.provider, provider_path(args, &state));
                     tokio::spawn(async move {
                         let tokens = work_tokio(&client, &id, &url, &state).await;
                         let frame = wire::encode(&Msg::Done { id, tokens });
@@ -410,7 +435,15 @@ async fn work_tokio(client: &reqwest::Client, id: &str, url: &str, state: &Share
     match client.get(url).send().await {
         Ok(mut resp) if resp.status().is_success() => {
             let mut pending = Vec::new();
-            'stream: while let Ok(Some(chunk)) = resp.chunk().await {
+            'stream: loop {
+                let chunk = match resp.chunk().await {
+                    Ok(Some(chunk)) => chunk,
+                    Ok(None) => break,
+                    Err(e) => {
+                        say(format!("provider call for {id} failed: {}", chain(&e)));
+                        break;
+                    }
+                };
                 pending.extend_from_slice(&chunk);
                 while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
                     let event: Vec<u8> = pending.drain(..end + 2).collect();
@@ -423,8 +456,20 @@ async fn work_tokio(client: &reqwest::Client, id: &str, url: &str, state: &Share
             }
         }
         Ok(resp) => say(format!("provider said {} for {id}", resp.status())),
-        Err(e) => say(format!("provider call for {id} failed: {e}")),
+        Err(e) => say(format!("provider call for {id} failed: {}", chain(&e))),
     }
     finish(id, tokens, state);
     tokens
+}
+
+/// An error with its sources, `: `-joined (reqwest's own message hides the
+/// I/O error beneath).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    out
 }

@@ -236,6 +236,10 @@ pub struct RunnerSpec {
     pub probe_table: bool,
     /// Extra `[agent.thresholds]` lines.
     pub thresholds: String,
+    /// The provider request for work items after the first.
+    pub then_path: Option<String>,
+    /// Lines appended to the agent's config block (more tables).
+    pub extra: String,
 }
 
 impl RunnerSpec {
@@ -247,6 +251,8 @@ impl RunnerSpec {
             leak_every: None,
             probe_table: false,
             thresholds: String::new(),
+            then_path: None,
+            extra: String::new(),
         }
     }
 }
@@ -263,6 +269,10 @@ pub struct Bed {
     dispatch: Option<Proc>,
     procs: Vec<Proc>,
     runners: Vec<(RunnerSpec, SocketAddr)>,
+    /// Index into `procs` of each runner and agent program, by name.
+    named: BTreeMap<String, usize>,
+    /// `[[agent]]` blocks of agents that are not testbed runners.
+    agents: Vec<String>,
 }
 
 impl Bed {
@@ -284,6 +294,8 @@ impl Bed {
             dispatch: None,
             procs: Vec::new(),
             runners: Vec::new(),
+            named: BTreeMap::new(),
+            agents: Vec::new(),
         };
         let mut cmd = bed.topo.dispatch.command(&bed.opts.selfheal);
         cmd.args(["testbed", "dispatch", "--listen"])
@@ -356,6 +368,9 @@ impl Bed {
                     Mode::Tokio => "tokio",
                 },
             ]);
+        if let Some(then) = &spec.then_path {
+            cmd.args(["--then-path", then]);
+        }
         if let Some(every) = spec.leak_every {
             cmd.args(["--pid1", "--pidfile"])
                 .arg(self.pidfile(&spec.name))
@@ -366,9 +381,69 @@ impl Bed {
         if spec.leak_every.is_some() {
             p.expect("pid1 ", Duration::from_secs(10))?;
         }
+        self.named.insert(spec.name.clone(), self.procs.len());
         self.procs.push(p);
         self.runners.push((spec, status));
         self.write_config()
+    }
+
+    /// Starts `cmd` (made with `self.topo.runners.command(…)` or another
+    /// namespace's) as program `name`, and adds `config` (an `[[agent]]`
+    /// block, or nothing) to the config.
+    pub fn spawn(
+        &mut self,
+        name: &str,
+        cmd: Command,
+        config: Option<String>,
+    ) -> anyhow::Result<()> {
+        let p = Proc::spawn(cmd, name)?;
+        self.named.insert(name.into(), self.procs.len());
+        self.procs.push(p);
+        if let Some(block) = config {
+            self.agents.push(block);
+            self.write_config()?;
+        }
+        Ok(())
+    }
+
+    fn named(&self, name: &str) -> anyhow::Result<&Proc> {
+        self.named
+            .get(name)
+            .and_then(|&i| self.procs.get(i))
+            .with_context(|| format!("no program {name}"))
+    }
+
+    /// Waits for a line of program `name` starting with `prefix`.
+    pub fn expect_line(
+        &self,
+        name: &str,
+        prefix: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        self.named(name)?.expect(prefix, timeout)
+    }
+
+    /// The lines program `name` printed since the last call (or wait).
+    pub fn lines(&self, name: &str) -> anyhow::Result<Vec<String>> {
+        Ok(self.named(name)?.lines.try_iter().collect())
+    }
+
+    /// Program `name`'s pid (`ip netns exec` execs it: the program's own).
+    pub fn pid(&self, name: &str) -> anyhow::Result<u32> {
+        Ok(self.named(name)?.child.id())
+    }
+
+    /// Whether program `name` still runs (has not exited).
+    pub fn running(&mut self, name: &str) -> anyhow::Result<bool> {
+        let i = *self
+            .named
+            .get(name)
+            .with_context(|| format!("no program {name}"))?;
+        Ok(matches!(self.procs[i].child.try_wait(), Ok(None)))
+    }
+
+    pub fn provider(&self) -> SocketAddr {
+        self.provider_addr()
     }
 
     fn pidfile(&self, runner: &str) -> PathBuf {
@@ -401,12 +476,17 @@ impl Bed {
                  fields = {{ server_status = \"/status\", current_task = \"/current_task\" }}\n\
                  expect = {{ server_status = \"connected\" }}\n\
                  [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n{}\n\
-                 [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n\n",
+                 [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n{}\n",
                 self.dispatch_addr(),
                 self.opts.heartbeat.as_millis(),
                 self.provider_addr(),
                 spec.thresholds,
+                spec.extra,
             ));
+        }
+        for block in &self.agents {
+            text.push_str(block);
+            text.push('\n');
         }
         let path = self.config_path();
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
@@ -611,6 +691,7 @@ fn checks_with(
     while Instant::now() < end {
         let tick = Instant::now();
         let run = bed.check()?;
+        note_check_time(report, tick.elapsed());
         if run.outcomes.is_empty() {
             bail!(
                 "selfheal check printed nothing (exit {}): {}",
@@ -1017,5 +1098,746 @@ pub fn load(
         done += bed.row(&format!("r{i}"))?["done"].as_u64().unwrap_or(0);
     }
     report.facts.insert("work_done".into(), done.into());
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------
+// Silent calls: a provider flow cut while the LLM thinks.
+
+/// Who makes the provider call that goes silent, and what it waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Caller {
+    /// The testbed runner's blocking worker thread (a read on the socket).
+    Blocking,
+    /// The testbed runner's `--mode tokio` (an event loop in `epoll_wait`).
+    Tokio,
+    /// The official `openai` Python SDK (`tests/py/sdk_runner.py`).
+    OpenAi,
+    /// The official `anthropic` Python SDK, which enables SO_KEEPALIVE
+    /// itself (60 s idle and interval, 5 probes).
+    Anthropic,
+}
+
+impl Caller {
+    pub fn name(self) -> &'static str {
+        match self {
+            Caller::Blocking => "blocking",
+            Caller::Tokio => "tokio",
+            Caller::OpenAi => "openai",
+            Caller::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// A provider that never answers (thinks 600 s), for the testbed runners.
+pub const NEVER: &str = "/v1/stream?first_ms=600000&gap_ms=100&tokens=20";
+/// The same for the SDKs (the compatible APIs' pacing is the model name).
+pub const NEVER_MODEL: &str = "think-600000-gap-100-tokens-20";
+/// A model that answers at once: 5 tokens 20 ms apart.
+pub const FAST_MODEL: &str = "think-100-gap-20-tokens-5";
+
+/// The proof the silent-call scenarios configure: three probes a second
+/// apart after a second of silence.
+pub const PROOF: &str =
+    "[agent.proof]\nkeepalive = true\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n";
+
+/// Where the SDK runners' status endpoints listen (runners' namespace).
+const SDK_STATUS_PORT: u16 = 9101;
+/// Where `proxy_cut`'s local proxy listens (runners' namespace).
+const PROXY_PORT: u16 = 18443;
+
+/// The Python interpreter with the SDKs, and `tests/py/sdk_runner.py`
+/// (`SELFHEAL_SDK_RUNNER` overrides where the script is).
+pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let script = std::env::var_os("SELFHEAL_SDK_RUNNER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/py/sdk_runner.py"));
+    if !script.exists() {
+        bail!(
+            "no SDK runner at {} (set SELFHEAL_SDK_RUNNER)",
+            script.display()
+        );
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import sys, openai, anthropic; print(sys.executable)"])
+        .output()
+        .context("cannot run python3")?;
+    if !out.status.success() {
+        bail!(
+            "python3 cannot import the openai and anthropic SDKs (`cargo xtask setup` installs them): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok((
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+        script,
+    ))
+}
+
+/// One call's milestone in a caller's output: the SDK runner's `call N
+/// start|done tokens=K|failed: E`, or a testbed runner's `working W`,
+/// `done W tokens=K`, `provider call for W failed: E`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallLine {
+    Start(String),
+    Done(String, u64),
+    Failed(String, String),
+}
+
+impl CallLine {
+    pub fn parse(line: &str) -> Option<CallLine> {
+        if let Some(rest) = line.strip_prefix("call ") {
+            let (n, what) = rest.split_once(' ')?;
+            if what == "start" {
+                return Some(CallLine::Start(n.into()));
+            }
+            if let Some(t) = what.strip_prefix("done tokens=") {
+                return Some(CallLine::Done(n.into(), t.parse().ok()?));
+            }
+            return what
+                .strip_prefix("failed: ")
+                .map(|e| CallLine::Failed(n.into(), e.into()));
+        }
+        if let Some(id) = line.strip_prefix("working ") {
+            return Some(CallLine::Start(id.into()));
+        }
+        if let Some(rest) = line.strip_prefix("provider call for ") {
+            let (id, e) = rest.split_once(" failed: ")?;
+            return Some(CallLine::Failed(id.into(), e.into()));
+        }
+        let (id, t) = line.strip_prefix("done ")?.split_once(" tokens=")?;
+        Some(CallLine::Done(id.into(), t.parse().ok()?))
+    }
+}
+
+/// What a caller's calls did, from its output.
+#[derive(Debug, Default)]
+struct Calls {
+    /// The call in flight when the flow was cut.
+    cut: Option<String>,
+    started: Vec<String>,
+    failed: Option<(String, String, u64)>,
+    next_started: Option<(String, u64)>,
+    next_done: Option<(String, u64, u64)>,
+    /// Calls done and failed, all told.
+    done: u64,
+    failed_total: u64,
+}
+
+impl Calls {
+    /// Reads what `name` printed; `since` is the cut (None before it).
+    fn read(&mut self, bed: &Bed, name: &str, since: Option<Instant>, say: &mut dyn FnMut(Event)) {
+        for line in bed.lines(name).unwrap_or_default() {
+            let Some(c) = CallLine::parse(&line) else {
+                continue;
+            };
+            let at = since.map_or(0, |t| t.elapsed().as_millis() as u64);
+            say(Event::Note {
+                at_ms: bed.at_ms(),
+                text: format!("{name}: {line}"),
+            });
+            match &c {
+                CallLine::Done(..) => self.done += 1,
+                CallLine::Failed(..) => self.failed_total += 1,
+                CallLine::Start(_) => {}
+            }
+            match c {
+                CallLine::Start(id) => {
+                    if since.is_some()
+                        && self.next_started.is_none()
+                        && self.cut.as_ref() != Some(&id)
+                    {
+                        self.next_started = Some((id.clone(), at));
+                    }
+                    self.started.push(id);
+                }
+                CallLine::Failed(id, e) if since.is_some() && self.cut.as_ref() == Some(&id) => {
+                    self.failed.get_or_insert((id, e, at));
+                }
+                CallLine::Done(id, tokens)
+                    if self.next_started.as_ref().is_some_and(|(n, _)| *n == id) =>
+                {
+                    self.next_done.get_or_insert((id, tokens, at));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A TCP socket of a process: its fd, and its row of the process's own
+/// namespace's `/proc/PID/net/tcp`.
+#[derive(Clone, Debug, Serialize)]
+pub struct TcpSocket {
+    pub fd: i32,
+    pub inode: u64,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// The kernel's TCP state (1: established).
+    pub state: u8,
+}
+
+/// The IPv4 TCP sockets process `pid` holds.
+pub fn tcp_sockets(pid: u32) -> anyhow::Result<Vec<TcpSocket>> {
+    let mut fds = BTreeMap::new();
+    let dir = format!("/proc/{pid}/fd");
+    for e in std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot read {dir}"))?
+        .flatten()
+    {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let inode = target
+            .to_string_lossy()
+            .strip_prefix("socket:[")
+            .and_then(|r| r.strip_suffix(']'))
+            .and_then(|i| i.parse::<u64>().ok());
+        if let (Some(inode), Ok(fd)) = (inode, e.file_name().to_string_lossy().parse::<i32>()) {
+            fds.insert(inode, fd);
+        }
+    }
+    let path = format!("/proc/{pid}/net/tcp");
+    let table = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    let hex = |s: &str| -> Option<SocketAddr> {
+        let (ip, port) = s.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        Some(SocketAddr::from((
+            std::net::Ipv4Addr::from(ip.to_ne_bytes()),
+            port,
+        )))
+    };
+    let mut out = Vec::new();
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 10 {
+            continue;
+        }
+        let Some(&fd) = f[9].parse::<u64>().ok().as_ref().and_then(|i| fds.get(i)) else {
+            continue;
+        };
+        if let (Some(local), Some(remote)) = (hex(f[1]), hex(f[2])) {
+            out.push(TcpSocket {
+                fd,
+                inode: f[9].parse().unwrap_or(0),
+                local,
+                remote,
+                state: u8::from_str_radix(f[3], 16).unwrap_or(0),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Process `pid`'s established connections to `remote`.
+fn connections_to(pid: u32, remote: SocketAddr) -> Vec<TcpSocket> {
+    tcp_sockets(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s.remote == remote && s.state == 1)
+        .collect()
+}
+
+/// What each thread of `pid` waits in: `tid: syscall` (with `on fd N` for
+/// a receive whose first argument is a socket in `fds`).
+pub fn waits(pid: u32, fds: &[i32]) -> Vec<String> {
+    let name = |nr: u64| match nr {
+        0 => "read",
+        7 => "poll",
+        23 => "select",
+        35 => "nanosleep",
+        45 => "recvfrom",
+        47 => "recvmsg",
+        202 => "futex",
+        230 => "clock_nanosleep",
+        232 => "epoll_wait",
+        270 => "pselect6",
+        271 => "ppoll",
+        281 => "epoll_pwait",
+        288 => "accept4",
+        441 => "epoll_pwait2",
+        _ => "other",
+    };
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(t.path().join("syscall")) else {
+            continue;
+        };
+        let f: Vec<&str> = text.split_whitespace().collect();
+        let Some(nr) = f.first().and_then(|n| n.parse::<u64>().ok()) else {
+            out.push(format!(
+                "{}: {}",
+                t.file_name().to_string_lossy(),
+                text.trim()
+            ));
+            continue;
+        };
+        let arg0 = f
+            .get(1)
+            .and_then(|a| i64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+        let on = match arg0 {
+            Some(fd) if matches!(nr, 0 | 45 | 47) && fds.contains(&(fd as i32)) => {
+                format!(" on the provider socket (fd {fd})")
+            }
+            _ => String::new(),
+        };
+        out.push(format!(
+            "{}: {}{on}",
+            t.file_name().to_string_lossy(),
+            name(nr)
+        ));
+    }
+    out.sort();
+    out
+}
+
+/// An `[[agent]]` block for an SDK runner named `name` calling `upstream`.
+fn sdk_agent(name: &str, upstream: SocketAddr, status: SocketAddr, provider_extra: &str) -> String {
+    format!(
+        "[[agent]]\nname = \"{name}\"\nmatch = {{ cmdline = \"sdk_runner.py --name {name} \" }}\n\
+         [[agent.upstream]]\nrole = \"provider\"\naddr = \"{upstream}\"\n{provider_extra}\
+         [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
+         fields = {{ current_task = \"/current_task\" }}\n\
+         [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
+         [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n{PROOF}"
+    )
+}
+
+/// Starts caller `name` of kind `caller` against `upstream` (the
+/// provider, or a proxy before it): its first call never answers, later
+/// ones answer at once. `models` (SDK callers only) overrides the first
+/// calls' models, one thread per model.
+fn start_caller(
+    bed: &mut Bed,
+    name: &str,
+    caller: Caller,
+    upstream: SocketAddr,
+    provider_extra: &str,
+    models: Option<Vec<String>>,
+) -> anyhow::Result<()> {
+    let sdk = match caller {
+        Caller::Blocking | Caller::Tokio => {
+            let mut spec = RunnerSpec::new(
+                name,
+                if caller == Caller::Blocking {
+                    Mode::Blocking
+                } else {
+                    Mode::Tokio
+                },
+            );
+            spec.provider_path = NEVER.into();
+            spec.then_path = Some(FAST.into());
+            spec.extra = PROOF.into();
+            return bed.add_runner(spec);
+        }
+        Caller::OpenAi => "openai",
+        Caller::Anthropic => "anthropic",
+    };
+    let (python, script) = sdk_runner()?;
+    let status = SocketAddr::from(([127, 0, 0, 1], SDK_STATUS_PORT));
+    let base = match caller {
+        Caller::OpenAi => format!("http://{upstream}/v1"),
+        _ => format!("http://{upstream}"),
+    };
+    let mut cmd = bed.topo.runners.command(&python);
+    cmd.arg(&script)
+        .args([
+            "--name",
+            name,
+            "--sdk",
+            sdk,
+            "--base-url",
+            &base,
+            "--status",
+        ])
+        .arg(status.to_string());
+    // OpenAI's API sends the response head with the first token, Anthropic's
+    // at once: the first call's head comes as each provider's would.
+    let models = models.unwrap_or_else(|| match caller {
+        Caller::OpenAi => vec![format!("{NEVER_MODEL}-head-late")],
+        _ => vec![NEVER_MODEL.into()],
+    });
+    if models.len() > 1 {
+        cmd.args(["--threads", &models.len().to_string()]);
+    } else {
+        cmd.args(["--then-model", FAST_MODEL]);
+    }
+    for m in &models {
+        cmd.args(["--model", m]);
+    }
+    let block = sdk_agent(name, upstream, status, provider_extra);
+    bed.spawn(name, cmd, Some(block))?;
+    bed.expect_line(name, "ready", Duration::from_secs(30))?;
+    Ok(())
+}
+
+/// Records the longest `selfheal check` run so far.
+fn note_check_time(report: &mut Report, took: Duration) {
+    let ms = took.as_millis() as u64;
+    let max = report
+        .facts
+        .entry("check_ms_max".into())
+        .or_insert(0.into());
+    if max.as_u64() < Some(ms) {
+        *max = ms.into();
+    }
+}
+
+/// The silent call: caller `caller` waits for an LLM that never answers;
+/// 1 s into the wait the gateway drops the provider flow both ways without
+/// a FIN or RST. Only the proof can tell: a live peer would ACK the proof
+/// keepalive's probes, a dead one does not. selfheal must call it
+/// `wedged`, heal it so that the caller's own call fails (same process),
+/// and the caller's next call must start and complete.
+pub fn silent_cut(
+    opts: &Options,
+    caller: Caller,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let name = "caller";
+    let mut report = Report::new(&format!("silent_cut_{}", caller.name()));
+    let mut bed = Bed::new(opts, "sil", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    start_caller(&mut bed, name, caller, provider, "", None)?;
+    say(Event::Setup {
+        what: format!(
+            "caller {} calls the provider {provider} with a model that thinks 600 s; suspect after 2 s, proof keepalive 1 s idle + 3 × 1 s; a check every {} ms",
+            caller.name(),
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let cut = cut_while_thinking(&mut bed, &mut report, name, pid, pid, provider, say)?;
+    let mut calls = cut.calls;
+    let fault = cut.at;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let verdict = run.of(name).map(|o| o["verdict"].clone());
+            if report.detect_ms.is_none() && verdict.as_ref().is_some_and(|v| v == "wedged") {
+                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+                if let Some(o) = run.of(name) {
+                    report.facts.insert("wedged".into(), o.clone());
+                }
+            }
+            calls.read(bed, name, Some(fault), say);
+            Ok(calls.failed.is_some() && calls.next_done.is_some())
+        },
+    )?;
+    finish_calls(&mut bed, &mut report, name, pid, &calls, fault)?;
+    Ok(report)
+}
+
+/// What [`cut_while_thinking`] did.
+struct Cut {
+    at: Instant,
+    calls: Calls,
+}
+
+/// Waits for `caller`'s call to be in flight, checks for about a second,
+/// then drops every established flow of `holder` (the caller, or a proxy
+/// in front of it) to `remote`. Records the verdicts before the cut, what
+/// the caller waits in, and the flows cut.
+fn cut_while_thinking(
+    bed: &mut Bed,
+    report: &mut Report,
+    caller: &str,
+    pid: u32,
+    holder: u32,
+    remote: SocketAddr,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Cut> {
+    let mut calls = Calls::default();
+    bed.wait("the caller's first call", Duration::from_secs(30), || {
+        calls.read(bed, caller, None, say);
+        Ok(calls.started.first().cloned())
+    })?;
+    calls.cut = calls.started.first().cloned();
+    let flows = bed.wait("the provider connection", Duration::from_secs(10), || {
+        let c = connections_to(holder, remote);
+        Ok((!c.is_empty()).then_some(c))
+    })?;
+    // About a second of checks while the call is in flight, before the cut.
+    checks(
+        bed,
+        report,
+        say,
+        Duration::from_millis(1000),
+        |_, _, _, _| Ok(false),
+    )?;
+    report.facts.insert(
+        "verdicts_before_cut".into(),
+        serde_json::to_value(report.verdicts.get(caller).cloned().unwrap_or_default())?,
+    );
+    let fds: Vec<i32> = connections_to(
+        pid,
+        if pid == holder {
+            remote
+        } else {
+            SocketAddr::from(([127, 0, 0, 1], PROXY_PORT))
+        },
+    )
+    .iter()
+    .map(|s| s.fd)
+    .collect();
+    report
+        .facts
+        .insert("waits".into(), serde_json::to_value(waits(pid, &fds))?);
+    // The caller's own keepalive options on its provider socket (the
+    // anthropic SDK sets SO_KEEPALIVE itself), before any proof.
+    if let (Some(&fd), Some(start)) = (fds.first(), crate::pidfd::start_ticks(pid)) {
+        let ka = crate::actions::open_target(pid, start)
+            .and_then(|t| crate::actions::read_keepalive(&t, fd));
+        report.facts.insert(
+            "caller_keepalive".into(),
+            match ka {
+                Ok(k) => serde_json::to_value(k)?,
+                Err(e) => e.to_string().into(),
+            },
+        );
+    }
+    for f in &flows {
+        bed.topo.drop_provider_flow(f.local)?;
+    }
+    let at = Instant::now();
+    report
+        .facts
+        .insert("cut".into(), serde_json::to_value(&flows)?);
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the provider flow(s) {} ↔ {remote} both ways, without a FIN or RST, while the LLM thinks",
+            flows
+                .iter()
+                .map(|f| f.local.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    Ok(Cut { at, calls })
+}
+
+/// Records what the caller's calls did after the cut, and that it is the
+/// same process.
+fn finish_calls(
+    bed: &mut Bed,
+    report: &mut Report,
+    name: &str,
+    pid: u32,
+    calls: &Calls,
+    fault: Instant,
+) -> anyhow::Result<()> {
+    if let Some((id, e, ms)) = &calls.failed {
+        report.facts.insert("call_failed_ms".into(), (*ms).into());
+        report
+            .facts
+            .insert("call_failed_error".into(), e.clone().into());
+        report
+            .facts
+            .insert("call_failed_id".into(), id.clone().into());
+    }
+    if let Some((id, ms)) = &calls.next_started {
+        report
+            .facts
+            .insert("next_call_started_ms".into(), (*ms).into());
+        report
+            .facts
+            .insert("next_call_id".into(), id.clone().into());
+    }
+    if let Some((_, tokens, ms)) = &calls.next_done {
+        report
+            .facts
+            .insert("next_call_done_ms".into(), (*ms).into());
+        report
+            .facts
+            .insert("next_call_tokens".into(), (*tokens).into());
+        if report.recover_ms.is_none() {
+            report.recover_ms = Some(*ms);
+        }
+    }
+    report.facts.insert("pid".into(), pid.into());
+    let same = bed.running(name)? && bed.pid(name)? == pid;
+    report.facts.insert("same_pid".into(), same.into());
+    report
+        .facts
+        .insert("ran_ms".into(), (fault.elapsed().as_millis() as u64).into());
+    Ok(())
+}
+
+/// One hop: the caller (the openai SDK) talks to a local TCP proxy on
+/// loopback, the proxy to the provider; the proxy→provider flow is cut
+/// while the LLM thinks. The proxy's kernel answers the proof keepalive's
+/// probes, so the proof says alive and the verdict must never be `wedged`;
+/// the provider upstream's `max_silence = "8s"` must make it
+/// `unresponsive` (`silence_exceeded`) instead.
+pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "caller";
+    let mut report = Report::new("proxy_cut");
+    let mut bed = Bed::new(opts, "pxy", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    let proxy = SocketAddr::from(([127, 0, 0, 1], PROXY_PORT));
+    let mut cmd = bed.topo.runners.command(&bed.opts.selfheal);
+    cmd.args(["testbed", "proxy", "--listen"])
+        .arg(proxy.to_string())
+        .arg("--upstream")
+        .arg(provider.to_string());
+    bed.spawn("proxy", cmd, None)?;
+    bed.expect_line("proxy", "listening", Duration::from_secs(10))?;
+    start_caller(
+        &mut bed,
+        name,
+        Caller::OpenAi,
+        proxy,
+        "max_silence = \"8s\"\n",
+        None,
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "caller openai → proxy {proxy} → provider {provider}, a model that thinks 600 s; max_silence 8 s, suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let holder = bed.pid("proxy")?;
+    let cut = cut_while_thinking(&mut bed, &mut report, name, pid, holder, provider, say)?;
+    let mut calls = cut.calls;
+    let fault = cut.at;
+    let mut after = 0;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(30),
+        |bed, run, report, say| {
+            calls.read(bed, name, Some(fault), say);
+            let Some(o) = run.of(name) else {
+                return Ok(false);
+            };
+            let silence = o["reasons"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["code"] == "silence_exceeded"));
+            if report.detect_ms.is_none() && o["verdict"] == "unresponsive" && silence {
+                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+                report.facts.insert("unresponsive".into(), o.clone());
+            }
+            // A few more checks: it must not turn `wedged` later either.
+            if report.detect_ms.is_some() {
+                after += 1;
+            }
+            Ok(after > 3)
+        },
+    )?;
+    finish_calls(&mut bed, &mut report, name, pid, &calls, fault)?;
+    Ok(report)
+}
+
+/// No false heals at scale: one agent (the openai SDK runner, one process)
+/// with `n` threads, each calling a model that thinks between 30 and 300 s
+/// (spread evenly; every other one sends the response head only with the
+/// first token) and then streams, checked every `opts.check_every` for
+/// `length`. Every provider socket's keepalive options are read before
+/// the first check and again while it thinks, every 15 s (through pidfd,
+/// as root): the proof must put back what it changed.
+pub fn many_thinking(
+    opts: &Options,
+    n: usize,
+    length: Duration,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    use crate::actions::{open_target, read_keepalive};
+    let name = "thinkers";
+    let mut report = Report::new("many_thinking");
+    let mut bed = Bed::new(opts, "many", Duration::from_secs(1))?;
+    let provider = bed.provider();
+    let models: Vec<String> = (0..n)
+        .map(|i| {
+            let think = 30_000 + (270_000 * i as u64) / (n.max(2) as u64 - 1);
+            // Half send the response head at once, half with the first token.
+            let head = if i % 2 == 0 { "early" } else { "late" };
+            format!("think-{think}-gap-100-tokens-20-head-{head}")
+        })
+        .collect();
+    start_caller(&mut bed, name, Caller::OpenAi, provider, "", Some(models))?;
+    say(Event::Setup {
+        what: format!(
+            "one openai SDK process, {n} threads, each calling a model that thinks 30–300 s then streams 20 tokens; a check every {} ms for {length:?}",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let start = crate::pidfd::start_ticks(pid).context("the caller's start time")?;
+    let baseline = bed.wait("every call's connection", Duration::from_secs(60), || {
+        let c = connections_to(pid, provider);
+        Ok((c.len() >= n).then_some(c))
+    })?;
+    let read = |fd: i32| -> anyhow::Result<crate::actions::KeepaliveSettings> {
+        let target = open_target(pid, start)?;
+        Ok(read_keepalive(&target, fd)?)
+    };
+    let mut before = BTreeMap::new();
+    for s in &baseline {
+        before.insert(s.inode, (s.fd, read(s.fd)?));
+    }
+    report.facts.insert(
+        "keepalive_before".into(),
+        serde_json::to_value(before.values().map(|(_, k)| k).next())?,
+    );
+    let mut compared = 0u64;
+    let mut mismatches: Vec<String> = Vec::new();
+    let mut next_read = Instant::now() + Duration::from_secs(15);
+    let mut compare = |report: &mut Report| -> anyhow::Result<()> {
+        for s in connections_to(pid, provider) {
+            let Some((fd, old)) = before.get(&s.inode) else {
+                continue;
+            };
+            if *fd != s.fd {
+                continue;
+            }
+            let now = read(s.fd)?;
+            compared += 1;
+            if now != *old {
+                mismatches.push(format!("fd {fd}: before {old:?}, now {now:?}"));
+            }
+        }
+        report
+            .facts
+            .insert("keepalive_compared".into(), compared.into());
+        report.facts.insert(
+            "keepalive_mismatches".into(),
+            serde_json::to_value(&mismatches)?,
+        );
+        Ok(())
+    };
+    let mut calls = Calls::default();
+    checks(&bed, &mut report, say, length, |bed, _, report, say| {
+        calls.read(bed, name, None, say);
+        if Instant::now() >= next_read {
+            compare(report)?;
+            next_read = Instant::now() + Duration::from_secs(15);
+        }
+        Ok(false)
+    })?;
+    compare(&mut report)?;
+    calls.read(&bed, name, None, say);
+    report
+        .facts
+        .insert("calls_started".into(), calls.started.len().into());
+    report.facts.insert("calls_done".into(), calls.done.into());
+    report
+        .facts
+        .insert("calls_failed".into(), calls.failed_total.into());
+    report.facts.insert("pid".into(), pid.into());
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
     Ok(report)
 }

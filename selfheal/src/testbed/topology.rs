@@ -148,6 +148,19 @@ impl Topology {
         ))
     }
 
+    /// The gateway forgets the provider flow from `runner` (the caller's
+    /// address and port as the provider sees it): its packets are dropped
+    /// both ways in the provider's namespace from now on, without a FIN or
+    /// RST to either side. New connections go through.
+    pub fn drop_provider_flow(&self, runner: SocketAddr) -> anyhow::Result<()> {
+        let (ip, port) = (runner.ip(), runner.port());
+        self.provider.nft(&format!(
+            "table inet selfheal_pgw_{port} {{\n \
+             chain input {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n \
+             chain output {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n}}\n"
+        ))
+    }
+
     /// Attach streams to the dispatch server's `port` are refused silently
     /// from now on, old and new alike (packets dropped both ways).
     pub fn drop_port(&self, port: u16) -> anyhow::Result<()> {

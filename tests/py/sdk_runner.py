@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""An agent that calls an LLM through the REAL official SDK, in a loop.
+
+    sdk_runner.py --name NAME --sdk openai|anthropic --base-url URL \
+        --model MODEL [--model MODEL ...] [--then-model MODEL] \
+        [--threads N] [--calls N] [--status HOST:PORT]
+
+`--name` comes first so that a config can match the process by
+`cmdline = "sdk_runner.py --name NAME "`. Each of `--threads` threads
+(thread i calls with the i-th `--model`, cycling) makes streaming calls one
+after another: its first with its model, later ones with `--then-model`
+(default: the same model). Every call prints one line on stdout, flushed:
+
+    call N start
+    call N done tokens=K
+    call N failed: ExceptionType: message
+
+then the thread sleeps 200 ms and goes on: a failed call never ends the
+process. The clients are the SDKs' defaults (their own timeouts, connection
+pools and socket options) except `max_retries=0`, so that a failure is seen
+as it happens. With `--status`, `GET /status` answers the agent's own story:
+`{"status": "ok", "current_task": "call N" | null, "calls": ..}`.
+
+The testbed's provider (`selfheal testbed provider`) paces each call by its
+model name, e.g. `think-600000-gap-100-tokens-20`.
+"""
+
+import argparse
+import http.server
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+
+# The testbed's addresses exist only in its namespaces: never a proxy.
+for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+    os.environ.pop(var, None)
+os.environ["NO_PROXY"] = "*"
+
+PRINT = threading.Lock()
+NEXT = itertools.count(1)
+IN_FLIGHT = {}  # call number -> thread index
+STATE = threading.Lock()
+COUNTS = {"done": 0, "failed": 0}
+
+
+def say(line):
+    with PRINT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def one_line(text):
+    return " ".join(str(text).split())
+
+
+def call_openai(client, model):
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say something."}],
+        stream=True,
+    )
+    tokens = 0
+    with stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                tokens += 1
+    return tokens
+
+
+def call_anthropic(client, model):
+    stream = client.messages.create(
+        model=model,
+        max_tokens=1024,
+        messages=[{"role": "user", "content": "Say something."}],
+        stream=True,
+    )
+    tokens = 0
+    with stream:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                tokens += 1
+    return tokens
+
+
+def worker(index, args, client, call):
+    model = args.model[index % len(args.model)]
+    made = 0
+    while args.calls == 0 or made < args.calls:
+        n = next(NEXT)
+        with STATE:
+            IN_FLIGHT[n] = index
+        say(f"call {n} start")
+        try:
+            tokens = call(client, model)
+            say(f"call {n} done tokens={tokens}")
+            outcome = "done"
+        except Exception as e:  # every failure is reported, none is fatal
+            say(f"call {n} failed: {type(e).__name__}: {one_line(e)}")
+            outcome = "failed"
+        with STATE:
+            IN_FLIGHT.pop(n, None)
+            COUNTS[outcome] += 1
+        made += 1
+        model = args.then_model or model
+        time.sleep(0.2)
+
+
+class Status(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path != "/status":
+            self.send_error(404)
+            return
+        with STATE:
+            calls = sorted(IN_FLIGHT)
+            body = {
+                "status": "ok",
+                "current_task": f"call {calls[0]}" if calls else None,
+                "in_flight": len(calls),
+                **COUNTS,
+            }
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_):
+        pass
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--name", required=True)
+    p.add_argument("--sdk", choices=["openai", "anthropic"], default="openai")
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--model", action="append", required=True)
+    p.add_argument("--then-model")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--calls", type=int, default=0, help="calls per thread (0: forever)")
+    p.add_argument("--status", help="HOST:PORT of GET /status")
+    args = p.parse_args()
+
+    if args.sdk == "openai":
+        import openai
+
+        client = openai.OpenAI(base_url=args.base_url, api_key="x", max_retries=0)
+        call = call_openai
+        version = openai.__version__
+    else:
+        import anthropic
+
+        client = anthropic.Anthropic(base_url=args.base_url, api_key="x", max_retries=0)
+        call = call_anthropic
+        version = anthropic.__version__
+
+    if args.status:
+        host, port = args.status.rsplit(":", 1)
+        server = http.server.ThreadingHTTPServer((host, int(port)), Status)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    say(f"ready sdk={args.sdk} version={version} pid={os.getpid()} threads={args.threads}")
+    threads = [
+        threading.Thread(target=worker, args=(i, args, client, call), daemon=True)
+        for i in range(args.threads)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+if __name__ == "__main__":
+    main()
