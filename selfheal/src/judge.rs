@@ -174,6 +174,10 @@ enum Liveness {
     },
 }
 
+/// How long a peer's close may go unnoticed before it counts against the
+/// agent (`peer_closed`).
+const CLOSE_WAIT_GRACE_MS: u64 = 2_000;
+
 /// The proof keepalive history holds for this socket, if it is this socket.
 fn proof_of<'h>(s: &SocketReport, history: &'h AgentHistory) -> Option<&'h Proof> {
     history
@@ -189,7 +193,14 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
         .and_then(|u| u.suspect_after)
         .unwrap_or(th.suspect_after)
         .as_millis() as u64;
-    if s.state == "CLOSE-WAIT" {
+    // The peer closed and the agent has not, for longer than an agent
+    // takes to notice a closed stream (the FIN is the last thing received:
+    // a response ending with `Connection: close` is caught in that instant).
+    let closed_for = s
+        .tcp_info
+        .as_ref()
+        .map_or(u64::MAX, |i| u64::from(i.last_ack_recv_ms));
+    if s.state == "CLOSE-WAIT" && closed_for >= CLOSE_WAIT_GRACE_MS {
         return Liveness::Dead {
             code: "peer_closed",
             why: "the peer closed the connection; the agent has not".into(),
@@ -538,11 +549,7 @@ pub fn judge(
                     format!("{} connection to {}: {why}", s.role, s.remote),
                 );
                 let r = socket_reason(r, s);
-                reasons.push(if by_proof {
-                    with(r, "proof", true)
-                } else {
-                    r
-                });
+                reasons.push(if by_proof { with(r, "proof", true) } else { r });
                 if let Some(w) = waiter.filter(|w| w.age_ms >= recv_blocked_ms) {
                     let (code, what) = match w.syscall {
                         Wait::Recv => ("recv_blocked", "in a receive"),

@@ -396,6 +396,9 @@ fn fifty_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
     );
     assert_eq!(r.heals, Vec::<String>::new());
     assert!(r.checks >= 200, "{} checks", r.checks);
+    // Every thinking call was asked (a proof keepalive each), and every
+    // socket read back right after its options were put back is as before.
+    assert!(fact_ms(&r, "proofs_armed") >= Some(50), "{:?}", r.facts);
     assert!(
         fact_ms(&r, "keepalive_compared") >= Some(50),
         "{:?}",

@@ -1790,11 +1790,25 @@ pub fn many_thinking(
         "keepalive_before".into(),
         serde_json::to_value(before.values().map(|(_, k)| k).next())?,
     );
+    // A socket's options are compared right after the check that put them
+    // back (its `proofs` say which): between proofs they must be the
+    // socket's own again. While a proof is armed they are the proof's.
     let mut compared = 0u64;
+    let (mut armed, mut restored) = (0u64, 0u64);
     let mut mismatches: Vec<String> = Vec::new();
-    let mut next_read = Instant::now() + Duration::from_secs(15);
-    let mut compare = |report: &mut Report| -> anyhow::Result<()> {
-        for s in connections_to(pid, provider) {
+    let mut compare = |report: &mut Report, run: &CheckRun| -> anyhow::Result<()> {
+        let events = run
+            .of(name)
+            .and_then(|o| o["proofs"].as_array().cloned())
+            .unwrap_or_default();
+        armed += events.iter().filter(|e| e["action"] == "arm" && e["ok"] == true).count() as u64;
+        let back: Vec<u64> = events
+            .iter()
+            .filter(|e| e["action"] == "restore" && e["ok"] == true)
+            .filter_map(|e| e["inode"].as_u64())
+            .collect();
+        restored += back.len() as u64;
+        for s in connections_to(pid, provider).into_iter().filter(|s| back.contains(&s.inode)) {
             let Some((fd, old)) = before.get(&s.inode) else {
                 continue;
             };
@@ -1810,6 +1824,8 @@ pub fn many_thinking(
         report
             .facts
             .insert("keepalive_compared".into(), compared.into());
+        report.facts.insert("proofs_armed".into(), armed.into());
+        report.facts.insert("proofs_restored".into(), restored.into());
         report.facts.insert(
             "keepalive_mismatches".into(),
             serde_json::to_value(&mismatches)?,
@@ -1817,15 +1833,11 @@ pub fn many_thinking(
         Ok(())
     };
     let mut calls = Calls::default();
-    checks(&bed, &mut report, say, length, |bed, _, report, say| {
+    checks(&bed, &mut report, say, length, |bed, run, report, say| {
         calls.read(bed, name, None, say);
-        if Instant::now() >= next_read {
-            compare(report)?;
-            next_read = Instant::now() + Duration::from_secs(15);
-        }
+        compare(report, run)?;
         Ok(false)
     })?;
-    compare(&mut report)?;
     calls.read(&bed, name, None, say);
     report
         .facts
