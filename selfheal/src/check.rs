@@ -591,6 +591,97 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
     }
 }
 
+/// What `inspect` shows of the judge for one agent: the verdict and
+/// reasons its evidence gives now, against the history `check` keeps
+/// (read, never written: inspecting arms nothing and heals nothing), and the
+/// prove stage's state per socket.
+#[derive(Clone, Debug, Serialize)]
+pub struct Diagnosis {
+    pub verdict: Verdict,
+    pub reasons: Vec<Reason>,
+    /// The proof keepalives `check` has armed, by socket inode.
+    pub proofs: Vec<ProofState>,
+    /// What the next `check` would have the prove stage do.
+    pub proof_work: Vec<ProofWork>,
+}
+
+/// One socket's proof, as `inspect` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProofState {
+    pub inode: u64,
+    pub remote: String,
+    /// `armed` or `answered`.
+    pub state: &'static str,
+    /// In words: "keepalive armed 4s ago: 2 probes unanswered", "the peer
+    /// answered 3 proof rounds, the last 2s ago".
+    pub detail: String,
+}
+
+/// Judges `agent` now on `report`, running its probes, against `history`
+/// (read only).
+pub fn diagnose(
+    agent: &AgentConfig,
+    report: &Report,
+    history: &AgentHistory,
+    now_ms: u64,
+) -> Diagnosis {
+    let configs: Vec<_> = agent.probes.iter().collect();
+    let results = probe::run_all(&configs);
+    let views: Vec<ProbeView> = agent
+        .probes
+        .iter()
+        .zip(&results)
+        .map(|(c, r)| view(c, r))
+        .collect();
+    let (j, _) = judge::judge(agent, report, &views, history, now_ms);
+    let mut proofs = Vec::new();
+    for s in &report.sockets {
+        let probes = s.tcp_info.as_ref().map_or(0, |i| i.probes);
+        if let Some(p) = history.proofs.get(&s.cookie).filter(|p| p.inode == s.inode) {
+            let armed_for = p.armed_for(now_ms);
+            let answered = s
+                .tcp_info
+                .as_ref()
+                .is_some_and(|i| u64::from(i.last_ack_recv_ms) < armed_for);
+            proofs.push(ProofState {
+                inode: s.inode,
+                remote: s.remote.clone(),
+                state: "armed",
+                detail: if answered {
+                    format!(
+                        "keepalive armed {} ago: the peer answered; the next check puts its options back",
+                        inspect::human_ms(armed_for)
+                    )
+                } else {
+                    format!(
+                        "keepalive armed {} ago: {probes} probe(s) unanswered ({} needed, {} apart)",
+                        inspect::human_ms(armed_for),
+                        p.count,
+                        inspect::human_ms(p.interval_ms)
+                    )
+                },
+            });
+        } else if let Some(a) = history.answered.get(&s.cookie) {
+            proofs.push(ProofState {
+                inode: s.inode,
+                remote: s.remote.clone(),
+                state: "answered",
+                detail: format!(
+                    "the peer answered {} proof keepalive round(s), the last {} ago; its options were put back",
+                    a.rounds,
+                    inspect::human_ms(now_ms.saturating_sub(a.at_ms))
+                ),
+            });
+        }
+    }
+    Diagnosis {
+        verdict: j.verdict,
+        reasons: j.reasons,
+        proofs,
+        proof_work: j.work,
+    }
+}
+
 /// What the judge needs of a probe result.
 fn view(config: &crate::config::ProbeConfig, r: &ProbeResult) -> ProbeView {
     let makes_claims = match config {

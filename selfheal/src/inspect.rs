@@ -735,12 +735,41 @@ fn wait_line(t: &ThreadReport, pid: u32, sockets: &BTreeMap<u64, &SocketReport>)
 }
 
 /// The report for a person at a terminal: a tree, anomalies marked `!`.
+/// Text from outside (a process's or thread's own name, a config value, a
+/// path) made safe for a terminal: every control character, a newline
+/// included, is shown as its escape (`\n`, `\u{1b}`) so that nothing can
+/// move the cursor, recolour the screen or forge a line.
+pub fn escape(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// [`render`]'s whole text, with control characters other than its own
+/// line ends escaped (a last guard for anything not escaped field by field).
+fn escape_lines(text: &str) -> String {
+    text.split('\n').map(escape).collect::<Vec<_>>().join("\n")
+}
+
 pub fn render(r: &Report) -> String {
+    escape_lines(&render_raw(r))
+}
+
+fn render_raw(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let title = match &r.agent {
-        Some(name) => format!("agent {name} ({})", r.rule),
-        None => format!("process tree of {}", r.rule),
+        Some(name) => format!("agent {} ({})", escape(name), escape(&r.rule)),
+        None => format!("process tree of {}", escape(&r.rule)),
     };
     let _ = writeln!(
         o,
@@ -749,7 +778,7 @@ pub fn render(r: &Report) -> String {
         r.zombies.len()
     );
     for u in &r.upstreams {
-        let _ = writeln!(o, "  upstream {u}");
+        let _ = writeln!(o, "  upstream {}", escape(u));
     }
     let sockets: BTreeMap<u64, &SocketReport> = r.sockets.iter().map(|s| (s.inode, s)).collect();
     let live: Vec<&ProcessReport> = r.processes.iter().filter(|p| p.state != 'Z').collect();
@@ -768,7 +797,10 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(
             o,
             "{branch} pid {} {} [{}] (parent {}{init})",
-            p.pid, p.name, p.state, p.ppid
+            p.pid,
+            escape(&p.name),
+            p.state,
+            p.ppid
         );
         for t in &p.threads {
             let mark = if t.anomalies.is_empty() { ' ' } else { '!' };
@@ -794,7 +826,7 @@ pub fn render(r: &Report) -> String {
                 o,
                 "{indent}{mark} thread {:>7} {:<15} {} {:<18} {what}",
                 t.tid,
-                t.name,
+                escape(&t.name),
                 t.state,
                 t.wchan.as_deref().unwrap_or("-")
             );
@@ -867,7 +899,7 @@ pub fn render(r: &Report) -> String {
         );
     }
     if let Some(d) = &r.init.diagnosis {
-        let _ = writeln!(o, "   ! missing init: {d}");
+        let _ = writeln!(o, "   ! missing init: {}", escape(d));
     }
     let _ = writeln!(
         o,
@@ -890,7 +922,7 @@ pub fn render(r: &Report) -> String {
     if !r.gaps.is_empty() {
         let _ = writeln!(o, "\nnot seen");
         for g in &r.gaps {
-            let _ = writeln!(o, "  - {g}");
+            let _ = writeln!(o, "  - {}", escape(g));
         }
     }
     o
@@ -1230,6 +1262,24 @@ mod tests {
             (183_600_000, "2d3h"),
         ] {
             assert_eq!(human_ms(ms), s, "{ms}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod escape_tests {
+    use super::escape;
+
+    #[test]
+    fn control_characters_are_shown_escaped_and_plain_text_is_kept() {
+        for (raw, shown) in [
+            ("sol-runner", "sol-runner"),
+            ("evil\nthread 1 fake", "evil\\nthread 1 fake"),
+            ("\u{1b}[31mred", "\\u{1b}[31mred"),
+            ("tab\there", "tab\\there"),
+            ("snowman ☃", "snowman ☃"),
+        ] {
+            assert_eq!(escape(raw), shown, "{raw:?}");
         }
     }
 }

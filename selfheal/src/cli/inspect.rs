@@ -42,6 +42,11 @@ pub struct Args {
     /// Do not use eBPF: procfs and sock_diag only.
     #[arg(long)]
     no_ebpf: bool,
+    /// Where `check` keeps its history (for NAME: the verdict is judged
+    /// against it, read only). Default: $XDG_STATE_HOME/selfheal (or
+    /// /var/lib/selfheal as root).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 fn parse_strategy(s: &str) -> Result<Strategy, String> {
@@ -56,6 +61,7 @@ const EXIT_CONFIG: u8 = 3;
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let table = ProcessTable::read().with_own_pid(std::process::id());
+    let mut agent_config = None;
     let target = match (&args.name, args.pid) {
         (_, Some(pid)) => {
             let matched = agents::find(&MatchRule::Pid(pid), &table);
@@ -91,7 +97,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
                 return Ok(ExitCode::from(EXIT_CONFIG));
             };
-            selfheal::check::target(agent, &table)
+            let target = selfheal::check::target(agent, &table);
+            agent_config = Some(agent.clone());
+            target
         }
         (None, None) => {
             eprintln!("selfheal: inspect needs an agent NAME or --pid PID");
@@ -106,16 +114,86 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         wait: args.wait,
     };
     let report = inspect::build(&inspect::collect(&target, &opts));
+    // A configured agent is judged, against check's history (read only).
+    let diagnosis = agent_config.as_ref().map(|agent| {
+        let history = history_of(&agent.name, args.state_dir.as_deref());
+        selfheal::check::diagnose(
+            agent,
+            &report,
+            &history,
+            selfheal::clock::boot_ns() / 1_000_000,
+        )
+    });
     // Stdout is line-buffered: a pretty JSON document of thousands of lines
     // would otherwise be thousands of writes.
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report).context("cannot write the report")?;
+        let mut doc = serde_json::to_value(&report).context("cannot write the report")?;
+        if let (Some(d), Some(map)) = (&diagnosis, doc.as_object_mut()) {
+            map.insert("verdict".into(), serde_json::to_value(d.verdict)?);
+            map.insert("reasons".into(), serde_json::to_value(&d.reasons)?);
+            map.insert("proofs".into(), serde_json::to_value(&d.proofs)?);
+        }
+        serde_json::to_writer_pretty(&mut out, &doc).context("cannot write the report")?;
         writeln!(out).context("cannot write the report")?;
     } else {
         out.write_all(inspect::render(&report).as_bytes())
             .context("cannot write the report")?;
+        if let Some(d) = &diagnosis {
+            out.write_all(render_diagnosis(d).as_bytes())
+                .context("cannot write the report")?;
+        }
     }
     out.flush().context("cannot write the report")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The history `check` keeps for agent `name`, or none (said on stderr)
+/// when it cannot be read: the verdict is then judged without it.
+fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::AgentHistory {
+    let dir = dir.map_or_else(selfheal::store::default_state_dir, |d| d.to_path_buf());
+    // A running check holds the lock for its whole run: wait a little.
+    match selfheal::store::StateStore::open_with_timeout(&dir, Duration::from_secs(3)) {
+        Ok(store) => {
+            let loaded = store.load::<selfheal::check::History>();
+            if loaded.value.boot_id != selfheal::check::boot_id() {
+                return Default::default();
+            }
+            loaded
+                .value
+                .agents
+                .get(name)
+                .map(|r| r.judge.clone())
+                .unwrap_or_default()
+        }
+        Err(e) => {
+            eprintln!("selfheal: judging without check's history: {e}");
+            Default::default()
+        }
+    }
+}
+
+/// The judge's verdict, its reasons and the prove stage's state, for a
+/// person (every text escaped).
+fn render_diagnosis(d: &selfheal::check::Diagnosis) -> String {
+    use std::fmt::Write as _;
+    let esc = selfheal::inspect::escape;
+    let mut o = String::new();
+    let _ = writeln!(o, "\nverdict: {}", d.verdict);
+    for r in &d.reasons {
+        let _ = writeln!(o, "  {} ({}): {}", esc(&r.code), r.verdict, esc(&r.message));
+    }
+    if !d.proofs.is_empty() {
+        let _ = writeln!(o, "proof:");
+        for p in &d.proofs {
+            let _ = writeln!(
+                o,
+                "  socket {} to {}: {}",
+                p.inode,
+                esc(&p.remote),
+                esc(&p.detail)
+            );
+        }
+    }
+    o
 }

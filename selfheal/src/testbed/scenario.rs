@@ -1801,14 +1801,20 @@ pub fn many_thinking(
             .of(name)
             .and_then(|o| o["proofs"].as_array().cloned())
             .unwrap_or_default();
-        armed += events.iter().filter(|e| e["action"] == "arm" && e["ok"] == true).count() as u64;
+        armed += events
+            .iter()
+            .filter(|e| e["action"] == "arm" && e["ok"] == true)
+            .count() as u64;
         let back: Vec<u64> = events
             .iter()
             .filter(|e| e["action"] == "restore" && e["ok"] == true)
             .filter_map(|e| e["inode"].as_u64())
             .collect();
         restored += back.len() as u64;
-        for s in connections_to(pid, provider).into_iter().filter(|s| back.contains(&s.inode)) {
+        for s in connections_to(pid, provider)
+            .into_iter()
+            .filter(|s| back.contains(&s.inode))
+        {
             let Some((fd, old)) = before.get(&s.inode) else {
                 continue;
             };
@@ -1825,7 +1831,9 @@ pub fn many_thinking(
             .facts
             .insert("keepalive_compared".into(), compared.into());
         report.facts.insert("proofs_armed".into(), armed.into());
-        report.facts.insert("proofs_restored".into(), restored.into());
+        report
+            .facts
+            .insert("proofs_restored".into(), restored.into());
         report.facts.insert(
             "keepalive_mismatches".into(),
             serde_json::to_value(&mismatches)?,
