@@ -93,8 +93,14 @@ fn step(u: &mut Unstructured<'_>) -> Result<Step> {
         u.arbitrary()?,
         u.arbitrary()?,
     );
-    Ok(match u.int_in_range(0..=3)? {
+    Ok(match u.int_in_range(0..=4)? {
         0 => Step::ArmKeepalive {
+            pid,
+            start_ticks,
+            fd,
+            inode,
+        },
+        4 => Step::ExpireKeepalive {
             pid,
             start_ticks,
             fd,

@@ -553,6 +553,20 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
                 &format!("{action:?} on root's"),
             );
         }
+        // The prove stage's actions are acts like the others: refused on
+        // another uid's socket before anything is duplicated.
+        for action in [
+            Action::ProveKeepalive,
+            Action::RestoreKeepalive,
+            Action::ExpireKeepalive,
+        ] {
+            let mut req = act(action, root.pid, Some(root_fd));
+            req.inode = Some(root.inode);
+            forbidden(
+                c.act(&req).unwrap_err(),
+                &format!("{action:?} on root's"),
+            );
+        }
         c.act(&act(Action::ArmKeepalive, mine.pid, Some(mine_fd)))
             .expect("nobody arms keepalive on its own agent's socket");
     });
@@ -574,7 +588,7 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
                 && l.contains(&format!("pid={}", root.pid))
         })
         .count();
-    assert_eq!(refusals, 3, "{log}");
+    assert_eq!(refusals, 6, "{log}");
     drop((root_peer, nobody_peer));
     assert!(
         log.lines().any(|l| l.contains("act performed")

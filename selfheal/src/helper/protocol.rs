@@ -798,6 +798,17 @@ mod tests {
             panic!("not act: {r:?}")
         };
         assert_eq!(act.action, Action::ArmKeepalive);
+        let r = parse_request(
+            br#"{"v":1,"id":12,"op":"act","action":"prove_keepalive","pid":1234,"start_ticks":5170,"fd":7,"inode":4242,"agent":"sol","params":{"idle_s":1,"interval_s":1,"count":3,"hold_ms":120000}}"#,
+        )
+        .unwrap();
+        let Op::Act(prove) = r.op else {
+            panic!("not act: {r:?}")
+        };
+        assert_eq!(
+            (prove.action, prove.fd, prove.inode),
+            (Action::ProveKeepalive, Some(7), Some(4242))
+        );
         assert_eq!((act.pid, act.start_ticks, act.fd), (1234, 5170, Some(7)));
         assert_eq!(act.agent.as_deref(), Some("sol"));
         assert_eq!(act.params["idle_s"], 10);
@@ -922,6 +933,18 @@ mod tests {
             ),
             (
                 r#"{"v":1,"id":3,"op":"act","action":"destroy_socket","pid":5,"start_ticks":1}"#,
+                Some(3),
+                BadRequest,
+                "missing field `fd`",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"prove_keepalive","pid":5,"start_ticks":1,"fd":4}"#,
+                Some(3),
+                BadRequest,
+                "missing field `inode` (required by prove_keepalive)",
+            ),
+            (
+                r#"{"v":1,"id":3,"op":"act","action":"expire_keepalive","pid":5,"start_ticks":1,"inode":9}"#,
                 Some(3),
                 BadRequest,
                 "missing field `fd`",
