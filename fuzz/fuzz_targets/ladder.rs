@@ -160,6 +160,40 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
             .arbitrary::<bool>()?
             .then(|| u.arbitrary().map(|since| ("summarize".to_string(), since)))
             .transpose()?,
+        // A proof armed on the fixture's socket (cookie 9), with any timing.
+        proofs: if u.arbitrary::<bool>()? {
+            [(
+                9,
+                selfheal::prove::Proof {
+                    pid: 100,
+                    start_ticks: u.arbitrary()?,
+                    fd: 7,
+                    inode: if u.arbitrary()? { 42 } else { u.arbitrary()? },
+                    armed_at_ms: u.arbitrary()?,
+                    first_probe_ms: u.arbitrary()?,
+                    interval_ms: u.arbitrary()?,
+                    count: u.arbitrary()?,
+                    previous: selfheal::actions::KeepaliveSettings {
+                        enabled: u.arbitrary()?,
+                        idle_s: u.arbitrary()?,
+                        interval_s: u.arbitrary()?,
+                        count: u.arbitrary()?,
+                        user_timeout_ms: u.arbitrary()?,
+                    },
+                    restore_failures: u.arbitrary()?,
+                    restore_error: None,
+                },
+            )]
+            .into_iter()
+            .collect()
+        } else {
+            Default::default()
+        },
+        answered: Default::default(),
+        pending: [(9, u.arbitrary()?)]
+            .into_iter()
+            .take(u.int_in_range(0..=1)?)
+            .collect(),
     })
 }
 
