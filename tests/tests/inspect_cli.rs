@@ -206,3 +206,118 @@ fn another_users_process_is_a_gap_not_an_error() {
         "{gaps:?}"
     );
 }
+
+/// `inspect NAME` judges the configured agent against `check`'s history:
+/// `--json` carries `verdict` and `reasons` (the design's contract), and a
+/// proof keepalive that `check` armed on a silent call shows as the socket's
+/// proof state, in JSON and in the text, which says what the thread waits
+/// in. Inspecting changes nothing: the history file is not written.
+#[test]
+fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
+    if !tests::need_root("inspect_name_verdict") {
+        return;
+    }
+    let l = listener();
+    let addr = l.local_addr().unwrap();
+    // A Python client with a timeout (as every SDK has) sends a request
+    // and waits in poll for an answer that the listener never sends.
+    let script = format!(
+        "import socket,time\ns=socket.create_connection(('127.0.0.1',{}))\ns.settimeout(600)\ns.sendall(b'POST /v1 HTTP/1.1\\r\\n\\r\\n')\ns.recv(1)\n",
+        addr.port()
+    );
+    let Ok(mut child) = Command::new("python3")
+        .args(["-c", &script, "inspect-name-proof-client"])
+        .spawn()
+    else {
+        return tests::skip("inspect_name_verdict", "no python3 here");
+    };
+    let (mut server_side, _) = l.accept().unwrap();
+    let mut buf = [0u8; 64];
+    let _ = std::io::Read::read(&mut server_side, &mut buf);
+    let dir = std::env::temp_dir().join(format!("selfheal-inspect-name-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"caller\"\nmatch = {{ pid = {} }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\n\
+             [agent.proof]\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n",
+            child.id()
+        ),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let state = dir.join("state");
+    let check = Command::new(selfheal_bin())
+        .args(["check", "--json", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--snapshot-dir")
+        .arg(dir.join("snapshots"))
+        .output()
+        .unwrap();
+    let o: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check's line");
+    assert_eq!(o["proofs"][0]["action"], "arm", "{o:#}");
+    assert_eq!(o["proofs"][0]["ok"], true, "{o:#}");
+    let saved = std::fs::read(state.join("state.json")).unwrap();
+
+    let args = |json: bool| {
+        let mut a = vec![
+            "caller".to_string(),
+            "--config".into(),
+            config.display().to_string(),
+            "--state-dir".into(),
+            state.display().to_string(),
+            "--no-ebpf".into(),
+        ];
+        if json {
+            a.push("--json".into());
+        }
+        a
+    };
+    let out = inspect(&args(true).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(v["verdict"], "busy", "{:#}", v["reasons"]);
+    assert!(
+        v["reasons"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty() && r[0]["code"].is_string()),
+        "{:#}",
+        v["reasons"]
+    );
+    let proof = &v["proofs"][0];
+    assert_eq!(proof["state"], "armed", "{:#}", v["proofs"]);
+    assert!(
+        proof["detail"]
+            .as_str()
+            .unwrap()
+            .contains("keepalive armed"),
+        "{proof}"
+    );
+    let thread_waits = v["processes"][0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["wait_syscall"] == "poll" && t["wait_inodes"][0] == proof["inode"]);
+    assert!(thread_waits, "{:#}", v["processes"]);
+
+    let out = inspect(&args(false).iter().map(String::as_str).collect::<Vec<_>>());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verdict: busy"), "{text}");
+    assert!(text.contains("waits in poll on socket"), "{text}");
+    assert!(text.contains("proof:"), "{text}");
+    // Read only: the history is as check left it.
+    assert_eq!(std::fs::read(state.join("state.json")).unwrap(), saved);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -562,10 +562,7 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
         ] {
             let mut req = act(action, root.pid, Some(root_fd));
             req.inode = Some(root.inode);
-            forbidden(
-                c.act(&req).unwrap_err(),
-                &format!("{action:?} on root's"),
-            );
+            forbidden(c.act(&req).unwrap_err(), &format!("{action:?} on root's"));
         }
         c.act(&act(Action::ArmKeepalive, mine.pid, Some(mine_fd)))
             .expect("nobody arms keepalive on its own agent's socket");
