@@ -326,7 +326,16 @@ fn prove_stage(
                     target.fd, target.pid
                 );
                 let result = match healer {
-                    _ if dry_run => continue,
+                    _ if dry_run => {
+                        events.push(ProofEvent {
+                            action: "arm",
+                            inode: target.inode,
+                            remote: remote.clone(),
+                            ok: false,
+                            detail: "not armed: --dry-run".into(),
+                        });
+                        continue;
+                    }
                     Some(h) => h.arm_proof(&agent.name, target, &ka),
                     None => Err("no helper and no permission to act directly".into()),
                 };
