@@ -84,7 +84,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(AGENT, "nmae = \"x\"\n"),
             4,
-            "agent \"sol\": key `nmae`: unknown key (expected name, match, upstream, probe, thresholds, heal)",
+            "agent \"sol\": key `nmae`: unknown key (expected name, match, upstream, probe, thresholds, heal, proof)",
         ),
         (
             "[[agent]]\nmatch = { pid = 1 }\n".into(),
@@ -219,7 +219,43 @@ fn bad_configs_name_file_line_and_key() {
         (
             upstream("role = \"control\"\nadr = \"127.0.0.1:1\"\n"),
             6,
-            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after)",
+            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence)",
+        ),
+        (
+            upstream("role = \"provider\"\naddr = \":443\"\nmax_silence = \"forever\"\n"),
+            7,
+            "key `max_silence`",
+        ),
+        // The prove stage.
+        (
+            with(AGENT, "[agent.proof]\nidle = \"500ms\"\n"),
+            5,
+            "key `idle`: 500ms is not whole seconds from 1s to 32767s",
+        ),
+        (
+            with(AGENT, "[agent.proof]\ninterval = \"10h\"\n"),
+            5,
+            "key `interval`: 36000s is not whole seconds from 1s to 32767s",
+        ),
+        (
+            with(AGENT, "[agent.proof]\ncount = 0\n"),
+            5,
+            "key `count`: 0 is not a probe count from 1 to 127",
+        ),
+        (
+            with(AGENT, "[agent.proof]\ncount = 128\n"),
+            5,
+            "key `count`: 128 is not a probe count from 1 to 127",
+        ),
+        (
+            with(AGENT, "[agent.proof]\nkeepalive = \"yes\"\n"),
+            5,
+            "key `keepalive`",
+        ),
+        (
+            with(AGENT, "[agent.proof]\nidel = \"1s\"\n"),
+            5,
+            "key `idel`: unknown key (expected keepalive, idle, interval, count)",
         ),
         (
             with(
