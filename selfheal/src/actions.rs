@@ -763,15 +763,31 @@ pub fn expire_keepalive(target: &Pidfd, fd: i32, inode: u64) -> Result<ExpireOut
             },
         });
     }
+    // The user timeout as it was: put back if the connection is not seen
+    // ended (the peer's ACK came in between), so that a live connection
+    // never keeps a 1 ms user timeout.
+    let put_back = || {
+        let _ = set_int(
+            dup.fd.as_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            i32::try_from(now.user_timeout_ms).unwrap_or(i32::MAX),
+        );
+    };
     set_int(dup.fd.as_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 1)
         .map_err(|e| ActionError::io(format!("setsockopt TCP_USER_TIMEOUT=1 on {what}"), e))?;
-    set_int(
+    if let Err(e) = set_int(
         dup.fd.as_fd(),
         libc::IPPROTO_TCP,
         libc::TCP_KEEPIDLE,
         i32::try_from(now.idle_s.max(1)).unwrap_or(1),
-    )
-    .map_err(|e| ActionError::io(format!("setsockopt TCP_KEEPIDLE on {what}"), e))?;
+    ) {
+        put_back();
+        return Err(ActionError::io(
+            format!("setsockopt TCP_KEEPIDLE on {what}"),
+            e,
+        ));
+    }
     let deadline = Instant::now() + Duration::from_millis(200);
     let ended = loop {
         let closed = tcp_info(dup.fd.as_fd()).is_none_or(|i| i.tcpi_state == TCP_CLOSE);
@@ -780,6 +796,9 @@ pub fn expire_keepalive(target: &Pidfd, fd: i32, inode: u64) -> Result<ExpireOut
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    if !ended {
+        put_back();
+    }
     Ok(ExpireOutcome {
         pid,
         fd,

@@ -347,6 +347,11 @@ fn prove_stage(
                             "proof keepalive armed: idle {} s, interval {} s, {} probes (options before: {:?})",
                             ka.idle_s, ka.interval_s, ka.count, out.previous
                         );
+                        // Timed from the arming itself (the check began
+                        // earlier), and from the silence the kernel's
+                        // keepalive timer counts (data or ACK).
+                        let armed_at_ms = crate::clock::boot_ns() / 1_000_000;
+                        let kernel_silent = out.silent_ms.map_or(*silent_ms, u64::from);
                         hist.proofs.insert(
                             *cookie,
                             Proof {
@@ -354,9 +359,9 @@ fn prove_stage(
                                 start_ticks: target.start_ticks,
                                 fd: target.fd,
                                 inode: target.inode,
-                                armed_at_ms: now_ms,
+                                armed_at_ms: armed_at_ms.max(now_ms),
                                 first_probe_ms: (u64::from(ka.idle_s) * 1000)
-                                    .saturating_sub(*silent_ms),
+                                    .saturating_sub(kernel_silent),
                                 interval_ms: u64::from(ka.interval_s) * 1000,
                                 count: ka.count,
                                 previous: out.previous.clone(),
@@ -390,19 +395,17 @@ fn prove_stage(
                     }
                 }
             }
-            ProofWork::Restore { cookie, remote } => {
+            ProofWork::Restore {
+                cookie,
+                target,
+                remote,
+            } => {
                 let Some(p) = hist.proofs.get(cookie).cloned() else {
                     continue;
                 };
-                let target = ProofTarget {
-                    pid: p.pid,
-                    start_ticks: p.start_ticks,
-                    fd: p.fd,
-                    inode: p.inode,
-                };
                 let result = match healer {
                     _ if dry_run => continue,
-                    Some(h) => h.restore_proof(&agent.name, &target, &p.previous),
+                    Some(h) => h.restore_proof(&agent.name, target, &p.previous),
                     None => Err("no helper and no permission to act directly".into()),
                 };
                 // Read back and compared: a live call keeps no trace.
@@ -442,8 +445,14 @@ fn prove_stage(
                     }
                     Err(e) => {
                         let failures = p.restore_failures.saturating_add(1);
+                        if let Some(q) = hist.proofs.get_mut(cookie) {
+                            q.restore_failures = failures;
+                            q.restore_error = Some(e.clone());
+                        }
+                        // Given up, the record stays (never retried, never
+                        // re-armed: a new proof would read these options as
+                        // the socket's own).
                         let gap = if failures >= prove::MAX_RESTORE_FAILURES {
-                            hist.proofs.remove(cookie);
                             format!(
                                 "gave up putting back the keepalive options of the connection to {remote} (fd {} of pid {}) after {failures} attempts, {}: {e}",
                                 p.fd,
@@ -451,10 +460,6 @@ fn prove_stage(
                                 settings_words(&p.previous)
                             )
                         } else {
-                            if let Some(q) = hist.proofs.get_mut(cookie) {
-                                q.restore_failures = failures;
-                                q.restore_error = Some(e.clone());
-                            }
                             format!(
                                 "could not put back the keepalive options of the connection to {remote} (fd {} of pid {}; attempt {failures}, tried again next check): {e}",
                                 p.fd, p.pid

@@ -174,16 +174,30 @@ enum Liveness {
     },
 }
 
+/// How long a proof whose socket is not in the report is kept while its
+/// process lives (10 minutes: past the kernel's own deadline for a dead
+/// peer, `actions::PROOF_HOLD`).
+const KEEP_UNSEEN_PROOF_MS: u64 = 600_000;
+
 /// How long a peer's close may go unnoticed before it counts against the
 /// agent (`peer_closed`).
 const CLOSE_WAIT_GRACE_MS: u64 = 2_000;
 
 /// The proof keepalive history holds for this socket, if it is this socket.
 fn proof_of<'h>(s: &SocketReport, history: &'h AgentHistory) -> Option<&'h Proof> {
-    history
-        .proofs
-        .get(&s.cookie)
-        .filter(|p| p.inode == s.inode && p.pid == s.pid)
+    history.proofs.get(&s.cookie).filter(|p| p.inode == s.inode)
+}
+
+/// How long a call on this socket has been silent: since the last data
+/// received, or, when a request went out after that (a new call on an old
+/// keep-alive connection), since the request. A control connection's
+/// heartbeat rule counts from the last data received only.
+fn call_silence(i: &crate::sockdiag::TcpInfo) -> u64 {
+    if i.last_data_sent_ms < i.last_data_recv_ms {
+        u64::from(i.last_data_sent_ms)
+    } else {
+        u64::from(i.last_data_recv_ms)
+    }
 }
 
 fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: u64) -> Liveness {
@@ -284,8 +298,19 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
             };
         }
     }
+    // A provider call's silence starts with its request, not with the
+    // answer to the call before it.
+    let silent = if s.role == "control" {
+        silent
+    } else {
+        call_silence(i)
+    };
     if silent <= suspect_after {
-        return Liveness::Alive("data arriving");
+        return Liveness::Alive(if u64::from(i.last_data_recv_ms) <= suspect_after {
+            "data arriving"
+        } else {
+            "its request went out recently"
+        });
     }
     if u64::from(i.last_ack_recv_ms) <= suspect_after && i.last_ack_recv_ms < i.last_data_recv_ms {
         return Liveness::Alive("the peer still acknowledges");
@@ -293,13 +318,16 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
     Liveness::Suspect { silent_ms: silent }
 }
 
-/// Whether the last thing on the socket was a request: something was sent,
-/// and nothing has been received since (ties included: ages are whole
-/// milliseconds, and an answer takes longer than that).
+/// Whether the last thing on the socket was a request: data was sent (more
+/// than the SYN, which `bytes_acked` counts), and nothing has been received
+/// since (ties included: ages are kernel ticks, 1-10 ms, and the measured
+/// SDK case showed equal ages on a call never answered). A call answered
+/// within one tick looks the same; it costs a proof keepalive the peer
+/// answers, never a verdict worse than `busy` (see `strong` below).
 fn request_out(s: &SocketReport) -> bool {
     s.tcp_info
         .as_ref()
-        .is_some_and(|i| i.bytes_acked > 0 && i.last_data_sent_ms <= i.last_data_recv_ms)
+        .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms <= i.last_data_recv_ms)
 }
 
 /// Whether an upstream socket carries a call now: a thread waits on it (in
@@ -513,13 +541,31 @@ pub fn judge(
         }
         let task = claimed_task.as_ref().filter(|_| s.role == "provider");
         let awaited = in_flight(s, &waiting, pending, suspect_after) || task.is_some();
+        // Evidence strong enough to call a long silence unresponsive: a
+        // thread waits on the socket, the agent says it is working, or the
+        // request strictly followed the last answer (not a one-tick tie, a
+        // fast answer's look).
+        let strong = waiting.contains_key(&s.inode)
+            || task.is_some()
+            || s.tcp_info
+                .as_ref()
+                .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms < i.last_data_recv_ms);
         let liveness = liveness(s, cfg, proof, now_ms);
         if let Some(p) = proof {
             // Kept until the peer answers (then put back) or the socket goes.
             next.proofs.insert(s.cookie, p.clone());
-            if matches!(liveness, Liveness::Alive(_)) || !cfg.proof.keepalive {
+            let given_up = p.restore_failures >= crate::prove::MAX_RESTORE_FAILURES;
+            if (matches!(liveness, Liveness::Alive(_)) || !cfg.proof.keepalive) && !given_up {
+                // Addressed as the socket is now (its fd, its holder).
+                let target = ProofTarget {
+                    pid: s.pid,
+                    start_ticks: start_ticks(report, s.pid).unwrap_or(p.start_ticks),
+                    fd: s.fd.unwrap_or(p.fd),
+                    inode: s.inode,
+                };
                 work.push(ProofWork::Restore {
                     cookie: s.cookie,
+                    target,
                     remote: s.remote.clone(),
                 });
             }
@@ -667,11 +713,8 @@ pub fn judge(
         // a proxy answering for a dead upstream. A call silent past
         // max_silence is not thinking, whoever answers the probes.
         let max_silence = upstream.map_or(crate::config::DEFAULT_MAX_SILENCE, |u| u.max_silence);
-        let silent = s
-            .tcp_info
-            .as_ref()
-            .map_or(0, |i| u64::from(i.last_data_recv_ms));
-        if !control && awaited && silent > max_silence.as_millis() as u64 && !dead {
+        let silent = s.tcp_info.as_ref().map_or(0, call_silence);
+        if !control && strong && silent > max_silence.as_millis() as u64 && !dead {
             let r = reason(
                 "silence_exceeded",
                 Verdict::Unresponsive,
@@ -684,6 +727,21 @@ pub fn judge(
                 ),
             );
             reasons.push(socket_reason(r, s));
+        }
+    }
+
+    // A proof whose socket this report lacks while its process lives (a
+    // socket table that could not be read, a moment's gap) is kept for a
+    // while: forgetting it would leave its options unrestored, and a later
+    // proof would take them for the socket's own. Cookies are never reused,
+    // so a record of a socket that closed only waits out its time.
+    for (cookie, p) in &history.proofs {
+        let lives = report
+            .processes
+            .iter()
+            .any(|q| q.pid == p.pid && q.start_ticks == Some(p.start_ticks) && q.state != 'Z');
+        if lives && p.armed_for(now_ms) < KEEP_UNSEEN_PROOF_MS {
+            next.proofs.entry(*cookie).or_insert_with(|| p.clone());
         }
     }
 

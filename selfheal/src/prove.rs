@@ -99,7 +99,12 @@ pub enum ProofWork {
         remote: String,
     },
     /// The peer answered (or data came): put the socket's options back.
-    Restore { cookie: u64, remote: String },
+    Restore {
+        cookie: u64,
+        /// The socket as the report shows it now.
+        target: ProofTarget,
+        remote: String,
+    },
 }
 
 /// Failed restores after which a proof is given up on (and reported).

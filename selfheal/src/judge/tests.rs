@@ -747,7 +747,7 @@ fn silent_calls_are_proven() {
         i.probes = n;
         i
     };
-    let mut unacked = info(S, S, 2_000);
+    let mut unacked = info(S, S, 90_000); // the request 90 s ago, unacknowledged
     unacked.unacked = 1;
     let mut answered_before = info(S, S, S + 30);
     answered_before.bytes_received = 4000;
@@ -875,6 +875,26 @@ fn silent_calls_are_proven() {
             work: &[],
         },
         P {
+            name: "a new call on a keep-alive connection idle 30 min: its silence starts with the request",
+            config: "",
+            threads: vec![poll_thread(101, 2, 500)],
+            socket: provider(info(30 * MIN, 30 * MIN, 500)),
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            code: "call_in_flight",
+            work: &[],
+        },
+        P {
+            name: "a call answered within one tick, idle 11 min, nobody waiting: never unresponsive",
+            config: "",
+            threads: vec![],
+            socket: provider(info(11 * MIN, 11 * MIN, 11 * MIN)),
+            history: AgentHistory::default(),
+            verdict: Verdict::Busy,
+            code: "suspect",
+            work: &["arm"],
+        },
+        P {
             name: "a proxy answers the probes, silent past max_silence: unresponsive",
             config: "",
             threads: vec![poll_thread(101, 2, 11 * MIN)],
@@ -923,17 +943,16 @@ fn proofs_are_marked_and_forgotten_with_their_socket() {
         reason.message
     );
 
+    // The socket missing from a report while its process lives (a socket
+    // table that could not be read): the proof is kept, for a while.
     let gone = report(vec![], vec![alive_control()]);
     let (_, next) = judge(&cfg, &gone, &[], &armed(5_000), 100 * MIN);
-    assert!(next.proofs.is_empty());
-    let mut replaced = socket(2, "provider", info(2 * MIN, 2 * MIN, 2 * MIN));
-    replaced.inode = 77; // same cookie in the fixture's history, another inode
-    let (_, next) = judge(
-        &cfg,
-        &report(vec![], vec![replaced]),
-        &[],
-        &armed(5_000),
-        100 * MIN,
-    );
+    assert_eq!(next.proofs.len(), 1, "kept while its process lives");
+    let (_, next) = judge(&cfg, &gone, &[], &armed(11 * MIN), 100 * MIN);
+    assert!(next.proofs.is_empty(), "not forever");
+    // Its process gone: forgotten.
+    let mut no_process = report(vec![], vec![]);
+    no_process.processes.clear();
+    let (_, next) = judge(&cfg, &no_process, &[], &armed(5_000), 100 * MIN);
     assert!(next.proofs.is_empty());
 }
