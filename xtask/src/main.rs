@@ -50,8 +50,8 @@ enum Task {
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
     /// against `ps` + `ss` (`inspect-bench`), `check` over 100 agents
     /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`), and
-    /// how `check` grows with 1k-10k sockets and 200-2000 threads
-    /// (`scale-bench`).
+    /// how `check` grows with 1k-10k sockets and 200-2000 threads, and the
+    /// prove stage's added cost on 1,000 suspect sockets (`scale-bench`).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,

@@ -16,14 +16,38 @@
 //! Each size is checked two ways: *quiet* (the agents' sockets match no
 //! upstream: the timer's common case, minimal thread evidence) and
 //! *suspect* (every socket is a provider connection silent past
-//! `suspect_after`: the judge reads every thread's syscall and wait).
-//! Needs root only to raise the open-file limit past its hard limit.
+//! `suspect_after`: the judge reads every thread's syscall and wait). Both
+//! run with `[agent.proof] keepalive = false`: they measure judging, not
+//! the prove stage (with proof on, every suspect check would arm or restore
+//! a proof keepalive on each socket a thread waits on).
+//!
+//! - proof: the prove stage's added cost, measured on its own. 100 agents
+//!   hold `--proof` suspect sockets in all (default 1000) with a reader
+//!   blocked on each (a call in flight, nothing unacknowledged). Peer: the
+//!   same check with `keepalive = false` (median of `--runs` runs). Then
+//!   `--runs` rounds (after one not counted), each from a fresh state dir:
+//!   the *arming* check (every socket gets a proof keepalive: idle 1 s,
+//!   interval 1 s, 3 probes), a wait until the kernel has sent the probes
+//!   (this process's ends ACK them), and the *restoring* check (every
+//!   socket's options put back and read back); both are timed, and `--json`
+//!   must show every socket armed and restored ok or the bench fails.
+//!   Packets: the namespace's TCP MIB counters (`TcpExt: TCPKeepAlive`,
+//!   `Tcp: OutSegs`/`InSegs`) over each arming + restoring pair against
+//!   the same time with proof off (two proof-off checks as far apart),
+//!   per socket. The section runs in a network namespace of its own when
+//!   it can (root), so other traffic on the host does not count. Here the
+//!   restoring check follows as soon as the probes are out; under the
+//!   timer a proof keeps probing every `idle` until the next check.
+//!
+//! Needs root to raise the open-file limit past its hard limit, and for the
+//! proof section (`pidfd_getfd` on the agents' sockets).
 
 use std::{
     io::{BufRead as _, BufReader},
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use tests::timed;
@@ -38,6 +62,8 @@ const THREAD_AGENT_SOCKETS: usize = 20;
 struct Args {
     sockets: Vec<usize>,
     threads: Vec<usize>,
+    /// Suspect sockets of the proof section (0: skip it).
+    proof: usize,
     runs: usize,
 }
 
@@ -45,6 +71,7 @@ fn main() {
     let mut args = Args {
         sockets: vec![1000, 5000, 10000],
         threads: vec![200, 1000, 2000],
+        proof: 1000,
         runs: 7,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -62,6 +89,12 @@ fn main() {
         match a.as_str() {
             "--sockets" => args.sockets = list(it.next()),
             "--threads" => args.threads = list(it.next()),
+            "--proof" => {
+                args.proof = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| usage(a))
+            }
             "--runs" => {
                 args.runs = it
                     .next()
@@ -74,9 +107,11 @@ fn main() {
     }
     if args.sockets.iter().any(|s| s % AGENTS != 0 || *s > 50_000)
         || args.threads.iter().any(|t| *t > 10_000)
+        || !args.proof.is_multiple_of(AGENTS)
+        || args.proof > 10_000
     {
         eprintln!(
-            "scale-bench: --sockets must be multiples of {AGENTS} up to 50000, --threads up to 10000"
+            "scale-bench: --sockets must be multiples of {AGENTS} up to 50000, --proof up to 10000 (0: none), --threads up to 10000"
         );
         std::process::exit(3);
     }
@@ -91,7 +126,13 @@ fn main() {
     let work = std::env::temp_dir().join(format!("selfheal-scale-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("work dir");
-    let most = args.sockets.iter().max().copied().unwrap_or(0);
+    let most = args
+        .sockets
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(0)
+        .max(args.proof);
     raise_nofile(most as u64 + THREAD_AGENT_SOCKETS as u64 + 1024);
     let bench = Bench {
         selfheal,
@@ -105,7 +146,7 @@ fn main() {
         args.runs
     );
     println!(
-        "\n  sockets: {AGENTS} agents of {THREADS_PER_AGENT} blocked threads; agent sockets (host sockets: twice as many)"
+        "\n  sockets: {AGENTS} agents of {THREADS_PER_AGENT} blocked threads; agent sockets (host sockets: twice as many); proof keepalives off (see proof below)"
     );
     header();
     let mut rows = Vec::new();
@@ -121,11 +162,17 @@ fn main() {
         rows.push(bench.threads(n));
     }
     growth(&rows, "thread");
+
+    if args.proof > 0 {
+        bench.proof(args.proof);
+    }
     let _ = std::fs::remove_dir_all(&work);
 }
 
 fn usage(arg: &str) -> ! {
-    eprintln!("usage: scale-bench [--sockets N,N,…] [--threads N,N,…] [--runs N] (bad {arg})");
+    eprintln!(
+        "usage: scale-bench [--sockets N,N,…] [--threads N,N,…] [--proof N] [--runs N] (bad {arg})"
+    );
     std::process::exit(3)
 }
 
@@ -239,8 +286,8 @@ impl Bench {
 
     /// Checks `pids` quiet and suspect, prints the row.
     fn row(&self, n: usize, pids: &[u32], listen: std::net::SocketAddr, peers: f64) -> Row {
-        let quiet_cfg = self.config(pids, None);
-        let suspect_cfg = self.config(pids, Some(listen));
+        let quiet_cfg = self.config(pids, None, false);
+        let suspect_cfg = self.config(pids, Some(listen), false);
         self.verify(&quiet_cfg, pids.len(), None);
         self.verify(&suspect_cfg, pids.len(), Some("suspect"));
         let (quiet, quiet_rss) = self.median(&mut self.check(&quiet_cfg));
@@ -298,11 +345,16 @@ impl Bench {
     }
 
     fn check(&self, config: &Path) -> Command {
+        self.check_in(config, &self.work.join("state"))
+    }
+
+    /// `check` with its history in `state`.
+    fn check_in(&self, config: &Path, state: &Path) -> Command {
         let mut c = Command::new(&self.selfheal);
         c.args(["check", "--json", "--config"])
             .arg(config)
             .arg("--state-dir")
-            .arg(self.work.join("state"))
+            .arg(state)
             .arg("--snapshot-dir")
             .arg(self.work.join("snap"))
             // No helper: this measures check itself.
@@ -312,8 +364,9 @@ impl Bench {
     }
 
     /// One agent per pid; with `suspect`, every connection to that address is
-    /// a provider call already silent past `suspect_after`.
-    fn config(&self, pids: &[u32], suspect: Option<std::net::SocketAddr>) -> PathBuf {
+    /// a provider call already silent past `suspect_after`. Proof keepalives
+    /// only with `proof` (idle 1 s, interval 1 s, 3 probes).
+    fn config(&self, pids: &[u32], suspect: Option<std::net::SocketAddr>, proof: bool) -> PathBuf {
         let mut text = String::new();
         for (i, pid) in pids.iter().enumerate() {
             let (addr, thresholds) = match suspect {
@@ -323,18 +376,24 @@ impl Bench {
                 ),
                 None => (":1".to_string(), ""),
             };
+            let proof = if proof {
+                "[agent.proof]\nkeepalive = true\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n"
+            } else {
+                "[agent.proof]\nkeepalive = false\n"
+            };
             text.push_str(&format!(
                 "[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n\
-                 [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n{thresholds}"
+                 [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n{thresholds}{proof}"
             ));
         }
         let path = self.work.join(format!(
-            "config-{}.toml",
+            "config-{}{}.toml",
             if suspect.is_some() {
                 "suspect"
             } else {
                 "quiet"
-            }
+            },
+            if proof { "-proof" } else { "" }
         ));
         std::fs::write(&path, text).expect("write config");
         // A fresh history per size and way: no state carried between them.
@@ -349,6 +408,179 @@ impl Bench {
         let mut v: Vec<(f64, i64)> = (0..self.runs).map(|_| timed(cmd)).collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
         v[v.len() / 2]
+    }
+
+    /// The prove stage's cost on `n` suspect sockets with calls in flight:
+    /// the arming and the restoring check against the check with proof off,
+    /// and the packets the proofs cost. Times are printed, not asserted; the
+    /// proof events are asserted (every socket armed, then restored, ok).
+    fn proof(&self, n: usize) {
+        let ns = own_netns();
+        let per_agent = n / AGENTS;
+        // One reader blocked on each socket: every socket carries a call.
+        let agents = self.agents(AGENTS, per_agent, per_agent);
+        let pids: Vec<u32> = agents.children.iter().map(Child::id).collect();
+        let off_cfg = self.config(&pids, Some(agents.listen), false);
+        let on_cfg = self.config(&pids, Some(agents.listen), true);
+        let off_state = self.work.join("state-off");
+        let on_state = self.work.join("state-proof");
+        let _ = std::fs::remove_dir_all(&off_state);
+        println!(
+            "\n  proof: {AGENTS} agents, {n} suspect sockets with a reader blocked on each ({}); proof keepalive idle 1 s, interval 1 s, 3 probes; medians of {} runs",
+            match &ns {
+                Ok(()) => "a network namespace of its own".to_string(),
+                Err(e) => format!(
+                    "the host's network namespace ({e}): its counters include other traffic"
+                ),
+            },
+            self.runs
+        );
+        // Proof off: judged suspect, no proof work at all.
+        let (_, lines) = self.run_json(&off_cfg, &off_state);
+        assert_eq!(
+            lines.len(),
+            pids.len(),
+            "the proof-off check judged {} of {} agents",
+            lines.len(),
+            pids.len()
+        );
+        let (armed, _) = proof_events(&lines, "arm");
+        assert_eq!(
+            armed, 0,
+            "the proof-off check armed {armed} proof keepalives"
+        );
+        let (off, _) = self.median(&mut self.check_in(&off_cfg, &off_state));
+
+        let mut arm_times = Vec::new();
+        let mut restore_times = Vec::new();
+        let (mut on_pkts, mut off_pkts) = (Mib::default(), Mib::default());
+        let mut on_window = Duration::ZERO;
+        let mut last_restore: Option<Instant> = None;
+        // One round not counted (caches, the first state files).
+        for round in 0..=self.runs {
+            // The last ACK (the previous round's) more than `idle` ago, so
+            // the first probe goes as soon as a socket is armed.
+            if let Some(t) = last_restore {
+                std::thread::sleep(Duration::from_millis(1200).saturating_sub(t.elapsed()));
+            } else {
+                std::thread::sleep(Duration::from_millis(1200));
+            }
+            let _ = std::fs::remove_dir_all(&on_state);
+            let before = Mib::read();
+            let start = Instant::now();
+            let (arm, lines) = self.run_json(&on_cfg, &on_state);
+            let (ok, failed) = proof_events(&lines, "arm");
+            assert_eq!(
+                ok,
+                n,
+                "round {round}: the arming check armed {ok} of {n} proof keepalives ok ({} agents judged); first failure: {failed:?}",
+                lines.len()
+            );
+            // Wait for the probes (sent at once; ACKed at once over
+            // loopback), bounded by the proof's whole length.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Mib::read().keepalive.saturating_sub(before.keepalive) < n as u64
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let (restore, lines) = self.run_json(&on_cfg, &on_state);
+            let (ok, failed) = proof_events(&lines, "restore");
+            assert_eq!(
+                ok,
+                n,
+                "round {round}: the restoring check put back {ok} of {n} sockets' options ok ({} agents judged, {} probes sent since arming); first failure: {failed:?}",
+                lines.len(),
+                Mib::read().keepalive.saturating_sub(before.keepalive)
+            );
+            let window = start.elapsed();
+            let on = Mib::read().minus(&before);
+            last_restore = Some(Instant::now());
+            // Proof off over the same time: two checks as far apart.
+            let before = Mib::read();
+            let start = Instant::now();
+            let _ = self.run_json(&off_cfg, &off_state);
+            std::thread::sleep(
+                window.saturating_sub(start.elapsed() + Duration::from_secs_f64(off)),
+            );
+            let _ = self.run_json(&off_cfg, &off_state);
+            let off_mib = Mib::read().minus(&before);
+            if round > 0 {
+                arm_times.push(arm);
+                restore_times.push(restore);
+                on_pkts.add(&on);
+                off_pkts.add(&off_mib);
+                on_window += window;
+            }
+        }
+        drop(agents);
+        let arm = median_of(&mut arm_times);
+        let restore = median_of(&mut restore_times);
+        let per_socket = |t: f64| (t - off) / n as f64 * 1e6;
+        println!(
+            "    {:<46} {:>8.1} ms",
+            "check, proof off (keepalive = false)",
+            off * 1e3
+        );
+        println!(
+            "    {:<46} {:>8.1} ms  {:>5.2} x proof off  {:>+7.1} µs per socket",
+            format!("check arming {n} proof keepalives"),
+            arm * 1e3,
+            arm / off,
+            per_socket(arm)
+        );
+        println!(
+            "    {:<46} {:>8.1} ms  {:>5.2} x proof off  {:>+7.1} µs per socket",
+            format!("check restoring {n} after the peers answered"),
+            restore * 1e3,
+            restore / off,
+            per_socket(restore)
+        );
+        let rounds = (self.runs * n) as f64;
+        let per = |m: &Mib| {
+            format!(
+                "{:.2} keepalive probes, {:.2} segments out, {:.2} in",
+                m.keepalive as f64 / rounds,
+                m.out_segs as f64 / rounds,
+                m.in_segs as f64 / rounds
+            )
+        };
+        println!(
+            "    packets per socket, arming + restoring check ({:.2} s a round): {}; proof off over the same time: {}",
+            on_window.as_secs_f64() / self.runs as f64,
+            per(&on_pkts),
+            per(&off_pkts)
+        );
+        println!(
+            "    (over loopback both ends are counted: a probe and its ACK are each one segment out and one in)"
+        );
+    }
+
+    /// Runs one check, timed like [`timed`] (spawn to exit), its `--json`
+    /// lines parsed.
+    fn run_json(&self, config: &Path, state: &Path) -> (f64, Vec<serde_json::Value>) {
+        let path = self.work.join("check.json");
+        let file = std::fs::File::create(&path).expect("create check output");
+        let start = Instant::now();
+        let status = self
+            .check_in(config, state)
+            .stdout(file)
+            .stderr(Stdio::null())
+            .status()
+            .expect("run selfheal check");
+        let t = start.elapsed().as_secs_f64();
+        let out = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        assert!(
+            !lines.is_empty(),
+            "check printed nothing (exit {:?})",
+            status.code()
+        );
+        (t, lines)
     }
 }
 
@@ -384,4 +616,98 @@ fn growth(rows: &[Row], item: &str) {
         of(|r| r.suspect),
         of(|r| r.peers),
     );
+}
+
+/// Proof events of `action` that were ok, over all agents' lines, and the
+/// first that was not.
+fn proof_events(lines: &[serde_json::Value], action: &str) -> (usize, Option<serde_json::Value>) {
+    let events = lines
+        .iter()
+        .filter_map(|l| l["proofs"].as_array())
+        .flatten()
+        .filter(|e| e["action"] == action);
+    let mut ok = 0;
+    let mut failed = None;
+    for e in events {
+        if e["ok"] == true {
+            ok += 1;
+        } else if failed.is_none() {
+            failed = Some(e.clone());
+        }
+    }
+    (ok, failed)
+}
+
+fn median_of(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Moves this thread (the main one: the agents and checks it starts
+/// follow) into a network namespace of its own with loopback up, so the
+/// TCP counters count only this bench's packets.
+fn own_netns() -> Result<(), String> {
+    // SAFETY: unshare takes flags only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(format!("unshare: {}", std::io::Error::last_os_error()));
+    }
+    let st = Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .status()
+        .map_err(|e| format!("ip: {e}"))?;
+    if !st.success() {
+        // Loopback down: nothing can connect. Fatal for the section.
+        eprintln!("scale-bench: cannot bring loopback up in a new network namespace ({st})");
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// The namespace's TCP MIB counters the proof section compares.
+#[derive(Clone, Copy, Default)]
+struct Mib {
+    /// `TcpExt: TCPKeepAlive`: keepalive probes sent.
+    keepalive: u64,
+    /// `Tcp: OutSegs`, `Tcp: InSegs`.
+    out_segs: u64,
+    in_segs: u64,
+}
+
+impl Mib {
+    /// Reads them for this thread's namespace.
+    fn read() -> Mib {
+        let field = |file: &str, table: &str, name: &str| -> u64 {
+            let text = std::fs::read_to_string(format!("/proc/thread-self/net/{file}"))
+                .unwrap_or_else(|e| panic!("read /proc/thread-self/net/{file}: {e}"));
+            let mut rows = text.lines().filter(|l| l.starts_with(&format!("{table}:")));
+            let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+                panic!("no {table} in /proc/thread-self/net/{file}");
+            };
+            names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {table} {name} in /proc/thread-self/net/{file}"))
+        };
+        Mib {
+            keepalive: field("netstat", "TcpExt", "TCPKeepAlive"),
+            out_segs: field("snmp", "Tcp", "OutSegs"),
+            in_segs: field("snmp", "Tcp", "InSegs"),
+        }
+    }
+
+    fn minus(&self, earlier: &Mib) -> Mib {
+        Mib {
+            keepalive: self.keepalive.saturating_sub(earlier.keepalive),
+            out_segs: self.out_segs.saturating_sub(earlier.out_segs),
+            in_segs: self.in_segs.saturating_sub(earlier.in_segs),
+        }
+    }
+
+    fn add(&mut self, m: &Mib) {
+        self.keepalive += m.keepalive;
+        self.out_segs += m.out_segs;
+        self.in_segs += m.in_segs;
+    }
 }
