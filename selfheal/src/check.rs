@@ -285,6 +285,23 @@ pub fn run(
                         evidence: Default::default(),
                     });
                 }
+                // Proving never ends a connection by itself: where the
+                // ladder did not end a proven-dead socket now and will not
+                // (nothing to do, gave up, not allowed, no snapshot), its
+                // own options go back instead of the proof's user timeout.
+                let work = unended_proofs(&judgement, &full, outcome.heal.as_ref());
+                if !work.is_empty() {
+                    let (events, gaps) = prove_stage(
+                        agent,
+                        &work,
+                        &mut record.judge,
+                        healer,
+                        opts.dry_run,
+                        now_ms,
+                    );
+                    outcome.proofs.extend(events);
+                    outcome.gaps.extend(gaps);
+                }
             }
         } else {
             let _ = ladder::decide(&agent.heal, &judgement, &report, &mut record.heal, now_ms);
@@ -399,6 +416,7 @@ fn prove_stage(
                 cookie,
                 target,
                 remote,
+                answered,
             } => {
                 let Some(p) = hist.proofs.get(cookie).cloned() else {
                     continue;
@@ -423,13 +441,18 @@ fn prove_stage(
                 match result {
                     Ok(back) => {
                         hist.proofs.remove(cookie);
-                        let a = hist.answered.entry(*cookie).or_default();
-                        a.at_ms = now_ms;
-                        a.rounds = a.rounds.saturating_add(1);
+                        let why = if *answered {
+                            let a = hist.answered.entry(*cookie).or_default();
+                            a.at_ms = now_ms;
+                            a.rounds = a.rounds.saturating_add(1);
+                            "the peer answered"
+                        } else {
+                            "the proof is withdrawn (proofs off, or the ladder does not end this connection)"
+                        };
                         tracing::info!(
                             agent = %agent.name, pid = p.pid, fd = p.fd, inode = p.inode,
                             remote = %remote,
-                            "proof keepalive answered; options put back and read back: {}",
+                            "proof keepalive: {why}; options put back and read back: {}",
                             settings_words(&back)
                         );
                         events.push(ProofEvent {
@@ -438,7 +461,7 @@ fn prove_stage(
                             remote: remote.clone(),
                             ok: true,
                             detail: format!(
-                                "the peer answered; options put back and read back: {}",
+                                "{why}; options put back and read back: {}",
                                 settings_words(&back)
                             ),
                         });
@@ -480,6 +503,47 @@ fn prove_stage(
         }
     }
     (events, gaps)
+}
+
+/// Restores for the proven-dead sockets the ladder neither ended in this
+/// check nor is waiting to (its decision is to do nothing, or it gave up, or
+/// its step failed, e.g. for want of a snapshot).
+fn unended_proofs(j: &Judgement, report: &Report, heal: Option<&HealReport>) -> Vec<ProofWork> {
+    if heal.is_some_and(|h| matches!(h.decision, Decision::Wait { .. })) {
+        return Vec::new();
+    }
+    let ended = |inode: u64| {
+        heal.is_some_and(|h| {
+            h.actions.iter().any(|a| {
+                a.ok && matches!(a.step, Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode)
+            })
+        })
+    };
+    j.reasons
+        .iter()
+        .filter(|r| r.evidence.get("proof") == Some(&serde_json::Value::Bool(true)))
+        .filter_map(|r| r.evidence.get("inode")?.as_u64())
+        .filter(|inode| !ended(*inode))
+        .filter_map(|inode| {
+            let s = report.sockets.iter().find(|s| s.inode == inode)?;
+            let start_ticks = report
+                .processes
+                .iter()
+                .find(|p| p.pid == s.pid)?
+                .start_ticks?;
+            Some(ProofWork::Restore {
+                cookie: s.cookie,
+                target: ProofTarget {
+                    pid: s.pid,
+                    start_ticks,
+                    fd: s.fd?,
+                    inode,
+                },
+                remote: s.remote.clone(),
+                answered: false,
+            })
+        })
+        .collect()
 }
 
 /// Keepalive options in a few words.

@@ -565,6 +565,7 @@ pub fn judge(
                 };
                 work.push(ProofWork::Restore {
                     cookie: s.cookie,
+                    answered: matches!(liveness, Liveness::Alive(_)),
                     target,
                     remote: s.remote.clone(),
                 });

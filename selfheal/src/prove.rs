@@ -104,6 +104,9 @@ pub enum ProofWork {
         /// The socket as the report shows it now.
         target: ProofTarget,
         remote: String,
+        /// Whether the peer answered (else: proofs were turned off, or the
+        /// ladder will not end a dead socket).
+        answered: bool,
     },
 }
 
