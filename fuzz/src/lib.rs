@@ -72,6 +72,7 @@ pub fn wedged() -> Judgement {
             message: String::new(),
             evidence: BTreeMap::from([("inode".to_string(), serde_json::json!(42))]),
         }],
+        work: vec![],
     }
 }
 
