@@ -50,9 +50,18 @@ fn python_sdks() -> Result<()> {
         return Ok(());
     }
     eprintln!("setup: installing the Python SDKs {PYTHON_SDKS:?}");
-    run(Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet"])
-        .args(PYTHON_SDKS))
+    let pip = || {
+        let mut c = Command::new("python3");
+        c.args(["-m", "pip", "install", "--quiet"]).args(PYTHON_SDKS);
+        c
+    };
+    if run(&mut pip()).is_ok() {
+        return Ok(());
+    }
+    // Debian's own python3 refuses pip installs (PEP 668, "externally
+    // managed"); on a test machine the scenarios need them anyway.
+    eprintln!("setup: pip refused; trying again past PEP 668 (a test machine's system Python)");
+    run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
 }
 
 fn is_root() -> bool {
