@@ -293,16 +293,10 @@ impl Healer for HelperHealer {
         t: &ProofTarget,
         ka: &ProofKeepalive,
     ) -> Result<KeepaliveOutcome, String> {
-        let req = proof_request(
-            crate::helper::protocol::Action::ProveKeepalive,
-            agent,
-            t,
-            ka,
-        )?;
-        let v = self.request(&req, || {
-            arm_proof_here(t, ka).and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
-        })?;
-        serde_json::from_value(v).map_err(|e| format!("the helper's answer: {e}"))
+        use crate::helper::protocol::Action;
+        self.prove(Action::ProveKeepalive, agent, t, ka, || {
+            arm_proof_here(t, ka)
+        })
     }
 
     fn restore_proof(
@@ -311,17 +305,10 @@ impl Healer for HelperHealer {
         t: &ProofTarget,
         previous: &KeepaliveSettings,
     ) -> Result<KeepaliveSettings, String> {
-        let req = proof_request(
-            crate::helper::protocol::Action::RestoreKeepalive,
-            agent,
-            t,
-            previous,
-        )?;
-        let v = self.request(&req, || {
+        use crate::helper::protocol::Action;
+        self.prove(Action::RestoreKeepalive, agent, t, previous, || {
             restore_here(t, previous)
-                .and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
-        })?;
-        serde_json::from_value(v).map_err(|e| format!("the helper's answer: {e}"))
+        })
     }
 }
 
@@ -344,6 +331,23 @@ fn proof_request(
 }
 
 impl HelperHealer {
+    /// A prove-stage action on socket `t` with `params`, through the helper
+    /// (or `direct`ly, when it went away), its answer typed.
+    fn prove<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &self,
+        action: crate::helper::protocol::Action,
+        agent: &str,
+        t: &ProofTarget,
+        params: &impl serde::Serialize,
+        direct: impl FnOnce() -> Result<T, String>,
+    ) -> Result<T, String> {
+        let req = proof_request(action, agent, t, params)?;
+        let v = self.request(&req, || {
+            direct().and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
+        })?;
+        serde_json::from_value(v).map_err(|e| format!("the helper's answer: {e}"))
+    }
+
     /// Sends `req` to the helper. When the helper went away since the check
     /// began (the request was never sent: no connection could be had),
     /// `direct` acts from here, where permitted, and the log says so.

@@ -52,7 +52,8 @@ fn python_sdks() -> Result<()> {
     eprintln!("setup: installing the Python SDKs {PYTHON_SDKS:?}");
     let pip = || {
         let mut c = Command::new("python3");
-        c.args(["-m", "pip", "install", "--quiet"]).args(PYTHON_SDKS);
+        c.args(["-m", "pip", "install", "--quiet"])
+            .args(PYTHON_SDKS);
         c
     };
     if run(&mut pip()).is_ok() {
