@@ -415,10 +415,15 @@ pub fn needs_thread_detail(
         .iter()
         .filter(|s| s.role != "other")
         .any(|s| {
-            !matches!(
-                liveness(s, cfg, proof_of(s, history), now_ms),
-                Liveness::Alive(_)
-            )
+            // A socket alive only by our proof's answer is still a silent
+            // one: whether its call is in flight may rest on a waiting
+            // thread.
+            history.proofs.contains_key(&s.cookie)
+                || history.answered.contains_key(&s.cookie)
+                || !matches!(
+                    liveness(s, cfg, proof_of(s, history), now_ms),
+                    Liveness::Alive(_)
+                )
         })
         || report
             .processes

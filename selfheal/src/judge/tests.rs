@@ -956,3 +956,33 @@ fn proofs_are_marked_and_forgotten_with_their_socket() {
     let (_, next) = judge(&cfg, &no_process, &[], &armed(5_000), 100 * MIN);
     assert!(next.proofs.is_empty());
 }
+
+/// A socket the proof found alive still needs its threads read: whether
+/// its call is in flight may rest on a thread waiting on it (a client that
+/// sent nothing has no request on the wire).
+#[test]
+fn a_socket_alive_by_its_proof_still_has_its_threads_read() {
+    let cfg = agent("");
+    let mut answered_just_now = info(2 * MIN, 300, 2 * MIN);
+    answered_just_now.bytes_acked = 1; // only the SYN: nothing sent
+    let r = report(
+        vec![],
+        vec![alive_control(), socket(2, "provider", answered_just_now)],
+    );
+    assert!(!needs_thread_detail(
+        &cfg,
+        &r,
+        &AgentHistory::default(),
+        100 * MIN
+    ));
+    let mut h = AgentHistory::default();
+    h.answered.insert(
+        5002,
+        Answered {
+            at_ms: 100 * MIN - 300,
+            rounds: 1,
+        },
+    );
+    assert!(needs_thread_detail(&cfg, &r, &h, 100 * MIN));
+    assert!(needs_thread_detail(&cfg, &r, &armed(1_000), 100 * MIN));
+}
