@@ -364,10 +364,14 @@ fn prove_stage(
                             "proof keepalive armed: idle {} s, interval {} s, {} probes (options before: {:?})",
                             ka.idle_s, ka.interval_s, ka.count, out.previous
                         );
-                        // Timed from the arming itself (the check began
-                        // earlier), and from the silence the kernel's
-                        // keepalive timer counts (data or ACK).
-                        let armed_at_ms = crate::clock::boot_ns() / 1_000_000;
+                        // Timed from this check's start, the clock the
+                        // next check's tcp_info ages are compared with (the
+                        // ages are read after it starts: an ACK right after
+                        // arming must count as after it), and from the
+                        // silence the kernel's keepalive timer counts (data
+                        // or ACK). Any ACK after this check's judgement
+                        // proves the peer there.
+                        let armed_at_ms = now_ms;
                         let kernel_silent = out.silent_ms.map_or(*silent_ms, u64::from);
                         hist.proofs.insert(
                             *cookie,
@@ -376,7 +380,7 @@ fn prove_stage(
                                 start_ticks: target.start_ticks,
                                 fd: target.fd,
                                 inode: target.inode,
-                                armed_at_ms: armed_at_ms.max(now_ms),
+                                armed_at_ms,
                                 first_probe_ms: (u64::from(ka.idle_s) * 1000)
                                     .saturating_sub(kernel_silent),
                                 interval_ms: u64::from(ka.interval_s) * 1000,
