@@ -28,7 +28,8 @@ pub struct Common {
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
     /// Print one JSON object per agent per line (agent, verdict, reasons,
-    /// snapshot, probes, gaps) instead of text.
+    /// snapshot, probes, gaps, and proofs: the proof keepalives armed and
+    /// put back) instead of text.
     #[arg(long)]
     json: bool,
     /// Check only this agent (repeatable).
@@ -46,7 +47,8 @@ pub struct Common {
     /// node_exporter's textfile collector.
     #[arg(long, value_name = "PATH")]
     metrics_file: Option<PathBuf>,
-    /// Decide healing steps and report them, but take none.
+    /// Decide healing steps and report them, but take none (and arm no
+    /// proof keepalive).
     #[arg(long)]
     dry_run: bool,
     /// The privileged helper's socket. Without a helper there, `check` acts
@@ -56,8 +58,9 @@ pub struct Common {
     helper: PathBuf,
 }
 
-/// Judge every configured agent once and exit with a code for the worst
-/// verdict: 0 all healthy/idle/busy, 1 something degraded (or a snapshot
+/// Judge every configured agent once (asking a silent call's peer with a
+/// proof keepalive where the evidence alone cannot tell), heal what is
+/// wedged, and exit with a code for the worst verdict: 0 all healthy/idle/busy, 1 something degraded (or a snapshot
 /// could not be written), 2 something wedged/unresponsive/down, 3 usage or
 /// config error.
 #[derive(clap::Args)]
