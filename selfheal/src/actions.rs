@@ -540,7 +540,12 @@ fn tcp_info(dup: BorrowedFd<'_>) -> Option<libc::tcp_info> {
 /// How long the socket has heard nothing from its peer, as the keepalive
 /// timer counts it (the later of the last data and the last ACK received).
 fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
-    tcp_info(dup).map(|i| i.tcpi_last_data_recv.min(i.tcpi_last_ack_recv))
+    tcp_info(dup).as_ref().map(silence)
+}
+
+/// [`silent_ms`] of a `tcp_info` already read.
+fn silence(i: &libc::tcp_info) -> u32 {
+    i.tcpi_last_data_recv.min(i.tcpi_last_ack_recv)
 }
 
 /// Arms TCP keepalive on socket `fd` of the target: duplicates it with
@@ -564,8 +569,23 @@ pub fn arm_keepalive(
     let previous = read_settings(dup.fd.as_fd(), &what)?;
     let silent = silent_ms(dup.fd.as_fd());
     wanted.user_timeout_ms = effective_user_timeout_ms(&wanted, silent);
-    if let Err(e) = write_settings(dup.fd.as_fd(), &wanted, &what) {
-        let _ = write_settings(dup.fd.as_fd(), &previous, &what);
+    apply(pid, fd, &dup, previous, wanted, silent, &what)
+}
+
+/// Sets `applied` on the duplicate, putting `previous` back (best effort)
+/// if that fails midway: what [`arm_keepalive`] and
+/// [`arm_proof_keepalive`] share once they know what to set.
+fn apply(
+    pid: u32,
+    fd: i32,
+    dup: &DupSocket,
+    previous: KeepaliveSettings,
+    applied: KeepaliveSettings,
+    silent_ms: Option<u32>,
+    what: &str,
+) -> Result<KeepaliveOutcome, ActionError> {
+    if let Err(e) = write_settings(dup.fd.as_fd(), &applied, what) {
+        let _ = write_settings(dup.fd.as_fd(), &previous, what);
         return Err(e);
     }
     Ok(KeepaliveOutcome {
@@ -573,8 +593,8 @@ pub fn arm_keepalive(
         fd,
         inode: dup.inode,
         previous,
-        applied: wanted,
-        silent_ms: silent,
+        applied,
+        silent_ms,
     })
 }
 
@@ -708,20 +728,9 @@ pub fn arm_proof_keepalive(
             });
         }
     }
-    let silent = info.map(|i| i.tcpi_last_data_recv.min(i.tcpi_last_ack_recv));
+    let silent = info.as_ref().map(silence);
     let applied = proof.settings(silent)?;
-    if let Err(e) = write_settings(dup.fd.as_fd(), &applied, &what) {
-        let _ = write_settings(dup.fd.as_fd(), &previous, &what);
-        return Err(e);
-    }
-    Ok(KeepaliveOutcome {
-        pid,
-        fd,
-        inode: dup.inode,
-        previous,
-        applied,
-        silent_ms: silent,
-    })
+    apply(pid, fd, &dup, previous, applied, silent, &what)
 }
 
 /// What [`expire_keepalive`] did.
