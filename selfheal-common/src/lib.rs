@@ -17,6 +17,8 @@ pub const MAX_IN_RECV: u32 = 16384;
 pub const MAX_SOCKS: u32 = 16384;
 /// Capacity of `IN_SEND` (kprobe strategy only: send entry stash).
 pub const MAX_IN_SEND: u32 = 16384;
+/// Capacity of `UID_SOCKS`: uids whose watched processes hold `SOCKS` entries.
+pub const MAX_UIDS: u32 = 4096;
 
 /// `flags` bit: the receive was non-blocking (`MSG_DONTWAIT`, set by the kernel
 /// for `O_NONBLOCK` files too), so it cannot wait for data.
@@ -78,8 +80,26 @@ pub struct SockActivity {
     pub bytes_sent: u64,
     /// Thread-group id that last touched the socket.
     pub tgid: u32,
-    /// Padding, always 0.
-    pub _pad: u32,
+    /// Real uid of the thread that added the entry: the entry counts
+    /// against that uid's share of the map (`UID_SOCKS`).
+    pub uid: u32,
+}
+
+/// Value of `UID_SOCKS`, keyed by real uid: that uid's use of `SOCKS`.
+///
+/// `SOCKS` is shared by every uid whose processes are watched; without a
+/// share, one uid's process that opens thousands of sockets would leave no
+/// room for anyone else's. The kernel side refuses a new entry to a uid that
+/// holds `SOCKS_SHARE` of them already; user space recounts `socks` from
+/// the map on every snapshot (the kernel's increments are plain adds) and
+/// sets the share from how many uids are watched.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UidShare {
+    /// `SOCKS` entries this uid holds.
+    pub socks: u64,
+    /// Socket events not recorded because this uid was at its share.
+    pub over_share: u64,
 }
 
 /// Indexes of the `COUNTERS` array: events the programs could not record.
@@ -92,8 +112,11 @@ pub mod counter {
     pub const READ_FAILED: u32 = 2;
     /// `IN_SEND` was full (kprobe strategy).
     pub const IN_SEND_FULL: u32 = 3;
+    /// `UID_SOCKS` was full: an entry was added without a share to count
+    /// it against.
+    pub const UIDS_FULL: u32 = 4;
     /// Number of counters.
-    pub const LEN: u32 = 4;
+    pub const LEN: u32 = 5;
 }
 
 #[cfg(feature = "user")]
@@ -103,7 +126,9 @@ mod user {
     // a valid value.
     unsafe impl aya::Pod for super::InRecv {}
     unsafe impl aya::Pod for super::SockActivity {}
+    unsafe impl aya::Pod for super::UidShare {}
 
     const _: () = assert!(core::mem::size_of::<super::InRecv>() == 32);
     const _: () = assert!(core::mem::size_of::<super::SockActivity>() == 88);
+    const _: () = assert!(core::mem::size_of::<super::UidShare>() == 16);
 }

@@ -32,7 +32,8 @@
 use aya_ebpf::{
     bindings::task_struct,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_task_pt_regs,
+        bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns,
+        bpf_probe_read_kernel, bpf_task_pt_regs,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{Array, HashMap},
@@ -42,8 +43,8 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, MSG_DONTWAIT, RECV_HAS_INODE,
-    RECV_NONBLOCKING, SockActivity, WATCHED_WORDS, counter,
+    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, MAX_UIDS, MSG_DONTWAIT,
+    RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity, UidShare, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -93,6 +94,15 @@ static IN_RECV: HashMap<u32, InRecv> = HashMap::with_max_entries(MAX_IN_RECV, 0)
 /// socket inode → its receive/send activity.
 #[map]
 static SOCKS: HashMap<u64, SockActivity> = HashMap::with_max_entries(MAX_SOCKS, 0);
+
+/// uid → how many `SOCKS` entries it holds, and what it lost at its share.
+#[map]
+static UID_SOCKS: HashMap<u32, UidShare> = HashMap::with_max_entries(MAX_UIDS, 0);
+
+/// Element 0: the most `SOCKS` entries one uid may hold (0: no limit).
+/// User space sets it from how many uids are watched.
+#[map]
+static SOCKS_SHARE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// tid → socket inode of the `tcp_sendmsg` in progress (kprobe strategy).
 #[map]
@@ -192,6 +202,25 @@ fn recv_end(tid: u32) -> Option<InRecv> {
     rec
 }
 
+/// `BPF_NOEXIST`: insert only if the key is absent.
+const BPF_NOEXIST: u64 = 1;
+
+/// `uid`'s entry in `UID_SOCKS`, made if missing; `None` (counted) when the
+/// map of uids is full, and the new socket then counts against no share.
+#[inline(always)]
+fn uid_share(uid: u32) -> Option<*mut UidShare> {
+    if let Some(u) = UID_SOCKS.get_ptr_mut(&uid) {
+        return Some(u);
+    }
+    // BPF_NOEXIST: another CPU may have made it meanwhile; keep theirs.
+    let _ = UID_SOCKS.insert(&uid, &UidShare::default(), BPF_NOEXIST);
+    let u = UID_SOCKS.get_ptr_mut(&uid);
+    if u.is_none() {
+        bump(counter::UIDS_FULL);
+    }
+    u
+}
+
 #[inline(always)]
 fn activity(tgid: u32, inode: u64) -> Option<&'static mut SockActivity> {
     if inode == 0 {
@@ -201,13 +230,32 @@ fn activity(tgid: u32, inode: u64) -> Option<&'static mut SockActivity> {
         // SAFETY: map value pointer, valid for this program run.
         return Some(unsafe { &mut *a });
     }
+    // A new entry counts against its uid's share, so that one uid's
+    // process cannot fill the map for everyone.
+    let uid = bpf_get_current_uid_gid() as u32;
+    let share = uid_share(uid);
+    if let Some(u) = share {
+        let cap = SOCKS_SHARE.get(0).copied().unwrap_or(0);
+        // SAFETY: map value pointer, valid for this program run.
+        let u = unsafe { &mut *u };
+        if cap != 0 && u.socks >= cap {
+            u.over_share += 1;
+            return None;
+        }
+    }
     let fresh = SockActivity {
         tgid,
+        uid,
         ..SockActivity::default()
     };
     if SOCKS.insert(&inode, &fresh, 0).is_err() {
         bump(counter::SOCKS_FULL);
         return None;
+    }
+    if let Some(u) = share {
+        // SAFETY: as above. A plain add (another CPU's may be lost): user
+        // space recounts from the map on every snapshot.
+        unsafe { (*u).socks += 1 };
     }
     // SAFETY: as above.
     SOCKS.get_ptr_mut(&inode).map(|a| unsafe { &mut *a })

@@ -342,20 +342,10 @@ impl Collector {
             .flatten()
             .filter_map(|s| Some((s.inode, (target.upstream_of)(s.remote)?)))
             .collect();
-        let snapshot = self.ebpf.snapshot.as_ref().map(|s| TracerSnapshot {
-            blocked: s
-                .blocked
-                .iter()
-                .filter(|b| target.pids.contains(&b.tgid))
-                .cloned()
-                .collect(),
-            sockets: s
-                .sockets
-                .iter()
-                .filter(|a| target.pids.contains(&a.tgid))
-                .cloned()
-                .collect(),
-            ..s.clone()
+        let snapshot = self.ebpf.snapshot.as_ref().map(|s| {
+            let mut pids = target.pids.clone();
+            pids.sort_unstable();
+            crate::helper::protocol::filter_snapshot(s.clone(), &pids)
         });
         Evidence {
             agent: target.agent.clone(),
@@ -1054,6 +1044,7 @@ mod tests {
             blocked,
             sockets: vec![],
             overflow: Default::default(),
+            shares: Default::default(),
         }
     }
 

@@ -10,13 +10,13 @@ use aya::{
     maps::{Array, HashMap, MapData},
     programs::{BtfTracePoint, FEntry, FExit, KProbe, Program, TracePoint},
 };
-use selfheal_common::{InRecv, SockActivity, WATCHED_WORDS, counter};
+use selfheal_common::{InRecv, SockActivity, UidShare, WATCHED_WORDS, counter};
 
 use super::{
-    Attempt, FdKind, Overflow, PRUNE_SOCKS_AT, Strategy, TracerError, TracerOptions,
-    TracerSnapshot, chain,
+    Attempt, FdKind, Overflow, PRUNE_SOCKS_AT, SocketActivity, Strategy, TracerError,
+    TracerOptions, TracerSnapshot, chain,
     layout::{self, KernelLayout},
-    snapshot::{blocked_recv, closed_sockets, socket_activity},
+    snapshot::{ShareUse, blocked_recv, closed_sockets, over_share, socket_activity, socks_share},
     strategy::{Hook, ProgramSpec},
     tracefs,
 };
@@ -32,6 +32,11 @@ pub struct Tracer {
     attached_at_ns: u64,
     /// tgid → when it was added to the pid filter (`CLOCK_BOOTTIME` ns).
     watched: BTreeMap<u32, u64>,
+    /// tgid → its real uid when it was watched: the uids that share
+    /// `SOCKS` ([`socks_share`]).
+    owners: BTreeMap<u32, u32>,
+    /// uid → entries evicted from `SOCKS` because it was above its share.
+    evicted: BTreeMap<u32, u64>,
 }
 
 impl Tracer {
@@ -85,6 +90,8 @@ impl Tracer {
                         attempts,
                         attached_at_ns: boot_ns(),
                         watched: BTreeMap::new(),
+                        owners: BTreeMap::new(),
+                        evicted: BTreeMap::new(),
                     });
                 }
                 Err(error) => attempts.push(Attempt {
@@ -117,11 +124,40 @@ impl Tracer {
         self.watched.get(&tgid).copied()
     }
 
-    /// Adds `tgid` to the pid filter.
+    /// Adds `tgid` to the pid filter, and its uid to those that share the
+    /// socket map.
     pub fn watch(&mut self, tgid: u32) -> Result<(), TracerError> {
         self.set_watched(tgid, true)?;
         self.watched.entry(tgid).or_insert_with(boot_ns);
-        Ok(())
+        // A process gone already adds no uid: it makes no entries.
+        if let Ok(status) = procfs::process::Process::new(tgid as i32).and_then(|p| p.status()) {
+            self.owners.insert(tgid, status.ruid);
+        }
+        self.set_share()
+    }
+
+    /// The share of `SOCKS` each watched uid may hold now.
+    fn share(&self) -> u64 {
+        let uids: BTreeSet<u32> = self.owners.values().copied().collect();
+        socks_share(uids.len())
+    }
+
+    /// Tells the kernel side [`Self::share`]: 0 (no limit) when it is the
+    /// whole map, so that a full map is counted as full (`SOCKS_FULL`).
+    fn set_share(&mut self) -> Result<(), TracerError> {
+        let share = self.share();
+        let share = if share >= u64::from(selfheal_common::MAX_SOCKS) {
+            0
+        } else {
+            share
+        };
+        let map = self.ebpf.map_mut("SOCKS_SHARE").ok_or(TracerError::Map {
+            map: "SOCKS_SHARE",
+            reason: "missing from the object".into(),
+        })?;
+        let mut map: Array<&mut MapData, u64> =
+            Array::try_from(map).map_err(|e| map_err("SOCKS_SHARE", &e))?;
+        map.set(0, share, 0).map_err(|e| map_err("SOCKS_SHARE", &e))
     }
 
     /// Sets or clears `tgid`'s bit in the `WATCHED` bitmap.
@@ -148,6 +184,8 @@ impl Tracer {
     pub fn unwatch(&mut self, tgid: u32) -> Result<(), TracerError> {
         self.set_watched(tgid, false)?;
         self.watched.remove(&tgid);
+        self.owners.remove(&tgid);
+        self.set_share()?;
         let mut recv: HashMap<&mut MapData, u32, InRecv> = map_mut(&mut self.ebpf, "IN_RECV")?;
         let stale: Vec<u32> = recv
             .iter()
@@ -174,7 +212,8 @@ impl Tracer {
     /// Reads the maps. Entries of threads that no longer exist are dropped
     /// from the map (a thread killed inside a receive leaves one behind only
     /// if its exit hook never ran); so are entries of closed sockets, once
-    /// the socket map is half full ([`PRUNE_SOCKS_AT`]).
+    /// the socket map is half full ([`PRUNE_SOCKS_AT`]), and the oldest
+    /// entries of a uid above its share of the map ([`socks_share`]).
     pub fn snapshot(&mut self) -> Result<TracerSnapshot, TracerError> {
         let now = boot_ns();
         let mut resolve = resolve_fd;
@@ -197,28 +236,7 @@ impl Tracer {
             }
         }
         blocked.sort_by_key(|b| (b.tgid, b.tid));
-        let mut sockets: Vec<_> = {
-            let socks: HashMap<&MapData, u64, SockActivity> = map_ref(&self.ebpf, "SOCKS")?;
-            socks
-                .iter()
-                .flatten()
-                .map(|(inode, a)| socket_activity(now, inode, &a))
-                .collect()
-        };
-        if sockets.len() >= PRUNE_SOCKS_AT {
-            let entries: Vec<(u64, u32)> = sockets.iter().map(|s| (s.inode, s.tgid)).collect();
-            let closed: BTreeSet<u64> = closed_sockets(&entries, &mut open_sockets)
-                .into_iter()
-                .collect();
-            if !closed.is_empty() {
-                let mut socks: HashMap<&mut MapData, u64, SockActivity> =
-                    map_mut(&mut self.ebpf, "SOCKS")?;
-                for inode in &closed {
-                    let _ = socks.remove(inode);
-                }
-                sockets.retain(|s| !closed.contains(&s.inode));
-            }
-        }
+        let (mut sockets, shares) = self.socket_entries(now)?;
         sockets.sort_by_key(|s| (s.tgid, s.inode));
         let counters: Array<&MapData, u64> = self
             .ebpf
@@ -239,8 +257,90 @@ impl Tracer {
                 socks_full: c(counter::SOCKS_FULL),
                 read_failed: c(counter::READ_FAILED),
                 in_send_full: c(counter::IN_SEND_FULL),
+                over_share: shares.values().map(|u| u.lost).sum(),
             },
+            shares,
         })
+    }
+}
+
+impl Tracer {
+    /// Reads `SOCKS`, keeping it within bounds on the way: entries of closed
+    /// sockets go once the map is half full ([`PRUNE_SOCKS_AT`]) or a uid is
+    /// above its share; then the least recently active entries of a uid
+    /// still above its share ([`over_share`]: the share shrinks when another
+    /// uid is watched). Recounts each uid's entries for the kernel side.
+    fn socket_entries(
+        &mut self,
+        now: u64,
+    ) -> Result<(Vec<SocketActivity>, BTreeMap<u32, ShareUse>), TracerError> {
+        let share = self.share();
+        let mut entries: Vec<(u64, SockActivity)> = {
+            let socks: HashMap<&MapData, u64, SockActivity> = map_ref(&self.ebpf, "SOCKS")?;
+            socks.iter().flatten().collect()
+        };
+        let count = |entries: &[(u64, SockActivity)]| {
+            let mut by_uid: BTreeMap<u32, u64> = BTreeMap::new();
+            for (_, a) in entries {
+                *by_uid.entry(a.uid).or_default() += 1;
+            }
+            by_uid
+        };
+        let above = |by_uid: &BTreeMap<u32, u64>| by_uid.values().any(|&n| n > share);
+        let mut gone: BTreeSet<u64> = BTreeSet::new();
+        if entries.len() >= PRUNE_SOCKS_AT || above(&count(&entries)) {
+            let keys: Vec<(u64, u32)> = entries.iter().map(|(i, a)| (*i, a.tgid)).collect();
+            gone.extend(closed_sockets(&keys, &mut open_sockets));
+        }
+        entries.retain(|(i, _)| !gone.contains(i));
+        if above(&count(&entries)) {
+            let keyed: Vec<(u64, u32, u64)> = entries
+                .iter()
+                .map(|(i, a)| (*i, a.uid, a.last_recv_ns.max(a.last_send_ns)))
+                .collect();
+            let evict: BTreeSet<u64> = over_share(&keyed, share).into_iter().collect();
+            for (i, a) in &entries {
+                if evict.contains(i) {
+                    *self.evicted.entry(a.uid).or_default() += 1;
+                }
+            }
+            entries.retain(|(i, _)| !evict.contains(i));
+            gone.extend(evict);
+        }
+        if !gone.is_empty() {
+            let mut socks: HashMap<&mut MapData, u64, SockActivity> =
+                map_mut(&mut self.ebpf, "SOCKS")?;
+            for inode in &gone {
+                let _ = socks.remove(inode);
+            }
+        }
+        // The kernel's counts are plain adds (an increment can be lost
+        // between CPUs) and know nothing of removals: recount them.
+        let held = count(&entries);
+        let mut shares: BTreeMap<u32, ShareUse> = BTreeMap::new();
+        {
+            let mut uids: HashMap<&mut MapData, u32, UidShare> =
+                map_mut(&mut self.ebpf, "UID_SOCKS")?;
+            let known: Vec<(u32, UidShare)> = uids.iter().flatten().collect();
+            for (uid, mut u) in known {
+                u.socks = held.get(&uid).copied().unwrap_or(0);
+                let _ = uids.insert(uid, u, 0);
+                let s = shares.entry(uid).or_default();
+                s.socks = u.socks;
+                s.lost = u.over_share;
+            }
+        }
+        for (uid, n) in &self.evicted {
+            shares.entry(*uid).or_default().lost += n;
+        }
+        for (tgid, uid) in &self.owners {
+            shares.entry(*uid).or_default().tgids.insert(*tgid);
+        }
+        let sockets = entries
+            .iter()
+            .map(|(inode, a)| socket_activity(now, *inode, a))
+            .collect();
+        Ok((sockets, shares))
     }
 }
 

@@ -17,7 +17,9 @@ mod loader;
 
 use serde::Serialize;
 
-pub use self::snapshot::{BlockedRecv, FdKind, Overflow, SocketActivity, TracerSnapshot};
+pub use self::snapshot::{
+    BlockedRecv, FdKind, Overflow, ShareUse, SocketActivity, TracerSnapshot, socks_share,
+};
 pub use self::strategy::Strategy;
 /// The maps' capacities (`selfheal-common`): threads in a receive, sockets
 /// with activity, threads in a send (kprobe strategy).

@@ -59,6 +59,10 @@ pub struct Overflow {
     pub socks_full: u64,
     pub read_failed: u64,
     pub in_send_full: u64,
+    /// Socket events of the asking uid(s) not recorded, or recorded and then
+    /// evicted, because the uid was at its share of `SOCKS` (the map is
+    /// shared by every watched uid: see [`socks_share`]).
+    pub over_share: u64,
 }
 
 impl Overflow {
@@ -84,6 +88,13 @@ impl Overflow {
             parts.push(format!(
                 "{} send(s) not recorded (IN_SEND full at {MAX_IN_SEND} threads)",
                 self.in_send_full
+            ));
+        }
+        if self.over_share > 0 {
+            parts.push(format!(
+                "{} socket event(s) not recorded or evicted (this uid at its share of SOCKS; \
+                 the {MAX_SOCKS} entries are shared by every watched uid)",
+                self.over_share
             ));
         }
         if self.read_failed > 0 {
@@ -128,6 +139,48 @@ pub struct TracerSnapshot {
     pub blocked: Vec<BlockedRecv>,
     pub sockets: Vec<SocketActivity>,
     pub overflow: Overflow,
+    /// Use of `SOCKS` by uid. Never sent: [`crate::helper::filter_snapshot`]
+    /// turns it into the asking uid's `overflow.over_share`.
+    #[serde(skip)]
+    pub shares: BTreeMap<u32, ShareUse>,
+}
+
+/// One uid's use of the socket map at a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShareUse {
+    /// Its watched processes.
+    pub tgids: BTreeSet<u32>,
+    /// Entries it holds.
+    pub socks: u64,
+    /// Events lost at its share since the tracer loaded (refused by the
+    /// kernel side, or evicted by [`over_share`]).
+    pub lost: u64,
+}
+
+/// The most `SOCKS` entries one uid may hold when `uids` uids are watched:
+/// an equal share each, so one uid's process that opens thousands of
+/// sockets leaves the others their part. One uid alone has the whole map.
+pub fn socks_share(uids: usize) -> u64 {
+    u64::from(MAX_SOCKS) / uids.max(1) as u64
+}
+
+/// Entries to evict so that no uid holds more than `share`: from each uid
+/// above it, its least recently active entries. `entries` are
+/// `(inode, uid, last activity in ns)`. Pure.
+pub fn over_share(entries: &[(u64, u32, u64)], share: u64) -> Vec<u64> {
+    let mut by_uid: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+    for &(inode, uid, last) in entries {
+        by_uid.entry(uid).or_default().push((last, inode));
+    }
+    let mut out = Vec::new();
+    for (_, mut list) in by_uid {
+        let excess = (list.len() as u64).saturating_sub(share) as usize;
+        if excess > 0 {
+            list.sort_unstable();
+            out.extend(list[..excess].iter().map(|&(_, inode)| inode));
+        }
+    }
+    out
 }
 
 /// What a file descriptor of a watched process is, as far as the tracer
@@ -219,6 +272,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_share_splits_the_map_and_eviction_takes_the_oldest_of_the_uid_above_it() {
+        assert_eq!(socks_share(0), u64::from(MAX_SOCKS));
+        assert_eq!(socks_share(1), u64::from(MAX_SOCKS));
+        assert_eq!(socks_share(2), u64::from(MAX_SOCKS) / 2);
+        assert_eq!(socks_share(3), u64::from(MAX_SOCKS) / 3);
+        // uid 7 holds 5 entries with a share of 3: its 2 oldest go; uid 9
+        // (2 entries) keeps both, however old.
+        let entries = [
+            (1, 7, 50),
+            (2, 7, 10),
+            (3, 9, 1),
+            (4, 7, 40),
+            (5, 7, 20),
+            (6, 9, 2),
+            (7, 7, 30),
+        ];
+        let mut evicted = over_share(&entries, 3);
+        evicted.sort_unstable();
+        assert_eq!(evicted, vec![2, 5]);
+        assert!(over_share(&entries, 5).is_empty());
+        assert_eq!(over_share(&entries, 0).len(), entries.len());
+        // Equal ages: the lower inode goes first, so the rule is stable.
+        assert_eq!(over_share(&[(8, 1, 5), (6, 1, 5)], 1), vec![6]);
+    }
+
+    #[test]
     fn overflow_is_described_only_when_something_was_lost() {
         assert_eq!(Overflow::default().describe(), None);
         let line = Overflow {
@@ -237,6 +316,7 @@ mod tests {
             socks_full: 2,
             read_failed: 3,
             in_send_full: 4,
+            over_share: 5,
         }
         .describe()
         .unwrap();
@@ -245,6 +325,7 @@ mod tests {
             "2 socket event(s)",
             "3 socket identities",
             "4 send(s)",
+            "5 socket event(s) not recorded or evicted (this uid at its share of SOCKS",
         ] {
             assert!(all.contains(part), "{all}");
         }

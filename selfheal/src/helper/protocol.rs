@@ -695,6 +695,9 @@ pub struct OverflowWire {
     pub socks_full: u64,
     pub read_failed: u64,
     pub in_send_full: u64,
+    /// Absent from a helper older than the per-uid share.
+    #[serde(default)]
+    pub over_share: u64,
 }
 
 impl SnapshotWire {
@@ -747,7 +750,9 @@ impl SnapshotWire {
                 socks_full: o.socks_full,
                 read_failed: o.read_failed,
                 in_send_full: o.in_send_full,
+                over_share: o.over_share,
             },
+            shares: Default::default(),
         })
     }
 }
@@ -758,10 +763,19 @@ fn static_syscall_name(name: &str) -> Option<&'static str> {
     (0..512).find_map(|nr| crate::ebpf::snapshot::syscall_name(nr).filter(|n| *n == name))
 }
 
-/// The result of `ebpf_snapshot` restricted to `pids` (pure).
+/// The result of `ebpf_snapshot` restricted to `pids` (pure). Of the
+/// per-uid losses at the socket map's share, only those of the uids that
+/// own `pids` remain (as `overflow.over_share`).
 pub fn filter_snapshot(mut snap: TracerSnapshot, pids: &[u32]) -> TracerSnapshot {
     snap.blocked.retain(|b| pids.binary_search(&b.tgid).is_ok());
     snap.sockets.retain(|s| pids.binary_search(&s.tgid).is_ok());
+    snap.overflow.over_share = snap
+        .shares
+        .values()
+        .filter(|u| u.tgids.iter().any(|t| pids.binary_search(t).is_ok()))
+        .map(|u| u.lost)
+        .sum();
+    snap.shares.clear();
     snap
 }
 
@@ -1090,14 +1104,51 @@ mod tests {
                 socks_full: 2,
                 read_failed: 3,
                 in_send_full: 4,
+                over_share: 5,
             },
+            shares: Default::default(),
         };
         let json = serde_json::to_vec(&snap).unwrap();
         let wire: SnapshotWire = serde_json::from_slice(&json).unwrap();
         assert_eq!(wire.into_snapshot().unwrap(), snap);
-        let only_10 = filter_snapshot(snap.clone(), &[10]);
+        // A helper older than the share sends no `over_share`.
+        let mut old: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        old["overflow"]
+            .as_object_mut()
+            .unwrap()
+            .remove("over_share");
+        let wire: SnapshotWire = serde_json::from_value(old).unwrap();
+        assert_eq!(wire.into_snapshot().unwrap().overflow.over_share, 0);
+
+        // The shares never cross the wire; filtering keeps the losses of
+        // the uids that own the pids asked for, and only those.
+        let mut shared = snap.clone();
+        shared.shares.insert(
+            1000,
+            crate::ebpf::snapshot::ShareUse {
+                tgids: [10].into(),
+                socks: 4,
+                lost: 7,
+            },
+        );
+        shared.shares.insert(
+            2000,
+            crate::ebpf::snapshot::ShareUse {
+                tgids: [20, 30].into(),
+                socks: 8192,
+                lost: 900,
+            },
+        );
+        let sent = serde_json::to_value(&shared).unwrap();
+        assert!(sent.get("shares").is_none(), "{sent}");
+        let only_10 = filter_snapshot(shared.clone(), &[10]);
         assert_eq!(only_10.blocked.len(), 1);
         assert_eq!(only_10.sockets.len(), 1);
-        assert!(filter_snapshot(snap, &[30]).blocked.is_empty());
+        assert_eq!(only_10.overflow.over_share, 7);
+        assert!(only_10.shares.is_empty());
+        let only_30 = filter_snapshot(shared.clone(), &[30]);
+        assert!(only_30.blocked.is_empty());
+        assert_eq!(only_30.overflow.over_share, 900);
+        assert_eq!(filter_snapshot(shared, &[10, 20]).overflow.over_share, 907);
     }
 }
