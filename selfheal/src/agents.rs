@@ -255,6 +255,34 @@ impl Matched {
 /// Reads the pidfile of a `pidfile` rule and resolves the symlinks of an
 /// `exe` rule's path; the rest is pure.
 pub fn find(rule: &MatchRule, table: &ProcessTable) -> Matched {
+    find_of(rule, None, table)
+}
+
+/// [`find`], limited for `cmdline` and `exe` rules to the processes of
+/// `uid` when one is given ([`crate::config::MatchUid::filter`]). When
+/// nothing of `uid` matches but processes of other uids would, the problem
+/// says how many and how to include them.
+pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matched {
+    let Some(uid) = uid else {
+        return find_any(rule, table, &|_| true);
+    };
+    let mut m = find_any(rule, table, &|e| e.uid == Some(uid));
+    if let Some(problem) = &m.problem {
+        let others = find_any(rule, table, &|e| e.uid != Some(uid));
+        if !others.roots.is_empty() {
+            m.problem = Some(format!(
+                "{problem} (uid {uid}'s processes only; {} process(es) of other uids match: \
+                 set match.uid to their uid, or \"any\", to include them)",
+                others.roots.len()
+            ));
+        }
+    }
+    m
+}
+
+/// `rule`'s processes among those `keep` allows (descendants are the
+/// agent's whoever they run as).
+fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) -> bool) -> Matched {
     match rule {
         MatchRule::Pid(pid) => by_pid(table, *pid, |pid| format!("pid {pid} is not running")),
         MatchRule::Pidfile(path) => match read_pidfile(path) {
@@ -266,7 +294,7 @@ pub fn find(rule: &MatchRule, table: &ProcessTable) -> Matched {
         MatchRule::Cmdline(re) => {
             let matched = table
                 .entries()
-                .filter(|e| !e.cmdline.is_empty() && !table.is_own(e.pid))
+                .filter(|e| !e.cmdline.is_empty() && !table.is_own(e.pid) && keep(e))
                 .filter(|e| re.is_match(&e.cmdline.join(" ")))
                 .map(|e| e.pid)
                 .collect();
@@ -281,7 +309,7 @@ pub fn find(rule: &MatchRule, table: &ProcessTable) -> Matched {
             {
                 paths.push(real);
             }
-            by_exe(table, &paths)
+            by_exe(table, &paths, keep)
         }
         MatchRule::Unit(unit) => {
             let matched = table
@@ -313,7 +341,7 @@ fn by_pid(table: &ProcessTable, pid: u32, missing: impl FnOnce(u32) -> String) -
 /// Processes whose executable is one of `paths` (the rule's path and its
 /// canonical form). An executable replaced on disk (an upgrade) reads as
 /// `PATH (deleted)` and still matches.
-fn by_exe(table: &ProcessTable, paths: &[PathBuf]) -> Matched {
+fn by_exe(table: &ProcessTable, paths: &[PathBuf], keep: &dyn Fn(&ProcEntry) -> bool) -> Matched {
     let is_target = |exe: &Path| {
         let exe = exe
             .to_str()
@@ -323,7 +351,7 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf]) -> Matched {
     };
     let matched = table
         .entries()
-        .filter(|e| !table.is_own(e.pid))
+        .filter(|e| !table.is_own(e.pid) && keep(e))
         .filter(|e| e.exe.as_deref().is_some_and(is_target))
         .map(|e| e.pid)
         .collect();
@@ -466,6 +494,50 @@ mod tests {
     }
 
     #[test]
+    fn a_uid_limits_cmdline_and_exe_rules_to_its_processes() {
+        // 10 (uid 1000) and 20 (uid 65534, a look-alike) both run
+        // "sol-runner"; 11, 10's child, runs as another uid.
+        let mut entries = vec![
+            ProcEntry::new(1, 0, &["init"]),
+            ProcEntry::new(10, 1, &["sol-runner", "--attach"]),
+            ProcEntry::new(11, 10, &["helper-tool"]),
+            ProcEntry::new(20, 1, &["sol-runner", "--attach"]),
+        ];
+        for (e, uid) in entries.iter_mut().zip([0, 1000, 0, 65534]) {
+            e.uid = Some(uid);
+            e.exe = Some(PathBuf::from("/usr/bin/sol"));
+        }
+        let t = ProcessTable::from_entries(entries);
+        let m = find_of(&cmdline("sol-runner"), Some(1000), &t);
+        assert_eq!((m.roots, m.all, m.problem), (vec![10], vec![10, 11], None));
+        assert_eq!(find_of(&cmdline("sol-runner"), None, &t).roots, [10, 20]);
+        let exe = MatchRule::Exe(PathBuf::from("/usr/bin/sol"));
+        assert_eq!(find_of(&exe, Some(65534), &t).roots, [20]);
+        // Nothing of this uid: the problem says others would match.
+        let m = find_of(&cmdline("sol-runner"), Some(4242), &t);
+        assert!(m.roots.is_empty());
+        let p = m.problem.unwrap();
+        assert!(
+            p.contains(
+                "uid 4242's processes only; 2 process(es) of other uids match: set match.uid"
+            ),
+            "{p}"
+        );
+        // Rules that name their processes take no uid.
+        let uid = crate::config::MatchUid::Runner;
+        assert_eq!(uid.filter(&MatchRule::Pid(20), 1000), None);
+        assert_eq!(uid.filter(&cmdline("x"), 1000), Some(1000));
+        assert_eq!(
+            crate::config::MatchUid::Any.filter(&cmdline("x"), 1000),
+            None
+        );
+        assert_eq!(
+            crate::config::MatchUid::Uid(7).filter(&MatchRule::Exe("/x".into()), 1000),
+            Some(7)
+        );
+    }
+
+    #[test]
     fn rules_skip_selfheal_and_its_ancestors() {
         let mut entries = vec![
             ProcEntry::new(1, 0, &["/sbin/init"]),
@@ -480,7 +552,7 @@ mod tests {
         let t = ProcessTable::from_entries(entries).with_own_pid(5);
         assert_eq!(find(&cmdline("sol-runner"), &t).roots, [6]);
         assert_eq!(find(&cmdline("sol-runner"), &t).all, [6]);
-        assert_eq!(by_exe(&t, &["/usr/bin/x".into()]).roots, [6]);
+        assert_eq!(by_exe(&t, &["/usr/bin/x".into()], &|_| true).roots, [6]);
         assert_eq!(find(&MatchRule::Unit("x.service".into()), &t).roots, [6]);
         // Asked for by pid, selfheal's own process is what was asked for.
         assert_eq!(find(&MatchRule::Pid(5), &t).roots, [5]);
@@ -530,10 +602,10 @@ mod tests {
         entries[3].exe = Some("/usr/bin/sol (deleted)".into());
         entries[4].exe = Some("/usr/bin/solar".into());
         let t = ProcessTable::from_entries(entries);
-        let m = by_exe(&t, &["/usr/bin/sol".into()]);
+        let m = by_exe(&t, &["/usr/bin/sol".into()], &|_| true);
         assert_eq!(m.roots, [10, 12]);
         assert_eq!(m.all, [10, 11, 12]);
-        let m = by_exe(&t, &["/bin/sol".into()]);
+        let m = by_exe(&t, &["/bin/sol".into()], &|_| true);
         let p = m.problem.unwrap();
         assert!(
             p.contains("/bin/sol") && p.contains("(1 process whose executable"),

@@ -147,6 +147,8 @@ pub struct AgentConfig {
     pub name: String,
     /// Which processes are this agent (their descendants belong to it too).
     pub rule: MatchRule,
+    /// Whose processes a `cmdline` or `exe` rule may match (`match.uid`).
+    pub match_uid: MatchUid,
     /// Its upstreams, in file order (the first that matches a socket wins).
     pub upstreams: Vec<Upstream>,
     /// Its health probes, in file order.
@@ -317,6 +319,39 @@ impl fmt::Display for MatchRule {
             MatchRule::Cmdline(re) => write!(f, "cmdline = {:?}", re.as_str()),
             MatchRule::Exe(p) => write!(f, "exe = {:?}", p.display().to_string()),
             MatchRule::Unit(u) => write!(f, "unit = {u:?}"),
+        }
+    }
+}
+
+/// Whose processes a `cmdline` or `exe` rule may match (`match.uid`). Any
+/// user can start a process with a look-alike command line or run the same
+/// executable; by default only the uid that runs selfheal is matched, so
+/// another user's look-alike is neither judged nor healed as this agent.
+/// `pid`, `pidfile` and `unit` rules name their processes exactly and take
+/// no `uid`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MatchUid {
+    /// No `uid` key: the effective uid that runs the check (the config's
+    /// owner, or the user who runs root's shared config).
+    #[default]
+    Runner,
+    /// `uid = 1000`: that uid's processes.
+    Uid(u32),
+    /// `uid = "any"`: every uid's.
+    Any,
+}
+
+impl MatchUid {
+    /// The uid `rule` is limited to when selfheal runs as `runner`; `None`
+    /// for every uid (or a rule the uid does not apply to).
+    pub fn filter(self, rule: &MatchRule, runner: u32) -> Option<u32> {
+        if !matches!(rule, MatchRule::Cmdline(_) | MatchRule::Exe(_)) {
+            return None;
+        }
+        match self {
+            MatchUid::Runner => Some(runner),
+            MatchUid::Uid(uid) => Some(uid),
+            MatchUid::Any => None,
         }
     }
 }
@@ -917,7 +952,7 @@ fn agent<'a>(
             MATCH_KEYS.join(", ")
         )));
     };
-    let rule = match_rule(&f, &m)?;
+    let (rule, match_uid) = match_rule(&f, &m)?;
 
     let mut upstreams = Vec::new();
     for (i, (t, span)) in f
@@ -952,6 +987,7 @@ fn agent<'a>(
         None => ProofConfig::default(),
     };
     Ok(AgentConfig {
+        match_uid,
         name: name.to_string(),
         rule,
         upstreams,
@@ -1070,9 +1106,53 @@ fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
     })
 }
 
-fn match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRule, ConfigError> {
-    m.only(MATCH_KEYS)?;
-    let keys: Vec<&str> = m.entries.iter().map(|(k, _, _)| *k).collect();
+fn match_rule(
+    agent: &Fields<'_, '_>,
+    m: &Fields<'_, '_>,
+) -> Result<(MatchRule, MatchUid), ConfigError> {
+    let mut allowed = MATCH_KEYS.to_vec();
+    allowed.push("uid");
+    m.only(&allowed)?;
+    let rule = one_match_rule(agent, m)?;
+    let match_uid = match m.get("uid") {
+        None => MatchUid::Runner,
+        Some((_, v)) => {
+            if !matches!(rule, MatchRule::Cmdline(_) | MatchRule::Exe(_)) {
+                return Err(m.key_error(
+                    "uid",
+                    v.span(),
+                    "applies to cmdline and exe rules only (pid, pidfile and unit name their processes)",
+                ));
+            }
+            match v.get_ref() {
+                DeValue::String(s) if s.as_ref() == "any" => MatchUid::Any,
+                DeValue::Integer(_) => {
+                    let (n, span) = m.integer("uid")?.unwrap_or((-1, 0..0));
+                    match u32::try_from(n) {
+                        Ok(uid) if uid != u32::MAX => MatchUid::Uid(uid),
+                        _ => return Err(m.key_error("uid", span, format!("bad uid {n}"))),
+                    }
+                }
+                _ => {
+                    return Err(m.key_error(
+                        "uid",
+                        v.span(),
+                        "expected a uid (a number) or \"any\"",
+                    ));
+                }
+            }
+        }
+    };
+    Ok((rule, match_uid))
+}
+
+fn one_match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRule, ConfigError> {
+    let keys: Vec<&str> = m
+        .entries
+        .iter()
+        .map(|(k, _, _)| *k)
+        .filter(|k| *k != "uid")
+        .collect();
     match keys.as_slice() {
         [] => {
             return Err(agent.key_error(
@@ -1421,6 +1501,12 @@ impl ResolvedUpstreams {
 }
 
 impl AgentConfig {
+    /// The uid its rule is limited to when selfheal runs as `runner`
+    /// ([`MatchUid::filter`]).
+    pub fn uid_filter(&self, runner: u32) -> Option<u32> {
+        self.match_uid.filter(&self.rule, runner)
+    }
+
     /// Resolves the upstreams' host names (once each, with the system
     /// resolver). A name that does not resolve is not an error: that upstream
     /// matches nothing and [`ResolvedUpstreams::notes`] says why.

@@ -148,7 +148,27 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { cmd = \"x\" }\n"),
             3,
-            "agent \"sol\" match: key `cmd`: unknown key (expected pid, pidfile, cmdline, exe, unit)",
+            "agent \"sol\" match: key `cmd`: unknown key (expected pid, pidfile, cmdline, exe, unit, uid)",
+        ),
+        (
+            with(HEAD, "match = { pid = 5, uid = 0 }\n"),
+            3,
+            "agent \"sol\" match: key `uid`: applies to cmdline and exe rules only",
+        ),
+        (
+            with(HEAD, "match = { cmdline = \"x\", uid = -1 }\n"),
+            3,
+            "agent \"sol\" match: key `uid`: bad uid -1",
+        ),
+        (
+            with(HEAD, "match = { cmdline = \"x\", uid = \"root\" }\n"),
+            3,
+            "agent \"sol\" match: key `uid`: expected a uid (a number) or \"any\"",
+        ),
+        (
+            with(HEAD, "match = { uid = 7 }\n"),
+            3,
+            "no rule: give one of pid, pidfile, cmdline, exe, unit",
         ),
         (
             with(HEAD, "match = \"sol\"\n"),

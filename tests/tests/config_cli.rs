@@ -166,3 +166,65 @@ fn usage_errors_exit_3() {
     let (code, _, err) = run(Command::new(selfheal_bin()).args(["config", "check", "--bogus"]));
     assert_eq!(code, 3, "{err}");
 }
+
+/// Another user's look-alike process is not this agent (issue 12): a
+/// `cmdline` rule matches only the processes of the uid that runs selfheal,
+/// unless `match.uid` names another uid or `"any"`. Before, root's rule
+/// took `nobody`'s process with the same command line as its agent, to be
+/// judged and healed.
+#[test]
+fn a_cmdline_rule_matches_only_the_runners_processes_unless_told() {
+    if !tests::need_root("cmdline_rule_uid") {
+        return;
+    }
+    let marker = format!("lookalike-agent-{}", std::process::id());
+    // The marker rides in argv[0] (`exec -a`); bash and setpriv exec in
+    // place, so the pids are the look-alikes'.
+    let start = |uid: Option<u32>| {
+        let script = format!("exec -a {marker} sleep 60");
+        let mut cmd = Command::new("setpriv");
+        if let Some(uid) = uid {
+            cmd.args([format!("--reuid={uid}"), format!("--regid={uid}")])
+                .arg("--clear-groups");
+        }
+        cmd.args(["bash", "-c", &script])
+            .spawn()
+            .expect("start a look-alike")
+    };
+    let mut mine = start(None);
+    let mut theirs = start(Some(65534));
+    let dir = TempDir::new("uid");
+    let run = |extra: &str| {
+        let config = dir.write(
+            "config.toml",
+            &format!("[[agent]]\nname = \"sol\"\nmatch = {{ cmdline = \"^{marker} \"{extra} }}\n"),
+        );
+        let (code, out, err) = check(&config);
+        assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+        out.lines()
+            .find(|l| l.trim_start().starts_with("processes"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (me, them) = (mine.id(), theirs.id());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let default = run("");
+        assert!(default.contains(&format!("pid {me} (")), "{default}");
+        assert!(!default.contains(&them.to_string()), "{default}");
+        let any = run(", uid = \"any\"");
+        assert!(
+            any.contains(&format!("pids {}, {} (", me.min(them), me.max(them))),
+            "{any}"
+        );
+        let nobody = run(", uid = 65534");
+        assert!(nobody.contains(&format!("pid {them} (")), "{nobody}");
+    }));
+    let _ = mine.kill();
+    let _ = theirs.kill();
+    let _ = mine.wait();
+    let _ = theirs.wait();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}

@@ -58,7 +58,10 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let agents: Vec<_> = config
         .agents
         .iter()
-        .map(|a| (agents::find(&a.rule, &table), a.resolve_upstreams()))
+        .map(|a| {
+            let uid = a.uid_filter(selfheal::trust::euid());
+            (agents::find_of(&a.rule, uid, &table), a.resolve_upstreams())
+        })
         .collect();
     std::io::stdout()
         .lock()
@@ -79,7 +82,10 @@ fn render(config: &Config, found: &[(Matched, ResolvedUpstreams)]) -> String {
     );
     for (agent, (matched, upstreams)) in config.agents.iter().zip(found) {
         let _ = writeln!(out, "\nagent {}", agent.name);
-        let _ = writeln!(out, "  match      {}", agent.rule);
+        let _ = match agent.uid_filter(selfheal::trust::euid()) {
+            Some(uid) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
+            None => writeln!(out, "  match      {}", agent.rule),
+        };
         let _ = writeln!(out, "  processes  {}", processes(matched));
         if upstreams.upstreams.is_empty() {
             let _ = writeln!(out, "  upstreams  none (every socket is \"other\")");
