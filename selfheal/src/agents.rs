@@ -12,7 +12,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::config::MatchRule;
+use crate::{
+    config::MatchRule,
+    runtime::{CgroupContainer, Identity, Inventory},
+};
 
 /// One process as the snapshot saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +33,8 @@ pub struct ProcEntry {
     /// cgroup v1 host, the `name=systemd` hierarchy's path).
     pub cgroup: Option<String>,
     pub uid: Option<u32>,
+    /// The containers its cgroup names, outermost first (empty on the host).
+    pub containers: Vec<CgroupContainer>,
 }
 
 impl ProcEntry {
@@ -48,6 +53,7 @@ impl ProcEntry {
             exe: None,
             cgroup: None,
             uid: None,
+            containers: Vec::new(),
         }
     }
 }
@@ -60,6 +66,8 @@ pub struct ProcessTable {
     own_pid: Option<u32>,
     /// `own_pid` and its ancestors.
     own_lineage: BTreeSet<u32>,
+    /// What the container runtimes said ([`ProcessTable::with_inventory`]).
+    inventory: Inventory,
 }
 
 impl ProcessTable {
@@ -93,6 +101,7 @@ impl ProcessTable {
             children,
             own_pid: None,
             own_lineage: BTreeSet::new(),
+            inventory: Inventory::default(),
         }
     }
 
@@ -112,6 +121,44 @@ impl ProcessTable {
         }
         self.own_lineage = lineage;
         self
+    }
+
+    /// Attaches what the container runtimes said (names, images, labels),
+    /// for container rules and identities.
+    pub fn with_inventory(mut self, inventory: Inventory) -> ProcessTable {
+        self.inventory = inventory;
+        self
+    }
+
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// The container `pid` is in, as far as its cgroup and the runtimes
+    /// tell; `None` on the host (or for a pid not in the table).
+    pub fn identity(&self, pid: u32) -> Option<Identity> {
+        self.inventory.identity(&self.entries.get(&pid)?.containers)
+    }
+
+    /// The distinct containers of `pids`, in pid order of first sight.
+    pub fn identities(&self, pids: &[u32]) -> Vec<Identity> {
+        let mut out: Vec<Identity> = Vec::new();
+        for pid in pids {
+            if let Some(i) = self.identity(*pid)
+                && !out.iter().any(|o| o.id == i.id)
+            {
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    /// Every container some process of the table is in (for asking the
+    /// runtimes about them), deduplicated.
+    pub fn containers(&self) -> Vec<CgroupContainer> {
+        let set: BTreeSet<&CgroupContainer> =
+            self.entries.values().flat_map(|e| &e.containers).collect();
+        set.into_iter().cloned().collect()
     }
 
     pub fn get(&self, pid: u32) -> Option<&ProcEntry> {
@@ -186,9 +233,12 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
     // No stat: the process is gone.
     let stat = process.stat().ok()?;
     let pid = u32::try_from(process.pid).ok()?;
-    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()
-        .and_then(|t| cgroup_path(&t));
+    let cgroup_text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    let cgroup = cgroup_text.as_deref().and_then(cgroup_path);
+    let containers = cgroup_text
+        .as_deref()
+        .map(crate::runtime::cgroup::containers_in_proc_cgroup)
+        .unwrap_or_default();
     Some(ProcEntry {
         pid,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
@@ -197,6 +247,7 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
         exe: process.exe().ok(),
         cgroup,
         uid: process.uid().ok(),
+        containers,
     })
 }
 
@@ -311,6 +362,7 @@ fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) ->
             }
             by_exe(table, &paths, keep)
         }
+        MatchRule::Container(rule) => by_container(table, rule),
         MatchRule::Unit(unit) => {
             let matched = table
                 .entries()
@@ -327,6 +379,42 @@ fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) ->
             })
         }
     }
+}
+
+/// The processes in the containers `rule` matches (monitors and shims
+/// beside a container are outside its cgroup, so not among them).
+fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> Matched {
+    let matched = table
+        .entries()
+        .filter(|e| !e.containers.is_empty() && !table.is_own(e.pid))
+        .filter(|e| table.identity(e.pid).is_some_and(|i| rule.matches(&i)))
+        .map(|e| e.pid)
+        .collect();
+    Matched::of_roots(table, table.tops(&matched), || {
+        let all = table.containers();
+        let mut p = format!("no container matches {rule}");
+        if all.is_empty() {
+            p.push_str(" (no process is in a container)");
+        } else {
+            let ids = table.inventory.identities_of(&all);
+            let unnamed = ids.iter().filter(|i| !i.resolved).count();
+            p.push_str(&format!(" ({} container(s) running", ids.len()));
+            if unnamed > 0 {
+                p.push_str(&format!(", {unnamed} that no runtime answered for"));
+                let errors: Vec<String> = table
+                    .inventory
+                    .errors
+                    .iter()
+                    .map(|e| format!("{}: {}", e.source, e.error))
+                    .collect();
+                if !errors.is_empty() {
+                    p.push_str(&format!(": {}", errors.join("; ")));
+                }
+            }
+            p.push(')');
+        }
+        p
+    })
 }
 
 fn by_pid(table: &ProcessTable, pid: u32, missing: impl FnOnce(u32) -> String) -> Matched {

@@ -48,6 +48,9 @@ pub struct AgentRecord {
 #[derive(Clone, Debug, Serialize)]
 pub struct Outcome {
     pub agent: String,
+    /// The containers the agent's processes are in (absent on the host).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<crate::runtime::Identity>,
     pub verdict: Verdict,
     pub reasons: Vec<judge::Reason>,
     /// The forensic snapshot's id, when one was written.
@@ -182,6 +185,7 @@ pub fn run(
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
     let table = ProcessTable::read().with_own_pid(std::process::id());
+    let table = crate::runtime::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets
         .iter()
@@ -234,6 +238,7 @@ pub fn run(
 
         let mut outcome = Outcome {
             agent: agent.name.clone(),
+            containers: target.containers.clone(),
             verdict: judgement.verdict,
             reasons: judgement.reasons.clone(),
             snapshot: None,
@@ -659,6 +664,11 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         })
         .collect();
     lines.extend(upstreams.notes());
+    let containers = table.identities(&matched.all);
+    let container_gaps = table.inventory().gaps(
+        &containers,
+        matches!(agent.rule, crate::config::MatchRule::Container(_)),
+    );
     Target {
         agent: Some(agent.name.clone()),
         rule: agent.rule.to_string(),
@@ -670,6 +680,8 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
             Some((upstreams.upstreams[i].upstream.role.as_str(), i))
         }),
         upstreams: lines,
+        containers,
+        container_gaps,
     }
 }
 

@@ -295,6 +295,10 @@ pub enum MatchRule {
     /// `unit = "x.service"`: the processes of a systemd unit, by cgroup. A
     /// name without a unit type gets `.service`, as with systemctl.
     Unit(String),
+    /// `container`, `image`, `label`, `pod`, `namespace` (any of them
+    /// together, all must hold): the processes of the containers whose
+    /// identity matches ([`crate::runtime`]).
+    Container(crate::runtime::ContainerRule),
 }
 
 impl PartialEq for MatchRule {
@@ -305,6 +309,7 @@ impl PartialEq for MatchRule {
             (Pidfile(a), Pidfile(b)) | (Exe(a), Exe(b)) => a == b,
             (Cmdline(a), Cmdline(b)) => a.as_str() == b.as_str(),
             (Unit(a), Unit(b)) => a == b,
+            (Container(a), Container(b)) => a == b,
             _ => false,
         }
     }
@@ -319,6 +324,7 @@ impl fmt::Display for MatchRule {
             MatchRule::Cmdline(re) => write!(f, "cmdline = {:?}", re.as_str()),
             MatchRule::Exe(p) => write!(f, "exe = {:?}", p.display().to_string()),
             MatchRule::Unit(u) => write!(f, "unit = {u:?}"),
+            MatchRule::Container(c) => write!(f, "{c}"),
         }
     }
 }
@@ -890,7 +896,21 @@ const THRESHOLD_KEYS: &[&str] = &[
     "d_state",
     "probe_slow",
 ];
-const MATCH_KEYS: &[&str] = &["pid", "pidfile", "cmdline", "exe", "unit"];
+const MATCH_KEYS: &[&str] = &[
+    "pid",
+    "pidfile",
+    "cmdline",
+    "exe",
+    "unit",
+    "container",
+    "image",
+    "label",
+    "pod",
+    "namespace",
+];
+/// The `match` keys on container identity: any of them may combine (all
+/// must hold); the others stand alone.
+const CONTAINER_MATCH_KEYS: &[&str] = &["container", "image", "label", "pod", "namespace"];
 const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat", "suspect_after", "max_silence"];
 const PROBE_KEYS: &[&str] = &[
     "url",
@@ -1162,15 +1182,23 @@ fn one_match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRul
             ));
         }
         [_] => {}
+        many if many.iter().all(|k| CONTAINER_MATCH_KEYS.contains(k)) => {}
         [..] => {
             return Err(agent.key_error(
                 "match",
                 m.entries[1].1.clone(),
-                format!("more than one rule ({}): give exactly one", keys.join(", ")),
+                format!(
+                    "more than one rule ({}): give exactly one (only {} may combine)",
+                    keys.join(", "),
+                    CONTAINER_MATCH_KEYS.join(", ")
+                ),
             ));
         }
     }
     let key = keys[0];
+    if CONTAINER_MATCH_KEYS.contains(&key) {
+        return container_rule(m).map(MatchRule::Container);
+    }
     if key == "pid" {
         let (pid, span) = m.integer("pid")?.unwrap_or((0, 0..0));
         return match u32::try_from(pid) {
@@ -1213,6 +1241,63 @@ fn one_match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRul
             }))
         }
     }
+}
+
+/// A `match` table of container keys (`container`, `image`, `label`, `pod`,
+/// `namespace`).
+fn container_rule(m: &Fields<'_, '_>) -> Result<crate::runtime::ContainerRule, ConfigError> {
+    use crate::runtime::Glob;
+    let glob = |key: &str| -> Result<Option<Glob>, ConfigError> {
+        match m.string(key)? {
+            None => Ok(None),
+            Some(("", span)) => Err(m.key_error(key, span, "empty")),
+            Some((v, span)) if v.chars().any(char::is_control) => {
+                Err(m.key_error(key, span, format!("{v:?} holds a control character")))
+            }
+            Some((v, _)) => Ok(Some(Glob(v.to_string()))),
+        }
+    };
+    let mut labels = Vec::new();
+    if let Some((_, v)) = m.get("label") {
+        let items: Vec<(String, Range<usize>)> = match v.get_ref() {
+            DeValue::String(s) => vec![(s.to_string(), v.span())],
+            DeValue::Array(items) => {
+                let mut out = Vec::new();
+                for item in items.iter() {
+                    match item.get_ref() {
+                        DeValue::String(s) => out.push((s.to_string(), item.span())),
+                        _ => return Err(m.type_error("label", item, "a \"key=value\" string")),
+                    }
+                }
+                if out.is_empty() {
+                    return Err(m.key_error("label", v.span(), "empty list"));
+                }
+                out
+            }
+            _ => {
+                return Err(m.type_error("label", v, "a \"key=value\" string or a list of them"));
+            }
+        };
+        for (item, span) in items {
+            match item.split_once('=') {
+                Some((k, val)) if !k.is_empty() => labels.push((k.to_string(), val.to_string())),
+                _ => {
+                    return Err(m.key_error(
+                        "label",
+                        span,
+                        format!("bad label {item:?}: expected key=value"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(crate::runtime::ContainerRule {
+        container: glob("container")?,
+        image: glob("image")?,
+        labels,
+        pod: glob("pod")?,
+        namespace: glob("namespace")?,
+    })
 }
 
 /// The one-line reason of a regex error (its Display draws a caret diagram

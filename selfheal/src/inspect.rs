@@ -42,6 +42,10 @@ pub struct Target {
     pub upstream_of: Box<dyn Fn(SocketAddr) -> Option<(&'static str, usize)>>,
     /// Upstreams as configured, with what their host names resolved to.
     pub upstreams: Vec<String>,
+    /// The containers its processes are in (empty on the host).
+    pub containers: Vec<crate::runtime::Identity>,
+    /// What the container runtimes could not tell about them.
+    pub container_gaps: Vec<String>,
 }
 
 /// Everything `inspect` shows.
@@ -51,6 +55,10 @@ pub struct Report {
     pub rule: String,
     pub roots: Vec<u32>,
     pub upstreams: Vec<String>,
+    /// The containers the agent's processes are in: runtime, id, name,
+    /// image, pod, namespace (absent on the host).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<crate::runtime::Identity>,
     pub processes: Vec<ProcessReport>,
     pub sockets: Vec<SocketReport>,
     pub zombies: Vec<Zombie>,
@@ -179,6 +187,8 @@ pub struct Evidence {
     pub roots: Vec<u32>,
     pub problem: Option<String>,
     pub upstreams: Vec<String>,
+    pub containers: Vec<crate::runtime::Identity>,
+    pub container_gaps: Vec<String>,
     pub processes: Vec<ProcessInfo>,
     /// Processes that vanished before they could be read.
     pub gone: Vec<u32>,
@@ -353,6 +363,8 @@ impl Collector {
             roots: target.roots.clone(),
             problem: target.problem.clone(),
             upstreams: target.upstreams.clone(),
+            containers: target.containers.clone(),
+            container_gaps: target.container_gaps.clone(),
             processes,
             gone,
             tcp,
@@ -424,6 +436,7 @@ pub fn build(ev: &Evidence) -> Report {
     for pid in &ev.gone {
         gaps.push(format!("pid {pid} exited before it could be read"));
     }
+    gaps.extend(ev.container_gaps.iter().cloned());
     for p in &ev.processes {
         gaps.extend(p.gaps.iter().cloned());
     }
@@ -623,6 +636,7 @@ pub fn build(ev: &Evidence) -> Report {
         rule: ev.rule.clone(),
         roots: ev.roots.clone(),
         upstreams: ev.upstreams.clone(),
+        containers: ev.containers.clone(),
         processes,
         sockets,
         init: InitDiagnosis {
@@ -1024,6 +1038,8 @@ mod tests {
             roots: vec![processes[0].pid],
             problem: None,
             upstreams: vec![],
+            containers: vec![],
+            container_gaps: vec![],
             processes,
             gone: vec![99],
             tcp: vec![(1, Ok(tcp))],

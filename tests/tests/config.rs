@@ -128,17 +128,18 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "\n"),
             1,
-            "agent \"sol\": key `match`: missing (one of pid, pidfile, cmdline, exe, unit)",
+            "agent \"sol\": key `match`: missing (one of pid, pidfile, cmdline, exe, unit, container, image, label, pod, namespace)",
         ),
         (
             with(HEAD, "match = {}\n"),
             3,
-            "agent \"sol\": key `match`: no rule: give one of pid, pidfile, cmdline, exe, unit",
+            "agent \"sol\": key `match`: no rule: give one of pid, pidfile, cmdline, exe, unit, container, image, label, pod, namespace",
         ),
         (
             with(HEAD, "match = { cmdline = \"x\", pid = 1 }\n"),
             3,
-            "key `match`: more than one rule (cmdline, pid): give exactly one",
+            "key `match`: more than one rule (cmdline, pid): give exactly one \
+             (only container, image, label, pod, namespace may combine)",
         ),
         (
             with(HEAD, "[agent.match]\ncmdline = \"x\"\nunit = \"y\"\n"),
@@ -148,7 +149,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { cmd = \"x\" }\n"),
             3,
-            "agent \"sol\" match: key `cmd`: unknown key (expected pid, pidfile, cmdline, exe, unit, uid)",
+            "agent \"sol\" match: key `cmd`: unknown key (expected pid, pidfile, cmdline, exe, unit, container, image, label, pod, namespace, uid)",
         ),
         (
             with(HEAD, "match = { pid = 5, uid = 0 }\n"),
@@ -168,7 +169,62 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { uid = 7 }\n"),
             3,
-            "no rule: give one of pid, pidfile, cmdline, exe, unit",
+            "no rule: give one of pid, pidfile, cmdline, exe, unit, container, image, label, pod, namespace",
+        ),
+        // Container rules: their keys combine with each other only.
+        (
+            with(
+                HEAD,
+                "match = { label = \"app=runner\", cmdline = \"x\" }\n",
+            ),
+            3,
+            "key `match`: more than one rule (label, cmdline): give exactly one \
+             (only container, image, label, pod, namespace may combine)",
+        ),
+        (
+            with(HEAD, "match = { label = \"app\" }\n"),
+            3,
+            "agent \"sol\" match: key `label`: bad label \"app\": expected key=value",
+        ),
+        (
+            with(HEAD, "match = { label = [\"a=b\", \"=c\"] }\n"),
+            3,
+            "agent \"sol\" match: key `label`: bad label \"=c\": expected key=value",
+        ),
+        (
+            with(HEAD, "match = { label = [] }\n"),
+            3,
+            "agent \"sol\" match: key `label`: empty list",
+        ),
+        (
+            with(HEAD, "match = { label = 5 }\n"),
+            3,
+            "agent \"sol\" match: key `label`: expected a \"key=value\" string or a list of them, found integer",
+        ),
+        (
+            with(HEAD, "match = { label = [\"a=b\", 5] }\n"),
+            3,
+            "agent \"sol\" match: key `label`: expected a \"key=value\" string, found integer",
+        ),
+        (
+            with(HEAD, "match = { container = \"\" }\n"),
+            3,
+            "agent \"sol\" match: key `container`: empty",
+        ),
+        (
+            with(HEAD, "match = { pod = \"a\\nb\" }\n"),
+            3,
+            "agent \"sol\" match: key `pod`: \"a\\nb\" holds a control character",
+        ),
+        (
+            with(HEAD, "match = { namespace = 7 }\n"),
+            3,
+            "agent \"sol\" match: key `namespace`: expected a string, found integer",
+        ),
+        (
+            with(HEAD, "match = { image = \"x\", uid = 0 }\n"),
+            3,
+            "agent \"sol\" match: key `uid`: applies to cmdline and exe rules only",
         ),
         (
             with(HEAD, "match = \"sol\"\n"),
@@ -581,6 +637,37 @@ fn the_full_example_means_what_it_says() {
         MatchRule::Unit("sol.service".into())
     );
     assert_eq!(c.agent("nope"), None);
+}
+
+/// Container keys combine; the rule reads back as written, and a label
+/// value may hold quotes, `=` and control characters (compared exactly).
+#[test]
+fn container_rules_combine() {
+    let c = parse(&with(
+        HEAD,
+        "match = { container = \"runner-*\", image = \"shtest:*\", \
+         label = [\"app=runner\", \"q=a\\\"b=\\nc\"], pod = \"runner-?\", namespace = \"agents\" }\n",
+    ))
+    .expect("a container rule");
+    let MatchRule::Container(rule) = &c.agents[0].rule else {
+        panic!("not a container rule: {:?}", c.agents[0].rule);
+    };
+    assert_eq!(
+        rule.labels,
+        vec![
+            ("app".to_string(), "runner".to_string()),
+            ("q".to_string(), "a\"b=\nc".to_string())
+        ]
+    );
+    assert_eq!(
+        c.agents[0].rule.to_string(),
+        "container = \"runner-*\", image = \"shtest:*\", pod = \"runner-?\", \
+         namespace = \"agents\", label = [\"app=runner\", \"q=a\\\"b=\\nc\"]"
+    );
+    let one = parse(&with(HEAD, "match = { label = \"app=runner\" }\n")).unwrap();
+    assert_eq!(one.agents[0].rule.to_string(), "label = \"app=runner\"");
+    // No uid limit on a container rule: its processes run as any user.
+    assert_eq!(one.agents[0].uid_filter(0), None);
 }
 
 #[test]

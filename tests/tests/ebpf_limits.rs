@@ -119,6 +119,8 @@ fn me() -> Target {
         problem: None,
         upstream_of: Box::new(|_| None),
         upstreams: Vec::new(),
+        containers: Vec::new(),
+        container_gaps: Vec::new(),
     }
 }
 

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use selfheal::{
     agents::{self, Matched, ProcessTable},
     config::{self, Config, ProbeConfig, Resolution, ResolvedUpstreams},
+    runtime::{self, Identity},
 };
 
 /// Check the config file.
@@ -55,6 +56,8 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let table = ProcessTable::read();
+    let all: Vec<_> = config.agents.iter().collect();
+    let table = runtime::enrich_for(table, &all, &runtime::Sources::from_env());
     let agents: Vec<_> = config
         .agents
         .iter()
@@ -63,15 +66,33 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
             (agents::find_of(&a.rule, uid, &table), a.resolve_upstreams())
         })
         .collect();
+    let containers: Vec<(Vec<Identity>, Vec<String>)> = config
+        .agents
+        .iter()
+        .zip(&agents)
+        .map(|(a, (m, _))| {
+            let ids = table.identities(&m.all);
+            let gaps = table
+                .inventory()
+                .gaps(&ids, matches!(a.rule, config::MatchRule::Container(_)));
+            (ids, gaps)
+        })
+        .collect();
     std::io::stdout()
         .lock()
-        .write_all(render(&config, &agents).as_bytes())
+        .write_all(render(&config, &agents, &containers).as_bytes())
         .context("cannot write the report")?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// The report: `found[i]` is what agent `i` matched and resolved to.
-fn render(config: &Config, found: &[(Matched, ResolvedUpstreams)]) -> String {
+/// The report: `found[i]` is what agent `i` matched and resolved to, and
+/// `containers[i]` the containers those processes are in (with what the
+/// runtimes could not tell).
+fn render(
+    config: &Config,
+    found: &[(Matched, ResolvedUpstreams)],
+    containers: &[(Vec<Identity>, Vec<String>)],
+) -> String {
     let mut out = String::new();
     let n = config.agents.len();
     let _ = writeln!(
@@ -80,13 +101,21 @@ fn render(config: &Config, found: &[(Matched, ResolvedUpstreams)]) -> String {
         config.path.display(),
         if n == 1 { "" } else { "s" }
     );
-    for (agent, (matched, upstreams)) in config.agents.iter().zip(found) {
+    for (i, (agent, (matched, upstreams))) in config.agents.iter().zip(found).enumerate() {
         let _ = writeln!(out, "\nagent {}", agent.name);
         let _ = match agent.uid_filter(selfheal::trust::euid()) {
             Some(uid) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
             None => writeln!(out, "  match      {}", agent.rule),
         };
         let _ = writeln!(out, "  processes  {}", processes(matched));
+        if let Some((ids, gaps)) = containers.get(i) {
+            for c in ids {
+                let _ = writeln!(out, "  container  {}", c.describe());
+            }
+            for g in gaps {
+                let _ = writeln!(out, "  gap        {g}");
+            }
+        }
         if upstreams.upstreams.is_empty() {
             let _ = writeln!(out, "  upstreams  none (every socket is \"other\")");
         }

@@ -68,6 +68,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if let Some(problem) = matched.problem {
                 anyhow::bail!("pid {pid}: {problem}");
             }
+            let sources = selfheal::runtime::Sources::from_env();
+            let table = selfheal::runtime::enrich(table, &matched.all, false, &sources);
+            let containers = table.identities(&matched.all);
+            let container_gaps = table.inventory().gaps(&containers, false);
             inspect::Target {
                 agent: None,
                 rule: format!("pid={pid}"),
@@ -76,6 +80,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 problem: None,
                 upstream_of: Box::new(|_| None),
                 upstreams: Vec::new(),
+                containers,
+                container_gaps,
             }
         }
         (Some(name), None) => {
@@ -97,6 +103,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
                 return Ok(ExitCode::from(EXIT_CONFIG));
             };
+            let sources = selfheal::runtime::Sources::from_env();
+            let table = selfheal::runtime::enrich_for(table, &[agent], &sources);
             let target = selfheal::check::target(agent, &table);
             agent_config = Some(agent.clone());
             target

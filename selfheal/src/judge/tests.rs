@@ -94,6 +94,7 @@ fn report(threads: Vec<ThreadReport>, sockets: Vec<SocketReport>) -> Report {
         rule: "cmdline = \"sol\"".into(),
         roots: vec![100],
         upstreams: vec![],
+        containers: vec![],
         processes: vec![ProcessReport {
             pid: 100,
             ppid: 1,

@@ -27,6 +27,7 @@ fn report(state: char, with_socket: bool) -> Report {
         rule: "pid = 100".into(),
         roots: vec![100],
         upstreams: vec![],
+        containers: vec![],
         processes: vec![ProcessReport {
             pid: 100,
             ppid: 1,

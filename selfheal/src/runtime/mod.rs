@@ -1,0 +1,718 @@
+//! Containers and pods: which container a process is in (its cgroup path,
+//! [`cgroup`]), and what its runtime calls it (names, images, labels, pod
+//! and namespace, read from the runtimes, [`Inventory::read`]).
+//!
+//! Sources, each read-only and bounded in time:
+//!
+//! - Docker's Engine API on its unix socket (`DOCKER_HOST=unix://…`, else
+//!   `/var/run/docker.sock`) and Podman's compatible API
+//!   (`CONTAINER_HOST=unix://…`, else `/run/podman/podman.sock`): one
+//!   `GET /containers/json` each ([`docker`]);
+//! - containerd: the OCI bundle of each task (`config.json` under
+//!   `SELFHEAL_CONTAINERD_STATE`, else `/run/containerd`), whose annotations
+//!   carry the kubelet's `io.kubernetes.*` identity ([`bundle`]).
+//!
+//! Architecture invariant: a runtime that is absent, hangs, refuses or
+//! answers garbage is a gap in words, never an error or a wait past
+//! [`Sources::timeout`]; the cgroup alone still gives the container id.
+
+pub mod bundle;
+pub mod cgroup;
+pub mod docker;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    time::Duration,
+};
+
+use serde::Serialize;
+
+pub use self::cgroup::{CgroupContainer, Runtime};
+
+/// What a runtime says about one container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub id: String,
+    /// Without Docker's leading `/`.
+    pub name: Option<String>,
+    pub image: Option<String>,
+    /// Labels (Docker, Podman) or OCI annotations (containerd bundles).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The Kubernetes label (or CRI annotation) names of a pod's identity.
+const POD_NAME: &[&str] = &["io.kubernetes.pod.name", "io.kubernetes.cri.sandbox-name"];
+const POD_NAMESPACE: &[&str] = &[
+    "io.kubernetes.pod.namespace",
+    "io.kubernetes.cri.sandbox-namespace",
+];
+const POD_UID: &[&str] = &["io.kubernetes.pod.uid", "io.kubernetes.cri.sandbox-uid"];
+
+/// A process's container as every output shows it: what the cgroup gives,
+/// and what a runtime added (`None` where no runtime answered).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Identity {
+    /// The runtime that answered for it, else the one its cgroup names.
+    pub runtime: Runtime,
+    pub id: String,
+    pub name: Option<String>,
+    pub image: Option<String>,
+    pub pod: Option<String>,
+    pub namespace: Option<String>,
+    pub pod_uid: Option<String>,
+    /// Matched by `label`; not printed (label values are the operator's and
+    /// may be long or hold anything).
+    #[serde(skip)]
+    pub labels: BTreeMap<String, String>,
+    /// Whether a runtime answered for it (else only the cgroup spoke).
+    #[serde(skip)]
+    pub resolved: bool,
+}
+
+impl Identity {
+    /// The first 12 digits of the id, as `docker ps` shows it.
+    pub fn short_id(&self) -> &str {
+        &self.id[..self.id.len().min(12)]
+    }
+
+    /// `NAME (ID12, docker, image IMAGE, pod NS/POD)` for people, one line
+    /// (what a runtime said is escaped where it holds control characters).
+    pub fn describe(&self) -> String {
+        let mut s = match &self.name {
+            Some(n) => format!("{} ({}, {}", clean(n), self.short_id(), self.runtime),
+            None => format!("{} ({}", self.short_id(), self.runtime),
+        };
+        if let Some(i) = &self.image {
+            s.push_str(&format!(", image {}", clean(i)));
+        }
+        match (&self.namespace, &self.pod) {
+            (Some(ns), Some(p)) => s.push_str(&format!(", pod {}/{}", clean(ns), clean(p))),
+            (None, Some(p)) => s.push_str(&format!(", pod {}", clean(p))),
+            _ => {}
+        }
+        if !self.resolved {
+            s.push_str(", no runtime answered for it");
+        }
+        s.push(')');
+        s
+    }
+}
+
+/// `s` with control characters escaped (`\n`, `\u{1b}`).
+fn clean(s: &str) -> String {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        s.to_string()
+    }
+}
+
+/// Where the runtimes are, and how long each may take.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    pub docker: PathBuf,
+    pub podman: PathBuf,
+    pub containerd_state: PathBuf,
+    /// The bound on each runtime's answer (they are asked in parallel).
+    pub timeout: Duration,
+}
+
+/// The bound on a runtime's answer unless `SELFHEAL_RUNTIME_TIMEOUT` says.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Sources {
+    /// From the environment (`DOCKER_HOST`, `CONTAINER_HOST`,
+    /// `SELFHEAL_CONTAINERD_STATE`, `SELFHEAL_RUNTIME_TIMEOUT`), else the
+    /// runtimes' default places. A `DOCKER_HOST` that is not `unix://` is
+    /// ignored: only a local socket is asked.
+    pub fn from_env() -> Sources {
+        let unix = |var: &str, default: &str| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.strip_prefix("unix://").map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from(default))
+        };
+        Sources {
+            docker: unix("DOCKER_HOST", "/var/run/docker.sock"),
+            podman: unix("CONTAINER_HOST", "/run/podman/podman.sock"),
+            containerd_state: std::env::var_os("SELFHEAL_CONTAINERD_STATE")
+                .map_or_else(|| PathBuf::from("/run/containerd"), PathBuf::from),
+            timeout: std::env::var("SELFHEAL_RUNTIME_TIMEOUT")
+                .ok()
+                .and_then(|s| humantime::parse_duration(&s).ok())
+                .filter(|d| !d.is_zero())
+                .unwrap_or(DEFAULT_TIMEOUT),
+        }
+    }
+}
+
+/// What one source could not give.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceError {
+    /// `docker /var/run/docker.sock`, `containerd /run/containerd`.
+    pub source: String,
+    pub error: String,
+    /// The runtime is not there at all (no socket): worth saying only when
+    /// a container went unnamed.
+    pub absent: bool,
+}
+
+/// The containers the runtimes told of, by id, and what they could not.
+#[derive(Clone, Debug, Default)]
+pub struct Inventory {
+    by_id: HashMap<String, (Runtime, ContainerInfo)>,
+    pub errors: Vec<SourceError>,
+}
+
+impl Inventory {
+    /// Asks Docker and Podman (in parallel, each within
+    /// `sources.timeout`) for their running containers, and containerd's
+    /// bundles for the ids in `wanted` no API answered for.
+    pub fn read(sources: &Sources, wanted: &[CgroupContainer]) -> Inventory {
+        let mut inv = Inventory::default();
+        let apis = [
+            (Runtime::Docker, &sources.docker),
+            (Runtime::Podman, &sources.podman),
+        ];
+        let answers: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = apis
+                .iter()
+                .map(|(rt, path)| {
+                    let timeout = sources.timeout;
+                    (*rt, *path, s.spawn(move || docker::list(path, timeout)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(rt, path, h)| {
+                    let r = h.join().unwrap_or_else(|_| {
+                        Err(docker::Error::Other("the client panicked".into()))
+                    });
+                    (rt, path, r)
+                })
+                .collect()
+        });
+        for (rt, path, answer) in answers {
+            match answer {
+                Ok(list) => {
+                    for c in list {
+                        inv.by_id.entry(c.id.clone()).or_insert((rt, c));
+                    }
+                }
+                Err(e) => inv.errors.push(SourceError {
+                    source: format!("{rt} {}", path.display()),
+                    absent: e.is_absent(),
+                    error: e.to_string(),
+                }),
+            }
+        }
+        let missing: Vec<&str> = wanted
+            .iter()
+            .filter(|c| !inv.by_id.contains_key(&c.id))
+            .map(|c| c.id.as_str())
+            .collect();
+        if !missing.is_empty() {
+            let (found, errors) = bundle::read(&sources.containerd_state, &missing);
+            for c in found {
+                inv.by_id
+                    .entry(c.id.clone())
+                    .or_insert((Runtime::Containerd, c));
+            }
+            inv.errors
+                .extend(errors.into_iter().map(|(error, absent)| SourceError {
+                    source: format!("containerd {}", sources.containerd_state.display()),
+                    error,
+                    absent,
+                }));
+        }
+        inv
+    }
+
+    /// An inventory of the given containers (for fixtures).
+    pub fn from_containers(containers: Vec<(Runtime, ContainerInfo)>) -> Inventory {
+        Inventory {
+            by_id: containers
+                .into_iter()
+                .map(|(rt, c)| (c.id.clone(), (rt, c)))
+                .collect(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// The identity of a process in the containers `chain` (outermost
+    /// first): the innermost one a runtime knows, else the innermost.
+    /// `None` for an empty chain.
+    pub fn identity(&self, chain: &[CgroupContainer]) -> Option<Identity> {
+        let known = chain.iter().rev().find(|c| self.by_id.contains_key(&c.id));
+        let c = known.or_else(|| chain.last())?;
+        let mut id = Identity {
+            runtime: c.runtime,
+            id: c.id.clone(),
+            name: None,
+            image: None,
+            pod: None,
+            namespace: None,
+            pod_uid: c.pod_uid.clone(),
+            labels: BTreeMap::new(),
+            resolved: false,
+        };
+        if let Some((rt, info)) = self.by_id.get(&c.id) {
+            let label = |keys: &[&str]| {
+                keys.iter()
+                    .find_map(|k| info.labels.get(*k))
+                    .filter(|v| !v.is_empty())
+                    .cloned()
+            };
+            id.runtime = *rt;
+            id.name = info.name.clone();
+            id.image = info.image.clone();
+            id.pod = label(POD_NAME);
+            id.namespace = label(POD_NAMESPACE);
+            id.pod_uid = label(POD_UID).or(id.pod_uid);
+            id.labels = info.labels.clone();
+            id.resolved = true;
+        }
+        Some(id)
+    }
+
+    /// The identities of `containers` one by one (each a chain of one; a
+    /// nested container counts once per level).
+    pub fn identities_of(&self, containers: &[CgroupContainer]) -> Vec<Identity> {
+        containers
+            .iter()
+            .filter_map(|c| self.identity(std::slice::from_ref(c)))
+            .collect()
+    }
+
+    /// The gaps to report for an agent with these containers: each one no
+    /// runtime answered for (with why every source failed), else every
+    /// source that failed other than by being absent, when the agent has
+    /// containers or `always` (its rule needs the runtimes).
+    pub fn gaps(&self, identities: &[Identity], always: bool) -> Vec<String> {
+        let unresolved: Vec<&Identity> = identities.iter().filter(|i| !i.resolved).collect();
+        let mut gaps = Vec::new();
+        let errors = |all: bool| -> Vec<String> {
+            self.errors
+                .iter()
+                .filter(|e| all || !e.absent)
+                .map(|e| format!("{}: {}", e.source, e.error))
+                .collect()
+        };
+        for i in &unresolved {
+            let why = errors(true);
+            gaps.push(format!(
+                "container {} ({} by its cgroup): name, image and labels unknown: {}",
+                i.short_id(),
+                i.runtime,
+                if why.is_empty() {
+                    "no runtime lists it".to_string()
+                } else {
+                    why.join("; ")
+                }
+            ));
+        }
+        if unresolved.is_empty() && (always || !identities.is_empty()) {
+            gaps.extend(
+                errors(false)
+                    .into_iter()
+                    .map(|e| format!("container runtime {e}")),
+            );
+        }
+        gaps
+    }
+}
+
+/// Asks the runtimes about the containers that matter, and attaches their
+/// answer to `table`: every container in the table when `all` (some agent
+/// has a container rule), else those of `pids` (the processes the other
+/// rules picked, whose identity the outputs show). Without any, no runtime
+/// is asked.
+pub fn enrich(
+    table: crate::agents::ProcessTable,
+    pids: &[u32],
+    all: bool,
+    sources: &Sources,
+) -> crate::agents::ProcessTable {
+    let wanted: Vec<CgroupContainer> = if all {
+        table.containers()
+    } else {
+        let mut set: Vec<CgroupContainer> = pids
+            .iter()
+            .filter_map(|p| table.get(*p))
+            .flat_map(|e| e.containers.iter().cloned())
+            .collect();
+        set.sort();
+        set.dedup();
+        set
+    };
+    if wanted.is_empty() {
+        return table;
+    }
+    let inventory = Inventory::read(sources, &wanted);
+    table.with_inventory(inventory)
+}
+
+/// [`enrich`] for these agents: what their rules pick now.
+pub fn enrich_for(
+    table: crate::agents::ProcessTable,
+    agents: &[&crate::config::AgentConfig],
+    sources: &Sources,
+) -> crate::agents::ProcessTable {
+    let all = agents
+        .iter()
+        .any(|a| matches!(a.rule, crate::config::MatchRule::Container(_)));
+    let euid = crate::trust::euid();
+    let pids: Vec<u32> = if all {
+        Vec::new()
+    } else {
+        agents
+            .iter()
+            .flat_map(|a| crate::agents::find_of(&a.rule, a.uid_filter(euid), &table).all)
+            .collect()
+    };
+    enrich(table, &pids, all, sources)
+}
+
+/// A glob: `*` any run of characters, `?` one; everything else literal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Glob(pub String);
+
+impl Glob {
+    pub fn matches(&self, text: &str) -> bool {
+        glob_match(self.0.as_bytes(), text.as_bytes())
+    }
+
+    /// Whether the pattern has no wildcard.
+    pub fn is_literal(&self) -> bool {
+        !self.0.contains(['*', '?'])
+    }
+}
+
+/// Iterative glob with one backtrack point: linear in practice, never
+/// exponential.
+fn glob_match(p: &[u8], t: &[u8]) -> bool {
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == b'?' || (p[pi] != b'*' && p[pi] == t[ti])) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&b| b == b'*')
+}
+
+/// A `match` rule on container identity (`container`, `image`, `label`,
+/// `pod`, `namespace`): every key given must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerRule {
+    /// The container's name, or its id (a literal of 12 to 64 hex digits is
+    /// an id prefix).
+    pub container: Option<Glob>,
+    pub image: Option<Glob>,
+    /// `key=value` pairs, compared exactly.
+    pub labels: Vec<(String, String)>,
+    pub pod: Option<Glob>,
+    pub namespace: Option<Glob>,
+}
+
+impl ContainerRule {
+    pub fn matches(&self, id: &Identity) -> bool {
+        let opt = |g: &Option<Glob>, v: &Option<String>| match g {
+            None => true,
+            Some(g) => v.as_deref().is_some_and(|v| g.matches(v)),
+        };
+        let container = match &self.container {
+            None => true,
+            Some(g) => {
+                let p = &g.0;
+                let id_prefix = g.is_literal()
+                    && p.len() >= 12
+                    && p.bytes().all(|b| b.is_ascii_hexdigit())
+                    && id.id.starts_with(&p.to_ascii_lowercase());
+                id_prefix || g.matches(&id.id) || id.name.as_deref().is_some_and(|n| g.matches(n))
+            }
+        };
+        container
+            && opt(&self.image, &id.image)
+            && opt(&self.pod, &id.pod)
+            && opt(&self.namespace, &id.namespace)
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| id.labels.get(k).is_some_and(|have| have == v))
+    }
+
+    /// Whether matching needs a runtime's answer (anything but an id).
+    pub fn needs_runtime(&self) -> bool {
+        self.image.is_some()
+            || !self.labels.is_empty()
+            || self.pod.is_some()
+            || self.namespace.is_some()
+            || self.container.is_some()
+    }
+}
+
+impl std::fmt::Display for ContainerRule {
+    /// As written in the config: `container = "x*", label = ["app=runner"]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        for (key, g) in [
+            ("container", &self.container),
+            ("image", &self.image),
+            ("pod", &self.pod),
+            ("namespace", &self.namespace),
+        ] {
+            if let Some(g) = g {
+                parts.push(format!("{key} = {:?}", g.0));
+            }
+        }
+        match self.labels.as_slice() {
+            [] => {}
+            [(k, v)] => parts.push(format!("label = {:?}", format!("{k}={v}"))),
+            many => {
+                let l: Vec<String> = many
+                    .iter()
+                    .map(|(k, v)| format!("{:?}", format!("{k}={v}")))
+                    .collect();
+                parts.push(format!("label = [{}]", l.join(", ")));
+            }
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        for (p, t, want) in [
+            ("runner*", "runner-1", true),
+            ("runner*", "xrunner", false),
+            ("*", "", true),
+            ("", "", true),
+            ("", "a", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*a*b*c*", "xxaxxbxxcxx", true),
+            ("*a*b*c*", "xxaxxcxxbxx", false),
+            ("a*", "a", true),
+            ("**", "ab", true),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(Glob(p.into()).matches(t), want, "{p:?} on {t:?}");
+        }
+        // Long adversarial input stays fast (no exponential backtracking).
+        let t = "a".repeat(10_000);
+        let p = format!("{}b", "*a".repeat(50));
+        assert!(!Glob(p).matches(&t));
+    }
+
+    fn ident(labels: &[(&str, &str)]) -> Identity {
+        let inv = Inventory::from_containers(vec![(
+            Runtime::Docker,
+            ContainerInfo {
+                id: "a".repeat(64),
+                name: Some("runner-1".into()),
+                image: Some("shtest:1".into()),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
+        )]);
+        inv.identity(&[CgroupContainer {
+            runtime: Runtime::Unknown,
+            id: "a".repeat(64),
+            pod_uid: None,
+        }])
+        .unwrap()
+    }
+
+    #[test]
+    fn rules() {
+        let id = ident(&[
+            ("app", "runner"),
+            ("io.kubernetes.pod.name", "runner-0"),
+            ("io.kubernetes.pod.namespace", "agents"),
+            ("quoted", "a\"b\nc"),
+        ]);
+        assert_eq!(id.runtime, Runtime::Docker);
+        assert_eq!(id.pod.as_deref(), Some("runner-0"));
+        let g = |s: &str| Some(Glob(s.into()));
+        let lab = |k: &str, v: &str| (k.to_string(), v.to_string());
+        for (rule, want) in [
+            (
+                ContainerRule {
+                    container: g("runner-*"),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    container: g("other*"),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                ContainerRule {
+                    container: g(&"a".repeat(12)),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    container: g(&"A".repeat(12)),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    container: g(&"a".repeat(11)),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                ContainerRule {
+                    image: g("shtest:*"),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    labels: vec![lab("app", "runner")],
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    labels: vec![lab("app", "run")],
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                ContainerRule {
+                    labels: vec![lab("quoted", "a\"b\nc")],
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    labels: vec![lab("app", "runner"), lab("tier", "x")],
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                ContainerRule {
+                    pod: g("runner-*"),
+                    namespace: g("agents"),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                ContainerRule {
+                    namespace: g("agents"),
+                    labels: vec![lab("app", "other")],
+                    ..Default::default()
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(rule.matches(&id), want, "{rule}");
+        }
+        // With no runtime answer, only the id can match.
+        let bare = Inventory::default()
+            .identity(&[CgroupContainer {
+                runtime: Runtime::Docker,
+                id: "a".repeat(64),
+                pod_uid: None,
+            }])
+            .unwrap();
+        assert!(!bare.resolved);
+        assert!(
+            ContainerRule {
+                container: g(&"a".repeat(12)),
+                ..Default::default()
+            }
+            .matches(&bare)
+        );
+        assert!(
+            !ContainerRule {
+                container: g("runner-*"),
+                ..Default::default()
+            }
+            .matches(&bare)
+        );
+        assert!(
+            !ContainerRule {
+                labels: vec![lab("app", "runner")],
+                ..Default::default()
+            }
+            .matches(&bare)
+        );
+    }
+
+    #[test]
+    fn gaps_name_the_source() {
+        let mut inv = Inventory::default();
+        inv.errors.push(SourceError {
+            source: "docker /x.sock".into(),
+            error: "no answer within 2s".into(),
+            absent: false,
+        });
+        inv.errors.push(SourceError {
+            source: "podman /y.sock".into(),
+            error: "not there".into(),
+            absent: true,
+        });
+        let id = inv
+            .identity(&[CgroupContainer {
+                runtime: Runtime::Docker,
+                id: "b".repeat(64),
+                pod_uid: None,
+            }])
+            .unwrap();
+        let gaps = inv.gaps(std::slice::from_ref(&id), false);
+        assert_eq!(gaps.len(), 1);
+        assert!(
+            gaps[0].starts_with("container bbbbbbbbbbbb (docker by its cgroup)"),
+            "{gaps:?}"
+        );
+        assert!(gaps[0].contains("no answer within 2s") && gaps[0].contains("not there"));
+        // Nothing in a container and no container rule: nothing to say.
+        assert!(inv.gaps(&[], false).is_empty());
+        assert_eq!(inv.gaps(&[], true).len(), 1);
+    }
+}
