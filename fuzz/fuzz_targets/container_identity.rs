@@ -1,0 +1,41 @@
+//! The container identity parsers on any input: `/proc/PID/cgroup` text and
+//! cgroup paths, a Docker/Podman `/containers/json` answer (HTTP and JSON),
+//! an OCI `config.json`'s annotations, and the glob of the `container`,
+//! `image`, `pod` and `namespace` match keys. Never a panic; every id found
+//! is 64 hex digits.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use selfheal::runtime::{
+    Glob, bundle,
+    cgroup::{containers_in_path, containers_in_proc_cgroup},
+    docker,
+};
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    for c in containers_in_proc_cgroup(&text)
+        .into_iter()
+        .chain(containers_in_path(&text))
+    {
+        assert_eq!(c.id.len(), 64, "{c:?}");
+        assert!(c.id.bytes().all(|b| b.is_ascii_hexdigit()), "{c:?}");
+        if let Some(uid) = &c.pod_uid {
+            assert_eq!(uid.len(), 36, "{c:?}");
+        }
+    }
+    // An HTTP answer, or a bare body.
+    let body = docker::parse_response(data).unwrap_or(data);
+    if let Ok(list) = docker::parse_list(body) {
+        for c in list {
+            assert_eq!(c.id.len(), 64);
+            assert!(c.name.is_none_or(|n| !n.starts_with('/')));
+        }
+    }
+    let _ = bundle::parse_config(&"a".repeat(64), data);
+    // The first line as a pattern over the rest.
+    if let Some((pattern, rest)) = text.split_once('\n') {
+        let _ = Glob(pattern.to_string()).matches(rest);
+    }
+});

@@ -1,0 +1,813 @@
+//! Agents in containers (issue 13): matched by container name, label, pod
+//! and namespace on real runtimes (a `dockerd`, a Podman API service and a
+//! `containerd` each started here, in scratch directories, with an image
+//! imported from a root filesystem made here: no registry), and a runtime
+//! that hangs, answers garbage or refuses is a gap within the bound, never
+//! a hang.
+
+use std::{
+    io::{Read as _, Write as _},
+    os::unix::net::UnixListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tests::{Scratch, need_root, selfheal_bin, skip, wait_for};
+
+/// A process in a cgroup named like a container's (`/selfheal-test-PID/ID`
+/// in the cgroup v2 hierarchy): what the cgroup parser sees of a container,
+/// with no runtime at all. Killed and its cgroup removed on drop.
+struct FakeContainer {
+    child: Child,
+    dir: PathBuf,
+    parent: PathBuf,
+    id: String,
+}
+
+/// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
+/// mount on a hybrid one.
+fn cgroup2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+impl FakeContainer {
+    fn start(tag: &str) -> Result<FakeContainer, String> {
+        let root = cgroup2_root().ok_or("no cgroup v2 hierarchy")?;
+        let parent = root.join(format!("selfheal-test-{}-{tag}", std::process::id()));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let id = format!("{:064x}", nanos ^ (u128::from(std::process::id()) << 64));
+        let dir = parent.join(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let child = Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .map_err(|e| format!("spawn sleep: {e}"))?;
+        let c = FakeContainer {
+            child,
+            dir,
+            parent,
+            id,
+        };
+        std::fs::write(c.dir.join("cgroup.procs"), c.child.id().to_string())
+            .map_err(|e| format!("move into {}: {e}", c.dir.display()))?;
+        Ok(c)
+    }
+}
+
+impl Drop for FakeContainer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The cgroup empties once the process is reaped.
+        let _ = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+            std::fs::remove_dir(&self.dir).ok()
+        });
+        let _ = std::fs::remove_dir(&self.parent);
+    }
+}
+
+/// A unix socket server that runs `serve` on each connection, in a thread,
+/// until dropped (bounded: it stops after 120 s whatever happens).
+struct FakeRuntime {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeRuntime {
+    fn start(path: PathBuf, serve: fn(std::os::unix::net::UnixStream)) -> FakeRuntime {
+        let listener = UnixListener::bind(&path).expect("bind the fake runtime");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let end = Instant::now() + Duration::from_secs(120);
+            let mut held = Vec::new();
+            while !flag.load(Ordering::Relaxed) && Instant::now() < end {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        held.push(std::thread::spawn(move || serve(s)));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        FakeRuntime {
+            path,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakeRuntime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Reads the request and never answers (holds the connection 10 s).
+fn hang(mut s: std::os::unix::net::UnixStream) {
+    let mut buf = [0u8; 1024];
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    let _ = s.read(&mut buf);
+    std::thread::sleep(Duration::from_secs(10));
+}
+
+/// Answers HTTP 200 with a body that is no container list.
+fn garbage(mut s: std::os::unix::net::UnixStream) {
+    let mut buf = [0u8; 1024];
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = s.read(&mut buf);
+    let _ = s.write_all(b"HTTP/1.0 200 OK\r\n\r\n[{\"Id\": 12, \"Names\": \"\x1b[31m\"}]");
+}
+
+/// `selfheal config check` with the runtimes at these places.
+fn config_check(config: &Path, env: &[(&str, String)]) -> (i32, String, String, Duration) {
+    let start = Instant::now();
+    let out = Command::new(selfheal_bin())
+        .args(["config", "check", "--config"])
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal config check");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        start.elapsed(),
+    )
+}
+
+/// `selfheal check --json --only AGENT` with the runtimes at these places:
+/// its one line.
+fn check_json(
+    config: &Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    agent: &str,
+) -> serde_json::Value {
+    let out = Command::new(selfheal_bin())
+        .args(["check", "--json", "--dry-run", "--agent", agent, "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(scratch.join("state"))
+        .arg("--snapshot-dir")
+        .arg(scratch.join("snaps"))
+        .arg("--helper")
+        .arg(scratch.join("no-helper.sock"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    serde_json::from_str(text.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text:?} {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The environment that points selfheal at `docker` for Docker and at
+/// nothing for the others.
+fn only_docker(scratch: &Scratch, docker: &Path, timeout: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("DOCKER_HOST", format!("unix://{}", docker.display())),
+        (
+            "CONTAINER_HOST",
+            format!("unix://{}", scratch.join("no-podman.sock").display()),
+        ),
+        (
+            "SELFHEAL_CONTAINERD_STATE",
+            scratch.join("no-containerd").display().to_string(),
+        ),
+        ("SELFHEAL_RUNTIME_TIMEOUT", timeout.to_string()),
+    ]
+}
+
+#[test]
+fn without_a_runtime_the_cgroup_gives_the_id_and_a_hung_one_is_a_gap_within_the_bound() {
+    const TEST: &str = "without_a_runtime_the_cgroup_gives_the_id";
+    if !need_root(TEST) {
+        return;
+    }
+    let fake = match FakeContainer::start("hang") {
+        Ok(f) => f,
+        Err(e) => return skip(TEST, &format!("cannot make a container's cgroup: {e}")),
+    };
+    let scratch = Scratch::new("containers-hang");
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"byid\"\nmatch = {{ container = \"{}\" }}\n\n\
+             [[agent]]\nname = \"bylabel\"\nmatch = {{ label = \"app=runner\" }}\n",
+            &fake.id[..12]
+        ),
+    )
+    .unwrap();
+    let short = &fake.id[..12];
+
+    // No runtime at all: the id still matches, and the gap says why the
+    // name is unknown.
+    let env = only_docker(&scratch, &scratch.join("no-docker.sock"), "1s");
+    let (code, out, err, _) = config_check(&config, &env);
+    assert_eq!(code, 0, "{out}{err}");
+    let pid = fake.child.id();
+    assert!(out.contains(&format!("processes  pid {pid} ")), "{out}");
+    assert!(
+        out.contains(&format!(
+            "container  {short} (unknown, no runtime answered for it)"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "gap        container {short} (unknown by its cgroup): name, image and labels unknown: docker {}: no socket",
+            scratch.join("no-docker.sock").display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("processes  none (no container matches label = \"app=runner\""),
+        "{out}"
+    );
+
+    // A runtime that accepts and never answers: a gap within the bound.
+    let hung = FakeRuntime::start(scratch.join("hang.sock"), hang);
+    let env = only_docker(&scratch, &hung.path, "1s");
+    let (code, out, err, took) = config_check(&config, &env);
+    eprintln!("config check against a hung runtime took {took:?}");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "took {took:?}: did it ask?"
+    );
+    assert!(out.contains(&format!("processes  pid {pid} ")), "{out}");
+    assert!(
+        out.contains(&format!(
+            "docker {}: no answer within 1s",
+            hung.path.display()
+        )),
+        "{out}"
+    );
+
+    // check --json carries the identity and the gap.
+    let start = Instant::now();
+    let line = check_json(&config, &scratch, &env, "byid");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert_eq!(line["containers"][0]["id"], fake.id.as_str(), "{line}");
+    assert_eq!(
+        line["containers"][0]["name"],
+        serde_json::Value::Null,
+        "{line}"
+    );
+    let gaps = line["gaps"].to_string();
+    assert!(gaps.contains("no answer within 1s"), "{gaps}");
+}
+
+#[test]
+fn a_runtime_that_answers_garbage_or_refuses_is_a_gap() {
+    const TEST: &str = "a_runtime_that_answers_garbage_or_refuses_is_a_gap";
+    if !need_root(TEST) {
+        return;
+    }
+    let fake = match FakeContainer::start("garbage") {
+        Ok(f) => f,
+        Err(e) => return skip(TEST, &format!("cannot make a container's cgroup: {e}")),
+    };
+    let scratch = Scratch::new("containers-garbage");
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"byid\"\nmatch = {{ container = \"{}*\" }}\n",
+            &fake.id[..20]
+        ),
+    )
+    .unwrap();
+    let bad = FakeRuntime::start(scratch.join("garbage.sock"), garbage);
+    let (code, out, err, took) = config_check(&config, &only_docker(&scratch, &bad.path, "2s"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    assert!(
+        out.contains(&format!("processes  pid {} ", fake.child.id())),
+        "{out}"
+    );
+    assert!(out.contains("bad answer: not a container list"), "{out}");
+    // Nothing the runtime sent reaches the terminal raw.
+    assert!(!out.contains('\x1b'), "{out:?}");
+
+    // A socket nobody listens on: refused.
+    let dead = scratch.join("dead.sock");
+    drop(UnixListener::bind(&dead).unwrap());
+    let (code, out, err, _) = config_check(&config, &only_docker(&scratch, &dead, "2s"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("connection refused"), "{out}");
+}
+
+/// A daemon this test started: stopped (SIGTERM, then SIGKILL) on drop.
+struct Daemon {
+    child: Child,
+    name: &'static str,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!("{} did not stop on SIGTERM: killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A root filesystem with a static busybox (`sleep`, `sh`), as a tar.
+fn rootfs_tar(scratch: &Scratch) -> Result<PathBuf, String> {
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        return Err("no /bin/busybox (Debian package busybox-static)".into());
+    }
+    let root = scratch.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(busybox, root.join("bin/busybox")).map_err(|e| e.to_string())?;
+    for applet in ["sh", "sleep"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    let tar = scratch.join("rootfs.tar");
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(tar).ok_or_else(|| "tar failed".into())
+}
+
+fn run_ok(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A `dockerd` of this test's own (socket, data and exec roots in
+/// `scratch`; no bridge, no iptables, vfs storage).
+fn start_dockerd(scratch: &Scratch) -> Result<(Daemon, PathBuf), String> {
+    let sock = scratch.join("docker.sock");
+    // dockerd's exec root holds containerd's socket: keep its path short.
+    let exec = PathBuf::from(format!("/run/shd-{}", std::process::id()));
+    let child = Command::new("dockerd")
+        .args([
+            "--bridge=none",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--storage-driver=vfs",
+        ])
+        .arg(format!("--data-root={}", scratch.join("docker").display()))
+        .arg(format!("--exec-root={}", exec.display()))
+        .arg(format!(
+            "--pidfile={}",
+            scratch.join("docker.pid").display()
+        ))
+        .arg(format!("--host=unix://{}", sock.display()))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(scratch.join("dockerd.log")).map_err(|e| e.to_string())?)
+        .spawn()
+        .map_err(|e| format!("spawn dockerd: {e}"))?;
+    let d = Daemon {
+        child,
+        name: "dockerd",
+    };
+    let up = wait_for(Duration::from_secs(60), Duration::from_millis(250), || {
+        run_ok(docker(&sock).arg("version")).ok()
+    });
+    if up.is_none() {
+        let log = std::fs::read_to_string(scratch.join("dockerd.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        return Err(format!("dockerd did not come up in 60 s: {tail:?}"));
+    }
+    Ok((d, sock))
+}
+
+fn docker(sock: &Path) -> Command {
+    let mut c = Command::new("docker");
+    c.arg("-H").arg(format!("unix://{}", sock.display()));
+    c
+}
+
+#[test]
+fn docker_and_podman_containers_are_matched_by_label_and_name() {
+    const TEST: &str = "docker_and_podman_containers_are_matched_by_label_and_name";
+    if !need_root(TEST) {
+        return;
+    }
+    for p in ["dockerd", "docker"] {
+        if !have(p) {
+            return skip(
+                TEST,
+                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
+            );
+        }
+    }
+    let scratch = Scratch::new("containers-docker");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let (dockerd, sock) = match start_dockerd(&scratch) {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    };
+    let tag = format!("selfheal-t{}", std::process::id());
+    let image = format!("{tag}:1");
+    let name = format!("{tag}-runner");
+    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
+    let id = run_ok(docker(&sock).args([
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--label",
+        "app=runner",
+        "--label",
+        "odd=a\"b\nc",
+        &image,
+        "/bin/sleep",
+        "600",
+    ]))
+    .expect("docker run");
+    let cleanup = || {
+        let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
+        let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
+    };
+
+    // Podman too when it can run here: two runtimes on one host.
+    let podman = if have("podman") {
+        start_podman(&scratch, &tar, &tag)
+            .map_err(|e| skip(TEST, &format!("podman part: {e}")))
+            .ok()
+    } else {
+        skip(TEST, "podman part: no podman (Debian podman)");
+        None
+    };
+
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"bylabel\"\nmatch = {{ label = \"app=runner\" }}\n\n\
+             [[agent]]\nname = \"byname\"\nmatch = {{ container = \"{tag}-run*\" }}\n\n\
+             [[agent]]\nname = \"byodd\"\nmatch = {{ label = \"odd=a\\\"b\\nc\", image = \"{tag}:*\" }}\n"
+        ),
+    )
+    .unwrap();
+    let mut env = only_docker(&scratch, &sock, "5s");
+    if let Some(p) = &podman {
+        env[1].1 = format!("unix://{}", p.sock.display());
+    }
+    let (code, out, err, took) = config_check(&config, &env);
+    eprintln!("{out}config check took {took:?}");
+    let result = std::panic::catch_unwind(|| {
+        assert_eq!(code, 0, "{out}{err}");
+        let want = format!("container  {name} ({}, docker, image {image})", &id[..12]);
+        let sections: Vec<&str> = out.split("\nagent ").collect();
+        let section = |agent: &str| {
+            sections
+                .iter()
+                .find(|s| s.starts_with(agent))
+                .unwrap_or_else(|| panic!("no agent {agent} in {out}"))
+                .to_string()
+        };
+        for agent in ["bylabel", "byname", "byodd"] {
+            assert!(section(agent).contains(&want), "{agent}: {out}");
+        }
+        if let Some(p) = &podman {
+            let want = format!("container  {}-runner ({}, podman,", p.tag, &p.id[..12]);
+            assert!(section("bylabel").contains(&want), "{out}");
+            assert!(!section("byodd").contains(&want), "{out}");
+        }
+        assert!(!out.contains("gap"), "{out}");
+
+        let line = check_json(&config, &scratch, &env, "byname");
+        let c = &line["containers"][0];
+        assert_eq!(c["id"], id.as_str(), "{line}");
+        assert_eq!(c["name"], name.as_str(), "{line}");
+        assert_eq!(c["image"], image.as_str(), "{line}");
+        assert_eq!(c["runtime"], "docker", "{line}");
+        // The name glob matches Podman's container of the same name too.
+        let n = 1 + usize::from(podman.is_some());
+        assert_eq!(
+            line["containers"].as_array().map(Vec::len),
+            Some(n),
+            "{line}"
+        );
+    });
+    if let Some(p) = podman {
+        p.stop();
+    }
+    cleanup();
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(format!("/run/shd-{}", std::process::id()));
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// A Podman container (storage in `scratch`) and the compatible API service
+/// on a socket of its own.
+struct Podman {
+    service: Daemon,
+    sock: PathBuf,
+    args: Vec<String>,
+    tag: String,
+    id: String,
+}
+
+impl Podman {
+    fn stop(self) {
+        let name = format!("{}-runner", self.tag);
+        let _ = run_ok(
+            Command::new("podman")
+                .args(&self.args)
+                .args(["rm", "-f", "-t", "0", &name]),
+        );
+        drop(self.service);
+        let image = format!("localhost/{}:1", self.tag);
+        let _ = run_ok(
+            Command::new("podman")
+                .args(&self.args)
+                .args(["rmi", "-f", &image]),
+        );
+    }
+}
+
+fn start_podman(scratch: &Scratch, tar: &Path, tag: &str) -> Result<Podman, String> {
+    let args: Vec<String> = vec![
+        format!("--root={}", scratch.join("podman/root").display()),
+        format!("--runroot={}", scratch.join("podman/run").display()),
+        "--storage-driver=vfs".into(),
+        "--cgroup-manager=cgroupfs".into(),
+        "--events-backend=file".into(),
+    ];
+    let image = format!("localhost/{tag}:1");
+    run_ok(
+        Command::new("podman")
+            .args(&args)
+            .arg("import")
+            .arg(tar)
+            .arg(&image),
+    )?;
+    // Limits no higher than this process's own: runc may not raise them.
+    let id = run_ok(Command::new("podman").args(&args).args([
+        "run",
+        "-d",
+        "--network=none",
+        "--ulimit=nofile=1024:1024",
+        "--ulimit=nproc=1024:1024",
+        "--name",
+        &format!("{tag}-runner"),
+        "--label",
+        "app=runner",
+        &image,
+        "/bin/sleep",
+        "600",
+    ]))?;
+    let sock = scratch.join("podman.sock");
+    let child = Command::new("podman")
+        .args(&args)
+        .args(["system", "service", "--time=0"])
+        .arg(format!("unix://{}", sock.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("podman system service: {e}"))?;
+    let service = Daemon {
+        child,
+        name: "podman system service",
+    };
+    wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+        sock.exists().then_some(())
+    })
+    .ok_or("podman's API socket did not appear in 30 s")?;
+    Ok(Podman {
+        service,
+        sock,
+        args,
+        tag: tag.to_string(),
+        id,
+    })
+}
+
+/// Removes `rel` (a cgroup path) and its now-empty parents up to but not
+/// including `keep_depth` components, in every hierarchy mounted under
+/// /sys/fs/cgroup.
+fn remove_cgroup_dirs(rel: &str, keep_depth: usize) {
+    let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let comps: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+    let roots: Vec<PathBuf> = mounts
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .chain(std::iter::once(PathBuf::from("/sys/fs/cgroup")))
+        .collect();
+    for root in roots {
+        for depth in (keep_depth + 1..=comps.len()).rev() {
+            let _ = std::fs::remove_dir(root.join(comps[..depth].join("/")));
+        }
+    }
+}
+
+#[test]
+fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
+    const TEST: &str = "a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace";
+    if !need_root(TEST) {
+        return;
+    }
+    for p in ["containerd", "ctr", "runc"] {
+        if !have(p) {
+            return skip(
+                TEST,
+                &format!("no {p} (run `cargo xtask setup`: Debian containerd)"),
+            );
+        }
+    }
+    let scratch = Scratch::new("containers-containerd");
+    if let Err(e) = rootfs_tar(&scratch) {
+        return skip(TEST, &e);
+    }
+    let sock = scratch.join("containerd.sock");
+    let state = scratch.join("state");
+    std::fs::write(
+        scratch.join("containerd.toml"),
+        format!(
+            "version = 2\nroot = \"{}\"\nstate = \"{}\"\n[grpc]\n  address = \"{}\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  disable_cgroup = true\n",
+            scratch.join("root").display(),
+            state.display(),
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("containerd")
+        .arg("--config")
+        .arg(scratch.join("containerd.toml"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(scratch.join("containerd.log")).unwrap())
+        .spawn()
+        .expect("spawn containerd");
+    let containerd = Daemon {
+        child,
+        name: "containerd",
+    };
+    let ctr = || {
+        let mut c = Command::new("ctr");
+        c.arg("--address")
+            .arg(&sock)
+            .args(["--namespace", "k8s.io"]);
+        c
+    };
+    wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+        run_ok(ctr().arg("version")).ok()
+    })
+    .expect("containerd answers within 30 s");
+
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let id = format!("{:064x}", nanos ^ 0x5e1f);
+    let pod_uid = format!("5e1f0000-0000-4000-8000-{:012x}", std::process::id());
+    let pod_cgroup = format!("/kubepods/besteffort/pod{pod_uid}");
+    let pod = format!("runner-{}", std::process::id());
+    // What the kubelet gives a pod's container (here through ctr, with the
+    // cgroup path the kubelet's cgroupfs driver would choose).
+    let started = run_ok(
+        ctr()
+            .args(["run", "-d", "--cgroup"])
+            .arg(format!("{pod_cgroup}/{id}"))
+            .args(["--label", &format!("io.kubernetes.pod.name={pod}")])
+            .args(["--label", "io.kubernetes.pod.namespace=agents"])
+            .args(["--label", &format!("io.kubernetes.pod.uid={pod_uid}")])
+            .args(["--label", "io.kubernetes.container.name=runner"])
+            .arg("--rootfs")
+            .arg(scratch.join("rootfs"))
+            .arg(&id)
+            .args(["/bin/sleep", "600"]),
+    );
+    let cleanup = || {
+        let _ = run_ok(ctr().args(["task", "kill", "--signal", "SIGKILL", &id]));
+        let _ = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            run_ok(ctr().args(["task", "rm", &id])).ok()
+        });
+        let _ = run_ok(ctr().args(["container", "rm", &id]));
+        remove_cgroup_dirs(&pod_cgroup, 1);
+    };
+    if let Err(e) = started {
+        cleanup();
+        drop(containerd);
+        panic!("ctr run: {e}");
+    }
+
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"pod\"\nmatch = {{ pod = \"runner-*\", namespace = \"agents\" }}\n\
+             [[agent.probe]]\nhealth_file = \"{}\"\nmax_age = \"1m\"\n\n\
+             [[agent]]\nname = \"elsewhere\"\nmatch = {{ pod = \"runner-*\", namespace = \"other\" }}\n",
+            scratch.join("no-health-file").display()
+        ),
+    )
+    .unwrap();
+    let env: Vec<(&str, String)> = vec![
+        (
+            "DOCKER_HOST",
+            format!("unix://{}", scratch.join("no-docker.sock").display()),
+        ),
+        (
+            "CONTAINER_HOST",
+            format!("unix://{}", scratch.join("no-podman.sock").display()),
+        ),
+        ("SELFHEAL_CONTAINERD_STATE", state.display().to_string()),
+    ];
+    let result = std::panic::catch_unwind(|| {
+        let (code, out, err, _) = config_check(&config, &env);
+        assert_eq!(code, 0, "{out}{err}");
+        let want = format!(
+            "container  runner ({}, containerd, pod agents/{pod})",
+            &id[..12]
+        );
+        assert!(out.contains(&want), "{out}");
+        assert!(
+            out.contains(
+                "processes  none (no container matches pod = \"runner-*\", namespace = \"other\""
+            ),
+            "{out}"
+        );
+        // The probe fails (no health file): unresponsive, so a snapshot is
+        // written, and it carries the pod too.
+        let line = check_json(&config, &scratch, &env, "pod");
+        let c = &line["containers"][0];
+        assert_eq!(c["id"], id.as_str(), "{line}");
+        assert_eq!(c["pod"], pod.as_str(), "{line}");
+        assert_eq!(c["namespace"], "agents", "{line}");
+        assert_eq!(c["pod_uid"], pod_uid.as_str(), "{line}");
+        assert_eq!(c["runtime"], "containerd", "{line}");
+        let snapshot = line["snapshot"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{line}"));
+        let shown = Command::new(selfheal_bin())
+            .args(["snapshots", "show", snapshot, "--json", "--dir"])
+            .arg(scratch.join("snaps"))
+            .output()
+            .expect("snapshots show");
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(
+            text.contains(&format!("\"pod\":\"{pod}\""))
+                || text.contains(&format!("\"pod\": \"{pod}\"")),
+            "{text}"
+        );
+    });
+    cleanup();
+    drop(containerd);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
