@@ -784,6 +784,10 @@ fn render_raw(r: &Report) -> String {
     for u in &r.upstreams {
         let _ = writeln!(o, "  upstream {}", escape(u));
     }
+    // Container identity (issue 13): `describe` escapes what a runtime said.
+    for c in &r.containers {
+        let _ = writeln!(o, "  container {}", c.describe());
+    }
     let sockets: BTreeMap<u64, &SocketReport> = r.sockets.iter().map(|s| (s.inode, s)).collect();
     let live: Vec<&ProcessReport> = r.processes.iter().filter(|p| p.state != 'Z').collect();
     for (i, p) in live.iter().enumerate() {

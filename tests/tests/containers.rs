@@ -29,6 +29,27 @@ struct FakeContainer {
     id: String,
 }
 
+/// 64 hex digits that differ in every test and run (splitmix64 over the
+/// time, the pid and `tag`).
+fn random_id(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = nanos ^ u64::from(std::process::id()).rotate_left(32);
+    for b in tag.bytes() {
+        x = x.rotate_left(8) ^ u64::from(b);
+    }
+    (0..4)
+        .map(|_| {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            format!("{:016x}", z ^ (z >> 31))
+        })
+        .collect()
+}
+
 /// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
 /// mount on a hybrid one.
 fn cgroup2_root() -> Option<PathBuf> {
@@ -42,10 +63,7 @@ impl FakeContainer {
     fn start(tag: &str) -> Result<FakeContainer, String> {
         let root = cgroup2_root().ok_or("no cgroup v2 hierarchy")?;
         let parent = root.join(format!("selfheal-test-{}-{tag}", std::process::id()));
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let id = format!("{:064x}", nanos ^ (u128::from(std::process::id()) << 64));
+        let id = random_id(tag);
         let dir = parent.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         let child = Command::new("sleep")
@@ -389,10 +407,8 @@ fn run_ok(cmd: &mut Command) -> Result<String, String> {
 
 /// A `dockerd` of this test's own (socket, data and exec roots in
 /// `scratch`; no bridge, no iptables, vfs storage).
-fn start_dockerd(scratch: &Scratch) -> Result<(Daemon, PathBuf), String> {
+fn start_dockerd(scratch: &Scratch, exec: &Path) -> Result<(Daemon, PathBuf), String> {
     let sock = scratch.join("docker.sock");
-    // dockerd's exec root holds containerd's socket: keep its path short.
-    let exec = PathBuf::from(format!("/run/shd-{}", std::process::id()));
     let child = Command::new("dockerd")
         .args([
             "--bridge=none",
@@ -451,10 +467,9 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
         Ok(t) => t,
         Err(e) => return skip(TEST, &e),
     };
-    let (dockerd, sock) = match start_dockerd(&scratch) {
-        Ok(d) => d,
-        Err(e) => panic!("{e}"),
-    };
+    // dockerd's exec root holds containerd's socket: keep its path short.
+    let exec = PathBuf::from(format!("/run/shd-{}-a", std::process::id()));
+    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
     let tag = format!("selfheal-t{}", std::process::id());
     let image = format!("{tag}:1");
     let name = format!("{tag}-runner");
@@ -525,6 +540,30 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
         }
         assert!(!out.contains("gap"), "{out}");
 
+        // inspect, text and JSON.
+        let inspect = |json: bool| {
+            let mut c = Command::new(selfheal_bin());
+            c.args(["inspect", "byodd", "--config"]).arg(&config);
+            if json {
+                c.arg("--json");
+            }
+            let out = c
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .output()
+                .expect("inspect");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let text = inspect(false);
+        assert!(
+            text.contains(&format!(
+                "\n  container {name} ({}, docker, image {image})\n",
+                &id[..12]
+            )),
+            "{text}"
+        );
+        let doc: serde_json::Value = serde_json::from_str(&inspect(true)).expect("inspect --json");
+        assert_eq!(doc["containers"][0]["name"], name.as_str(), "{doc}");
+
         let line = check_json(&config, &scratch, &env, "byname");
         let c = &line["containers"][0];
         assert_eq!(c["id"], id.as_str(), "{line}");
@@ -544,7 +583,7 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
     }
     cleanup();
     drop(dockerd);
-    let _ = std::fs::remove_dir_all(format!("/run/shd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&exec);
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
@@ -709,10 +748,7 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
     })
     .expect("containerd answers within 30 s");
 
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let id = format!("{:064x}", nanos ^ 0x5e1f);
+    let id = random_id("containerd");
     let pod_uid = format!("5e1f0000-0000-4000-8000-{:012x}", std::process::id());
     let pod_cgroup = format!("/kubepods/besteffort/pod{pod_uid}");
     let pod = format!("runner-{}", std::process::id());
@@ -807,6 +843,153 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
     });
     cleanup();
     drop(containerd);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// The cost of identity: one `check` over N containers' agents matched by
+/// label, against the same agents matched by pid (with the runtime asked for
+/// their identity, and with no runtime at all). Prints the three times
+/// (median of 3) and the ratios. N is `SELFHEAL_CONTAINERS_N` (default 20:
+/// each container costs dockerd about a second here).
+#[test]
+fn cost_of_a_check_by_label_against_by_pid() {
+    const TEST: &str = "cost_of_a_check_by_label_against_by_pid";
+    if !need_root(TEST) {
+        return;
+    }
+    for p in ["dockerd", "docker"] {
+        if !have(p) {
+            return skip(
+                TEST,
+                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
+            );
+        }
+    }
+    let n: usize = std::env::var("SELFHEAL_CONTAINERS_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| (1..=500).contains(n))
+        .unwrap_or(20);
+    let scratch = Scratch::new("containers-cost");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let exec = PathBuf::from(format!("/run/shd-{}-b", std::process::id()));
+    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
+    let tag = format!("selfheal-cost{}", std::process::id());
+    let image = format!("{tag}:1");
+    run_ok(docker(&sock).arg("import").arg(&tar).arg(&image)).expect("docker import");
+    let mut ids = Vec::new();
+    let started = Instant::now();
+    for i in 0..n {
+        let id = run_ok(docker(&sock).args([
+            "run",
+            "-d",
+            "--name",
+            &format!("{tag}-{i}"),
+            "--label",
+            "app=runner",
+            "--label",
+            &format!("idx={i}"),
+            &image,
+            "/bin/sleep",
+            "900",
+        ]));
+        match id {
+            Ok(id) => ids.push(id),
+            Err(e) => {
+                eprintln!("container {i}: {e}");
+                break;
+            }
+        }
+    }
+    eprintln!(
+        "{} containers started in {:?}",
+        ids.len(),
+        started.elapsed()
+    );
+    let result = std::panic::catch_unwind(|| {
+        assert_eq!(ids.len(), n, "not every container started");
+        let pids: Vec<String> = ids
+            .iter()
+            .map(|id| {
+                run_ok(docker(&sock).args(["inspect", "-f", "{{.State.Pid}}", id])).expect("pid")
+            })
+            .collect();
+        let by_label = scratch.join("by-label.toml");
+        let by_pid = scratch.join("by-pid.toml");
+        let mut a = String::new();
+        let mut b = String::new();
+        for (i, pid) in pids.iter().enumerate() {
+            a.push_str(&format!(
+                "[[agent]]\nname = \"c{i}\"\nmatch = {{ label = [\"app=runner\", \"idx={i}\"] }}\n\n"
+            ));
+            b.push_str(&format!(
+                "[[agent]]\nname = \"c{i}\"\nmatch = {{ pid = {pid} }}\n\n"
+            ));
+        }
+        std::fs::write(&by_label, a).unwrap();
+        std::fs::write(&by_pid, b).unwrap();
+        let with_docker = only_docker(&scratch, &sock, "5s");
+        let no_runtime = only_docker(&scratch, &scratch.join("no-docker.sock"), "5s");
+        let time = |config: &Path, env: &[(&str, String)], want_ids: bool| {
+            let mut runs = Vec::new();
+            for _ in 0..3 {
+                let start = Instant::now();
+                let out = Command::new(selfheal_bin())
+                    .args(["check", "--json", "--dry-run", "--config"])
+                    .arg(config)
+                    .arg("--state-dir")
+                    .arg(scratch.join("state"))
+                    .arg("--snapshot-dir")
+                    .arg(scratch.join("snaps"))
+                    .arg("--helper")
+                    .arg(scratch.join("no-helper.sock"))
+                    .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                    .output()
+                    .expect("check");
+                runs.push(start.elapsed());
+                let text = String::from_utf8_lossy(&out.stdout);
+                let lines: Vec<serde_json::Value> = text
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("JSON line"))
+                    .collect();
+                assert_eq!(lines.len(), n, "{text}");
+                for (i, line) in lines.iter().enumerate() {
+                    assert_ne!(line["verdict"], "down", "{line}");
+                    if want_ids {
+                        assert_eq!(line["containers"][0]["id"], ids[i].as_str(), "{line}");
+                        assert_eq!(
+                            line["containers"][0]["name"],
+                            format!("{tag}-{i}"),
+                            "{line}"
+                        );
+                    }
+                }
+            }
+            runs.sort();
+            runs[1]
+        };
+        let label = time(&by_label, &with_docker, true);
+        let pid = time(&by_pid, &with_docker, true);
+        let bare = time(&by_pid, &no_runtime, false);
+        eprintln!(
+            "COST check over {n} containers: by label {label:?}, by pid {pid:?} \
+             (identity from dockerd), by pid with no runtime {bare:?}; \
+             label/pid {:.2}, label/bare {:.2}",
+            label.as_secs_f64() / pid.as_secs_f64(),
+            label.as_secs_f64() / bare.as_secs_f64()
+        );
+    });
+    for i in 0..ids.len() {
+        let _ = run_ok(docker(&sock).args(["rm", "-f", &format!("{tag}-{i}")]));
+    }
+    let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(&exec);
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
