@@ -919,6 +919,8 @@ pub fn transition_line(o: &Outcome) -> Option<String> {
         .snapshot
         .as_ref()
         .map_or(String::new(), |id| format!(" snapshot={id}"));
+    // The containers' identity (issue 13), before the snapshot id.
+    let snap = format!("{}{snap}", containers_words(&o.containers));
     let recovered = if o.previous.is_some_and(|p| !p.is_ok()) && o.verdict.is_ok() {
         " (recovered)"
     } else {
@@ -990,6 +992,7 @@ pub fn metrics(outcomes: &[Outcome], history: &History, now_unix_s: f64) -> Stri
             }
         }
     }
+    container_info(&mut o, outcomes);
     let _ = writeln!(
         o,
         "# HELP selfheal_last_check_timestamp_seconds When the last check finished."
@@ -997,6 +1000,60 @@ pub fn metrics(outcomes: &[Outcome], history: &History, now_unix_s: f64) -> Stri
     let _ = writeln!(o, "# TYPE selfheal_last_check_timestamp_seconds gauge");
     let _ = writeln!(o, "selfheal_last_check_timestamp_seconds {now_unix_s:.3}");
     o
+}
+
+/// ` container=NAME/ID12 pod=NS/POD` for each container (what a runtime
+/// said, escaped where it holds control characters); empty on the host.
+fn containers_words(containers: &[crate::runtime::Identity]) -> String {
+    let mut s = String::new();
+    for c in containers {
+        let clean = |v: &str| v.chars().flat_map(char::escape_debug).collect::<String>();
+        s.push_str(&format!(" container={}", c.short_id()));
+        if let Some(n) = &c.name {
+            s.push_str(&format!("/{}", clean(n)));
+        }
+        if let Some(p) = &c.pod {
+            let ns = c
+                .namespace
+                .as_deref()
+                .map_or(String::new(), |n| format!("{}/", clean(n)));
+            s.push_str(&format!(" pod={ns}{}", clean(p)));
+        }
+    }
+    s
+}
+
+/// `selfheal_agent_container_info{agent,runtime,id,name,image,pod,namespace} 1`
+/// for each container an agent's processes are in (issue 13): an info
+/// metric, so the verdict series keep their labels and are joined to the
+/// identity with `on(agent) group_left(...)`.
+fn container_info(o: &mut String, outcomes: &[Outcome]) {
+    use std::fmt::Write as _;
+    if outcomes.iter().all(|a| a.containers.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "# HELP selfheal_agent_container_info The containers (and pods) an agent's processes are in."
+    );
+    let _ = writeln!(o, "# TYPE selfheal_agent_container_info gauge");
+    for a in outcomes {
+        for c in &a.containers {
+            let opt = |v: &Option<String>| label(v.as_deref().unwrap_or(""));
+            let _ = writeln!(
+                o,
+                "selfheal_agent_container_info{{agent=\"{}\",runtime=\"{}\",id=\"{}\",name=\"{}\",\
+                 image=\"{}\",pod=\"{}\",namespace=\"{}\"}} 1",
+                label(&a.agent),
+                c.runtime,
+                label(&c.id),
+                opt(&c.name),
+                opt(&c.image),
+                opt(&c.pod),
+                opt(&c.namespace),
+            );
+        }
+    }
 }
 
 /// A Prometheus label value, escaped.

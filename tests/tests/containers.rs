@@ -180,9 +180,21 @@ fn check_json(
     env: &[(&str, String)],
     agent: &str,
 ) -> serde_json::Value {
+    check_json_with(config, scratch, env, agent, &[]).0
+}
+
+/// [`check_json`] with more arguments; also its log (stderr).
+fn check_json_with(
+    config: &Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    agent: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String) {
     let out = Command::new(selfheal_bin())
         .args(["check", "--json", "--dry-run", "--agent", agent, "--config"])
         .arg(config)
+        .args(extra)
         .arg("--state-dir")
         .arg(scratch.join("state"))
         .arg("--snapshot-dir")
@@ -193,8 +205,10 @@ fn check_json(
         .output()
         .expect("run selfheal check");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    serde_json::from_str(text.lines().next().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("{e}: {text:?} {}", String::from_utf8_lossy(&out.stderr)))
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    let line = serde_json::from_str(text.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text:?} {log}"));
+    (line, log)
 }
 
 /// The environment that points selfheal at `docker` for Docker and at
@@ -819,7 +833,27 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
         );
         // The probe fails (no health file): unresponsive, so a snapshot is
         // written, and it carries the pod too.
-        let line = check_json(&config, &scratch, &env, "pod");
+        let prom = scratch.join("metrics.prom");
+        let (line, log) = check_json_with(
+            &config,
+            &scratch,
+            &env,
+            "pod",
+            &["--metrics-file", prom.to_str().unwrap()],
+        );
+        // The transition's log line and the metrics carry the pod too.
+        assert!(
+            log.contains(&format!(" container={}/runner pod=agents/{pod}", &id[..12])),
+            "{log}"
+        );
+        let metrics = std::fs::read_to_string(&prom).expect("metrics file");
+        assert!(
+            metrics.contains(&format!(
+                "selfheal_agent_container_info{{agent=\"pod\",runtime=\"containerd\",id=\"{id}\",\
+                 name=\"runner\",image=\"\",pod=\"{pod}\",namespace=\"agents\"}} 1"
+            )),
+            "{metrics}"
+        );
         let c = &line["containers"][0];
         assert_eq!(c["id"], id.as_str(), "{line}");
         assert_eq!(c["pod"], pod.as_str(), "{line}");

@@ -460,15 +460,6 @@ impl ContainerRule {
                 .iter()
                 .all(|(k, v)| id.labels.get(k).is_some_and(|have| have == v))
     }
-
-    /// Whether matching needs a runtime's answer (anything but an id).
-    pub fn needs_runtime(&self) -> bool {
-        self.image.is_some()
-            || !self.labels.is_empty()
-            || self.pod.is_some()
-            || self.namespace.is_some()
-            || self.container.is_some()
-    }
 }
 
 impl std::fmt::Display for ContainerRule {
