@@ -68,6 +68,9 @@ pub struct ProcessTable {
     own_lineage: BTreeSet<u32>,
     /// What the container runtimes said ([`ProcessTable::with_inventory`]).
     inventory: Inventory,
+    /// Each containerized process's identity under `inventory`, made once
+    /// (container rules look at every one of them).
+    identities: HashMap<u32, Identity>,
 }
 
 impl ProcessTable {
@@ -102,7 +105,18 @@ impl ProcessTable {
             own_pid: None,
             own_lineage: BTreeSet::new(),
             inventory: Inventory::default(),
+            identities: HashMap::new(),
         }
+        .index_identities()
+    }
+
+    fn index_identities(mut self) -> ProcessTable {
+        self.identities = self
+            .entries
+            .values()
+            .filter_map(|e| Some((e.pid, self.inventory.identity(&e.containers)?)))
+            .collect();
+        self
     }
 
     /// Marks `pid` as selfheal itself: rules other than `pid`/`pidfile`
@@ -127,7 +141,7 @@ impl ProcessTable {
     /// for container rules and identities.
     pub fn with_inventory(mut self, inventory: Inventory) -> ProcessTable {
         self.inventory = inventory;
-        self
+        self.index_identities()
     }
 
     pub fn inventory(&self) -> &Inventory {
@@ -136,8 +150,8 @@ impl ProcessTable {
 
     /// The container `pid` is in, as far as its cgroup and the runtimes
     /// tell; `None` on the host (or for a pid not in the table).
-    pub fn identity(&self, pid: u32) -> Option<Identity> {
-        self.inventory.identity(&self.entries.get(&pid)?.containers)
+    pub fn identity(&self, pid: u32) -> Option<&Identity> {
+        self.identities.get(&pid)
     }
 
     /// The distinct containers of `pids`, in pid order of first sight.
@@ -147,7 +161,7 @@ impl ProcessTable {
             if let Some(i) = self.identity(*pid)
                 && !out.iter().any(|o| o.id == i.id)
             {
-                out.push(i);
+                out.push(i.clone());
             }
         }
         out
@@ -387,7 +401,7 @@ fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> M
     let matched = table
         .entries()
         .filter(|e| !e.containers.is_empty() && !table.is_own(e.pid))
-        .filter(|e| table.identity(e.pid).is_some_and(|i| rule.matches(&i)))
+        .filter(|e| table.identity(e.pid).is_some_and(|i| rule.matches(i)))
         .map(|e| e.pid)
         .collect();
     Matched::of_roots(table, table.tops(&matched), || {
