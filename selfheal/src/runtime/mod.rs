@@ -675,6 +675,93 @@ mod tests {
         );
     }
 
+    /// Container rules over a process table: a container's processes and
+    /// their descendants, never the monitor beside it, nor selfheal.
+    #[test]
+    fn rules_over_a_table() {
+        use crate::{
+            agents::{ProcEntry, ProcessTable, find},
+            config::MatchRule,
+        };
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let in_ctr = |pid, ppid, id: &str| {
+            let mut e = ProcEntry::new(pid, ppid, &["/bin/sleep", "600"]);
+            e.containers = vec![CgroupContainer {
+                runtime: Runtime::Docker,
+                id: id.to_string(),
+                pod_uid: None,
+            }];
+            e
+        };
+        let table = ProcessTable::from_entries(vec![
+            ProcEntry::new(1, 0, &["/sbin/init"]),
+            ProcEntry::new(10, 1, &["containerd-shim"]),
+            in_ctr(11, 10, &a),
+            in_ctr(12, 11, &a),
+            ProcEntry::new(20, 1, &["containerd-shim"]),
+            in_ctr(21, 20, &b),
+            // selfheal itself, in a container of its own (a sidecar).
+            in_ctr(30, 1, &b),
+        ])
+        .with_own_pid(30)
+        .with_inventory(Inventory::from_containers(vec![
+            (
+                Runtime::Docker,
+                ContainerInfo {
+                    id: a.clone(),
+                    name: Some("runner-1".into()),
+                    image: Some("img:1".into()),
+                    labels: [("app".to_string(), "runner".to_string())].into(),
+                },
+            ),
+            (
+                Runtime::Docker,
+                ContainerInfo {
+                    id: b.clone(),
+                    name: Some("sidecar".into()),
+                    image: None,
+                    labels: BTreeMap::new(),
+                },
+            ),
+        ]));
+        let rule = |r: ContainerRule| MatchRule::Container(r);
+        let m = find(
+            &rule(ContainerRule {
+                labels: vec![("app".into(), "runner".into())],
+                ..Default::default()
+            }),
+            &table,
+        );
+        assert_eq!(
+            (m.roots.as_slice(), m.all.as_slice()),
+            (&[11][..], &[11, 12][..])
+        );
+        let m = find(
+            &rule(ContainerRule {
+                container: Some(Glob("sidecar".into())),
+                ..Default::default()
+            }),
+            &table,
+        );
+        assert_eq!(m.roots, vec![21], "selfheal (30) is never its own agent");
+        let m = find(
+            &rule(ContainerRule {
+                image: Some(Glob("other:*".into())),
+                ..Default::default()
+            }),
+            &table,
+        );
+        assert!(m.roots.is_empty());
+        assert_eq!(
+            m.problem.as_deref(),
+            Some("no container matches image = \"other:*\" (2 container(s) running)")
+        );
+        let ids = table.identities(&[12, 11, 21, 1]);
+        let names: Vec<_> = ids.iter().map(|i| i.name.as_deref()).collect();
+        assert_eq!(names, vec![Some("runner-1"), Some("sidecar")]);
+    }
+
     #[test]
     fn gaps_name_the_source() {
         let mut inv = Inventory::default();
