@@ -17,6 +17,7 @@ pub fn report() -> Report {
         rule: "pid = 100".into(),
         roots: vec![100],
         upstreams: vec!["control 10.0.0.1:7443".into()],
+        containers: vec![],
         processes: vec![ProcessReport {
             pid: 100,
             ppid: 1,
