@@ -1035,3 +1035,49 @@ fn snapshots_command_lists_and_shows() {
         text(&out.stderr)
     );
 }
+
+/// Issue 17 #4: the snapshot log and the state file are written through the
+/// directory held since they were opened, and the path is checked again
+/// before each write: once it leads elsewhere (the directory renamed away
+/// and another put in its place), writes are refused, and nothing lands in
+/// either directory.
+#[test]
+fn a_directory_swapped_after_open_is_refused_not_written() {
+    let tmp = TempDir::new("swapped");
+    let dir = tmp.path().join("snaps");
+    let log = SnapshotLog::open(&dir, 1 << 20, 2).expect("open");
+    let state = StateStore::open(&tmp.path().join("state")).expect("open state");
+    log.append("sol", "wedged", &body(1)).expect("first append");
+    state.save(&json!({"n": 1})).expect("first save");
+    let moved = tmp.path().join("snaps.moved");
+    fs::rename(&dir, &moved).expect("rename away");
+    fs::create_dir(&dir).expect("another in its place");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let state_moved = tmp.path().join("state.moved");
+    fs::rename(tmp.path().join("state"), &state_moved).unwrap();
+    fs::create_dir(tmp.path().join("state")).unwrap();
+    fs::set_permissions(tmp.path().join("state"), fs::Permissions::from_mode(0o700)).unwrap();
+
+    let err = log.append("sol", "wedged", &body(2)).expect_err("swapped");
+    assert!(matches!(err, StoreError::Moved { .. }), "{err}");
+    assert!(
+        err.to_string().contains("now leads to another directory"),
+        "{err}"
+    );
+    let err = state.save(&json!({"n": 2})).expect_err("swapped");
+    assert!(matches!(err, StoreError::Moved { .. }), "{err}");
+    assert_eq!(
+        file_names(&dir),
+        Vec::<String>::new(),
+        "nothing in the new one"
+    );
+    assert_eq!(
+        fs::read_to_string(moved.join("snapshots.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        1,
+        "nothing more in the old one"
+    );
+    assert!(file_names(&tmp.path().join("state")).is_empty());
+}
