@@ -128,10 +128,11 @@ pub struct SnapshotLog {
 impl SnapshotLog {
     /// Opens the log in `dir` for appending and reading: creates the
     /// directory (0700) if needed and refuses a symlink, another user's
-    /// directory, one others can write to, or one below a directory another
-    /// user could change (`store::check_ancestors`). Rotates when the current file
-    /// would pass `max_bytes`, keeping `keep` rotated files (at most
-    /// [`MAX_KEEP`]).
+    /// directory, one others can write to, or one below a directory (or a
+    /// symlink) another user could change ([`crate::safedir`]). Holds the
+    /// directory: appends go through it, after a re-check of the path.
+    /// Rotates when the current file would pass `max_bytes`, keeping `keep`
+    /// rotated files (at most [`MAX_KEEP`]).
     pub fn open(dir: &Path, max_bytes: u64, keep: usize) -> Result<SnapshotLog, StoreError> {
         let safe = prepare_dir(dir)?;
         Ok(SnapshotLog {

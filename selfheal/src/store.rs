@@ -6,7 +6,9 @@
 //! loading that never fails on bad content ([`StateStore::load`]: a missing,
 //! corrupt or future-version file becomes the default with a note, the bad
 //! file kept aside), and crash-safe saving ([`StateStore::save`]: temp file,
-//! fsync, rename, directory fsync). It also owns the directory checks, the
+//! fsync, rename, directory fsync, through the directory held by
+//! [`crate::safedir::SafeDir`]). It also owns the fallback for a squatted
+//! default directory ([`fallback_state_dirs`]), the
 //! lock helper and the error type shared with the snapshot log
 //! ([`crate::snapshots`]).
 //!

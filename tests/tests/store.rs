@@ -1081,3 +1081,37 @@ fn a_directory_swapped_after_open_is_refused_not_written() {
     );
     assert!(file_names(&tmp.path().join("state")).is_empty());
 }
+
+/// The walk follows symlinks that are ours (relative and absolute, with
+/// `..`), writes land in the real directory, and a symlink loop or a file
+/// on the way is an error, not a panic or a hang.
+#[test]
+fn the_walk_follows_our_symlinks_and_refuses_loops() {
+    use selfheal::safedir::SafeDir;
+    let tmp = TempDir::new("walk");
+    let real = tmp.path().join("a/b");
+    fs::create_dir_all(&real).unwrap();
+    fs::set_permissions(tmp.path().join("a"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink("a/b/../b", tmp.path().join("rel")).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("a"), tmp.path().join("abs")).unwrap();
+    for via in [tmp.path().join("rel/x"), tmp.path().join("abs/b/x")] {
+        let log = SnapshotLog::open(&via, 1 << 20, 2).expect("through our own symlinks");
+        log.append("sol", "wedged", &body(1)).expect("append");
+        assert!(
+            real.join("x/snapshots.jsonl").is_file(),
+            "{}",
+            via.display()
+        );
+        fs::remove_dir_all(real.join("x")).unwrap();
+    }
+    std::os::unix::fs::symlink("loop2", tmp.path().join("loop1")).unwrap();
+    std::os::unix::fs::symlink("loop1", tmp.path().join("loop2")).unwrap();
+    let err = SafeDir::open(&tmp.path().join("loop1/x"), Some(0o700)).expect_err("a loop");
+    assert!(err.to_string().contains("loop1"), "{err}");
+    fs::write(tmp.path().join("file"), "x").unwrap();
+    let err = SafeDir::open(&tmp.path().join("file/x"), Some(0o700)).expect_err("a file");
+    assert!(err.to_string().contains("file"), "{err}");
+    let err = SafeDir::open(&tmp.path().join("missing"), None).expect_err("missing");
+    assert_eq!(err.os_error(), Some(libc::ENOENT), "{err}");
+}

@@ -53,7 +53,8 @@ pub struct Common {
     dry_run: bool,
     /// The privileged helper's socket. Without a helper there, `check` acts
     /// directly where it has the permission (its own uid's agents, or all as
-    /// root).
+    /// root). A socket served by anyone but root, this user or the uid in
+    /// SELFHEAL_HELPER_UID is refused.
     #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::DEFAULT_SOCKET)]
     helper: PathBuf,
 }
