@@ -60,11 +60,12 @@ pub enum StoreError {
     #[error("refusing {}: it is a symlink (give the real directory)", path.display())]
     Symlink { path: PathBuf },
     /// The path exists and is not a directory.
-    #[error("refusing {}: not a directory", path.display())]
+    #[error("refusing {}: not a directory (give a directory, or move the file away)", path.display())]
     NotDirectory { path: PathBuf },
     /// The directory belongs to another user.
     #[error(
-        "refusing {}: owned by uid {owner}, not by this user (uid {euid})",
+        "refusing {}: owned by uid {owner}, not by this user (uid {euid}); give a directory \
+         of your own, or have uid {owner} (or root) remove this one",
         path.display()
     )]
     NotOwner {
