@@ -21,6 +21,7 @@ pub mod pidfd;
 pub mod probe;
 pub mod proc;
 pub mod prove;
+pub mod safedir;
 pub mod snapshots;
 pub mod sockdiag;
 pub mod store;

@@ -19,6 +19,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "busybox-static",  // the VM's userland
     "cpio",            // packing the VM's initramfs
     "python3-pip",     // the official LLM SDKs the silent-call scenarios drive
+    "systemd",         // systemd-analyze: the units' verify and security tests
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
