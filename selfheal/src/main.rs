@@ -48,8 +48,8 @@ fn main() -> ExitCode {
     };
     // The log stream: transitions, snapshots, problems; on stderr, so that
     // stdout stays the report. RUST_LOG overrides the level.
-    // Every log line passes through `text::escape_lines` on its way out
-    // (`EscapedStderr`): a name or a body in a message cannot drive the
+    // Every log line passes through `text::redact_urls_in` and
+    // `text::escape_lines` on its way out (`EscapedStderr`): a name or a body in a message cannot drive the
     // terminal. So no colours either: they are escape sequences too.
     tracing_subscriber::fmt()
         .with_writer(|| EscapedStderr)
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!(
                 "selfheal: {}",
-                selfheal::text::escape_lines(&format!("{e:#}"))
+                selfheal::text::escape_lines(&selfheal::text::redact_urls_in(&format!("{e:#}")))
             );
             ExitCode::from(1)
         }
@@ -87,16 +87,17 @@ fn main() -> ExitCode {
 }
 
 /// Standard error, each write's text passed through
-/// [`selfheal::text::escape_lines`] (the log stream writes one event per
-/// `write`; its own line ends stay).
+/// [`selfheal::text::redact_urls_in`] (a library's debug line may name a
+/// probe URL with its token) and [`selfheal::text::escape_lines`] (the log
+/// stream writes one event per `write`; its own line ends stay).
 struct EscapedStderr;
 
 impl std::io::Write for EscapedStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = String::from_utf8_lossy(buf);
-        std::io::stderr()
-            .lock()
-            .write_all(selfheal::text::escape_lines(&text).as_bytes())?;
+        std::io::stderr().lock().write_all(
+            selfheal::text::escape_lines(&selfheal::text::redact_urls_in(&text)).as_bytes(),
+        )?;
         Ok(buf.len())
     }
 
