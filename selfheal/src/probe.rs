@@ -5,7 +5,8 @@
 //!
 //! - **HTTP**: one request with reqwest (connect timeout `min(timeout, 2s)`,
 //!   total timeout the probe's `timeout`, at most [`MAX_REDIRECTS`]
-//!   redirects, a body read of at most [`MAX_BODY_BYTES`]), then the status
+//!   redirects and only to the same origin, no `Referer`, the `auth`
+//!   credential read now, a body read of at most [`MAX_BODY_BYTES`]), then the status
 //!   check, the named fields extracted from the JSON body by JSON pointer,
 //!   and the expectations on them.
 //! - **health file**: the age of a file's modification time against a
@@ -15,6 +16,10 @@
 //! kernel…) is the judge's business, not this module's. Deciding a result
 //! from a response is pure ([`evaluate_response`], [`health_file_result`]);
 //! only [`run`], [`run_all`] and [`check_health_file`] do I/O.
+//!
+//! A result never holds the URL as written: its target is
+//! [`redact_url`]'s form, its messages are redacted, and its body excerpt
+//! passes [`redact_secrets`] (or is left out).
 //!
 //! Every failure is a [`ProbeError`] kind in the result (with a human
 //! `detail`), never a panic or an `Err`: a probe that cannot even be sent is
