@@ -26,4 +26,5 @@ pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
 pub mod testbed;
+pub mod text;
 pub mod trust;

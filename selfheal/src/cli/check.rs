@@ -182,7 +182,7 @@ impl Session {
         let config = match config::locate(c.config.as_deref()).and_then(|p| Config::load(&p)) {
             Ok(config) => config,
             Err(e) => {
-                eprintln!("selfheal: {e}");
+                eprintln!("selfheal: {}", selfheal::text::escape(&e.to_string()));
                 return Err(ExitCode::from(EXIT_CONFIG));
             }
         };
@@ -191,7 +191,7 @@ impl Session {
                 let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
                 eprintln!(
                     "selfheal: no agent named {name:?} in {}; configured: {}",
-                    config.path.display(),
+                    selfheal::text::escape(&config.path.display().to_string()),
                     names.join(", ")
                 );
                 return Err(ExitCode::from(EXIT_CONFIG));
@@ -359,8 +359,9 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for o in outcomes {
         if json {
-            serde_json::to_writer(&mut out, o).context("cannot write the result")?;
-            writeln!(out).context("cannot write the result")?;
+            let line = serde_json::to_string(o).context("cannot format the result")?;
+            writeln!(out, "{}", selfheal::text::escape_json(&line))
+                .context("cannot write the result")?;
         } else {
             writeln!(out, "{}", check::summary_line(o)).context("cannot write the result")?;
         }
