@@ -1,6 +1,8 @@
 //! The probe's judgement of a complete HTTP response
 //! (`probe::evaluate_response`): status against the expected one, the body
-//! as JSON, fields at JSON pointers, expectations on them. Never a panic.
+//! as JSON, fields at JSON pointers, expectations on them; then the body
+//! through the redaction and escaping every output applies (`text`). Never
+//! a panic.
 //!
 //! Input layout (missing bytes read as 0):
 //! - 0..2: status (big endian), 2: flags (bit 0: an `expect_status`; bit 1:
@@ -86,4 +88,12 @@ fuzz_target!(|data: &[u8]| {
     let _ = format!("{e:?}");
     assert_eq!(e.expectations.len(), expect.len());
     assert!(!e.ok || e.error.is_none());
+
+    // What every output does with a body and a URL: redact and escape.
+    // Never a panic, and what comes out holds no control character.
+    let text = String::from_utf8_lossy(body);
+    let redacted = selfheal::text::redact_secrets(&text);
+    let _ = selfheal::text::redact_url(&text);
+    let shown = selfheal::text::escape_lines(&redacted);
+    assert!(!shown.chars().any(|c| c.is_control() && c != '\n'));
 });

@@ -832,7 +832,8 @@ pub fn exit_code(outcomes: &[Outcome]) -> u8 {
     worst.max(u8::from(snapshot_failed))
 }
 
-/// One line for a person: verdict, the main reason.
+/// One line for a person: verdict, the main reason (control characters
+/// escaped, [`crate::text::escape`]).
 pub fn summary_line(o: &Outcome) -> String {
     let main = o
         .reasons
@@ -847,11 +848,11 @@ pub fn summary_line(o: &Outcome) -> String {
         .as_ref()
         .map_or(String::new(), |e| format!(" [snapshot NOT written: {e}]"));
     let heal = o.heal.as_ref().map_or(String::new(), heal_words);
-    format!(
+    crate::text::escape(&format!(
         "{:<16} {:<12}{main}{snap}{err}{heal}",
         o.agent,
         o.verdict.as_str()
-    )
+    ))
 }
 
 /// What the ladder did, in a few words: ` [healed: arm_keepalive pid 7 fd 3: ok]`.
@@ -900,7 +901,8 @@ pub fn step_words(s: &Step) -> String {
     }
 }
 
-/// The log line for a transition, or `None` when the verdict did not change.
+/// The log line for a transition, or `None` when the verdict did not change
+/// (control characters escaped).
 pub fn transition_line(o: &Outcome) -> Option<String> {
     if !o.transition {
         return None;
@@ -926,10 +928,10 @@ pub fn transition_line(o: &Outcome) -> Option<String> {
     } else {
         ""
     };
-    Some(format!(
+    Some(crate::text::escape(&format!(
         "agent {}: {from} -> {}{held}{recovered}{why}{snap}",
         o.agent, o.verdict
-    ))
+    )))
 }
 
 /// Prometheus text format: verdict per agent, wedge count, probe latency,
@@ -986,7 +988,12 @@ pub fn metrics(outcomes: &[Outcome], history: &History, now_unix_s: f64) -> Stri
                     o,
                     "selfheal_probe_latency_seconds{{agent=\"{}\",probe=\"{}\"}} {}",
                     label(&a.agent),
-                    label(&p.target),
+                    label(&match p.kind {
+                        // Redacted already when the result was made; again
+                        // here, so no label can ever carry a query token.
+                        crate::probe::ProbeKind::Http => crate::text::redact_url(&p.target),
+                        crate::probe::ProbeKind::HealthFile => p.target.clone(),
+                    }),
                     ms as f64 / 1000.0
                 );
             }

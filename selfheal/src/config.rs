@@ -543,9 +543,48 @@ pub enum ProbeConfig {
         fields: BTreeMap<String, String>,
         /// Field name (declared in `fields`) → the value expected there.
         expect: BTreeMap<String, String>,
+        /// `auth`: a credential sent with the request, read from a file or
+        /// the environment when the probe runs (never from the URL, which
+        /// may not hold userinfo).
+        auth: Option<ProbeAuth>,
+        /// `redirects`: which redirects are followed. Default same-origin.
+        redirects: Redirects,
+        /// `body_excerpt`: whether results keep an excerpt of the body
+        /// (secret shapes redacted). Default true.
+        body_excerpt: bool,
     },
     /// A file the agent touches (`health_file = …`): stale after `max_age`.
     HealthFile { path: PathBuf, max_age: Duration },
+}
+
+/// Where a probe's credential comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretSource {
+    /// `bearer_file`: the first line of this file (absolute; owned by root
+    /// or the user running selfheal, and not readable by others).
+    File(PathBuf),
+    /// `bearer_env`: this environment variable of the selfheal process.
+    Env(String),
+}
+
+/// A probe's `auth = { … }`: a credential sent as a request header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeAuth {
+    pub source: SecretSource,
+    /// `header`: the header that carries the secret as is (e.g.
+    /// `X-Api-Key`). Default: `Authorization: Bearer <secret>`.
+    pub header: Option<String>,
+}
+
+/// Which redirects a probe follows (`redirects = …`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Redirects {
+    /// `"same-origin"`: only to the same scheme, host and port; a redirect
+    /// elsewhere fails the probe (`redirect_refused`), unfollowed.
+    #[default]
+    SameOrigin,
+    /// `"none"`: no redirect is followed; the 3xx is the answer.
+    None,
 }
 
 impl Config {
@@ -921,8 +960,21 @@ const PROBE_KEYS: &[&str] = &[
     "expect",
     "health_file",
     "max_age",
+    "auth",
+    "redirects",
+    "body_excerpt",
 ];
-const HTTP_ONLY: &[&str] = &["method", "timeout", "expect_status", "fields", "expect"];
+const HTTP_ONLY: &[&str] = &[
+    "method",
+    "timeout",
+    "expect_status",
+    "fields",
+    "expect",
+    "auth",
+    "redirects",
+    "body_excerpt",
+];
+const AUTH_KEYS: &[&str] = &["bearer_file", "bearer_env", "header"];
 const METHODS: &[&str] = &["GET", "HEAD", "POST"];
 
 fn agent<'a>(
@@ -1435,6 +1487,23 @@ fn probe(p: &Fields<'_, '_>) -> Result<ProbeConfig, ConfigError> {
                     })
                 }
             })?;
+            let auth = match p.table("auth", format!("{} auth", p.scope))? {
+                None => None,
+                Some(a) => Some(probe_auth(&a)?),
+            };
+            let redirects = match p.string("redirects")? {
+                None => Redirects::default(),
+                Some(("same-origin", _)) => Redirects::SameOrigin,
+                Some(("none", _)) => Redirects::None,
+                Some((other, span)) => {
+                    return Err(p.key_error(
+                        "redirects",
+                        span,
+                        format!("bad value {other:?} (expected \"same-origin\" or \"none\")"),
+                    ));
+                }
+            };
+            let body_excerpt = p.boolean("body_excerpt")?.unwrap_or(true);
             Ok(ProbeConfig::Http {
                 url: url.to_string(),
                 method,
@@ -1442,9 +1511,65 @@ fn probe(p: &Fields<'_, '_>) -> Result<ProbeConfig, ConfigError> {
                 expect_status,
                 fields,
                 expect,
+                auth,
+                redirects,
+                body_excerpt,
             })
         }
     }
+}
+
+/// A probe's `auth` table: exactly one of `bearer_file` (an absolute path)
+/// and `bearer_env` (a variable name), and optionally `header`.
+fn probe_auth(a: &Fields<'_, '_>) -> Result<ProbeAuth, ConfigError> {
+    a.only(AUTH_KEYS)?;
+    let source = match (a.string("bearer_file")?, a.string("bearer_env")?) {
+        (Some(_), Some((_, span))) => {
+            return Err(a.key_error(
+                "bearer_env",
+                span,
+                "give either bearer_file or bearer_env, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(a.table_error(
+                "give bearer_file = \"/path/to/token\" or bearer_env = \"VARIABLE\"",
+            ));
+        }
+        (Some((path, span)), None) => {
+            if !Path::new(path).is_absolute() {
+                return Err(a.key_error(
+                    "bearer_file",
+                    span,
+                    format!("{path:?} is not an absolute path"),
+                ));
+            }
+            SecretSource::File(PathBuf::from(path))
+        }
+        (None, Some((name, span))) => {
+            let valid = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(a.key_error(
+                    "bearer_env",
+                    span,
+                    format!("{name:?} is not an environment variable name (letters, digits, '_')"),
+                ));
+            }
+            SecretSource::Env(name.to_string())
+        }
+    };
+    let header = match a.string("header")? {
+        None => None,
+        Some((h, span)) => {
+            if reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return Err(a.key_error("header", span, format!("bad header name {h:?}")));
+            }
+            Some(h.to_string())
+        }
+    };
+    Ok(ProbeAuth { source, header })
 }
 
 /// A table of strings, each checked by `check(name, value)`; errors name the
@@ -1492,7 +1617,8 @@ pub fn check_json_pointer(p: &str) -> Result<(), String> {
 }
 
 fn check_url(url: &str) -> Result<(), String> {
-    let bad = || format!("bad url {url:?}: expected http://host[:port]/path");
+    let shown = crate::text::redact_url(url);
+    let bad = || format!("bad url {shown:?}: expected http://host[:port]/path");
     let lower = url.to_ascii_lowercase();
     let rest = lower
         .strip_prefix("http://")
@@ -1501,6 +1627,15 @@ fn check_url(url: &str) -> Result<(), String> {
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if authority.is_empty() || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(bad());
+    }
+    if authority.contains('@') {
+        return Err(format!(
+            "url {shown:?} holds credentials (user:password@), which would show in \
+             every output: remove them, put the secret in a file readable only by \
+             selfheal's user and set auth = {{ bearer_file = \"/path/to/token\" }} \
+             (or auth = {{ bearer_env = \"VARIABLE\" }}; add header = \"X-Api-Key\" \
+             for another header than Authorization: Bearer)"
+        ));
     }
     Ok(())
 }

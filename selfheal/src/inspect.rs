@@ -738,32 +738,10 @@ fn wait_line(t: &ThreadReport, pid: u32, sockets: &BTreeMap<u64, &SocketReport>)
     }
 }
 
+pub use crate::text::escape;
+use crate::text::escape_lines;
+
 /// The report for a person at a terminal: a tree, anomalies marked `!`.
-/// Text from outside (a process's or thread's own name, a config value, a
-/// path) made safe for a terminal: every control character, a newline
-/// included, is shown as its escape (`\n`, `\u{1b}`) so that nothing can
-/// move the cursor, recolour the screen or forge a line.
-pub fn escape(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_string();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-/// [`render`]'s whole text, with control characters other than its own
-/// line ends escaped (a last guard for anything not escaped field by field).
-fn escape_lines(text: &str) -> String {
-    text.split('\n').map(escape).collect::<Vec<_>>().join("\n")
-}
-
 pub fn render(r: &Report) -> String {
     escape_lines(&render_raw(r))
 }

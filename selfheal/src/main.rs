@@ -48,9 +48,12 @@ fn main() -> ExitCode {
     };
     // The log stream: transitions, snapshots, problems; on stderr, so that
     // stdout stays the report. RUST_LOG overrides the level.
+    // Every log line passes through `text::redact_urls_in` and
+    // `text::escape_lines` on its way out (`EscapedStderr`): a name or a body in a message cannot drive the
+    // terminal. So no colours either: they are escape sequences too.
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(|| EscapedStderr)
+        .with_ansi(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -74,9 +77,32 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("selfheal: {e:#}");
+            eprintln!(
+                "selfheal: {}",
+                selfheal::text::escape_lines(&selfheal::text::redact_urls_in(&format!("{e:#}")))
+            );
             ExitCode::from(1)
         }
+    }
+}
+
+/// Standard error, each write's text passed through
+/// [`selfheal::text::redact_urls_in`] (a library's debug line may name a
+/// probe URL with its token) and [`selfheal::text::escape_lines`] (the log
+/// stream writes one event per `write`; its own line ends stay).
+struct EscapedStderr;
+
+impl std::io::Write for EscapedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        std::io::stderr().lock().write_all(
+            selfheal::text::escape_lines(&selfheal::text::redact_urls_in(&text)).as_bytes(),
+        )?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
     }
 }
 

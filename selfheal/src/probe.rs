@@ -5,7 +5,8 @@
 //!
 //! - **HTTP**: one request with reqwest (connect timeout `min(timeout, 2s)`,
 //!   total timeout the probe's `timeout`, at most [`MAX_REDIRECTS`]
-//!   redirects, a body read of at most [`MAX_BODY_BYTES`]), then the status
+//!   redirects and only to the same origin, no `Referer`, the `auth`
+//!   credential read now, a body read of at most [`MAX_BODY_BYTES`]), then the status
 //!   check, the named fields extracted from the JSON body by JSON pointer,
 //!   and the expectations on them.
 //! - **health file**: the age of a file's modification time against a
@@ -15,6 +16,10 @@
 //! kernel…) is the judge's business, not this module's. Deciding a result
 //! from a response is pure ([`evaluate_response`], [`health_file_result`]);
 //! only [`run`], [`run_all`] and [`check_health_file`] do I/O.
+//!
+//! A result never holds the URL as written: its target is
+//! [`redact_url`]'s form, its messages are redacted, and its body excerpt
+//! passes [`redact_secrets`] (or is left out).
 //!
 //! Every failure is a [`ProbeError`] kind in the result (with a human
 //! `detail`), never a panic or an `Err`: a probe that cannot even be sent is
@@ -30,7 +35,10 @@ use std::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::ProbeConfig;
+use crate::{
+    config::{ProbeAuth, ProbeConfig, Redirects, SecretSource},
+    text::{redact_secrets, redact_url, redact_urls_in},
+};
 
 /// The most of a response body that is read; a larger body fails the probe
 /// with [`ProbeError::TooLarge`] and is not read further.
@@ -92,6 +100,10 @@ pub enum ProbeError {
     /// More than [`MAX_REDIRECTS`] redirects (a loop, or a chain too long).
     #[error("too many redirects")]
     RedirectLoop,
+    /// A redirect to another origin (scheme, host or port), which a probe
+    /// does not follow: the answer would not be the agent's.
+    #[error("redirect to another origin refused")]
+    RedirectRefused,
     /// The probe cannot be sent as configured (a URL or method the HTTP
     /// client refuses), or the HTTP client cannot be built.
     #[error("probe cannot be sent")]
@@ -119,6 +131,7 @@ impl ProbeError {
             ProbeError::BadJson => "bad_json",
             ProbeError::TooLarge => "too_large",
             ProbeError::RedirectLoop => "redirect_loop",
+            ProbeError::RedirectRefused => "redirect_refused",
             ProbeError::Invalid => "invalid",
             ProbeError::Io => "io",
             ProbeError::Missing => "missing",
@@ -145,7 +158,9 @@ pub struct Expectation {
 /// The outcome of one probe.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProbeResult {
-    /// The URL, or the health file's path, as text.
+    /// The URL with its userinfo, query values and fragment redacted
+    /// ([`redact_url`]: this is the only form any output gets), or the
+    /// health file's path, as text.
     pub target: String,
     pub kind: ProbeKind,
     /// Every check passed: no `error`, and every expectation met.
@@ -168,8 +183,9 @@ pub struct ProbeResult {
     /// A human message: the failure, the unmet expectations, or an oddity
     /// (a health file modified in the future).
     pub detail: Option<String>,
-    /// The first [`EXCERPT_BYTES`] of the body (UTF-8, lossily), when there
-    /// was one.
+    /// The first [`EXCERPT_BYTES`] of the body (UTF-8, lossily), known
+    /// secret shapes redacted ([`redact_secrets`]), when there was one and
+    /// the probe's `body_excerpt` is on.
     pub body_excerpt: Option<String>,
     /// Health file: how long ago it was last modified.
     pub age_ms: Option<u64>,
@@ -214,7 +230,7 @@ impl ProbeResult {
 /// The target text and kind of a probe.
 fn target_of(probe: &ProbeConfig) -> (String, ProbeKind) {
     match probe {
-        ProbeConfig::Http { url, .. } => (url.clone(), ProbeKind::Http),
+        ProbeConfig::Http { url, .. } => (redact_url(url), ProbeKind::Http),
         ProbeConfig::HealthFile { path, .. } => (path.display().to_string(), ProbeKind::HealthFile),
     }
 }
@@ -224,36 +240,78 @@ fn target_of(probe: &ProbeConfig) -> (String, ProbeKind) {
 #[error("cannot build the http client: {0}")]
 pub struct ClientError(#[source] reqwest::Error);
 
-/// The HTTP client probes are meant to be run with: connect timeout
-/// [`CONNECT_TIMEOUT`], at most [`MAX_REDIRECTS`] redirects, no retries, no proxy (a probe asks the agent, not
-/// whatever `HTTP_PROXY` points at), and no pooled connections (every probe
-/// opens its own, so it also proves the agent still accepts).
+/// The HTTP client for probes with the default `redirects =
+/// "same-origin"`: [`client_for`].
+pub fn client() -> Result<reqwest::Client, ClientError> {
+    client_for(Redirects::SameOrigin)
+}
+
+/// A redirect to another origin, refused (the source of the redirect error
+/// reqwest returns, found again by [`failure_of`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "redirect from {from} to another origin, {to}, not followed (a probe asks only its own origin)"
+)]
+struct CrossOrigin {
+    from: String,
+    to: String,
+}
+
+/// Whether two URLs share scheme, host and port (the port a scheme
+/// implies counts as written).
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// The HTTP client probes with this redirect rule are meant to be run
+/// with: connect timeout [`CONNECT_TIMEOUT`]; redirects only to the same
+/// origin, at most [`MAX_REDIRECTS`] of them ([`Redirects::SameOrigin`]),
+/// or none ([`Redirects::None`]); never a `Referer` (it would carry the
+/// URL, query token included, to wherever a redirect points); no retries,
+/// no proxy (a probe asks the agent, not whatever `HTTP_PROXY` points at),
+/// and no pooled connections (every probe opens its own, so it also
+/// proves the agent still accepts).
 ///
 /// TLS is rustls (aws-lc-rs crypto, or the process default provider when
 /// one is installed), certificates checked against the platform's trust
 /// store; HTTP/1.1 only.
-pub fn client() -> Result<reqwest::Client, ClientError> {
-    let policy = reqwest::redirect::Policy::custom(|attempt| {
-        // A URL seen before is not refused at once: POST then 303 to the
-        // same URL is a legitimate GET. The limit stops true loops.
-        if attempt.previous().len() > MAX_REDIRECTS {
-            let msg = if attempt.previous().contains(attempt.url()) {
-                format!(
-                    "redirect loop: more than {MAX_REDIRECTS} redirects, back to {}",
-                    attempt.url()
-                )
+pub fn client_for(redirects: Redirects) -> Result<reqwest::Client, ClientError> {
+    let policy = match redirects {
+        Redirects::None => reqwest::redirect::Policy::none(),
+        Redirects::SameOrigin => reqwest::redirect::Policy::custom(|attempt| {
+            if let Some(first) = attempt.previous().first()
+                && !same_origin(first, attempt.url())
+            {
+                let error = CrossOrigin {
+                    from: origin(first),
+                    to: origin(attempt.url()),
+                };
+                return attempt.error(error);
+            }
+            // A URL seen before is not refused at once: POST then 303 to the
+            // same URL is a legitimate GET. The limit stops true loops.
+            if attempt.previous().len() > MAX_REDIRECTS {
+                let msg = if attempt.previous().contains(attempt.url()) {
+                    format!(
+                        "redirect loop: more than {MAX_REDIRECTS} redirects, back to {}",
+                        redact_url(attempt.url().as_str())
+                    )
+                } else {
+                    format!("more than {MAX_REDIRECTS} redirects")
+                };
+                attempt.error(msg)
             } else {
-                format!("more than {MAX_REDIRECTS} redirects")
-            };
-            attempt.error(msg)
-        } else {
-            attempt.follow()
-        }
-    });
+                attempt.follow()
+            }
+        }),
+    };
     reqwest::Client::builder()
         .user_agent(concat!("selfheal/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(CONNECT_TIMEOUT)
         .redirect(policy)
+        .referer(false)
         .retry(reqwest::retry::never())
         .no_proxy()
         .pool_max_idle_per_host(0)
@@ -266,8 +324,9 @@ pub fn client() -> Result<reqwest::Client, ClientError> {
 /// scheduling delay; a failure is in the result.
 ///
 /// Must run inside a tokio runtime with I/O and time enabled (reqwest's
-/// requirement); `client` should come from [`client`], whose connect
-/// timeout and redirect policy the results assume.
+/// requirement); `client` should come from [`client_for`] the probe's
+/// `redirects`, whose connect timeout and redirect policy the results
+/// assume.
 pub async fn run(probe: &ProbeConfig, client: &reqwest::Client) -> ProbeResult {
     match probe {
         ProbeConfig::Http {
@@ -277,6 +336,9 @@ pub async fn run(probe: &ProbeConfig, client: &reqwest::Client) -> ProbeResult {
             expect_status,
             fields,
             expect,
+            auth,
+            redirects: _,
+            body_excerpt,
         } => {
             let request = HttpRequest {
                 url,
@@ -285,6 +347,8 @@ pub async fn run(probe: &ProbeConfig, client: &reqwest::Client) -> ProbeResult {
                 expect_status: *expect_status,
                 fields,
                 expect,
+                auth: auth.as_ref(),
+                body_excerpt: *body_excerpt,
             };
             run_http(&request, client).await
         }
@@ -313,9 +377,25 @@ pub fn run_all(probes: &[&ProbeConfig]) -> Vec<ProbeResult> {
                 .collect();
         }
     };
-    // Building the client needs no runtime, but a client failure only
+    // Building the clients needs no runtime, but a client failure only
     // matters to HTTP probes: health files still run.
-    let client = client().map_err(|e| e.to_string());
+    let same_origin = client_for(Redirects::SameOrigin).map_err(|e| e.to_string());
+    // The second client only when a probe needs it (building one reads the
+    // platform's trust store).
+    let wants_none = probes.iter().any(|p| {
+        matches!(
+            p,
+            ProbeConfig::Http {
+                redirects: Redirects::None,
+                ..
+            }
+        )
+    });
+    let no_redirects = if wants_none {
+        client_for(Redirects::None).map_err(|e| e.to_string())
+    } else {
+        Err("no probe here has redirects = \"none\"".to_string())
+    };
     let limit = probes
         .iter()
         .map(|p| match p {
@@ -332,7 +412,13 @@ pub fn run_all(probes: &[&ProbeConfig]) -> Vec<ProbeResult> {
             .iter()
             .map(|&p| {
                 let probe = p.clone();
-                let client = client.clone();
+                let client = match p {
+                    ProbeConfig::Http {
+                        redirects: Redirects::None,
+                        ..
+                    } => no_redirects.clone(),
+                    _ => same_origin.clone(),
+                };
                 tokio::spawn(async move {
                     match (&probe, &client) {
                         // No client is needed for a file.
@@ -393,10 +479,112 @@ struct HttpRequest<'a> {
     expect_status: Option<u16>,
     fields: &'a BTreeMap<String, String>,
     expect: &'a BTreeMap<String, String>,
+    auth: Option<&'a ProbeAuth>,
+    body_excerpt: bool,
+}
+
+/// The most of a `bearer_file` that is read.
+const MAX_SECRET_BYTES: u64 = 64 << 10;
+
+/// The credential of a probe's `auth`, read now: the first line of its
+/// file, or its environment variable. The error says what is wrong and
+/// what to do, and never holds the secret.
+///
+/// A file must be a regular file owned by root or by us, writable by
+/// nobody else and readable by no other user (group-readable is allowed,
+/// for a `root:selfheal 0640` file).
+pub fn read_secret(source: &SecretSource) -> Result<String, String> {
+    use std::{io::Read as _, os::unix::fs::MetadataExt as _};
+    let text = match source {
+        SecretSource::Env(name) => match std::env::var(name) {
+            Ok(v) => v,
+            Err(std::env::VarError::NotPresent) => {
+                return Err(format!(
+                    "bearer_env: environment variable {name} is not set"
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!(
+                    "bearer_env: environment variable {name} is not UTF-8"
+                ));
+            }
+        },
+        SecretSource::File(path) => {
+            let shown = crate::text::escape(&path.display().to_string());
+            let file = std::fs::File::open(path)
+                .map_err(|e| format!("bearer_file {shown}: cannot open: {e}"))?;
+            let meta = file
+                .metadata()
+                .map_err(|e| format!("bearer_file {shown}: cannot stat: {e}"))?;
+            let me = crate::trust::euid();
+            if !meta.is_file() {
+                return Err(format!("bearer_file {shown}: not a regular file"));
+            }
+            if meta.uid() != 0 && meta.uid() != me {
+                return Err(format!(
+                    "bearer_file {shown}: owned by uid {}, not by root or uid {me}: chown it",
+                    meta.uid()
+                ));
+            }
+            if meta.mode() & 0o026 != 0 {
+                return Err(format!(
+                    "bearer_file {shown}: mode {:04o} lets other users read or change it: chmod 600 it (or 640 for a group)",
+                    meta.mode() & 0o7777
+                ));
+            }
+            let mut bytes = Vec::new();
+            file.take(MAX_SECRET_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| format!("bearer_file {shown}: cannot read: {e}"))?;
+            if bytes.len() as u64 > MAX_SECRET_BYTES {
+                return Err(format!("bearer_file {shown}: larger than 64 KiB"));
+            }
+            String::from_utf8(bytes).map_err(|_| format!("bearer_file {shown}: not UTF-8 text"))?
+        }
+    };
+    let what = match source {
+        SecretSource::Env(name) => format!("bearer_env {name}"),
+        SecretSource::File(path) => {
+            format!(
+                "bearer_file {}",
+                crate::text::escape(&path.display().to_string())
+            )
+        }
+    };
+    let secret = text.lines().next().unwrap_or("").trim();
+    if secret.is_empty() {
+        return Err(format!("{what}: empty"));
+    }
+    if secret.chars().any(char::is_control) {
+        return Err(format!("{what}: holds control characters"));
+    }
+    Ok(secret.to_string())
+}
+
+/// The header a probe's `auth` sends, read now.
+fn auth_header(
+    auth: &ProbeAuth,
+) -> Result<(reqwest::header::HeaderName, reqwest::header::HeaderValue), String> {
+    let secret = read_secret(&auth.source)?;
+    let (name, value) = match &auth.header {
+        None => (reqwest::header::AUTHORIZATION, format!("Bearer {secret}")),
+        Some(h) => (
+            reqwest::header::HeaderName::from_bytes(h.as_bytes())
+                .map_err(|_| format!("auth: bad header name {h:?}"))?,
+            secret,
+        ),
+    };
+    let mut value = reqwest::header::HeaderValue::from_str(&value)
+        .map_err(|_| "auth: the secret is not a valid header value".to_string())?;
+    value.set_sensitive(true);
+    Ok((name, value))
 }
 
 async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResult {
-    let mut result = ProbeResult::new(req.url.to_string(), ProbeKind::Http);
+    let mut result = ProbeResult::new(redact_url(req.url), ProbeKind::Http);
+    let shown_url = result.target.clone();
+    let keep = req.body_excerpt;
+    let excerpt = |body: &[u8]| if keep { excerpt(body) } else { None };
     let start = Instant::now();
     let deadline = deadline_after(req.timeout);
     let timeout_text = humantime::format_duration(req.timeout);
@@ -414,13 +602,23 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
         }
     };
     let is_head = method == reqwest::Method::HEAD;
-    let sent = tokio::time::timeout_at(deadline, client.request(method, req.url).send()).await;
+    let mut request = client.request(method, req.url);
+    if let Some(auth) = req.auth {
+        match auth_header(auth) {
+            Ok((name, value)) => request = request.header(name, value),
+            Err(e) => {
+                result.fail(ProbeError::Invalid, format!("auth: {e}"));
+                return result;
+            }
+        }
+    }
+    let sent = tokio::time::timeout_at(deadline, request.send()).await;
     let mut response = match sent {
         Err(_) => {
             result.latency_ms = Some(elapsed_ms(start));
             result.fail(
                 ProbeError::Timeout,
-                format!("no response from {} within {timeout_text}", req.url),
+                format!("no response from {shown_url} within {timeout_text}"),
             );
             return result;
         }
@@ -433,6 +631,13 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
     };
     let status = response.status().as_u16();
     result.status = Some(status);
+    // A redirect not followed (`redirects = "none"`): say where it pointed.
+    let unfollowed = response
+        .status()
+        .is_redirection()
+        .then(|| response.headers().get(reqwest::header::LOCATION))
+        .flatten()
+        .map(|l| redact_url(&String::from_utf8_lossy(l.as_bytes())));
 
     if !is_head
         && let Some(len) = response.content_length()
@@ -443,7 +648,7 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
             ProbeError::TooLarge,
             format!(
                 "body of {} is {len} bytes, over the {} limit",
-                req.url,
+                shown_url,
                 size_text(MAX_BODY_BYTES)
             ),
         );
@@ -460,7 +665,7 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
                     ProbeError::Timeout,
                     format!(
                         "body of {} not complete within {timeout_text} ({} bytes read)",
-                        req.url,
+                        shown_url,
                         body.len()
                     ),
                 );
@@ -486,7 +691,7 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
                         ProbeError::TooLarge,
                         format!(
                             "body of {} is over the {} limit (stopped reading)",
-                            req.url,
+                            shown_url,
                             size_text(MAX_BODY_BYTES)
                         ),
                     );
@@ -505,7 +710,12 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
     result.body_excerpt = excerpt(&body);
     result.ok = eval.ok;
     result.error = eval.error;
-    result.detail = eval.detail;
+    result.detail = match (eval.detail, unfollowed) {
+        (Some(d), Some(to)) if eval.error == Some(ProbeError::UnexpectedStatus) => {
+            Some(format!("{d} (a redirect to {to}, not followed)"))
+        }
+        (d, _) => d,
+    };
     result
 }
 
@@ -648,18 +858,38 @@ fn evaluate_expectations(
         .collect()
 }
 
-/// The first [`EXCERPT_BYTES`] of a body as text, `None` when empty. A
-/// multi-byte character cut at the end is dropped rather than shown as a
-/// replacement character; other invalid bytes are replaced.
+/// The first [`EXCERPT_BYTES`] of a body as text with known secret shapes
+/// redacted ([`redact_secrets`]), `None` when empty. Twice as much is
+/// redacted before the cut, so that a secret straddling it is still
+/// recognised. A multi-byte character cut at the end is dropped rather
+/// than shown as a replacement character; other invalid bytes are
+/// replaced.
 fn excerpt(body: &[u8]) -> Option<String> {
     if body.is_empty() {
         return None;
     }
-    let mut cut = &body[..body.len().min(EXCERPT_BYTES)];
+    let mut cut = &body[..body.len().min(2 * EXCERPT_BYTES)];
     if cut.len() < body.len() {
         cut = &cut[..whole_chars(cut)];
     }
-    Some(String::from_utf8_lossy(cut).into_owned())
+    let mut text = redact_secrets(&String::from_utf8_lossy(cut));
+    if text.len() > EXCERPT_BYTES {
+        let mut end = EXCERPT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    Some(text)
+}
+
+/// The origin of a URL as shown: `scheme://host:port`.
+fn origin(url: &reqwest::Url) -> String {
+    match (url.host_str(), url.port_or_known_default()) {
+        (Some(h), Some(p)) => format!("{}://{h}:{p}", url.scheme()),
+        (Some(h), None) => format!("{}://{h}", url.scheme()),
+        _ => redact_url(url.as_str()),
+    }
 }
 
 /// The length of `bytes` without a UTF-8 sequence cut short at its end.
@@ -691,6 +921,8 @@ enum Failure {
     Connect(Option<io::ErrorKind>),
     /// The redirect policy stopped the chain.
     Redirect,
+    /// The redirect policy refused a redirect to another origin.
+    CrossOrigin,
     /// The request could not be built (URL, method, headers).
     Builder,
     /// Anything else (connection closed or reset mid-answer, protocol
@@ -707,6 +939,7 @@ fn classify(failure: Failure) -> ProbeError {
         Failure::Connect(Some(io::ErrorKind::ConnectionRefused)) => ProbeError::Refused,
         Failure::Connect(_) => ProbeError::Connect,
         Failure::Redirect => ProbeError::RedirectLoop,
+        Failure::CrossOrigin => ProbeError::RedirectRefused,
         Failure::Builder => ProbeError::Invalid,
         Failure::Other(_) => ProbeError::Io,
     }
@@ -717,6 +950,8 @@ fn failure_of(e: &reqwest::Error) -> Failure {
     let kind = io_kind(e);
     if e.is_timeout() {
         Failure::Timeout
+    } else if e.is_redirect() && found_in_chain::<CrossOrigin>(e) {
+        Failure::CrossOrigin
     } else if e.is_redirect() {
         Failure::Redirect
     } else if e.is_builder() {
@@ -726,6 +961,19 @@ fn failure_of(e: &reqwest::Error) -> Failure {
     } else {
         Failure::Other(kind)
     }
+}
+
+/// Whether an error of type `E` is in an error's source chain.
+fn found_in_chain<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    for _ in 0..32 {
+        let Some(err) = cur else { return false };
+        if err.is::<E>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The kind of the first `std::io::Error` in an error's source chain.
@@ -743,7 +991,8 @@ fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
 }
 
 /// An error and its sources, `: `-joined, repeats dropped (reqwest and hyper
-/// often say the same thing twice).
+/// often say the same thing twice), every URL in it redacted (reqwest names
+/// the URL it failed on).
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -755,7 +1004,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
         cur = err.source();
     }
-    parts.join(": ")
+    redact_urls_in(&parts.join(": "))
 }
 
 /// Reads a health file's modification time off the async threads, bounded by
@@ -1139,6 +1388,7 @@ mod tests {
             ProbeError::BadJson,
             ProbeError::TooLarge,
             ProbeError::RedirectLoop,
+            ProbeError::RedirectRefused,
             ProbeError::Invalid,
             ProbeError::Io,
             ProbeError::Missing,

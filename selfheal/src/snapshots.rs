@@ -16,7 +16,7 @@
 use std::{
     collections::HashSet,
     ffi::OsStr,
-    fs::{self, File, OpenOptions},
+    fs::{File, OpenOptions},
     hash::{BuildHasher as _, Hasher as _},
     io::{self, BufRead as _, BufReader, Write as _},
     os::unix::fs::{FileExt as _, MetadataExt as _, OpenOptionsExt as _},
@@ -30,6 +30,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::safedir::SafeDir;
 use crate::store::{
     self, DEFAULT_LOCK_TIMEOUT, StoreError, fsync_dir, io_err, lock_file, prepare_dir,
 };
@@ -115,6 +116,9 @@ struct RecordOut<'a> {
 #[derive(Debug, Clone)]
 pub struct SnapshotLog {
     dir: PathBuf,
+    /// The directory held open when opened for appending: every write goes
+    /// through it, after a re-check of the path.
+    safe: Option<SafeDir>,
     max_bytes: u64,
     keep: usize,
     writable: bool,
@@ -124,14 +128,16 @@ pub struct SnapshotLog {
 impl SnapshotLog {
     /// Opens the log in `dir` for appending and reading: creates the
     /// directory (0700) if needed and refuses a symlink, another user's
-    /// directory, one others can write to, or one below a directory another
-    /// user could change (`store::check_ancestors`). Rotates when the current file
-    /// would pass `max_bytes`, keeping `keep` rotated files (at most
-    /// [`MAX_KEEP`]).
+    /// directory, one others can write to, or one below a directory (or a
+    /// symlink) another user could change ([`crate::safedir`]). Holds the
+    /// directory: appends go through it, after a re-check of the path.
+    /// Rotates when the current file would pass `max_bytes`, keeping `keep`
+    /// rotated files (at most [`MAX_KEEP`]).
     pub fn open(dir: &Path, max_bytes: u64, keep: usize) -> Result<SnapshotLog, StoreError> {
-        prepare_dir(dir)?;
+        let safe = prepare_dir(dir)?;
         Ok(SnapshotLog {
             dir: dir.to_path_buf(),
+            safe: Some(safe),
             max_bytes,
             keep: keep.min(MAX_KEEP),
             writable: true,
@@ -145,6 +151,7 @@ impl SnapshotLog {
     pub fn open_read(dir: &Path, keep: usize) -> SnapshotLog {
         SnapshotLog {
             dir: dir.to_path_buf(),
+            safe: None,
             max_bytes: DEFAULT_MAX_BYTES,
             keep: keep.min(MAX_KEEP),
             writable: false,
@@ -186,9 +193,10 @@ impl SnapshotLog {
         body: &serde_json::Value,
     ) -> Result<String, StoreError> {
         let path = self.path();
-        if !self.writable {
-            return Err(StoreError::ReadOnly { path });
-        }
+        let dir = match &self.safe {
+            Some(d) if self.writable => d,
+            _ => return Err(StoreError::ReadOnly { path }),
+        };
         let now = SystemTime::now();
         let time = humantime::format_rfc3339_seconds(now).to_string();
         let id = make_id(&time, agent);
@@ -208,22 +216,24 @@ impl SnapshotLog {
         })?;
         line.push(b'\n');
 
-        let _lock = lock_file(&self.dir.join(LOCK_FILE), self.lock_timeout)?;
-        let size = match fs::symlink_metadata(&path) {
-            Ok(md) => md.len(),
+        // The path must still lead to the directory checked at open
+        // (`watch` runs for weeks).
+        dir.recheck()?;
+        let _lock = lock_file(dir, LOCK_FILE, self.lock_timeout)?;
+        let size = match dir.open_file(SNAPSHOT_FILE, libc::O_RDONLY, 0) {
+            Ok(f) => f.metadata().map_err(io_err("examine", &path))?.len(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
             Err(e) => return Err(io_err("examine", &path)(e)),
         };
         if size > 0 && size.saturating_add(line.len() as u64 - 1) > self.max_bytes {
-            self.rotate()?;
+            self.rotate(dir)?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
+        let file = dir
+            .open_file(
+                SNAPSHOT_FILE,
+                libc::O_RDWR | libc::O_APPEND | libc::O_CREAT,
+                0o600,
+            )
             .map_err(io_err("open", &path))?;
         let prev = file.metadata().map_err(io_err("examine", &path))?.len();
         let mut last = [0u8; 1];
@@ -240,7 +250,7 @@ impl SnapshotLog {
         }
         if prev == 0 {
             // A new file: make its directory entry durable too.
-            fsync_dir(&self.dir)?;
+            fsync_dir(dir)?;
         }
         Ok(id)
     }
@@ -248,44 +258,42 @@ impl SnapshotLog {
     /// `snapshots.jsonl` → `.1` → … → `.keep`; the oldest is dropped, as are
     /// leftovers beyond `keep` (from a larger `keep` before). Called with the
     /// lock held.
-    fn rotate(&self) -> Result<(), StoreError> {
-        let remove = |p: &Path| match fs::remove_file(p) {
+    fn rotate(&self, dir: &SafeDir) -> Result<(), StoreError> {
+        let rotated = |n: usize| format!("{SNAPSHOT_FILE}.{n}");
+        let remove = |name: &str| match dir.remove(name) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("remove", p)(e)),
+            Err(e) => Err(io_err("remove", &dir.join(name))(e)),
         };
-        let base = self.path();
         if self.keep == 0 {
-            remove(&base)?;
+            remove(SNAPSHOT_FILE)?;
         } else {
-            remove(&self.rotated(self.keep))?;
+            remove(&rotated(self.keep))?;
             for n in (1..self.keep).rev() {
-                let from = self.rotated(n);
-                match fs::rename(&from, self.rotated(n + 1)) {
+                match dir.rename(&rotated(n), &rotated(n + 1)) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err("rotate", &from)(e)),
+                    Err(e) => return Err(io_err("rotate", &self.rotated(n))(e)),
                 }
             }
-            fs::rename(&base, self.rotated(1)).map_err(io_err("rotate", &base))?;
+            dir.rename(SNAPSHOT_FILE, &rotated(1))
+                .map_err(io_err("rotate", &self.path()))?;
         }
-        if let Ok(entries) = fs::read_dir(&self.dir) {
+        if let Ok(names) = dir.names() {
             let prefix = format!("{SNAPSHOT_FILE}.");
-            for e in entries.flatten() {
-                let name = e.file_name();
+            for name in names {
                 let Some(n) = name
-                    .to_str()
-                    .and_then(|s| s.strip_prefix(&prefix))
+                    .strip_prefix(&prefix)
                     .and_then(|s| s.parse::<usize>().ok())
                 else {
                     continue;
                 };
                 if n > self.keep {
-                    let _ = fs::remove_file(e.path());
+                    let _ = dir.remove(&name);
                 }
             }
         }
-        fsync_dir(&self.dir)
+        fsync_dir(dir)
     }
 
     /// The log's files, oldest first, each opened once. Opened newest first

@@ -6,7 +6,9 @@
 //! loading that never fails on bad content ([`StateStore::load`]: a missing,
 //! corrupt or future-version file becomes the default with a note, the bad
 //! file kept aside), and crash-safe saving ([`StateStore::save`]: temp file,
-//! fsync, rename, directory fsync). It also owns the directory checks, the
+//! fsync, rename, directory fsync, through the directory held by
+//! [`crate::safedir::SafeDir`]). It also owns the fallback for a squatted
+//! default directory ([`fallback_state_dirs`]), the
 //! lock helper and the error type shared with the snapshot log
 //! ([`crate::snapshots`]).
 //!
@@ -17,14 +19,16 @@
 
 use std::{
     ffi::OsStr,
-    fs::{self, DirBuilder, File, OpenOptions},
+    fs::{self, File},
     io::{self, Read as _, Write as _},
-    os::unix::fs::{DirBuilderExt as _, FileExt as _, MetadataExt as _, OpenOptionsExt as _},
+    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde::{Serialize, de::DeserializeOwned};
+
+use crate::safedir::SafeDir;
 
 /// The state file's name inside the state directory.
 pub const STATE_FILE: &str = "state.json";
@@ -56,11 +60,12 @@ pub enum StoreError {
     #[error("refusing {}: it is a symlink (give the real directory)", path.display())]
     Symlink { path: PathBuf },
     /// The path exists and is not a directory.
-    #[error("refusing {}: not a directory", path.display())]
+    #[error("refusing {}: not a directory (give a directory, or move the file away)", path.display())]
     NotDirectory { path: PathBuf },
     /// The directory belongs to another user.
     #[error(
-        "refusing {}: owned by uid {owner}, not by this user (uid {euid})",
+        "refusing {}: owned by uid {owner}, not by this user (uid {euid}); give a directory \
+         of your own, or have uid {owner} (or root) remove this one",
         path.display()
     )]
     NotOwner {
@@ -101,6 +106,15 @@ pub enum StoreError {
         path: PathBuf,
         error: serde_json::Error,
     },
+    /// The path no longer leads to the directory checked when it was
+    /// opened (renamed away, or a symlink on the way re-pointed).
+    #[error(
+        "refusing {}: it now leads to another directory than the one checked when selfheal \
+         opened it (renamed, or a symlink on the way re-pointed); nothing was written there; \
+         put the directory back or restart selfheal with the right path",
+        path.display()
+    )]
+    Moved { path: PathBuf },
     /// The snapshot log was opened for reading only.
     #[error("cannot append to {}: the snapshot log was opened read-only", path.display())]
     ReadOnly { path: PathBuf },
@@ -126,12 +140,16 @@ impl StoreError {
             | StoreError::Writable { path, .. }
             | StoreError::Locked { path, .. }
             | StoreError::Serialize { path, .. }
+            | StoreError::Moved { path }
             | StoreError::ReadOnly { path } => path,
         }
     }
 }
 
-pub(crate) fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError {
+pub(crate) fn io_err(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(io::Error) -> StoreError + use<> {
     let path = path.to_path_buf();
     move |error| StoreError::Io {
         action,
@@ -141,7 +159,7 @@ pub(crate) fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error
 }
 
 /// The effective uid of this process.
-pub(crate) fn euid() -> u32 {
+pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -165,7 +183,7 @@ pub fn default_state_dir() -> PathBuf {
 
 /// [`default_state_dir`] as a pure function of the effective uid and the
 /// environment. Relative values are ignored (the XDG spec says so); with
-/// neither variable usable, `/tmp/selfheal-<uid>/selfheal` (checked for
+/// neither variable usable, `$TMPDIR/selfheal-<uid>/selfheal` (/tmp by default; a squatted one is replaced by a fallback, see [`fallback_state_dirs`]) (checked for
 /// ownership like any other).
 pub fn state_dir_for(euid: u32, xdg_state_home: Option<&OsStr>, home: Option<&OsStr>) -> PathBuf {
     if euid == 0 {
@@ -175,7 +193,7 @@ pub fn state_dir_for(euid: u32, xdg_state_home: Option<&OsStr>, home: Option<&Os
 }
 
 /// `$XDG_STATE_HOME`, else `$HOME/.local/state`, else a per-uid directory
-/// under /tmp.
+/// under `$TMPDIR` (/tmp).
 pub(crate) fn user_state_home(
     euid: u32,
     xdg_state_home: Option<&OsStr>,
@@ -190,125 +208,51 @@ pub(crate) fn user_state_home(
     if let Some(h) = absolute(home) {
         return h.join(".local/state");
     }
-    PathBuf::from(format!("/tmp/selfheal-{euid}"))
+    std::env::temp_dir().join(format!("selfheal-{euid}"))
+}
+
+/// Where a user's state (and snapshots) go when the default directory is
+/// refused — someone else made it first in a shared directory
+/// (`XDG_STATE_HOME=/tmp/…`, or no HOME): `/run/user/UID/selfheal` (the
+/// user's own runtime directory, which only the system creates), then
+/// `$TMPDIR/selfheal-UID.N/selfheal` for N = 1..=8 (the first that is the
+/// user's or can be made). Root has none: its defaults are in directories
+/// only root can write.
+pub fn fallback_state_dirs(euid: u32) -> Vec<PathBuf> {
+    if euid == 0 {
+        return Vec::new();
+    }
+    let tmp = std::env::temp_dir();
+    std::iter::once(PathBuf::from(format!("/run/user/{euid}/selfheal")))
+        .chain((1..=8).map(|n| tmp.join(format!("selfheal-{euid}.{n}/selfheal"))))
+        .collect()
+}
+
+/// What to do about a default directory that was refused, for the message.
+pub fn refused_default_advice(dir: &Path) -> String {
+    format!(
+        "to use {} again, remove or rename what is in the way (see above) or set \
+         XDG_STATE_HOME to a directory of your own (e.g. $HOME/.local/state), or give \
+         --state-dir and --snapshot-dir",
+        dir.display()
+    )
 }
 
 /// Creates `dir` (and missing parents, mode 0700) if needed, then checks it
-/// is a real directory of ours that nobody else can write to, below
-/// directories that only root or we can change (see [`check_ancestors`]).
-pub(crate) fn prepare_dir(dir: &Path) -> Result<(), StoreError> {
-    // Before creating anything: no directory of ours inside another user's.
-    check_ancestors(dir)?;
-    match fs::symlink_metadata(dir) {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(io_err("create directory", dir))?;
-        }
-        Err(e) => return Err(io_err("examine", dir)(e)),
-    }
-    let md = fs::symlink_metadata(dir).map_err(io_err("examine", dir))?;
-    let path = dir.to_path_buf();
-    if md.file_type().is_symlink() {
-        return Err(StoreError::Symlink { path });
-    }
-    if !md.is_dir() {
-        return Err(StoreError::NotDirectory { path });
-    }
-    let me = euid();
-    if md.uid() != me {
-        return Err(StoreError::NotOwner {
-            path,
-            owner: md.uid(),
-            euid: me,
-        });
-    }
-    let mode = md.mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(StoreError::Writable { path, mode });
-    }
-    Ok(())
+/// by the one rule of [`SafeDir`]: a real directory of ours that nobody
+/// else can write to, reached only through directories (and symlinks) that
+/// only root or we can change. Writes then go through the returned fd.
+pub(crate) fn prepare_dir(dir: &Path) -> Result<SafeDir, StoreError> {
+    SafeDir::open(dir, Some(0o700))
 }
 
-/// Checks every existing directory above `dir` — along the path as given
-/// and along its real path (symlinks resolved) — is owned by root or by us
-/// and not writable by group or others, unless sticky (`/tmp`: others may
-/// not rename or remove what they do not own there). Otherwise another user
-/// could rename our directory away and put a symlink in its place between
-/// two of our writes (`O_NOFOLLOW` guards only the last component).
-/// Directories that do not exist yet are created by us, 0700.
-pub(crate) fn check_ancestors(dir: &Path) -> Result<(), StoreError> {
-    let me = euid();
-    let absolute = if dir.is_absolute() {
-        dir.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(io_err("find the current directory for", dir))?
-            .join(dir)
-    };
-    let unsafe_ancestor = |ancestor: &Path, reason: String| StoreError::UnsafeAncestor {
-        path: dir.to_path_buf(),
-        ancestor: ancestor.to_path_buf(),
-        reason,
-    };
-    let check = |ancestor: &Path| -> Result<(), StoreError> {
-        let md = match fs::metadata(ancestor) {
-            Ok(md) => md,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io_err("examine", ancestor)(e)),
-        };
-        if !md.is_dir() {
-            return Ok(()); // creating below it fails, and says so
-        }
-        if md.uid() != 0 && md.uid() != me {
-            return Err(unsafe_ancestor(
-                ancestor,
-                format!(
-                    "is owned by uid {}, not by root or this user (uid {me})",
-                    md.uid()
-                ),
-            ));
-        }
-        let mode = md.mode() & 0o7777;
-        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-            return Err(unsafe_ancestor(
-                ancestor,
-                format!("is writable by group or others and not sticky (mode {mode:04o})"),
-            ));
-        }
-        Ok(())
-    };
-    for a in absolute.ancestors().skip(1) {
-        check(a)?;
-    }
-    // The real path of the deepest existing ancestor: directories a
-    // symlink on the way leads into.
-    if let Some(real) = absolute
-        .ancestors()
-        .skip(1)
-        .find_map(|a| fs::canonicalize(a).ok())
-    {
-        for a in real.ancestors() {
-            check(a)?;
-        }
-    }
-    Ok(())
-}
-
-/// Opens (creating, 0600) `path` and takes an exclusive flock on it, waiting
-/// at most `timeout`. The lock lasts as long as the returned file is open.
-pub(crate) fn lock_file(path: &Path, timeout: Duration) -> Result<File, StoreError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+/// Opens (creating, 0600) `name` in `dir` and takes an exclusive flock on
+/// it, waiting at most `timeout`. The lock lasts as long as the returned
+/// file is open.
+pub(crate) fn lock_file(dir: &SafeDir, name: &str, timeout: Duration) -> Result<File, StoreError> {
+    let path = &dir.join(name);
+    let file = dir
+        .open_file(name, libc::O_RDWR | libc::O_CREAT, 0o600)
         .map_err(io_err("open lock file", path))?;
     let start = Instant::now();
     let mut pause = Duration::from_millis(1);
@@ -344,10 +288,8 @@ fn lock_holder(file: &File) -> Option<u32> {
 }
 
 /// Makes a rename or a new entry in `dir` durable.
-pub(crate) fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync directory", dir))
+pub(crate) fn fsync_dir(dir: &SafeDir) -> Result<(), StoreError> {
+    dir.fsync().map_err(io_err("fsync directory", dir.path()))
 }
 
 /// What [`StateStore::load`] found.
@@ -365,7 +307,7 @@ pub struct Loaded<T> {
 /// The state directory, locked for this run. Dropping it lets the next run in.
 #[derive(Debug)]
 pub struct StateStore {
-    dir: PathBuf,
+    dir: SafeDir,
     _lock: File,
 }
 
@@ -385,17 +327,14 @@ impl StateStore {
 
     /// [`StateStore::open`] with another lock wait.
     pub fn open_with_timeout(dir: &Path, timeout: Duration) -> Result<StateStore, StoreError> {
-        prepare_dir(dir)?;
-        let lock = lock_file(&dir.join(LOCK_FILE), timeout)?;
-        Ok(StateStore {
-            dir: dir.to_path_buf(),
-            _lock: lock,
-        })
+        let dir = prepare_dir(dir)?;
+        let lock = lock_file(&dir, LOCK_FILE, timeout)?;
+        Ok(StateStore { dir, _lock: lock })
     }
 
     /// The state directory.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// The state file.
@@ -409,7 +348,7 @@ impl StateStore {
     /// `note` says what happened.
     pub fn load<T: DeserializeOwned + Default>(&self) -> Loaded<T> {
         let path = self.path();
-        let problem = match read_bounded(&path) {
+        let problem = match read_bounded(&self.dir, STATE_FILE) {
             Ok(bytes) => match decode::<T>(&bytes) {
                 Ok((value, saved)) => {
                     return Loaded {
@@ -476,28 +415,34 @@ impl StateStore {
             error,
         })?;
         bytes.push(b'\n');
-        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        match fs::remove_file(&tmp) {
+        // The path must still lead to the directory checked at open.
+        self.dir.recheck()?;
+        let tmp_name = format!("{STATE_FILE}.tmp");
+        let tmp = self.dir.join(&tmp_name);
+        match self.dir.remove(&tmp_name) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err("remove stale", &tmp)(e)),
         }
         let written = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
+            let mut f = self
+                .dir
+                .open_file(
+                    &tmp_name,
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                    0o600,
+                )
                 .map_err(io_err("create", &tmp))?;
             f.write_all(&bytes).map_err(io_err("write", &tmp))?;
             f.sync_all().map_err(io_err("fsync", &tmp))?;
             drop(f);
             before_rename();
-            fs::rename(&tmp, &path).map_err(io_err("rename temp file over", &path))
+            self.dir
+                .rename(&tmp_name, STATE_FILE)
+                .map_err(io_err("rename temp file over", &path))
         })();
         if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
+            let _ = self.dir.remove(&tmp_name);
             return Err(e);
         }
         fsync_dir(&self.dir)
@@ -509,51 +454,49 @@ impl StateStore {
         let secs = unix_ms(SystemTime::now()) / 1000;
         let base = format!("{STATE_FILE}.bad-{secs}");
         // After any file set aside in the same second, so the newest sorts last.
-        let last = fs::read_dir(&self.dir)?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        let last = self
+            .dir
+            .names()?
+            .into_iter()
             .filter_map(|name| match name.strip_prefix(&base)? {
                 "" => Some(0),
                 rest => rest.strip_prefix('-')?.parse::<u64>().ok(),
             })
             .max();
         let target = match last {
-            None => self.dir.join(&base),
-            Some(n) => self.dir.join(format!("{base}-{}", n + 1)),
+            None => base,
+            Some(n) => format!("{base}-{}", n + 1),
         };
-        fs::rename(self.path(), &target)?;
+        self.dir.rename(STATE_FILE, &target)?;
         self.prune_bad();
-        Ok(target)
+        Ok(self.dir.join(&target))
     }
 
     fn prune_bad(&self) {
-        let Ok(entries) = fs::read_dir(&self.dir) else {
+        let Ok(names) = self.dir.names() else {
             return;
         };
         let prefix = format!("{STATE_FILE}.bad-");
-        let mut bad: Vec<(u64, u64, PathBuf)> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
+        let mut bad: Vec<(u64, u64, String)> = names
+            .into_iter()
+            .filter_map(|name| {
                 let rest = name.strip_prefix(&prefix)?;
                 let (secs, n) = rest.split_once('-').unwrap_or((rest, "0"));
-                Some((secs.parse().ok()?, n.parse().ok()?, e.path()))
+                Some((secs.parse().ok()?, n.parse().ok()?, name.clone()))
             })
             .collect();
         bad.sort();
         let excess = bad.len().saturating_sub(KEEP_BAD_FILES);
-        for (_, _, p) in bad.into_iter().take(excess) {
-            let _ = fs::remove_file(p);
+        for (_, _, name) in bad.into_iter().take(excess) {
+            let _ = self.dir.remove(&name);
         }
     }
 }
 
-/// Reads the whole file (not following a symlink), refusing more than
-/// [`MAX_STATE_BYTES`] with `FileTooLarge`.
-fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
+/// Reads the whole file `name` of `dir` (not following a symlink), refusing
+/// more than [`MAX_STATE_BYTES`] with `FileTooLarge`.
+fn read_bounded(dir: &SafeDir, name: &str) -> io::Result<Vec<u8>> {
+    let f = dir.open_file(name, libc::O_RDONLY, 0)?;
     let mut bytes = Vec::new();
     f.take(MAX_STATE_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_STATE_BYTES {

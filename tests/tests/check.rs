@@ -534,3 +534,181 @@ fn heal_flow(tag: &str, through_helper: bool) {
         );
     }
 }
+
+/// `watch --metrics-addr` on a free loopback port; the child and the port.
+fn watch_with_metrics(dirs: &Dirs, addr_ip: &str, count: &str) -> (std::process::Child, u16) {
+    let config = dirs.own_agent_config();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let child = Command::new(selfheal_bin())
+        .args([
+            "watch",
+            "--interval",
+            "200ms",
+            "--count",
+            count,
+            "--metrics-addr",
+            &format!("{addr_ip}:{port}"),
+            "--config",
+        ])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dirs.0.join("state"))
+        .arg("--snapshot-dir")
+        .arg(dirs.0.join("snapshots"))
+        .arg("--helper")
+        .arg(dirs.0.join("helper.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, port)
+}
+
+/// One scrape of `/metrics` on `port`, given at most `limit`: the response,
+/// or why none came.
+fn scrape(port: u16, limit: Duration) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), limit)
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.set_write_timeout(Some(limit)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .map_err(|e| format!("send: {e}"))?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(text)
+}
+
+/// Issue 17 #3: idle connections (opened, never a byte sent) do not hold up
+/// a real scrape: it is served at once, well inside Prometheus's default
+/// 10 s scrape timeout (the old endpoint served one connection at a time,
+/// giving each 2 s: 6 idle connections made a scrape wait 12 s).
+#[test]
+fn a_scrape_is_not_delayed_by_idle_connections() {
+    let dirs = Dirs::new("idle-scrape");
+    let (mut child, port) = watch_with_metrics(&dirs, "127.0.0.1", "200");
+    let first = tests::wait_for(10 * SEC, Duration::from_millis(100), || {
+        scrape(port, SEC)
+            .ok()
+            .filter(|t| t.contains("selfheal_agent_verdict{agent=\"me\""))
+    });
+    assert!(first.is_some(), "metrics served at all");
+    let mut results = Vec::new();
+    for idle_n in [8usize, 32] {
+        let idle: Vec<std::net::TcpStream> = (0..idle_n)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("idle connection"))
+            .collect();
+        // Let the server accept them all before the real scrape.
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        let got = scrape(port, 9 * SEC);
+        let took = started.elapsed();
+        println!(
+            "scrape behind {idle_n} idle connections: {:.3} s ({})",
+            took.as_secs_f64(),
+            got.as_ref().map_or_else(
+                |e| e.clone(),
+                |b| b.lines().next().unwrap_or("").to_string()
+            )
+        );
+        drop(idle);
+        results.push((idle_n, took, got));
+        if results.last().is_some_and(|r| r.2.is_err()) {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for (idle_n, took, got) in results {
+        let body = got.unwrap_or_else(|e| panic!("behind {idle_n} idle: no answer: {e}"));
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(
+            took < 5 * SEC,
+            "a scrape behind {idle_n} idle connections took {took:?}: past half of Prometheus's 10 s"
+        );
+    }
+}
+
+/// Issue 17 #3: an endpoint reachable from other hosts is said in the log,
+/// with the warning that it has no authentication.
+#[test]
+fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
+    use std::io::Read as _;
+    let dirs = Dirs::new("any-addr");
+    let (mut child, _) = watch_with_metrics(&dirs, "0.0.0.0", "1");
+    let done = tests::wait_for(20 * SEC, Duration::from_millis(50), || {
+        child.try_wait().ok().flatten()
+    });
+    if done.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        err.contains("reachable from other hosts") && err.contains("no authentication"),
+        "binding 0.0.0.0 is said in the log: {err}"
+    );
+}
+
+/// Issue 17 #1: the metrics file is 0640 (owner and the directory's group),
+/// not 0644: probe URLs and agent names are not for every local user.
+#[test]
+fn the_metrics_file_is_not_world_readable() {
+    use std::os::unix::fs::MetadataExt as _;
+    let dirs = Dirs::new("prom-mode");
+    let config = dirs.own_agent_config();
+    let (code, _) = check(&dirs.0, &config);
+    assert_eq!(code, 0);
+    let md = std::fs::metadata(dirs.0.join("selfheal.prom")).expect("metrics written");
+    let dir_gid = std::fs::metadata(&dirs.0).unwrap().gid();
+    println!("metrics file mode {:04o}", md.mode() & 0o7777);
+    assert_eq!(md.mode() & 0o7777, 0o640, "mode");
+    assert_eq!(md.gid(), dir_gid, "the directory's group reads it");
+}
+
+/// Issue 17 #5: with no snapshot directory there is no healing, and every
+/// check says so as a gap (not only the first, not only in the log).
+#[test]
+fn no_snapshot_dir_is_a_gap_on_every_check() {
+    let dirs = Dirs::new("nosnap-gap");
+    let config = dirs.own_agent_config();
+    let not_a_dir = dirs.0.join("snapshots");
+    std::fs::write(&not_a_dir, b"not a directory").unwrap();
+    let out = Command::new(selfheal_bin())
+        .args(["watch", "--json", "--interval", "50ms", "--count", "3"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dirs.0.join("state"))
+        .arg("--snapshot-dir")
+        .arg(&not_a_dir)
+        .arg("--helper")
+        .arg(dirs.0.join("helper.sock"))
+        .output()
+        .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{}", String::from_utf8_lossy(&out.stderr));
+    for (n, l) in lines.iter().enumerate() {
+        let gaps = l["gaps"].as_array().cloned().unwrap_or_default();
+        assert!(
+            gaps.iter().any(|g| g
+                .as_str()
+                .is_some_and(|g| g.contains("healing disabled: no snapshot dir")
+                    && g.contains("--snapshot-dir"))),
+            "check {n}: {l}"
+        );
+    }
+}

@@ -14,8 +14,8 @@ use std::{
 use selfheal::{
     agents::{self, ProcessTable},
     config::{
-        self, AgentConfig, Config, ConfigError, MatchRule, ProbeConfig, Resolution, Role, Upstream,
-        UpstreamAddr,
+        self, AgentConfig, Config, ConfigError, MatchRule, ProbeAuth, ProbeConfig, Redirects,
+        Resolution, Role, SecretSource, Upstream, UpstreamAddr,
     },
 };
 use tests::wait_for;
@@ -415,7 +415,70 @@ fn bad_configs_name_file_line_and_key() {
         (
             probe("urll = \"http://x/\"\n"),
             5,
-            "agent \"sol\" probe 1: key `urll`: unknown key (expected url, method, timeout, expect_status, fields, expect, health_file, max_age)",
+            "agent \"sol\" probe 1: key `urll`: unknown key (expected url, method, timeout, expect_status, fields, expect, health_file, max_age, auth, redirects, body_excerpt)",
+        ),
+        // Credentials never in the URL: refused, with what to do instead,
+        // and without repeating them.
+        (
+            probe("url = \"http://user:hunter2@x/status?t=tok\"\n"),
+            5,
+            "key `url`: url \"http://REDACTED@x/status?t=REDACTED\" holds credentials (user:password@), which would show in every output: remove them, put the secret in a file readable only by selfheal's user and set auth = { bearer_file = \"/path/to/token\" }",
+        ),
+        (probe("url = \"https://tok@x/\"\n"), 5, "holds credentials"),
+        (
+            probe("url = \"ftp://x/?token=tok\"\n"),
+            5,
+            "key `url`: bad url \"ftp://x/?token=REDACTED\"",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = { bearer_file = \"/a\", bearer_env = \"B\" }\n"),
+            6,
+            "agent \"sol\" probe 1 auth: key `bearer_env`: give either bearer_file or bearer_env, not both",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = {}\n"),
+            6,
+            "agent \"sol\" probe 1 auth: give bearer_file = \"/path/to/token\" or bearer_env = \"VARIABLE\"",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = { bearer_file = \"token\" }\n"),
+            6,
+            "key `bearer_file`: \"token\" is not an absolute path",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = { bearer_env = \"1-A\" }\n"),
+            6,
+            "key `bearer_env`: \"1-A\" is not an environment variable name",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = { bearer_env = \"A\", header = \"bad header\" }\n"),
+            6,
+            "key `header`: bad header name \"bad header\"",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = { password = \"x\" }\n"),
+            6,
+            "agent \"sol\" probe 1 auth: key `password`: unknown key (expected bearer_file, bearer_env, header)",
+        ),
+        (
+            probe("url = \"http://x/\"\nauth = \"Bearer x\"\n"),
+            6,
+            "key `auth`: expected a table, found string",
+        ),
+        (
+            probe("url = \"http://x/\"\nredirects = \"any\"\n"),
+            6,
+            "key `redirects`: bad value \"any\" (expected \"same-origin\" or \"none\")",
+        ),
+        (
+            probe("url = \"http://x/\"\nbody_excerpt = \"no\"\n"),
+            6,
+            "key `body_excerpt`: expected true or false, found string",
+        ),
+        (
+            probe("health_file = \"/run/x\"\nmax_age = \"30s\"\nbody_excerpt = false\n"),
+            7,
+            "key `body_excerpt`: only with url, not health_file",
         ),
         (
             probe("url = \"http://x/\"\ntimeout = \"2 fortnights-ish\"\n"),
@@ -610,6 +673,9 @@ fn the_full_example_means_what_it_says() {
                 ]
                 .into(),
                 expect: [("server_status".to_string(), "connected".to_string())].into(),
+                auth: None,
+                redirects: Redirects::SameOrigin,
+                body_excerpt: true,
             },
             ProbeConfig::HealthFile {
                 path: "/run/sol.health".into(),
@@ -686,9 +752,58 @@ fn probe_defaults() {
             expect_status: None,
             fields: Default::default(),
             expect: Default::default(),
+            auth: None,
+            redirects: Redirects::SameOrigin,
+            body_excerpt: true,
         }]
     );
     assert_eq!(config::DEFAULT_PROBE_TIMEOUT, Duration::from_secs(2));
+}
+
+#[test]
+fn probe_credentials_redirects_and_excerpt() {
+    let c = parse(&with(
+        AGENT,
+        "[[agent.probe]]\nurl = \"http://h/s\"\nauth = { bearer_file = \"/etc/selfheal/token\" }\n\
+         redirects = \"none\"\nbody_excerpt = false\n\
+         [[agent.probe]]\nurl = \"http://h/t\"\nauth = { bearer_env = \"SOL_TOKEN\", header = \"X-Api-Key\" }\n\
+         redirects = \"same-origin\"\n",
+    ))
+    .unwrap();
+    let got: Vec<_> = c.agents[0]
+        .probes
+        .iter()
+        .map(|p| match p {
+            ProbeConfig::Http {
+                auth,
+                redirects,
+                body_excerpt,
+                ..
+            } => (auth.clone(), *redirects, *body_excerpt),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Some(ProbeAuth {
+                    source: SecretSource::File("/etc/selfheal/token".into()),
+                    header: None
+                }),
+                Redirects::None,
+                false
+            ),
+            (
+                Some(ProbeAuth {
+                    source: SecretSource::Env("SOL_TOKEN".into()),
+                    header: Some("X-Api-Key".into())
+                }),
+                Redirects::SameOrigin,
+                true
+            ),
+        ]
+    );
 }
 
 #[test]

@@ -164,12 +164,14 @@ fn planted_paths_are_refused_and_ours_are_private() {
     );
 
     // The metrics file in a directory of nobody's (a textfile collector's):
-    // nobody plants its temporary file as a symlink to a file of root's.
+    // refused by the same rule as the snapshot directory, so nothing is
+    // written there (nobody planted its temporary file as a symlink to a
+    // file of root's: untouched).
     let secret = target.join("secret");
     std::fs::write(&secret, "root's\n").unwrap();
     let prom = nobodys.join("selfheal.prom");
     as_uid(NOBODY, || {
-        std::os::unix::fs::symlink(&secret, nobodys.join("selfheal.tmp")).unwrap();
+        std::os::unix::fs::symlink(&secret, nobodys.join("selfheal.prom.tmp")).unwrap();
     });
     let r = run_check(
         &config,
@@ -180,14 +182,14 @@ fn planted_paths_are_refused_and_ours_are_private() {
     );
     assert_eq!(r.code, 2, "{r:#?}");
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's\n");
-    let md = std::fs::symlink_metadata(&prom).expect("metrics written");
-    assert!(md.is_file(), "a regular file, not a link");
+    assert!(!prom.exists(), "nothing written in nobody's directory");
     assert!(
-        std::fs::read_to_string(&prom)
-            .unwrap()
-            .contains("selfheal_agent_verdict{agent=\"ghost\",verdict=\"down\"} 1")
+        r.stderr
+            .contains(&format!("refusing {}", nobodys.display()))
+            && r.stderr.contains(&format!("owned by uid {NOBODY}")),
+        "{}",
+        r.stderr
     );
-    assert!(!nobodys.join("selfheal.tmp").exists());
 }
 
 /// `selfheal` with `args`, as `uid` when given; exit code and stderr.
@@ -946,4 +948,344 @@ fn check_runs_the_restart_argv_literally() {
     );
     assert!(!mark.exists(), "a shell ran the restart command");
     drop(client);
+}
+
+/// Sets `fs.protected_symlinks` for a test and puts it back on drop.
+struct Sysctl {
+    key: &'static str,
+    old: String,
+}
+
+impl Sysctl {
+    fn set(key: &'static str, value: &str) -> Option<Sysctl> {
+        let path = format!("/proc/sys/{}", key.replace('.', "/"));
+        let old = std::fs::read_to_string(&path).ok()?.trim().to_string();
+        if old != value {
+            std::fs::write(&path, value).ok()?;
+        }
+        println!("{key}: {old} -> {value}");
+        Some(Sysctl { key, old })
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let path = format!("/proc/sys/{}", self.key.replace('.', "/"));
+        let _ = std::fs::write(&path, &self.old);
+    }
+}
+
+/// Issue 17 #4: `--metrics-file` through a symlinked directory that another
+/// user owns (or planted in a sticky directory) into a directory of root's:
+/// refused, and root's files there are neither overwritten nor deleted.
+#[test]
+fn a_metrics_file_through_another_users_symlink_is_refused() {
+    if !need_root("metrics_symlink") {
+        return;
+    }
+    let dir = Scratch::new("priv-prom-link");
+    let config = down_config(&dir);
+    let helper = dir.join("no-helper.sock");
+    let roots = dir.join("roots");
+    std::fs::create_dir(&roots).unwrap();
+    chmod(&roots, 0o700);
+    std::fs::write(roots.join("selfheal.prom"), "root's prom\n").unwrap();
+    std::fs::write(roots.join("selfheal.tmp"), "root's tmp\n").unwrap();
+    std::fs::write(roots.join("selfheal.prom.tmp"), "root's tmp\n").unwrap();
+    let nobodys = dir.join("nobodys");
+    std::fs::create_dir(&nobodys).unwrap();
+    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    chmod(&public, 0o1777);
+    as_uid(NOBODY, || {
+        std::os::unix::fs::symlink(&roots, nobodys.join("link")).unwrap();
+        std::os::unix::fs::symlink(&roots, public.join("link")).unwrap();
+    });
+    for via in [nobodys.join("link"), public.join("link")] {
+        let prom = via.join("selfheal.prom");
+        let r = run_check(
+            &config,
+            &dir.join("state"),
+            &dir.join("snaps"),
+            &helper,
+            &["--metrics-file", prom.to_str().unwrap()],
+        );
+        assert_eq!(r.code, 2, "{r:#?}");
+        for (f, was) in [
+            ("selfheal.prom", "root's prom\n"),
+            ("selfheal.tmp", "root's tmp\n"),
+            ("selfheal.prom.tmp", "root's tmp\n"),
+        ] {
+            assert_eq!(
+                std::fs::read_to_string(roots.join(f)).ok().as_deref(),
+                Some(was),
+                "{f} through {}: {}",
+                via.display(),
+                r.stderr
+            );
+        }
+        assert!(
+            r.stderr.contains("cannot write metrics")
+                && r.stderr.contains("refusing")
+                && (r.stderr.contains(&format!("owned by uid {NOBODY}"))
+                    || r.stderr.contains("it is a symlink")),
+            "said why: {}",
+            r.stderr
+        );
+    }
+}
+
+/// Issue 17 #4: a symlink of nobody's in a sticky directory, on the way to
+/// the snapshot directory, re-pointed while `watch` runs: root never
+/// appends to the attacker's file. (Needs fs.protected_symlinks=0, the
+/// setting that lets root follow another user's link in a sticky
+/// directory; set for the test and put back.)
+#[test]
+fn a_re_pointed_symlink_does_not_redirect_watch() {
+    if !need_root("re_pointed_symlink") {
+        return;
+    }
+    let Some(_sysctl) = Sysctl::set("fs.protected_symlinks", "0") else {
+        tests::skip("re_pointed_symlink", "cannot set fs.protected_symlinks");
+        return;
+    };
+    let dir = Scratch::new("priv-repoint");
+    let config = down_config(&dir);
+    let roots = dir.join("roots");
+    std::fs::create_dir(&roots).unwrap();
+    chmod(&roots, 0o755);
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    chmod(&public, 0o1777);
+    let nobodys = dir.join("nobodys");
+    std::fs::create_dir(&nobodys).unwrap();
+    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    let planted = nobodys.join("snaps/snapshots.jsonl");
+    as_uid(NOBODY, || {
+        std::fs::create_dir(nobodys.join("snaps")).unwrap();
+        std::fs::write(&planted, "").unwrap();
+        std::os::unix::fs::symlink(&roots, public.join("link")).unwrap();
+    });
+    let snaps = public.join("link/snaps");
+    let mut child = Command::new(tests::selfheal_bin())
+        .args(["watch", "--interval", "100ms", "--count", "30", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--snapshot-dir")
+        .arg(&snaps)
+        .arg("--helper")
+        .arg(dir.join("no-helper.sock"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    // Re-point the link at nobody's directory (atomically: a new link
+    // renamed over the old; nobody owns it, so the sticky bit allows it).
+    as_uid(NOBODY, || {
+        std::os::unix::fs::symlink(&nobodys, public.join("link.new")).unwrap();
+        std::fs::rename(public.join("link.new"), public.join("link")).unwrap();
+    });
+    let done = tests::wait_for(20 * SEC, Duration::from_millis(50), || {
+        child.try_wait().ok().flatten()
+    });
+    if done.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let appended = std::fs::read_to_string(&planted).unwrap();
+    println!(
+        "bytes root appended to nobody's file: {}; created there: {:?}",
+        appended.len(),
+        std::fs::read_dir(nobodys.join("snaps"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect::<Vec<_>>()
+    );
+    assert!(appended.is_empty(), "root appended to nobody's file: {err}");
+    assert!(
+        !nobodys.join("snaps/snapshots.lock").exists(),
+        "nothing created in nobody's directory"
+    );
+    assert!(err.contains("refusing"), "the refusal is said: {err}");
+}
+
+/// Issue 17 #5: another uid made the user's default state directory first
+/// (XDG_STATE_HOME in a shared sticky directory; or no HOME and a shared
+/// TMPDIR): the check falls back to a directory of the user's, says what
+/// to do, and the snapshot (so healing) still happens.
+#[test]
+fn a_squatted_state_dir_falls_back_and_says_what_to_do() {
+    use std::os::unix::process::CommandExt as _;
+    if !need_root("squatted_state") {
+        return;
+    }
+    const VICTIM: u32 = 65533;
+    let dir = Scratch::new("priv-squat");
+    let config = down_config(&dir);
+    let shared = dir.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    // The squatter (nobody) makes both default names first.
+    as_uid(NOBODY, || {
+        std::fs::create_dir(shared.join("selfheal")).unwrap();
+        std::fs::create_dir(shared.join(format!("selfheal-{VICTIM}"))).unwrap();
+    });
+    for (tag, env) in [
+        (
+            "XDG_STATE_HOME in a shared directory",
+            vec![
+                ("XDG_STATE_HOME", shared.as_os_str()),
+                ("TMPDIR", shared.as_os_str()),
+            ],
+        ),
+        (
+            "no HOME, shared TMPDIR",
+            vec![("TMPDIR", shared.as_os_str())],
+        ),
+    ] {
+        let mut cmd = Command::new(tests::selfheal_bin());
+        cmd.args(["check", "--json", "--config"])
+            .arg(&config)
+            .arg("--helper")
+            .arg(dir.join("no-helper.sock"))
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .uid(VICTIM)
+            .gid(VICTIM);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        println!("{tag}: {stderr}");
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap_or("null"))
+            .unwrap_or(serde_json::Value::Null);
+        assert!(
+            v["snapshot"].is_string(),
+            "{tag}: the snapshot is written somewhere safe: {stdout} {stderr}"
+        );
+        assert!(
+            stderr.contains("instead") && stderr.contains("XDG_STATE_HOME"),
+            "{tag}: says where it went and what to do: {stderr}"
+        );
+    }
+    // Whatever fell back under the shared directory is the victim's, 0700.
+    for e in std::fs::read_dir(&shared).unwrap() {
+        let e = e.unwrap();
+        let md = e.metadata().unwrap();
+        if md.uid() == VICTIM {
+            assert_eq!(md.mode() & 0o777, 0o700, "{}", e.path().display());
+        }
+    }
+}
+
+/// Issue 17 #5: a parent that is root's and writable by a system group
+/// (Ubuntu's /var/log is 0775 root:syslog) is accepted; one writable by a
+/// user's group is refused, saying what to do.
+#[test]
+fn a_root_parent_writable_by_a_system_group_is_accepted() {
+    if !need_root("system_group_parent") {
+        return;
+    }
+    let dir = Scratch::new("priv-syslog");
+    let config = down_config(&dir);
+    let log = dir.join("log");
+    std::fs::create_dir(&log).unwrap();
+    std::os::unix::fs::chown(&log, Some(0), Some(4)).unwrap(); // adm, say
+    chmod(&log, 0o775);
+    let r = run_check(
+        &config,
+        &dir.join("state"),
+        &log.join("selfheal"),
+        &dir.join("no-helper.sock"),
+        &[],
+    );
+    assert!(r.agent("ghost")["snapshot"].is_string(), "{r:#?}");
+    std::os::unix::fs::chown(&log, Some(0), Some(1000)).unwrap();
+    let r = run_check(
+        &config,
+        &dir.join("state"),
+        &log.join("selfheal2"),
+        &dir.join("no-helper.sock"),
+        &[],
+    );
+    assert!(r.agent("ghost")["snapshot"].is_null(), "{r:#?}");
+    assert!(r.stderr.contains("run chmod go-w on it"), "{}", r.stderr);
+}
+
+/// Issue 12: a custom `--socket` is checked all the way up: a helper asked
+/// to serve below a directory of nobody's refuses to start.
+#[test]
+fn a_helper_socket_below_another_users_directory_is_refused() {
+    if !need_root("socket_ancestors") {
+        return;
+    }
+    let dir = Scratch::new("priv-sockdir");
+    let nobodys = dir.join("nobodys");
+    std::fs::create_dir(&nobodys).unwrap();
+    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    let sub = nobodys.join("sub");
+    std::fs::create_dir(&sub).unwrap(); // root's, 0755, inside nobody's
+    let path = sub.join("helper.sock");
+    let mut child = Command::new(tests::selfheal_bin())
+        .args(["helper", "--no-ebpf", "--socket"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = tests::wait_for(5 * SEC, Duration::from_millis(20), || {
+        child.try_wait().ok().flatten()
+    });
+    if done.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        done.is_some_and(|s| !s.success()),
+        "the helper refused to serve there: {err}"
+    );
+    assert!(
+        err.contains(&nobodys.display().to_string()) && err.contains(&format!("uid {NOBODY}")),
+        "{err}"
+    );
+}
+
+/// Issue 12: a client checks who serves the socket (SO_PEERCRED): a socket
+/// that nobody listens on, where the helper's should be, is refused with
+/// an error that says what to do.
+#[test]
+fn a_client_refuses_a_socket_served_by_another_uid() {
+    if !need_root("peer_uid") {
+        return;
+    }
+    let dir = Scratch::new("priv-fake-helper");
+    let nobodys = dir.join("nobodys");
+    std::fs::create_dir(&nobodys).unwrap();
+    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    let path = nobodys.join("helper.sock");
+    // The socket's creds are the listener's at listen time: nobody's.
+    let listener = as_uid(NOBODY, || std::os::unix::net::UnixListener::bind(&path))
+        .unwrap_or_else(|e| panic!("bind as nobody at {}: {e}", path.display()));
+    let r = HelperClient::connect_with(&path, client_opts());
+    drop(listener);
+    match r {
+        Ok(_) => panic!("connected to a socket that uid {NOBODY} serves, as if it were the helper"),
+        Err(e) => {
+            let msg = e.to_string();
+            println!("refused: {msg}");
+            assert!(
+                msg.contains(&format!("served by uid {NOBODY}"))
+                    && msg.contains("SELFHEAL_HELPER_UID"),
+                "{msg}"
+            );
+        }
+    }
 }

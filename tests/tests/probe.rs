@@ -17,7 +17,7 @@ use std::{
 };
 
 use selfheal::{
-    config::ProbeConfig,
+    config::{ProbeConfig, Redirects},
     probe::{self, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult},
 };
 
@@ -64,6 +64,8 @@ struct Server {
     accepted: Arc<AtomicUsize>,
     /// Body bytes the `Stream` replies managed to write.
     streamed: Arc<AtomicUsize>,
+    /// Every request head received, whole.
+    heads: Arc<std::sync::Mutex<Vec<String>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -81,9 +83,15 @@ impl Server {
         let stop = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicUsize::new(0));
         let streamed = Arc::new(AtomicUsize::new(0));
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
         let reply: Arc<Handler> = Arc::new(reply);
         let thread = {
-            let (stop, accepted, streamed) = (stop.clone(), accepted.clone(), streamed.clone());
+            let (stop, accepted, streamed, heads) = (
+                stop.clone(),
+                accepted.clone(),
+                streamed.clone(),
+                heads.clone(),
+            );
             std::thread::spawn(move || {
                 let start = Instant::now();
                 let mut conns = Vec::new();
@@ -91,10 +99,10 @@ impl Server {
                     match listener.accept() {
                         Ok((stream, _)) if conns.len() < MAX_CONNS => {
                             accepted.fetch_add(1, Ordering::SeqCst);
-                            let (stop, streamed, reply) =
-                                (stop.clone(), streamed.clone(), reply.clone());
+                            let (stop, streamed, reply, heads) =
+                                (stop.clone(), streamed.clone(), reply.clone(), heads.clone());
                             conns.push(std::thread::spawn(move || {
-                                serve(stream, &*reply, &stop, &streamed)
+                                serve(stream, &*reply, &stop, &streamed, &heads)
                             }));
                         }
                         Ok(_) => {} // over the limit: dropped (closed)
@@ -112,6 +120,7 @@ impl Server {
             stop,
             accepted,
             streamed,
+            heads,
             thread: Some(thread),
         }
     }
@@ -143,7 +152,13 @@ fn pause(d: Duration, stop: &AtomicBool) -> bool {
 }
 
 /// One connection: reads the request head, answers, closes gracefully.
-fn serve(mut stream: TcpStream, reply: &Handler, stop: &AtomicBool, streamed: &AtomicUsize) {
+fn serve(
+    mut stream: TcpStream,
+    reply: &Handler,
+    stop: &AtomicBool,
+    streamed: &AtomicUsize,
+    heads: &std::sync::Mutex<Vec<String>>,
+) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
@@ -169,6 +184,9 @@ fn serve(mut stream: TcpStream, reply: &Handler, stop: &AtomicBool, streamed: &A
     }
     let text = String::from_utf8_lossy(&head);
     let line = text.lines().next().unwrap_or("").to_string();
+    if let Ok(mut h) = heads.lock() {
+        h.push(text.to_string());
+    }
     match reply(&line) {
         Reply::Bytes(b) => {
             let _ = stream.write_all(&b);
@@ -259,6 +277,9 @@ fn http(url: String, timeout: Duration) -> ProbeConfig {
         expect_status: None,
         fields: BTreeMap::new(),
         expect: BTreeMap::new(),
+        auth: None,
+        redirects: Redirects::SameOrigin,
+        body_excerpt: true,
     }
 }
 
@@ -271,6 +292,9 @@ fn http_fields(url: String, fields: &[(&str, &str)], expect: &[(&str, &str)]) ->
         expect_status: None,
         fields: map(fields),
         expect: map(expect),
+        auth: None,
+        redirects: Redirects::SameOrigin,
+        body_excerpt: true,
     }
 }
 
@@ -409,6 +433,9 @@ fn status_500_is_unexpected_and_expect_status_is_exact() {
         expect_status: Some(503),
         fields: BTreeMap::new(),
         expect: BTreeMap::new(),
+        auth: None,
+        redirects: Redirects::SameOrigin,
+        body_excerpt: true,
     };
     let (r, _) = run_one(&want_503);
     assert!(r.ok, "{r:#?}");
@@ -639,10 +666,82 @@ fn redirect_loop_and_long_chains_stop() {
         expect_status: None,
         fields: BTreeMap::new(),
         expect: BTreeMap::new(),
+        auth: None,
+        redirects: Redirects::SameOrigin,
+        body_excerpt: true,
     };
     let (r, _) = run_one(&post);
     assert!(r.ok, "{r:#?}");
     assert_eq!(r.body_excerpt.as_deref(), Some("done"));
+}
+
+/// Issue 17, finding 2: a status endpoint that answers 302 to another
+/// origin (here another port of loopback; on a cloud host, the metadata
+/// service) is not followed, and no request ever carries a Referer.
+#[test]
+fn redirects_stay_on_their_origin_and_send_no_referer() {
+    let _g = shared();
+    let elsewhere = Server::start(|_| {
+        Reply::Bytes(json_response(
+            r#"{"status":"connected","AccessKeyId":"ASIAMETADATA0000"}"#,
+        ))
+    });
+    let away = format!("http://{}/latest/meta-data/?token=x", elsewhere.addr);
+    let server = Server::start(move |line| {
+        let path = line.split(' ').nth(1).unwrap_or("/");
+        if path.starts_with("/away") {
+            Reply::Bytes(response(302, &format!("Location: {away}\r\n"), b""))
+        } else if path.starts_with("/same") {
+            Reply::Bytes(response(302, "Location: /here?next=1\r\n", b""))
+        } else if path.starts_with("/here") {
+            Reply::Bytes(json_response(r#"{"status":"connected"}"#))
+        } else {
+            Reply::Bytes(response(404, "", b"no"))
+        }
+    });
+    let with = |path: &str, redirects: Redirects| {
+        let mut p = http_fields(server.url(path), &[("s", "/status")], &[("s", "connected")]);
+        if let ProbeConfig::Http { redirects: r, .. } = &mut p {
+            *r = redirects;
+        }
+        p
+    };
+
+    // Cross-origin: refused, reported, and the other server asked nothing.
+    let (r, _) = run_one(&with("/away?token=SECRETquery", Redirects::SameOrigin));
+    eprintln!("cross-origin: {:?}", r.detail);
+    assert_failed(&r, ProbeError::RedirectRefused);
+    let detail = r.detail.as_deref().unwrap_or("");
+    assert!(detail.contains("another origin"), "{detail}");
+    assert!(detail.contains(&elsewhere.addr.to_string()), "{detail}");
+    assert!(!detail.contains("SECRETquery"), "{detail}");
+    assert_eq!(r.fields.get("s"), None, "nothing judged from elsewhere");
+    assert_eq!(elsewhere.accepted.load(Ordering::SeqCst), 0);
+    // Refused even with redirects off entirely: then the 302 is the answer.
+    let (r, _) = run_one(&with("/away", Redirects::None));
+    assert_failed(&r, ProbeError::UnexpectedStatus);
+    assert_eq!(r.status, Some(302));
+    let detail = r.detail.as_deref().unwrap_or("");
+    assert!(detail.contains("not followed"), "{detail}");
+    assert_eq!(elsewhere.accepted.load(Ordering::SeqCst), 0);
+
+    // Same origin: followed by default, not with redirects = "none".
+    let (r, _) = run_one(&with("/same?token=SECRETquery", Redirects::SameOrigin));
+    assert!(r.ok, "{r:#?}");
+    assert_eq!(r.status, Some(200));
+    assert_eq!(
+        r.target,
+        format!("http://{}/same?token=REDACTED", server.addr)
+    );
+    let (r, _) = run_one(&with("/same", Redirects::None));
+    assert_failed(&r, ProbeError::UnexpectedStatus);
+    assert_eq!(r.status, Some(302));
+
+    let heads = server.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 5, "{heads:#?}");
+    for h in &heads {
+        assert!(!h.to_ascii_lowercase().contains("\nreferer:"), "{h}");
+    }
 }
 
 #[test]

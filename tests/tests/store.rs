@@ -1035,3 +1035,83 @@ fn snapshots_command_lists_and_shows() {
         text(&out.stderr)
     );
 }
+
+/// Issue 17 #4: the snapshot log and the state file are written through the
+/// directory held since they were opened, and the path is checked again
+/// before each write: once it leads elsewhere (the directory renamed away
+/// and another put in its place), writes are refused, and nothing lands in
+/// either directory.
+#[test]
+fn a_directory_swapped_after_open_is_refused_not_written() {
+    let tmp = TempDir::new("swapped");
+    let dir = tmp.path().join("snaps");
+    let log = SnapshotLog::open(&dir, 1 << 20, 2).expect("open");
+    let state = StateStore::open(&tmp.path().join("state")).expect("open state");
+    log.append("sol", "wedged", &body(1)).expect("first append");
+    state.save(&json!({"n": 1})).expect("first save");
+    let moved = tmp.path().join("snaps.moved");
+    fs::rename(&dir, &moved).expect("rename away");
+    fs::create_dir(&dir).expect("another in its place");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let state_moved = tmp.path().join("state.moved");
+    fs::rename(tmp.path().join("state"), &state_moved).unwrap();
+    fs::create_dir(tmp.path().join("state")).unwrap();
+    fs::set_permissions(tmp.path().join("state"), fs::Permissions::from_mode(0o700)).unwrap();
+
+    let err = log.append("sol", "wedged", &body(2)).expect_err("swapped");
+    assert!(matches!(err, StoreError::Moved { .. }), "{err}");
+    assert!(
+        err.to_string().contains("now leads to another directory"),
+        "{err}"
+    );
+    let err = state.save(&json!({"n": 2})).expect_err("swapped");
+    assert!(matches!(err, StoreError::Moved { .. }), "{err}");
+    assert_eq!(
+        file_names(&dir),
+        Vec::<String>::new(),
+        "nothing in the new one"
+    );
+    assert_eq!(
+        fs::read_to_string(moved.join("snapshots.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        1,
+        "nothing more in the old one"
+    );
+    assert!(file_names(&tmp.path().join("state")).is_empty());
+}
+
+/// The walk follows symlinks that are ours (relative and absolute, with
+/// `..`), writes land in the real directory, and a symlink loop or a file
+/// on the way is an error, not a panic or a hang.
+#[test]
+fn the_walk_follows_our_symlinks_and_refuses_loops() {
+    use selfheal::safedir::SafeDir;
+    let tmp = TempDir::new("walk");
+    let real = tmp.path().join("a/b");
+    fs::create_dir_all(&real).unwrap();
+    fs::set_permissions(tmp.path().join("a"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(&real, fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink("a/b/../b", tmp.path().join("rel")).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("a"), tmp.path().join("abs")).unwrap();
+    for via in [tmp.path().join("rel/x"), tmp.path().join("abs/b/x")] {
+        let log = SnapshotLog::open(&via, 1 << 20, 2).expect("through our own symlinks");
+        log.append("sol", "wedged", &body(1)).expect("append");
+        assert!(
+            real.join("x/snapshots.jsonl").is_file(),
+            "{}",
+            via.display()
+        );
+        fs::remove_dir_all(real.join("x")).unwrap();
+    }
+    std::os::unix::fs::symlink("loop2", tmp.path().join("loop1")).unwrap();
+    std::os::unix::fs::symlink("loop1", tmp.path().join("loop2")).unwrap();
+    let err = SafeDir::open(&tmp.path().join("loop1/x"), Some(0o700)).expect_err("a loop");
+    assert!(err.to_string().contains("loop1"), "{err}");
+    fs::write(tmp.path().join("file"), "x").unwrap();
+    let err = SafeDir::open(&tmp.path().join("file/x"), Some(0o700)).expect_err("a file");
+    assert!(err.to_string().contains("file"), "{err}");
+    let err = SafeDir::open(&tmp.path().join("missing"), None).expect_err("missing");
+    assert_eq!(err.os_error(), Some(libc::ENOENT), "{err}");
+}

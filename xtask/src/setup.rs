@@ -19,6 +19,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "busybox-static",  // the VM's userland
     "cpio",            // packing the VM's initramfs
     "python3-pip",     // the official LLM SDKs the silent-call scenarios drive
+    "systemd",         // systemd-analyze: the units' verify and security tests
     "docker.io",       // a real dockerd for the container tests (tests/tests/containers.rs)
     "podman",          // Podman and its compatible API, beside Docker (same tests)
     "containerd",      // a real containerd running a task with the kubelet's labels

@@ -53,7 +53,8 @@ pub struct Common {
     dry_run: bool,
     /// The privileged helper's socket. Without a helper there, `check` acts
     /// directly where it has the permission (its own uid's agents, or all as
-    /// root).
+    /// root). A socket served by anyone but root, this user or the uid in
+    /// SELFHEAL_HELPER_UID is refused.
     #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::DEFAULT_SOCKET)]
     helper: PathBuf,
 }
@@ -104,6 +105,10 @@ fn healer(
                 Some(selfheal::healer::HelperTracer(shared)),
             )
         }
+        Err(e @ selfheal::helper::client::ClientError::Untrusted { .. }) => {
+            tracing::error!("{e}; acting directly where permitted");
+            (Box::new(selfheal::healer::DirectHealer::default()), None)
+        }
         Err(e) => {
             tracing::info!("{e}; acting directly where permitted");
             (Box::new(selfheal::healer::DirectHealer::default()), None)
@@ -123,7 +128,53 @@ struct Session {
     store: Option<StateStore>,
     history: History,
     log: Option<SnapshotLog>,
+    /// Why there is no snapshot log (and so no healing), until one opens.
+    log_error: Option<String>,
+    snapshot_dir: PathBuf,
     opts: check::Options,
+}
+
+/// Opens the snapshot log in `dir`, or in a fallback when `dir` is the
+/// default and was refused.
+fn open_snapshot_log(dir: &Path, is_default: bool) -> Result<SnapshotLog, store::StoreError> {
+    with_fallback(dir, is_default, "snapshot", |d| {
+        SnapshotLog::open(d, snapshots::DEFAULT_MAX_BYTES, snapshots::DEFAULT_KEEP)
+    })
+}
+
+/// `open(dir)`; when that is refused and `dir` is the default (not given),
+/// the first of [`store::fallback_state_dirs`] that opens, saying so and
+/// what to do. A directory given on the command line is used or refused,
+/// never replaced.
+fn with_fallback<T>(
+    dir: &Path,
+    is_default: bool,
+    what: &str,
+    open: impl Fn(&Path) -> Result<T, store::StoreError>,
+) -> Result<T, store::StoreError> {
+    let first = match open(dir) {
+        Ok(t) => return Ok(t),
+        Err(e @ store::StoreError::Locked { .. }) => return Err(e),
+        Err(e) if !is_default => return Err(e),
+        Err(e) => e,
+    };
+    for alt in store::fallback_state_dirs(store::euid()) {
+        if alt == dir {
+            continue;
+        }
+        match open(&alt) {
+            Ok(t) => {
+                tracing::warn!(
+                    "{what} directory: {first}; using {} instead; {}",
+                    alt.display(),
+                    store::refused_default_advice(dir)
+                );
+                return Ok(t);
+            }
+            Err(e) => tracing::debug!("{what} directory fallback {}: {e}", alt.display()),
+        }
+    }
+    Err(first)
 }
 
 impl Session {
@@ -131,7 +182,7 @@ impl Session {
         let config = match config::locate(c.config.as_deref()).and_then(|p| Config::load(&p)) {
             Ok(config) => config,
             Err(e) => {
-                eprintln!("selfheal: {e}");
+                eprintln!("selfheal: {}", selfheal::text::escape(&e.to_string()));
                 return Err(ExitCode::from(EXIT_CONFIG));
             }
         };
@@ -140,14 +191,17 @@ impl Session {
                 let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
                 eprintln!(
                     "selfheal: no agent named {name:?} in {}; configured: {}",
-                    config.path.display(),
+                    selfheal::text::escape(&config.path.display().to_string()),
                     names.join(", ")
                 );
                 return Err(ExitCode::from(EXIT_CONFIG));
             }
         }
         let state_dir = c.state_dir.clone().unwrap_or_else(store::default_state_dir);
-        let (store, history) = match StateStore::open(&state_dir) {
+        let opened = with_fallback(&state_dir, c.state_dir.is_none(), "state", |d| {
+            StateStore::open(d)
+        });
+        let (store, history) = match opened {
             Ok(store) => {
                 let loaded = store.load::<History>();
                 if let Some(note) = &loaded.note {
@@ -164,16 +218,9 @@ impl Session {
             .snapshot_dir
             .clone()
             .unwrap_or_else(snapshots::default_snapshot_dir);
-        let log = match SnapshotLog::open(
-            &snapshot_dir,
-            snapshots::DEFAULT_MAX_BYTES,
-            snapshots::DEFAULT_KEEP,
-        ) {
-            Ok(log) => Some(log),
-            Err(e) => {
-                tracing::error!("snapshot log unavailable: {e}");
-                None
-            }
+        let (log, log_error) = match open_snapshot_log(&snapshot_dir, c.snapshot_dir.is_none()) {
+            Ok(log) => (Some(log), None),
+            Err(e) => (None, Some(e.to_string())),
         };
         let opts = check::Options {
             dry_run: c.dry_run,
@@ -199,13 +246,41 @@ impl Session {
             store,
             history,
             log,
+            log_error,
+            snapshot_dir,
             opts,
         })
     }
 
     /// One check: judge, save the history, print, log transitions.
     fn once(&mut self, c: &Common) -> anyhow::Result<(u8, String)> {
-        let outcomes = check::run(
+        // A snapshot log that could not be opened is tried again on every
+        // check (`watch` recovers once the directory is fixed); until then
+        // every check says healing is off.
+        if self.log.is_none() {
+            match open_snapshot_log(&self.snapshot_dir, c.snapshot_dir.is_none()) {
+                Ok(log) => {
+                    tracing::info!(
+                        "snapshot log: {} opened; healing is on",
+                        log.dir().display()
+                    );
+                    self.log = Some(log);
+                    self.log_error = None;
+                }
+                Err(e) => self.log_error = Some(e.to_string()),
+            }
+        }
+        let disabled = self.log_error.as_ref().map(|e| {
+            format!(
+                "healing disabled: no snapshot dir ({e}); no healing step is taken without a \
+                 snapshot: fix that directory or give --snapshot-dir DIR (a directory of yours \
+                 that only you can write)"
+            )
+        });
+        if let Some(gap) = &disabled {
+            tracing::error!("{gap}");
+        }
+        let mut outcomes = check::run(
             &self.config,
             &mut self.history,
             self.log.as_ref(),
@@ -216,6 +291,11 @@ impl Session {
             &self.opts,
             clock::boot_ns() / 1_000_000,
         );
+        if let Some(gap) = &disabled {
+            for o in &mut outcomes {
+                o.gaps.push(gap.clone());
+            }
+        }
         if let Some(store) = &self.store
             && let Err(e) = store.save(&self.history)
         {
@@ -227,9 +307,13 @@ impl Session {
             .map_or(0.0, |d| d.as_secs_f64());
         let metrics = check::metrics(&outcomes, &self.history, now);
         if let Some(path) = &c.metrics_file
-            && let Err(e) = write_atomically(path, metrics.as_bytes())
+            && let Err(e) = selfheal::safedir::write_file_atomically(
+                path,
+                metrics.as_bytes(),
+                selfheal::safedir::METRICS_FILE_MODE,
+            )
         {
-            tracing::error!("cannot write metrics to {}: {e:#}", path.display());
+            tracing::error!("cannot write metrics to {}: {e}", path.display());
         }
         Ok((check::exit_code(&outcomes), metrics))
     }
@@ -275,42 +359,14 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for o in outcomes {
         if json {
-            serde_json::to_writer(&mut out, o).context("cannot write the result")?;
-            writeln!(out).context("cannot write the result")?;
+            let line = serde_json::to_string(o).context("cannot format the result")?;
+            writeln!(out, "{}", selfheal::text::escape_json(&line))
+                .context("cannot write the result")?;
         } else {
             writeln!(out, "{}", check::summary_line(o)).context("cannot write the result")?;
         }
     }
     out.flush().context("cannot write the result")
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename. The
-/// temporary file is created anew (0644: metrics are for node_exporter to
-/// read), never through a symlink or into a file someone else put there:
-/// a metrics directory may belong to another user, and we may be root.
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("cannot remove {}", tmp.display())),
-    }
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(bytes));
-    if let Err(e) = written {
-        if e.kind() != std::io::ErrorKind::AlreadyExists {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
-    }
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
 
 pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
@@ -347,31 +403,112 @@ pub fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Serves `GET /metrics` from a background thread, one short request at a time.
+/// How long one metrics connection may take, from accept to the last byte
+/// written: an idle or slow client holds a slot no longer than this.
+const METRICS_CONN_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Metrics connections served at once; one more is answered `503` at once
+/// and closed.
+const METRICS_MAX_CONNS: usize = 64;
+
+/// The longest request head read.
+const METRICS_MAX_REQUEST: usize = 8192;
+
+/// Serves `GET /metrics` from a background thread: each connection on its
+/// own thread with [`METRICS_CONN_DEADLINE`] for all of it, at most
+/// [`METRICS_MAX_CONNS`] at once. Says in the log when the address is
+/// reachable from other hosts: the endpoint has no authentication.
 fn serve_metrics(addr: std::net::SocketAddr, metrics: Arc<Mutex<String>>) -> std::io::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let listener = std::net::TcpListener::bind(addr)?;
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
-            let mut stream = stream;
-            let mut buf = [0u8; 1024];
-            let n = std::io::Read::read(&mut stream, &mut buf).unwrap_or(0);
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let (status, body) = if request.starts_with("GET /metrics ") {
-                (
-                    "200 OK",
-                    metrics.lock().map(|m| m.clone()).unwrap_or_default(),
-                )
-            } else {
-                ("404 Not Found", "only /metrics here\n".to_string())
-            };
-            let _ = write!(
-                stream,
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
+    let bound = listener.local_addr()?;
+    if addr.ip().is_loopback() {
+        tracing::info!("serving metrics at http://{bound}/metrics");
+    } else {
+        tracing::warn!(
+            "serving metrics at http://{bound}/metrics, reachable from other hosts: the endpoint \
+             has no authentication (anyone who can reach it reads agent names, verdicts and \
+             probe URLs); bind 127.0.0.1 (e.g. --metrics-addr 127.0.0.1:{}) unless a firewall \
+             or a proxy guards it",
+            bound.port()
+        );
+    }
+    let open = Arc::new(AtomicUsize::new(0));
+    std::thread::Builder::new()
+        .name("selfheal-metrics".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = match stream {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // EMFILE and the like: do not spin.
+                        tracing::debug!("metrics: accept: {e}");
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                };
+                if open.fetch_add(1, Ordering::AcqRel) >= METRICS_MAX_CONNS {
+                    open.fetch_sub(1, Ordering::AcqRel);
+                    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                    let _ = respond(&mut stream, "503 Service Unavailable", "busy\n");
+                    continue;
+                }
+                let metrics = Arc::clone(&metrics);
+                let open_here = Arc::clone(&open);
+                let spawned = std::thread::Builder::new()
+                    .name("selfheal-metrics-conn".into())
+                    .spawn(move || {
+                        serve_one(stream, &metrics);
+                        open_here.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    open.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!("metrics: cannot start a connection thread: {e}");
+                }
+            }
+        })?;
     Ok(())
+}
+
+/// One metrics connection, within [`METRICS_CONN_DEADLINE`].
+fn serve_one(mut stream: std::net::TcpStream, metrics: &Mutex<String>) {
+    use std::io::Read as _;
+    let deadline = Instant::now() + METRICS_CONN_DEADLINE;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    // The request head, until its blank line, its size limit or the
+    // deadline (a client sending a byte a second gets no more time).
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < METRICS_MAX_REQUEST {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+    let (status, body) = if buf.starts_with(b"GET /metrics ") {
+        (
+            "200 OK",
+            metrics.lock().map(|m| m.clone()).unwrap_or_default(),
+        )
+    } else {
+        ("404 Not Found", "only /metrics here\n".to_string())
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() || stream.set_write_timeout(Some(left)).is_err() {
+        return;
+    }
+    let _ = respond(&mut stream, status, &body);
+}
+
+fn respond(stream: &mut std::net::TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }

@@ -7,7 +7,7 @@ use std::{fmt::Write as _, io::Write as _, path::PathBuf, process::ExitCode};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, Matched, ProcessTable},
-    config::{self, Config, ProbeConfig, Resolution, ResolvedUpstreams},
+    config::{self, Config, ProbeConfig, Redirects, Resolution, ResolvedUpstreams, SecretSource},
     runtime::{self, Identity},
 };
 
@@ -51,7 +51,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let config = match loaded {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("selfheal: {e}");
+            eprintln!("selfheal: {}", selfheal::text::escape(&e.to_string()));
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
@@ -80,7 +80,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         .collect();
     std::io::stdout()
         .lock()
-        .write_all(render(&config, &agents, &containers).as_bytes())
+        .write_all(selfheal::text::escape_lines(&render(&config, &agents, &containers)).as_bytes())
         .context("cannot write the report")?;
     Ok(ExitCode::SUCCESS)
 }
@@ -180,11 +180,34 @@ fn probe(p: &ProbeConfig) -> String {
             expect_status,
             fields,
             expect,
+            auth,
+            redirects,
+            body_excerpt,
         } => {
             let mut s = format!(
-                "{method} {url} timeout {}",
+                "{method} {} timeout {}",
+                selfheal::text::redact_url(url),
                 humantime::format_duration(*timeout)
             );
+            if let Some(a) = auth {
+                let header = a.header.as_deref().unwrap_or("Authorization: Bearer");
+                let _ = match &a.source {
+                    SecretSource::File(path) => {
+                        write!(s, ", auth {header} from file {}", path.display())
+                    }
+                    SecretSource::Env(name) => write!(s, ", auth {header} from ${name}"),
+                };
+                // Whether it can be read now; never the secret itself.
+                if let Err(e) = selfheal::probe::read_secret(&a.source) {
+                    let _ = write!(s, " (WARNING: {e})");
+                }
+            }
+            if *redirects == Redirects::None {
+                let _ = write!(s, ", redirects not followed");
+            }
+            if !body_excerpt {
+                let _ = write!(s, ", no body excerpt");
+            }
             if let Some(status) = expect_status {
                 let _ = write!(s, " expect status {status}");
             }

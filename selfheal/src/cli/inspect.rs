@@ -10,6 +10,7 @@ use selfheal::{
     config::{self, Config, MatchRule},
     ebpf::Strategy,
     inspect,
+    text::escape,
 };
 
 /// Show an agent's processes, threads and the receive each is blocked in
@@ -90,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let config = match loaded {
                 Ok(config) => config,
                 Err(e) => {
-                    eprintln!("selfheal: {e}");
+                    eprintln!("selfheal: {}", escape(&e.to_string()));
                     return Ok(ExitCode::from(EXIT_CONFIG));
                 }
             };
@@ -98,7 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
                 eprintln!(
                     "selfheal: no agent named {name:?} in {}; configured: {}",
-                    config.path.display(),
+                    escape(&config.path.display().to_string()),
                     names.join(", ")
                 );
                 return Ok(ExitCode::from(EXIT_CONFIG));
@@ -142,8 +143,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             map.insert("reasons".into(), serde_json::to_value(&d.reasons)?);
             map.insert("proofs".into(), serde_json::to_value(&d.proofs)?);
         }
-        serde_json::to_writer_pretty(&mut out, &doc).context("cannot write the report")?;
-        writeln!(out).context("cannot write the report")?;
+        let text = serde_json::to_string_pretty(&doc).context("cannot write the report")?;
+        // Still JSON, with DEL and C1 controls as \u escapes too.
+        writeln!(out, "{}", selfheal::text::escape_json(&text))
+            .context("cannot write the report")?;
     } else {
         out.write_all(inspect::render(&report).as_bytes())
             .context("cannot write the report")?;
@@ -175,7 +178,10 @@ fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::Age
                 .unwrap_or_default()
         }
         Err(e) => {
-            eprintln!("selfheal: judging without check's history: {e}");
+            eprintln!(
+                "selfheal: judging without check's history: {}",
+                escape(&e.to_string())
+            );
             Default::default()
         }
     }
@@ -185,7 +191,7 @@ fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::Age
 /// person (every text escaped).
 fn render_diagnosis(d: &selfheal::check::Diagnosis) -> String {
     use std::fmt::Write as _;
-    let esc = selfheal::inspect::escape;
+    let esc = escape;
     let mut o = String::new();
     let _ = writeln!(o, "\nverdict: {}", d.verdict);
     for r in &d.reasons {

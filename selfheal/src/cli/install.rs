@@ -77,6 +77,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "systemctl daemon-reload && systemctl enable --now selfheal-helper.socket",
         )
     };
+    if args.system {
+        // The helper runs this binary as root: refuse one that anyone but
+        // root could have written or could replace (trust.rs's rule, with
+        // root the only trusted owner).
+        if let Err(e) = selfheal::trust::open_trusted(&bin, 0, selfheal::trust::Sticky::AboveItsOwn)
+        {
+            let why = match e {
+                selfheal::trust::TrustError::Read { path, error } => {
+                    format!("cannot examine {}: {error}", path.display())
+                }
+                selfheal::trust::TrustError::Untrusted { reason } => reason,
+            };
+            anyhow::bail!(
+                "refusing to write a root unit that runs {bin_text}: {why}. Install the binary \
+                 where only root can change it, e.g. `install -o root -g root -m 0755 \
+                 {bin_text} /usr/local/bin/selfheal`, then run `selfheal install --system \
+                 --bin /usr/local/bin/selfheal`"
+            );
+        }
+    }
     let dir = args.dir.unwrap_or(default_dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (name, template) in units {

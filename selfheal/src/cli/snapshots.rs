@@ -11,7 +11,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use selfheal::snapshots::{self, SnapshotLog, SnapshotMeta};
+use selfheal::{
+    snapshots::{self, SnapshotLog, SnapshotMeta},
+    text::{escape, escape_json},
+};
 
 /// List and show forensic snapshots (the evidence recorded before each
 /// healing step).
@@ -110,19 +113,24 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             "selfheal: skipped {} malformed line{} in {}",
             listing.skipped,
             if listing.skipped == 1 { "" } else { "s" },
-            log.dir().display()
+            escape(&log.dir().display().to_string())
         );
     }
     let out = if args.common.json {
         let mut out = String::new();
         for m in &listing.entries {
-            out.push_str(&serde_json::to_string(m).context("cannot format a snapshot")?);
+            out.push_str(&escape_json(
+                &serde_json::to_string(m).context("cannot format a snapshot")?,
+            ));
             out.push('\n');
         }
         out
     } else {
         if listing.entries.is_empty() {
-            eprintln!("selfheal: no snapshots in {}", log.dir().display());
+            eprintln!(
+                "selfheal: no snapshots in {}",
+                escape(&log.dir().display().to_string())
+            );
         }
         table(&listing.entries)
     };
@@ -166,11 +174,10 @@ fn table(entries: &[SnapshotMeta]) -> String {
     out
 }
 
-/// A field from the file, safe for a terminal (no control characters).
+/// A field from the file, safe for a terminal (control characters
+/// escaped).
 fn printable(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    escape(s)
 }
 
 fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
@@ -181,17 +188,19 @@ fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
     else {
         eprintln!(
             "selfheal: no snapshot {:?} in {}",
-            args.id,
+            escape(&args.id),
             shown_dir(log.dir())
         );
         return Ok(ExitCode::from(1));
     };
-    let mut text = if args.common.json {
+    let text = if args.common.json {
         serde_json::to_string(&record)
     } else {
         serde_json::to_string_pretty(&record)
     }
     .context("cannot format the snapshot")?;
+    // Still JSON, with DEL and C1 controls as \u escapes too.
+    let mut text = escape_json(&text);
     text.push('\n');
     std::io::stdout()
         .lock()
@@ -201,9 +210,10 @@ fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn shown_dir(dir: &Path) -> String {
+    let shown = escape(&dir.display().to_string());
     if dir.exists() {
-        dir.display().to_string()
+        shown
     } else {
-        format!("{} (no such directory)", dir.display())
+        format!("{shown} (no such directory)")
     }
 }

@@ -16,7 +16,10 @@ use std::{
 
 use nix::{
     errno::Errno,
-    sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, recv, socket},
+    sys::socket::{
+        AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, getsockopt, recv, socket,
+        sockopt,
+    },
 };
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -39,6 +42,28 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// Before the retry: time for a dying helper to close its listener.
 const DYING_PAUSE: Duration = Duration::from_millis(100);
+
+/// Names one more uid trusted to serve the helper socket (besides root and
+/// this process's own uid).
+pub const HELPER_UID_ENV: &str = "SELFHEAL_HELPER_UID";
+
+/// The uids a client accepts as the helper: root, this process's effective
+/// uid (a private helper a user runs for their own processes) and the uid
+/// in [`HELPER_UID_ENV`], if set and a number.
+pub fn trusted_server_uids() -> Vec<u32> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mut uids = vec![0, me];
+    if let Some(u) = std::env::var(HELPER_UID_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        uids.push(u);
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
 
 /// The helper answered with an error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -65,6 +90,20 @@ pub enum ClientError {
     /// An answer this client cannot read.
     #[error("helper at {} sent a bad response: {reason}", path.display())]
     Protocol { path: PathBuf, reason: String },
+    /// The socket is served by a uid that is not trusted to be the helper.
+    #[error(
+        "refusing the helper at {}: it is served by uid {uid} (pid {pid}), not by {}; \
+         if that is your helper, set {HELPER_UID_ENV}={uid}, else remove the socket and \
+         start the real helper",
+        path.display(),
+        allowed.iter().map(|u| format!("uid {u}")).collect::<Vec<_>>().join(" or ")
+    )]
+    Untrusted {
+        path: PathBuf,
+        uid: u32,
+        pid: i32,
+        allowed: Vec<u32>,
+    },
     /// The helper refused the request.
     #[error(transparent)]
     Remote(#[from] RemoteError),
@@ -425,6 +464,20 @@ impl HelperClient {
                 }
                 Err(e) => return Err(unavailable(format!("connect: {}", e.desc()))),
             }
+        }
+        // Who serves the socket: root, this user (a private helper), or the
+        // uid named in SELFHEAL_HELPER_UID. Anyone else could have put a
+        // socket there to answer for the helper.
+        let peer = getsockopt(&fd, sockopt::PeerCredentials)
+            .map_err(|e| unavailable(format!("cannot tell who serves the socket: {}", e.desc())))?;
+        let allowed = trusted_server_uids();
+        if !allowed.contains(&peer.uid()) {
+            return Err(ClientError::Untrusted {
+                path: self.path.clone(),
+                uid: peer.uid(),
+                pid: peer.pid(),
+                allowed,
+            });
         }
         let stream = UnixStream::from(fd);
         stream

@@ -540,8 +540,14 @@ fn euid() -> u32 {
 }
 
 /// Creates the socket's directory (0755) if missing and checks that only we
-/// or root could replace the socket in it.
+/// or root could replace the socket in it — the directory and every one
+/// above it, by the rule of [`crate::safedir`] (symlinks on the way only
+/// when root's or ours).
 fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
+    crate::safedir::check_above(dir).map_err(|e| ServerError::UnsafeDir {
+        path: dir.to_path_buf(),
+        reason: e.to_string(),
+    })?;
     let io_err = |action| {
         move |source| ServerError::Io {
             action,
