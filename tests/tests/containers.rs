@@ -611,6 +611,9 @@ struct Podman {
     args: Vec<String>,
     tag: String,
     id: String,
+    /// Podman keeps a blob cache in /var/lib/containers whatever `--root`
+    /// says: removed on stop when this test made it.
+    made_var_lib: bool,
 }
 
 impl Podman {
@@ -628,6 +631,9 @@ impl Podman {
                 .args(&self.args)
                 .args(["rmi", "-f", &image]),
         );
+        if self.made_var_lib {
+            let _ = std::fs::remove_dir_all("/var/lib/containers");
+        }
     }
 }
 
@@ -640,6 +646,7 @@ fn start_podman(scratch: &Scratch, tar: &Path, tag: &str) -> Result<Podman, Stri
         "--events-backend=file".into(),
     ];
     let image = format!("localhost/{tag}:1");
+    let made_var_lib = !Path::new("/var/lib/containers").exists();
     run_ok(
         Command::new("podman")
             .args(&args)
@@ -685,6 +692,7 @@ fn start_podman(scratch: &Scratch, tar: &Path, tag: &str) -> Result<Podman, Stri
         args,
         tag: tag.to_string(),
         id,
+        made_var_lib,
     })
 }
 
