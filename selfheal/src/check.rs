@@ -1014,7 +1014,7 @@ pub fn metrics(outcomes: &[Outcome], history: &History, now_unix_s: f64) -> Stri
 fn containers_words(containers: &[crate::runtime::Identity]) -> String {
     let mut s = String::new();
     for c in containers {
-        let clean = |v: &str| v.chars().flat_map(char::escape_debug).collect::<String>();
+        let clean = crate::text::escape;
         s.push_str(&format!(" container={}", c.short_id()));
         if let Some(n) = &c.name {
             s.push_str(&format!("/{}", clean(n)));

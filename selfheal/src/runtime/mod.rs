@@ -80,15 +80,24 @@ impl Identity {
     /// (what a runtime said is escaped where it holds control characters).
     pub fn describe(&self) -> String {
         let mut s = match &self.name {
-            Some(n) => format!("{} ({}, {}", clean(n), self.short_id(), self.runtime),
+            Some(n) => format!(
+                "{} ({}, {}",
+                crate::text::escape(n),
+                self.short_id(),
+                self.runtime
+            ),
             None => format!("{} ({}", self.short_id(), self.runtime),
         };
         if let Some(i) = &self.image {
-            s.push_str(&format!(", image {}", clean(i)));
+            s.push_str(&format!(", image {}", crate::text::escape(i)));
         }
         match (&self.namespace, &self.pod) {
-            (Some(ns), Some(p)) => s.push_str(&format!(", pod {}/{}", clean(ns), clean(p))),
-            (None, Some(p)) => s.push_str(&format!(", pod {}", clean(p))),
+            (Some(ns), Some(p)) => s.push_str(&format!(
+                ", pod {}/{}",
+                crate::text::escape(ns),
+                crate::text::escape(p)
+            )),
+            (None, Some(p)) => s.push_str(&format!(", pod {}", crate::text::escape(p))),
             _ => {}
         }
         if !self.resolved {
@@ -96,23 +105,6 @@ impl Identity {
         }
         s.push(')');
         s
-    }
-}
-
-/// `s` with control characters escaped (`\n`, `\u{1b}`).
-fn clean(s: &str) -> String {
-    if s.chars().any(char::is_control) {
-        s.chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect()
-    } else {
-        s.to_string()
     }
 }
 
@@ -760,6 +752,34 @@ mod tests {
         let ids = table.identities(&[12, 11, 21, 1]);
         let names: Vec<_> = ids.iter().map(|i| i.name.as_deref()).collect();
         assert_eq!(names, vec![Some("runner-1"), Some("sidecar")]);
+    }
+
+    #[test]
+    fn describe_escapes_what_a_runtime_said() {
+        let inv = Inventory::from_containers(vec![(
+            Runtime::Containerd,
+            ContainerInfo {
+                id: "c".repeat(64),
+                name: Some("run\u{1b}[31mner".into()),
+                image: Some("img\n:1".into()),
+                labels: [
+                    ("io.kubernetes.pod.name".to_string(), "p\rod".to_string()),
+                    ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
+                ]
+                .into(),
+            },
+        )]);
+        let id = inv
+            .identity(&[CgroupContainer {
+                runtime: Runtime::Cri,
+                id: "c".repeat(64),
+                pod_uid: None,
+            }])
+            .unwrap();
+        assert_eq!(
+            id.describe(),
+            "run\\u{1b}[31mner (cccccccccccc, containerd, image img\\n:1, pod ns/p\\rod)"
+        );
     }
 
     #[test]
