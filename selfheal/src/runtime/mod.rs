@@ -6,7 +6,8 @@
 //!
 //! - Docker's Engine API on its unix socket (`DOCKER_HOST=unix://…`, else
 //!   `/var/run/docker.sock`) and Podman's compatible API
-//!   (`CONTAINER_HOST=unix://…`, else `/run/podman/podman.sock`): one
+//!   (`CONTAINER_HOST=unix://…`, else `/run/podman/podman.sock`, or for a
+//!   user other than root `$XDG_RUNTIME_DIR/podman/podman.sock`): one
 //!   `GET /containers/json` each ([`docker`]);
 //! - containerd: the OCI bundle of each task (`config.json` under
 //!   `SELFHEAL_CONTAINERD_STATE`, else `/run/containerd`), whose annotations
@@ -122,7 +123,7 @@ pub struct Sources {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Sources {
-    /// From the environment (`DOCKER_HOST`, `CONTAINER_HOST`,
+    /// From the environment (`DOCKER_HOST`, `CONTAINER_HOST`, `XDG_RUNTIME_DIR`,
     /// `SELFHEAL_CONTAINERD_STATE`, `SELFHEAL_RUNTIME_TIMEOUT`), else the
     /// runtimes' default places. A `DOCKER_HOST` that is not `unix://` is
     /// ignored: only a local socket is asked.
@@ -133,9 +134,15 @@ impl Sources {
                 .and_then(|v| v.strip_prefix("unix://").map(PathBuf::from))
                 .unwrap_or_else(|| PathBuf::from(default))
         };
+        let podman_default = podman_socket(
+            std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
+            crate::trust::euid(),
+        )
+        .display()
+        .to_string();
         Sources {
             docker: unix("DOCKER_HOST", "/var/run/docker.sock"),
-            podman: unix("CONTAINER_HOST", "/run/podman/podman.sock"),
+            podman: unix("CONTAINER_HOST", &podman_default),
             containerd_state: std::env::var_os("SELFHEAL_CONTAINERD_STATE")
                 .map_or_else(|| PathBuf::from("/run/containerd"), PathBuf::from),
             timeout: std::env::var("SELFHEAL_RUNTIME_TIMEOUT")
@@ -144,6 +151,15 @@ impl Sources {
                 .filter(|d| !d.is_zero())
                 .unwrap_or(DEFAULT_TIMEOUT),
         }
+    }
+}
+
+/// Podman's API socket by default: root's, or (rootless Podman) the one in
+/// the user's runtime directory.
+fn podman_socket(xdg_runtime_dir: Option<&std::ffi::OsStr>, euid: u32) -> PathBuf {
+    match xdg_runtime_dir {
+        Some(dir) if euid != 0 && !dir.is_empty() => PathBuf::from(dir).join("podman/podman.sock"),
+        _ => PathBuf::from("/run/podman/podman.sock"),
     }
 }
 
@@ -779,6 +795,20 @@ mod tests {
         assert_eq!(
             id.describe(),
             "run\\u{1b}[31mner (cccccccccccc, containerd, image img\\n:1, pod ns/p\\rod)"
+        );
+    }
+
+    #[test]
+    fn podman_socket_by_default() {
+        use std::ffi::OsStr;
+        let root = PathBuf::from("/run/podman/podman.sock");
+        assert_eq!(podman_socket(None, 0), root);
+        assert_eq!(podman_socket(Some(OsStr::new("/run/user/0")), 0), root);
+        assert_eq!(podman_socket(None, 1000), root);
+        assert_eq!(podman_socket(Some(OsStr::new("")), 1000), root);
+        assert_eq!(
+            podman_socket(Some(OsStr::new("/run/user/1000")), 1000),
+            PathBuf::from("/run/user/1000/podman/podman.sock")
         );
     }
 
