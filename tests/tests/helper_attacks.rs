@@ -537,13 +537,22 @@ fn a_setuid_exec_during_the_grace_gets_no_sigkill() {
     std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
     let mut procs = Procs::default();
+    // Where nobody may write its readiness file.
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let ready = public.join("ready");
     let pid = procs.sh(
         NOBODY,
         &format!(
-            "trap 'exec {} 300' TERM; while :; do sleep 0.05; done",
-            suid.display()
+            "trap 'exec {} 300' TERM; echo > {}; while :; do sleep 0.05; done",
+            suid.display(),
+            ready.display()
         ),
     );
+    // The trap is set once the file is there (a SIGTERM before would just
+    // end the shell).
+    wait_for(5 * SEC, TICK, || ready.exists().then_some(())).expect("the trap is set");
     let path = dir.join("helper.sock");
     let req = signal(pid, 1500);
     let t = Instant::now();
@@ -565,16 +574,21 @@ fn a_setuid_exec_during_the_grace_gets_no_sigkill() {
     });
     // The grace, and time for the timer to act.
     std::thread::sleep(3 * SEC);
-    let alive = start_ticks(pid) == Some(req.start_ticks);
+    // Alive: not a zombie (this test is its parent and has not reaped it).
+    let alive = start_ticks(pid) == Some(req.start_ticks)
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        });
     let audit = h.audit();
     eprintln!(
         "setuid in the grace: answered after {answered_after:?}: {answer:?}; uids then {setuid:?}; \
          alive after the grace: {alive}; audit: {audit:?}"
     );
-    let answer = answer.expect("the signal act is answered");
-    assert_eq!(answer["escalating"], true, "{answer}");
     assert!(setuid.is_some(), "the target exec'd the setuid binary");
     assert!(alive, "SIGKILL hit a process of uids [65534, 0, 0]");
+    let answer = answer.expect("the signal act is answered");
+    assert_eq!(answer["escalating"], true, "{answer}");
     let escalation = audit
         .iter()
         .find(|a| a.escalation && a.pid == pid)
@@ -701,12 +715,121 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// What one flooding uid sent and got.
+#[derive(Default)]
+struct Flood {
+    sent: u64,
+    ok: u64,
+    busy: u64,
+    acts_escalating: u64,
+}
+
+impl Flood {
+    fn add(&mut self, o: Flood) {
+        self.sent += o.sent;
+        self.ok += o.ok;
+        self.busy += o.busy;
+        self.acts_escalating += o.acts_escalating;
+    }
+
+    fn count(&mut self, r: &Option<Response>) {
+        match r {
+            Some(r) if r.ok => self.ok += 1,
+            Some(r) if r.error.as_ref().is_some_and(|e| e.code == ErrorCode::Busy) => {
+                self.busy += 1
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One uid's share of the load, on threads of that uid: 4 long `signal`
+/// acts on connections it then holds, and 300 ms later 2 connections
+/// flooding pipelined `hello`s until `end` and 20 connections opened and
+/// held.
+fn flood_as_uid(path: &std::path::Path, pids: &[u32], end: Instant, stop: &AtomicBool) -> Flood {
+    let hold = || wait_for(30 * SEC, TICK, || stop.load(Ordering::SeqCst).then_some(()));
+    std::thread::scope(|s| {
+        let mut jobs = Vec::new();
+        for pid in pids {
+            jobs.push(s.spawn(move || {
+                let mut f = Flood::default();
+                let Ok(c) = UnixStream::connect(path) else {
+                    return f;
+                };
+                f.sent += 1;
+                let r = ask(&c, &act_line(1, &signal(*pid, 120_000)), 3 * SEC);
+                f.count(&r);
+                if r.as_ref()
+                    .and_then(|r| r.result.as_ref())
+                    .is_some_and(|v| v["escalating"] == true)
+                {
+                    f.acts_escalating += 1;
+                }
+                hold();
+                f
+            }));
+        }
+        // The long acts first (each is answered after its SIGTERM), then
+        // the floods and the held connections.
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..2 {
+            jobs.push(s.spawn(move || {
+                let mut f = Flood::default();
+                let Ok(c) = UnixStream::connect(path) else {
+                    return f;
+                };
+                let _ = c.set_read_timeout(Some(5 * SEC));
+                let mut reader = BufReader::new(&c);
+                let mut id = 10u64;
+                while Instant::now() < end && !stop.load(Ordering::SeqCst) {
+                    let mut batch = String::new();
+                    for _ in 0..50 {
+                        id += 1;
+                        batch.push_str(&format!("{{\"v\":1,\"id\":{id},\"op\":\"hello\"}}\n"));
+                    }
+                    if (&c).write_all(batch.as_bytes()).is_err() {
+                        break;
+                    }
+                    f.sent += 50;
+                    for _ in 0..50 {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return f;
+                        }
+                        f.count(&Response::parse(line.as_bytes()).ok());
+                    }
+                }
+                f
+            }));
+        }
+        for _ in 0..20 {
+            jobs.push(s.spawn(move || {
+                let mut f = Flood::default();
+                let Ok(c) = UnixStream::connect(path) else {
+                    return f;
+                };
+                f.sent += 1;
+                f.count(&ask(&c, r#"{"v":1,"id":1,"op":"hello"}"#, 3 * SEC));
+                hold();
+                f
+            }));
+        }
+        let mut all = Flood::default();
+        for j in jobs {
+            all.add(j.join().unwrap());
+        }
+        all
+    })
+}
+
 /// Eight uids, each with 4 long `signal` acts (120 s grace, on processes
 /// that ignore SIGTERM) on connections it holds, 20 more connections held
-/// open, and 2 connections flooding pipelined `hello`s for 4 s; meanwhile
-/// root opens a fresh connection every 25 ms and asks `hello`. A
-/// measurement, printed: root's latency p50/p99 beside the flood's numbers.
-/// Asserted: root is never answered `busy` (nor anything but its hello).
+/// open, and 2 connections flooding pipelined `hello`s for 4 s, all at
+/// once; meanwhile root opens a fresh connection every 25 ms and asks
+/// `hello`. A measurement, printed: root's latency p50/p99 beside the
+/// flood's numbers. Asserted: root is never answered `busy` (nor anything
+/// but its hello).
 #[test]
 fn eight_uids_flooding_leave_root_answered() {
     if !need_root("helper load: eight uids") {
@@ -723,117 +846,17 @@ fn eight_uids_flooding_leave_root_answered() {
         .map(|&uid| (uid, (0..4).map(|_| procs.deaf(uid)).collect()))
         .collect();
     let stop = AtomicBool::new(false);
-    struct Flood {
-        sent: u64,
-        busy: u64,
-        ok: u64,
-        conns_refused: u64,
-        acts_ok: u64,
-    }
-    let (floods, root) = std::thread::scope(|s| {
+    let began = Instant::now();
+    let (flood, root) = std::thread::scope(|s| {
         let floods: Vec<_> = targets
             .iter()
             .map(|(uid, pids)| {
                 let (path, stop) = (&path, &stop);
-                s.spawn(move || {
-                    as_uid(*uid, || {
-                        let mut f = Flood {
-                            sent: 0,
-                            busy: 0,
-                            ok: 0,
-                            conns_refused: 0,
-                            acts_ok: 0,
-                        };
-                        let mut held = Vec::new();
-                        // Long acts, their connections held.
-                        for pid in pids {
-                            let Ok(c) = UnixStream::connect(path) else {
-                                f.conns_refused += 1;
-                                continue;
-                            };
-                            f.sent += 1;
-                            match outcome(&ask(&c, &act_line(1, &signal(*pid, 120_000)), 3 * SEC))
-                                .as_str()
-                            {
-                                "ok" => f.acts_ok += 1,
-                                "busy" => f.busy += 1,
-                                _ => {}
-                            }
-                            held.push(c);
-                        }
-                        // More connections, held open (a connection flood).
-                        for _ in 0..20 {
-                            match UnixStream::connect(path) {
-                                Ok(c) => {
-                                    f.sent += 1;
-                                    match outcome(&ask(
-                                        &c,
-                                        r#"{"v":1,"id":1,"op":"hello"}"#,
-                                        3 * SEC,
-                                    ))
-                                    .as_str()
-                                    {
-                                        "ok" => {
-                                            f.ok += 1;
-                                            held.push(c);
-                                        }
-                                        "busy" => f.busy += 1,
-                                        _ => {}
-                                    }
-                                }
-                                Err(_) => f.conns_refused += 1,
-                            }
-                        }
-                        // A request flood on two connections, pipelined.
-                        let flooders: Vec<UnixStream> =
-                            held.drain(held.len().saturating_sub(2)..).collect();
-                        let end = Instant::now() + FLOOD_FOR;
-                        let mut id = 10u64;
-                        'flood: while Instant::now() < end && !stop.load(Ordering::SeqCst) {
-                            for c in &flooders {
-                                let mut batch = String::new();
-                                for _ in 0..50 {
-                                    id += 1;
-                                    batch.push_str(&format!(
-                                        "{{\"v\":1,\"id\":{id},\"op\":\"hello\"}}\n"
-                                    ));
-                                }
-                                if (&*c).write_all(batch.as_bytes()).is_err() {
-                                    break 'flood;
-                                }
-                                f.sent += 50;
-                                let _ = c.set_read_timeout(Some(5 * SEC));
-                                let mut reader = BufReader::new(c);
-                                for _ in 0..50 {
-                                    let mut line = String::new();
-                                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                                        break 'flood;
-                                    }
-                                    match Response::parse(line.as_bytes()) {
-                                        Ok(r) if r.ok => f.ok += 1,
-                                        Ok(r)
-                                            if r.error
-                                                .as_ref()
-                                                .is_some_and(|e| e.code == ErrorCode::Busy) =>
-                                        {
-                                            f.busy += 1
-                                        }
-                                        _ => {}
-                                    }
-                                }
-                            }
-                        }
-                        drop(flooders);
-                        // Hold the rest until root is done.
-                        wait_for(30 * SEC, TICK, || stop.load(Ordering::SeqCst).then_some(()));
-                        drop(held);
-                        f
-                    })
-                })
+                s.spawn(move || as_uid(*uid, || flood_as_uid(path, pids, began + FLOOD_FOR, stop)))
             })
             .collect();
         let mut root: Vec<(Result<u32, String>, Duration)> = Vec::new();
-        let end = Instant::now() + FLOOD_FOR + SEC;
+        let end = began + FLOOD_FOR + SEC;
         for _ in 0..1000 {
             if Instant::now() >= end {
                 break;
@@ -847,22 +870,22 @@ fn eight_uids_flooding_leave_root_answered() {
             std::thread::sleep(Duration::from_millis(25));
         }
         stop.store(true, Ordering::SeqCst);
-        let floods: Vec<Flood> = floods.into_iter().map(|t| t.join().unwrap()).collect();
-        (floods, root)
+        let mut flood = Flood::default();
+        for f in floods {
+            flood.add(f.join().unwrap());
+        }
+        (flood, root)
     });
-    let sum = |f: fn(&Flood) -> u64| floods.iter().map(f).sum::<u64>();
     let mut lat: Vec<Duration> = root.iter().map(|r| r.1).collect();
     lat.sort();
     let answered = root.iter().filter(|r| r.0.is_ok()).count();
     eprintln!(
-        "load: 8 uids for {FLOOD_FOR:?}: {} requests sent ({} answered ok, {} busy, {} acts \
-         escalating), {} connections refused at connect; root: {answered} of {} hellos answered, \
-         p50 {:?}, p99 {:?}, max {:?}",
-        sum(|f| f.sent),
-        sum(|f| f.ok),
-        sum(|f| f.busy),
-        sum(|f| f.acts_ok),
-        sum(|f| f.conns_refused),
+        "load: 8 uids for {FLOOD_FOR:?}: {} requests sent ({} answered ok, {} busy, {} signal acts \
+         escalating); root: {answered} of {} hellos answered, p50 {:?}, p99 {:?}, max {:?}",
+        flood.sent,
+        flood.ok,
+        flood.busy,
+        flood.acts_escalating,
         root.len(),
         percentile(&lat, 0.50),
         percentile(&lat, 0.99),
@@ -873,4 +896,47 @@ fn eight_uids_flooding_leave_root_answered() {
     }
     assert!(root.len() >= 20, "root kept asking: {}", root.len());
     drop(h);
+}
+
+/// The other half of the asynchronous `signal`: a process that ignores
+/// SIGTERM gets SIGKILL from the helper's timer once the grace runs out,
+/// the escalation is audited, and `HelperHealer` (what `check` acts
+/// through) still reports how it ended: it watches the exit itself.
+#[test]
+fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
+    use selfheal::check::Healer as _;
+    if !need_root("helper: escalation on the timer") {
+        return;
+    }
+    let dir = Scratch::new("attack-escalate");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let pid = procs.deaf(NOBODY);
+    let step = selfheal::ladder::Step::Signal {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        grace_ms: 1000,
+    };
+    let path = dir.join("helper.sock");
+    let t = Instant::now();
+    let detail = as_uid(NOBODY, || {
+        let c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        selfheal::healer::HelperHealer::new(c).act("deaf", &step)
+    });
+    let took = t.elapsed();
+    eprintln!("escalation: {took:?}: {detail:?}");
+    let v: serde_json::Value = serde_json::from_str(&detail.expect("acted")).unwrap();
+    assert_eq!(v["escalating"], true, "{v}");
+    assert_eq!(v["exited"], true, "{v}");
+    assert!(
+        took >= Duration::from_millis(900) && took < 5 * SEC,
+        "{took:?}"
+    );
+    let audit = h.audit();
+    let e = audit
+        .iter()
+        .find(|a| a.escalation && a.pid == pid)
+        .expect("the escalation is audited");
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(e.caller.uid, NOBODY);
 }
