@@ -9,6 +9,12 @@
 //! `pidfd_getfd`: the agent's own socket, duplicated into this process, is
 //! changed and the duplicate closed; the agent's fd table is never touched.
 //!
+//! A socket fd is duplicated only when `/proc/PID/fd/FD` names a socket,
+//! and the duplicate is checked by its own `/proc` link, never `fstat`: a
+//! file on a FUSE mount could block such calls forever. The helper signals
+//! in two halves ([`signal_term`] now, [`signal_kill`] on its timer);
+//! [`signal_escalate`] does both in one call for acting directly.
+//!
 //! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
 //! helper's JSON protocol and for audit lines. Deciding *whether* to act is
 //! the ladder's job, not this module's.

@@ -4,6 +4,9 @@
 //! Every step re-opens its target by pidfd against the start time the check
 //! saw, so a pid reused since then is never touched. [`HelperHealer`] acts
 //! directly when its helper has gone away (no connection: nothing was sent).
+//! The helper answers a `signal` after SIGTERM and sends SIGKILL on its own
+//! timer; [`HelperHealer`] then watches the process's exit through a pidfd
+//! of its own, so the ladder still learns how the step ended.
 
 use std::time::Duration;
 
