@@ -940,3 +940,59 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
     assert!(e.error.is_none(), "{e:?}");
     assert_eq!(e.caller.uid, NOBODY);
 }
+
+/// The bounds that keep long acts from piling up: connections beyond what
+/// other uids may hold are `busy` while root still gets in (its reserve),
+/// and a `signal` beyond the pending escalations a uid may have is `busy`
+/// with nothing sent.
+#[test]
+fn the_root_reserve_and_the_escalation_table_are_bounded() {
+    if !need_root("helper: reserve and escalation bounds") {
+        return;
+    }
+    let dir = Scratch::new("attack-bounds");
+    let exec = Arc::new(DryExecutor::new());
+    let _h = start(&dir, exec.clone(), |o| {
+        o.max_connections = 4;
+        o.max_connections_per_uid = 4;
+        o.root_reserve = 2;
+        o.max_escalations_per_uid = 2;
+    });
+    let path = dir.join("helper.sock");
+    let mut procs = Procs::default();
+    let pids: Vec<u32> = (0..3).map(|_| procs.sh(NOBODY, "exec sleep 300")).collect();
+    let (held, third, acts) = as_uid(NOBODY, || {
+        let held: Vec<UnixStream> = (0..2)
+            .map(|_| {
+                let c = UnixStream::connect(&path).unwrap();
+                assert_eq!(
+                    outcome(&ask(&c, r#"{"v":1,"id":1,"op":"hello"}"#, 5 * SEC)),
+                    "ok"
+                );
+                c
+            })
+            .collect();
+        let third = UnixStream::connect(&path).unwrap();
+        let third = ask(&third, r#"{"v":1,"id":1,"op":"hello"}"#, 5 * SEC);
+        let acts: Vec<Option<Response>> = pids
+            .iter()
+            .map(|pid| ask(&held[0], &act_line(1, &signal(*pid, 60_000)), 5 * SEC))
+            .collect();
+        (held, third, acts)
+    });
+    let third = third.expect("an answer");
+    let e = third.error.expect("refused");
+    assert_eq!(e.code, ErrorCode::Busy, "{e:?}");
+    assert!(e.message.contains("2 are kept for root"), "{e:?}");
+    // Root gets in while nobody holds all it may.
+    for _ in 0..2 {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        assert_eq!(c.hello().unwrap().caller.uid, 0);
+    }
+    let outcomes: Vec<String> = acts.iter().map(outcome).collect();
+    assert_eq!(outcomes, ["ok", "ok", "busy"], "{acts:?}");
+    let busy = acts[2].as_ref().unwrap().error.as_ref().unwrap();
+    assert!(busy.message.contains("nothing was sent"), "{busy:?}");
+    assert_eq!(exec.calls().len(), 2, "the third signal was not sent");
+    drop(held);
+}
