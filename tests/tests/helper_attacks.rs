@@ -996,3 +996,102 @@ fn the_root_reserve_and_the_escalation_table_are_bounded() {
     assert_eq!(exec.calls().len(), 2, "the third signal was not sent");
     drop(held);
 }
+
+/// A FUSE filesystem that stops answering: `tests/src/hangfs.c`, built
+/// with the system's C compiler, mounted on a scratch directory; dropping
+/// it kills the server (the kernel then fails what waits on it) and
+/// detaches the mount.
+struct HangFs {
+    server: Child,
+    mnt: PathBuf,
+}
+
+impl HangFs {
+    fn mount(dir: &Scratch, freeze: &std::path::Path) -> Result<HangFs, String> {
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/hangfs.c");
+        let bin = dir.join("hangfs");
+        let out = Command::new("cc")
+            .args(["-O1", "-o"])
+            .arg(&bin)
+            .arg(src)
+            .output()
+            .map_err(|e| format!("no C compiler: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("cc: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+        let mut server = Command::new(&bin)
+            .arg(&mnt)
+            .arg(freeze)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        let _ = BufReader::new(server.stdout.take().unwrap()).read_line(&mut line);
+        if line.trim() != "mounted" {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err("cannot mount a FUSE filesystem here".into());
+        }
+        Ok(HangFs { server, mnt })
+    }
+}
+
+impl Drop for HangFs {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
+/// The FUSE case itself: the target's fd 7 is a file on a FUSE mount whose
+/// server no longer answers. Before, the helper duplicated it and called
+/// `fstat` on the duplicate, which waited on the server for good: the act
+/// was never answered. Now the fd's `/proc` link is read instead, and the
+/// act is refused at once.
+#[test]
+fn a_socket_action_on_a_hung_fuse_file_is_answered() {
+    if !need_root("helper attack: FUSE fd") {
+        return;
+    }
+    let dir = Scratch::new("attack-fuse");
+    let freeze = dir.join("freeze");
+    let fs = match HangFs::mount(&dir, &freeze) {
+        Ok(fs) => fs,
+        Err(why) => {
+            skip("helper attack: FUSE fd", &why);
+            return;
+        }
+    };
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let pid = procs.sh(0, &format!("exec 7<{}/f; exec sleep 300", fs.mnt.display()));
+    wait_for(5 * SEC, TICK, || {
+        std::fs::read_link(format!("/proc/{pid}/fd/7")).ok()
+    })
+    .expect("fd 7 open");
+    std::fs::write(&freeze, "").unwrap();
+    let mut req = ActRequest::new(Action::DestroySocket, pid, start_ticks(pid).unwrap());
+    req.fd = Some(7);
+    let t = Instant::now();
+    let opts = ClientOptions {
+        act_timeout: 3 * SEC,
+        ..client_opts()
+    };
+    let r = HelperClient::connect_with(dir.join("helper.sock"), opts)
+        .unwrap()
+        .act(&req);
+    let took = t.elapsed();
+    eprintln!("FUSE fd: answered after {took:?}: {r:?}");
+    // The server goes first: whatever still waits on it (the target's
+    // close of fd 7 as it dies) fails then.
+    drop(fs);
+    drop(procs);
+    drop(h);
+    let e = r.expect_err("refused");
+    assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
+    assert!(e.to_string().contains("is not a socket: left alone"), "{e}");
+    assert!(took < 2 * SEC, "{took:?}");
+}
