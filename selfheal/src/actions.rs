@@ -9,6 +9,12 @@
 //! `pidfd_getfd`: the agent's own socket, duplicated into this process, is
 //! changed and the duplicate closed; the agent's fd table is never touched.
 //!
+//! A socket fd is duplicated only when `/proc/PID/fd/FD` names a socket,
+//! and the duplicate is checked by its own `/proc` link, never `fstat`: a
+//! file on a FUSE mount could block such calls forever. The helper signals
+//! in two halves ([`signal_term`] now, [`signal_kill`] on its timer);
+//! [`signal_escalate`] does both in one call for acting directly.
+//!
 //! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
 //! helper's JSON protocol and for audit lines. Deciding *whether* to act is
 //! the ladder's job, not this module's.
@@ -219,31 +225,76 @@ struct DupSocket {
     inode: u64,
 }
 
+/// The socket inode `/proc/PID/fd/FD` names (`socket:[inode]`); `None`
+/// for anything else. Reading the link calls nothing of the file's own
+/// filesystem (no `fstat`, which a FUSE server could leave unanswered).
+fn socket_inode_of(link: &std::path::Path) -> Option<u64> {
+    let l = std::fs::read_link(link).ok()?;
+    l.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Closes `fd` on a thread of its own: a file a caller chose may sit on a
+/// FUSE mount whose server never answers the `flush` that `close` sends.
+/// At most [`MAX_DEFERRED_CLOSES`] wait at once; beyond that an fd is
+/// leaked (logged) rather than risk the caller's thread.
+fn close_aside(fd: OwnedFd) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static WAITING: AtomicUsize = AtomicUsize::new(0);
+    if WAITING.fetch_add(1, Ordering::SeqCst) >= MAX_DEFERRED_CLOSES {
+        WAITING.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("{MAX_DEFERRED_CLOSES} closes already hang; leaking a duplicated fd");
+        std::mem::forget(fd);
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("selfheal-close".into())
+        .spawn(move || {
+            drop(fd);
+            WAITING.fetch_sub(1, Ordering::SeqCst);
+        });
+    if spawned.is_err() {
+        WAITING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Most duplicated non-socket fds [`close_aside`] closes at once.
+const MAX_DEFERRED_CLOSES: usize = 64;
+
 /// Duplicates `fd` of the target and checks that it is a socket (the inode
-/// is the one `/proc/PID/fd/FD` names: `socket:[inode]`).
+/// is the one `/proc/PID/fd/FD` names: `socket:[inode]`). The target's fd
+/// is checked before it is duplicated, and the duplicate after (the target
+/// may swap it meanwhile), both by their `/proc` links: no call on the
+/// duplicate reaches a file's filesystem, and one that is not a socket is
+/// closed aside ([`close_aside`]).
 fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
     let pid = target.pid();
     if fd < 0 {
         return Err(ActionError::NoSuchFd { pid, fd });
+    }
+    let theirs = std::path::PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+    if socket_inode_of(&theirs).is_none() {
+        return Err(match std::fs::symlink_metadata(&theirs) {
+            Err(_) => ActionError::NoSuchFd { pid, fd },
+            Ok(_) => ActionError::NotASocket { pid, fd },
+        });
     }
     let dup = target.get_fd(fd).map_err(|e| match e.raw_os_error() {
         Some(libc::EBADF) => ActionError::NoSuchFd { pid, fd },
         Some(libc::ESRCH) => ActionError::Gone { pid },
         _ => ActionError::io(format!("pidfd_getfd fd {fd} of pid {pid}"), e),
     })?;
-    let st = nix::sys::stat::fstat(&dup).map_err(|e| {
-        ActionError::io(
-            format!("fstat fd {fd} of pid {pid}"),
-            std::io::Error::from(e),
-        )
-    })?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return Err(ActionError::NotASocket { pid, fd });
+    let ours = format!("/proc/self/fd/{}", dup.as_raw_fd());
+    match socket_inode_of(std::path::Path::new(&ours)) {
+        Some(inode) => Ok(DupSocket { fd: dup, inode }),
+        None => {
+            close_aside(dup);
+            Err(ActionError::NotASocket { pid, fd })
+        }
     }
-    Ok(DupSocket {
-        fd: dup,
-        inode: st.st_ino,
-    })
 }
 
 /// [`dup_socket`], refusing anything but TCP over IPv4/IPv6, and, when
@@ -1202,6 +1253,11 @@ pub struct SignalOutcome {
     /// When it exited, counted from the SIGTERM.
     pub exited_after_ms: Option<u64>,
     pub grace_ms: u64,
+    /// Only SIGTERM was sent so far: the helper sends SIGKILL on its own
+    /// timer after `grace_ms` if the process still lives then (and is
+    /// still who it was). Absent (false) from a synchronous escalation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub escalating: bool,
 }
 
 /// How long [`signal_escalate`] waits after SIGKILL (a process in
@@ -1234,18 +1290,60 @@ fn wait_exit(target: &Pidfd, timeout: Duration) -> bool {
     !target.is_alive()
 }
 
+/// Sends `sig` through the target's pidfd.
+fn send_signal(target: &Pidfd, sig: libc::c_int, name: &str) -> Result<(), ActionError> {
+    let pid = target.pid();
+    target.send_signal(sig).map_err(|e| match e.raw_os_error() {
+        Some(libc::ESRCH) => ActionError::Gone { pid },
+        _ => ActionError::io(format!("pidfd_send_signal {name} to pid {pid}"), e),
+    })
+}
+
+/// How long [`signal_term`] watches for a quick exit before it answers.
+pub const TERM_WATCH: Duration = Duration::from_millis(200);
+
+/// The first half of [`signal_escalate`], for the helper: SIGTERM through
+/// the pidfd, then up to [`TERM_WATCH`] to see the process exit. It never
+/// waits out the grace: the helper's timer sends SIGKILL (see
+/// [`signal_kill`]). `grace` is only reported.
+pub fn signal_term(target: &Pidfd, grace: Duration) -> Result<SignalOutcome, ActionError> {
+    check_target(target)?;
+    let start = Instant::now();
+    send_signal(target, libc::SIGTERM, "SIGTERM")?;
+    let exited = wait_exit(target, TERM_WATCH.min(grace));
+    Ok(SignalOutcome {
+        pid: target.pid(),
+        sent: vec![Signal::Term],
+        exited,
+        exited_after_ms: exited.then(|| start.elapsed().as_millis() as u64),
+        grace_ms: grace.as_millis() as u64,
+        escalating: !exited,
+    })
+}
+
+/// The second half, on the helper's timer: SIGKILL through the pidfd
+/// (never to a recycled pid), without waiting. The caller has checked that
+/// the process is still the one that got SIGTERM, and still allowed.
+pub fn signal_kill(target: &Pidfd) -> Result<SignalOutcome, ActionError> {
+    check_target(target)?;
+    send_signal(target, libc::SIGKILL, "SIGKILL")?;
+    Ok(SignalOutcome {
+        pid: target.pid(),
+        sent: vec![Signal::Kill],
+        exited: false,
+        exited_after_ms: None,
+        grace_ms: 0,
+        escalating: false,
+    })
+}
+
 /// SIGTERM through the pidfd, up to `grace` for the process to exit, then
 /// SIGKILL and up to [`KILL_WAIT`]. A target that is already gone is
 /// [`ActionError::Gone`] and nothing is sent.
 pub fn signal_escalate(target: &Pidfd, grace: Duration) -> Result<SignalOutcome, ActionError> {
     check_target(target)?;
+    let send = |sig: libc::c_int, name: &str| send_signal(target, sig, name);
     let pid = target.pid();
-    let send = |sig: libc::c_int, name: &str| {
-        target.send_signal(sig).map_err(|e| match e.raw_os_error() {
-            Some(libc::ESRCH) => ActionError::Gone { pid },
-            _ => ActionError::io(format!("pidfd_send_signal {name} to pid {pid}"), e),
-        })
-    };
     let start = Instant::now();
     send(libc::SIGTERM, "SIGTERM")?;
     let mut sent = vec![Signal::Term];
@@ -1265,6 +1363,7 @@ pub fn signal_escalate(target: &Pidfd, grace: Duration) -> Result<SignalOutcome,
         exited,
         exited_after_ms: exited.then(|| start.elapsed().as_millis() as u64),
         grace_ms: grace.as_millis() as u64,
+        escalating: false,
     })
 }
 
@@ -1675,8 +1774,10 @@ mod tests {
             exited: true,
             exited_after_ms: Some(1200),
             grace_ms: 1000,
+            escalating: false,
         };
         let json = serde_json::to_string(&o).unwrap();
+        assert!(!json.contains("escalating"), "{json}");
         assert!(json.contains(r#""sent":["SIGTERM","SIGKILL"]"#), "{json}");
         assert_eq!(serde_json::from_str::<SignalOutcome>(&json).unwrap(), o);
         let d = DestroyOutcome {

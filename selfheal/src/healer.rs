@@ -4,6 +4,9 @@
 //! Every step re-opens its target by pidfd against the start time the check
 //! saw, so a pid reused since then is never touched. [`HelperHealer`] acts
 //! directly when its helper has gone away (no connection: nothing was sent).
+//! The helper answers a `signal` after SIGTERM and sends SIGKILL on its own
+//! timer; [`HelperHealer`] then watches the process's exit through a pidfd
+//! of its own, so the ladder still learns how the step ended.
 
 use std::time::Duration;
 
@@ -136,9 +139,6 @@ pub struct ActionsExecutor {
     pub keepalive: Keepalive,
 }
 
-/// Longest grace a caller may ask the helper to wait before SIGKILL.
-const MAX_GRACE: Duration = Duration::from_secs(120);
-
 /// Longest hold a caller may ask of a proof keepalive (10 minutes).
 const MAX_PROOF_HOLD_MS: u32 = 600_000;
 
@@ -197,15 +197,17 @@ impl crate::helper::server::Executor for ActionsExecutor {
             Action::ExpireKeepalive => {
                 serde_json::to_value(actions::expire_keepalive(target, fd()?, inode()?).map_err(e)?)
             }
+            // SIGTERM only: the server sends SIGKILL on its own timer when
+            // the grace runs out ([`Executor::escalate`]), after checking
+            // the process and the policy again.
             Action::Signal => {
                 let grace = req
                     .params
                     .get("grace_ms")
                     .and_then(serde_json::Value::as_u64)
-                    .map_or(Duration::from_secs(10), Duration::from_millis);
-                serde_json::to_value(
-                    actions::signal_escalate(target, grace.min(MAX_GRACE)).map_err(e)?,
-                )
+                    .map_or(crate::helper::server::DEFAULT_GRACE, Duration::from_millis)
+                    .min(crate::helper::server::MAX_GRACE);
+                serde_json::to_value(actions::signal_term(target, grace).map_err(e)?)
             }
             // Running a command as root on a caller's say-so is not the
             // helper's to do: the caller runs its own restart command.
@@ -216,6 +218,22 @@ impl crate::helper::server::Executor for ActionsExecutor {
             }
         };
         value.map_err(|e| e.to_string())
+    }
+
+    fn escalate(
+        &self,
+        _caller: &crate::helper::protocol::Caller,
+        target: &crate::pidfd::Pidfd,
+        req: &crate::helper::protocol::ActRequest,
+    ) -> Result<serde_json::Value, String> {
+        use crate::helper::protocol::Action;
+        match req.action {
+            Action::Signal => {
+                serde_json::to_value(actions::signal_kill(target).map_err(|e| e.to_string())?)
+                    .map_err(|e| e.to_string())
+            }
+            other => Err(format!("{other} has no second step")),
+        }
     }
 }
 
@@ -283,8 +301,17 @@ impl Healer for HelperHealer {
             Step::Restart { .. } => return run_step(step, &self.keepalive).map(|v| v.to_string()),
         };
         req.agent = Some(agent.to_string());
-        self.request(&req, || run_step(step, &self.keepalive))
-            .map(|v| v.to_string())
+        let v = self.request(&req, || run_step(step, &self.keepalive))?;
+        Ok(match step {
+            Step::Signal {
+                pid,
+                start_ticks,
+                grace_ms,
+            } if v["escalating"] == true => {
+                await_escalation(v, *pid, *start_ticks, *grace_ms).to_string()
+            }
+            _ => v.to_string(),
+        })
     }
 
     fn arm_proof(
@@ -310,6 +337,53 @@ impl Healer for HelperHealer {
             restore_here(t, previous)
         })
     }
+}
+
+/// The helper answers a `signal` after SIGTERM and sends SIGKILL on its own
+/// timer; the ladder still wants to know how it ended. So the healer
+/// watches the process itself through a pidfd of its own (anyone may open
+/// one and see the exit), up to the grace plus the SIGKILL wait, and adds
+/// `exited` and `watched_ms` (from the answer on) to the helper's
+/// answer. A pid that is already gone (or now another process) counts as
+/// exited. The next check verifies either way.
+fn await_escalation(
+    mut v: serde_json::Value,
+    pid: u32,
+    start_ticks: u64,
+    grace_ms: u64,
+) -> serde_json::Value {
+    let began = std::time::Instant::now();
+    let limit =
+        Duration::from_millis(grace_ms.min(crate::helper::server::MAX_GRACE.as_millis() as u64))
+            + actions::KILL_WAIT
+            + Duration::from_secs(1);
+    let exited = match crate::pidfd::Pidfd::open(pid, Some(start_ticks)) {
+        Ok(fd) => {
+            // Bounded: each wait ends at the limit or at the exit; an
+            // interrupted one costs another round.
+            let mut exited = false;
+            for _ in 0..1000 {
+                let left = limit.saturating_sub(began.elapsed());
+                if fd.wait_exit(left) {
+                    exited = true;
+                    break;
+                }
+                if left.is_zero() {
+                    break;
+                }
+            }
+            exited
+        }
+        Err(_) => true,
+    };
+    if let serde_json::Value::Object(m) = &mut v {
+        m.insert("exited".into(), exited.into());
+        m.insert(
+            "watched_ms".into(),
+            (began.elapsed().as_millis() as u64).into(),
+        );
+    }
+    v
 }
 
 /// A prove-stage request for socket `t`, with `params` as its options.
@@ -386,7 +460,21 @@ impl crate::check::TracerSource for HelperTracer {
             .map_err(|_| "helper client poisoned".to_string())?;
         let watched = client.watch(pids).map_err(|e| e.to_string())?;
         let since = watched.watched.iter().map(|w| w.since_ns).max();
-        let snap = client.ebpf_snapshot(pids).map_err(|e| e.to_string())?;
-        Ok((snap, since))
+        let got = client
+            .ebpf_snapshot_with_gaps(pids)
+            .map_err(|e| e.to_string())?;
+        // The helper answers the pids this user may query; the others are
+        // gaps in the evidence, not a reason to lose all of it.
+        let mut refused = got.refused;
+        refused.extend(watched.refused);
+        refused.sort_unstable();
+        refused.dedup();
+        if !refused.is_empty() {
+            tracing::warn!(
+                "the helper refused the eBPF evidence of pid(s) {refused:?} (not this user's, \
+                 or not running): a gap; the other pids' evidence is used"
+            );
+        }
+        Ok((got.snapshot, since))
     }
 }

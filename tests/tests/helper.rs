@@ -73,8 +73,13 @@ struct Sleeper(Child);
 
 impl Sleeper {
     fn new(uid: Option<u32>) -> Sleeper {
+        Sleeper::with_stdin(uid, Stdio::inherit())
+    }
+
+    /// One whose fd 0 is `stdin` (a socket, for the socket actions).
+    fn with_stdin(uid: Option<u32>, stdin: Stdio) -> Sleeper {
         let mut cmd = Command::new("sleep");
-        cmd.arg("120");
+        cmd.arg("120").stdin(stdin);
         if let Some(uid) = uid {
             cmd.uid(uid).gid(uid);
         }
@@ -246,18 +251,22 @@ fn hello_watch_and_snapshot_round_trip_with_the_tracer() {
     assert!(s.blocked.iter().all(|b| b.tgid == other.pid()), "{s:?}");
     assert!(s.sockets.iter().all(|a| a.tgid == other.pid()), "{s:?}");
 
-    // nobody may neither watch nor read root's processes.
+    // nobody may neither watch nor read root's processes: each is a
+    // refused pid (a gap), nothing of it is shown.
     let path = dir.socket();
     let (w, s) = as_uid(NOBODY, || {
         let mut c = client(&path);
         (
-            c.watch(&[ready.pid]).unwrap_err().code(),
-            c.ebpf_snapshot(&[ready.pid]).unwrap_err().code(),
+            c.watch(&[ready.pid]).unwrap(),
+            c.ebpf_snapshot_with_gaps(&[ready.pid]).unwrap(),
         )
     });
-    assert_eq!(
-        (w, s),
-        (Some(ErrorCode::Forbidden), Some(ErrorCode::Forbidden))
+    assert!(w.watched.is_empty() && w.gone.is_empty(), "{w:?}");
+    assert_eq!(w.refused, vec![ready.pid]);
+    assert_eq!(s.refused, vec![ready.pid]);
+    assert!(
+        s.snapshot.blocked.is_empty() && s.snapshot.sockets.is_empty(),
+        "{s:?}"
     );
 
     let u = c.unwatch(&[ready.pid, other.pid()]).unwrap();
@@ -307,7 +316,9 @@ fn callers_act_only_on_what_they_may_and_every_act_is_audited() {
     let dir = TempDir::new("authz");
     let (h, exec) = start(&dir, |_| {});
     let path = dir.socket();
-    let roots = Sleeper::new(None);
+    // Its fd 0 is a socket: socket actions are refused on anything else.
+    let (sock, _peer) = UnixStream::pair().unwrap();
+    let roots = Sleeper::with_stdin(None, Stdio::from(std::os::fd::OwnedFd::from(sock)));
     let nobodys = Sleeper::new(Some(NOBODY));
 
     let (hello_uid, on_root, on_own) = as_uid(NOBODY, || {

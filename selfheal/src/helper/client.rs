@@ -65,6 +65,16 @@ pub fn trusted_server_uids() -> Vec<u32> {
     uids
 }
 
+/// An `ebpf_snapshot` answer: the evidence of the pids the caller may
+/// query, and the others.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotWithGaps {
+    pub snapshot: TracerSnapshot,
+    /// Pids the helper refused (not the caller's, or not running): no
+    /// evidence of them, a gap.
+    pub refused: Vec<u32>,
+}
+
 /// The helper answered with an error.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("helper refused: {code}: {message}")]
@@ -212,19 +222,33 @@ impl HelperClient {
         )
     }
 
-    /// The tracer's snapshot, holding only `pids`.
+    /// The tracer's snapshot, holding only those of `pids` this caller may
+    /// query (see [`HelperClient::ebpf_snapshot_with_gaps`]).
     pub fn ebpf_snapshot(&mut self, pids: &[u32]) -> Result<TracerSnapshot, ClientError> {
-        let wire: SnapshotWire = self.typed(
+        self.ebpf_snapshot_with_gaps(pids).map(|g| g.snapshot)
+    }
+
+    /// The tracer's snapshot of `pids`, with the pids the helper refused
+    /// (this caller may not query them, or they do not exist): per-pid
+    /// gaps in the evidence, the rest answered.
+    pub fn ebpf_snapshot_with_gaps(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<SnapshotWithGaps, ClientError> {
+        let mut wire: SnapshotWire = self.typed(
             Op::EbpfSnapshot {
                 pids: pids.to_vec(),
             },
             true,
         )?;
-        wire.into_snapshot()
+        let refused = std::mem::take(&mut wire.refused);
+        let snapshot = wire
+            .into_snapshot()
             .map_err(|reason| ClientError::Protocol {
                 path: self.path.clone(),
                 reason,
-            })
+            })?;
+        Ok(SnapshotWithGaps { snapshot, refused })
     }
 
     /// Asks the helper to act; the result is what the action reports. Never

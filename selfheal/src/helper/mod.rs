@@ -10,7 +10,7 @@ pub mod policy;
 pub mod protocol;
 pub mod server;
 
-pub use self::client::{ClientError, ClientOptions, HelperClient, RemoteError};
+pub use self::client::{ClientError, ClientOptions, HelperClient, RemoteError, SnapshotWithGaps};
 pub use self::policy::{DEFAULT_POLICY, Policy, PolicyError};
 pub use self::protocol::{
     ActRequest, Action, Caller, ErrorCode, HelloResult, PROTOCOL_VERSION, parse_request,

@@ -34,15 +34,30 @@
 //! | op | fields | result |
 //! |----|--------|--------|
 //! | `hello` | — | `protocol`, `helper_version`, `helper_pid`, `caller` {`uid`,`gid`,`pid`} as the helper sees it, `ebpf` {`strategy` or null, `attempts`, `error` or null}, `limits` |
-//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` [{`pid`,`since_ns`}], `gone` [pids that do not exist] |
+//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` [{`pid`,`since_ns`}], `gone` [pids that do not exist], `refused` [pids it may not query] (since issue 12) |
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` [pids]; a pid leaves the filter when no uid wants it any more |
-//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids |
-//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`?, `agent`?, `params`? | what the action did (its own JSON object) |
+//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] (since issue 12) |
+//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`?, `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
-//! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0); a caller may
-//! name only processes it may query (see below), or the whole request is
-//! `forbidden`. Pids that do not exist are reported (`watch`) or simply
-//! contribute nothing (`ebpf_snapshot`).
+//! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0). A pid the
+//! caller may not query does not fail the request (it did, before issue
+//! 12): it is listed in `refused`, a per-pid gap, and the rest is
+//! answered. To a caller that may not see every process (any but root), a
+//! pid that does not exist is `refused` too: the answer never tells
+//! whether another user's pid exists. To root it is `gone` (`watch`) or
+//! contributes nothing (`ebpf_snapshot`).
+//!
+//! `signal` (params `grace_ms`, default 10000, at most 120000) sends
+//! SIGTERM and answers at once (since issue 12; it used to wait out the
+//! grace): the result is `pid`, `sent` (`["SIGTERM"]`), `exited`,
+//! `exited_after_ms`, `grace_ms`, and `escalating: true` when the process
+//! still lives. The helper then sends SIGKILL on its own timer when the
+//! grace runs out — unless the process exited, or is no longer who it was
+//! at SIGTERM (its uids, start time or executable changed: a setuid
+//! `exec`), or the caller may no longer act on it; each escalation is
+//! audited. The caller learns what happened from the process (its pidfd,
+//! the next check), not from the helper. Pending escalations are bounded
+//! (1024, 64 per uid): beyond them a `signal` is `busy` and nothing is sent.
 //!
 //! `act`: `action` is `arm_keepalive`, `destroy_socket`, `signal`,
 //! `restart`, or one of the prove stage's `prove_keepalive` (params
@@ -76,19 +91,26 @@
 //! | `bad_request` | malformed JSON, a missing or unknown field, an unknown op, an unsupported version, a bad value |
 //! | `too_large` | the request line is longer than the limit (the connection is closed) |
 //! | `timeout` | the request did not arrive in time (the connection is closed) |
-//! | `forbidden` | the caller may not query or act on that process, or nobody may (pid 1, the helper, kernel threads) |
+//! | `forbidden` | the caller may not query or act on that process, or nobody may (pid 1, the helper, kernel threads); to a caller other than root the same code and message whether the pid exists or not, whatever its start time; or the process that opened the connection has exited (the connection is then closed) |
 //! | `gone` | the process exited, or its pid now names another process |
 //! | `failed` | the action was tried and failed |
-//! | `busy` | rate limited (a token bucket per uid), or too many connections (in all, or of that uid; answered with `id` null and closed): try again later |
+//! | `busy` | rate limited (a token bucket per uid), too many acts in flight for that uid (4), too many escalations pending, or too many connections (in all, of that uid, or of all uids but root, which keeps a reserve: answered with `id` null and closed): try again later |
 //! | `unavailable` | the helper cannot do that here (no eBPF tracer) |
 //!
 //! # Authorization
 //!
-//! Every request is authorized by the caller's `SO_PEERCRED`: a caller may
-//! query and act on processes all of whose uids (real, effective, saved) are
-//! its own, or granted to it by the helper's policy; root on all. Nobody may
-//! act on pid 1, the helper itself, or kernel threads. Pids are the helper's:
-//! a caller in another pid namespace is `forbidden` to name any.
+//! Every request is authorized by the caller's `SO_PEERCRED`, and the
+//! process that connected is pinned at accept by a pidfd (`SO_PEERPIDFD`;
+//! `pidfd_open` and its start time where the kernel lacks it): on every
+//! request it must still run, under the same pid and start time, or the
+//! request is `forbidden` and the connection closed — a connection handed
+//! to another process outlives its credentials. A caller may query and act
+//! on processes all of whose uids (real, effective, saved) are its own, or
+//! granted to it by the helper's policy; root on all. Nobody may act on pid
+//! 1, the helper itself, or kernel threads. Pids are the helper's: a caller
+//! in another pid namespace is `forbidden` to name any. Socket actions are
+//! refused on an fd that `/proc/PID/fd/FD` does not show as a socket,
+//! before anything is duplicated.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -633,8 +655,15 @@ pub struct WatchResult {
     /// The watched pids and since when each is (receives begun earlier are
     /// invisible to the tracer).
     pub watched: Vec<WatchedPid>,
-    /// Requested pids that do not exist.
+    /// Requested pids that do not exist (told only to callers that may
+    /// see every process).
     pub gone: Vec<u32>,
+    /// Requested pids the caller may not query, or that do not exist (a
+    /// caller that may not see every process is not told which): a gap in
+    /// its evidence, the rest of the request is answered. Absent from
+    /// helpers before it was added: read as none.
+    #[serde(default)]
+    pub refused: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -659,6 +688,10 @@ pub struct SnapshotWire {
     pub blocked: Vec<BlockedWire>,
     pub sockets: Vec<SocketWire>,
     pub overflow: OverflowWire,
+    /// Requested pids the caller may not query (or that do not exist):
+    /// their evidence is a gap. Absent from older helpers: none.
+    #[serde(default)]
+    pub refused: Vec<u32>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

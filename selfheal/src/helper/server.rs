@@ -1,11 +1,26 @@
 //! The helper's server: listening (a socket path it binds, or a listener
 //! handed over by systemd socket activation), one thread per connection
-//! with a bound on their number (in all and per uid), framing with size and
-//! time limits, a per-uid rate limit, authorization of every request by
-//! `SO_PEERCRED` (and of every pid it names: same pid namespace, policy),
-//! the eBPF tracer it keeps attached, the audit of every action, and
+//! with a bound on their number (in all, per uid, and a reserve only root
+//! may use), framing with size and time limits, a per-uid rate limit and
+//! cap on acts in flight, authorization of every request by `SO_PEERCRED`
+//! and a pidfd of the process that connected (`SO_PEERPIDFD`: it must
+//! still live, in the helper's pid namespace, on every request), and of
+//! every pid it names (policy), the eBPF tracer it keeps attached, the
+//! escalations it runs on its own timer (SIGKILL after a `signal` act's
+//! grace, the policy checked again first), the audit of every action, and
 //! graceful shutdown. The actions themselves are the [`Executor`]'s: the
 //! server checks everything first and calls it last.
+//!
+//! # Invariants
+//!
+//! - No request waits on another caller's action: a `signal` act answers
+//!   after SIGTERM and its SIGKILL is the timer thread's; the pending
+//!   escalations are a bounded table.
+//! - No file descriptor a caller chose is duplicated unless
+//!   `/proc/PID/fd/FD` names a socket (a file on a FUSE mount the caller
+//!   serves could block `fstat` or `close` forever).
+//! - A caller that may not reach a pid gets one answer, whether the pid
+//!   exists or not and whatever its start time.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
@@ -34,9 +49,9 @@ use serde_json::Value;
 use super::{
     policy::{Policy, Target, never_acted_on, read_target},
     protocol::{
-        ActRequest, AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits, MAX_PIDS,
-        MAX_REQUEST_BYTES, Op, PROTOCOL_VERSION, Response, UnwatchResult, WatchResult, WatchedPid,
-        WireError, filter_snapshot, parse_request,
+        ActRequest, Action, AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits,
+        MAX_PIDS, MAX_REQUEST_BYTES, Op, PROTOCOL_VERSION, Response, UnwatchResult, WatchResult,
+        WatchedPid, WireError, filter_snapshot, parse_request,
     },
 };
 use crate::{
@@ -67,6 +82,15 @@ pub const SOCKET_DIR_MODE: u32 = 0o755;
 /// Most pids one uid may have watched at once.
 pub const MAX_WATCHED_PER_UID: usize = 4096;
 
+/// A `signal` act's grace before SIGKILL when the request names none.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// Longest grace a caller may ask the helper to wait before SIGKILL.
+pub const MAX_GRACE: Duration = Duration::from_secs(120);
+
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
+const SO_PEERPIDFD: libc::c_int = 77;
+
 /// Performs the privileged actions. The server has already parsed the
 /// request, authorized the caller, and opened `target` (checked against the
 /// request's `start_ticks`) when it calls [`Executor::act`]; the executor
@@ -74,10 +98,22 @@ pub const MAX_WATCHED_PER_UID: usize = 4096;
 /// restart command's timeout). A restart command must never come from the
 /// request as root: it is the agent's configured one, or it runs with the
 /// caller's credentials.
+///
+/// A `signal` act is two steps: [`Executor::act`] sends SIGTERM and
+/// returns at once; when the process still lives after the grace, the
+/// server's timer thread checks the policy again and calls
+/// [`Executor::escalate`] (SIGKILL).
 pub trait Executor: Send + Sync {
     /// Performs `req` on `target`; the result is the response's JSON, the
     /// error its `failed` message.
     fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String>;
+
+    /// The second step of `req` (SIGKILL after a `signal` act's grace), on
+    /// the server's timer; the result goes to the audit log.
+    fn escalate(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String> {
+        let _ = (caller, target);
+        Err(format!("{} has no second step here", req.action))
+    }
 }
 
 /// One call a [`DryExecutor`] received.
@@ -88,6 +124,8 @@ pub struct DryCall {
     pub pid: u32,
     pub start_ticks: u64,
     pub request: ActRequest,
+    /// The second step (an escalation on the server's timer).
+    pub escalation: bool,
 }
 
 /// An executor that does nothing but record its calls (tests, dry runs).
@@ -124,11 +162,28 @@ impl Executor for DryExecutor {
             pid: target.pid(),
             start_ticks: target.start_ticks(),
             request: req.clone(),
+            escalation: false,
         });
         Ok(serde_json::json!({
             "dry_run": true,
             "action": req.action,
             "pid": target.pid(),
+        }))
+    }
+
+    fn escalate(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String> {
+        lock(&self.calls).push(DryCall {
+            caller: *caller,
+            pid: target.pid(),
+            start_ticks: target.start_ticks(),
+            request: req.clone(),
+            escalation: true,
+        });
+        Ok(serde_json::json!({
+            "dry_run": true,
+            "action": req.action,
+            "pid": target.pid(),
+            "escalation": true,
         }))
     }
 }
@@ -170,6 +225,20 @@ pub struct ServerOptions {
     /// Connections one uid may hold open at once (so that one uid cannot
     /// take them all); more are answered `busy` and closed.
     pub max_connections_per_uid: usize,
+    /// Of `max_connections`, how many only root (uid 0) may use: other
+    /// uids together hold at most `max_connections - root_reserve`, so
+    /// root is never answered `busy` while it holds fewer than this.
+    pub root_reserve: usize,
+    /// `act` requests one uid may have in flight at once; more are `busy`.
+    pub max_acts_per_uid: usize,
+    /// Escalations (SIGKILL after a grace) pending at once, in all and
+    /// per uid; a `signal` act beyond them is `busy` (nothing is sent).
+    pub max_escalations: usize,
+    pub max_escalations_per_uid: usize,
+    /// Identify the connecting process by `SO_PEERPIDFD` where the kernel
+    /// has it. `false` (tests) or a kernel without it: `pidfd_open` of the
+    /// `SO_PEERCRED` pid at accept, with its start time, as the fallback.
+    pub peer_pidfd: bool,
     pub rate: RateLimit,
     /// On shutdown, how long in-flight requests may still take.
     pub shutdown_grace: Duration,
@@ -179,8 +248,10 @@ pub struct ServerOptions {
 
 impl ServerOptions {
     /// The defaults: no eBPF, no idle timeout, 5 s per request, 64
-    /// connections (16 per uid), bursts of 100 requests per uid then 50 per
-    /// second, 30 s to finish in-flight requests on shutdown.
+    /// connections (16 per uid, 16 of them kept for root), 4 acts in flight
+    /// per uid, 1024 pending escalations (64 per uid), `SO_PEERPIDFD`,
+    /// bursts of 100 requests per uid then 50 per second, 30 s to finish
+    /// in-flight requests on shutdown.
     pub fn new(listen: Listen) -> Self {
         Self {
             listen,
@@ -191,6 +262,11 @@ impl ServerOptions {
             write_timeout: Duration::from_secs(5),
             max_connections: 64,
             max_connections_per_uid: 16,
+            root_reserve: 16,
+            max_acts_per_uid: 4,
+            max_escalations: 1024,
+            max_escalations_per_uid: 64,
+            peer_pidfd: true,
             rate: RateLimit {
                 burst: 100,
                 per_second: 50,
@@ -247,6 +323,9 @@ pub struct AuditRecord {
     pub agent: Option<String>,
     /// `None` when it was performed.
     pub error: Option<WireError>,
+    /// The escalation of an earlier act (SIGKILL on the server's timer),
+    /// not the act itself.
+    pub escalation: bool,
 }
 
 /// What `systemd` passes a socket-activated service, read from
@@ -330,6 +409,7 @@ impl Stopper {
     pub fn stop(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         let _ = (&*self.wake).write(&[1]);
+        let _ = (&self.shared.timer_wake).write(&[1]);
     }
 }
 
@@ -414,12 +494,17 @@ pub fn serve(
         action: "create the wake-up pipe",
         source,
     })?;
-    for s in [&wake_tx, &wake_rx] {
+    let (timer_tx, timer_rx) = UnixStream::pair().map_err(|source| ServerError::Sys {
+        action: "create the timer's wake-up pipe",
+        source,
+    })?;
+    for s in [&wake_tx, &wake_rx, &timer_tx, &timer_rx] {
         s.set_nonblocking(true).map_err(|source| ServerError::Sys {
             action: "make the wake-up pipe non-blocking",
             source,
         })?;
     }
+    let max_per_uid = opts.max_connections_per_uid.max(1);
     let shared = Arc::new(Shared {
         policy: opts.policy,
         executor,
@@ -445,18 +530,44 @@ pub fn serve(
         pid_ns: pid_namespace("self"),
         request_timeout: opts.request_timeout,
         write_timeout: opts.write_timeout,
+        peer_pidfd: opts.peer_pidfd,
+        acts: Mutex::default(),
+        max_acts_per_uid: opts.max_acts_per_uid.max(1),
+        escalations: Mutex::new(Escalations {
+            pending: Vec::new(),
+            max: opts.max_escalations.max(1),
+            max_per_uid: opts.max_escalations_per_uid.max(1),
+        }),
+        timer_wake: timer_tx,
     });
     let socket = bound.as_ref().map(|b| b.path.clone());
     let loop_shared = shared.clone();
+    let max_connections = opts.max_connections.max(1);
     let limits = LoopLimits {
         idle_timeout: opts.idle_timeout,
-        max_connections: opts.max_connections.max(1),
-        max_per_uid: opts.max_connections_per_uid.max(1),
+        max_connections,
+        max_per_uid,
+        // Root keeps its reserve, but others keep at least one connection.
+        root_reserve: opts.root_reserve.min(max_connections - 1),
         shutdown_grace: opts.shutdown_grace,
     };
+    let timer_shared = shared.clone();
+    let timer = std::thread::Builder::new()
+        .name("selfheal-helper-timer".into())
+        .spawn(move || escalation_loop(&timer_shared, &timer_rx))
+        .map_err(|source| ServerError::Sys {
+            action: "start the escalation timer",
+            source,
+        })?;
     let thread = std::thread::Builder::new()
         .name("selfheal-helper".into())
-        .spawn(move || accept_loop(&loop_shared, listener, wake_rx, bound, limits))
+        .spawn(move || {
+            let r = accept_loop(&loop_shared, listener, wake_rx, bound, limits);
+            loop_shared.stopping.store(true, Ordering::SeqCst);
+            let _ = (&loop_shared.timer_wake).write(&[1]);
+            let _ = timer.join();
+            r
+        })
         .map_err(|source| ServerError::Sys {
             action: "start the accept thread",
             source,
@@ -689,6 +800,40 @@ struct Shared {
     pid_ns: Option<(u64, u64)>,
     request_timeout: Duration,
     write_timeout: Duration,
+    /// Whether to ask the kernel for `SO_PEERPIDFD`.
+    peer_pidfd: bool,
+    /// `act` requests in flight, by uid.
+    acts: Mutex<HashMap<u32, usize>>,
+    max_acts_per_uid: usize,
+    escalations: Mutex<Escalations>,
+    /// Wakes the escalation timer (a new escalation, shutdown).
+    timer_wake: UnixStream,
+}
+
+/// The escalations the timer thread will run: bounded in all and per uid.
+struct Escalations {
+    pending: Vec<Escalation>,
+    max: usize,
+    max_per_uid: usize,
+}
+
+/// SIGKILL due at `due` unless the process exits first, or has changed.
+struct Escalation {
+    caller: Caller,
+    target: Pidfd,
+    req: ActRequest,
+    due: Instant,
+    /// Who the process was when it got SIGTERM.
+    before: Identity,
+}
+
+/// What the policy and the audit need to know of a target, read again
+/// before every escalation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Identity {
+    target: Target,
+    start_ticks: u64,
+    exe: Option<PathBuf>,
 }
 
 struct Conns {
@@ -774,6 +919,7 @@ struct LoopLimits {
     idle_timeout: Option<Duration>,
     max_connections: usize,
     max_per_uid: usize,
+    root_reserve: usize,
     shutdown_grace: Duration,
 }
 
@@ -871,7 +1017,11 @@ fn accept_loop(
 }
 
 fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits) {
-    let (max, max_per_uid) = (limits.max_connections, limits.max_per_uid);
+    let (max, max_per_uid, reserve) = (
+        limits.max_connections,
+        limits.max_per_uid,
+        limits.root_reserve,
+    );
     loop {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
@@ -892,23 +1042,34 @@ fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits
             }
         };
         let _ = stream.set_nonblocking(false);
-        let uid = match peer(&stream) {
-            Ok(c) => c.uid,
+        let caller = match peer(&stream) {
+            Ok(c) => c,
             Err(e) => {
                 tracing::debug!("helper: cannot read a connection's credentials: {e}");
                 continue;
             }
         };
+        let uid = caller.uid;
         {
             let mut c = lock(&shared.conns);
             let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
-            if c.open >= max || mine >= max_per_uid {
+            let others = c.open - c.per_uid.get(&0).copied().unwrap_or(0);
+            let why = if mine >= max_per_uid {
+                Some(format!(
+                    "uid {uid} has {mine} connections open (at most {max_per_uid})"
+                ))
+            } else if c.open >= max {
+                Some(format!("too many connections (at most {max})"))
+            } else if uid != 0 && others >= max - reserve {
+                Some(format!(
+                    "too many connections (at most {} for uids other than root; {reserve} are kept for root)",
+                    max - reserve
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 drop(c);
-                let why = if mine >= max_per_uid {
-                    format!("uid {uid} has {mine} connections open (at most {max_per_uid})")
-                } else {
-                    format!("too many connections (at most {max})")
-                };
                 refuse(&stream, format!("{why}; try again later"));
                 continue;
             }
@@ -916,12 +1077,15 @@ fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits
             *c.per_uid.entry(uid).or_default() += 1;
             c.last_change = Instant::now();
         }
+        // Who connected, pinned now: the pid SO_PEERCRED reports stays the
+        // connector's number even after it exits and the number is reused.
+        let connector = Connector::pin(&stream, caller, shared.peer_pidfd);
         let conn_shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("selfheal-helper-conn".into())
             .spawn(move || {
                 let _guard = ConnGuard(conn_shared.clone(), uid);
-                connection(&conn_shared, &stream);
+                connection(&conn_shared, &stream, &connector);
             });
         if let Err(e) = spawned {
             // The closure (and its guard) never ran: count it out here.
@@ -1013,7 +1177,7 @@ fn next_request(stream: &UnixStream, buf: &mut Vec<u8>, shared: &Shared) -> Next
     }
 }
 
-fn connection(shared: &Shared, stream: &UnixStream) {
+fn connection(shared: &Shared, stream: &UnixStream, connector: &Connector) {
     if stream
         .set_write_timeout(Some(shared.write_timeout))
         .is_err()
@@ -1025,7 +1189,8 @@ fn connection(shared: &Shared, stream: &UnixStream) {
     loop {
         match next_request(stream, &mut buf, shared) {
             Next::Line(line) => {
-                if !send(handle(shared, stream, &line)) {
+                let (response, close) = handle(shared, connector, &line);
+                if !send(response) || close {
                     return;
                 }
             }
@@ -1057,7 +1222,7 @@ fn connection(shared: &Shared, stream: &UnixStream) {
     }
 }
 
-/// The caller's credentials, read from the socket for every request.
+/// The caller's credentials as the socket recorded them at `connect`.
 fn peer(stream: &UnixStream) -> io::Result<Caller> {
     let c = getsockopt(stream, sockopt::PeerCredentials).map_err(io::Error::from)?;
     Ok(Caller {
@@ -1074,17 +1239,41 @@ fn refusal(code: ErrorCode, message: impl Into<String>) -> WireError {
     }
 }
 
-fn handle(shared: &Shared, stream: &UnixStream, line: &[u8]) -> Response {
-    let caller = match peer(stream) {
-        Ok(c) => c,
+/// Answers one request line; `true` with it when the connection must
+/// close (its connecting process is gone).
+fn handle(shared: &Shared, connector: &Connector, line: &[u8]) -> (Response, bool) {
+    let (caller, same_ns) = match connector.verify() {
+        Ok(v) => v,
         Err(e) => {
-            return Response::error(
-                None,
-                ErrorCode::Failed,
-                format!("cannot read the caller's credentials: {e}"),
+            // The credentials are the dead connector's: nothing is done for
+            // them, and its pid (maybe another process's now) is named
+            // nowhere, not even in the audit.
+            let caller = Caller {
+                pid: 0,
+                ..connector.caller
+            };
+            let id = match parse_request(line) {
+                Ok(req) => {
+                    if let Op::Act(act) = &req.op {
+                        shared.audit(&caller, act, Some(&e), false);
+                    }
+                    Some(req.id)
+                }
+                Err(pe) => pe.id,
+            };
+            tracing::warn!(
+                caller_uid = caller.uid,
+                reason = ?e.message,
+                "helper: request on a connection whose connecting process is gone; closing"
             );
+            return (Response::error(id, e.code, e.message), true);
         }
     };
+    (handle_verified(shared, &caller, same_ns, line), false)
+}
+
+fn handle_verified(shared: &Shared, caller: &Caller, same_ns: bool, line: &[u8]) -> Response {
+    let caller = *caller;
     // Every request costs a token, malformed ones too; parsing first (it is
     // bounded) lets a `busy` answer carry the request's id.
     let parsed = parse_request(line);
@@ -1100,7 +1289,7 @@ fn handle(shared: &Shared, stream: &UnixStream, line: &[u8]) -> Response {
         let id = match &parsed {
             Ok(req) => {
                 if let Op::Act(act) = &req.op {
-                    shared.audit(&caller, act, Some(&e));
+                    shared.audit(&caller, act, Some(&e), false);
                 }
                 Some(req.id)
             }
@@ -1123,12 +1312,12 @@ fn handle(shared: &Shared, stream: &UnixStream, line: &[u8]) -> Response {
     };
     let result = match &req.op {
         Op::Hello => Ok(shared.hello(&caller)),
-        Op::Watch { pids } => shared.watch(&caller, pids),
+        Op::Watch { pids } => shared.watch(&caller, same_ns, pids),
         Op::Unwatch { pids } => shared.unwatch(&caller, pids),
-        Op::EbpfSnapshot { pids } => shared.snapshot(&caller, pids),
+        Op::EbpfSnapshot { pids } => shared.snapshot(&caller, same_ns, pids),
         Op::Act(act) => {
-            let r = shared.act(&caller, act);
-            shared.audit(&caller, act, r.as_ref().err());
+            let r = shared.act(&caller, same_ns, act);
+            shared.audit(&caller, act, r.as_ref().err(), false);
             r
         }
     };
@@ -1170,11 +1359,223 @@ fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
         .map(|md| (md.dev(), md.ino()))
 }
 
-/// Pids a query may name: (pid, start ticks) of those that exist, and
-/// those that do not.
+/// What `/proc/self/fdinfo/N` of a pidfd says of its process (pure): its
+/// pid in our pid namespace (`Pid:`; -1 once reaped, 0 when not visible
+/// here) and how many pid namespaces deep it is, counted from ours
+/// (`NSpid:` has one number per level: 1 means ours).
+pub fn parse_pidfd_fdinfo(text: &str) -> (Option<i64>, Option<usize>) {
+    let mut pid = None;
+    let mut levels = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("Pid:") {
+            pid = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("NSpid:") {
+            let n: Vec<&str> = v.split_whitespace().collect();
+            if !n.is_empty() && n.iter().all(|x| x.parse::<i64>().is_ok()) {
+                levels = Some(n.len());
+            }
+        }
+    }
+    (pid, levels)
+}
+
+/// A pidfd of `pid`, if it runs.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: a plain syscall; the fd it returns is owned below.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    // SAFETY: a fresh fd we own.
+    (raw >= 0).then(|| unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
+/// Whether the process behind `fd` (a pidfd) has exited.
+fn pidfd_exited(fd: BorrowedFd<'_>) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n != 0
+}
+
+/// The process that opened a connection, pinned at accept: a pidfd of it
+/// (`SO_PEERPIDFD`, or `pidfd_open` of the `SO_PEERCRED` pid where the
+/// kernel lacks it) and its start time. Every request is checked through
+/// it: the connector must still run, under the same pid and start time.
+/// A connection is not passed on: a process that received one from its
+/// (exited) connector is refused, so the credentials of a dead process,
+/// whose pid another process may hold by now, never authorize anything.
+struct Connector {
+    /// `SO_PEERCRED` at accept.
+    caller: Caller,
+    /// `None` when the connector was gone already, or its pid is not
+    /// visible in our pid namespace (then no pid it names is ours).
+    pidfd: Option<OwnedFd>,
+    start_ticks: Option<u64>,
+    /// How the pidfd was had (`SO_PEERPIDFD`, `pidfd_open`), for messages.
+    how: &'static str,
+}
+
+impl Connector {
+    fn pin(stream: &UnixStream, caller: Caller, peer_pidfd: bool) -> Connector {
+        let kernel = if peer_pidfd {
+            let mut fd: libc::c_int = -1;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt into a local int of the given size.
+            let r = unsafe {
+                libc::getsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    SO_PEERPIDFD,
+                    (&mut fd as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            if r == 0 && fd >= 0 {
+                // SAFETY: a fresh fd the kernel gave us to own.
+                Some(Ok(unsafe { OwnedFd::from_raw_fd(fd) }))
+            } else {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // The kernel does not know the option: the fallback.
+                    Some(libc::ENOPROTOOPT) => None,
+                    // The connector is gone (no task to make a pidfd of).
+                    _ => Some(Err(e)),
+                }
+            }
+        } else {
+            None
+        };
+        let (pidfd, how) = match kernel {
+            Some(Ok(fd)) => (Some(fd), "SO_PEERPIDFD"),
+            Some(Err(_)) => (None, "SO_PEERPIDFD"),
+            None if caller.pid == 0 => (None, "pidfd_open"),
+            None => (pidfd_open(caller.pid), "pidfd_open"),
+        };
+        let start_ticks = pidfd.as_ref().and_then(|fd| {
+            let st = start_ticks(caller.pid)?;
+            // Read while it lived: the start time is its own.
+            (!pidfd_exited(fd.as_fd())).then_some(st)
+        });
+        Connector {
+            caller,
+            pidfd,
+            start_ticks,
+            how,
+        }
+    }
+
+    /// The caller of a request on this connection, and whether it is in
+    /// the helper's pid namespace; refused when the process that connected
+    /// has exited (or its pid names another process now).
+    fn verify(&self) -> Result<(Caller, bool), WireError> {
+        let gone = || {
+            refusal(
+                ErrorCode::Forbidden,
+                format!(
+                    "the process that opened this connection has exited (checked by {}): \
+                     a connection is not passed on; connect again",
+                    self.how
+                ),
+            )
+        };
+        if self.caller.pid == 0 {
+            // Not visible here: another pid namespace. Its pids are not
+            // ours; queries that name none are still answered.
+            return Ok((self.caller, false));
+        }
+        let (Some(fd), Some(start)) = (&self.pidfd, self.start_ticks) else {
+            return Err(gone());
+        };
+        if pidfd_exited(fd.as_fd()) {
+            return Err(gone());
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+            .map_err(|e| {
+                refusal(
+                    ErrorCode::Failed,
+                    format!("cannot read the connecting process's pidfd: {e}"),
+                )
+            })?;
+        let (pid, levels) = parse_pidfd_fdinfo(&info);
+        if pid != Some(i64::from(self.caller.pid)) {
+            return Err(gone());
+        }
+        // The pid is the connector's while it lives (checked last): what
+        // is read under it is the connector's.
+        let same_ns = match levels {
+            Some(n) => n == 1,
+            None => {
+                pid_namespace(&self.caller.pid.to_string()) == pid_namespace("self")
+                    && pid_namespace("self").is_some()
+            }
+        };
+        if start_ticks(self.caller.pid) != Some(start) || pidfd_exited(fd.as_fd()) {
+            return Err(gone());
+        }
+        Ok((self.caller, same_ns))
+    }
+}
+
+/// Refuses an fd that is not a socket before anything duplicates it: a
+/// file (on a FUSE mount its owner serves, say) could block `fstat` or
+/// `close` of the duplicate forever. Reading the link names the file
+/// without calling into its filesystem.
+fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
+    match std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
+        Ok(link) if link.to_string_lossy().starts_with("socket:[") => Ok(()),
+        Ok(_) => Err(refusal(
+            ErrorCode::Failed,
+            format!("fd {fd} of pid {pid} is not a socket: left alone"),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(refusal(
+            ErrorCode::Failed,
+            format!("pid {pid} has no fd {fd}"),
+        )),
+        Err(e) => Err(refusal(
+            ErrorCode::Failed,
+            format!("cannot read fd {fd} of pid {pid}: {e}"),
+        )),
+    }
+}
+
+/// Who `target` is now: its uids, start time and executable, read while
+/// the pidfd says it lives.
+fn identity(target: &Pidfd) -> Option<Identity> {
+    let pid = target.pid();
+    let t = read_target(pid)?;
+    let start = start_ticks(pid)?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    target.is_alive().then_some(Identity {
+        target: t,
+        start_ticks: start,
+        exe,
+    })
+}
+
+/// Pids a query may name: (pid, start ticks) of those it may, those that
+/// do not exist (told apart only to callers that may see every process),
+/// and those it may not.
 struct Authorized {
     ok: Vec<(u32, u64)>,
     gone: Vec<u32>,
+    refused: Vec<u32>,
+}
+
+/// Counts an act of a uid out when it ends, however it ends.
+struct ActSlot<'a>(&'a Shared, u32);
+
+impl Drop for ActSlot<'_> {
+    fn drop(&mut self) {
+        let mut acts = lock(&self.0.acts);
+        if let Some(n) = acts.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                acts.remove(&self.1);
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -1206,7 +1607,7 @@ impl Shared {
 
     /// Pids in requests are read in the helper's pid namespace: a caller in
     /// another one (a container) would name other processes than it means.
-    fn check_pid_namespace(&self, caller: &Caller) -> Result<(), WireError> {
+    fn check_pid_namespace(&self, caller: &Caller, same_ns: bool) -> Result<(), WireError> {
         let forbidden = |m: String| refusal(ErrorCode::Forbidden, m);
         if caller.pid == 0 {
             return Err(forbidden(
@@ -1215,15 +1616,7 @@ impl Shared {
                     .into(),
             ));
         }
-        let theirs = pid_namespace(&caller.pid.to_string());
-        if theirs.is_none() {
-            return Err(forbidden(format!(
-                "cannot tell the caller's pid namespace (pid {} has exited?): \
-                 the pids it names may not be the helper's",
-                caller.pid
-            )));
-        }
-        if theirs != self.pid_ns {
+        if !same_ns || self.pid_ns.is_none() {
             return Err(forbidden(format!(
                 "the caller (pid {}) is not in the helper's pid namespace: \
                  the pids it names are not the helper's",
@@ -1233,32 +1626,99 @@ impl Shared {
         Ok(())
     }
 
-    /// Pins and authorizes `pids` for a query; pids that do not exist are
-    /// returned apart.
-    fn authorize_query(&self, caller: &Caller, pids: &[u32]) -> Result<Authorized, WireError> {
-        self.check_pid_namespace(caller)?;
-        let mut ok = Vec::new();
-        let mut gone = Vec::new();
+    /// The one answer a caller gets for a pid it may not reach, whether the
+    /// pid exists or not and whatever its start time: nothing in it tells
+    /// one case from another.
+    fn out_of_reach(caller: &Caller, verb: &str, pid: u32) -> WireError {
+        refusal(
+            ErrorCode::Forbidden,
+            format!(
+                "uid {} may not {verb} pid {pid}: no process it may reach has that pid and start time",
+                caller.uid
+            ),
+        )
+    }
+
+    /// Pins `pid` for `caller` and checks that the caller may reach it.
+    /// For a caller that may not reach every process, every case it may
+    /// not know of (no such pid, another uid's process, a start time that
+    /// is not its process's) is [`Shared::out_of_reach`]; and nothing is
+    /// opened before the policy allows it.
+    fn pin_for(
+        &self,
+        caller: &Caller,
+        verb: &str,
+        pid: u32,
+        start: Option<u64>,
+    ) -> Result<(Pidfd, Target), WireError> {
+        if caller.uid == 0 {
+            return pin(pid, start);
+        }
+        let hidden = || Self::out_of_reach(caller, verb, pid);
+        let reachable = |t: &Target| t.uids.iter().all(|u| self.policy.may_reach(caller.uid, *u));
+        let before = read_target(pid).ok_or_else(hidden)?;
+        if !reachable(&before) {
+            return Err(hidden());
+        }
+        let (fd, after) = match pin(pid, start) {
+            Ok(v) => v,
+            // The pid names another process than the one asked for: say so
+            // only when that one is the caller's too.
+            Err(e) if e.code == ErrorCode::Gone => {
+                return Err(match read_target(pid) {
+                    Some(t) if reachable(&t) && start_ticks(pid).is_some() => refusal(
+                        ErrorCode::Gone,
+                        format!("pid {pid} is no longer the process that was judged"),
+                    ),
+                    _ => hidden(),
+                });
+            }
+            Err(e) if e.code == ErrorCode::BadRequest => return Err(e),
+            Err(_) => return Err(hidden()),
+        };
+        if !reachable(&after) {
+            return Err(hidden());
+        }
+        Ok((fd, after))
+    }
+
+    /// Pins and authorizes `pids` for a query, pid by pid.
+    fn authorize_query(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Authorized, WireError> {
+        self.check_pid_namespace(caller, same_ns)?;
+        let mut out = Authorized {
+            ok: Vec::new(),
+            gone: Vec::new(),
+            refused: Vec::new(),
+        };
         for &pid in pids {
-            match pin(pid, None) {
-                Ok((fd, target)) => {
+            let pinned = self
+                .pin_for(caller, "query", pid, None)
+                .and_then(|(fd, t)| {
                     self.policy
-                        .check_query(caller, &target)
-                        .map_err(|m| refusal(ErrorCode::Forbidden, m))?;
-                    ok.push((pid, fd.start_ticks()));
-                }
-                Err(e) if e.code == ErrorCode::Gone => gone.push(pid),
+                        .check_query(caller, &t)
+                        .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
+                    Ok(fd)
+                });
+            match pinned {
+                Ok(fd) => out.ok.push((pid, fd.start_ticks())),
+                Err(e) if e.code == ErrorCode::Gone => out.gone.push(pid),
+                Err(e) if e.code == ErrorCode::Forbidden => out.refused.push(pid),
                 Err(e) => return Err(e),
             }
         }
-        Ok(Authorized { ok, gone })
+        Ok(out)
     }
 
-    fn watch(&self, caller: &Caller, pids: &[u32]) -> Result<Value, WireError> {
+    fn watch(&self, caller: &Caller, same_ns: bool, pids: &[u32]) -> Result<Value, WireError> {
         if lock(&self.tracer).tracer.is_none() {
             return Err(self.no_tracer());
         }
-        let Authorized { ok, gone } = self.authorize_query(caller, pids)?;
+        let Authorized { ok, gone, refused } = self.authorize_query(caller, same_ns, pids)?;
         let mut st = lock(&self.tracer);
         st.prune();
         let TracerState { tracer, watched } = &mut *st;
@@ -1314,6 +1774,7 @@ impl Shared {
             attached_at_ns: tracer.attached_at_ns(),
             watched: out,
             gone,
+            refused,
         };
         Ok(serde_json::to_value(result).unwrap_or(Value::Null))
     }
@@ -1350,11 +1811,11 @@ impl Shared {
         Ok(serde_json::to_value(UnwatchResult { unwatched }).unwrap_or(Value::Null))
     }
 
-    fn snapshot(&self, caller: &Caller, pids: &[u32]) -> Result<Value, WireError> {
+    fn snapshot(&self, caller: &Caller, same_ns: bool, pids: &[u32]) -> Result<Value, WireError> {
         if lock(&self.tracer).tracer.is_none() {
             return Err(self.no_tracer());
         }
-        let Authorized { ok, .. } = self.authorize_query(caller, pids)?;
+        let Authorized { ok, refused, .. } = self.authorize_query(caller, same_ns, pids)?;
         let allowed: Vec<u32> = ok.iter().map(|(pid, _)| *pid).collect();
         let mut st = lock(&self.tracer);
         // Entries of a pid that exited or was reused go first, so they are
@@ -1367,44 +1828,189 @@ impl Shared {
             .snapshot()
             .map_err(|e| refusal(ErrorCode::Failed, format!("eBPF snapshot: {}", chain(&e))))?;
         drop(st);
-        Ok(serde_json::to_value(filter_snapshot(snap, &allowed)).unwrap_or(Value::Null))
+        let mut v = serde_json::to_value(filter_snapshot(snap, &allowed)).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("refused".into(), refused.into());
+        }
+        Ok(v)
     }
 
-    fn act(&self, caller: &Caller, req: &ActRequest) -> Result<Value, WireError> {
+    /// Takes one of `uid`'s act slots, or says it has none left.
+    fn act_slot(&self, uid: u32) -> Result<ActSlot<'_>, WireError> {
+        let mut acts = lock(&self.acts);
+        let n = acts.entry(uid).or_default();
+        if *n >= self.max_acts_per_uid {
+            return Err(refusal(
+                ErrorCode::Busy,
+                format!(
+                    "uid {uid} has {} acts in flight (at most {}); try again later",
+                    *n, self.max_acts_per_uid
+                ),
+            ));
+        }
+        *n += 1;
+        Ok(ActSlot(self, uid))
+    }
+
+    /// Whether one more escalation of `uid` fits in the table.
+    fn escalation_room(&self, uid: u32) -> Result<(), WireError> {
+        let table = lock(&self.escalations);
+        let mine = table.pending.iter().filter(|e| e.caller.uid == uid).count();
+        if table.pending.len() >= table.max || mine >= table.max_per_uid {
+            return Err(refusal(
+                ErrorCode::Busy,
+                format!(
+                    "too many signals awaiting their grace (uid {uid}: {mine} of at most {}; \
+                     in all: {} of at most {}): nothing was sent; try again later",
+                    table.max_per_uid,
+                    table.pending.len(),
+                    table.max
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn act(&self, caller: &Caller, same_ns: bool, req: &ActRequest) -> Result<Value, WireError> {
         let forbidden = |m: String| refusal(ErrorCode::Forbidden, m);
         if let Some(why) = never_acted_on(req.pid, self.helper_pid) {
             return Err(forbidden(why));
         }
-        self.check_pid_namespace(caller)?;
-        let (target, info) = pin(req.pid, Some(req.start_ticks))?;
+        self.check_pid_namespace(caller, same_ns)?;
+        let (target, info) = self.pin_for(caller, "act on", req.pid, Some(req.start_ticks))?;
         self.policy
             .check_act(caller, &info, self.helper_pid)
-            .map_err(forbidden)?;
+            .map_err(|m| {
+                if caller.uid == 0 {
+                    forbidden(m)
+                } else {
+                    Self::out_of_reach(caller, "act on", req.pid)
+                }
+            })?;
+        if req.action.needs_fd()
+            && let Some(fd) = req.fd
+        {
+            check_socket_fd(req.pid, fd)?;
+        }
+        let _slot = self.act_slot(caller.uid)?;
+        let signal = req.action == Action::Signal;
+        let before = if signal {
+            self.escalation_room(caller.uid)?;
+            Some(
+                identity(&target)
+                    .ok_or_else(|| refusal(ErrorCode::Gone, format!("pid {} exited", req.pid)))?,
+            )
+        } else {
+            None
+        };
         let executor = self.executor.clone();
         let outcome =
             std::panic::catch_unwind(AssertUnwindSafe(|| executor.act(caller, &target, req)));
-        match outcome {
-            Ok(Ok(v)) => Ok(v),
+        let mut value = match outcome {
+            Ok(Ok(v)) => v,
             Ok(Err(m)) => {
                 let exited = if target.is_alive() {
                     ""
                 } else {
                     " (the process has exited)"
                 };
-                Err(refusal(
+                return Err(refusal(
                     ErrorCode::Failed,
                     format!("{}: {m}{exited}", req.action),
-                ))
+                ));
             }
-            Err(_) => Err(refusal(
-                ErrorCode::Failed,
-                format!("{}: the action panicked", req.action),
-            )),
+            Err(_) => {
+                return Err(refusal(
+                    ErrorCode::Failed,
+                    format!("{}: the action panicked", req.action),
+                ));
+            }
+        };
+        if let Some(before) = before
+            && target.is_alive()
+        {
+            let grace = req
+                .params
+                .get("grace_ms")
+                .and_then(Value::as_u64)
+                .map_or(DEFAULT_GRACE, Duration::from_millis)
+                .min(MAX_GRACE);
+            if let Value::Object(m) = &mut value {
+                m.insert("escalating".into(), true.into());
+                m.insert("grace_ms".into(), (grace.as_millis() as u64).into());
+            }
+            lock(&self.escalations).pending.push(Escalation {
+                caller: *caller,
+                target,
+                req: req.clone(),
+                due: Instant::now() + grace,
+                before,
+            });
+            let _ = (&self.timer_wake).write(&[1]);
         }
+        Ok(value)
+    }
+
+    /// Runs one due escalation: SIGKILL, unless the process exited, or is
+    /// no longer who it was at SIGTERM (another exe, other uids, another
+    /// start time), or the caller may no longer act on it. Audited.
+    fn escalate(&self, e: Escalation) {
+        let Escalation {
+            caller,
+            target,
+            req,
+            before,
+            ..
+        } = e;
+        let pid = req.pid;
+        let refuse = |m: String| refusal(ErrorCode::Forbidden, m);
+        let checked = match identity(&target) {
+            None => {
+                tracing::debug!(pid, "helper: exited within its grace; no SIGKILL");
+                return;
+            }
+            Some(now) if now != before => Err(refuse(format!(
+                "pid {pid} changed since SIGTERM (uids {:?} → {:?}, start {} → {}, exe {:?} → {:?}): \
+                 SIGKILL not sent",
+                before.target.uids,
+                now.target.uids,
+                before.start_ticks,
+                now.start_ticks,
+                before.exe,
+                now.exe
+            ))),
+            Some(now) => self
+                .policy
+                .check_act(&caller, &now.target, self.helper_pid)
+                .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
+        };
+        let result = checked.and_then(|()| {
+            let executor = self.executor.clone();
+            match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                executor.escalate(&caller, &target, &req)
+            })) {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(m)) => Err(refusal(
+                    ErrorCode::Failed,
+                    format!("{} escalation: {m}", req.action),
+                )),
+                Err(_) => Err(refusal(
+                    ErrorCode::Failed,
+                    format!("{} escalation: panicked", req.action),
+                )),
+            }
+        });
+        self.audit(&caller, &req, result.as_ref().err(), true);
     }
 
     /// Logs one audit line and keeps the record.
-    fn audit(&self, caller: &Caller, req: &ActRequest, error: Option<&WireError>) {
+    fn audit(
+        &self,
+        caller: &Caller,
+        req: &ActRequest,
+        error: Option<&WireError>,
+        escalation: bool,
+    ) {
         let record = AuditRecord {
             caller: *caller,
             action: req.action,
@@ -1414,18 +2020,21 @@ impl Shared {
             inode: req.inode,
             agent: req.agent.clone(),
             error: error.cloned(),
+            escalation,
         };
         // The agent name is validated to [A-Za-z0-9._-]; the message is
         // quoted (Debug) so that nothing in it can forge a log line.
         let fd = req.fd.map_or_else(|| "-".to_string(), |fd| fd.to_string());
         let inode = req.inode.map_or_else(|| "-".to_string(), |i| i.to_string());
         let agent = req.agent.as_deref().unwrap_or("-");
+        let stage = if escalation { "escalation" } else { "act" };
         match error {
             None => tracing::info!(
                 target: "selfheal::audit",
                 caller_uid = caller.uid,
                 caller_pid = caller.pid,
                 action = %req.action,
+                stage = %stage,
                 pid = req.pid,
                 start_ticks = req.start_ticks,
                 fd = %fd,
@@ -1439,6 +2048,7 @@ impl Shared {
                 caller_uid = caller.uid,
                 caller_pid = caller.pid,
                 action = %req.action,
+                stage = %stage,
                 pid = req.pid,
                 start_ticks = req.start_ticks,
                 fd = %fd,
@@ -1454,6 +2064,77 @@ impl Shared {
             audit.pop_front();
         }
         audit.push_back(record);
+    }
+}
+
+/// The escalation timer: waits on every pending target's pidfd (an exit
+/// ends its escalation) and the nearest due time, then runs what is due.
+/// On shutdown the pending escalations are dropped, each logged and
+/// audited.
+fn escalation_loop(shared: &Arc<Shared>, wake: &UnixStream) {
+    const TICK: Duration = Duration::from_secs(1);
+    loop {
+        if shared.stopping.load(Ordering::SeqCst) {
+            let left = std::mem::take(&mut lock(&shared.escalations).pending);
+            for e in left {
+                let why = refusal(
+                    ErrorCode::Failed,
+                    format!(
+                        "the helper stopped before the grace of pid {} ran out: SIGKILL not sent",
+                        e.req.pid
+                    ),
+                );
+                shared.audit(&e.caller, &e.req, Some(&why), true);
+            }
+            return;
+        }
+        // Only this thread removes entries, so the fds stay open while it
+        // polls them.
+        let (fds, nearest): (Vec<libc::c_int>, Option<Instant>) = {
+            let t = lock(&shared.escalations);
+            (
+                t.pending
+                    .iter()
+                    .map(|e| e.target.as_fd().as_raw_fd())
+                    .collect(),
+                t.pending.iter().map(|e| e.due).min(),
+            )
+        };
+        let timeout = nearest.map_or(TICK, |d| {
+            d.saturating_duration_since(Instant::now()).min(TICK)
+        });
+        let mut pfds: Vec<libc::pollfd> = std::iter::once(wake.as_raw_fd())
+            .chain(fds.iter().copied())
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
+        unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
+        if pfds[0].revents != 0 {
+            let _ = (&*wake).read(&mut [0u8; 64]);
+        }
+        let now = Instant::now();
+        let due: Vec<Escalation> = {
+            let mut t = lock(&shared.escalations);
+            t.pending.retain(|e| e.target.is_alive());
+            let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut t.pending)
+                .into_iter()
+                .partition(|e| e.due <= now);
+            t.pending = wait;
+            due
+        };
+        for e in due {
+            shared.escalate(e);
+        }
     }
 }
 
@@ -1476,6 +2157,22 @@ mod tests {
                 .unwrap_err()
                 .contains("LISTEN_FDS")
         );
+    }
+
+    #[test]
+    fn pidfd_fdinfo_gives_the_pid_and_its_depth() {
+        let ours = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1060\nPid:\t4242\nNSpid:\t4242\n";
+        assert_eq!(parse_pidfd_fdinfo(ours), (Some(4242), Some(1)));
+        let nested = "Pid:\t5000\nNSpid:\t5000\t2\n";
+        assert_eq!(parse_pidfd_fdinfo(nested), (Some(5000), Some(2)));
+        // Reaped: -1, and no NSpid numbers to count.
+        assert_eq!(
+            parse_pidfd_fdinfo("Pid:\t-1\nNSpid:\t-1\n"),
+            (Some(-1), Some(1))
+        );
+        assert_eq!(parse_pidfd_fdinfo("Pid:\t0\n"), (Some(0), None));
+        assert_eq!(parse_pidfd_fdinfo(""), (None, None));
+        assert_eq!(parse_pidfd_fdinfo("Pid:\tx\nNSpid:\t1 y\n"), (None, None));
     }
 
     #[test]

@@ -1,0 +1,1097 @@
+//! The helper under attack (issue 12): each test reproduces one attack that
+//! worked against the helper before, and checks that it fails now.
+//!
+//! - a stale `SO_PEERCRED`: a connection handed on by a process of another
+//!   pid namespace, whose pid a host process then takes (with
+//!   `SO_PEERPIDFD`, and with the fallback that does without it);
+//! - slot exhaustion: four uids hold every connection with long `signal`
+//!   acts;
+//! - a target that `exec`s a setuid-root binary during its grace;
+//! - error answers that tell whether another user's pid exists;
+//! - one foreign pid that cost a user all its eBPF evidence;
+//! - and a load test: eight uids with long acts and floods, while root
+//!   asks (root's latency printed beside the flood's numbers).
+//!
+//! Other users are threads of this test that dropped to a uid with raw
+//! `setresuid` (that thread only), or children started as that uid. Needs
+//! root; skips otherwise (the eBPF test also needs the object built in).
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
+        unix::{fs::PermissionsExt as _, net::UnixStream, process::CommandExt as _},
+    },
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use selfheal::{
+    ebpf::{Strategy, TracerOptions},
+    healer::ActionsExecutor,
+    helper::{
+        ActRequest, Action, ClientOptions, DryExecutor, ErrorCode, Executor, HelperClient, Listen,
+        ServerHandle, ServerOptions, protocol::Response, serve,
+    },
+    pidfd::start_ticks,
+};
+use tests::{Scratch, as_uid, forced_strategy, need_ebpf, need_root, skip, wait_for};
+
+const NOBODY: u32 = 65534;
+const SEC: Duration = Duration::from_secs(1);
+const TICK: Duration = Duration::from_millis(20);
+
+fn client_opts() -> ClientOptions {
+    ClientOptions {
+        connect_timeout: SEC,
+        timeout: 5 * SEC,
+        act_timeout: 10 * SEC,
+    }
+}
+
+/// An in-process helper on `dir`'s socket.
+fn start(
+    dir: &Scratch,
+    exec: Arc<dyn Executor>,
+    tweak: impl FnOnce(&mut ServerOptions),
+) -> ServerHandle {
+    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
+    opts.shutdown_grace = 5 * SEC;
+    tweak(&mut opts);
+    serve(opts, exec).expect("start the helper")
+}
+
+/// Child processes killed (and reaped) on drop.
+#[derive(Default)]
+struct Procs(Vec<Child>);
+
+impl Procs {
+    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
+    fn sh(&mut self, uid: u32, script: &str) -> u32 {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        self.0.push(child);
+        wait_for(5 * SEC, TICK, || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status
+                .lines()
+                .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
+                .then_some(())
+        })
+        .expect("the child runs as its uid");
+        pid
+    }
+
+    /// A process of `uid` that ignores SIGTERM (a `sleep` that inherited
+    /// the ignored disposition).
+    fn deaf(&mut self, uid: u32) -> u32 {
+        let pid = self.sh(uid, "trap '' TERM; exec sleep 300");
+        wait_for(5 * SEC, TICK, || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .filter(|c| c.trim() == "sleep")
+        })
+        .expect("exec'd sleep");
+        pid
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, grace_ms: u64) -> ActRequest {
+    let mut r = ActRequest::new(Action::Signal, pid, start_ticks(pid).expect("running"));
+    r.params.insert("grace_ms".into(), grace_ms.into());
+    r.agent = Some("attack".into());
+    r
+}
+
+/// One request line on a raw connection, and its answer (`None`: closed or
+/// no answer within `timeout`).
+fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    (&*stream).write_all(format!("{line}\n").as_bytes()).ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut text = String::new();
+    match reader.read_line(&mut text) {
+        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
+        _ => None,
+    }
+}
+
+fn act_line(id: u64, req: &ActRequest) -> String {
+    let mut v = serde_json::to_value(req).unwrap();
+    let m = v.as_object_mut().unwrap();
+    m.insert("v".into(), 1.into());
+    m.insert("id".into(), id.into());
+    m.insert("op".into(), "act".into());
+    v.to_string()
+}
+
+/// What an answer was, in one word: `ok`, an error code, or `closed`.
+fn outcome(r: &Option<Response>) -> String {
+    match r {
+        None => "closed".into(),
+        Some(r) if r.ok => "ok".into(),
+        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. A stale SO_PEERCRED across pid namespaces.
+
+/// Set when this test binary runs as one of the attack's processes inside
+/// a new pid namespace: `holder` (its pid 1) or `connector` (its child).
+const NS_ROLE: &str = "SELFHEAL_ATTACK_NS_ROLE";
+
+/// Sends `fd` with `data` over `sock` (`SCM_RIGHTS`).
+fn send_fd(sock: &UnixStream, fd: RawFd, data: &[u8]) -> std::io::Result<()> {
+    let mut cbuf = [0u64; 8];
+    // SAFETY: a msghdr pointing at a live iovec and a control buffer large
+    // enough (and aligned) for one fd; the CMSG macros stay inside it.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        let space = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
+        if libc::sendmsg(sock.as_raw_fd(), &msg, 0) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Receives one fd and its data from `sock`.
+fn recv_fd(sock: &UnixStream) -> std::io::Result<(OwnedFd, Vec<u8>)> {
+    let mut cbuf = [0u64; 8];
+    let mut data = vec![0u8; 64];
+    // SAFETY: as in `send_fd`; the fd read out of the control message is
+    // one the kernel just installed for us.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: data.as_mut_ptr().cast(),
+            iov_len: data.len(),
+        };
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        let n = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        data.truncate(n as usize);
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null() || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
+            return Err(std::io::Error::other("no fd received"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+        Ok((OwnedFd::from_raw_fd(fd), data))
+    }
+}
+
+/// Not a test of its own: the processes of the attack below, run inside a
+/// new pid namespace. Does nothing unless [`NS_ROLE`] is set.
+#[test]
+fn pid_namespace_attack_roles() {
+    let Ok(role) = std::env::var(NS_ROLE) else {
+        return;
+    };
+    let path = PathBuf::from(std::env::var("HELPER_SOCKET").unwrap());
+    match role.as_str() {
+        // Connects, learns the pid the helper sees for it, hands the
+        // connection to the holder (its stdin is a socket to it), exits.
+        "connector" => {
+            let conn = UnixStream::connect(&path).unwrap();
+            let hello = ask(&conn, r#"{"v":1,"id":1,"op":"hello"}"#, 5 * SEC).unwrap();
+            let pid = hello.result.unwrap()["caller"]["pid"].as_u64().unwrap();
+            // SAFETY: fd 0 is the socketpair end the holder gave us.
+            let to_holder = unsafe { UnixStream::from_raw_fd(0) };
+            send_fd(&to_holder, conn.as_raw_fd(), pid.to_string().as_bytes()).unwrap();
+        }
+        // Pid 1 of the namespace: starts the connector, receives the
+        // connection, reaps the connector (its pid is free from then on),
+        // says which pid the helper knew it by, waits for the test to give
+        // that pid to a host process, then asks for an act.
+        "holder" => {
+            let (mine, theirs) = UnixStream::pair().unwrap();
+            let mut connector = Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "pid_namespace_attack_roles", "--nocapture"])
+                .env(NS_ROLE, "connector")
+                .stdin(Stdio::from(OwnedFd::from(theirs)))
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            let (fd, data) = recv_fd(&mine).unwrap();
+            assert!(connector.wait().unwrap().success());
+            let stale = String::from_utf8(data).unwrap();
+            println!("STALE {stale}");
+            std::io::stdout().flush().unwrap();
+            let go = PathBuf::from(std::env::var("GO_FILE").unwrap());
+            wait_for(60 * SEC, TICK, || go.exists().then_some(())).expect("go");
+            let target: u32 = std::env::var("TARGET_PID").unwrap().parse().unwrap();
+            let start: u64 = std::env::var("TARGET_START").unwrap().parse().unwrap();
+            let conn = UnixStream::from(fd);
+            let act = ask(
+                &conn,
+                &act_line(2, &ActRequest::new(Action::Signal, target, start)),
+                5 * SEC,
+            );
+            let message = act
+                .as_ref()
+                .and_then(|r| r.error.as_ref())
+                .map_or(String::new(), |e| e.message.clone());
+            let hello = ask(&conn, r#"{"v":1,"id":3,"op":"hello"}"#, 5 * SEC);
+            println!(
+                "RESULT act={} hello={} message={message:?}",
+                outcome(&act),
+                outcome(&hello)
+            );
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// A host process that holds pid `pid` (through `ns_last_pid`), or `None`
+/// when another process kept taking it.
+fn take_pid(pid: u32) -> Option<Child> {
+    for _ in 0..300 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+        let mut c = Command::new("sleep").arg("60").spawn().ok()?;
+        if c.id() == pid {
+            return Some(c);
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        if start_ticks(pid).is_some() {
+            // Someone else has it: it is not free for us.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    None
+}
+
+/// The attack of issue 12, 1: a root process in another pid namespace
+/// connects, hands the connection to another process and exits; a host
+/// process then gets its pid. Before, the helper read the new process's
+/// pid namespace under the stale `SO_PEERCRED` pid, found the host's, and
+/// acted (audited under the innocent pid). Now the connector is pinned by
+/// pidfd at accept and checked on every request: refused, the connection
+/// closed, and the audit names no pid.
+fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
+    if !need_root(test) {
+        return;
+    }
+    if Command::new("unshare").arg("--version").output().is_err() {
+        skip(test, "unshare is not installed");
+        return;
+    }
+    let dir = Scratch::new(&format!("attack-ns-{peer_pidfd}"));
+    let exec = Arc::new(DryExecutor::new());
+    let h = start(&dir, exec.clone(), |o| o.peer_pidfd = peer_pidfd);
+    let mut procs = Procs::default();
+    let target = procs.sh(0, "exec sleep 300");
+    let go = dir.join("go");
+    let mut ns = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "pid_namespace_attack_roles", "--nocapture"])
+        .env(NS_ROLE, "holder")
+        .env("HELPER_SOCKET", dir.join("helper.sock"))
+        .env("GO_FILE", &go)
+        .env("TARGET_PID", target.to_string())
+        .env("TARGET_START", start_ticks(target).unwrap().to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(ns.stdout.take().unwrap()).lines();
+    let mut next = |prefix: &str| {
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line"))
+    };
+    let stale: u32 = next("STALE ")["STALE ".len()..].parse().unwrap();
+    // A host process (root's, in the helper's pid namespace) takes the pid.
+    let innocent = take_pid(stale);
+    let taken = innocent.is_some();
+    std::fs::write(&go, "").unwrap();
+    let result = next("RESULT ");
+    let _ = ns.wait();
+    if let Some(mut c) = innocent {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    eprintln!(
+        "{test}: connector's pid {stale} {} by a host process; {result}",
+        if taken { "taken" } else { "NOT taken" }
+    );
+    assert!(taken, "could not give pid {stale} to a host process");
+    assert!(
+        result.starts_with("RESULT act=forbidden hello=closed"),
+        "{result}"
+    );
+    assert!(result.contains("has exited"), "{result}");
+    assert!(exec.calls().is_empty(), "acted: {:?}", exec.calls());
+    let audit = h.audit();
+    assert_eq!(audit.len(), 1, "{audit:#?}");
+    assert_eq!(audit[0].caller.pid, 0, "the audit names no process");
+    assert_eq!(
+        audit[0].error.as_ref().map(|e| e.code),
+        Some(ErrorCode::Forbidden)
+    );
+}
+
+#[test]
+fn a_connection_handed_on_by_an_exited_connector_is_refused() {
+    stale_peer_credentials("helper attack: stale SO_PEERCRED (SO_PEERPIDFD)", true);
+}
+
+/// The same attack with `SO_PEERPIDFD` turned off
+/// (`ServerOptions::peer_pidfd = false`): the fallback for kernels before
+/// 6.5, a `pidfd_open` of the connector at accept with its start time.
+#[test]
+fn a_connection_handed_on_is_refused_without_so_peerpidfd() {
+    stale_peer_credentials("helper attack: stale SO_PEERCRED (fallback)", false);
+}
+
+// ---------------------------------------------------------------------------
+// 2. Slot exhaustion by long acts.
+
+/// Four uids each send 16 `signal` acts, each on its own connection, on
+/// their own processes that ignore SIGTERM, with a 120 s grace, and hold
+/// the connections. Before, every act held its connection for the grace:
+/// the 64 connections were all taken and root's `hello` was `busy` for two
+/// minutes. Now the act answers after SIGTERM (the SIGKILL is the helper's
+/// timer's), the uids share at most 48 connections, and root is served.
+#[test]
+fn long_acts_of_four_uids_leave_root_served() {
+    if !need_root("helper attack: slot exhaustion") {
+        return;
+    }
+    let dir = Scratch::new("attack-slots");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let path = dir.join("helper.sock");
+    let uids: [u32; 4] = [65530, 65531, 65532, 65533];
+    let mut procs = Procs::default();
+    let targets: Vec<(u32, Vec<u32>)> = uids
+        .iter()
+        .map(|&uid| (uid, (0..16).map(|_| procs.deaf(uid)).collect()))
+        .collect();
+    let release = AtomicBool::new(false);
+    let (answers, root) = std::thread::scope(|s| {
+        let holders: Vec<_> = targets
+            .iter()
+            .flat_map(|(uid, pids)| pids.iter().map(move |pid| (*uid, *pid)))
+            .map(|(uid, pid)| {
+                let (path, release) = (&path, &release);
+                s.spawn(move || {
+                    as_uid(uid, || {
+                        let Ok(conn) = UnixStream::connect(path) else {
+                            return ("refused".to_string(), Duration::ZERO, false);
+                        };
+                        let t = Instant::now();
+                        let r = ask(&conn, &act_line(1, &signal(pid, 120_000)), 3 * SEC);
+                        let took = t.elapsed();
+                        let escalating = r
+                            .as_ref()
+                            .and_then(|r| r.result.as_ref())
+                            .is_some_and(|v| v["escalating"] == true);
+                        // Hold the connection, as the attack did.
+                        wait_for(30 * SEC, TICK, || {
+                            release.load(Ordering::SeqCst).then_some(())
+                        });
+                        (outcome(&r), took, escalating)
+                    })
+                })
+            })
+            .collect();
+        // Give every act time to reach the helper, then root asks.
+        std::thread::sleep(2 * SEC);
+        let mut root = Vec::new();
+        for _ in 0..10 {
+            let t = Instant::now();
+            let r = HelperClient::connect_with(&path, client_opts()).and_then(|mut c| c.hello());
+            root.push((r.map(|h| h.caller.uid), t.elapsed()));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        release.store(true, Ordering::SeqCst);
+        let answers: Vec<_> = holders.into_iter().map(|t| t.join().unwrap()).collect();
+        (answers, root)
+    });
+    let count = |what: &str| answers.iter().filter(|a| a.0 == what).count();
+    let (ok, busy, closed) = (count("ok"), count("busy"), count("closed"));
+    let escalating = answers.iter().filter(|a| a.2).count();
+    let slowest = answers
+        .iter()
+        .filter(|a| a.0 == "ok")
+        .map(|a| a.1)
+        .max()
+        .unwrap_or_default();
+    let root_worst = root.iter().map(|r| r.1).max().unwrap_or_default();
+    eprintln!(
+        "slot exhaustion: 64 signal acts (grace 120 s) from 4 uids: {ok} answered ok \
+         ({escalating} escalating, slowest {slowest:?}), {busy} busy, {closed} unanswered; \
+         root: {} of 10 hellos answered, slowest {root_worst:?}",
+        root.iter().filter(|r| r.0.is_ok()).count()
+    );
+    for (r, _) in &root {
+        assert_eq!(r.as_ref().ok(), Some(&0), "root's hello: {r:?}");
+    }
+    assert!(root_worst < 2 * SEC, "root waited {root_worst:?}");
+    assert!(ok > 0 && escalating == ok, "acts answered: {answers:?}");
+    assert!(slowest < 2 * SEC, "an act held its connection {slowest:?}");
+    assert_eq!(closed, 0, "every act was answered: {answers:?}");
+    // The acts sent SIGTERM only: every target still runs (no SIGKILL
+    // before its grace).
+    for (_, pids) in &targets {
+        for pid in pids {
+            assert!(start_ticks(*pid).is_some(), "pid {pid} was killed early");
+        }
+    }
+    drop(h);
+}
+
+/// A socket action on an fd that is not a socket is refused before the fd
+/// is duplicated: `/proc/PID/fd/FD` is read, never the file itself (a
+/// FUSE file's `fstat` or `close` could block the helper forever).
+#[test]
+fn a_socket_action_on_a_file_is_refused_without_touching_it() {
+    if !need_root("helper attack: caller-chosen fd") {
+        return;
+    }
+    let dir = Scratch::new("attack-fd");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let file = dir.join("file");
+    std::fs::write(&file, "").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let pid = procs.sh(
+        NOBODY,
+        &format!("exec 7<{}; exec sleep 300", file.display()),
+    );
+    wait_for(5 * SEC, TICK, || {
+        std::fs::read_link(format!("/proc/{pid}/fd/7")).ok()
+    })
+    .expect("fd 7 open");
+    let path = dir.join("helper.sock");
+    let e = as_uid(NOBODY, || {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        let mut req = ActRequest::new(Action::DestroySocket, pid, start_ticks(pid).unwrap());
+        req.fd = Some(7);
+        c.act(&req).unwrap_err()
+    });
+    assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
+    assert!(e.to_string().contains("is not a socket: left alone"), "{e}");
+    drop(h);
+}
+
+// ---------------------------------------------------------------------------
+// 3. The policy, checked again before the escalation.
+
+/// A process of `nobody` traps SIGTERM by exec'ing a setuid-root binary:
+/// by the end of the grace it is a process of uids [65534, 0, 0]. Before,
+/// the SIGKILL asked for by nobody hit it anyway. Now the policy is checked
+/// again right before SIGKILL: refused, audited, the process lives.
+#[test]
+fn a_setuid_exec_during_the_grace_gets_no_sigkill() {
+    if !need_root("helper attack: setuid exec in the grace") {
+        return;
+    }
+    let dir = Scratch::new("attack-setuid");
+    let suid = dir.join("suid-sleep");
+    std::fs::copy("/usr/bin/sleep", &suid)
+        .or_else(|_| std::fs::copy("/bin/sleep", &suid))
+        .expect("copy sleep");
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    // Where nobody may write its readiness file.
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let ready = public.join("ready");
+    let pid = procs.sh(
+        NOBODY,
+        &format!(
+            "trap 'exec {} 300' TERM; echo > {}; while :; do sleep 0.05; done",
+            suid.display(),
+            ready.display()
+        ),
+    );
+    // The trap is set once the file is there (a SIGTERM before would just
+    // end the shell).
+    wait_for(5 * SEC, TICK, || ready.exists().then_some(())).expect("the trap is set");
+    let path = dir.join("helper.sock");
+    let req = signal(pid, 1500);
+    let t = Instant::now();
+    let answer = as_uid(NOBODY, || {
+        HelperClient::connect_with(&path, client_opts())
+            .unwrap()
+            .act(&req)
+    });
+    let answered_after = t.elapsed();
+    let uids = || -> Option<String> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+    };
+    let setuid = wait_for(5 * SEC, TICK, || {
+        uids().filter(|u| u.starts_with(&format!("{NOBODY} 0 0")))
+    });
+    // The grace, and time for the timer to act.
+    std::thread::sleep(3 * SEC);
+    // Alive: not a zombie (this test is its parent and has not reaped it).
+    let alive = start_ticks(pid) == Some(req.start_ticks)
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        });
+    let audit = h.audit();
+    eprintln!(
+        "setuid in the grace: answered after {answered_after:?}: {answer:?}; uids then {setuid:?}; \
+         alive after the grace: {alive}; audit: {audit:?}"
+    );
+    assert!(setuid.is_some(), "the target exec'd the setuid binary");
+    assert!(alive, "SIGKILL hit a process of uids [65534, 0, 0]");
+    let answer = answer.expect("the signal act is answered");
+    assert_eq!(answer["escalating"], true, "{answer}");
+    let escalation = audit
+        .iter()
+        .find(|a| a.escalation && a.pid == pid)
+        .expect("the escalation is audited");
+    let e = escalation.error.as_ref().expect("refused");
+    assert_eq!(e.code, ErrorCode::Forbidden, "{e:?}");
+    assert!(
+        e.message.contains("changed since SIGTERM") && e.message.contains("SIGKILL not sent"),
+        "{e:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 4. The existence leak.
+
+/// `nobody` names root's process with its right start time, with a wrong
+/// one, and a pid that does not exist. Before, the answers differed
+/// (`forbidden` naming the owner, `gone` with the real start time, `gone`
+/// "not running"). Now they are one answer, word for word but the pid.
+#[test]
+fn forbidden_answers_do_not_tell_whether_a_pid_exists() {
+    if !need_root("helper attack: existence leak") {
+        return;
+    }
+    let dir = Scratch::new("attack-exists");
+    let exec = Arc::new(DryExecutor::new());
+    let _h = start(&dir, exec.clone(), |_| {});
+    let mut procs = Procs::default();
+    let roots = procs.sh(0, "exec sleep 300");
+    let start = start_ticks(roots).unwrap();
+    let dead = {
+        let mut c = Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    };
+    let path = dir.join("helper.sock");
+    let cases = [
+        ("root's, right start", roots, start),
+        ("root's, wrong start", roots, start + 1),
+        ("no such pid", dead, start),
+    ];
+    let answers: Vec<(String, ErrorCode, String)> = as_uid(NOBODY, || {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        cases
+            .iter()
+            .map(|(what, pid, start)| {
+                let e = c
+                    .act(&ActRequest::new(Action::Signal, *pid, *start))
+                    .unwrap_err();
+                let (code, m) = match e {
+                    selfheal::helper::ClientError::Remote(r) => (r.code, r.message),
+                    other => panic!("{what}: {other}"),
+                };
+                (what.to_string(), code, m.replace(&pid.to_string(), "PID"))
+            })
+            .collect()
+    });
+    for a in &answers {
+        eprintln!("existence leak: {}: {} {:?}", a.0, a.1, a.2);
+    }
+    for a in &answers {
+        assert_eq!(a.1, ErrorCode::Forbidden, "{a:?}");
+        assert_eq!(a.2, answers[0].2, "{a:?} differs from {:?}", answers[0]);
+        assert!(!a.2.contains(&start.to_string()), "{a:?}");
+    }
+    assert!(exec.calls().is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// 5. One foreign pid no longer costs a user all its evidence.
+
+/// `nobody` watches and reads the evidence of its own process and of a
+/// look-alike of root's. Before, both requests were refused whole. Now its
+/// own pid is answered and root's is a per-pid gap (`refused`).
+#[test]
+fn a_foreign_pid_is_a_gap_not_a_refusal() {
+    if !need_ebpf("helper attack: a foreign pid in a query") {
+        return;
+    }
+    let dir = Scratch::new("attack-gap");
+    let _h = start(&dir, Arc::new(DryExecutor::new()), |o| {
+        o.ebpf = Some(TracerOptions {
+            strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+            ..TracerOptions::default()
+        });
+    });
+    let mut procs = Procs::default();
+    let roots = procs.sh(0, "exec sleep 300");
+    let mine = procs.sh(NOBODY, "exec sleep 300");
+    let path = dir.join("helper.sock");
+    let (w, g, tracer) = as_uid(NOBODY, || {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        let w = c.watch(&[mine, roots]);
+        let g = c.ebpf_snapshot_with_gaps(&[mine, roots]);
+        // What `check` uses: the evidence of its own pid, root's a gap.
+        let shared = Arc::new(std::sync::Mutex::new(c));
+        let mut t = selfheal::healer::HelperTracer(shared);
+        let tracer = selfheal::check::TracerSource::snapshot(&mut t, &[mine, roots]);
+        (w, g, tracer)
+    });
+    eprintln!("foreign pid: watch {w:?}; snapshot {g:?}");
+    let w = w.expect("watch answered");
+    assert_eq!(
+        w.watched.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        vec![mine]
+    );
+    assert_eq!(w.refused, vec![roots]);
+    let g = g.expect("snapshot answered");
+    assert_eq!(g.refused, vec![roots]);
+    assert!(g.snapshot.blocked.iter().all(|b| b.tgid == mine));
+    assert!(g.snapshot.sockets.iter().all(|s| s.tgid == mine));
+    tracer.expect("check's eBPF evidence through the helper");
+}
+
+// ---------------------------------------------------------------------------
+// 6. Load: eight uids, long acts and floods; root is answered.
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// What one flooding uid sent and got.
+#[derive(Default)]
+struct Flood {
+    sent: u64,
+    ok: u64,
+    busy: u64,
+    acts_escalating: u64,
+}
+
+impl Flood {
+    fn add(&mut self, o: Flood) {
+        self.sent += o.sent;
+        self.ok += o.ok;
+        self.busy += o.busy;
+        self.acts_escalating += o.acts_escalating;
+    }
+
+    fn count(&mut self, r: &Option<Response>) {
+        match r {
+            Some(r) if r.ok => self.ok += 1,
+            Some(r) if r.error.as_ref().is_some_and(|e| e.code == ErrorCode::Busy) => {
+                self.busy += 1
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One uid's share of the load, on threads of that uid: 4 long `signal`
+/// acts on connections it then holds, and 300 ms later 2 connections
+/// flooding pipelined `hello`s until `end` and 20 connections opened and
+/// held.
+fn flood_as_uid(path: &std::path::Path, pids: &[u32], end: Instant, stop: &AtomicBool) -> Flood {
+    let hold = || wait_for(30 * SEC, TICK, || stop.load(Ordering::SeqCst).then_some(()));
+    std::thread::scope(|s| {
+        let mut jobs = Vec::new();
+        for pid in pids {
+            jobs.push(s.spawn(move || {
+                let mut f = Flood::default();
+                let Ok(c) = UnixStream::connect(path) else {
+                    return f;
+                };
+                f.sent += 1;
+                let r = ask(&c, &act_line(1, &signal(*pid, 120_000)), 3 * SEC);
+                f.count(&r);
+                if r.as_ref()
+                    .and_then(|r| r.result.as_ref())
+                    .is_some_and(|v| v["escalating"] == true)
+                {
+                    f.acts_escalating += 1;
+                }
+                hold();
+                f
+            }));
+        }
+        // The long acts first (each is answered after its SIGTERM), then
+        // the floods and the held connections.
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..2 {
+            jobs.push(s.spawn(move || {
+                let mut f = Flood::default();
+                let Ok(c) = UnixStream::connect(path) else {
+                    return f;
+                };
+                let _ = c.set_read_timeout(Some(5 * SEC));
+                let mut reader = BufReader::new(&c);
+                let mut id = 10u64;
+                while Instant::now() < end && !stop.load(Ordering::SeqCst) {
+                    let mut batch = String::new();
+                    for _ in 0..50 {
+                        id += 1;
+                        batch.push_str(&format!("{{\"v\":1,\"id\":{id},\"op\":\"hello\"}}\n"));
+                    }
+                    if (&c).write_all(batch.as_bytes()).is_err() {
+                        break;
+                    }
+                    f.sent += 50;
+                    for _ in 0..50 {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return f;
+                        }
+                        f.count(&Response::parse(line.as_bytes()).ok());
+                    }
+                }
+                f
+            }));
+        }
+        for _ in 0..20 {
+            jobs.push(s.spawn(move || {
+                let mut f = Flood::default();
+                let Ok(c) = UnixStream::connect(path) else {
+                    return f;
+                };
+                f.sent += 1;
+                f.count(&ask(&c, r#"{"v":1,"id":1,"op":"hello"}"#, 3 * SEC));
+                hold();
+                f
+            }));
+        }
+        let mut all = Flood::default();
+        for j in jobs {
+            all.add(j.join().unwrap());
+        }
+        all
+    })
+}
+
+/// Eight uids, each with 4 long `signal` acts (120 s grace, on processes
+/// that ignore SIGTERM) on connections it holds, 20 more connections held
+/// open, and 2 connections flooding pipelined `hello`s for 4 s, all at
+/// once; meanwhile root opens a fresh connection every 25 ms and asks
+/// `hello`. A measurement, printed: root's latency p50/p99 beside the
+/// flood's numbers. Asserted: root is never answered `busy` (nor anything
+/// but its hello).
+#[test]
+fn eight_uids_flooding_leave_root_answered() {
+    if !need_root("helper load: eight uids") {
+        return;
+    }
+    const FLOOD_FOR: Duration = Duration::from_secs(4);
+    let dir = Scratch::new("attack-load");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let path = dir.join("helper.sock");
+    let uids: Vec<u32> = (65520..65528).collect();
+    let mut procs = Procs::default();
+    let targets: Vec<(u32, Vec<u32>)> = uids
+        .iter()
+        .map(|&uid| (uid, (0..4).map(|_| procs.deaf(uid)).collect()))
+        .collect();
+    let stop = AtomicBool::new(false);
+    let began = Instant::now();
+    let (flood, root) = std::thread::scope(|s| {
+        let floods: Vec<_> = targets
+            .iter()
+            .map(|(uid, pids)| {
+                let (path, stop) = (&path, &stop);
+                s.spawn(move || as_uid(*uid, || flood_as_uid(path, pids, began + FLOOD_FOR, stop)))
+            })
+            .collect();
+        let mut root: Vec<(Result<u32, String>, Duration)> = Vec::new();
+        let end = began + FLOOD_FOR + SEC;
+        for _ in 0..1000 {
+            if Instant::now() >= end {
+                break;
+            }
+            let t = Instant::now();
+            let r = HelperClient::connect_with(&path, client_opts())
+                .and_then(|mut c| c.hello())
+                .map(|h| h.caller.uid)
+                .map_err(|e| e.to_string());
+            root.push((r, t.elapsed()));
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let mut flood = Flood::default();
+        for f in floods {
+            flood.add(f.join().unwrap());
+        }
+        (flood, root)
+    });
+    let mut lat: Vec<Duration> = root.iter().map(|r| r.1).collect();
+    lat.sort();
+    let answered = root.iter().filter(|r| r.0.is_ok()).count();
+    eprintln!(
+        "load: 8 uids for {FLOOD_FOR:?}: {} requests sent ({} answered ok, {} busy, {} signal acts \
+         escalating); root: {answered} of {} hellos answered, p50 {:?}, p99 {:?}, max {:?}",
+        flood.sent,
+        flood.ok,
+        flood.busy,
+        flood.acts_escalating,
+        root.len(),
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99),
+        lat.last().copied().unwrap_or_default(),
+    );
+    for (r, _) in &root {
+        assert_eq!(r.as_ref().ok(), Some(&0), "root's hello: {r:?}");
+    }
+    assert!(root.len() >= 20, "root kept asking: {}", root.len());
+    drop(h);
+}
+
+/// The other half of the asynchronous `signal`: a process that ignores
+/// SIGTERM gets SIGKILL from the helper's timer once the grace runs out,
+/// the escalation is audited, and `HelperHealer` (what `check` acts
+/// through) still reports how it ended: it watches the exit itself.
+#[test]
+fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
+    use selfheal::check::Healer as _;
+    if !need_root("helper: escalation on the timer") {
+        return;
+    }
+    let dir = Scratch::new("attack-escalate");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let pid = procs.deaf(NOBODY);
+    let step = selfheal::ladder::Step::Signal {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        grace_ms: 1000,
+    };
+    let path = dir.join("helper.sock");
+    let t = Instant::now();
+    let detail = as_uid(NOBODY, || {
+        let c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        selfheal::healer::HelperHealer::new(c).act("deaf", &step)
+    });
+    let took = t.elapsed();
+    eprintln!("escalation: {took:?}: {detail:?}");
+    let v: serde_json::Value = serde_json::from_str(&detail.expect("acted")).unwrap();
+    assert_eq!(v["escalating"], true, "{v}");
+    assert_eq!(v["exited"], true, "{v}");
+    assert!(
+        took >= Duration::from_millis(900) && took < 5 * SEC,
+        "{took:?}"
+    );
+    let audit = h.audit();
+    let e = audit
+        .iter()
+        .find(|a| a.escalation && a.pid == pid)
+        .expect("the escalation is audited");
+    assert!(e.error.is_none(), "{e:?}");
+    assert_eq!(e.caller.uid, NOBODY);
+}
+
+/// The bounds that keep long acts from piling up: connections beyond what
+/// other uids may hold are `busy` while root still gets in (its reserve),
+/// and a `signal` beyond the pending escalations a uid may have is `busy`
+/// with nothing sent.
+#[test]
+fn the_root_reserve_and_the_escalation_table_are_bounded() {
+    if !need_root("helper: reserve and escalation bounds") {
+        return;
+    }
+    let dir = Scratch::new("attack-bounds");
+    let exec = Arc::new(DryExecutor::new());
+    let _h = start(&dir, exec.clone(), |o| {
+        o.max_connections = 4;
+        o.max_connections_per_uid = 4;
+        o.root_reserve = 2;
+        o.max_escalations_per_uid = 2;
+    });
+    let path = dir.join("helper.sock");
+    let mut procs = Procs::default();
+    let pids: Vec<u32> = (0..3).map(|_| procs.sh(NOBODY, "exec sleep 300")).collect();
+    let (held, third, acts) = as_uid(NOBODY, || {
+        let held: Vec<UnixStream> = (0..2)
+            .map(|_| {
+                let c = UnixStream::connect(&path).unwrap();
+                assert_eq!(
+                    outcome(&ask(&c, r#"{"v":1,"id":1,"op":"hello"}"#, 5 * SEC)),
+                    "ok"
+                );
+                c
+            })
+            .collect();
+        let third = UnixStream::connect(&path).unwrap();
+        let third = ask(&third, r#"{"v":1,"id":1,"op":"hello"}"#, 5 * SEC);
+        let acts: Vec<Option<Response>> = pids
+            .iter()
+            .map(|pid| ask(&held[0], &act_line(1, &signal(*pid, 60_000)), 5 * SEC))
+            .collect();
+        (held, third, acts)
+    });
+    let third = third.expect("an answer");
+    let e = third.error.expect("refused");
+    assert_eq!(e.code, ErrorCode::Busy, "{e:?}");
+    assert!(e.message.contains("2 are kept for root"), "{e:?}");
+    // Root gets in while nobody holds all it may.
+    for _ in 0..2 {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        assert_eq!(c.hello().unwrap().caller.uid, 0);
+    }
+    let outcomes: Vec<String> = acts.iter().map(outcome).collect();
+    assert_eq!(outcomes, ["ok", "ok", "busy"], "{acts:?}");
+    let busy = acts[2].as_ref().unwrap().error.as_ref().unwrap();
+    assert!(busy.message.contains("nothing was sent"), "{busy:?}");
+    assert_eq!(exec.calls().len(), 2, "the third signal was not sent");
+    drop(held);
+}
+
+/// A FUSE filesystem that stops answering: `tests/src/hangfs.c`, built
+/// with the system's C compiler, mounted on a scratch directory; dropping
+/// it kills the server (the kernel then fails what waits on it) and
+/// detaches the mount.
+struct HangFs {
+    server: Child,
+    mnt: PathBuf,
+}
+
+impl HangFs {
+    fn mount(dir: &Scratch, freeze: &std::path::Path) -> Result<HangFs, String> {
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/hangfs.c");
+        let bin = dir.join("hangfs");
+        let out = Command::new("cc")
+            .args(["-O1", "-o"])
+            .arg(&bin)
+            .arg(src)
+            .output()
+            .map_err(|e| format!("no C compiler: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("cc: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+        let mut server = Command::new(&bin)
+            .arg(&mnt)
+            .arg(freeze)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        let _ = BufReader::new(server.stdout.take().unwrap()).read_line(&mut line);
+        if line.trim() != "mounted" {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err("cannot mount a FUSE filesystem here".into());
+        }
+        Ok(HangFs { server, mnt })
+    }
+}
+
+impl Drop for HangFs {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
+/// The FUSE case itself: the target's fd 7 is a file on a FUSE mount whose
+/// server no longer answers. Before, the helper duplicated it and called
+/// `fstat` on the duplicate, which waited on the server for good: the act
+/// was never answered. Now the fd's `/proc` link is read instead, and the
+/// act is refused at once.
+#[test]
+fn a_socket_action_on_a_hung_fuse_file_is_answered() {
+    if !need_root("helper attack: FUSE fd") {
+        return;
+    }
+    let dir = Scratch::new("attack-fuse");
+    let freeze = dir.join("freeze");
+    let fs = match HangFs::mount(&dir, &freeze) {
+        Ok(fs) => fs,
+        Err(why) => {
+            skip("helper attack: FUSE fd", &why);
+            return;
+        }
+    };
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let pid = procs.sh(0, &format!("exec 7<{}/f; exec sleep 300", fs.mnt.display()));
+    wait_for(5 * SEC, TICK, || {
+        std::fs::read_link(format!("/proc/{pid}/fd/7")).ok()
+    })
+    .expect("fd 7 open");
+    std::fs::write(&freeze, "").unwrap();
+    let mut req = ActRequest::new(Action::DestroySocket, pid, start_ticks(pid).unwrap());
+    req.fd = Some(7);
+    let t = Instant::now();
+    let opts = ClientOptions {
+        act_timeout: 3 * SEC,
+        ..client_opts()
+    };
+    let r = HelperClient::connect_with(dir.join("helper.sock"), opts)
+        .unwrap()
+        .act(&req);
+    let took = t.elapsed();
+    eprintln!("FUSE fd: answered after {took:?}: {r:?}");
+    // The server goes first: whatever still waits on it (the target's
+    // close of fd 7 as it dies) fails then.
+    drop(fs);
+    drop(procs);
+    drop(h);
+    let e = r.expect_err("refused");
+    assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
+    assert!(e.to_string().contains("is not a socket: left alone"), "{e}");
+    assert!(took < 2 * SEC, "{took:?}");
+}
