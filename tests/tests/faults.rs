@@ -787,6 +787,7 @@ fn a_reused_pid_is_never_acted_on() {
     for action in [Action::Signal, Action::ArmKeepalive, Action::DestroySocket] {
         let mut req = ActRequest::new(action, pid, judged);
         req.fd = Some(0);
+        req.inode = Some(1);
         let e = client.act(&req).expect_err("refused");
         assert_eq!(e.code(), Some(ErrorCode::Gone), "{e}");
         assert!(e.to_string().contains("no longer the process"), "{e}");

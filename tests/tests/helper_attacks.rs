@@ -127,7 +127,10 @@ fn signal(pid: u32, grace_ms: u64) -> ActRequest {
 /// no answer within `timeout`).
 fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
     stream.set_read_timeout(Some(timeout)).ok()?;
-    (&*stream).write_all(format!("{line}\n").as_bytes()).ok()?;
+    // A helper that refuses a connection (busy) answers and closes it,
+    // possibly before the request is written: the write then fails, and
+    // the answer is there to be read all the same (as HelperClient does).
+    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
     let mut reader = BufReader::new(stream);
     let mut text = String::new();
     match reader.read_line(&mut text) {
@@ -509,6 +512,7 @@ fn a_socket_action_on_a_file_is_refused_without_touching_it() {
         let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
         let mut req = ActRequest::new(Action::DestroySocket, pid, start_ticks(pid).unwrap());
         req.fd = Some(7);
+        req.inode = Some(1);
         c.act(&req).unwrap_err()
     });
     assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
@@ -1075,6 +1079,7 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
     std::fs::write(&freeze, "").unwrap();
     let mut req = ActRequest::new(Action::DestroySocket, pid, start_ticks(pid).unwrap());
     req.fd = Some(7);
+    req.inode = Some(1);
     let t = Instant::now();
     let opts = ClientOptions {
         act_timeout: 3 * SEC,

@@ -466,6 +466,15 @@ fn agent(addr: &str, uid: Option<u32>) -> (Peer, Ready, i32) {
 fn act(action: Action, pid: u32, fd: Option<i32>) -> ActRequest {
     let mut r = ActRequest::new(action, pid, start_ticks(pid).expect("running"));
     r.fd = fd;
+    // A socket action names the socket the fd holds (`socket:[INODE]`).
+    r.inode = fd.and_then(|fd| {
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+        link.to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    });
     r.agent = Some("agent".into());
     r
 }

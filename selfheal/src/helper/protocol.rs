@@ -22,7 +22,7 @@
 //! {"v":1,"id":8,"op":"watch","pids":[1234,1240]}
 //! {"v":1,"id":9,"op":"unwatch","pids":[1240]}
 //! {"v":1,"id":10,"op":"ebpf_snapshot","pids":[1234]}
-//! {"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"agent":"sol","params":{"idle_s":10}}
+//! {"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"inode":4242,"agent":"sol","params":{"idle_s":10}}
 //! ```
 //!
 //! - `v` (required): the protocol version, `1`.
@@ -37,7 +37,7 @@
 //! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` [{`pid`,`since_ns`}], `gone` [pids that do not exist], `refused` [pids it may not query] (since issue 12) |
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` [pids]; a pid leaves the filter when no uid wants it any more |
 //! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] (since issue 12) |
-//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`?, `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
+//! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`? (both for socket actions), `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
 //! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0). A pid the
 //! caller may not query does not fail the request (it did, before issue
@@ -66,8 +66,8 @@
 //! options to put back) and `expire_keepalive`; `pid` and `start_ticks` (the process's start time in clock
 //! ticks after boot, `/proc/PID/stat` field 22) name the process — a pid now
 //! held by another process is `gone`; `fd` (required for the socket actions)
-//! is the target's file descriptor; `inode` (required by the prove stage's
-//! actions, honoured by all socket actions) is the judged socket's inode:
+//! is the target's file descriptor; `inode` (required with `fd` by every
+//! socket action) is the judged socket's inode:
 //! the fd is duplicated and the duplicate's inode compared before anything
 //! is done, so a connection that replaced the judged one under the same fd
 //! number is never touched; `agent` is the agent's name, for the
@@ -269,12 +269,11 @@ impl Action {
         !matches!(self, Self::Signal | Self::Restart)
     }
 
-    /// Whether the action must name the judged socket's `inode`.
+    /// Whether the action must name the judged socket's `inode`: every
+    /// socket action, since an fd alone may hold a new connection by the
+    /// time the act arrives.
     pub fn needs_inode(self) -> bool {
-        matches!(
-            self,
-            Self::ProveKeepalive | Self::RestoreKeepalive | Self::ExpireKeepalive
-        )
+        self.needs_fd()
     }
 }
 
@@ -838,7 +837,7 @@ mod tests {
             }
         );
         let r = parse_request(
-            br#"{"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"agent":"sol","params":{"idle_s":10}}"#,
+            br#"{"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"inode":4242,"agent":"sol","params":{"idle_s":10}}"#,
         )
         .unwrap();
         let Op::Act(act) = r.op else {
