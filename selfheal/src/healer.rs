@@ -469,12 +469,9 @@ impl crate::check::TracerSource for HelperTracer {
         refused.extend(watched.refused);
         refused.sort_unstable();
         refused.dedup();
-        if !refused.is_empty() {
-            tracing::warn!(
-                "the helper refused the eBPF evidence of pid(s) {refused:?} (not this user's, \
-                 or not running): a gap; the other pids' evidence is used"
-            );
-        }
-        Ok((got.snapshot, since))
+        let mut snapshot = got.snapshot;
+        // A gap in the report of the agent whose pid it is.
+        snapshot.refused = refused;
+        Ok((snapshot, since))
     }
 }

@@ -590,6 +590,13 @@ pub fn build(ev: &Evidence) -> Report {
     if let Some(line) = snapshot.and_then(|s| s.overflow.describe()) {
         gaps.push(line);
     }
+    if let Some(s) = snapshot.filter(|s| !s.refused.is_empty()) {
+        gaps.push(format!(
+            "the helper refused the eBPF evidence of pid(s) {:?} (not this user's, or not \
+             running): theirs is from procfs only",
+            s.refused
+        ));
+    }
 
     let sockets = tcp
         .values()
@@ -1043,6 +1050,7 @@ mod tests {
             sockets: vec![],
             overflow: Default::default(),
             shares: Default::default(),
+            refused: Vec::new(),
         }
     }
 

@@ -705,7 +705,41 @@ fn a_foreign_pid_is_a_gap_not_a_refusal() {
     assert_eq!(g.refused, vec![roots]);
     assert!(g.snapshot.blocked.iter().all(|b| b.tgid == mine));
     assert!(g.snapshot.sockets.iter().all(|s| s.tgid == mine));
-    tracer.expect("check's eBPF evidence through the helper");
+    let (snap, _) = tracer.expect("check's eBPF evidence through the helper");
+    assert_eq!(
+        snap.refused,
+        vec![roots],
+        "the refused pid travels to the report"
+    );
+    // In the report of an agent with both pids: a gap naming root's pid,
+    // and the rest of the evidence still eBPF's.
+    let mut pids = vec![mine, roots];
+    pids.sort_unstable();
+    let report = selfheal::inspect::build(
+        &selfheal::inspect::Collector::from_snapshot(
+            Ok((snap, None)),
+            selfheal::proc::Detail::Minimal,
+        )
+        .collect(&selfheal::inspect::Target {
+            agent: Some("look".into()),
+            rule: "pid".into(),
+            roots: pids.clone(),
+            pids,
+            problem: None,
+            upstream_of: Box::new(|_| None),
+            upstreams: Vec::new(),
+            containers: Vec::new(),
+            container_gaps: Vec::new(),
+        }),
+    );
+    let gaps = serde_json::to_value(&report).unwrap()["gaps"].to_string();
+    assert!(
+        gaps.contains(&format!(
+            "the helper refused the eBPF evidence of pid(s) [{roots}]"
+        )),
+        "{gaps}"
+    );
+    assert!(!gaps.contains("no eBPF evidence"), "{gaps}");
 }
 
 // ---------------------------------------------------------------------------

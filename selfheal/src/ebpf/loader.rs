@@ -260,6 +260,7 @@ impl Tracer {
                 over_share: shares.values().map(|u| u.lost).sum(),
             },
             shares,
+            refused: Vec::new(),
         })
     }
 }

@@ -143,6 +143,10 @@ pub struct TracerSnapshot {
     /// turns it into the asking uid's `overflow.over_share`.
     #[serde(skip)]
     pub shares: BTreeMap<u32, ShareUse>,
+    /// Pids whose evidence the helper refused to this user (not theirs, or
+    /// not running): each is a gap, the rest of the snapshot stands.
+    #[serde(skip)]
+    pub refused: Vec<u32>,
 }
 
 /// One uid's use of the socket map at a snapshot.

@@ -785,6 +785,7 @@ impl SnapshotWire {
                 over_share: o.over_share,
             },
             shares: Default::default(),
+            refused: Vec::new(),
         })
     }
 }
@@ -808,6 +809,7 @@ pub fn filter_snapshot(mut snap: TracerSnapshot, pids: &[u32]) -> TracerSnapshot
         .map(|u| u.lost)
         .sum();
     snap.shares.clear();
+    snap.refused.retain(|p| pids.binary_search(p).is_ok());
     snap
 }
 
@@ -1139,6 +1141,7 @@ mod tests {
                 over_share: 5,
             },
             shares: Default::default(),
+            refused: Vec::new(),
         };
         let json = serde_json::to_vec(&snap).unwrap();
         let wire: SnapshotWire = serde_json::from_slice(&json).unwrap();
