@@ -28,8 +28,10 @@ pub struct Common {
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
     /// Print one JSON object per agent per line (agent, verdict, reasons,
-    /// snapshot, probes, gaps, and proofs: the proof keepalives armed and
-    /// put back) instead of text.
+    /// snapshot, probes, gaps, proofs: the proof keepalives armed and put
+    /// back, and containers: the id, name, image, pod and namespace of each
+    /// container it runs in) instead of text. Probe URLs and bodies are
+    /// redacted.
     #[arg(long)]
     json: bool,
     /// Check only this agent (repeatable).
@@ -43,8 +45,9 @@ pub struct Common {
     /// $XDG_STATE_HOME/selfheal (or /var/log/selfheal as root).
     #[arg(long, value_name = "DIR")]
     snapshot_dir: Option<PathBuf>,
-    /// Write Prometheus metrics to this file (atomically), for
-    /// node_exporter's textfile collector.
+    /// Write Prometheus metrics to this file (atomically, mode 0640 with
+    /// its directory's group), for node_exporter's textfile collector. The
+    /// directory must exist and pass the same rule as --state-dir.
     #[arg(long, value_name = "PATH")]
     metrics_file: Option<PathBuf>,
     /// Decide healing steps and report them, but take none (and arm no
