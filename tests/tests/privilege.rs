@@ -463,18 +463,11 @@ fn agent(addr: &str, uid: Option<u32>) -> (Peer, Ready, i32) {
     (p, r, fd)
 }
 
-fn act(action: Action, pid: u32, fd: Option<i32>) -> ActRequest {
+fn act(action: Action, pid: u32, fd: Option<(i32, u64)>) -> ActRequest {
     let mut r = ActRequest::new(action, pid, start_ticks(pid).expect("running"));
-    r.fd = fd;
-    // A socket action names the socket the fd holds (`socket:[INODE]`).
-    r.inode = fd.and_then(|fd| {
-        let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
-        link.to_str()?
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()
-    });
+    // A socket action names the fd and the socket it holds.
+    r.fd = fd.map(|(fd, _)| fd);
+    r.inode = fd.map(|(_, inode)| inode);
     r.agent = Some("agent".into());
     r
 }
@@ -570,8 +563,8 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
             );
         }
         for (action, fd) in [
-            (Action::ArmKeepalive, Some(root_fd)),
-            (Action::DestroySocket, Some(root_fd)),
+            (Action::ArmKeepalive, Some((root_fd, root.inode))),
+            (Action::DestroySocket, Some((root_fd, root.inode))),
             (Action::Signal, None),
         ] {
             forbidden(
@@ -586,12 +579,15 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
             Action::RestoreKeepalive,
             Action::ExpireKeepalive,
         ] {
-            let mut req = act(action, root.pid, Some(root_fd));
-            req.inode = Some(root.inode);
+            let req = act(action, root.pid, Some((root_fd, root.inode)));
             forbidden(c.act(&req).unwrap_err(), &format!("{action:?} on root's"));
         }
-        c.act(&act(Action::ArmKeepalive, mine.pid, Some(mine_fd)))
-            .expect("nobody arms keepalive on its own agent's socket");
+        c.act(&act(
+            Action::ArmKeepalive,
+            mine.pid,
+            Some((mine_fd, mine.inode)),
+        ))
+        .expect("nobody arms keepalive on its own agent's socket");
     });
     assert!(
         !tests::keepalive_enabled(root.pid, root_fd).unwrap(),
