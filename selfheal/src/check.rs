@@ -898,6 +898,15 @@ pub fn step_words(s: &Step) -> String {
             format!("SIGTERM pid {pid} (SIGKILL after {grace_ms} ms)")
         }
         Step::Restart { argv, .. } => format!("restart: {}", argv.join(" ")),
+        Step::RestartContainer {
+            runtime,
+            id,
+            grace_ms,
+            ..
+        } => format!(
+            "restart {runtime} container {} (grace {grace_ms} ms)",
+            &id[..id.len().min(12)]
+        ),
     }
 }
 

@@ -206,6 +206,11 @@ pub struct HealConfig {
     pub grace: Duration,
     /// `restart`: the restart command, an argv (never a shell string).
     pub restart: Option<Vec<String>>,
+    /// `restart = { runtime = true }`: restart the agent's container through
+    /// its runtime's API instead of a command (Docker/Podman: the
+    /// container's restart; containerd/Kubernetes: its task is killed so
+    /// that its controller replaces it).
+    pub restart_runtime: bool,
     /// `restart_timeout`: how long the restart command may run. Default 60 s.
     pub restart_timeout: Duration,
     /// `step_window`: how long a step gets to clear the wedge before the next
@@ -227,6 +232,7 @@ impl Default for HealConfig {
             signal: false,
             grace: Duration::from_secs(10),
             restart: None,
+            restart_runtime: false,
             restart_timeout: Duration::from_secs(60),
             step_window: Duration::from_secs(30),
             backoff: Duration::from_secs(10),
@@ -1149,27 +1155,61 @@ fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
             }
         }
     };
-    let restart = match h.strings("restart")? {
+    // `restart` is an argv, or `{ runtime = true }`.
+    let runtime_table = match h.get("restart") {
+        Some((_, v)) => match v.get_ref() {
+            DeValue::Table(t) => Some(Fields::new(
+                h.cx,
+                t,
+                v.span(),
+                format!("{} restart", h.scope),
+            )),
+            _ => None,
+        },
         None => None,
-        Some((argv, span)) => {
-            if argv.is_empty() || argv[0].is_empty() {
-                return Err(h.key_error("restart", span, "an empty command"));
+    };
+    let (restart, restart_runtime) = if let Some(r) = runtime_table {
+        r.only(&["runtime"])?;
+        match r.get("runtime") {
+            Some((_, v)) if matches!(v.get_ref(), DeValue::Boolean(true)) => (None, true),
+            Some((_, v)) => {
+                return Err(r.key_error(
+                    "runtime",
+                    v.span(),
+                    "only `runtime = true` is allowed (leave `restart` out for no restart)",
+                ))
             }
-            if argv.len() == 1 && argv[0].contains(' ') {
-                return Err(h.key_error(
-                    "restart",
-                    span,
-                    format!("{:?} looks like a shell string: give the argv as a list, e.g. [\"systemctl\", \"restart\", \"x.service\"]", argv[0]),
-                ));
+            None => {
+                return Err(r.table_error(
+                    "expected `{ runtime = true }` or an argv, e.g. [\"systemctl\", \"restart\", \"x.service\"]",
+                ))
             }
-            Some(argv)
         }
+    } else {
+        let argv = match h.strings("restart")? {
+            None => None,
+            Some((argv, span)) => {
+                if argv.is_empty() || argv[0].is_empty() {
+                    return Err(h.key_error("restart", span, "an empty command"));
+                }
+                if argv.len() == 1 && argv[0].contains(' ') {
+                    return Err(h.key_error(
+                        "restart",
+                        span,
+                        format!("{:?} looks like a shell string: give the argv as a list, e.g. [\"systemctl\", \"restart\", \"x.service\"]", argv[0]),
+                    ));
+                }
+                Some(argv)
+            }
+        };
+        (argv, false)
     };
     Ok(HealConfig {
         sockets: h.boolean("sockets")?.unwrap_or(d.sockets),
         signal: h.boolean("signal")?.unwrap_or(d.signal),
         grace: h.duration("grace")?.unwrap_or(d.grace),
         restart,
+        restart_runtime,
         restart_timeout: h.duration("restart_timeout")?.unwrap_or(d.restart_timeout),
         step_window: h.duration("step_window")?.unwrap_or(d.step_window),
         backoff: h.duration("backoff")?.unwrap_or(d.backoff),
@@ -1830,6 +1870,33 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn restart_is_an_argv_or_the_runtime() {
+        let parse = |restart: &str| {
+            let text = format!(
+                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.heal]\nrestart = {restart}\n"
+            );
+            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].heal.clone())
+        };
+        let h = parse("{ runtime = true }").unwrap();
+        assert!(h.restart_runtime && h.restart.is_none());
+        let h = parse("[\"systemctl\", \"restart\", \"x\"]").unwrap();
+        assert!(!h.restart_runtime && h.restart.unwrap().len() == 3);
+        for (bad, says) in [
+            ("{ runtime = false }", "only `runtime = true`"),
+            ("{ runtime = \"yes\" }", "only `runtime = true`"),
+            ("{}", "expected `{ runtime = true }` or an argv"),
+            (
+                "{ runtime = true, argv = [] }",
+                "key `argv`: unknown key (expected runtime)",
+            ),
+            ("\"docker restart x\"", "expected an array of strings"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("c.toml:5"), "{bad}: {e}");
+        }
     }
 
     #[test]

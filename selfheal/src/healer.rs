@@ -81,6 +81,22 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
                 ))
             }
         }
+        Step::RestartContainer {
+            runtime,
+            id,
+            pid,
+            start_ticks,
+            grace_ms,
+            timeout_ms,
+        } => crate::runtime::restart::restart_container(
+            &crate::runtime::Sources::from_env(),
+            *runtime,
+            id,
+            *pid,
+            *start_ticks,
+            Duration::from_millis(*grace_ms),
+            Duration::from_millis(*timeout_ms),
+        ),
     }
 }
 
@@ -238,7 +254,8 @@ impl crate::helper::server::Executor for ActionsExecutor {
 }
 
 /// Acts through the privileged helper (for agents of other users, or to
-/// keep the caller unprivileged); restart commands run here, as the caller.
+/// keep the caller unprivileged); restart commands and runtime restarts run
+/// here, as the caller.
 pub struct HelperHealer {
     client: SharedClient,
     keepalive: Keepalive,
@@ -298,7 +315,12 @@ impl Healer for HelperHealer {
                 req.params.insert("grace_ms".into(), (*grace_ms).into());
                 req
             }
-            Step::Restart { .. } => return run_step(step, &self.keepalive).map(|v| v.to_string()),
+            // Restarts run here, as the caller: a command is the caller's
+            // own, and the runtime's socket is the caller's to reach
+            // (docs/capabilities.md: the helper is no runtime proxy).
+            Step::Restart { .. } | Step::RestartContainer { .. } => {
+                return run_step(step, &self.keepalive).map(|v| v.to_string());
+            }
         };
         req.agent = Some(agent.to_string());
         let v = self.request(&req, || run_step(step, &self.keepalive))?;

@@ -12,7 +12,9 @@
 //!    own reconnect logic runs;
 //! 2. `destroy_socket` on each dead socket still there;
 //! 3. `signal` (SIGTERM, then SIGKILL after the grace), if the config allows;
-//! 4. `restart` with the configured command, if there is one.
+//! 4. `restart` with the configured command, if there is one, or (with
+//!    `restart = { runtime = true }`) `restart_container`: the agent's one
+//!    container restarted through its runtime.
 //!
 //! No I/O, no clock: `now_ms` (`CLOCK_BOOTTIME`) comes in, the caller
 //! executes the step and records it with [`HealHistory::record`].
@@ -58,6 +60,19 @@ pub enum Step {
         argv: Vec<String>,
         timeout_ms: u64,
     },
+    /// Restart the container `id` through its runtime (Docker/Podman: the
+    /// API's restart, stopping with `grace_ms`; containerd: its task is
+    /// killed, SIGTERM then SIGKILL after `grace_ms`, for its controller to
+    /// replace). `pid`/`start_ticks` is the agent's root process: the
+    /// container must still hold it when the step is taken.
+    RestartContainer {
+        runtime: crate::runtime::Runtime,
+        id: String,
+        pid: u32,
+        start_ticks: u64,
+        grace_ms: u64,
+        timeout_ms: u64,
+    },
 }
 
 impl Step {
@@ -68,6 +83,7 @@ impl Step {
             Self::DestroySocket { .. } => "destroy_socket",
             Self::Signal { .. } => "signal",
             Self::Restart { .. } => "restart",
+            Self::RestartContainer { .. } => "restart_container",
         }
     }
 
@@ -77,7 +93,7 @@ impl Step {
             Self::ArmKeepalive { .. } | Self::ExpireKeepalive { .. } => 0,
             Self::DestroySocket { .. } => 1,
             Self::Signal { .. } => 2,
-            Self::Restart { .. } => 3,
+            Self::Restart { .. } | Self::RestartContainer { .. } => 3,
         }
     }
 
@@ -204,6 +220,16 @@ fn dead_sockets(j: &Judgement, report: &Report) -> Vec<DeadSocket> {
     out
 }
 
+/// The one container the agent's processes are in, for a runtime restart
+/// (none on the host, and none when they span several: which one to
+/// restart is then not ours to guess).
+fn the_container(report: &Report) -> Option<&crate::runtime::Identity> {
+    match report.containers.as_slice() {
+        [one] => Some(one),
+        _ => None,
+    }
+}
+
 /// Decides the next step for an agent. `hist` is updated for the new
 /// situation (a recovered agent's ladder is reset; a breaker opens).
 pub fn decide(
@@ -319,6 +345,18 @@ pub fn decide(
                     pid,
                     start_ticks,
                     grace_ms: cfg.grace.as_millis() as u64,
+                })
+                .into_iter()
+                .collect(),
+            3 if cfg.restart_runtime => root
+                .zip(the_container(report))
+                .map(|((pid, start_ticks), c)| Step::RestartContainer {
+                    runtime: c.runtime,
+                    id: c.id.clone(),
+                    pid,
+                    start_ticks,
+                    grace_ms: cfg.grace.as_millis() as u64,
+                    timeout_ms: cfg.restart_timeout.as_millis() as u64,
                 })
                 .into_iter()
                 .collect(),

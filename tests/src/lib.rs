@@ -3,6 +3,8 @@
 //! bounded waiting, and skipping (with the reason on stderr) where the
 //! machine truly cannot run a test.
 
+pub mod runtimes;
+
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     process::{Child, ChildStdin, Command, Stdio},

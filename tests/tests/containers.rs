@@ -17,7 +17,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{Scratch, need_root, selfheal_bin, skip, wait_for};
+use tests::{
+    Scratch, need_root,
+    runtimes::{Daemon, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    selfheal_bin, skip, wait_for,
+};
 
 /// A process in a cgroup named like a container's (`/selfheal-test-PID/ID`
 /// in the cgroup v2 hierarchy): what the cgroup parser sees of a container,
@@ -211,23 +215,6 @@ fn check_json_with(
     (line, log)
 }
 
-/// The environment that points selfheal at `docker` for Docker and at
-/// nothing for the others.
-fn only_docker(scratch: &Scratch, docker: &Path, timeout: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("DOCKER_HOST", format!("unix://{}", docker.display())),
-        (
-            "CONTAINER_HOST",
-            format!("unix://{}", scratch.join("no-podman.sock").display()),
-        ),
-        (
-            "SELFHEAL_CONTAINERD_STATE",
-            scratch.join("no-containerd").display().to_string(),
-        ),
-        ("SELFHEAL_RUNTIME_TIMEOUT", timeout.to_string()),
-    ]
-}
-
 #[test]
 fn without_a_runtime_the_cgroup_gives_the_id_and_a_hung_one_is_a_gap_within_the_bound() {
     const TEST: &str = "without_a_runtime_the_cgroup_gives_the_id";
@@ -351,117 +338,6 @@ fn a_runtime_that_answers_garbage_or_refuses_is_a_gap() {
 }
 
 /// A daemon this test started: stopped (SIGTERM, then SIGKILL) on drop.
-struct Daemon {
-    child: Child,
-    name: &'static str,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        eprintln!("{} did not stop on SIGTERM: killing it", self.name);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A root filesystem with a static busybox (`sleep`, `sh`), as a tar.
-fn rootfs_tar(scratch: &Scratch) -> Result<PathBuf, String> {
-    let busybox = Path::new("/bin/busybox");
-    if !busybox.exists() {
-        return Err("no /bin/busybox (Debian package busybox-static)".into());
-    }
-    let root = scratch.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::copy(busybox, root.join("bin/busybox")).map_err(|e| e.to_string())?;
-    for applet in ["sh", "sleep"] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-    }
-    let tar = scratch.join("rootfs.tar");
-    let ok = Command::new("tar")
-        .arg("-C")
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .is_ok_and(|s| s.success());
-    ok.then_some(tar).ok_or_else(|| "tar failed".into())
-}
-
-fn run_ok(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// A `dockerd` of this test's own (socket, data and exec roots in
-/// `scratch`; no bridge, no iptables, vfs storage).
-fn start_dockerd(scratch: &Scratch, exec: &Path) -> Result<(Daemon, PathBuf), String> {
-    let sock = scratch.join("docker.sock");
-    let child = Command::new("dockerd")
-        .args([
-            "--bridge=none",
-            "--iptables=false",
-            "--ip6tables=false",
-            "--storage-driver=vfs",
-        ])
-        .arg(format!("--data-root={}", scratch.join("docker").display()))
-        .arg(format!("--exec-root={}", exec.display()))
-        .arg(format!(
-            "--pidfile={}",
-            scratch.join("docker.pid").display()
-        ))
-        .arg(format!("--host=unix://{}", sock.display()))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(scratch.join("dockerd.log")).map_err(|e| e.to_string())?)
-        .spawn()
-        .map_err(|e| format!("spawn dockerd: {e}"))?;
-    let d = Daemon {
-        child,
-        name: "dockerd",
-    };
-    let up = wait_for(Duration::from_secs(60), Duration::from_millis(250), || {
-        run_ok(docker(&sock).arg("version")).ok()
-    });
-    if up.is_none() {
-        let log = std::fs::read_to_string(scratch.join("dockerd.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(5).collect();
-        return Err(format!("dockerd did not come up in 60 s: {tail:?}"));
-    }
-    Ok((d, sock))
-}
-
-fn docker(sock: &Path) -> Command {
-    let mut c = Command::new("docker");
-    c.arg("-H").arg(format!("unix://{}", sock.display()));
-    c
-}
-
 #[test]
 fn docker_and_podman_containers_are_matched_by_label_and_name() {
     const TEST: &str = "docker_and_podman_containers_are_matched_by_label_and_name";

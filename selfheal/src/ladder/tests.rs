@@ -509,3 +509,90 @@ fn an_unanswered_proof_keepalive_is_ended_first_then_the_ladder_goes_on() {
         }
     );
 }
+
+fn container(id: &str) -> crate::runtime::Identity {
+    crate::runtime::Identity {
+        runtime: crate::runtime::Runtime::Docker,
+        id: id.into(),
+        name: Some("runner".into()),
+        image: None,
+        pod: None,
+        namespace: None,
+        pod_uid: None,
+        labels: BTreeMap::new(),
+        resolved: true,
+    }
+}
+
+#[test]
+fn runtime_restart_names_the_one_container_and_its_root() {
+    let cfg = HealConfig {
+        sockets: false,
+        restart_runtime: true,
+        grace: Duration::from_secs(3),
+        ..HealConfig::default()
+    };
+    let id = "a".repeat(64);
+    let mut r = report('S', false);
+    r.containers = vec![container(&id)];
+    let mut h = HealHistory::default();
+    let d = decide(
+        &cfg,
+        &wedged("status_contradicts_kernel", None),
+        &r,
+        &mut h,
+        100 * SEC,
+    );
+    let Decision::Act { steps } = d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        steps,
+        vec![Step::RestartContainer {
+            runtime: crate::runtime::Runtime::Docker,
+            id: id.clone(),
+            pid: 100,
+            start_ticks: 777,
+            grace_ms: 3_000,
+            timeout_ms: 60_000,
+        }]
+    );
+    assert!(steps[0].is_disruptive());
+    assert_eq!(steps[0].name(), "restart_container");
+    // The step survives the state file.
+    let json = serde_json::to_string(&steps[0]).unwrap();
+    assert_eq!(serde_json::from_str::<Step>(&json).unwrap(), steps[0]);
+
+    // On the host, or across two containers, there is no container to
+    // restart: no step fits.
+    for containers in [vec![], vec![container(&id), container(&"b".repeat(64))]] {
+        let mut r = report('S', false);
+        r.containers = containers;
+        let d = decide(
+            &cfg,
+            &wedged("status_contradicts_kernel", None),
+            &r,
+            &mut HealHistory::default(),
+            100 * SEC,
+        );
+        assert!(matches!(d, Decision::GaveUp { .. }), "{d:?}");
+    }
+    // The restart budget counts it like any restart.
+    let cfg = HealConfig {
+        max_restarts_per_hour: 1,
+        ..cfg
+    };
+    h.record(100 * SEC, steps[0].clone(), true, String::new());
+    h.rung = None;
+    let d = decide(
+        &cfg,
+        &wedged("status_contradicts_kernel", None),
+        &r,
+        &mut h,
+        200 * SEC,
+    );
+    assert!(
+        matches!(&d, Decision::GaveUp { why } if why.contains("restart budget")),
+        "{d:?}"
+    );
+}

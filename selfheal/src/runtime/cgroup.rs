@@ -24,10 +24,10 @@
 //! Architecture invariant: nothing here reads a file or can panic on its
 //! input; any text gives an answer (possibly "no container").
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The runtime a container's cgroup names, as far as the path tells.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Runtime {
     Docker,

@@ -1,5 +1,7 @@
 //! Docker's Engine API, and Podman's compatible one, over a unix socket:
-//! one read-only `GET /containers/json`, within a deadline.
+//! a read-only `GET /containers/json` for identities, and for the runtime
+//! restart rung `GET /containers/{id}/json` and `POST
+//! /containers/{id}/restart`, each within a deadline.
 //!
 //! Written by hand (HTTP/1.0, so the answer is never chunked and ends at
 //! the connection's end) rather than with `bollard`: one endpoint does not
@@ -57,6 +59,18 @@ impl Error {
 /// The running containers the runtime at `socket` lists, within `timeout`
 /// in all (connect, ask, read).
 pub fn list(socket: &Path, timeout: Duration) -> Result<Vec<ContainerInfo>, Error> {
+    let answer = exchange(socket, "GET", PATH, timeout)?;
+    parse_list(parse_response(&answer)?)
+}
+
+/// One HTTP/1.0 request to the API at `socket` and its whole answer, within
+/// `timeout` in all (connect, ask, read).
+pub fn exchange(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<Vec<u8>, Error> {
     let deadline = Instant::now() + timeout;
     let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::Absent(e),
@@ -72,8 +86,9 @@ pub fn list(socket: &Path, timeout: Duration) -> Result<Vec<ContainerInfo>, Erro
     stream
         .set_write_timeout(Some(left(deadline)?))
         .map_err(Error::Io)?;
-    let request =
-        format!("GET {PATH} HTTP/1.0\r\nHost: localhost\r\nAccept: application/json\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\nAccept: application/json\r\nContent-Length: 0\r\n\r\n"
+    );
     stream
         .write_all(request.as_bytes())
         .map_err(|e| io_or_timeout(e, timeout))?;
@@ -95,7 +110,75 @@ pub fn list(socket: &Path, timeout: Duration) -> Result<Vec<ContainerInfo>, Erro
             Err(e) => return Err(io_or_timeout(e, timeout)),
         }
     }
-    parse_list(parse_response(&answer)?)
+    Ok(answer)
+}
+
+/// A container's state, as `GET /containers/{id}/json` tells it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct State {
+    /// `running`, `exited`, `restarting`, `paused`, `created`, …
+    pub status: String,
+    pub restart_count: u64,
+    pub started_at: String,
+}
+
+#[derive(Deserialize)]
+struct Inspected {
+    #[serde(rename = "State")]
+    state: InspectedState,
+    #[serde(rename = "RestartCount", default)]
+    restart_count: u64,
+}
+
+#[derive(Deserialize)]
+struct InspectedState {
+    #[serde(rename = "Status")]
+    status: String,
+    #[serde(rename = "StartedAt", default)]
+    started_at: String,
+}
+
+/// The state in a `/containers/{id}/json` body.
+pub fn parse_state(body: &[u8]) -> Result<State, Error> {
+    let i: Inspected = serde_json::from_slice(body)
+        .map_err(|e| Error::Bad(format!("not a container's inspection: {e}")))?;
+    Ok(State {
+        status: i.state.status,
+        restart_count: i.restart_count,
+        started_at: i.state.started_at,
+    })
+}
+
+/// Container `id`'s state (`id` must be 64 hex digits: it goes in a path).
+pub fn inspect(socket: &Path, id: &str, timeout: Duration) -> Result<State, Error> {
+    check_id(id)?;
+    let answer = exchange(
+        socket,
+        "GET",
+        &format!("/v1.24/containers/{id}/json"),
+        timeout,
+    )?;
+    parse_state(parse_response(&answer)?)
+}
+
+/// Restarts container `id` (`POST /containers/{id}/restart?t=…`: stop with
+/// `grace`, then start), waiting up to `timeout` for the runtime's answer.
+pub fn restart(socket: &Path, id: &str, grace: Duration, timeout: Duration) -> Result<(), Error> {
+    check_id(id)?;
+    let path = format!(
+        "/v1.24/containers/{id}/restart?t={}",
+        grace.as_secs().max(1)
+    );
+    let answer = exchange(socket, "POST", &path, timeout)?;
+    parse_answer(&answer, &[200, 204]).map(|_| ())
+}
+
+fn check_id(id: &str) -> Result<(), Error> {
+    if id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(Error::Other(format!("{id:?} is not a container id")))
+    }
 }
 
 fn io_or_timeout(e: std::io::Error, timeout: Duration) -> Error {
@@ -108,6 +191,11 @@ fn io_or_timeout(e: std::io::Error, timeout: Duration) -> Error {
 /// The body of a complete HTTP answer with status 200 (the connection's
 /// end ends it; a `Content-Length` that disagrees is an error).
 pub fn parse_response(answer: &[u8]) -> Result<&[u8], Error> {
+    parse_answer(answer, &[200])
+}
+
+/// [`parse_response`] with the statuses that count as success.
+pub fn parse_answer<'a>(answer: &'a [u8], ok: &[u16]) -> Result<&'a [u8], Error> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut resp = httparse::Response::new(&mut headers);
     let head_len = match resp.parse(answer) {
@@ -117,7 +205,7 @@ pub fn parse_response(answer: &[u8]) -> Result<&[u8], Error> {
     };
     let code = resp.code.unwrap_or(0);
     let body = &answer[head_len..];
-    if code != 200 {
+    if !ok.contains(&code) {
         let text: String = String::from_utf8_lossy(&body[..body.len().min(200)])
             .chars()
             .map(|c| if c.is_control() { ' ' } else { c })

@@ -20,6 +20,7 @@
 pub mod bundle;
 pub mod cgroup;
 pub mod docker;
+pub mod restart;
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -1,0 +1,143 @@
+//! The runtime restart rung (`restart = { runtime = true }`): the agent's
+//! container restarted through its runtime.
+//!
+//! - Docker and Podman: `POST /containers/{id}/restart` (stop with the
+//!   grace, then start), the API's own restart, so `RestartCount` counts it.
+//! - containerd (a Kubernetes pod's container, or a `ctr` task): the task's
+//!   init process (its `init.pid` in the state directory) gets SIGTERM,
+//!   then SIGKILL after the grace, so that its controller (the kubelet, on
+//!   a node) starts a new one. Without a Kubernetes API server here nothing
+//!   deletes or evicts the pod; where one is, deleting the pod through it
+//!   is the alternative (docs/capabilities.md).
+//!
+//! Right before acting, it checks again that the container still holds the
+//! agent's process (by pidfd, against the start time the check saw) and that
+//! the runtime says it is running: a container stopped on purpose (`exited`,
+//! `created`, `paused`, or one the runtime is already restarting) is left
+//! alone. Runs in the caller (`check`, `watch`), never in the helper
+//! (docs/capabilities.md says why).
+
+use std::{path::PathBuf, time::Duration};
+
+use super::{Runtime, Sources, cgroup, docker};
+use crate::actions;
+
+/// Restarts container `id` of `runtime`, which must hold process
+/// `pid`/`start_ticks`; what was done, as JSON, or why not.
+pub fn restart_container(
+    sources: &Sources,
+    runtime: Runtime,
+    id: &str,
+    pid: u32,
+    start_ticks: u64,
+    grace: Duration,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    let short = &id[..id.len().min(12)];
+    holds(pid, Some(start_ticks), id)
+        .map_err(|why| format!("container {short}: {why}: left alone"))?;
+    match runtime {
+        Runtime::Docker | Runtime::Podman => {
+            let socket = if runtime == Runtime::Docker {
+                &sources.docker
+            } else {
+                &sources.podman
+            };
+            let e = |what: &str, e: docker::Error| {
+                format!("{runtime} {}: {what} {short}: {e}", socket.display())
+            };
+            let bound = sources.timeout;
+            let before = docker::inspect(socket, id, bound).map_err(|x| e("inspect", x))?;
+            if before.status != "running" {
+                return Err(format!(
+                    "container {short} is {}, not running: stopped on purpose or by its runtime, left alone",
+                    crate::text::escape(&before.status)
+                ));
+            }
+            docker::restart(socket, id, grace, timeout.max(grace + bound))
+                .map_err(|x| e("restart", x))?;
+            let after = docker::inspect(socket, id, bound).map_err(|x| e("inspect", x))?;
+            Ok(serde_json::json!({
+                "runtime": runtime,
+                "id": id,
+                "before": before,
+                "after": after,
+            }))
+        }
+        Runtime::Containerd | Runtime::Cri | Runtime::Unknown => {
+            let init = init_pid(&sources.containerd_state, id)?;
+            let start = crate::pidfd::start_ticks(init)
+                .ok_or_else(|| format!("container {short}: its init pid {init} is gone"))?;
+            let target = actions::open_target(init, start).map_err(|e| e.to_string())?;
+            holds(init, Some(start), id).map_err(|why| {
+                format!("container {short}: its init pid {init}: {why}: left alone")
+            })?;
+            let out = actions::signal_escalate(&target, grace).map_err(|e| e.to_string())?;
+            Ok(serde_json::json!({
+                "runtime": "containerd",
+                "id": id,
+                "task_killed": out,
+            }))
+        }
+        Runtime::Crio => Err(format!(
+            "container {short}: CRI-O has no runtime restart here; give `restart` an argv (e.g. crictl stop {id})"
+        )),
+    }
+}
+
+/// Whether process `pid` (of that start time) is in container `id` now.
+fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
+    let target = crate::pidfd::Pidfd::open(pid, start_ticks)
+        .map_err(|e| format!("pid {pid} is gone ({e})"))?;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .map_err(|e| format!("cannot read pid {pid}'s cgroup ({e})"))?;
+    // Read after the pidfd was opened: if it is still alive, the text was
+    // that process's.
+    if !target.is_alive() {
+        return Err(format!("pid {pid} exited"));
+    }
+    if cgroup::containers_in_proc_cgroup(&text)
+        .iter()
+        .any(|c| c.id == id)
+    {
+        Ok(())
+    } else {
+        Err(format!("pid {pid} is no longer in it"))
+    }
+}
+
+/// The pid of task `id`'s init process, from containerd's state directory
+/// (`STATE/io.containerd.runtime.v2.task/NAMESPACE/ID/init.pid`).
+fn init_pid(state: &std::path::Path, id: &str) -> Result<u32, String> {
+    if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("{} is not a container id", crate::text::escape(id)));
+    }
+    let tasks = state.join("io.containerd.runtime.v2.task");
+    let dir = std::fs::read_dir(&tasks).map_err(|e| {
+        format!(
+            "no containerd task for {id}: cannot read {} ({e})",
+            tasks.display()
+        )
+    })?;
+    let files: Vec<PathBuf> = dir
+        .filter_map(|e| e.ok())
+        .take(64)
+        .map(|e| e.path().join(id).join("init.pid"))
+        .collect();
+    for f in files {
+        match std::fs::read_to_string(&f) {
+            Ok(s) => {
+                return s
+                    .trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("{}: not a pid", f.display()));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot read {} ({e})", f.display())),
+        }
+    }
+    Err(format!(
+        "no containerd task {id} under {} (not running)",
+        tasks.display()
+    ))
+}
