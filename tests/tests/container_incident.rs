@@ -1,0 +1,175 @@
+//! Healing an agent in a container through its runtime (issue 13): a real
+//! `dockerd` of this test's own runs the agent in a container built from a
+//! root filesystem made here (no registry); the agent, matched by
+//! `label = "app=runner"` only, is wedged (its control upstream is gone
+//! past `suspect_after`), and with the socket rungs off `check` heals it
+//! with `restart = { runtime = true }`: the Engine API's restart, after the
+//! snapshot. A container stopped on purpose (`docker stop`) is left alone.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use tests::{
+    Scratch, need_root,
+    runtimes::{docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    selfheal_bin, skip,
+};
+
+/// One `selfheal check --json --agent runner` that may act (no helper:
+/// root acts directly); its line and its log.
+fn check(
+    config: &std::path::Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+) -> (serde_json::Value, String) {
+    let out = Command::new(selfheal_bin())
+        .args(["check", "--json", "--agent", "runner", "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(scratch.join("state"))
+        .arg("--snapshot-dir")
+        .arg(scratch.join("snaps"))
+        .arg("--helper")
+        .arg(scratch.join("no-helper.sock"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    let line = serde_json::from_str(text.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text:?} {log}"));
+    (line, log)
+}
+
+#[test]
+fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone() {
+    const TEST: &str =
+        "a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone";
+    if !need_root(TEST) {
+        return;
+    }
+    for p in ["dockerd", "docker"] {
+        if !have(p) {
+            return skip(
+                TEST,
+                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
+            );
+        }
+    }
+    let scratch = Scratch::new("container-incident");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let exec = PathBuf::from(format!("/run/shd-{}-i", std::process::id()));
+    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
+    let tag = format!("selfheal-i{}", std::process::id());
+    let image = format!("{tag}:1");
+    let name = format!("{tag}-runner");
+    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
+    let id = run_ok(docker(&sock).args([
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--label",
+        "app=runner",
+        &image,
+        "/bin/sleep",
+        "600",
+    ]))
+    .expect("docker run");
+    let inspect = |format: &str| {
+        run_ok(docker(&sock).args(["inspect", "--format", format, &name])).expect("docker inspect")
+    };
+
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        "[[agent]]\nname = \"runner\"\nmatch = { label = \"app=runner\" }\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+         [agent.thresholds]\nsuspect_after = \"1s\"\n\
+         [agent.heal]\nsockets = false\nrestart = { runtime = true }\ngrace = \"1s\"\n\
+         step_window = \"30s\"\nbackoff = \"1s\"\n",
+    )
+    .unwrap();
+    let env = only_docker(&scratch, &sock, "5s");
+
+    let result = std::panic::catch_unwind(|| {
+        let started = inspect("{{.State.StartedAt}}");
+        let count = inspect("{{.RestartCount}}");
+        let pid: u32 = inspect("{{.State.Pid}}").parse().expect("a pid");
+
+        // The control upstream is absent: past `suspect_after` it is a
+        // wedge, and the only rung allowed is the runtime's restart.
+        let (first, _) = check(&config, &scratch, &env);
+        assert_eq!(first["containers"][0]["id"], id.as_str(), "{first}");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let t = std::time::Instant::now();
+        let (line, log) = check(&config, &scratch, &env);
+        let took = t.elapsed();
+        eprintln!("{log}the healing check took {took:?}");
+        assert_eq!(line["verdict"], "wedged", "{line}");
+        let snapshot = line["snapshot"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no snapshot: {line}"));
+        let actions = &line["heal"]["actions"];
+        assert_eq!(actions[0]["step"]["action"], "restart_container", "{line}");
+        assert_eq!(actions[0]["step"]["id"], id.as_str(), "{line}");
+        assert_eq!(actions[0]["ok"], true, "{line}");
+        // Snapshot first: the snapshot names the container.
+        let shown = Command::new(selfheal_bin())
+            .args(["snapshots", "show", snapshot, "--json", "--dir"])
+            .arg(scratch.join("snaps"))
+            .output()
+            .expect("snapshots show");
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(text.contains(&id), "{text}");
+        assert!(log.contains("restart docker container"), "{log}");
+
+        let started2 = inspect("{{.State.StartedAt}}");
+        let count2 = inspect("{{.RestartCount}}");
+        let pid2: u32 = inspect("{{.State.Pid}}").parse().expect("a pid");
+        eprintln!(
+            "docker reports: StartedAt {started} -> {started2}, RestartCount {count} -> {count2}, pid {pid} -> {pid2}"
+        );
+        assert_eq!(inspect("{{.State.Status}}"), "running");
+        assert_ne!(started, started2, "the container was started again");
+        assert_ne!(pid, pid2, "a new process");
+
+        // Stopped on purpose: not the agent's to heal.
+        run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let (line, log) = check(&config, &scratch, &env);
+        eprintln!("{log}");
+        assert_ne!(line["verdict"], "wedged", "{line}");
+        assert!(!line.to_string().contains("restart_container"), "{line}");
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(inspect("{{.State.Status}}"), "exited", "left alone");
+        assert_eq!(
+            inspect("{{.State.StartedAt}}"),
+            started2,
+            "not started again"
+        );
+
+        // The rung's own re-check: a restart step for a container that is
+        // stopped is refused (a state file of an older check may hold one).
+        let step = selfheal::ladder::Step::RestartContainer {
+            runtime: selfheal::runtime::Runtime::Docker,
+            id: id.clone(),
+            pid: pid2,
+            start_ticks: 0,
+            grace_ms: 1_000,
+            timeout_ms: 10_000,
+        };
+        let e = selfheal::healer::run_step(&step, &Default::default()).unwrap_err();
+        assert!(e.contains("left alone"), "{e}");
+        assert_eq!(inspect("{{.State.Status}}"), "exited", "left alone");
+    });
+    let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
+    let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(&exec);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
