@@ -38,7 +38,31 @@ pub fn all() -> Result<()> {
     bpf_linker()?;
     tracefs()?;
     python_sdks()?;
+    kubernetes_validate()?;
     Ok(())
+}
+
+/// `kubernetes-validate` (PyPI), which validates `dist/kubernetes/` against
+/// the Kubernetes JSON schemas it bundles: no cluster, no network
+/// (tests/tests/kubernetes.rs).
+fn kubernetes_validate() -> Result<()> {
+    let have = Command::new("kubernetes-validate")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if have {
+        return Ok(());
+    }
+    eprintln!("setup: installing kubernetes-validate");
+    let pip = || {
+        let mut c = Command::new("python3");
+        c.args(["-m", "pip", "install", "--quiet", "kubernetes-validate"]);
+        c
+    };
+    if run(&mut pip()).is_ok() {
+        return Ok(());
+    }
+    run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
 }
 
 /// The `openai` and `anthropic` Python packages, for the `python3` on PATH
