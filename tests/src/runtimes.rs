@@ -137,3 +137,30 @@ pub fn docker(sock: &Path) -> Command {
     c.arg("-H").arg(format!("unix://{}", sock.display()));
     c
 }
+
+/// One `selfheal check --json --agent AGENT` that may act (no helper:
+/// root acts directly); its line and its log.
+pub fn check_acting(
+    config: &Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    agent: &str,
+) -> (serde_json::Value, String) {
+    let out = Command::new(crate::selfheal_bin())
+        .args(["check", "--json", "--agent", agent, "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(scratch.join("state"))
+        .arg("--snapshot-dir")
+        .arg(scratch.join("snaps"))
+        .arg("--helper")
+        .arg(scratch.join("no-helper.sock"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    let line = serde_json::from_str(text.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {text:?} {log}"));
+    (line, log)
+}

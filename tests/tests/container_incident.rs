@@ -10,35 +10,9 @@ use std::{path::PathBuf, process::Command, time::Duration};
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    runtimes::{check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
     selfheal_bin, skip,
 };
-
-/// One `selfheal check --json --agent runner` that may act (no helper:
-/// root acts directly); its line and its log.
-fn check(
-    config: &std::path::Path,
-    scratch: &Scratch,
-    env: &[(&str, String)],
-) -> (serde_json::Value, String) {
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--agent", "runner", "--config"])
-        .arg(config)
-        .arg("--state-dir")
-        .arg(scratch.join("state"))
-        .arg("--snapshot-dir")
-        .arg(scratch.join("snaps"))
-        .arg("--helper")
-        .arg(scratch.join("no-helper.sock"))
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run selfheal check");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    let line = serde_json::from_str(text.lines().next().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("{e}: {text:?} {log}"));
-    (line, log)
-}
 
 #[test]
 fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone() {
@@ -101,11 +75,11 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
 
         // The control upstream is absent: past `suspect_after` it is a
         // wedge, and the only rung allowed is the runtime's restart.
-        let (first, _) = check(&config, &scratch, &env);
+        let (first, _) = check_acting(&config, &scratch, &env, "runner");
         assert_eq!(first["containers"][0]["id"], id.as_str(), "{first}");
         std::thread::sleep(Duration::from_millis(1_200));
         let t = std::time::Instant::now();
-        let (line, log) = check(&config, &scratch, &env);
+        let (line, log) = check_acting(&config, &scratch, &env, "runner");
         let took = t.elapsed();
         eprintln!("{log}the healing check took {took:?}");
         assert_eq!(line["verdict"], "wedged", "{line}");
@@ -135,11 +109,14 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
         assert_eq!(inspect("{{.State.Status}}"), "running");
         assert_ne!(started, started2, "the container was started again");
         assert_ne!(pid, pid2, "a new process");
+        // Docker counts in RestartCount only the restarts its restart policy
+        // makes, not an API restart: what it reports, it reports unchanged.
+        assert_eq!(count, count2, "RestartCount as Docker reports it");
 
         // Stopped on purpose: not the agent's to heal.
         run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
         std::thread::sleep(Duration::from_millis(1_200));
-        let (line, log) = check(&config, &scratch, &env);
+        let (line, log) = check_acting(&config, &scratch, &env, "runner");
         eprintln!("{log}");
         assert_ne!(line["verdict"], "wedged", "{line}");
         assert!(!line.to_string().contains("restart_container"), "{line}");

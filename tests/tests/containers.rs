@@ -19,7 +19,9 @@ use std::{
 
 use tests::{
     Scratch, need_root,
-    runtimes::{Daemon, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    runtimes::{
+        Daemon, check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd,
+    },
     selfheal_bin, skip, wait_for,
 };
 
@@ -758,6 +760,38 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
                 || text.contains(&format!("\"pod\": \"{pod}\"")),
             "{text}"
         );
+
+        // The runtime restart rung: wedged (its control upstream gone past
+        // `suspect_after`), the pod's container has its task killed
+        // (SIGTERM, then SIGKILL after the grace: `sleep` as pid 1 ignores
+        // SIGTERM) for its controller to replace. There is no kubelet here,
+        // so the task stays stopped, which is what is checked.
+        let heal = scratch.join("heal.toml");
+        std::fs::write(
+            &heal,
+            "[[agent]]\nname = \"podheal\"\nmatch = { pod = \"runner-*\", namespace = \"agents\" }\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\n\
+             [agent.heal]\nsockets = false\nrestart = { runtime = true }\ngrace = \"1s\"\n",
+        )
+        .unwrap();
+        let _ = check_acting(&heal, &scratch, &env, "podheal");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let t = Instant::now();
+        let (line, log) = check_acting(&heal, &scratch, &env, "podheal");
+        eprintln!("{log}the healing check took {:?}", t.elapsed());
+        assert_eq!(line["verdict"], "wedged", "{line}");
+        let action = &line["heal"]["actions"][0];
+        assert_eq!(action["step"]["action"], "restart_container", "{line}");
+        assert_eq!(action["step"]["runtime"], "containerd", "{line}");
+        assert_eq!(action["ok"], true, "{line}");
+        let tasks = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+            let ls = run_ok(ctr().args(["task", "ls"])).ok()?;
+            ls.lines()
+                .any(|l| l.starts_with(&id[..12]) && l.contains("STOPPED"))
+                .then_some(ls)
+        });
+        assert!(tasks.is_some(), "the task was not stopped: {line}");
     });
     cleanup();
     drop(containerd);
