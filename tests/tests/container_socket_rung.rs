@@ -1,0 +1,258 @@
+//! The incident inside a Docker container (issue 13): the testbed's runner
+//! runs in a container of a real `dockerd` of this test's own (a busybox
+//! root filesystem made here, the host's `selfheal` binary and its
+//! libraries bind-mounted read-only: no registry), with no network of
+//! Docker's: the test gives the container's network namespace two veths of
+//! its own, one to the dispatch server's namespace and one to the
+//! provider's. The fault is the incident's (the dispatch side drops the
+//! attach flow both ways, no FIN or RST). The runner, matched by
+//! `label = "app=runner"` only, is judged wedged within the host's bound
+//! and healed by the socket rung through the root helper: same container,
+//! same pid.
+//!
+//! Alone in its binary: it points selfheal at its dockerd through the
+//! environment (`DOCKER_HOST`), set before any other thread runs.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use selfheal::testbed::scenario::{Bed, FAST, Options};
+use tests::{
+    Scratch, need_root,
+    runtimes::{docker, have, rootfs_tar, run_ok, start_dockerd},
+    selfheal_bin, skip,
+};
+
+fn ip(args: &[&str]) -> Result<String, String> {
+    run_ok(Command::new("ip").args(args))
+}
+
+#[test]
+fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_container_same_pid() {
+    const TEST: &str =
+        "the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_container_same_pid";
+    if !need_root(TEST) {
+        return;
+    }
+    for p in ["dockerd", "docker", "nft", "ip", "nsenter"] {
+        if !have(p) {
+            return skip(TEST, &format!("no {p} (run `cargo xtask setup`)"));
+        }
+    }
+    let scratch = Scratch::new("container-socket-rung");
+    let sock = scratch.join("docker.sock");
+    // SAFETY: the only test of this binary, before it starts any thread or
+    // process: nothing reads the environment concurrently.
+    unsafe {
+        std::env::set_var("DOCKER_HOST", format!("unix://{}", sock.display()));
+        std::env::set_var(
+            "CONTAINER_HOST",
+            format!("unix://{}", scratch.join("no-podman.sock").display()),
+        );
+        std::env::set_var("SELFHEAL_CONTAINERD_STATE", scratch.join("no-containerd"));
+        std::env::set_var("SELFHEAL_RUNTIME_TIMEOUT", "5s");
+    }
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let exec = PathBuf::from(format!("/run/shd-{}-s", std::process::id()));
+    let (dockerd, sock2) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sock, sock2);
+    let tag = format!("selfheal-s{}", std::process::id());
+    let image = format!("{tag}:1");
+    let name = format!("{tag}-runner");
+    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
+
+    let n = (std::process::id() % 200) as u8 + 30;
+    let opts = Options {
+        selfheal: selfheal_bin(),
+        heartbeat: Duration::from_secs(1),
+        check_every: Duration::from_secs(1),
+        net: n,
+        keep_snapshots: None,
+    };
+    let flag = scratch.join("flag");
+    std::fs::create_dir_all(&flag).unwrap();
+    let result = std::panic::catch_unwind(|| {
+        let mut bed = Bed::new(&opts, "ctr", Duration::from_secs(1)).expect("the testbed");
+        let dispatch = bed.dispatch_addr();
+        let provider = bed.provider();
+        // The runner waits for its network, then becomes the runner (exec:
+        // the same pid).
+        let bin = selfheal_bin();
+        let runner = format!(
+            "while [ ! -e /flag/ready ]; do sleep 0.1; done; exec /selfheal testbed runner \
+             --name crunner --dispatch {dispatch} --provider {provider} --provider-path '{FAST}' \
+             --status 127.0.0.1:9001 --heartbeat 1000ms --mode blocking"
+        );
+        let mut cmd = docker(&sock);
+        cmd.args(["run", "--rm", "--name", &name, "--network", "none"])
+            .args(["--label", "app=runner"])
+            .arg("-v")
+            .arg(format!("{}:/selfheal:ro", bin.display()))
+            .args(["-v", "/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu:ro"])
+            .args(["-v", "/lib64:/lib64:ro"])
+            .arg("-v")
+            .arg(format!("{}:/flag:ro", flag.display()))
+            .args([&image, "/bin/sh", "-c", &runner]);
+        let block = format!(
+            "[[agent]]\nname = \"crunner\"\nmatch = {{ label = \"app=runner\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{dispatch}\"\nheartbeat = \"1000ms\"\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{provider}\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
+             [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n"
+        );
+        bed.spawn("crunner-docker", cmd, Some(block))
+            .expect("docker run");
+        let inspect =
+            |format: &str| run_ok(docker(&sock).args(["inspect", "--format", format, &name]));
+        let pid: u32 = tests::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+            inspect("{{.State.Pid}}")
+                .ok()?
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+        })
+        .expect("the container runs");
+        let id = inspect("{{.Id}}").expect("its id");
+        // Its network: a veth to the dispatch server's namespace and one to
+        // the provider's, made here.
+        let net = format!("/proc/{pid}/ns/net");
+        let (c_d, d_d) = (format!("10.252.{n}.1"), format!("10.252.{n}.2"));
+        let (c_p, p_p) = (format!("10.251.{n}.1"), format!("10.251.{n}.2"));
+        let pid_s = pid.to_string();
+        for (ns, host_end, cip, hip, peer_ip) in [
+            (
+                &bed.topo.dispatch.name,
+                format!("shcd{n}"),
+                &c_d,
+                &d_d,
+                dispatch.ip().to_string(),
+            ),
+            (
+                &bed.topo.provider.name,
+                format!("shcp{n}"),
+                &c_p,
+                &p_p,
+                provider.ip().to_string(),
+            ),
+        ] {
+            let inner = format!("{host_end}i");
+            ip(&[
+                "-n", ns, "link", "add", &host_end, "type", "veth", "peer", "name", &inner,
+                "netns", &pid_s,
+            ])
+            .expect("veth");
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{hip}/24"),
+                "dev",
+                &host_end,
+            ])
+            .expect("addr");
+            ip(&["-n", ns, "link", "set", &host_end, "up"]).expect("up");
+            let nsip = |args: &[&str]| {
+                run_ok(
+                    Command::new("nsenter")
+                        .arg(format!("--net={net}"))
+                        .arg("ip")
+                        .args(args),
+                )
+            };
+            nsip(&["addr", "add", &format!("{cip}/24"), "dev", &inner]).expect("addr in");
+            nsip(&["link", "set", &inner, "up"]).expect("up in");
+            nsip(&["link", "set", "lo", "up"]).expect("lo");
+            nsip(&["route", "add", &format!("{peer_ip}/32"), "via", hip]).expect("route");
+        }
+        std::fs::write(flag.join("ready"), "").unwrap();
+
+        let row = bed
+            .wait_working("crunner", 1)
+            .expect("the runner in the container works");
+        let peer: SocketAddr = row["peer"]
+            .as_str()
+            .and_then(|p| p.parse().ok())
+            .expect("peer");
+        let (old_conn, done_before) = (row["conn"].as_u64(), row["done"].as_u64().unwrap_or(0));
+        // A first check: all is well, and it is the container's.
+        let run = bed.check().expect("check");
+        let first = run
+            .of("crunner")
+            .unwrap_or_else(|| panic!("{run:?}"))
+            .clone();
+        assert_eq!(first["containers"][0]["id"], id.as_str(), "{first}");
+        assert_ne!(first["verdict"], "wedged", "{first}");
+
+        bed.topo.drop_flow(peer).expect("the fault");
+        let fault = Instant::now();
+        let (mut detect, mut recover) = (None, None);
+        let mut heals = Vec::new();
+        for _ in 0..60 {
+            std::thread::sleep(opts.check_every);
+            let run = bed.check().expect("check");
+            let Some(o) = run.of("crunner") else {
+                panic!("{run:?}")
+            };
+            if detect.is_none() && o["verdict"] == "wedged" {
+                detect = Some(fault.elapsed());
+                eprintln!("wedged: {}", o["reasons"]);
+            }
+            for a in o["heal"]["actions"].as_array().into_iter().flatten() {
+                heals.push(format!(
+                    "{} ok={}",
+                    a["step"]["action"].as_str().unwrap_or("?"),
+                    a["ok"]
+                ));
+            }
+            let row = bed.row("crunner").expect("row");
+            let back = row["conn"].as_u64() > old_conn
+                && row["done"].as_u64().unwrap_or(0) > done_before
+                && row["status"] == "connected";
+            if back && recover.is_none() {
+                recover = Some(fault.elapsed());
+            }
+            if back && detect.is_some() && o["verdict"] != "wedged" {
+                break;
+            }
+        }
+        let detect = detect.expect("the runner in the container was found wedged");
+        let recover = recover.expect("the runner reattached and took work again");
+        eprintln!(
+            "incident in a Docker container: detect {} ms, recover {} ms, heals {heals:?}",
+            detect.as_millis(),
+            recover.as_millis()
+        );
+        // The host's bound: 3 × heartbeat + a check interval + a check.
+        assert!(
+            detect <= Duration::from_secs(5),
+            "detected after {detect:?}"
+        );
+        assert!(!heals.is_empty());
+        for h in &heals {
+            assert!(
+                h.starts_with("arm_keepalive")
+                    || h.starts_with("expire_keepalive")
+                    || h.starts_with("destroy_socket"),
+                "{heals:?}"
+            );
+        }
+        // Same container, same pid.
+        assert_eq!(inspect("{{.Id}}").as_deref(), Ok(id.as_str()));
+        assert_eq!(inspect("{{.State.Pid}}").ok(), Some(pid.to_string()));
+    });
+    let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
+    let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(&exec);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
