@@ -5,12 +5,15 @@
 //! past `suspect_after`), and with the socket rungs off `check` heals it
 //! with `restart = { runtime = true }`: the Engine API's restart, after the
 //! snapshot. A container stopped on purpose (`docker stop`) is left alone.
+//! The same rung through Podman's compatible API.
 
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use tests::{
     Scratch, need_root,
-    runtimes::{check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    runtimes::{
+        check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd, start_podman,
+    },
     selfheal_bin, skip,
 };
 
@@ -146,6 +149,82 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
     let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// The same rung through Podman's compatible API (its `system service` on a
+/// socket of this test's own): the container, matched by label, wedged, is
+/// restarted by `POST /containers/{id}/restart`.
+#[test]
+fn a_wedged_podman_container_is_restarted_through_its_api() {
+    const TEST: &str = "a_wedged_podman_container_is_restarted_through_its_api";
+    if !need_root(TEST) {
+        return;
+    }
+    if !have("podman") {
+        return skip(TEST, "no podman (run `cargo xtask setup`: Debian podman)");
+    }
+    let scratch = Scratch::new("ci-podman");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let tag = format!("selfheal-p{}", std::process::id());
+    let podman = match start_podman(&scratch, &tar, &tag) {
+        Ok(p) => p,
+        // As in containers.rs: Podman that cannot run here is said, not failed.
+        Err(e) => return skip(TEST, &format!("podman: {e}")),
+    };
+    let name = format!("{tag}-runner");
+    let inspect = |format: &str| {
+        run_ok(
+            Command::new("podman")
+                .args(&podman.args)
+                .args(["inspect", "--format", format, &name]),
+        )
+        .expect("podman inspect")
+    };
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        "[[agent]]\nname = \"runner\"\nmatch = { label = \"app=runner\" }\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+         [agent.thresholds]\nsuspect_after = \"1s\"\n\
+         [agent.heal]\nsockets = false\nrestart = { runtime = true }\ngrace = \"1s\"\n",
+    )
+    .unwrap();
+    let mut env = only_docker(&scratch, &scratch.join("no-docker.sock"), "5s");
+    env[1].1 = format!("unix://{}", podman.sock.display());
+    let result = std::panic::catch_unwind(|| {
+        let started = inspect("{{.State.StartedAt}}");
+        let count = inspect("{{.RestartCount}}");
+        let pid = inspect("{{.State.Pid}}");
+        let _ = check_acting(&config, &scratch, &env, "runner");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let t = std::time::Instant::now();
+        let (line, log) = check_acting(&config, &scratch, &env, "runner");
+        eprintln!("{log}the healing check took {:?}", t.elapsed());
+        assert_eq!(line["verdict"], "wedged", "{line}");
+        let action = &line["heal"]["actions"][0];
+        assert_eq!(action["step"]["action"], "restart_container", "{line}");
+        assert_eq!(action["step"]["runtime"], "podman", "{line}");
+        assert_eq!(action["step"]["id"], podman.id.as_str(), "{line}");
+        assert_eq!(action["ok"], true, "{line}");
+        let (started2, count2, pid2) = (
+            inspect("{{.State.StartedAt}}"),
+            inspect("{{.RestartCount}}"),
+            inspect("{{.State.Pid}}"),
+        );
+        eprintln!(
+            "podman reports: StartedAt {started} -> {started2}, RestartCount {count} -> {count2}, pid {pid} -> {pid2}"
+        );
+        assert_eq!(inspect("{{.State.Status}}"), "running");
+        assert_ne!(started, started2, "started again");
+        assert_ne!(pid, pid2, "a new process");
+    });
+    podman.stop();
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }

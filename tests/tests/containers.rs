@@ -21,6 +21,7 @@ use tests::{
     Scratch, need_root,
     runtimes::{
         Daemon, check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd,
+        start_podman,
     },
     selfheal_bin, skip, wait_for,
 };
@@ -479,99 +480,6 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
-}
-
-/// A Podman container (storage in `scratch`) and the compatible API service
-/// on a socket of its own.
-struct Podman {
-    service: Daemon,
-    sock: PathBuf,
-    args: Vec<String>,
-    tag: String,
-    id: String,
-    /// Podman keeps a blob cache in /var/lib/containers whatever `--root`
-    /// says: removed on stop when this test made it.
-    made_var_lib: bool,
-}
-
-impl Podman {
-    fn stop(self) {
-        let name = format!("{}-runner", self.tag);
-        let _ = run_ok(
-            Command::new("podman")
-                .args(&self.args)
-                .args(["rm", "-f", "-t", "0", &name]),
-        );
-        drop(self.service);
-        let image = format!("localhost/{}:1", self.tag);
-        let _ = run_ok(
-            Command::new("podman")
-                .args(&self.args)
-                .args(["rmi", "-f", &image]),
-        );
-        if self.made_var_lib {
-            let _ = std::fs::remove_dir_all("/var/lib/containers");
-        }
-    }
-}
-
-fn start_podman(scratch: &Scratch, tar: &Path, tag: &str) -> Result<Podman, String> {
-    let args: Vec<String> = vec![
-        format!("--root={}", scratch.join("podman/root").display()),
-        format!("--runroot={}", scratch.join("podman/run").display()),
-        "--storage-driver=vfs".into(),
-        "--cgroup-manager=cgroupfs".into(),
-        "--events-backend=file".into(),
-    ];
-    let image = format!("localhost/{tag}:1");
-    let made_var_lib = !Path::new("/var/lib/containers").exists();
-    run_ok(
-        Command::new("podman")
-            .args(&args)
-            .arg("import")
-            .arg(tar)
-            .arg(&image),
-    )?;
-    // Limits no higher than this process's own: runc may not raise them.
-    let id = run_ok(Command::new("podman").args(&args).args([
-        "run",
-        "-d",
-        "--network=none",
-        "--ulimit=nofile=1024:1024",
-        "--ulimit=nproc=1024:1024",
-        "--name",
-        &format!("{tag}-runner"),
-        "--label",
-        "app=runner",
-        &image,
-        "/bin/sleep",
-        "600",
-    ]))?;
-    let sock = scratch.join("podman.sock");
-    let child = Command::new("podman")
-        .args(&args)
-        .args(["system", "service", "--time=0"])
-        .arg(format!("unix://{}", sock.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("podman system service: {e}"))?;
-    let service = Daemon {
-        child,
-        name: "podman system service",
-    };
-    wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
-        sock.exists().then_some(())
-    })
-    .ok_or("podman's API socket did not appear in 30 s")?;
-    Ok(Podman {
-        service,
-        sock,
-        args,
-        tag: tag.to_string(),
-        id,
-        made_var_lib,
-    })
 }
 
 /// Removes `rel` (a cgroup path) and its now-empty parents up to but not
