@@ -33,6 +33,8 @@ fuzz_target!(|data: &[u8]| {
             assert!(c.name.is_none_or(|n| !n.starts_with('/')));
         }
     }
+    let _ = docker::parse_state(body);
+    let _ = docker::parse_answer(data, &[200, 204]);
     let _ = bundle::parse_config(&"a".repeat(64), data);
     // The first line as a pattern over the rest.
     if let Some((pattern, rest)) = text.split_once('\n') {

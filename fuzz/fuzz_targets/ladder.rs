@@ -78,6 +78,7 @@ fn heal_config(u: &mut Unstructured<'_>) -> Result<HealConfig> {
         restart: u
             .arbitrary::<bool>()?
             .then(|| vec!["systemctl".into(), "restart".into(), "sol.service".into()]),
+        restart_runtime: u.arbitrary()?,
         restart_timeout: duration(u)?,
         step_window: duration(u)?,
         backoff: duration(u)?,
@@ -93,7 +94,15 @@ fn step(u: &mut Unstructured<'_>) -> Result<Step> {
         u.arbitrary()?,
         u.arbitrary()?,
     );
-    Ok(match u.int_in_range(0..=4)? {
+    Ok(match u.int_in_range(0..=5)? {
+        5 => Step::RestartContainer {
+            runtime: selfheal::runtime::Runtime::Docker,
+            id: "a".repeat(64),
+            pid,
+            start_ticks,
+            grace_ms: u.arbitrary()?,
+            timeout_ms: u.arbitrary()?,
+        },
         0 => Step::ArmKeepalive {
             pid,
             start_ticks,

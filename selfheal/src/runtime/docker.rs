@@ -341,6 +341,56 @@ mod tests {
     }
 
     #[test]
+    fn inspection_and_restart_answers() {
+        // Docker 20.10's `GET /containers/{id}/json`, trimmed.
+        let body = br#"{"Id":"x","State":{"Status":"exited","Running":false,"StartedAt":"2026-11-30T18:27:16.12913505Z"},"RestartCount":2,"Name":"/r"}"#;
+        let st = parse_state(body).unwrap();
+        assert_eq!(st.status, "exited");
+        assert_eq!(st.restart_count, 2);
+        assert_eq!(st.started_at, "2026-11-30T18:27:16.12913505Z");
+        // Podman leaves out nothing read, but an old one may omit the count.
+        assert_eq!(
+            parse_state(br#"{"State":{"Status":"running"}}"#)
+                .unwrap()
+                .restart_count,
+            0
+        );
+        for bad in [
+            &b""[..],
+            b"[]",
+            b"{}",
+            b"{\"State\":{}}",
+            b"{\"State\":{\"Status\":5}}",
+        ] {
+            assert!(
+                parse_state(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // The restart's answer: 204 No Content is success, 404 and 500 not.
+        assert!(parse_answer(b"HTTP/1.0 204 No Content\r\n\r\n", &[200, 204]).is_ok());
+        let e = parse_answer(
+            b"HTTP/1.0 404 Not Found\r\n\r\n{\"message\":\"No such container\"}",
+            &[200, 204],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("status 404"), "{e}");
+        // Ids go into a path: anything but 64 hex digits is refused unsent.
+        for id in ["../../v1.24/info", "", &"g".repeat(64)] {
+            assert!(inspect(Path::new("/nonexistent"), id, Duration::from_secs(1)).is_err());
+            let e = restart(
+                Path::new("/nonexistent"),
+                id,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("is not a container id"), "{e}");
+        }
+    }
+
+    #[test]
     fn absent_socket() {
         let e = list(
             Path::new("/nonexistent/selfheal-test.sock"),

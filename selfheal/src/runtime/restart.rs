@@ -141,3 +141,68 @@ fn init_pid(state: &std::path::Path, id: &str) -> Result<u32, String> {
         tasks.display()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_pid_from_the_state_directory() {
+        let dir = std::env::temp_dir().join(format!("selfheal-restart-{}", std::process::id()));
+        let id = "c".repeat(64);
+        let task = dir.join("io.containerd.runtime.v2.task/k8s.io").join(&id);
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(task.join("init.pid"), "4242\n").unwrap();
+        assert_eq!(init_pid(&dir, &id), Ok(4242));
+        let e = init_pid(&dir, &"d".repeat(64)).unwrap_err();
+        assert!(e.contains("not running"), "{e}");
+        let e = init_pid(&dir, "../../etc").unwrap_err();
+        assert!(e.contains("not a container id"), "{e}");
+        std::fs::write(task.join("init.pid"), "x\u{1b}[31m").unwrap();
+        assert!(init_pid(&dir, &id).unwrap_err().contains("not a pid"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_process_not_in_the_container_is_left_alone() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let start = crate::pidfd::start_ticks(pid).expect("its start time");
+        let sources = Sources {
+            docker: "/nonexistent/docker.sock".into(),
+            podman: "/nonexistent/podman.sock".into(),
+            containerd_state: "/nonexistent".into(),
+            timeout: Duration::from_secs(1),
+        };
+        for rt in [Runtime::Docker, Runtime::Containerd] {
+            let e = restart_container(
+                &sources,
+                rt,
+                &"e".repeat(64),
+                pid,
+                start,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            )
+            .unwrap_err();
+            assert!(e.contains("no longer in it: left alone"), "{e}");
+        }
+        // The wrong start time: another process by that pid.
+        let e = restart_container(
+            &sources,
+            Runtime::Docker,
+            &"e".repeat(64),
+            pid,
+            start + 1,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(e.contains("left alone"), "{e}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
