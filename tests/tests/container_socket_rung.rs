@@ -8,7 +8,8 @@
 //! attach flow both ways, no FIN or RST). The runner, matched by
 //! `label = "app=runner"` only, is judged wedged within the host's bound
 //! and healed by the socket rung through the root helper: same container,
-//! same pid.
+//! same pid. Then a second runner container, with the socket rungs off, is
+//! healed through `restart = { runtime = true }` (Docker's API restart).
 //!
 //! Alone in its binary: it points selfheal at its dockerd through the
 //! environment (`DOCKER_HOST`), set before any other thread runs.
@@ -29,6 +30,124 @@ use tests::{
 
 fn ip(args: &[&str]) -> Result<String, String> {
     run_ok(Command::new("ip").args(args))
+}
+
+/// A testbed runner in a Docker container of `image` with no network of
+/// Docker's: its namespace gets a veth to the dispatch server's namespace
+/// (10.`subnets.0`.n.0/24) and one to the provider's (10.`subnets.1`.n.0/24),
+/// then `/flag/RUNNER` appears and the runner starts (exec: the shell's pid).
+struct Container {
+    runner: &'static str,
+    name: String,
+    label: &'static str,
+    /// The `[agent.heal]` lines.
+    heal: &'static str,
+    subnets: (u8, u8),
+    /// Prefix of the veths' names (at most 4 bytes).
+    dev: &'static str,
+}
+
+impl Container {
+    /// Starts it, adds its agent (matched by its label only) to the bed's
+    /// config, and wires its network: its pid and container id.
+    fn start(
+        &self,
+        bed: &mut Bed,
+        sock: &std::path::Path,
+        image: &str,
+        flag: &std::path::Path,
+        n: u8,
+    ) -> (u32, String) {
+        let (dispatch, provider) = (bed.dispatch_addr(), bed.provider());
+        let bin = selfheal_bin();
+        let runner = format!(
+            "while [ ! -e /flag/{r} ]; do sleep 0.1; done; exec /selfheal testbed runner \
+             --name {r} --dispatch {dispatch} --provider {provider} --provider-path '{FAST}' \
+             --status 127.0.0.1:9001 --heartbeat 1000ms --mode blocking",
+            r = self.runner
+        );
+        let mut cmd = docker(sock);
+        cmd.args(["run", "-d", "--name", &self.name, "--network", "none"])
+            .args(["--label", self.label])
+            .arg("-v")
+            .arg(format!("{}:/selfheal:ro", bin.display()))
+            .args(["-v", "/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu:ro"])
+            .args(["-v", "/lib64:/lib64:ro"])
+            .arg("-v")
+            .arg(format!("{}:/flag:ro", flag.display()))
+            .args([image, "/bin/sh", "-c", &runner]);
+        let block = format!(
+            "[[agent]]\nname = \"{}\"\nmatch = {{ label = \"{}\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"{dispatch}\"\nheartbeat = \"1000ms\"\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{provider}\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
+             [agent.heal]\n{}",
+            self.runner, self.label, self.heal
+        );
+        bed.spawn(&format!("{}-docker", self.runner), cmd, Some(block))
+            .expect("docker run");
+        let inspect =
+            |format: &str| run_ok(docker(sock).args(["inspect", "--format", format, &self.name]));
+        let pid: u32 = tests::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
+            inspect("{{.State.Pid}}")
+                .ok()?
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+        })
+        .expect("the container runs");
+        let id = inspect("{{.Id}}").expect("its id");
+        let net = format!("/proc/{pid}/ns/net");
+        let pid_s = pid.to_string();
+        let (a, b) = self.subnets;
+        for (ns, host_end, sub, peer_ip) in [
+            (
+                &bed.topo.dispatch.name,
+                format!("{}d{n}", self.dev),
+                a,
+                dispatch.ip().to_string(),
+            ),
+            (
+                &bed.topo.provider.name,
+                format!("{}p{n}", self.dev),
+                b,
+                provider.ip().to_string(),
+            ),
+        ] {
+            let (cip, hip) = (format!("10.{sub}.{n}.1"), format!("10.{sub}.{n}.2"));
+            let inner = format!("{host_end}i");
+            ip(&[
+                "-n", ns, "link", "add", &host_end, "type", "veth", "peer", "name", &inner,
+                "netns", &pid_s,
+            ])
+            .expect("veth");
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{hip}/24"),
+                "dev",
+                &host_end,
+            ])
+            .expect("addr");
+            ip(&["-n", ns, "link", "set", &host_end, "up"]).expect("up");
+            let nsip = |args: &[&str]| {
+                run_ok(
+                    Command::new("nsenter")
+                        .arg(format!("--net={net}"))
+                        .arg("ip")
+                        .args(args),
+                )
+            };
+            nsip(&["addr", "add", &format!("{cip}/24"), "dev", &inner]).expect("addr in");
+            nsip(&["link", "set", &inner, "up"]).expect("up in");
+            nsip(&["link", "set", "lo", "up"]).expect("lo");
+            nsip(&["route", "add", &format!("{peer_ip}/32"), "via", &hip]).expect("route");
+        }
+        std::fs::write(flag.join(self.runner), "").unwrap();
+        (pid, id)
+    }
 }
 
 #[test]
@@ -80,99 +199,17 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     std::fs::create_dir_all(&flag).unwrap();
     let result = std::panic::catch_unwind(|| {
         let mut bed = Bed::new(&opts, "ctr", Duration::from_secs(1)).expect("the testbed");
-        let dispatch = bed.dispatch_addr();
-        let provider = bed.provider();
-        // The runner waits for its network, then becomes the runner (exec:
-        // the same pid).
-        let bin = selfheal_bin();
-        let runner = format!(
-            "while [ ! -e /flag/ready ]; do sleep 0.1; done; exec /selfheal testbed runner \
-             --name crunner --dispatch {dispatch} --provider {provider} --provider-path '{FAST}' \
-             --status 127.0.0.1:9001 --heartbeat 1000ms --mode blocking"
-        );
-        let mut cmd = docker(&sock);
-        cmd.args(["run", "--rm", "--name", &name, "--network", "none"])
-            .args(["--label", "app=runner"])
-            .arg("-v")
-            .arg(format!("{}:/selfheal:ro", bin.display()))
-            .args(["-v", "/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu:ro"])
-            .args(["-v", "/lib64:/lib64:ro"])
-            .arg("-v")
-            .arg(format!("{}:/flag:ro", flag.display()))
-            .args([&image, "/bin/sh", "-c", &runner]);
-        let block = format!(
-            "[[agent]]\nname = \"crunner\"\nmatch = {{ label = \"app=runner\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{dispatch}\"\nheartbeat = \"1000ms\"\n\
-             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{provider}\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
-             [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n"
-        );
-        bed.spawn("crunner-docker", cmd, Some(block))
-            .expect("docker run");
+        let first = Container {
+            runner: "crunner",
+            name: name.clone(),
+            label: "app=runner",
+            heal: "step_window = \"5s\"\nbackoff = \"1s\"\n",
+            subnets: (252, 251),
+            dev: "shc",
+        };
+        let (pid, id) = first.start(&mut bed, &sock, &image, &flag, n);
         let inspect =
             |format: &str| run_ok(docker(&sock).args(["inspect", "--format", format, &name]));
-        let pid: u32 = tests::wait_for(Duration::from_secs(30), Duration::from_millis(100), || {
-            inspect("{{.State.Pid}}")
-                .ok()?
-                .parse()
-                .ok()
-                .filter(|p| *p > 0)
-        })
-        .expect("the container runs");
-        let id = inspect("{{.Id}}").expect("its id");
-        // Its network: a veth to the dispatch server's namespace and one to
-        // the provider's, made here.
-        let net = format!("/proc/{pid}/ns/net");
-        let (c_d, d_d) = (format!("10.252.{n}.1"), format!("10.252.{n}.2"));
-        let (c_p, p_p) = (format!("10.251.{n}.1"), format!("10.251.{n}.2"));
-        let pid_s = pid.to_string();
-        for (ns, host_end, cip, hip, peer_ip) in [
-            (
-                &bed.topo.dispatch.name,
-                format!("shcd{n}"),
-                &c_d,
-                &d_d,
-                dispatch.ip().to_string(),
-            ),
-            (
-                &bed.topo.provider.name,
-                format!("shcp{n}"),
-                &c_p,
-                &p_p,
-                provider.ip().to_string(),
-            ),
-        ] {
-            let inner = format!("{host_end}i");
-            ip(&[
-                "-n", ns, "link", "add", &host_end, "type", "veth", "peer", "name", &inner,
-                "netns", &pid_s,
-            ])
-            .expect("veth");
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{hip}/24"),
-                "dev",
-                &host_end,
-            ])
-            .expect("addr");
-            ip(&["-n", ns, "link", "set", &host_end, "up"]).expect("up");
-            let nsip = |args: &[&str]| {
-                run_ok(
-                    Command::new("nsenter")
-                        .arg(format!("--net={net}"))
-                        .arg("ip")
-                        .args(args),
-                )
-            };
-            nsip(&["addr", "add", &format!("{cip}/24"), "dev", &inner]).expect("addr in");
-            nsip(&["link", "set", &inner, "up"]).expect("up in");
-            nsip(&["link", "set", "lo", "up"]).expect("lo");
-            nsip(&["route", "add", &format!("{peer_ip}/32"), "via", hip]).expect("route");
-        }
-        std::fs::write(flag.join("ready"), "").unwrap();
 
         let row = bed
             .wait_working("crunner", 1)
@@ -247,8 +284,73 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
         // Same container, same pid.
         assert_eq!(inspect("{{.Id}}").as_deref(), Ok(id.as_str()));
         assert_eq!(inspect("{{.State.Pid}}").ok(), Some(pid.to_string()));
+
+        // With the socket rungs off, the same incident on a second runner
+        // container is healed through the runtime: Docker's API restart.
+        // (Its new network namespace has no veths of ours: it restarts, it
+        // does not reattach, which is not what is asked of it here.)
+        let second = Container {
+            runner: "crunner2",
+            name: format!("{name}2"),
+            label: "app=runner2",
+            heal: "sockets = false\nrestart = { runtime = true }\ngrace = \"1s\"\n\
+                   step_window = \"30s\"\nbackoff = \"1s\"\n",
+            subnets: (250, 249),
+            dev: "shx",
+        };
+        let (pid2, id2) = second.start(&mut bed, &sock, &image, &flag, n);
+        let inspect2 = |format: &str| {
+            run_ok(docker(&sock).args(["inspect", "--format", format, &second.name]))
+                .expect("docker inspect")
+        };
+        let row = bed
+            .wait_working("crunner2", 1)
+            .expect("the second runner works");
+        let peer: SocketAddr = row["peer"]
+            .as_str()
+            .and_then(|p| p.parse().ok())
+            .expect("peer");
+        let started = inspect2("{{.State.StartedAt}}");
+        bed.topo.drop_flow(peer).expect("the fault");
+        let fault = Instant::now();
+        let mut detect = None;
+        let mut healed = None;
+        for _ in 0..30 {
+            std::thread::sleep(opts.check_every);
+            let run = bed.check().expect("check");
+            let Some(o) = run.of("crunner2") else {
+                panic!("{run:?}")
+            };
+            if detect.is_none() && o["verdict"] == "wedged" {
+                detect = Some(fault.elapsed());
+            }
+            if let Some(a) = o["heal"]["actions"].as_array().and_then(|a| a.first()) {
+                healed = Some((fault.elapsed(), a.clone(), o["containers"][0]["id"].clone()));
+                break;
+            }
+        }
+        let detect = detect.expect("the second runner was found wedged");
+        let (at, action, container) = healed.expect("a step was taken");
+        assert_eq!(action["step"]["action"], "restart_container", "{action}");
+        assert_eq!(action["step"]["id"], id2.as_str(), "{action}");
+        assert_eq!(action["step"]["pid"], pid2, "{action}");
+        assert_eq!(action["ok"], true, "{action}");
+        assert_eq!(container, id2.as_str());
+        let (started2, count, pid3) = (
+            inspect2("{{.State.StartedAt}}"),
+            inspect2("{{.RestartCount}}"),
+            inspect2("{{.State.Pid}}"),
+        );
+        eprintln!(
+            "incident in a Docker container, sockets off: detect {} ms, restarted through Docker's API {} ms after the fault; StartedAt {started} -> {started2}, pid {pid2} -> {pid3}, RestartCount {count}",
+            detect.as_millis(),
+            at.as_millis()
+        );
+        assert_ne!(started, started2, "started again");
+        assert_ne!(pid3, pid2.to_string(), "a new process");
+        assert_eq!(inspect2("{{.State.Status}}"), "running");
     });
-    let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
+    let _ = run_ok(docker(&sock).args(["rm", "-f", &name, &format!("{name}2")]));
     let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
