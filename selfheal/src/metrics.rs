@@ -56,9 +56,14 @@ pub struct Counters {
     /// The reason codes of the last check (to count appearances).
     #[serde(default)]
     pub last_reasons: Vec<String>,
-    /// The last not-ok verdict's snapshot: (id, verdict).
+    /// The snapshot of the last not-ok episode's first check: (id,
+    /// verdict). Not every check's (each not-ok check writes one): the
+    /// info series changes once per episode, not once per check.
     #[serde(default)]
     pub last_snapshot: Option<(String, String)>,
+    /// Whether the current not-ok episode has set `last_snapshot`.
+    #[serde(default)]
+    pub episode_snapshot: bool,
     /// Checks of this agent whose verdict was not ok.
     #[serde(default)]
     pub not_ok_checks: u64,
@@ -90,10 +95,16 @@ pub fn observe(c: &mut Counters, o: &Outcome) {
         let key = format!("{}/{}", code(p.action), if p.ok { "ok" } else { "failed" });
         *c.proofs.entry(key).or_default() += 1;
     }
+    if o.transition {
+        c.episode_snapshot = false;
+    }
     if !o.verdict.is_ok() {
         c.not_ok_checks = c.not_ok_checks.saturating_add(1);
-        if let Some(id) = &o.snapshot {
+        if let Some(id) = &o.snapshot
+            && !c.episode_snapshot
+        {
             c.last_snapshot = Some((id.clone(), o.verdict.as_str().to_string()));
+            c.episode_snapshot = true;
         }
     }
 }
@@ -751,6 +762,27 @@ mod tests {
         assert!(
             t.contains("selfheal_agent_reasons_total{agent=\"a\",reason=\"recv_stalled\"} 1\n")
         );
+    }
+
+    #[test]
+    fn the_snapshot_info_names_the_episode_first_snapshot() {
+        let mut c = Counters::default();
+        let mut w = outcome("a", Verdict::Wedged, &[]);
+        w.transition = true;
+        w.snapshot = Some("s1".into());
+        observe(&mut c, &w);
+        w.transition = false;
+        w.snapshot = Some("s2".into());
+        observe(&mut c, &w);
+        assert_eq!(c.last_snapshot, Some(("s1".into(), "wedged".into())));
+        let mut h = outcome("a", Verdict::Healthy, &[]);
+        h.transition = true;
+        observe(&mut c, &h);
+        assert_eq!(c.last_snapshot, Some(("s1".into(), "wedged".into())));
+        w.transition = true;
+        w.snapshot = Some("s3".into());
+        observe(&mut c, &w);
+        assert_eq!(c.last_snapshot, Some(("s3".into(), "wedged".into())));
     }
 
     #[test]
