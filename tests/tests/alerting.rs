@@ -843,6 +843,11 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         .expect("metrics still served");
     assert_eq!(code, 200);
     assert!(body.contains("selfheal_agent_verdict{agent=\"runner\""));
+    // The watch's own transitions, for the record of where the time went.
+    let log = std::fs::read_to_string(s.0.join("watch-dry.log")).unwrap_or_default();
+    for l in log.lines().filter(|l| l.contains("runner")) {
+        println!("watch: {l}");
+    }
     println!(
         "alerting e2e: fault->firing {} ms, heal->resolved {} ms, total {} ms",
         fault_to_firing.as_millis(),

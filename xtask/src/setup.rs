@@ -13,18 +13,20 @@ use crate::run;
 
 /// Debian packages the tests and the VM test use.
 const DEBIAN_PACKAGES: &[&str] = &[
-    "iproute2",                // ip netns / veth for network-namespace tests
-    "nftables",                // dropping a peer's traffic to make half-open connections
-    "qemu-system-x86",         // booting a stock kernel for the kprobe/fentry strategies
-    "busybox-static",          // the VM's userland
-    "cpio",                    // packing the VM's initramfs
-    "python3-pip",             // the official LLM SDKs the silent-call scenarios drive
-    "systemd",                 // systemd-analyze: the units' verify and security tests
-    "docker.io",               // a real dockerd for the container tests (tests/tests/containers.rs)
-    "podman",                  // Podman and its compatible API, beside Docker (same tests)
-    "containerd",              // a real containerd running a task with the kubelet's labels
-    "prometheus",              // promtool and a real Prometheus for the alerting test (issue 14)
-    "prometheus-alertmanager", // a real Alertmanager paging the alerting test's webhook
+    "iproute2",        // ip netns / veth for network-namespace tests
+    "nftables",        // dropping a peer's traffic to make half-open connections
+    "qemu-system-x86", // booting a stock kernel for the kprobe/fentry strategies
+    "busybox-static",  // the VM's userland
+    "cpio",            // packing the VM's initramfs
+    "python3-pip",     // the official LLM SDKs the silent-call scenarios drive
+    "systemd",         // systemd-analyze: the units' verify and security tests
+    "docker.io",       // a real dockerd for the container tests (tests/tests/containers.rs)
+    "podman",          // Podman and its compatible API, beside Docker (same tests)
+    "containerd",      // a real containerd running a task with the kubelet's labels
+    // promtool and a real Prometheus for the alerting test (issue 14)
+    "prometheus",
+    // a real Alertmanager paging the alerting test's webhook
+    "prometheus-alertmanager",
 ];
 
 /// Services the packages above start on a systemd host that the tests do
