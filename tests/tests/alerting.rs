@@ -855,3 +855,106 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         started.elapsed().as_millis()
     );
 }
+
+/// A scrape during a check gets the last complete check's text, never a
+/// half-rendered one: checks made slow (a probe answering after 300 ms),
+/// scraped every 20 ms throughout.
+#[test]
+fn a_scrape_during_a_check_gets_the_last_complete_one() {
+    let s = Scratch::new("during");
+    let slow = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let slow_addr = slow.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in slow.incoming().take(100).flatten() {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+            let _ = c.read(&mut [0u8; 2048]);
+            std::thread::sleep(Duration::from_millis(300));
+            let body = r#"{"status":"ok"}"#;
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let config = s.0.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n[[agent.probe]]\nurl = \"http://{slow_addr}/status\"\ntimeout = \"2s\"\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let child = Command::new(selfheal_bin())
+        .args([
+            "watch",
+            "--interval",
+            "50ms",
+            "--count",
+            "8",
+            "--metrics-addr",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(s.0.join("state"))
+        .arg("--snapshot-dir")
+        .arg(s.0.join("snapshots"))
+        .arg("--helper")
+        .arg(s.0.join("helper.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run selfheal watch");
+    let mut watch = Killed(child);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let (mut complete, mut empty, mut stamps) = (0, 0, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && matches!(watch.0.try_wait(), Ok(None)) {
+        if let Ok((200, body)) = http_get(addr, "/metrics") {
+            if body.is_empty() {
+                empty += 1;
+            } else {
+                let last = body.lines().last().unwrap_or_default();
+                assert!(
+                    body.ends_with('\n')
+                        && last.starts_with("selfheal_last_check_timestamp_seconds ")
+                        && body.contains(
+                            "selfheal_agent_verdict{agent=\"me\",verdict=\"healthy\"} 1\n"
+                        )
+                        && body.contains("selfheal_check_duration_seconds "),
+                    "a partial rendering: {body}"
+                );
+                stamps.push(
+                    last.split(' ')
+                        .nth(1)
+                        .unwrap_or_default()
+                        .parse::<f64>()
+                        .unwrap(),
+                );
+                complete += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let distinct = {
+        let mut d = stamps.clone();
+        d.dedup();
+        d.len()
+    };
+    println!(
+        "scrapes: {complete} complete ({distinct} distinct checks), {empty} empty (before the first check)"
+    );
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "time went back: {stamps:?}"
+    );
+    assert!(distinct >= 3, "too few checks seen: {stamps:?}");
+    assert!(complete > distinct, "no scrape landed during a check");
+}
