@@ -779,18 +779,52 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         heal_to_resolved.as_millis()
     );
     println!("resolved: {resolved:#}");
-    // Resolved by the recovery, not by a gap: the runner's verdict is ok
-    // in the samples Prometheus has now.
-    let ok = query(
+    // Resolved by the verdict leaving wedged, not by a gap: the wedged
+    // series is there and 0, and no scrape failed. (Right after the heal
+    // the verdict may pass through another not-ok one on the way back.)
+    let now =
+        query(ns, prom, "selfheal_agent_verdict{agent=\"runner\"} == 1").expect("the verdict now");
+    println!(
+        "verdict at resolution: {}",
+        now["result"][0]["metric"]["verdict"]
+    );
+    let cleared = query(
         ns,
         prom,
-        "selfheal_agent_verdict{agent=\"runner\",verdict=~\"healthy|idle|busy\"} == 1",
+        "selfheal_agent_verdict{agent=\"runner\",verdict=\"wedged\"} == 0",
     )
-    .expect("the verdict now");
+    .expect("the wedged series");
     assert!(
-        ok["result"].as_array().is_some_and(|r| !r.is_empty()),
-        "resolved but the runner is not ok: {ok}"
+        cleared["result"].as_array().is_some_and(|r| !r.is_empty()),
+        "resolved, but the wedged series is not there at 0: {cleared}"
     );
+    let gaps = query(ns, prom, "min_over_time(up{job=\"selfheal\"}[2m]) < 1").expect("up");
+    assert!(
+        gaps["result"].as_array().is_some_and(|r| r.is_empty()),
+        "a scrape failed: {gaps}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ok = query(
+            ns,
+            prom,
+            "selfheal_agent_verdict{agent=\"runner\",verdict=~\"healthy|idle|busy\"} == 1",
+        )
+        .expect("the verdict");
+        if ok["result"].as_array().is_some_and(|r| !r.is_empty()) {
+            println!(
+                "heal -> runner ok in Prometheus: {} ms",
+                heal.elapsed().as_millis()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runner never came back ok:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     // Every dashboard query runs on the real Prometheus; every metric it
     // names is one Prometheus has (or a family with no sample yet here).
     let names = ns
