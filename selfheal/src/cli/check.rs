@@ -337,8 +337,9 @@ impl Session {
         {
             metrics_failed = true;
             let gap = format!(
-                "metrics file not written (its last good content stays): {}: {e}",
-                path.display()
+                "metrics file not written (its last good content stays): {}: {}",
+                selfheal::text::escape(&path.display().to_string()),
+                selfheal::text::escape(&e.to_string())
             );
             tracing::error!("{gap}");
             for o in &mut outcomes {
