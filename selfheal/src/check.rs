@@ -42,6 +42,10 @@ pub struct AgentRecord {
     /// Transitions into `wedged` since the history began.
     #[serde(default)]
     pub wedges: u64,
+    /// The metrics' counters (issue 14): reasons, heals, proofs, the last
+    /// snapshot.
+    #[serde(default)]
+    pub metrics: crate::metrics::Counters,
 }
 
 /// The result of checking one agent.
@@ -76,6 +80,21 @@ pub struct Outcome {
     /// What the healing ladder decided and did, for a wedged agent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heal: Option<HealReport>,
+    /// What the metrics need of the evidence (not in the JSON: `inspect`
+    /// has all of it).
+    #[serde(skip)]
+    pub evidence: Evidence,
+}
+
+/// The facts of an agent's evidence the metrics carry.
+#[derive(Clone, Debug, Default)]
+pub struct Evidence {
+    /// The eBPF strategy the evidence came from, if any.
+    pub strategy: Option<&'static str>,
+    /// The agent's processes (0: none found).
+    pub processes: usize,
+    /// Zombies in its tree.
+    pub zombies: usize,
 }
 
 /// The ladder's decision for one agent in one check, and the actions taken.
@@ -251,6 +270,11 @@ pub fn run(
             probes,
             proofs,
             heal: None,
+            evidence: Evidence {
+                strategy: report.ebpf.strategy.map(|s| s.name()),
+                processes: report.processes.len(),
+                zombies: report.init.zombies,
+            },
         };
         if !judgement.verdict.is_ok() {
             // The snapshot gets the full evidence (kernel stacks of every
@@ -311,6 +335,7 @@ pub fn run(
         } else {
             let _ = ladder::decide(&agent.heal, &judgement, &report, &mut record.heal, now_ms);
         }
+        crate::metrics::observe(&mut record.metrics, &outcome);
         outcomes.push(outcome);
     }
     history
@@ -943,81 +968,6 @@ pub fn transition_line(o: &Outcome) -> Option<String> {
     )))
 }
 
-/// Prometheus text format: verdict per agent, wedge count, probe latency,
-/// last check time.
-pub fn metrics(outcomes: &[Outcome], history: &History, now_unix_s: f64) -> String {
-    use std::fmt::Write as _;
-    const ALL: [Verdict; 7] = [
-        Verdict::Healthy,
-        Verdict::Idle,
-        Verdict::Busy,
-        Verdict::Degraded,
-        Verdict::Unresponsive,
-        Verdict::Wedged,
-        Verdict::Down,
-    ];
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "# HELP selfheal_agent_verdict 1 for the agent's current verdict, 0 for the others."
-    );
-    let _ = writeln!(o, "# TYPE selfheal_agent_verdict gauge");
-    for a in outcomes {
-        for v in ALL {
-            let _ = writeln!(
-                o,
-                "selfheal_agent_verdict{{agent=\"{}\",verdict=\"{v}\"}} {}",
-                label(&a.agent),
-                u8::from(a.verdict == v)
-            );
-        }
-    }
-    let _ = writeln!(
-        o,
-        "# HELP selfheal_agent_wedges_total Transitions into wedged since the history began."
-    );
-    let _ = writeln!(o, "# TYPE selfheal_agent_wedges_total counter");
-    for a in outcomes {
-        let n = history.agents.get(&a.agent).map_or(0, |r| r.wedges);
-        let _ = writeln!(
-            o,
-            "selfheal_agent_wedges_total{{agent=\"{}\"}} {n}",
-            label(&a.agent)
-        );
-    }
-    let _ = writeln!(
-        o,
-        "# HELP selfheal_probe_latency_seconds Latency of the last probe, when it answered."
-    );
-    let _ = writeln!(o, "# TYPE selfheal_probe_latency_seconds gauge");
-    for a in outcomes {
-        for p in &a.probes {
-            if let Some(ms) = p.latency_ms {
-                let _ = writeln!(
-                    o,
-                    "selfheal_probe_latency_seconds{{agent=\"{}\",probe=\"{}\"}} {}",
-                    label(&a.agent),
-                    label(&match p.kind {
-                        // Redacted already when the result was made; again
-                        // here, so no label can ever carry a query token.
-                        crate::probe::ProbeKind::Http => crate::text::redact_url(&p.target),
-                        crate::probe::ProbeKind::HealthFile => p.target.clone(),
-                    }),
-                    ms as f64 / 1000.0
-                );
-            }
-        }
-    }
-    container_info(&mut o, outcomes);
-    let _ = writeln!(
-        o,
-        "# HELP selfheal_last_check_timestamp_seconds When the last check finished."
-    );
-    let _ = writeln!(o, "# TYPE selfheal_last_check_timestamp_seconds gauge");
-    let _ = writeln!(o, "selfheal_last_check_timestamp_seconds {now_unix_s:.3}");
-    o
-}
-
 /// ` container=NAME/ID12 pod=NS/POD` for each container (what a runtime
 /// said, escaped where it holds control characters); empty on the host.
 fn containers_words(containers: &[crate::runtime::Identity]) -> String {
@@ -1037,44 +987,4 @@ fn containers_words(containers: &[crate::runtime::Identity]) -> String {
         }
     }
     s
-}
-
-/// `selfheal_agent_container_info{agent,runtime,id,name,image,pod,namespace} 1`
-/// for each container an agent's processes are in (issue 13): an info
-/// metric, so the verdict series keep their labels and are joined to the
-/// identity with `on(agent) group_left(...)`.
-fn container_info(o: &mut String, outcomes: &[Outcome]) {
-    use std::fmt::Write as _;
-    if outcomes.iter().all(|a| a.containers.is_empty()) {
-        return;
-    }
-    let _ = writeln!(
-        o,
-        "# HELP selfheal_agent_container_info The containers (and pods) an agent's processes are in."
-    );
-    let _ = writeln!(o, "# TYPE selfheal_agent_container_info gauge");
-    for a in outcomes {
-        for c in &a.containers {
-            let opt = |v: &Option<String>| label(v.as_deref().unwrap_or(""));
-            let _ = writeln!(
-                o,
-                "selfheal_agent_container_info{{agent=\"{}\",runtime=\"{}\",id=\"{}\",name=\"{}\",\
-                 image=\"{}\",pod=\"{}\",namespace=\"{}\"}} 1",
-                label(&a.agent),
-                c.runtime,
-                label(&c.id),
-                opt(&c.name),
-                opt(&c.image),
-                opt(&c.pod),
-                opt(&c.namespace),
-            );
-        }
-    }
-}
-
-/// A Prometheus label value, escaped.
-fn label(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

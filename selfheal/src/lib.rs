@@ -17,6 +17,7 @@ pub mod helper;
 pub mod inspect;
 pub mod judge;
 pub mod ladder;
+pub mod metrics;
 pub mod pidfd;
 pub mod probe;
 pub mod proc;

@@ -23,7 +23,16 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "docker.io",       // a real dockerd for the container tests (tests/tests/containers.rs)
     "podman",          // Podman and its compatible API, beside Docker (same tests)
     "containerd",      // a real containerd running a task with the kubelet's labels
+    // promtool and a real Prometheus for the alerting test (issue 14)
+    "prometheus",
+    // a real Alertmanager paging the alerting test's webhook
+    "prometheus-alertmanager",
 ];
+
+/// Services the packages above start on a systemd host that the tests do
+/// not want: the alerting test starts its own Prometheus and Alertmanager
+/// on loopback ports it picks, with scratch directories.
+const UNWANTED_SERVICES: &[&str] = &["prometheus.service", "prometheus-alertmanager.service"];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -34,6 +43,7 @@ const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0"];
 
 pub fn all() -> Result<()> {
     debian_packages()?;
+    stop_unwanted_services();
     nightly_rust_src()?;
     bpf_linker()?;
     tracefs()?;
@@ -127,6 +137,23 @@ fn debian_packages() -> Result<()> {
         .args(["install", "-y", "-q", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// Stops and disables [`UNWANTED_SERVICES`] where systemd runs them (a
+/// machine without systemd as PID 1 never started them).
+fn stop_unwanted_services() {
+    for unit in UNWANTED_SERVICES {
+        let active = Command::new("systemctl")
+            .args(["is-enabled", "--quiet", unit])
+            .status()
+            .is_ok_and(|s| s.success());
+        if active && is_root() {
+            eprintln!("setup: disabling {unit} (the tests run their own)");
+            let _ = Command::new("systemctl")
+                .args(["disable", "--now", "--quiet", unit])
+                .status();
+        }
+    }
 }
 
 fn nightly_sysroot() -> Result<PathBuf> {

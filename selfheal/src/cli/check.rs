@@ -47,7 +47,10 @@ pub struct Common {
     snapshot_dir: Option<PathBuf>,
     /// Write Prometheus metrics to this file (atomically, mode 0640 with
     /// its directory's group), for node_exporter's textfile collector. The
-    /// directory must exist and pass the same rule as --state-dir.
+    /// directory must exist and pass the same rule as --state-dir. When it
+    /// cannot be written (e.g. a full disk) the last good file stays, the
+    /// error is logged and is a gap in each result, and the exit code is 1
+    /// at least.
     #[arg(long, value_name = "PATH")]
     metrics_file: Option<PathBuf>,
     /// Decide healing steps and report them, but take none (and arm no
@@ -65,7 +68,7 @@ pub struct Common {
 /// Judge every configured agent once (asking a silent call's peer with a
 /// proof keepalive where the evidence alone cannot tell), heal what is
 /// wedged, and exit with a code for the worst verdict: 0 all healthy/idle/busy, 1 something degraded (or a snapshot
-/// could not be written), 2 something wedged/unresponsive/down, 3 usage or
+/// or the metrics file could not be written), 2 something wedged/unresponsive/down, 3 usage or
 /// config error.
 #[derive(clap::Args)]
 pub struct CheckArgs {
@@ -82,7 +85,9 @@ pub struct WatchArgs {
     /// Time between checks.
     #[arg(long, value_parser = super::parse_duration, default_value = "10s")]
     interval: Duration,
-    /// Serve the metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    /// Serve the metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
+    /// last complete check's (never one half done); empty before the first
+    /// check ends. See dist/prometheus/ for alert rules.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Stop after this many checks (default: run until killed).
@@ -283,17 +288,21 @@ impl Session {
         if let Some(gap) = &disabled {
             tracing::error!("{gap}");
         }
+        let started = Instant::now();
+        let mut tracer = self.tracer.as_mut().map(|t| Answered {
+            inner: t,
+            ok: false,
+        });
         let mut outcomes = check::run(
             &self.config,
             &mut self.history,
             self.log.as_ref(),
             Some(self.healer.as_ref()),
-            self.tracer
-                .as_mut()
-                .map(|t| t as &mut dyn check::TracerSource),
+            tracer.as_mut().map(|t| t as &mut dyn check::TracerSource),
             &self.opts,
             clock::boot_ns() / 1_000_000,
         );
+        let helper_up = tracer.is_some_and(|t| t.ok);
         if let Some(gap) = &disabled {
             for o in &mut outcomes {
                 o.gaps.push(gap.clone());
@@ -304,11 +313,21 @@ impl Session {
         {
             tracing::error!("cannot save the state: {e}");
         }
-        report(&outcomes, c.json)?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let metrics = check::metrics(&outcomes, &self.history, now);
+        let info = selfheal::metrics::CheckInfo::from_outcomes(
+            &outcomes,
+            helper_up,
+            now,
+            started.elapsed().as_secs_f64(),
+        );
+        let metrics = selfheal::metrics::render(&outcomes, &self.history, &info);
+        // A metrics file that cannot be written (a full disk, a removed
+        // directory) keeps its last good content (the write is atomic); the
+        // failure is logged, a gap in every agent's result, and exit code 1
+        // at least.
+        let mut metrics_failed = false;
         if let Some(path) = &c.metrics_file
             && let Err(e) = selfheal::safedir::write_file_atomically(
                 path,
@@ -316,9 +335,38 @@ impl Session {
                 selfheal::safedir::METRICS_FILE_MODE,
             )
         {
-            tracing::error!("cannot write metrics to {}: {e}", path.display());
+            metrics_failed = true;
+            let gap = format!(
+                "metrics file not written (its last good content stays): {}: {}",
+                selfheal::text::escape(&path.display().to_string()),
+                selfheal::text::escape(&e.to_string())
+            );
+            tracing::error!("{gap}");
+            for o in &mut outcomes {
+                o.gaps.push(gap.clone());
+            }
         }
-        Ok((check::exit_code(&outcomes), metrics))
+        report(&outcomes, c.json)?;
+        let code = check::exit_code(&outcomes).max(u8::from(metrics_failed));
+        Ok((code, metrics))
+    }
+}
+
+/// The helper's tracer, noting whether it answered this check (the
+/// `selfheal_helper_up` metric).
+struct Answered<'a> {
+    inner: &'a mut selfheal::healer::HelperTracer,
+    ok: bool,
+}
+
+impl check::TracerSource for Answered<'_> {
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(selfheal::ebpf::TracerSnapshot, Option<u64>), String> {
+        let got = self.inner.snapshot(pids);
+        self.ok = got.is_ok();
+        got
     }
 }
 

@@ -523,6 +523,17 @@ impl Bed {
         self.dir.join("snapshots")
     }
 
+    /// The config the bed wrote (its runners' `[[agent]]` blocks), for a
+    /// `selfheal watch` of a test's own (tests/tests/alerting.rs).
+    pub fn config_file(&self) -> PathBuf {
+        self.config_path()
+    }
+
+    /// The bed's helper's socket.
+    pub fn helper_socket_path(&self) -> PathBuf {
+        self.helper_socket()
+    }
+
     /// A runner's own story (`GET /status`).
     pub fn runner_status(&self, name: &str) -> anyhow::Result<Value> {
         let (_, addr) = self

@@ -1,0 +1,845 @@
+//! The Prometheus exposition text (issue 14): pure functions from one
+//! check's outcomes and the history to the text `check --metrics-file`
+//! writes and `watch --metrics-addr` serves.
+//!
+//! Written by hand: the text format is write-only and small, and a crate
+//! would add a registry whose state this module would have to mirror from
+//! the history anyway. The output is checked by `promtool check metrics`
+//! (`tests/tests/alerting.rs`) and by the fixtures below.
+//!
+//! Counters are derived from the history ([`Counters`], saved with it), so
+//! they stay monotonic across the restarts of a timer-driven `check`; they
+//! reset only with the history (a new boot), which Prometheus's `rate` and
+//! `increase` handle as a counter reset.
+//!
+//! Every label value is escaped ([`label`]); label values come from a
+//! bounded set (verdicts, reason codes, step names, strategies) except the
+//! agent name (bounded by the config), the probe target (the config) and
+//! the last snapshot id (one series per agent at a time: an info metric).
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    check::{History, Outcome},
+    judge::Verdict,
+};
+
+/// Every verdict, in the order the state-set lists them.
+pub const VERDICTS: [Verdict; 7] = [
+    Verdict::Healthy,
+    Verdict::Idle,
+    Verdict::Busy,
+    Verdict::Degraded,
+    Verdict::Unresponsive,
+    Verdict::Wedged,
+    Verdict::Down,
+];
+
+/// The eBPF strategies a host can report, `none` last.
+pub const STRATEGIES: [&str; 5] = ["tp_btf", "fentry", "kprobe", "tracepoint", "none"];
+
+/// One agent's counters, kept in its history record so they survive the
+/// process (`#[serde(default)]`: history files from before them load).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Reason code → times it appeared (was absent from the check before).
+    #[serde(default)]
+    pub reasons: BTreeMap<String, u64>,
+    /// `action/outcome` → healing steps taken.
+    #[serde(default)]
+    pub heals: BTreeMap<String, u64>,
+    /// `event/outcome` → proof keepalive events (`arm`, `restore`).
+    #[serde(default)]
+    pub proofs: BTreeMap<String, u64>,
+    /// The reason codes of the last check (to count appearances).
+    #[serde(default)]
+    pub last_reasons: Vec<String>,
+    /// The snapshot of the last not-ok episode's first check: (id,
+    /// verdict). Not every check's (each not-ok check writes one): the
+    /// info series changes once per episode, not once per check.
+    #[serde(default)]
+    pub last_snapshot: Option<(String, String)>,
+    /// Whether the current not-ok episode has set `last_snapshot`.
+    #[serde(default)]
+    pub episode_snapshot: bool,
+    /// Checks of this agent whose verdict was not ok.
+    #[serde(default)]
+    pub not_ok_checks: u64,
+}
+
+/// Folds one agent's outcome into its counters (called once per check).
+pub fn observe(c: &mut Counters, o: &Outcome) {
+    let now: Vec<String> = {
+        let mut v: Vec<String> = o.reasons.iter().map(|r| code(&r.code)).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    for r in &now {
+        if !c.last_reasons.contains(r) {
+            *c.reasons.entry(r.clone()).or_default() += 1;
+        }
+    }
+    c.last_reasons = now;
+    if let Some(h) = &o.heal
+        && !h.dry_run
+    {
+        for a in &h.actions {
+            let key = format!("{}/{}", a.step.name(), if a.ok { "ok" } else { "failed" });
+            *c.heals.entry(key).or_default() += 1;
+        }
+    }
+    for p in &o.proofs {
+        let key = format!("{}/{}", code(p.action), if p.ok { "ok" } else { "failed" });
+        *c.proofs.entry(key).or_default() += 1;
+    }
+    if o.transition {
+        c.episode_snapshot = false;
+    }
+    if !o.verdict.is_ok() {
+        c.not_ok_checks = c.not_ok_checks.saturating_add(1);
+        if let Some(id) = &o.snapshot
+            && !c.episode_snapshot
+        {
+            c.last_snapshot = Some((id.clone(), o.verdict.as_str().to_string()));
+            c.episode_snapshot = true;
+        }
+    }
+}
+
+/// Why a host has no eBPF evidence: a bounded set of label values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoEbpf {
+    /// No helper answered (`check` loads no eBPF itself).
+    NoHelper,
+    /// The helper answered but its tracer did not (no strategy attached,
+    /// or the snapshot failed).
+    HelperTracer,
+    /// This build has no eBPF programs.
+    NotBuiltIn,
+    /// No agent had a process to watch.
+    NoProcesses,
+}
+
+impl NoEbpf {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoHelper => "no_helper",
+            Self::HelperTracer => "helper_tracer_failed",
+            Self::NotBuiltIn => "not_built_in",
+            Self::NoProcesses => "no_processes",
+        }
+    }
+}
+
+/// What one check knew about itself, beside the outcomes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckInfo {
+    /// When the check finished (Unix seconds).
+    pub finished_unix_s: f64,
+    /// How long the check took.
+    pub duration_s: f64,
+    /// Whether the root helper answered this check.
+    pub helper_up: bool,
+    /// The eBPF strategy in use, or why there is none.
+    pub ebpf: Result<&'static str, NoEbpf>,
+}
+
+impl CheckInfo {
+    /// The host-level facts of a check from its outcomes: the strategy is
+    /// the one any agent's evidence came from.
+    pub fn from_outcomes(
+        outcomes: &[Outcome],
+        helper_up: bool,
+        finished_unix_s: f64,
+        duration_s: f64,
+    ) -> Self {
+        let strategy = outcomes.iter().find_map(|o| o.evidence.strategy);
+        let ebpf = match strategy {
+            Some(s) => Ok(s),
+            None if !crate::ebpf::BUILT_IN => Err(NoEbpf::NotBuiltIn),
+            None if !helper_up => Err(NoEbpf::NoHelper),
+            None if outcomes.iter().all(|o| o.evidence.processes == 0) => Err(NoEbpf::NoProcesses),
+            None => Err(NoEbpf::HelperTracer),
+        };
+        Self {
+            finished_unix_s,
+            duration_s,
+            helper_up,
+            ebpf,
+        }
+    }
+}
+
+/// The whole exposition text of one check.
+pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> String {
+    let mut o = String::new();
+    let counters = |agent: &str| history.agents.get(agent).map(|r| &r.metrics);
+
+    head(
+        &mut o,
+        "selfheal_agent_verdict",
+        "gauge",
+        "1 for the agent's current verdict, 0 for the others (a state-set).",
+    );
+    for a in outcomes {
+        for v in VERDICTS {
+            let _ = writeln!(
+                o,
+                "selfheal_agent_verdict{{agent=\"{}\",verdict=\"{v}\"}} {}",
+                label(&a.agent),
+                u8::from(a.verdict == v)
+            );
+        }
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_wedges_total",
+        "counter",
+        "Transitions into wedged since the history began.",
+    );
+    for a in outcomes {
+        let n = history.agents.get(&a.agent).map_or(0, |r| r.wedges);
+        let _ = writeln!(
+            o,
+            "selfheal_agent_wedges_total{{agent=\"{}\"}} {n}",
+            label(&a.agent)
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_not_ok_checks_total",
+        "counter",
+        "Checks whose verdict for the agent was degraded, unresponsive, wedged or down.",
+    );
+    for a in outcomes {
+        let n = counters(&a.agent).map_or(0, |c| c.not_ok_checks);
+        let _ = writeln!(
+            o,
+            "selfheal_agent_not_ok_checks_total{{agent=\"{}\"}} {n}",
+            label(&a.agent)
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_reason",
+        "gauge",
+        "1 for each reason the agent's current verdict has.",
+    );
+    for a in outcomes {
+        let mut codes: Vec<String> = a.reasons.iter().map(|r| code(&r.code)).collect();
+        codes.sort();
+        codes.dedup();
+        for c in codes {
+            let _ = writeln!(
+                o,
+                "selfheal_agent_reason{{agent=\"{}\",reason=\"{c}\"}} 1",
+                label(&a.agent)
+            );
+        }
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_reasons_total",
+        "counter",
+        "Times each reason code appeared for the agent (absent the check before).",
+    );
+    for a in outcomes {
+        for (c, n) in counters(&a.agent).into_iter().flat_map(|c| &c.reasons) {
+            let _ = writeln!(
+                o,
+                "selfheal_agent_reasons_total{{agent=\"{}\",reason=\"{}\"}} {n}",
+                label(&a.agent),
+                label(c)
+            );
+        }
+    }
+
+    head(
+        &mut o,
+        "selfheal_heals_total",
+        "counter",
+        "Healing steps taken, by action and outcome (ok or failed).",
+    );
+    for a in outcomes {
+        for (k, n) in counters(&a.agent).into_iter().flat_map(|c| &c.heals) {
+            let (action, outcome) = k.split_once('/').unwrap_or((k, ""));
+            let _ = writeln!(
+                o,
+                "selfheal_heals_total{{agent=\"{}\",action=\"{}\",outcome=\"{}\"}} {n}",
+                label(&a.agent),
+                label(action),
+                label(outcome)
+            );
+        }
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_heal_steps_current_wedge",
+        "gauge",
+        "Healing steps taken on the agent's current wedge (0 when not being healed): \
+         above 0 while still wedged, a heal did not help.",
+    );
+    for a in outcomes {
+        let n = history
+            .agents
+            .get(&a.agent)
+            .map_or(0, |r| r.heal.steps_this_wedge);
+        let _ = writeln!(
+            o,
+            "selfheal_agent_heal_steps_current_wedge{{agent=\"{}\"}} {n}",
+            label(&a.agent)
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_breaker_open",
+        "gauge",
+        "1 when healing gave up on the agent (the breaker is open until it recovers).",
+    );
+    for a in outcomes {
+        let open = history
+            .agents
+            .get(&a.agent)
+            .is_some_and(|r| r.heal.gave_up.is_some());
+        let _ = writeln!(
+            o,
+            "selfheal_agent_breaker_open{{agent=\"{}\"}} {}",
+            label(&a.agent),
+            u8::from(open)
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_proof_keepalives_total",
+        "counter",
+        "Proof keepalives: event arm (armed on a suspect connection) or restore (the \
+         connection's own options put back: the peer answered), by outcome.",
+    );
+    for a in outcomes {
+        for (k, n) in counters(&a.agent).into_iter().flat_map(|c| &c.proofs) {
+            let (event, outcome) = k.split_once('/').unwrap_or((k, ""));
+            let _ = writeln!(
+                o,
+                "selfheal_proof_keepalives_total{{agent=\"{}\",event=\"{}\",outcome=\"{}\"}} {n}",
+                label(&a.agent),
+                label(event),
+                label(outcome)
+            );
+        }
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_proof_keepalives_armed",
+        "gauge",
+        "Proof keepalives armed on the agent's connections now, waiting for the peer.",
+    );
+    for a in outcomes {
+        let n = history
+            .agents
+            .get(&a.agent)
+            .map_or(0, |r| r.judge.proofs.len());
+        let _ = writeln!(
+            o,
+            "selfheal_agent_proof_keepalives_armed{{agent=\"{}\"}} {n}",
+            label(&a.agent)
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_last_snapshot_info",
+        "gauge",
+        "The snapshot of the agent's last not-ok verdict (read it with `selfheal snapshots \
+         show ID`).",
+    );
+    for a in outcomes {
+        if let Some((id, verdict)) = counters(&a.agent).and_then(|c| c.last_snapshot.as_ref()) {
+            let _ = writeln!(
+                o,
+                "selfheal_agent_last_snapshot_info{{agent=\"{}\",snapshot=\"{}\",verdict=\"{}\"}} 1",
+                label(&a.agent),
+                label(id),
+                label(verdict)
+            );
+        }
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_zombie_processes",
+        "gauge",
+        "Zombie processes in the agent's process tree.",
+    );
+    for a in outcomes {
+        let _ = writeln!(
+            o,
+            "selfheal_agent_zombie_processes{{agent=\"{}\"}} {}",
+            label(&a.agent),
+            a.evidence.zombies
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_processes",
+        "gauge",
+        "Processes found for the agent (0: down or not matched).",
+    );
+    for a in outcomes {
+        let _ = writeln!(
+            o,
+            "selfheal_agent_processes{{agent=\"{}\"}} {}",
+            label(&a.agent),
+            a.evidence.processes
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_agent_evidence_gaps",
+        "gauge",
+        "Things the last check could not see for the agent (see `selfheal inspect NAME`).",
+    );
+    for a in outcomes {
+        let _ = writeln!(
+            o,
+            "selfheal_agent_evidence_gaps{{agent=\"{}\"}} {}",
+            label(&a.agent),
+            a.gaps.len()
+        );
+    }
+
+    head(
+        &mut o,
+        "selfheal_probe_latency_seconds",
+        "gauge",
+        "Latency of the last probe, when it answered.",
+    );
+    for a in outcomes {
+        for p in &a.probes {
+            if let Some(ms) = p.latency_ms {
+                let _ = writeln!(
+                    o,
+                    "selfheal_probe_latency_seconds{{agent=\"{}\",probe=\"{}\"}} {}",
+                    label(&a.agent),
+                    label(&match p.kind {
+                        // Redacted already when the result was made; again
+                        // here, so no label can ever carry a query token.
+                        crate::probe::ProbeKind::Http => crate::text::redact_url(&p.target),
+                        crate::probe::ProbeKind::HealthFile => p.target.clone(),
+                    }),
+                    ms as f64 / 1000.0
+                );
+            }
+        }
+    }
+
+    container_info(&mut o, outcomes);
+
+    head(
+        &mut o,
+        "selfheal_ebpf_strategy_info",
+        "gauge",
+        "The eBPF strategy the evidence came from, or none and why (no_helper, \
+         helper_tracer_failed, not_built_in, no_processes).",
+    );
+    let (strategy, why) = match info.ebpf {
+        Ok(s) => (s, ""),
+        Err(w) => ("none", w.as_str()),
+    };
+    let _ = writeln!(
+        o,
+        "selfheal_ebpf_strategy_info{{strategy=\"{}\",why_none=\"{why}\"}} 1",
+        label(strategy)
+    );
+    head(
+        &mut o,
+        "selfheal_ebpf_up",
+        "gauge",
+        "1 when the last check had eBPF evidence.",
+    );
+    let _ = writeln!(o, "selfheal_ebpf_up {}", u8::from(info.ebpf.is_ok()));
+
+    head(
+        &mut o,
+        "selfheal_helper_up",
+        "gauge",
+        "1 when the root helper answered the last check.",
+    );
+    let _ = writeln!(o, "selfheal_helper_up {}", u8::from(info.helper_up));
+
+    head(
+        &mut o,
+        "selfheal_check_duration_seconds",
+        "gauge",
+        "How long the last check took.",
+    );
+    let _ = writeln!(o, "selfheal_check_duration_seconds {:.6}", info.duration_s);
+
+    head(
+        &mut o,
+        "selfheal_last_check_timestamp_seconds",
+        "gauge",
+        "When the last complete check finished (Unix time).",
+    );
+    let _ = writeln!(
+        o,
+        "selfheal_last_check_timestamp_seconds {:.3}",
+        info.finished_unix_s
+    );
+    o
+}
+
+fn head(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {}", help_text(help));
+    let _ = writeln!(o, "# TYPE {name} {kind}");
+}
+
+/// `selfheal_agent_container_info{agent,runtime,id,name,image,pod,namespace} 1`
+/// for each container an agent's processes are in (issue 13): an info
+/// metric, so the verdict series keep their labels and are joined to the
+/// identity with `on(agent) group_left(...)`.
+fn container_info(o: &mut String, outcomes: &[Outcome]) {
+    if outcomes.iter().all(|a| a.containers.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "# HELP selfheal_agent_container_info The containers (and pods) an agent's processes are in."
+    );
+    let _ = writeln!(o, "# TYPE selfheal_agent_container_info gauge");
+    for a in outcomes {
+        for c in &a.containers {
+            let opt = |v: &Option<String>| label(v.as_deref().unwrap_or(""));
+            let _ = writeln!(
+                o,
+                "selfheal_agent_container_info{{agent=\"{}\",runtime=\"{}\",id=\"{}\",name=\"{}\",\
+                 image=\"{}\",pod=\"{}\",namespace=\"{}\"}} 1",
+                label(&a.agent),
+                c.runtime,
+                label(&c.id),
+                opt(&c.name),
+                opt(&c.image),
+                opt(&c.pod),
+                opt(&c.namespace),
+            );
+        }
+    }
+}
+
+/// A Prometheus label value, escaped as the text format says: backslash,
+/// double quote and line feed. Any other character (UTF-8, controls) is
+/// legal in a label value.
+pub fn label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// A `# HELP` text, escaped (backslash and line feed).
+fn help_text(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// A reason or event code as a bounded label value: lower-case letters,
+/// digits and `_` only, at most 64 bytes.
+fn code(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        check::{ActionOutcome, AgentRecord, Evidence, HealReport},
+        judge::Reason,
+        ladder::{Decision, Step},
+        prove::ProofEvent,
+    };
+
+    fn outcome(agent: &str, verdict: Verdict, reasons: &[&str]) -> Outcome {
+        Outcome {
+            agent: agent.into(),
+            containers: vec![],
+            verdict,
+            reasons: reasons
+                .iter()
+                .map(|c| Reason {
+                    code: (*c).into(),
+                    verdict,
+                    message: "m".into(),
+                    evidence: Default::default(),
+                })
+                .collect(),
+            snapshot: None,
+            snapshot_error: None,
+            previous: None,
+            transition: false,
+            previous_for_ms: None,
+            probes: vec![],
+            gaps: vec![],
+            proofs: vec![],
+            heal: None,
+            evidence: Evidence {
+                strategy: None,
+                processes: 1,
+                zombies: 0,
+            },
+        }
+    }
+
+    fn info() -> CheckInfo {
+        CheckInfo {
+            finished_unix_s: 1_700_000_000.5,
+            duration_s: 0.25,
+            helper_up: true,
+            ebpf: Ok("tp_btf"),
+        }
+    }
+
+    fn history_of(outs: &[Outcome]) -> History {
+        let mut h = History::default();
+        for o in outs {
+            let r = h.agents.entry(o.agent.clone()).or_default();
+            observe(&mut r.metrics, o);
+        }
+        h
+    }
+
+    /// Every sample line: `name{labels} value`.
+    fn samples(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| !l.starts_with('#')).collect()
+    }
+
+    #[test]
+    fn a_healthy_agent_has_a_one_hot_verdict_and_host_facts() {
+        let outs = [outcome("a", Verdict::Healthy, &[])];
+        let t = render(&outs, &history_of(&outs), &info());
+        let verdicts: Vec<_> = samples(&t)
+            .into_iter()
+            .filter(|l| l.starts_with("selfheal_agent_verdict{"))
+            .collect();
+        assert_eq!(verdicts.len(), 7);
+        assert!(t.contains("selfheal_agent_verdict{agent=\"a\",verdict=\"healthy\"} 1\n"));
+        assert!(t.contains("selfheal_agent_verdict{agent=\"a\",verdict=\"wedged\"} 0\n"));
+        assert!(t.contains("selfheal_ebpf_strategy_info{strategy=\"tp_btf\",why_none=\"\"} 1\n"));
+        assert!(t.contains("selfheal_ebpf_up 1\n"));
+        assert!(t.contains("selfheal_helper_up 1\n"));
+        assert!(t.contains("selfheal_check_duration_seconds 0.250000\n"));
+        assert!(t.contains("selfheal_last_check_timestamp_seconds 1700000000.500\n"));
+        assert!(t.contains("selfheal_agent_breaker_open{agent=\"a\"} 0\n"));
+        assert!(!t.contains("selfheal_agent_last_snapshot_info{"));
+    }
+
+    #[test]
+    fn every_family_has_help_and_type_once_and_names_follow_the_conventions() {
+        let outs = [outcome("a", Verdict::Wedged, &["recv_stalled"])];
+        let t = render(&outs, &history_of(&outs), &info());
+        let mut seen = std::collections::BTreeSet::new();
+        for l in t.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut w = l.split(' ').skip(2);
+            let (name, kind) = (w.next().unwrap(), w.next().unwrap());
+            assert!(seen.insert(name.to_string()), "{name} twice");
+            assert!(name.starts_with("selfheal_"), "{name}");
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{name} {kind}");
+            assert!(t.contains(&format!("# HELP {name} ")), "{name} has no HELP");
+        }
+        for s in samples(&t) {
+            let name = s.split(['{', ' ']).next().unwrap();
+            assert!(seen.contains(name), "{s} has no TYPE");
+        }
+    }
+
+    #[test]
+    fn label_values_escape_backslash_quote_and_newline() {
+        assert_eq!(label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let name = "we\"ird\\agent\nname é\t";
+        let outs = [outcome(name, Verdict::Healthy, &[])];
+        let t = render(&outs, &history_of(&outs), &info());
+        assert!(t.contains(
+            "selfheal_agent_verdict{agent=\"we\\\"ird\\\\agent\\nname é\t\",verdict=\"healthy\"} 1\n"
+        ));
+        // No sample is split over lines.
+        for s in samples(&t) {
+            assert!(s.starts_with("selfheal_"), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn reasons_count_appearances_not_checks() {
+        let mut c = Counters::default();
+        let w = outcome("a", Verdict::Wedged, &["recv_stalled", "probe_timeout"]);
+        observe(&mut c, &w);
+        observe(&mut c, &w);
+        observe(&mut c, &w);
+        assert_eq!(c.reasons["recv_stalled"], 1);
+        assert_eq!(c.not_ok_checks, 3);
+        observe(&mut c, &outcome("a", Verdict::Healthy, &[]));
+        observe(&mut c, &w);
+        assert_eq!(c.reasons["recv_stalled"], 2);
+        assert_eq!(c.reasons["probe_timeout"], 2);
+        assert_eq!(c.not_ok_checks, 4);
+    }
+
+    #[test]
+    fn heals_proofs_and_the_last_snapshot_are_counted_and_rendered() {
+        let mut w = outcome("a", Verdict::Wedged, &["recv_stalled"]);
+        w.snapshot = Some("20261130T180000Z-a-1".into());
+        w.heal = Some(HealReport {
+            decision: Decision::Act { steps: vec![] },
+            dry_run: false,
+            actions: vec![
+                ActionOutcome {
+                    step: Step::DestroySocket {
+                        pid: 1,
+                        start_ticks: 1,
+                        fd: 3,
+                        inode: 9,
+                    },
+                    ok: true,
+                    detail: String::new(),
+                },
+                ActionOutcome {
+                    step: Step::Signal {
+                        pid: 1,
+                        start_ticks: 1,
+                        grace_ms: 100,
+                    },
+                    ok: false,
+                    detail: String::new(),
+                },
+            ],
+            newly_gave_up: false,
+        });
+        w.proofs = vec![ProofEvent {
+            action: "arm",
+            inode: 9,
+            remote: "r".into(),
+            ok: true,
+            detail: String::new(),
+        }];
+        let mut h = History::default();
+        let r: &mut AgentRecord = h.agents.entry("a".into()).or_default();
+        observe(&mut r.metrics, &w);
+        r.heal.gave_up = Some("budget".into());
+        r.heal.steps_this_wedge = 2;
+        let t = render(&[w], &h, &info());
+        assert!(t.contains(
+            "selfheal_heals_total{agent=\"a\",action=\"destroy_socket\",outcome=\"ok\"} 1\n"
+        ));
+        assert!(t.contains(
+            "selfheal_heals_total{agent=\"a\",action=\"signal\",outcome=\"failed\"} 1\n"
+        ));
+        assert!(t.contains(
+            "selfheal_proof_keepalives_total{agent=\"a\",event=\"arm\",outcome=\"ok\"} 1\n"
+        ));
+        assert!(t.contains(
+            "selfheal_agent_last_snapshot_info{agent=\"a\",snapshot=\"20261130T180000Z-a-1\",verdict=\"wedged\"} 1\n"
+        ));
+        assert!(t.contains("selfheal_agent_breaker_open{agent=\"a\"} 1\n"));
+        assert!(t.contains("selfheal_agent_heal_steps_current_wedge{agent=\"a\"} 2\n"));
+        assert!(t.contains("selfheal_agent_reason{agent=\"a\",reason=\"recv_stalled\"} 1\n"));
+        assert!(
+            t.contains("selfheal_agent_reasons_total{agent=\"a\",reason=\"recv_stalled\"} 1\n")
+        );
+    }
+
+    #[test]
+    fn the_snapshot_info_names_the_episode_first_snapshot() {
+        let mut c = Counters::default();
+        let mut w = outcome("a", Verdict::Wedged, &[]);
+        w.transition = true;
+        w.snapshot = Some("s1".into());
+        observe(&mut c, &w);
+        w.transition = false;
+        w.snapshot = Some("s2".into());
+        observe(&mut c, &w);
+        assert_eq!(c.last_snapshot, Some(("s1".into(), "wedged".into())));
+        let mut h = outcome("a", Verdict::Healthy, &[]);
+        h.transition = true;
+        observe(&mut c, &h);
+        assert_eq!(c.last_snapshot, Some(("s1".into(), "wedged".into())));
+        w.transition = true;
+        w.snapshot = Some("s3".into());
+        observe(&mut c, &w);
+        assert_eq!(c.last_snapshot, Some(("s3".into(), "wedged".into())));
+    }
+
+    #[test]
+    fn a_dry_run_heal_counts_nothing() {
+        let mut w = outcome("a", Verdict::Wedged, &[]);
+        w.heal = Some(HealReport {
+            decision: Decision::Act { steps: vec![] },
+            dry_run: true,
+            actions: vec![ActionOutcome {
+                step: Step::Signal {
+                    pid: 1,
+                    start_ticks: 1,
+                    grace_ms: 100,
+                },
+                ok: true,
+                detail: String::new(),
+            }],
+            newly_gave_up: false,
+        });
+        let mut c = Counters::default();
+        observe(&mut c, &w);
+        assert!(c.heals.is_empty());
+    }
+
+    #[test]
+    fn no_ebpf_says_why_with_a_bounded_value() {
+        let outs = [outcome("a", Verdict::Healthy, &[])];
+        let i = CheckInfo::from_outcomes(&outs, false, 1.0, 0.1);
+        if crate::ebpf::BUILT_IN {
+            assert_eq!(i.ebpf, Err(NoEbpf::NoHelper));
+        } else {
+            assert_eq!(i.ebpf, Err(NoEbpf::NotBuiltIn));
+        }
+        let t = render(&outs, &history_of(&outs), &i);
+        assert!(t.contains("selfheal_ebpf_strategy_info{strategy=\"none\",why_none=\""));
+        assert!(t.contains("selfheal_ebpf_up 0\n"));
+        assert!(t.contains("selfheal_helper_up 0\n"));
+        let mut with = outcome("a", Verdict::Healthy, &[]);
+        with.evidence.strategy = Some("kprobe");
+        assert_eq!(
+            CheckInfo::from_outcomes(&[with], true, 1.0, 0.1).ebpf,
+            Ok("kprobe")
+        );
+    }
+
+    #[test]
+    fn reason_codes_are_bounded_label_values() {
+        assert_eq!(code("Recv-Stalled\n\"x\""), "recv_stalled__x_");
+        assert_eq!(code(&"x".repeat(500)).len(), 64);
+    }
+
+    #[test]
+    fn old_history_without_counters_loads() {
+        let r: AgentRecord =
+            serde_json::from_str(r#"{"judge":{"verdict":null,"verdict_since_ms":0},"wedges":3}"#)
+                .expect("old record loads");
+        assert_eq!(r.wedges, 3);
+        assert_eq!(r.metrics, Counters::default());
+    }
+}
