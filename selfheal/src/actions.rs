@@ -225,18 +225,6 @@ struct DupSocket {
     inode: u64,
 }
 
-/// The socket inode `/proc/PID/fd/FD` names (`socket:[inode]`); `None`
-/// for anything else. Reading the link calls nothing of the file's own
-/// filesystem (no `fstat`, which a FUSE server could leave unanswered).
-fn socket_inode_of(link: &std::path::Path) -> Option<u64> {
-    let l = std::fs::read_link(link).ok()?;
-    l.to_str()?
-        .strip_prefix("socket:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()
-}
-
 /// Closes `fd` on a thread of its own: a file a caller chose may sit on a
 /// FUSE mount whose server never answers the `flush` that `close` sends.
 /// At most [`MAX_DEFERRED_CLOSES`] wait at once; beyond that an fd is
@@ -276,7 +264,7 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
         return Err(ActionError::NoSuchFd { pid, fd });
     }
     let theirs = std::path::PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
-    if socket_inode_of(&theirs).is_none() {
+    if crate::proc::socket_inode_of_link(&theirs).is_none() {
         return Err(match std::fs::symlink_metadata(&theirs) {
             Err(_) => ActionError::NoSuchFd { pid, fd },
             Ok(_) => ActionError::NotASocket { pid, fd },
@@ -288,7 +276,7 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
         _ => ActionError::io(format!("pidfd_getfd fd {fd} of pid {pid}"), e),
     })?;
     let ours = format!("/proc/self/fd/{}", dup.as_raw_fd());
-    match socket_inode_of(std::path::Path::new(&ours)) {
+    match crate::proc::socket_inode_of_link(std::path::Path::new(&ours)) {
         Some(inode) => Ok(DupSocket { fd: dup, inode }),
         None => {
             close_aside(dup);

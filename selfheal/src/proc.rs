@@ -160,7 +160,6 @@ pub fn process(pid: u32, detail: Detail) -> procfs::ProcResult<ProcessInfo> {
 /// of one, which shows on agents with thousands of sockets); the link text
 /// is parsed by procfs.
 pub fn socket_fds(pid: u32) -> nix::Result<Vec<(i32, u64)>> {
-    use std::str::FromStr as _;
     let mut dir = nix::dir::Dir::open(
         format!("/proc/{pid}/fd").as_str(),
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
@@ -178,12 +177,30 @@ pub fn socket_fds(pid: u32) -> nix::Result<Vec<(i32, u64)>> {
         let Ok(link) = nix::fcntl::readlinkat(dirfd, name) else {
             continue;
         }; // closed meanwhile
-        if let Ok(FDTarget::Socket(inode)) = FDTarget::from_str(&link.to_string_lossy()) {
+        if let Some(inode) = socket_inode_of_target(&link.to_string_lossy()) {
             out.push((fd, inode));
         }
     }
     out.sort_unstable();
     Ok(out)
+}
+
+/// The socket inode an fd link's target names (`socket:[inode]`, parsed by
+/// procfs); `None` for anything else.
+pub fn socket_inode_of_target(target: &str) -> Option<u64> {
+    use std::str::FromStr as _;
+    match FDTarget::from_str(target) {
+        Ok(FDTarget::Socket(inode)) => Some(inode),
+        _ => None,
+    }
+}
+
+/// The socket inode the fd link at `link` (`/proc/PID/fd/N`) names; `None`
+/// for anything else or a link gone. Reading the link calls nothing of the
+/// file's own filesystem (no `fstat`, which a FUSE server could leave
+/// unanswered).
+pub fn socket_inode_of_link(link: &std::path::Path) -> Option<u64> {
+    socket_inode_of_target(&std::fs::read_link(link).ok()?.to_string_lossy())
 }
 
 /// How much to read per thread.

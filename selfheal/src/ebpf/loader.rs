@@ -393,13 +393,7 @@ fn open_sockets(tgid: u32) -> Option<BTreeSet<u64>> {
     Some(
         fds.flatten()
             .filter_map(|e| std::fs::read_link(e.path()).ok())
-            .filter_map(|t| {
-                t.to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse()
-                    .ok()
-            })
+            .filter_map(|t| crate::proc::socket_inode_of_target(&t.to_string_lossy()))
             .collect(),
     )
 }
@@ -410,12 +404,7 @@ fn resolve_fd(tgid: u32, fd: i32) -> FdKind {
     let Ok(target) = std::fs::read_link(format!("/proc/{tgid}/fd/{fd}")) else {
         return FdKind::Gone;
     };
-    let target = target.to_string_lossy();
-    let Some(inode) = target
-        .strip_prefix("socket:[")
-        .and_then(|s| s.strip_suffix(']'))
-        .and_then(|s| s.parse().ok())
-    else {
+    let Some(inode) = crate::proc::socket_inode_of_target(&target.to_string_lossy()) else {
         return FdKind::NotSocket;
     };
     let nonblocking = std::fs::read_to_string(format!("/proc/{tgid}/fdinfo/{fd}"))

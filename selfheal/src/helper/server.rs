@@ -1524,7 +1524,9 @@ impl Connector {
 /// without calling into its filesystem.
 fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
     match std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
-        Ok(link) if link.to_string_lossy().starts_with("socket:[") => Ok(()),
+        Ok(link) if crate::proc::socket_inode_of_target(&link.to_string_lossy()).is_some() => {
+            Ok(())
+        }
         Ok(_) => Err(refusal(
             ErrorCode::Failed,
             format!("fd {fd} of pid {pid} is not a socket: left alone"),

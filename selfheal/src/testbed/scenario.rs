@@ -1300,11 +1300,7 @@ pub fn tcp_sockets(pid: u32) -> anyhow::Result<Vec<TcpSocket>> {
         let Ok(target) = std::fs::read_link(e.path()) else {
             continue;
         };
-        let inode = target
-            .to_string_lossy()
-            .strip_prefix("socket:[")
-            .and_then(|r| r.strip_suffix(']'))
-            .and_then(|i| i.parse::<u64>().ok());
+        let inode = crate::proc::socket_inode_of_target(&target.to_string_lossy());
         if let (Some(inode), Ok(fd)) = (inode, e.file_name().to_string_lossy().parse::<i32>()) {
             fds.insert(inode, fd);
         }
