@@ -36,6 +36,15 @@ fn main() {
         root_dir: root,
         ..Default::default()
     };
+    // aya-build forwards every line of the eBPF build's stderr as a
+    // `cargo::warning`, so a newcomer's first build showed dozens of
+    // "warning: selfheal@0.1.0: Compiling …" lines. A quiet inner cargo
+    // prints no status lines; the compiler's own warnings and errors still
+    // come through (aya-build renders them from its JSON messages), and a
+    // failed build still fails with cargo's error.
+    // SAFETY: the build script is single-threaded here; nothing else reads
+    // the environment concurrently.
+    unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     match aya_build::build_ebpf([package], aya_build::Toolchain::default()) {
         Ok(()) => println!("cargo::rustc-cfg=selfheal_ebpf"),
         Err(e) if required => panic!("building the eBPF object failed: {e:#}"),
