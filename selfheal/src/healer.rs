@@ -1,6 +1,7 @@
 //! Who carries out the ladder's steps: [`DirectHealer`] does them from this
-//! process (when it has the permission: same uid, or root), and
-//! [`step_action`] turns a step into the actions the helper's executor runs.
+//! process (when it has the permission: same uid, or root) through
+//! [`run_step`], and [`ActionsExecutor`] is the helper's side: it carries
+//! out a helper request's action with the same functions.
 //! Every step re-opens its target by pidfd against the start time the check
 //! saw, so a pid reused since then is never touched. [`HelperHealer`] acts
 //! directly when its helper has gone away (no connection: nothing was sent).

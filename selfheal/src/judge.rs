@@ -1,5 +1,5 @@
 //! The judge: a pure function from an agent's config, its evidence (the
-//! joined [`Report`](crate::inspect::Report) and its probe results) and its
+//! joined [`crate::inspect::Report`] and its probe results) and its
 //! history to a verdict with reasons. No I/O, no clock: `now_ms` is passed
 //! in (`CLOCK_BOOTTIME` milliseconds), and the updated history comes back
 //! for the caller to store.

@@ -1,10 +1,29 @@
 //! selfheal: finds wedged AI-agent processes from outside, proves the wedge
 //! with kernel evidence, and heals them with the gentlest action that works.
 //!
-//! This library holds everything but the command line: the eBPF tracer's
-//! user-space side ([`ebpf`]), procfs and sock_diag collectors ([`proc`],
-//! [`sockdiag`]), the clock ages are measured with ([`clock`]), and the
-//! `inspect` report that joins them ([`inspect`]).
+//! This library holds everything but the command line (`src/cli`). The
+//! modules, in the order of one check's flow (ARCHITECTURE.md draws it):
+//!
+//! - **config**: [`config`] (the TOML schema and its validation), [`trust`]
+//!   (whether a file that steers privileged work may be believed);
+//! - **discover**: [`agents`] (which processes are an agent), [`runtime`]
+//!   (which container and pod they are in), [`pidfd`] (a handle that pid
+//!   reuse cannot fool);
+//! - **collect**: [`proc`] (threads, waits, fds from procfs), [`sockdiag`]
+//!   (TCP sockets and `tcp_info`), [`ebpf`] (the receive tracer), [`probe`]
+//!   (HTTP probes), [`clock`] (the one clock ages use), joined by
+//!   [`inspect`] into a report;
+//! - **judge**: [`judge`] (pure: evidence and history to a verdict), with
+//!   [`prove`] (the proof keepalive's model);
+//! - **heal**: [`ladder`] (pure: the next step), [`healer`] (who carries it
+//!   out), [`actions`] (the privileged acts themselves), [`helper`] (the
+//!   root helper: server, client, protocol, policy);
+//! - **report and keep**: [`check`] (one check of every agent, the pipeline
+//!   behind `check` and `watch`), [`store`] (history between runs),
+//!   [`snapshots`] (the forensic log), [`metrics`] (the Prometheus text),
+//!   [`text`] (escaping and redaction of everything shown), [`safedir`] (the
+//!   one rule for directories selfheal writes into);
+//! - [`testbed`]: the incident's real programs, for the demo and the tests.
 
 pub mod actions;
 pub mod agents;

@@ -106,6 +106,15 @@ fn main() -> Result<()> {
                 ],
                 &ebpf_required,
             )?;
+            // The library's docs: a link to a function that no longer
+            // exists is a warning, and warnings fail.
+            cargo_env(
+                &["doc", "-p", "selfheal", "--no-deps"],
+                &[
+                    ("SELFHEAL_REQUIRE_EBPF", "1"),
+                    ("RUSTDOCFLAGS", "-D warnings"),
+                ],
+            )?;
             // The whole workspace's tests, with the eBPF object required:
             // a missing toolchain must fail here, not skip.
             let _ = std::fs::remove_dir_all(SCENARIO_REPORTS);

@@ -34,8 +34,8 @@
 //! | op | fields | result |
 //! |----|--------|--------|
 //! | `hello` | — | `protocol`, `helper_version`, `helper_pid`, `caller` {`uid`,`gid`,`pid`} as the helper sees it, `ebpf` {`strategy` or null, `attempts`, `error` or null}, `limits` |
-//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` [{`pid`,`since_ns`}], `gone` [pids that do not exist], `refused` [pids it may not query] (since issue 12) |
-//! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` [pids]; a pid leaves the filter when no uid wants it any more |
+//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` \[{`pid`,`since_ns`}\], `gone` [pids that do not exist], `refused` [pids it may not query] (since issue 12) |
+//! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` \[pids\]; a pid leaves the filter when no uid wants it any more |
 //! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] (since issue 12) |
 //! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`? (both for socket actions), `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
