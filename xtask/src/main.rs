@@ -6,6 +6,7 @@
 //! Every set-up step is idempotent: it checks before it installs.
 
 mod fuzz;
+mod package;
 mod setup;
 mod vm;
 
@@ -39,6 +40,12 @@ enum Task {
         #[arg(long)]
         no_vm: bool,
     },
+    /// Build the Debian package (`target/debian/selfheal_VERSION_ARCH.deb`):
+    /// the binary with its eBPF object embedded, the systemd units, a
+    /// commented /etc/selfheal/config.toml (a conffile), the docs, and
+    /// scripts that enable the helper socket on install and stop it on
+    /// removal. Install it with `apt install ./target/debian/selfheal_*.deb`.
+    Package(package::PackageArgs),
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),
@@ -127,6 +134,7 @@ fn main() -> Result<()> {
             setup::all()?;
             fuzz::fuzz(args)
         }
+        Task::Package(args) => package::package(&args).map(|_| ()),
         Task::VmTest(args) => {
             setup::all()?;
             vm::vm_test(args)

@@ -23,6 +23,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "docker.io",       // a real dockerd for the container tests (tests/tests/containers.rs)
     "podman",          // Podman and its compatible API, beside Docker (same tests)
     "containerd",      // a real containerd running a task with the kubelet's labels
+    "debootstrap",     // the Debian root filesystem systemd runs in (tests/tests/deployment.rs)
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
