@@ -735,3 +735,6 @@ pub fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
         .expect("thread with dropped credentials")
     })
 }
+
+/// A dockerd of a test's own (tests/tests/deployment.rs).
+pub mod dockerd;
