@@ -206,6 +206,21 @@ struct Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What an operator would read, to tell why.
+            for sel in [
+                "_SYSTEMD_USER_UNIT=selfheal.service",
+                "_SYSTEMD_USER_UNIT=runner.service",
+                "-u selfheal-helper.service",
+            ] {
+                let text = self
+                    .sh(&format!(
+                        "journalctl --no-pager -o short-precise {sel} | tail -n 25"
+                    ))
+                    .unwrap_or_else(|e| e);
+                eprintln!("--- journal {sel} ---\n{text}");
+            }
+        }
         let _ = run_ok(docker(&self.sock).args(["rm", "-f", "-v", &self.name]));
     }
 }
@@ -512,7 +527,9 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     phases.done("first timer run, helper activated and idle-exited");
 
     // The incident's cut: the runner's attach flow dropped both ways inside
-    // the container, no FIN or RST.
+    // the container, no FIN or RST (its latest one, should it have
+    // reattached since).
+    let first = attached(&c).pop().unwrap_or(first);
     let port = first
         .2
         .rsplit("local=127.0.0.1:")
@@ -588,7 +605,32 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
             .unwrap_or_else(|e| panic!("{e}")),
         "inactive"
     );
+    // The heal went through the helper that had exited when idle: its
+    // socket started it again.
+    let helper_log = c.expect("journalctl --no-pager -o cat -u selfheal-helper.service");
+    let starts = helper_log
+        .matches("listening on the socket systemd passed")
+        .count();
+    assert!(starts >= 2, "the helper was not re-activated: {helper_log}");
     phases.done("cut, wedged, healed");
+
+    // A run by hand overlapping the timer's: the state lock makes them take
+    // turns; both finish with a verdict's exit code (not 3, an error), and
+    // the unit's run succeeds.
+    let code = c
+        .user("systemctl --user start --no-block selfheal.service; selfheal check >/dev/null 2>&1; echo $?")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        ["0", "1", "2"].contains(&code.as_str()),
+        "check by hand exited {code}"
+    );
+    let result = wait(30, "the overlapped timer run's end", || {
+        c.user("systemctl --user show -p ActiveState,Result --value selfheal.service")
+            .ok()
+            .filter(|s| s.lines().any(|l| l == "inactive" || l == "failed"))
+    });
+    assert!(result.lines().any(|l| l == "success"), "{result}");
+    phases.done("overlapping runs");
 
     // Removal: nothing left running; config and snapshots kept.
     c.expect("dpkg -r selfheal");
