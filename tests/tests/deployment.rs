@@ -220,6 +220,15 @@ impl Drop for Container {
                     .unwrap_or_else(|e| e);
                 eprintln!("--- journal {sel} ---\n{text}");
             }
+            let status = self
+                .sh(&format!(
+                    "systemctl status --no-pager selfheal-helper.socket selfheal-helper.service; \
+                     runuser -u agent -- env XDG_RUNTIME_DIR=/run/user/{UID} \
+                     systemctl --user status --no-pager selfheal.service selfheal.timer; \
+                     ps -eo pid,stat,etime,args | grep [s]elfheal; true"
+                ))
+                .unwrap_or_else(|e| e);
+            eprintln!("--- status ---\n{status}");
         }
         let _ = run_ok(docker(&self.sock).args(["rm", "-f", "-v", &self.name]));
     }
@@ -453,9 +462,16 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     c.expect(
         "systemd-run --unit tb-provider /usr/bin/selfheal testbed provider --listen 127.0.0.1:8443",
     );
-    c.expect(&format!(
-        "useradd -m -u {UID} agent && loginctl enable-linger agent"
-    ));
+    c.expect(&format!("useradd -m -u {UID} agent"));
+    // Without linger, `install --user` says what to do.
+    let said = c
+        .sh("runuser -u agent -- selfheal install --user --dir /tmp/no-linger")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        said.contains("has no linger") && said.contains("loginctl enable-linger 1000"),
+        "{said}"
+    );
+    c.expect("loginctl enable-linger agent");
     wait(30, "user@1000.service", || {
         c.sh(&format!("systemctl is-active user@{UID}.service"))
             .ok()
@@ -480,6 +496,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         installed.contains("next: systemctl --user daemon-reload"),
         "{installed}"
     );
+    assert!(!installed.contains("linger"), "{installed}");
     c.user(
         "systemctl --user daemon-reload && systemctl --user start runner.service parked.service",
     )

@@ -112,5 +112,39 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     println!("units run {bin_text}");
     println!("next: {next}");
+    if args.user
+        && let Some(note) = linger_note()
+    {
+        println!("{note}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to do when this user's systemd manager does not linger: without
+/// it the user's timer runs only while the user is logged in (checked with
+/// `loginctl`; nothing is said where it cannot tell).
+fn linger_note() -> Option<String> {
+    let uid = selfheal::trust::euid();
+    if uid == 0 || !std::path::Path::new("/run/systemd/system").exists() {
+        return None;
+    }
+    let out = std::process::Command::new("loginctl")
+        .args([
+            "show-user",
+            &uid.to_string(),
+            "--property=Linger",
+            "--value",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let value = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // `loginctl show-user` fails for a user with no session and no linger.
+    (!out.status.success() || value == "no").then(|| {
+        format!(
+            "note: uid {uid} has no linger: the timer runs only while you are logged in. \
+             Run `sudo loginctl enable-linger {uid}` (or ask an administrator) so it runs always."
+        )
+    })
 }
