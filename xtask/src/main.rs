@@ -6,6 +6,7 @@
 //! Every set-up step is idempotent: it checks before it installs.
 
 mod fuzz;
+mod image;
 mod package;
 mod setup;
 mod vm;
@@ -46,6 +47,12 @@ enum Task {
     /// scripts that enable the helper socket on install and stop it on
     /// removal. Install it with `apt install ./target/debian/selfheal_*.deb`.
     Package(package::PackageArgs),
+    /// Build the DaemonSet's container image locally, pushed nowhere
+    /// (`target/image/selfheal_VERSION_ARCH.oci.tar`, image
+    /// `selfheal:VERSION`, entrypoint `/usr/bin/selfheal`): the binary, the
+    /// libraries it links and a commented config, as a tarball that
+    /// `docker load -i` accepts (docker-archive and OCI layout in one).
+    Image(image::ImageArgs),
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),
@@ -135,6 +142,7 @@ fn main() -> Result<()> {
             fuzz::fuzz(args)
         }
         Task::Package(args) => package::package(&args).map(|_| ()),
+        Task::Image(args) => image::image(&args).map(|_| ()),
         Task::VmTest(args) => {
             setup::all()?;
             vm::vm_test(args)

@@ -150,7 +150,7 @@ pub fn package(args: &PackageArgs) -> Result<PathBuf> {
 }
 
 /// selfheal's version, from its manifest.
-fn version() -> Result<String> {
+pub(crate) fn version() -> Result<String> {
     let manifest = read(Path::new("selfheal/Cargo.toml"))?;
     manifest
         .lines()
@@ -166,7 +166,7 @@ fn version() -> Result<String> {
         .context("no usable version in selfheal/Cargo.toml")
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("cannot start {cmd:?}"))?;
@@ -183,11 +183,11 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn write(path: &Path, text: &str, mode: u32) -> Result<()> {
+pub(crate) fn write(path: &Path, text: &str, mode: u32) -> Result<()> {
     put(path, mode, |p| std::fs::write(p, text))
 }
 
-fn copy(from: &Path, to: &Path, mode: u32) -> Result<()> {
+pub(crate) fn copy(from: &Path, to: &Path, mode: u32) -> Result<()> {
     put(to, mode, |p| std::fs::copy(from, p).map(|_| ()))
         .with_context(|| format!("cannot copy {}", from.display()))
 }
