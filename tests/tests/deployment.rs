@@ -487,7 +487,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         shell_quote(&runner_unit("parked", 9002)),
         shell_quote(RUNNER_CONFIG),
     ));
-    c.user("systemd-analyze --user verify /usr/lib/systemd/user/selfheal.service /usr/lib/systemd/user/selfheal.timer /home/agent/.config/systemd/user/runner.service")
+    c.user("systemd-analyze --user verify /usr/lib/systemd/user/selfheal.service /usr/lib/systemd/user/selfheal.timer /usr/lib/systemd/user/selfheal-watch.service /home/agent/.config/systemd/user/runner.service")
         .unwrap_or_else(|e| panic!("{e}"));
     let installed = c
         .user("selfheal install --user")

@@ -8,7 +8,8 @@
 //!   object is embedded in the binary (`include_bytes_aligned!` in
 //!   `selfheal/src/ebpf/loader.rs`), nothing else to install;
 //! - the helper's socket and service in `/lib/systemd/system` and the
-//!   user's timer and service in `/usr/lib/systemd/user`, from
+//!   user's timer and service (and the `selfheal watch` service, the
+//!   timer's alternative) in `/usr/lib/systemd/user`, from
 //!   `dist/systemd` with `@BIN@` set to `/usr/bin/selfheal`;
 //! - `/etc/selfheal/config.toml` (`dist/debian/config.toml`, a commented
 //!   example), a conffile;
@@ -54,6 +55,7 @@ const UNITS: &[(&str, &str)] = &[
     ("selfheal-helper.service", "lib/systemd/system"),
     ("selfheal.service", "usr/lib/systemd/user"),
     ("selfheal.timer", "usr/lib/systemd/user"),
+    ("selfheal-watch.service", "usr/lib/systemd/user"),
 ];
 
 /// Builds the package; returns its path.
