@@ -649,6 +649,56 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     assert!(result.lines().any(|l| l == "success"), "{result}");
     phases.done("overlapping runs");
 
+    // A package upgrade while the helper serves a request: a `watch` (a
+    // check every 2 s through the helper) runs across `dpkg -i` of the
+    // package again. The helper serving it is not stopped (same pid after
+    // the upgrade), every check is answered (no fallback to acting
+    // directly, no broken request), and the socket stays enabled and
+    // listening.
+    c.user(
+        "systemd-run --user --unit upgrade-watch -p SuccessExitStatus='1 2' \
+         /usr/bin/selfheal watch --interval 2s --count 4",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let serving = wait(20, "the helper serving the watch", || {
+        c.sh("systemctl show -p MainPID --value selfheal-helper.service")
+            .ok()
+            .filter(|p| p != "0" && !p.is_empty())
+    });
+    c.expect("dpkg -i /tmp/selfheal.deb");
+    let after = c.expect("systemctl show -p MainPID --value selfheal-helper.service");
+    let watch_state = wait(30, "the watch across the upgrade to end", || {
+        c.user("systemctl --user show -p ActiveState,Result --value upgrade-watch.service")
+            .ok()
+            .filter(|s| s.lines().any(|l| l == "inactive" || l == "failed"))
+    });
+    let watch_log =
+        c.expect("journalctl --no-pager -o cat _SYSTEMD_USER_UNIT=upgrade-watch.service");
+    assert!(
+        watch_state.lines().any(|l| l == "success"),
+        "the watch across the upgrade: {watch_state}\n{watch_log}"
+    );
+    assert!(
+        !watch_log.contains("acting directly") && !watch_log.contains("helper at"),
+        "a request failed across the upgrade: {watch_log}"
+    );
+    assert!(
+        after == serving || after == "0",
+        "the upgrade restarted the helper mid-request ({serving} -> {after})"
+    );
+    assert_eq!(
+        c.expect("systemctl is-enabled selfheal-helper.socket"),
+        "enabled"
+    );
+    assert_eq!(
+        c.expect("systemctl is-active selfheal-helper.socket"),
+        "active"
+    );
+    eprintln!(
+        "upgrade while serving: helper pid {serving} before, {after} after dpkg -i; watch {watch_state:?}"
+    );
+    phases.done("upgrade while the helper serves a watch");
+
     // Removal: nothing left running; config and snapshots kept.
     c.expect("dpkg -r selfheal");
     for unit in ["selfheal-helper.socket", "selfheal-helper.service"] {
