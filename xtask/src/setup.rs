@@ -24,6 +24,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "podman",          // Podman and its compatible API, beside Docker (same tests)
     "containerd",      // a real containerd running a task with the kubelet's labels
     "debootstrap",     // the Debian root filesystem systemd runs in (tests/tests/deployment.rs)
+    "binutils",        // strip: the binary in `cargo xtask package` and `cargo xtask image`
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
