@@ -354,30 +354,41 @@ fn set_int(
 // ---------------------------------------------------------------------------
 // Keepalive
 
-/// What [`arm_keepalive`] asks of a socket.
+/// What [`arm_keepalive`] asks of a socket: the keepalive rung.
 ///
-/// The defaults (idle 5 s, interval 5 s, count 3, user timeout 60 s) only
-/// ever touch a connection the judge already calls dead or suspect, and are
-/// chosen so that a slow but live link survives:
+/// The rung only ever touches a connection the judge has already called
+/// *dead* (`control_silent`: silent past 3 × the heartbeat the upstream
+/// promises; `peer_unresponsive`; `peer_closed`) with nothing in flight (a
+/// socket with unacknowledged data goes straight to `destroy_socket`). The
+/// silence is the proof; the probes are the last chance for a live peer to
+/// say so. The defaults (idle 1 s, interval 1 s, count 4, user timeout
+/// 5 s) end such a connection about 5 s after arming, well inside a 30 s
+/// timer's beat (issue 16; before, a 60 s floor left a connection silent
+/// for 15 s another 45 s to live, and the heal waited for the next run's
+/// `destroy_socket`):
 ///
-/// - `idle` 5 s: such a connection has been silent far longer, so probing
+/// - `idle` 1 s: the connection has been silent far longer, so probing
 ///   starts at once (the kernel counts idleness from the last segment
 ///   received, not from arming).
-/// - `interval` 5 s: far above any real round trip (satellite ~0.6 s, a
-///   congested mobile link a few seconds), so a live peer's ACK is back
-///   before the next probe.
-/// - `count` 3: two probes or their ACKs may be lost without cutting a
-///   live link; a dead peer is declared about 15 s after arming.
-/// - `user_timeout` 60 s: a floor — the kernel never drops the connection
-///   while anything was heard from the peer in the last 60 s, nor (for data
-///   in flight) before 60 s of unacknowledged retransmission. Once set, the
-///   kernel ignores `count` for keepalive and drops the connection at the
-///   first unanswered probe after `user_timeout` of silence — which, for a
-///   connection silent for minutes, would be the *first* probe. So
-///   [`arm_keepalive`] raises the timeout it sets to cover the silence so
-///   far plus `idle + count × interval`: the peer always gets `count`
-///   probes to answer. Zero leaves `TCP_USER_TIMEOUT` off (the kernel's
-///   retransmission limits apply to data in flight).
+/// - `interval` 1 s, `count` 4: five probes, at 0, 1, 2, 3 and 4 s. A live
+///   peer's kernel answers a probe with an ACK whatever its application
+///   does, and *any* segment from it — the ACK of any probe, data — resets
+///   the count and the clock. So a live link is cut only if not one ACK of
+///   five probes comes back within 5 s of the first: a round trip above 5 s,
+///   or five losses in a row. A satellite link's round trip is ~0.6 s, a
+///   congested mobile link's a few seconds; and this link has already
+///   delivered nothing for 3 × its heartbeat.
+/// - `user_timeout` 5 s, derived from the proof rather than fixed: once
+///   set, the kernel ignores `count` and drops the connection at the first
+///   unanswered probe once nothing was heard for `user_timeout`.
+///   [`arm_keepalive`] sets it to the silence already observed plus
+///   `idle + count × interval` ([`effective_user_timeout_ms`]), so the
+///   probes above all get their time, and the 5 s is only the floor when
+///   the silence cannot be read. What stays on a peer that answered: for
+///   data in flight later, the kernel gives up after that much
+///   unacknowledged retransmission — never less than the silence the judge
+///   already calls dead for this connection, plus 5 s. Zero leaves
+///   `TCP_USER_TIMEOUT` off (the kernel's retransmission limits apply).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Keepalive {
     /// `TCP_KEEPIDLE`: silence before the first probe (whole seconds,
@@ -396,10 +407,10 @@ pub struct Keepalive {
 impl Default for Keepalive {
     fn default() -> Keepalive {
         Keepalive {
-            idle: Duration::from_secs(5),
-            interval: Duration::from_secs(5),
-            count: 3,
-            user_timeout: Duration::from_secs(60),
+            idle: Duration::from_secs(1),
+            interval: Duration::from_secs(1),
+            count: 4,
+            user_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -465,9 +476,11 @@ pub struct KeepaliveSettings {
     pub user_timeout_ms: u32,
 }
 
-/// The user timeout [`arm_keepalive`] sets: the asked one, raised so that a
-/// connection already silent for `silent_ms` still gets `count` probes
-/// (`silent + idle + count × interval`). Zero stays zero (off).
+/// The user timeout [`arm_keepalive`] sets, derived from the proof: the
+/// silence already observed plus `idle + count × interval`, so that a
+/// connection silent for `silent_ms` still gets its probes and their time
+/// (and is ended right after), and never below the asked one (the floor
+/// when the silence is unknown). Zero stays zero (off).
 pub fn effective_user_timeout_ms(wanted: &KeepaliveSettings, silent_ms: Option<u32>) -> u32 {
     if wanted.user_timeout_ms == 0 {
         return 0;
@@ -1597,10 +1610,10 @@ mod tests {
             s,
             KeepaliveSettings {
                 enabled: true,
-                idle_s: 5,
-                interval_s: 5,
-                count: 3,
-                user_timeout_ms: 60_000,
+                idle_s: 1,
+                interval_s: 1,
+                count: 4,
+                user_timeout_ms: 5_000,
             }
         );
     }
@@ -1629,15 +1642,24 @@ mod tests {
     #[test]
     fn user_timeout_covers_the_silence_and_count_probes() {
         let s = Keepalive::default().to_settings().unwrap();
-        // Silent for 10 s: the 60 s floor already leaves room for 3 probes.
-        assert_eq!(effective_user_timeout_ms(&s, Some(10_000)), 60_000);
-        // Silent for 10 minutes: raised to silence + 5 s + 3 × 5 s.
+        // The incident of issue 16: a control stream silent for 15 s (3 ×
+        // a 5 s heartbeat) is ended 5 s after arming, not 45 s.
+        assert_eq!(effective_user_timeout_ms(&s, Some(15_000)), 20_000);
+        // Silent for 3 s (3 × a 1 s heartbeat): the same 5 s after arming.
+        assert_eq!(effective_user_timeout_ms(&s, Some(3_000)), 8_000);
+        // Silent for 10 minutes: silence + 1 s + 4 × 1 s.
         assert_eq!(
             effective_user_timeout_ms(&s, Some(600_000)),
-            600_000 + 5_000 + 15_000
+            600_000 + 1_000 + 4_000
         );
-        // Unknown silence: at least idle + count × interval.
-        assert_eq!(effective_user_timeout_ms(&s, None), 60_000);
+        // Unknown silence: the floor, idle + count × interval.
+        assert_eq!(effective_user_timeout_ms(&s, None), 5_000);
+        // A larger asked timeout is a floor the derived one never goes under.
+        let long = KeepaliveSettings {
+            user_timeout_ms: 60_000,
+            ..s.clone()
+        };
+        assert_eq!(effective_user_timeout_ms(&long, Some(15_000)), 60_000);
         let off = KeepaliveSettings {
             user_timeout_ms: 0,
             ..s.clone()
@@ -1647,6 +1669,43 @@ mod tests {
             effective_user_timeout_ms(&s, Some(u32::MAX)),
             i32::MAX as u32
         );
+    }
+
+    /// Whether a peer that answers its first probe only after `rtt_ms` keeps
+    /// its connection under the rung's timing: the kernel's keepalive timer
+    /// as in `tcp_keepalive_timer` (probe at arming, then every interval;
+    /// dropped at the first tick with a probe out and `elapsed >= user
+    /// timeout`), any ACK resetting the clock.
+    fn survives(s: &KeepaliveSettings, silent_ms: u32, rtt_ms: u64) -> bool {
+        let ut = u64::from(effective_user_timeout_ms(s, Some(silent_ms)));
+        let mut t = 0u64; // since arming
+        let mut probes_out = 0;
+        loop {
+            if t >= rtt_ms && probes_out > 0 {
+                return true; // the first probe's ACK came back before a drop
+            }
+            if probes_out > 0 && u64::from(silent_ms) + t >= ut {
+                return false;
+            }
+            probes_out += 1;
+            t += 1000 * u64::from(s.interval_s);
+        }
+    }
+
+    #[test]
+    fn the_rung_ends_a_dead_stream_in_5_s_and_keeps_a_slow_live_one() {
+        let s = Keepalive::default().to_settings().unwrap();
+        // Dead (no answer ever): ended 5 s after arming whatever the silence.
+        for silent in [3_000, 15_000, 600_000] {
+            let ut = u64::from(effective_user_timeout_ms(&s, Some(silent)));
+            assert_eq!(ut - u64::from(silent), 5_000);
+        }
+        // Slow but live: a satellite round trip, a congested mobile link,
+        // up to just under 5 s: kept.
+        for rtt in [600, 2_500, 4_900] {
+            assert!(survives(&s, 15_000, rtt), "rtt {rtt} ms cut");
+        }
+        assert!(!survives(&s, 15_000, 60_000));
     }
 
     #[test]

@@ -657,9 +657,17 @@ fn heal(
 
 /// The unit's state when systemd says it is stopping or stopped
 /// (`deactivating`, `inactive`, `failed`); `None` when it is active or
-/// systemd cannot say (no systemd here: nothing is assumed).
+/// systemd cannot say (no systemd here: nothing is assumed). A user's check
+/// (the per-user timer) asks that user's manager: its agents are user
+/// units, and the system manager calls every unit it does not have
+/// `inactive` (found under systemd in issue 16: a running agent was "left
+/// alone, stopped on purpose").
 fn unit_stopping(unit: &str) -> Option<String> {
-    let out = std::process::Command::new("systemctl")
+    let mut cmd = std::process::Command::new("systemctl");
+    if crate::trust::euid() != 0 {
+        cmd.arg("--user");
+    }
+    let out = cmd
         .args(["show", "--property=ActiveState", "--value", "--", unit])
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

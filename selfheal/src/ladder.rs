@@ -9,7 +9,13 @@
 //!    keepalive already went unanswered (the kernel ends the connection as
 //!    a keepalive timeout, now that the snapshot is written), else
 //!    `arm_keepalive`: either way the agent's blocked read fails and its
-//!    own reconnect logic runs;
+//!    own reconnect logic runs. Death is already proven when this rung is
+//!    armed (silence past 3 × the heartbeat, unanswered probes, a FIN), so
+//!    `arm_keepalive` ends the connection about 5 s later — its probes
+//!    are the live peer's last chance to answer, and its user timeout is
+//!    derived from the silence observed rather than a fixed floor (see
+//!    [`crate::actions::Keepalive`] for why a slow live link survives):
+//!    the first rung completes well before a 30 s timer's next run;
 //! 2. `destroy_socket` on each dead socket still there;
 //! 3. `signal` (SIGTERM, then SIGKILL after the grace), if the config allows;
 //! 4. `restart` with the configured command, if there is one, or (with

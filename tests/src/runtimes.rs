@@ -1,6 +1,7 @@
 //! Container runtimes for the tests of issue 13: a `dockerd` of a test's
 //! own in scratch directories, a busybox root filesystem to import (no
-//! registry), and the environment that points selfheal at them.
+//! registry), and the environment that points selfheal at them. Shared by
+//! the container, deployment and image tests.
 
 use std::{
     path::{Path, PathBuf},
@@ -27,6 +28,7 @@ pub fn only_docker(scratch: &Scratch, docker: &Path, timeout: &str) -> Vec<(&'st
     ]
 }
 
+/// A daemon child stopped (SIGTERM, then SIGKILL after 20 s) on drop.
 pub struct Daemon {
     pub child: Child,
     pub name: &'static str,
@@ -49,6 +51,7 @@ impl Drop for Daemon {
     }
 }
 
+/// Whether `program` is on PATH.
 pub fn have(program: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
@@ -81,6 +84,7 @@ pub fn rootfs_tar(scratch: &Scratch) -> Result<PathBuf, String> {
     ok.then_some(tar).ok_or_else(|| "tar failed".into())
 }
 
+/// Runs `cmd` (stdin closed); its stdout, or its stderr as the error.
 pub fn run_ok(cmd: &mut Command) -> Result<String, String> {
     let out = cmd
         .stdin(Stdio::null())
@@ -132,6 +136,7 @@ pub fn start_dockerd(scratch: &Scratch, exec: &Path) -> Result<(Daemon, PathBuf)
     Ok((d, sock))
 }
 
+/// `docker -H unix://SOCK`.
 pub fn docker(sock: &Path) -> Command {
     let mut c = Command::new("docker");
     c.arg("-H").arg(format!("unix://{}", sock.display()));

@@ -9,9 +9,11 @@ use tests::{selfheal_bin, skip};
 fn installed_units_pass_systemd_analyze_verify() {
     let dir = std::env::temp_dir().join(format!("selfheal-units-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    for scope in ["--user", "--system"] {
+    for scope in [&["--user"][..], &["--user", "--watch"], &["--system"]] {
         let out = Command::new(selfheal_bin())
-            .args(["install", scope, "--dir"])
+            .arg("install")
+            .args(scope)
+            .arg("--dir")
             .arg(&dir)
             .output()
             .unwrap();
@@ -45,6 +47,22 @@ fn installed_units_pass_systemd_analyze_verify() {
     }
     let timer = std::fs::read_to_string(dir.join("selfheal.service")).unwrap();
     assert!(timer.contains(&format!("ExecStart={} check", bin.display())));
+    let watch = std::fs::read_to_string(dir.join("selfheal-watch.service")).unwrap();
+    assert!(
+        watch.contains(&format!("ExecStart={} watch --interval 5s", bin.display())),
+        "{watch}"
+    );
+    // `--watch` is the user's alternative to the timer, nothing else.
+    let out = Command::new(selfheal_bin())
+        .args(["install", "--system", "--watch", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot be used with"),
+        "install --system --watch: {err}"
+    );
 
     if Command::new("systemd-analyze")
         .arg("--version")
@@ -59,6 +77,7 @@ fn installed_units_pass_systemd_analyze_verify() {
         let units: Vec<_> = [
             "selfheal.service",
             "selfheal.timer",
+            "selfheal-watch.service",
             "selfheal-helper.socket",
             "selfheal-helper.service",
         ]

@@ -6,6 +6,8 @@
 //! Every set-up step is idempotent: it checks before it installs.
 
 mod fuzz;
+mod image;
+mod package;
 mod setup;
 mod vm;
 
@@ -39,6 +41,18 @@ enum Task {
         #[arg(long)]
         no_vm: bool,
     },
+    /// Build the Debian package (`target/debian/selfheal_VERSION_ARCH.deb`):
+    /// the binary with its eBPF object embedded, the systemd units, a
+    /// commented /etc/selfheal/config.toml (a conffile), the docs, and
+    /// scripts that enable the helper socket on install and stop it on
+    /// removal. Install it with `apt install ./target/debian/selfheal_*.deb`.
+    Package(package::PackageArgs),
+    /// Build the DaemonSet's container image locally, pushed nowhere
+    /// (`target/image/selfheal_VERSION_ARCH.oci.tar`, image
+    /// `selfheal:VERSION`, entrypoint `/usr/bin/selfheal`): the binary, the
+    /// libraries it links and a commented config, as a tarball that
+    /// `docker load -i` accepts (docker-archive and OCI layout in one).
+    Image(image::ImageArgs),
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),
@@ -136,6 +150,8 @@ fn main() -> Result<()> {
             setup::all()?;
             fuzz::fuzz(args)
         }
+        Task::Package(args) => package::package(&args).map(|_| ()),
+        Task::Image(args) => image::image(&args).map(|_| ()),
         Task::VmTest(args) => {
             setup::all()?;
             vm::vm_test(args)

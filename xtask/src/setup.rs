@@ -27,6 +27,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "prometheus",
     // a real Alertmanager paging the alerting test's webhook
     "prometheus-alertmanager",
+    "debootstrap", // the Debian root filesystem systemd runs in (tests/tests/deployment.rs)
+    "binutils",    // strip: the binary in `cargo xtask package` and `cargo xtask image`
 ];
 
 /// Services the packages above start on a systemd host that the tests do

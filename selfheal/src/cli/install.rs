@@ -7,7 +7,8 @@ use std::{path::PathBuf, process::ExitCode};
 use anyhow::Context as _;
 
 /// Write the systemd units: `--user` the timer that runs `selfheal check`
-/// every 30 s; `--system` the privileged helper's socket and hardened
+/// every 30 s (or, with `--watch`, a service running `selfheal watch`, a
+/// check every 5 s); `--system` the privileged helper's socket and hardened
 /// service.
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("scope").required(true).args(["user", "system"])))]
@@ -18,6 +19,11 @@ pub struct Args {
     /// The helper's socket and service (`/etc/systemd/system/`).
     #[arg(long)]
     system: bool,
+    /// With --user: instead of the timer, a service that runs `selfheal
+    /// watch` (a check every 5 s, one long-running process) for agents
+    /// that must be healed within seconds rather than half a minute.
+    #[arg(long, conflicts_with = "system")]
+    watch: bool,
     /// The selfheal binary the units run (default: this one).
     #[arg(long, value_name = "PATH")]
     bin: Option<PathBuf>,
@@ -36,6 +42,11 @@ const USER_UNITS: [(&str, &str); 2] = [
         include_str!("../../../dist/systemd/selfheal.timer"),
     ),
 ];
+
+const WATCH_UNITS: [(&str, &str); 1] = [(
+    "selfheal-watch.service",
+    include_str!("../../../dist/systemd/selfheal-watch.service"),
+)];
 
 const SYSTEM_UNITS: [(&str, &str); 2] = [
     (
@@ -65,11 +76,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
             .context("neither XDG_CONFIG_HOME nor HOME is set")?;
-        (
-            &USER_UNITS,
-            home.join("systemd/user"),
-            "systemctl --user daemon-reload && systemctl --user enable --now selfheal.timer",
-        )
+        if args.watch {
+            (
+                &WATCH_UNITS,
+                home.join("systemd/user"),
+                "systemctl --user daemon-reload && systemctl --user enable --now selfheal-watch.service",
+            )
+        } else {
+            (
+                &USER_UNITS,
+                home.join("systemd/user"),
+                "systemctl --user daemon-reload && systemctl --user enable --now selfheal.timer",
+            )
+        }
     } else {
         (
             &SYSTEM_UNITS,
@@ -112,5 +131,54 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     println!("units run {bin_text}");
     println!("next: {next}");
+    // One of the two is enough (the state lock makes both take turns):
+    // the other, when enabled here, is named.
+    if args.user {
+        let (other, wants) = if args.watch {
+            ("selfheal.timer", "timers.target.wants")
+        } else {
+            ("selfheal-watch.service", "default.target.wants")
+        };
+        if dir.join(wants).join(other).exists() {
+            println!(
+                "note: {other} is enabled too; the timer and the watch service do the same \
+                 work, keep one: `systemctl --user disable --now {other}`"
+            );
+        }
+    }
+    if args.user
+        && let Some(note) = linger_note()
+    {
+        println!("{note}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to do when this user's systemd manager does not linger: without
+/// it the user's timer runs only while the user is logged in (checked with
+/// `loginctl`; nothing is said where it cannot tell).
+fn linger_note() -> Option<String> {
+    let uid = selfheal::trust::euid();
+    if uid == 0 || !std::path::Path::new("/run/systemd/system").exists() {
+        return None;
+    }
+    let out = std::process::Command::new("loginctl")
+        .args([
+            "show-user",
+            &uid.to_string(),
+            "--property=Linger",
+            "--value",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let value = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // `loginctl show-user` fails for a user with no session and no linger.
+    (!out.status.success() || value == "no").then(|| {
+        format!(
+            "note: uid {uid} has no linger: the timer runs only while you are logged in. \
+             Run `sudo loginctl enable-linger {uid}` (or ask an administrator) so it runs always."
+        )
+    })
 }

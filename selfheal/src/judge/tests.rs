@@ -987,3 +987,44 @@ fn a_socket_alive_by_its_proof_still_has_its_threads_read() {
     assert!(needs_thread_detail(&cfg, &r, &h, 100 * MIN));
     assert!(needs_thread_detail(&cfg, &r, &armed(1_000), 100 * MIN));
 }
+
+/// Issue 16: the keepalive rung ends a `control_silent` socket about 5 s
+/// after arming, so what the judge calls dead must be dead. A slow but live
+/// link (a 3 s round trip, heartbeats arriving late, a retransmission or
+/// two) is never `wedged`; only silence past 3 × the heartbeat is.
+#[test]
+fn a_slow_but_live_control_link_is_never_dead_and_the_limit_is_pinned() {
+    let cfg = agent(""); // control heartbeat 10 s: the limit is 30 s
+    let verdict = |i: TcpInfo| {
+        let r = report(
+            vec![thread(101, 'S', Some((1, 40_000)))],
+            vec![socket(1, "control", i)],
+        );
+        let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+        (
+            j.verdict,
+            codes(&j).iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        )
+    };
+    // Slow: a 3 s round trip, a heartbeat 25 s late, one retransmission
+    // of the agent's own heartbeat with an ACK 4 s ago.
+    let mut slow = info(25_000, 4_000, 500);
+    slow.rtt_us = 3_000_000;
+    slow.rto_us = 6_000_000;
+    slow.unacked = 1;
+    slow.retransmits = 1;
+    slow.backoff = 1;
+    let (v, c) = verdict(slow.clone());
+    assert_ne!(v, Verdict::Wedged, "{c:?}");
+    assert!(
+        !c.iter()
+            .any(|c| c == "control_silent" || c == "peer_unresponsive"),
+        "{c:?}"
+    );
+    // At the limit (30 s of silence): still not dead; just past it: dead.
+    let (v, _) = verdict(info(30_000, 30_000, 500));
+    assert_ne!(v, Verdict::Wedged);
+    let (v, c) = verdict(info(30_001, 30_001, 500));
+    assert_eq!(v, Verdict::Wedged);
+    assert!(c.iter().any(|c| c == "control_silent"), "{c:?}");
+}

@@ -596,3 +596,46 @@ fn runtime_restart_names_the_one_container_and_its_root() {
         "{d:?}"
     );
 }
+
+/// Issue 16: a control stream proven dead by its heartbeat, with nothing in
+/// flight, gets the keepalive rung at the first `wedged` verdict; the rung
+/// ends it within seconds (see `actions::Keepalive`), so the next run finds
+/// the agent recovered and the ladder reset. A slow but live link, which
+/// the judge calls busy or idle, is never acted on.
+#[test]
+fn a_proven_dead_stream_heals_on_the_first_rung_and_a_slow_live_one_is_never_cut() {
+    let cfg = HealConfig::default();
+    let idle = || Judgement {
+        verdict: Verdict::Idle,
+        reasons: vec![],
+        work: vec![],
+    };
+    let events = [
+        (0, wedged("control_silent", Some(42)), report('S', true)),
+        (30 * SEC, idle(), report('S', true)),
+        (60 * SEC, idle(), report('S', true)),
+    ];
+    assert_eq!(
+        timeline(&cfg, &events),
+        ["arm_keepalive", "nothing", "nothing"]
+    );
+    // Slow but live (busy by the judge, whatever its socket shows): never cut.
+    let mut slow = report('S', true);
+    slow.sockets[0].tcp_info = Some(crate::sockdiag::TcpInfo {
+        rtt_us: 3_000_000,
+        rto_us: 6_000_000,
+        unacked: 1,
+        retransmits: 1,
+        backoff: 1,
+        probes: 0,
+        last_data_recv_ms: 25_000,
+        last_data_sent_ms: 500,
+        last_ack_recv_ms: 4_000,
+        bytes_received: 10,
+        bytes_acked: 10,
+    });
+    let events: Vec<_> = (0..10)
+        .map(|t| (t * 30 * SEC, busy(), slow.clone()))
+        .collect();
+    assert!(timeline(&cfg, &events).iter().all(|d| d == "nothing"));
+}
