@@ -19,7 +19,8 @@
 //! Every component of the path is looked at, so nested containers (Docker
 //! in Docker, kind) give a chain, outermost first; the monitors that run
 //! beside a container (`libpod-conmon-<id>.scope`, `crio-conmon-<id>.scope`)
-//! are not in it, and a process in one is in no container.
+//! are not in it: a process in one is in no container but the ones
+//! around the monitor (none on a host; the outer one when nested).
 //!
 //! Architecture invariant: nothing here reads a file or can panic on its
 //! input; any text gives an answer (possibly "no container").
@@ -74,7 +75,8 @@ pub struct CgroupContainer {
 }
 
 /// The containers a cgroup path names, outermost first; empty for a process
-/// in no container (or in a container's monitor).
+/// in no container. A container's monitor ends the chain: the containers
+/// around it (a nested runtime's outer one) stay, its own does not.
 pub fn containers_in_path(path: &str) -> Vec<CgroupContainer> {
     let mut out = Vec::new();
     let mut pod_uid: Option<String> = None;
@@ -82,7 +84,7 @@ pub fn containers_in_path(path: &str) -> Vec<CgroupContainer> {
     let mut parent = "";
     for c in path.split('/').filter(|c| !c.is_empty()) {
         if is_monitor(c) {
-            return Vec::new();
+            return out;
         }
         if c == "kubepods" || c.starts_with("kubepods-") || c == "kubepods.slice" {
             under_kubepods = true;
@@ -260,6 +262,11 @@ mod tests {
             &format!("/kubepods.slice/kubepods-pod{UID_}.slice/crio-conmon-{A}.scope"),
             &[],
         );
+        // A monitor inside an outer container is in the outer one.
+        check(
+            &format!("/docker/{A}/machine.slice/libpod-conmon-{B}.scope"),
+            &[(Docker, A, None)],
+        );
         check(
             &format!("/kubepods/besteffort/pod{UID}/{A}"),
             &[(Cri, A, Some(UID))],
@@ -320,7 +327,8 @@ mod tests {
 
     /// Every fixture under tests/fixtures/cgroup (real `/proc/PID/cgroup`
     /// files, one per runtime and driver this machine could run, with the
-    /// expected answer in its name: `RUNTIME-….txt`, or `none-….txt`).
+    /// expected answer in its name: `RUNTIME-….txt`, or `none-….txt`; how
+    /// each was captured is in that directory's README.md).
     #[test]
     fn fixtures() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup");
@@ -328,6 +336,9 @@ mod tests {
         for entry in std::fs::read_dir(&dir).expect("fixture directory") {
             let path = entry.expect("fixture").path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".txt") {
+                continue; // README.md: how each was captured
+            }
             let text = std::fs::read_to_string(&path).expect("fixture text");
             let want_runtime = name.split('-').next().unwrap();
             let got = containers_in_proc_cgroup(&text);
@@ -342,5 +353,63 @@ mod tests {
             n += 1;
         }
         assert!(n >= 4, "only {n} fixtures in {}", dir.display());
+    }
+
+    /// The whole chain of the real systemd-driver captures (see the
+    /// fixtures' README.md): made inside a Docker container running systemd
+    /// (`/docker/<OUTER>`), so each names the outer container first.
+    #[test]
+    fn systemd_fixtures_chain() {
+        use Runtime::*;
+        const OUTER: &str = "a1610b622b4f9e39ecea0e9173bb9b1771835768a4a7784353a30f012a5c7de6";
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup");
+        let chain = |name: &str| -> Vec<(Runtime, String, Option<String>)> {
+            let text = std::fs::read_to_string(dir.join(name)).expect("fixture text");
+            // The cgroup v2 line alone gives the answer (no v1 fallback).
+            let v2 = text.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+            let got = containers_in_proc_cgroup(&text);
+            assert_eq!(got, containers_in_path(v2), "{name}");
+            got.into_iter()
+                .map(|c| (c.runtime, c.id, c.pod_uid))
+                .collect()
+        };
+        let outer = (Docker, OUTER.to_string(), None);
+        assert_eq!(
+            chain("docker-systemd-nested-v1.txt"),
+            [
+                outer.clone(),
+                (
+                    Docker,
+                    "e4a9e44999d443bb1fedec0455cb510a1e0e483702786a997f18831e4c763919".into(),
+                    None
+                )
+            ]
+        );
+        assert_eq!(
+            chain("podman-systemd-nested-v1.txt"),
+            [
+                outer.clone(),
+                (
+                    Podman,
+                    "18e3a046adcc9a35a6fd8c6c66589587fcc20907c8feb3c04f0e26b194883168".into(),
+                    None
+                )
+            ]
+        );
+        assert_eq!(
+            chain("docker-podman-conmon-systemd-nested-v1.txt"),
+            std::slice::from_ref(&outer)
+        );
+        assert_eq!(
+            chain("containerd-kubepods-systemd-nested-v1.txt"),
+            [
+                outer,
+                (
+                    Containerd,
+                    "c25fd5958ed891a65d1467d83cb5b0a6f5e2ba32a087e0c13f802c75f22fe9c8".into(),
+                    Some("aa81965e-c59d-4b0d-b8da-5d59600a33a9".into())
+                )
+            ]
+        );
     }
 }
