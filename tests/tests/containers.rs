@@ -340,7 +340,6 @@ fn a_runtime_that_answers_garbage_or_refuses_is_a_gap() {
     assert!(out.contains("connection refused"), "{out}");
 }
 
-/// A daemon this test started: stopped (SIGTERM, then SIGKILL) on drop.
 #[test]
 fn docker_and_podman_containers_are_matched_by_label_and_name() {
     const TEST: &str = "docker_and_podman_containers_are_matched_by_label_and_name";
