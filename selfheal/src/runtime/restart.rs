@@ -2,7 +2,9 @@
 //! container restarted through its runtime.
 //!
 //! - Docker and Podman: `POST /containers/{id}/restart` (stop with the
-//!   grace, then start), the API's own restart, so `RestartCount` counts it.
+//!   grace, then start), the API's own restart. It shows as a new
+//!   `State.StartedAt` and pid; `RestartCount` stays as it was (both count
+//!   only their restart policy's restarts there).
 //! - containerd (a Kubernetes pod's container, or a `ctr` task): the task's
 //!   init process (its `init.pid` in the state directory) gets SIGTERM,
 //!   then SIGKILL after the grace, so that its controller (the kubelet, on
