@@ -1046,7 +1046,7 @@ fn a_metrics_file_through_another_users_symlink_is_refused() {
             );
         }
         assert!(
-            r.stderr.contains("cannot write metrics")
+            r.stderr.contains("metrics file not written")
                 && r.stderr.contains("refusing")
                 && (r.stderr.contains(&format!("owned by uid {NOBODY}"))
                     || r.stderr.contains("it is a symlink")),
