@@ -151,9 +151,23 @@ pub fn check_acting(
     env: &[(&str, String)],
     agent: &str,
 ) -> (serde_json::Value, String) {
+    check_json_args(config, scratch, env, agent, &[])
+}
+
+/// `selfheal check --json --agent AGENT ARGS…` with state and snapshots in
+/// `scratch`, no helper, and `env` (the runtimes' places): its one line and
+/// its log (stderr).
+pub fn check_json_args(
+    config: &Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    agent: &str,
+    args: &[&str],
+) -> (serde_json::Value, String) {
     let out = Command::new(crate::selfheal_bin())
         .args(["check", "--json", "--agent", agent, "--config"])
         .arg(config)
+        .args(args)
         .arg("--state-dir")
         .arg(scratch.join("state"))
         .arg("--snapshot-dir")

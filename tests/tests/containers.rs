@@ -20,8 +20,8 @@ use std::{
 use tests::{
     Scratch, need_root,
     runtimes::{
-        Daemon, check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd,
-        start_podman,
+        Daemon, check_acting, check_json_args, docker, have, only_docker, rootfs_tar, run_ok,
+        start_dockerd, start_podman,
     },
     selfheal_bin, skip, wait_for,
 };
@@ -198,24 +198,10 @@ fn check_json_with(
     agent: &str,
     extra: &[&str],
 ) -> (serde_json::Value, String) {
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--dry-run", "--agent", agent, "--config"])
-        .arg(config)
-        .args(extra)
-        .arg("--state-dir")
-        .arg(scratch.join("state"))
-        .arg("--snapshot-dir")
-        .arg(scratch.join("snaps"))
-        .arg("--helper")
-        .arg(scratch.join("no-helper.sock"))
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run selfheal check");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    let line = serde_json::from_str(text.lines().next().unwrap_or(""))
-        .unwrap_or_else(|e| panic!("{e}: {text:?} {log}"));
-    (line, log)
+    let args: Vec<&str> = std::iter::once("--dry-run")
+        .chain(extra.iter().copied())
+        .collect();
+    check_json_args(config, scratch, env, agent, &args)
 }
 
 #[test]
