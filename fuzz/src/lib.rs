@@ -8,6 +8,7 @@ use selfheal::{
     inspect::{EbpfStatus, InitDiagnosis, ProcessReport, Report, SocketReport},
     judge::{Judgement, Reason, Verdict},
     ladder::{HealHistory, Step},
+    model::{DeadSocket, ReasonCode, SocketRole, TcpState},
 };
 
 /// Agent `sol`: pid 100 holding control socket 42 on fd 7.
@@ -36,8 +37,8 @@ pub fn report() -> Report {
             cookie: 9,
             local: "10.0.0.2:1".into(),
             remote: "10.0.0.1:7443".into(),
-            state: "ESTAB",
-            role: "control",
+            state: TcpState::Established,
+            role: SocketRole::Control,
             upstream: Some(0),
             timer: None,
             tcp_info: None,
@@ -68,12 +69,21 @@ pub fn wedged() -> Judgement {
     Judgement {
         verdict: Verdict::Wedged,
         reasons: vec![Reason {
-            code: "control_silent".into(),
+            code: ReasonCode::ControlSilent,
             verdict: Verdict::Wedged,
             message: String::new(),
             evidence: BTreeMap::from([("inode".to_string(), serde_json::json!(42))]),
         }],
         work: vec![],
+        dead: vec![DeadSocket {
+            pid: 100,
+            start_ticks: 777,
+            fd: 7,
+            inode: 42,
+            cookie: 9,
+            unacked: 0,
+            by_proof: false,
+        }],
     }
 }
 

@@ -266,7 +266,12 @@ pub fn run(
             transition,
             previous_for_ms: (transition && before.verdict.is_some())
                 .then(|| now_ms.saturating_sub(before.verdict_since_ms)),
-            gaps: report.gaps.iter().cloned().chain(proof_gaps).collect(),
+            gaps: report
+                .gaps
+                .iter()
+                .map(ToString::to_string)
+                .chain(proof_gaps)
+                .collect(),
             probes,
             proofs,
             heal: None,
@@ -308,7 +313,7 @@ pub fn run(
                 ));
                 if let Some(Decision::GaveUp { why }) = outcome.heal.as_ref().map(|h| &h.decision) {
                     outcome.reasons.push(Reason {
-                        code: "gave_up".into(),
+                        code: crate::model::ReasonCode::GaveUp,
                         verdict: Verdict::Wedged,
                         message: format!("healing gave up: {why}"),
                         evidence: Default::default(),
@@ -553,12 +558,11 @@ fn unended_proofs(j: &Judgement, report: &Report, heal: Option<&HealReport>) -> 
             })
         })
     };
-    j.reasons
+    j.dead
         .iter()
-        .filter(|r| r.evidence.get("proof") == Some(&serde_json::Value::Bool(true)))
-        .filter_map(|r| r.evidence.get("inode")?.as_u64())
-        .filter(|inode| !ended(*inode))
-        .filter_map(|inode| {
+        .filter(|d| d.by_proof && !ended(d.inode))
+        .filter_map(|d| {
+            let inode = d.inode;
             let s = report.sockets.iter().find(|s| s.inode == inode)?;
             let start_ticks = report
                 .processes
@@ -710,7 +714,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         problem: matched.problem,
         upstream_of: Box::new(move |remote| {
             let i = upstreams.upstreams.iter().position(|u| u.matches(remote))?;
-            Some((upstreams.upstreams[i].upstream.role.as_str(), i))
+            Some((upstreams.upstreams[i].upstream.role.into(), i))
         }),
         upstreams: lines,
         containers,

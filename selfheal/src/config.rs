@@ -378,6 +378,15 @@ pub enum Role {
     Provider,
 }
 
+impl From<Role> for crate::model::SocketRole {
+    fn from(r: Role) -> Self {
+        match r {
+            Role::Control => Self::Control,
+            Role::Provider => Self::Provider,
+        }
+    }
+}
+
 impl Role {
     /// `control` or `provider`.
     pub fn as_str(self) -> &'static str {

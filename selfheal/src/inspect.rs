@@ -21,6 +21,7 @@ use crate::{
     ebpf::{
         self, Attempt, BlockedRecv, SocketActivity, Strategy, Tracer, TracerOptions, TracerSnapshot,
     },
+    model::{Gap, GapKind, RecvSource, SocketRole, TcpState},
     proc::{self, ProcessInfo},
     sockdiag::{self, TcpInfo, TcpSocket, TimerInfo},
 };
@@ -39,7 +40,7 @@ pub struct Target {
     pub problem: Option<String>,
     /// The upstream a remote address belongs to: its role and its index in
     /// the agent's upstream list.
-    pub upstream_of: Box<dyn Fn(SocketAddr) -> Option<(&'static str, usize)>>,
+    pub upstream_of: Box<dyn Fn(SocketAddr) -> Option<(SocketRole, usize)>>,
     /// Upstreams as configured, with what their host names resolved to.
     pub upstreams: Vec<String>,
     /// The containers its processes are in (empty on the host).
@@ -64,8 +65,8 @@ pub struct Report {
     pub zombies: Vec<Zombie>,
     pub init: InitDiagnosis,
     pub ebpf: EbpfStatus,
-    /// What could not be seen, in words.
-    pub gaps: Vec<String>,
+    /// What could not be seen, in words (with its kind).
+    pub gaps: Vec<Gap>,
 }
 
 /// One process of the agent.
@@ -105,7 +106,7 @@ pub struct ThreadReport {
     pub recv_syscall: Option<String>,
     /// `ebpf` (timed from the receive's start) or `procfs` (timed from when
     /// the thread last ran).
-    pub recv_source: Option<&'static str>,
+    pub recv_source: Option<RecvSource>,
     /// The readiness wait it sits in (poll, select, epoll_*) when its set
     /// includes sockets.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,9 +132,8 @@ pub struct SocketReport {
     pub cookie: u64,
     pub local: String,
     pub remote: String,
-    pub state: &'static str,
-    /// `control`, `provider`, or `other`.
-    pub role: &'static str,
+    pub state: TcpState,
+    pub role: SocketRole,
     /// Index of the matching upstream in the agent's config.
     pub upstream: Option<usize>,
     pub timer: Option<TimerInfo>,
@@ -196,7 +196,7 @@ pub struct Evidence {
     /// pid the dump was made through.
     pub tcp: Vec<NetnsSockets>,
     /// Role and upstream index of each socket by inode.
-    pub roles: BTreeMap<u64, (&'static str, usize)>,
+    pub roles: BTreeMap<u64, (SocketRole, usize)>,
     pub ebpf: EbpfEvidence,
 }
 
@@ -429,16 +429,26 @@ const SILENT_MS: u32 = 300_000;
 
 /// Joins the evidence into the report.
 pub fn build(ev: &Evidence) -> Report {
-    let mut gaps: Vec<String> = Vec::new();
+    let mut gaps: Vec<Gap> = Vec::new();
     if let Some(p) = &ev.problem {
-        gaps.push(format!("no process matched: {p}"));
+        gaps.push(Gap::new(
+            GapKind::NoProcess,
+            format!("no process matched: {p}"),
+        ));
     }
     for pid in &ev.gone {
-        gaps.push(format!("pid {pid} exited before it could be read"));
+        gaps.push(Gap::new(
+            GapKind::Vanished,
+            format!("pid {pid} exited before it could be read"),
+        ));
     }
-    gaps.extend(ev.container_gaps.iter().cloned());
+    gaps.extend(
+        ev.container_gaps
+            .iter()
+            .map(|g| Gap::new(GapKind::Container, g.clone())),
+    );
     for p in &ev.processes {
-        gaps.extend(p.gaps.iter().cloned());
+        gaps.extend(p.gaps.iter().map(|g| Gap::new(GapKind::Process, g.clone())));
     }
 
     // Sockets of the agent: the dumps, restricted to inodes its processes hold.
@@ -460,8 +470,9 @@ pub fn build(ev: &Evidence) -> Report {
             ),
             Err(e) => {
                 tcp_complete = false;
-                gaps.push(format!(
-                    "TCP sockets of pid {pid}'s network namespace unavailable: {e}"
+                gaps.push(Gap::new(
+                    GapKind::Sockets,
+                    format!("TCP sockets of pid {pid}'s network namespace unavailable: {e}"),
                 ));
             }
         }
@@ -536,12 +547,12 @@ pub fn build(ev: &Evidence) -> Report {
                     r.recv_blocked_ms = Some(b.age_ms);
                     r.recv_inode = b.inode;
                     r.recv_syscall = Some(b.syscall.unwrap_or("tcp_recvmsg").to_string());
-                    r.recv_source = Some("ebpf");
+                    r.recv_source = Some(RecvSource::Ebpf);
                 } else if let Some(pr) = t.recv.as_ref().filter(|pr| is_tcp(pr.inode)) {
                     r.recv_blocked_ms = pr.idle_ms;
                     r.recv_inode = Some(pr.inode);
                     r.recv_syscall = Some(pr.syscall.to_string());
-                    r.recv_source = Some("procfs");
+                    r.recv_source = Some(RecvSource::Procfs);
                     if snapshot.is_some() {
                         unseen_by_ebpf += 1;
                     }
@@ -575,27 +586,28 @@ pub fn build(ev: &Evidence) -> Report {
                 .collect(),
         });
     }
+    let ebpf_gap = |text: String| Gap::new(GapKind::Ebpf, text);
     if unseen_by_ebpf > 0 {
-        gaps.push(format!(
+        gaps.push(ebpf_gap(format!(
             "{unseen_by_ebpf} receive(s) began before the tracer watched: eBPF cannot see them; \
              timed from procfs (when the thread last ran) instead"
-        ));
+        )));
     }
     if snapshot.is_none() {
-        gaps.push(match &ev.ebpf.error {
+        gaps.push(ebpf_gap(match &ev.ebpf.error {
             Some(e) => format!("no eBPF evidence ({e}); receives timed from procfs only"),
             None => "no eBPF evidence; receives timed from procfs only".into(),
-        });
+        }));
     }
     if let Some(line) = snapshot.and_then(|s| s.overflow.describe()) {
-        gaps.push(line);
+        gaps.push(ebpf_gap(line));
     }
     if let Some(s) = snapshot.filter(|s| !s.refused.is_empty()) {
-        gaps.push(format!(
+        gaps.push(ebpf_gap(format!(
             "the helper refused the eBPF evidence of pid(s) {:?} (not this user's, or not \
              running): theirs is from procfs only",
             s.refused
-        ));
+        )));
     }
 
     let sockets = tcp
@@ -603,7 +615,7 @@ pub fn build(ev: &Evidence) -> Report {
         .map(|s| {
             let upstream = ev.roles.get(&s.inode).copied();
             SocketReport {
-                role: upstream.map_or("other", |(role, _)| role),
+                role: upstream.map_or(SocketRole::Other, |(role, _)| role),
                 upstream: upstream.map(|(_, i)| i),
                 pid: owner.get(&s.inode).map_or(0, |(pid, _)| *pid),
                 fd: owner.get(&s.inode).map(|(_, fd)| *fd),
@@ -670,7 +682,7 @@ pub fn build(ev: &Evidence) -> Report {
 /// What looks wrong with a socket, as a person would say it.
 fn socket_anomalies(s: &TcpSocket) -> Vec<String> {
     let mut a = Vec::new();
-    if s.state == "CLOSE-WAIT" {
+    if s.state == TcpState::CloseWait {
         a.push("peer closed; the application has not".into());
     }
     if let Some(i) = &s.tcp_info {
@@ -726,7 +738,10 @@ fn wait_line(t: &ThreadReport, pid: u32, sockets: &BTreeMap<u64, &SocketReport>)
                 .filter(|s| s.pid == pid)
                 .and_then(|s| s.fd)
                 .map(|fd| format!("fd {fd}"));
-            let about: Vec<String> = fd.into_iter().chain(s.map(|s| s.role.into())).collect();
+            let about: Vec<String> = fd
+                .into_iter()
+                .chain(s.map(|s| s.role.to_string()))
+                .collect();
             if about.is_empty() {
                 format!("socket inode {inode}")
             } else {
@@ -806,7 +821,7 @@ fn render_raw(r: &Report) -> String {
                     inode
                         .and_then(|i| sockets.get(&i))
                         .map_or(String::new(), |s| format!(" ({})", s.role)),
-                    t.recv_source.unwrap_or("?")
+                    t.recv_source.map_or("?", |s| s.as_str())
                 ),
                 _ if t.wait_syscall.is_some() => wait_line(t, p.pid, &sockets),
                 _ => match (&t.syscall, t.idle_ms) {
@@ -915,7 +930,7 @@ fn render_raw(r: &Report) -> String {
     if !r.gaps.is_empty() {
         let _ = writeln!(o, "\nnot seen");
         for g in &r.gaps {
-            let _ = writeln!(o, "  - {}", escape(g));
+            let _ = writeln!(o, "  - {}", escape(&g.text));
         }
     }
     o
@@ -982,7 +997,7 @@ mod tests {
             cookie: inode + 1000,
             local: "10.0.0.2:40000".parse().unwrap(),
             remote: remote.parse().unwrap(),
-            state: "ESTAB",
+            state: TcpState::Established,
             uid: 0,
             recv_queue: 0,
             send_queue: 0,
@@ -1014,9 +1029,9 @@ mod tests {
                 (
                     s.inode,
                     if s.remote.port() == 7443 {
-                        ("control", 0)
+                        (SocketRole::Control, 0)
                     } else {
-                        ("provider", 1)
+                        (SocketRole::Provider, 1)
                     },
                 )
             })
@@ -1087,7 +1102,7 @@ mod tests {
         let t10 = &r.processes[0].threads[0];
         assert_eq!(
             (t10.recv_blocked_ms, t10.recv_inode, t10.recv_source),
-            (Some(16_260_000), Some(500), Some("procfs"))
+            (Some(16_260_000), Some(500), Some(RecvSource::Procfs))
         );
         assert!(
             t10.anomalies.iter().any(|a| a.contains("4h31m")),
@@ -1097,7 +1112,7 @@ mod tests {
         let t11 = &r.processes[0].threads[1];
         assert_eq!(
             (t11.recv_blocked_ms, t11.recv_source),
-            (Some(1_900), Some("ebpf"))
+            (Some(1_900), Some(RecvSource::Ebpf))
         );
         // Socket 999 is not TCP (not in the dump): not reported.
         assert_eq!(
@@ -1105,7 +1120,7 @@ mod tests {
                 .iter()
                 .map(|s| (s.inode, s.role))
                 .collect::<Vec<_>>(),
-            [(500, "control"), (501, "provider")]
+            [(500, SocketRole::Control), (501, SocketRole::Provider)]
         );
         assert!(
             r.sockets[0]
@@ -1114,11 +1129,11 @@ mod tests {
                 .any(|a| a.starts_with("silent for"))
         );
         assert!(r.sockets[1].anomalies.is_empty());
-        assert!(r.gaps.iter().any(|g| g.contains("pid 99 exited")));
+        assert!(r.gaps.iter().any(|g| g.text.contains("pid 99 exited")));
         assert!(
             r.gaps
                 .iter()
-                .any(|g| g.contains("1 receive(s) began before the tracer"))
+                .any(|g| g.text.contains("1 receive(s) began before the tracer"))
         );
     }
 
@@ -1135,7 +1150,7 @@ mod tests {
                 .as_deref()
                 .is_some_and(|d| d.contains("5 zombie(s)"))
         );
-        assert!(r.gaps.iter().any(|g| g.contains("no eBPF evidence")));
+        assert!(r.gaps.iter().any(|g| g.text.contains("no eBPF evidence")));
         // The same zombies under a root that is not PID 1: no init diagnosis.
         procs[0].pid_ns_init = false;
         let r = build(&evidence(procs, vec![], None));
@@ -1159,7 +1174,7 @@ mod tests {
         );
         ev.tcp = vec![(10, Err("sock_diag: permission denied".into()))];
         let r = build(&ev);
-        assert!(r.gaps.iter().any(|g| g.contains("permission denied")));
+        assert!(r.gaps.iter().any(|g| g.text.contains("permission denied")));
         assert_eq!(r.processes[0].threads[0].recv_blocked_ms, Some(3_000));
         assert!(r.sockets.is_empty());
     }

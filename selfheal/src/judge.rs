@@ -24,9 +24,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::model::{DeadSocket, ReasonCode};
 use crate::{
     config::{AgentConfig, Role, Thresholds},
     inspect::{Report, SocketReport, human_ms},
+    model::{GapKind, SocketRole, TcpState},
     prove::{Answered, Proof, ProofTarget, ProofWork},
 };
 
@@ -92,7 +94,7 @@ impl std::fmt::Display for Verdict {
 /// evidence (socket, thread, ages) it rests on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reason {
-    pub code: String,
+    pub code: ReasonCode,
     /// The verdict this reason alone would give.
     pub verdict: Verdict,
     pub message: String,
@@ -108,6 +110,10 @@ pub struct Judgement {
     /// What the prove stage is to do after this judgement.
     #[serde(skip)]
     pub work: Vec<ProofWork>,
+    /// The sockets proven dead that an action can address (their holder's
+    /// fd and start time were read), for the ladder.
+    #[serde(skip)]
+    pub dead: Vec<DeadSocket>,
 }
 
 /// What the judge needs of a probe result.
@@ -168,7 +174,7 @@ enum Liveness {
     Suspect { silent_ms: u64 },
     /// Proven dead (`by_proof`: by the prove stage's own keepalive).
     Dead {
-        code: &'static str,
+        code: ReasonCode,
         why: String,
         by_proof: bool,
     },
@@ -214,9 +220,9 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
         .tcp_info
         .as_ref()
         .map_or(u64::MAX, |i| u64::from(i.last_ack_recv_ms));
-    if s.state == "CLOSE-WAIT" && closed_for >= CLOSE_WAIT_GRACE_MS {
+    if s.state == TcpState::CloseWait && closed_for >= CLOSE_WAIT_GRACE_MS {
         return Liveness::Dead {
-            code: "peer_closed",
+            code: ReasonCode::PeerClosed,
             why: "the peer closed the connection; the agent has not".into(),
             by_proof: false,
         };
@@ -236,7 +242,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
         }
         if i.unacked == 0 && p.proves_dead(i.probes, armed_for) {
             return Liveness::Dead {
-                code: "peer_unresponsive",
+                code: ReasonCode::PeerUnresponsive,
                 why: format!(
                     "proof keepalive armed {} ago: {} probe(s) unanswered, {} apart; nothing from the peer for {}",
                     human_ms(armed_for),
@@ -249,7 +255,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
         }
     } else if u32::from(i.probes) >= th.dead_probes {
         return Liveness::Dead {
-            code: "peer_unresponsive",
+            code: ReasonCode::PeerUnresponsive,
             why: format!(
                 "{} keepalive probe(s) unanswered, nothing from the peer for {}",
                 i.probes,
@@ -260,7 +266,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
     }
     if i.unacked > 0 && u32::from(i.backoff) >= th.dead_backoff {
         return Liveness::Dead {
-            code: "peer_unresponsive",
+            code: ReasonCode::PeerUnresponsive,
             why: format!(
                 "{} segment(s) unacknowledged, retransmission backoff {}, last ACK {} ago",
                 i.unacked,
@@ -288,7 +294,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
                 format!("nothing acknowledged for {} either", human_ms(ack))
             };
             return Liveness::Dead {
-                code: "control_silent",
+                code: ReasonCode::ControlSilent,
                 why: format!(
                     "no data for {} on a control connection with a {} heartbeat (limit 3×); {peer}",
                     human_ms(silent),
@@ -300,7 +306,7 @@ fn liveness(s: &SocketReport, cfg: &AgentConfig, proof: Option<&Proof>, now_ms: 
     }
     // A provider call's silence starts with its request, not with the
     // answer to the call before it.
-    let silent = if s.role == "control" {
+    let silent = if s.role == SocketRole::Control {
         silent
     } else {
         call_silence(i)
@@ -365,9 +371,9 @@ enum Wait {
     Poll,
 }
 
-fn reason(code: &str, verdict: Verdict, message: String) -> Reason {
+fn reason(code: ReasonCode, verdict: Verdict, message: String) -> Reason {
     Reason {
-        code: code.into(),
+        code,
         verdict,
         message,
         evidence: BTreeMap::new(),
@@ -381,7 +387,7 @@ fn with(mut r: Reason, key: &str, value: impl Into<serde_json::Value>) -> Reason
 
 fn socket_reason(r: Reason, s: &SocketReport) -> Reason {
     let r = with(
-        with(with(r, "inode", s.inode), "role", s.role),
+        with(with(r, "inode", s.inode), "role", s.role.as_str()),
         "remote",
         s.remote.clone(),
     );
@@ -399,6 +405,13 @@ fn socket_reason(r: Reason, s: &SocketReport) -> Reason {
     }
 }
 
+/// A connection attempt (SYN sent, no answer yet) has exchanged no data:
+/// its tcp_info silences are meaningless. It is judged as what it is, the
+/// absence of a connection ([`Judging::control_absent`]).
+fn connecting(s: &SocketReport) -> bool {
+    s.state == TcpState::SynSent
+}
+
 /// Whether judging this agent needs more than the minimal per-thread
 /// evidence: an upstream socket that is not plainly alive (the threads
 /// waiting on it are evidence), or a thread in uninterruptible sleep (how
@@ -413,7 +426,7 @@ pub fn needs_thread_detail(
     report
         .sockets
         .iter()
-        .filter(|s| s.role != "other")
+        .filter(|s| s.role.is_upstream())
         .any(|s| {
             // A socket alive only by our proof's answer is still a silent
             // one: whether its call is in flight may rest on a waiting
@@ -433,6 +446,11 @@ pub fn needs_thread_detail(
 }
 
 /// Judges one agent. Returns the judgement and the history to store.
+///
+/// The rules run in families, each its own method of [`Judging`]: the
+/// upstream sockets one by one, the control upstream's absence, the probes,
+/// the agent's `current_task` against the kernel, and damage (zombies,
+/// D-state). Then the base verdict when nothing is wrong.
 pub fn judge(
     cfg: &AgentConfig,
     report: &Report,
@@ -440,43 +458,70 @@ pub fn judge(
     history: &AgentHistory,
     now_ms: u64,
 ) -> (Judgement, AgentHistory) {
-    let th: &Thresholds = &cfg.thresholds;
-    let mut next = AgentHistory {
-        verdict: history.verdict,
-        verdict_since_ms: history.verdict_since_ms,
-        ..AgentHistory::default()
+    let mut j = Judging {
+        cfg,
+        report,
+        history,
+        now_ms,
+        next: AgentHistory {
+            verdict: history.verdict,
+            verdict_since_ms: history.verdict_since_ms,
+            ..AgentHistory::default()
+        },
+        reasons: Vec::new(),
+        work: Vec::new(),
+        dead: Vec::new(),
     };
-    let mut reasons = Vec::new();
-
     if report.processes.iter().all(|p| p.state == 'Z') {
         let why = report
             .gaps
             .iter()
-            .find(|g| g.starts_with("no process matched"))
-            .cloned();
-        reasons.push(reason(
-            "no_process",
+            .find(|g| g.kind == GapKind::NoProcess)
+            .map(|g| g.text.clone());
+        j.reasons.push(reason(
+            ReasonCode::NoProcess,
             Verdict::Down,
             why.unwrap_or_else(|| "no process matches the agent's rule".into()),
         ));
-        return finish(reasons, Vec::new(), next, now_ms);
+        return j.finish();
     }
+    let task = claimed_task(probes);
+    let waiting = waiters(report);
+    let mut up = Upstreams::default();
+    for s in report
+        .sockets
+        .iter()
+        .filter(|s| s.role.is_upstream() && !connecting(s))
+    {
+        j.upstream_socket(s, &waiting, task.as_deref(), &mut up);
+    }
+    j.keep_unseen_proofs();
+    let control_absent = j.control_absent();
+    j.probes(probes, up.control_dead, control_absent);
+    j.current_task(probes);
+    j.damage();
+    j.base_verdict(&up, control_absent, probes.is_empty());
+    j.finish()
+}
 
-    // The agent says it is working on something (an event loop waiting on
-    // a provider shows no thread blocked in a receive): a silent provider
-    // call is then in flight, not abandoned. Only ever a reason for busy
-    // over idle, never for a wedge.
-    let claimed_task = probes
+/// The agent says it is working on something (an event loop waiting on a
+/// provider shows no thread blocked in a receive): a silent provider call
+/// is then in flight, not abandoned. Only ever a reason for busy over idle,
+/// never for a wedge.
+fn claimed_task(probes: &[ProbeView]) -> Option<String> {
+    probes
         .iter()
         .filter(|p| p.error.is_none())
         .filter_map(|p| p.fields.get(CURRENT_TASK))
         .find(|t| !t.is_null() && t.as_str() != Some(""))
-        .map(|t| t.as_str().map_or_else(|| t.to_string(), str::to_string));
+        .map(|t| t.as_str().map_or_else(|| t.to_string(), str::to_string))
+}
 
-    // Threads waiting on a socket, by inode: in a receive (procfs or eBPF),
-    // or in poll/select with it in the read set. The longest wait wins, a
-    // receive over a poll. An event loop's epoll set is not counted: it
-    // holds idle connections too; the socket's own history decides there.
+/// Threads waiting on a socket, by inode: in a receive (procfs or eBPF), or
+/// in poll/select with it in the read set. The longest wait wins, a receive
+/// over a poll. An event loop's epoll set is not counted: it holds idle
+/// connections too; the socket's own history decides there.
+fn waiters(report: &Report) -> BTreeMap<u64, Waiter> {
     let mut waiting: BTreeMap<u64, Waiter> = BTreeMap::new();
     let mut wait_on = |inode: u64, w: Waiter| {
         let e = waiting.entry(inode).or_insert(w);
@@ -509,43 +554,82 @@ pub fn judge(
             }
         }
     }
-    let recv_blocked_ms = th.recv_blocked.as_millis() as u64;
+    waiting
+}
 
-    // Upstream sockets.
-    let mut control_alive = false;
-    let mut control_dead = false;
-    let mut busy = false;
-    let mut work = Vec::new();
-    // A connection attempt (SYN sent, no answer yet) has exchanged no data:
-    // its tcp_info silences are meaningless. It is judged as what it is,
-    // the absence of a connection, below.
-    let connecting = |s: &&SocketReport| s.state == "SYN-SENT";
-    for s in report
-        .sockets
-        .iter()
-        .filter(|s| s.role != "other" && !connecting(s))
+/// What the upstream sockets showed, for the rules after them.
+#[derive(Default)]
+struct Upstreams {
+    /// A control connection is alive (or unproven either way).
+    control_alive: bool,
+    /// A control connection is proven dead.
+    control_dead: bool,
+    /// A provider call is in flight.
+    busy: bool,
+}
+
+/// How one upstream socket stands, as its rules need it.
+struct SocketView<'s> {
+    s: &'s SocketReport,
+    control: bool,
+    /// A control upstream with a heartbeat is proven by its silence (3 ×
+    /// the heartbeat): no proof keepalive is armed on it.
+    heartbeat: bool,
+    proof: Option<&'s Proof>,
+    /// A request is out and nothing came back.
+    pending: bool,
+    /// The task the agent reports, for a provider socket.
+    task: Option<&'s str>,
+    /// A call is in flight on it.
+    awaited: bool,
+    waiter: Option<Waiter>,
+    /// "; the peer answered …", or nothing.
+    answered: String,
+}
+
+/// One judging of one agent: what it reads, and what it builds.
+struct Judging<'a> {
+    cfg: &'a AgentConfig,
+    report: &'a Report,
+    history: &'a AgentHistory,
+    now_ms: u64,
+    next: AgentHistory,
+    reasons: Vec<Reason>,
+    work: Vec<ProofWork>,
+    dead: Vec<DeadSocket>,
+}
+
+impl<'a> Judging<'a> {
+    fn th(&self) -> &'a Thresholds {
+        &self.cfg.thresholds
+    }
+
+    /// The rules of one upstream socket.
+    fn upstream_socket<'s>(
+        &mut self,
+        s: &'s SocketReport,
+        waiting: &BTreeMap<u64, Waiter>,
+        claimed_task: Option<&'s str>,
+        up: &mut Upstreams,
+    ) where
+        'a: 's,
     {
-        let upstream = s.upstream.and_then(|i| cfg.upstreams.get(i));
+        let upstream = s.upstream.and_then(|i| self.cfg.upstreams.get(i));
         let suspect_after = upstream
             .and_then(|u| u.suspect_after)
-            .unwrap_or(th.suspect_after)
+            .unwrap_or(self.th().suspect_after)
             .as_millis() as u64;
-        let control = s.role == "control";
-        // A control upstream with a heartbeat is proven by its silence
-        // (3 × the heartbeat): no proof keepalive is armed on it.
-        let heartbeat = upstream
-            .filter(|u| u.role == Role::Control)
-            .and_then(|u| u.heartbeat);
-        let proof = proof_of(s, history);
+        let control = s.role == SocketRole::Control;
+        let proof = proof_of(s, self.history);
         // A request out and nothing back: now, or since an earlier check
         // with no byte received since.
         let received = s.tcp_info.as_ref().map_or(0, |i| i.bytes_received);
-        let pending = request_out(s) || history.pending.get(&s.cookie) == Some(&received);
+        let pending = request_out(s) || self.history.pending.get(&s.cookie) == Some(&received);
         if pending {
-            next.pending.insert(s.cookie, received);
+            self.next.pending.insert(s.cookie, received);
         }
-        let task = claimed_task.as_ref().filter(|_| s.role == "provider");
-        let awaited = in_flight(s, &waiting, pending, suspect_after) || task.is_some();
+        let task = claimed_task.filter(|_| s.role == SocketRole::Provider);
+        let awaited = in_flight(s, waiting, pending, suspect_after) || task.is_some();
         // Evidence strong enough to call a long silence unresponsive: a
         // thread waits on the socket, the agent says it is working, or the
         // request strictly followed the last answer (not a one-tick tie, a
@@ -555,38 +639,36 @@ pub fn judge(
             || s.tcp_info
                 .as_ref()
                 .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms < i.last_data_recv_ms);
-        let liveness = liveness(s, cfg, proof, now_ms);
-        if let Some(p) = proof {
-            // Kept until the peer answers (then put back) or the socket goes.
-            next.proofs.insert(s.cookie, p.clone());
-            let given_up = p.restore_failures >= crate::prove::MAX_RESTORE_FAILURES;
-            if (matches!(liveness, Liveness::Alive(_)) || !cfg.proof.keepalive) && !given_up {
-                // Addressed as the socket is now (its fd, its holder).
-                let target = ProofTarget {
-                    pid: s.pid,
-                    start_ticks: start_ticks(report, s.pid).unwrap_or(p.start_ticks),
-                    fd: s.fd.unwrap_or(p.fd),
-                    inode: s.inode,
-                };
-                work.push(ProofWork::Restore {
-                    cookie: s.cookie,
-                    answered: matches!(liveness, Liveness::Alive(_)),
-                    target,
-                    remote: s.remote.clone(),
-                });
-            }
+        let liveness = liveness(s, self.cfg, proof, self.now_ms);
+        self.keep_proof(s, proof, &liveness);
+        if let Some(a) = self.history.answered.get(&s.cookie) {
+            self.next.answered.insert(s.cookie, *a);
         }
-        if let Some(a) = history.answered.get(&s.cookie) {
-            next.answered.insert(s.cookie, *a);
-        }
-        let answered = history.answered.get(&s.cookie).map_or(String::new(), |a| {
-            format!(
-                "; the peer answered {} proof keepalive round(s), the last {} ago",
-                a.rounds,
-                human_ms(now_ms.saturating_sub(a.at_ms))
-            )
-        });
-        let waiter = waiting.get(&s.inode);
+        let answered = self
+            .history
+            .answered
+            .get(&s.cookie)
+            .map_or(String::new(), |a| {
+                format!(
+                    "; the peer answered {} proof keepalive round(s), the last {} ago",
+                    a.rounds,
+                    human_ms(self.now_ms.saturating_sub(a.at_ms))
+                )
+            });
+        let view = SocketView {
+            s,
+            control,
+            heartbeat: upstream
+                .filter(|u| u.role == Role::Control)
+                .and_then(|u| u.heartbeat)
+                .is_some(),
+            proof,
+            pending,
+            task,
+            awaited,
+            waiter: waiting.get(&s.inode).copied(),
+            answered,
+        };
         let dead = matches!(liveness, Liveness::Dead { .. });
         match liveness {
             Liveness::Dead {
@@ -594,282 +676,373 @@ pub fn judge(
                 why,
                 by_proof,
             } => {
-                control_dead |= control;
-                let r = reason(
-                    code,
-                    Verdict::Wedged,
-                    format!("{} connection to {}: {why}", s.role, s.remote),
-                );
-                let r = socket_reason(r, s);
-                reasons.push(if by_proof { with(r, "proof", true) } else { r });
-                if let Some(w) = waiter.filter(|w| w.age_ms >= recv_blocked_ms) {
-                    let (code, what) = match w.syscall {
-                        Wait::Recv => ("recv_blocked", "in a receive"),
-                        Wait::Poll => ("wait_blocked", "in poll/select"),
-                    };
-                    let r = reason(
-                        code,
-                        Verdict::Wedged,
-                        format!(
-                            "thread {} has been waiting {} {what} on that dead connection",
-                            w.tid,
-                            human_ms(w.age_ms)
-                        ),
-                    );
-                    reasons.push(with(
-                        with(with(r, "tid", w.tid), "inode", s.inode),
-                        "age_ms",
-                        w.age_ms,
-                    ));
-                }
+                up.control_dead |= control;
+                self.dead_socket(&view, code, why, by_proof);
             }
             Liveness::Suspect { silent_ms } => {
-                let since = history
-                    .suspect_since_ms
-                    .get(&s.cookie)
-                    .copied()
-                    .unwrap_or(now_ms);
-                next.suspect_since_ms.insert(s.cookie, since);
                 if control {
-                    control_alive = true; // unproven either way: not dead
+                    up.control_alive = true; // unproven either way: not dead
                 }
-                if control || awaited {
-                    busy |= !control;
-                    let waiting = match (waiter, task) {
-                        (Some(w), _) => format!(
-                            "; thread {} waiting {} in {}",
-                            w.tid,
-                            human_ms(w.age_ms),
-                            match w.syscall {
-                                Wait::Recv => "a receive",
-                                Wait::Poll => "poll/select",
-                            }
-                        ),
-                        (None, Some(task)) => format!("; the agent reports current_task {task:?}"),
-                        (None, None) if pending => "; a request is out and no answer came".into(),
-                        (None, None) => String::new(),
-                    };
-                    let unacked = s.tcp_info.as_ref().map_or(0, |i| i.unacked);
-                    let proving = match (proof, s.fd, start_ticks(report, s.pid)) {
-                        (Some(p), _, _) => format!(
-                            "; proof keepalive armed {} ago: {} probe(s) unanswered so far",
-                            human_ms(p.armed_for(now_ms)),
-                            s.tcp_info.as_ref().map_or(0, |i| i.probes)
-                        ),
-                        (None, _, _) if !cfg.proof.keepalive => {
-                            "; no proof either way (proof keepalives are off: [agent.proof] keepalive = false)".into()
-                        }
-                        (None, _, _) if unacked > 0 => format!(
-                            "; {unacked} segment(s) unacknowledged: their retransmissions will prove it"
-                        ),
-                        (None, _, _) if heartbeat.is_some() => String::new(),
-                        (None, _, _) if s.state != "ESTAB" => {
-                            format!("; no proof either way (state {})", s.state)
-                        }
-                        (None, Some(fd), Some(start)) => {
-                            work.push(ProofWork::Arm {
-                                cookie: s.cookie,
-                                target: ProofTarget {
-                                    pid: s.pid,
-                                    start_ticks: start,
-                                    fd,
-                                    inode: s.inode,
-                                },
-                                silent_ms,
-                                remote: s.remote.clone(),
-                            });
-                            "; no proof either way yet: arming a proof keepalive".into()
-                        }
-                        (None, _, _) => {
-                            "; no proof either way (its fd or process could not be read: no proof keepalive can be armed)".into()
-                        }
-                    };
-                    let r = reason(
-                        "suspect",
-                        if control {
-                            Verdict::Idle
-                        } else {
-                            Verdict::Busy
-                        },
-                        format!(
-                            "{} connection to {} silent for {} (suspect for {}){waiting}{answered}{proving}",
-                            s.role,
-                            s.remote,
-                            human_ms(silent_ms),
-                            human_ms(now_ms.saturating_sub(since))
-                        ),
-                    );
-                    reasons.push(socket_reason(r, s));
-                }
+                up.busy |= !control && awaited;
+                self.suspect_socket(&view, silent_ms);
             }
             Liveness::Alive(how) => {
-                control_alive |= control;
+                up.control_alive |= control;
                 if !control && awaited {
-                    busy = true;
+                    up.busy = true;
                     let r = reason(
-                        "call_in_flight",
+                        ReasonCode::CallInFlight,
                         Verdict::Busy,
-                        format!("{} call to {} in flight: {how}{answered}", s.role, s.remote),
+                        format!(
+                            "{} call to {} in flight: {how}{}",
+                            s.role, s.remote, view.answered
+                        ),
                     );
-                    reasons.push(socket_reason(r, s));
+                    self.reasons.push(socket_reason(r, s));
                 }
             }
         }
-        // One hop only: keepalive and ACKs prove the TCP peer, which may be
-        // a proxy answering for a dead upstream. A call silent past
-        // max_silence is not thinking, whoever answers the probes.
-        let max_silence = upstream.map_or(crate::config::DEFAULT_MAX_SILENCE, |u| u.max_silence);
-        let silent = s.tcp_info.as_ref().map_or(0, call_silence);
-        if !control && strong && silent > max_silence.as_millis() as u64 && !dead {
+        if !control && strong && !dead {
+            self.silence_exceeded(s, upstream);
+        }
+    }
+
+    /// A proof keepalive armed on `s` is kept until the peer answers (then
+    /// its options are put back) or the socket goes.
+    fn keep_proof(&mut self, s: &SocketReport, proof: Option<&Proof>, liveness: &Liveness) {
+        let Some(p) = proof else { return };
+        self.next.proofs.insert(s.cookie, p.clone());
+        let given_up = p.restore_failures >= crate::prove::MAX_RESTORE_FAILURES;
+        let alive = matches!(liveness, Liveness::Alive(_));
+        if (alive || !self.cfg.proof.keepalive) && !given_up {
+            // Addressed as the socket is now (its fd, its holder).
+            let target = ProofTarget {
+                pid: s.pid,
+                start_ticks: start_ticks(self.report, s.pid).unwrap_or(p.start_ticks),
+                fd: s.fd.unwrap_or(p.fd),
+                inode: s.inode,
+            };
+            self.work.push(ProofWork::Restore {
+                cookie: s.cookie,
+                answered: alive,
+                target,
+                remote: s.remote.clone(),
+            });
+        }
+    }
+
+    /// A socket proven dead: its reason, the thread waiting on it, and the
+    /// finding the ladder acts on.
+    fn dead_socket(&mut self, v: &SocketView<'_>, code: ReasonCode, why: String, by_proof: bool) {
+        let s = v.s;
+        let r = reason(
+            code,
+            Verdict::Wedged,
+            format!("{} connection to {}: {why}", s.role, s.remote),
+        );
+        let r = socket_reason(r, s);
+        self.reasons
+            .push(if by_proof { with(r, "proof", true) } else { r });
+        if let (Some(fd), Some(start)) = (s.fd, start_ticks(self.report, s.pid))
+            && !self.dead.iter().any(|d| d.inode == s.inode)
+        {
+            self.dead.push(DeadSocket {
+                pid: s.pid,
+                start_ticks: start,
+                fd,
+                inode: s.inode,
+                cookie: s.cookie,
+                unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
+                by_proof,
+            });
+        }
+        let recv_blocked_ms = self.th().recv_blocked.as_millis() as u64;
+        if let Some(w) = v.waiter.filter(|w| w.age_ms >= recv_blocked_ms) {
+            let (code, what) = match w.syscall {
+                Wait::Recv => (ReasonCode::RecvBlocked, "in a receive"),
+                Wait::Poll => (ReasonCode::WaitBlocked, "in poll/select"),
+            };
             let r = reason(
-                "silence_exceeded",
-                Verdict::Unresponsive,
-                format!(
-                    "{} call to {} silent for {}, past its max_silence of {}, while its TCP peer still answers: a proxy may be answering for a dead upstream",
-                    s.role,
-                    s.remote,
-                    human_ms(silent),
-                    human_ms(max_silence.as_millis() as u64)
-                ),
-            );
-            reasons.push(socket_reason(r, s));
-        }
-    }
-
-    // A proof whose socket this report lacks while its process lives (a
-    // socket table that could not be read, a moment's gap) is kept for a
-    // while: forgetting it would leave its options unrestored, and a later
-    // proof would take them for the socket's own. Cookies are never reused,
-    // so a record of a socket that closed only waits out its time.
-    for (cookie, p) in &history.proofs {
-        let lives = report
-            .processes
-            .iter()
-            .any(|q| q.pid == p.pid && q.start_ticks == Some(p.start_ticks) && q.state != 'Z');
-        if lives && p.armed_for(now_ms) < KEEP_UNSEEN_PROOF_MS {
-            next.proofs.entry(*cookie).or_insert_with(|| p.clone());
-        }
-    }
-
-    // The control upstream the config promises, absent from the kernel.
-    let wants_control = cfg.upstreams.iter().any(|u| u.role == Role::Control);
-    let no_control = wants_control
-        && !report
-            .sockets
-            .iter()
-            .any(|s| s.role == "control" && !connecting(&s));
-    let attempts = report
-        .sockets
-        .iter()
-        .filter(|s| s.role == "control" && connecting(s))
-        .count();
-    // Absent for a moment is a reconnect; past `suspect_after` it is a fact.
-    let mut control_absent = false;
-    if no_control {
-        let since = history.control_absent_since_ms.unwrap_or(now_ms);
-        next.control_absent_since_ms = Some(since);
-        let absent_ms = now_ms.saturating_sub(since);
-        if absent_ms >= th.suspect_after.as_millis() as u64 {
-            control_absent = true;
-            reasons.push(reason(
-                "control_absent",
+                code,
                 Verdict::Wedged,
                 format!(
-                    "no connection to the control upstream for {}{}",
-                    human_ms(absent_ms),
-                    if attempts > 0 {
-                        format!("; {attempts} connection attempt(s) unanswered (SYN sent)")
-                    } else {
-                        String::new()
-                    }
+                    "thread {} has been waiting {} {what} on that dead connection",
+                    w.tid,
+                    human_ms(w.age_ms)
                 ),
+            );
+            self.reasons.push(with(
+                with(with(r, "tid", w.tid), "inode", s.inode),
+                "age_ms",
+                w.age_ms,
             ));
         }
     }
 
-    // Probes: failures, slowness, and the agent's story against the kernel.
-    for p in probes {
-        let r = match &p.error {
-            Some(kind) => Some(reason(
-                "probe_failed",
-                Verdict::Unresponsive,
-                format!("probe {} failed: {kind}", p.target),
-            )),
-            None if !p.expectations_met => Some(reason(
-                "probe_unexpected",
-                Verdict::Degraded,
-                format!("probe {} answered, but not as expected", p.target),
-            )),
-            None if p
-                .latency_ms
-                .is_some_and(|ms| ms > th.probe_slow.as_millis() as u64) =>
-            {
-                Some(reason(
-                    "probe_slow",
+    /// A socket silent past its threshold with no proof either way: on a
+    /// control connection or a call in flight, it is reported, and a proof
+    /// keepalive is asked for where one can be armed.
+    fn suspect_socket(&mut self, v: &SocketView<'_>, silent_ms: u64) {
+        let s = v.s;
+        let now_ms = self.now_ms;
+        let since = self
+            .history
+            .suspect_since_ms
+            .get(&s.cookie)
+            .copied()
+            .unwrap_or(now_ms);
+        self.next.suspect_since_ms.insert(s.cookie, since);
+        if !(v.control || v.awaited) {
+            return;
+        }
+        let waiting = match (v.waiter, v.task) {
+            (Some(w), _) => format!(
+                "; thread {} waiting {} in {}",
+                w.tid,
+                human_ms(w.age_ms),
+                match w.syscall {
+                    Wait::Recv => "a receive",
+                    Wait::Poll => "poll/select",
+                }
+            ),
+            (None, Some(task)) => format!("; the agent reports current_task {task:?}"),
+            (None, None) if v.pending => "; a request is out and no answer came".into(),
+            (None, None) => String::new(),
+        };
+        let proving = self.proving(v, silent_ms);
+        let r = reason(
+            ReasonCode::Suspect,
+            if v.control {
+                Verdict::Idle
+            } else {
+                Verdict::Busy
+            },
+            format!(
+                "{} connection to {} silent for {} (suspect for {}){waiting}{}{proving}",
+                s.role,
+                s.remote,
+                human_ms(silent_ms),
+                human_ms(now_ms.saturating_sub(since)),
+                v.answered
+            ),
+        );
+        self.reasons.push(socket_reason(r, s));
+    }
+
+    /// How a suspect socket's proof stands, in words; asks the prove stage
+    /// for a proof keepalive where none is armed and one can be.
+    fn proving(&mut self, v: &SocketView<'_>, silent_ms: u64) -> String {
+        let s = v.s;
+        let unacked = s.tcp_info.as_ref().map_or(0, |i| i.unacked);
+        match (v.proof, s.fd, start_ticks(self.report, s.pid)) {
+            (Some(p), _, _) => format!(
+                "; proof keepalive armed {} ago: {} probe(s) unanswered so far",
+                human_ms(p.armed_for(self.now_ms)),
+                s.tcp_info.as_ref().map_or(0, |i| i.probes)
+            ),
+            (None, _, _) if !self.cfg.proof.keepalive => {
+                "; no proof either way (proof keepalives are off: [agent.proof] keepalive = false)"
+                    .into()
+            }
+            (None, _, _) if unacked > 0 => format!(
+                "; {unacked} segment(s) unacknowledged: their retransmissions will prove it"
+            ),
+            (None, _, _) if v.heartbeat => String::new(),
+            (None, _, _) if s.state != TcpState::Established => {
+                format!("; no proof either way (state {})", s.state)
+            }
+            (None, Some(fd), Some(start)) => {
+                self.work.push(ProofWork::Arm {
+                    cookie: s.cookie,
+                    target: ProofTarget {
+                        pid: s.pid,
+                        start_ticks: start,
+                        fd,
+                        inode: s.inode,
+                    },
+                    silent_ms,
+                    remote: s.remote.clone(),
+                });
+                "; no proof either way yet: arming a proof keepalive".into()
+            }
+            (None, _, _) => {
+                "; no proof either way (its fd or process could not be read: no proof keepalive can be armed)".into()
+            }
+        }
+    }
+
+    /// One hop only: keepalive and ACKs prove the TCP peer, which may be a
+    /// proxy answering for a dead upstream. A call silent past max_silence
+    /// is not thinking, whoever answers the probes.
+    fn silence_exceeded(&mut self, s: &SocketReport, upstream: Option<&crate::config::Upstream>) {
+        let max_silence = upstream.map_or(crate::config::DEFAULT_MAX_SILENCE, |u| u.max_silence);
+        let silent = s.tcp_info.as_ref().map_or(0, call_silence);
+        if silent <= max_silence.as_millis() as u64 {
+            return;
+        }
+        let r = reason(
+            ReasonCode::SilenceExceeded,
+            Verdict::Unresponsive,
+            format!(
+                "{} call to {} silent for {}, past its max_silence of {}, while its TCP peer still answers: a proxy may be answering for a dead upstream",
+                s.role,
+                s.remote,
+                human_ms(silent),
+                human_ms(max_silence.as_millis() as u64)
+            ),
+        );
+        self.reasons.push(socket_reason(r, s));
+    }
+
+    /// A proof whose socket this report lacks while its process lives (a
+    /// socket table that could not be read, a moment's gap) is kept for a
+    /// while: forgetting it would leave its options unrestored, and a later
+    /// proof would take them for the socket's own. Cookies are never
+    /// reused, so a record of a socket that closed only waits out its time.
+    fn keep_unseen_proofs(&mut self) {
+        for (cookie, p) in &self.history.proofs {
+            let lives =
+                self.report.processes.iter().any(|q| {
+                    q.pid == p.pid && q.start_ticks == Some(p.start_ticks) && q.state != 'Z'
+                });
+            if lives && p.armed_for(self.now_ms) < KEEP_UNSEEN_PROOF_MS {
+                self.next.proofs.entry(*cookie).or_insert_with(|| p.clone());
+            }
+        }
+    }
+
+    /// The control upstream the config promises, absent from the kernel.
+    /// Absent for a moment is a reconnect; past `suspect_after` it is a
+    /// fact. Returns whether it is.
+    fn control_absent(&mut self) -> bool {
+        let sockets = &self.report.sockets;
+        let control = |s: &&SocketReport| s.role == SocketRole::Control;
+        let no_control =
+            self.wants_control() && !sockets.iter().filter(control).any(|s| !connecting(s));
+        if !no_control {
+            return false;
+        }
+        let attempts = sockets
+            .iter()
+            .filter(control)
+            .filter(|s| connecting(s))
+            .count();
+        let since = self.history.control_absent_since_ms.unwrap_or(self.now_ms);
+        self.next.control_absent_since_ms = Some(since);
+        let absent_ms = self.now_ms.saturating_sub(since);
+        if absent_ms < self.th().suspect_after.as_millis() as u64 {
+            return false;
+        }
+        self.reasons.push(reason(
+            ReasonCode::ControlAbsent,
+            Verdict::Wedged,
+            format!(
+                "no connection to the control upstream for {}{}",
+                human_ms(absent_ms),
+                if attempts > 0 {
+                    format!("; {attempts} connection attempt(s) unanswered (SYN sent)")
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+        true
+    }
+
+    fn wants_control(&self) -> bool {
+        self.cfg.upstreams.iter().any(|u| u.role == Role::Control)
+    }
+
+    /// Probes: failures, slowness, and an "all is well" against a control
+    /// connection the kernel shows dead or absent.
+    fn probes(&mut self, probes: &[ProbeView], control_dead: bool, control_absent: bool) {
+        let slow_ms = self.th().probe_slow.as_millis() as u64;
+        for p in probes {
+            let r = match &p.error {
+                Some(kind) => Some(reason(
+                    ReasonCode::ProbeFailed,
+                    Verdict::Unresponsive,
+                    format!("probe {} failed: {kind}", p.target),
+                )),
+                None if !p.expectations_met => Some(reason(
+                    ReasonCode::ProbeUnexpected,
+                    Verdict::Degraded,
+                    format!("probe {} answered, but not as expected", p.target),
+                )),
+                None if p.latency_ms.is_some_and(|ms| ms > slow_ms) => Some(reason(
+                    ReasonCode::ProbeSlow,
                     Verdict::Degraded,
                     format!(
                         "probe {} took {}",
                         p.target,
                         human_ms(p.latency_ms.unwrap_or(0))
                     ),
-                ))
-            }
-            None => None,
-        };
-        if let Some(r) = r {
-            reasons.push(with(
-                with(r, "probe", p.target.clone()),
-                "latency_ms",
-                p.latency_ms,
-            ));
-        }
-        if p.error.is_none()
-            && p.expectations_met
-            && p.makes_claims
-            && (control_dead || control_absent)
-        {
-            let kernel = if control_absent {
-                "there is no control connection"
-            } else {
-                "its control connection is dead"
+                )),
+                None => None,
             };
-            reasons.push(with(
-                reason(
-                    "status_contradicts_kernel",
-                    Verdict::Wedged,
-                    format!("probe {} says all is well, but {kernel}", p.target),
-                ),
-                "probe",
-                p.target.clone(),
-            ));
+            if let Some(r) = r {
+                self.reasons.push(with(
+                    with(r, "probe", p.target.clone()),
+                    "latency_ms",
+                    p.latency_ms,
+                ));
+            }
+            if p.error.is_none()
+                && p.expectations_met
+                && p.makes_claims
+                && (control_dead || control_absent)
+            {
+                let kernel = if control_absent {
+                    "there is no control connection"
+                } else {
+                    "its control connection is dead"
+                };
+                self.reasons.push(with(
+                    reason(
+                        ReasonCode::StatusContradictsKernel,
+                        Verdict::Wedged,
+                        format!("probe {} says all is well, but {kernel}", p.target),
+                    ),
+                    "probe",
+                    p.target.clone(),
+                ));
+            }
         }
     }
-    if let Some(task) = probes
-        .iter()
-        .filter(|p| p.error.is_none())
-        .find_map(|p| p.fields.get(CURRENT_TASK))
-    {
+
+    /// The agent's `current_task`, unchanged past its threshold while no
+    /// upstream connection received anything.
+    fn current_task(&mut self, probes: &[ProbeView]) {
+        let Some(task) = probes
+            .iter()
+            .filter(|p| p.error.is_none())
+            .find_map(|p| p.fields.get(CURRENT_TASK))
+        else {
+            return;
+        };
         let text = match task {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        let since = match &history.current_task {
+        let since = match &self.history.current_task {
             Some((prev, since)) if *prev == text => *since,
-            _ => now_ms,
+            _ => self.now_ms,
         };
-        next.current_task = Some((text.clone(), since));
-        let unchanged = now_ms.saturating_sub(since);
-        let stale = th.current_task_stale.as_millis() as u64;
-        let upstream = report.sockets.iter().filter(|s| s.role != "other");
-        let moved_since = upstream
-            .clone()
+        self.next.current_task = Some((text.clone(), since));
+        let unchanged = self.now_ms.saturating_sub(since);
+        let stale = self.th().current_task_stale.as_millis() as u64;
+        let moved_since = self
+            .report
+            .sockets
+            .iter()
+            .filter(|s| s.role.is_upstream())
             .filter_map(|s| s.tcp_info.as_ref())
             .any(|i| u64::from(i.last_data_recv_ms) < unchanged.min(stale));
         let working = !matches!(task, serde_json::Value::Null) && !text.is_empty();
         if working && unchanged >= stale && !moved_since {
-            reasons.push(with(
+            self.reasons.push(with(
                 reason(
-                    "status_contradicts_kernel",
+                    ReasonCode::StatusContradictsKernel,
                     Verdict::Wedged,
                     format!(
                         "current_task {text:?} unchanged for {} while no upstream connection received anything",
@@ -882,26 +1055,32 @@ pub fn judge(
         }
     }
 
-    // Damage.
-    let zombies = report.zombies.len();
-    if zombies > th.zombies as usize {
-        let mut msg = format!("{zombies} zombie processes (threshold {})", th.zombies);
-        if let Some(d) = &report.init.diagnosis {
-            msg = format!("{msg}; missing init: {d}");
+    /// Damage: zombies past the threshold, threads in D-state too long.
+    fn damage(&mut self) {
+        let th = self.th();
+        let report = self.report;
+        let zombies = report.zombies.len();
+        if zombies > th.zombies as usize {
+            let mut msg = format!("{zombies} zombie processes (threshold {})", th.zombies);
+            if let Some(d) = &report.init.diagnosis {
+                msg = format!("{msg}; missing init: {d}");
+            }
+            self.reasons.push(with(
+                reason(ReasonCode::Zombies, Verdict::Degraded, msg),
+                "zombies",
+                zombies,
+            ));
         }
-        reasons.push(with(
-            reason("zombies", Verdict::Degraded, msg),
-            "zombies",
-            zombies,
-        ));
-    }
-    for p in &report.processes {
-        for t in p.threads.iter().filter(|t| t.state == 'D') {
-            if t.idle_ms
-                .is_some_and(|ms| ms >= th.d_state.as_millis() as u64)
-            {
+        let d_state_ms = th.d_state.as_millis() as u64;
+        for t in report
+            .processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter(|t| t.state == 'D')
+        {
+            if t.idle_ms.is_some_and(|ms| ms >= d_state_ms) {
                 let r = reason(
-                    "d_state",
+                    ReasonCode::DState,
                     Verdict::Degraded,
                     format!(
                         "thread {} in uninterruptible sleep for {} ({})",
@@ -910,53 +1089,55 @@ pub fn judge(
                         t.wchan.as_deref().unwrap_or("?")
                     ),
                 );
-                reasons.push(with(r, "tid", t.tid));
+                self.reasons.push(with(r, "tid", t.tid));
             }
         }
     }
 
-    if reasons.is_empty() || reasons.iter().all(|r| r.verdict.is_ok()) {
-        let base = if busy {
-            Verdict::Busy
-        } else if wants_control && control_alive {
-            Verdict::Idle
-        } else {
-            Verdict::Healthy
-        };
-        if !reasons.iter().any(|r| r.verdict == base) {
-            let msg = match base {
-                Verdict::Idle => {
-                    "no upstream call in flight; the control connection is alive".to_string()
-                }
-                Verdict::Healthy if probes.is_empty() => "running; nothing suspicious".to_string(),
-                _ => "running; probes answer; nothing suspicious".to_string(),
-            };
-            reasons.push(reason(base.as_str(), base, msg));
+    /// When nothing is wrong: busy (a call in flight), idle (the control
+    /// connection is alive) or healthy, said once.
+    fn base_verdict(&mut self, up: &Upstreams, _control_absent: bool, no_probes: bool) {
+        if !self.reasons.iter().all(|r| r.verdict.is_ok()) {
+            return;
         }
+        let (base, code) = if up.busy {
+            (Verdict::Busy, ReasonCode::Busy)
+        } else if self.wants_control() && up.control_alive {
+            (Verdict::Idle, ReasonCode::Idle)
+        } else {
+            (Verdict::Healthy, ReasonCode::Healthy)
+        };
+        if self.reasons.iter().any(|r| r.verdict == base) {
+            return;
+        }
+        let msg = match base {
+            Verdict::Idle => "no upstream call in flight; the control connection is alive",
+            Verdict::Healthy if no_probes => "running; nothing suspicious",
+            _ => "running; probes answer; nothing suspicious",
+        };
+        self.reasons.push(reason(code, base, msg.to_string()));
     }
-    finish(reasons, work, next, now_ms)
-}
 
-fn finish(
-    mut reasons: Vec<Reason>,
-    work: Vec<ProofWork>,
-    mut next: AgentHistory,
-    now_ms: u64,
-) -> (Judgement, AgentHistory) {
-    reasons.sort_by_key(|r| std::cmp::Reverse(r.verdict.rank()));
-    let verdict = reasons.first().map_or(Verdict::Healthy, |r| r.verdict);
-    if next.verdict != Some(verdict) {
-        next.verdict = Some(verdict);
-        next.verdict_since_ms = now_ms;
+    /// Worst reason first; the verdict is the worst reason's.
+    fn finish(self) -> (Judgement, AgentHistory) {
+        let mut reasons = self.reasons;
+        let mut next = self.next;
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.verdict.rank()));
+        let verdict = reasons.first().map_or(Verdict::Healthy, |r| r.verdict);
+        if next.verdict != Some(verdict) {
+            next.verdict = Some(verdict);
+            next.verdict_since_ms = self.now_ms;
+        }
+        (
+            Judgement {
+                verdict,
+                reasons,
+                work: self.work,
+                dead: self.dead,
+            },
+            next,
+        )
     }
-    (
-        Judgement {
-            verdict,
-            reasons,
-            work,
-        },
-        next,
-    )
 }
 
 /// The start time of process `pid` of the report, if it was read.

@@ -31,6 +31,7 @@ use crate::{
     config::HealConfig,
     inspect::Report,
     judge::{Judgement, Verdict},
+    model::DeadSocket,
 };
 
 /// One healing action, fully addressed.
@@ -176,54 +177,28 @@ impl HealHistory {
     }
 }
 
-/// A socket step's target: a dead socket named by the judgement's reasons,
-/// still present in the evidence, with its holder's identity.
-#[derive(Clone, Copy)]
-struct DeadSocket {
-    pid: u32,
-    start_ticks: u64,
-    fd: i32,
-    inode: u64,
-    /// It has unacknowledged data in flight. The kernel sends keepalive
-    /// probes only on an idle connection, so arming them cannot help here
-    /// (a runner heartbeating into a half-open stream): the gentlest step
-    /// that works is destroying it.
-    unacked: bool,
-    /// The prove stage's keepalive is armed on it and went unanswered.
-    proof: bool,
-}
-
+/// The dead sockets the judge found that the evidence still holds, each
+/// addressed as it is now (its holder and fd in `report`, which may be a
+/// fresher read than the judge's) and with its unacknowledged data as now.
 fn dead_sockets(j: &Judgement, report: &Report) -> Vec<DeadSocket> {
-    const DEAD: [&str; 3] = ["peer_unresponsive", "control_silent", "peer_closed"];
-    let mut out = Vec::new();
-    for r in j.reasons.iter().filter(|r| DEAD.contains(&r.code.as_str())) {
-        let Some(inode) = r.evidence.get("inode").and_then(serde_json::Value::as_u64) else {
-            continue;
-        };
-        let Some(s) = report.sockets.iter().find(|s| s.inode == inode) else {
-            continue;
-        };
-        let Some(fd) = s.fd else { continue };
-        let Some(start) = report
-            .processes
-            .iter()
-            .find(|p| p.pid == s.pid)
-            .and_then(|p| p.start_ticks)
-        else {
-            continue;
-        };
-        if !out.iter().any(|d: &DeadSocket| d.inode == inode) {
-            out.push(DeadSocket {
+    j.dead
+        .iter()
+        .filter_map(|d| {
+            let s = report.sockets.iter().find(|s| s.inode == d.inode)?;
+            let start_ticks = report
+                .processes
+                .iter()
+                .find(|p| p.pid == s.pid)?
+                .start_ticks?;
+            Some(DeadSocket {
                 pid: s.pid,
-                start_ticks: start,
-                fd,
-                inode,
-                unacked: s.tcp_info.as_ref().is_some_and(|i| i.unacked > 0),
-                proof: r.evidence.get("proof") == Some(&serde_json::Value::Bool(true)),
-            });
-        }
-    }
-    out
+                start_ticks,
+                fd: s.fd?,
+                unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
+                ..*d
+            })
+        })
+        .collect()
 }
 
 /// The one container the agent's processes are in, for a runtime restart
@@ -238,6 +213,11 @@ fn the_container(report: &Report) -> Option<&crate::runtime::Identity> {
 
 /// Decides the next step for an agent. `hist` is updated for the new
 /// situation (a recovered agent's ladder is reset; a breaker opens).
+///
+/// In order: a recovered agent resets the ladder; an open breaker, a
+/// stopped process, the last step's window and the backoff hold it
+/// ([`hold`]); then the next rung that has steps ([`next_rung`]), within
+/// the budgets ([`over_budget`]).
 pub fn decide(
     cfg: &HealConfig,
     j: &Judgement,
@@ -256,133 +236,10 @@ pub fn decide(
             why: format!("{} is not wedged", j.verdict),
         };
     }
-    if let Some(why) = &hist.gave_up {
-        return Decision::GaveUp { why: why.clone() };
+    if let Some(d) = hold(cfg, report, hist, now_ms) {
+        return d;
     }
-    // A process stopped on purpose (SIGSTOP, a debugger) is left alone.
-    if let Some(p) = report
-        .processes
-        .iter()
-        .find(|p| report.roots.contains(&p.pid) && matches!(p.state, 'T' | 't'))
-    {
-        return Decision::Nothing {
-            why: format!("pid {} is stopped (state {}): left alone", p.pid, p.state),
-        };
-    }
-
-    // Give the last step its window, and respect the backoff.
-    if let (Some(rung), Some(last)) = (hist.rung, hist.last_action_ms()) {
-        let wait = cfg.step_window.as_millis() as u64;
-        if now_ms < last.saturating_add(wait) {
-            return Decision::Wait {
-                why: format!("giving rung {rung} until its window ends"),
-                until_ms: last.saturating_add(wait),
-            };
-        }
-    }
-    // Still wedged after the window: every step of this wedge so far did not
-    // help, and each doubles the wait before the next.
-    if let Some(last) = hist.last_action_ms() {
-        let doublings = hist.steps_this_wedge.saturating_sub(1).min(20);
-        let backoff = (cfg.backoff.as_millis() as u64)
-            .saturating_mul(1 << doublings)
-            .min(HOUR_MS);
-        if now_ms < last.saturating_add(backoff) {
-            return Decision::Wait {
-                why: format!(
-                    "backing off {backoff} ms after {} step(s) that did not clear the wedge",
-                    hist.steps_this_wedge
-                ),
-                until_ms: last.saturating_add(backoff),
-            };
-        }
-    }
-
-    // The next rung that applies.
-    let sockets = if cfg.sockets {
-        dead_sockets(j, report)
-    } else {
-        Vec::new()
-    };
-    let root = report
-        .roots
-        .iter()
-        .find_map(|r| report.processes.iter().find(|p| p.pid == *r))
-        .and_then(|p| Some((p.pid, p.start_ticks?)));
-    let from = hist.rung.map_or(0, |r| r.saturating_add(1));
-    let mut chosen = None;
-    for rung in from..=3u8 {
-        let steps: Vec<Step> = match rung {
-            // Keepalive where it can work (a proof keepalive that went
-            // unanswered is ended; elsewhere one is armed); a socket with
-            // data in flight goes straight to the next rung.
-            0 if sockets.iter().all(|d| d.proof || !d.unacked) => sockets
-                .iter()
-                .map(|d| {
-                    let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
-                    if d.proof {
-                        Step::ExpireKeepalive {
-                            pid,
-                            start_ticks,
-                            fd,
-                            inode,
-                        }
-                    } else {
-                        Step::ArmKeepalive {
-                            pid,
-                            start_ticks,
-                            fd,
-                            inode,
-                        }
-                    }
-                })
-                .collect(),
-            1 => sockets
-                .iter()
-                .map(|d| Step::DestroySocket {
-                    pid: d.pid,
-                    start_ticks: d.start_ticks,
-                    fd: d.fd,
-                    inode: d.inode,
-                })
-                .collect(),
-            2 if cfg.signal => root
-                .map(|(pid, start_ticks)| Step::Signal {
-                    pid,
-                    start_ticks,
-                    grace_ms: cfg.grace.as_millis() as u64,
-                })
-                .into_iter()
-                .collect(),
-            3 if cfg.restart_runtime => root
-                .zip(the_container(report))
-                .map(|((pid, start_ticks), c)| Step::RestartContainer {
-                    runtime: c.runtime,
-                    id: c.id.clone(),
-                    pid,
-                    start_ticks,
-                    grace_ms: cfg.grace.as_millis() as u64,
-                    timeout_ms: cfg.restart_timeout.as_millis() as u64,
-                })
-                .into_iter()
-                .collect(),
-            3 => cfg
-                .restart
-                .clone()
-                .map(|argv| Step::Restart {
-                    argv,
-                    timeout_ms: cfg.restart_timeout.as_millis() as u64,
-                })
-                .into_iter()
-                .collect(),
-            _ => Vec::new(),
-        };
-        if !steps.is_empty() {
-            chosen = Some(steps);
-            break;
-        }
-    }
-    let Some(steps) = chosen else {
+    let Some(steps) = next_rung(cfg, j, report, hist) else {
         let why = if hist.rung.is_none() {
             "no step fits: no dead socket to act on, and neither signal nor restart is enabled in [agent.heal]".to_string()
         } else {
@@ -394,16 +251,169 @@ pub fn decide(
         hist.gave_up = Some(why.clone());
         return Decision::GaveUp { why };
     };
-
-    // Budgets.
-    let this_hour = hist.within_hour(now_ms).count() as u32;
-    if this_hour + steps.len() as u32 > cfg.max_actions_per_hour {
-        let why = format!(
-            "action budget spent: {this_hour} of {} this hour",
-            cfg.max_actions_per_hour
-        );
+    if let Some(why) = over_budget(cfg, &steps, hist, now_ms) {
         hist.gave_up = Some(why.clone());
         return Decision::GaveUp { why };
+    }
+    Decision::Act { steps }
+}
+
+/// What keeps a wedged agent's ladder from acting now: a breaker already
+/// open, a process stopped on purpose, the last step's window, the backoff.
+fn hold(cfg: &HealConfig, report: &Report, hist: &HealHistory, now_ms: u64) -> Option<Decision> {
+    if let Some(why) = &hist.gave_up {
+        return Some(Decision::GaveUp { why: why.clone() });
+    }
+    // A process stopped on purpose (SIGSTOP, a debugger) is left alone.
+    if let Some(p) = report
+        .processes
+        .iter()
+        .find(|p| report.roots.contains(&p.pid) && matches!(p.state, 'T' | 't'))
+    {
+        return Some(Decision::Nothing {
+            why: format!("pid {} is stopped (state {}): left alone", p.pid, p.state),
+        });
+    }
+    // Give the last step its window, and respect the backoff.
+    if let (Some(rung), Some(last)) = (hist.rung, hist.last_action_ms()) {
+        let wait = cfg.step_window.as_millis() as u64;
+        if now_ms < last.saturating_add(wait) {
+            return Some(Decision::Wait {
+                why: format!("giving rung {rung} until its window ends"),
+                until_ms: last.saturating_add(wait),
+            });
+        }
+    }
+    // Still wedged after the window: every step of this wedge so far did not
+    // help, and each doubles the wait before the next.
+    if let Some(last) = hist.last_action_ms() {
+        let doublings = hist.steps_this_wedge.saturating_sub(1).min(20);
+        let backoff = (cfg.backoff.as_millis() as u64)
+            .saturating_mul(1 << doublings)
+            .min(HOUR_MS);
+        if now_ms < last.saturating_add(backoff) {
+            return Some(Decision::Wait {
+                why: format!(
+                    "backing off {backoff} ms after {} step(s) that did not clear the wedge",
+                    hist.steps_this_wedge
+                ),
+                until_ms: last.saturating_add(backoff),
+            });
+        }
+    }
+    None
+}
+
+/// The steps of the first rung above the last one taken that has any.
+fn next_rung(
+    cfg: &HealConfig,
+    j: &Judgement,
+    report: &Report,
+    hist: &HealHistory,
+) -> Option<Vec<Step>> {
+    let sockets = if cfg.sockets {
+        dead_sockets(j, report)
+    } else {
+        Vec::new()
+    };
+    let root = report
+        .roots
+        .iter()
+        .find_map(|r| report.processes.iter().find(|p| p.pid == *r))
+        .and_then(|p| Some((p.pid, p.start_ticks?)));
+    let from = hist.rung.map_or(0, |r| r.saturating_add(1));
+    (from..=3u8)
+        .map(|rung| rung_steps(rung, cfg, &sockets, root, report))
+        .find(|steps| !steps.is_empty())
+}
+
+/// The steps rung `rung` would take now (none when it does not apply).
+fn rung_steps(
+    rung: u8,
+    cfg: &HealConfig,
+    sockets: &[DeadSocket],
+    root: Option<(u32, u64)>,
+    report: &Report,
+) -> Vec<Step> {
+    let grace_ms = cfg.grace.as_millis() as u64;
+    let timeout_ms = cfg.restart_timeout.as_millis() as u64;
+    match rung {
+        // Keepalive where it can work (a proof keepalive that went
+        // unanswered is ended; elsewhere one is armed); a socket with data
+        // in flight goes straight to the next rung.
+        0 if sockets.iter().all(|d| d.by_proof || d.unacked == 0) => sockets
+            .iter()
+            .map(|d| {
+                let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
+                if d.by_proof {
+                    Step::ExpireKeepalive {
+                        pid,
+                        start_ticks,
+                        fd,
+                        inode,
+                    }
+                } else {
+                    Step::ArmKeepalive {
+                        pid,
+                        start_ticks,
+                        fd,
+                        inode,
+                    }
+                }
+            })
+            .collect(),
+        1 => sockets
+            .iter()
+            .map(|d| Step::DestroySocket {
+                pid: d.pid,
+                start_ticks: d.start_ticks,
+                fd: d.fd,
+                inode: d.inode,
+            })
+            .collect(),
+        2 if cfg.signal => root
+            .map(|(pid, start_ticks)| Step::Signal {
+                pid,
+                start_ticks,
+                grace_ms,
+            })
+            .into_iter()
+            .collect(),
+        3 if cfg.restart_runtime => root
+            .zip(the_container(report))
+            .map(|((pid, start_ticks), c)| Step::RestartContainer {
+                runtime: c.runtime,
+                id: c.id.clone(),
+                pid,
+                start_ticks,
+                grace_ms,
+                timeout_ms,
+            })
+            .into_iter()
+            .collect(),
+        3 => cfg
+            .restart
+            .clone()
+            .map(|argv| Step::Restart { argv, timeout_ms })
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Why taking `steps` now would spend more than this hour's budgets allow.
+fn over_budget(
+    cfg: &HealConfig,
+    steps: &[Step],
+    hist: &HealHistory,
+    now_ms: u64,
+) -> Option<String> {
+    let this_hour = hist.within_hour(now_ms).count() as u32;
+    if this_hour + steps.len() as u32 > cfg.max_actions_per_hour {
+        return Some(format!(
+            "action budget spent: {this_hour} of {} this hour",
+            cfg.max_actions_per_hour
+        ));
     }
     if steps.iter().any(Step::is_disruptive) {
         let disruptive = hist
@@ -411,15 +421,13 @@ pub fn decide(
             .filter(|a| a.step.is_disruptive())
             .count() as u32;
         if disruptive >= cfg.max_restarts_per_hour {
-            let why = format!(
+            return Some(format!(
                 "restart budget spent: {disruptive} of {} this hour",
                 cfg.max_restarts_per_hour
-            );
-            hist.gave_up = Some(why.clone());
-            return Decision::GaveUp { why };
+            ));
         }
     }
-    Decision::Act { steps }
+    None
 }
 
 #[cfg(test)]

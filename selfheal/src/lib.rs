@@ -23,6 +23,8 @@
 //!   [`snapshots`] (the forensic log), [`metrics`] (the Prometheus text),
 //!   [`text`] (escaping and redaction of everything shown), [`safedir`] (the
 //!   one rule for directories selfheal writes into);
+//! - [`model`]: the typed vocabulary the layers pass (roles, TCP states,
+//!   reason codes, gaps, findings);
 //! - [`testbed`]: the incident's real programs, for the demo and the tests.
 
 pub mod actions;
@@ -37,6 +39,7 @@ pub mod inspect;
 pub mod judge;
 pub mod ladder;
 pub mod metrics;
+pub mod model;
 pub mod pidfd;
 pub mod probe;
 pub mod proc;

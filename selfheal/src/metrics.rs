@@ -72,7 +72,7 @@ pub struct Counters {
 /// Folds one agent's outcome into its counters (called once per check).
 pub fn observe(c: &mut Counters, o: &Outcome) {
     let now: Vec<String> = {
-        let mut v: Vec<String> = o.reasons.iter().map(|r| code(&r.code)).collect();
+        let mut v: Vec<String> = o.reasons.iter().map(|r| r.code.to_string()).collect();
         v.sort();
         v.dedup();
         v
@@ -232,7 +232,7 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
         "1 for each reason the agent's current verdict has.",
     );
     for a in outcomes {
-        let mut codes: Vec<String> = a.reasons.iter().map(|r| code(&r.code)).collect();
+        let mut codes: Vec<String> = a.reasons.iter().map(|r| r.code.to_string()).collect();
         codes.sort();
         codes.dedup();
         for c in codes {
@@ -585,7 +585,7 @@ mod tests {
             reasons: reasons
                 .iter()
                 .map(|c| Reason {
-                    code: (*c).into(),
+                    code: serde_json::from_value(serde_json::json!(c)).expect("a reason code"),
                     verdict,
                     message: "m".into(),
                     evidence: Default::default(),
@@ -653,7 +653,7 @@ mod tests {
 
     #[test]
     fn every_family_has_help_and_type_once_and_names_follow_the_conventions() {
-        let outs = [outcome("a", Verdict::Wedged, &["recv_stalled"])];
+        let outs = [outcome("a", Verdict::Wedged, &["recv_blocked"])];
         let t = render(&outs, &history_of(&outs), &info());
         let mut seen = std::collections::BTreeSet::new();
         for l in t.lines().filter(|l| l.starts_with("# TYPE ")) {
@@ -688,22 +688,22 @@ mod tests {
     #[test]
     fn reasons_count_appearances_not_checks() {
         let mut c = Counters::default();
-        let w = outcome("a", Verdict::Wedged, &["recv_stalled", "probe_timeout"]);
+        let w = outcome("a", Verdict::Wedged, &["recv_blocked", "probe_failed"]);
         observe(&mut c, &w);
         observe(&mut c, &w);
         observe(&mut c, &w);
-        assert_eq!(c.reasons["recv_stalled"], 1);
+        assert_eq!(c.reasons["recv_blocked"], 1);
         assert_eq!(c.not_ok_checks, 3);
         observe(&mut c, &outcome("a", Verdict::Healthy, &[]));
         observe(&mut c, &w);
-        assert_eq!(c.reasons["recv_stalled"], 2);
-        assert_eq!(c.reasons["probe_timeout"], 2);
+        assert_eq!(c.reasons["recv_blocked"], 2);
+        assert_eq!(c.reasons["probe_failed"], 2);
         assert_eq!(c.not_ok_checks, 4);
     }
 
     #[test]
     fn heals_proofs_and_the_last_snapshot_are_counted_and_rendered() {
-        let mut w = outcome("a", Verdict::Wedged, &["recv_stalled"]);
+        let mut w = outcome("a", Verdict::Wedged, &["recv_blocked"]);
         w.snapshot = Some("20261130T180000Z-a-1".into());
         w.heal = Some(HealReport {
             decision: Decision::Act { steps: vec![] },
@@ -758,9 +758,9 @@ mod tests {
         ));
         assert!(t.contains("selfheal_agent_breaker_open{agent=\"a\"} 1\n"));
         assert!(t.contains("selfheal_agent_heal_steps_current_wedge{agent=\"a\"} 2\n"));
-        assert!(t.contains("selfheal_agent_reason{agent=\"a\",reason=\"recv_stalled\"} 1\n"));
+        assert!(t.contains("selfheal_agent_reason{agent=\"a\",reason=\"recv_blocked\"} 1\n"));
         assert!(
-            t.contains("selfheal_agent_reasons_total{agent=\"a\",reason=\"recv_stalled\"} 1\n")
+            t.contains("selfheal_agent_reasons_total{agent=\"a\",reason=\"recv_blocked\"} 1\n")
         );
     }
 

@@ -24,7 +24,7 @@ pub struct TcpSocket {
     pub cookie: u64,
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    pub state: &'static str,
+    pub state: crate::model::TcpState,
     pub uid: u32,
     pub recv_queue: u32,
     pub send_queue: u32,
@@ -246,28 +246,10 @@ fn convert(r: &InetResponse) -> TcpSocket {
         cookie: u64::from_ne_bytes(id.cookie),
         local: SocketAddr::new(id.source_address, id.source_port),
         remote: SocketAddr::new(id.destination_address, id.destination_port),
-        state: state_name(h.state),
+        state: crate::model::TcpState::from_kernel(h.state),
         uid: h.uid,
         recv_queue: h.recv_queue,
         send_queue: h.send_queue,
         tcp_info,
-    }
-}
-
-/// The kernel's TCP state names, as `ss` prints them.
-pub fn state_name(state: u8) -> &'static str {
-    match state {
-        1 => "ESTAB",
-        2 => "SYN-SENT",
-        3 => "SYN-RECV",
-        4 => "FIN-WAIT-1",
-        5 => "FIN-WAIT-2",
-        6 => "TIME-WAIT",
-        7 => "CLOSE",
-        8 => "CLOSE-WAIT",
-        9 => "LAST-ACK",
-        10 => "LISTEN",
-        11 => "CLOSING",
-        _ => "UNKNOWN",
     }
 }

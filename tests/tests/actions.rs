@@ -292,7 +292,7 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
         info.last_data_recv_ms,
         sock.timer
     );
-    assert_eq!(sock.state, "ESTAB");
+    assert_eq!(sock.state, selfheal::model::TcpState::Established);
     // ACKs keep arriving although no data has for much longer.
     assert!(u64::from(info.last_data_recv_ms) > 5000, "{info:?}");
     assert_eq!(fd_of(ready.pid, ready.inode), Some(fd));

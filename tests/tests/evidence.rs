@@ -143,9 +143,13 @@ fn established_close_wait_and_unacked_sockets() {
             .find(|s| s.local == local)
             .map(|s| s.state)
     };
-    assert_eq!(state_of(keep.local_addr().unwrap()), Some("ESTAB"));
+    assert_eq!(
+        state_of(keep.local_addr().unwrap()),
+        Some(selfheal::model::TcpState::Established)
+    );
     let cw = wait_for(5 * SEC, Duration::from_millis(20), || {
-        (state_of(closing.local_addr().unwrap()) == Some("CLOSE-WAIT")).then_some(())
+        (state_of(closing.local_addr().unwrap()) == Some(selfheal::model::TcpState::CloseWait))
+            .then_some(())
     });
     assert!(cw.is_some(), "CLOSE-WAIT");
 

@@ -195,7 +195,7 @@ fn render_diagnosis(d: &selfheal::check::Diagnosis) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "\nverdict: {}", d.verdict);
     for r in &d.reasons {
-        let _ = writeln!(o, "  {} ({}): {}", esc(&r.code), r.verdict, esc(&r.message));
+        let _ = writeln!(o, "  {} ({}): {}", r.code, r.verdict, esc(&r.message));
     }
     if !d.proofs.is_empty() {
         let _ = writeln!(o, "proof:");

@@ -8,6 +8,7 @@ use crate::{
     config::{Config, Upstream},
     ebpf::Overflow,
     inspect::{EbpfStatus, InitDiagnosis, ProcessReport, ThreadReport, Zombie},
+    model::{Gap, RecvSource},
     sockdiag::TcpInfo,
 };
 
@@ -53,8 +54,12 @@ fn socket(inode: u64, role: &'static str, i: TcpInfo) -> SocketReport {
         } else {
             "10.9.9.9:443".into()
         },
-        state: "ESTAB",
-        role,
+        state: TcpState::Established,
+        role: match role {
+            "control" => SocketRole::Control,
+            "provider" => SocketRole::Provider,
+            _ => SocketRole::Other,
+        },
         upstream: match role {
             "control" => Some(0),
             "provider" => Some(1),
@@ -80,7 +85,7 @@ fn thread(tid: u32, state: char, recv: Option<(u64, u64)>) -> ThreadReport {
         recv_blocked_ms: recv.map(|(_, age)| age),
         recv_inode: recv.map(|(inode, _)| inode),
         recv_syscall: recv.map(|_| "recvfrom".into()),
-        recv_source: recv.map(|_| "procfs"),
+        recv_source: recv.map(|_| RecvSource::Procfs),
         wait_syscall: None,
         wait_inodes: vec![],
         wait_event_loop: false,
@@ -183,7 +188,7 @@ fn verdicts_on_fixtures() {
     backoff.unacked = 2;
     backoff.backoff = 4;
     let mut close_wait = socket(2, "provider", info(5_000, 5_000, 5_000));
-    close_wait.state = "CLOSE-WAIT";
+    close_wait.state = TcpState::CloseWait;
     let mut zombies = report(vec![thread(100, 'S', None)], vec![alive_control()]);
     zombies.zombies = (0..25)
         .map(|i| Zombie {
@@ -202,9 +207,10 @@ fn verdicts_on_fixtures() {
     };
     let mut no_process = report(vec![], vec![]);
     no_process.processes.clear();
-    no_process
-        .gaps
-        .push("no process matched: no process's command line matches \"sol\"".into());
+    no_process.gaps.push(Gap::new(
+        GapKind::NoProcess,
+        "no process matched: no process's command line matches \"sol\"",
+    ));
     let timeout = ProbeView {
         error: Some("timeout".into()),
         latency_ms: None,
@@ -576,7 +582,7 @@ fn control_silence_says_whether_the_peer_still_acknowledges() {
         assert_eq!(j.verdict, Verdict::Wedged);
         j.reasons
             .iter()
-            .find(|r| r.code == "control_silent")
+            .find(|r| r.code.as_str() == "control_silent")
             .expect("control_silent")
             .message
             .clone()
@@ -618,7 +624,7 @@ fn an_event_loop_waiting_on_a_silent_provider_is_busy_when_it_reports_a_task() {
     let suspect = j
         .reasons
         .iter()
-        .find(|r| r.code == "suspect")
+        .find(|r| r.code.as_str() == "suspect")
         .expect("suspect");
     assert!(
         suspect.message.contains("current_task \"WI-9\""),
@@ -668,7 +674,7 @@ fn a_connection_attempt_is_an_absent_control_not_a_silent_one() {
     // SYN sent, never answered: tcp_info's "last received" is meaningless
     // (the time since boot), and must not read as hours of silence.
     let mut syn = socket(1, "control", info(10_000_000, 10_000_000, 500));
-    syn.state = "SYN-SENT";
+    syn.state = TcpState::SynSent;
     let r = report(vec![thread(100, 'S', None)], vec![syn]);
     let (j, h) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
     assert!(
@@ -923,6 +929,59 @@ fn silent_calls_are_proven() {
     }
 }
 
+/// What the ladder acts on comes from the judge as typed findings, one per
+/// dead socket whose holder and fd were read: never re-read from the
+/// reasons' JSON evidence.
+#[test]
+fn dead_sockets_are_typed_findings_for_the_ladder() {
+    let cfg = agent("");
+    let mut proven = info(2 * MIN, 2 * MIN, 2 * MIN);
+    proven.probes = 3;
+    let mut retrans = info(2 * MIN, 2 * MIN, 500);
+    retrans.unacked = 2;
+    retrans.backoff = 9;
+    let silent = socket(1, "control", info(40_000, 40_000, 500));
+    let r = report(
+        vec![thread(101, 'S', Some((1, 40_000)))],
+        vec![
+            silent,
+            socket(2, "provider", proven),
+            socket(3, "provider", retrans),
+        ],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &armed(5_000), 100 * MIN);
+    assert_eq!(j.verdict, Verdict::Wedged);
+    let found: Vec<(u64, i32, u64, u32, bool)> = j
+        .dead
+        .iter()
+        .map(|d| (d.inode, d.fd, d.cookie, d.unacked, d.by_proof))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (1, 3, 5001, 0, false),
+            (2, 4, 5002, 0, true),
+            (3, 5, 5003, 2, false)
+        ],
+        "{:#?}",
+        j.reasons
+    );
+    assert!(j.dead.iter().all(|d| d.pid == 100 && d.start_ticks == 4242));
+    // A dead socket whose fd could not be read is a reason, not a finding:
+    // no action can address it.
+    let mut no_fd = socket(1, "control", info(40_000, 40_000, 500));
+    no_fd.fd = None;
+    let (j, _) = judge(
+        &cfg,
+        &report(vec![], vec![no_fd]),
+        &[],
+        &AgentHistory::default(),
+        100 * MIN,
+    );
+    assert!(codes(&j).contains(&"control_silent"), "{:?}", codes(&j));
+    assert!(j.dead.is_empty());
+}
+
 /// The proof's dead reason carries the mark the ladder ends it by; a proof
 /// whose socket went (or whose fd now holds another socket) is forgotten.
 #[test]
@@ -935,7 +994,7 @@ fn proofs_are_marked_and_forgotten_with_their_socket() {
     let reason = j
         .reasons
         .iter()
-        .find(|r| r.code == "peer_unresponsive")
+        .find(|r| r.code.as_str() == "peer_unresponsive")
         .expect("dead");
     assert_eq!(reason.evidence["proof"], true);
     assert!(

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, time::Duration};
 use super::*;
 use crate::{
     inspect::{EbpfStatus, InitDiagnosis, ProcessReport, SocketReport},
-    judge::Reason,
+    judge::{Reason, ReasonCode},
 };
 
 const SEC: u64 = 1_000;
@@ -47,8 +47,8 @@ fn report(state: char, with_socket: bool) -> Report {
                 cookie: 9,
                 local: "10.0.0.2:1".into(),
                 remote: "10.0.0.1:7443".into(),
-                state: "ESTAB",
-                role: "control",
+                state: crate::model::TcpState::Established,
+                role: crate::model::SocketRole::Control,
                 upstream: Some(0),
                 timer: None,
                 tcp_info: None,
@@ -77,7 +77,9 @@ fn report(state: char, with_socket: bool) -> Report {
     }
 }
 
-fn wedged(code: &str, inode: Option<u64>) -> Judgement {
+/// A wedged judgement for `code`, with the judge's finding of a dead
+/// socket `inode` held by pid 100 at fd 7 (as `report` has it), if given.
+fn wedged(code: ReasonCode, inode: Option<u64>) -> Judgement {
     let mut evidence = BTreeMap::new();
     if let Some(i) = inode {
         evidence.insert("inode".to_string(), serde_json::json!(i));
@@ -85,12 +87,24 @@ fn wedged(code: &str, inode: Option<u64>) -> Judgement {
     Judgement {
         verdict: Verdict::Wedged,
         reasons: vec![Reason {
-            code: code.into(),
+            code,
             verdict: Verdict::Wedged,
             message: String::new(),
             evidence,
         }],
         work: vec![],
+        dead: inode
+            .map(|inode| DeadSocket {
+                pid: 100,
+                start_ticks: 777,
+                fd: 7,
+                inode,
+                cookie: 9,
+                unacked: 0,
+                by_proof: false,
+            })
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -99,6 +113,7 @@ fn busy() -> Judgement {
         verdict: Verdict::Busy,
         reasons: vec![],
         work: vec![],
+        dead: vec![],
     }
 }
 
@@ -127,7 +142,12 @@ fn timeline(cfg: &HealConfig, events: &[(u64, Judgement, Report)]) -> Vec<String
 #[test]
 fn a_dead_socket_climbs_the_socket_rungs_then_the_process_rungs() {
     let cfg = heal(true, true);
-    let w = || (wedged("control_silent", Some(42)), report('S', true));
+    let w = || {
+        (
+            wedged(ReasonCode::ControlSilent, Some(42)),
+            report('S', true),
+        )
+    };
     let events: Vec<_> = [0, 5, 31, 40, 62, 105, 140, 190, 200]
         .iter()
         .map(|t| {
@@ -160,7 +180,7 @@ fn defaults_act_only_on_sockets() {
         .map(|t| {
             (
                 t * SEC,
-                wedged("peer_unresponsive", Some(42)),
+                wedged(ReasonCode::PeerUnresponsive, Some(42)),
                 report('S', true),
             )
         })
@@ -174,7 +194,7 @@ fn defaults_act_only_on_sockets() {
     let mut h = HealHistory::default();
     let d = decide(
         &cfg,
-        &wedged("status_contradicts_kernel", None),
+        &wedged(ReasonCode::StatusContradictsKernel, None),
         &report('S', false),
         &mut h,
         0,
@@ -189,11 +209,15 @@ fn defaults_act_only_on_sockets() {
 fn recovery_resets_the_ladder() {
     let cfg = heal(true, true);
     let events = vec![
-        (0, wedged("control_silent", Some(42)), report('S', true)),
+        (
+            0,
+            wedged(ReasonCode::ControlSilent, Some(42)),
+            report('S', true),
+        ),
         (31 * SEC, busy(), report('S', true)),
         (
             40 * SEC,
-            wedged("control_silent", Some(42)),
+            wedged(ReasonCode::ControlSilent, Some(42)),
             report('S', true),
         ),
     ];
@@ -217,7 +241,7 @@ fn backoff_doubles_with_every_step_that_did_not_help() {
         .map(|t| {
             (
                 t * SEC,
-                wedged("control_silent", Some(42)),
+                wedged(ReasonCode::ControlSilent, Some(42)),
                 report('S', true),
             )
         })
@@ -258,7 +282,7 @@ fn budgets_open_the_breaker() {
     h.rung = None;
     let d = decide(
         &cfg,
-        &wedged("status_contradicts_kernel", None),
+        &wedged(ReasonCode::StatusContradictsKernel, None),
         &report('S', false),
         &mut h,
         100 * SEC,
@@ -271,7 +295,7 @@ fn budgets_open_the_breaker() {
     assert!(matches!(
         decide(
             &cfg,
-            &wedged("status_contradicts_kernel", None),
+            &wedged(ReasonCode::StatusContradictsKernel, None),
             &report('S', false),
             &mut h,
             200 * SEC
@@ -304,7 +328,7 @@ fn budgets_open_the_breaker() {
     h.rung = None;
     let d = decide(
         &cfg,
-        &wedged("control_silent", Some(42)),
+        &wedged(ReasonCode::ControlSilent, Some(42)),
         &report('S', true),
         &mut h,
         100 * SEC,
@@ -320,7 +344,7 @@ fn a_stopped_process_is_left_alone() {
     let mut h = HealHistory::default();
     let d = decide(
         &heal(true, true),
-        &wedged("control_silent", Some(42)),
+        &wedged(ReasonCode::ControlSilent, Some(42)),
         &report('T', true),
         &mut h,
         0,
@@ -337,7 +361,7 @@ fn steps_carry_the_process_identity() {
     let mut h = HealHistory::default();
     let Decision::Act { steps } = decide(
         &heal(false, false),
-        &wedged("peer_unresponsive", Some(42)),
+        &wedged(ReasonCode::PeerUnresponsive, Some(42)),
         &report('S', true),
         &mut h,
         0,
@@ -357,7 +381,7 @@ fn steps_carry_the_process_identity() {
     let mut h = HealHistory::default();
     let d = decide(
         &heal(false, false),
-        &wedged("peer_unresponsive", Some(4242)),
+        &wedged(ReasonCode::PeerUnresponsive, Some(4242)),
         &report('S', true),
         &mut h,
         0,
@@ -418,14 +442,14 @@ fn extreme_history_and_settings_do_not_overflow() {
     for now in [0, 1, u64::MAX - 1, u64::MAX] {
         let _ = decide(
             &huge,
-            &wedged("control_silent", Some(42)),
+            &wedged(ReasonCode::ControlSilent, Some(42)),
             &report('S', true),
             &mut h.clone(),
             now,
         );
         let _ = decide(
             &HealConfig::default(),
-            &wedged("control_silent", Some(42)),
+            &wedged(ReasonCode::ControlSilent, Some(42)),
             &report('S', true),
             &mut h,
             now,
@@ -463,12 +487,16 @@ fn a_dead_socket_with_data_in_flight_skips_keepalive_for_destroy() {
         bytes_acked: 10,
     });
     let events = [
-        (0, wedged("peer_unresponsive", Some(42)), r.clone()),
-        (40 * SEC, wedged("peer_unresponsive", Some(42)), r),
+        (0, wedged(ReasonCode::PeerUnresponsive, Some(42)), r.clone()),
+        (40 * SEC, wedged(ReasonCode::PeerUnresponsive, Some(42)), r),
     ];
     assert_eq!(timeline(&cfg, &events), ["destroy_socket", "gave_up"]);
     // An idle dead socket still gets the gentler keepalive first.
-    let idle = [(0, wedged("control_silent", Some(42)), report('S', true))];
+    let idle = [(
+        0,
+        wedged(ReasonCode::ControlSilent, Some(42)),
+        report('S', true),
+    )];
     assert_eq!(timeline(&cfg, &idle), ["arm_keepalive"]);
 }
 
@@ -476,10 +504,11 @@ fn a_dead_socket_with_data_in_flight_skips_keepalive_for_destroy() {
 fn an_unanswered_proof_keepalive_is_ended_first_then_the_ladder_goes_on() {
     let cfg = HealConfig::default();
     let proven = || {
-        let mut j = wedged("peer_unresponsive", Some(42));
+        let mut j = wedged(ReasonCode::PeerUnresponsive, Some(42));
         j.reasons[0]
             .evidence
             .insert("proof".into(), serde_json::Value::Bool(true));
+        j.dead[0].by_proof = true;
         j
     };
     let events: Vec<_> = [0, 31, 70]
@@ -538,7 +567,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
     let mut h = HealHistory::default();
     let d = decide(
         &cfg,
-        &wedged("status_contradicts_kernel", None),
+        &wedged(ReasonCode::StatusContradictsKernel, None),
         &r,
         &mut h,
         100 * SEC,
@@ -570,7 +599,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
         r.containers = containers;
         let d = decide(
             &cfg,
-            &wedged("status_contradicts_kernel", None),
+            &wedged(ReasonCode::StatusContradictsKernel, None),
             &r,
             &mut HealHistory::default(),
             100 * SEC,
@@ -586,7 +615,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
     h.rung = None;
     let d = decide(
         &cfg,
-        &wedged("status_contradicts_kernel", None),
+        &wedged(ReasonCode::StatusContradictsKernel, None),
         &r,
         &mut h,
         200 * SEC,
@@ -609,9 +638,14 @@ fn a_proven_dead_stream_heals_on_the_first_rung_and_a_slow_live_one_is_never_cut
         verdict: Verdict::Idle,
         reasons: vec![],
         work: vec![],
+        dead: vec![],
     };
     let events = [
-        (0, wedged("control_silent", Some(42)), report('S', true)),
+        (
+            0,
+            wedged(ReasonCode::ControlSilent, Some(42)),
+            report('S', true),
+        ),
         (30 * SEC, idle(), report('S', true)),
         (60 * SEC, idle(), report('S', true)),
     ];
@@ -638,4 +672,42 @@ fn a_proven_dead_stream_heals_on_the_first_rung_and_a_slow_live_one_is_never_cut
         .map(|t| (t * 30 * SEC, busy(), slow.clone()))
         .collect();
     assert!(timeline(&cfg, &events).iter().all(|d| d == "nothing"));
+}
+
+/// Issue 15: the ladder acts on the judge's typed findings alone. A reason
+/// whose JSON evidence names an inode is words for a person, not an
+/// address: without a finding there is no socket step.
+#[test]
+fn socket_steps_come_from_findings_not_from_reason_evidence() {
+    let mut words_only = wedged(ReasonCode::PeerUnresponsive, Some(42));
+    words_only.dead.clear();
+    let d = decide(
+        &heal(false, false),
+        &words_only,
+        &report('S', true),
+        &mut HealHistory::default(),
+        0,
+    );
+    assert!(matches!(d, Decision::GaveUp { .. }), "{d:?}");
+    // The finding addresses the socket as the (fresher) evidence has it now.
+    let mut moved = report('S', true);
+    moved.sockets[0].fd = Some(11);
+    let Decision::Act { steps } = decide(
+        &heal(false, false),
+        &wedged(ReasonCode::PeerUnresponsive, Some(42)),
+        &moved,
+        &mut HealHistory::default(),
+        0,
+    ) else {
+        panic!("acts")
+    };
+    assert_eq!(
+        steps,
+        [Step::ArmKeepalive {
+            pid: 100,
+            start_ticks: 777,
+            fd: 11,
+            inode: 42
+        }]
+    );
 }
