@@ -39,6 +39,8 @@ use netlink_packet_sock_diag::{
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
 use serde::{Deserialize, Serialize};
 
+pub use selfheal_core::keepalive::KeepaliveSettings;
+
 use crate::pidfd::{Pidfd, PidfdError};
 
 /// Why an action was not taken, or failed.
@@ -458,22 +460,6 @@ impl Keepalive {
             user_timeout_ms,
         })
     }
-}
-
-/// A socket's keepalive options, in the kernel's units.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct KeepaliveSettings {
-    /// `SO_KEEPALIVE`.
-    pub enabled: bool,
-    /// `TCP_KEEPIDLE`, seconds.
-    pub idle_s: u32,
-    /// `TCP_KEEPINTVL`, seconds.
-    pub interval_s: u32,
-    /// `TCP_KEEPCNT`.
-    pub count: u32,
-    /// `TCP_USER_TIMEOUT`, milliseconds (0: off).
-    pub user_timeout_ms: u32,
 }
 
 /// The user timeout [`arm_keepalive`] sets, derived from the proof: the

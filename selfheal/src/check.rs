@@ -686,7 +686,7 @@ fn unit_stopping(unit: &str) -> Option<String> {
 /// heartbeats and what host names resolved to, for people).
 pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
     let matched = agents::find_of(&agent.rule, agent.uid_filter(crate::trust::euid()), table);
-    let upstreams = agent.resolve_upstreams();
+    let upstreams = crate::config::resolve_upstreams(agent);
     let mut lines: Vec<String> = agent
         .upstreams
         .iter()

@@ -16,10 +16,7 @@ pub fn boot_ns() -> u64 {
     }
 }
 
-/// Milliseconds from `since_ns` to `now_ns`, 0 if `since_ns` is later.
-pub fn age_ms(now_ns: u64, since_ns: u64) -> u64 {
-    now_ns.saturating_sub(since_ns) / 1_000_000
-}
+pub use selfheal_core::clock::age_ms;
 
 #[cfg(test)]
 mod tests {
@@ -30,11 +27,5 @@ mod tests {
         let a = boot_ns();
         std::thread::sleep(std::time::Duration::from_millis(5));
         assert!(boot_ns() >= a + 4_000_000);
-    }
-
-    #[test]
-    fn ages_never_go_negative() {
-        assert_eq!(age_ms(5_000_000, 1_000_000), 4);
-        assert_eq!(age_ms(1_000_000, 5_000_000), 0);
     }
 }

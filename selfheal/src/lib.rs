@@ -36,10 +36,7 @@ pub mod ebpf;
 pub mod healer;
 pub mod helper;
 pub mod inspect;
-pub mod judge;
-pub mod ladder;
 pub mod metrics;
-pub mod model;
 pub mod pidfd;
 pub mod probe;
 pub mod proc;
@@ -50,5 +47,6 @@ pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
 pub mod testbed;
-pub mod text;
 pub mod trust;
+
+pub use selfheal_core::{judge, ladder, model, text};

@@ -14,88 +14,7 @@
 //! clock to within a tick.
 
 use procfs::process::{FDTarget, Process};
-use serde::Serialize;
-
-/// One process of an agent.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProcessInfo {
-    pub pid: u32,
-    pub ppid: u32,
-    pub name: String,
-    /// R, S, D, Z, T, …
-    pub state: char,
-    /// Start time in clock ticks after boot: with the pid, the process's
-    /// identity (a reused pid has another).
-    pub start_ticks: u64,
-    pub uid: Option<u32>,
-    /// Whether this process is PID 1 of its own pid namespace (an init that
-    /// must reap orphans).
-    pub pid_ns_init: bool,
-    pub threads: Vec<ThreadInfo>,
-    /// `(fd, inode)` of every socket the process holds.
-    pub sockets: Vec<(i32, u64)>,
-    /// What could not be read, and why.
-    pub gaps: Vec<String>,
-}
-
-/// One thread.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ThreadInfo {
-    pub tid: u32,
-    pub name: String,
-    pub state: char,
-    /// Kernel function the thread sleeps in, if any.
-    pub wchan: Option<String>,
-    /// User + system CPU time, in clock ticks.
-    pub cpu_ticks: u64,
-    /// The syscall the thread is in, if it is blocked in one.
-    pub syscall: Option<SyscallInfo>,
-    /// Milliseconds since the thread last ran (`se.exec_start`); for a
-    /// thread asleep in a syscall, how long it has waited.
-    pub idle_ms: Option<u64>,
-    /// Top frames of the kernel stack (root only), innermost first.
-    pub kstack: Vec<String>,
-    /// The receive it is blocked in, when the syscall is a receive on a socket.
-    pub recv: Option<ProcRecv>,
-    /// The wait it sits in when that is a poll/select/epoll wait whose set
-    /// includes sockets with read interest.
-    pub wait: Option<ProcWait>,
-}
-
-/// A syscall a thread is blocked in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SyscallInfo {
-    pub nr: i64,
-    pub name: Option<&'static str>,
-    pub arg0: u64,
-}
-
-/// A thread inside a receive syscall on a socket, as procfs shows it: seen
-/// with or without eBPF, including receives that began before any tracer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProcRecv {
-    pub syscall: &'static str,
-    pub fd: i32,
-    pub inode: u64,
-    /// How long it has waited (the thread's `idle_ms`).
-    pub idle_ms: Option<u64>,
-}
-
-/// A thread waiting for readiness (poll, ppoll, select, pselect6, epoll_wait,
-/// epoll_pwait, epoll_pwait2) on a set that includes sockets.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ProcWait {
-    pub syscall: &'static str,
-    /// The sockets in the set with read interest (POLLIN/POLLPRI, the read
-    /// fd_set, EPOLLIN/EPOLLPRI): (fd, inode), sorted. Other fds (pipes,
-    /// eventfds, timerfds) are left out.
-    pub sockets: Vec<(i32, u64)>,
-    /// For epoll waits: the epoll fd (an event loop: its registered sockets
-    /// are not all calls in flight).
-    pub epoll_fd: Option<i32>,
-    /// How long it has waited (the thread's `idle_ms`).
-    pub idle_ms: Option<u64>,
-}
+pub use selfheal_core::proc::*;
 
 /// Most pollfds read from a poll/ppoll set (32 KiB); a larger set is cut
 /// here and the cut is a gap.
@@ -201,23 +120,6 @@ pub fn socket_inode_of_target(target: &str) -> Option<u64> {
 /// unanswered).
 pub fn socket_inode_of_link(link: &std::path::Path) -> Option<u64> {
     socket_inode_of_target(&std::fs::read_link(link).ok()?.to_string_lossy())
-}
-
-/// How much to read per thread.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Detail {
-    /// Everything: kernel stacks and wait channels of every thread (for a
-    /// person, and for forensic snapshots).
-    #[default]
-    Full,
-    /// What judging needs: state, CPU ticks, the syscall of sleeping threads,
-    /// the sockets of their poll/select/epoll waits, how long threads in a
-    /// receive, in such a wait or in D state have waited, and the wait
-    /// channel of D-state threads. A few times cheaper on big agents.
-    Light,
-    /// Per thread only its state and CPU ticks (`stat`): enough to see that
-    /// nothing needs a closer look.
-    Minimal,
 }
 
 /// Reads a small procfs file relative to `dir` into `buf` (one `openat`, one

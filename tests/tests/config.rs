@@ -594,7 +594,7 @@ fn bad_configs_name_file_line_and_key() {
 #[test]
 fn the_full_example_means_what_it_says() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config/full.toml");
-    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let c = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.path, path);
     let names: Vec<_> = c.agents.iter().map(|a| a.name.as_str()).collect();
     assert_eq!(names, ["sol", "by-pid", "by-pidfile", "by.exe", "by_unit"]);
@@ -941,7 +941,7 @@ fn role_of_classifies_remote_addresses() {
 #[test]
 fn no_upstreams_classify_nothing() {
     let agent = agent_with(&[]);
-    let r = agent.resolve_upstreams();
+    let r = config::resolve_upstreams(&agent);
     assert_eq!(r.role_of(sa("127.0.0.1:1")), None);
     assert!(r.notes().is_empty());
 }
@@ -951,7 +951,7 @@ fn host_names_resolve_with_the_system_resolver() {
     // Only `localhost`, which /etc/hosts answers: tests send nothing to a DNS
     // server. Names that fail are covered with a fake resolver above.
     let agent = agent_with(&[("control", "localhost:7443")]);
-    let r = agent.resolve_upstreams();
+    let r = config::resolve_upstreams(&agent);
     let Resolution::Resolved(addrs) = &r.upstreams[0].resolution else {
         panic!("localhost: {:?}", r.upstreams[0].resolution)
     };
@@ -1057,7 +1057,7 @@ fn where_the_config_is_looked_for() {
 fn load_reports_the_file() {
     let dir = TempDir::new("load");
     let good = dir.write("good.toml", AGENT);
-    let c = Config::load(&good).unwrap();
+    let c = config::load(&good).unwrap();
     assert_eq!((c.path.as_path(), c.agents.len()), (good.as_path(), 1));
 
     let bad = dir.write(
@@ -1067,7 +1067,7 @@ fn load_reports_the_file() {
             "\n[[agent.upstream]]\nrole = \"control\"\naddr = \"1.2.3.4\"\n",
         ),
     );
-    let e = Config::load(&bad).unwrap_err().to_string();
+    let e = config::load(&bad).unwrap_err().to_string();
     assert!(
         e.starts_with(&format!(
             "{}:7: agent \"sol\" upstream 1: key `addr`",
@@ -1078,13 +1078,13 @@ fn load_reports_the_file() {
 
     // Not UTF-8: the line of the first bad byte.
     let latin1 = dir.write("latin1.toml", b"[[agent]]\nname = \"caf\xe9\"\n");
-    let e = Config::load(&latin1).unwrap_err();
+    let e = config::load(&latin1).unwrap_err();
     assert_eq!(e.line(), Some(2));
     assert!(e.to_string().contains("not UTF-8"), "{e}");
 
     // A missing file and a directory: the path and the OS error.
     for path in [dir.0.join("missing.toml"), dir.0.clone()] {
-        let e = Config::load(&path).unwrap_err();
+        let e = config::load(&path).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
         let msg = e.to_string();
         assert!(

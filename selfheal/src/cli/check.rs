@@ -187,7 +187,7 @@ fn with_fallback<T>(
 
 impl Session {
     fn open(c: &Common) -> Result<Session, ExitCode> {
-        let config = match config::locate(c.config.as_deref()).and_then(|p| Config::load(&p)) {
+        let config = match config::locate(c.config.as_deref()).and_then(|p| config::load(&p)) {
             Ok(config) => config,
             Err(e) => {
                 eprintln!("selfheal: {}", selfheal::text::escape(&e.to_string()));

@@ -47,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let loaded = config::locate(args.config.as_deref()).and_then(|path| Config::load(&path));
+    let loaded = config::locate(args.config.as_deref()).and_then(|path| config::load(&path));
     let config = match loaded {
         Ok(config) => config,
         Err(e) => {
@@ -63,7 +63,10 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|a| {
             let uid = a.uid_filter(selfheal::trust::euid());
-            (agents::find_of(&a.rule, uid, &table), a.resolve_upstreams())
+            (
+                agents::find_of(&a.rule, uid, &table),
+                config::resolve_upstreams(a),
+            )
         })
         .collect();
     let containers: Vec<(Vec<Identity>, Vec<String>)> = config

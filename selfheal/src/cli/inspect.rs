@@ -7,7 +7,7 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, ProcessTable},
-    config::{self, Config, MatchRule},
+    config::{self, MatchRule},
     ebpf::Strategy,
     inspect,
     text::escape,
@@ -87,7 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         (Some(name), None) => {
             let loaded =
-                config::locate(args.config.as_deref()).and_then(|path| Config::load(&path));
+                config::locate(args.config.as_deref()).and_then(|path| config::load(&path));
             let config = match loaded {
                 Ok(config) => config,
                 Err(e) => {

@@ -8,22 +8,18 @@
 //! the picture is complete, and callers fill the gap from procfs.
 
 pub mod layout;
-pub mod snapshot;
-pub mod strategy;
 pub mod tracefs;
 
 #[cfg(selfheal_ebpf)]
 mod loader;
 
-use serde::Serialize;
-
-pub use self::snapshot::{
-    BlockedRecv, FdKind, Overflow, ShareUse, SocketActivity, TracerSnapshot, socks_share,
-};
-pub use self::strategy::Strategy;
 /// The maps' capacities (`selfheal-common`): threads in a receive, sockets
 /// with activity, threads in a send (kprobe strategy).
 pub use selfheal_common::{MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS};
+pub use selfheal_core::ebpf::{
+    Attempt, BlockedRecv, FdKind, Overflow, ShareUse, SocketActivity, TracerSnapshot, snapshot,
+    socks_share, strategy, strategy::Strategy,
+};
 
 /// Once `SOCKS` holds this many entries, a snapshot drops those of sockets
 /// no longer open. The kernel side adds an entry for every socket a watched
@@ -37,14 +33,6 @@ pub const PRUNE_SOCKS_AT: usize = MAX_SOCKS as usize / 2;
 /// Whether this binary carries the eBPF object (it does not when it was built
 /// without the eBPF toolchain).
 pub const BUILT_IN: bool = cfg!(selfheal_ebpf);
-
-/// The outcome of trying one strategy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Attempt {
-    pub strategy: Strategy,
-    /// `None` when it loaded and attached; otherwise why not.
-    pub error: Option<String>,
-}
 
 /// How to attach.
 #[derive(Clone, Debug)]

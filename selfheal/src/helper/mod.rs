@@ -7,7 +7,7 @@
 
 pub mod client;
 pub mod policy;
-pub mod protocol;
+pub use selfheal_core::protocol;
 pub mod server;
 
 pub use self::client::{ClientError, ClientOptions, HelperClient, RemoteError, SnapshotWithGaps};

@@ -25,42 +25,9 @@
 //! Architecture invariant: nothing here reads a file or can panic on its
 //! input; any text gives an answer (possibly "no container").
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-/// The runtime a container's cgroup names, as far as the path tells.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Runtime {
-    Docker,
-    Podman,
-    Containerd,
-    Crio,
-    /// A Kubernetes pod's container under the cgroupfs driver
-    /// (`/kubepods/…/pod<uid>/<id>`): the CRI runtime is not in the path.
-    Cri,
-    /// A bare 64-hex id under a parent no runtime above is known by (as
-    /// `ctr`'s `/<namespace>/<id>`).
-    Unknown,
-}
-
-impl Runtime {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Runtime::Docker => "docker",
-            Runtime::Podman => "podman",
-            Runtime::Containerd => "containerd",
-            Runtime::Crio => "crio",
-            Runtime::Cri => "cri",
-            Runtime::Unknown => "unknown",
-        }
-    }
-}
-
-impl std::fmt::Display for Runtime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use selfheal_core::runtime::Runtime;
 
 /// One container a cgroup path names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

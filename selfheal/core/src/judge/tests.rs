@@ -707,7 +707,7 @@ fn armed(armed_for: u64) -> AgentHistory {
             first_probe_ms: 0,
             interval_ms: 1_000,
             count: 3,
-            previous: crate::actions::KeepaliveSettings {
+            previous: crate::keepalive::KeepaliveSettings {
                 enabled: false,
                 idle_s: 7200,
                 interval_s: 75,

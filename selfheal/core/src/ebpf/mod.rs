@@ -1,0 +1,21 @@
+//! What the eBPF receive tracer saw, as plain types: the attach strategies
+//! and what trying each gave, and a snapshot of its maps. Loading and
+//! reading the maps is the I/O edge (`selfheal::ebpf`).
+
+pub mod snapshot;
+pub mod strategy;
+
+use serde::Serialize;
+
+pub use self::snapshot::{
+    BlockedRecv, FdKind, Overflow, ShareUse, SocketActivity, TracerSnapshot, socks_share,
+};
+pub use self::strategy::Strategy;
+
+/// The outcome of trying one strategy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Attempt {
+    pub strategy: Strategy,
+    /// `None` when it loaded and attached; otherwise why not.
+    pub error: Option<String>,
+}

@@ -1,0 +1,39 @@
+//! selfheal's pure core: everything that decides, and nothing that looks.
+//!
+//! The evidence and report types, the config schema and its parser, the
+//! join of collected evidence into a report and its renderer, the judge,
+//! the healing ladder and the helper's wire protocol. This crate depends on
+//! no aya, netlink, nix, procfs, reqwest or tokio: that the core does no I/O
+//! is a fact of Cargo's dependency graph, not a convention. The `selfheal`
+//! crate gathers the evidence, acts, and re-exports these modules under the
+//! same paths (`selfheal::judge`, `selfheal::config`, …).
+//!
+//! The modules, in the order of one check's flow:
+//!
+//! - **vocabulary**: [`model`] (roles, TCP states, reason codes, gaps, the
+//!   judge's findings), [`text`] (escaping and redaction of everything
+//!   shown), [`clock`] (ages on the boot clock);
+//! - **config**: [`config`] (the TOML schema, its validation, upstream
+//!   matching);
+//! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
+//!   collectors read, as plain types), joined by [`inspect`] into a report;
+//! - **judge**: [`judge`] (evidence and history to a verdict), with
+//!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
+//!   keepalive options);
+//! - **heal**: [`ladder`] (the next step), and [`protocol`] (what the root
+//!   helper and its clients say to each other).
+
+pub mod clock;
+pub mod config;
+pub mod ebpf;
+pub mod inspect;
+pub mod judge;
+pub mod keepalive;
+pub mod ladder;
+pub mod model;
+pub mod proc;
+pub mod protocol;
+pub mod prove;
+pub mod runtime;
+pub mod sockdiag;
+pub mod text;

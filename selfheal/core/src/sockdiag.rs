@@ -1,0 +1,54 @@
+//! A TCP socket as the kernel's sock_diag reports it, with `tcp_info`: the
+//! plain types. Dumping and destroying is the I/O edge (`selfheal::sockdiag`).
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+
+/// A TCP socket as sock_diag reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TcpSocket {
+    /// Inode, as in `/proc/PID/fd/N` → `socket:[inode]`.
+    pub inode: u64,
+    /// The kernel's socket cookie.
+    pub cookie: u64,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub state: crate::model::TcpState,
+    pub uid: u32,
+    pub recv_queue: u32,
+    pub send_queue: u32,
+    /// The socket's pending timer, if one is armed.
+    pub timer: Option<TimerInfo>,
+    /// Absent when the kernel did not attach it (e.g. listening sockets of
+    /// some kernels).
+    pub tcp_info: Option<TcpInfo>,
+}
+
+/// A TCP socket's armed timer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TimerInfo {
+    /// `retransmit`, `keepalive`, `time_wait` or `zero_window_probe`.
+    pub kind: &'static str,
+    /// Milliseconds until it fires.
+    pub expires_ms: u64,
+    /// Retransmissions so far (retransmit timer only).
+    pub retransmits: u8,
+}
+
+/// The `tcp_info` fields selfheal reasons with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TcpInfo {
+    pub rtt_us: u32,
+    pub rto_us: u32,
+    pub unacked: u32,
+    pub retransmits: u8,
+    pub backoff: u8,
+    /// Unanswered keepalive (or zero-window) probes.
+    pub probes: u8,
+    pub last_data_recv_ms: u32,
+    pub last_data_sent_ms: u32,
+    pub last_ack_recv_ms: u32,
+    pub bytes_received: u64,
+    pub bytes_acked: u64,
+}
