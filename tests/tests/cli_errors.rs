@@ -205,3 +205,26 @@ fn a_path_that_is_not_utf8_is_said_not_a_panic() {
         "{err}"
     );
 }
+
+/// A closed stdout (`selfheal install --user | head -0`) is not an error
+/// and no panic: every unit is still written, and the exit is 0 with
+/// nothing said.
+#[test]
+fn a_closed_stdout_is_exit_0_and_every_unit_is_written() {
+    let s = Scratch::new("cli-errors-pipe");
+    let units = s.join("units");
+    let (read, write) = std::io::pipe().expect("a pipe");
+    drop(read);
+    let out = Command::new(selfheal_bin())
+        .args(["install", "--user", "--dir"])
+        .arg(&units)
+        .stdout(write)
+        .output()
+        .expect("run selfheal");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.is_empty(), "{err}");
+    for unit in ["selfheal.service", "selfheal.timer"] {
+        assert!(units.join(unit).exists(), "{unit} not written");
+    }
+}

@@ -2,7 +2,7 @@
 //! binary's path, and says what it wrote and what to run next. It starts
 //! nothing itself.
 
-use std::path::PathBuf;
+use std::{io::Write as _, path::PathBuf};
 
 use anyhow::Context as _;
 
@@ -123,20 +123,23 @@ pub fn run(args: Args) -> Result<Finished, Error> {
         }
     }
     let dir = args.dir.unwrap_or(default_dir);
+    // What was done, said once everything is written (a closed stdout
+    // stops no unit from being written), each line escaped.
+    let mut said = Vec::new();
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (name, template) in units {
         let path = dir.join(name);
         let text = template.replace("@BIN@", bin_text);
         let existed = path.exists();
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        println!(
+        said.push(format!(
             "{} {}",
             if existed { "replaced" } else { "wrote" },
             path.display()
-        );
+        ));
     }
-    println!("units run {bin_text}");
-    println!("next: {next}");
+    said.push(format!("units run {bin_text}"));
+    said.push(format!("next: {next}"));
     // One of the two is enough (the state lock makes both take turns):
     // the other, when enabled here, is named.
     if args.user {
@@ -146,16 +149,20 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             ("selfheal-watch.service", "default.target.wants")
         };
         if dir.join(wants).join(other).exists() {
-            println!(
+            said.push(format!(
                 "note: {other} is enabled too; the timer and the watch service do the same \
                  work, keep one: `systemctl --user disable --now {other}`"
-            );
+            ));
         }
     }
     if args.user
         && let Some(note) = linger_note()
     {
-        println!("{note}");
+        said.push(note);
+    }
+    let mut out = std::io::stdout().lock();
+    for line in said {
+        writeln!(out, "{}", selfheal::text::escape(&line)).context("cannot write the report")?;
     }
     Ok(Finished::Done)
 }
