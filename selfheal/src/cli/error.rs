@@ -352,6 +352,44 @@ mod tests {
         );
     }
 
+    /// ARCHITECTURE.md's invariant: only `main` says an error or makes an
+    /// exit code; a subcommand returns an [`Error`].
+    #[test]
+    fn no_subcommand_prints_an_error_or_makes_an_exit_code() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files: Vec<_> = std::fs::read_dir(src.join("cli"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            // error.rs is this module; demo.rs leaves with the testbed.
+            .filter(|p| !p.ends_with("error.rs") && !p.ends_with("demo.rs"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 7, "{files:?}");
+        for path in files {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for banned in [
+                "eprintln!",
+                "eprint!",
+                "ExitCode",
+                "process::exit",
+                "std::process::abort",
+            ] {
+                assert!(
+                    !text.contains(banned),
+                    "{} uses {banned}: return a cli::Error instead",
+                    path.display()
+                );
+            }
+        }
+        let main = std::fs::read_to_string(src.join("main.rs")).unwrap();
+        assert_eq!(
+            main.matches("eprintln!").count(),
+            1,
+            "main says errors in one place"
+        );
+        assert!(!main.contains("process::exit"));
+    }
+
     /// The table `--help` prints is the documented one.
     #[test]
     fn help_lists_every_code_and_readme_says_the_same() {
