@@ -3,12 +3,12 @@
 pub mod check;
 pub mod config;
 pub mod demo;
-pub mod error;
 pub mod helper;
 pub mod inspect;
 pub mod install;
 pub mod snapshots;
 
+pub mod error;
 pub use error::{Error, Finished};
 
 /// Parses a duration like `500ms`, `2s`, `5m`.
