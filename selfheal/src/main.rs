@@ -1,16 +1,19 @@
-//! The `selfheal` command. `main` owns exit codes and prints the error chain;
-//! each subcommand lives in its own file under `cli/`.
+//! The `selfheal` command. Each subcommand lives in its own file under
+//! `cli/` and returns `Result<cli::Finished, cli::Error>`, printing no
+//! error; `main` alone maps that to the exit code and says the error, once
+//! (`cli::error::report`).
 
 mod cli;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cli::{Error, Finished};
 
 /// Finds wedged AI-agent processes from outside, proves the wedge with kernel
 /// evidence, and heals them with the gentlest action that works.
 #[derive(Parser)]
-#[command(name = "selfheal", version)]
+#[command(name = "selfheal", version, after_help = cli::error::exit_codes_help())]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,20 +34,15 @@ enum Command {
     Testbed(selfheal::testbed::TestbedArgs),
 }
 
-/// Exit code for usage and configuration errors.
-const EXIT_USAGE: u8 = 3;
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
+        // --help and --version: on stdout, exit 0.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EXIT_USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return ExitCode::SUCCESS;
         }
+        Err(e) => return exit(Err(Error::Cli(e))),
     };
     // The log stream: transitions, snapshots, problems; on stderr, so that
     // stdout stays the report. RUST_LOG overrides the level.
@@ -59,7 +57,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let result = match cli.command {
+    let result: Result<Finished, Error> = match cli.command {
         Command::Check(args) => cli::check::check(args),
         Command::Watch(args) => cli::check::watch(args),
         Command::Inspect(args) => cli::inspect::run(args),
@@ -70,20 +68,24 @@ fn main() -> ExitCode {
             args,
             std::sync::Arc::new(selfheal::healer::ActionsExecutor::default()),
         ),
-        Command::Demo(args) => cli::demo::run(args),
-        Command::Testbed(args) => selfheal::testbed::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => cli::demo::run(args)
+            .map(Finished::from)
+            .map_err(Error::from),
+        Command::Testbed(args) => selfheal::testbed::run(args)
+            .map(|()| Finished::Done)
+            .map_err(Error::from),
     };
-    match result {
-        Ok(code) => code,
-        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!(
-                "selfheal: {}",
-                selfheal::text::escape_lines(&selfheal::text::redact_urls_in(&format!("{e:#}")))
-            );
-            ExitCode::from(1)
-        }
+    exit(result)
+}
+
+/// The one place a run's result becomes its exit code and its error is
+/// said (`selfheal: …`, escaped, on stderr).
+fn exit(result: Result<Finished, Error>) -> ExitCode {
+    let (code, text) = cli::error::report(&result);
+    if let Some(text) = text {
+        eprintln!("{text}");
     }
+    ExitCode::from(code)
 }
 
 /// Standard error, each write's text passed through
@@ -104,12 +106,4 @@ impl std::io::Write for EscapedStderr {
     fn flush(&mut self) -> std::io::Result<()> {
         std::io::stderr().flush()
     }
-}
-
-/// A closed stdout (`selfheal inspect … | head`) is not an error.
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
 }

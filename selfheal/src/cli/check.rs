@@ -5,11 +5,11 @@
 use std::{
     io::Write as _,
     path::{Path, PathBuf},
-    process::ExitCode,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     check::{self, History, Outcome},
@@ -124,9 +124,6 @@ fn healer(
     }
 }
 
-/// Exit code for usage and configuration errors.
-const EXIT_CONFIG: u8 = 3;
-
 /// Everything one check needs that outlives it.
 struct Session {
     config: Config,
@@ -186,24 +183,10 @@ fn with_fallback<T>(
 }
 
 impl Session {
-    fn open(c: &Common) -> Result<Session, ExitCode> {
-        let config = match config::locate(c.config.as_deref()).and_then(|p| config::load(&p)) {
-            Ok(config) => config,
-            Err(e) => {
-                eprintln!("selfheal: {}", selfheal::text::escape(&e.to_string()));
-                return Err(ExitCode::from(EXIT_CONFIG));
-            }
-        };
+    fn open(c: &Common) -> Result<Session, Error> {
+        let config = config::locate(c.config.as_deref()).and_then(|p| config::load(&p))?;
         for name in &c.agents {
-            if config.agent(name).is_none() {
-                let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
-                eprintln!(
-                    "selfheal: no agent named {name:?} in {}; configured: {}",
-                    selfheal::text::escape(&config.path.display().to_string()),
-                    names.join(", ")
-                );
-                return Err(ExitCode::from(EXIT_CONFIG));
-            }
+            super::configured_agent(&config, name)?;
         }
         let state_dir = c.state_dir.clone().unwrap_or_else(store::default_state_dir);
         let opened = with_fallback(&state_dir, c.state_dir.is_none(), "state", |d| {
@@ -420,20 +403,14 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     out.flush().context("cannot write the result")
 }
 
-pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let mut session = match Session::open(&args.common) {
-        Ok(s) => s,
-        Err(code) => return Ok(code),
-    };
+pub fn check(args: CheckArgs) -> Result<Finished, Error> {
+    let mut session = Session::open(&args.common)?;
     let (code, _) = session.once(&args.common)?;
-    Ok(ExitCode::from(code))
+    Ok(Finished::Status(code))
 }
 
-pub fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let mut session = match Session::open(&args.common) {
-        Ok(s) => s,
-        Err(code) => return Ok(code),
-    };
+pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
+    let mut session = Session::open(&args.common)?;
     let metrics = Arc::new(Mutex::new(String::new()));
     if let Some(addr) = args.metrics_addr {
         serve_metrics(addr, Arc::clone(&metrics))
@@ -448,7 +425,7 @@ pub fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
         }
         n += 1;
         if args.count.is_some_and(|max| n >= max) {
-            return Ok(ExitCode::from(code));
+            return Ok(Finished::Status(code));
         }
         std::thread::sleep(args.interval.saturating_sub(started.elapsed()));
     }

@@ -2,8 +2,9 @@
 //! means on this host now: each agent's processes and its upstreams'
 //! addresses.
 
-use std::{fmt::Write as _, io::Write as _, path::PathBuf, process::ExitCode};
+use std::{fmt::Write as _, io::Write as _, path::PathBuf};
 
+use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, Matched, ProcessTable},
@@ -34,27 +35,17 @@ struct CheckArgs {
     config: Option<PathBuf>,
 }
 
-/// Exit code for usage and configuration errors (the design's contract).
-const EXIT_CONFIG: u8 = 3;
-
 /// Most root pids listed per agent.
 const MAX_ROOTS_SHOWN: usize = 10;
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> Result<Finished, Error> {
     match args.command {
         Command::Check(args) => check(args),
     }
 }
 
-fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
-    let loaded = config::locate(args.config.as_deref()).and_then(|path| config::load(&path));
-    let config = match loaded {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("selfheal: {}", selfheal::text::escape(&e.to_string()));
-            return Ok(ExitCode::from(EXIT_CONFIG));
-        }
-    };
+fn check(args: CheckArgs) -> Result<Finished, Error> {
+    let config = config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
     let table = ProcessTable::read();
     let all: Vec<_> = config.agents.iter().collect();
     let table = runtime::enrich_for(table, &all, &runtime::Sources::from_env());
@@ -85,7 +76,7 @@ fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
         .lock()
         .write_all(selfheal::text::escape_lines(&render(&config, &agents, &containers)).as_bytes())
         .context("cannot write the report")?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Finished::Done)
 }
 
 /// The report: `found[i]` is what agent `i` matched and resolved to, and

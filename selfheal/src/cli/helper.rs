@@ -2,8 +2,9 @@
 //! line (flags, the root check, socket activation, signals, the exit code);
 //! everything else is `selfheal::helper`.
 
-use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
+use super::{Error, Finished};
 use anyhow::Context as _;
 use nix::sys::signal::{SigSet, Signal};
 use selfheal::{
@@ -44,30 +45,19 @@ pub struct Args {
     no_ebpf: bool,
 }
 
-/// Exit code for usage and configuration errors.
-const EXIT_USAGE: u8 = 3;
-
-pub fn run(args: Args, executor: Arc<dyn Executor>) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     // SAFETY: the first thing this subcommand does, before it starts any
     // thread; main starts none (the log subscriber runs on the caller's).
     let activated = unsafe { take_activated_listener() }?;
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     if euid != 0 && args.socket.is_none() && activated.is_none() {
-        eprintln!(
-            "selfheal helper: refusing to run as uid {euid} on the system socket {DEFAULT_SOCKET}: \
-             only root may serve it (and only root can load eBPF and act on other users' \
-             processes). To run a helper for your own processes, give --socket PATH."
-        );
-        return Ok(ExitCode::from(EXIT_USAGE));
+        return Err(Error::HelperNotRoot {
+            euid,
+            socket: DEFAULT_SOCKET,
+        });
     }
-    let policy = match Policy::load(args.policy.as_deref(), euid) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("selfheal helper: {e}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let policy = Policy::load(args.policy.as_deref(), euid)?;
     let policy_line = policy.describe();
     let (listen, idle, where_) = match activated {
         Some(fd) => (
@@ -128,5 +118,5 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> anyhow::Result<ExitCode> 
             humantime::format_duration(args.idle_timeout)
         ),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Finished::Done)
 }

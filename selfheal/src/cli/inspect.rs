@@ -2,8 +2,9 @@
 //! name) or one process and its descendants (`--pid`), for a person at a
 //! terminal or a script (`--json`).
 
-use std::{io::Write as _, path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::Write as _, path::PathBuf, time::Duration};
 
+use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, ProcessTable},
@@ -57,17 +58,14 @@ fn parse_strategy(s: &str) -> Result<Strategy, String> {
     })
 }
 
-/// Exit code for usage and configuration errors.
-const EXIT_CONFIG: u8 = 3;
-
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> Result<Finished, Error> {
     let table = ProcessTable::read().with_own_pid(std::process::id());
     let mut agent_config = None;
     let target = match (&args.name, args.pid) {
         (_, Some(pid)) => {
             let matched = agents::find(&MatchRule::Pid(pid), &table);
             if let Some(problem) = matched.problem {
-                anyhow::bail!("pid {pid}: {problem}");
+                return Err(Error::NoSuchProcess { pid, problem });
             }
             let sources = selfheal::runtime::Sources::from_env();
             let table = selfheal::runtime::enrich(table, &matched.all, false, &sources);
@@ -86,33 +84,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         (Some(name), None) => {
-            let loaded =
-                config::locate(args.config.as_deref()).and_then(|path| config::load(&path));
-            let config = match loaded {
-                Ok(config) => config,
-                Err(e) => {
-                    eprintln!("selfheal: {}", escape(&e.to_string()));
-                    return Ok(ExitCode::from(EXIT_CONFIG));
-                }
-            };
-            let Some(agent) = config.agent(name) else {
-                let names: Vec<&str> = config.agents.iter().map(|a| a.name.as_str()).collect();
-                eprintln!(
-                    "selfheal: no agent named {name:?} in {}; configured: {}",
-                    escape(&config.path.display().to_string()),
-                    names.join(", ")
-                );
-                return Ok(ExitCode::from(EXIT_CONFIG));
-            };
+            let config =
+                config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
+            let agent = super::configured_agent(&config, name)?;
             let sources = selfheal::runtime::Sources::from_env();
             let table = selfheal::runtime::enrich_for(table, &[agent], &sources);
             let target = selfheal::check::target(agent, &table);
             agent_config = Some(agent.clone());
             target
         }
+        // clap's group requires one of the two already.
         (None, None) => {
-            eprintln!("selfheal: inspect needs an agent NAME or --pid PID");
-            return Ok(ExitCode::from(EXIT_CONFIG));
+            return Err(Error::Cli(clap::Error::raw(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "inspect needs an agent NAME or --pid PID",
+            )));
         }
     };
     let opts = inspect::CollectOptions {
@@ -139,9 +125,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         let mut doc = serde_json::to_value(&report).context("cannot write the report")?;
         if let (Some(d), Some(map)) = (&diagnosis, doc.as_object_mut()) {
-            map.insert("verdict".into(), serde_json::to_value(d.verdict)?);
-            map.insert("reasons".into(), serde_json::to_value(&d.reasons)?);
-            map.insert("proofs".into(), serde_json::to_value(&d.proofs)?);
+            let value = |v: Result<serde_json::Value, serde_json::Error>| {
+                v.context("cannot write the report")
+            };
+            map.insert("verdict".into(), value(serde_json::to_value(d.verdict))?);
+            map.insert("reasons".into(), value(serde_json::to_value(&d.reasons))?);
+            map.insert("proofs".into(), value(serde_json::to_value(&d.proofs))?);
         }
         let text = serde_json::to_string_pretty(&doc).context("cannot write the report")?;
         // Still JSON, with DEL and C1 controls as \u escapes too.
@@ -156,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     out.flush().context("cannot write the report")?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Finished::Done)
 }
 
 /// The history `check` keeps for agent `name`, or none (said on stderr)
@@ -177,11 +166,9 @@ fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::Age
                 .map(|r| r.judge.clone())
                 .unwrap_or_default()
         }
+        // A warning in the log stream (escaped there), not an error.
         Err(e) => {
-            eprintln!(
-                "selfheal: judging without check's history: {}",
-                escape(&e.to_string())
-            );
+            tracing::warn!("judging without check's history: {e}");
             Default::default()
         }
     }

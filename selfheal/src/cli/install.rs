@@ -2,9 +2,11 @@
 //! binary's path, and says what it wrote and what to run next. It starts
 //! nothing itself.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{io::Write as _, path::PathBuf};
 
 use anyhow::Context as _;
+
+use super::{Error, Finished};
 
 /// Write the systemd units: `--user` the timer that runs `selfheal check`
 /// every 30 s (or, with `--watch`, a service running `selfheal watch`, a
@@ -59,7 +61,7 @@ const SYSTEM_UNITS: [(&str, &str); 2] = [
     ),
 ];
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> Result<Finished, Error> {
     let bin = match args.bin {
         Some(b) => b,
         None => std::env::current_exe().context("cannot tell where this binary is")?,
@@ -69,7 +71,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("no binary at {}", bin.display()))?;
     let bin_text = bin.to_str().context("the binary's path is not UTF-8")?;
     if bin_text.contains(char::is_whitespace) {
-        anyhow::bail!("the binary's path {bin_text:?} contains whitespace; install it elsewhere");
+        return Err(anyhow::anyhow!(
+            "the binary's path {bin_text:?} contains whitespace; install it elsewhere"
+        )
+        .into());
     }
     let (units, default_dir, next): (&[(&str, &str)], PathBuf, &str) = if args.user {
         let home = std::env::var_os("XDG_CONFIG_HOME")
@@ -108,29 +113,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
                 selfheal::trust::TrustError::Untrusted { reason } => reason,
             };
-            anyhow::bail!(
+            return Err(anyhow::anyhow!(
                 "refusing to write a root unit that runs {bin_text}: {why}. Install the binary \
                  where only root can change it, e.g. `install -o root -g root -m 0755 \
                  {bin_text} /usr/local/bin/selfheal`, then run `selfheal install --system \
                  --bin /usr/local/bin/selfheal`"
-            );
+            )
+            .into());
         }
     }
     let dir = args.dir.unwrap_or(default_dir);
+    // What was done, said once everything is written (a closed stdout
+    // stops no unit from being written), each line escaped.
+    let mut said = Vec::new();
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (name, template) in units {
         let path = dir.join(name);
         let text = template.replace("@BIN@", bin_text);
         let existed = path.exists();
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        println!(
+        said.push(format!(
             "{} {}",
             if existed { "replaced" } else { "wrote" },
             path.display()
-        );
+        ));
     }
-    println!("units run {bin_text}");
-    println!("next: {next}");
+    said.push(format!("units run {bin_text}"));
+    said.push(format!("next: {next}"));
     // One of the two is enough (the state lock makes both take turns):
     // the other, when enabled here, is named.
     if args.user {
@@ -140,18 +149,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ("selfheal-watch.service", "default.target.wants")
         };
         if dir.join(wants).join(other).exists() {
-            println!(
+            said.push(format!(
                 "note: {other} is enabled too; the timer and the watch service do the same \
                  work, keep one: `systemctl --user disable --now {other}`"
-            );
+            ));
         }
     }
     if args.user
         && let Some(note) = linger_note()
     {
-        println!("{note}");
+        said.push(note);
     }
-    Ok(ExitCode::SUCCESS)
+    let mut out = std::io::stdout().lock();
+    for line in said {
+        writeln!(out, "{}", selfheal::text::escape(&line)).context("cannot write the report")?;
+    }
+    Ok(Finished::Done)
 }
 
 /// What to do when this user's systemd manager does not linger: without

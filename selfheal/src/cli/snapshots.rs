@@ -6,10 +6,10 @@ use std::{
     fmt::Write as _,
     io::Write as _,
     path::{Path, PathBuf},
-    process::ExitCode,
     time::{Duration, SystemTime},
 };
 
+use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     snapshots::{self, SnapshotLog, SnapshotMeta},
@@ -96,24 +96,25 @@ fn parse_since(s: &str) -> Result<u64, String> {
         .unwrap_or(u64::MAX))
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> Result<Finished, Error> {
     match args.command {
         Command::List(args) => list(args),
         Command::Show(args) => show(args),
     }
 }
 
-fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+fn list(args: ListArgs) -> Result<Finished, Error> {
     let log = args.common.log();
     let listing = log
         .list(args.agent.as_deref(), args.since)
         .context("cannot list snapshots")?;
+    // Notes in the log stream (escaped there), not errors.
     if listing.skipped > 0 {
-        eprintln!(
-            "selfheal: skipped {} malformed line{} in {}",
+        tracing::warn!(
+            "skipped {} malformed line{} in {}",
             listing.skipped,
             if listing.skipped == 1 { "" } else { "s" },
-            escape(&log.dir().display().to_string())
+            log.dir().display()
         );
     }
     let out = if args.common.json {
@@ -127,10 +128,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         out
     } else {
         if listing.entries.is_empty() {
-            eprintln!(
-                "selfheal: no snapshots in {}",
-                escape(&log.dir().display().to_string())
-            );
+            tracing::info!("no snapshots in {}", log.dir().display());
         }
         table(&listing.entries)
     };
@@ -138,7 +136,7 @@ fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         .lock()
         .write_all(out.as_bytes())
         .context("cannot write the list")?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Finished::Done)
 }
 
 /// Aligned columns; nothing at all for no entries.
@@ -180,18 +178,16 @@ fn printable(s: &str) -> String {
     escape(s)
 }
 
-fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
+fn show(args: ShowArgs) -> Result<Finished, Error> {
     let log = args.common.log();
     let Some(record) = log
         .show(&args.id)
         .with_context(|| format!("cannot read snapshot {}", args.id))?
     else {
-        eprintln!(
-            "selfheal: no snapshot {:?} in {}",
-            escape(&args.id),
-            shown_dir(log.dir())
-        );
-        return Ok(ExitCode::from(1));
+        return Err(Error::NoSuchSnapshot {
+            id: args.id,
+            dir: shown_dir(log.dir()),
+        });
     };
     let text = if args.common.json {
         serde_json::to_string(&record)
@@ -206,11 +202,12 @@ fn show(args: ShowArgs) -> anyhow::Result<ExitCode> {
         .lock()
         .write_all(text.as_bytes())
         .context("cannot write the snapshot")?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Finished::Done)
 }
 
+/// `dir` as an error names it (escaped by `main`, with the rest).
 fn shown_dir(dir: &Path) -> String {
-    let shown = escape(&dir.display().to_string());
+    let shown = dir.display().to_string();
     if dir.exists() {
         shown
     } else {
