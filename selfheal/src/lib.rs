@@ -22,8 +22,7 @@
 //!   behind `check` and `watch`), [`store`] (history between runs),
 //!   [`snapshots`] (the forensic log), [`metrics`] (the Prometheus text),
 //!   [`text`] (escaping and redaction of everything shown), [`safedir`] (the
-//!   one rule for directories selfheal writes into);
-//! - [`testbed`]: the incident's real programs, for the demo and the tests.
+//!   one rule for directories selfheal writes into).
 
 pub mod actions;
 pub mod agents;
@@ -46,6 +45,5 @@ pub mod safedir;
 pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
-pub mod testbed;
 pub mod text;
 pub mod trust;

@@ -25,10 +25,6 @@ enum Command {
     Snapshots(cli::snapshots::Args),
     Install(cli::install::Args),
     Helper(cli::helper::Args),
-    Demo(cli::demo::Args),
-    /// The incident testbed's programs (used by `demo` and the tests).
-    #[command(hide = true)]
-    Testbed(selfheal::testbed::TestbedArgs),
 }
 
 /// Exit code for usage and configuration errors.
@@ -70,8 +66,6 @@ fn main() -> ExitCode {
             args,
             std::sync::Arc::new(selfheal::healer::ActionsExecutor::default()),
         ),
-        Command::Demo(args) => cli::demo::run(args),
-        Command::Testbed(args) => selfheal::testbed::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
