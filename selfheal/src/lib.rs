@@ -24,8 +24,7 @@
 //!   [`text`] (escaping and redaction of everything shown), [`safedir`] (the
 //!   one rule for directories selfheal writes into);
 //! - [`model`]: the typed vocabulary the layers pass (roles, TCP states,
-//!   reason codes, gaps, findings);
-//! - [`testbed`]: the incident's real programs, for the demo and the tests.
+//!   reason codes, gaps, findings).
 
 pub mod actions;
 pub mod agents;
@@ -46,7 +45,6 @@ pub mod safedir;
 pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
-pub mod testbed;
 pub mod trust;
 
 pub use selfheal_core::{judge, ladder, model, text};

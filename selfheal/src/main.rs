@@ -28,10 +28,6 @@ enum Command {
     Snapshots(cli::snapshots::Args),
     Install(cli::install::Args),
     Helper(cli::helper::Args),
-    Demo(cli::demo::Args),
-    /// The incident testbed's programs (used by `demo` and the tests).
-    #[command(hide = true)]
-    Testbed(selfheal::testbed::TestbedArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,12 +64,6 @@ fn main() -> ExitCode {
             args,
             std::sync::Arc::new(selfheal::healer::ActionsExecutor::default()),
         ),
-        Command::Demo(args) => cli::demo::run(args)
-            .map(Finished::from)
-            .map_err(Error::from),
-        Command::Testbed(args) => selfheal::testbed::run(args)
-            .map(|()| Finished::Done)
-            .map_err(Error::from),
     };
     exit(result)
 }

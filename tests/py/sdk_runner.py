@@ -21,7 +21,7 @@ pools and socket options) except `max_retries=0`, so that a failure is seen
 as it happens. With `--status`, `GET /status` answers the agent's own story:
 `{"status": "ok", "current_task": "call N" | null, "calls": ..}`.
 
-The testbed's provider (`selfheal testbed provider`) paces each call by its
+The testbed's provider (`selfheal-testbed provider`) paces each call by its
 model name, e.g. `think-600000-gap-100-tokens-20`.
 """
 

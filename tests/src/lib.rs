@@ -1,9 +1,12 @@
 //! Helpers for selfheal's integration tests: spawning the peer programs and
 //! talking to them, network namespaces that clean up after themselves,
 //! bounded waiting, and skipping (with the reason on stderr) where the
-//! machine truly cannot run a test.
+//! machine truly cannot run a test. Also the incident [`testbed`], whose
+//! programs and demo run as the `selfheal-testbed` binary
+//! (`src/bin/testbed/`), kept out of the product binary.
 
 pub mod runtimes;
+pub mod testbed;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -52,6 +55,12 @@ pub fn selfheal_bin() -> std::path::PathBuf {
         assert!(status.success(), "cannot build selfheal");
     });
     bin_dir().join("selfheal")
+}
+
+/// The `selfheal-testbed` binary of this build (the testbed's programs and
+/// the demo), which cargo builds with this crate's tests.
+pub fn testbed_bin() -> std::path::PathBuf {
+    helper_bin("selfheal-testbed")
 }
 
 /// Whether we run as root.
@@ -225,21 +234,21 @@ impl Drop for Peer {
 }
 
 /// A network namespace made for one test, deleted on drop (the testbed's
-/// [`selfheal::testbed::topology::Netns`]: `name`, `command`, `nft`).
-pub struct Netns(selfheal::testbed::topology::Netns);
+/// [`testbed::topology::Netns`]: `name`, `command`, `nft`).
+pub struct Netns(crate::testbed::topology::Netns);
 
 impl Netns {
     /// Creates `selfheal-<tag>-<pid>` with its loopback up, or says why not.
     pub fn new(tag: &str) -> Result<Netns, String> {
         let name = format!("selfheal-{tag}-{}", std::process::id());
-        selfheal::testbed::topology::Netns::create(name)
+        crate::testbed::topology::Netns::create(name)
             .map(Netns)
             .map_err(|e| format!("{e:#}"))
     }
 }
 
 impl std::ops::Deref for Netns {
-    type Target = selfheal::testbed::topology::Netns;
+    type Target = crate::testbed::topology::Netns;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -328,7 +337,7 @@ impl NetnsPair {
             std::net::Ipv4Addr::new(10, 251, n as u8, 1),
             std::net::Ipv4Addr::new(10, 251, n as u8, 2),
         );
-        selfheal::testbed::topology::link(&a, &b, &format!("sh{n}"), a_ip, b_ip)
+        crate::testbed::topology::link(&a, &b, &format!("sh{n}"), a_ip, b_ip)
             .map_err(|e| format!("{e:#}"))?;
         let (a_addr, b_addr) = (a_ip.to_string(), b_ip.to_string());
         Ok(NetnsPair {

@@ -346,7 +346,7 @@ impl Drop for Killed {
 }
 
 /// A free port on the loopback of the namespace `ns`.
-fn free_port(ns: &selfheal::testbed::topology::Netns) -> u16 {
+fn free_port(ns: &tests::testbed::topology::Netns) -> u16 {
     ns.enter(|| {
         TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -392,7 +392,7 @@ fn encode(q: &str) -> String {
 
 /// An instant query on Prometheus at `prom`, from inside `ns`: the `data`.
 fn query(
-    ns: &selfheal::testbed::topology::Netns,
+    ns: &tests::testbed::topology::Netns,
     prom: SocketAddr,
     q: &str,
 ) -> Result<serde_json::Value, String> {
@@ -492,7 +492,7 @@ const TEST_FOR: &str = "2s";
 
 #[test]
 fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_heal() {
-    use selfheal::testbed::{runner::Mode, scenario};
+    use tests::testbed::{runner::Mode, scenario};
     if !need_root("alerting_e2e") {
         return;
     }
@@ -507,6 +507,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     let s = Scratch::new("e2e");
     let opts = scenario::Options {
         selfheal: selfheal_bin(),
+        testbed: tests::testbed_bin(),
         heartbeat: Duration::from_secs(1),
         check_every: Duration::from_secs(1),
         net: ((std::process::id() % 25) as u8) * 10 + 10,

@@ -1,6 +1,6 @@
 //! The incident inside a Docker container (issue 13): the testbed's runner
 //! runs in a container of a real `dockerd` of this test's own (a busybox
-//! root filesystem made here, the host's `selfheal` binary and its
+//! root filesystem made here, the host's `selfheal-testbed` binary and its
 //! libraries bind-mounted read-only: no registry), with no network of
 //! Docker's: the test gives the container's network namespace two veths of
 //! its own, one to the dispatch server's namespace and one to the
@@ -21,11 +21,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use selfheal::testbed::scenario::{Bed, FAST, Options};
 use tests::{
     Scratch, need_root,
     runtimes::{docker, have, rootfs_tar, run_ok, start_dockerd},
     selfheal_bin, skip,
+    testbed::scenario::{Bed, FAST, Options},
+    testbed_bin,
 };
 
 fn ip(args: &[&str]) -> Result<String, String> {
@@ -59,9 +60,9 @@ impl Container {
         n: u8,
     ) -> (u32, String) {
         let (dispatch, provider) = (bed.dispatch_addr(), bed.provider());
-        let bin = selfheal_bin();
+        let bin = testbed_bin();
         let runner = format!(
-            "while [ ! -e /flag/{r} ]; do sleep 0.1; done; exec /selfheal testbed runner \
+            "while [ ! -e /flag/{r} ]; do sleep 0.1; done; exec /selfheal-testbed runner \
              --name {r} --dispatch {dispatch} --provider {provider} --provider-path '{FAST}' \
              --status 127.0.0.1:9001 --heartbeat 1000ms --mode blocking",
             r = self.runner
@@ -70,7 +71,7 @@ impl Container {
         cmd.args(["run", "-d", "--name", &self.name, "--network", "none"])
             .args(["--label", self.label])
             .arg("-v")
-            .arg(format!("{}:/selfheal:ro", bin.display()))
+            .arg(format!("{}:/selfheal-testbed:ro", bin.display()))
             .args(["-v", "/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu:ro"])
             .args(["-v", "/lib64:/lib64:ro"])
             .arg("-v")
@@ -190,6 +191,7 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     let n = (std::process::id() % 200) as u8 + 30;
     let opts = Options {
         selfheal: selfheal_bin(),
+        testbed: testbed_bin(),
         heartbeat: Duration::from_secs(1),
         check_every: Duration::from_secs(1),
         net: n,

@@ -1,6 +1,8 @@
-//! `selfheal demo` end to end: its machine-readable run shows the incident
-//! healed beside a busy runner; Ctrl-C in the middle leaves no namespace
-//! and no process behind; without root it says so plainly.
+//! The demo (`selfheal-testbed demo`, what `cargo xtask demo` runs) end to
+//! end: its machine-readable run shows the incident healed beside a busy
+//! runner, by the real `selfheal` binary's helper and checks; Ctrl-C in the
+//! middle leaves no namespace and no process behind; without root it says
+//! so plainly.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -8,11 +10,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{need_root, selfheal_bin};
+use tests::{need_root, selfheal_bin, testbed_bin};
 
 /// Testbed namespaces of process `pid` (`selfheal-tb<pid>-…`).
 fn namespaces_of(pid: u32) -> Vec<String> {
-    let prefix = format!("{}{pid}-", selfheal::testbed::topology::PREFIX);
+    let prefix = format!("{}{pid}-", tests::testbed::topology::PREFIX);
     std::fs::read_dir("/run/netns")
         .into_iter()
         .flatten()
@@ -54,7 +56,9 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
     }
     let keep = std::env::temp_dir().join(format!("selfheal-demo-keep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&keep);
-    let child = Command::new(selfheal_bin())
+    // Built, so that the demo finds it beside itself.
+    let selfheal = selfheal_bin();
+    let child = Command::new(testbed_bin())
         .args(["demo", "--json", "--keep-snapshots"])
         .arg(&keep)
         .stdout(Stdio::piped())
@@ -93,7 +97,7 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
         .find(|e| e["verdict"] == "wedged" && e["snapshot"].is_string())
         .and_then(|e| e["snapshot"].as_str())
         .unwrap_or_else(|| panic!("no wedged verdict with a snapshot: {stdout}"));
-    let shown = Command::new(selfheal_bin())
+    let shown = Command::new(&selfheal)
         .args(["snapshots", "show", id, "--json", "--dir"])
         .arg(&keep)
         .output()
@@ -129,7 +133,8 @@ fn ctrl_c_in_the_middle_of_the_demo_removes_every_namespace_and_process() {
     if !need_root("demo_ctrl_c") {
         return;
     }
-    let mut child = Command::new(selfheal_bin())
+    let selfheal = selfheal_bin();
+    let mut child = Command::new(testbed_bin())
         .args(["demo", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -150,6 +155,20 @@ fn ctrl_c_in_the_middle_of_the_demo_removes_every_namespace_and_process() {
     // Dispatch server, provider, two runners, the helper (and maybe a check).
     let children = selfheal_children(pid);
     assert!(children.len() >= 5, "{children:?}");
+    // The helper is the product binary, the testbed's programs are not.
+    let helper = format!("{} helper ", selfheal.display());
+    assert!(
+        children.iter().any(|(_, c)| c.starts_with(&helper)),
+        "no {helper}…: {children:?}"
+    );
+    let testbed = testbed_bin();
+    for role in ["dispatch", "provider", "runner"] {
+        let program = format!("{} {role} ", testbed.display());
+        assert!(
+            children.iter().any(|(_, c)| c.starts_with(&program)),
+            "no {program}…: {children:?}"
+        );
+    }
     // SAFETY: signals our own child.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) }, 0);
     let status = child.wait().unwrap();
@@ -192,7 +211,7 @@ fn without_root_the_demo_says_what_it_needs() {
     }
     let Ok(out) = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(selfheal_bin())
+        .arg(testbed_bin())
         .arg("demo")
         .output()
     else {
@@ -210,7 +229,7 @@ fn a_demo_with_an_absurd_pace_is_refused_before_it_builds_anything() {
         return;
     }
     for args in [["--heartbeat", "0s"], ["--check-every", "2h"]] {
-        let out = Command::new(selfheal_bin())
+        let out = Command::new(testbed_bin())
             .arg("demo")
             .args(args)
             .output()

@@ -16,7 +16,7 @@ use selfheal::actions::{self, Keepalive};
 use tests::{
     NetnsPair, Peer, Scratch, helper_bin, need_root,
     runtimes::{docker, have, run_ok, start_dockerd},
-    skip, socket_fd_of, wait_for,
+    skip, socket_fd_of, testbed_bin, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -327,7 +327,7 @@ restart = ["systemctl", "--user", "start", "parked.service"]
 fn runner_unit(name: &str, status_port: u16) -> String {
     format!(
         "[Unit]\nDescription=the testbed runner {name} (an AI agent)\n[Service]\n\
-         ExecStart=/usr/bin/selfheal testbed runner --name {name} --dispatch 127.0.0.1:7443 \
+         ExecStart=/usr/local/bin/selfheal-testbed runner --name {name} --dispatch 127.0.0.1:7443 \
          --provider 127.0.0.1:8443 --provider-path /v1/stream --status 127.0.0.1:{status_port} \
          --heartbeat 1000ms --mode blocking\n"
     )
@@ -421,6 +421,15 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     )
     .expect("docker cp");
     c.expect("dpkg -i /tmp/selfheal.deb");
+    // The testbed's programs (dispatch server, provider, runners): their own
+    // binary, not the package's (the product carries no test servers).
+    run_ok(
+        docker(&sock)
+            .arg("cp")
+            .arg(testbed_bin())
+            .arg(format!("{tag}:/usr/local/bin/selfheal-testbed")),
+    )
+    .expect("docker cp selfheal-testbed");
     assert_eq!(
         c.expect("systemctl is-enabled selfheal-helper.socket"),
         "enabled"
@@ -458,9 +467,9 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     phases.done("installed, units verified");
 
     // The testbed's servers, and a user with linger running the agents.
-    c.expect("systemd-run --unit tb-dispatch /usr/bin/selfheal testbed dispatch --listen 127.0.0.1:7443 --api 127.0.0.1:7080 --work-every 1000ms");
+    c.expect("systemd-run --unit tb-dispatch /usr/local/bin/selfheal-testbed dispatch --listen 127.0.0.1:7443 --api 127.0.0.1:7080 --work-every 1000ms");
     c.expect(
-        "systemd-run --unit tb-provider /usr/bin/selfheal testbed provider --listen 127.0.0.1:8443",
+        "systemd-run --unit tb-provider /usr/local/bin/selfheal-testbed provider --listen 127.0.0.1:8443",
     );
     c.expect(&format!("useradd -m -u {UID} agent"));
     // Without linger, `install --user` says what to do.

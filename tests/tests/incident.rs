@@ -1,5 +1,5 @@
 //! The incident testbed's scenarios, end to end as root: real dispatch
-//! server, provider and runners (`selfheal testbed …`) in their own network
+//! server, provider and runners (`selfheal-testbed …`) in their own network
 //! namespaces, a real `selfheal helper`, and `selfheal check` run every
 //! second as a timer would. Each prints its measured times.
 //!
@@ -8,11 +8,14 @@
 
 use std::{sync::atomic::AtomicU8, time::Duration};
 
-use selfheal::testbed::{
-    runner::Mode,
-    scenario::{self, Caller, Event, Options, Report},
+use tests::{
+    need_root, selfheal_bin,
+    testbed::{
+        runner::Mode,
+        scenario::{self, Caller, Event, Options, Report},
+    },
+    testbed_bin,
 };
-use tests::{need_root, selfheal_bin};
 
 /// Options with subnets distinct for every scenario of this process.
 fn options() -> Options {
@@ -20,6 +23,7 @@ fn options() -> Options {
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Options {
         selfheal: selfheal_bin(),
+        testbed: testbed_bin(),
         heartbeat: Duration::from_secs(1),
         check_every: Duration::from_secs(1),
         net: ((std::process::id() % 25) as u8) * 10 + k % 10 + 1,
@@ -427,11 +431,11 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
         .unwrap()
         .port();
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut cmd = std::process::Command::new(selfheal_bin());
-    cmd.args(["testbed", "provider", "--listen", &addr.to_string()]);
+    let mut cmd = std::process::Command::new(testbed_bin());
+    cmd.args(["provider", "--listen", &addr.to_string()]);
     let p = tests::Peer::spawn(cmd);
     p.expect("listening", Duration::from_secs(10));
-    let get = selfheal::testbed::http::get_streaming;
+    let get = tests::testbed::http::get_streaming;
 
     let start = Instant::now();
     let resp = get(
@@ -476,7 +480,7 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
     );
 
     let missing =
-        selfheal::testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
+        tests::testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
     assert_eq!(missing.0, 404);
 }
 
@@ -497,8 +501,8 @@ fn the_compatible_provider_serves_the_real_openai_and_anthropic_sdks() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut cmd = std::process::Command::new(selfheal_bin());
-    cmd.args(["testbed", "provider", "--listen", &addr]);
+    let mut cmd = std::process::Command::new(testbed_bin());
+    cmd.args(["provider", "--listen", &addr]);
     let p = tests::Peer::spawn(cmd);
     p.expect("listening", Duration::from_secs(10));
     for (sdk, base) in [

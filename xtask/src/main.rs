@@ -28,9 +28,10 @@ enum Task {
     /// Install what building and testing need (idempotent): Debian packages,
     /// nightly rust-src, bpf-linker linked to nightly's libLLVM, tracefs.
     Setup,
-    /// Set up, build, and run `selfheal demo` (the incident replayed in
-    /// network namespaces, narrated); arguments after `--` go to it, e.g.
-    /// `-- --json`.
+    /// Set up, build, and run the demo (the incident replayed in network
+    /// namespaces, narrated: `selfheal-testbed demo`, driving the real
+    /// `selfheal` binary's helper and checks); arguments after `--` go to
+    /// it, e.g. `-- --json`.
     Demo {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -96,13 +97,27 @@ fn main() -> Result<()> {
         Task::Setup => setup::all(),
         Task::Demo { args } => {
             setup::all()?;
+            // The product binary, and the testbed's (a binary of the test
+            // crate: the privileged `selfheal` carries no test servers).
             cargo_env(
-                &["build", "--release", "-p", "selfheal"],
+                &[
+                    "build",
+                    "--release",
+                    "-p",
+                    "selfheal",
+                    "--bin",
+                    "selfheal",
+                    "-p",
+                    "tests",
+                    "--bin",
+                    "selfheal-testbed",
+                ],
                 &[("SELFHEAL_REQUIRE_EBPF", "1")],
             )?;
-            run(Command::new("target/release/selfheal")
+            run(Command::new("target/release/selfheal-testbed")
                 .arg("demo")
-                .args(args))
+                .args(args)
+                .env("SELFHEAL_BIN", "target/release/selfheal"))
         }
         Task::Test { no_vm } => {
             setup::all()?;

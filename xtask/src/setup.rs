@@ -39,8 +39,9 @@ const UNWANTED_SERVICES: &[&str] = &["prometheus.service", "prometheus-alertmana
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// The official LLM SDKs the silent-call scenarios drive the testbed's
-/// provider with (`tests/py/sdk_runner.py`), at the versions verified
-/// against it.
+/// provider with (`selfheal-testbed provider`, `tests/src/testbed/`; the
+/// SDK side is `tests/py/sdk_runner.py`), at the versions verified against
+/// it.
 const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0"];
 
 pub fn all() -> Result<()> {

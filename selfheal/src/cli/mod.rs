@@ -2,7 +2,6 @@
 
 pub mod check;
 pub mod config;
-pub mod demo;
 pub mod helper;
 pub mod inspect;
 pub mod install;

@@ -38,8 +38,12 @@ const PROVIDER_PORT: u16 = 8443;
 /// What every scenario is given.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The `selfheal` binary to run (helper, check, testbed programs).
+    /// The `selfheal` binary to run (helper, check, snapshots): the
+    /// product, as an operator runs it.
     pub selfheal: PathBuf,
+    /// The `selfheal-testbed` binary whose programs make the bed (dispatch
+    /// server, provider, runners, proxy): kept out of the product binary.
+    pub testbed: PathBuf,
     /// The runners' heartbeat, and the control upstream's in the config.
     pub heartbeat: Duration,
     /// How often `selfheal check` runs (the timer's interval).
@@ -297,8 +301,8 @@ impl Bed {
             named: BTreeMap::new(),
             agents: Vec::new(),
         };
-        let mut cmd = bed.topo.dispatch.command(&bed.opts.selfheal);
-        cmd.args(["testbed", "dispatch", "--listen"])
+        let mut cmd = bed.topo.dispatch.command(&bed.opts.testbed);
+        cmd.args(["dispatch", "--listen"])
             .arg(bed.dispatch_addr().to_string())
             .arg("--api")
             .arg(bed.api_addr().to_string())
@@ -307,8 +311,8 @@ impl Bed {
         let d = Proc::spawn(cmd, "the dispatch server")?;
         d.expect("listening", Duration::from_secs(10))?;
         bed.dispatch = Some(d);
-        let mut cmd = bed.topo.provider.command(&bed.opts.selfheal);
-        cmd.args(["testbed", "provider", "--listen"])
+        let mut cmd = bed.topo.provider.command(&bed.opts.testbed);
+        cmd.args(["provider", "--listen"])
             .arg(bed.provider_addr().to_string());
         let p = Proc::spawn(cmd, "the provider")?;
         p.expect("listening", Duration::from_secs(10))?;
@@ -352,8 +356,8 @@ impl Bed {
     /// Starts a runner in the runners' namespace and adds it to the config.
     pub fn add_runner(&mut self, spec: RunnerSpec) -> anyhow::Result<()> {
         let status = SocketAddr::from(([127, 0, 0, 1], 9001 + self.runners.len() as u16));
-        let mut cmd = self.topo.runners.command(&self.opts.selfheal);
-        cmd.args(["testbed", "runner", "--name", &spec.name, "--dispatch"])
+        let mut cmd = self.topo.runners.command(&self.opts.testbed);
+        cmd.args(["runner", "--name", &spec.name, "--dispatch"])
             .arg(self.dispatch_addr().to_string())
             .arg("--provider")
             .arg(self.provider_addr().to_string())
@@ -461,7 +465,7 @@ impl Bed {
             let matcher = if spec.leak_every.is_some() {
                 format!("pidfile = {:?}", self.pidfile(name).display().to_string())
             } else {
-                format!("cmdline = \"testbed runner --name {name} \"")
+                format!("cmdline = \"selfheal-testbed runner --name {name} \"")
             };
             let probe = if spec.probe_table {
                 format!("http://{}/runners/{name}", self.api_addr())
@@ -1163,7 +1167,7 @@ const PROXY_PORT: u16 = 18443;
 pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
     let script = std::env::var_os("SELFHEAL_SDK_RUNNER")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/py/sdk_runner.py"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("py/sdk_runner.py"));
     if !script.exists() {
         bail!(
             "no SDK runner at {} (set SELFHEAL_SDK_RUNNER)",
@@ -1300,7 +1304,7 @@ pub fn tcp_sockets(pid: u32) -> anyhow::Result<Vec<TcpSocket>> {
         let Ok(target) = std::fs::read_link(e.path()) else {
             continue;
         };
-        let inode = crate::proc::socket_inode_of_target(&target.to_string_lossy());
+        let inode = selfheal::proc::socket_inode_of_target(&target.to_string_lossy());
         if let (Some(inode), Ok(fd)) = (inode, e.file_name().to_string_lossy().parse::<i32>()) {
             fds.insert(inode, fd);
         }
@@ -1600,9 +1604,9 @@ fn cut_while_thinking(
         .insert("waits".into(), serde_json::to_value(waits(pid, &fds))?);
     // The caller's own keepalive options on its provider socket (the
     // anthropic SDK sets SO_KEEPALIVE itself), before any proof.
-    if let (Some(&fd), Some(start)) = (fds.first(), crate::pidfd::start_ticks(pid)) {
-        let ka = crate::actions::open_target(pid, start)
-            .and_then(|t| crate::actions::read_keepalive(&t, fd));
+    if let (Some(&fd), Some(start)) = (fds.first(), selfheal::pidfd::start_ticks(pid)) {
+        let ka = selfheal::actions::open_target(pid, start)
+            .and_then(|t| selfheal::actions::read_keepalive(&t, fd));
         report.facts.insert(
             "caller_keepalive".into(),
             match ka {
@@ -1691,8 +1695,8 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
     let mut bed = Bed::new(opts, "pxy", Duration::from_millis(500))?;
     let provider = bed.provider();
     let proxy = SocketAddr::from(([127, 0, 0, 1], PROXY_PORT));
-    let mut cmd = bed.topo.runners.command(&bed.opts.selfheal);
-    cmd.args(["testbed", "proxy", "--listen"])
+    let mut cmd = bed.topo.runners.command(&bed.opts.testbed);
+    cmd.args(["proxy", "--listen"])
         .arg(proxy.to_string())
         .arg("--upstream")
         .arg(provider.to_string());
@@ -1759,7 +1763,7 @@ pub fn many_thinking(
     length: Duration,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
-    use crate::actions::{open_target, read_keepalive};
+    use selfheal::actions::{open_target, read_keepalive};
     let name = "thinkers";
     let mut report = Report::new("many_thinking");
     let mut bed = Bed::new(opts, "many", Duration::from_secs(1))?;
@@ -1780,12 +1784,12 @@ pub fn many_thinking(
         ),
     });
     let pid = bed.pid(name)?;
-    let start = crate::pidfd::start_ticks(pid).context("the caller's start time")?;
+    let start = selfheal::pidfd::start_ticks(pid).context("the caller's start time")?;
     let baseline = bed.wait("every call's connection", Duration::from_secs(60), || {
         let c = connections_to(pid, provider);
         Ok((c.len() >= n).then_some(c))
     })?;
-    let read = |fd: i32| -> anyhow::Result<crate::actions::KeepaliveSettings> {
+    let read = |fd: i32| -> anyhow::Result<selfheal::actions::KeepaliveSettings> {
         let target = open_target(pid, start)?;
         Ok(read_keepalive(&target, fd)?)
     };

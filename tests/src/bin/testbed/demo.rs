@@ -1,15 +1,16 @@
-//! `selfheal demo`: the 2026-07-23 incident replayed on this machine, beside
-//! a runner that is merely busy, narrated as it happens (see
-//! `selfheal::testbed`).
+//! `selfheal-testbed demo` (`cargo xtask demo`): the 2026-07-23 incident
+//! replayed on this machine, beside a runner that is merely busy, narrated as
+//! it happens (see `tests::testbed`). It runs the real `selfheal` binary for
+//! the helper and the checks, as a user would.
 
-use std::{process::ExitCode, sync::atomic::Ordering, time::Duration};
+use std::{path::PathBuf, process::ExitCode, sync::atomic::Ordering, time::Duration};
 
 use anyhow::bail;
-use selfheal::testbed::{
+use serde_json::Value;
+use tests::testbed::{
     runner::Mode,
     scenario::{self, Event, Options, Report},
 };
-use serde_json::Value;
 
 /// Replay the 2026-07-23 incident on this machine and watch selfheal find
 /// and heal it (needs root).
@@ -22,17 +23,18 @@ use serde_json::Value;
 /// snapshot it, heal it without a restart, and see it back at work. Needs
 /// root (network namespaces, nftables, the helper); cleans up everything it
 /// made, also on Ctrl-C. Exit 0 when the incident was healed and the busy
-/// runner left alone.
+/// runner left alone. The `selfheal` it runs is the one beside this program
+/// (`target/<profile>/selfheal`), or `$SELFHEAL_BIN`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Print one JSON object per event, then a summary object.
     #[arg(long)]
     json: bool,
     /// The runners' heartbeat (the control upstream's in the config).
-    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, default_value = "1s")]
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, default_value = "1s")]
     heartbeat: Duration,
     /// How often `selfheal check` runs, as a timer would run it.
-    #[arg(long, value_name = "DUR", value_parser = super::parse_duration, default_value = "1s")]
+    #[arg(long, value_name = "DUR", value_parser = crate::parse_duration, default_value = "1s")]
     check_every: Duration,
     /// The wedging runner's flavour: a blocking reader thread or a tokio
     /// event loop.
@@ -65,9 +67,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             bail!("{what} {d:?}: give a duration from 100ms to 60s");
         }
     }
+    let testbed = std::env::current_exe()?;
+    let selfheal = selfheal_binary(&testbed)?;
     install_stop_handler()?;
     let opts = Options {
-        selfheal: std::env::current_exe()?,
+        selfheal,
+        testbed,
         heartbeat: args.heartbeat,
         check_every: args.check_every,
         net: (std::process::id() % 250 + 1) as u8,
@@ -267,6 +272,23 @@ fn distinct(v: Option<&Vec<String>>) -> Vec<String> {
         }
     }
     out
+}
+
+/// The `selfheal` binary the demo drives: `$SELFHEAL_BIN`, else the one
+/// cargo built beside this program.
+fn selfheal_binary(testbed: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let path = match std::env::var_os("SELFHEAL_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => testbed.with_file_name("selfheal"),
+    };
+    if !path.is_file() {
+        bail!(
+            "selfheal demo drives the selfheal binary, and there is none at {} \
+             (build it with `cargo build -p selfheal`, or set SELFHEAL_BIN)",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 fn on_path(tool: &str) -> bool {

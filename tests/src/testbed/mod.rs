@@ -1,6 +1,6 @@
 //! The incident testbed: real programs that replay the 2026-07-23 outage
-//! (`../shared/context/incident-pr-358.txt`) so that `selfheal demo` and the
-//! scenario tests can show selfheal finding and healing it.
+//! (`../shared/context/incident-pr-358.txt`) so that the demo (`cargo xtask
+//! demo`) and the scenario tests can show selfheal finding and healing it.
 //!
 //! - [`dispatch`]: the dispatch server runners attach to; its runners table
 //!   keeps saying `connected` for a runner whose stream is dead.
@@ -16,8 +16,10 @@
 //!   `selfheal check` processes as a timer would, measuring time to detect
 //!   and to recover; the demo narrates them and the tests assert on them.
 //!
-//! The three programs run as `selfheal testbed ROLE` (a hidden subcommand),
-//! so the demo needs nothing but the `selfheal` binary.
+//! The programs run as `selfheal-testbed ROLE` (`src/bin/testbed/`), a
+//! binary of this test crate, never of the product: `selfheal`, which runs
+//! as root in the helper, carries no test servers. The scenarios drive the
+//! real `selfheal` binary for `helper`, `check` and `snapshots`.
 
 pub mod dispatch;
 pub mod http;
@@ -28,14 +30,7 @@ pub mod scenario;
 pub mod topology;
 pub mod wire;
 
-/// `selfheal testbed ROLE …`.
-#[derive(clap::Args, Debug)]
-pub struct TestbedArgs {
-    #[command(subcommand)]
-    pub role: Role,
-}
-
-/// The testbed's programs.
+/// The testbed's programs (`selfheal-testbed ROLE …`).
 #[derive(clap::Subcommand, Debug)]
 pub enum Role {
     /// The dispatch server: attach streams, heartbeats, work, runners table.
@@ -49,8 +44,8 @@ pub enum Role {
 }
 
 /// Runs one testbed program until it is killed.
-pub fn run(args: TestbedArgs) -> anyhow::Result<()> {
-    match args.role {
+pub fn run(role: Role) -> anyhow::Result<()> {
+    match role {
         Role::Dispatch(a) => dispatch::run(a),
         Role::Provider(a) => provider::run(a),
         Role::Runner(a) => runner::run(a),

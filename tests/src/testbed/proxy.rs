@@ -1,4 +1,4 @@
-//! A local TCP proxy (`selfheal testbed proxy --listen A --upstream B`):
+//! A local TCP proxy (`selfheal-testbed proxy --listen A --upstream B`):
 //! every accepted connection is joined to a new connection to the upstream
 //! and bytes are copied both ways until either side closes. It stands for
 //! a sidecar or gateway on the caller's own host: the caller's connection
