@@ -438,6 +438,41 @@ pub fn timed(cmd: &mut Command) -> (f64, i64) {
     (start.elapsed().as_secs_f64(), usage.ru_maxrss)
 }
 
+/// What [`timed_usage`] measured of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    /// Wall time, seconds.
+    pub wall: f64,
+    /// User and system CPU time of the child, seconds (`wait4`'s rusage).
+    pub user: f64,
+    pub sys: f64,
+    /// Peak RSS, KiB.
+    pub max_rss: i64,
+}
+
+/// [`timed`], with the child's CPU time: runs `cmd` with its output
+/// discarded and returns its wall time, user and system time and peak RSS.
+pub fn timed_usage(cmd: &mut Command) -> Usage {
+    let start = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for the child we just spawned (and that std never waits for).
+    unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Usage {
+        wall: start.elapsed().as_secs_f64(),
+        user: secs(usage.ru_utime),
+        sys: secs(usage.ru_stime),
+        max_rss: usage.ru_maxrss,
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Faults and privilege (tests/tests/faults.rs, tests/tests/privilege.rs):
 // scratch directories, running `selfheal check`, reading a socket's options
