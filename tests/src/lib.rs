@@ -419,23 +419,9 @@ pub fn arm_keepalive(
 }
 
 /// Runs `cmd` with its output discarded; wall seconds and peak RSS (KiB).
-#[expect(
-    clippy::zombie_processes,
-    reason = "the child is reaped by wait4, for its rusage"
-)]
 pub fn timed(cmd: &mut Command) -> (f64, i64) {
-    let start = Instant::now();
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for the child we just spawned (and that std never waits for).
-    unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
+    let u = timed_usage(cmd);
+    (u.wall, u.max_rss)
 }
 
 /// What [`timed_usage`] measured of one run.
@@ -452,6 +438,10 @@ pub struct Usage {
 
 /// [`timed`], with the child's CPU time: runs `cmd` with its output
 /// discarded and returns its wall time, user and system time and peak RSS.
+#[expect(
+    clippy::zombie_processes,
+    reason = "the child is reaped by wait4, for its rusage"
+)]
 pub fn timed_usage(cmd: &mut Command) -> Usage {
     let start = Instant::now();
     let child = cmd
