@@ -1,6 +1,6 @@
 //! The kernel's sock_diag netlink interface, all of it: TCP sockets with
 //! `tcp_info` (as `ss` reads them), and `SOCK_DESTROY` (as `ss -K`). Both go
-//! through one request/response loop ([`Diag`]). Queries run in the
+//! through one request/response loop (`Diag`). Queries run in the
 //! caller's network namespace or, with [`dump_tcp_in_netns_of`] and
 //! [`destroy_by_inode_in`], in another one (through [`crate::netns`]).
 
