@@ -810,8 +810,17 @@ mod tests {
     fn thread_stat_matches_procfs() {
         use procfs::FromRead as _;
         let mut n = 0;
-        for e in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-            let raw = std::fs::read(e.path().join("stat")).unwrap();
+        // Other test threads may end between the listing and the read:
+        // those are skipped; this thread's own file is always there.
+        let paths = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().join("stat"))
+            .chain([std::path::PathBuf::from("/proc/thread-self/stat")]);
+        for path in paths {
+            let Ok(raw) = std::fs::read(path) else {
+                continue;
+            };
             let ours = parse_thread_stat(&raw).unwrap();
             let theirs = procfs::process::Stat::from_read(&raw[..]).unwrap();
             assert_eq!(ours.comm, theirs.comm);
