@@ -28,20 +28,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
-use netlink_packet_sock_diag::{
-    SockDiagDestroy, SockDiagMessage,
-    constants::{AF_INET, AF_INET6, IPPROTO_TCP},
-    inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
-};
-use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
+use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6};
 use serde::{Deserialize, Serialize};
 
 pub use selfheal_core::keepalive::KeepaliveSettings;
 
-use crate::pidfd::{Pidfd, PidfdError};
+use crate::{
+    netns,
+    pidfd::{Pidfd, PidfdError},
+    sockdiag,
+};
 
 /// Why an action was not taken, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -888,10 +884,6 @@ pub struct DestroyOutcome {
 /// `SIOCGSKNS` (linux/sockios.h): a socket's network namespace as an fd.
 const SIOCGSKNS: libc::c_ulong = 0x894C;
 
-/// Replies are read with this timeout, so a kernel that never answers
-/// cannot hang the helper.
-const NETLINK_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Ends the connection of socket `fd` of the target. First `SOCK_DESTROY`:
 /// the socket is found by inode in a sock_diag dump of *its own* network
 /// namespace (`SIOCGSKNS`; the target's `/proc/PID/ns/net` if that fails),
@@ -987,7 +979,7 @@ fn socket_netns(target: &Pidfd, dup: &DupSocket) -> Result<OwnedFd, String> {
         return Ok(unsafe { OwnedFd::from_raw_fd(r) });
     }
     let pid = target.pid();
-    std::fs::File::open(format!("/proc/{pid}/ns/net"))
+    netns::of_pid(pid)
         .map(OwnedFd::from)
         .map_err(|e| format!("cannot open the network namespace of pid {pid}: {e}"))
 }
@@ -1007,214 +999,7 @@ fn sock_destroy(
         _ => &[AF_INET, AF_INET6],
     };
     let ns = socket_netns(target, dup).map_err(nl_err)?;
-    let inode = dup.inode;
-    let here = || destroy_by_inode(families, inode);
-    let result = if same_netns(&ns) {
-        here()
-    } else {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| format!("cannot enter the socket's network namespace: {e}"))?;
-                here()
-            })
-            .join()
-            .unwrap_or_else(|_| Err("the sock_diag thread panicked".to_string()))
-        })
-    };
-    result.map_err(nl_err)
-}
-
-/// Whether `ns` is the calling thread's network namespace.
-fn same_netns(ns: &OwnedFd) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    let (Ok(theirs), Ok(ours)) = (
-        nix::sys::stat::fstat(ns),
-        std::fs::metadata("/proc/thread-self/ns/net"),
-    ) else {
-        return false;
-    };
-    (theirs.st_dev, theirs.st_ino) == (ours.dev(), ours.ino())
-}
-
-/// In the calling thread's network namespace: dumps the TCP sockets of
-/// `families`, finds the one with `inode`, destroys it and checks the ack.
-fn destroy_by_inode(families: &[u8], inode: u64) -> Result<(SocketAddr, SocketAddr, u64), String> {
-    let socket = diag_socket()?;
-    let mut seq = 0u32;
-    for &family in families {
-        seq += 1;
-        let Some((family, id)) = find_by_inode(&socket, family, inode, seq)? else {
-            continue;
-        };
-        let local = SocketAddr::new(id.source_address, id.source_port);
-        let remote = SocketAddr::new(id.destination_address, id.destination_port);
-        let cookie = u64::from_ne_bytes(id.cookie);
-        seq += 1;
-        send_destroy(&socket, family, id, seq)?;
-        return Ok((local, remote, cookie));
-    }
-    Err(format!(
-        "no TCP socket with inode {inode} in the socket's network namespace"
-    ))
-}
-
-fn diag_socket() -> Result<Socket, String> {
-    let mut socket = Socket::new(NETLINK_SOCK_DIAG).map_err(|e| format!("netlink socket: {e}"))?;
-    socket
-        .bind_auto()
-        .map_err(|e| format!("netlink bind: {e}"))?;
-    socket
-        .connect(&NlAddr::new(0, 0))
-        .map_err(|e| format!("netlink connect: {e}"))?;
-    let _ = socket.set_rx_buf_sz(1 << 20);
-    let tv = libc::timeval {
-        tv_sec: NETLINK_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: 0,
-    };
-    // SAFETY: `tv` is valid for reads of its size.
-    let r = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(format!(
-            "netlink SO_RCVTIMEO: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(socket)
-}
-
-/// Receives netlink messages, handing each to `f` until it returns
-/// `Some(result)`. Bounded by the receive timeout and a message count.
-fn recv_until<T>(
-    socket: &Socket,
-    mut f: impl FnMut(NetlinkMessage<SockDiagMessage>) -> Option<Result<T, String>>,
-) -> Result<T, String> {
-    let mut rx = vec![0u8; 1 << 16];
-    // A 64 KiB read holds hundreds of sockets: this allows millions.
-    for _ in 0..100_000 {
-        let n = socket
-            .recv(&mut &mut rx[..], 0)
-            .map_err(|e| format!("netlink recv: {e}"))?;
-        let mut offset = 0;
-        while offset < n {
-            let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&rx[offset..n])
-                .map_err(|e| format!("malformed sock_diag reply: {e}"))?;
-            let len = msg.header.length as usize;
-            if let Some(done) = f(msg) {
-                return done;
-            }
-            if len == 0 {
-                return Err("malformed sock_diag reply: zero-length message".into());
-            }
-            offset += len;
-        }
-    }
-    Err("sock_diag reply did not end".into())
-}
-
-/// Dumps `family`'s TCP sockets in every state and returns the one with
-/// `inode`: its family and id (addresses, interface, cookie) as the kernel
-/// reported them, ready to be sent back.
-fn find_by_inode(
-    socket: &Socket,
-    family: u8,
-    inode: u64,
-    seq: u32,
-) -> Result<Option<(u8, SocketId)>, String> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        SockDiagMessage::InetRequest(InetRequest {
-            family,
-            protocol: IPPROTO_TCP,
-            extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
-            socket_id: if family == AF_INET {
-                SocketId::new_v4()
-            } else {
-                SocketId::new_v6()
-            },
-        })
-        .into(),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    socket
-        .send(&buf, 0)
-        .map_err(|e| format!("netlink send: {e}"))?;
-    // Read the whole dump (to NLMSG_DONE) so the socket is clean for the
-    // destroy request.
-    let mut found = None;
-    recv_until(socket, |msg| match msg.payload {
-        NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-            if found.is_none() && u64::from(r.header.inode) == inode {
-                found = Some((r.header.family, r.header.socket_id.clone()));
-            }
-            None
-        }
-        NetlinkPayload::Done(_) => Some(Ok(())),
-        NetlinkPayload::Error(e) => Some(Err(format!(
-            "the kernel refused the dump: {}",
-            std::io::Error::from_raw_os_error(-e.code.map_or(0, |c| c.get()))
-        ))),
-        _ => None,
-    })?;
-    Ok(found)
-}
-
-/// The `SOCK_DESTROY` request: a netlink header of type 21
-/// (`SOCK_DESTROY`, set by the crate's [`SockDiagDestroy`] wrapper; flags `NLM_F_REQUEST | NLM_F_ACK`) followed by the same
-/// `struct inet_diag_req_v2` a dump sends (family, `IPPROTO_TCP`, the socket
-/// id with its cookie). Built with the crate's request type; only the
-/// netlink message type differs from a query.
-fn destroy_request(family: u8, id: SocketId, seq: u32) -> Vec<u8> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK;
-    header.sequence_number = seq;
-    let mut packet = NetlinkMessage::new(
-        header,
-        NetlinkPayload::InnerMessage(SockDiagDestroy::new(SockDiagMessage::InetRequest(
-            InetRequest {
-                family,
-                protocol: IPPROTO_TCP,
-                extensions: ExtensionFlags::empty(),
-                states: StateFlags::all(),
-                socket_id: id,
-            },
-        ))),
-    );
-    packet.finalize();
-    let mut buf = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buf);
-    buf
-}
-
-fn send_destroy(socket: &Socket, family: u8, id: SocketId, seq: u32) -> Result<(), String> {
-    let buf = destroy_request(family, id, seq);
-    socket
-        .send(&buf, 0)
-        .map_err(|e| format!("netlink send: {e}"))?;
-    recv_until(socket, |msg| match msg.payload {
-        NetlinkPayload::Error(e) if msg.header.sequence_number == seq => Some(match e.code {
-            None => Ok(()),
-            Some(c) => Err(format!(
-                "the kernel refused SOCK_DESTROY: {}",
-                std::io::Error::from_raw_os_error(-c.get())
-            )),
-        }),
-        _ => None,
-    })
+    sockdiag::destroy_by_inode_in(&ns, families, dup.inode).map_err(|e| nl_err(e.to_string()))
 }
 
 // ---------------------------------------------------------------------------
@@ -1587,7 +1372,6 @@ fn wait_bounded(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_sock_diag::SOCK_DESTROY;
 
     #[test]
     fn default_keepalive_is_valid_and_gentle() {
@@ -1750,38 +1534,6 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(matches!(guard(pid), Err(ActionError::Gone { .. })));
-    }
-
-    #[test]
-    fn destroy_request_is_an_inet_diag_req_v2_of_type_sock_destroy() {
-        let id = SocketId {
-            source_port: 0x1234,
-            destination_port: 80,
-            source_address: "10.0.0.1".parse().unwrap(),
-            destination_address: "10.0.0.2".parse().unwrap(),
-            interface_id: 7,
-            cookie: 0xdead_beef_u64.to_ne_bytes(),
-        };
-        let buf = destroy_request(AF_INET, id, 9);
-        // nlmsghdr (16) + inet_diag_req_v2 (56).
-        assert_eq!(buf.len(), 16 + 56);
-        assert_eq!(u32::from_ne_bytes(buf[0..4].try_into().unwrap()), 72);
-        assert_eq!(
-            u16::from_ne_bytes(buf[4..6].try_into().unwrap()),
-            SOCK_DESTROY
-        );
-        let flags = u16::from_ne_bytes(buf[6..8].try_into().unwrap());
-        assert_eq!(flags, NLM_F_REQUEST | NLM_F_ACK);
-        assert_eq!(u32::from_ne_bytes(buf[8..12].try_into().unwrap()), 9);
-        let req = &buf[16..];
-        assert_eq!((req[0], req[1]), (AF_INET, IPPROTO_TCP));
-        // inet_diag_sockid: ports big-endian, then addresses, interface, cookie.
-        assert_eq!(&req[8..10], &[0x12, 0x34]);
-        assert_eq!(&req[10..12], &[0, 80]);
-        assert_eq!(&req[12..16], &[10, 0, 0, 1]);
-        assert_eq!(&req[28..32], &[10, 0, 0, 2]);
-        assert_eq!(u32::from_ne_bytes(req[44..48].try_into().unwrap()), 7);
-        assert_eq!(&req[48..56], &0xdead_beef_u64.to_ne_bytes());
     }
 
     #[test]

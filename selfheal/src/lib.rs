@@ -10,7 +10,8 @@
 //!   (which container and pod they are in), [`pidfd`] (a handle that pid
 //!   reuse cannot fool);
 //! - **collect**: [`proc`] (threads, waits, fds from procfs), [`sockdiag`]
-//!   (TCP sockets and `tcp_info`), [`ebpf`] (the receive tracer), [`probe`]
+//!   (TCP sockets and `tcp_info`; also `SOCK_DESTROY`), [`netns`] (entering
+//!   another network namespace), [`ebpf`] (the receive tracer), [`probe`]
 //!   (HTTP probes), [`clock`] (the one clock ages use), joined by
 //!   [`inspect`] into a report;
 //! - **judge**: [`judge`] (pure: evidence and history to a verdict), with
@@ -36,6 +37,7 @@ pub mod healer;
 pub mod helper;
 pub mod inspect;
 pub mod metrics;
+pub mod netns;
 pub mod pidfd;
 pub mod probe;
 pub mod proc;

@@ -428,11 +428,30 @@ pub fn arm_keepalive(
 }
 
 /// Runs `cmd` with its output discarded; wall seconds and peak RSS (KiB).
+pub fn timed(cmd: &mut Command) -> (f64, i64) {
+    let u = timed_usage(cmd);
+    (u.wall, u.max_rss)
+}
+
+/// What [`timed_usage`] measured of one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    /// Wall time, seconds.
+    pub wall: f64,
+    /// User and system CPU time of the child, seconds (`wait4`'s rusage).
+    pub user: f64,
+    pub sys: f64,
+    /// Peak RSS, KiB.
+    pub max_rss: i64,
+}
+
+/// [`timed`], with the child's CPU time: runs `cmd` with its output
+/// discarded and returns its wall time, user and system time and peak RSS.
 #[expect(
     clippy::zombie_processes,
     reason = "the child is reaped by wait4, for its rusage"
 )]
-pub fn timed(cmd: &mut Command) -> (f64, i64) {
+pub fn timed_usage(cmd: &mut Command) -> Usage {
     let start = Instant::now();
     let child = cmd
         .stdout(Stdio::null())
@@ -444,7 +463,13 @@ pub fn timed(cmd: &mut Command) -> (f64, i64) {
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for the child we just spawned (and that std never waits for).
     unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
-    (start.elapsed().as_secs_f64(), usage.ru_maxrss)
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    Usage {
+        wall: start.elapsed().as_secs_f64(),
+        user: secs(usage.ru_utime),
+        sys: secs(usage.ru_stime),
+        max_rss: usage.ru_maxrss,
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -64,7 +64,8 @@ enum Task {
     /// (`recv-bench`; arguments after `--` go to it, e.g.
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
     /// against `ps` + `ss` (`inspect-bench`), `check` over 100 agents
-    /// against `ps -eLo` + `ss -tinp` and a curl loop (`check-bench`), and
+    /// against `ps -eLo` + `ss -tinp`, a C floor (each thread's stat and
+    /// wchan, one sock_diag dump) and a curl loop (`check-bench`), and
     /// how `check` grows with 1k-10k sockets and 200-2000 threads, and the
     /// prove stage's added cost on 1,000 suspect sockets (`scale-bench`).
     Bench {

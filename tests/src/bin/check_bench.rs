@@ -7,6 +7,12 @@
 //! Agents: `--agents` processes of `--threads` threads blocked in reads and
 //! `--sockets` TCP connections each, at 10 and then the full count, so the
 //! growth shows. Prints medians of `--runs`, ratios and selfheal's peak RSS.
+//!
+//! Beside `check`, in alternation with it, the C floor
+//! (`tests/src/diag_floor.c`, compiled here with `cc`): each agent thread's
+//! `stat` and `wchan` and one sock_diag dump with `tcp_info`, the least that
+//! sees what `check` sees. Prints check's ratio to it and check's user and
+//! system CPU time (the child's rusage).
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -15,7 +21,7 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use tests::timed;
+use tests::{Usage, timed, timed_usage};
 
 fn main() {
     let mut agents = 100usize;
@@ -97,15 +103,40 @@ fn main() {
         ss * 1e3,
         (ps + ss) * 1e3
     );
+    let floor = build_floor(&work);
     for n in [10.min(agents), agents] {
         let config = write_config(&work, &pids[..n], None);
-        let (t, rss) = median_rss(runs, || timed(&mut check_cmd(&selfheal, &config, &work)));
+        // The check and the C floor alternate, so both see the same machine.
+        let mut checks = Vec::new();
+        let mut floors = Vec::new();
+        for _ in 0..runs {
+            checks.push(timed_usage(&mut check_cmd(&selfheal, &config, &work)));
+            if let Some(bin) = &floor {
+                let mut cmd = Command::new(bin);
+                cmd.args(pids[..n].iter().map(u32::to_string));
+                floors.push(timed_usage(&mut cmd));
+            }
+        }
+        let (t, user, sys) = medians(&checks);
+        let rss = checks.iter().map(|u| u.max_rss).max().unwrap_or(0);
         println!(
-            "  selfheal check, {n:>3} agents: {:>7.1} ms  ratio {:.2} (goal <= 0.25 at {agents})  peak RSS {:.1} MiB",
+            "  selfheal check, {n:>3} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms)  ratio {:.2} to ps + ss (goal <= 0.25 at {agents})  peak RSS {:.1} MiB",
             t * 1e3,
+            user * 1e3,
+            sys * 1e3,
             t / (ps + ss),
             rss as f64 / 1024.0
         );
+        if !floors.is_empty() {
+            let (f, fuser, fsys) = medians(&floors);
+            println!(
+                "  C floor (each thread's stat + wchan, one sock_diag dump), {n:>3} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms); check / floor {:.2} (goal <= 0.90, check's user < 10 ms, at {agents})",
+                f * 1e3,
+                fuser * 1e3,
+                fsys * 1e3,
+                t / f
+            );
+        }
     }
     // One HTTP probe per agent, concurrently, against curl one at a time.
     for n in [10.min(agents), agents] {
@@ -179,6 +210,43 @@ fn status_server() -> std::net::SocketAddr {
         }
     });
     addr
+}
+
+/// The C floor (`tests/src/diag_floor.c`), compiled into `work`; `None`
+/// (and why, printed) where there is no C compiler.
+fn build_floor(work: &Path) -> Option<PathBuf> {
+    let src = work.join("diag_floor.c");
+    let bin = work.join("diag-floor");
+    std::fs::write(&src, include_str!("../diag_floor.c")).expect("write diag_floor.c");
+    match Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+    {
+        Ok(out) if out.status.success() => Some(bin),
+        Ok(out) => {
+            println!(
+                "  (no C floor: cc failed: {})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        Err(e) => {
+            println!("  (no C floor: cannot run cc: {e})");
+            None
+        }
+    }
+}
+
+/// The medians of wall, user and system time, each on its own.
+fn medians(runs: &[Usage]) -> (f64, f64, f64) {
+    let med = |f: fn(&Usage) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (med(|u| u.wall), med(|u| u.user), med(|u| u.sys))
 }
 
 fn median(runs: usize, mut f: impl FnMut() -> f64) -> f64 {
