@@ -4,7 +4,7 @@
 //! the core's ([`selfheal_core::inspect`]), re-exported here.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddr,
     time::Duration,
 };
@@ -70,6 +70,8 @@ pub struct Collector {
     ebpf: EbpfEvidence,
     /// Socket dumps by network namespace, made on first need.
     dumps: BTreeMap<(u64, u64), NetnsSockets>,
+    /// Each dump's positions by inode.
+    index: BTreeMap<(u64, u64), HashMap<u64, usize>>,
     detail: proc::Detail,
 }
 
@@ -92,6 +94,7 @@ impl Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
+            index: BTreeMap::new(),
             detail: opts.detail,
         }
     }
@@ -122,6 +125,7 @@ impl Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
+            index: BTreeMap::new(),
             detail,
         }
     }
@@ -165,13 +169,24 @@ impl Collector {
                     sockdiag::dump_tcp_in_netns_of(p.pid).map_err(|e| e.to_string()),
                 )
             });
+            // The agent's sockets, looked up by inode in the namespace's
+            // index rather than by scanning its whole table for each agent,
+            // and kept in the dump's order.
+            let index = self.index.entry(ns).or_insert_with(|| {
+                dump.as_ref().map_or_else(
+                    |_| HashMap::new(),
+                    |all| all.iter().enumerate().map(|(i, s)| (s.inode, i)).collect(),
+                )
+            });
             let mine = dump
                 .as_ref()
                 .map(|all| {
-                    all.iter()
-                        .filter(|s| owned.contains(&s.inode))
-                        .cloned()
-                        .collect()
+                    let mut at: Vec<usize> = owned
+                        .iter()
+                        .filter_map(|ino| index.get(ino).copied())
+                        .collect();
+                    at.sort_unstable();
+                    at.into_iter().map(|i| all[i].clone()).collect()
                 })
                 .map_err(Clone::clone);
             tcp.push((*via, mine));
