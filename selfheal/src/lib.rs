@@ -1,8 +1,14 @@
 //! selfheal: finds wedged AI-agent processes from outside, proves the wedge
 //! with kernel evidence, and heals them with the gentlest action that works.
 //!
-//! This library holds everything but the command line (`src/cli`). The
-//! modules, in the order of one check's flow (ARCHITECTURE.md draws it):
+//! This library holds everything but the command line (`src/cli`). What
+//! decides lives in the pure crate `selfheal-core` and is re-exported here
+//! under the same paths: [`judge`], [`ladder`], [`model`] and [`text`]
+//! whole; the plain types (and the pure parts) of [`config`], [`inspect`],
+//! [`prove`], [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] and the
+//! helper's protocol beside this crate's I/O in the modules of the same
+//! names. The modules, in the order of one check's flow (ARCHITECTURE.md
+//! draws it):
 //!
 //! - **config**: [`config`] (the TOML schema and its validation), [`trust`]
 //!   (whether a file that steers privileged work may be believed);

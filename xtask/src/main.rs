@@ -139,7 +139,7 @@ fn main() -> Result<()> {
             // The library's docs: a link to a function that no longer
             // exists is a warning, and warnings fail.
             cargo_env(
-                &["doc", "-p", "selfheal", "--no-deps"],
+                &["doc", "-p", "selfheal", "-p", "selfheal-core", "--no-deps"],
                 &[
                     ("SELFHEAL_REQUIRE_EBPF", "1"),
                     ("RUSTDOCFLAGS", "-D warnings"),

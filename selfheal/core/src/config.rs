@@ -46,7 +46,7 @@ pub enum ConfigError {
         error: std::io::Error,
     },
     /// Someone untrusted could have written or replaced the file (see
-    /// [`crate::trust`]): it decides which processes are signalled and which
+    /// `selfheal::trust`): it decides which processes are signalled and which
     /// commands run, with our privileges.
     #[error("refusing config {}: {reason}", path.display())]
     Untrusted { path: PathBuf, reason: String },
@@ -397,7 +397,7 @@ pub const DEFAULT_MAX_SILENCE: Duration = Duration::from_secs(600);
 /// An upstream's address as written.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum UpstreamAddr {
-    /// `host:port` with a host name, resolved by [`AgentConfig::resolve_upstreams`].
+    /// `host:port` with a host name, resolved by `selfheal::config::resolve_upstreams`.
     Host { host: String, port: u16 },
     /// `ip:port` or `[v6]:port`.
     Socket(SocketAddr),

@@ -447,7 +447,7 @@ pub fn needs_thread_detail(
 
 /// Judges one agent. Returns the judgement and the history to store.
 ///
-/// The rules run in families, each its own method of [`Judging`]: the
+/// The rules run in families, each its own method of `Judging`: the
 /// upstream sockets one by one, the control upstream's absence, the probes,
 /// the agent's `current_task` against the kernel, and damage (zombies,
 /// D-state). Then the base verdict when nothing is wrong.

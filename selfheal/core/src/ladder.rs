@@ -14,7 +14,7 @@
 //!    `arm_keepalive` ends the connection about 5 s later — its probes
 //!    are the live peer's last chance to answer, and its user timeout is
 //!    derived from the silence observed rather than a fixed floor (see
-//!    [`crate::actions::Keepalive`] for why a slow live link survives):
+//!    `selfheal::actions::Keepalive` for why a slow live link survives):
 //!    the first rung completes well before a 30 s timer's next run;
 //! 2. `destroy_socket` on each dead socket still there;
 //! 3. `signal` (SIGTERM, then SIGKILL after the grace), if the config allows;
@@ -216,8 +216,8 @@ fn the_container(report: &Report) -> Option<&crate::runtime::Identity> {
 ///
 /// In order: a recovered agent resets the ladder; an open breaker, a
 /// stopped process, the last step's window and the backoff hold it
-/// ([`hold`]); then the next rung that has steps ([`next_rung`]), within
-/// the budgets ([`over_budget`]).
+/// (`hold`); then the next rung that has steps (`next_rung`), within
+/// the budgets (`over_budget`).
 pub fn decide(
     cfg: &HealConfig,
     j: &Judgement,

@@ -1,18 +1,18 @@
 //! The prove stage's model: what a proof keepalive is, what history keeps
 //! of one, and the work the judge asks of the stage. Pure types; the judge
 //! decides ([`crate::judge`]), `check` carries the work out through its
-//! [`Healer`](crate::check::Healer) and records it here.
+//! `Healer` (`selfheal::check::Healer`) and records it here.
 //!
 //! Why a stage of its own: an agent silently awaiting an LLM's first token
 //! sends nothing, so nothing but a question put to its peer can prove the
 //! connection dead. A suspect upstream socket with a call in flight gets a
 //! *proof keepalive* (short `SO_KEEPALIVE` probes through `pidfd_getfd`,
-//! [`crate::actions::arm_proof_keepalive`]). A live peer answers the first
+//! `selfheal::actions::arm_proof_keepalive`). A live peer answers the first
 //! probe; its socket's own options are then put back, read back and
 //! compared, so a live call keeps no trace. A dead peer answers none: after
 //! `count` probes, each given `interval`, the judge calls the socket dead,
 //! the check writes its snapshot, and the ladder's first step ends the
-//! connection as a keepalive timeout ([`crate::actions::expire_keepalive`]):
+//! connection as a keepalive timeout (`selfheal::actions::expire_keepalive`):
 //! the agent's blocked read fails with `ETIMEDOUT` and its own error path
 //! runs, same pid.
 //!

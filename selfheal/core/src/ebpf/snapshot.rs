@@ -139,7 +139,7 @@ pub struct TracerSnapshot {
     pub blocked: Vec<BlockedRecv>,
     pub sockets: Vec<SocketActivity>,
     pub overflow: Overflow,
-    /// Use of `SOCKS` by uid. Never sent: [`crate::helper::protocol::filter_snapshot`]
+    /// Use of `SOCKS` by uid. Never sent: [`crate::protocol::filter_snapshot`]
     /// turns it into the asking uid's `overflow.over_share`.
     #[serde(skip)]
     pub shares: BTreeMap<u32, ShareUse>,
