@@ -41,19 +41,13 @@ impl Netns {
         cmd
     }
 
-    /// Runs `f` on a thread that has entered the namespace.
+    /// Runs `f` on a thread that has entered the namespace (the product's
+    /// one way in: `selfheal::netns::run_in`).
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
         let path = format!("/run/netns/{}", self.name);
         let file = std::fs::File::open(&path).with_context(|| format!("cannot open {path}"))?;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("cannot enter network namespace {}", self.name))?;
-                Ok(f())
-            })
-            .join()
-            .unwrap_or_else(|_| bail!("a thread in {} panicked", self.name))
-        })
+        selfheal::netns::run_in(&file, f)
+            .with_context(|| format!("cannot enter network namespace {}", self.name))
     }
 
     /// Loads `rules` (an `nft -f` script) inside the namespace.
