@@ -182,6 +182,11 @@ pub fn boot_id() -> String {
 }
 
 /// Checks every agent of `config` once. `history` is updated in place.
+///
+/// One pass discovers every agent and attaches (or reads) the tracer once,
+/// runs every probe at once, then checks each agent in turn
+/// ([`check_agent`]): collect, judge, prove, and for a verdict that is not
+/// ok, snapshot and heal ([`Acting::not_ok`]).
 pub fn run(
     config: &Config,
     history: &mut History,
@@ -219,134 +224,190 @@ pub fn run(
     let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();
     let mut results = probe::run_all(&probe_configs).into_iter();
 
+    let acting = Acting {
+        snapshots,
+        healer,
+        dry_run: opts.dry_run,
+        now_ms,
+    };
     let mut outcomes = Vec::new();
     for (agent, target) in agents.iter().zip(&targets) {
-        // Minimal thread evidence first; the threads' syscalls and waits are
-        // read only where the sockets or thread states call for them.
-        let mut report = inspect::build(&collector.collect(target));
-        let mut detail = opts.collect.detail;
-        let record = history.agents.entry(agent.name.clone()).or_default();
-        if detail == crate::proc::Detail::Minimal
-            && judge::needs_thread_detail(agent, &report, &record.judge, now_ms)
-        {
-            detail = crate::proc::Detail::Light;
-            report = inspect::build(&collector.collect_with(target, detail));
-        }
         let probes: Vec<ProbeResult> = results.by_ref().take(agent.probes.len()).collect();
-        let views: Vec<ProbeView> = agent
-            .probes
-            .iter()
-            .zip(&probes)
-            .map(|(c, r)| view(c, r))
-            .collect();
-        let before = record.judge.clone();
-        let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
-        let transition = before.verdict != Some(judgement.verdict);
-        if transition && judgement.verdict == Verdict::Wedged {
-            record.wedges = record.wedges.saturating_add(1);
-        }
-        record.judge = next;
-        let (proofs, proof_gaps) = prove_stage(
+        let record = history.agents.entry(agent.name.clone()).or_default();
+        outcomes.push(check_agent(
+            &acting,
             agent,
-            &judgement.work,
-            &mut record.judge,
-            healer,
-            opts.dry_run,
-            now_ms,
-        );
-
-        let mut outcome = Outcome {
-            agent: agent.name.clone(),
-            containers: target.containers.clone(),
-            verdict: judgement.verdict,
-            reasons: judgement.reasons.clone(),
-            snapshot: None,
-            snapshot_error: None,
-            previous: if transition { before.verdict } else { None },
-            transition,
-            previous_for_ms: (transition && before.verdict.is_some())
-                .then(|| now_ms.saturating_sub(before.verdict_since_ms)),
-            gaps: report
-                .gaps
-                .iter()
-                .map(ToString::to_string)
-                .chain(proof_gaps)
-                .collect(),
+            target,
+            &mut collector,
+            opts.collect.detail,
             probes,
-            proofs,
-            heal: None,
-            evidence: Evidence {
-                strategy: report.ebpf.strategy.map(|s| s.name()),
-                processes: report.processes.len(),
-                zombies: report.init.zombies,
-            },
-        };
-        if !judgement.verdict.is_ok() {
-            // The snapshot gets the full evidence (kernel stacks of every
-            // thread), re-read now if the check itself read light.
-            let full = if detail == crate::proc::Detail::Full {
-                report
-            } else {
-                inspect::build(&collector.collect_with(target, crate::proc::Detail::Full))
-            };
-            match snapshots {
-                Some(log) => match log.append(
-                    &agent.name,
-                    judgement.verdict.as_str(),
-                    &snapshot_body(&judgement, &full, &outcome.probes),
-                ) {
-                    Ok(id) => outcome.snapshot = Some(id),
-                    Err(e) => outcome.snapshot_error = Some(e.to_string()),
-                },
-                None => outcome.snapshot_error = Some("no snapshot log".into()),
-            }
-            if judgement.verdict == Verdict::Wedged {
-                outcome.heal = Some(heal(
-                    agent,
-                    &judgement,
-                    &full,
-                    &mut record.heal,
-                    &outcome,
-                    healer,
-                    opts.dry_run,
-                    now_ms,
-                ));
-                if let Some(Decision::GaveUp { why }) = outcome.heal.as_ref().map(|h| &h.decision) {
-                    outcome.reasons.push(Reason {
-                        code: crate::model::ReasonCode::GaveUp,
-                        verdict: Verdict::Wedged,
-                        message: format!("healing gave up: {why}"),
-                        evidence: Default::default(),
-                    });
-                }
-                // Proving never ends a connection by itself: where the
-                // ladder did not end a proven-dead socket now and will not
-                // (nothing to do, gave up, not allowed, no snapshot), its
-                // own options go back instead of the proof's user timeout.
-                let work = unended_proofs(&judgement, &full, outcome.heal.as_ref());
-                if !work.is_empty() {
-                    let (events, gaps) = prove_stage(
-                        agent,
-                        &work,
-                        &mut record.judge,
-                        healer,
-                        opts.dry_run,
-                        now_ms,
-                    );
-                    outcome.proofs.extend(events);
-                    outcome.gaps.extend(gaps);
-                }
-            }
-        } else {
-            let _ = ladder::decide(&agent.heal, &judgement, &report, &mut record.heal, now_ms);
-        }
-        crate::metrics::observe(&mut record.metrics, &outcome);
-        outcomes.push(outcome);
+            record,
+        ));
     }
     history
         .agents
         .retain(|name, _| config.agents.iter().any(|a| &a.name == name));
     outcomes
+}
+
+/// Where a check writes and through whom it acts, and when.
+struct Acting<'a> {
+    snapshots: Option<&'a SnapshotLog>,
+    healer: Option<&'a dyn Healer>,
+    /// Decide, but take no step.
+    dry_run: bool,
+    now_ms: u64,
+}
+
+/// Checks one agent: its evidence (minimal thread detail first, more only
+/// where the judge needs it), the judgement, the prove stage, and for a
+/// verdict that is not ok the snapshot and the ladder. Updates `record`.
+fn check_agent(
+    acting: &Acting<'_>,
+    agent: &AgentConfig,
+    target: &Target,
+    collector: &mut Collector,
+    detail: crate::proc::Detail,
+    probes: Vec<ProbeResult>,
+    record: &mut AgentRecord,
+) -> Outcome {
+    let now_ms = acting.now_ms;
+    // Minimal thread evidence first; the threads' syscalls and waits are
+    // read only where the sockets or thread states call for them.
+    let mut report = inspect::build(&collector.collect(target));
+    let mut detail = detail;
+    if detail == crate::proc::Detail::Minimal
+        && judge::needs_thread_detail(agent, &report, &record.judge, now_ms)
+    {
+        detail = crate::proc::Detail::Light;
+        report = inspect::build(&collector.collect_with(target, detail));
+    }
+    let views: Vec<ProbeView> = agent
+        .probes
+        .iter()
+        .zip(&probes)
+        .map(|(c, r)| view(c, r))
+        .collect();
+    let before = record.judge.clone();
+    let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
+    let transition = before.verdict != Some(judgement.verdict);
+    if transition && judgement.verdict == Verdict::Wedged {
+        record.wedges = record.wedges.saturating_add(1);
+    }
+    record.judge = next;
+    let (proofs, proof_gaps) = prove_stage(
+        agent,
+        &judgement.work,
+        &mut record.judge,
+        acting.healer,
+        acting.dry_run,
+        now_ms,
+    );
+
+    let mut outcome = Outcome {
+        agent: agent.name.clone(),
+        containers: target.containers.clone(),
+        verdict: judgement.verdict,
+        reasons: judgement.reasons.clone(),
+        snapshot: None,
+        snapshot_error: None,
+        previous: if transition { before.verdict } else { None },
+        transition,
+        previous_for_ms: (transition && before.verdict.is_some())
+            .then(|| now_ms.saturating_sub(before.verdict_since_ms)),
+        gaps: report
+            .gaps
+            .iter()
+            .map(ToString::to_string)
+            .chain(proof_gaps)
+            .collect(),
+        probes,
+        proofs,
+        heal: None,
+        evidence: Evidence {
+            strategy: report.ebpf.strategy.map(|s| s.name()),
+            processes: report.processes.len(),
+            zombies: report.init.zombies,
+        },
+    };
+    if judgement.verdict.is_ok() {
+        let _ = ladder::decide(&agent.heal, &judgement, &report, &mut record.heal, now_ms);
+    } else {
+        // The snapshot gets the full evidence (kernel stacks of every
+        // thread), re-read now if the check itself read light.
+        let full = if detail == crate::proc::Detail::Full {
+            report
+        } else {
+            inspect::build(&collector.collect_with(target, crate::proc::Detail::Full))
+        };
+        acting.not_ok(agent, &judgement, &full, record, &mut outcome);
+    }
+    crate::metrics::observe(&mut record.metrics, &outcome);
+    outcome
+}
+
+impl Acting<'_> {
+    /// A verdict that is not ok: its snapshot, and for a wedge the ladder's
+    /// step (only with the snapshot written) and the restores of proofs the
+    /// ladder does not end.
+    fn not_ok(
+        &self,
+        agent: &AgentConfig,
+        judgement: &Judgement,
+        full: &Report,
+        record: &mut AgentRecord,
+        outcome: &mut Outcome,
+    ) {
+        match self.snapshots {
+            Some(log) => match log.append(
+                &agent.name,
+                judgement.verdict.as_str(),
+                &snapshot_body(judgement, full, &outcome.probes),
+            ) {
+                Ok(id) => outcome.snapshot = Some(id),
+                Err(e) => outcome.snapshot_error = Some(e.to_string()),
+            },
+            None => outcome.snapshot_error = Some("no snapshot log".into()),
+        }
+        if judgement.verdict != Verdict::Wedged {
+            return;
+        }
+        outcome.heal = Some(heal(
+            agent,
+            judgement,
+            full,
+            &mut record.heal,
+            outcome,
+            self.healer,
+            self.dry_run,
+            self.now_ms,
+        ));
+        if let Some(Decision::GaveUp { why }) = outcome.heal.as_ref().map(|h| &h.decision) {
+            outcome.reasons.push(Reason {
+                code: crate::model::ReasonCode::GaveUp,
+                verdict: Verdict::Wedged,
+                message: format!("healing gave up: {why}"),
+                evidence: Default::default(),
+            });
+        }
+        // Proving never ends a connection by itself: where the ladder did
+        // not end a proven-dead socket now and will not (nothing to do, gave
+        // up, not allowed, no snapshot), its own options go back instead of
+        // the proof's user timeout.
+        let work = unended_proofs(judgement, full, outcome.heal.as_ref());
+        if !work.is_empty() {
+            let (events, gaps) = prove_stage(
+                agent,
+                &work,
+                &mut record.judge,
+                self.healer,
+                self.dry_run,
+                self.now_ms,
+            );
+            outcome.proofs.extend(events);
+            outcome.gaps.extend(gaps);
+        }
+    }
 }
 
 /// The prove stage: carries out the judge's proof work for one agent
