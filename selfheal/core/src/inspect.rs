@@ -191,8 +191,92 @@ const LONG_RECV_MS: u64 = 60_000;
 /// A connection silent longer than this is marked.
 const SILENT_MS: u32 = 300_000;
 
-/// Joins the evidence into the report.
+/// Joins the evidence into the report: what could not be seen, the agent's
+/// TCP sockets ([`AgentSockets`]), each process's threads
+/// ([`thread_report`]) with the receive or wait each sits in, the tracer's
+/// own gaps, the sockets with their roles, and the init diagnosis.
 pub fn build(ev: &Evidence) -> Report {
+    let mut gaps = evidence_gaps(ev);
+    let sockets = AgentSockets::of(ev, &mut gaps);
+    let snapshot = ev.ebpf.snapshot.as_ref();
+    let blocked: BTreeMap<u32, &BlockedRecv> = snapshot
+        .map(|s| {
+            s.blocked
+                .iter()
+                .filter(|b| b.tcp_checked || b.inode.is_some_and(|i| sockets.is_tcp(i)))
+                .map(|b| (b.tid, b))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    let mut unseen_by_ebpf = 0;
+    let mut processes = Vec::new();
+    let mut zombies = Vec::new();
+    for p in &ev.processes {
+        if p.state == 'Z' {
+            zombies.push(Zombie {
+                pid: p.pid,
+                ppid: p.ppid,
+                name: p.name.clone(),
+            });
+        }
+        let threads = p
+            .threads
+            .iter()
+            .map(|t| {
+                let (r, unseen) = thread_report(t, blocked.get(&t.tid).copied(), &sockets);
+                unseen_by_ebpf += usize::from(unseen && snapshot.is_some());
+                r
+            })
+            .collect();
+        processes.push(ProcessReport {
+            pid: p.pid,
+            start_ticks: Some(p.start_ticks),
+            ppid: p.ppid,
+            name: p.name.clone(),
+            state: p.state,
+            uid: p.uid,
+            pid_ns_init: p.pid_ns_init,
+            threads,
+            sockets: p
+                .sockets
+                .iter()
+                .map(|(_, ino)| *ino)
+                .filter(|ino| sockets.tcp.contains_key(ino))
+                .collect(),
+        });
+    }
+    gaps.extend(ebpf_gaps(ev, unseen_by_ebpf));
+    let socket_reports = sockets.reports(ev);
+    let init = init_diagnosis(ev, &zombies);
+
+    Report {
+        agent: ev.agent.clone(),
+        rule: ev.rule.clone(),
+        roots: ev.roots.clone(),
+        upstreams: ev.upstreams.clone(),
+        containers: ev.containers.clone(),
+        processes,
+        sockets: socket_reports,
+        init,
+        zombies,
+        ebpf: EbpfStatus {
+            built_in: ev.ebpf.built_in,
+            strategy: snapshot.map(|s| s.strategy),
+            attempts: ev.ebpf.attempts.clone(),
+            error: ev.ebpf.error.clone(),
+            watched_ms: snapshot
+                .zip(ev.ebpf.watched_since_ns)
+                .map(|(s, since)| crate::clock::age_ms(s.taken_at_ns, since)),
+            overflow: snapshot.map(|s| s.overflow),
+        },
+        gaps,
+    }
+}
+
+/// What the collectors could not see: no process matched, processes that
+/// exited, what the runtimes and procfs could not tell.
+fn evidence_gaps(ev: &Evidence) -> Vec<Gap> {
     let mut gaps: Vec<Gap> = Vec::new();
     if let Some(p) = &ev.problem {
         gaps.push(Gap::new(
@@ -214,142 +298,164 @@ pub fn build(ev: &Evidence) -> Report {
     for p in &ev.processes {
         gaps.extend(p.gaps.iter().map(|g| Gap::new(GapKind::Process, g.clone())));
     }
+    gaps
+}
 
-    // Sockets of the agent: the dumps, restricted to inodes its processes hold.
-    // inode → (pid, fd) of the first process holding it.
-    let owner: BTreeMap<u64, (u32, i32)> = ev
-        .processes
-        .iter()
-        .rev()
-        .flat_map(|p| p.sockets.iter().map(move |(fd, ino)| (*ino, (p.pid, *fd))))
-        .collect();
-    let mut tcp: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
-    let mut tcp_complete = true;
-    for (pid, dump) in &ev.tcp {
-        match dump {
-            Ok(all) => tcp.extend(
-                all.iter()
-                    .filter(|s| owner.contains_key(&s.inode))
-                    .map(|s| (s.inode, s)),
-            ),
-            Err(e) => {
-                tcp_complete = false;
-                gaps.push(Gap::new(
-                    GapKind::Sockets,
-                    format!("TCP sockets of pid {pid}'s network namespace unavailable: {e}"),
-                ));
-            }
-        }
-    }
-    let is_tcp = |inode: u64| tcp.contains_key(&inode) || !tcp_complete;
+/// The agent's TCP sockets: the dumps, restricted to inodes its processes
+/// hold, with the holder of each.
+struct AgentSockets<'e> {
+    /// inode → (pid, fd) of the first process holding it.
+    owner: BTreeMap<u64, (u32, i32)>,
+    tcp: BTreeMap<u64, &'e TcpSocket>,
+    /// Every namespace's table was read (else any socket may be TCP).
+    complete: bool,
+}
 
-    let snapshot = ev.ebpf.snapshot.as_ref();
-    let blocked: BTreeMap<u32, &BlockedRecv> = snapshot
-        .map(|s| {
-            s.blocked
-                .iter()
-                .filter(|b| b.tcp_checked || b.inode.is_some_and(is_tcp))
-                .map(|b| (b.tid, b))
-                .collect()
-        })
-        .unwrap_or_default();
-    let activity: BTreeMap<u64, &SocketActivity> = snapshot
-        .map(|s| s.sockets.iter().map(|a| (a.inode, a)).collect())
-        .unwrap_or_default();
-
-    let mut unseen_by_ebpf = 0;
-    let mut processes = Vec::new();
-    let mut zombies = Vec::new();
-    for p in &ev.processes {
-        if p.state == 'Z' {
-            zombies.push(Zombie {
-                pid: p.pid,
-                ppid: p.ppid,
-                name: p.name.clone(),
-            });
-        }
-        let threads = p
-            .threads
+impl<'e> AgentSockets<'e> {
+    fn of(ev: &'e Evidence, gaps: &mut Vec<Gap>) -> Self {
+        let owner: BTreeMap<u64, (u32, i32)> = ev
+            .processes
             .iter()
-            .map(|t| {
-                let mut r = ThreadReport {
-                    tid: t.tid,
-                    name: t.name.clone(),
-                    state: t.state,
-                    wchan: t.wchan.clone(),
-                    cpu_ticks: t.cpu_ticks,
-                    syscall: t.syscall.as_ref().map(|s| {
-                        s.name
-                            .map_or_else(|| format!("syscall {}", s.nr), String::from)
-                    }),
-                    idle_ms: t.idle_ms,
-                    kstack: t.kstack.clone(),
-                    recv_blocked_ms: None,
-                    recv_inode: None,
-                    recv_syscall: None,
-                    recv_source: None,
-                    wait_syscall: None,
-                    wait_inodes: Vec::new(),
-                    wait_event_loop: false,
-                    anomalies: Vec::new(),
-                };
-                // The TCP sockets of a readiness wait (as for receives).
-                if let Some(w) = &t.wait {
-                    let inodes: Vec<u64> = w
-                        .sockets
-                        .iter()
-                        .map(|(_, ino)| *ino)
-                        .filter(|ino| is_tcp(*ino))
-                        .collect();
-                    if !inodes.is_empty() {
-                        r.wait_syscall = Some(w.syscall.to_string());
-                        r.wait_inodes = inodes;
-                        r.wait_event_loop = w.epoll_fd.is_some();
-                    }
-                }
-                if let Some(b) = blocked.get(&t.tid) {
-                    r.recv_blocked_ms = Some(b.age_ms);
-                    r.recv_inode = b.inode;
-                    r.recv_syscall = Some(b.syscall.unwrap_or("tcp_recvmsg").to_string());
-                    r.recv_source = Some(RecvSource::Ebpf);
-                } else if let Some(pr) = t.recv.as_ref().filter(|pr| is_tcp(pr.inode)) {
-                    r.recv_blocked_ms = pr.idle_ms;
-                    r.recv_inode = Some(pr.inode);
-                    r.recv_syscall = Some(pr.syscall.to_string());
-                    r.recv_source = Some(RecvSource::Procfs);
-                    if snapshot.is_some() {
-                        unseen_by_ebpf += 1;
-                    }
-                }
-                if t.state == 'D' {
-                    r.anomalies.push("uninterruptible sleep (D)".into());
-                }
-                if r.recv_blocked_ms.is_some_and(|ms| ms >= LONG_RECV_MS) {
-                    r.anomalies.push(format!(
-                        "blocked in a receive for {}",
-                        human_ms(r.recv_blocked_ms.unwrap_or(0))
+            .rev()
+            .flat_map(|p| p.sockets.iter().map(move |(fd, ino)| (*ino, (p.pid, *fd))))
+            .collect();
+        let mut tcp: BTreeMap<u64, &TcpSocket> = BTreeMap::new();
+        let mut complete = true;
+        for (pid, dump) in &ev.tcp {
+            match dump {
+                Ok(all) => tcp.extend(
+                    all.iter()
+                        .filter(|s| owner.contains_key(&s.inode))
+                        .map(|s| (s.inode, s)),
+                ),
+                Err(e) => {
+                    complete = false;
+                    gaps.push(Gap::new(
+                        GapKind::Sockets,
+                        format!("TCP sockets of pid {pid}'s network namespace unavailable: {e}"),
                     ));
                 }
-                r
-            })
-            .collect();
-        processes.push(ProcessReport {
-            pid: p.pid,
-            start_ticks: Some(p.start_ticks),
-            ppid: p.ppid,
-            name: p.name.clone(),
-            state: p.state,
-            uid: p.uid,
-            pid_ns_init: p.pid_ns_init,
-            threads,
-            sockets: p
-                .sockets
-                .iter()
-                .map(|(_, ino)| *ino)
-                .filter(|ino| tcp.contains_key(ino))
-                .collect(),
-        });
+            }
+        }
+        AgentSockets {
+            owner,
+            tcp,
+            complete,
+        }
     }
+
+    /// Whether `inode` is (or, with a table unread, may be) a TCP socket.
+    fn is_tcp(&self, inode: u64) -> bool {
+        self.tcp.contains_key(&inode) || !self.complete
+    }
+
+    /// The sockets as the report shows them: role, holder, `tcp_info`, the
+    /// tracer's activity, anomalies.
+    fn reports(&self, ev: &Evidence) -> Vec<SocketReport> {
+        let activity: BTreeMap<u64, &SocketActivity> = ev
+            .ebpf
+            .snapshot
+            .as_ref()
+            .map(|s| s.sockets.iter().map(|a| (a.inode, a)).collect())
+            .unwrap_or_default();
+        self.tcp
+            .values()
+            .map(|s| {
+                let upstream = ev.roles.get(&s.inode).copied();
+                SocketReport {
+                    role: upstream.map_or(SocketRole::Other, |(role, _)| role),
+                    upstream: upstream.map(|(_, i)| i),
+                    pid: self.owner.get(&s.inode).map_or(0, |(pid, _)| *pid),
+                    fd: self.owner.get(&s.inode).map(|(_, fd)| *fd),
+                    inode: s.inode,
+                    cookie: s.cookie,
+                    local: s.local.to_string(),
+                    remote: s.remote.to_string(),
+                    state: s.state,
+                    timer: s.timer.clone(),
+                    tcp_info: s.tcp_info.clone(),
+                    ebpf: activity.get(&s.inode).map(|a| (*a).clone()),
+                    anomalies: socket_anomalies(s),
+                }
+            })
+            .collect()
+    }
+}
+
+/// One thread as the report shows it: the receive it is blocked in (timed
+/// by the tracer's `blocked`, else from procfs), or the readiness wait on
+/// TCP sockets it sits in. The flag is set when the receive came from
+/// procfs alone (the tracer, if any, did not see it begin).
+fn thread_report(
+    t: &crate::proc::ThreadInfo,
+    blocked: Option<&BlockedRecv>,
+    sockets: &AgentSockets<'_>,
+) -> (ThreadReport, bool) {
+    let mut r = ThreadReport {
+        tid: t.tid,
+        name: t.name.clone(),
+        state: t.state,
+        wchan: t.wchan.clone(),
+        cpu_ticks: t.cpu_ticks,
+        syscall: t.syscall.as_ref().map(|s| {
+            s.name
+                .map_or_else(|| format!("syscall {}", s.nr), String::from)
+        }),
+        idle_ms: t.idle_ms,
+        kstack: t.kstack.clone(),
+        recv_blocked_ms: None,
+        recv_inode: None,
+        recv_syscall: None,
+        recv_source: None,
+        wait_syscall: None,
+        wait_inodes: Vec::new(),
+        wait_event_loop: false,
+        anomalies: Vec::new(),
+    };
+    // The TCP sockets of a readiness wait (as for receives).
+    if let Some(w) = &t.wait {
+        let inodes: Vec<u64> = w
+            .sockets
+            .iter()
+            .map(|(_, ino)| *ino)
+            .filter(|ino| sockets.is_tcp(*ino))
+            .collect();
+        if !inodes.is_empty() {
+            r.wait_syscall = Some(w.syscall.to_string());
+            r.wait_inodes = inodes;
+            r.wait_event_loop = w.epoll_fd.is_some();
+        }
+    }
+    let mut from_procfs = false;
+    if let Some(b) = blocked {
+        r.recv_blocked_ms = Some(b.age_ms);
+        r.recv_inode = b.inode;
+        r.recv_syscall = Some(b.syscall.unwrap_or("tcp_recvmsg").to_string());
+        r.recv_source = Some(RecvSource::Ebpf);
+    } else if let Some(pr) = t.recv.as_ref().filter(|pr| sockets.is_tcp(pr.inode)) {
+        r.recv_blocked_ms = pr.idle_ms;
+        r.recv_inode = Some(pr.inode);
+        r.recv_syscall = Some(pr.syscall.to_string());
+        r.recv_source = Some(RecvSource::Procfs);
+        from_procfs = true;
+    }
+    if t.state == 'D' {
+        r.anomalies.push("uninterruptible sleep (D)".into());
+    }
+    if r.recv_blocked_ms.is_some_and(|ms| ms >= LONG_RECV_MS) {
+        r.anomalies.push(format!(
+            "blocked in a receive for {}",
+            human_ms(r.recv_blocked_ms.unwrap_or(0))
+        ));
+    }
+    (r, from_procfs)
+}
+
+/// What the tracer could not see: receives that began before it watched,
+/// no tracer at all, lost events, evidence the helper refused.
+fn ebpf_gaps(ev: &Evidence, unseen_by_ebpf: usize) -> Vec<Gap> {
+    let snapshot = ev.ebpf.snapshot.as_ref();
+    let mut gaps = Vec::new();
     let ebpf_gap = |text: String| Gap::new(GapKind::Ebpf, text);
     if unseen_by_ebpf > 0 {
         gaps.push(ebpf_gap(format!(
@@ -373,29 +479,11 @@ pub fn build(ev: &Evidence) -> Report {
             s.refused
         )));
     }
+    gaps
+}
 
-    let sockets = tcp
-        .values()
-        .map(|s| {
-            let upstream = ev.roles.get(&s.inode).copied();
-            SocketReport {
-                role: upstream.map_or(SocketRole::Other, |(role, _)| role),
-                upstream: upstream.map(|(_, i)| i),
-                pid: owner.get(&s.inode).map_or(0, |(pid, _)| *pid),
-                fd: owner.get(&s.inode).map(|(_, fd)| *fd),
-                inode: s.inode,
-                cookie: s.cookie,
-                local: s.local.to_string(),
-                remote: s.remote.to_string(),
-                state: s.state,
-                timer: s.timer.clone(),
-                tcp_info: s.tcp_info.clone(),
-                ebpf: activity.get(&s.inode).map(|a| (*a).clone()),
-                anomalies: socket_anomalies(s),
-            }
-        })
-        .collect();
-
+/// Whether the agent's PID 1 (of its pid namespace) leaves zombies unreaped.
+fn init_diagnosis(ev: &Evidence, zombies: &[Zombie]) -> InitDiagnosis {
     let root_is_pid1 = ev
         .processes
         .iter()
@@ -413,33 +501,11 @@ pub fn build(ev: &Evidence) -> Report {
             pid1.unwrap_or(0)
         )
     });
-
-    Report {
-        agent: ev.agent.clone(),
-        rule: ev.rule.clone(),
-        roots: ev.roots.clone(),
-        upstreams: ev.upstreams.clone(),
-        containers: ev.containers.clone(),
-        processes,
-        sockets,
-        init: InitDiagnosis {
-            root_is_pid1,
-            pid1,
-            zombies: zombies.len(),
-            diagnosis,
-        },
-        zombies,
-        ebpf: EbpfStatus {
-            built_in: ev.ebpf.built_in,
-            strategy: snapshot.map(|s| s.strategy),
-            attempts: ev.ebpf.attempts.clone(),
-            error: ev.ebpf.error.clone(),
-            watched_ms: snapshot
-                .zip(ev.ebpf.watched_since_ns)
-                .map(|(s, since)| crate::clock::age_ms(s.taken_at_ns, since)),
-            overflow: snapshot.map(|s| s.overflow),
-        },
-        gaps,
+    InitDiagnosis {
+        root_is_pid1,
+        pid1,
+        zombies: zombies.len(),
+        diagnosis,
     }
 }
 
