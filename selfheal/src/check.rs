@@ -185,8 +185,8 @@ pub fn boot_id() -> String {
 ///
 /// One pass discovers every agent and attaches (or reads) the tracer once,
 /// runs every probe at once, then checks each agent in turn
-/// ([`check_agent`]): collect, judge, prove, and for a verdict that is not
-/// ok, snapshot and heal ([`Acting::not_ok`]).
+/// (`check_agent`): collect, judge, prove, and for a verdict that is not
+/// ok, snapshot and heal (`Acting::not_ok`).
 pub fn run(
     config: &Config,
     history: &mut History,

@@ -192,8 +192,8 @@ const LONG_RECV_MS: u64 = 60_000;
 const SILENT_MS: u32 = 300_000;
 
 /// Joins the evidence into the report: what could not be seen, the agent's
-/// TCP sockets ([`AgentSockets`]), each process's threads
-/// ([`thread_report`]) with the receive or wait each sits in, the tracer's
+/// TCP sockets (`AgentSockets`), each process's threads
+/// (`thread_report`) with the receive or wait each sits in, the tracer's
 /// own gaps, the sockets with their roles, and the init diagnosis.
 pub fn build(ev: &Evidence) -> Report {
     let mut gaps = evidence_gaps(ev);
