@@ -3,14 +3,23 @@
 //! `cfg(selfheal_ebpf)`. Without it the build still succeeds and the binary
 //! reports at run time that eBPF was not built in — unless
 //! `SELFHEAL_REQUIRE_EBPF=1` (CI, `cargo xtask test`), which makes a missing
-//! toolchain an error.
+//! toolchain an error. `SELFHEAL_SKIP_EBPF=1` skips the eBPF object on
+//! purpose (the fuzz build, which exercises parsers, not the loader).
 
 use std::{path::PathBuf, process::Command};
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(selfheal_ebpf)");
     println!("cargo::rerun-if-env-changed=SELFHEAL_REQUIRE_EBPF");
+    println!("cargo::rerun-if-env-changed=SELFHEAL_SKIP_EBPF");
     let required = std::env::var("SELFHEAL_REQUIRE_EBPF").is_ok_and(|v| v == "1");
+    if std::env::var("SELFHEAL_SKIP_EBPF").is_ok_and(|v| v == "1") {
+        if required {
+            panic!("SELFHEAL_REQUIRE_EBPF=1 and SELFHEAL_SKIP_EBPF=1 contradict each other");
+        }
+        println!("cargo::warning=eBPF not built in (SELFHEAL_SKIP_EBPF=1)");
+        return;
+    }
     // Rebuild once bpf-linker appears (or changes): a build made before
     // `cargo xtask setup` must not stay without eBPF. A path that does not
     // exist yet makes cargo rerun this script on every build until it does.
