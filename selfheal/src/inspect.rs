@@ -73,6 +73,9 @@ pub struct Collector {
     /// Each dump's positions by inode.
     index: BTreeMap<(u64, u64), HashMap<u64, usize>>,
     detail: proc::Detail,
+    /// The CPUs' task clocks, taken on the first read that measures waits:
+    /// one reference per CPU per collector, not per process.
+    clocks: Option<proc::TaskClocks>,
 }
 
 impl Collector {
@@ -96,6 +99,7 @@ impl Collector {
             dumps: BTreeMap::new(),
             index: BTreeMap::new(),
             detail: opts.detail,
+            clocks: None,
         }
     }
 
@@ -127,6 +131,7 @@ impl Collector {
             dumps: BTreeMap::new(),
             index: BTreeMap::new(),
             detail,
+            clocks: None,
         }
     }
 
@@ -141,8 +146,13 @@ impl Collector {
     pub fn collect_with(&mut self, target: &Target, detail: proc::Detail) -> Evidence {
         let mut processes = Vec::new();
         let mut gone = Vec::new();
+        let clocks = if detail == proc::Detail::Minimal {
+            &proc::TaskClocks::default()
+        } else {
+            &*self.clocks.get_or_insert_with(proc::task_clocks)
+        };
         for &pid in &target.pids {
-            match proc::process(pid, detail) {
+            match proc::process_at(pid, detail, clocks) {
                 Ok(p) => processes.push(p),
                 Err(_) => gone.push(pid),
             }

@@ -6,12 +6,14 @@
 //! a normal event: it is skipped, not an error; what could not be read is
 //! listed in `gaps`.
 //!
-//! Ages from `se.exec_start` are measured against the scheduler clock itself:
+//! Ages from `se.exec_start` are measured in the scheduler's own clock:
 //! `exec_start` counts in the runqueue's task clock, which excludes interrupt
 //! and steal time and so drifts from every user-space clock (by hundreds of
-//! milliseconds after an hour on a VM). The reference is the `exec_start` of
-//! our own thread, taken right after `sched_yield()`, which is "now" in that
-//! clock to within a tick.
+//! milliseconds after an hour on a VM), and each CPU has its own (1.5 s apart
+//! on the machines here). [`task_clocks`] runs this thread on each CPU in
+//! turn and reads its own `exec_start` right after `sched_yield()` ("now" in
+//! that CPU's clock) beside `CLOCK_MONOTONIC`; a thread's age is then taken
+//! in the clock of the CPU it last ran on, never across CPUs.
 
 use procfs::process::{FDTarget, Process};
 pub use selfheal_core::proc::*;
@@ -26,15 +28,25 @@ pub const MAX_SELECT_FDS: usize = 1024;
 const KSTACK_FRAMES: usize = 4;
 
 /// Reads one process. `Err` only when the process itself is gone or its
-/// `stat` unreadable; anything finer becomes a gap.
+/// `stat` unreadable; anything finer becomes a gap. Takes the CPUs' task
+/// clocks afresh for the waits of a closer look; a caller reading many
+/// processes takes them once and calls [`process_at`].
 pub fn process(pid: u32, detail: Detail) -> procfs::ProcResult<ProcessInfo> {
-    // "Now" on the task clock costs a `sched_yield` (a context switch on a
-    // busy host); only the waits of a closer look use it.
-    let now = if detail == Detail::Minimal {
-        SchedNow(None)
+    let clocks = if detail == Detail::Minimal {
+        TaskClocks::default()
     } else {
-        SchedNow::take()
+        task_clocks()
     };
+    process_at(pid, detail, &clocks)
+}
+
+/// [`process`] with wait ages measured against `clocks` (from
+/// [`task_clocks`]; the minimal read uses none).
+pub fn process_at(
+    pid: u32,
+    detail: Detail,
+    clocks: &TaskClocks,
+) -> procfs::ProcResult<ProcessInfo> {
     let process = Process::new(pid as i32)?;
     let stat = process.stat()?;
     let mut gaps = Vec::new();
@@ -73,8 +85,9 @@ pub fn process(pid: u32, detail: Detail) -> procfs::ProcResult<ProcessInfo> {
             // SAFETY: `task` stays open while `dir` lives, i.e. for this loop.
             let task = unsafe { std::os::fd::BorrowedFd::borrow_raw(task) };
             for tid in tids {
-                if let Some(t) = thread(pid, task, tid, &sockets, now, detail, &mut buf, &mut gaps)
-                {
+                if let Some(t) = thread(
+                    pid, task, tid, &sockets, clocks, detail, &mut buf, &mut gaps,
+                ) {
                     threads.push(t);
                 }
             }
@@ -185,12 +198,15 @@ struct ThreadStat {
     state: char,
     /// utime + stime, in clock ticks.
     cpu_ticks: u64,
+    /// The CPU it last ran on (field 39), whose task clock its
+    /// `se.exec_start` counts in; `None` where the line is shorter.
+    processor: Option<u32>,
 }
 
-/// The three fields of a thread's `stat` a check uses: its name, state and
-/// CPU ticks, read as procfs's `Stat` reads them (the name between the
+/// The four fields of a thread's `stat` a check uses: its name, state, CPU
+/// ticks and the CPU it last ran on, read as procfs's `Stat` reads them (the name between the
 /// first `(` and the last `)`, lossy UTF-8; then space-separated fields),
-/// without parsing the other 49 fields: on 5,100 threads that parse was a
+/// without parsing the other 48 fields: on 5,100 threads that parse was a
 /// fifth of `check`'s user time. `None` for a malformed line.
 fn parse_thread_stat(raw: &[u8]) -> Option<ThreadStat> {
     let line = raw.trim_ascii();
@@ -206,10 +222,13 @@ fn parse_thread_stat(raw: &[u8]) -> Option<ThreadStat> {
     let mut rest = rest.skip(10);
     let utime: u64 = rest.next()?.parse().ok()?;
     let stime: u64 = rest.next()?.parse().ok()?;
+    // cutime (16) … exit_signal (38), then processor (39).
+    let processor = rest.nth(23).and_then(|p| p.parse().ok());
     Some(ThreadStat {
         comm,
         state,
         cpu_ticks: utime.checked_add(stime)?,
+        processor,
     })
 }
 
@@ -250,7 +269,7 @@ fn thread(
     task: std::os::fd::BorrowedFd<'_>,
     tid: u32,
     sockets: &[(i32, u64)],
-    now: SchedNow,
+    clocks: &TaskClocks,
     detail: Detail,
     buf: &mut [u8],
     gaps: &mut Vec<String>,
@@ -357,7 +376,17 @@ fn thread(
         if full || in_recv || wait.is_some() || (stat.state == 'D' && detail == Detail::Light) {
             read_at(dir, "sched", buf)
                 .and_then(|b| parse_exec_start(&String::from_utf8_lossy(b)))
-                .and_then(|start| now.age_ms(start))
+                .and_then(
+                    |start| match clocks.age_ms(stat.processor, start, monotonic_ms()) {
+                        Ok(age) => Some(age),
+                        Err(why) => {
+                            gaps.push(format!(
+                                "tid {tid}: how long it has waited is unknown: {why}"
+                            ));
+                            None
+                        }
+                    },
+                )
         } else {
             None
         };
@@ -389,25 +418,72 @@ fn thread(
     })
 }
 
-/// "Now" in the scheduler's task clock, in milliseconds.
-#[derive(Clone, Copy, Debug)]
-struct SchedNow(Option<f64>);
-
-impl SchedNow {
-    fn take() -> Self {
-        // Yielding makes the kernel update our own exec_start to the current
-        // task clock of this CPU.
-        let _ = nix::sched::sched_yield();
-        SchedNow(
-            std::fs::read_to_string("/proc/thread-self/sched")
-                .ok()
-                .and_then(|s| parse_exec_start(&s)),
-        )
+/// Each CPU's task clock against `CLOCK_MONOTONIC`, read by running this
+/// thread on every CPU it may run on, one after the other (two syscalls and
+/// one small read per CPU), then putting its affinity back. A CPU outside
+/// this thread's allowed set (offline, or excluded by its affinity) has a
+/// reason instead of an offset, so ages from it are gaps, not wrong numbers.
+pub fn task_clocks() -> TaskClocks {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let this = nix::unistd::Pid::from_raw(0);
+    let allowed = match sched_getaffinity(this) {
+        Ok(set) => set,
+        Err(e) => {
+            return TaskClocks {
+                cpus: vec![Err(format!(
+                    "this reader's CPU affinity is unreadable: {e}"
+                ))],
+            };
+        }
+    };
+    let last = (0..CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .max()
+        .unwrap_or(0);
+    let mut cpus = Vec::with_capacity(last + 1);
+    for cpu in 0..=last {
+        if !allowed.is_set(cpu).unwrap_or(false) {
+            cpus.push(Err(
+                "not in this reader's allowed CPUs (offline, or excluded by its affinity)"
+                    .to_string(),
+            ));
+            continue;
+        }
+        let mut one = CpuSet::new();
+        let pinned = one.set(cpu).and_then(|()| sched_setaffinity(this, &one));
+        cpus.push(match pinned {
+            Err(e) => Err(format!("this reader cannot run there: {e}")),
+            Ok(()) => clock_offset_here(cpu),
+        });
     }
+    // Best effort: the set was this thread's own a moment ago.
+    let _ = sched_setaffinity(this, &allowed);
+    TaskClocks { cpus }
+}
 
-    fn age_ms(self, exec_start_ms: f64) -> Option<u64> {
-        self.0.map(|now| (now - exec_start_ms).max(0.0) as u64)
+/// This CPU's task clock minus `CLOCK_MONOTONIC`, in milliseconds, for a
+/// thread pinned to `cpu`.
+fn clock_offset_here(cpu: usize) -> Result<f64, String> {
+    // Yielding makes the kernel set our own exec_start to this CPU's task
+    // clock as it schedules us back in.
+    let _ = nix::sched::sched_yield();
+    let mono = monotonic_ms();
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let here = unsafe { libc::sched_getcpu() };
+    if usize::try_from(here).ok() != Some(cpu) {
+        return Err(format!("pinned there, this reader ran on cpu {here}"));
     }
+    let sched = std::fs::read_to_string("/proc/thread-self/sched")
+        .map_err(|e| format!("/proc/thread-self/sched unreadable: {e}"))?;
+    let start = parse_exec_start(&sched)
+        .ok_or_else(|| "/proc/thread-self/sched has no se.exec_start".to_string())?;
+    Ok(start - mono)
+}
+
+/// `CLOCK_MONOTONIC` now, in milliseconds.
+fn monotonic_ms() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0.0, |t| t.tv_sec() as f64 * 1e3 + t.tv_nsec() as f64 / 1e6)
 }
 
 /// x86_64 syscall names worth showing (what a waiting agent sits in).
@@ -728,6 +804,7 @@ mod tests {
             assert_eq!(ours.comm, theirs.comm);
             assert_eq!(ours.state, theirs.state);
             assert_eq!(ours.cpu_ticks, theirs.utime + theirs.stime);
+            assert_eq!(ours.processor, theirs.processor.map(|p| p as u32));
             n += 1;
         }
         assert!(n >= 1);
@@ -739,7 +816,8 @@ mod tests {
             ThreadStat {
                 comm: "a) (b c".into(),
                 state: 'S',
-                cpu_ticks: 12
+                cpu_ticks: 12,
+                processor: None,
             }
         );
         if let Ok(t) = theirs {

@@ -100,3 +100,77 @@ pub enum Detail {
     /// nothing needs a closer look.
     Minimal,
 }
+
+/// Every CPU's scheduler task clock set against `CLOCK_MONOTONIC`, taken
+/// together once per check.
+///
+/// A thread's `se.exec_start` counts in the task clock of the CPU it last
+/// ran on (`processor` in its `stat`), and CPUs' task clocks differ (by
+/// 1.5 s on the machines here). A wait age is therefore measured within
+/// that one CPU's clock: its offset from `CLOCK_MONOTONIC` brings "now" on
+/// that CPU to the moment the thread's `sched` was read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskClocks {
+    /// Indexed by CPU number: that CPU's task clock minus `CLOCK_MONOTONIC`,
+    /// in milliseconds, or why it could not be taken.
+    pub cpus: Vec<Result<f64, String>>,
+}
+
+impl TaskClocks {
+    /// How long a thread had waited at `mono_now_ms` (`CLOCK_MONOTONIC`,
+    /// ms), given its `se.exec_start` (ms, in the task clock of `cpu`, the
+    /// CPU it last ran on). `Err` says why the age cannot be known: the CPU
+    /// was not read, or which one it is is unknown. A stamp later than now
+    /// (the thread ran after the reference) is an age of 0.
+    pub fn age_ms(
+        &self,
+        cpu: Option<u32>,
+        exec_start_ms: f64,
+        mono_now_ms: f64,
+    ) -> Result<u64, String> {
+        let cpu = cpu.ok_or_else(|| "the CPU it last ran on is unknown".to_string())?;
+        let offset = self
+            .cpus
+            .get(cpu as usize)
+            .ok_or_else(|| format!("it last ran on cpu {cpu}, which this reader cannot run on"))?
+            .as_ref()
+            .map_err(|why| format!("it last ran on cpu {cpu}: {why}"))?;
+        Ok((mono_now_ms + offset - exec_start_ms).max(0.0) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each age is taken in the clock of the CPU the thread last ran on:
+    /// two CPUs 1,500 ms apart give the same true age of 2,000 ms.
+    #[test]
+    fn ages_are_measured_in_the_clock_of_the_threads_cpu() {
+        let clocks = TaskClocks {
+            cpus: vec![
+                Ok(-23_896.0),
+                Ok(-25_456.0),
+                Err("not in this reader's allowed CPUs".into()),
+            ],
+        };
+        let now = 100_000.0;
+        for (cpu, offset) in [(0, -23_896.0), (1, -25_456.0)] {
+            let stamp = now + offset - 2_000.0;
+            assert_eq!(clocks.age_ms(Some(cpu), stamp, now), Ok(2_000), "cpu {cpu}");
+        }
+        // Stamped after the reference: no negative ages.
+        assert_eq!(clocks.age_ms(Some(0), now, now), Ok(0));
+        let gap = |cpu| clocks.age_ms(cpu, 0.0, now).unwrap_err();
+        assert_eq!(
+            gap(Some(2)),
+            "it last ran on cpu 2: not in this reader's allowed CPUs"
+        );
+        assert_eq!(
+            gap(Some(7)),
+            "it last ran on cpu 7, which this reader cannot run on"
+        );
+        assert_eq!(gap(None), "the CPU it last ran on is unknown");
+        assert!(TaskClocks::default().age_ms(Some(0), 0.0, now).is_err());
+    }
+}
