@@ -140,7 +140,7 @@ impl Subuids {
         let mut out = ParsedSubuids::default();
         let mut names: HashMap<String, Option<u32>> = HashMap::new();
         let mut ranges = Vec::new();
-        let mut skip = |out: &mut ParsedSubuids, line: usize, reason: String| {
+        let skip = |out: &mut ParsedSubuids, line: usize, reason: String| {
             out.skipped_count += 1;
             if out.skipped.len() < MAX_SKIPPED_KEPT {
                 out.skipped.push(Skipped { line, reason });
