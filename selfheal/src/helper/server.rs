@@ -556,6 +556,7 @@ pub fn serve(
         max_acts_per_uid: opts.max_acts_per_uid.max(1),
         escalations: Mutex::new(Escalations {
             pending: Vec::new(),
+            reserved: BTreeMap::new(),
             max: opts.max_escalations.max(1),
             max_per_uid: opts.max_escalations_per_uid.max(1),
             root_reserve: opts.root_escalation_reserve.max(1),
@@ -838,6 +839,9 @@ struct Shared {
 /// and root's apart.
 struct Escalations {
     pending: Vec<Escalation>,
+    /// Room taken by acts in flight that may add an escalation, by owner:
+    /// counted as pending, so that acts at once cannot overrun a share.
+    reserved: BTreeMap<u32, usize>,
     max: usize,
     max_per_uid: usize,
     root_reserve: usize,
@@ -1617,6 +1621,21 @@ struct Authorized {
     refused: Vec<u32>,
 }
 
+/// Gives back an owner's reserved room for one escalation.
+struct EscalationRoom<'a>(&'a Shared, u32);
+
+impl Drop for EscalationRoom<'_> {
+    fn drop(&mut self) {
+        let mut t = lock(&self.0.escalations);
+        if let Some(n) = t.reserved.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                t.reserved.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// Counts an act of an owner out when it ends, however it ends.
 struct ActSlot<'a>(&'a Shared, u32);
 
@@ -1911,11 +1930,13 @@ impl Shared {
         Ok(ActSlot(self, account.owner))
     }
 
-    /// Whether one more escalation of the owner fits: root's reserve for
-    /// root, the owner's fair share of the table for every other.
-    fn escalation_room(&self, account: &Account) -> Result<(), WireError> {
-        let table = lock(&self.escalations);
-        let mut pending: BTreeMap<u32, usize> = BTreeMap::new();
+    /// Takes room for one more escalation of the owner, if it fits:
+    /// root's reserve for root, the owner's fair share of the table for
+    /// every other. The room is held until the reservation drops (after
+    /// the escalation is in the table, or not needed).
+    fn escalation_room(&self, account: &Account) -> Result<EscalationRoom<'_>, WireError> {
+        let mut table = lock(&self.escalations);
+        let mut pending: BTreeMap<u32, usize> = table.reserved.clone();
         for e in &table.pending {
             *pending.entry(e.owner).or_default() += 1;
         }
@@ -1931,7 +1952,9 @@ impl Shared {
                     "too many signals awaiting their grace ({why}): nothing was sent; try again later"
                 ),
             )
-        })
+        })?;
+        *table.reserved.entry(account.owner).or_default() += 1;
+        Ok(EscalationRoom(self, account.owner))
     }
 
     fn act(
@@ -1963,15 +1986,18 @@ impl Shared {
         }
         let _slot = self.act_slot(account)?;
         let signal = req.action == Action::Signal;
-        let before = if signal {
-            self.escalation_room(account)?;
-            Some(
-                identity(&target)
-                    .ok_or_else(|| refusal(ErrorCode::Gone, format!("pid {} exited", req.pid)))?,
-            )
-        } else {
-            None
-        };
+        let (before, _room) =
+            if signal {
+                let room = self.escalation_room(account)?;
+                (
+                    Some(identity(&target).ok_or_else(|| {
+                        refusal(ErrorCode::Gone, format!("pid {} exited", req.pid))
+                    })?),
+                    Some(room),
+                )
+            } else {
+                (None, None)
+            };
         let executor = self.executor.clone();
         let outcome =
             std::panic::catch_unwind(AssertUnwindSafe(|| executor.act(caller, &target, req)));
