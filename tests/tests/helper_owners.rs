@@ -7,9 +7,10 @@
 //!   (`signal` acts, 120 s grace, on its own processes that ignore
 //!   SIGTERM), then root's own `signal`, and a third owner's;
 //! - the same by 16 subordinate uids of a subuid file;
-//! - 3 subordinate uids × 16 idle connections, then another user's
-//!   request (what its timer's `check` sends first);
-//! - 3 owners × 16 idle connections, then two more owners' requests;
+//! - 3 subordinate uids × 16 idle connections (each asking `hello` every
+//!   second, so that the helper's request timeout does not close them),
+//!   then another user's request (what its timer's `check` sends first);
+//! - 3 owners × 16 such connections, then two more owners' requests;
 //! - a subuid file that is huge and full of garbage.
 //!
 //! Other users are threads of this test that dropped to a uid with raw
@@ -23,7 +24,10 @@ use std::{
     os::unix::{net::UnixStream, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -436,15 +440,52 @@ fn timer_hello(path: &Path, uid: u32) -> Result<u32, String> {
     })
 }
 
-/// Held connections the helper has closed (each read until it says so).
-fn closed(held: &[UnixStream]) -> usize {
-    held.iter()
-        .filter(|c| {
-            let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
-            let mut buf = [0u8; 4096];
-            matches!((&**c).read(&mut buf), Ok(_))
-        })
-        .count()
+/// Keeps held connections open as an attacker would: the helper closes a
+/// connection that sends nothing for its request timeout (5 s), so each
+/// asks `hello` every second. Counts those the helper closed.
+struct Keeper {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Keeper {
+    fn new(held: Vec<UnixStream>) -> Keeper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut open: Vec<UnixStream> = held;
+            let mut closed = 0;
+            while !flag.load(Ordering::SeqCst) {
+                let before = open.len();
+                open.retain(|c| outcome(&ask(c, HELLO, 2 * SEC)) == "ok");
+                closed += before - open.len();
+                std::thread::sleep(SEC);
+            }
+            // Once more, for what closed since the last round.
+            let before = open.len();
+            open.retain(|c| outcome(&ask(c, HELLO, 2 * SEC)) == "ok");
+            closed + before - open.len()
+        });
+        Keeper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops; how many connections the helper closed meanwhile.
+    fn finish(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().map_or(0, |t| t.join().unwrap())
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// 3 subordinate uids of one user × 16 idle connections (the defaults: 64
@@ -469,15 +510,20 @@ fn subordinate_uids_cannot_hold_every_connection() {
         held.extend(h);
         refused += r;
     }
+    let n = held.len();
+    let keeper = Keeper::new(held);
+    // Past the request timeout: the flood is still held.
+    std::thread::sleep(6 * SEC);
     let other = timer_hello(&path, BYSTANDER);
     let root = HelperClient::connect_with(&path, client_opts()).and_then(|mut c| c.hello());
+    let lost = keeper.finish();
     eprintln!(
-        "subuid connection flood: 3 subordinate uids × 16: {} held, {refused} refused; \
-         another user's hello: {other:?}; root's: {:?}",
-        held.len(),
+        "subuid connection flood: 3 subordinate uids × 16: {n} held ({lost} of them closed \
+         by the helper), {refused} refused; another user's hello: {other:?}; root's: {:?}",
         root.as_ref().map(|h| h.caller.uid)
     );
-    assert_eq!(held.len(), 16);
+    assert_eq!(n, 16);
+    assert_eq!(lost, 0);
     assert_eq!(other, Ok(BYSTANDER));
     assert_eq!(root.map(|h| h.caller.uid).ok(), Some(0));
 }
@@ -499,18 +545,20 @@ fn three_owners_cannot_keep_a_fourth_out() {
     for uid in [61106, 61107, 61108] {
         held.extend(hold(&path, uid, 16).0);
     }
+    let n = held.len();
+    let keeper = Keeper::new(held);
+    std::thread::sleep(6 * SEC);
     let fourth = timer_hello(&path, 61109);
     let fifth = timer_hello(&path, 61110);
-    let gone = closed(&held);
+    let gone = keeper.finish();
     eprintln!(
-        "three owners' connection flood: {} held; a fourth owner's hello: {fourth:?}, a fifth's: \
-         {fifth:?}; {gone} idle connections closed to admit them",
-        held.len()
+        "three owners' connection flood: {n} held (pinged every second); a fourth owner's \
+         hello: {fourth:?}, a fifth's: {fifth:?}; {gone} idle connections closed to admit them"
     );
-    assert_eq!(held.len(), 48);
+    assert_eq!(n, 48);
     assert_eq!(fourth, Ok(61109));
     assert_eq!(fifth, Ok(61110));
-    assert!(gone >= 1, "an idle connection was closed");
+    assert!((1..=2).contains(&gone), "{gone} closed");
 }
 
 /// A subuid file larger than the bound, full of garbage around one good
