@@ -2,10 +2,11 @@
 //! handed over by systemd socket activation), one thread per connection
 //! with a bound on their number (in all, a fair share per owner, and a
 //! reserve only root may use), framing with size and time limits, a
-//! per-owner rate limit and cap on acts in flight (every limit is counted
-//! against the caller's real owner: [`super::owner`]), authorization of every request by `SO_PEERCRED`
-//! and a pidfd of the process that connected (`SO_PEERPIDFD`: it must
-//! still live, in the helper's pid namespace, on every request), and of
+//! per-owner rate limit and cap on acts in flight (the owner: the
+//! caller's real one, [`super::owner`]), authorization of every request
+//! by `SO_PEERCRED` and a pidfd of the process that connected
+//! (`SO_PEERPIDFD`: it must still live, in the helper's pid namespace, on
+//! every request), and of
 //! every pid it names (policy), the eBPF tracer it keeps attached, the
 //! escalations it runs on its own timer (SIGKILL after a `signal` act's
 //! grace, the policy checked again first), the audit of every action, and
