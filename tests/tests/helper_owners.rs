@@ -11,7 +11,8 @@
 //!   second, so that the helper's request timeout does not close them),
 //!   then another user's request (what its timer's `check` sends first);
 //! - 3 owners × 16 such connections, then two more owners' requests;
-//! - a subuid file that is huge and full of garbage.
+//! - a subuid file that is huge and full of garbage;
+//! - and the owner read of processes in user namespaces, nested too.
 //!
 //! Other users are threads of this test that dropped to a uid with raw
 //! `setresuid` (that thread only), children started as that uid, or this
@@ -586,4 +587,122 @@ fn a_huge_garbage_subuid_file_is_bounded() {
     // The same owner: one more of its cap of 2.
     assert_eq!((held2.len(), refused2), (1, 1));
     assert_eq!(timer_hello(&path, BYSTANDER), Ok(BYSTANDER));
+}
+
+/// A process that stays in a user namespace: `sleep` as `uid`, through
+/// `pre` (namespaces made before exec). Killed on drop.
+struct Sleeper(Child);
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `pid` runs `sleep`.
+fn exec_sleep(pid: u32) {
+    wait_for(5 * SEC, TICK, || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")
+    })
+    .expect("exec'd sleep");
+}
+
+/// The owner the helper reads for processes in user namespaces: one made
+/// by a plain user, one made by a subordinate uid, a nested one whose
+/// inner namespace another uid made (the outermost's creator counts), and
+/// none at all.
+#[test]
+fn the_owner_of_a_namespace_is_its_outermost_creator() {
+    use selfheal::helper::owner::Basis;
+    use selfheal::helper::owner::Owners;
+    let test = "limits: namespace owners";
+    if !need_root(test) {
+        return;
+    }
+    if let Err(why) = userns_possible() {
+        skip(test, &why);
+        return;
+    }
+    if Command::new("nsenter").arg("--version").output().is_err() {
+        skip(test, "nsenter is not installed");
+        return;
+    }
+    let dir = Scratch::new("limits-nsowner");
+    subuid_file(&dir, "61112:2313000:100\n");
+    let owners = Owners::new(dir.join("subuid"));
+    let spawn = |uid: u32, unshare: bool| {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("60").uid(uid).gid(uid).stdin(Stdio::null());
+        if unshare {
+            // SAFETY: unshare is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().expect("spawn sleep");
+        exec_sleep(child.id());
+        Sleeper(child)
+    };
+    let read = |s: &Sleeper, uid: u32| {
+        let pid = s.0.id();
+        let fd = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+        owners.account(uid, Some(std::os::fd::AsFd::as_fd(&fd)), pid)
+    };
+    // A plain user's namespace; a subordinate uid's; no namespace.
+    let plain = spawn(61111, true);
+    let a = read(&plain, 61111);
+    assert_eq!((a.owner, &a.basis), (61111, &Basis::Namespace), "{a:?}");
+    let sub = spawn(2313005, true);
+    let a = read(&sub, 2313005);
+    assert_eq!(a.owner, 61112, "{a:?}");
+    let none = spawn(2313006, false);
+    let a = read(&none, 2313006);
+    assert_eq!(
+        (a.owner, &a.basis),
+        (
+            61112,
+            &Basis::Subuid {
+                uid: 2313006,
+                line: 1
+            }
+        )
+    );
+    // Nested: uid 61113 makes a namespace (root writes its map: itself as
+    // 0, 10 uids of 2313500 from 1); its uid 1 (2313500 here) makes
+    // another inside. The outermost's creator counts, not the inner's.
+    let outer = spawn(61113, true);
+    let pid = outer.0.id();
+    for map in ["uid_map", "gid_map"] {
+        std::fs::write(format!("/proc/{pid}/{map}"), "0 61113 1\n1 2313500 10\n")
+            .unwrap_or_else(|e| panic!("write {map}: {e}"));
+    }
+    let inner = Command::new("nsenter")
+        .args([
+            "--user",
+            "--target",
+            &pid.to_string(),
+            "--setuid",
+            "1",
+            "--setgid",
+            "1",
+        ])
+        .args(["unshare", "--user", "sleep", "60"])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("nsenter");
+    let inner = Sleeper(inner);
+    exec_sleep(inner.0.id());
+    let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap();
+    assert_ne!(ns(inner.0.id()), ns(pid), "the inner namespace is its own");
+    let a = read(&inner, 2313500);
+    eprintln!("namespace owners: nested: {a} ({a:?})");
+    assert_eq!((a.owner, &a.basis), (61113, &Basis::Namespace), "{a:?}");
 }

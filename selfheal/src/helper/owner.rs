@@ -18,7 +18,8 @@ use std::{
 };
 
 pub use selfheal_core::owner::{
-    Account, Admission, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account, admit,
+    Account, Admission, Basis, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account,
+    admit,
 };
 
 /// The subordinate uid file read when no `--subuid` is given.
@@ -235,6 +236,13 @@ fn userns_of(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
     if !matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) {
         return Err(format!("PIDFD_GET_USER_NAMESPACE: {e}"));
     }
+    userns_by_proc(pidfd, pid)
+}
+
+/// [`userns_of`] where the kernel cannot name a pidfd's namespace: opened
+/// under `/proc/PID`, kept only when the pidfd says the process still
+/// lives under `pid`.
+fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
     if pid == 0 {
         return Err("its pid is not visible here and the kernel cannot name its namespace".into());
     }
@@ -404,6 +412,23 @@ mod tests {
         assert!(owners.subuids().is_empty());
         // A plain uid, no file: its own owner.
         assert_eq!(owners.account(4242, None, 0).owner, 4242);
+    }
+
+    #[test]
+    fn both_ways_to_the_namespace_agree() {
+        let me = crate::pidfd::Pidfd::open(std::process::id(), None).unwrap();
+        let own = std::fs::File::open("/proc/self/ns/user").unwrap();
+        let own = ns_id(&OwnedFd::from(own));
+        let by_proc = userns_by_proc(me.as_fd(), std::process::id()).unwrap();
+        assert_eq!(ns_id(&by_proc), own);
+        // Another pid than the pidfd's: refused, nothing opened.
+        assert!(userns_by_proc(me.as_fd(), 1).is_err());
+        assert!(userns_by_proc(me.as_fd(), 0).is_err());
+        match userns_of(me.as_fd(), 0) {
+            Ok(fd) => assert_eq!(ns_id(&fd), own),
+            // A kernel before 6.11, and our pid not given: no way to it.
+            Err(e) => assert!(e.contains("cannot name"), "{e}"),
+        }
     }
 
     #[test]
