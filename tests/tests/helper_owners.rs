@@ -11,6 +11,7 @@
 //!   second, so that the helper's request timeout does not close them),
 //!   then another user's request (what its timer's `check` sends first);
 //! - 3 owners × 16 such connections, then two more owners' requests;
+//! - subordinate uids watching pids (the eBPF pid filter's share);
 //! - a subuid file that is huge and full of garbage;
 //! - and the owner read of processes in user namespaces, nested too.
 //!
@@ -33,6 +34,7 @@ use std::{
 };
 
 use selfheal::{
+    ebpf::{Strategy, TracerOptions},
     healer::ActionsExecutor,
     helper::{
         ActRequest, Action, ClientOptions, Executor, HelperClient, Listen, ServerHandle,
@@ -40,7 +42,7 @@ use selfheal::{
     },
     pidfd::start_ticks,
 };
-use tests::{Peer, Scratch, as_uid, need_root, skip, wait_for};
+use tests::{Peer, Scratch, as_uid, forced_strategy, need_ebpf, need_root, skip, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(20);
@@ -705,4 +707,52 @@ fn the_owner_of_a_namespace_is_its_outermost_creator() {
     let a = read(&inner, 2313500);
     eprintln!("namespace owners: nested: {a} ({a:?})");
     assert_eq!((a.owner, &a.basis), (61113, &Basis::Namespace), "{a:?}");
+}
+
+/// Two subordinate uids of one user watch their own pids (the eBPF pid
+/// filter), 4 pids per uid before and per owner now: the first watches 3,
+/// the second asks for 2. Counted per kernel uid, the second's 2 fitted
+/// (it held none): a user's uids together held 4 per uid. Now the second
+/// is `busy` ("would watch more than 4"), 1 more fits, and another owner
+/// still watches its 4.
+#[test]
+fn subordinate_uids_share_their_owners_watched_pids() {
+    if !need_ebpf("limits: watched pids by owner") {
+        return;
+    }
+    let dir = Scratch::new("limits-watch");
+    subuid_file(&dir, "61114:2313200:100\n");
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
+        o.max_watched_per_uid = 4;
+        o.ebpf = Some(TracerOptions {
+            strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+            ..TracerOptions::default()
+        });
+    });
+    let path = dir.join("helper.sock");
+    let mut procs = Procs::default();
+    let first: Vec<u32> = (0..3).map(|_| procs.deaf(2313200)).collect();
+    let second: Vec<u32> = (0..2).map(|_| procs.deaf(2313201)).collect();
+    let other: Vec<u32> = (0..4).map(|_| procs.deaf(61115)).collect();
+    let watch = |uid: u32, pids: &[u32]| {
+        as_uid(uid, || {
+            HelperClient::connect_with(&path, client_opts())
+                .and_then(|mut c| c.watch(pids))
+                .map(|w| w.watched.len())
+                .map_err(|e| e.to_string())
+        })
+    };
+    let a = watch(2313200, &first);
+    let b = watch(2313201, &second);
+    let c = watch(2313201, &second[..1]);
+    let d = watch(61115, &other);
+    eprintln!(
+        "watched pids by owner: first uid 3: {a:?}; second uid 2: {b:?}; then 1: {c:?}; another owner 4: {d:?}"
+    );
+    assert_eq!(a, Ok(3));
+    let b = b.unwrap_err();
+    assert!(b.contains("would watch more than 4"), "{b}");
+    assert!(b.contains("uid 61114 (the owner of uid 2313201's"), "{b}");
+    assert_eq!(c, Ok(1));
+    assert_eq!(d, Ok(4));
 }

@@ -248,6 +248,9 @@ pub struct ServerOptions {
     pub max_escalations_per_uid: usize,
     /// Escalations root may have pending, outside `max_escalations`.
     pub root_escalation_reserve: usize,
+    /// Pids one owner may have watched at once (its share of the eBPF
+    /// pid filter).
+    pub max_watched_per_uid: usize,
     /// The subordinate uid file (`/etc/subuid`): a uid in a range counts
     /// against the range's owner.
     pub subuid: PathBuf,
@@ -266,9 +269,9 @@ impl ServerOptions {
     /// The defaults: no eBPF, no idle timeout, 5 s per request, 64
     /// connections (16 per owner, 16 of them kept for root), 4 acts in
     /// flight per owner, 1024 pending escalations (64 per owner) and 64
-    /// more for root, `/etc/subuid`, `SO_PEERPIDFD`, bursts of 100 requests
-    /// per owner then 50 per second, 30 s to finish in-flight requests on
-    /// shutdown.
+    /// more for root, 4096 watched pids per owner, `/etc/subuid`,
+    /// `SO_PEERPIDFD`, bursts of 100 requests per owner then 50 per
+    /// second, 30 s to finish in-flight requests on shutdown.
     pub fn new(listen: Listen) -> Self {
         Self {
             listen,
@@ -284,6 +287,7 @@ impl ServerOptions {
             max_escalations: 1024,
             max_escalations_per_uid: 64,
             root_escalation_reserve: 64,
+            max_watched_per_uid: MAX_WATCHED_PER_UID,
             subuid: PathBuf::from(super::owner::DEFAULT_SUBUID),
             peer_pidfd: true,
             rate: RateLimit {
@@ -555,6 +559,7 @@ pub fn serve(
         peer_pidfd: opts.peer_pidfd,
         acts: Mutex::default(),
         max_acts_per_uid: opts.max_acts_per_uid.max(1),
+        max_watched: opts.max_watched_per_uid.max(1),
         escalations: Mutex::new(Escalations {
             pending: Vec::new(),
             reserved: BTreeMap::new(),
@@ -831,6 +836,8 @@ struct Shared {
     /// `act` requests in flight, by owner.
     acts: Mutex<HashMap<u32, usize>>,
     max_acts_per_uid: usize,
+    /// Pids one owner may have watched.
+    max_watched: usize,
     escalations: Mutex<Escalations>,
     /// Wakes the escalation timer (a new escalation, shutdown).
     timer_wake: UnixStream,
@@ -1817,11 +1824,12 @@ impl Shared {
                     .is_some_and(|w| w.start_ticks == *start && owns(w))
             })
             .count();
-        if held + new > MAX_WATCHED_PER_UID {
+        if held + new > self.max_watched {
             return Err(refusal(
                 ErrorCode::Busy,
                 format!(
-                    "{account} would watch more than {MAX_WATCHED_PER_UID} pids; unwatch some first"
+                    "{account} would watch more than {} pids; unwatch some first",
+                    self.max_watched
                 ),
             ));
         }
