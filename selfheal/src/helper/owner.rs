@@ -216,7 +216,9 @@ impl Owners {
     }
 }
 
+/// Device and inode of a namespace fd: which namespace it is.
 fn ns_id(fd: &OwnedFd) -> Option<(u64, u64)> {
+    // SAFETY: `stat` is plain data; all zeroes is a valid value.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat into a local stat buffer.
     (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
