@@ -20,8 +20,9 @@
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
-//! - **heal**: [`ladder`] (the next step), and [`protocol`] (what the root
-//!   helper and its clients say to each other).
+//! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
+//!   helper and its clients say to each other), and [`owner`] (whom the
+//!   helper counts a caller against, and each owner's fair share).
 
 pub mod clock;
 pub mod config;
@@ -31,6 +32,7 @@ pub mod judge;
 pub mod keepalive;
 pub mod ladder;
 pub mod model;
+pub mod owner;
 pub mod proc;
 pub mod protocol;
 pub mod prove;

@@ -35,6 +35,12 @@ pub struct Args {
     /// /etc/selfheal/helper.toml, when it exists]
     #[arg(long, value_name = "PATH")]
     policy: Option<PathBuf>,
+    /// The subordinate uid file: a caller whose uid lies in a range counts
+    /// against the range's owner in every limit (connections, request
+    /// rate, acts, pending SIGKILLs, watched pids). Read again when it
+    /// changes; missing means no ranges. [default: /etc/subuid]
+    #[arg(long, value_name = "PATH")]
+    subuid: Option<PathBuf>,
     /// When socket-activated, exit after this long without a connection
     /// (e.g. 60s, 5m).
     #[arg(long, value_name = "DUR", value_parser = super::parse_duration, default_value = "60s")]
@@ -74,6 +80,9 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     let mut opts = ServerOptions::new(listen);
     opts.policy = policy;
     opts.idle_timeout = idle;
+    if let Some(p) = args.subuid {
+        opts.subuid = p;
+    }
     opts.ebpf = (!args.no_ebpf).then(TracerOptions::default);
 
     // SIGTERM and SIGINT are taken by one thread with sigwait; blocked here,

@@ -1,10 +1,12 @@
 //! The helper's server: listening (a socket path it binds, or a listener
 //! handed over by systemd socket activation), one thread per connection
-//! with a bound on their number (in all, per uid, and a reserve only root
-//! may use), framing with size and time limits, a per-uid rate limit and
-//! cap on acts in flight, authorization of every request by `SO_PEERCRED`
-//! and a pidfd of the process that connected (`SO_PEERPIDFD`: it must
-//! still live, in the helper's pid namespace, on every request), and of
+//! with a bound on their number (in all, a fair share per owner, and a
+//! reserve only root may use), framing with size and time limits, a
+//! per-owner rate limit and cap on acts in flight (the owner: the
+//! caller's real one, [`super::owner`]), authorization of every request
+//! by `SO_PEERCRED` and a pidfd of the process that connected
+//! (`SO_PEERPIDFD`: it must still live, in the helper's pid namespace, on
+//! every request), and of
 //! every pid it names (policy), the eBPF tracer it keeps attached, the
 //! escalations it runs on its own timer (SIGKILL after a `signal` act's
 //! grace, the policy checked again first), the audit of every action, and
@@ -21,9 +23,13 @@
 //!   serves could block `fstat` or `close` forever).
 //! - A caller that may not reach a pid gets one answer, whether the pid
 //!   exists or not and whatever its start time.
+//! - Every limit is counted against the caller's owner, read once at
+//!   accept: subordinate uids and user namespaces count to the user who
+//!   holds them, and root's reserves (connections, escalations) serve only
+//!   uid 0.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     io::{self, Read as _, Write as _},
     os::{
         fd::{AsFd, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
@@ -47,6 +53,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{
+    owner::{Account, ConnLimits, ConnSet, Owners},
     policy::{Policy, Target, never_acted_on, read_target},
     protocol::{
         ActRequest, Action, AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits,
@@ -79,7 +86,7 @@ pub const SOCKET_MODE: u32 = 0o666;
 /// Mode of the socket's directory when the helper creates it.
 pub const SOCKET_DIR_MODE: u32 = 0o755;
 
-/// Most pids one uid may have watched at once.
+/// Most pids one owner may have watched at once.
 pub const MAX_WATCHED_PER_UID: usize = 4096;
 
 /// A `signal` act's grace before SIGKILL when the request names none.
@@ -198,12 +205,12 @@ pub enum Listen {
     Fd(OwnedFd),
 }
 
-/// The per-uid token bucket.
+/// The per-owner token bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimit {
-    /// Requests a uid may make at once.
+    /// Requests an owner may make at once.
     pub burst: u32,
-    /// Requests per second a uid earns back.
+    /// Requests per second an owner earns back.
     pub per_second: u32,
 }
 
@@ -222,19 +229,31 @@ pub struct ServerOptions {
     pub write_timeout: Duration,
     /// Connections served at once; more are answered `busy` and closed.
     pub max_connections: usize,
-    /// Connections one uid may hold open at once (so that one uid cannot
-    /// take them all); more are answered `busy` and closed.
+    /// Connections one owner may hold open at once, at most (its fair
+    /// share of what other owners leave may be less; see
+    /// [`selfheal_core::owner`]); more are answered `busy` and closed.
     pub max_connections_per_uid: usize,
     /// Of `max_connections`, how many only root (uid 0) may use: other
-    /// uids together hold at most `max_connections - root_reserve`, so
+    /// owners together hold at most `max_connections - root_reserve`, so
     /// root is never answered `busy` while it holds fewer than this.
     pub root_reserve: usize,
-    /// `act` requests one uid may have in flight at once; more are `busy`.
+    /// `act` requests one owner may have in flight at once; more are
+    /// `busy`.
     pub max_acts_per_uid: usize,
-    /// Escalations (SIGKILL after a grace) pending at once, in all and
-    /// per uid; a `signal` act beyond them is `busy` (nothing is sent).
+    /// Escalations (SIGKILL after a grace) pending at once: the table all
+    /// owners but root share, and the most one owner may have (its fair
+    /// share may be less); a `signal` act beyond them is `busy` (nothing
+    /// is sent).
     pub max_escalations: usize,
     pub max_escalations_per_uid: usize,
+    /// Escalations root may have pending, outside `max_escalations`.
+    pub root_escalation_reserve: usize,
+    /// Pids one owner may have watched at once (its share of the eBPF
+    /// pid filter).
+    pub max_watched_per_uid: usize,
+    /// The subordinate uid file (`/etc/subuid`): a uid in a range counts
+    /// against the range's owner.
+    pub subuid: PathBuf,
     /// Identify the connecting process by `SO_PEERPIDFD` where the kernel
     /// has it. `false` (tests) or a kernel without it: `pidfd_open` of the
     /// `SO_PEERCRED` pid at accept, with its start time, as the fallback.
@@ -248,10 +267,11 @@ pub struct ServerOptions {
 
 impl ServerOptions {
     /// The defaults: no eBPF, no idle timeout, 5 s per request, 64
-    /// connections (16 per uid, 16 of them kept for root), 4 acts in flight
-    /// per uid, 1024 pending escalations (64 per uid), `SO_PEERPIDFD`,
-    /// bursts of 100 requests per uid then 50 per second, 30 s to finish
-    /// in-flight requests on shutdown.
+    /// connections (16 per owner, 16 of them kept for root), 4 acts in
+    /// flight per owner, 1024 pending escalations (64 per owner) and 64
+    /// more for root, 4096 watched pids per owner, `/etc/subuid`,
+    /// `SO_PEERPIDFD`, bursts of 100 requests per owner then 50 per
+    /// second, 30 s to finish in-flight requests on shutdown.
     pub fn new(listen: Listen) -> Self {
         Self {
             listen,
@@ -266,6 +286,9 @@ impl ServerOptions {
             max_acts_per_uid: 4,
             max_escalations: 1024,
             max_escalations_per_uid: 64,
+            root_escalation_reserve: 64,
+            max_watched_per_uid: MAX_WATCHED_PER_UID,
+            subuid: PathBuf::from(super::owner::DEFAULT_SUBUID),
             peer_pidfd: true,
             rate: RateLimit {
                 burst: 100,
@@ -505,6 +528,9 @@ pub fn serve(
         })?;
     }
     let max_per_uid = opts.max_connections_per_uid.max(1);
+    let owners = Owners::new(opts.subuid);
+    // Read now, so that a bad file is logged at start.
+    let _ = owners.subuids();
     let shared = Arc::new(Shared {
         policy: opts.policy,
         executor,
@@ -521,10 +547,10 @@ pub fn serve(
         audit_capacity: opts.audit_capacity,
         stopping: AtomicBool::new(false),
         conns: Mutex::new(Conns {
-            open: 0,
-            per_uid: HashMap::new(),
+            set: ConnSet::default(),
             last_change: Instant::now(),
         }),
+        owners,
         conns_cv: Condvar::new(),
         helper_pid: std::process::id(),
         pid_ns: pid_namespace("self"),
@@ -533,10 +559,13 @@ pub fn serve(
         peer_pidfd: opts.peer_pidfd,
         acts: Mutex::default(),
         max_acts_per_uid: opts.max_acts_per_uid.max(1),
+        max_watched: opts.max_watched_per_uid.max(1),
         escalations: Mutex::new(Escalations {
             pending: Vec::new(),
+            reserved: BTreeMap::new(),
             max: opts.max_escalations.max(1),
             max_per_uid: opts.max_escalations_per_uid.max(1),
+            root_reserve: opts.root_escalation_reserve.max(1),
         }),
         timer_wake: timer_tx,
     });
@@ -795,6 +824,8 @@ struct Shared {
     stopping: AtomicBool,
     conns: Mutex<Conns>,
     conns_cv: Condvar,
+    /// Whom each caller counts against.
+    owners: Owners,
     helper_pid: u32,
     /// The helper's pid namespace (device, inode of `/proc/self/ns/pid`).
     pid_ns: Option<(u64, u64)>,
@@ -802,24 +833,33 @@ struct Shared {
     write_timeout: Duration,
     /// Whether to ask the kernel for `SO_PEERPIDFD`.
     peer_pidfd: bool,
-    /// `act` requests in flight, by uid.
+    /// `act` requests in flight, by owner.
     acts: Mutex<HashMap<u32, usize>>,
     max_acts_per_uid: usize,
+    /// Pids one owner may have watched.
+    max_watched: usize,
     escalations: Mutex<Escalations>,
     /// Wakes the escalation timer (a new escalation, shutdown).
     timer_wake: UnixStream,
 }
 
-/// The escalations the timer thread will run: bounded in all and per uid.
+/// The escalations the timer thread will run: bounded in all, per owner,
+/// and root's apart.
 struct Escalations {
     pending: Vec<Escalation>,
+    /// Room taken by acts in flight that may add an escalation, by owner:
+    /// counted as pending, so that acts at once cannot overrun a share.
+    reserved: BTreeMap<u32, usize>,
     max: usize,
     max_per_uid: usize,
+    root_reserve: usize,
 }
 
 /// SIGKILL due at `due` unless the process exits first, or has changed.
 struct Escalation {
     caller: Caller,
+    /// The owner it counts against.
+    owner: u32,
     target: Pidfd,
     req: ActRequest,
     due: Instant,
@@ -837,9 +877,8 @@ struct Identity {
 }
 
 struct Conns {
-    open: usize,
-    /// Open connections by the uid that connected.
-    per_uid: HashMap<u32, usize>,
+    /// The open connections, by owner.
+    set: ConnSet,
     /// When a connection last opened or closed (the idle clock).
     last_change: Instant,
 }
@@ -853,7 +892,8 @@ struct TracerState {
 
 struct Watched {
     start_ticks: u64,
-    uids: BTreeSet<u32>,
+    /// The uids that asked, and the owner each counts against.
+    uids: BTreeMap<u32, u32>,
 }
 
 impl TracerState {
@@ -885,7 +925,8 @@ struct Bucket {
 }
 
 impl RateLimiter {
-    /// Takes one token from `uid`'s bucket; false when it is empty.
+    /// Takes one token from `uid`'s bucket (an owner's); false when it is
+    /// empty.
     fn take(&self, uid: u32) -> bool {
         let now = Instant::now();
         let burst = f64::from(self.limit.burst.max(1));
@@ -961,7 +1002,7 @@ fn accept_loop(
         let mut timeout = TICK;
         if let Some(idle) = limits.idle_timeout {
             let c = lock(&shared.conns);
-            if c.open == 0 {
+            if c.set.is_empty() {
                 let left = idle.saturating_sub(c.last_change.elapsed());
                 if left.is_zero() {
                     break Ok(StopReason::Idle);
@@ -998,11 +1039,11 @@ fn accept_loop(
     }
     let deadline = Instant::now() + limits.shutdown_grace;
     let mut c = lock(&shared.conns);
-    while c.open > 0 {
+    while !c.set.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             tracing::warn!(
-                open = c.open,
+                open = c.set.len(),
                 "helper: connections still busy after the shutdown grace period; leaving them"
             );
             break;
@@ -1017,11 +1058,11 @@ fn accept_loop(
 }
 
 fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits) {
-    let (max, max_per_uid, reserve) = (
-        limits.max_connections,
-        limits.max_per_uid,
-        limits.root_reserve,
-    );
+    let conn_limits = ConnLimits {
+        max: limits.max_connections,
+        per_owner: limits.max_per_uid,
+        root_reserve: limits.root_reserve,
+    };
     loop {
         let stream = match listener.accept() {
             Ok((s, _)) => s,
@@ -1049,48 +1090,40 @@ fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits
                 continue;
             }
         };
-        let uid = caller.uid;
-        {
-            let mut c = lock(&shared.conns);
-            let mine = c.per_uid.get(&uid).copied().unwrap_or(0);
-            let others = c.open - c.per_uid.get(&0).copied().unwrap_or(0);
-            let why = if mine >= max_per_uid {
-                Some(format!(
-                    "uid {uid} has {mine} connections open (at most {max_per_uid})"
-                ))
-            } else if c.open >= max {
-                Some(format!("too many connections (at most {max})"))
-            } else if uid != 0 && others >= max - reserve {
-                Some(format!(
-                    "too many connections (at most {} for uids other than root; {reserve} are kept for root)",
-                    max - reserve
-                ))
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                drop(c);
-                refuse(&stream, format!("{why}; try again later"));
-                continue;
-            }
-            c.open += 1;
-            *c.per_uid.entry(uid).or_default() += 1;
-            c.last_change = Instant::now();
-        }
         // Who connected, pinned now: the pid SO_PEERCRED reports stays the
         // connector's number even after it exits and the number is reused.
         let connector = Connector::pin(&stream, caller, shared.peer_pidfd);
+        // Whom it counts against, read through that pin.
+        let account = shared.owners.account(
+            caller.uid,
+            connector.pidfd.as_ref().map(AsFd::as_fd),
+            caller.pid,
+        );
+        let id = {
+            let mut c = lock(&shared.conns);
+            match c.set.admit(&account, &conn_limits, &stream) {
+                Ok(id) => {
+                    c.last_change = Instant::now();
+                    id
+                }
+                Err(why) => {
+                    drop(c);
+                    refuse(&stream, format!("{why}; try again later"));
+                    continue;
+                }
+            }
+        };
         let conn_shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("selfheal-helper-conn".into())
             .spawn(move || {
-                let _guard = ConnGuard(conn_shared.clone(), uid);
-                connection(&conn_shared, &stream, &connector);
+                let guard = ConnGuard(conn_shared.clone(), id);
+                connection(&conn_shared, &stream, &connector, &account, &guard);
             });
         if let Err(e) = spawned {
             // The closure (and its guard) never ran: count it out here.
             tracing::warn!("helper: cannot start a connection thread: {e}");
-            drop(ConnGuard(shared.clone(), uid));
+            drop(ConnGuard(shared.clone(), id));
         }
     }
 }
@@ -1101,19 +1134,25 @@ fn refuse(stream: &UnixStream, message: String) {
     let _ = (&*stream).write_all(&Response::error(None, ErrorCode::Busy, message).to_line());
 }
 
-/// Counts a connection (of a uid) out when its thread ends, however it ends.
-struct ConnGuard(Arc<Shared>, u32);
+/// Counts a connection out when its thread ends, however it ends.
+struct ConnGuard(Arc<Shared>, u64);
+
+impl ConnGuard {
+    /// Marks the connection as serving a request; `false` when it was
+    /// closed to admit another owner.
+    fn start_request(&self) -> bool {
+        lock(&self.0.conns).set.start_request(self.1)
+    }
+
+    fn end_request(&self) {
+        lock(&self.0.conns).set.end_request(self.1);
+    }
+}
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         let mut c = lock(&self.0.conns);
-        c.open = c.open.saturating_sub(1);
-        if let Some(n) = c.per_uid.get_mut(&self.1) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                c.per_uid.remove(&self.1);
-            }
-        }
+        c.set.remove(self.1);
         c.last_change = Instant::now();
         self.0.conns_cv.notify_all();
     }
@@ -1177,7 +1216,13 @@ fn next_request(stream: &UnixStream, buf: &mut Vec<u8>, shared: &Shared) -> Next
     }
 }
 
-fn connection(shared: &Shared, stream: &UnixStream, connector: &Connector) {
+fn connection(
+    shared: &Shared,
+    stream: &UnixStream,
+    connector: &Connector,
+    account: &Account,
+    guard: &ConnGuard,
+) {
     if stream
         .set_write_timeout(Some(shared.write_timeout))
         .is_err()
@@ -1189,10 +1234,15 @@ fn connection(shared: &Shared, stream: &UnixStream, connector: &Connector) {
     loop {
         match next_request(stream, &mut buf, shared) {
             Next::Line(line) => {
-                let (response, close) = handle(shared, connector, &line);
+                if !guard.start_request() {
+                    // Closed while idle to admit another owner.
+                    return;
+                }
+                let (response, close) = handle(shared, connector, account, &line);
                 if !send(response) || close {
                     return;
                 }
+                guard.end_request();
             }
             Next::Done => return,
             Next::Timeout => {
@@ -1241,7 +1291,12 @@ fn refusal(code: ErrorCode, message: impl Into<String>) -> WireError {
 
 /// Answers one request line; `true` with it when the connection must
 /// close (its connecting process is gone).
-fn handle(shared: &Shared, connector: &Connector, line: &[u8]) -> (Response, bool) {
+fn handle(
+    shared: &Shared,
+    connector: &Connector,
+    account: &Account,
+    line: &[u8],
+) -> (Response, bool) {
     let (caller, same_ns) = match connector.verify() {
         Ok(v) => v,
         Err(e) => {
@@ -1269,21 +1324,30 @@ fn handle(shared: &Shared, connector: &Connector, line: &[u8]) -> (Response, boo
             return (Response::error(id, e.code, e.message), true);
         }
     };
-    (handle_verified(shared, &caller, same_ns, line), false)
+    (
+        handle_verified(shared, &caller, account, same_ns, line),
+        false,
+    )
 }
 
-fn handle_verified(shared: &Shared, caller: &Caller, same_ns: bool, line: &[u8]) -> Response {
+fn handle_verified(
+    shared: &Shared,
+    caller: &Caller,
+    account: &Account,
+    same_ns: bool,
+    line: &[u8],
+) -> Response {
     let caller = *caller;
     // Every request costs a token, malformed ones too; parsing first (it is
     // bounded) lets a `busy` answer carry the request's id.
     let parsed = parse_request(line);
-    if !shared.rate.take(caller.uid) {
+    if !shared.rate.take(account.owner) {
         let limit = shared.rate.limit;
         let e = refusal(
             ErrorCode::Busy,
             format!(
-                "uid {} is over its request rate ({} per second, bursts of {}); try again later",
-                caller.uid, limit.per_second, limit.burst
+                "{account} is over its request rate ({} per second, bursts of {}); try again later",
+                limit.per_second, limit.burst
             ),
         );
         let id = match &parsed {
@@ -1312,11 +1376,11 @@ fn handle_verified(shared: &Shared, caller: &Caller, same_ns: bool, line: &[u8])
     };
     let result = match &req.op {
         Op::Hello => Ok(shared.hello(&caller)),
-        Op::Watch { pids } => shared.watch(&caller, same_ns, pids),
+        Op::Watch { pids } => shared.watch(&caller, account, same_ns, pids),
         Op::Unwatch { pids } => shared.unwatch(&caller, pids),
         Op::EbpfSnapshot { pids } => shared.snapshot(&caller, same_ns, pids),
         Op::Act(act) => {
-            let r = shared.act(&caller, same_ns, act);
+            let r = shared.act(&caller, account, same_ns, act);
             shared.audit(&caller, act, r.as_ref().err(), false);
             r
         }
@@ -1565,7 +1629,22 @@ struct Authorized {
     refused: Vec<u32>,
 }
 
-/// Counts an act of a uid out when it ends, however it ends.
+/// Gives back an owner's reserved room for one escalation.
+struct EscalationRoom<'a>(&'a Shared, u32);
+
+impl Drop for EscalationRoom<'_> {
+    fn drop(&mut self) {
+        let mut t = lock(&self.0.escalations);
+        if let Some(n) = t.reserved.get_mut(&self.1) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                t.reserved.remove(&self.1);
+            }
+        }
+    }
+}
+
+/// Counts an act of an owner out when it ends, however it ends.
 struct ActSlot<'a>(&'a Shared, u32);
 
 impl Drop for ActSlot<'_> {
@@ -1716,7 +1795,13 @@ impl Shared {
         Ok(out)
     }
 
-    fn watch(&self, caller: &Caller, same_ns: bool, pids: &[u32]) -> Result<Value, WireError> {
+    fn watch(
+        &self,
+        caller: &Caller,
+        account: &Account,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Value, WireError> {
         if lock(&self.tracer).tracer.is_none() {
             return Err(self.no_tracer());
         }
@@ -1727,24 +1812,24 @@ impl Shared {
         let Some(tracer) = tracer.as_mut() else {
             return Err(self.no_tracer());
         };
-        let held = watched
-            .values()
-            .filter(|w| w.uids.contains(&caller.uid))
-            .count();
+        // Counted per owner: a pid any uid of the owner watches is one.
+        let owner = account.owner;
+        let owns = |w: &Watched| w.uids.values().any(|o| *o == owner);
+        let held = watched.values().filter(|w| owns(w)).count();
         let new = ok
             .iter()
-            .filter(|(pid, _)| {
+            .filter(|(pid, start)| {
                 !watched
                     .get(pid)
-                    .is_some_and(|w| w.uids.contains(&caller.uid))
+                    .is_some_and(|w| w.start_ticks == *start && owns(w))
             })
             .count();
-        if held + new > MAX_WATCHED_PER_UID {
+        if held + new > self.max_watched {
             return Err(refusal(
                 ErrorCode::Busy,
                 format!(
-                    "uid {} would watch more than {MAX_WATCHED_PER_UID} pids; unwatch some first",
-                    caller.uid
+                    "{account} would watch more than {} pids; unwatch some first",
+                    self.max_watched
                 ),
             ));
         }
@@ -1752,7 +1837,7 @@ impl Shared {
         for (pid, start) in ok {
             match watched.get_mut(&pid) {
                 Some(w) if w.start_ticks == start => {
-                    w.uids.insert(caller.uid);
+                    w.uids.insert(caller.uid, owner);
                 }
                 _ => {
                     tracer.watch(pid).map_err(|e| {
@@ -1762,7 +1847,7 @@ impl Shared {
                         pid,
                         Watched {
                             start_ticks: start,
-                            uids: BTreeSet::from([caller.uid]),
+                            uids: BTreeMap::from([(caller.uid, owner)]),
                         },
                     );
                 }
@@ -1794,7 +1879,7 @@ impl Shared {
             let Some(w) = watched.get_mut(&pid) else {
                 continue;
             };
-            if !w.uids.remove(&caller.uid) {
+            if w.uids.remove(&caller.uid).is_none() {
                 continue;
             }
             unwatched.push(pid);
@@ -1837,43 +1922,57 @@ impl Shared {
         Ok(v)
     }
 
-    /// Takes one of `uid`'s act slots, or says it has none left.
-    fn act_slot(&self, uid: u32) -> Result<ActSlot<'_>, WireError> {
+    /// Takes one of the owner's act slots, or says it has none left.
+    fn act_slot(&self, account: &Account) -> Result<ActSlot<'_>, WireError> {
         let mut acts = lock(&self.acts);
-        let n = acts.entry(uid).or_default();
+        let n = acts.entry(account.owner).or_default();
         if *n >= self.max_acts_per_uid {
             return Err(refusal(
                 ErrorCode::Busy,
                 format!(
-                    "uid {uid} has {} acts in flight (at most {}); try again later",
+                    "{account} has {} acts in flight (at most {}); try again later",
                     *n, self.max_acts_per_uid
                 ),
             ));
         }
         *n += 1;
-        Ok(ActSlot(self, uid))
+        Ok(ActSlot(self, account.owner))
     }
 
-    /// Whether one more escalation of `uid` fits in the table.
-    fn escalation_room(&self, uid: u32) -> Result<(), WireError> {
-        let table = lock(&self.escalations);
-        let mine = table.pending.iter().filter(|e| e.caller.uid == uid).count();
-        if table.pending.len() >= table.max || mine >= table.max_per_uid {
-            return Err(refusal(
+    /// Takes room for one more escalation of the owner, if it fits:
+    /// root's reserve for root, the owner's fair share of the table for
+    /// every other. The room is held until the reservation drops (after
+    /// the escalation is in the table, or not needed).
+    fn escalation_room(&self, account: &Account) -> Result<EscalationRoom<'_>, WireError> {
+        let mut table = lock(&self.escalations);
+        let mut pending: BTreeMap<u32, usize> = table.reserved.clone();
+        for e in &table.pending {
+            *pending.entry(e.owner).or_default() += 1;
+        }
+        let limits = selfheal_core::owner::EscalationLimits {
+            max: table.max,
+            per_owner: table.max_per_uid,
+            root_reserve: table.root_reserve,
+        };
+        selfheal_core::owner::escalation_room(&pending, account, &limits).map_err(|why| {
+            refusal(
                 ErrorCode::Busy,
                 format!(
-                    "too many signals awaiting their grace (uid {uid}: {mine} of at most {}; \
-                     in all: {} of at most {}): nothing was sent; try again later",
-                    table.max_per_uid,
-                    table.pending.len(),
-                    table.max
+                    "too many signals awaiting their grace ({why}): nothing was sent; try again later"
                 ),
-            ));
-        }
-        Ok(())
+            )
+        })?;
+        *table.reserved.entry(account.owner).or_default() += 1;
+        Ok(EscalationRoom(self, account.owner))
     }
 
-    fn act(&self, caller: &Caller, same_ns: bool, req: &ActRequest) -> Result<Value, WireError> {
+    fn act(
+        &self,
+        caller: &Caller,
+        account: &Account,
+        same_ns: bool,
+        req: &ActRequest,
+    ) -> Result<Value, WireError> {
         let forbidden = |m: String| refusal(ErrorCode::Forbidden, m);
         if let Some(why) = never_acted_on(req.pid, self.helper_pid) {
             return Err(forbidden(why));
@@ -1894,17 +1993,20 @@ impl Shared {
         {
             check_socket_fd(req.pid, fd)?;
         }
-        let _slot = self.act_slot(caller.uid)?;
+        let _slot = self.act_slot(account)?;
         let signal = req.action == Action::Signal;
-        let before = if signal {
-            self.escalation_room(caller.uid)?;
-            Some(
-                identity(&target)
-                    .ok_or_else(|| refusal(ErrorCode::Gone, format!("pid {} exited", req.pid)))?,
-            )
-        } else {
-            None
-        };
+        let (before, _room) =
+            if signal {
+                let room = self.escalation_room(account)?;
+                (
+                    Some(identity(&target).ok_or_else(|| {
+                        refusal(ErrorCode::Gone, format!("pid {} exited", req.pid))
+                    })?),
+                    Some(room),
+                )
+            } else {
+                (None, None)
+            };
         let executor = self.executor.clone();
         let outcome =
             std::panic::catch_unwind(AssertUnwindSafe(|| executor.act(caller, &target, req)));
@@ -1943,6 +2045,7 @@ impl Shared {
             }
             lock(&self.escalations).pending.push(Escalation {
                 caller: *caller,
+                owner: account.owner,
                 target,
                 req: req.clone(),
                 due: Instant::now() + grace,
