@@ -13,8 +13,8 @@ use std::{
 };
 
 use crate::{
-    config::MatchRule,
-    runtime::{CgroupContainer, Identity, Inventory},
+    config::{AgentConfig, MatchRule, UnitOwner},
+    runtime::{CgroupContainer, Identity, Inventory, cgroup},
 };
 
 /// One process as the snapshot saw it.
@@ -71,6 +71,9 @@ pub struct ProcessTable {
     /// Each containerized process's identity under `inventory`, made once
     /// (container rules look at every one of them).
     identities: HashMap<u32, Identity>,
+    /// The system manager's root cgroup (from PID 1's, [`cgroup::manager_root`]):
+    /// where system units and system containers are anchored.
+    manager_root: String,
 }
 
 impl ProcessTable {
@@ -99,6 +102,7 @@ impl ProcessTable {
                 children.entry(e.ppid).or_default().push(e.pid);
             }
         }
+        let manager_root = cgroup::manager_root(entries.get(&1).and_then(|e| e.cgroup.as_deref()));
         ProcessTable {
             entries,
             children,
@@ -106,6 +110,7 @@ impl ProcessTable {
             own_lineage: BTreeSet::new(),
             inventory: Inventory::default(),
             identities: HashMap::new(),
+            manager_root,
         }
         .index_identities()
     }
@@ -146,6 +151,17 @@ impl ProcessTable {
 
     pub fn inventory(&self) -> &Inventory {
         &self.inventory
+    }
+
+    /// The system manager's root cgroup (`/` on a host).
+    pub fn manager_root(&self) -> &str {
+        &self.manager_root
+    }
+
+    /// The unit `pid`'s cgroup anchors, and whose manager runs it.
+    pub fn unit_of(&self, pid: u32) -> Option<cgroup::UnitPlace<'_>> {
+        let path = self.entries.get(&pid)?.cgroup.as_deref()?;
+        cgroup::unit_of(path, &self.manager_root)
     }
 
     /// The container `pid` is in, as far as its cgroup and the runtimes
@@ -323,17 +339,39 @@ pub fn find(rule: &MatchRule, table: &ProcessTable) -> Matched {
     find_of(rule, None, table)
 }
 
+/// The processes of `agent` when selfheal runs as `runner`: its rule,
+/// limited to `match.uid` ([`AgentConfig::uid_filter`]) and, for a unit,
+/// to the managers it may name ([`AgentConfig::unit_owner`]).
+pub fn find_for(agent: &AgentConfig, runner: u32, table: &ProcessTable) -> Matched {
+    find_owned(
+        &agent.rule,
+        agent.uid_filter(runner),
+        agent.unit_owner(runner),
+        table,
+    )
+}
+
 /// [`find`], limited for `cmdline` and `exe` rules to the processes of
 /// `uid` when one is given ([`crate::config::MatchUid::filter`]). When
 /// nothing of `uid` matches but processes of other uids would, the problem
 /// says how many and how to include them.
 pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matched {
+    find_owned(rule, uid, UnitOwner::System, table)
+}
+
+/// [`find_of`], with a unit rule naming units of `owner`.
+fn find_owned(
+    rule: &MatchRule,
+    uid: Option<u32>,
+    owner: UnitOwner,
+    table: &ProcessTable,
+) -> Matched {
     let Some(uid) = uid else {
-        return find_any(rule, table, &|_| true);
+        return find_any(rule, owner, table, &|_| true);
     };
-    let mut m = find_any(rule, table, &|e| e.uid == Some(uid));
+    let mut m = find_any(rule, owner, table, &|e| e.uid == Some(uid));
     if let Some(problem) = &m.problem {
-        let others = find_any(rule, table, &|e| e.uid != Some(uid));
+        let others = find_any(rule, owner, table, &|e| e.uid != Some(uid));
         if !others.roots.is_empty() {
             m.problem = Some(format!(
                 "{problem} (uid {uid}'s processes only; {} process(es) of other uids match: \
@@ -347,7 +385,12 @@ pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matc
 
 /// `rule`'s processes among those `keep` allows (descendants are the
 /// agent's whoever they run as).
-fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) -> bool) -> Matched {
+fn find_any(
+    rule: &MatchRule,
+    owner: UnitOwner,
+    table: &ProcessTable,
+    keep: &dyn Fn(&ProcEntry) -> bool,
+) -> Matched {
     match rule {
         MatchRule::Pid(pid) => by_pid(table, *pid, |pid| format!("pid {pid} is not running")),
         MatchRule::Pidfile(path) => match read_pidfile(path) {
@@ -381,13 +424,30 @@ fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) ->
             let matched = table
                 .entries()
                 .filter(|e| !table.is_own(e.pid))
-                .filter(|e| e.cgroup.as_deref().is_some_and(|c| in_unit(c, unit)))
+                .filter(|e| {
+                    table
+                        .unit_of(e.pid)
+                        .is_some_and(|p| p.unit == unit && owner.allows(p.manager))
+                })
                 .map(|e| e.pid)
                 .collect();
             Matched::of_roots(table, table.tops(&matched), || {
-                let mut p = format!("unit {unit} has no processes");
+                let mut p = format!("{owner} {unit} has no processes");
                 if table.entries().all(|e| e.cgroup.is_none()) {
                     p.push_str(" (no process's cgroup could be read)");
+                } else {
+                    // The same name elsewhere (another user's tree, below
+                    // another unit) is not this unit: say so.
+                    let elsewhere = table
+                        .entries()
+                        .filter(|e| e.cgroup.as_deref().is_some_and(|c| in_unit(c, unit)))
+                        .count();
+                    if elsewhere > 0 {
+                        p.push_str(&format!(
+                            " ({elsewhere} process(es) in cgroups named {unit} elsewhere: \
+                             not that manager's unit)"
+                        ));
+                    }
                 }
                 p
             })
@@ -474,9 +534,9 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf], keep: &dyn Fn(&ProcEntry) -> 
     })
 }
 
-/// Whether a process in cgroup `path` belongs to systemd unit `unit`: the
-/// unit's cgroup is one of the path's components (its own processes and any
-/// sub-cgroups a delegated unit makes).
+/// Whether some component of cgroup `path` is named `unit`: only a name,
+/// anywhere (a user can make one in their own tree); which unit a process
+/// is in is [`cgroup::unit_of`]'s answer, not this.
 pub fn in_unit(path: &str, unit: &str) -> bool {
     path.split('/').any(|c| c == unit)
 }
@@ -747,7 +807,7 @@ mod tests {
         let m = find(&MatchRule::Unit("nope.service".into()), &t);
         assert_eq!(
             m.problem.as_deref(),
-            Some("unit nope.service has no processes")
+            Some("a system unit nope.service has no processes")
         );
         let bare = table(&[(1, 0, "init")]);
         let m = find(&MatchRule::Unit("x.service".into()), &bare);
@@ -755,6 +815,73 @@ mod tests {
             m.problem
                 .unwrap()
                 .contains("no process's cgroup could be read")
+        );
+    }
+
+    /// A unit is its manager's: root's `unit = "runner.service"` is the
+    /// system's runner.service, never a cgroup of that name a user made in
+    /// their own tree; `uid` names a user's; a user's check names both the
+    /// system's and its own, never another user's.
+    #[test]
+    fn a_unit_is_its_managers() {
+        let user = |uid: u32| format!("/user.slice/user-{uid}.slice/user@{uid}.service");
+        let cg = [
+            "/init.scope".to_string(),
+            "/system.slice/runner.service".into(),
+            format!("{}/app.slice/runner.service", user(1000)),
+            format!("{}/app.slice/runner.service", user(1001)),
+            format!("{}/app.slice/x.service/runner.service", user(1000)),
+            "/system.slice/other.service/runner.service".into(),
+        ];
+        let entries = cg
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pid = i as u32 + 1;
+                let mut e = ProcEntry::new(pid, if pid == 1 { 0 } else { 1 }, &["x"]);
+                e.cgroup = Some(c.clone());
+                e
+            })
+            .collect();
+        let t = ProcessTable::from_entries(entries);
+        let rule = MatchRule::Unit("runner.service".into());
+        let roots = |owner| find_owned(&rule, None, owner, &t).roots;
+        assert_eq!(roots(UnitOwner::System), [2]);
+        assert_eq!(roots(UnitOwner::User(1000)), [3]);
+        assert_eq!(roots(UnitOwner::SystemOr(1000)), [2, 3]);
+        assert_eq!(roots(UnitOwner::SystemOr(1001)), [2, 4]);
+        assert_eq!(roots(UnitOwner::User(4242)), Vec::<u32>::new());
+        let p = find_owned(&rule, None, UnitOwner::User(4242), &t)
+            .problem
+            .unwrap();
+        assert_eq!(
+            p,
+            "uid 4242's user unit runner.service has no processes \
+             (5 process(es) in cgroups named runner.service elsewhere: not that manager's unit)"
+        );
+        assert_eq!(
+            t.unit_of(3).map(|p| p.manager),
+            Some(cgroup::Manager::User(1000))
+        );
+    }
+
+    /// Under a systemd in a container (its `init.scope` below the
+    /// container's cgroup), units are anchored there.
+    #[test]
+    fn units_under_a_contained_systemd() {
+        let mut entries = vec![
+            ProcEntry::new(1, 0, &["/sbin/init"]),
+            ProcEntry::new(2, 1, &["runner"]),
+            ProcEntry::new(3, 1, &["runner"]),
+        ];
+        entries[0].cgroup = Some("/docker/abc/init.scope".into());
+        entries[1].cgroup = Some("/docker/abc/system.slice/runner.service".into());
+        entries[2].cgroup = Some("/system.slice/runner.service".into());
+        let t = ProcessTable::from_entries(entries);
+        assert_eq!(t.manager_root(), "/docker/abc");
+        assert_eq!(
+            find(&MatchRule::Unit("runner.service".into()), &t).roots,
+            [2]
         );
     }
 

@@ -746,7 +746,7 @@ fn unit_stopping(unit: &str) -> Option<String> {
 /// The processes of `agent`, and how to tell its upstreams (with their
 /// heartbeats and what host names resolved to, for people).
 pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
-    let matched = agents::find_of(&agent.rule, agent.uid_filter(crate::trust::euid()), table);
+    let matched = agents::find_for(agent, crate::trust::euid(), table);
     let upstreams = crate::config::resolve_upstreams(agent);
     let mut lines: Vec<String> = agent
         .upstreams

@@ -154,7 +154,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { pid = 5, uid = 0 }\n"),
             3,
-            "agent \"sol\" match: key `uid`: applies to cmdline and exe rules only",
+            "agent \"sol\" match: key `uid`: applies to cmdline, exe and unit rules only",
         ),
         (
             with(HEAD, "match = { cmdline = \"x\", uid = -1 }\n"),
@@ -224,7 +224,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { image = \"x\", uid = 0 }\n"),
             3,
-            "agent \"sol\" match: key `uid`: applies to cmdline and exe rules only",
+            "agent \"sol\" match: key `uid`: applies to cmdline, exe and unit rules only",
         ),
         (
             with(HEAD, "match = \"sol\"\n"),

@@ -16,13 +16,15 @@
 //! - **config**: [`config`] (the TOML schema, its validation, upstream
 //!   matching);
 //! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
-//!   collectors read, as plain types), joined by [`inspect`] into a report;
+//!   collectors read, as plain types), [`cgroup`] (which unit, manager and
+//!   container a cgroup path anchors), joined by [`inspect`] into a report;
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
 //! - **heal**: [`ladder`] (the next step), and [`protocol`] (what the root
 //!   helper and its clients say to each other).
 
+pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod ebpf;

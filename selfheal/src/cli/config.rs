@@ -53,9 +53,8 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
         .agents
         .iter()
         .map(|a| {
-            let uid = a.uid_filter(selfheal::trust::euid());
             (
-                agents::find_of(&a.rule, uid, &table),
+                agents::find_for(a, selfheal::trust::euid(), &table),
                 config::resolve_upstreams(a),
             )
         })
@@ -97,9 +96,16 @@ fn render(
     );
     for (i, (agent, (matched, upstreams))) in config.agents.iter().zip(found).enumerate() {
         let _ = writeln!(out, "\nagent {}", agent.name);
-        let _ = match agent.uid_filter(selfheal::trust::euid()) {
-            Some(uid) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
-            None => writeln!(out, "  match      {}", agent.rule),
+        let euid = selfheal::trust::euid();
+        let _ = match (agent.uid_filter(euid), &agent.rule) {
+            (Some(uid), _) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
+            (None, config::MatchRule::Unit(_)) => writeln!(
+                out,
+                "  match      {} ({})",
+                agent.rule,
+                agent.unit_owner(euid)
+            ),
+            (None, _) => writeln!(out, "  match      {}", agent.rule),
         };
         let _ = writeln!(out, "  processes  {}", processes(matched));
         if let Some((ids, gaps)) = containers.get(i) {

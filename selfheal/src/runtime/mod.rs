@@ -18,7 +18,6 @@
 //! [`Sources::timeout`]; the cgroup alone still gives the container id.
 
 pub mod bundle;
-pub mod cgroup;
 pub mod docker;
 pub mod restart;
 
@@ -28,7 +27,7 @@ use std::{
     time::Duration,
 };
 
-pub use self::cgroup::CgroupContainer;
+pub use selfheal_core::cgroup::{self, CgroupContainer};
 pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match};
 
 /// What a runtime says about one container.
@@ -325,7 +324,7 @@ pub fn enrich_for(
     } else {
         agents
             .iter()
-            .flat_map(|a| crate::agents::find_of(&a.rule, a.uid_filter(euid), &table).all)
+            .flat_map(|a| crate::agents::find_for(a, euid, &table).all)
             .collect()
     };
     enrich(table, &pids, all, sources)
@@ -377,6 +376,7 @@ mod tests {
             runtime: Runtime::Unknown,
             id: "a".repeat(64),
             pod_uid: None,
+            user: None,
         }])
         .unwrap()
     }
@@ -489,6 +489,7 @@ mod tests {
                 runtime: Runtime::Docker,
                 id: "a".repeat(64),
                 pod_uid: None,
+                user: None,
             }])
             .unwrap();
         assert!(!bare.resolved);
@@ -531,6 +532,7 @@ mod tests {
                 runtime: Runtime::Docker,
                 id: id.to_string(),
                 pod_uid: None,
+                user: None,
             }];
             e
         };
@@ -622,6 +624,7 @@ mod tests {
                 runtime: Runtime::Cri,
                 id: "c".repeat(64),
                 pod_uid: None,
+                user: None,
             }])
             .unwrap();
         assert_eq!(
@@ -662,6 +665,7 @@ mod tests {
                 runtime: Runtime::Docker,
                 id: "b".repeat(64),
                 pod_uid: None,
+                user: None,
             }])
             .unwrap();
         let gaps = inv.gaps(std::slice::from_ref(&id), false);
