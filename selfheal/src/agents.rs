@@ -35,6 +35,8 @@ pub struct ProcEntry {
     pub uid: Option<u32>,
     /// The containers its cgroup names, outermost first (empty on the host).
     pub containers: Vec<CgroupContainer>,
+    /// Its pid namespace (the inode of `/proc/PID/ns/pid`), where readable.
+    pub pidns: Option<u64>,
 }
 
 impl ProcEntry {
@@ -54,6 +56,7 @@ impl ProcEntry {
             cgroup: None,
             uid: None,
             containers: Vec::new(),
+            pidns: None,
         }
     }
 }
@@ -71,6 +74,9 @@ pub struct ProcessTable {
     /// Each containerized process's identity under `inventory`, made once
     /// (container rules look at every one of them).
     identities: HashMap<u32, Identity>,
+    /// The processes whose cgroup names a container its runtime does not
+    /// confirm holds them, and why (no identity is given them).
+    refused: BTreeMap<u32, String>,
     /// The system manager's root cgroup (from PID 1's, [`cgroup::manager_root`]):
     /// where system units and system containers are anchored.
     manager_root: String,
@@ -110,18 +116,87 @@ impl ProcessTable {
             own_lineage: BTreeSet::new(),
             inventory: Inventory::default(),
             identities: HashMap::new(),
+            refused: BTreeMap::new(),
             manager_root,
         }
         .index_identities()
     }
 
+    /// Each process's container: the one its anchored cgroup names, when
+    /// no runtime answers for it (only its id is then known); when one does,
+    /// only if that runtime confirms it ([`ProcessTable::verify`]).
     fn index_identities(mut self) -> ProcessTable {
-        self.identities = self
-            .entries
-            .values()
-            .filter_map(|e| Some((e.pid, self.inventory.identity(&e.containers)?)))
-            .collect();
+        let mut identities = HashMap::new();
+        let mut refused = BTreeMap::new();
+        for e in self.entries.values() {
+            let Some(i) = self.inventory.identity(&e.containers) else {
+                continue;
+            };
+            if !i.resolved {
+                identities.insert(e.pid, i);
+                continue;
+            }
+            match self.verify(e, &i) {
+                Ok(()) => {
+                    identities.insert(e.pid, i);
+                }
+                Err(why) => {
+                    refused.insert(
+                        e.pid,
+                        format!(
+                            "pid {} is not taken for container {} ({}): {why}",
+                            e.pid,
+                            i.short_id(),
+                            i.runtime
+                        ),
+                    );
+                }
+            }
+        }
+        self.identities = identities;
+        self.refused = refused;
         self
+    }
+
+    /// Whether the runtime confirms that process `e` is in container `i`:
+    /// the container's init, as the runtime reports it, is a process here
+    /// whose cgroup is that container's, and `e` is in its pid namespace.
+    fn verify(&self, e: &ProcEntry, i: &Identity) -> Result<(), String> {
+        let init = self
+            .inventory
+            .init_pid(&i.id)
+            .flatten()
+            .ok_or("its runtime reports no init pid for it")?;
+        let Some(ie) = self.entries.get(&init) else {
+            return Err(format!(
+                "its init pid {init}, as its runtime reports it, is no process here \
+                 (the runtime's pid namespace is another)"
+            ));
+        };
+        if !ie.containers.iter().any(|c| c.id == i.id) {
+            return Err(format!(
+                "pid {init}, its init as its runtime reports it, is not in its cgroup \
+                 (the runtime's pid namespace is another)"
+            ));
+        }
+        match (e.pidns, ie.pidns) {
+            (Some(a), Some(b)) if a == b => Ok(()),
+            (Some(_), Some(_)) => Err(format!(
+                "it is not in the pid namespace of the container's init (pid {init})"
+            )),
+            _ => Err(format!(
+                "the pid namespaces of pid {} and of the container's init (pid {init}) cannot be read",
+                e.pid
+            )),
+        }
+    }
+
+    /// Why the processes among `pids` whose cgroup names a container were
+    /// not taken for it (see [`ProcessTable::verify`]).
+    pub fn refusals(&self, pids: &[u32]) -> Vec<String> {
+        pids.iter()
+            .filter_map(|p| self.refused.get(p).cloned())
+            .collect()
     }
 
     /// Marks `pid` as selfheal itself: rules other than `pid`/`pidfile`
@@ -267,8 +342,14 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
     let cgroup = cgroup_text.as_deref().and_then(cgroup_path);
     let containers = cgroup_text
         .as_deref()
-        .map(crate::runtime::cgroup::containers_in_proc_cgroup)
+        .map(|t| containers_for(t, crate::trust::euid()))
         .unwrap_or_default();
+    let pidns = {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .map(|m| m.ino())
+    };
     Some(ProcEntry {
         pid,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
@@ -278,7 +359,19 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
         cgroup,
         uid: process.uid().ok(),
         containers,
+        pidns,
     })
+}
+
+/// The containers of a process, from its `/proc/PID/cgroup` text, that
+/// `euid`'s runtimes may speak for: the system's, and for a user other
+/// than root that user's own (rootless); a container in another user's
+/// delegated tree, and what is nested in it, is none of them.
+pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
+    cgroup::containers_in_proc_cgroup(text)
+        .into_iter()
+        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
+        .collect()
 }
 
 /// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
@@ -486,6 +579,12 @@ fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> M
                 }
             }
             p.push(')');
+        }
+        if let Some(first) = table.refused.values().next() {
+            p.push_str(&format!(
+                "; {} process(es) whose cgroup names a container were not taken for it ({first})",
+                table.refused.len()
+            ));
         }
         p
     })

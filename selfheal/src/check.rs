@@ -763,10 +763,11 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         .collect();
     lines.extend(upstreams.notes());
     let containers = table.identities(&matched.all);
-    let container_gaps = table.inventory().gaps(
+    let mut container_gaps = table.inventory().gaps(
         &containers,
         matches!(agent.rule, crate::config::MatchRule::Container(_)),
     );
+    container_gaps.extend(table.refusals(&matched.all));
     Target {
         agent: Some(agent.name.clone()),
         rule: agent.rule.to_string(),

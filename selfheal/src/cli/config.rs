@@ -65,9 +65,10 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
         .zip(&agents)
         .map(|(a, (m, _))| {
             let ids = table.identities(&m.all);
-            let gaps = table
+            let mut gaps = table
                 .inventory()
                 .gaps(&ids, matches!(a.rule, config::MatchRule::Container(_)));
+            gaps.extend(table.refusals(&m.all));
             (ids, gaps)
         })
         .collect();
