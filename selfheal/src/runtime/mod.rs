@@ -694,6 +694,71 @@ mod tests {
         assert_eq!(names, vec![Some("runner-1"), Some("sidecar")]);
     }
 
+    /// A runtime that reports no init pid, or one that is no process here
+    /// (another pid namespace's), or a pid outside the container's cgroup
+    /// (an id reused by another container, a stale answer): the process is
+    /// in no container, and the refusal says why.
+    #[test]
+    fn a_runtime_that_cannot_confirm_is_refused_with_its_reason() {
+        use crate::agents::{ProcEntry, ProcessTable};
+        let a = "a".repeat(64);
+        let in_a = |pid| {
+            let mut e = ProcEntry::new(pid, 1, &["sleep"]);
+            e.containers = vec![CgroupContainer {
+                runtime: Runtime::Docker,
+                id: a.clone(),
+                pod_uid: None,
+                user: None,
+            }];
+            e.pidns = Some(7);
+            e
+        };
+        let mut host = ProcEntry::new(50, 1, &["other"]);
+        host.pidns = Some(7);
+        let table = |init_pid| {
+            ProcessTable::from_entries(vec![
+                ProcEntry::new(1, 0, &["init"]),
+                in_a(11),
+                host.clone(),
+            ])
+            .with_inventory(Inventory::from_containers(vec![(
+                Runtime::Docker,
+                ContainerInfo {
+                    id: a.clone(),
+                    name: Some("runner".into()),
+                    init_pid,
+                    ..Default::default()
+                },
+            )]))
+        };
+        for (init_pid, why) in [
+            (None, "its runtime reports no init pid for it"),
+            (
+                Some(4242),
+                "its init pid 4242, as its runtime reports it, is no process here (the runtime's pid namespace is another)",
+            ),
+            (
+                Some(50),
+                "pid 50, its init as its runtime reports it, is not in its cgroup (the runtime's pid namespace is another)",
+            ),
+        ] {
+            let t = table(init_pid);
+            assert_eq!(t.identity(11), None, "{init_pid:?}");
+            assert_eq!(
+                t.refusals(&[11]),
+                [format!(
+                    "pid 11 is not taken for container aaaaaaaaaaaa (docker): {why}"
+                )]
+            );
+        }
+        let t = table(Some(11));
+        assert_eq!(
+            t.identity(11).and_then(|i| i.name.as_deref()),
+            Some("runner")
+        );
+        assert!(t.refusals(&[11]).is_empty());
+    }
+
     #[test]
     fn describe_escapes_what_a_runtime_said() {
         let inv = Inventory::from_containers(vec![(
