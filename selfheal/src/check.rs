@@ -736,11 +736,18 @@ fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup:
     });
     managers.into_iter().find_map(|m| {
         let (load, active) = unit_state(unit, m)?;
-        let stopping = load == "loaded"
-            && (active == "deactivating"
-                || (matches!(active.as_str(), "inactive" | "failed") && !alive));
-        stopping.then(|| (m, crate::text::escape(&active)))
+        stopped_on_purpose(&load, &active, alive).then(|| (m, crate::text::escape(&active)))
     })
+}
+
+/// Whether a unit whose manager says `load` and `active` was stopped on
+/// purpose, given whether the agent's processes still live: only a unit
+/// the manager has (`loaded`) that it is stopping, or that it stopped and
+/// whose processes are gone. No such unit (`not-found`), a masked or bad
+/// one, or an "inactive" unit whose processes live, was not.
+fn stopped_on_purpose(load: &str, active: &str, alive: bool) -> bool {
+    load == "loaded"
+        && (active == "deactivating" || (matches!(active, "inactive" | "failed") && !alive))
 }
 
 /// The managers whose unit `unit` the processes `roots` are in, by their
@@ -1129,4 +1136,34 @@ fn containers_words(containers: &[crate::runtime::Identity]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stopped_on_purpose;
+
+    #[test]
+    fn only_a_unit_its_manager_stopped_is_stopped_on_purpose() {
+        for (load, active, alive, want) in [
+            ("loaded", "deactivating", true, true),
+            ("loaded", "inactive", false, true),
+            ("loaded", "failed", false, true),
+            // Its processes live: whatever the manager says, not stopped.
+            ("loaded", "inactive", true, false),
+            ("loaded", "failed", true, false),
+            // No such unit (another manager's, or none): never stopped.
+            ("not-found", "inactive", false, false),
+            ("not-found", "inactive", true, false),
+            ("masked", "inactive", false, false),
+            ("loaded", "active", true, false),
+            ("loaded", "activating", false, false),
+            ("", "", false, false),
+        ] {
+            assert_eq!(
+                stopped_on_purpose(load, active, alive),
+                want,
+                "{load} {active} alive={alive}"
+            );
+        }
+    }
 }
