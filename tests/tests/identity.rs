@@ -356,7 +356,38 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             Duration::from_secs(20),
         )
         .expect("restart of the container's own init");
-        assert_ne!(started("{{.State.StartedAt}}"), before, "not restarted");
+        let after = started("{{.State.StartedAt}}");
+        assert_ne!(after, before, "not restarted");
+        // The same id now runs a new init: an act judged on the old one
+        // is refused, never aimed at what now has the id.
+        let e = selfheal::runtime::restart::restart_container(
+            &sources,
+            selfheal::runtime::Runtime::Docker,
+            &id,
+            init,
+            start,
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+        )
+        .expect_err("the old init");
+        eprintln!("the old init: {e}");
+        assert!(e.ends_with("left alone"), "{e}");
+        assert_eq!(started("{{.State.StartedAt}}"), after, "restarted again");
+        // Stopped: never restarted, whatever the process.
+        run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
+        let e = selfheal::runtime::restart::restart_container(
+            &sources,
+            selfheal::runtime::Runtime::Docker,
+            &id,
+            std::process::id(),
+            selfheal::pidfd::start_ticks(std::process::id()).unwrap(),
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+        )
+        .expect_err("a stopped container");
+        eprintln!("stopped: {e}");
+        assert!(e.ends_with("left alone"), "{e}");
+        assert_eq!(started("{{.State.Status}}"), "exited");
     });
     cleanup();
     drop(dockerd);
