@@ -166,7 +166,15 @@ pub struct CgroupContainer {
 /// in no container. A container's monitor ends the chain: the containers
 /// around it (a nested runtime's outer one) stay, its own does not.
 pub fn containers_in_path(path: &str) -> Vec<CgroupContainer> {
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    // In a cgroup namespace (a pod's, on cgroup v2) a cgroup outside it
+    // reads `/../../X`: the `..` climb through the ancestors of the
+    // reader's own cgroup, which only the system made, so they anchor
+    // like slices; what follows is read as from the root.
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .skip_while(|c| *c == "..")
+        .collect();
     let mut out = Vec::new();
     let mut rest: &[&str] = &comps;
     let mut user: Option<u32> = None;
@@ -465,6 +473,24 @@ mod tests {
             &format!("/system.slice/docker-{A}.scope/container"),
             &[(Docker, A, None)],
         );
+        // Read from inside a pod's cgroup namespace (cgroup v2): another
+        // pod's container, and a user's tree, above the reader's root.
+        check(
+            &format!(
+                "/../../../kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{A}.scope"
+            ),
+            &[(Containerd, A, Some(UID))],
+        );
+        check(
+            &format!("/../cri-containerd-{A}.scope"),
+            &[(Containerd, A, None)],
+        );
+        check(
+            &format!(
+                "/../../../../user.slice/user-1000.slice/user@1000.service/app.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{A}.scope"
+            ),
+            &[],
+        );
         check(
             &format!(
                 "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice/cri-containerd-{A}.scope"
@@ -622,6 +648,18 @@ mod tests {
             ),
             ("/docker/abc/system.slice/runner.service", "/", None),
             ("/system.slice/runner.service", "/docker/abc", None),
+            // From inside a cgroup namespace, PID 1 four levels up.
+            (
+                "/../../../../system.slice/r.service",
+                "/../../../..",
+                sys("r.service"),
+            ),
+            (
+                "/../../../../user.slice/user-7.slice/user@7.service/app.slice/r.service",
+                "/../../../..",
+                user(7, "r.service"),
+            ),
+            ("/../../system.slice/r.service", "/../../../..", None),
             ("/", "/", None),
             ("/system.slice", "/", None),
             ("/runner", "/", None),
@@ -648,6 +686,7 @@ mod tests {
         for (pid1, want) in [
             (Some("/init.scope"), "/"),
             (Some("/docker/abc/init.scope"), "/docker/abc"),
+            (Some("/../../../../init.scope"), "/../../../.."),
             (Some("/"), "/"),
             (Some("/docker/abc"), "/"),
             (Some(""), "/"),
