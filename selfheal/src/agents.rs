@@ -520,7 +520,7 @@ fn find_any(
                 .filter(|e| {
                     table
                         .unit_of(e.pid)
-                        .is_some_and(|p| p.unit == unit && owner.allows(p.manager))
+                        .is_some_and(|p| in_owned_unit(p, unit, owner))
                 })
                 .map(|e| e.pid)
                 .collect();
@@ -545,6 +545,21 @@ fn find_any(
                 p
             })
         }
+    }
+}
+
+/// Whether a process in `place` is in unit `unit` of a manager `owner`
+/// allows: its own unit, or (for the system's `user@UID.service`) anything
+/// in that user's manager, which runs inside that system unit.
+fn in_owned_unit(place: cgroup::UnitPlace<'_>, unit: &str, owner: UnitOwner) -> bool {
+    if place.unit == unit && owner.allows(place.manager) {
+        return true;
+    }
+    match place.manager {
+        cgroup::Manager::User(uid) => {
+            owner.allows(cgroup::Manager::System) && unit == format!("user@{uid}.service")
+        }
+        cgroup::Manager::System => false,
     }
 }
 
@@ -961,6 +976,14 @@ mod tests {
         assert_eq!(
             t.unit_of(3).map(|p| p.manager),
             Some(cgroup::Manager::User(1000))
+        );
+        // The system's user@1000.service holds all of user 1000's units.
+        let rule = MatchRule::Unit("user@1000.service".into());
+        assert_eq!(find_owned(&rule, None, UnitOwner::System, &t).roots, [3, 5]);
+        assert!(
+            find_owned(&rule, None, UnitOwner::User(1000), &t)
+                .roots
+                .is_empty()
         );
     }
 

@@ -761,12 +761,20 @@ fn unit_managers(unit: &str, roots: &[u32]) -> Vec<crate::runtime::cgroup::Manag
     let root = crate::runtime::cgroup::manager_root(read(1).as_deref());
     let mut out = Vec::new();
     for pid in roots {
-        if let Some(path) = read(*pid)
-            && let Some(place) = crate::runtime::cgroup::unit_of(&path, &root)
-            && place.unit == unit
-            && !out.contains(&place.manager)
-        {
-            out.push(place.manager);
+        let Some(path) = read(*pid) else { continue };
+        let Some(place) = crate::runtime::cgroup::unit_of(&path, &root) else {
+            continue;
+        };
+        let manager = match place.manager {
+            _ if place.unit == unit => place.manager,
+            // A user's manager runs inside the system's user@UID.service.
+            crate::runtime::cgroup::Manager::User(uid) if unit == format!("user@{uid}.service") => {
+                crate::runtime::cgroup::Manager::System
+            }
+            _ => continue,
+        };
+        if !out.contains(&manager) {
+            out.push(manager);
         }
     }
     out
