@@ -473,3 +473,27 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
         "{report}"
     );
 }
+
+/// The attacker's other way to forge a line of `/proc/PID/cgroup`: a
+/// cgroup name with a newline and a `0::/system.slice/…` after it. The
+/// kernel refuses such a name, so every line read is one hierarchy's.
+#[test]
+fn a_cgroup_name_cannot_forge_a_line() {
+    const TEST: &str = "a_cgroup_name_cannot_forge_a_line";
+    if !need_root(TEST) {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        return skip(TEST, "no cgroup v2 hierarchy");
+    };
+    // The first component of such a path (`ident-PID⏎0::`, then
+    // `system.slice/docker-ID.scope` below it).
+    let name = format!("ident-{}\n0::", std::process::id());
+    match std::fs::create_dir(root.join(&name)) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}"),
+        Ok(()) => {
+            let _ = std::fs::remove_dir(root.join(&name));
+            panic!("the kernel made a cgroup whose name holds a newline");
+        }
+    }
+}
