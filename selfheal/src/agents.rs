@@ -1007,6 +1007,29 @@ mod tests {
         );
     }
 
+    /// A rootless container (in a user's tree) is that user's: the user's
+    /// own check sees it, root's and another user's do not, nor anything
+    /// nested in it.
+    #[test]
+    fn a_users_containers_are_that_users() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let text = format!(
+            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope/container/docker/{b}\n"
+        );
+        assert!(containers_for(&text, 0).is_empty());
+        assert!(containers_for(&text, 1001).is_empty());
+        let own: Vec<_> = containers_for(&text, 1000)
+            .into_iter()
+            .map(|c| (c.id, c.user))
+            .collect();
+        assert_eq!(own, [(a.clone(), Some(1000))]);
+        // A system container is everyone's to name.
+        let text = format!("0::/system.slice/docker-{a}.scope\n");
+        assert_eq!(containers_for(&text, 0).len(), 1);
+        assert_eq!(containers_for(&text, 1000).len(), 1);
+    }
+
     #[test]
     fn cgroup_lines() {
         assert_eq!(
