@@ -1,5 +1,5 @@
 //! The container identity parsers on any input: `/proc/PID/cgroup` text and
-//! cgroup paths, a Docker/Podman `/containers/json` answer (HTTP and JSON),
+//! cgroup paths (containers, and units with their managers), a Docker/Podman `/containers/json` answer (HTTP and JSON),
 //! an OCI `config.json`'s annotations, and the glob of the `container`,
 //! `image`, `pod` and `namespace` match keys. Never a panic; every id found
 //! is 64 hex digits.
@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use selfheal::runtime::{
     Glob, bundle,
-    cgroup::{containers_in_path, containers_in_proc_cgroup},
+    cgroup::{self, containers_in_path, containers_in_proc_cgroup},
     docker,
 };
 
@@ -23,6 +23,15 @@ fuzz_target!(|data: &[u8]| {
         assert!(c.id.bytes().all(|b| b.is_ascii_hexdigit()), "{c:?}");
         if let Some(uid) = &c.pod_uid {
             assert_eq!(uid.len(), 36, "{c:?}");
+        }
+    }
+    // Units and their managers, from the root and from PID 1's path.
+    let root = cgroup::manager_root(text.lines().next());
+    for path in [&*text, text.lines().last().unwrap_or("")] {
+        for r in ["/", root.as_str()] {
+            if let Some(place) = cgroup::unit_of(path, r) {
+                assert!(path.contains(place.unit), "{place:?}");
+            }
         }
     }
     // An HTTP answer, or a bare body.

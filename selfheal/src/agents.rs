@@ -13,8 +13,8 @@ use std::{
 };
 
 use crate::{
-    config::MatchRule,
-    runtime::{CgroupContainer, Identity, Inventory},
+    config::{AgentConfig, MatchRule, UnitOwner},
+    runtime::{CgroupContainer, Identity, Inventory, cgroup},
 };
 
 /// One process as the snapshot saw it.
@@ -35,6 +35,8 @@ pub struct ProcEntry {
     pub uid: Option<u32>,
     /// The containers its cgroup names, outermost first (empty on the host).
     pub containers: Vec<CgroupContainer>,
+    /// Its pid namespace (the inode of `/proc/PID/ns/pid`), where readable.
+    pub pidns: Option<u64>,
 }
 
 impl ProcEntry {
@@ -54,6 +56,7 @@ impl ProcEntry {
             cgroup: None,
             uid: None,
             containers: Vec::new(),
+            pidns: None,
         }
     }
 }
@@ -71,6 +74,12 @@ pub struct ProcessTable {
     /// Each containerized process's identity under `inventory`, made once
     /// (container rules look at every one of them).
     identities: HashMap<u32, Identity>,
+    /// The processes whose cgroup names a container its runtime does not
+    /// confirm holds them, and why (no identity is given them).
+    refused: BTreeMap<u32, String>,
+    /// The system manager's root cgroup (from PID 1's, [`cgroup::manager_root`]):
+    /// where system units and system containers are anchored.
+    manager_root: String,
 }
 
 impl ProcessTable {
@@ -99,6 +108,7 @@ impl ProcessTable {
                 children.entry(e.ppid).or_default().push(e.pid);
             }
         }
+        let manager_root = cgroup::manager_root(entries.get(&1).and_then(|e| e.cgroup.as_deref()));
         ProcessTable {
             entries,
             children,
@@ -106,17 +116,87 @@ impl ProcessTable {
             own_lineage: BTreeSet::new(),
             inventory: Inventory::default(),
             identities: HashMap::new(),
+            refused: BTreeMap::new(),
+            manager_root,
         }
         .index_identities()
     }
 
+    /// Each process's container: the one its anchored cgroup names, when
+    /// no runtime answers for it (only its id is then known); when one does,
+    /// only if that runtime confirms it ([`ProcessTable::verify`]).
     fn index_identities(mut self) -> ProcessTable {
-        self.identities = self
-            .entries
-            .values()
-            .filter_map(|e| Some((e.pid, self.inventory.identity(&e.containers)?)))
-            .collect();
+        let mut identities = HashMap::new();
+        let mut refused = BTreeMap::new();
+        for e in self.entries.values() {
+            let Some(i) = self.inventory.identity(&e.containers) else {
+                continue;
+            };
+            if !i.resolved {
+                identities.insert(e.pid, i);
+                continue;
+            }
+            match self.verify(e, &i) {
+                Ok(()) => {
+                    identities.insert(e.pid, i);
+                }
+                Err(why) => {
+                    refused.insert(
+                        e.pid,
+                        format!(
+                            "pid {} is not taken for container {} ({}): {why}",
+                            e.pid,
+                            i.short_id(),
+                            i.runtime
+                        ),
+                    );
+                }
+            }
+        }
+        self.identities = identities;
+        self.refused = refused;
         self
+    }
+
+    /// Whether the runtime confirms that process `e` is in container `i`:
+    /// the container's init, as the runtime reports it, is a process here
+    /// whose cgroup is that container's, and `e` is in its pid namespace.
+    fn verify(&self, e: &ProcEntry, i: &Identity) -> Result<(), String> {
+        let init = self
+            .inventory
+            .init_pid(&i.id)
+            .flatten()
+            .ok_or("its runtime reports no init pid for it")?;
+        let Some(ie) = self.entries.get(&init) else {
+            return Err(format!(
+                "its init pid {init}, as its runtime reports it, is no process here \
+                 (the runtime's pid namespace is another)"
+            ));
+        };
+        if !ie.containers.iter().any(|c| c.id == i.id) {
+            return Err(format!(
+                "pid {init}, its init as its runtime reports it, is not in its cgroup \
+                 (the runtime's pid namespace is another)"
+            ));
+        }
+        match (e.pidns, ie.pidns) {
+            (Some(a), Some(b)) if a == b => Ok(()),
+            (Some(_), Some(_)) => Err(format!(
+                "it is not in the pid namespace of the container's init (pid {init})"
+            )),
+            _ => Err(format!(
+                "the pid namespaces of pid {} and of the container's init (pid {init}) cannot be read",
+                e.pid
+            )),
+        }
+    }
+
+    /// Why the processes among `pids` whose cgroup names a container were
+    /// not taken for it (see [`ProcessTable::verify`]).
+    pub fn refusals(&self, pids: &[u32]) -> Vec<String> {
+        pids.iter()
+            .filter_map(|p| self.refused.get(p).cloned())
+            .collect()
     }
 
     /// Marks `pid` as selfheal itself: rules other than `pid`/`pidfile`
@@ -146,6 +226,17 @@ impl ProcessTable {
 
     pub fn inventory(&self) -> &Inventory {
         &self.inventory
+    }
+
+    /// The system manager's root cgroup (`/` on a host).
+    pub fn manager_root(&self) -> &str {
+        &self.manager_root
+    }
+
+    /// The unit `pid`'s cgroup anchors, and whose manager runs it.
+    pub fn unit_of(&self, pid: u32) -> Option<cgroup::UnitPlace<'_>> {
+        let path = self.entries.get(&pid)?.cgroup.as_deref()?;
+        cgroup::unit_of(path, &self.manager_root)
     }
 
     /// The container `pid` is in, as far as its cgroup and the runtimes
@@ -251,8 +342,14 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
     let cgroup = cgroup_text.as_deref().and_then(cgroup_path);
     let containers = cgroup_text
         .as_deref()
-        .map(crate::runtime::cgroup::containers_in_proc_cgroup)
+        .map(|t| containers_for(t, crate::trust::euid()))
         .unwrap_or_default();
+    let pidns = {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .map(|m| m.ino())
+    };
     Some(ProcEntry {
         pid,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
@@ -262,7 +359,19 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
         cgroup,
         uid: process.uid().ok(),
         containers,
+        pidns,
     })
+}
+
+/// The containers of a process, from its `/proc/PID/cgroup` text, that
+/// `euid`'s runtimes may speak for: the system's, and for a user other
+/// than root that user's own (rootless); a container in another user's
+/// delegated tree, and what is nested in it, is none of them.
+pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
+    cgroup::containers_in_proc_cgroup(text)
+        .into_iter()
+        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
+        .collect()
 }
 
 /// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
@@ -323,17 +432,39 @@ pub fn find(rule: &MatchRule, table: &ProcessTable) -> Matched {
     find_of(rule, None, table)
 }
 
+/// The processes of `agent` when selfheal runs as `runner`: its rule,
+/// limited to `match.uid` ([`AgentConfig::uid_filter`]) and, for a unit,
+/// to the managers it may name ([`AgentConfig::unit_owner`]).
+pub fn find_for(agent: &AgentConfig, runner: u32, table: &ProcessTable) -> Matched {
+    find_owned(
+        &agent.rule,
+        agent.uid_filter(runner),
+        agent.unit_owner(runner),
+        table,
+    )
+}
+
 /// [`find`], limited for `cmdline` and `exe` rules to the processes of
 /// `uid` when one is given ([`crate::config::MatchUid::filter`]). When
 /// nothing of `uid` matches but processes of other uids would, the problem
 /// says how many and how to include them.
 pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matched {
+    find_owned(rule, uid, UnitOwner::System, table)
+}
+
+/// [`find_of`], with a unit rule naming units of `owner`.
+fn find_owned(
+    rule: &MatchRule,
+    uid: Option<u32>,
+    owner: UnitOwner,
+    table: &ProcessTable,
+) -> Matched {
     let Some(uid) = uid else {
-        return find_any(rule, table, &|_| true);
+        return find_any(rule, owner, table, &|_| true);
     };
-    let mut m = find_any(rule, table, &|e| e.uid == Some(uid));
+    let mut m = find_any(rule, owner, table, &|e| e.uid == Some(uid));
     if let Some(problem) = &m.problem {
-        let others = find_any(rule, table, &|e| e.uid != Some(uid));
+        let others = find_any(rule, owner, table, &|e| e.uid != Some(uid));
         if !others.roots.is_empty() {
             m.problem = Some(format!(
                 "{problem} (uid {uid}'s processes only; {} process(es) of other uids match: \
@@ -347,7 +478,12 @@ pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matc
 
 /// `rule`'s processes among those `keep` allows (descendants are the
 /// agent's whoever they run as).
-fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) -> bool) -> Matched {
+fn find_any(
+    rule: &MatchRule,
+    owner: UnitOwner,
+    table: &ProcessTable,
+    keep: &dyn Fn(&ProcEntry) -> bool,
+) -> Matched {
     match rule {
         MatchRule::Pid(pid) => by_pid(table, *pid, |pid| format!("pid {pid} is not running")),
         MatchRule::Pidfile(path) => match read_pidfile(path) {
@@ -381,17 +517,49 @@ fn find_any(rule: &MatchRule, table: &ProcessTable, keep: &dyn Fn(&ProcEntry) ->
             let matched = table
                 .entries()
                 .filter(|e| !table.is_own(e.pid))
-                .filter(|e| e.cgroup.as_deref().is_some_and(|c| in_unit(c, unit)))
+                .filter(|e| {
+                    table
+                        .unit_of(e.pid)
+                        .is_some_and(|p| in_owned_unit(p, unit, owner))
+                })
                 .map(|e| e.pid)
                 .collect();
             Matched::of_roots(table, table.tops(&matched), || {
-                let mut p = format!("unit {unit} has no processes");
+                let mut p = format!("{owner} {unit} has no processes");
                 if table.entries().all(|e| e.cgroup.is_none()) {
                     p.push_str(" (no process's cgroup could be read)");
+                } else {
+                    // The same name elsewhere (another user's tree, below
+                    // another unit) is not this unit: say so.
+                    let elsewhere = table
+                        .entries()
+                        .filter(|e| e.cgroup.as_deref().is_some_and(|c| in_unit(c, unit)))
+                        .count();
+                    if elsewhere > 0 {
+                        p.push_str(&format!(
+                            " ({elsewhere} process(es) in cgroups named {unit} elsewhere: \
+                             not that manager's unit)"
+                        ));
+                    }
                 }
                 p
             })
         }
+    }
+}
+
+/// Whether a process in `place` is in unit `unit` of a manager `owner`
+/// allows: its own unit, or (for the system's `user@UID.service`) anything
+/// in that user's manager, which runs inside that system unit.
+fn in_owned_unit(place: cgroup::UnitPlace<'_>, unit: &str, owner: UnitOwner) -> bool {
+    if place.unit == unit && owner.allows(place.manager) {
+        return true;
+    }
+    match place.manager {
+        cgroup::Manager::User(uid) => {
+            owner.allows(cgroup::Manager::System) && unit == format!("user@{uid}.service")
+        }
+        cgroup::Manager::System => false,
     }
 }
 
@@ -426,6 +594,12 @@ fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> M
                 }
             }
             p.push(')');
+        }
+        if let Some(first) = table.refused.values().next() {
+            p.push_str(&format!(
+                "; {} process(es) whose cgroup names a container were not taken for it ({first})",
+                table.refused.len()
+            ));
         }
         p
     })
@@ -474,9 +648,9 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf], keep: &dyn Fn(&ProcEntry) -> 
     })
 }
 
-/// Whether a process in cgroup `path` belongs to systemd unit `unit`: the
-/// unit's cgroup is one of the path's components (its own processes and any
-/// sub-cgroups a delegated unit makes).
+/// Whether some component of cgroup `path` is named `unit`: only a name,
+/// anywhere (a user can make one in their own tree); which unit a process
+/// is in is [`cgroup::unit_of`]'s answer, not this.
 pub fn in_unit(path: &str, unit: &str) -> bool {
     path.split('/').any(|c| c == unit)
 }
@@ -747,7 +921,7 @@ mod tests {
         let m = find(&MatchRule::Unit("nope.service".into()), &t);
         assert_eq!(
             m.problem.as_deref(),
-            Some("unit nope.service has no processes")
+            Some("a system unit nope.service has no processes")
         );
         let bare = table(&[(1, 0, "init")]);
         let m = find(&MatchRule::Unit("x.service".into()), &bare);
@@ -756,6 +930,104 @@ mod tests {
                 .unwrap()
                 .contains("no process's cgroup could be read")
         );
+    }
+
+    /// A unit is its manager's: root's `unit = "runner.service"` is the
+    /// system's runner.service, never a cgroup of that name a user made in
+    /// their own tree; `uid` names a user's; a user's check names both the
+    /// system's and its own, never another user's.
+    #[test]
+    fn a_unit_is_its_managers() {
+        let user = |uid: u32| format!("/user.slice/user-{uid}.slice/user@{uid}.service");
+        let cg = [
+            "/init.scope".to_string(),
+            "/system.slice/runner.service".into(),
+            format!("{}/app.slice/runner.service", user(1000)),
+            format!("{}/app.slice/runner.service", user(1001)),
+            format!("{}/app.slice/x.service/runner.service", user(1000)),
+            "/system.slice/other.service/runner.service".into(),
+        ];
+        let entries = cg
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pid = i as u32 + 1;
+                let mut e = ProcEntry::new(pid, if pid == 1 { 0 } else { 1 }, &["x"]);
+                e.cgroup = Some(c.clone());
+                e
+            })
+            .collect();
+        let t = ProcessTable::from_entries(entries);
+        let rule = MatchRule::Unit("runner.service".into());
+        let roots = |owner| find_owned(&rule, None, owner, &t).roots;
+        assert_eq!(roots(UnitOwner::System), [2]);
+        assert_eq!(roots(UnitOwner::User(1000)), [3]);
+        assert_eq!(roots(UnitOwner::SystemOr(1000)), [2, 3]);
+        assert_eq!(roots(UnitOwner::SystemOr(1001)), [2, 4]);
+        assert_eq!(roots(UnitOwner::User(4242)), Vec::<u32>::new());
+        let p = find_owned(&rule, None, UnitOwner::User(4242), &t)
+            .problem
+            .unwrap();
+        assert_eq!(
+            p,
+            "uid 4242's user unit runner.service has no processes \
+             (5 process(es) in cgroups named runner.service elsewhere: not that manager's unit)"
+        );
+        assert_eq!(
+            t.unit_of(3).map(|p| p.manager),
+            Some(cgroup::Manager::User(1000))
+        );
+        // The system's user@1000.service holds all of user 1000's units.
+        let rule = MatchRule::Unit("user@1000.service".into());
+        assert_eq!(find_owned(&rule, None, UnitOwner::System, &t).roots, [3, 5]);
+        assert!(
+            find_owned(&rule, None, UnitOwner::User(1000), &t)
+                .roots
+                .is_empty()
+        );
+    }
+
+    /// Under a systemd in a container (its `init.scope` below the
+    /// container's cgroup), units are anchored there.
+    #[test]
+    fn units_under_a_contained_systemd() {
+        let mut entries = vec![
+            ProcEntry::new(1, 0, &["/sbin/init"]),
+            ProcEntry::new(2, 1, &["runner"]),
+            ProcEntry::new(3, 1, &["runner"]),
+        ];
+        entries[0].cgroup = Some("/docker/abc/init.scope".into());
+        entries[1].cgroup = Some("/docker/abc/system.slice/runner.service".into());
+        entries[2].cgroup = Some("/system.slice/runner.service".into());
+        let t = ProcessTable::from_entries(entries);
+        assert_eq!(t.manager_root(), "/docker/abc");
+        assert_eq!(
+            find(&MatchRule::Unit("runner.service".into()), &t).roots,
+            [2]
+        );
+    }
+
+    /// A rootless container (in a user's tree) is that user's: the user's
+    /// own check sees it, root's and another user's do not, nor anything
+    /// nested in it.
+    #[test]
+    fn a_users_containers_are_that_users() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let text = format!(
+            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope/container/docker/{b}\n"
+        );
+        assert!(containers_for(&text, 0).is_empty());
+        assert!(containers_for(&text, 1001).is_empty());
+        let own: Vec<_> = containers_for(&text, 1000)
+            .into_iter()
+            .map(|c| (c.id, c.user))
+            .collect();
+        assert_eq!(own, [(a.clone(), Some(1000))]);
+        // A system container is everyone's to name.
+        let text = format!("0::/system.slice/docker-{a}.scope\n");
+        assert_eq!(containers_for(&text, 0).len(), 1);
+        assert_eq!(containers_for(&text, 1000).len(), 1);
     }
 
     #[test]

@@ -671,10 +671,10 @@ fn heal(
     now_ms: u64,
 ) -> HealReport {
     if let crate::config::MatchRule::Unit(unit) = &agent.rule
-        && let Some(state) = unit_stopping(unit)
+        && let Some((manager, state)) = unit_stopping(unit, report)
     {
         // Stopped (or being stopped) on purpose: not ours to heal.
-        let why = format!("unit {unit} is {state}: stopped on purpose, left alone");
+        let why = format!("unit {unit} of {manager} is {state}: stopped on purpose, left alone");
         return HealReport {
             decision: Decision::Nothing { why },
             dry_run,
@@ -720,33 +720,116 @@ fn heal(
     }
 }
 
-/// The unit's state when systemd says it is stopping or stopped
-/// (`deactivating`, `inactive`, `failed`); `None` when it is active or
-/// systemd cannot say (no systemd here: nothing is assumed). A user's check
-/// (the per-user timer) asks that user's manager: its agents are user
-/// units, and the system manager calls every unit it does not have
-/// `inactive` (found under systemd in issue 16: a running agent was "left
-/// alone, stopped on purpose").
-fn unit_stopping(unit: &str) -> Option<String> {
+/// The manager and state of `unit` when its manager says it is being
+/// stopped, or stopped with none of the agent's root processes alive;
+/// `None` otherwise, or when no manager can say (no systemd here: nothing
+/// is assumed). The manager asked is the one each root process's cgroup
+/// says runs the unit (the system's, or that user's), never a guess from
+/// who runs the check; and a manager that has no such unit has not
+/// stopped it.
+fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup::Manager, String)> {
+    let managers = unit_managers(unit, &report.roots);
+    let alive = report.processes.iter().any(|p| {
+        report.roots.contains(&p.pid)
+            && p.start_ticks.is_some()
+            && crate::pidfd::start_ticks(p.pid) == p.start_ticks
+    });
+    managers.into_iter().find_map(|m| {
+        let (load, active) = unit_state(unit, m)?;
+        stopped_on_purpose(&load, &active, alive).then(|| (m, crate::text::escape(&active)))
+    })
+}
+
+/// Whether a unit whose manager says `load` and `active` was stopped on
+/// purpose, given whether the agent's processes still live: only a unit
+/// the manager has (`loaded`) that it is stopping, or that it stopped and
+/// whose processes are gone. No such unit (`not-found`), a masked or bad
+/// one, or an "inactive" unit whose processes live, was not.
+fn stopped_on_purpose(load: &str, active: &str, alive: bool) -> bool {
+    load == "loaded"
+        && (active == "deactivating" || (matches!(active, "inactive" | "failed") && !alive))
+}
+
+/// The managers whose unit `unit` the processes `roots` are in, by their
+/// cgroups now (anchored: [`crate::runtime::cgroup::unit_of`]).
+fn unit_managers(unit: &str, roots: &[u32]) -> Vec<crate::runtime::cgroup::Manager> {
+    let read = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|t| agents::cgroup_path(&t))
+    };
+    let root = crate::runtime::cgroup::manager_root(read(1).as_deref());
+    let mut out = Vec::new();
+    for pid in roots {
+        let Some(path) = read(*pid) else { continue };
+        let Some(place) = crate::runtime::cgroup::unit_of(&path, &root) else {
+            continue;
+        };
+        let manager = match place.manager {
+            _ if place.unit == unit => place.manager,
+            // A user's manager runs inside the system's user@UID.service.
+            crate::runtime::cgroup::Manager::User(uid) if unit == format!("user@{uid}.service") => {
+                crate::runtime::cgroup::Manager::System
+            }
+            _ => continue,
+        };
+        if !out.contains(&manager) {
+            out.push(manager);
+        }
+    }
+    out
+}
+
+/// `LoadState` and `ActiveState` of `unit` as `manager` tells them
+/// (`systemctl show`; for a user's manager, `systemctl --user` run as
+/// that user); `None` when it cannot be asked.
+fn unit_state(unit: &str, manager: crate::runtime::cgroup::Manager) -> Option<(String, String)> {
+    use std::os::unix::process::CommandExt as _;
+    let euid = crate::trust::euid();
     let mut cmd = std::process::Command::new("systemctl");
-    if crate::trust::euid() != 0 {
-        cmd.arg("--user");
+    match manager {
+        crate::runtime::cgroup::Manager::System => {}
+        crate::runtime::cgroup::Manager::User(uid) if uid == euid => {
+            cmd.arg("--user");
+        }
+        crate::runtime::cgroup::Manager::User(uid) if euid == 0 => {
+            // Root asks the user's manager as that user (its bus admits
+            // its owner), with the user's own runtime directory.
+            let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()?
+                .gid
+                .as_raw();
+            cmd.arg("--user")
+                .env("XDG_RUNTIME_DIR", format!("/run/user/{uid}"))
+                .env_remove("DBUS_SESSION_BUS_ADDRESS")
+                .gid(gid)
+                .uid(uid);
+        }
+        crate::runtime::cgroup::Manager::User(_) => return None,
     }
     let out = cmd
-        .args(["show", "--property=ActiveState", "--value", "--", unit])
+        .args(["show", "--property=LoadState,ActiveState", "--", unit])
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;
-    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    (out.status.success() && matches!(state.as_str(), "deactivating" | "inactive" | "failed"))
-        .then_some(state)
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let get = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(|v| v.trim().to_string())
+    };
+    Some((get("LoadState")?, get("ActiveState")?))
 }
 
 /// The processes of `agent`, and how to tell its upstreams (with their
 /// heartbeats and what host names resolved to, for people).
 pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
-    let matched = agents::find_of(&agent.rule, agent.uid_filter(crate::trust::euid()), table);
+    let matched = agents::find_for(agent, crate::trust::euid(), table);
     let upstreams = crate::config::resolve_upstreams(agent);
     let mut lines: Vec<String> = agent
         .upstreams
@@ -763,10 +846,11 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         .collect();
     lines.extend(upstreams.notes());
     let containers = table.identities(&matched.all);
-    let container_gaps = table.inventory().gaps(
+    let mut container_gaps = table.inventory().gaps(
         &containers,
         matches!(agent.rule, crate::config::MatchRule::Container(_)),
     );
+    container_gaps.extend(table.refusals(&matched.all));
     Target {
         agent: Some(agent.name.clone()),
         rule: agent.rule.to_string(),
@@ -1060,4 +1144,34 @@ fn containers_words(containers: &[crate::runtime::Identity]) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stopped_on_purpose;
+
+    #[test]
+    fn only_a_unit_its_manager_stopped_is_stopped_on_purpose() {
+        for (load, active, alive, want) in [
+            ("loaded", "deactivating", true, true),
+            ("loaded", "inactive", false, true),
+            ("loaded", "failed", false, true),
+            // Its processes live: whatever the manager says, not stopped.
+            ("loaded", "inactive", true, false),
+            ("loaded", "failed", true, false),
+            // No such unit (another manager's, or none): never stopped.
+            ("not-found", "inactive", false, false),
+            ("not-found", "inactive", true, false),
+            ("masked", "inactive", false, false),
+            ("loaded", "active", true, false),
+            ("loaded", "activating", false, false),
+            ("", "", false, false),
+        ] {
+            assert_eq!(
+                stopped_on_purpose(load, active, alive),
+                want,
+                "{load} {active} alive={alive}"
+            );
+        }
+    }
 }

@@ -45,7 +45,13 @@ pub fn helper_bin(name: &str) -> std::path::PathBuf {
 /// The `selfheal` binary of this build. `cargo test -p tests` does not build
 /// other packages' binaries, so it is built (or found up to date) once per
 /// test process, with the same eBPF requirement as the tests.
+///
+/// `SELFHEAL_TEST_BIN=PATH` runs the tests against another build instead
+/// (an older commit's, to show what a test shows there).
 pub fn selfheal_bin() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("SELFHEAL_TEST_BIN") {
+        return bin.into();
+    }
     static BUILD: std::sync::Once = std::sync::Once::new();
     BUILD.call_once(|| {
         let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))

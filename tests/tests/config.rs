@@ -154,7 +154,12 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { pid = 5, uid = 0 }\n"),
             3,
-            "agent \"sol\" match: key `uid`: applies to cmdline and exe rules only",
+            "agent \"sol\" match: key `uid`: applies to cmdline, exe and unit rules only",
+        ),
+        (
+            with(HEAD, "match = { unit = \"x\", uid = \"any\" }\n"),
+            3,
+            "agent \"sol\" match: key `uid`: a unit rule's uid names the user whose manager runs the unit: give a number",
         ),
         (
             with(HEAD, "match = { cmdline = \"x\", uid = -1 }\n"),
@@ -224,7 +229,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             with(HEAD, "match = { image = \"x\", uid = 0 }\n"),
             3,
-            "agent \"sol\" match: key `uid`: applies to cmdline and exe rules only",
+            "agent \"sol\" match: key `uid`: applies to cmdline, exe and unit rules only",
         ),
         (
             with(HEAD, "match = \"sol\"\n"),
@@ -734,6 +739,25 @@ fn container_rules_combine() {
     assert_eq!(one.agents[0].rule.to_string(), "label = \"app=runner\"");
     // No uid limit on a container rule: its processes run as any user.
     assert_eq!(one.agents[0].uid_filter(0), None);
+}
+
+/// A unit rule names the system's unit for root, the system's or the
+/// user's own for a user, and with `uid` that user's manager's only.
+#[test]
+fn a_unit_rule_names_its_manager() {
+    use selfheal::config::UnitOwner;
+    let sys = parse(&with(HEAD, "match = { unit = \"runner\" }\n")).unwrap();
+    assert_eq!(sys.agents[0].rule.to_string(), "unit = \"runner.service\"");
+    assert_eq!(sys.agents[0].unit_owner(0), UnitOwner::System);
+    assert_eq!(sys.agents[0].unit_owner(1000), UnitOwner::SystemOr(1000));
+    let user = parse(&with(HEAD, "match = { unit = \"runner\", uid = 1000 }\n")).unwrap();
+    assert_eq!(user.agents[0].unit_owner(0), UnitOwner::User(1000));
+    assert_eq!(user.agents[0].unit_owner(1000), UnitOwner::User(1000));
+    assert_eq!(
+        user.agents[0].uid_filter(0),
+        None,
+        "not a process uid filter"
+    );
 }
 
 #[test]

@@ -467,6 +467,32 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
     }
 }
 
+/// `sleep 600` as uid 65534 in cgroup `rel` below that user's delegated
+/// tree (`user.slice/user-65534.slice/user@65534.service/`) of the v2
+/// hierarchy, made for it: the process, and the directories made (to
+/// remove, deepest last). `None` where the cgroup cannot be made.
+fn forged_in_users_tree(rel: &str) -> Option<(Child, Vec<PathBuf>)> {
+    use std::os::unix::process::CommandExt as _;
+    let mut dir = cgroup2_root()?;
+    let mut made = Vec::new();
+    let path = format!("user.slice/user-65534.slice/user@65534.service/{rel}");
+    for c in path.split('/') {
+        dir.push(c);
+        if !dir.exists() {
+            std::fs::create_dir(&dir).ok()?;
+            made.push(dir.clone());
+        }
+    }
+    let child = Command::new("sleep")
+        .arg("600")
+        .uid(65534)
+        .gid(65534)
+        .spawn()
+        .ok()?;
+    std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).ok()?;
+    Some((child, made))
+}
+
 /// Removes `rel` (a cgroup path) and its now-empty parents up to but not
 /// including `keep_depth` components, in every hierarchy mounted under
 /// /sys/fs/cgroup.
@@ -609,6 +635,35 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
                 "processes  none (no container matches pod = \"runner-*\", namespace = \"other\""
             ),
             "{out}"
+        );
+        // The same pod's cgroup shape made by an ordinary user (65534) in
+        // their own delegated tree, for this real task's id: not the pod.
+        let forged = forged_in_users_tree(&format!(
+            "app.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{id}.scope",
+            pod_uid.replace('-', "_")
+        ));
+        let (code, out, err, _) = config_check(&config, &env);
+        let forged_pid = forged.as_ref().map(|(c, _)| c.id());
+        if let Some((mut c, dirs)) = forged {
+            let _ = c.kill();
+            let _ = c.wait();
+            for d in dirs.iter().rev() {
+                let _ = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+                    std::fs::remove_dir(d).ok()
+                });
+            }
+        }
+        assert_eq!(code, 0, "{out}{err}");
+        let pid = forged_pid.expect("the forged process");
+        let pod_line = out
+            .split("\nagent ")
+            .find(|s| s.starts_with("pod\n"))
+            .and_then(|s| s.lines().find(|l| l.trim_start().starts_with("processes")))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string();
+        assert!(
+            !pod_line.contains(&pid.to_string()),
+            "the user's process {pid} taken for the pod: {out}"
         );
         // The probe fails (no health file): unresponsive, so a snapshot is
         // written, and it carries the pod too.

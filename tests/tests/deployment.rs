@@ -5,7 +5,10 @@
 //!   seconds of arming, and the agent reconnects, same pid — the heal fits
 //!   inside one timer beat. Printed: arming → reconnect.
 //! - Under systemd (see `systemd_deployment` below): the package installed
-//!   in a Debian root filesystem running systemd as PID 1 in a container.
+//!   in a Debian root filesystem running systemd as PID 1 in a container;
+//!   the user's timer heals the user's own unit and a system unit run as
+//!   the user (each matched by `unit`, each by its own manager), and
+//!   leaves a unit stopped on purpose alone.
 
 use std::{
     process::Command,
@@ -312,6 +315,26 @@ recv_blocked = "2s"
 step_window = "5s"
 backoff = "1s"
 
+# A system service that runs as the user (`systemd-run --uid=agent`, as
+# `User=agent` would): the system manager's unit, matched from the user's
+# timer.
+[[agent]]
+name = "sysrunner"
+match = { unit = "sysrunner.service" }
+[[agent.upstream]]
+role = "control"
+addr = "127.0.0.1:7443"
+heartbeat = "1s"
+[[agent.upstream]]
+role = "provider"
+addr = "127.0.0.1:8443"
+[agent.thresholds]
+suspect_after = "2s"
+recv_blocked = "2s"
+[agent.heal]
+step_window = "5s"
+backoff = "1s"
+
 [[agent]]
 name = "parked"
 match = { unit = "parked.service" }
@@ -327,9 +350,17 @@ restart = ["systemctl", "--user", "start", "parked.service"]
 fn runner_unit(name: &str, status_port: u16) -> String {
     format!(
         "[Unit]\nDescription=the testbed runner {name} (an AI agent)\n[Service]\n\
-         ExecStart=/usr/local/bin/selfheal-testbed runner --name {name} --dispatch 127.0.0.1:7443 \
+         ExecStart={}\n",
+        runner_argv(name, status_port)
+    )
+}
+
+/// The testbed runner's command line.
+fn runner_argv(name: &str, status_port: u16) -> String {
+    format!(
+        "/usr/local/bin/selfheal-testbed runner --name {name} --dispatch 127.0.0.1:7443 \
          --provider 127.0.0.1:8443 --provider-path /v1/stream --status 127.0.0.1:{status_port} \
-         --heartbeat 1000ms --mode blocking\n"
+         --heartbeat 1000ms --mode blocking"
     )
 }
 
@@ -519,6 +550,20 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     let first = wait(20, "the runner attached", || {
         attached(&c).into_iter().next()
     });
+    // The system service that runs as the user.
+    c.expect(&format!(
+        "systemd-run --uid=agent --unit=sysrunner {}",
+        runner_argv("sysrunner", 9003)
+    ));
+    let sys_attached = |c: &Container| {
+        c.journal("_SYSTEMD_UNIT=sysrunner.service")
+            .into_iter()
+            .filter(|(_, _, m)| m.starts_with("attached "))
+            .collect::<Vec<_>>()
+    };
+    let sys_first = wait(20, "the system runner attached", || {
+        sys_attached(&c).into_iter().next()
+    });
     // Stopped on purpose: left alone, never restarted.
     c.user("systemctl --user stop parked.service")
         .unwrap_or_else(|e| panic!("{e}"));
@@ -559,16 +604,20 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     // the container, no FIN or RST (its latest one, should it have
     // reattached since).
     let first = attached(&c).pop().unwrap_or(first);
-    let port = first
-        .2
-        .rsplit("local=127.0.0.1:")
-        .next()
-        .and_then(|p| p.trim().parse::<u16>().ok())
-        .unwrap_or_else(|| panic!("no local port in {:?}", first.2));
-    c.expect(&format!(
-        "printf 'table inet cut {{\\n chain i {{ type filter hook input priority 0; tcp sport {port} drop; tcp dport {port} drop; }}\\n \
-         chain o {{ type filter hook output priority 0; tcp sport {port} drop; tcp dport {port} drop; }}\\n}}\\n' | nft -f -"
-    ));
+    let sys_first = sys_attached(&c).pop().unwrap_or(sys_first);
+    let port_of = |line: &(f64, u32, String)| {
+        line.2
+            .rsplit("local=127.0.0.1:")
+            .next()
+            .and_then(|p| p.trim().parse::<u16>().ok())
+            .unwrap_or_else(|| panic!("no local port in {:?}", line.2))
+    };
+    for (table, port) in [("cut", port_of(&first)), ("cutsys", port_of(&sys_first))] {
+        c.expect(&format!(
+            "printf 'table inet {table} {{\\n chain i {{ type filter hook input priority 0; tcp sport {port} drop; tcp dport {port} drop; }}\\n \
+             chain o {{ type filter hook output priority 0; tcp sport {port} drop; tcp dport {port} drop; }}\\n}}\\n' | nft -f -"
+        ));
+    }
     let cut_at = c.expect("date +%s.%N").parse::<f64>().expect("date");
     // The installed timer finds it wedged (within one 30 s beat plus the
     // 3 s of silence) and heals it through the helper.
@@ -600,6 +649,49 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     );
     assert_ne!(verdict_of(&next.2, "runner"), Some("wedged"), "{}", next.2);
     assert_eq!(back.1, first.1, "the same runner process reconnected");
+    // The system service run as the user, matched by `unit` from the
+    // user's timer: its manager is the system's (its cgroup says so), so
+    // it is healed like the user's own unit, never "stopped on purpose".
+    let sys_wedged = wait(75, "a `wedged` verdict for the system runner", || {
+        checks(&c)
+            .into_iter()
+            .find(|(t, _, m)| *t > cut_at && verdict_of(m, "sysrunner") == Some("wedged"))
+    });
+    eprintln!("sysrunner wedged: {}", sys_wedged.2);
+    assert!(
+        !sys_wedged.2.contains("stopped on purpose"),
+        "{}",
+        sys_wedged.2
+    );
+    let sys_back = wait(40, "the system runner's reconnect", || {
+        sys_attached(&c)
+            .into_iter()
+            .find(|(t, _, _)| *t > sys_wedged.0)
+    });
+    let sys_next = wait(40, "the timer's next check of the system runner", || {
+        checks(&c)
+            .into_iter()
+            .find(|(t, _, m)| *t > sys_wedged.0 + 1.0 && verdict_of(m, "sysrunner").is_some())
+    });
+    eprintln!(
+        "TIMING system unit run as the user: first wedged -> reconnect {:.1} s",
+        sys_back.0 - sys_wedged.0
+    );
+    assert!(
+        sys_back.0 < sys_next.0,
+        "the system runner reconnected only after the next run: {}",
+        sys_next.2
+    );
+    assert_ne!(
+        verdict_of(&sys_next.2, "sysrunner"),
+        Some("wedged"),
+        "{}",
+        sys_next.2
+    );
+    assert_eq!(
+        sys_back.1, sys_first.1,
+        "the same system runner process reconnected"
+    );
     // The journal lines an operator reads.
     assert!(wedged.2.contains("[snapshot "), "{}", wedged.2);
     assert!(

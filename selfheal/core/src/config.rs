@@ -308,8 +308,9 @@ impl fmt::Display for MatchRule {
 /// user can start a process with a look-alike command line or run the same
 /// executable; by default only the uid that runs selfheal is matched, so
 /// another user's look-alike is neither judged nor healed as this agent.
-/// `pid`, `pidfile` and `unit` rules name their processes exactly and take
-/// no `uid`.
+/// For a `unit` rule, `uid` names the user whose manager runs the unit
+/// ([`UnitOwner`]). `pid` and `pidfile` rules name their processes exactly
+/// and take no `uid`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MatchUid {
     /// No `uid` key: the effective uid that runs the check (the config's
@@ -333,6 +334,44 @@ impl MatchUid {
             MatchUid::Runner => Some(runner),
             MatchUid::Uid(uid) => Some(uid),
             MatchUid::Any => None,
+        }
+    }
+}
+
+/// Whose manager may run the unit a `unit` rule names: the unit is the
+/// process's only where its cgroup is that manager's
+/// (`crate::cgroup::unit_of`); the same name in another user's tree is
+/// another unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitOwner {
+    /// The system manager's units only (root's check, no `uid`).
+    System,
+    /// The system manager's units, and user UID's own (a user's check, no
+    /// `uid`: its agent may be a system service run as the user, or one of
+    /// the user's units).
+    SystemOr(u32),
+    /// User UID's manager's units only (`uid = UID`).
+    User(u32),
+}
+
+impl UnitOwner {
+    /// Whether a unit of `manager` is one this rule may name.
+    pub fn allows(self, manager: crate::cgroup::Manager) -> bool {
+        use crate::cgroup::Manager;
+        match (self, manager) {
+            (UnitOwner::System | UnitOwner::SystemOr(_), Manager::System) => true,
+            (UnitOwner::SystemOr(a) | UnitOwner::User(a), Manager::User(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for UnitOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UnitOwner::System => f.write_str("a system unit"),
+            UnitOwner::SystemOr(uid) => write!(f, "a system unit or uid {uid}'s user unit"),
+            UnitOwner::User(uid) => write!(f, "uid {uid}'s user unit"),
         }
     }
 }
@@ -1160,14 +1199,22 @@ fn match_rule(
     let match_uid = match m.get("uid") {
         None => MatchUid::Runner,
         Some((_, v)) => {
-            if !matches!(rule, MatchRule::Cmdline(_) | MatchRule::Exe(_)) {
+            let unit = matches!(rule, MatchRule::Unit(_));
+            if !unit && !matches!(rule, MatchRule::Cmdline(_) | MatchRule::Exe(_)) {
                 return Err(m.key_error(
                     "uid",
                     v.span(),
-                    "applies to cmdline and exe rules only (pid, pidfile and unit name their processes)",
+                    "applies to cmdline, exe and unit rules only (pid and pidfile name their processes)",
                 ));
             }
             match v.get_ref() {
+                DeValue::String(s) if s.as_ref() == "any" && unit => {
+                    return Err(m.key_error(
+                        "uid",
+                        v.span(),
+                        "a unit rule's uid names the user whose manager runs the unit: give a number",
+                    ));
+                }
                 DeValue::String(s) if s.as_ref() == "any" => MatchUid::Any,
                 DeValue::Integer(_) => {
                     let (n, span) = m.integer("uid")?.unwrap_or((-1, 0..0));
@@ -1696,6 +1743,17 @@ impl AgentConfig {
     /// ([`MatchUid::filter`]).
     pub fn uid_filter(&self, runner: u32) -> Option<u32> {
         self.match_uid.filter(&self.rule, runner)
+    }
+
+    /// Whose units its `unit` rule may name when selfheal runs as `runner`:
+    /// root's check names system units unless `uid` names a user; a user's
+    /// check names system units and the user's own.
+    pub fn unit_owner(&self, runner: u32) -> UnitOwner {
+        match self.match_uid {
+            MatchUid::Uid(uid) => UnitOwner::User(uid),
+            MatchUid::Runner | MatchUid::Any if runner != 0 => UnitOwner::SystemOr(runner),
+            MatchUid::Runner | MatchUid::Any => UnitOwner::System,
+        }
     }
 
     /// Resolves the upstreams' host names (once each) with `lookup` (the

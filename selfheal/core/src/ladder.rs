@@ -316,15 +316,56 @@ fn next_rung(
     } else {
         Vec::new()
     };
-    let root = report
-        .roots
-        .iter()
-        .find_map(|r| report.processes.iter().find(|p| p.pid == *r))
-        .and_then(|p| Some((p.pid, p.start_ticks?)));
+    let targets = signal_targets(j, report);
     let from = hist.rung.map_or(0, |r| r.saturating_add(1));
     (from..=3u8)
-        .map(|rung| rung_steps(rung, cfg, &sockets, root, report))
+        .map(|rung| rung_steps(rung, cfg, &sockets, &targets, report))
         .find(|steps| !steps.is_empty())
+}
+
+/// The processes the signal rung is for: the agent's root process above
+/// each process that holds a dead socket (the holder itself when no root is
+/// above it), in the order of the dead sockets; with no dead socket, the
+/// agent's root only when it has one. Never whichever root a rule matched
+/// first: a wedge proven on one process's socket is that process's.
+fn signal_targets(j: &Judgement, report: &Report) -> Vec<(u32, u64)> {
+    let process = |pid: u32| report.processes.iter().find(|p| p.pid == pid);
+    let root_above = |holder: u32| {
+        let mut cur = holder;
+        // Bounded: a torn read could hold a ppid cycle.
+        for _ in 0..=report.processes.len() {
+            if report.roots.contains(&cur) {
+                return cur;
+            }
+            match process(cur) {
+                Some(p) if p.ppid != cur && process(p.ppid).is_some() => cur = p.ppid,
+                _ => break,
+            }
+        }
+        holder
+    };
+    let holders: Vec<u32> = j
+        .dead
+        .iter()
+        .filter_map(|d| report.sockets.iter().find(|s| s.inode == d.inode))
+        .map(|s| s.pid)
+        .collect();
+    let mut pids: Vec<u32> = Vec::new();
+    if holders.is_empty() {
+        if let [root] = report.roots.as_slice() {
+            pids.push(*root);
+        }
+    } else {
+        for h in holders {
+            let r = root_above(h);
+            if !pids.contains(&r) {
+                pids.push(r);
+            }
+        }
+    }
+    pids.into_iter()
+        .filter_map(|pid| Some((pid, process(pid)?.start_ticks?)))
+        .collect()
 }
 
 /// The steps rung `rung` would take now (none when it does not apply).
@@ -332,9 +373,10 @@ fn rung_steps(
     rung: u8,
     cfg: &HealConfig,
     sockets: &[DeadSocket],
-    root: Option<(u32, u64)>,
+    targets: &[(u32, u64)],
     report: &Report,
 ) -> Vec<Step> {
+    let root = targets.first().copied();
     let grace_ms = cfg.grace.as_millis() as u64;
     let timeout_ms = cfg.restart_timeout.as_millis() as u64;
     match rung {
@@ -371,13 +413,13 @@ fn rung_steps(
                 inode: d.inode,
             })
             .collect(),
-        2 if cfg.signal => root
-            .map(|(pid, start_ticks)| Step::Signal {
+        2 if cfg.signal => targets
+            .iter()
+            .map(|&(pid, start_ticks)| Step::Signal {
                 pid,
                 start_ticks,
                 grace_ms,
             })
-            .into_iter()
             .collect(),
         3 if cfg.restart_runtime => root
             .zip(the_container(report))

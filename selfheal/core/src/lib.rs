@@ -16,7 +16,8 @@
 //! - **config**: [`config`] (the TOML schema, its validation, upstream
 //!   matching);
 //! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
-//!   collectors read, as plain types), joined by [`inspect`] into a report;
+//!   collectors read, as plain types), [`cgroup`] (which unit, manager and
+//!   container a cgroup path anchors), joined by [`inspect`] into a report;
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
@@ -24,6 +25,7 @@
 //!   helper and its clients say to each other), and [`owner`] (whom the
 //!   helper counts a caller against, and each owner's fair share).
 
+pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod ebpf;

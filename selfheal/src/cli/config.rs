@@ -53,9 +53,8 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
         .agents
         .iter()
         .map(|a| {
-            let uid = a.uid_filter(selfheal::trust::euid());
             (
-                agents::find_of(&a.rule, uid, &table),
+                agents::find_for(a, selfheal::trust::euid(), &table),
                 config::resolve_upstreams(a),
             )
         })
@@ -66,9 +65,10 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
         .zip(&agents)
         .map(|(a, (m, _))| {
             let ids = table.identities(&m.all);
-            let gaps = table
+            let mut gaps = table
                 .inventory()
                 .gaps(&ids, matches!(a.rule, config::MatchRule::Container(_)));
+            gaps.extend(table.refusals(&m.all));
             (ids, gaps)
         })
         .collect();
@@ -97,9 +97,16 @@ fn render(
     );
     for (i, (agent, (matched, upstreams))) in config.agents.iter().zip(found).enumerate() {
         let _ = writeln!(out, "\nagent {}", agent.name);
-        let _ = match agent.uid_filter(selfheal::trust::euid()) {
-            Some(uid) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
-            None => writeln!(out, "  match      {}", agent.rule),
+        let euid = selfheal::trust::euid();
+        let _ = match (agent.uid_filter(euid), &agent.rule) {
+            (Some(uid), _) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
+            (None, config::MatchRule::Unit(_)) => writeln!(
+                out,
+                "  match      {} ({})",
+                agent.rule,
+                agent.unit_owner(euid)
+            ),
+            (None, _) => writeln!(out, "  match      {}", agent.rule),
         };
         let _ = writeln!(out, "  processes  {}", processes(matched));
         if let Some((ids, gaps)) = containers.get(i) {

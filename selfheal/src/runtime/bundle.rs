@@ -60,7 +60,13 @@ pub fn read(state: &Path, ids: &[&str]) -> (Vec<ContainerInfo>, Vec<(String, boo
                 Ok(f) => match f.take(MAX_CONFIG_BYTES).read_to_end(&mut bytes) {
                     Err(e) => errors.push((format!("cannot read {}: {e}", path.display()), false)),
                     Ok(_) => match parse_config(id, &bytes) {
-                        Ok(c) => found.push(c),
+                        Ok(mut c) => {
+                            c.init_pid = std::fs::read_to_string(ns.join(id).join("init.pid"))
+                                .ok()
+                                .and_then(|s| s.trim().parse().ok())
+                                .filter(|p| *p > 0);
+                            found.push(c);
+                        }
                         Err(e) => errors.push((format!("{}: {e}", path.display()), false)),
                     },
                 },
@@ -99,6 +105,7 @@ pub fn parse_config(id: &str, bytes: &[u8]) -> Result<ContainerInfo, String> {
         name: get(CONTAINER_NAME),
         image: get(IMAGE),
         labels,
+        init_pid: None,
     })
 }
 

@@ -120,6 +120,9 @@ pub struct State {
     pub status: String,
     pub restart_count: u64,
     pub started_at: String,
+    /// The container's init process (`State.Pid`) in the runtime's pid
+    /// namespace; 0 when it runs none.
+    pub pid: u32,
 }
 
 #[derive(Deserialize)]
@@ -136,6 +139,8 @@ struct InspectedState {
     status: String,
     #[serde(rename = "StartedAt", default)]
     started_at: String,
+    #[serde(rename = "Pid", default)]
+    pid: u32,
 }
 
 /// The state in a `/containers/{id}/json` body.
@@ -146,6 +151,7 @@ pub fn parse_state(body: &[u8]) -> Result<State, Error> {
         status: i.state.status,
         restart_count: i.restart_count,
         started_at: i.state.started_at,
+        pid: i.state.pid,
     })
 }
 
@@ -270,6 +276,7 @@ pub fn parse_list(body: &[u8]) -> Result<Vec<ContainerInfo>, Error> {
                     .map(|n| n.strip_prefix('/').unwrap_or(&n).to_string()),
                 image: l.image.filter(|i| !i.is_empty()),
                 labels: l.labels.unwrap_or_default(),
+                init_pid: None,
             })
         })
         .collect()

@@ -18,7 +18,6 @@
 //! [`Sources::timeout`]; the cgroup alone still gives the container id.
 
 pub mod bundle;
-pub mod cgroup;
 pub mod docker;
 pub mod restart;
 
@@ -28,7 +27,7 @@ use std::{
     time::Duration,
 };
 
-pub use self::cgroup::CgroupContainer;
+pub use selfheal_core::cgroup::{self, CgroupContainer};
 pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match};
 
 /// What a runtime says about one container.
@@ -40,6 +39,10 @@ pub struct ContainerInfo {
     pub image: Option<String>,
     /// Labels (Docker, Podman) or OCI annotations (containerd bundles).
     pub labels: BTreeMap<String, String>,
+    /// The container's init process as the runtime reports it (`State.Pid`
+    /// for Docker and Podman, the task's `init.pid` for containerd), in the
+    /// runtime's pid namespace; `None` where it reported none.
+    pub init_pid: Option<u32>,
 }
 
 /// The Kubernetes label (or CRI annotation) names of a pod's identity.
@@ -59,6 +62,12 @@ pub struct Sources {
     /// The bound on each runtime's answer (they are asked in parallel).
     pub timeout: Duration,
 }
+
+/// The most containers whose init pid one check asks a runtime for (the
+/// containers of the processes the rules look at; more stay unverified).
+const MAX_INSPECTED: usize = 256;
+/// How many of those questions are asked at once.
+const INSPECT_WORKERS: usize = 8;
 
 /// The bound on a runtime's answer unless `SELFHEAL_RUNTIME_TIMEOUT` says.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -156,6 +165,7 @@ impl Inventory {
                     for c in list {
                         inv.by_id.entry(c.id.clone()).or_insert((rt, c));
                     }
+                    inv.read_init_pids(rt, path, sources.timeout, wanted);
                 }
                 Err(e) => inv.errors.push(SourceError {
                     source: format!("{rt} {}", path.display()),
@@ -186,6 +196,56 @@ impl Inventory {
         inv
     }
 
+    /// Asks the runtime at `socket` for the init pid (`State.Pid`) of each
+    /// container in `wanted` it listed (in parallel, each within `timeout`):
+    /// what a process's identity is verified against. One it cannot tell
+    /// stays `None` (and its processes unverified).
+    fn read_init_pids(
+        &mut self,
+        runtime: Runtime,
+        socket: &std::path::Path,
+        timeout: Duration,
+        wanted: &[CgroupContainer],
+    ) {
+        let ids: Vec<String> = wanted
+            .iter()
+            .filter(|c| self.by_id.get(&c.id).is_some_and(|(rt, _)| *rt == runtime))
+            .map(|c| c.id.clone())
+            .take(MAX_INSPECTED)
+            .collect();
+        let workers = ids.len().min(INSPECT_WORKERS);
+        let ids = &ids;
+        let pids: Vec<(String, Option<u32>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|w| {
+                    s.spawn(move || {
+                        ids.iter()
+                            .skip(w)
+                            .step_by(workers)
+                            .map(|id| {
+                                let pid = docker::inspect(socket, id, timeout)
+                                    .ok()
+                                    .map(|st| st.pid)
+                                    .filter(|p| *p > 0);
+                                (id.clone(), pid)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().ok())
+                .flatten()
+                .collect()
+        });
+        for (id, pid) in pids {
+            if let Some((_, info)) = self.by_id.get_mut(&id) {
+                info.init_pid = pid;
+            }
+        }
+    }
+
     /// An inventory of the given containers (for fixtures).
     pub fn from_containers(containers: Vec<(Runtime, ContainerInfo)>) -> Inventory {
         Inventory {
@@ -195,6 +255,12 @@ impl Inventory {
                 .collect(),
             errors: Vec::new(),
         }
+    }
+
+    /// The init pid the runtime reported for container `id`: `None` when no
+    /// runtime lists it, `Some(None)` when one does but told no pid.
+    pub fn init_pid(&self, id: &str) -> Option<Option<u32>> {
+        self.by_id.get(id).map(|(_, info)| info.init_pid)
     }
 
     /// The identity of a process in the containers `chain` (outermost
@@ -325,7 +391,7 @@ pub fn enrich_for(
     } else {
         agents
             .iter()
-            .flat_map(|a| crate::agents::find_of(&a.rule, a.uid_filter(euid), &table).all)
+            .flat_map(|a| crate::agents::find_for(a, euid, &table).all)
             .collect()
     };
     enrich(table, &pids, all, sources)
@@ -371,12 +437,14 @@ mod tests {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                init_pid: None,
             },
         )]);
         inv.identity(&[CgroupContainer {
             runtime: Runtime::Unknown,
             id: "a".repeat(64),
             pod_uid: None,
+            user: None,
         }])
         .unwrap()
     }
@@ -489,6 +557,7 @@ mod tests {
                 runtime: Runtime::Docker,
                 id: "a".repeat(64),
                 pod_uid: None,
+                user: None,
             }])
             .unwrap();
         assert!(!bare.resolved);
@@ -531,9 +600,16 @@ mod tests {
                 runtime: Runtime::Docker,
                 id: id.to_string(),
                 pod_uid: None,
+                user: None,
             }];
+            // Each container its own pid namespace.
+            e.pidns = Some(u64::from(id.as_bytes()[0]));
             e
         };
+        // A host process in a cgroup named like container a's (only root
+        // could put one there; the runtime still says it is not a's).
+        let mut forged = in_ctr(40, 1, &a);
+        forged.pidns = Some(1);
         let table = ProcessTable::from_entries(vec![
             ProcEntry::new(1, 0, &["/sbin/init"]),
             ProcEntry::new(10, 1, &["containerd-shim"]),
@@ -543,6 +619,7 @@ mod tests {
             in_ctr(21, 20, &b),
             // selfheal itself, in a container of its own (a sidecar).
             in_ctr(30, 1, &b),
+            forged,
         ])
         .with_own_pid(30)
         .with_inventory(Inventory::from_containers(vec![
@@ -553,6 +630,7 @@ mod tests {
                     name: Some("runner-1".into()),
                     image: Some("img:1".into()),
                     labels: [("app".to_string(), "runner".to_string())].into(),
+                    init_pid: Some(11),
                 },
             ),
             (
@@ -562,6 +640,7 @@ mod tests {
                     name: Some("sidecar".into()),
                     image: None,
                     labels: BTreeMap::new(),
+                    init_pid: Some(21),
                 },
             ),
         ]));
@@ -595,11 +674,89 @@ mod tests {
         assert!(m.roots.is_empty());
         assert_eq!(
             m.problem.as_deref(),
-            Some("no container matches image = \"other:*\" (2 container(s) running)")
+            Some(
+                "no container matches image = \"other:*\" (2 container(s) running); \
+                 1 process(es) whose cgroup names a container were not taken for it \
+                 (pid 40 is not taken for container aaaaaaaaaaaa (docker): \
+                 it is not in the pid namespace of the container's init (pid 11))"
+            )
+        );
+        assert_eq!(table.identity(40), None, "not in a's pid namespace");
+        assert_eq!(
+            table.refusals(&[40, 11]),
+            [format!(
+                "pid 40 is not taken for container {} (docker): it is not in the pid namespace of the container's init (pid 11)",
+                &a[..12]
+            )]
         );
         let ids = table.identities(&[12, 11, 21, 1]);
         let names: Vec<_> = ids.iter().map(|i| i.name.as_deref()).collect();
         assert_eq!(names, vec![Some("runner-1"), Some("sidecar")]);
+    }
+
+    /// A runtime that reports no init pid, or one that is no process here
+    /// (another pid namespace's), or a pid outside the container's cgroup
+    /// (an id reused by another container, a stale answer): the process is
+    /// in no container, and the refusal says why.
+    #[test]
+    fn a_runtime_that_cannot_confirm_is_refused_with_its_reason() {
+        use crate::agents::{ProcEntry, ProcessTable};
+        let a = "a".repeat(64);
+        let in_a = |pid| {
+            let mut e = ProcEntry::new(pid, 1, &["sleep"]);
+            e.containers = vec![CgroupContainer {
+                runtime: Runtime::Docker,
+                id: a.clone(),
+                pod_uid: None,
+                user: None,
+            }];
+            e.pidns = Some(7);
+            e
+        };
+        let mut host = ProcEntry::new(50, 1, &["other"]);
+        host.pidns = Some(7);
+        let table = |init_pid| {
+            ProcessTable::from_entries(vec![
+                ProcEntry::new(1, 0, &["init"]),
+                in_a(11),
+                host.clone(),
+            ])
+            .with_inventory(Inventory::from_containers(vec![(
+                Runtime::Docker,
+                ContainerInfo {
+                    id: a.clone(),
+                    name: Some("runner".into()),
+                    init_pid,
+                    ..Default::default()
+                },
+            )]))
+        };
+        for (init_pid, why) in [
+            (None, "its runtime reports no init pid for it"),
+            (
+                Some(4242),
+                "its init pid 4242, as its runtime reports it, is no process here (the runtime's pid namespace is another)",
+            ),
+            (
+                Some(50),
+                "pid 50, its init as its runtime reports it, is not in its cgroup (the runtime's pid namespace is another)",
+            ),
+        ] {
+            let t = table(init_pid);
+            assert_eq!(t.identity(11), None, "{init_pid:?}");
+            assert_eq!(
+                t.refusals(&[11]),
+                [format!(
+                    "pid 11 is not taken for container aaaaaaaaaaaa (docker): {why}"
+                )]
+            );
+        }
+        let t = table(Some(11));
+        assert_eq!(
+            t.identity(11).and_then(|i| i.name.as_deref()),
+            Some("runner")
+        );
+        assert!(t.refusals(&[11]).is_empty());
     }
 
     #[test]
@@ -615,6 +772,7 @@ mod tests {
                     ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
                 ]
                 .into(),
+                init_pid: None,
             },
         )]);
         let id = inv
@@ -622,6 +780,7 @@ mod tests {
                 runtime: Runtime::Cri,
                 id: "c".repeat(64),
                 pod_uid: None,
+                user: None,
             }])
             .unwrap();
         assert_eq!(
@@ -662,6 +821,7 @@ mod tests {
                 runtime: Runtime::Docker,
                 id: "b".repeat(64),
                 pod_uid: None,
+                user: None,
             }])
             .unwrap();
         let gaps = inv.gaps(std::slice::from_ref(&id), false);

@@ -13,15 +13,21 @@
 //!   is the alternative (docs/capabilities.md).
 //!
 //! Right before acting, it checks again that the container still holds the
-//! agent's process (by pidfd, against the start time the check saw) and that
-//! the runtime says it is running: a container stopped on purpose (`exited`,
-//! `created`, `paused`, or one the runtime is already restarting) is left
-//! alone. Runs in the caller (`check`, `watch`), never in the helper
+//! agent's process, the same way the check decided it
+//! ([`crate::agents::ProcessTable`]): the process (by pidfd, against the
+//! start time the check saw) is in the container's anchored cgroup **and**
+//! in the pid namespace of the init the runtime reports now (`State.Pid`,
+//! the task's `init.pid`), itself in that cgroup. A process moved out, a
+//! container gone (its id reused or not), a runtime that reports no pid or
+//! one of another pid namespace: each is left alone, with the reason. And
+//! the runtime must say it is running: a container stopped on purpose
+//! (`exited`, `created`, `paused`, or one the runtime is already
+//! restarting) is left alone. Runs in the caller (`check`, `watch`), never in the helper
 //! (docs/capabilities.md says why).
 
 use std::{path::PathBuf, time::Duration};
 
-use super::{Runtime, Sources, cgroup, docker};
+use super::{Runtime, Sources, docker};
 use crate::actions;
 
 /// Restarts container `id` of `runtime`, which must hold process
@@ -56,6 +62,13 @@ pub fn restart_container(
                     crate::text::escape(&before.status)
                 ));
             }
+            if before.pid == 0 {
+                return Err(format!(
+                    "container {short}: {runtime} reports no init pid for it: left alone"
+                ));
+            }
+            in_namespace_of(pid, start_ticks, id, before.pid)
+                .map_err(|why| format!("container {short}: {why}: left alone"))?;
             docker::restart(socket, id, grace, timeout.max(grace + bound))
                 .map_err(|x| e("restart", x))?;
             let after = docker::inspect(socket, id, bound).map_err(|x| e("inspect", x))?;
@@ -74,6 +87,8 @@ pub fn restart_container(
             holds(init, Some(start), id).map_err(|why| {
                 format!("container {short}: its init pid {init}: {why}: left alone")
             })?;
+            in_namespace_of(pid, start_ticks, id, init)
+                .map_err(|why| format!("container {short}: {why}: left alone"))?;
             let out = actions::signal_escalate(&target, grace).map_err(|e| e.to_string())?;
             Ok(serde_json::json!({
                 "runtime": "containerd",
@@ -98,7 +113,7 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
     if !target.is_alive() {
         return Err(format!("pid {pid} exited"));
     }
-    if cgroup::containers_in_proc_cgroup(&text)
+    if crate::agents::containers_for(&text, crate::trust::euid())
         .iter()
         .any(|c| c.id == id)
     {
@@ -106,6 +121,37 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
     } else {
         Err(format!("pid {pid} is no longer in it"))
     }
+}
+
+/// Whether process `pid` (of that start time) is in the pid namespace of
+/// `init`, the container's init as its runtime reports it now, and `init`
+/// is in container `id`'s cgroup (so the runtime's pid is this pid
+/// namespace's, and the container's).
+fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let target = crate::pidfd::Pidfd::open(pid, Some(start_ticks))
+        .map_err(|e| format!("pid {pid} is gone ({e})"))?;
+    let init_fd = crate::pidfd::Pidfd::open(init, None).map_err(|e| {
+        format!("its init pid {init}, as its runtime reports it, is no process here ({e})")
+    })?;
+    holds(init, None, id).map_err(|why| {
+        format!("pid {init}, its init as its runtime reports it, is not its ({why}): the runtime's pid namespace is another")
+    })?;
+    let ns = |p: u32| {
+        std::fs::metadata(format!("/proc/{p}/ns/pid"))
+            .map(|m| m.ino())
+            .map_err(|e| format!("cannot read pid {p}'s pid namespace ({e})"))
+    };
+    let (mine, its) = (ns(pid)?, ns(init)?);
+    if !target.is_alive() || !init_fd.is_alive() {
+        return Err(format!("pid {pid} or its init pid {init} exited"));
+    }
+    if mine != its {
+        return Err(format!(
+            "pid {pid} is not in the pid namespace of its init (pid {init})"
+        ));
+    }
+    Ok(())
 }
 
 /// The pid of task `id`'s init process, from containerd's state directory

@@ -711,3 +711,59 @@ fn socket_steps_come_from_findings_not_from_reason_evidence() {
         }]
     );
 }
+
+/// The signal rung goes to the root above the process that holds the dead
+/// socket, not to the lowest-numbered root the rule matched; with no dead
+/// socket and several roots, to none (the restart rung is next).
+#[test]
+fn the_signal_goes_to_the_holder_of_the_dead_socket() {
+    let mut r = report('S', true);
+    // Root 50 (matched first) holds nothing; root 100's child 101 holds
+    // the dead socket.
+    let mut first = r.processes[0].clone();
+    first.pid = 50;
+    first.start_ticks = Some(555);
+    first.sockets = vec![];
+    let mut child = r.processes[0].clone();
+    child.pid = 101;
+    child.ppid = 100;
+    child.start_ticks = Some(888);
+    r.processes[0].sockets = vec![];
+    r.processes.push(first);
+    r.processes.push(child);
+    r.roots = vec![50, 100];
+    r.sockets[0].pid = 101;
+    let j = wedged(ReasonCode::ControlSilent, Some(42));
+    let cfg = heal(true, true);
+    let mut hist = HealHistory {
+        rung: Some(1),
+        ..HealHistory::default()
+    };
+    match decide(&cfg, &j, &r, &mut hist, 100 * SEC) {
+        Decision::Act { steps } => assert_eq!(
+            steps,
+            [Step::Signal {
+                pid: 100,
+                start_ticks: 777,
+                grace_ms: cfg.grace.as_millis() as u64,
+            }]
+        ),
+        d => panic!("{d:?}"),
+    }
+    // No dead socket, two roots: which one is wedged is not known, so the
+    // next step is the restart, not a signal to either.
+    let j = wedged(ReasonCode::StatusContradictsKernel, None);
+    let mut hist = HealHistory {
+        rung: Some(1),
+        ..HealHistory::default()
+    };
+    match decide(&cfg, &j, &r, &mut hist, 100 * SEC) {
+        Decision::Act { steps } => {
+            assert!(
+                matches!(steps.as_slice(), [Step::Restart { .. }]),
+                "{steps:?}"
+            )
+        }
+        d => panic!("{d:?}"),
+    }
+}

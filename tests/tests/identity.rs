@@ -1,0 +1,499 @@
+//! Identity an unprivileged user cannot forge: root's check takes a unit,
+//! a container or a pod for its agent only where the cgroup is anchored
+//! (the system manager's slices, the runtime's own parent) and the runtime
+//! confirms it (the container's init's pid namespace).
+//!
+//! Each test plays the attacker with an ordinary uid (65534): as root it
+//! makes the cgroup that user could make in their own delegated tree
+//! (`user.slice/user-65534.slice/user@65534.service/…`, which systemd
+//! delegates to every user), puts that user's process there, and shows
+//! what root's check takes it for. Every cgroup made here has `ident` in
+//! its name or sits below one that does, and is removed on drop.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use tests::{
+    Scratch, need_root,
+    runtimes::{docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    selfheal_bin, skip, wait_for,
+};
+
+/// The ordinary uid the attacker runs as.
+const ATTACKER: u32 = 65534;
+
+/// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
+/// mount on a hybrid one.
+fn cgroup2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+/// `sleep 600` (as `uid`, when given) in cgroup `rel` of the v2
+/// hierarchy, made for it. Killed, and the directories it made removed,
+/// on drop.
+struct Placed {
+    child: Child,
+    made: Vec<PathBuf>,
+}
+
+impl Placed {
+    fn start(rel: &str, uid: Option<u32>) -> Result<Placed, String> {
+        let root = cgroup2_root().ok_or("no cgroup v2 hierarchy")?;
+        let mut made = Vec::new();
+        let mut dir = root.clone();
+        for c in rel.split('/').filter(|c| !c.is_empty()) {
+            dir.push(c);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+                made.push(dir.clone());
+            }
+        }
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600").stdin(Stdio::null());
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt as _;
+            cmd.uid(uid).gid(uid);
+        }
+        let child = cmd.spawn().map_err(|e| format!("spawn sleep: {e}"))?;
+        let p = Placed { child, made };
+        std::fs::write(dir.join("cgroup.procs"), p.child.id().to_string())
+            .map_err(|e| format!("move into {}: {e}", dir.display()))?;
+        Ok(p)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for d in self.made.iter().rev() {
+            let _ = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+                std::fs::remove_dir(d).ok()
+            });
+        }
+    }
+}
+
+/// A user's delegated tree, as systemd makes it.
+fn user_tree(uid: u32) -> String {
+    format!("user.slice/user-{uid}.slice/user@{uid}.service")
+}
+
+/// `selfheal config check` of `config` with `env`: its report.
+fn config_check(config: &Path, env: &[(&str, String)]) -> String {
+    let out = Command::new(selfheal_bin())
+        .args(["config", "check", "--config"])
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal config check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// Agent `agent`'s section of a `config check` report.
+fn section<'a>(report: &'a str, agent: &str) -> &'a str {
+    report
+        .split("\nagent ")
+        .find(|s| s.starts_with(&format!("{agent}\n")))
+        .unwrap_or_else(|| panic!("no agent {agent} in {report}"))
+}
+
+/// The root pids of agent `agent` in a `config check` report (its
+/// `processes` line: `pid 12 (…)`, `pids 12, 13 (…)`, `none (…)`).
+fn roots(report: &str, agent: &str) -> Vec<u32> {
+    let s = section(report, agent);
+    let line = s
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("processes"))
+        .unwrap_or_else(|| panic!("no processes line: {s}"))
+        .trim();
+    let Some(list) = line
+        .strip_prefix("pids ")
+        .or_else(|| line.strip_prefix("pid "))
+    else {
+        return Vec::new();
+    };
+    list.split(" (")
+        .next()
+        .unwrap_or("")
+        .split(", ")
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Root's `match = { unit = "X" }` is the system's X: never a cgroup of
+/// that name a user made in their own tree. `uid` names the user's.
+#[test]
+fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
+    const TEST: &str = "a_unit_a_user_made_in_their_own_tree_is_not_roots_unit";
+    if !need_root(TEST) {
+        return;
+    }
+    let unit = format!("ident-runner-{}.service", std::process::id());
+    let system = match Placed::start(&format!("system.slice/{unit}"), None) {
+        Ok(p) => p,
+        Err(e) => return skip(TEST, &format!("cannot make a unit's cgroup: {e}")),
+    };
+    let forged = Placed::start(
+        &format!("{}/app.slice/{unit}", user_tree(ATTACKER)),
+        Some(ATTACKER),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Below another system unit (a delegated service's own tree): a name.
+    let nested = Placed::start(
+        &format!(
+            "system.slice/ident-other-{}.service/{unit}",
+            std::process::id()
+        ),
+        Some(ATTACKER),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let scratch = Scratch::new("ident-unit");
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[[agent]]\nname = \"runner\"\nmatch = {{ unit = \"{unit}\" }}\n"),
+    )
+    .unwrap();
+    let report = config_check(&config, &[]);
+    eprintln!("{report}");
+    assert_eq!(
+        roots(&report, "runner"),
+        [system.pid()],
+        "root's unit is the system's only (the user's {} and the nested {} are not it): {report}",
+        forged.pid(),
+        nested.pid()
+    );
+    assert!(
+        section(&report, "runner").contains("(a system unit)"),
+        "{report}"
+    );
+    std::fs::write(
+        &config,
+        format!("[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"),
+    )
+    .unwrap();
+    let report = config_check(&config, &[]);
+    eprintln!("{report}");
+    assert_eq!(roots(&report, "users"), [forged.pid()], "{report}");
+}
+
+/// A container's cgroup name in a user's tree, an id of root's real
+/// container (Docker, started here), is not that container; nor is a
+/// process root put in the container's own cgroup from outside its pid
+/// namespace; and the restart's act-time check refuses both.
+#[test]
+fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
+    const TEST: &str = "a_docker_container_is_a_processs_only_where_the_runtime_says";
+    if !need_root(TEST) {
+        return;
+    }
+    for p in ["dockerd", "docker"] {
+        if !have(p) {
+            return skip(
+                TEST,
+                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
+            );
+        }
+    }
+    let Some(cg2) = cgroup2_root() else {
+        return skip(TEST, "no cgroup v2 hierarchy");
+    };
+    let scratch = Scratch::new("ident-docker");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let exec = PathBuf::from(format!("/run/shd-{}-ident", std::process::id()));
+    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
+    let tag = format!("selfheal-ident{}", std::process::id());
+    let image = format!("{tag}:1");
+    let name = format!("{tag}-runner");
+    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
+    let id = run_ok(docker(&sock).args([
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--label",
+        "app=runner",
+        &image,
+        "/bin/sleep",
+        "600",
+    ]))
+    .expect("docker run");
+    let id = id.trim().to_string();
+    let cleanup = || {
+        let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
+        let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
+    };
+    let result = std::panic::catch_unwind(|| {
+        let started = |what: &str| {
+            run_ok(docker(&sock).args(["inspect", "-f", what, &name]))
+                .expect("docker inspect")
+                .trim()
+                .to_string()
+        };
+        let init: u32 = started("{{.State.Pid}}").parse().expect("State.Pid");
+        let init_cgroup = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
+        // The user's process in a cgroup named for root's container.
+        let forged = Placed::start(
+            &format!("{}/app.slice/docker-{id}.scope", user_tree(ATTACKER)),
+            Some(ATTACKER),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        // A host process in the container's own cgroup (only root can put
+        // one there): anchored, but not in the container's pid namespace.
+        let own = init_cgroup
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .filter(|p| p.contains(&id))
+            .map(|p| p.trim_start_matches('/').to_string());
+        let outsider = own
+            .as_deref()
+            .map(|rel| Placed::start(rel, Some(ATTACKER)).unwrap_or_else(|e| panic!("{e}")));
+        if outsider.is_none() {
+            skip(
+                TEST,
+                &format!(
+                    "the outsider part: the container's init is in no v2 cgroup of it ({init_cgroup:?}; v2 at {})",
+                    cg2.display()
+                ),
+            );
+        }
+        let config = scratch.join("config.toml");
+        let mut text = format!(
+            "[[agent]]\nname = \"byname\"\nmatch = {{ container = \"{name}\" }}\n\n\
+             [[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
+            forged.pid()
+        );
+        if let Some(o) = &outsider {
+            text.push_str(&format!(
+                "\n[[agent]]\nname = \"outsider\"\nmatch = {{ pid = {} }}\n",
+                o.pid()
+            ));
+        }
+        std::fs::write(&config, text).unwrap();
+        let env = only_docker(&scratch, &sock, "5s");
+        let report = config_check(&config, &env);
+        eprintln!("{report}");
+        assert_eq!(roots(&report, "byname"), [init], "{report}");
+        // The forged process is in no container at all.
+        assert!(
+            !section(&report, "forged").contains("container  "),
+            "{report}"
+        );
+        if let Some(o) = &outsider {
+            let s = section(&report, "outsider");
+            assert!(!s.contains("container  "), "{report}");
+            assert!(
+                s.contains(&format!(
+                    "gap        pid {} is not taken for container {} (docker): it is not in the pid namespace of the container's init (pid {init})",
+                    o.pid(),
+                    &id[..12]
+                )),
+                "{report}"
+            );
+        }
+
+        // The restart's act-time check: never for a process the runtime
+        // does not place in the container.
+        let sources = selfheal::runtime::Sources {
+            docker: sock.clone(),
+            podman: scratch.join("no-podman.sock"),
+            containerd_state: scratch.join("no-containerd"),
+            timeout: Duration::from_secs(5),
+        };
+        let before = started("{{.State.StartedAt}}");
+        let mut targets = vec![("forged", forged.pid())];
+        if let Some(o) = &outsider {
+            targets.push(("outsider", o.pid()));
+        }
+        for (what, pid) in targets {
+            let start = selfheal::pidfd::start_ticks(pid).expect("its start time");
+            let e = selfheal::runtime::restart::restart_container(
+                &sources,
+                selfheal::runtime::Runtime::Docker,
+                &id,
+                pid,
+                start,
+                Duration::from_secs(1),
+                Duration::from_secs(20),
+            )
+            .expect_err(what);
+            eprintln!("{what}: {e}");
+            assert!(e.ends_with("left alone"), "{what}: {e}");
+            assert_eq!(started("{{.State.StartedAt}}"), before, "{what}: restarted");
+        }
+        drop(forged);
+        drop(outsider);
+        // The real one still restarts (the legit case unchanged).
+        let start = selfheal::pidfd::start_ticks(init).expect("init's start time");
+        selfheal::runtime::restart::restart_container(
+            &sources,
+            selfheal::runtime::Runtime::Docker,
+            &id,
+            init,
+            start,
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+        )
+        .expect("restart of the container's own init");
+        let after = started("{{.State.StartedAt}}");
+        assert_ne!(after, before, "not restarted");
+        // The same id now runs a new init: an act judged on the old one
+        // is refused, never aimed at what now has the id.
+        let e = selfheal::runtime::restart::restart_container(
+            &sources,
+            selfheal::runtime::Runtime::Docker,
+            &id,
+            init,
+            start,
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+        )
+        .expect_err("the old init");
+        eprintln!("the old init: {e}");
+        assert!(e.ends_with("left alone"), "{e}");
+        assert_eq!(started("{{.State.StartedAt}}"), after, "restarted again");
+        // Stopped: never restarted, whatever the process.
+        run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
+        let e = selfheal::runtime::restart::restart_container(
+            &sources,
+            selfheal::runtime::Runtime::Docker,
+            &id,
+            std::process::id(),
+            selfheal::pidfd::start_ticks(std::process::id()).unwrap(),
+            Duration::from_secs(1),
+            Duration::from_secs(20),
+        )
+        .expect_err("a stopped container");
+        eprintln!("stopped: {e}");
+        assert!(e.ends_with("left alone"), "{e}");
+        assert_eq!(started("{{.State.Status}}"), "exited");
+    });
+    cleanup();
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(&exec);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// A pod's cgroup shape (`kubepods-besteffort-pod<uid>.slice/
+/// cri-containerd-<id>.scope`) in a user's tree, for a task containerd
+/// knows (its OCI bundle with the kubelet's labels, as the shipped
+/// ConfigMap's rule matches them), is not that pod.
+#[test]
+fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
+    const TEST: &str = "a_pod_a_user_made_in_their_own_tree_is_not_the_pod";
+    if !need_root(TEST) {
+        return;
+    }
+    let scratch = Scratch::new("ident-pod");
+    let id = format!("{:0>64}", format!("1dea{:x}", std::process::id()));
+    let pod_uid = "5c1b4b8e-2f0e-4a57-9d7a-0d6a1c3e9b11";
+    let state = scratch.join("containerd");
+    let task = state.join("io.containerd.runtime.v2.task/k8s.io").join(&id);
+    std::fs::create_dir_all(&task).unwrap();
+    std::fs::write(
+        task.join("config.json"),
+        format!(
+            r#"{{"ociVersion":"1.0.2","annotations":{{"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-name":"runner-0","io.kubernetes.cri.sandbox-namespace":"agents","io.kubernetes.cri.sandbox-uid":"{pod_uid}","io.kubernetes.cri.container-name":"runner"}}}}"#
+        ),
+    )
+    .unwrap();
+    let forged = match Placed::start(
+        &format!(
+            "{}/app.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{id}.scope",
+            user_tree(ATTACKER),
+            pod_uid.replace('-', "_")
+        ),
+        Some(ATTACKER),
+    ) {
+        Ok(p) => p,
+        Err(e) => return skip(TEST, &format!("cannot make the cgroup: {e}")),
+    };
+    // The task's init as containerd would record it: the forged process
+    // itself (the most an attacker could hope for).
+    std::fs::write(task.join("init.pid"), forged.pid().to_string()).unwrap();
+    let configmap = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/kubernetes/configmap.yaml"),
+    )
+    .unwrap();
+    let rule = configmap
+        .lines()
+        .find(|l| l.trim_start().starts_with("match = {"))
+        .expect("the ConfigMap's match rule")
+        .trim()
+        .to_string();
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"pods\"\n{rule}\n\n[[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
+            forged.pid()
+        ),
+    )
+    .unwrap();
+    let env = vec![
+        (
+            "DOCKER_HOST",
+            format!("unix://{}", scratch.join("no-docker.sock").display()),
+        ),
+        (
+            "CONTAINER_HOST",
+            format!("unix://{}", scratch.join("no-podman.sock").display()),
+        ),
+        ("SELFHEAL_CONTAINERD_STATE", state.display().to_string()),
+        ("SELFHEAL_RUNTIME_TIMEOUT", "2s".to_string()),
+    ];
+    let report = config_check(&config, &env);
+    eprintln!("{report}");
+    assert_eq!(roots(&report, "pods"), Vec::<u32>::new(), "{report}");
+    assert!(
+        !section(&report, "forged").contains("container  "),
+        "{report}"
+    );
+}
+
+/// The attacker's other way to forge a line of `/proc/PID/cgroup`: a
+/// cgroup name with a newline and a `0::/system.slice/…` after it. The
+/// kernel refuses such a name, so every line read is one hierarchy's.
+#[test]
+fn a_cgroup_name_cannot_forge_a_line() {
+    const TEST: &str = "a_cgroup_name_cannot_forge_a_line";
+    if !need_root(TEST) {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        return skip(TEST, "no cgroup v2 hierarchy");
+    };
+    // The first component of such a path (`ident-PID⏎0::`, then
+    // `system.slice/docker-ID.scope` below it).
+    let name = format!("ident-{}\n0::", std::process::id());
+    match std::fs::create_dir(root.join(&name)) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}"),
+        Ok(()) => {
+            let _ = std::fs::remove_dir(root.join(&name));
+            panic!("the kernel made a cgroup whose name holds a newline");
+        }
+    }
+}
