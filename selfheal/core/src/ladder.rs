@@ -31,7 +31,7 @@ use crate::{
     config::HealConfig,
     inspect::Report,
     judge::{Judgement, Verdict},
-    model::DeadSocket,
+    model::{DeadKind, DeadSocket},
 };
 
 /// One healing action, fully addressed.
@@ -232,9 +232,9 @@ pub fn decide(
         hist.rung = None;
         hist.steps_this_wedge = 0;
         hist.gave_up = None;
-        return Decision::Nothing {
+        return end_unawaited(cfg, j, report, hist, now_ms).unwrap_or_else(|| Decision::Nothing {
             why: format!("{} is not wedged", j.verdict),
-        };
+        });
     }
     if let Some(d) = hold(cfg, report, hist, now_ms) {
         return d;
@@ -256,6 +256,63 @@ pub fn decide(
         return Decision::GaveUp { why };
     }
     Decision::Act { steps }
+}
+
+/// For an agent that is not wedged: the dead connections nobody waits on
+/// (an idle pooled one, proven dead by the prove stage's keepalive: its
+/// keepalive is expired) and the connection attempts past their
+/// `connect_timeout` (destroyed, so the connect fails now), within the
+/// action budget. A socket acted on within the step window is given that
+/// window. `None` when there is none.
+fn end_unawaited(
+    cfg: &HealConfig,
+    j: &Judgement,
+    report: &Report,
+    hist: &HealHistory,
+    now_ms: u64,
+) -> Option<Decision> {
+    if !cfg.sockets {
+        return None;
+    }
+    let window = cfg.step_window.as_millis() as u64;
+    let recent = |inode: u64| {
+        hist.actions.iter().any(|a| {
+            now_ms.saturating_sub(a.at_ms) < window
+                && matches!(a.step,
+                    Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode)
+        })
+    };
+    let steps: Vec<Step> = dead_sockets(j, report)
+        .into_iter()
+        .filter(|d| d.kind != DeadKind::Awaited && !recent(d.inode))
+        .map(|d| {
+            let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
+            if d.by_proof {
+                Step::ExpireKeepalive {
+                    pid,
+                    start_ticks,
+                    fd,
+                    inode,
+                }
+            } else {
+                Step::DestroySocket {
+                    pid,
+                    start_ticks,
+                    fd,
+                    inode,
+                }
+            }
+        })
+        .collect();
+    if steps.is_empty() {
+        return None;
+    }
+    Some(match over_budget(cfg, &steps, hist, now_ms) {
+        Some(why) => Decision::Nothing {
+            why: format!("dead connection(s) nobody waits on left open: {why}"),
+        },
+        None => Decision::Act { steps },
+    })
 }
 
 /// What keeps a wedged agent's ladder from acting now: a breaker already
