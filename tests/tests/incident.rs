@@ -285,6 +285,12 @@ fn silent_cut(caller: Caller, name: &'static str) {
         detect <= bound,
         "wedged {detect} ms after the cut (bound {bound} ms, checks took up to {took} ms)"
     );
+    // By selfheal's own proof keepalive, not the caller's keepalive.
+    let wedged = r.facts["wedged"].to_string();
+    assert!(
+        wedged.contains("\"proof\":true"),
+        "not by the proof: {wedged}"
+    );
     assert!(
         r.heals
             .iter()
@@ -334,6 +340,24 @@ fn an_anthropic_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
     silent_cut(Caller::Anthropic, "silent_cut_anthropic");
 }
 
+/// The event-loop SDKs, whose provider sent the head and the first event
+/// at once: nothing shows a call in flight, the proof finds it all the
+/// same, before the SDK's own keepalive (AsyncAnthropic arms one: 60 s).
+#[test]
+fn an_async_openai_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::AsyncOpenAi, "silent_cut_openai_async");
+}
+
+#[test]
+fn an_async_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::AsyncAnthropic, "silent_cut_anthropic_async");
+}
+
+#[test]
+fn a_litellm_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::Litellm, "silent_cut_litellm");
+}
+
 /// Behind a local proxy the proof says alive (the proxy's kernel ACKs),
 /// so a cut proxy→provider flow is `unresponsive` by `max_silence`, never
 /// `wedged`.
@@ -381,12 +405,28 @@ fn a_cut_behind_a_local_proxy_is_unresponsive_by_max_silence_never_wedged() {
 /// and the proof leaves every socket's keepalive options as it found them.
 #[test]
 fn fifty_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
-    let name = "many_thinking";
+    many_thinking(Caller::OpenAi, "many_thinking");
+}
+
+/// The same with 50 concurrent calls on one asyncio event loop
+/// (`AsyncOpenAI`), half of whose heads and first events came at once.
+#[test]
+fn fifty_async_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
+    many_thinking(Caller::AsyncOpenAi, "many_thinking_async");
+}
+
+fn many_thinking(caller: Caller, name: &'static str) {
     if !need_root(name) {
         return;
     }
-    let r = scenario::many_thinking(&options(), 50, Duration::from_secs(330), &mut log(name))
-        .expect("the scenario ran");
+    let r = scenario::many_thinking(
+        &options(),
+        caller,
+        50,
+        Duration::from_secs(330),
+        &mut log(name),
+    )
+    .expect("the scenario ran");
     summary(&r, name);
     eprintln!(
         "{name}: facts {}",

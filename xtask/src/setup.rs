@@ -38,11 +38,11 @@ const UNWANTED_SERVICES: &[&str] = &["prometheus.service", "prometheus-alertmana
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// The official LLM SDKs the silent-call scenarios drive the testbed's
-/// provider with (`selfheal-testbed provider`, `tests/src/testbed/`; the
-/// SDK side is `tests/py/sdk_runner.py`), at the versions verified against
-/// it.
-const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0"];
+/// The official LLM SDKs, and litellm (what OpenHands and aider call), the
+/// silent-call scenarios drive the testbed's provider with
+/// (`selfheal-testbed provider`, `tests/src/testbed/`; the SDK side is
+/// `tests/py/sdk_runner.py`), at the versions verified against it.
+const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0", "litellm==1.110.2"];
 
 pub fn all() -> Result<()> {
     debian_packages()?;
@@ -78,12 +78,12 @@ fn kubernetes_validate() -> Result<()> {
     run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
 }
 
-/// The `openai` and `anthropic` Python packages, for the `python3` on PATH
-/// (the one the scenarios run). Installed with pip only when either does
-/// not import.
+/// The `openai`, `anthropic` and `litellm` Python packages, for the
+/// `python3` on PATH (the one the scenarios run). Installed with pip only
+/// when one does not import.
 fn python_sdks() -> Result<()> {
     let have = Command::new("python3")
-        .args(["-c", "import openai, anthropic"])
+        .args(["-c", "import openai, anthropic, litellm"])
         .output()
         .map(|o| o.status.success())
         .context("cannot run python3 (Debian package python3)")?;

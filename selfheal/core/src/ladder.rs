@@ -263,7 +263,7 @@ pub fn decide(
 /// keepalive is expired) and the connection attempts past their
 /// `connect_timeout` (destroyed, so the connect fails now), within the
 /// action budget. A socket acted on within the step window is given that
-/// window. `None` when there is none.
+/// window (`Wait`). `None` when there is none.
 fn end_unawaited(
     cfg: &HealConfig,
     j: &Judgement,
@@ -275,16 +275,30 @@ fn end_unawaited(
         return None;
     }
     let window = cfg.step_window.as_millis() as u64;
+    // When a step on this socket was taken within the window.
     let recent = |inode: u64| {
-        hist.actions.iter().any(|a| {
-            now_ms.saturating_sub(a.at_ms) < window
+        hist.actions.iter().rev().find_map(|a| {
+            (now_ms.saturating_sub(a.at_ms) < window
                 && matches!(a.step,
-                    Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode)
+                    Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode))
+            .then_some(a.at_ms)
         })
     };
-    let steps: Vec<Step> = dead_sockets(j, report)
+    let (waiting, fresh): (Vec<DeadSocket>, Vec<DeadSocket>) = dead_sockets(j, report)
         .into_iter()
-        .filter(|d| d.kind != DeadKind::Awaited && !recent(d.inode))
+        .filter(|d| d.kind != DeadKind::Awaited)
+        .partition(|d| recent(d.inode).is_some());
+    if fresh.is_empty() {
+        // Ended within the window: given its time (and its proof is not
+        // put back meanwhile).
+        let last = waiting.iter().filter_map(|d| recent(d.inode)).max()?;
+        return Some(Decision::Wait {
+            why: "giving the dead connection(s) already ended their window".into(),
+            until_ms: last.saturating_add(window),
+        });
+    }
+    let steps: Vec<Step> = fresh
+        .into_iter()
         .map(|d| {
             let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
             if d.by_proof {

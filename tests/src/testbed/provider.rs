@@ -31,16 +31,22 @@ pub struct Args {
 /// How a call through the compatible APIs is paced, from its `model`:
 /// dash-separated pairs `think-MS` (silence before the first byte of the
 /// body, default 200), `gap-MS` (between tokens, default 50), `tokens-N`
-/// (default 10, at most 100 000), and `head-late` (the response head only
+/// (default 10, at most 100 000), `head-late` (the response head only
 /// with the first token; default `head-early`: the head at once, as
-/// providers that acknowledge a request before thinking do). Unknown words
-/// are ignored, so any model name works.
+/// providers that acknowledge a request before thinking do), and
+/// `first-early` (with an early head, the first event too, OpenAI's role
+/// chunk or Anthropic's `message_start`, before thinking: what real
+/// providers do), and `lag-MS` (an early head only after MS, default 0: a
+/// real provider's head comes some ticks after the request, not in the
+/// same one). Unknown words are ignored, so any model name works.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
     pub think: Duration,
     pub gap: Duration,
     pub tokens: u64,
     pub head_late: bool,
+    pub first_early: bool,
+    pub lag: Duration,
 }
 
 impl Pacing {
@@ -50,6 +56,8 @@ impl Pacing {
             gap: Duration::from_millis(50),
             tokens: 10,
             head_late: false,
+            first_early: false,
+            lag: Duration::ZERO,
         };
         let words: Vec<&str> = model.split('-').collect();
         for pair in words.windows(2) {
@@ -59,6 +67,8 @@ impl Pacing {
                 ("gap", Some(ms)) => p.gap = Duration::from_millis(ms),
                 ("tokens", Some(k)) => p.tokens = k.min(100_000),
                 ("head", _) => p.head_late = pair[1] == "late",
+                ("first", _) => p.first_early = pair[1] == "early",
+                ("lag", Some(ms)) => p.lag = Duration::from_millis(ms),
                 _ => {}
             }
         }
@@ -176,10 +186,15 @@ async fn compatible(
         s.write_all(out.as_bytes()).await?;
         return s.shutdown().await;
     }
+    // The first event before thinking (with an early head), else after.
+    let first_early = pace.first_early && !pace.head_late;
     if !pace.head_late {
+        tokio::time::sleep(pace.lag).await;
         s.write_all(SSE_HEAD).await?;
     }
-    tokio::time::sleep(pace.think).await;
+    if !first_early {
+        tokio::time::sleep(pace.think).await;
+    }
     let mut first = Vec::new();
     if pace.head_late {
         first.extend_from_slice(SSE_HEAD);
@@ -200,6 +215,9 @@ async fn compatible(
                 Value::Null,
             ));
             s.write_all(&first).await?;
+            if first_early {
+                tokio::time::sleep(pace.think).await;
+            }
             for _ in 0..pace.tokens {
                 s.write_all(&chunk(json!({"content": "tok "}), Value::Null))
                     .await?;
@@ -222,6 +240,9 @@ async fn compatible(
                         "content_block": {"type": "text", "text": ""}}),
             ));
             s.write_all(&first).await?;
+            if first_early {
+                tokio::time::sleep(pace.think).await;
+            }
             for _ in 0..pace.tokens {
                 let delta = json!({"type": "content_block_delta", "index": 0,
                                    "delta": {"type": "text_delta", "text": "tok "}});
@@ -278,6 +299,9 @@ mod tests {
         let d = Pacing::parse("gpt-4o");
         assert_eq!(d.think, Duration::from_millis(200));
         assert!(!d.head_late);
+        assert!(!d.first_early);
+        assert!(Pacing::parse("think-9-first-early").first_early);
+        assert_eq!(Pacing::parse("lag-300").lag, Duration::from_millis(300));
         assert_eq!(Pacing::parse("tokens-999999999").tokens, 100_000);
     }
 }

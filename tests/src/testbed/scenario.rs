@@ -1132,6 +1132,13 @@ pub enum Caller {
     /// The official `anthropic` Python SDK, which enables SO_KEEPALIVE
     /// itself (60 s idle and interval, 5 probes).
     Anthropic,
+    /// `openai.AsyncOpenAI` on asyncio (an event loop in `epoll_wait`).
+    AsyncOpenAi,
+    /// `anthropic.AsyncAnthropic` on asyncio (its own keepalive, as above).
+    AsyncAnthropic,
+    /// `litellm.acompletion` on its `openai/` route (what OpenHands and
+    /// aider call), on asyncio.
+    Litellm,
 }
 
 impl Caller {
@@ -1141,7 +1148,19 @@ impl Caller {
             Caller::Tokio => "tokio",
             Caller::OpenAi => "openai",
             Caller::Anthropic => "anthropic",
+            Caller::AsyncOpenAi => "openai_async",
+            Caller::AsyncAnthropic => "anthropic_async",
+            Caller::Litellm => "litellm",
         }
+    }
+
+    /// Whether it waits in an event loop's `epoll_wait`, where no thread
+    /// is seen waiting on the socket of a call.
+    pub fn event_loop(self) -> bool {
+        matches!(
+            self,
+            Caller::Tokio | Caller::AsyncOpenAi | Caller::AsyncAnthropic | Caller::Litellm
+        )
     }
 }
 
@@ -1175,12 +1194,15 @@ pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
         );
     }
     let out = Command::new("python3")
-        .args(["-c", "import sys, openai, anthropic; print(sys.executable)"])
+        .args([
+            "-c",
+            "import sys, openai, anthropic, litellm; print(sys.executable)",
+        ])
         .output()
         .context("cannot run python3")?;
     if !out.status.success() {
         bail!(
-            "python3 cannot import the openai and anthropic SDKs (`cargo xtask setup` installs them): {}",
+            "python3 cannot import the openai and anthropic SDKs and litellm (`cargo xtask setup` installs them): {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
@@ -1408,12 +1430,25 @@ pub fn waits(pid: u32, fds: &[i32]) -> Vec<String> {
 }
 
 /// An `[[agent]]` block for an SDK runner named `name` calling `upstream`.
-fn sdk_agent(name: &str, upstream: SocketAddr, status: SocketAddr, provider_extra: &str) -> String {
+/// The config block of an SDK runner. With `claims`, its status probe reads
+/// the agent's `current_task`; without, the probe only says it answers,
+/// and whether a call is in flight rests on the kernel alone.
+fn sdk_agent(
+    name: &str,
+    upstream: SocketAddr,
+    status: SocketAddr,
+    provider_extra: &str,
+    claims: bool,
+) -> String {
+    let fields = if claims {
+        "fields = { current_task = \"/current_task\" }\n"
+    } else {
+        ""
+    };
     format!(
         "[[agent]]\nname = \"{name}\"\nmatch = {{ cmdline = \"sdk_runner.py --name {name} \" }}\n\
          [[agent.upstream]]\nrole = \"provider\"\naddr = \"{upstream}\"\n{provider_extra}\
-         [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
-         fields = {{ current_task = \"/current_task\" }}\n\
+         [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n{fields}\
          [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
          [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n{PROOF}"
     )
@@ -1448,12 +1483,15 @@ fn start_caller(
         }
         Caller::OpenAi => "openai",
         Caller::Anthropic => "anthropic",
+        Caller::AsyncOpenAi => "openai-async",
+        Caller::AsyncAnthropic => "anthropic-async",
+        Caller::Litellm => "litellm",
     };
     let (python, script) = sdk_runner()?;
     let status = SocketAddr::from(([127, 0, 0, 1], SDK_STATUS_PORT));
     let base = match caller {
-        Caller::OpenAi => format!("http://{upstream}/v1"),
-        _ => format!("http://{upstream}"),
+        Caller::Anthropic | Caller::AsyncAnthropic => format!("http://{upstream}"),
+        _ => format!("http://{upstream}/v1"),
     };
     let mut cmd = bed.topo.runners.command(&python);
     cmd.arg(&script)
@@ -1468,9 +1506,15 @@ fn start_caller(
         ])
         .arg(status.to_string());
     // OpenAI's API sends the response head with the first token, Anthropic's
-    // at once: the first call's head comes as each provider's would.
+    // at once: the first call's head comes as each provider's would. The
+    // event-loop clients get the hard case: the head and the first event
+    // (role chunk, `message_start`) 300 ms after the request (so the last
+    // thing on the socket is plainly a receive), then the thinking.
     let models = models.unwrap_or_else(|| match caller {
         Caller::OpenAi => vec![format!("{NEVER_MODEL}-head-late")],
+        Caller::AsyncOpenAi | Caller::AsyncAnthropic | Caller::Litellm => {
+            vec![format!("{NEVER_MODEL}-first-early-lag-300")]
+        }
         _ => vec![NEVER_MODEL.into()],
     });
     if models.len() > 1 {
@@ -1481,7 +1525,9 @@ fn start_caller(
     for m in &models {
         cmd.args(["--model", m]);
     }
-    let block = sdk_agent(name, upstream, status, provider_extra);
+    // The event-loop SDKs' agents tell nothing of their calls: the hard
+    // case, where only the kernel's evidence and the proof can tell.
+    let block = sdk_agent(name, upstream, status, provider_extra, !caller.event_loop());
     bed.spawn(name, cmd, Some(block))?;
     bed.expect_line(name, "ready", Duration::from_secs(30))?;
     Ok(())
@@ -1750,36 +1796,43 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
     Ok(report)
 }
 
-/// No false heals at scale: one agent (the openai SDK runner, one process)
-/// with `n` threads, each calling a model that thinks between 30 and 300 s
-/// (spread evenly; every other one sends the response head only with the
-/// first token) and then streams, checked every `opts.check_every` for
-/// `length`. Every provider socket's keepalive options are read before
+/// No false heals at scale: one agent (an SDK runner, one process) with `n`
+/// callers (`caller`: threads of the sync SDK, or tasks of one event loop),
+/// each calling a model that thinks between 30 and 300 s (spread evenly;
+/// every other one sends the response head only with the first token, the
+/// others at once, and for an event loop with the first event too) and
+/// then streams, checked every `opts.check_every` for `length`. Every provider socket's keepalive options are read before
 /// the first check and again while it thinks, every 15 s (through pidfd,
 /// as root): the proof must put back what it changed.
 pub fn many_thinking(
     opts: &Options,
+    caller: Caller,
     n: usize,
     length: Duration,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
     use selfheal::actions::{open_target, read_keepalive};
     let name = "thinkers";
-    let mut report = Report::new("many_thinking");
+    let mut report = Report::new(&format!("many_thinking_{}", caller.name()));
     let mut bed = Bed::new(opts, "many", Duration::from_secs(1))?;
     let provider = bed.provider();
     let models: Vec<String> = (0..n)
         .map(|i| {
             let think = 30_000 + (270_000 * i as u64) / (n.max(2) as u64 - 1);
             // Half send the response head at once, half with the first token.
-            let head = if i % 2 == 0 { "early" } else { "late" };
+            let head = match (i % 2, caller.event_loop()) {
+                (0, true) => "early-first-early",
+                (0, false) => "early",
+                _ => "late",
+            };
             format!("think-{think}-gap-100-tokens-20-head-{head}")
         })
         .collect();
-    start_caller(&mut bed, name, Caller::OpenAi, provider, "", Some(models))?;
+    start_caller(&mut bed, name, caller, provider, "", Some(models))?;
     say(Event::Setup {
         what: format!(
-            "one openai SDK process, {n} threads, each calling a model that thinks 30–300 s then streams 20 tokens; a check every {} ms for {length:?}",
+            "one {} SDK process, {n} callers, each calling a model that thinks 30–300 s then streams 20 tokens; a check every {} ms for {length:?}",
+            caller.name(),
             opts.check_every.as_millis()
         ),
     });

@@ -755,7 +755,17 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
         &mut h,
         1_010 * SEC,
     );
-    assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
+    assert_eq!(
+        d,
+        Decision::Wait {
+            why: "giving the dead connection(s) already ended their window".into(),
+            until_ms: 1_030 * SEC
+        }
+    );
+    // Past it, still there: ended again.
+    let again = finding(DeadKind::Idle, true, Verdict::Degraded);
+    let d = decide(&cfg, &again, &r, &mut h, 1_031 * SEC);
+    assert!(matches!(d, Decision::Act { .. }), "{d:?}");
     // A hung connect: destroyed.
     let mut h = HealHistory::default();
     let d = decide(
