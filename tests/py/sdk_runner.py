@@ -12,14 +12,15 @@
 `litellm` (`litellm.acompletion` on its `openai/` route): one asyncio
 event loop, a task per caller, all waiting in `epoll_wait`. Each of
 `--threads` callers (caller i calls with the i-th `--model`, cycling)
-makes streaming calls one after another: its first with its model, later ones with `--then-model`
+makes streaming calls (whole ones with `--whole`, openai only) one after
+another: its first with its model, later ones with `--then-model`
 (default: the same model). Every call prints one line on stdout, flushed:
 
     call N start
     call N done tokens=K
     call N failed: ExceptionType: message
 
-then the thread sleeps 200 ms and goes on: a failed call never ends the
+then the caller sleeps 200 ms (`--pause-ms`) and goes on: a failed call never ends the
 process. The clients are the SDKs' defaults (their own timeouts, connection
 pools and socket options) except `max_retries=0`, so that a failure is seen
 as it happens. With `--status`, `GET /status` answers the agent's own story:
@@ -75,6 +76,16 @@ def call_openai(client, model):
             if chunk.choices and chunk.choices[0].delta.content:
                 tokens += 1
     return tokens
+
+
+def call_openai_whole(client, model):
+    """A call without streaming: the answer in one body, its connection
+    then back in the SDK's pool."""
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Say something."}],
+    )
+    return len((reply.choices[0].message.content or "").split())
 
 
 def call_anthropic(client, model):
@@ -168,7 +179,7 @@ def worker(index, args, client, call):
         end(n, outcome)
         made += 1
         model = args.then_model or model
-        time.sleep(0.2)
+        time.sleep(args.pause_ms / 1000)
 
 
 async def aworker(index, args, client, call):
@@ -186,7 +197,7 @@ async def aworker(index, args, client, call):
         end(n, outcome)
         made += 1
         model = args.then_model or model
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(args.pause_ms / 1000)
 
 
 async def aworkers(args, client, call):
@@ -231,13 +242,15 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=0, help="calls per thread (0: forever)")
     p.add_argument("--status", help="HOST:PORT of GET /status")
+    p.add_argument("--pause-ms", type=int, default=200, help="between a caller's calls")
+    p.add_argument("--whole", action="store_true", help="openai: calls without streaming")
     args = p.parse_args()
 
     if args.sdk == "openai":
         import openai
 
         client = openai.OpenAI(base_url=args.base_url, api_key="x", max_retries=0)
-        call = call_openai
+        call = call_openai_whole if args.whole else call_openai
         version = openai.__version__
     elif args.sdk == "anthropic":
         import anthropic

@@ -358,6 +358,60 @@ fn a_litellm_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
     silent_cut(Caller::Litellm, "silent_cut_litellm");
 }
 
+/// An idle pooled connection whose peer was cut is proven dead with no
+/// call waiting on it, said as such (not `wedged`), and ended before the
+/// agent's next call, which goes out on a fresh connection at once.
+#[test]
+fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
+    let name = "pooled_cut";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::pooled_cut(&options(), &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    let detect = r
+        .detect_ms
+        .unwrap_or_else(|| panic!("never found: {:?} {:?}", r.verdicts, r.reasons));
+    // suspect_after 2 s (from the last answer, ~1 s before the cut) + proof
+    // idle 1 s + 3 probes × 1 s + one check interval + the check's own time.
+    let bound = 2000 + 1000 + 3 * 1000 + 1000 + check_ms(&r);
+    assert!(detect <= bound, "found {detect} ms after the cut (bound {bound})");
+    assert_eq!(
+        r.verdicts_outside("pooled", &["healthy", "idle", "busy", "degraded"]),
+        Vec::<String>::new(),
+        "{:?}",
+        r.reasons
+    );
+    let ended = &r.facts["ended"];
+    assert_eq!(ended["verdict"], "degraded", "{ended}");
+    assert!(ended["snapshot"].is_string(), "no snapshot first: {ended}");
+    assert!(
+        r.heals.iter().any(|h| h == "pooled: expire_keepalive"),
+        "{:?}",
+        r.heals
+    );
+    let started = fact_ms(&r, "next_call_started_ms").expect("the next call started");
+    assert!(started > detect, "the next call ({started} ms) went out before the end ({detect} ms)");
+    let done = fact_ms(&r, "next_call_done_ms").expect("the next call done");
+    assert!(done - started < 5_000, "the next call took {} ms", done - started);
+    assert_eq!(r.facts["calls_failed"], 0, "{:?}", r.facts);
+    let cut_local = r.facts["cut"][0]["local"].as_str().unwrap_or_default().to_string();
+    assert_ne!(
+        r.facts["next_call_local"].as_str(),
+        Some(cut_local.as_str()),
+        "the next call reused the dead connection"
+    );
+    assert_eq!(r.facts["same_pid"], true);
+    eprintln!(
+        "{name}: ended {detect} ms after the cut (bound {bound}); next call at {started} ms, done at {done} ms, on {} (cut: {cut_local})",
+        r.facts["next_call_local"]
+    );
+}
+
 /// Behind a local proxy the proof says alive (the proxy's kernel ACKs),
 /// so a cut proxy→provider flow is `unresponsive` by `max_silence`, never
 /// `wedged`.

@@ -1466,6 +1466,20 @@ fn start_caller(
     provider_extra: &str,
     models: Option<Vec<String>>,
 ) -> anyhow::Result<()> {
+    start_caller_with(bed, name, caller, upstream, provider_extra, models, &[])
+}
+
+/// [`start_caller`], with more arguments for an SDK runner
+/// (`tests/py/sdk_runner.py`: `--pause-ms`, `--whole`).
+fn start_caller_with(
+    bed: &mut Bed,
+    name: &str,
+    caller: Caller,
+    upstream: SocketAddr,
+    provider_extra: &str,
+    models: Option<Vec<String>>,
+    extra: &[&str],
+) -> anyhow::Result<()> {
     let sdk = match caller {
         Caller::Blocking | Caller::Tokio => {
             let mut spec = RunnerSpec::new(
@@ -1517,6 +1531,7 @@ fn start_caller(
         }
         _ => vec![NEVER_MODEL.into()],
     });
+    cmd.args(extra);
     if models.len() > 1 {
         cmd.args(["--threads", &models.len().to_string()]);
     } else {
@@ -1918,6 +1933,136 @@ pub fn many_thinking(
     report
         .facts
         .insert("calls_failed".into(), calls.failed_total.into());
+    report.facts.insert("pid".into(), pid.into());
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
+
+/// An idle pooled connection whose peer is cut: the sync openai SDK makes a
+/// call that answers at once (not streamed: the SDK closes a streamed
+/// answer's connection at `[DONE]`), then pauses 20 s with its connection
+/// idle in its pool, and the flow is cut 1 s into the pause. Nobody waits on it, so
+/// the proof's answer decides alone: `idle_connection_dead` (degraded, not
+/// wedged), a snapshot, and the connection ended before the next call,
+/// which goes out on a fresh connection and completes at once.
+pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "pooled";
+    let mut report = Report::new("pooled_cut");
+    let mut bed = Bed::new(opts, "pool", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::OpenAi,
+        provider,
+        "",
+        Some(vec![format!("{FAST_MODEL}-pool")]),
+        &["--whole", "--pause-ms", "20000"],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "the openai SDK calls {provider} with a model that answers at once, then pauses 20 s with its connection idle in its pool; suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    let read = |bed: &Bed, lines: &mut Vec<CallLine>, say: &mut dyn FnMut(Event)| {
+        for line in bed.lines(name).unwrap_or_default() {
+            if let Some(c) = CallLine::parse(&line) {
+                say(Event::Note {
+                    at_ms: bed.at_ms(),
+                    text: format!("{name}: {line}"),
+                });
+                lines.push(c);
+            }
+        }
+    };
+    bed.wait("the first call done", Duration::from_secs(30), || {
+        read(&bed, &mut lines, say);
+        Ok(lines
+            .iter()
+            .any(|l| matches!(l, CallLine::Done(..)))
+            .then_some(()))
+    })?;
+    let flows = bed.wait("the pooled connection", Duration::from_secs(10), || {
+        let c = connections_to(pid, provider);
+        Ok((!c.is_empty()).then_some(c))
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    for f in &flows {
+        bed.topo.drop_provider_flow(f.local)?;
+    }
+    let cut = Instant::now();
+    report
+        .facts
+        .insert("cut".into(), serde_json::to_value(&flows)?);
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the idle pooled flow(s) {} ↔ {provider} both ways, without a FIN or RST",
+            flows
+                .iter()
+                .map(|f| f.local.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let done_before = lines.iter().filter(|l| matches!(l, CallLine::Done(..))).count();
+    let (mut next_start, mut next_done): (Option<u64>, Option<u64>) = (None, None);
+    let mut next_local: Option<String> = None;
+    checks(&bed, &mut report, say, Duration::from_secs(40), |bed, run, report, say| {
+        let at = cut.elapsed().as_millis() as u64;
+        if let Some(o) = run.of(name)
+            && report.detect_ms.is_none()
+            && o["reasons"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["code"] == "idle_connection_dead"))
+        {
+            report.detect_ms = Some(at);
+            report.facts.insert("ended".into(), o.clone());
+        }
+        let seen = lines.len();
+        read(bed, &mut lines, say);
+        for l in &lines[seen..] {
+            match l {
+                CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
+                CallLine::Done(..)
+                    if next_done.is_none()
+                        && lines.iter().filter(|l| matches!(l, CallLine::Done(..))).count()
+                            > done_before =>
+                {
+                    next_done = Some(at)
+                }
+                _ => {}
+            }
+        }
+        if next_start.is_some() && next_local.is_none() {
+            next_local = connections_to(pid, provider)
+                .first()
+                .map(|s| s.local.to_string());
+        }
+        Ok(next_done.is_some())
+    })?;
+    let failed = lines
+        .iter()
+        .filter(|l| matches!(l, CallLine::Failed(..)))
+        .count();
+    report.facts.insert("calls_failed".into(), failed.into());
+    if let Some(ms) = next_start {
+        report.facts.insert("next_call_started_ms".into(), ms.into());
+    }
+    if let Some(ms) = next_done {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "next_call_local".into(),
+        next_local.map_or(serde_json::Value::Null, Into::into),
+    );
     report.facts.insert("pid".into(), pid.into());
     report.facts.insert(
         "same_pid".into(),
