@@ -412,6 +412,49 @@ fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
     );
 }
 
+/// A connect the provider never answers is `unresponsive` by the
+/// upstream's `connect_timeout`, and ended: litellm's connect fails at
+/// once instead of after the kernel's SYN retries, same pid, and its next
+/// call completes once the provider answers.
+#[test]
+fn a_hanging_connect_is_unresponsive_by_connect_timeout_and_fails_now() {
+    let name = "hanging_connect";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::hanging_connect(&options(), &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    // When a check first saw the attempt in SYN-SENT (litellm takes a few
+    // seconds from its call to its connect).
+    let started = fact_ms(&r, "syn_sent_seen_ms").expect("the connection attempt seen");
+    let detect = r
+        .detect_ms
+        .unwrap_or_else(|| panic!("never unresponsive: {:?} {:?}", r.verdicts, r.reasons));
+    // connect_timeout 3 s + one check interval + the check's own time.
+    let bound = started + 3000 + 1000 + check_ms(&r);
+    assert!(detect <= bound, "found at {detect} ms (bound {bound})");
+    assert_eq!(r.facts["unresponsive"]["verdict"], "unresponsive");
+    assert!(
+        r.heals.iter().any(|h| h == "connecting: destroy_socket"),
+        "{:?}",
+        r.heals
+    );
+    let failed = fact_ms(&r, "call_failed_ms").expect("the connect failed");
+    assert!(failed >= detect && failed <= detect + 2_000, "failed at {failed} ms, found at {detect} ms");
+    assert!(fact_ms(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
+    assert_eq!(r.facts["same_pid"], true);
+    eprintln!(
+        "{name}: unresponsive {} ms after its SYN-SENT socket was first seen (bound {}), its connect failed at {failed} ms with {}",
+        detect - started,
+        bound - started,
+        r.facts["call_failed_error"]
+    );
+}
+
 /// Behind a local proxy the proof says alive (the proxy's kernel ACKs),
 /// so a cut proxy→provider flow is `unresponsive` by `max_silence`, never
 /// `wedged`.

@@ -2070,3 +2070,108 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
     );
     Ok(report)
 }
+
+/// A connect that never completes: the provider's SYNs go unanswered from
+/// the start, and `litellm.acompletion` (which waits out the kernel's SYN
+/// retries, about 130 s) calls it. The upstream's `connect_timeout = "3s"`
+/// must make it `unresponsive` (`connect_timeout`), the heal end the
+/// attempt so the caller's connect fails now (its own error path, same
+/// pid); then the provider answers again and the next call completes.
+pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "connecting";
+    let mut report = Report::new("hanging_connect");
+    let mut bed = Bed::new(opts, "syn", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    bed.topo.drop_provider_syns(provider.port())?;
+    let fault = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!("the provider {provider} answers no new connection (its SYNs dropped)"),
+    });
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::Litellm,
+        provider,
+        "connect_timeout = \"3s\"\n",
+        Some(vec![FAST_MODEL.into()]),
+        &[],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "litellm calls {provider}; connect_timeout 3 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    let (mut started, mut failed, mut done): (Option<u64>, Option<(u64, String)>, Option<u64>) =
+        (None, None, None);
+    let mut syn_sent: Option<u64> = None;
+    let mut answering = false;
+    checks(&bed, &mut report, say, Duration::from_secs(60), |bed, run, report, say| {
+        let at = fault.elapsed().as_millis() as u64;
+        if syn_sent.is_none()
+            && tcp_sockets(pid)
+                .unwrap_or_default()
+                .iter()
+                .any(|s| s.remote == provider && s.state == 2)
+        {
+            syn_sent = Some(at);
+        }
+        if let Some(o) = run.of(name)
+            && report.detect_ms.is_none()
+            && o["reasons"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["code"] == "connect_timeout"))
+        {
+            report.detect_ms = Some(at);
+            report.facts.insert("unresponsive".into(), o.clone());
+        }
+        for line in bed.lines(name).unwrap_or_default() {
+            if let Some(c) = CallLine::parse(&line) {
+                say(Event::Note {
+                    at_ms: bed.at_ms(),
+                    text: format!("{name}: {line}"),
+                });
+                lines.push(c);
+            }
+        }
+        for l in &lines {
+            match l {
+                CallLine::Start(_) if started.is_none() => started = Some(at),
+                CallLine::Failed(_, e) if failed.is_none() => failed = Some((at, e.clone())),
+                CallLine::Done(..) if done.is_none() => done = Some(at),
+                _ => {}
+            }
+        }
+        // Once the attempt has failed, the provider answers again.
+        if failed.is_some() && !answering {
+            bed.topo.answer_provider_syns(provider.port())?;
+            answering = true;
+        }
+        Ok(done.is_some())
+    })?;
+    if !answering {
+        bed.topo.answer_provider_syns(provider.port())?;
+    }
+    if let Some(ms) = syn_sent {
+        report.facts.insert("syn_sent_seen_ms".into(), ms.into());
+    }
+    if let Some(ms) = started {
+        report.facts.insert("call_started_ms".into(), ms.into());
+    }
+    if let Some((ms, e)) = failed {
+        report.facts.insert("call_failed_ms".into(), ms.into());
+        report.facts.insert("call_failed_error".into(), e.into());
+    }
+    if let Some(ms) = done {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
