@@ -257,10 +257,15 @@ fn fact_ms(r: &Report, key: &str) -> Option<u64> {
 /// keepalive goes unanswered, so `wedged`; the heal fails the caller's own
 /// call (same process) and its next call starts and completes.
 fn silent_cut(caller: Caller, name: &'static str) {
+    silent_cut_of(caller, None, name);
+}
+
+fn silent_cut_of(caller: Caller, model: Option<&str>, name: &'static str) {
     if !need_root(name) {
         return;
     }
-    let r = scenario::silent_cut(&options(), caller, &mut log(name)).expect("the scenario ran");
+    let r = scenario::silent_cut_of(&options(), caller, model, &mut log(name))
+        .expect("the scenario ran");
     summary(&r, name);
     eprintln!(
         "{name}: facts {}",
@@ -358,6 +363,26 @@ fn a_litellm_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
     silent_cut(Caller::Litellm, "silent_cut_litellm");
 }
 
+/// The head and first event in the same kernel tick as the request.
+#[test]
+fn an_async_call_whose_head_came_in_the_requests_tick_is_proven_dead_and_fails() {
+    silent_cut_of(
+        Caller::AsyncOpenAi,
+        Some("think-600000-gap-100-tokens-20-first-early"),
+        "silent_cut_openai_async_same_tick",
+    );
+}
+
+/// The head 300 ms after the request, and no first event before thinking.
+#[test]
+fn an_async_call_with_a_head_and_no_first_event_is_proven_dead_and_fails() {
+    silent_cut_of(
+        Caller::AsyncOpenAi,
+        Some("think-600000-gap-100-tokens-20-lag-300"),
+        "silent_cut_openai_async_head_only",
+    );
+}
+
 /// An idle pooled connection whose peer was cut is proven dead with no
 /// call waiting on it, said as such (not `wedged`), and ended before the
 /// agent's next call, which goes out on a fresh connection at once.
@@ -379,7 +404,10 @@ fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
     // suspect_after 2 s (from the last answer, ~1 s before the cut) + proof
     // idle 1 s + 3 probes × 1 s + one check interval + the check's own time.
     let bound = 2000 + 1000 + 3 * 1000 + 1000 + check_ms(&r);
-    assert!(detect <= bound, "found {detect} ms after the cut (bound {bound})");
+    assert!(
+        detect <= bound,
+        "found {detect} ms after the cut (bound {bound})"
+    );
     assert_eq!(
         r.verdicts_outside("pooled", &["healthy", "idle", "busy", "degraded"]),
         Vec::<String>::new(),
@@ -395,11 +423,21 @@ fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
         r.heals
     );
     let started = fact_ms(&r, "next_call_started_ms").expect("the next call started");
-    assert!(started > detect, "the next call ({started} ms) went out before the end ({detect} ms)");
+    assert!(
+        started > detect,
+        "the next call ({started} ms) went out before the end ({detect} ms)"
+    );
     let done = fact_ms(&r, "next_call_done_ms").expect("the next call done");
-    assert!(done - started < 5_000, "the next call took {} ms", done - started);
+    assert!(
+        done - started < 5_000,
+        "the next call took {} ms",
+        done - started
+    );
     assert_eq!(r.facts["calls_failed"], 0, "{:?}", r.facts);
-    let cut_local = r.facts["cut"][0]["local"].as_str().unwrap_or_default().to_string();
+    let cut_local = r.facts["cut"][0]["local"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert_ne!(
         r.facts["next_call_local"].as_str(),
         Some(cut_local.as_str()),
@@ -444,7 +482,10 @@ fn a_hanging_connect_is_unresponsive_by_connect_timeout_and_fails_now() {
         r.heals
     );
     let failed = fact_ms(&r, "call_failed_ms").expect("the connect failed");
-    assert!(failed >= detect && failed <= detect + 2_000, "failed at {failed} ms, found at {detect} ms");
+    assert!(
+        failed >= detect && failed <= detect + 2_000,
+        "failed at {failed} ms, found at {detect} ms"
+    );
     assert!(fact_ms(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
     assert_eq!(r.facts["same_pid"], true);
     eprintln!(

@@ -232,7 +232,11 @@ async fn compatible(
         let head = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n",
             out.len(),
-            if pace.pool { "" } else { "Connection: close\r\n" }
+            if pace.pool {
+                ""
+            } else {
+                "Connection: close\r\n"
+            }
         );
         if !pace.head_late {
             s.write_all(head.as_bytes()).await?;

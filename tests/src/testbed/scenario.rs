@@ -1571,11 +1571,33 @@ pub fn silent_cut(
     caller: Caller,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
+    silent_cut_of(opts, caller, None, say)
+}
+
+/// [`silent_cut`] with the SDK caller's first call on `model` (how the
+/// provider paces its head and first event: [`Pacing`](super::provider::Pacing)),
+/// named after it.
+pub fn silent_cut_of(
+    opts: &Options,
+    caller: Caller,
+    model: Option<&str>,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
     let name = "caller";
-    let mut report = Report::new(&format!("silent_cut_{}", caller.name()));
+    let mut report = Report::new(&match model {
+        None => format!("silent_cut_{}", caller.name()),
+        Some(m) => format!("silent_cut_{}_{m}", caller.name()),
+    });
     let mut bed = Bed::new(opts, "sil", Duration::from_millis(500))?;
     let provider = bed.provider();
-    start_caller(&mut bed, name, caller, provider, "", None)?;
+    start_caller(
+        &mut bed,
+        name,
+        caller,
+        provider,
+        "",
+        model.map(|m| vec![m.to_string()]),
+    )?;
     say(Event::Setup {
         what: format!(
             "caller {} calls the provider {provider} with a model that thinks 600 s; suspect after 2 s, proof keepalive 1 s idle + 3 × 1 s; a check every {} ms",
@@ -2011,49 +2033,63 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
                 .join(", ")
         ),
     });
-    let done_before = lines.iter().filter(|l| matches!(l, CallLine::Done(..))).count();
+    let done_before = lines
+        .iter()
+        .filter(|l| matches!(l, CallLine::Done(..)))
+        .count();
     let (mut next_start, mut next_done): (Option<u64>, Option<u64>) = (None, None);
     let mut next_local: Option<String> = None;
-    checks(&bed, &mut report, say, Duration::from_secs(40), |bed, run, report, say| {
-        let at = cut.elapsed().as_millis() as u64;
-        if let Some(o) = run.of(name)
-            && report.detect_ms.is_none()
-            && o["reasons"]
-                .as_array()
-                .is_some_and(|r| r.iter().any(|r| r["code"] == "idle_connection_dead"))
-        {
-            report.detect_ms = Some(at);
-            report.facts.insert("ended".into(), o.clone());
-        }
-        let seen = lines.len();
-        read(bed, &mut lines, say);
-        for l in &lines[seen..] {
-            match l {
-                CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
-                CallLine::Done(..)
-                    if next_done.is_none()
-                        && lines.iter().filter(|l| matches!(l, CallLine::Done(..))).count()
-                            > done_before =>
-                {
-                    next_done = Some(at)
-                }
-                _ => {}
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(40),
+        |bed, run, report, say| {
+            let at = cut.elapsed().as_millis() as u64;
+            if let Some(o) = run.of(name)
+                && report.detect_ms.is_none()
+                && o["reasons"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["code"] == "idle_connection_dead"))
+            {
+                report.detect_ms = Some(at);
+                report.facts.insert("ended".into(), o.clone());
             }
-        }
-        if next_start.is_some() && next_local.is_none() {
-            next_local = connections_to(pid, provider)
-                .first()
-                .map(|s| s.local.to_string());
-        }
-        Ok(next_done.is_some())
-    })?;
+            let seen = lines.len();
+            read(bed, &mut lines, say);
+            for l in &lines[seen..] {
+                match l {
+                    CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
+                    CallLine::Done(..)
+                        if next_done.is_none()
+                            && lines
+                                .iter()
+                                .filter(|l| matches!(l, CallLine::Done(..)))
+                                .count()
+                                > done_before =>
+                    {
+                        next_done = Some(at)
+                    }
+                    _ => {}
+                }
+            }
+            if next_start.is_some() && next_local.is_none() {
+                next_local = connections_to(pid, provider)
+                    .first()
+                    .map(|s| s.local.to_string());
+            }
+            Ok(next_done.is_some())
+        },
+    )?;
     let failed = lines
         .iter()
         .filter(|l| matches!(l, CallLine::Failed(..)))
         .count();
     report.facts.insert("calls_failed".into(), failed.into());
     if let Some(ms) = next_start {
-        report.facts.insert("next_call_started_ms".into(), ms.into());
+        report
+            .facts
+            .insert("next_call_started_ms".into(), ms.into());
     }
     if let Some(ms) = next_done {
         report.facts.insert("next_call_done_ms".into(), ms.into());
@@ -2109,49 +2145,55 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
         (None, None, None);
     let mut syn_sent: Option<u64> = None;
     let mut answering = false;
-    checks(&bed, &mut report, say, Duration::from_secs(60), |bed, run, report, say| {
-        let at = fault.elapsed().as_millis() as u64;
-        if syn_sent.is_none()
-            && tcp_sockets(pid)
-                .unwrap_or_default()
-                .iter()
-                .any(|s| s.remote == provider && s.state == 2)
-        {
-            syn_sent = Some(at);
-        }
-        if let Some(o) = run.of(name)
-            && report.detect_ms.is_none()
-            && o["reasons"]
-                .as_array()
-                .is_some_and(|r| r.iter().any(|r| r["code"] == "connect_timeout"))
-        {
-            report.detect_ms = Some(at);
-            report.facts.insert("unresponsive".into(), o.clone());
-        }
-        for line in bed.lines(name).unwrap_or_default() {
-            if let Some(c) = CallLine::parse(&line) {
-                say(Event::Note {
-                    at_ms: bed.at_ms(),
-                    text: format!("{name}: {line}"),
-                });
-                lines.push(c);
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let at = fault.elapsed().as_millis() as u64;
+            if syn_sent.is_none()
+                && tcp_sockets(pid)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|s| s.remote == provider && s.state == 2)
+            {
+                syn_sent = Some(at);
             }
-        }
-        for l in &lines {
-            match l {
-                CallLine::Start(_) if started.is_none() => started = Some(at),
-                CallLine::Failed(_, e) if failed.is_none() => failed = Some((at, e.clone())),
-                CallLine::Done(..) if done.is_none() => done = Some(at),
-                _ => {}
+            if let Some(o) = run.of(name)
+                && report.detect_ms.is_none()
+                && o["reasons"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["code"] == "connect_timeout"))
+            {
+                report.detect_ms = Some(at);
+                report.facts.insert("unresponsive".into(), o.clone());
             }
-        }
-        // Once the attempt has failed, the provider answers again.
-        if failed.is_some() && !answering {
-            bed.topo.answer_provider_syns(provider.port())?;
-            answering = true;
-        }
-        Ok(done.is_some())
-    })?;
+            for line in bed.lines(name).unwrap_or_default() {
+                if let Some(c) = CallLine::parse(&line) {
+                    say(Event::Note {
+                        at_ms: bed.at_ms(),
+                        text: format!("{name}: {line}"),
+                    });
+                    lines.push(c);
+                }
+            }
+            for l in &lines {
+                match l {
+                    CallLine::Start(_) if started.is_none() => started = Some(at),
+                    CallLine::Failed(_, e) if failed.is_none() => failed = Some((at, e.clone())),
+                    CallLine::Done(..) if done.is_none() => done = Some(at),
+                    _ => {}
+                }
+            }
+            // Once the attempt has failed, the provider answers again.
+            if failed.is_some() && !answering {
+                bed.topo.answer_provider_syns(provider.port())?;
+                answering = true;
+            }
+            Ok(done.is_some())
+        },
+    )?;
     if !answering {
         bed.topo.answer_provider_syns(provider.port())?;
     }
