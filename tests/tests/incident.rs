@@ -363,6 +363,16 @@ fn a_litellm_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
     silent_cut(Caller::Litellm, "silent_cut_litellm");
 }
 
+#[test]
+fn a_node_openai_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::NodeOpenAi, "silent_cut_node_openai");
+}
+
+#[test]
+fn a_node_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::NodeAnthropic, "silent_cut_node_anthropic");
+}
+
 /// The head and first event in the same kernel tick as the request.
 #[test]
 fn an_async_call_whose_head_came_in_the_requests_tick_is_proven_dead_and_fails() {

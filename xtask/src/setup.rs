@@ -51,6 +51,7 @@ pub fn all() -> Result<()> {
     bpf_linker()?;
     tracefs()?;
     python_sdks()?;
+    node_sdks()?;
     kubernetes_validate()?;
     Ok(())
 }
@@ -104,6 +105,29 @@ fn python_sdks() -> Result<()> {
     // managed"); on a test machine the scenarios need them anyway.
     eprintln!("setup: pip refused; trying again past PEP 668 (a test machine's system Python)");
     run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
+}
+
+/// The official `openai` and `@anthropic-ai/sdk` Node packages, at the
+/// versions `tests/node/package-lock.json` pins, for the Node SDK runner
+/// (`tests/node/sdk_runner.mjs`), with the machine's Node.js and npm.
+/// `npm ci` only when either is missing.
+fn node_sdks() -> Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("tests")
+        .join("node");
+    let modules = dir.join("node_modules");
+    if modules.join("openai").exists() && modules.join("@anthropic-ai").join("sdk").exists() {
+        return Ok(());
+    }
+    eprintln!(
+        "setup: installing the Node SDKs (npm ci in {})",
+        dir.display()
+    );
+    run(Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(&dir))
+    .context("npm ci for the Node SDKs (Node.js and npm come with the machine)")
 }
 
 fn is_root() -> bool {

@@ -1139,6 +1139,11 @@ pub enum Caller {
     /// `litellm.acompletion` on its `openai/` route (what OpenHands and
     /// aider call), on asyncio.
     Litellm,
+    /// The official `openai` Node SDK (`tests/node/sdk_runner.mjs`: undici
+    /// under its fetch, on Node's event loop).
+    NodeOpenAi,
+    /// The official `@anthropic-ai/sdk` Node SDK, the same way.
+    NodeAnthropic,
 }
 
 impl Caller {
@@ -1151,6 +1156,8 @@ impl Caller {
             Caller::AsyncOpenAi => "openai_async",
             Caller::AsyncAnthropic => "anthropic_async",
             Caller::Litellm => "litellm",
+            Caller::NodeOpenAi => "node_openai",
+            Caller::NodeAnthropic => "node_anthropic",
         }
     }
 
@@ -1159,7 +1166,12 @@ impl Caller {
     pub fn event_loop(self) -> bool {
         matches!(
             self,
-            Caller::Tokio | Caller::AsyncOpenAi | Caller::AsyncAnthropic | Caller::Litellm
+            Caller::Tokio
+                | Caller::AsyncOpenAi
+                | Caller::AsyncAnthropic
+                | Caller::Litellm
+                | Caller::NodeOpenAi
+                | Caller::NodeAnthropic
         )
     }
 }
@@ -1209,6 +1221,31 @@ pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
     Ok((
         PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
         script,
+    ))
+}
+
+/// `node` and `tests/node/sdk_runner.mjs`, with the Node SDKs installed
+/// beside it (`cargo xtask setup` runs `npm ci` there).
+pub fn node_sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("node");
+    for package in ["openai", "@anthropic-ai/sdk"] {
+        if !dir.join("node_modules").join(package).exists() {
+            bail!(
+                "the Node SDK {package} is not installed in {} (`cargo xtask setup` installs it)",
+                dir.display()
+            );
+        }
+    }
+    let node = Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .context("cannot look for node")?;
+    if !node.status.success() {
+        bail!("no node on PATH (`cargo xtask setup` installs Debian's nodejs)");
+    }
+    Ok((
+        PathBuf::from(String::from_utf8_lossy(&node.stdout).trim()),
+        dir.join("sdk_runner.mjs"),
     ))
 }
 
@@ -1435,6 +1472,7 @@ pub fn waits(pid: u32, fds: &[i32]) -> Vec<String> {
 /// and whether a call is in flight rests on the kernel alone.
 fn sdk_agent(
     name: &str,
+    script: &str,
     upstream: SocketAddr,
     status: SocketAddr,
     provider_extra: &str,
@@ -1446,7 +1484,7 @@ fn sdk_agent(
         ""
     };
     format!(
-        "[[agent]]\nname = \"{name}\"\nmatch = {{ cmdline = \"sdk_runner.py --name {name} \" }}\n\
+        "[[agent]]\nname = \"{name}\"\nmatch = {{ cmdline = \"{script} --name {name} \" }}\n\
          [[agent.upstream]]\nrole = \"provider\"\naddr = \"{upstream}\"\n{provider_extra}\
          [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n{fields}\
          [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
@@ -1500,14 +1538,23 @@ fn start_caller_with(
         Caller::AsyncOpenAi => "openai-async",
         Caller::AsyncAnthropic => "anthropic-async",
         Caller::Litellm => "litellm",
+        Caller::NodeOpenAi => "openai",
+        Caller::NodeAnthropic => "anthropic",
     };
-    let (python, script) = sdk_runner()?;
+    let node = matches!(caller, Caller::NodeOpenAi | Caller::NodeAnthropic);
+    let (program, script) = if node {
+        node_sdk_runner()?
+    } else {
+        sdk_runner()?
+    };
     let status = SocketAddr::from(([127, 0, 0, 1], SDK_STATUS_PORT));
     let base = match caller {
-        Caller::Anthropic | Caller::AsyncAnthropic => format!("http://{upstream}"),
+        Caller::Anthropic | Caller::AsyncAnthropic | Caller::NodeAnthropic => {
+            format!("http://{upstream}")
+        }
         _ => format!("http://{upstream}/v1"),
     };
-    let mut cmd = bed.topo.runners.command(&python);
+    let mut cmd = bed.topo.runners.command(&program);
     cmd.arg(&script)
         .args([
             "--name",
@@ -1526,9 +1573,11 @@ fn start_caller_with(
     // thing on the socket is plainly a receive), then the thinking.
     let models = models.unwrap_or_else(|| match caller {
         Caller::OpenAi => vec![format!("{NEVER_MODEL}-head-late")],
-        Caller::AsyncOpenAi | Caller::AsyncAnthropic | Caller::Litellm => {
-            vec![format!("{NEVER_MODEL}-first-early-lag-300")]
-        }
+        Caller::AsyncOpenAi
+        | Caller::AsyncAnthropic
+        | Caller::Litellm
+        | Caller::NodeOpenAi
+        | Caller::NodeAnthropic => vec![format!("{NEVER_MODEL}-first-early-lag-300")],
         _ => vec![NEVER_MODEL.into()],
     });
     cmd.args(extra);
@@ -1542,7 +1591,18 @@ fn start_caller_with(
     }
     // The event-loop SDKs' agents tell nothing of their calls: the hard
     // case, where only the kernel's evidence and the proof can tell.
-    let block = sdk_agent(name, upstream, status, provider_extra, !caller.event_loop());
+    let script_name = script
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let block = sdk_agent(
+        name,
+        &script_name,
+        upstream,
+        status,
+        provider_extra,
+        !caller.event_loop(),
+    );
     bed.spawn(name, cmd, Some(block))?;
     bed.expect_line(name, "ready", Duration::from_secs(30))?;
     Ok(())
