@@ -83,6 +83,7 @@ pub fn wedged() -> Judgement {
             cookie: 9,
             unacked: 0,
             by_proof: false,
+            kind: selfheal::model::DeadKind::Awaited,
         }],
     }
 }

@@ -347,9 +347,10 @@ fn check_agent(
 }
 
 impl Acting<'_> {
-    /// A verdict that is not ok: its snapshot, and for a wedge the ladder's
-    /// step (only with the snapshot written) and the restores of proofs the
-    /// ladder does not end.
+    /// A verdict that is not ok: its snapshot, and for a wedge (or a dead
+    /// connection nobody waits on, a hung connect) the ladder's step (only
+    /// with the snapshot written) and the restores of proofs the ladder
+    /// does not end.
     fn not_ok(
         &self,
         agent: &AgentConfig,
@@ -369,7 +370,13 @@ impl Acting<'_> {
             },
             None => outcome.snapshot_error = Some("no snapshot log".into()),
         }
-        if judgement.verdict != Verdict::Wedged {
+        // A wedge goes to the ladder; so does a dead connection nobody
+        // waits on, or a hung connect, whatever the verdict: they are ended.
+        let unawaited = judgement
+            .dead
+            .iter()
+            .any(|d| d.kind != crate::model::DeadKind::Awaited);
+        if judgement.verdict != Verdict::Wedged && !unawaited {
             return;
         }
         outcome.heal = Some(heal(
@@ -657,7 +664,8 @@ fn settings_words(s: &KeepaliveSettings) -> String {
     )
 }
 
-/// Runs the ladder for a wedged agent: decides, and (unless `dry_run`, and
+/// Runs the ladder for a wedged agent (or one with dead connections to
+/// end): decides, and (unless `dry_run`, and
 /// only with a snapshot written) takes the steps through `healer`.
 #[allow(clippy::too_many_arguments)]
 fn heal(

@@ -300,7 +300,7 @@ fn bad_configs_name_file_line_and_key() {
         (
             upstream("role = \"control\"\nadr = \"127.0.0.1:1\"\n"),
             6,
-            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence)",
+            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence, connect_timeout)",
         ),
         (
             upstream("role = \"provider\"\naddr = \":443\"\nmax_silence = \"forever\"\n"),
@@ -619,6 +619,7 @@ fn the_full_example_means_what_it_says() {
                 heartbeat: Some(Duration::from_secs(10)),
                 suspect_after: None,
                 max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
@@ -629,6 +630,7 @@ fn the_full_example_means_what_it_says() {
                 heartbeat: None,
                 suspect_after: None,
                 max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
@@ -636,6 +638,7 @@ fn the_full_example_means_what_it_says() {
                 heartbeat: None,
                 suspect_after: None,
                 max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
@@ -643,6 +646,7 @@ fn the_full_example_means_what_it_says() {
                 heartbeat: None,
                 suspect_after: None,
                 max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
@@ -650,6 +654,7 @@ fn the_full_example_means_what_it_says() {
                 heartbeat: None,
                 suspect_after: None,
                 max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
             },
         ]
     );

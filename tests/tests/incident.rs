@@ -26,7 +26,9 @@ fn options() -> Options {
         testbed: testbed_bin(),
         heartbeat: Duration::from_secs(1),
         check_every: Duration::from_secs(1),
-        net: ((std::process::id() % 25) as u8) * 10 + k % 10 + 1,
+        // 50 subnets a process: a long scenario (330 s) runs beside many
+        // short ones, which must not come back round to its subnet.
+        net: ((std::process::id() % 5) as u8) * 50 + k % 50 + 1,
         keep_snapshots: None,
     }
 }
@@ -257,10 +259,15 @@ fn fact_ms(r: &Report, key: &str) -> Option<u64> {
 /// keepalive goes unanswered, so `wedged`; the heal fails the caller's own
 /// call (same process) and its next call starts and completes.
 fn silent_cut(caller: Caller, name: &'static str) {
+    silent_cut_of(caller, None, name);
+}
+
+fn silent_cut_of(caller: Caller, model: Option<&str>, name: &'static str) {
     if !need_root(name) {
         return;
     }
-    let r = scenario::silent_cut(&options(), caller, &mut log(name)).expect("the scenario ran");
+    let r = scenario::silent_cut_of(&options(), caller, model, &mut log(name))
+        .expect("the scenario ran");
     summary(&r, name);
     eprintln!(
         "{name}: facts {}",
@@ -284,6 +291,12 @@ fn silent_cut(caller: Caller, name: &'static str) {
     assert!(
         detect <= bound,
         "wedged {detect} ms after the cut (bound {bound} ms, checks took up to {took} ms)"
+    );
+    // By selfheal's own proof keepalive, not the caller's keepalive.
+    let wedged = r.facts["wedged"].to_string();
+    assert!(
+        wedged.contains("\"proof\":true"),
+        "not by the proof: {wedged}"
     );
     assert!(
         r.heals
@@ -334,6 +347,167 @@ fn an_anthropic_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
     silent_cut(Caller::Anthropic, "silent_cut_anthropic");
 }
 
+/// The event-loop SDKs, whose provider sent the head and the first event
+/// at once: nothing shows a call in flight, the proof finds it all the
+/// same, before the SDK's own keepalive (AsyncAnthropic arms one: 60 s).
+#[test]
+fn an_async_openai_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::AsyncOpenAi, "silent_cut_openai_async");
+}
+
+#[test]
+fn an_async_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::AsyncAnthropic, "silent_cut_anthropic_async");
+}
+
+#[test]
+fn a_litellm_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::Litellm, "silent_cut_litellm");
+}
+
+#[test]
+fn a_node_openai_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::NodeOpenAi, "silent_cut_node_openai");
+}
+
+#[test]
+fn a_node_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    silent_cut(Caller::NodeAnthropic, "silent_cut_node_anthropic");
+}
+
+/// The head and first event in the same kernel tick as the request.
+#[test]
+fn an_async_call_whose_head_came_in_the_requests_tick_is_proven_dead_and_fails() {
+    silent_cut_of(
+        Caller::AsyncOpenAi,
+        Some("think-600000-gap-100-tokens-20-first-early"),
+        "silent_cut_openai_async_same_tick",
+    );
+}
+
+/// The head 300 ms after the request, and no first event before thinking.
+#[test]
+fn an_async_call_with_a_head_and_no_first_event_is_proven_dead_and_fails() {
+    silent_cut_of(
+        Caller::AsyncOpenAi,
+        Some("think-600000-gap-100-tokens-20-lag-300"),
+        "silent_cut_openai_async_head_only",
+    );
+}
+
+/// An idle pooled connection whose peer was cut is proven dead with no
+/// call waiting on it, said as such (not `wedged`), and ended before the
+/// agent's next call, which goes out on a fresh connection at once.
+#[test]
+fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
+    let name = "pooled_cut";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::pooled_cut(&options(), &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    let detect = r
+        .detect_ms
+        .unwrap_or_else(|| panic!("never found: {:?} {:?}", r.verdicts, r.reasons));
+    // suspect_after 2 s (from the last answer, ~1 s before the cut) + proof
+    // idle 1 s + 3 probes × 1 s + one check interval + the check's own time.
+    let bound = 2000 + 1000 + 3 * 1000 + 1000 + check_ms(&r);
+    assert!(
+        detect <= bound,
+        "found {detect} ms after the cut (bound {bound})"
+    );
+    assert_eq!(
+        r.verdicts_outside("pooled", &["healthy", "idle", "busy", "degraded"]),
+        Vec::<String>::new(),
+        "{:?}",
+        r.reasons
+    );
+    let ended = &r.facts["ended"];
+    assert_eq!(ended["verdict"], "degraded", "{ended}");
+    assert!(ended["snapshot"].is_string(), "no snapshot first: {ended}");
+    assert!(
+        r.heals.iter().any(|h| h == "pooled: expire_keepalive"),
+        "{:?}",
+        r.heals
+    );
+    let started = fact_ms(&r, "next_call_started_ms").expect("the next call started");
+    assert!(
+        started > detect,
+        "the next call ({started} ms) went out before the end ({detect} ms)"
+    );
+    let done = fact_ms(&r, "next_call_done_ms").expect("the next call done");
+    assert!(
+        done - started < 5_000,
+        "the next call took {} ms",
+        done - started
+    );
+    assert_eq!(r.facts["calls_failed"], 0, "{:?}", r.facts);
+    let cut_local = r.facts["cut"][0]["local"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_ne!(
+        r.facts["next_call_local"].as_str(),
+        Some(cut_local.as_str()),
+        "the next call reused the dead connection"
+    );
+    assert_eq!(r.facts["same_pid"], true);
+    eprintln!(
+        "{name}: ended {detect} ms after the cut (bound {bound}); next call at {started} ms, done at {done} ms, on {} (cut: {cut_local})",
+        r.facts["next_call_local"]
+    );
+}
+
+/// A connect the provider never answers is `unresponsive` by the
+/// upstream's `connect_timeout`, and ended: litellm's connect fails at
+/// once instead of after the kernel's SYN retries, same pid, and its next
+/// call completes once the provider answers.
+#[test]
+fn a_hanging_connect_is_unresponsive_by_connect_timeout_and_fails_now() {
+    let name = "hanging_connect";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::hanging_connect(&options(), &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    // When a check first saw the attempt in SYN-SENT (litellm takes a few
+    // seconds from its call to its connect).
+    let started = fact_ms(&r, "syn_sent_seen_ms").expect("the connection attempt seen");
+    let detect = r
+        .detect_ms
+        .unwrap_or_else(|| panic!("never unresponsive: {:?} {:?}", r.verdicts, r.reasons));
+    // connect_timeout 3 s + one check interval + the check's own time.
+    let bound = started + 3000 + 1000 + check_ms(&r);
+    assert!(detect <= bound, "found at {detect} ms (bound {bound})");
+    assert_eq!(r.facts["unresponsive"]["verdict"], "unresponsive");
+    assert!(
+        r.heals.iter().any(|h| h == "connecting: destroy_socket"),
+        "{:?}",
+        r.heals
+    );
+    let failed = fact_ms(&r, "call_failed_ms").expect("the connect failed");
+    assert!(
+        failed >= detect && failed <= detect + 2_000,
+        "failed at {failed} ms, found at {detect} ms"
+    );
+    assert!(fact_ms(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
+    assert_eq!(r.facts["same_pid"], true);
+    eprintln!(
+        "{name}: unresponsive {} ms after its SYN-SENT socket was first seen (bound {}), its connect failed at {failed} ms with {}",
+        detect - started,
+        bound - started,
+        r.facts["call_failed_error"]
+    );
+}
+
 /// Behind a local proxy the proof says alive (the proxy's kernel ACKs),
 /// so a cut proxy→provider flow is `unresponsive` by `max_silence`, never
 /// `wedged`.
@@ -381,12 +555,28 @@ fn a_cut_behind_a_local_proxy_is_unresponsive_by_max_silence_never_wedged() {
 /// and the proof leaves every socket's keepalive options as it found them.
 #[test]
 fn fifty_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
-    let name = "many_thinking";
+    many_thinking(Caller::OpenAi, "many_thinking");
+}
+
+/// The same with 50 concurrent calls on one asyncio event loop
+/// (`AsyncOpenAI`), half of whose heads and first events came at once.
+#[test]
+fn fifty_async_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
+    many_thinking(Caller::AsyncOpenAi, "many_thinking_async");
+}
+
+fn many_thinking(caller: Caller, name: &'static str) {
     if !need_root(name) {
         return;
     }
-    let r = scenario::many_thinking(&options(), 50, Duration::from_secs(330), &mut log(name))
-        .expect("the scenario ran");
+    let r = scenario::many_thinking(
+        &options(),
+        caller,
+        50,
+        Duration::from_secs(330),
+        &mut log(name),
+    )
+    .expect("the scenario ran");
     summary(&r, name);
     eprintln!(
         "{name}: facts {}",

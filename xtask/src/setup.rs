@@ -38,11 +38,11 @@ const UNWANTED_SERVICES: &[&str] = &["prometheus.service", "prometheus-alertmana
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// The official LLM SDKs the silent-call scenarios drive the testbed's
-/// provider with (`selfheal-testbed provider`, `tests/src/testbed/`; the
-/// SDK side is `tests/py/sdk_runner.py`), at the versions verified against
-/// it.
-const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0"];
+/// The official LLM SDKs, and litellm (what OpenHands and aider call), the
+/// silent-call scenarios drive the testbed's provider with
+/// (`selfheal-testbed provider`, `tests/src/testbed/`; the SDK side is
+/// `tests/py/sdk_runner.py`), at the versions verified against it.
+const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0", "litellm==1.110.2"];
 
 pub fn all() -> Result<()> {
     debian_packages()?;
@@ -51,6 +51,7 @@ pub fn all() -> Result<()> {
     bpf_linker()?;
     tracefs()?;
     python_sdks()?;
+    node_sdks()?;
     kubernetes_validate()?;
     Ok(())
 }
@@ -78,12 +79,12 @@ fn kubernetes_validate() -> Result<()> {
     run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
 }
 
-/// The `openai` and `anthropic` Python packages, for the `python3` on PATH
-/// (the one the scenarios run). Installed with pip only when either does
-/// not import.
+/// The `openai`, `anthropic` and `litellm` Python packages, for the
+/// `python3` on PATH (the one the scenarios run). Installed with pip only
+/// when one does not import.
 fn python_sdks() -> Result<()> {
     let have = Command::new("python3")
-        .args(["-c", "import openai, anthropic"])
+        .args(["-c", "import openai, anthropic, litellm"])
         .output()
         .map(|o| o.status.success())
         .context("cannot run python3 (Debian package python3)")?;
@@ -104,6 +105,29 @@ fn python_sdks() -> Result<()> {
     // managed"); on a test machine the scenarios need them anyway.
     eprintln!("setup: pip refused; trying again past PEP 668 (a test machine's system Python)");
     run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
+}
+
+/// The official `openai` and `@anthropic-ai/sdk` Node packages, at the
+/// versions `tests/node/package-lock.json` pins, for the Node SDK runner
+/// (`tests/node/sdk_runner.mjs`), with the machine's Node.js and npm.
+/// `npm ci` only when either is missing.
+fn node_sdks() -> Result<()> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("tests")
+        .join("node");
+    let modules = dir.join("node_modules");
+    if modules.join("openai").exists() && modules.join("@anthropic-ai").join("sdk").exists() {
+        return Ok(());
+    }
+    eprintln!(
+        "setup: installing the Node SDKs (npm ci in {})",
+        dir.display()
+    );
+    run(Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(&dir))
+    .context("npm ci for the Node SDKs (Node.js and npm come with the machine)")
 }
 
 fn is_root() -> bool {

@@ -426,7 +426,17 @@ pub struct Upstream {
     /// prove one hop only, and a proxy may be answering for a dead upstream.
     /// Default [`DEFAULT_MAX_SILENCE`].
     pub max_silence: Duration,
+    /// `connect_timeout`: a connection attempt to this upstream the peer has
+    /// not answered for longer (SYN sent, nothing back) is `unresponsive`,
+    /// and the heal ends it so the caller's connect fails now. Default
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    pub connect_timeout: Duration,
 }
+
+/// The default `connect_timeout`: 30 s, longer than the official SDKs'
+/// own connect timeouts (5-10 s) and far shorter than the kernel's SYN
+/// retries (about 130 s), which a client without its own timeout waits out.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The default `max_silence`: 10 minutes, the read timeout of the official
 /// openai and anthropic SDKs. A call silent longer than any SDK would wait
@@ -926,7 +936,14 @@ const MATCH_KEYS: &[&str] = &[
 /// The `match` keys on container identity: any of them may combine (all
 /// must hold); the others stand alone.
 const CONTAINER_MATCH_KEYS: &[&str] = &["container", "image", "label", "pod", "namespace"];
-const UPSTREAM_KEYS: &[&str] = &["role", "addr", "heartbeat", "suspect_after", "max_silence"];
+const UPSTREAM_KEYS: &[&str] = &[
+    "role",
+    "addr",
+    "heartbeat",
+    "suspect_after",
+    "max_silence",
+    "connect_timeout",
+];
 const PROBE_KEYS: &[&str] = &[
     "url",
     "method",
@@ -1417,6 +1434,9 @@ fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
         heartbeat,
         suspect_after: u.duration("suspect_after")?,
         max_silence: u.duration("max_silence")?.unwrap_or(DEFAULT_MAX_SILENCE),
+        connect_timeout: u
+            .duration("connect_timeout")?
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
     })
 }
 

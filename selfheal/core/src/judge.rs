@@ -11,16 +11,26 @@
 //! heartbeat, no data for more than 3 × the heartbeat. A suspect socket whose
 //! peer still acknowledges is alive.
 //!
-//! Proof is also asked for: a suspect socket with a call in flight and
-//! nothing unacknowledged is handed to the prove stage ([`ProofWork`]), whose
-//! proof keepalive this judge then reads ([`Proof`]): answered, the socket is
-//! alive; `count` probes unanswered, each given its interval, it is dead.
-//! "A call in flight" is decided from the socket itself as well as from the
-//! threads: a thread waits on it (in a receive, `poll` or `select`), or the
-//! last thing on it was a send (ties included), or nothing has come back
-//! since a request went out (kept across checks).
+//! Proof is also asked for: every established upstream socket silent past
+//! its threshold with nothing unacknowledged is handed to the prove stage
+//! ([`ProofWork`]), whether or not a call is known to be in flight on it (a
+//! provider that sent its response head first leaves an event-loop agent's
+//! awaited socket looking like an idle pooled one). The judge then reads
+//! the proof keepalive ([`Proof`]): answered, the socket is alive; `count`
+//! probes unanswered, each given its interval, it is dead.
+//!
+//! Whether a call may be waiting decides what a dead connection *means*:
+//! a thread waits on it (in a receive, `poll`, `select`, or with it in the
+//! epoll set of a thread waiting in `epoll_wait`), or the last thing on it
+//! was a send (ties included), or nothing has come back since a request went
+//! out (kept across checks), or the agent reports a task: the agent is
+//! `wedged`. Nobody can be waiting on it (an idle pooled connection): it is
+//! `idle_connection_dead`, and it is ended before a request is sent into it.
+//! A connection attempt the peer has not answered past the upstream's
+//! `connect_timeout` is `connect_timeout` (`unresponsive`), and it is ended
+//! so the caller's connect fails now.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +38,7 @@ pub use crate::model::{DeadSocket, ReasonCode};
 use crate::{
     config::{AgentConfig, Role, Thresholds},
     inspect::{Report, SocketReport, human_ms},
-    model::{GapKind, SocketRole, TcpState},
+    model::{DeadKind, GapKind, SocketRole, TcpState},
     prove::{Answered, Proof, ProofTarget, ProofWork},
 };
 
@@ -159,6 +169,10 @@ pub struct AgentHistory {
     /// arrive.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pending: BTreeMap<u64, u64>,
+    /// Upstream connection attempts (SYN sent, no answer), by cookie: since
+    /// when they were first seen.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub connecting_since_ms: BTreeMap<u64, u64>,
 }
 
 /// The field a probe names `current_task` (design: the agent's own story of
@@ -406,8 +420,9 @@ fn socket_reason(r: Reason, s: &SocketReport) -> Reason {
 }
 
 /// A connection attempt (SYN sent, no answer yet) has exchanged no data:
-/// its tcp_info silences are meaningless. It is judged as what it is, the
-/// absence of a connection ([`Judging::control_absent`]).
+/// its tcp_info silences are meaningless. It is judged as what it is: the
+/// absence of a connection ([`Judging::control_absent`]), and an attempt
+/// that has waited too long ([`Judging::connect_attempt`]).
 fn connecting(s: &SocketReport) -> bool {
     s.state == TcpState::SynSent
 }
@@ -487,13 +502,14 @@ pub fn judge(
     }
     let task = claimed_task(probes);
     let waiting = waiters(report);
+    let event_loop = event_loop_sockets(report);
     let mut up = Upstreams::default();
-    for s in report
-        .sockets
-        .iter()
-        .filter(|s| s.role.is_upstream() && !connecting(s))
-    {
-        j.upstream_socket(s, &waiting, task.as_deref(), &mut up);
+    for s in report.sockets.iter().filter(|s| s.role.is_upstream()) {
+        if connecting(s) {
+            j.connect_attempt(s);
+        } else {
+            j.upstream_socket(s, &waiting, &event_loop, task.as_deref(), &mut up);
+        }
     }
     j.keep_unseen_proofs();
     let control_absent = j.control_absent();
@@ -557,6 +573,20 @@ fn waiters(report: &Report) -> BTreeMap<u64, Waiter> {
     waiting
 }
 
+/// The sockets in the epoll set of a thread waiting in `epoll_wait` (with
+/// read interest): a call may be waiting on any of them. Not a waiter (an
+/// event loop's set holds idle pooled connections too), but what a dead one
+/// among them means: the agent may be awaiting it.
+fn event_loop_sockets(report: &Report) -> BTreeSet<u64> {
+    report
+        .processes
+        .iter()
+        .flat_map(|p| &p.threads)
+        .filter(|t| t.wait_event_loop)
+        .flat_map(|t| t.wait_inodes.iter().copied())
+        .collect()
+}
+
 /// What the upstream sockets showed, for the rules after them.
 #[derive(Default)]
 struct Upstreams {
@@ -582,6 +612,9 @@ struct SocketView<'s> {
     task: Option<&'s str>,
     /// A call is in flight on it.
     awaited: bool,
+    /// A call is or may be waiting on it: `awaited`, or it is in the epoll
+    /// set of a waiting thread.
+    may_wait: bool,
     waiter: Option<Waiter>,
     /// "; the peer answered …", or nothing.
     answered: String,
@@ -609,6 +642,7 @@ impl<'a> Judging<'a> {
         &mut self,
         s: &'s SocketReport,
         waiting: &BTreeMap<u64, Waiter>,
+        event_loop: &BTreeSet<u64>,
         claimed_task: Option<&'s str>,
         up: &mut Upstreams,
     ) where
@@ -666,6 +700,7 @@ impl<'a> Judging<'a> {
             pending,
             task,
             awaited,
+            may_wait: awaited || event_loop.contains(&s.inode),
             waiter: waiting.get(&s.inode).copied(),
             answered,
         };
@@ -735,11 +770,28 @@ impl<'a> Judging<'a> {
     /// finding the ladder acts on.
     fn dead_socket(&mut self, v: &SocketView<'_>, code: ReasonCode, why: String, by_proof: bool) {
         let s = v.s;
-        let r = reason(
-            code,
-            Verdict::Wedged,
-            format!("{} connection to {}: {why}", s.role, s.remote),
-        );
+        // Only the prove stage asks a connection nobody waits on; what the
+        // agent's own keepalive or a FIN found keeps its meaning.
+        let kind = if by_proof && !v.control && !v.may_wait {
+            DeadKind::Idle
+        } else {
+            DeadKind::Awaited
+        };
+        let r = match kind {
+            DeadKind::Idle => reason(
+                ReasonCode::IdleConnectionDead,
+                Verdict::Degraded,
+                format!(
+                    "{} connection to {}, idle with no call waiting on it: {why}; ending it before a request is sent into it",
+                    s.role, s.remote
+                ),
+            ),
+            _ => reason(
+                code,
+                Verdict::Wedged,
+                format!("{} connection to {}: {why}", s.role, s.remote),
+            ),
+        };
         let r = socket_reason(r, s);
         self.reasons
             .push(if by_proof { with(r, "proof", true) } else { r });
@@ -754,6 +806,7 @@ impl<'a> Judging<'a> {
                 cookie: s.cookie,
                 unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
                 by_proof,
+                kind,
             });
         }
         let recv_blocked_ms = self.th().recv_blocked.as_millis() as u64;
@@ -793,6 +846,27 @@ impl<'a> Judging<'a> {
             .unwrap_or(now_ms);
         self.next.suspect_since_ms.insert(s.cookie, since);
         if !(v.control || v.awaited) {
+            // Nobody is known to wait on it, but a call may (a head that
+            // came first, an event loop): it is proven all the same, and
+            // says so without making the agent busy.
+            let proving = self.proving(v, silent_ms);
+            let r = reason(
+                ReasonCode::Suspect,
+                Verdict::Healthy,
+                format!(
+                    "{} connection to {} silent for {}, no call known to wait on it{}{}{proving}",
+                    s.role,
+                    s.remote,
+                    human_ms(silent_ms),
+                    if v.may_wait {
+                        " (it is in a waiting event loop's epoll set)"
+                    } else {
+                        ""
+                    },
+                    v.answered
+                ),
+            );
+            self.reasons.push(socket_reason(r, s));
             return;
         }
         let waiting = match (v.waiter, v.task) {
@@ -892,6 +966,60 @@ impl<'a> Judging<'a> {
             ),
         );
         self.reasons.push(socket_reason(r, s));
+    }
+
+    /// A connection attempt to an upstream: how long its SYN has gone
+    /// unanswered (since it was first seen, or at least the kernel's own
+    /// retransmission schedule: `retransmits` SYNs resent 1 s, 2 s, 4 s …
+    /// apart), and past the upstream's `connect_timeout`, a finding the
+    /// ladder ends so the caller's connect fails now.
+    fn connect_attempt(&mut self, s: &SocketReport) {
+        let since = self
+            .history
+            .connecting_since_ms
+            .get(&s.cookie)
+            .copied()
+            .unwrap_or(self.now_ms);
+        self.next.connecting_since_ms.insert(s.cookie, since);
+        let resent = s.tcp_info.as_ref().map_or(0, |i| i.retransmits);
+        let by_schedule = ((1u64 << resent.min(20)) - 1).saturating_mul(1_000);
+        let waited = self.now_ms.saturating_sub(since).max(by_schedule);
+        let limit = s
+            .upstream
+            .and_then(|i| self.cfg.upstreams.get(i))
+            .map_or(crate::config::DEFAULT_CONNECT_TIMEOUT, |u| {
+                u.connect_timeout
+            })
+            .as_millis() as u64;
+        if waited <= limit {
+            return;
+        }
+        let r = reason(
+            ReasonCode::ConnectTimeout,
+            Verdict::Unresponsive,
+            format!(
+                "{} connection to {}: the peer never answered the handshake ({} SYN(s) resent over at least {}, past its connect_timeout of {}); ending the attempt so the connect fails now",
+                s.role,
+                s.remote,
+                resent,
+                human_ms(waited),
+                human_ms(limit)
+            ),
+        );
+        self.reasons
+            .push(with(socket_reason(r, s), "waited_ms", waited));
+        if let (Some(fd), Some(start)) = (s.fd, start_ticks(self.report, s.pid)) {
+            self.dead.push(DeadSocket {
+                pid: s.pid,
+                start_ticks: start,
+                fd,
+                inode: s.inode,
+                cookie: s.cookie,
+                unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
+                by_proof: false,
+                kind: DeadKind::Connecting,
+            });
+        }
     }
 
     /// A proof whose socket this report lacks while its process lives (a
@@ -1107,7 +1235,9 @@ impl<'a> Judging<'a> {
         } else {
             (Verdict::Healthy, ReasonCode::Healthy)
         };
-        if self.reasons.iter().any(|r| r.verdict == base) {
+        // A reason that already says the base verdict stands for it; the
+        // healthy base is always said in its own words.
+        if base != Verdict::Healthy && self.reasons.iter().any(|r| r.verdict == base) {
             return;
         }
         let msg = match base {

@@ -31,7 +31,7 @@ use crate::{
     config::HealConfig,
     inspect::Report,
     judge::{Judgement, Verdict},
-    model::DeadSocket,
+    model::{DeadKind, DeadSocket},
 };
 
 /// One healing action, fully addressed.
@@ -232,9 +232,9 @@ pub fn decide(
         hist.rung = None;
         hist.steps_this_wedge = 0;
         hist.gave_up = None;
-        return Decision::Nothing {
+        return end_unawaited(cfg, j, report, hist, now_ms).unwrap_or_else(|| Decision::Nothing {
             why: format!("{} is not wedged", j.verdict),
-        };
+        });
     }
     if let Some(d) = hold(cfg, report, hist, now_ms) {
         return d;
@@ -256,6 +256,77 @@ pub fn decide(
         return Decision::GaveUp { why };
     }
     Decision::Act { steps }
+}
+
+/// For an agent that is not wedged: the dead connections nobody waits on
+/// (an idle pooled one, proven dead by the prove stage's keepalive: its
+/// keepalive is expired) and the connection attempts past their
+/// `connect_timeout` (destroyed, so the connect fails now), within the
+/// action budget. A socket acted on within the step window is given that
+/// window (`Wait`). `None` when there is none.
+fn end_unawaited(
+    cfg: &HealConfig,
+    j: &Judgement,
+    report: &Report,
+    hist: &HealHistory,
+    now_ms: u64,
+) -> Option<Decision> {
+    if !cfg.sockets {
+        return None;
+    }
+    let window = cfg.step_window.as_millis() as u64;
+    // When a step on this socket was taken within the window.
+    let recent = |inode: u64| {
+        hist.actions.iter().rev().find_map(|a| {
+            (now_ms.saturating_sub(a.at_ms) < window
+                && matches!(a.step,
+                    Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode))
+            .then_some(a.at_ms)
+        })
+    };
+    let (waiting, fresh): (Vec<DeadSocket>, Vec<DeadSocket>) = dead_sockets(j, report)
+        .into_iter()
+        .filter(|d| d.kind != DeadKind::Awaited)
+        .partition(|d| recent(d.inode).is_some());
+    if fresh.is_empty() {
+        // Ended within the window: given its time (and its proof is not
+        // put back meanwhile).
+        let last = waiting.iter().filter_map(|d| recent(d.inode)).max()?;
+        return Some(Decision::Wait {
+            why: "giving the dead connection(s) already ended their window".into(),
+            until_ms: last.saturating_add(window),
+        });
+    }
+    let steps: Vec<Step> = fresh
+        .into_iter()
+        .map(|d| {
+            let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
+            if d.by_proof {
+                Step::ExpireKeepalive {
+                    pid,
+                    start_ticks,
+                    fd,
+                    inode,
+                }
+            } else {
+                Step::DestroySocket {
+                    pid,
+                    start_ticks,
+                    fd,
+                    inode,
+                }
+            }
+        })
+        .collect();
+    if steps.is_empty() {
+        return None;
+    }
+    Some(match over_budget(cfg, &steps, hist, now_ms) {
+        Some(why) => Decision::Nothing {
+            why: format!("dead connection(s) nobody waits on left open: {why}"),
+        },
+        None => Decision::Act { steps },
+    })
 }
 
 /// What keeps a wedged agent's ladder from acting now: a breaker already
@@ -324,8 +395,8 @@ fn next_rung(
 }
 
 /// The processes the signal rung is for: the agent's root process above
-/// each process that holds a dead socket (the holder itself when no root is
-/// above it), in the order of the dead sockets; with no dead socket, the
+/// each process that holds a dead socket a call waits on (the holder itself
+/// when no root is above it), in the order of the dead sockets; with no dead socket, the
 /// agent's root only when it has one. Never whichever root a rule matched
 /// first: a wedge proven on one process's socket is that process's.
 fn signal_targets(j: &Judgement, report: &Report) -> Vec<(u32, u64)> {
@@ -347,6 +418,7 @@ fn signal_targets(j: &Judgement, report: &Report) -> Vec<(u32, u64)> {
     let holders: Vec<u32> = j
         .dead
         .iter()
+        .filter(|d| d.kind == DeadKind::Awaited)
         .filter_map(|d| report.sockets.iter().find(|s| s.inode == d.inode))
         .map(|s| s.pid)
         .collect();

@@ -187,11 +187,17 @@ pub enum ReasonCode {
     DState,
     /// The healing ladder's breaker opened.
     GaveUp,
+    /// A connection no call can be waiting on (an idle pooled one) proven
+    /// dead: ended before a request is sent into it.
+    IdleConnectionDead,
+    /// A connection attempt the peer never answered, past the upstream's
+    /// `connect_timeout`.
+    ConnectTimeout,
 }
 
 impl ReasonCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ReasonCode; 20] = [
+    pub const ALL: [ReasonCode; 22] = [
         Self::Healthy,
         Self::Idle,
         Self::Busy,
@@ -212,6 +218,8 @@ impl ReasonCode {
         Self::Zombies,
         Self::DState,
         Self::GaveUp,
+        Self::IdleConnectionDead,
+        Self::ConnectTimeout,
     ];
 
     /// The contract's string.
@@ -237,6 +245,8 @@ impl ReasonCode {
             Self::Zombies => "zombies",
             Self::DState => "d_state",
             Self::GaveUp => "gave_up",
+            Self::IdleConnectionDead => "idle_connection_dead",
+            Self::ConnectTimeout => "connect_timeout",
         }
     }
 }
@@ -311,6 +321,24 @@ pub struct DeadSocket {
     pub unacked: u32,
     /// Proven by the prove stage's own keepalive, which went unanswered.
     pub by_proof: bool,
+    /// What ending it is for: a connection a call is or may be waiting on
+    /// (the agent is wedged), one nobody waits on (ended before a request
+    /// is sent into it), or an attempt that never connected.
+    pub kind: DeadKind,
+}
+
+/// Why a dead socket is ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadKind {
+    /// A call is or may be waiting on it: a thread waits on it (a receive,
+    /// poll, select, or the epoll set of a waiting thread), a request is
+    /// out, or the agent reports a task.
+    Awaited,
+    /// Nobody can be waiting on it: an idle pooled connection.
+    Idle,
+    /// A connection attempt (SYN sent) the peer never answered.
+    Connecting,
 }
 
 #[cfg(test)]

@@ -147,8 +147,25 @@ where
     H: Fn(Request, tokio::net::TcpStream) -> F + Clone + Send + 'static,
     F: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
 {
+    serve_reusing(listener, move |req, stream| {
+        let answered = handler(req, stream);
+        async move { answered.await.map(|()| None) }
+    })
+    .await
+}
+
+/// [`serve`] for a handler that may keep a connection open for the next
+/// request (HTTP/1.1 keep-alive): it gives the connection back. A kept
+/// connection waits up to 2 minutes, idle, for its next request.
+pub async fn serve_reusing<H, F>(listener: tokio::net::TcpListener, handler: H)
+where
+    H: Fn(Request, tokio::net::TcpStream) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = std::io::Result<Option<tokio::net::TcpStream>>>
+        + Send
+        + 'static,
+{
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
             // Out of fds or similar: back off instead of spinning.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
@@ -156,9 +173,16 @@ where
         let handler = handler.clone();
         tokio::spawn(async move {
             // A client that sends no head and body in 5 s is dropped.
-            let req = tokio::time::timeout(Duration::from_secs(5), read_request(&mut stream)).await;
-            if let Ok(Ok(req)) = req {
-                let _ = handler(req, stream).await;
+            let mut wait = Duration::from_secs(5);
+            let mut stream = stream;
+            loop {
+                let req = tokio::time::timeout(wait, read_request(&mut stream)).await;
+                let Ok(Ok(req)) = req else { return };
+                match handler(req, stream).await {
+                    Ok(Some(kept)) => stream = kept,
+                    _ => return,
+                }
+                wait = Duration::from_secs(120);
             }
         });
     }

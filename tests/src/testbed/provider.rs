@@ -31,16 +31,26 @@ pub struct Args {
 /// How a call through the compatible APIs is paced, from its `model`:
 /// dash-separated pairs `think-MS` (silence before the first byte of the
 /// body, default 200), `gap-MS` (between tokens, default 50), `tokens-N`
-/// (default 10, at most 100 000), and `head-late` (the response head only
+/// (default 10, at most 100 000), `head-late` (the response head only
 /// with the first token; default `head-early`: the head at once, as
-/// providers that acknowledge a request before thinking do). Unknown words
-/// are ignored, so any model name works.
+/// providers that acknowledge a request before thinking do), and
+/// `first-early` (with an early head, the first event too, OpenAI's role
+/// chunk or Anthropic's `message_start`, before thinking: what real
+/// providers do), and `lag-MS` (an early head only after MS, default 0: a
+/// real provider's head comes some ticks after the request, not in the
+/// same one), and `pool` (the connection kept open for the client's next
+/// call, as real providers keep theirs, a streamed answer then in chunked
+/// encoding; default: `Connection: close`). Unknown words are ignored,
+/// so any model name works.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
     pub think: Duration,
     pub gap: Duration,
     pub tokens: u64,
     pub head_late: bool,
+    pub first_early: bool,
+    pub lag: Duration,
+    pub pool: bool,
 }
 
 impl Pacing {
@@ -50,8 +60,12 @@ impl Pacing {
             gap: Duration::from_millis(50),
             tokens: 10,
             head_late: false,
+            first_early: false,
+            lag: Duration::ZERO,
+            pool: false,
         };
         let words: Vec<&str> = model.split('-').collect();
+        p.pool = words.contains(&"pool");
         for pair in words.windows(2) {
             let n = pair[1].parse::<u64>().ok();
             match (pair[0], n) {
@@ -59,6 +73,8 @@ impl Pacing {
                 ("gap", Some(ms)) => p.gap = Duration::from_millis(ms),
                 ("tokens", Some(k)) => p.tokens = k.min(100_000),
                 ("head", _) => p.head_late = pair[1] == "late",
+                ("first", _) => p.first_early = pair[1] == "early",
+                ("lag", Some(ms)) => p.lag = Duration::from_millis(ms),
                 _ => {}
             }
         }
@@ -70,19 +86,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     super::runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
         say(format!("listening provider={}", args.listen));
-        http::serve(listener, |req, mut s| async move {
+        http::serve_reusing(listener, |req, mut s| async move {
             let peer = s
                 .peer_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|_| "?".into());
-            match (req.method.as_str(), req.path.as_str()) {
-                (_, "/v1/stream") => stream(&req, &mut s).await,
+            let keep = match (req.method.as_str(), req.path.as_str()) {
+                (_, "/v1/stream") => stream(&req, &mut s).await.map(|()| false),
                 ("POST", "/v1/chat/completions") => {
                     compatible(Api::OpenAi, &req, &mut s, &peer).await
                 }
                 ("POST", "/v1/messages") => compatible(Api::Anthropic, &req, &mut s, &peer).await,
-                _ => http::respond_json(&mut s, 404, &json!({"error": "no such path"})).await,
-            }
+                _ => http::respond_json(&mut s, 404, &json!({"error": "no such path"}))
+                    .await
+                    .map(|()| false),
+            }?;
+            Ok(keep.then_some(s))
         })
         .await;
         Ok(())
@@ -90,6 +109,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n";
+/// The head of a streamed answer on a connection kept for the next call.
+const SSE_HEAD_POOLED: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+/// A streamed answer's body: written as it is, or as HTTP/1.1 chunks on a
+/// kept connection.
+struct Body<'s> {
+    s: &'s mut tokio::net::TcpStream,
+    chunked: bool,
+}
+
+impl Body<'_> {
+    async fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if !self.chunked || bytes.is_empty() {
+            return self.s.write_all(bytes).await;
+        }
+        let mut out = format!("{:x}\r\n", bytes.len()).into_bytes();
+        out.extend_from_slice(bytes);
+        out.extend_from_slice(b"\r\n");
+        self.s.write_all(&out).await
+    }
+
+    /// Ends the answer: the last chunk (the connection is kept), or the
+    /// write side closed.
+    async fn end(self) -> std::io::Result<bool> {
+        self.end_with(b"").await
+    }
+
+    /// [`Body::end`] with `last` written in the same write as the end.
+    async fn end_with(self, last: &[u8]) -> std::io::Result<bool> {
+        if self.chunked {
+            let mut out = Vec::new();
+            if !last.is_empty() {
+                out.extend(format!("{:x}\r\n", last.len()).into_bytes());
+                out.extend_from_slice(last);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\n\r\n");
+            self.s.write_all(&out).await?;
+            Ok(true)
+        } else {
+            self.s.write_all(last).await?;
+            self.s.shutdown().await.map(|()| false)
+        }
+    }
+}
 
 async fn stream(req: &http::Request, s: &mut tokio::net::TcpStream) -> std::io::Result<()> {
     let first = Duration::from_millis(req.param_u64("first_ms", 200));
@@ -120,14 +184,17 @@ enum Api {
 
 /// One call through a compatible API. Says `call api=… peer=… model=…` as
 /// it starts thinking (the scenarios find a caller's connection by it).
+/// `Ok(true)`: the connection is kept for the next call.
 async fn compatible(
     api: Api,
     req: &http::Request,
     s: &mut tokio::net::TcpStream,
     peer: &str,
-) -> std::io::Result<()> {
+) -> std::io::Result<bool> {
     let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
-        return http::respond_json(s, 400, &error(api, "the body is not JSON")).await;
+        return http::respond_json(s, 400, &error(api, "the body is not JSON"))
+            .await
+            .map(|()| false);
     };
     let model = body["model"].as_str().unwrap_or("").to_string();
     let streaming = body["stream"].as_bool().unwrap_or(false);
@@ -163,8 +230,13 @@ async fn compatible(
         };
         let out = out.to_string();
         let head = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            out.len()
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n",
+            out.len(),
+            if pace.pool {
+                ""
+            } else {
+                "Connection: close\r\n"
+            }
         );
         if !pace.head_late {
             s.write_all(head.as_bytes()).await?;
@@ -174,15 +246,32 @@ async fn compatible(
             s.write_all(head.as_bytes()).await?;
         }
         s.write_all(out.as_bytes()).await?;
-        return s.shutdown().await;
+        if pace.pool {
+            return Ok(true);
+        }
+        return s.shutdown().await.map(|()| false);
     }
+    // The first event before thinking (with an early head), else after.
+    let first_early = pace.first_early && !pace.head_late;
+    let head = if pace.pool { SSE_HEAD_POOLED } else { SSE_HEAD };
     if !pace.head_late {
-        s.write_all(SSE_HEAD).await?;
+        tokio::time::sleep(pace.lag).await;
+        s.write_all(head).await?;
     }
-    tokio::time::sleep(pace.think).await;
+    if !first_early {
+        tokio::time::sleep(pace.think).await;
+    }
+    if pace.head_late && pace.pool {
+        s.write_all(head).await?;
+    }
+    let mut s = Body {
+        s,
+        chunked: pace.pool,
+    };
+    // A late head goes out with the first event, in one write.
     let mut first = Vec::new();
-    if pace.head_late {
-        first.extend_from_slice(SSE_HEAD);
+    if pace.head_late && !pace.pool {
+        first.extend_from_slice(head);
     }
     let chunk = |delta: Value, finish: Value| {
         sse(
@@ -199,14 +288,20 @@ async fn compatible(
                 json!({"role": "assistant", "content": ""}),
                 Value::Null,
             ));
-            s.write_all(&first).await?;
+            s.put(&first).await?;
+            if first_early {
+                tokio::time::sleep(pace.think).await;
+            }
             for _ in 0..pace.tokens {
-                s.write_all(&chunk(json!({"content": "tok "}), Value::Null))
+                s.put(&chunk(json!({"content": "tok "}), Value::Null))
                     .await?;
                 tokio::time::sleep(pace.gap).await;
             }
-            s.write_all(&chunk(json!({}), json!("stop"))).await?;
-            s.write_all(b"data: [DONE]\n\n").await?;
+            s.put(&chunk(json!({}), json!("stop"))).await?;
+            // `[DONE]` and the body's end in one write, as providers send
+            // them: a client that stops reading at `[DONE]` finds the end
+            // already there and keeps the connection.
+            return s.end_with(b"data: [DONE]\n\n").await;
         }
         Api::Anthropic => {
             first.extend(sse(
@@ -221,12 +316,14 @@ async fn compatible(
                 &json!({"type": "content_block_start", "index": 0,
                         "content_block": {"type": "text", "text": ""}}),
             ));
-            s.write_all(&first).await?;
+            s.put(&first).await?;
+            if first_early {
+                tokio::time::sleep(pace.think).await;
+            }
             for _ in 0..pace.tokens {
                 let delta = json!({"type": "content_block_delta", "index": 0,
                                    "delta": {"type": "text_delta", "text": "tok "}});
-                s.write_all(&sse(Some("content_block_delta"), &delta))
-                    .await?;
+                s.put(&sse(Some("content_block_delta"), &delta)).await?;
                 tokio::time::sleep(pace.gap).await;
             }
             let mut last = sse(
@@ -240,10 +337,10 @@ async fn compatible(
                         "usage": {"output_tokens": pace.tokens}}),
             ));
             last.extend(sse(Some("message_stop"), &json!({"type": "message_stop"})));
-            s.write_all(&last).await?;
+            s.put(&last).await?;
         }
     }
-    s.shutdown().await
+    s.end().await
 }
 
 /// One server-sent event.
@@ -278,6 +375,9 @@ mod tests {
         let d = Pacing::parse("gpt-4o");
         assert_eq!(d.think, Duration::from_millis(200));
         assert!(!d.head_late);
+        assert!(!d.first_early);
+        assert!(Pacing::parse("think-9-first-early").first_early);
+        assert_eq!(Pacing::parse("lag-300").lag, Duration::from_millis(300));
         assert_eq!(Pacing::parse("tokens-999999999").tokens, 100_000);
     }
 }

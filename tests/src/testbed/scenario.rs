@@ -1132,6 +1132,18 @@ pub enum Caller {
     /// The official `anthropic` Python SDK, which enables SO_KEEPALIVE
     /// itself (60 s idle and interval, 5 probes).
     Anthropic,
+    /// `openai.AsyncOpenAI` on asyncio (an event loop in `epoll_wait`).
+    AsyncOpenAi,
+    /// `anthropic.AsyncAnthropic` on asyncio (its own keepalive, as above).
+    AsyncAnthropic,
+    /// `litellm.acompletion` on its `openai/` route (what OpenHands and
+    /// aider call), on asyncio.
+    Litellm,
+    /// The official `openai` Node SDK (`tests/node/sdk_runner.mjs`: undici
+    /// under its fetch, on Node's event loop).
+    NodeOpenAi,
+    /// The official `@anthropic-ai/sdk` Node SDK, the same way.
+    NodeAnthropic,
 }
 
 impl Caller {
@@ -1141,7 +1153,26 @@ impl Caller {
             Caller::Tokio => "tokio",
             Caller::OpenAi => "openai",
             Caller::Anthropic => "anthropic",
+            Caller::AsyncOpenAi => "openai_async",
+            Caller::AsyncAnthropic => "anthropic_async",
+            Caller::Litellm => "litellm",
+            Caller::NodeOpenAi => "node_openai",
+            Caller::NodeAnthropic => "node_anthropic",
         }
+    }
+
+    /// Whether it waits in an event loop's `epoll_wait`, where no thread
+    /// is seen waiting on the socket of a call.
+    pub fn event_loop(self) -> bool {
+        matches!(
+            self,
+            Caller::Tokio
+                | Caller::AsyncOpenAi
+                | Caller::AsyncAnthropic
+                | Caller::Litellm
+                | Caller::NodeOpenAi
+                | Caller::NodeAnthropic
+        )
     }
 }
 
@@ -1175,18 +1206,46 @@ pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
         );
     }
     let out = Command::new("python3")
-        .args(["-c", "import sys, openai, anthropic; print(sys.executable)"])
+        .args([
+            "-c",
+            "import sys, openai, anthropic, litellm; print(sys.executable)",
+        ])
         .output()
         .context("cannot run python3")?;
     if !out.status.success() {
         bail!(
-            "python3 cannot import the openai and anthropic SDKs (`cargo xtask setup` installs them): {}",
+            "python3 cannot import the openai and anthropic SDKs and litellm (`cargo xtask setup` installs them): {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     Ok((
         PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
         script,
+    ))
+}
+
+/// `node` and `tests/node/sdk_runner.mjs`, with the Node SDKs installed
+/// beside it (`cargo xtask setup` runs `npm ci` there).
+pub fn node_sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("node");
+    for package in ["openai", "@anthropic-ai/sdk"] {
+        if !dir.join("node_modules").join(package).exists() {
+            bail!(
+                "the Node SDK {package} is not installed in {} (`cargo xtask setup` installs it)",
+                dir.display()
+            );
+        }
+    }
+    let node = Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .context("cannot look for node")?;
+    if !node.status.success() {
+        bail!("no node on PATH (`cargo xtask setup` installs Debian's nodejs)");
+    }
+    Ok((
+        PathBuf::from(String::from_utf8_lossy(&node.stdout).trim()),
+        dir.join("sdk_runner.mjs"),
     ))
 }
 
@@ -1408,12 +1467,26 @@ pub fn waits(pid: u32, fds: &[i32]) -> Vec<String> {
 }
 
 /// An `[[agent]]` block for an SDK runner named `name` calling `upstream`.
-fn sdk_agent(name: &str, upstream: SocketAddr, status: SocketAddr, provider_extra: &str) -> String {
+/// The config block of an SDK runner. With `claims`, its status probe reads
+/// the agent's `current_task`; without, the probe only says it answers,
+/// and whether a call is in flight rests on the kernel alone.
+fn sdk_agent(
+    name: &str,
+    script: &str,
+    upstream: SocketAddr,
+    status: SocketAddr,
+    provider_extra: &str,
+    claims: bool,
+) -> String {
+    let fields = if claims {
+        "fields = { current_task = \"/current_task\" }\n"
+    } else {
+        ""
+    };
     format!(
-        "[[agent]]\nname = \"{name}\"\nmatch = {{ cmdline = \"sdk_runner.py --name {name} \" }}\n\
+        "[[agent]]\nname = \"{name}\"\nmatch = {{ cmdline = \"{script} --name {name} \" }}\n\
          [[agent.upstream]]\nrole = \"provider\"\naddr = \"{upstream}\"\n{provider_extra}\
-         [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
-         fields = {{ current_task = \"/current_task\" }}\n\
+         [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n{fields}\
          [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
          [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n{PROOF}"
     )
@@ -1430,6 +1503,20 @@ fn start_caller(
     upstream: SocketAddr,
     provider_extra: &str,
     models: Option<Vec<String>>,
+) -> anyhow::Result<()> {
+    start_caller_with(bed, name, caller, upstream, provider_extra, models, &[])
+}
+
+/// [`start_caller`], with more arguments for an SDK runner
+/// (`tests/py/sdk_runner.py`: `--pause-ms`, `--whole`).
+fn start_caller_with(
+    bed: &mut Bed,
+    name: &str,
+    caller: Caller,
+    upstream: SocketAddr,
+    provider_extra: &str,
+    models: Option<Vec<String>>,
+    extra: &[&str],
 ) -> anyhow::Result<()> {
     let sdk = match caller {
         Caller::Blocking | Caller::Tokio => {
@@ -1448,14 +1535,26 @@ fn start_caller(
         }
         Caller::OpenAi => "openai",
         Caller::Anthropic => "anthropic",
+        Caller::AsyncOpenAi => "openai-async",
+        Caller::AsyncAnthropic => "anthropic-async",
+        Caller::Litellm => "litellm",
+        Caller::NodeOpenAi => "openai",
+        Caller::NodeAnthropic => "anthropic",
     };
-    let (python, script) = sdk_runner()?;
+    let node = matches!(caller, Caller::NodeOpenAi | Caller::NodeAnthropic);
+    let (program, script) = if node {
+        node_sdk_runner()?
+    } else {
+        sdk_runner()?
+    };
     let status = SocketAddr::from(([127, 0, 0, 1], SDK_STATUS_PORT));
     let base = match caller {
-        Caller::OpenAi => format!("http://{upstream}/v1"),
-        _ => format!("http://{upstream}"),
+        Caller::Anthropic | Caller::AsyncAnthropic | Caller::NodeAnthropic => {
+            format!("http://{upstream}")
+        }
+        _ => format!("http://{upstream}/v1"),
     };
-    let mut cmd = bed.topo.runners.command(&python);
+    let mut cmd = bed.topo.runners.command(&program);
     cmd.arg(&script)
         .args([
             "--name",
@@ -1468,11 +1567,20 @@ fn start_caller(
         ])
         .arg(status.to_string());
     // OpenAI's API sends the response head with the first token, Anthropic's
-    // at once: the first call's head comes as each provider's would.
+    // at once: the first call's head comes as each provider's would. The
+    // event-loop clients get the hard case: the head and the first event
+    // (role chunk, `message_start`) 300 ms after the request (so the last
+    // thing on the socket is plainly a receive), then the thinking.
     let models = models.unwrap_or_else(|| match caller {
         Caller::OpenAi => vec![format!("{NEVER_MODEL}-head-late")],
+        Caller::AsyncOpenAi
+        | Caller::AsyncAnthropic
+        | Caller::Litellm
+        | Caller::NodeOpenAi
+        | Caller::NodeAnthropic => vec![format!("{NEVER_MODEL}-first-early-lag-300")],
         _ => vec![NEVER_MODEL.into()],
     });
+    cmd.args(extra);
     if models.len() > 1 {
         cmd.args(["--threads", &models.len().to_string()]);
     } else {
@@ -1481,7 +1589,20 @@ fn start_caller(
     for m in &models {
         cmd.args(["--model", m]);
     }
-    let block = sdk_agent(name, upstream, status, provider_extra);
+    // The event-loop SDKs' agents tell nothing of their calls: the hard
+    // case, where only the kernel's evidence and the proof can tell.
+    let script_name = script
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let block = sdk_agent(
+        name,
+        &script_name,
+        upstream,
+        status,
+        provider_extra,
+        !caller.event_loop(),
+    );
     bed.spawn(name, cmd, Some(block))?;
     bed.expect_line(name, "ready", Duration::from_secs(30))?;
     Ok(())
@@ -1510,11 +1631,33 @@ pub fn silent_cut(
     caller: Caller,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
+    silent_cut_of(opts, caller, None, say)
+}
+
+/// [`silent_cut`] with the SDK caller's first call on `model` (how the
+/// provider paces its head and first event: [`Pacing`](super::provider::Pacing)),
+/// named after it.
+pub fn silent_cut_of(
+    opts: &Options,
+    caller: Caller,
+    model: Option<&str>,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
     let name = "caller";
-    let mut report = Report::new(&format!("silent_cut_{}", caller.name()));
+    let mut report = Report::new(&match model {
+        None => format!("silent_cut_{}", caller.name()),
+        Some(m) => format!("silent_cut_{}_{m}", caller.name()),
+    });
     let mut bed = Bed::new(opts, "sil", Duration::from_millis(500))?;
     let provider = bed.provider();
-    start_caller(&mut bed, name, caller, provider, "", None)?;
+    start_caller(
+        &mut bed,
+        name,
+        caller,
+        provider,
+        "",
+        model.map(|m| vec![m.to_string()]),
+    )?;
     say(Event::Setup {
         what: format!(
             "caller {} calls the provider {provider} with a model that thinks 600 s; suspect after 2 s, proof keepalive 1 s idle + 3 × 1 s; a check every {} ms",
@@ -1750,36 +1893,43 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
     Ok(report)
 }
 
-/// No false heals at scale: one agent (the openai SDK runner, one process)
-/// with `n` threads, each calling a model that thinks between 30 and 300 s
-/// (spread evenly; every other one sends the response head only with the
-/// first token) and then streams, checked every `opts.check_every` for
-/// `length`. Every provider socket's keepalive options are read before
+/// No false heals at scale: one agent (an SDK runner, one process) with `n`
+/// callers (`caller`: threads of the sync SDK, or tasks of one event loop),
+/// each calling a model that thinks between 30 and 300 s (spread evenly;
+/// every other one sends the response head only with the first token, the
+/// others at once, and for an event loop with the first event too) and
+/// then streams, checked every `opts.check_every` for `length`. Every provider socket's keepalive options are read before
 /// the first check and again while it thinks, every 15 s (through pidfd,
 /// as root): the proof must put back what it changed.
 pub fn many_thinking(
     opts: &Options,
+    caller: Caller,
     n: usize,
     length: Duration,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
     use selfheal::actions::{open_target, read_keepalive};
     let name = "thinkers";
-    let mut report = Report::new("many_thinking");
+    let mut report = Report::new(&format!("many_thinking_{}", caller.name()));
     let mut bed = Bed::new(opts, "many", Duration::from_secs(1))?;
     let provider = bed.provider();
     let models: Vec<String> = (0..n)
         .map(|i| {
             let think = 30_000 + (270_000 * i as u64) / (n.max(2) as u64 - 1);
             // Half send the response head at once, half with the first token.
-            let head = if i % 2 == 0 { "early" } else { "late" };
+            let head = match (i % 2, caller.event_loop()) {
+                (0, true) => "early-first-early",
+                (0, false) => "early",
+                _ => "late",
+            };
             format!("think-{think}-gap-100-tokens-20-head-{head}")
         })
         .collect();
-    start_caller(&mut bed, name, Caller::OpenAi, provider, "", Some(models))?;
+    start_caller(&mut bed, name, caller, provider, "", Some(models))?;
     say(Event::Setup {
         what: format!(
-            "one openai SDK process, {n} threads, each calling a model that thinks 30–300 s then streams 20 tokens; a check every {} ms for {length:?}",
+            "one {} SDK process, {n} callers, each calling a model that thinks 30–300 s then streams 20 tokens; a check every {} ms for {length:?}",
+            caller.name(),
             opts.check_every.as_millis()
         ),
     });
@@ -1866,6 +2016,261 @@ pub fn many_thinking(
         .facts
         .insert("calls_failed".into(), calls.failed_total.into());
     report.facts.insert("pid".into(), pid.into());
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
+
+/// An idle pooled connection whose peer is cut: the sync openai SDK makes a
+/// call that answers at once (not streamed: the SDK closes a streamed
+/// answer's connection at `[DONE]`), then pauses 20 s with its connection
+/// idle in its pool, and the flow is cut 1 s into the pause. Nobody waits on it, so
+/// the proof's answer decides alone: `idle_connection_dead` (degraded, not
+/// wedged), a snapshot, and the connection ended before the next call,
+/// which goes out on a fresh connection and completes at once.
+pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "pooled";
+    let mut report = Report::new("pooled_cut");
+    let mut bed = Bed::new(opts, "pool", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::OpenAi,
+        provider,
+        "",
+        Some(vec![format!("{FAST_MODEL}-pool")]),
+        &["--whole", "--pause-ms", "20000"],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "the openai SDK calls {provider} with a model that answers at once, then pauses 20 s with its connection idle in its pool; suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    let read = |bed: &Bed, lines: &mut Vec<CallLine>, say: &mut dyn FnMut(Event)| {
+        for line in bed.lines(name).unwrap_or_default() {
+            if let Some(c) = CallLine::parse(&line) {
+                say(Event::Note {
+                    at_ms: bed.at_ms(),
+                    text: format!("{name}: {line}"),
+                });
+                lines.push(c);
+            }
+        }
+    };
+    bed.wait("the first call done", Duration::from_secs(30), || {
+        read(&bed, &mut lines, say);
+        Ok(lines
+            .iter()
+            .any(|l| matches!(l, CallLine::Done(..)))
+            .then_some(()))
+    })?;
+    let flows = bed.wait("the pooled connection", Duration::from_secs(10), || {
+        let c = connections_to(pid, provider);
+        Ok((!c.is_empty()).then_some(c))
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    for f in &flows {
+        bed.topo.drop_provider_flow(f.local)?;
+    }
+    let cut = Instant::now();
+    report
+        .facts
+        .insert("cut".into(), serde_json::to_value(&flows)?);
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the idle pooled flow(s) {} ↔ {provider} both ways, without a FIN or RST",
+            flows
+                .iter()
+                .map(|f| f.local.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let done_before = lines
+        .iter()
+        .filter(|l| matches!(l, CallLine::Done(..)))
+        .count();
+    let (mut next_start, mut next_done): (Option<u64>, Option<u64>) = (None, None);
+    let mut next_local: Option<String> = None;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(40),
+        |bed, run, report, say| {
+            let at = cut.elapsed().as_millis() as u64;
+            if let Some(o) = run.of(name)
+                && report.detect_ms.is_none()
+                && o["reasons"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["code"] == "idle_connection_dead"))
+            {
+                report.detect_ms = Some(at);
+                report.facts.insert("ended".into(), o.clone());
+            }
+            let seen = lines.len();
+            read(bed, &mut lines, say);
+            for l in &lines[seen..] {
+                match l {
+                    CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
+                    CallLine::Done(..)
+                        if next_done.is_none()
+                            && lines
+                                .iter()
+                                .filter(|l| matches!(l, CallLine::Done(..)))
+                                .count()
+                                > done_before =>
+                    {
+                        next_done = Some(at)
+                    }
+                    _ => {}
+                }
+            }
+            if next_start.is_some() && next_local.is_none() {
+                next_local = connections_to(pid, provider)
+                    .first()
+                    .map(|s| s.local.to_string());
+            }
+            Ok(next_done.is_some())
+        },
+    )?;
+    let failed = lines
+        .iter()
+        .filter(|l| matches!(l, CallLine::Failed(..)))
+        .count();
+    report.facts.insert("calls_failed".into(), failed.into());
+    if let Some(ms) = next_start {
+        report
+            .facts
+            .insert("next_call_started_ms".into(), ms.into());
+    }
+    if let Some(ms) = next_done {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "next_call_local".into(),
+        next_local.map_or(serde_json::Value::Null, Into::into),
+    );
+    report.facts.insert("pid".into(), pid.into());
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
+
+/// A connect that never completes: the provider's SYNs go unanswered from
+/// the start, and `litellm.acompletion` (which waits out the kernel's SYN
+/// retries, about 130 s) calls it. The upstream's `connect_timeout = "3s"`
+/// must make it `unresponsive` (`connect_timeout`), the heal end the
+/// attempt so the caller's connect fails now (its own error path, same
+/// pid); then the provider answers again and the next call completes.
+pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "connecting";
+    let mut report = Report::new("hanging_connect");
+    let mut bed = Bed::new(opts, "syn", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    bed.topo.drop_provider_syns(provider.port())?;
+    let fault = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!("the provider {provider} answers no new connection (its SYNs dropped)"),
+    });
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::Litellm,
+        provider,
+        "connect_timeout = \"3s\"\n",
+        Some(vec![FAST_MODEL.into()]),
+        &[],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "litellm calls {provider}; connect_timeout 3 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    let (mut started, mut failed, mut done): (Option<u64>, Option<(u64, String)>, Option<u64>) =
+        (None, None, None);
+    let mut syn_sent: Option<u64> = None;
+    let mut answering = false;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let at = fault.elapsed().as_millis() as u64;
+            if syn_sent.is_none()
+                && tcp_sockets(pid)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|s| s.remote == provider && s.state == 2)
+            {
+                syn_sent = Some(at);
+            }
+            if let Some(o) = run.of(name)
+                && report.detect_ms.is_none()
+                && o["reasons"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["code"] == "connect_timeout"))
+            {
+                report.detect_ms = Some(at);
+                report.facts.insert("unresponsive".into(), o.clone());
+            }
+            for line in bed.lines(name).unwrap_or_default() {
+                if let Some(c) = CallLine::parse(&line) {
+                    say(Event::Note {
+                        at_ms: bed.at_ms(),
+                        text: format!("{name}: {line}"),
+                    });
+                    lines.push(c);
+                }
+            }
+            for l in &lines {
+                match l {
+                    CallLine::Start(_) if started.is_none() => started = Some(at),
+                    CallLine::Failed(_, e) if failed.is_none() => failed = Some((at, e.clone())),
+                    CallLine::Done(..) if done.is_none() => done = Some(at),
+                    _ => {}
+                }
+            }
+            // Once the attempt has failed, the provider answers again.
+            if failed.is_some() && !answering {
+                bed.topo.answer_provider_syns(provider.port())?;
+                answering = true;
+            }
+            Ok(done.is_some())
+        },
+    )?;
+    if !answering {
+        bed.topo.answer_provider_syns(provider.port())?;
+    }
+    if let Some(ms) = syn_sent {
+        report.facts.insert("syn_sent_seen_ms".into(), ms.into());
+    }
+    if let Some(ms) = started {
+        report.facts.insert("call_started_ms".into(), ms.into());
+    }
+    if let Some((ms, e)) = failed {
+        report.facts.insert("call_failed_ms".into(), ms.into());
+        report.facts.insert("call_failed_error".into(), e.into());
+    }
+    if let Some(ms) = done {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
     report.facts.insert(
         "same_pid".into(),
         (bed.running(name)? && bed.pid(name)? == pid).into(),

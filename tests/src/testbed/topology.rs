@@ -155,6 +155,22 @@ impl Topology {
         ))
     }
 
+    /// New connections to the provider's `port` go unanswered from now on
+    /// (their SYNs dropped in the provider's namespace), until
+    /// [`Topology::answer_provider_syns`]; established ones flow.
+    pub fn drop_provider_syns(&self, port: u16) -> anyhow::Result<()> {
+        self.provider.nft(&format!(
+            "table inet selfheal_syn_{port} {{\n \
+             chain input {{ type filter hook input priority 0; tcp dport {port} tcp flags & (syn | ack) == syn drop; }}\n}}\n"
+        ))
+    }
+
+    /// Undoes [`Topology::drop_provider_syns`].
+    pub fn answer_provider_syns(&self, port: u16) -> anyhow::Result<()> {
+        self.provider
+            .nft(&format!("delete table inet selfheal_syn_{port}\n"))
+    }
+
     /// Attach streams to the dispatch server's `port` are refused silently
     /// from now on, old and new alike (packets dropped both ways).
     pub fn drop_port(&self, port: u16) -> anyhow::Result<()> {

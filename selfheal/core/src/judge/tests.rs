@@ -792,14 +792,14 @@ fn silent_calls_are_proven() {
             work: &["arm"],
         },
         P {
-            name: "an answer came after the request, no thread waits: idle, nothing armed",
+            name: "an answer came after the request, no thread waits: idle, proven all the same",
             config: "",
             threads: vec![],
             socket: provider(answered_before.clone()),
             history: AgentHistory::default(),
             verdict: Verdict::Idle,
             code: "idle",
-            work: &[],
+            work: &["arm"],
         },
         P {
             name: "a request seen out earlier, no byte received since: still in flight",
@@ -1086,4 +1086,228 @@ fn a_slow_but_live_control_link_is_never_dead_and_the_limit_is_pinned() {
     let (v, c) = verdict(info(30_001, 30_001, 500));
     assert_eq!(v, Verdict::Wedged);
     assert!(c.iter().any(|c| c == "control_silent"), "{c:?}");
+}
+
+/// What a dead connection means rests on whether a call may wait on it: an
+/// idle pooled one is `idle_connection_dead` (degraded, ended before a
+/// request is sent into it); one in the epoll set of a waiting event loop,
+/// or with a request out, is a wedge.
+#[test]
+fn a_proven_dead_connection_means_what_may_wait_on_it() {
+    let cfg = agent("");
+    const S: u64 = 2 * MIN;
+    // The answer came after the request: nothing known to be in flight.
+    let mut idle = info(S, S, S + 30);
+    idle.probes = 3;
+    let event_loop = |inode: u64| {
+        let mut t = thread(102, 'S', None);
+        t.syscall = Some("epoll_wait".into());
+        t.wait_syscall = Some("epoll_wait".into());
+        t.wait_inodes = vec![inode];
+        t.wait_event_loop = true;
+        t
+    };
+    let mut request_out = idle.clone();
+    request_out.last_data_sent_ms = (S - 1_000) as u32;
+    struct C {
+        name: &'static str,
+        threads: Vec<ThreadReport>,
+        info: TcpInfo,
+        verdict: Verdict,
+        code: &'static str,
+        kind: DeadKind,
+    }
+    for c in [
+        C {
+            name: "idle pooled, nobody waits: its own verdict, ended",
+            threads: vec![thread(101, 'S', None)],
+            info: idle.clone(),
+            verdict: Verdict::Degraded,
+            code: "idle_connection_dead",
+            kind: DeadKind::Idle,
+        },
+        C {
+            name: "in the epoll set of a waiting event loop: a call may wait, wedged",
+            threads: vec![event_loop(2)],
+            info: idle.clone(),
+            verdict: Verdict::Wedged,
+            code: "peer_unresponsive",
+            kind: DeadKind::Awaited,
+        },
+        C {
+            name: "another socket in the event loop's set: this one is still idle",
+            threads: vec![event_loop(9)],
+            info: idle.clone(),
+            verdict: Verdict::Degraded,
+            code: "idle_connection_dead",
+            kind: DeadKind::Idle,
+        },
+        C {
+            name: "a request went out after the last answer: wedged",
+            threads: vec![],
+            info: request_out,
+            verdict: Verdict::Wedged,
+            code: "peer_unresponsive",
+            kind: DeadKind::Awaited,
+        },
+    ] {
+        let r = report(
+            c.threads,
+            vec![alive_control(), socket(2, "provider", c.info)],
+        );
+        let (j, _) = judge(&cfg, &r, &[], &armed(5_000), 100 * MIN);
+        assert_eq!(
+            (j.verdict, codes(&j)[0]),
+            (c.verdict, c.code),
+            "{}: {:#?}",
+            c.name,
+            j.reasons
+        );
+        let kinds: Vec<_> = j
+            .dead
+            .iter()
+            .map(|d| (d.inode, d.kind, d.by_proof))
+            .collect();
+        assert_eq!(kinds, [(2, c.kind, true)], "{}", c.name);
+    }
+    // Not proven by our keepalive (the agent's own, 9 probes unanswered):
+    // its meaning stays what it was, a wedge.
+    let mut own = info(S, S, S + 30);
+    own.probes = 9;
+    let r = report(vec![], vec![alive_control(), socket(2, "provider", own)]);
+    let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+    assert_eq!(j.verdict, Verdict::Wedged, "{:?}", codes(&j));
+    // Alive (the probe answered): idle, its options put back.
+    let mut answered = info(S, 300, S + 30);
+    answered.probes = 0;
+    let r = report(
+        vec![],
+        vec![alive_control(), socket(2, "provider", answered)],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &armed(5_000), 100 * MIN);
+    assert_eq!((j.verdict, work_of(&j)), (Verdict::Idle, vec!["restore"]));
+    assert!(j.dead.is_empty());
+}
+
+/// A silent idle socket is proven without making the agent busy, and says
+/// so; one whose peer answered within `suspect_after` is not asked again.
+#[test]
+fn an_idle_silent_connection_is_proven_without_changing_the_verdict() {
+    let cfg = agent("");
+    const S: u64 = 2 * MIN;
+    let r = report(
+        vec![],
+        vec![alive_control(), socket(2, "provider", info(S, S, S + 30))],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+    assert_eq!(j.verdict, Verdict::Idle);
+    assert_eq!(work_of(&j), ["arm"]);
+    let suspect = j
+        .reasons
+        .iter()
+        .find(|r| r.code == ReasonCode::Suspect)
+        .expect("a reason");
+    assert_eq!(suspect.verdict, Verdict::Healthy);
+    assert!(
+        suspect.message.contains("no call known to wait on it"),
+        "{}",
+        suspect.message
+    );
+    // Without a control upstream the base verdict is still said.
+    let no_control = agent("").upstreams.split_off(1);
+    let mut cfg2 = agent("");
+    cfg2.upstreams = no_control;
+    let mut s = socket(2, "provider", info(S, S, S + 30));
+    s.upstream = Some(0);
+    let (j, _) = judge(
+        &cfg2,
+        &report(vec![], vec![s]),
+        &[],
+        &AgentHistory::default(),
+        100 * MIN,
+    );
+    assert_eq!(
+        (j.verdict, codes(&j)),
+        (Verdict::Healthy, vec!["suspect", "healthy"])
+    );
+    // The peer answered a proof 20 s ago (its ACK is 20 s old): alive, not
+    // proven again until silent another suspect_after.
+    let r = report(
+        vec![],
+        vec![
+            alive_control(),
+            socket(2, "provider", info(S, 20_000, S + 30)),
+        ],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &AgentHistory::default(), 100 * MIN);
+    assert!(work_of(&j).is_empty(), "{:?}", j.reasons);
+}
+
+/// A connection attempt the peer never answers is `unresponsive` past its
+/// upstream's `connect_timeout`, by the time first seen or by the kernel's
+/// own SYN schedule, and is a finding the ladder ends.
+#[test]
+fn a_connect_that_hangs_is_unresponsive_past_its_connect_timeout() {
+    let cfg = agent("");
+    let syn = |retransmits: u8| {
+        let mut i = info(10_000_000, 10_000_000, 500);
+        i.retransmits = retransmits;
+        i.unacked = 1;
+        let mut s = socket(2, "provider", i);
+        s.state = TcpState::SynSent;
+        s
+    };
+    let at = 100 * MIN;
+    // First seen, 2 SYNs resent (3 s at least): nothing yet.
+    let (j, h) = judge(
+        &cfg,
+        &report(vec![], vec![alive_control(), syn(2)]),
+        &[],
+        &AgentHistory::default(),
+        at,
+    );
+    assert!(j.verdict.is_ok() && j.dead.is_empty(), "{:?}", codes(&j));
+    assert_eq!(h.connecting_since_ms.get(&5002), Some(&at));
+    // Seen 31 s later, still unanswered: past the 30 s default.
+    let (j, _) = judge(
+        &cfg,
+        &report(vec![], vec![alive_control(), syn(3)]),
+        &[],
+        &h,
+        at + 31_000,
+    );
+    assert_eq!(
+        (j.verdict, codes(&j)[0]),
+        (Verdict::Unresponsive, "connect_timeout")
+    );
+    assert!(
+        j.reasons[0]
+            .message
+            .contains("never answered the handshake"),
+        "{}",
+        j.reasons[0].message
+    );
+    assert_eq!(
+        j.dead.iter().map(|d| (d.inode, d.kind)).collect::<Vec<_>>(),
+        [(2, DeadKind::Connecting)]
+    );
+    // First seen with 5 SYNs resent: at least 31 s by the kernel's schedule.
+    let (j, _) = judge(
+        &cfg,
+        &report(vec![], vec![alive_control(), syn(5)]),
+        &[],
+        &AgentHistory::default(),
+        at,
+    );
+    assert_eq!(codes(&j)[0], "connect_timeout");
+    // A longer connect_timeout on the upstream holds it.
+    let patient = agent("connect_timeout = \"2m\"\n");
+    let (j, _) = judge(
+        &patient,
+        &report(vec![], vec![alive_control(), syn(5)]),
+        &[],
+        &AgentHistory::default(),
+        at,
+    );
+    assert!(j.dead.is_empty(), "{:?}", codes(&j));
 }

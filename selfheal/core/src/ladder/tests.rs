@@ -102,6 +102,7 @@ fn wedged(code: ReasonCode, inode: Option<u64>) -> Judgement {
                 cookie: 9,
                 unacked: 0,
                 by_proof: false,
+                kind: crate::model::DeadKind::Awaited,
             })
             .into_iter()
             .collect(),
@@ -766,4 +767,112 @@ fn the_signal_goes_to_the_holder_of_the_dead_socket() {
         }
         d => panic!("{d:?}"),
     }
+
+/// A dead connection nobody waits on, or a hung connect, in an agent that is
+/// not wedged: ended at once (an unanswered proof expired, an attempt
+/// destroyed), within the budget, once per step window, never touching the
+/// wedge ladder's rungs; `sockets = false` leaves them.
+#[test]
+fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
+    use crate::model::DeadKind;
+    let cfg = heal(true, true);
+    let finding = |kind: DeadKind, by_proof: bool, verdict: Verdict| {
+        let mut j = wedged(ReasonCode::IdleConnectionDead, Some(42));
+        j.verdict = verdict;
+        j.reasons[0].verdict = verdict;
+        j.dead[0].kind = kind;
+        j.dead[0].by_proof = by_proof;
+        j
+    };
+    let r = report('S', true);
+    let mut h = HealHistory::default();
+    let d = decide(
+        &cfg,
+        &finding(DeadKind::Idle, true, Verdict::Degraded),
+        &r,
+        &mut h,
+        1_000 * SEC,
+    );
+    let Decision::Act { steps } = d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        steps.iter().map(Step::name).collect::<Vec<_>>(),
+        ["expire_keepalive"]
+    );
+    assert_eq!(h.rung, None);
+    h.record(1_000 * SEC, steps[0].clone(), true, String::new());
+    // Within the step window: given its time.
+    let d = decide(
+        &cfg,
+        &finding(DeadKind::Idle, true, Verdict::Degraded),
+        &r,
+        &mut h,
+        1_010 * SEC,
+    );
+    assert_eq!(
+        d,
+        Decision::Wait {
+            why: "giving the dead connection(s) already ended their window".into(),
+            until_ms: 1_030 * SEC
+        }
+    );
+    // Past it, still there: ended again.
+    let again = finding(DeadKind::Idle, true, Verdict::Degraded);
+    let d = decide(&cfg, &again, &r, &mut h, 1_031 * SEC);
+    assert!(matches!(d, Decision::Act { .. }), "{d:?}");
+    // A hung connect: destroyed.
+    let mut h = HealHistory::default();
+    let d = decide(
+        &cfg,
+        &finding(DeadKind::Connecting, false, Verdict::Unresponsive),
+        &r,
+        &mut h,
+        1_000 * SEC,
+    );
+    let Decision::Act { steps } = d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(
+        steps.iter().map(Step::name).collect::<Vec<_>>(),
+        ["destroy_socket"]
+    );
+    // An awaited dead socket in an agent that is not wedged (impossible from
+    // the judge, but the rule is the verdict's): nothing.
+    let d = decide(
+        &cfg,
+        &finding(DeadKind::Awaited, true, Verdict::Degraded),
+        &r,
+        &mut HealHistory::default(),
+        1_000 * SEC,
+    );
+    assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
+    // Socket steps off, or the budget spent: left open, and said.
+    let off = HealConfig {
+        sockets: false,
+        ..heal(true, true)
+    };
+    let d = decide(
+        &off,
+        &finding(DeadKind::Idle, true, Verdict::Degraded),
+        &r,
+        &mut HealHistory::default(),
+        1_000 * SEC,
+    );
+    assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
+    let spent = HealConfig {
+        max_actions_per_hour: 0,
+        ..heal(true, true)
+    };
+    let d = decide(
+        &spent,
+        &finding(DeadKind::Idle, true, Verdict::Degraded),
+        &r,
+        &mut HealHistory::default(),
+        1_000 * SEC,
+    );
+    let Decision::Nothing { why } = d else {
+        panic!("{d:?}")
+    };
+    assert!(why.contains("budget"), "{why}");
 }
