@@ -767,6 +767,7 @@ fn the_signal_goes_to_the_holder_of_the_dead_socket() {
         }
         d => panic!("{d:?}"),
     }
+}
 
 /// A dead connection nobody waits on, or a hung connect, in an agent that is
 /// not wedged: ended at once (an unanswered proof expired, an attempt
