@@ -677,9 +677,9 @@ impl Bench {
             );
         }
         println!(
-            "    proof on / off: check {:.2} x; segments out {:.2} x; {rounds_per_socket:.2} proof rounds per socket in {on_min:.1} min ({:.2} a minute; at most one per suspect_after + 1 s: {:.2})",
+            "    proof on / off: check {:.2} x; {:+.1} segments out a minute per socket; {rounds_per_socket:.2} proof rounds per socket in {on_min:.1} min ({:.2} a minute; at most one per suspect_after + 1 s: {:.2})",
             on_t / off_t,
-            per_min(on.out_segs, on_min) / per_min(off.out_segs, off_min).max(1.0),
+            (per_min(on.out_segs, on_min) - per_min(off.out_segs, off_min)) / n as f64,
             rounds_per_socket / on_min,
             60.0 / (SUSPECT_S as f64 + 1.0)
         );
