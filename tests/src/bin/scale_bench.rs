@@ -39,8 +39,18 @@
 //!   restoring check follows as soon as the probes are out; under the
 //!   timer a proof keeps probing every `idle` until the next check.
 //!
+//! - idle: the cost of proving idle pooled connections over time. 100
+//!   agents hold `--idle` connections in all (default 1000) that nobody
+//!   reads or writes, with a live peer (this process), checked once a
+//!   second for `--idle-seconds` (default 120; 600 by hand) with
+//!   `suspect_after = "10s"`, proof on (idle 1 s, interval 1 s, 3 probes),
+//!   then as long with proof off. Prints keepalive probes and segments per
+//!   minute (the namespace's TCP MIB counters) and the median check time of
+//!   each, and the ratios: each socket is to be asked at most once per
+//!   `suspect_after`, never flooded.
+//!
 //! Needs root to raise the open-file limit past its hard limit, and for the
-//! proof section (`pidfd_getfd` on the agents' sockets).
+//! proof sections (`pidfd_getfd` on the agents' sockets).
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -64,6 +74,10 @@ struct Args {
     threads: Vec<usize>,
     /// Suspect sockets of the proof section (0: skip it).
     proof: usize,
+    /// Idle pooled sockets of the idle section (0: skip it), and how long
+    /// each way runs.
+    idle: usize,
+    idle_seconds: u64,
     runs: usize,
 }
 
@@ -72,6 +86,8 @@ fn main() {
         sockets: vec![1000, 5000, 10000],
         threads: vec![200, 1000, 2000],
         proof: 1000,
+        idle: 1000,
+        idle_seconds: 120,
         runs: 7,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -95,6 +111,19 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or_else(|| usage(a))
             }
+            "--idle" => {
+                args.idle = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| usage(a))
+            }
+            "--idle-seconds" => {
+                args.idle_seconds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| (10..=3600).contains(n))
+                    .unwrap_or_else(|| usage(a))
+            }
             "--runs" => {
                 args.runs = it
                     .next()
@@ -109,9 +138,11 @@ fn main() {
         || args.threads.iter().any(|t| *t > 10_000)
         || !args.proof.is_multiple_of(AGENTS)
         || args.proof > 10_000
+        || !args.idle.is_multiple_of(AGENTS)
+        || args.idle > 10_000
     {
         eprintln!(
-            "scale-bench: --sockets must be multiples of {AGENTS} up to 50000, --proof up to 10000 (0: none), --threads up to 10000"
+            "scale-bench: --sockets must be multiples of {AGENTS} up to 50000, --proof and --idle up to 10000 (0: none), --threads up to 10000"
         );
         std::process::exit(3);
     }
@@ -132,7 +163,8 @@ fn main() {
         .max()
         .copied()
         .unwrap_or(0)
-        .max(args.proof);
+        .max(args.proof)
+        .max(args.idle);
     raise_nofile(most as u64 + THREAD_AGENT_SOCKETS as u64 + 1024);
     let bench = Bench {
         selfheal,
@@ -166,12 +198,15 @@ fn main() {
     if args.proof > 0 {
         bench.proof(args.proof);
     }
+    if args.idle > 0 {
+        bench.idle(args.idle, Duration::from_secs(args.idle_seconds));
+    }
     let _ = std::fs::remove_dir_all(&work);
 }
 
 fn usage(arg: &str) -> ! {
     eprintln!(
-        "usage: scale-bench [--sockets N,N,…] [--threads N,N,…] [--proof N] [--runs N] (bad {arg})"
+        "usage: scale-bench [--sockets N,N,…] [--threads N,N,…] [--proof N] [--idle N] [--idle-seconds S] [--runs N] (bad {arg})"
     );
     std::process::exit(3)
 }
@@ -554,6 +589,99 @@ impl Bench {
         );
         println!(
             "    (over loopback both ends are counted: a probe and its ACK are each one segment out and one in)"
+        );
+    }
+
+    /// Idle pooled connections proven over time: `n` connections nobody
+    /// uses, a check a second for `length` with proof on, then as long with
+    /// proof off; probes and segments per minute and check times, printed.
+    /// Asserted: the proof-on run armed and the peers answered (no socket
+    /// judged dead), and no socket was asked more than once per
+    /// `suspect_after` plus the proof's length.
+    fn idle(&self, n: usize, length: Duration) {
+        const SUSPECT_S: u64 = 10;
+        let ns = own_netns();
+        let agents = self.agents(AGENTS, 0, n / AGENTS);
+        let pids: Vec<u32> = agents.children.iter().map(Child::id).collect();
+        let config = |proof: bool| {
+            let mut text = String::new();
+            for (i, pid) in pids.iter().enumerate() {
+                text.push_str(&format!(
+                    "[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n\
+                     [[agent.upstream]]\nrole = \"provider\"\naddr = \"{}\"\n\
+                     [agent.thresholds]\nsuspect_after = \"{SUSPECT_S}s\"\n\
+                     [agent.proof]\nkeepalive = {proof}\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n",
+                    agents.listen
+                ));
+            }
+            let path = self.work.join(format!("config-idle-{proof}.toml"));
+            std::fs::write(&path, text).expect("write config");
+            path
+        };
+        println!(
+            "\n  idle: {AGENTS} agents, {n} idle pooled connections (live peer, nobody reads or writes), a check a second for {} s each way; suspect_after {SUSPECT_S} s, proof idle 1 s, interval 1 s, 3 probes ({})",
+            length.as_secs(),
+            match &ns {
+                Ok(()) => "a network namespace of its own".to_string(),
+                Err(e) => format!("the host's network namespace ({e})"),
+            }
+        );
+        let run = |proof: bool| {
+            let cfg = config(proof);
+            let state = self.work.join(format!("state-idle-{proof}"));
+            let _ = std::fs::remove_dir_all(&state);
+            let before = Mib::read();
+            let start = Instant::now();
+            let (mut times, mut armed, mut dead) = (Vec::new(), 0usize, 0usize);
+            while start.elapsed() < length {
+                let tick = Instant::now();
+                let (t, lines) = self.run_json(&cfg, &state);
+                times.push(t);
+                armed += proof_events(&lines, "arm").0;
+                dead += lines
+                    .iter()
+                    .filter(|o| o["verdict"] != "healthy" && o["verdict"] != "idle" && o["verdict"] != "busy")
+                    .count();
+                std::thread::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed()));
+            }
+            let minutes = start.elapsed().as_secs_f64() / 60.0;
+            let m = Mib::read().minus(&before);
+            (median_of(&mut times), m, minutes, armed, dead)
+        };
+        let (on_t, on, on_min, armed, on_dead) = run(true);
+        let (off_t, off, off_min, _, _) = run(false);
+        drop(agents);
+        assert_eq!(on_dead, 0, "idle connections with a live peer judged not ok");
+        assert!(armed >= n, "only {armed} proof keepalives armed on {n} idle sockets");
+        let rounds_per_socket = armed as f64 / n as f64;
+        // At most one round per suspect_after plus the proof's own length.
+        let most = on_min * 60.0 / (SUSPECT_S as f64 + 1.0) + 1.0;
+        assert!(
+            rounds_per_socket <= most,
+            "{rounds_per_socket:.2} proof rounds per socket in {:.1} min (at most {most:.1})",
+            on_min
+        );
+        let per_min = |v: u64, min: f64| v as f64 / min;
+        println!(
+            "    {:<34} {:>9} {:>16} {:>14} {:>14}",
+            "", "check", "probes/min", "segs out/min", "segs in/min"
+        );
+        for (name, t, m, min) in [("proof on", on_t, &on, on_min), ("proof off", off_t, &off, off_min)] {
+            println!(
+                "    {:<34} {:>6.1} ms {:>16.0} {:>14.0} {:>14.0}",
+                name,
+                t * 1e3,
+                per_min(m.keepalive, min),
+                per_min(m.out_segs, min),
+                per_min(m.in_segs, min)
+            );
+        }
+        println!(
+            "    proof on / off: check {:.2} x; {:+.1} segments out a minute per socket; {rounds_per_socket:.2} proof rounds per socket in {on_min:.1} min ({:.2} a minute; at most one per suspect_after + 1 s: {:.2})",
+            on_t / off_t,
+            (per_min(on.out_segs, on_min) - per_min(off.out_segs, off_min)) / n as f64,
+            rounds_per_socket / on_min,
+            60.0 / (SUSPECT_S as f64 + 1.0)
         );
     }
 
