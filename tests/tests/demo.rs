@@ -90,6 +90,11 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
         "{summary:#}"
     );
     assert!(summary["recover_ms"].is_u64(), "{summary:#}");
+    // The second scene: the asyncio agent whose head came first, proven.
+    assert!(
+        summary["event_loop_scene"]["detect_ms"].is_u64(),
+        "{summary:#}"
+    );
     // A wedged verdict carried a snapshot id, and the kept snapshot reads
     // back with the kernel's evidence of the dead control connection.
     let id = events

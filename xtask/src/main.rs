@@ -29,7 +29,8 @@ enum Task {
     /// nightly rust-src, bpf-linker linked to nightly's libLLVM, tracefs.
     Setup,
     /// Set up, build, and run the demo (the incident replayed in network
-    /// namespaces, narrated: `selfheal-testbed demo`, driving the real
+    /// namespaces, then an asyncio agent's call cut while its provider
+    /// thinks, narrated: `selfheal-testbed demo`, driving the real
     /// `selfheal` binary's helper and checks); arguments after `--` go to
     /// it, e.g. `-- --json`.
     Demo {

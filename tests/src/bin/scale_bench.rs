@@ -640,7 +640,11 @@ impl Bench {
                 armed += proof_events(&lines, "arm").0;
                 dead += lines
                     .iter()
-                    .filter(|o| o["verdict"] != "healthy" && o["verdict"] != "idle" && o["verdict"] != "busy")
+                    .filter(|o| {
+                        o["verdict"] != "healthy"
+                            && o["verdict"] != "idle"
+                            && o["verdict"] != "busy"
+                    })
                     .count();
                 std::thread::sleep(Duration::from_secs(1).saturating_sub(tick.elapsed()));
             }
@@ -651,8 +655,14 @@ impl Bench {
         let (on_t, on, on_min, armed, on_dead) = run(true);
         let (off_t, off, off_min, _, _) = run(false);
         drop(agents);
-        assert_eq!(on_dead, 0, "idle connections with a live peer judged not ok");
-        assert!(armed >= n, "only {armed} proof keepalives armed on {n} idle sockets");
+        assert_eq!(
+            on_dead, 0,
+            "idle connections with a live peer judged not ok"
+        );
+        assert!(
+            armed >= n,
+            "only {armed} proof keepalives armed on {n} idle sockets"
+        );
         let rounds_per_socket = armed as f64 / n as f64;
         // At most one round per suspect_after plus the proof's own length.
         let most = on_min * 60.0 / (SUSPECT_S as f64 + 1.0) + 1.0;
@@ -666,7 +676,10 @@ impl Bench {
             "    {:<34} {:>9} {:>16} {:>14} {:>14}",
             "", "check", "probes/min", "segs out/min", "segs in/min"
         );
-        for (name, t, m, min) in [("proof on", on_t, &on, on_min), ("proof off", off_t, &off, off_min)] {
+        for (name, t, m, min) in [
+            ("proof on", on_t, &on, on_min),
+            ("proof off", off_t, &off, off_min),
+        ] {
             println!(
                 "    {:<34} {:>6.1} ms {:>16.0} {:>14.0} {:>14.0}",
                 name,

@@ -9,7 +9,7 @@ use anyhow::bail;
 use serde_json::Value;
 use tests::testbed::{
     runner::Mode,
-    scenario::{self, Event, Options, Report},
+    scenario::{self, Caller, Event, Options, Report},
 };
 
 /// Replay the 2026-07-23 incident on this machine and watch selfheal find
@@ -20,7 +20,11 @@ use tests::testbed::{
 /// gateway silently drops one runner's attach stream (half-open, no FIN)
 /// while the other waits on a provider that thinks. Watch `selfheal check`
 /// (through a `selfheal helper`) tell the wedged runner from the busy one,
-/// snapshot it, heal it without a restart, and see it back at work. Needs
+/// snapshot it, heal it without a restart, and see it back at work. Then a
+/// second scene: an asyncio agent (the official openai SDK's `AsyncOpenAI`)
+/// whose provider sent the response head and first event at once, then
+/// thinks, cut while it thinks: nothing shows a call in flight, and the
+/// proof keepalive finds it dead all the same. Needs
 /// root (network namespaces, nftables, the helper); cleans up everything it
 /// made, also on Ctrl-C. Exit 0 when the incident was healed and the busy
 /// runner left alone. The `selfheal` it runs is the one beside this program
@@ -101,17 +105,48 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
-    let ok = verdict_of_demo(&report);
+    if !json {
+        println!(
+            "\nSecond scene: an asyncio agent (the official openai SDK's AsyncOpenAI) calls a provider \
+             that sends the response head and first event at once, then thinks;\nthe gateway drops \
+             the flow while it thinks. Its event loop waits in epoll_wait, and it says nothing of its calls.\n"
+        );
+    }
+    // Its snapshots are kept beside the incident's, in a directory of their
+    // own (the log's file names are the same).
+    let scene_opts = Options {
+        selfheal: opts.selfheal.clone(),
+        testbed: opts.testbed.clone(),
+        keep_snapshots: opts.keep_snapshots.as_ref().map(|d| d.join("event-loop")),
+        ..opts
+    };
+    let scene = match scenario::silent_cut(&scene_opts, Caller::AsyncOpenAi, &mut say) {
+        Ok(r) => r,
+        Err(e) if scenario::STOP.load(Ordering::Relaxed) => {
+            eprintln!("selfheal demo: interrupted; everything it made is removed");
+            return Err(e);
+        }
+        Err(e) => return Err(e.context("the second scene (an asyncio agent) could not run")),
+    };
+    let ok = verdict_of_demo(&report).and_then(|()| verdict_of_scene(&scene));
     if json {
         let mut v = serde_json::to_value(&report)?;
         v["event"] = "summary".into();
         v["ok"] = ok.is_ok().into();
+        v["event_loop_scene"] = serde_json::to_value(&scene)?;
         println!("{v}");
     } else {
         summary(&report, &opts, &ok);
+        scene_summary(&scene);
         if let (Some(dir), Some(id)) = (&args.keep_snapshots, report.snapshots.first()) {
             println!(
                 "the snapshots are kept: selfheal snapshots show {id} --dir {}",
+                dir.display()
+            );
+        }
+        if let (Some(dir), Some(id)) = (&scene_opts.keep_snapshots, scene.snapshots.first()) {
+            println!(
+                "the asyncio agent's: selfheal snapshots show {id} --dir {}",
                 dir.display()
             );
         }
@@ -140,6 +175,37 @@ fn verdict_of_demo(r: &Report) -> Result<(), String> {
         return Err("the busy runner was healed".into());
     }
     Ok(())
+}
+
+/// Whether the second scene showed what it should: the asyncio agent's cut
+/// call proven dead, failed inside its SDK, and its next call done, same pid.
+fn verdict_of_scene(r: &Report) -> Result<(), String> {
+    if r.detect_ms.is_none() {
+        return Err("the asyncio agent's cut call was not found wedged".into());
+    }
+    if !r.facts.contains_key("call_failed_ms") || !r.facts.contains_key("next_call_done_ms") {
+        return Err("the asyncio agent's call did not fail and come back".into());
+    }
+    if r.facts.get("same_pid") != Some(&Value::Bool(true)) {
+        return Err("the asyncio agent was restarted".into());
+    }
+    Ok(())
+}
+
+fn scene_summary(r: &Report) {
+    let ms = |k: &str| r.facts.get(k).and_then(Value::as_u64);
+    if let (Some(d), Some(failed), Some(done)) =
+        (r.detect_ms, ms("call_failed_ms"), ms("next_call_done_ms"))
+    {
+        println!(
+            "the asyncio agent: wedged {} after the cut, by the proof keepalive; its own call failed in the SDK \
+             ({}) at {}, its next call done at {}, same pid",
+            secs(d),
+            r.facts["call_failed_error"].as_str().unwrap_or("?"),
+            secs(failed),
+            secs(done)
+        );
+    }
 }
 
 fn secs(ms: u64) -> String {
