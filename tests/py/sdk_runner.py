@@ -10,7 +10,8 @@
 (the sync clients, a thread per caller, each waiting in `poll`),
 `openai-async` or `anthropic-async` (`AsyncOpenAI`, `AsyncAnthropic`) or
 `litellm` (`litellm.acompletion` on its `openai/` route): one asyncio
-event loop, a task per caller, all waiting in `epoll_wait`. Each of
+event loop, a task per caller, all waiting in `epoll_wait`; with `--http2`
+(`openai-async`), every caller's calls share one HTTP/2 connection. Each of
 `--threads` callers (caller i calls with the i-th `--model`, cycling)
 makes streaming calls (whole ones with `--whole`, openai only) one after
 another: its first with its model, later ones with `--then-model`
@@ -244,6 +245,11 @@ def main():
     p.add_argument("--status", help="HOST:PORT of GET /status")
     p.add_argument("--pause-ms", type=int, default=200, help="between a caller's calls")
     p.add_argument("--whole", action="store_true", help="openai: calls without streaming")
+    p.add_argument(
+        "--http2",
+        action="store_true",
+        help="openai-async: HTTP/2 with prior knowledge (every caller's calls on one connection)",
+    )
     args = p.parse_args()
 
     if args.sdk == "openai":
@@ -261,7 +267,13 @@ def main():
     elif args.sdk == "openai-async":
         import openai
 
-        client = openai.AsyncOpenAI(base_url=args.base_url, api_key="x", max_retries=0)
+        # The SDK's own httpx defaults (timeouts, limits), speaking HTTP/2.
+        http_client = (
+            openai.DefaultAsyncHttpxClient(http1=False, http2=True) if args.http2 else None
+        )
+        client = openai.AsyncOpenAI(
+            base_url=args.base_url, api_key="x", max_retries=0, http_client=http_client
+        )
         call = acall_openai
         version = openai.__version__
     elif args.sdk == "anthropic-async":

@@ -508,6 +508,48 @@ fn a_hanging_connect_is_unresponsive_by_connect_timeout_and_fails_now() {
     );
 }
 
+/// One HTTP/2 connection carrying three calls: the proof is of the
+/// connection, and every call on it fails in the SDK once it is ended.
+#[test]
+fn three_http2_calls_on_one_cut_connection_are_proven_dead_together() {
+    let name = "http2_cut";
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::http2_cut(&options(), 3, &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    assert_eq!(
+        r.facts["connections"], 1,
+        "the calls did not share one connection"
+    );
+    let detect = r
+        .detect_ms
+        .unwrap_or_else(|| panic!("never wedged: {:?} {:?}", r.verdicts, r.reasons));
+    let bound = 2000 + 1000 + 3 * 1000 + 1000 + check_ms(&r);
+    assert!(
+        detect <= bound,
+        "wedged {detect} ms after the cut (bound {bound})"
+    );
+    assert!(r.facts["wedged"].to_string().contains("\"proof\":true"));
+    assert_eq!(r.facts["calls_failed"], 3, "{:?}", r.facts);
+    let last = fact_ms(&r, "last_failed_ms").expect("failures");
+    assert!(
+        last <= detect + 2_000,
+        "the last call failed at {last} ms, the wedge at {detect} ms"
+    );
+    assert!(fact_ms(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
+    assert_eq!(r.facts["same_pid"], true);
+    assert_eq!(r.heals.len(), 1, "one connection, one heal: {:?}", r.heals);
+    eprintln!(
+        "{name}: 3 calls on 1 connection, wedged {detect} ms after the cut (bound {bound}); all 3 failed by {last} ms; next call done at {:?} ms",
+        fact_ms(&r, "next_call_done_ms")
+    );
+}
+
 /// Behind a local proxy the proof says alive (the proxy's kernel ACKs),
 /// so a cut proxy→provider flow is `unresponsive` by `max_silence`, never
 /// `wedged`.

@@ -2277,3 +2277,146 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
     );
     Ok(report)
 }
+
+/// Where the HTTP/2 provider listens (the provider's namespace).
+const H2_PROVIDER_PORT: u16 = 8444;
+
+/// One connection, many calls: `AsyncOpenAI` over HTTP/2 (httpx, prior
+/// knowledge) makes `calls` concurrent streaming calls, all on one
+/// connection to an HTTP/2 provider (`tests/py/h2_provider.py`) that sends
+/// each head and first event at once and then thinks 600 s; the flow is cut
+/// while they think. The proof is of the connection: one proof keepalive,
+/// `wedged`, and every call on it fails in the SDK, same pid; the next ones
+/// (on a fresh connection) complete.
+pub fn http2_cut(
+    opts: &Options,
+    calls: usize,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let name = "multiplexed";
+    let mut report = Report::new("http2_cut");
+    let mut bed = Bed::new(opts, "h2", Duration::from_millis(500))?;
+    let (python, _) = sdk_runner()?;
+    let provider = SocketAddr::from((bed.topo.provider_ip, H2_PROVIDER_PORT));
+    let mut cmd = bed.topo.provider.command(&python);
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("py/h2_provider.py"))
+        .args(["--listen", &provider.to_string()]);
+    bed.spawn("h2provider", cmd, None)?;
+    bed.expect_line("h2provider", "listening", Duration::from_secs(30))?;
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::AsyncOpenAi,
+        provider,
+        "",
+        Some(vec![format!("{NEVER_MODEL}-first-early"); calls]),
+        &["--http2", "--then-model", FAST_MODEL],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "AsyncOpenAI over HTTP/2 makes {calls} concurrent calls to {provider}, each thinking 600 s after its head and first event; suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    let read = |bed: &Bed, lines: &mut Vec<CallLine>, say: &mut dyn FnMut(Event)| {
+        for line in bed.lines(name).unwrap_or_default() {
+            if let Some(c) = CallLine::parse(&line) {
+                say(Event::Note {
+                    at_ms: bed.at_ms(),
+                    text: format!("{name}: {line}"),
+                });
+                lines.push(c);
+            }
+        }
+    };
+    bed.wait("every call thinking", Duration::from_secs(30), || {
+        read(&bed, &mut lines, say);
+        let thinking = bed
+            .lines("h2provider")
+            .unwrap_or_default()
+            .iter()
+            .filter(|l| l.starts_with("call "))
+            .count();
+        Ok((lines
+            .iter()
+            .filter(|l| matches!(l, CallLine::Start(_)))
+            .count()
+            >= calls
+            && thinking > 0)
+            .then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+    let flows = connections_to(pid, provider);
+    report
+        .facts
+        .insert("connections".into(), flows.len().into());
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_millis(1000),
+        |_, _, _, _| Ok(false),
+    )?;
+    for f in &flows {
+        bed.topo.drop_provider_flow(f.local)?;
+    }
+    let cut = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the one HTTP/2 flow {} ↔ {provider} both ways, without a FIN or RST, while {calls} calls think",
+            flows
+                .iter()
+                .map(|f| f.local.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let (mut failed_at, mut done_after): (Vec<u64>, Option<u64>) = (Vec::new(), None);
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let at = cut.elapsed().as_millis() as u64;
+            if report.detect_ms.is_none() && run.of(name).is_some_and(|o| o["verdict"] == "wedged")
+            {
+                report.detect_ms = Some(at);
+                if let Some(o) = run.of(name) {
+                    report.facts.insert("wedged".into(), o.clone());
+                }
+            }
+            let seen = lines.len();
+            read(bed, &mut lines, say);
+            for l in &lines[seen..] {
+                match l {
+                    CallLine::Failed(..) => failed_at.push(at),
+                    CallLine::Done(..) if done_after.is_none() => done_after = Some(at),
+                    _ => {}
+                }
+            }
+            Ok(failed_at.len() >= calls && done_after.is_some())
+        },
+    )?;
+    report
+        .facts
+        .insert("calls_failed".into(), failed_at.len().into());
+    if let (Some(first), Some(last)) = (failed_at.first(), failed_at.last()) {
+        report
+            .facts
+            .insert("first_failed_ms".into(), (*first).into());
+        report.facts.insert("last_failed_ms".into(), (*last).into());
+    }
+    if let Some(ms) = done_after {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
