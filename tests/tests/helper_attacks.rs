@@ -1134,3 +1134,488 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
     assert!(e.to_string().contains("is not a socket: left alone"), "{e}");
     assert!(took < 2 * SEC, "{took:?}");
 }
+
+// ---------------------------------------------------------------------------
+// 7. The helper's authority is the kernel's.
+
+/// Set when this test binary runs as the root master of the attack below:
+/// `dumpable` or `undumpable`, the worker's dumpable flag.
+const MASTER_ROLE: &str = "SELFHEAL_ATTACK_MASTER";
+
+/// Not a test of its own: the root master of the nginx/postfix model, run
+/// as its own process. It listens on 127.0.0.1, forks a worker that shares
+/// the listener and drops to `nobody` (not dumpable, or made dumpable
+/// again when the role says so), prints `MASTER port fd worker`, then
+/// accepts, printing each accepted connection's inherited
+/// `TCP_USER_TIMEOUT` and `SO_KEEPALIVE` (`ACCEPTED ut=… ka=…`), or the
+/// error (`ACCEPT_ERR …`). Does nothing unless [`MASTER_ROLE`] is set.
+#[test]
+fn master_worker_roles() {
+    let Ok(role) = std::env::var(MASTER_ROLE) else {
+        return;
+    };
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let fd = l.as_raw_fd();
+    let dumpable = libc::c_ulong::from(role == "dumpable");
+    // SAFETY: the child calls only raw syscalls (async-signal-safe) and
+    // never returns.
+    let worker = unsafe { libc::fork() };
+    if worker == 0 {
+        // SAFETY: plain syscalls that change this process's credentials.
+        unsafe {
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+            libc::syscall(libc::SYS_setresgid, NOBODY, NOBODY, NOBODY);
+            libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, NOBODY);
+            // Changing uids cleared both: set them as the role says.
+            libc::prctl(libc::PR_SET_DUMPABLE, dumpable, 0, 0, 0);
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    println!("MASTER {port} {fd} {worker}");
+    std::io::stdout().flush().unwrap();
+    let mut kept = Vec::new();
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                let ut = sockopt_int(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT);
+                let ka = sockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_KEEPALIVE);
+                println!("ACCEPTED ut={ut} ka={ka}");
+                kept.push(s);
+            }
+            Err(e) => {
+                println!("ACCEPT_ERR {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+fn sockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> i32 {
+    let mut v: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a local int of the given size.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    v
+}
+
+/// The master of [`master_worker_roles`], its output read line by line;
+/// killed (and its worker with it) on drop.
+struct Master {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    port: u16,
+    fd: i32,
+    worker: u32,
+}
+
+impl Master {
+    fn start(dumpable: bool) -> Master {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "master_worker_roles", "--nocapture"])
+            .env(
+                MASTER_ROLE,
+                if dumpable { "dumpable" } else { "undumpable" },
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut m = Master {
+            child,
+            lines,
+            port: 0,
+            fd: 0,
+            worker: 0,
+        };
+        let first = m.next("MASTER ").expect("the master started");
+        let f: Vec<&str> = first.split_whitespace().collect();
+        (m.port, m.fd, m.worker) = (
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+        );
+        let worker = m.worker;
+        wait_for(5 * SEC, TICK, || {
+            let s = std::fs::read_to_string(format!("/proc/{worker}/status")).ok()?;
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534"))
+                .then_some(())
+        })
+        .expect("the worker dropped to nobody");
+        m
+    }
+
+    /// The next line starting with `prefix`, within 5 s.
+    fn next(&self, prefix: &str) -> Option<String> {
+        let end = Instant::now() + 5 * SEC;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let l = self.lines.recv_timeout(left).ok()?;
+            if l.starts_with(prefix) {
+                return Some(l);
+            }
+        }
+    }
+
+    fn listener_inode(&self) -> u64 {
+        let link = std::fs::read_link(format!("/proc/{}/fd/{}", self.worker, self.fd)).unwrap();
+        let s = link.to_string_lossy();
+        s.trim_start_matches("socket:[")
+            .trim_end_matches(']')
+            .parse()
+            .unwrap()
+    }
+
+    /// Connects to the listener; what the master said of the accepted
+    /// connection (or of its failure to accept), or why connecting failed.
+    fn probe(&self) -> String {
+        match std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            Ok(s) => {
+                let said = self.next("ACC").unwrap_or_else(|| "no accept".into());
+                drop(s);
+                said
+            }
+            Err(e) => format!("connect: {e}"),
+        }
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        // SAFETY: a plain kill of the worker this test's master forked.
+        unsafe { libc::kill(self.worker as libc::pid_t, libc::SIGKILL) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A socket act on `pid`'s `fd` (judged socket `inode`), with `params`.
+fn socket_act(
+    action: Action,
+    pid: u32,
+    fd: i32,
+    inode: u64,
+    params: serde_json::Value,
+) -> ActRequest {
+    let mut r = ActRequest::new(action, pid, start_ticks(pid).expect("running"));
+    r.fd = Some(fd);
+    r.inode = Some(inode);
+    r.agent = Some("attack".into());
+    if let serde_json::Value::Object(m) = params {
+        r.params = m;
+    }
+    r
+}
+
+/// The values an attacker would put on a socket: a 1 ms user timeout, one
+/// probe after one second.
+fn hostile_options() -> serde_json::Value {
+    serde_json::json!({
+        "enabled": true, "idle_s": 1, "interval_s": 1, "count": 1, "user_timeout_ms": 1
+    })
+}
+
+/// What one answer was: `ok`, or its code and message.
+fn said(r: &Result<serde_json::Value, selfheal::helper::ClientError>) -> String {
+    match r {
+        Ok(v) => format!("ok {v}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The worker's listener, attacked by `nobody` through the helper: options
+/// it chose put on the listener (inherited by every connection the root
+/// master accepts), the listener destroyed, and the refusal for a wrong
+/// inode read for the worker's fd→inode map. With `dumpable`, the worker
+/// is one `nobody` could `pidfd_getfd` itself: the listener is still no
+/// socket the helper acts on for it.
+fn master_worker_attack(test: &str, dumpable: bool) {
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new(&format!("attack-auth-master-{dumpable}"));
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let m = Master::start(dumpable);
+    let inode = m.listener_inode();
+    let (w, fd) = (m.worker, m.fd);
+    // What nobody itself may do: nothing, when the worker is not dumpable.
+    let own = as_uid(NOBODY, || {
+        let fds = std::fs::read_dir(format!("/proc/{w}/fd")).map(|_| ());
+        let getfd = selfheal::pidfd::Pidfd::open(w, None).and_then(|p| {
+            p.get_fd(fd)
+                .map(|_| ())
+                .map_err(|e| selfheal::pidfd::PidfdError::Open { pid: w, source: e })
+        });
+        format!(
+            "read /proc/W/fd: {fds:?}; pidfd_getfd: {}",
+            getfd.map_or_else(|e| e.to_string(), |()| "ok".into())
+        )
+    });
+    let path = dir.join("helper.sock");
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let restore = ask(socket_act(
+        Action::RestoreKeepalive,
+        w,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let after_restore = m.probe();
+    // A wrong inode on every fd: the answers must not tell them apart.
+    let wrong: Vec<(i32, String)> = [0, 1, 2, fd, 99]
+        .iter()
+        .map(|&k| {
+            (
+                k,
+                said(&ask(socket_act(
+                    Action::ArmKeepalive,
+                    w,
+                    k,
+                    1,
+                    serde_json::json!({}),
+                ))),
+            )
+        })
+        .collect();
+    let destroy = ask(socket_act(
+        Action::DestroySocket,
+        w,
+        fd,
+        inode,
+        serde_json::json!({}),
+    ));
+    let after = m.probe();
+    eprintln!(
+        "{test}: nobody itself: {own}\n  restore_keepalive (ut 1 ms) on the listener: {}\n  \
+         a connection accepted then: {after_restore}\n  destroy_socket on the listener: {}\n  \
+         a connection accepted after: {after}",
+        said(&restore),
+        said(&destroy)
+    );
+    for (k, s) in &wrong {
+        eprintln!("  wrong inode on fd {k}: {s}");
+    }
+    if !dumpable {
+        assert!(own.contains("EACCES") || own.contains("denied"), "{own}");
+    }
+    for (what, r) in [
+        ("restore_keepalive", &restore),
+        ("destroy_socket", &destroy),
+    ] {
+        let e = r.as_ref().expect_err(what);
+        assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{what}: {e}");
+    }
+    let reason = restore.unwrap_err().to_string();
+    if dumpable {
+        assert!(reason.contains("listen"), "{reason}");
+    } else {
+        assert!(reason.contains("not dumpable"), "{reason}");
+    }
+    // The master's listener is whole, and what it accepts inherits nothing.
+    assert_eq!(
+        after_restore, "ACCEPTED ut=0 ka=0",
+        "the listener's options were changed"
+    );
+    assert_eq!(after, "ACCEPTED ut=0 ka=0", "the listener was destroyed");
+    let inode_text = inode.to_string();
+    let first = wrong[0].1.replace(&format!("fd {}", wrong[0].0), "fd N");
+    for (k, s) in &wrong {
+        assert!(
+            !s.contains(&inode_text),
+            "fd {k}: the listener's inode: {s}"
+        );
+        // Nobody may not list the fds of a process it cannot ptrace, so
+        // the helper's answers must not tell them apart either (those of a
+        // dumpable worker, nobody may read itself).
+        if !dumpable {
+            assert_eq!(
+                s.replace(&format!("fd {k}"), "fd N"),
+                first,
+                "fd {k} is told apart"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_non_dumpable_workers_listener_is_out_of_nobodys_reach() {
+    master_worker_attack("helper attack: the non-dumpable worker's listener", false);
+}
+
+#[test]
+fn a_listener_is_no_socket_the_helper_acts_on_for_a_user() {
+    master_worker_attack("helper attack: a dumpable worker's listener", true);
+}
+
+/// A process of `nobody` (dumpable: it exec'd `sleep`) holding fd 3, an
+/// established connection to a listener of the test; the test's end of it.
+fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let child = Command::new("bash")
+        .args([
+            "-c",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
+        ])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn bash");
+    let pid = child.id();
+    procs.0.push(child);
+    let (peer, _) = l.accept().unwrap();
+    let inode = wait_for(5 * SEC, TICK, || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")?;
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).ok()?;
+        link.to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    })
+    .expect("nobody's sleep holds the connection as fd 3");
+    (pid, 3, inode, peer)
+}
+
+/// The socket's keepalive options, read by root through a duplicate.
+fn options_of(pid: u32, fd: i32) -> selfheal::actions::KeepaliveSettings {
+    let t = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+    selfheal::actions::read_keepalive(&t, fd).unwrap()
+}
+
+/// `restore_keepalive` on nobody's own established connection: values it
+/// chose, before any proof (refused: the helper recorded nothing), and
+/// after the helper armed a proof (what is put back is what the helper
+/// read before arming, whatever the request says). `expire_keepalive`
+/// without a proof the helper armed is refused too. The legitimate acts
+/// still work: the proof is armed, the options restored exactly, and the
+/// connection destroyed.
+#[test]
+fn restore_puts_back_only_what_the_helper_recorded() {
+    let test = "helper attack: restore_keepalive with chosen values";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-restore");
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let path = dir.join("helper.sock");
+    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let early = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let after_early = options_of(pid, fd);
+    let expire = ask(socket_act(
+        Action::ExpireKeepalive,
+        pid,
+        fd,
+        inode,
+        serde_json::json!({}),
+    ));
+    let armed = ask(socket_act(Action::ProveKeepalive, pid, fd, inode, proof));
+    let restored = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let again = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let back = options_of(pid, fd);
+    eprintln!(
+        "{test}: own options {own:?}\n  restore with chosen values before any proof: {} \
+         (options then {after_early:?})\n  expire without a proof: {}\n  prove_keepalive: {}\n  restore with chosen values after \
+         the proof: {}\n  restore again: {}\n  options now {back:?}",
+        said(&early),
+        said(&expire),
+        said(&armed),
+        said(&restored),
+        said(&again)
+    );
+    let e = early.expect_err("restore before any proof");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    assert!(e.to_string().contains("armed no proof"), "{e}");
+    assert_eq!(after_early, own, "the chosen values were set");
+    let e = expire.expect_err("expire without a proof");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    let armed = armed.expect("nobody proves its own connection");
+    assert_eq!(
+        armed["previous"],
+        serde_json::to_value(&own).unwrap(),
+        "{armed}"
+    );
+    let restored = restored.expect("the proof's restore");
+    assert_eq!(
+        restored,
+        serde_json::to_value(&own).unwrap(),
+        "put back: {restored}"
+    );
+    assert_eq!(back, own, "the socket's own options, exactly");
+    let e = again.expect_err("a second restore: the record is spent");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    // The legitimate rung on its own dumpable agent's connection.
+    let destroyed = ask(socket_act(
+        Action::DestroySocket,
+        pid,
+        fd,
+        inode,
+        serde_json::json!({}),
+    ));
+    assert!(destroyed.is_ok(), "destroy: {}", said(&destroyed));
+}

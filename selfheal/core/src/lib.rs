@@ -20,9 +20,11 @@
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
-//! - **heal**: [`ladder`] (the next step), and [`protocol`] (what the root
-//!   helper and its clients say to each other).
+//! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
+//!   helper and its clients say to each other), and [`authority`] (what
+//!   the kernel would let a caller of the helper do itself).
 
+pub mod authority;
 pub mod clock;
 pub mod config;
 pub mod ebpf;

@@ -1,10 +1,12 @@
 //! `selfheal helper`, the privileged long-running process, as a library:
 //! its wire protocol ([`protocol`], the contract), who may do what
-//! ([`policy`]), the server that checks every request and hands actions to
+//! ([`policy`], and [`authority`]: no more than the kernel would let the
+//! caller do itself), the server that checks every request and hands actions to
 //! an [`Executor`] ([`server`]), and the client `selfheal check` talks to it
 //! with ([`client`]). The actions themselves live elsewhere and are plugged
 //! in through [`Executor`].
 
+pub mod authority;
 pub mod client;
 pub mod policy;
 pub use selfheal_core::protocol;

@@ -47,6 +47,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{
+    authority::{ActError, Authority},
     policy::{Policy, Target, never_acted_on, read_target},
     protocol::{
         ActRequest, Action, AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits,
@@ -107,6 +108,22 @@ pub trait Executor: Send + Sync {
     /// Performs `req` on `target`; the result is the response's JSON, the
     /// error its `failed` message.
     fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String>;
+
+    /// [`Executor::act`] under `authority`: the server calls this one.
+    /// The executor re-checks the authority right before it changes
+    /// anything (on the socket's duplicate, for a socket act); a refusal
+    /// is [`ActError::Refused`]. This default re-checks the target, then
+    /// acts.
+    fn act_checked(
+        &self,
+        caller: &Caller,
+        target: &Pidfd,
+        req: &ActRequest,
+        authority: &Authority,
+    ) -> Result<Value, ActError> {
+        authority.recheck(target).map_err(ActError::Refused)?;
+        self.act(caller, target, req).map_err(ActError::Failed)
+    }
 
     /// The second step of `req` (SIGKILL after a `signal` act's grace), on
     /// the server's timer; the result goes to the audit log.
@@ -1889,6 +1906,9 @@ impl Shared {
                     Self::out_of_reach(caller, "act on", req.pid)
                 }
             })?;
+        // What the kernel would let the caller do itself, before anything
+        // of the target (its fds) is read for it.
+        let authority = Authority::check(caller, &target).map_err(forbidden)?;
         if req.action.needs_fd()
             && let Some(fd) = req.fd
         {
@@ -1906,11 +1926,15 @@ impl Shared {
             None
         };
         let executor = self.executor.clone();
-        let outcome =
-            std::panic::catch_unwind(AssertUnwindSafe(|| executor.act(caller, &target, req)));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            executor.act_checked(caller, &target, req, &authority)
+        }));
         let mut value = match outcome {
             Ok(Ok(v)) => v,
-            Ok(Err(m)) => {
+            Ok(Err(ActError::Refused(m))) => {
+                return Err(forbidden(format!("{}: {m}: nothing was done", req.action)));
+            }
+            Ok(Err(ActError::Failed(m))) => {
                 let exited = if target.is_alive() {
                     ""
                 } else {
@@ -1984,6 +2008,7 @@ impl Shared {
             Some(now) => self
                 .policy
                 .check_act(&caller, &now.target, self.helper_pid)
+                .and_then(|()| Authority::check(&caller, &target).map(|_| ()))
                 .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
         };
         let result = checked.and_then(|()| {
