@@ -1619,3 +1619,100 @@ fn restore_puts_back_only_what_the_helper_recorded() {
     ));
     assert!(destroyed.is_ok(), "destroy: {}", said(&destroyed));
 }
+
+/// Bad input: the target changes between the helper's check and its act.
+/// A process of `nobody` holding an established connection passes the
+/// check, then `exec`s a setuid-root binary (the connection, fd 3, goes
+/// with it; the pid and start time stay): the act that follows under the
+/// same check is refused on the duplicate, right before anything is
+/// changed, and the connection lives. Once it exits, a re-check says so.
+#[test]
+fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
+    use selfheal::helper::{
+        authority::{ActError, Authority},
+        protocol::Caller,
+    };
+    let test = "helper bad input: setuid exec between check and act";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-race");
+    let suid = dir.join("suid-sleep");
+    std::fs::copy("/usr/bin/sleep", &suid)
+        .or_else(|_| std::fs::copy("/bin/sleep", &suid))
+        .expect("copy sleep");
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let ready = public.join("ready");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut procs = Procs::default();
+    let child = Command::new("bash")
+        .args([
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/127.0.0.1/{port}; trap 'exec {} 300' USR1; echo > {}; \
+                 while :; do sleep 0.05; done",
+                suid.display(),
+                ready.display()
+            ),
+        ])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn bash");
+    let pid = child.id();
+    procs.0.push(child);
+    let (peer, _) = l.accept().unwrap();
+    wait_for(5 * SEC, TICK, || ready.exists().then_some(())).expect("the trap is set");
+    let inode: u64 = std::fs::read_link(format!("/proc/{pid}/fd/3"))
+        .unwrap()
+        .to_str()
+        .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        .expect("fd 3 is the connection");
+    let target = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+    // The caller: nobody, through this (root) process's pid.
+    let caller = Caller {
+        uid: NOBODY,
+        gid: NOBODY,
+        pid: std::process::id(),
+    };
+    let authority = Authority::check(&caller, &target).expect("nobody may act on its own");
+    // SAFETY: a plain kill of our child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) };
+    wait_for(5 * SEC, TICK, || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+            .then_some(())
+    })
+    .expect("the target exec'd the setuid binary");
+    let exec = ActionsExecutor::default();
+    let destroy = socket_act(Action::DestroySocket, pid, 3, inode, serde_json::json!({}));
+    let r_destroy = exec.act_checked(&caller, &target, &destroy, &authority);
+    let r_signal = exec.act_checked(&caller, &target, &signal(pid, 1000), &authority);
+    eprintln!("{test}: destroy: {r_destroy:?}\n  signal: {r_signal:?}");
+    for r in [&r_destroy, &r_signal] {
+        match r {
+            Err(ActError::Refused(m)) => assert!(m.contains("are not all uid 65534's"), "{m}"),
+            other => panic!("acted on the setuid process: {other:?}"),
+        }
+    }
+    // The connection lives: no RST, no FIN reached the peer.
+    peer.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1];
+    let read = std::io::Read::read(&mut &peer, &mut buf);
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the connection was touched: {read:?}"
+    );
+    assert!(start_ticks(pid).is_some(), "the process was signalled");
+    // A target that exits: refused with that reason.
+    drop(procs);
+    let e = authority.recheck(&target).unwrap_err();
+    assert!(e.contains("it has exited"), "{e}");
+}
