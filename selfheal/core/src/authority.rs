@@ -17,8 +17,10 @@
 //!   `/proc/PID/status` root's (or its user namespace's root's), so that
 //!   file's owner must be the uid acted for;
 //! - it holds no capability the caller lacks: in the caller's user
-//!   namespace its permitted set is a subset of the caller's; in another
-//!   one, that namespace must be one the caller owns (below the caller's).
+//!   namespace its permitted set is a subset of the caller's (under a
+//!   grant, the granted uid's processes' capabilities are what the policy
+//!   lends); in another one, that namespace must be one the caller owns
+//!   (below the caller's).
 //!
 //! The kernel's relationship policy (Yama's `ptrace_scope`: descendants
 //! only) is not applied: it restricts *who may trace whom among equals*,
@@ -82,7 +84,9 @@ pub fn principal(caller_uid: u32, target: &TaskCreds) -> u32 {
 /// Why the kernel would not let `caller`, acting as `principal` (its own
 /// uid, or one the policy grants it), ptrace a process of `target`'s
 /// credentials in user namespace `ns`; `None` when it would. Root may
-/// always. The reason names only what the caller may read itself.
+/// always. Whether the caller may reach the target's uids at all is the
+/// policy's to say first (`selfheal::helper::policy`). The reason names
+/// only what the caller may read itself.
 pub fn ptrace_refusal(
     caller: &CallerCreds,
     principal: u32,
@@ -117,8 +121,11 @@ pub fn ptrace_refusal(
     if target.dump_owner != principal {
         return Some("it is not dumpable (its /proc files are root's)".into());
     }
+    // A grant lends the granted uid's standing, which its processes'
+    // capabilities are part of: only the caller's own are compared.
+    let own = principal == caller.uid;
     match ns {
-        UserNs::Same if target.cap_permitted & !caller.cap_permitted != 0 => Some(format!(
+        UserNs::Same if own && target.cap_permitted & !caller.cap_permitted != 0 => Some(format!(
             "it holds capabilities the caller lacks (permitted {:#x}, the caller's {:#x})",
             target.cap_permitted, caller.cap_permitted
         )),
@@ -219,7 +226,7 @@ mod tests {
             ..task(65534, 65534)
         };
         assert_eq!(check(&root, worker, UserNs::Other), None);
-        let cases: [(&str, TaskCreds, UserNs, &str); 7] = [
+        let cases: [(&str, TaskCreds, UserNs, &str); 6] = [
             (
                 "a setuid transition",
                 TaskCreds {
@@ -268,7 +275,6 @@ mod tests {
                 UserNs::Other,
                 "does not own",
             ),
-            ("another uid", task(1001, 1001), UserNs::Same, "uid 1001's"),
         ];
         for (what, t, ns, needle) in cases {
             let r = check(&USER, t, ns).unwrap_or_else(|| panic!("{what}: allowed"));
@@ -297,6 +303,12 @@ mod tests {
             ..task(1001, 1001)
         };
         assert!(ptrace_refusal(&USER, 1001, &t, UserNs::Same).is_some());
+        // A grant of root's processes: their capabilities come with it.
+        let t = TaskCreds {
+            cap_permitted: !0 >> 23,
+            ..task(0, 0)
+        };
+        assert_eq!(ptrace_refusal(&USER, 0, &t, UserNs::Same), None);
     }
 
     #[test]
