@@ -1681,7 +1681,8 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
         gid: NOBODY,
         pid: std::process::id(),
     };
-    let authority = Authority::check(&caller, &target).expect("nobody may act on its own");
+    let authority =
+        Authority::check(&caller, &target, &Default::default()).expect("nobody may act on its own");
     // SAFETY: a plain kill of our child.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) };
     wait_for(5 * SEC, TICK, || {

@@ -35,7 +35,10 @@ use selfheal_core::{
     keepalive::KeepaliveSettings,
 };
 
-use super::protocol::{Action, Caller};
+use super::{
+    policy::Policy,
+    protocol::{Action, Caller},
+};
 use crate::pidfd::Pidfd;
 
 /// Why an act was not done: refused (the caller may not, or the target
@@ -72,15 +75,23 @@ impl Authority {
     }
 
     /// Checks that `caller` may act on `target` as the kernel would let it
-    /// act itself; the refusal is a whole sentence naming only what the
-    /// caller may read itself (no fd, no inode).
-    pub fn check(caller: &Caller, target: &Pidfd) -> Result<Authority, String> {
+    /// act itself, for its own uid or one `policy` grants it; the refusal
+    /// is a whole sentence naming only what the caller may read itself (no
+    /// fd, no inode).
+    pub fn check(caller: &Caller, target: &Pidfd, policy: &Policy) -> Result<Authority, String> {
         if caller.uid == 0 {
             return Ok(Authority::root());
         }
         let (caller_creds, caller_ns) = read_caller(caller);
         let t = read_task(target).map_err(|why| refused(caller.uid, target.pid(), &why))?;
         let principal = rules::principal(caller.uid, &t.creds);
+        if !policy.may_reach(caller.uid, principal) {
+            return Err(refused(
+                caller.uid,
+                target.pid(),
+                &format!("it is a process of uid {principal}"),
+            ));
+        }
         let a = Authority {
             uid: caller.uid,
             checked: Some(Checked {
@@ -411,7 +422,7 @@ mod tests {
             gid,
             pid: std::process::id(),
         };
-        assert!(Authority::check(&caller, &me).is_ok());
+        assert!(Authority::check(&caller, &me, &Policy::default()).is_ok());
         if uid == 0 {
             // As uid 65534, root's own process (this one) is refused.
             let nobody = Caller {
@@ -419,8 +430,8 @@ mod tests {
                 gid: 65534,
                 pid: std::process::id(),
             };
-            let e = Authority::check(&nobody, &me).unwrap_err();
-            assert!(e.contains("are not all uid 65534's"), "{e}");
+            let e = Authority::check(&nobody, &me, &Policy::default()).unwrap_err();
+            assert!(e.contains("it is a process of uid 0"), "{e}");
         }
     }
 

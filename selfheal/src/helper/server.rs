@@ -1908,7 +1908,7 @@ impl Shared {
             })?;
         // What the kernel would let the caller do itself, before anything
         // of the target (its fds) is read for it.
-        let authority = Authority::check(caller, &target).map_err(forbidden)?;
+        let authority = Authority::check(caller, &target, &self.policy).map_err(forbidden)?;
         if req.action.needs_fd()
             && let Some(fd) = req.fd
         {
@@ -2008,7 +2008,7 @@ impl Shared {
             Some(now) => self
                 .policy
                 .check_act(&caller, &now.target, self.helper_pid)
-                .and_then(|()| Authority::check(&caller, &target).map(|_| ()))
+                .and_then(|()| Authority::check(&caller, &target, &self.policy).map(|_| ()))
                 .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
         };
         let result = checked.and_then(|()| {
