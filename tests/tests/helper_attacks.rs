@@ -1717,3 +1717,67 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     let e = authority.recheck(&target).unwrap_err();
     assert!(e.contains("it has exited"), "{e}");
 }
+
+/// What an unprivileged `check` does through the helper in its prove
+/// stage (`HelperHealer`, as `nobody`): arm a proof keepalive on its own
+/// agent's silent connection, let the live peer answer the probes, and put
+/// the options back with the values from its state file. The helper puts
+/// back what it recorded, which is what the check compares with: equal.
+#[test]
+fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
+    use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    let test = "helper: an unprivileged check's proof and restore";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-check");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let t = ProofTarget {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        fd,
+        inode,
+    };
+    let ka = ProofKeepalive {
+        idle_s: 1,
+        interval_s: 1,
+        count: 2,
+        hold_ms: 1000,
+    };
+    let path = dir.join("helper.sock");
+    let (armed, probed, back) = as_uid(NOBODY, || {
+        let c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        let healer = selfheal::healer::HelperHealer::new(c);
+        let armed = healer.arm_proof("mine", &t, &ka);
+        // The peer (this test's end, alive) answers the probes meanwhile.
+        std::thread::sleep(Duration::from_millis(2500));
+        // Read as nobody itself: its own dumpable process.
+        let probed = options_of(pid, fd);
+        let previous = armed
+            .as_ref()
+            .map(|o| o.previous.clone())
+            .unwrap_or(own.clone());
+        (armed, probed, healer.restore_proof("mine", &t, &previous))
+    });
+    eprintln!("{test}: armed {armed:?}\n  while armed {probed:?}\n  put back {back:?}");
+    let armed = armed.expect("armed through the helper");
+    assert_eq!(armed.previous, own);
+    assert!(probed.enabled, "the proof was on: {probed:?}");
+    assert_eq!(back.expect("put back through the helper"), own);
+    assert_eq!(options_of(pid, fd), own, "no trace left");
+    let acts: Vec<_> = h
+        .audit()
+        .into_iter()
+        .map(|a| (a.action, a.error.map(|e| e.code)))
+        .collect();
+    assert_eq!(
+        acts,
+        [
+            (Action::ProveKeepalive, None),
+            (Action::RestoreKeepalive, None)
+        ]
+    );
+}
