@@ -258,8 +258,11 @@ impl crate::helper::server::Executor for ActionsExecutor {
                         Recorded {
                             pid: target.pid(),
                             start_ticks: target.start_ticks(),
+                            fd: out.fd,
+                            inode: out.inode,
                             uid: caller.uid,
                             previous: out.previous.clone(),
+                            at: std::time::Instant::now(),
                         },
                     );
                 }
@@ -340,6 +343,12 @@ impl crate::helper::server::Executor for ActionsExecutor {
             }
         };
         value.map_err(|e| failed(e.to_string()))
+    }
+
+    fn holds_state(&self) -> bool {
+        let mut book = self.book();
+        book.prune();
+        !book.is_empty()
     }
 
     fn escalate(

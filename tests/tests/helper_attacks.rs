@@ -1723,6 +1723,8 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 /// agent's silent connection, let the live peer answer the probes, and put
 /// the options back with the values from its state file. The helper puts
 /// back what it recorded, which is what the check compares with: equal.
+/// Meanwhile the helper (idle timeout 500 ms, as when socket-activated)
+/// does not exit: it would lose the record.
 #[test]
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
@@ -1731,7 +1733,9 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
         return;
     }
     let dir = Scratch::new("attack-auth-check");
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
+        o.idle_timeout = Some(Duration::from_millis(500));
+    });
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
@@ -1748,20 +1752,28 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
         hold_ms: 1000,
     };
     let path = dir.join("helper.sock");
-    let (armed, probed, back) = as_uid(NOBODY, || {
-        let c = HelperClient::connect_with(&path, client_opts()).unwrap();
-        let healer = selfheal::healer::HelperHealer::new(c);
-        let armed = healer.arm_proof("mine", &t, &ka);
-        // The peer (this test's end, alive) answers the probes meanwhile.
-        std::thread::sleep(Duration::from_millis(2500));
-        // Read as nobody itself: its own dumpable process.
-        let probed = options_of(pid, fd);
-        let previous = armed
-            .as_ref()
-            .map(|o| o.previous.clone())
-            .unwrap_or(own.clone());
-        (armed, probed, healer.restore_proof("mine", &t, &previous))
-    });
+    let healer = || {
+        selfheal::healer::HelperHealer::new(
+            HelperClient::connect_with(&path, client_opts()).unwrap(),
+        )
+    };
+    let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka));
+    // The peer (this test's end, alive) answers the probes meanwhile; the
+    // helper has no connection for longer than its idle timeout.
+    std::thread::sleep(Duration::from_millis(2500));
+    let probed = options_of(pid, fd);
+    let idle_kept = !h.is_finished();
+    let previous = armed
+        .as_ref()
+        .map(|o| o.previous.clone())
+        .unwrap_or(own.clone());
+    let back = as_uid(NOBODY, || healer().restore_proof("mine", &t, &previous));
+    let exited = wait_for(5 * SEC, TICK, || h.is_finished().then_some(())).is_some();
+    eprintln!(
+        "{test}: helper still up while the proof was armed: {idle_kept}; exited after the restore: {exited}"
+    );
+    assert!(idle_kept, "the idle helper exited with a proof armed");
+    assert!(exited, "the idle helper stayed up with nothing armed");
     eprintln!("{test}: armed {armed:?}\n  while armed {probed:?}\n  put back {back:?}");
     let armed = armed.expect("armed through the helper");
     assert_eq!(armed.previous, own);

@@ -325,12 +325,33 @@ fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
 /// A proof keepalive the helper armed: the socket's own options before.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recorded {
-    /// The process it was armed through, for pruning.
+    /// The process, fd and inode it was armed through: the record is
+    /// forgotten once that fd no longer holds that socket.
     pub pid: u32,
     pub start_ticks: u64,
+    pub fd: i32,
+    pub inode: u64,
     /// Who asked.
     pub uid: u32,
     pub previous: KeepaliveSettings,
+    /// When it was armed: forgotten after [`PROOF_RECORD_TTL`].
+    pub at: std::time::Instant,
+}
+
+/// How long the helper keeps a proof's record for its restore: a check
+/// comes back within a minute or two (a proof holds a dead connection for
+/// two); one that has not in a quarter of an hour is not coming.
+pub const PROOF_RECORD_TTL: std::time::Duration = std::time::Duration::from_secs(900);
+
+impl Recorded {
+    /// Whether the socket is still where it was armed, within its time.
+    fn live(&self) -> bool {
+        self.at.elapsed() < PROOF_RECORD_TTL
+            && crate::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
+            && std::fs::read_link(format!("/proc/{}/fd/{}", self.pid, self.fd)).is_ok_and(|l| {
+                l.as_os_str().as_encoded_bytes() == format!("socket:[{}]", self.inode).as_bytes()
+            })
+    }
 }
 
 /// The proofs the helper armed, by socket cookie, until they are put back
@@ -355,8 +376,7 @@ impl ProofBook {
         if mine < MAX_PROOFS_PER_UID && self.entries.len() < MAX_PROOFS {
             return Ok(());
         }
-        self.entries
-            .retain(|_, r| crate::pidfd::start_ticks(r.pid) == Some(r.start_ticks));
+        self.prune();
         let mine = self.entries.values().filter(|r| r.uid == uid).count();
         if mine >= MAX_PROOFS_PER_UID {
             return Err(format!(
@@ -377,6 +397,12 @@ impl ProofBook {
     /// proof's options, not the socket's own.
     pub fn record(&mut self, cookie: u64, r: Recorded) {
         self.entries.entry(cookie).or_insert(r);
+    }
+
+    /// Forgets records whose socket is gone from where it was armed, or
+    /// that are older than [`PROOF_RECORD_TTL`].
+    pub fn prune(&mut self) {
+        self.entries.retain(|_, r| r.live());
     }
 
     pub fn get(&self, cookie: u64) -> Option<&Recorded> {
@@ -447,9 +473,18 @@ mod tests {
     #[test]
     fn the_book_is_bounded_per_uid() {
         let mut b = ProofBook::default();
+        // A socket of ours, where the records say they were armed.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&l);
+        let inode =
+            crate::proc::socket_inode_of_link(std::path::Path::new(&format!("/proc/self/fd/{fd}")))
+                .unwrap();
         let r = |uid| Recorded {
             pid: std::process::id(),
             start_ticks: crate::pidfd::start_ticks(std::process::id()).unwrap(),
+            fd,
+            inode,
+            at: std::time::Instant::now(),
             uid,
             previous: KeepaliveSettings {
                 enabled: false,
@@ -471,5 +506,9 @@ mod tests {
         b.record(0, later);
         assert!(!b.get(0).unwrap().previous.enabled);
         assert!(b.take(0).is_some() && b.take(0).is_none());
+        // Once the socket is gone from its fd, its records go.
+        drop(l);
+        b.prune();
+        assert!(b.is_empty());
     }
 }

@@ -8,7 +8,11 @@
 //! every pid it names (policy), the eBPF tracer it keeps attached, the
 //! escalations it runs on its own timer (SIGKILL after a `signal` act's
 //! grace, the policy checked again first), the audit of every action, and
-//! graceful shutdown. The actions themselves are the [`Executor`]'s: the
+//! graceful shutdown. For a caller other than root, an act also needs the
+//! kernel's own authority ([`super::authority`]: ptrace access, checked
+//! before the target's fds are read and again right before the act). An
+//! idle timeout waits while the executor holds state an exit would lose
+//! ([`Executor::holds_state`]). The actions themselves are the [`Executor`]'s: the
 //! server checks everything first and calls it last.
 //!
 //! # Invariants
@@ -123,6 +127,13 @@ pub trait Executor: Send + Sync {
     ) -> Result<Value, ActError> {
         authority.recheck(target).map_err(ActError::Refused)?;
         self.act(caller, target, req).map_err(ActError::Failed)
+    }
+
+    /// Whether the executor holds state an exit would lose (proofs it armed
+    /// and has not yet put back): a socket-activated server then does not
+    /// exit when idle.
+    fn holds_state(&self) -> bool {
+        false
     }
 
     /// The second step of `req` (SIGKILL after a `signal` act's grace), on
@@ -977,13 +988,20 @@ fn accept_loop(
         }
         let mut timeout = TICK;
         if let Some(idle) = limits.idle_timeout {
-            let c = lock(&shared.conns);
-            if c.open == 0 {
-                let left = idle.saturating_sub(c.last_change.elapsed());
-                if left.is_zero() {
-                    break Ok(StopReason::Idle);
+            let left = {
+                let c = lock(&shared.conns);
+                (c.open == 0).then(|| idle.saturating_sub(c.last_change.elapsed()))
+            };
+            match left {
+                // Idle, unless the executor holds what an exit would lose
+                // (proofs armed, not yet put back): then it waits on.
+                Some(left) if left.is_zero() => {
+                    if !shared.executor.holds_state() {
+                        break Ok(StopReason::Idle);
+                    }
                 }
-                timeout = timeout.min(left);
+                Some(left) => timeout = timeout.min(left),
+                None => {}
             }
         }
         let ready = match wait_readable(&[listener.as_fd(), wake.as_fd()], timeout) {
