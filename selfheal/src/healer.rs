@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::{
     actions::{self, Keepalive, KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
     check::Healer,
-    helper::authority::{ActError, Authority, ProofBook, Recorded, no_proof},
+    helper::authority::{ActError, Authority, ProofBook, Recorded, no_proof, put_back},
     ladder::Step,
     prove::ProofTarget,
 };
@@ -159,16 +159,77 @@ impl Healer for DirectHealer {
 #[derive(Debug, Default)]
 pub struct ActionsExecutor {
     pub keepalive: Keepalive,
-    proofs: std::sync::Mutex<ProofBook>,
+    proofs: std::sync::Arc<std::sync::Mutex<ProofBook>>,
+    /// Whether the thread that puts back proofs whose time is up runs.
+    expiry: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Longest hold a caller may ask of a proof keepalive (10 minutes).
 const MAX_PROOF_HOLD_MS: u32 = 600_000;
 
 impl ActionsExecutor {
-    fn book(&self) -> std::sync::MutexGuard<'_, ProofBook> {
-        self.proofs.lock().unwrap_or_else(|p| p.into_inner())
+    /// One that puts back a proof nobody restored after `ttl` (rather than
+    /// [`crate::helper::authority::PROOF_RECORD_TTL`]: tests).
+    pub fn with_proof_ttl(ttl: Duration) -> ActionsExecutor {
+        ActionsExecutor {
+            proofs: std::sync::Arc::new(std::sync::Mutex::new(ProofBook::new(ttl))),
+            ..ActionsExecutor::default()
+        }
     }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, ProofBook> {
+        lock_book(&self.proofs)
+    }
+
+    /// Starts the thread that puts back proofs nobody restored in time
+    /// ([`crate::helper::authority::PROOF_RECORD_TTL`]), unless it runs. It ends when no proof is left
+    /// (decided under the book's lock, so a proof recorded meanwhile starts
+    /// a new one).
+    fn watch_expiry(&self) {
+        use std::sync::atomic::Ordering;
+        if self.expiry.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (book, running) = (self.proofs.clone(), self.expiry.clone());
+        let spawned = std::thread::Builder::new()
+            .name("selfheal-proof-expiry".into())
+            .spawn(move || {
+                loop {
+                    let wait = {
+                        let mut b = lock_book(&book);
+                        b.prune();
+                        match b.next_due() {
+                            None => {
+                                running.store(false, Ordering::SeqCst);
+                                return;
+                            }
+                            Some(at) => at.saturating_duration_since(std::time::Instant::now()),
+                        }
+                    };
+                    std::thread::sleep(wait.min(Duration::from_secs(60)));
+                    let due = lock_book(&book).due();
+                    for (cookie, r) in due {
+                        match put_back(cookie, &r) {
+                            Ok(back) => tracing::info!(
+                                pid = r.pid, fd = r.fd, inode = r.inode, caller_uid = r.uid,
+                                "proof keepalive not put back by its caller in time: the helper put back the socket's own options ({back:?})"
+                            ),
+                            Err(e) => tracing::warn!(
+                                pid = r.pid, fd = r.fd, inode = r.inode, caller_uid = r.uid,
+                                "proof keepalive not put back by its caller in time, and the helper could not: {e}"
+                            ),
+                        }
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.expiry.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+fn lock_book(m: &std::sync::Mutex<ProofBook>) -> std::sync::MutexGuard<'_, ProofBook> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl crate::helper::server::Executor for ActionsExecutor {
@@ -265,6 +326,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
                             at: std::time::Instant::now(),
                         },
                     );
+                    self.watch_expiry();
                 }
                 serde_json::to_value(out)
             }

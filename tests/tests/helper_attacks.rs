@@ -1793,3 +1793,54 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
         ]
     );
 }
+
+/// A proof nobody puts back: the caller's check never comes back. The
+/// helper puts the socket's own options back itself once the proof's time
+/// is up (here 1 s instead of 15 minutes), and forgets it: a restore
+/// after that is refused, since only what the helper recorded is put back.
+#[test]
+fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
+    let test = "helper: a proof nobody restores";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-expiry");
+    let _h = start(&dir, Arc::new(ActionsExecutor::with_proof_ttl(SEC)), |_| {});
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let path = dir.join("helper.sock");
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    ask(socket_act(Action::ProveKeepalive, pid, fd, inode, proof)).expect("armed");
+    let armed = options_of(pid, fd);
+    let back = wait_for(5 * SEC, TICK, || {
+        let now = options_of(pid, fd);
+        (now == own).then_some(now)
+    });
+    let late = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    eprintln!(
+        "{test}: armed {armed:?}; put back by the helper: {back:?}; a late restore: {}",
+        said(&late)
+    );
+    assert!(armed.enabled, "{armed:?}");
+    assert_eq!(
+        back,
+        Some(own),
+        "the helper put the socket's own options back"
+    );
+    let e = late.expect_err("nothing recorded any more");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+}

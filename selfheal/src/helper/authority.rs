@@ -334,20 +334,22 @@ pub struct Recorded {
     /// Who asked.
     pub uid: u32,
     pub previous: KeepaliveSettings,
-    /// When it was armed: forgotten after [`PROOF_RECORD_TTL`].
+    /// When it was armed: after [`PROOF_RECORD_TTL`] the helper puts the
+    /// options back itself.
     pub at: std::time::Instant,
 }
 
-/// How long the helper keeps a proof's record for its restore: a check
-/// comes back within a minute or two (a proof holds a dead connection for
-/// two); one that has not in a quarter of an hour is not coming.
+/// How long a proof may stay armed before the helper puts the socket's
+/// options back on its own: a check comes back within a minute or two (a
+/// proof holds a dead connection for two); one that has not in a quarter
+/// of an hour is not coming, and a live connection must not keep the
+/// proof's options.
 pub const PROOF_RECORD_TTL: std::time::Duration = std::time::Duration::from_secs(900);
 
 impl Recorded {
-    /// Whether the socket is still where it was armed, within its time.
+    /// Whether the socket is still where it was armed.
     fn live(&self) -> bool {
-        self.at.elapsed() < PROOF_RECORD_TTL
-            && crate::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
+        crate::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
             && std::fs::read_link(format!("/proc/{}/fd/{}", self.pid, self.fd)).is_ok_and(|l| {
                 l.as_os_str().as_encoded_bytes() == format!("socket:[{}]", self.inode).as_bytes()
             })
@@ -357,9 +359,17 @@ impl Recorded {
 /// The proofs the helper armed, by socket cookie, until they are put back
 /// or expired (or their process is gone). Bounded: [`MAX_PROOFS`] in all,
 /// [`MAX_PROOFS_PER_UID`] for one uid.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ProofBook {
     entries: HashMap<u64, Recorded>,
+    /// How long a proof may stay armed ([`PROOF_RECORD_TTL`]).
+    ttl: std::time::Duration,
+}
+
+impl Default for ProofBook {
+    fn default() -> ProofBook {
+        ProofBook::new(PROOF_RECORD_TTL)
+    }
 }
 
 /// Most proofs recorded at once.
@@ -369,6 +379,14 @@ pub const MAX_PROOFS: usize = 65_536;
 pub const MAX_PROOFS_PER_UID: usize = 4096;
 
 impl ProofBook {
+    /// A book whose proofs the helper puts back itself after `ttl`.
+    pub fn new(ttl: std::time::Duration) -> ProofBook {
+        ProofBook {
+            entries: HashMap::new(),
+            ttl,
+        }
+    }
+
     /// Whether `uid` may arm one more (after forgetting proofs whose
     /// process is gone); why not.
     pub fn room(&mut self, uid: u32) -> Result<(), String> {
@@ -399,10 +417,28 @@ impl ProofBook {
         self.entries.entry(cookie).or_insert(r);
     }
 
-    /// Forgets records whose socket is gone from where it was armed, or
-    /// that are older than [`PROOF_RECORD_TTL`].
+    /// Forgets records whose socket is gone from where it was armed.
     pub fn prune(&mut self) {
         self.entries.retain(|_, r| r.live());
+    }
+
+    /// When the next record's time is up.
+    pub fn next_due(&self) -> Option<std::time::Instant> {
+        self.entries.values().map(|r| r.at + self.ttl).min()
+    }
+
+    /// Takes out the records whose time is up, for the helper to put back.
+    pub fn due(&mut self) -> Vec<(u64, Recorded)> {
+        let cookies: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, r)| r.at.elapsed() >= self.ttl)
+            .map(|(c, _)| *c)
+            .collect();
+        cookies
+            .into_iter()
+            .filter_map(|c| self.entries.remove(&c).map(|r| (c, r)))
+            .collect()
     }
 
     pub fn get(&self, cookie: u64) -> Option<&Recorded> {
@@ -420,6 +456,22 @@ impl ProofBook {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// Puts back the options of a proof whose time is up (the helper on its
+/// own): through a new pidfd of the process it was armed through, on that
+/// fd, only while it still holds that socket (inode and cookie).
+pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> {
+    let target = Pidfd::open(r.pid, Some(r.start_ticks)).map_err(|e| e.to_string())?;
+    let choose = |seen: &crate::actions::SocketSeen<'_>| {
+        if seen.cookie == Some(cookie) {
+            Ok(r.previous.clone())
+        } else {
+            Err("the fd holds another socket now".to_string())
+        }
+    };
+    crate::actions::restore_keepalive_chosen(&target, r.fd, Some(r.inode), &choose)
+        .map_err(|e| e.to_string())
 }
 
 /// The refusal for a socket the helper armed no proof on.
