@@ -1715,7 +1715,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     // A target that exits: refused with that reason.
     drop(procs);
     let e = authority.recheck(&target).unwrap_err();
-    assert!(e.contains("it has exited"), "{e}");
+    assert!(e.contains("has exited"), "{e}");
 }
 
 /// What an unprivileged `check` does through the helper in its prove

@@ -166,7 +166,13 @@ impl Authority {
     }
 }
 
+/// What [`read_task`] says of a process that has exited.
+const EXITED: &str = "it has exited";
+
 fn refused(uid: u32, pid: u32, why: &str) -> String {
+    if why == EXITED {
+        return format!("pid {pid} has exited: nothing was done");
+    }
     format!(
         "uid {uid} may not act on pid {pid}: {why}; the kernel would not let uid {uid} \
          ptrace it, and the helper lends no more than the kernel would"
@@ -186,7 +192,7 @@ const MAX_STATUS: u64 = 64 * 1024;
 
 fn read_task(target: &Pidfd) -> Result<Task, String> {
     let pid = target.pid();
-    let gone = || "it has exited".to_string();
+    let gone = || EXITED.to_string();
     let dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
@@ -519,7 +525,7 @@ mod tests {
         let fd = Pidfd::open(child.id(), None).unwrap();
         child.wait().unwrap();
         let e = read_task(&fd).err().unwrap();
-        assert_eq!(e, "it has exited");
+        assert_eq!(e, EXITED);
     }
 
     #[test]

@@ -1926,7 +1926,19 @@ impl Shared {
             })?;
         // What the kernel would let the caller do itself, before anything
         // of the target (its fds) is read for it.
-        let authority = Authority::check(caller, &target, &self.policy).map_err(forbidden)?;
+        let exited = || {
+            refusal(
+                ErrorCode::Gone,
+                format!("pid {} exited: nothing was done", req.pid),
+            )
+        };
+        let authority = Authority::check(caller, &target, &self.policy).map_err(|m| {
+            if target.is_alive() {
+                forbidden(m)
+            } else {
+                exited()
+            }
+        })?;
         if req.action.needs_fd()
             && let Some(fd) = req.fd
         {
@@ -1949,6 +1961,7 @@ impl Shared {
         }));
         let mut value = match outcome {
             Ok(Ok(v)) => v,
+            Ok(Err(ActError::Refused(_))) if !target.is_alive() => return Err(exited()),
             Ok(Err(ActError::Refused(m))) => {
                 return Err(forbidden(format!("{}: {m}: nothing was done", req.action)));
             }
