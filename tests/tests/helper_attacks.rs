@@ -1844,3 +1844,89 @@ fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
     let e = late.expect_err("nothing recorded any more");
     assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
 }
+
+/// The legitimate case in a user namespace: `nobody`'s own process in a
+/// user namespace `nobody` made (`unshare -r`, a rootless container's
+/// root: full capabilities there, uid 65534 on the host). The kernel lets
+/// `nobody` `pidfd_getfd` it (it owns the namespace), and so does the
+/// helper: its connection is proved and put back, although the process
+/// holds capabilities `nobody` lacks (they are the namespace's).
+#[test]
+fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
+    let test = "helper: a user namespace the caller owns";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-userns");
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut procs = Procs::default();
+    let child = Command::new("unshare")
+        .args([
+            "-r",
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
+        ])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn unshare");
+    let pid = child.id();
+    procs.0.push(child);
+    l.set_nonblocking(true).unwrap();
+    let peer = wait_for(5 * SEC, TICK, || l.accept().ok());
+    let Some(_peer) = peer else {
+        skip(
+            test,
+            "unshare -r did not connect (no unprivileged user namespaces here?)",
+        );
+        return;
+    };
+    let inode: u64 = wait_for(5 * SEC, TICK, || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")?;
+        std::fs::read_link(format!("/proc/{pid}/fd/3"))
+            .ok()?
+            .to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    })
+    .expect("the namespace's sleep holds the connection");
+    let caps = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("CapPrm:"))
+        .unwrap()
+        .to_string();
+    let path = dir.join("helper.sock");
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let armed = ask(socket_act(Action::ProveKeepalive, pid, 3, inode, proof));
+    let back = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        3,
+        inode,
+        hostile_options(),
+    ));
+    eprintln!(
+        "{test}: {caps}; prove: {}; restore: {}",
+        said(&armed),
+        said(&back)
+    );
+    assert!(armed.is_ok(), "{}", said(&armed));
+    assert_eq!(back.expect("restored")["enabled"], false);
+}
