@@ -12,8 +12,8 @@
 //! kernel's own authority ([`super::authority`]: ptrace access, checked
 //! before the target's fds are read and again right before the act). An
 //! idle timeout waits while the executor holds state an exit would lose
-//! ([`Executor::holds_state`]). The actions themselves are the [`Executor`]'s: the
-//! server checks everything first and calls it last.
+//! ([`Executor::holds_state`]). The actions themselves are the
+//! [`Executor`]'s: the server checks everything first and calls it last.
 //!
 //! # Invariants
 //!
