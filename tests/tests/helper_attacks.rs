@@ -1930,3 +1930,43 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
     assert!(armed.is_ok(), "{}", said(&armed));
     assert_eq!(back.expect("restored")["enabled"], false);
 }
+
+/// The eBPF evidence of the non-dumpable worker: which of its threads waits
+/// on which socket is what `/proc/W/fd` would tell, and `nobody` may not
+/// read that itself. Its `watch` and `ebpf_snapshot` name the worker as
+/// refused (a gap), and show nothing of it; nobody's own dumpable process
+/// beside it is watched.
+#[test]
+fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
+    let test = "helper attack: the non-dumpable worker's eBPF evidence";
+    if !need_ebpf(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-query");
+    let _h = start(&dir, Arc::new(DryExecutor::new()), |o| {
+        o.ebpf = Some(TracerOptions {
+            strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+            ..TracerOptions::default()
+        });
+    });
+    let m = Master::start(false);
+    let mut procs = Procs::default();
+    let mine = procs.sh(NOBODY, "exec sleep 300");
+    let w = m.worker;
+    let path = dir.join("helper.sock");
+    let (watched, snap) = as_uid(NOBODY, || {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        (c.watch(&[mine, w]), c.ebpf_snapshot_with_gaps(&[mine, w]))
+    });
+    eprintln!("{test}: watch {watched:?}\n  snapshot {snap:?}");
+    let watched = watched.expect("watch answered");
+    assert_eq!(
+        watched.watched.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        vec![mine]
+    );
+    assert_eq!(watched.refused, vec![w]);
+    let snap = snap.expect("snapshot answered");
+    assert_eq!(snap.refused, vec![w]);
+    assert!(snap.snapshot.sockets.iter().all(|s| s.tgid != w));
+    assert!(snap.snapshot.blocked.iter().all(|b| b.tgid != w));
+}

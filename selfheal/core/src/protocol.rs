@@ -112,8 +112,9 @@
 //! to another process outlives its credentials. A caller may query and act
 //! on processes all of whose uids (real, effective, saved) are its own, or
 //! granted to it by the helper's policy; root on all. Nobody may act on pid
-//! 1, the helper itself, or kernel threads. A caller other than root acts
-//! only where the kernel would let it act itself (`ptrace` access: every
+//! 1, the helper itself, or kernel threads. A caller other than root
+//! queries (`watch`, `ebpf_snapshot`: which thread waits on which socket)
+//! and acts only where the kernel would let it itself (`ptrace` access: every
 //! uid and gid of the target its own or one granted uid's, the target
 //! dumpable, no capability the caller lacks), on a connection only
 //! (`ESTAB`; `CLOSE-WAIT` too for `arm_keepalive`, `destroy_socket`,

@@ -1739,6 +1739,11 @@ impl Shared {
                     self.policy
                         .check_query(caller, &t)
                         .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
+                    // Which thread waits on which socket is what the
+                    // process's /proc/PID/fd tells: only for a caller the
+                    // kernel would let read it (ptrace access).
+                    Authority::check(caller, &fd, &self.policy)
+                        .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
                     Ok(fd)
                 });
             match pinned {
