@@ -995,11 +995,10 @@ fn accept_loop(
             match left {
                 // Idle, unless the executor holds what an exit would lose
                 // (proofs armed, not yet put back): then it waits on.
-                Some(left) if left.is_zero() => {
-                    if !shared.executor.holds_state() {
-                        break Ok(StopReason::Idle);
-                    }
+                Some(left) if left.is_zero() && !shared.executor.holds_state() => {
+                    break Ok(StopReason::Idle);
                 }
+                Some(left) if left.is_zero() => {}
                 Some(left) => timeout = timeout.min(left),
                 None => {}
             }
