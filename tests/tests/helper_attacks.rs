@@ -10,7 +10,15 @@
 //! - error answers that tell whether another user's pid exists;
 //! - one foreign pid that cost a user all its eBPF evidence;
 //! - and a load test: eight uids with long acts and floods, while root
-//!   asks (root's latency printed beside the flood's numbers).
+//!   asks (root's latency printed beside the flood's numbers);
+//! - the helper's authority against the kernel's: a root master's
+//!   listener shared with a worker that dropped to `nobody` (not dumpable,
+//!   and dumpable), options `nobody` chose put back by `restore_keepalive`,
+//!   the worker's fds mapped through wrong inodes, its eBPF evidence, a
+//!   target that execs a setuid binary between the check and the act; and
+//!   the legitimate cases beside them (an unprivileged check's proof put
+//!   back across the helper's idle timeout, a proof nobody puts back, a
+//!   process in a user namespace its caller owns).
 //!
 //! Other users are threads of this test that dropped to a uid with raw
 //! `setresuid` (that thread only), or children started as that uid. Needs
