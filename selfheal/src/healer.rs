@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::{
     actions::{self, Keepalive, KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
     check::Healer,
-    helper::authority::{ActError, Authority, ProofBook, Recorded, no_proof, put_back},
+    helper::authority::{ActError, Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
     ladder::Step,
     prove::ProofTarget,
 };
@@ -532,9 +532,19 @@ impl Healer for HelperHealer {
         previous: &KeepaliveSettings,
     ) -> Result<KeepaliveSettings, String> {
         use crate::helper::protocol::Action;
-        self.prove(Action::RestoreKeepalive, agent, t, previous, || {
+        let through = self.prove(Action::RestoreKeepalive, agent, t, previous, || {
             restore_here(t, previous)
-        })
+        });
+        match through {
+            // A helper that has no record of the proof (it was restarted
+            // since arming) puts nothing back for us: we do, where the
+            // kernel lets us (our own agent), with what our state recorded.
+            Err(e) if e.contains(NO_PROOF) => {
+                tracing::warn!("{e}; putting the options back directly where permitted");
+                restore_here(t, previous).map_err(|d| format!("{e}; acting directly: {d}"))
+            }
+            other => other,
+        }
     }
 }
 

@@ -1978,3 +1978,58 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
     assert!(snap.snapshot.sockets.iter().all(|s| s.tgid != w));
     assert!(snap.snapshot.blocked.iter().all(|b| b.tgid != w));
 }
+
+/// The helper is restarted between an unprivileged check's arming and its
+/// restore (an upgrade, a crash): the new helper has no record and puts
+/// nothing back for the caller; the check's healer then puts the options
+/// from its state file back itself, as the kernel lets it on its own agent.
+#[test]
+fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
+    use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    let test = "helper: a proof armed by a helper since restarted";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-restart");
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let t = ProofTarget {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        fd,
+        inode,
+    };
+    let ka = ProofKeepalive {
+        idle_s: 30,
+        interval_s: 30,
+        count: 3,
+        hold_ms: 1000,
+    };
+    let path = dir.join("helper.sock");
+    let healer = || {
+        selfheal::healer::HelperHealer::new(
+            HelperClient::connect_with(&path, client_opts()).unwrap(),
+        )
+    };
+    let first = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka)).expect("armed");
+    drop(first);
+    let second = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let back = as_uid(NOBODY, || {
+        healer().restore_proof("mine", &t, &armed.previous)
+    });
+    let audit: Vec<_> = second
+        .audit()
+        .into_iter()
+        .map(|a| (a.action, a.error.map(|e| e.code)))
+        .collect();
+    eprintln!("{test}: put back {back:?}; the new helper's audit {audit:?}");
+    assert_eq!(back.expect("put back"), own);
+    assert_eq!(options_of(pid, fd), own);
+    assert_eq!(
+        audit,
+        [(Action::RestoreKeepalive, Some(ErrorCode::Forbidden))],
+        "the new helper put nothing back"
+    );
+}

@@ -480,11 +480,15 @@ pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> 
         .map_err(|e| e.to_string())
 }
 
+/// What the refusal for a socket the helper armed no proof on says
+/// first (clients recognize it).
+pub const NO_PROOF: &str = "the helper armed no proof keepalive on this socket";
+
 /// The refusal for a socket the helper armed no proof on.
 pub fn no_proof(action: Action) -> String {
     format!(
-        "the helper armed no proof keepalive on this socket: {action} is only for one it armed \
-         (it puts back what it recorded then, never values a caller sends)"
+        "{NO_PROOF}: {action} is only for one it armed (it puts back what it recorded then, \
+         never values a caller sends)"
     )
 }
 
