@@ -11,9 +11,14 @@
 //!
 //! A socket fd is duplicated only when `/proc/PID/fd/FD` names a socket,
 //! and the duplicate is checked by its own `/proc` link, never `fstat`: a
-//! file on a FUSE mount could block such calls forever. The helper signals
-//! in two halves ([`signal_term`] now, [`signal_kill`] on its timer);
-//! [`signal_escalate`] does both in one call for acting directly.
+//! file on a FUSE mount could block such calls forever. Each socket action
+//! has a `_gated` form that checks a [`SocketGate`] on the duplicate, after
+//! the inode comparison and right before anything changes: the helper's
+//! authority re-checks the target and the socket's state there
+//! ([`restore_keepalive_chosen`] lets it choose the options too). The
+//! helper signals in two halves ([`signal_term`] now, [`signal_kill`] on
+//! its timer); [`signal_escalate`] does both in one call for acting
+//! directly.
 //!
 //! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
 //! helper's JSON protocol and for audit lines. Deciding *whether* to act is
