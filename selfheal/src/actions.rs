@@ -11,9 +11,14 @@
 //!
 //! A socket fd is duplicated only when `/proc/PID/fd/FD` names a socket,
 //! and the duplicate is checked by its own `/proc` link, never `fstat`: a
-//! file on a FUSE mount could block such calls forever. The helper signals
-//! in two halves ([`signal_term`] now, [`signal_kill`] on its timer);
-//! [`signal_escalate`] does both in one call for acting directly.
+//! file on a FUSE mount could block such calls forever. Each socket action
+//! has a `_gated` form that checks a [`SocketGate`] on the duplicate, after
+//! the inode comparison and right before anything changes: the helper's
+//! authority re-checks the target and the socket's state there
+//! ([`restore_keepalive_chosen`] lets it choose the options too). The
+//! helper signals in two halves ([`signal_term`] now, [`signal_kill`] on
+//! its timer); [`signal_escalate`] does both in one call for acting
+//! directly.
 //!
 //! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
 //! helper's JSON protocol and for audit lines. Deciding *whether* to act is
@@ -59,9 +64,11 @@ pub enum ActionError {
     #[error("fd {fd} of pid {pid} is not a TCP socket")]
     NotTcp { pid: u32, fd: i32 },
     /// The fd now holds another socket than the one judged (the agent
-    /// closed it and the number was reused): nothing was done to it.
+    /// closed it and the number was reused): nothing was done to it. The
+    /// message names only the inode the caller gave: the one found is the
+    /// target's, not the caller's to learn.
     #[error(
-        "fd {fd} of pid {pid} is now socket inode {found}, not the judged inode {expected}: left alone"
+        "fd {fd} of pid {pid} no longer holds the judged socket (inode {expected}): left alone"
     )]
     Replaced {
         pid: u32,
@@ -72,6 +79,10 @@ pub enum ActionError {
     /// The socket is not in a state the action is for; nothing was done.
     #[error("fd {fd} of pid {pid}: {why}")]
     NotApplicable { pid: u32, fd: i32, why: String },
+    /// The [`SocketGate`] refused the socket, or the target, right before
+    /// the action: nothing was done.
+    #[error("{why}")]
+    Refused { why: String },
     #[error("invalid keepalive settings: {0}")]
     InvalidKeepalive(String),
     #[error("the restart command is empty")]
@@ -221,6 +232,55 @@ pub fn open_target(pid: u32, expect_start: u64) -> Result<Pidfd, ActionError> {
 struct DupSocket {
     fd: OwnedFd,
     inode: u64,
+}
+
+/// The socket an action is about to change, as its duplicate shows it:
+/// what a [`SocketGate`] decides on.
+pub struct SocketSeen<'a> {
+    /// The duplicate (`pidfd_getfd`): the target's own socket.
+    pub fd: BorrowedFd<'a>,
+    pub inode: u64,
+    /// `SO_COOKIE`: the socket's identity, never reused while the system
+    /// runs; `None` where the kernel does not say.
+    pub cookie: Option<u64>,
+}
+
+/// Checked on the duplicate after `pidfd_getfd` and the inode comparison,
+/// right before an action changes anything: `Err` refuses it
+/// ([`ActionError::Refused`]). The helper's authority re-checks the
+/// target's credentials and the socket's state here.
+pub type SocketGate<'g> = &'g dyn Fn(&SocketSeen<'_>) -> Result<(), String>;
+
+/// The gate that lets everything through (a caller acting for itself).
+pub fn open_gate(_: &SocketSeen<'_>) -> Result<(), String> {
+    Ok(())
+}
+
+/// `SO_COOKIE` of a socket.
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> Option<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of a u64's size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
+}
+
+/// Runs `gate` on a duplicate.
+fn pass(gate: SocketGate<'_>, dup: &DupSocket) -> Result<(), ActionError> {
+    let seen = SocketSeen {
+        fd: dup.fd.as_fd(),
+        inode: dup.inode,
+        cookie: socket_cookie(dup.fd.as_fd()),
+    };
+    gate(&seen).map_err(|why| ActionError::Refused { why })
 }
 
 /// Closes `fd` on a thread of its own: a file a caller chose may sit on a
@@ -595,10 +655,22 @@ pub fn arm_keepalive(
     inode: Option<u64>,
     ka: &Keepalive,
 ) -> Result<KeepaliveOutcome, ActionError> {
+    arm_keepalive_gated(target, fd, inode, ka, &open_gate)
+}
+
+/// [`arm_keepalive`], with `gate` checked on the duplicate first.
+pub fn arm_keepalive_gated(
+    target: &Pidfd,
+    fd: i32,
+    inode: Option<u64>,
+    ka: &Keepalive,
+    gate: SocketGate<'_>,
+) -> Result<KeepaliveOutcome, ActionError> {
     check_target(target)?;
     let mut wanted = ka.to_settings()?;
     let pid = target.pid();
     let dup = dup_tcp_socket(target, fd, inode)?;
+    pass(gate, &dup)?;
     let what = format!("fd {fd} of pid {pid}");
     let previous = read_settings(dup.fd.as_fd(), &what)?;
     let silent = silent_ms(dup.fd.as_fd());
@@ -641,10 +713,29 @@ pub fn restore_keepalive(
     inode: Option<u64>,
     previous: &KeepaliveSettings,
 ) -> Result<KeepaliveSettings, ActionError> {
+    restore_keepalive_chosen(target, fd, inode, &|_| Ok(previous.clone()))
+}
+
+/// [`restore_keepalive`] of the options `choose` picks for the socket seen
+/// on the duplicate (the helper: those it recorded under the socket's
+/// cookie when it armed the proof); an `Err` refuses
+/// ([`ActionError::Refused`]) with nothing changed.
+pub fn restore_keepalive_chosen(
+    target: &Pidfd,
+    fd: i32,
+    inode: Option<u64>,
+    choose: &dyn Fn(&SocketSeen<'_>) -> Result<KeepaliveSettings, String>,
+) -> Result<KeepaliveSettings, ActionError> {
     check_target(target)?;
     let dup = dup_tcp_socket(target, fd, inode)?;
+    let seen = SocketSeen {
+        fd: dup.fd.as_fd(),
+        inode: dup.inode,
+        cookie: socket_cookie(dup.fd.as_fd()),
+    };
+    let previous = choose(&seen).map_err(|why| ActionError::Refused { why })?;
     let what = format!("fd {fd} of pid {}", target.pid());
-    write_settings(dup.fd.as_fd(), previous, &what)?;
+    write_settings(dup.fd.as_fd(), &previous, &what)?;
     read_settings(dup.fd.as_fd(), &what)
 }
 
@@ -737,9 +828,21 @@ pub fn arm_proof_keepalive(
     inode: u64,
     proof: &ProofKeepalive,
 ) -> Result<KeepaliveOutcome, ActionError> {
+    arm_proof_keepalive_gated(target, fd, inode, proof, &open_gate)
+}
+
+/// [`arm_proof_keepalive`], with `gate` checked on the duplicate first.
+pub fn arm_proof_keepalive_gated(
+    target: &Pidfd,
+    fd: i32,
+    inode: u64,
+    proof: &ProofKeepalive,
+    gate: SocketGate<'_>,
+) -> Result<KeepaliveOutcome, ActionError> {
     check_target(target)?;
     let pid = target.pid();
     let dup = dup_tcp_socket(target, fd, Some(inode))?;
+    pass(gate, &dup)?;
     let what = format!("fd {fd} of pid {pid}");
     let previous = read_settings(dup.fd.as_fd(), &what)?;
     let info = tcp_info(dup.fd.as_fd());
@@ -789,9 +892,20 @@ pub struct ExpireOutcome {
 /// is off, or when no probe is outstanding: a peer that answered since the
 /// judgement is alive.
 pub fn expire_keepalive(target: &Pidfd, fd: i32, inode: u64) -> Result<ExpireOutcome, ActionError> {
+    expire_keepalive_gated(target, fd, inode, &open_gate)
+}
+
+/// [`expire_keepalive`], with `gate` checked on the duplicate first.
+pub fn expire_keepalive_gated(
+    target: &Pidfd,
+    fd: i32,
+    inode: u64,
+    gate: SocketGate<'_>,
+) -> Result<ExpireOutcome, ActionError> {
     check_target(target)?;
     let pid = target.pid();
     let dup = dup_tcp_socket(target, fd, Some(inode))?;
+    pass(gate, &dup)?;
     let what = format!("fd {fd} of pid {pid}");
     let now = read_settings(dup.fd.as_fd(), &what)?;
     let probes = tcp_info(dup.fd.as_fd()).map_or(0, |i| i.tcpi_probes);
@@ -897,9 +1011,20 @@ pub fn destroy_socket(
     fd: i32,
     inode: Option<u64>,
 ) -> Result<DestroyOutcome, ActionError> {
+    destroy_socket_gated(target, fd, inode, &open_gate)
+}
+
+/// [`destroy_socket`], with `gate` checked on the duplicate first.
+pub fn destroy_socket_gated(
+    target: &Pidfd,
+    fd: i32,
+    inode: Option<u64>,
+    gate: SocketGate<'_>,
+) -> Result<DestroyOutcome, ActionError> {
     check_target(target)?;
     let pid = target.pid();
     let dup = dup_tcp_socket(target, fd, inode)?;
+    pass(gate, &dup)?;
     match sock_destroy(target, fd, &dup) {
         Ok((local, remote, cookie)) => Ok(DestroyOutcome {
             method: DestroyMethod::SockDestroy,

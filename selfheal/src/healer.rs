@@ -14,6 +14,7 @@ use std::time::Duration;
 use crate::{
     actions::{self, Keepalive, KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
     check::Healer,
+    helper::authority::{ActError, Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
     ladder::Step,
     prove::ProofTarget,
 };
@@ -150,69 +151,237 @@ impl Healer for DirectHealer {
 }
 
 /// The helper's executor: the real actions, for requests the helper has
-/// already parsed, authorized and pinned to a pidfd.
+/// already parsed, authorized and pinned to a pidfd. It keeps the proofs
+/// it armed ([`ProofBook`], by socket cookie): `restore_keepalive` puts
+/// back what it recorded then, and `expire_keepalive` ends only a proof it
+/// armed. A request's own values are used only for root, and only for a
+/// socket it has no record of (a helper restarted since the arming).
 #[derive(Debug, Default)]
 pub struct ActionsExecutor {
     pub keepalive: Keepalive,
+    proofs: std::sync::Arc<std::sync::Mutex<ProofBook>>,
+    /// Whether the thread that puts back proofs whose time is up runs.
+    expiry: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Longest hold a caller may ask of a proof keepalive (10 minutes).
 const MAX_PROOF_HOLD_MS: u32 = 600_000;
 
+impl ActionsExecutor {
+    /// One that puts back a proof nobody restored after `ttl` (rather than
+    /// [`crate::helper::authority::PROOF_RECORD_TTL`]: tests).
+    pub fn with_proof_ttl(ttl: Duration) -> ActionsExecutor {
+        ActionsExecutor {
+            proofs: std::sync::Arc::new(std::sync::Mutex::new(ProofBook::new(ttl))),
+            ..ActionsExecutor::default()
+        }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, ProofBook> {
+        lock_book(&self.proofs)
+    }
+
+    /// Starts the thread that puts back proofs nobody restored in time
+    /// ([`crate::helper::authority::PROOF_RECORD_TTL`]), unless it runs. It ends when no proof is left
+    /// (decided under the book's lock, so a proof recorded meanwhile starts
+    /// a new one).
+    fn watch_expiry(&self) {
+        use std::sync::atomic::Ordering;
+        if self.expiry.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (book, running) = (self.proofs.clone(), self.expiry.clone());
+        let spawned = std::thread::Builder::new()
+            .name("selfheal-proof-expiry".into())
+            .spawn(move || {
+                loop {
+                    let wait = {
+                        let mut b = lock_book(&book);
+                        b.prune();
+                        match b.next_due() {
+                            None => {
+                                running.store(false, Ordering::SeqCst);
+                                return;
+                            }
+                            Some(at) => at.saturating_duration_since(std::time::Instant::now()),
+                        }
+                    };
+                    std::thread::sleep(wait.min(Duration::from_secs(60)));
+                    let due = lock_book(&book).due();
+                    for (cookie, r) in due {
+                        match put_back(cookie, &r) {
+                            Ok(back) => tracing::info!(
+                                pid = r.pid, fd = r.fd, inode = r.inode, caller_uid = r.uid,
+                                "proof keepalive not put back by its caller in time: the helper put back the socket's own options ({back:?})"
+                            ),
+                            Err(e) => tracing::warn!(
+                                pid = r.pid, fd = r.fd, inode = r.inode, caller_uid = r.uid,
+                                "proof keepalive not put back by its caller in time, and the helper could not: {e}"
+                            ),
+                        }
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.expiry.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+fn lock_book(m: &std::sync::Mutex<ProofBook>) -> std::sync::MutexGuard<'_, ProofBook> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl crate::helper::server::Executor for ActionsExecutor {
     fn act(
         &self,
-        _caller: &crate::helper::protocol::Caller,
+        caller: &crate::helper::protocol::Caller,
         target: &crate::pidfd::Pidfd,
         req: &crate::helper::protocol::ActRequest,
     ) -> Result<serde_json::Value, String> {
+        // Root's authority: what an in-process caller (tests) asks.
+        self.act_checked(caller, target, req, &Authority::root())
+            .map_err(|e| match e {
+                ActError::Refused(m) | ActError::Failed(m) => m,
+            })
+    }
+
+    fn act_checked(
+        &self,
+        caller: &crate::helper::protocol::Caller,
+        target: &crate::pidfd::Pidfd,
+        req: &crate::helper::protocol::ActRequest,
+        authority: &Authority,
+    ) -> Result<serde_json::Value, ActError> {
         use crate::helper::protocol::Action;
-        let e = |e: actions::ActionError| e.to_string();
+        let e = |e: actions::ActionError| match e {
+            actions::ActionError::Refused { why } => ActError::Refused(why),
+            other => ActError::Failed(other.to_string()),
+        };
+        let failed = ActError::Failed;
         let fd = || {
             req.fd
-                .ok_or_else(|| format!("{} needs an fd", req.action.as_str()))
+                .ok_or_else(|| failed(format!("{} needs an fd", req.action.as_str())))
         };
         let inode = || {
             req.inode
-                .ok_or_else(|| format!("{} needs an inode", req.action.as_str()))
+                .ok_or_else(|| failed(format!("{} needs an inode", req.action.as_str())))
         };
         // The prove stage's parameters, as a whole object of known keys.
         fn params<T: serde::de::DeserializeOwned>(
             req: &crate::helper::protocol::ActRequest,
-        ) -> Result<T, String> {
+        ) -> Result<T, ActError> {
             serde_json::from_value(serde_json::Value::Object(req.params.clone()))
-                .map_err(|e| format!("{}: bad params: {e}", req.action.as_str()))
+                .map_err(|e| ActError::Failed(format!("{}: bad params: {e}", req.action.as_str())))
         }
+        // Right before anything changes, on the socket's duplicate: the
+        // caller may still act on the target, and the socket is in a state
+        // the act is for.
+        let gate =
+            |seen: &actions::SocketSeen<'_>| authority.check_socket(req.action, target, seen.fd);
         let value = match req.action {
             Action::ArmKeepalive => serde_json::to_value(
-                actions::arm_keepalive(target, fd()?, req.inode, &self.keepalive).map_err(e)?,
+                actions::arm_keepalive_gated(target, fd()?, req.inode, &self.keepalive, &gate)
+                    .map_err(e)?,
             ),
-            Action::DestroySocket => {
-                serde_json::to_value(actions::destroy_socket(target, fd()?, req.inode).map_err(e)?)
-            }
+            Action::DestroySocket => serde_json::to_value(
+                actions::destroy_socket_gated(target, fd()?, req.inode, &gate).map_err(e)?,
+            ),
             Action::ProveKeepalive => {
                 let ka: ProofKeepalive = params(req)?;
                 // A caller may not stretch the kernel's own deadline past
                 // what a proof needs.
                 if ka.hold_ms > MAX_PROOF_HOLD_MS {
-                    return Err(format!(
+                    return Err(failed(format!(
                         "prove_keepalive: hold_ms {} is over the limit of {MAX_PROOF_HOLD_MS}",
                         ka.hold_ms
-                    ));
+                    )));
                 }
-                serde_json::to_value(
-                    actions::arm_proof_keepalive(target, fd()?, inode()?, &ka).map_err(e)?,
-                )
+                let cookie = std::cell::Cell::new(None);
+                let recording = |seen: &actions::SocketSeen<'_>| {
+                    gate(seen)?;
+                    let c = seen.cookie.ok_or(
+                        "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
+                         the helper could not put back",
+                    )?;
+                    if self.book().get(c).is_none() {
+                        self.book().room(caller.uid)?;
+                    }
+                    cookie.set(Some(c));
+                    Ok(())
+                };
+                let out =
+                    actions::arm_proof_keepalive_gated(target, fd()?, inode()?, &ka, &recording)
+                        .map_err(e)?;
+                if let Some(c) = cookie.get() {
+                    self.book().record(
+                        c,
+                        Recorded {
+                            pid: target.pid(),
+                            start_ticks: target.start_ticks(),
+                            fd: out.fd,
+                            inode: out.inode,
+                            uid: caller.uid,
+                            previous: out.previous.clone(),
+                            at: std::time::Instant::now(),
+                        },
+                    );
+                    self.watch_expiry();
+                }
+                serde_json::to_value(out)
             }
             Action::RestoreKeepalive => {
-                let previous: KeepaliveSettings = params(req)?;
-                serde_json::to_value(
-                    actions::restore_keepalive(target, fd()?, Some(inode()?), &previous)
-                        .map_err(e)?,
-                )
+                // What a request sends is used only for root, and only for
+                // a socket the helper has no record of; clients still send
+                // the values their state file holds (protocol 1), so they
+                // are accepted, and must be well formed, when present.
+                let sent: Option<KeepaliveSettings> = if req.params.is_empty() {
+                    None
+                } else {
+                    Some(params(req)?)
+                };
+                let cookie = std::cell::Cell::new(None);
+                let choose = |seen: &actions::SocketSeen<'_>| {
+                    gate(seen)?;
+                    let recorded = seen.cookie.and_then(|c| self.book().get(c).cloned());
+                    cookie.set(seen.cookie);
+                    match recorded {
+                        Some(r) => Ok(r.previous),
+                        None if authority.is_root() => sent.clone().ok_or_else(|| {
+                            "the helper armed no proof keepalive on this socket and the \
+                             request names no options to put back"
+                                .to_string()
+                        }),
+                        None => Err(no_proof(req.action)),
+                    }
+                };
+                let back =
+                    actions::restore_keepalive_chosen(target, fd()?, Some(inode()?), &choose)
+                        .map_err(e)?;
+                if let Some(c) = cookie.get() {
+                    self.book().take(c);
+                }
+                serde_json::to_value(back)
             }
             Action::ExpireKeepalive => {
-                serde_json::to_value(actions::expire_keepalive(target, fd()?, inode()?).map_err(e)?)
+                let cookie = std::cell::Cell::new(None);
+                let armed = |seen: &actions::SocketSeen<'_>| {
+                    gate(seen)?;
+                    let known = seen.cookie.is_some_and(|c| self.book().get(c).is_some());
+                    if !known && !authority.is_root() {
+                        return Err(no_proof(req.action));
+                    }
+                    cookie.set(seen.cookie);
+                    Ok(())
+                };
+                let out =
+                    actions::expire_keepalive_gated(target, fd()?, inode()?, &armed).map_err(e)?;
+                if out.ended
+                    && let Some(c) = cookie.get()
+                {
+                    self.book().take(c);
+                }
+                serde_json::to_value(out)
             }
             // SIGTERM only: the server sends SIGKILL on its own timer when
             // the grace runs out ([`Executor::escalate`]), after checking
@@ -224,17 +393,24 @@ impl crate::helper::server::Executor for ActionsExecutor {
                     .and_then(serde_json::Value::as_u64)
                     .map_or(crate::helper::server::DEFAULT_GRACE, Duration::from_millis)
                     .min(crate::helper::server::MAX_GRACE);
+                authority.recheck(target).map_err(ActError::Refused)?;
                 serde_json::to_value(actions::signal_term(target, grace).map_err(e)?)
             }
             // Running a command as root on a caller's say-so is not the
             // helper's to do: the caller runs its own restart command.
             Action::Restart => {
-                return Err(
+                return Err(failed(
                     "the helper does not run restart commands: the caller runs its own".into(),
-                );
+                ));
             }
         };
-        value.map_err(|e| e.to_string())
+        value.map_err(|e| failed(e.to_string()))
+    }
+
+    fn holds_state(&self) -> bool {
+        let mut book = self.book();
+        book.prune();
+        !book.is_empty()
     }
 
     fn escalate(
@@ -356,9 +532,19 @@ impl Healer for HelperHealer {
         previous: &KeepaliveSettings,
     ) -> Result<KeepaliveSettings, String> {
         use crate::helper::protocol::Action;
-        self.prove(Action::RestoreKeepalive, agent, t, previous, || {
+        let through = self.prove(Action::RestoreKeepalive, agent, t, previous, || {
             restore_here(t, previous)
-        })
+        });
+        match through {
+            // A helper that has no record of the proof (it was restarted
+            // since arming) puts nothing back for us: we do, where the
+            // kernel lets us (our own agent), with what our state recorded.
+            Err(e) if e.contains(NO_PROOF) => {
+                tracing::warn!("{e}; putting the options back directly where permitted");
+                restore_here(t, previous).map_err(|d| format!("{e}; acting directly: {d}"))
+            }
+            other => other,
+        }
     }
 }
 

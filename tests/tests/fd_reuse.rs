@@ -104,9 +104,13 @@ fn a_socket_act_on_a_reconnected_fd_is_refused_and_the_new_connection_lives() {
             .act(&act(action, new.pid, fd, Some(old.inode)))
             .expect_err("the act names the old socket");
         let text = e.to_string();
+        // It names the judged socket, never the one found (the target's,
+        // not the caller's to learn).
         assert!(
-            text.contains(&old.inode.to_string()) && text.contains(&new.inode.to_string()),
-            "{action}: the refusal names both sockets: {text}"
+            text.contains(&old.inode.to_string())
+                && text.contains("no longer holds the judged socket")
+                && !text.contains(&new.inode.to_string()),
+            "{action}: the refusal names the judged socket only: {text}"
         );
         // Without the socket's identity, no socket act at all.
         let e = client

@@ -10,7 +10,15 @@
 //! - error answers that tell whether another user's pid exists;
 //! - one foreign pid that cost a user all its eBPF evidence;
 //! - and a load test: eight uids with long acts and floods, while root
-//!   asks (root's latency printed beside the flood's numbers).
+//!   asks (root's latency printed beside the flood's numbers);
+//! - the helper's authority against the kernel's: a root master's
+//!   listener shared with a worker that dropped to `nobody` (not dumpable,
+//!   and dumpable), options `nobody` chose put back by `restore_keepalive`,
+//!   the worker's fds mapped through wrong inodes, its eBPF evidence, a
+//!   target that execs a setuid binary between the check and the act; and
+//!   the legitimate cases beside them (an unprivileged check's proof put
+//!   back across the helper's idle timeout, a proof nobody puts back, a
+//!   process in a user namespace its caller owns).
 //!
 //! Other users are threads of this test that dropped to a uid with raw
 //! `setresuid` (that thread only), or children started as that uid. Needs
@@ -1133,4 +1141,895 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
     assert_eq!(e.code(), Some(ErrorCode::Failed), "{e}");
     assert!(e.to_string().contains("is not a socket: left alone"), "{e}");
     assert!(took < 2 * SEC, "{took:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 7. The helper's authority is the kernel's.
+
+/// Set when this test binary runs as the root master of the attack below:
+/// `dumpable` or `undumpable`, the worker's dumpable flag.
+const MASTER_ROLE: &str = "SELFHEAL_ATTACK_MASTER";
+
+/// Not a test of its own: the root master of the nginx/postfix model, run
+/// as its own process. It listens on 127.0.0.1, forks a worker that shares
+/// the listener and drops to `nobody` (not dumpable, or made dumpable
+/// again when the role says so), prints `MASTER port fd worker`, then
+/// accepts, printing each accepted connection's inherited
+/// `TCP_USER_TIMEOUT` and `SO_KEEPALIVE` (`ACCEPTED ut=… ka=…`), or the
+/// error (`ACCEPT_ERR …`). Does nothing unless [`MASTER_ROLE`] is set.
+#[test]
+fn master_worker_roles() {
+    let Ok(role) = std::env::var(MASTER_ROLE) else {
+        return;
+    };
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let fd = l.as_raw_fd();
+    let dumpable = libc::c_ulong::from(role == "dumpable");
+    // SAFETY: the child calls only raw syscalls (async-signal-safe) and
+    // never returns.
+    let worker = unsafe { libc::fork() };
+    if worker == 0 {
+        // SAFETY: plain syscalls that change this process's credentials.
+        unsafe {
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+            libc::syscall(libc::SYS_setresgid, NOBODY, NOBODY, NOBODY);
+            libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, NOBODY);
+            // Changing uids cleared both: set them as the role says.
+            libc::prctl(libc::PR_SET_DUMPABLE, dumpable, 0, 0, 0);
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    println!("MASTER {port} {fd} {worker}");
+    std::io::stdout().flush().unwrap();
+    let mut kept = Vec::new();
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                let ut = sockopt_int(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT);
+                let ka = sockopt_int(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_KEEPALIVE);
+                println!("ACCEPTED ut={ut} ka={ka}");
+                kept.push(s);
+            }
+            Err(e) => {
+                println!("ACCEPT_ERR {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+fn sockopt_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> i32 {
+    let mut v: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a local int of the given size.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    v
+}
+
+/// The master of [`master_worker_roles`], its output read line by line;
+/// killed (and its worker with it) on drop.
+struct Master {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    port: u16,
+    fd: i32,
+    worker: u32,
+}
+
+impl Master {
+    fn start(dumpable: bool) -> Master {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "master_worker_roles", "--nocapture"])
+            .env(
+                MASTER_ROLE,
+                if dumpable { "dumpable" } else { "undumpable" },
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut m = Master {
+            child,
+            lines,
+            port: 0,
+            fd: 0,
+            worker: 0,
+        };
+        let first = m.next("MASTER ").expect("the master started");
+        let f: Vec<&str> = first.split_whitespace().collect();
+        (m.port, m.fd, m.worker) = (
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+        );
+        let worker = m.worker;
+        wait_for(5 * SEC, TICK, || {
+            let s = std::fs::read_to_string(format!("/proc/{worker}/status")).ok()?;
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("65534"))
+                .then_some(())
+        })
+        .expect("the worker dropped to nobody");
+        m
+    }
+
+    /// The next line starting with `prefix`, within 5 s.
+    fn next(&self, prefix: &str) -> Option<String> {
+        let end = Instant::now() + 5 * SEC;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let l = self.lines.recv_timeout(left).ok()?;
+            if l.starts_with(prefix) {
+                return Some(l);
+            }
+        }
+    }
+
+    fn listener_inode(&self) -> u64 {
+        let link = std::fs::read_link(format!("/proc/{}/fd/{}", self.worker, self.fd)).unwrap();
+        let s = link.to_string_lossy();
+        s.trim_start_matches("socket:[")
+            .trim_end_matches(']')
+            .parse()
+            .unwrap()
+    }
+
+    /// Connects to the listener; what the master said of the accepted
+    /// connection (or of its failure to accept), or why connecting failed.
+    fn probe(&self) -> String {
+        match std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+            Ok(s) => {
+                let said = self.next("ACC").unwrap_or_else(|| "no accept".into());
+                drop(s);
+                said
+            }
+            Err(e) => format!("connect: {e}"),
+        }
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        // SAFETY: a plain kill of the worker this test's master forked.
+        unsafe { libc::kill(self.worker as libc::pid_t, libc::SIGKILL) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A socket act on `pid`'s `fd` (judged socket `inode`), with `params`.
+fn socket_act(
+    action: Action,
+    pid: u32,
+    fd: i32,
+    inode: u64,
+    params: serde_json::Value,
+) -> ActRequest {
+    let mut r = ActRequest::new(action, pid, start_ticks(pid).expect("running"));
+    r.fd = Some(fd);
+    r.inode = Some(inode);
+    r.agent = Some("attack".into());
+    if let serde_json::Value::Object(m) = params {
+        r.params = m;
+    }
+    r
+}
+
+/// The values an attacker would put on a socket: a 1 ms user timeout, one
+/// probe after one second.
+fn hostile_options() -> serde_json::Value {
+    serde_json::json!({
+        "enabled": true, "idle_s": 1, "interval_s": 1, "count": 1, "user_timeout_ms": 1
+    })
+}
+
+/// What one answer was: `ok`, or its code and message.
+fn said(r: &Result<serde_json::Value, selfheal::helper::ClientError>) -> String {
+    match r {
+        Ok(v) => format!("ok {v}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The worker's listener, attacked by `nobody` through the helper: options
+/// it chose put on the listener (inherited by every connection the root
+/// master accepts), the listener destroyed, and the refusal for a wrong
+/// inode read for the worker's fd→inode map. With `dumpable`, the worker
+/// is one `nobody` could `pidfd_getfd` itself: the listener is still no
+/// socket the helper acts on for it.
+fn master_worker_attack(test: &str, dumpable: bool) {
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new(&format!("attack-auth-master-{dumpable}"));
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let m = Master::start(dumpable);
+    let inode = m.listener_inode();
+    let (w, fd) = (m.worker, m.fd);
+    // What nobody itself may do: nothing, when the worker is not dumpable.
+    let own = as_uid(NOBODY, || {
+        let fds = std::fs::read_dir(format!("/proc/{w}/fd")).map(|_| ());
+        let getfd = selfheal::pidfd::Pidfd::open(w, None).and_then(|p| {
+            p.get_fd(fd)
+                .map(|_| ())
+                .map_err(|e| selfheal::pidfd::PidfdError::Open { pid: w, source: e })
+        });
+        format!(
+            "read /proc/W/fd: {fds:?}; pidfd_getfd: {}",
+            getfd.map_or_else(|e| e.to_string(), |()| "ok".into())
+        )
+    });
+    let path = dir.join("helper.sock");
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let restore = ask(socket_act(
+        Action::RestoreKeepalive,
+        w,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let after_restore = m.probe();
+    // A wrong inode on every fd: the answers must not tell them apart.
+    let wrong: Vec<(i32, String)> = [0, 1, 2, fd, 99]
+        .iter()
+        .map(|&k| {
+            (
+                k,
+                said(&ask(socket_act(
+                    Action::ArmKeepalive,
+                    w,
+                    k,
+                    1,
+                    serde_json::json!({}),
+                ))),
+            )
+        })
+        .collect();
+    let destroy = ask(socket_act(
+        Action::DestroySocket,
+        w,
+        fd,
+        inode,
+        serde_json::json!({}),
+    ));
+    let after = m.probe();
+    eprintln!(
+        "{test}: nobody itself: {own}\n  restore_keepalive (ut 1 ms) on the listener: {}\n  \
+         a connection accepted then: {after_restore}\n  destroy_socket on the listener: {}\n  \
+         a connection accepted after: {after}",
+        said(&restore),
+        said(&destroy)
+    );
+    for (k, s) in &wrong {
+        eprintln!("  wrong inode on fd {k}: {s}");
+    }
+    if !dumpable {
+        assert!(own.contains("EACCES") || own.contains("denied"), "{own}");
+    }
+    for (what, r) in [
+        ("restore_keepalive", &restore),
+        ("destroy_socket", &destroy),
+    ] {
+        let e = r.as_ref().expect_err(what);
+        assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{what}: {e}");
+    }
+    let reason = restore.unwrap_err().to_string();
+    if dumpable {
+        assert!(reason.contains("listen"), "{reason}");
+    } else {
+        assert!(reason.contains("not dumpable"), "{reason}");
+    }
+    // The master's listener is whole, and what it accepts inherits nothing.
+    assert_eq!(
+        after_restore, "ACCEPTED ut=0 ka=0",
+        "the listener's options were changed"
+    );
+    assert_eq!(after, "ACCEPTED ut=0 ka=0", "the listener was destroyed");
+    let inode_text = inode.to_string();
+    let first = wrong[0].1.replace(&format!("fd {}", wrong[0].0), "fd N");
+    for (k, s) in &wrong {
+        assert!(
+            !s.contains(&inode_text),
+            "fd {k}: the listener's inode: {s}"
+        );
+        // Nobody may not list the fds of a process it cannot ptrace, so
+        // the helper's answers must not tell them apart either (those of a
+        // dumpable worker, nobody may read itself).
+        if !dumpable {
+            assert_eq!(
+                s.replace(&format!("fd {k}"), "fd N"),
+                first,
+                "fd {k} is told apart"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_non_dumpable_workers_listener_is_out_of_nobodys_reach() {
+    master_worker_attack("helper attack: the non-dumpable worker's listener", false);
+}
+
+#[test]
+fn a_listener_is_no_socket_the_helper_acts_on_for_a_user() {
+    master_worker_attack("helper attack: a dumpable worker's listener", true);
+}
+
+/// A process of `nobody` (dumpable: it exec'd `sleep`) holding fd 3, an
+/// established connection to a listener of the test; the test's end of it.
+fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let child = Command::new("bash")
+        .args([
+            "-c",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
+        ])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn bash");
+    let pid = child.id();
+    procs.0.push(child);
+    let (peer, _) = l.accept().unwrap();
+    let inode = wait_for(5 * SEC, TICK, || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")?;
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).ok()?;
+        link.to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    })
+    .expect("nobody's sleep holds the connection as fd 3");
+    (pid, 3, inode, peer)
+}
+
+/// The socket's keepalive options, read by root through a duplicate.
+fn options_of(pid: u32, fd: i32) -> selfheal::actions::KeepaliveSettings {
+    let t = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+    selfheal::actions::read_keepalive(&t, fd).unwrap()
+}
+
+/// `restore_keepalive` on nobody's own established connection: values it
+/// chose, before any proof (refused: the helper recorded nothing), and
+/// after the helper armed a proof (what is put back is what the helper
+/// read before arming, whatever the request says). `expire_keepalive`
+/// without a proof the helper armed is refused too. The legitimate acts
+/// still work: the proof is armed, the options restored exactly, and the
+/// connection destroyed.
+#[test]
+fn restore_puts_back_only_what_the_helper_recorded() {
+    let test = "helper attack: restore_keepalive with chosen values";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-restore");
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let path = dir.join("helper.sock");
+    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let early = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let after_early = options_of(pid, fd);
+    let expire = ask(socket_act(
+        Action::ExpireKeepalive,
+        pid,
+        fd,
+        inode,
+        serde_json::json!({}),
+    ));
+    let armed = ask(socket_act(Action::ProveKeepalive, pid, fd, inode, proof));
+    let restored = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let again = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    let back = options_of(pid, fd);
+    eprintln!(
+        "{test}: own options {own:?}\n  restore with chosen values before any proof: {} \
+         (options then {after_early:?})\n  expire without a proof: {}\n  prove_keepalive: {}\n  restore with chosen values after \
+         the proof: {}\n  restore again: {}\n  options now {back:?}",
+        said(&early),
+        said(&expire),
+        said(&armed),
+        said(&restored),
+        said(&again)
+    );
+    let e = early.expect_err("restore before any proof");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    assert!(e.to_string().contains("armed no proof"), "{e}");
+    assert_eq!(after_early, own, "the chosen values were set");
+    let e = expire.expect_err("expire without a proof");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    let armed = armed.expect("nobody proves its own connection");
+    assert_eq!(
+        armed["previous"],
+        serde_json::to_value(&own).unwrap(),
+        "{armed}"
+    );
+    let restored = restored.expect("the proof's restore");
+    assert_eq!(
+        restored,
+        serde_json::to_value(&own).unwrap(),
+        "put back: {restored}"
+    );
+    assert_eq!(back, own, "the socket's own options, exactly");
+    let e = again.expect_err("a second restore: the record is spent");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+    // The legitimate rung on its own dumpable agent's connection.
+    let destroyed = ask(socket_act(
+        Action::DestroySocket,
+        pid,
+        fd,
+        inode,
+        serde_json::json!({}),
+    ));
+    assert!(destroyed.is_ok(), "destroy: {}", said(&destroyed));
+}
+
+/// Bad input: the target changes between the helper's check and its act.
+/// A process of `nobody` holding an established connection passes the
+/// check, then `exec`s a setuid-root binary (the connection, fd 3, goes
+/// with it; the pid and start time stay): the act that follows under the
+/// same check is refused on the duplicate, right before anything is
+/// changed, and the connection lives. Once it exits, a re-check says so.
+#[test]
+fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
+    use selfheal::helper::{
+        authority::{ActError, Authority},
+        protocol::Caller,
+    };
+    let test = "helper bad input: setuid exec between check and act";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-race");
+    let suid = dir.join("suid-sleep");
+    std::fs::copy("/usr/bin/sleep", &suid)
+        .or_else(|_| std::fs::copy("/bin/sleep", &suid))
+        .expect("copy sleep");
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let public = dir.join("public");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let ready = public.join("ready");
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut procs = Procs::default();
+    let child = Command::new("bash")
+        .args([
+            "-c",
+            &format!(
+                "exec 3<>/dev/tcp/127.0.0.1/{port}; trap 'exec {} 300' USR1; echo > {}; \
+                 while :; do sleep 0.05; done",
+                suid.display(),
+                ready.display()
+            ),
+        ])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn bash");
+    let pid = child.id();
+    procs.0.push(child);
+    let (peer, _) = l.accept().unwrap();
+    wait_for(5 * SEC, TICK, || ready.exists().then_some(())).expect("the trap is set");
+    let inode: u64 = std::fs::read_link(format!("/proc/{pid}/fd/3"))
+        .unwrap()
+        .to_str()
+        .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        .expect("fd 3 is the connection");
+    let target = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+    // The caller: nobody, through this (root) process's pid.
+    let caller = Caller {
+        uid: NOBODY,
+        gid: NOBODY,
+        pid: std::process::id(),
+    };
+    let authority =
+        Authority::check(&caller, &target, &Default::default()).expect("nobody may act on its own");
+    // SAFETY: a plain kill of our child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGUSR1) };
+    wait_for(5 * SEC, TICK, || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+            .then_some(())
+    })
+    .expect("the target exec'd the setuid binary");
+    let exec = ActionsExecutor::default();
+    let destroy = socket_act(Action::DestroySocket, pid, 3, inode, serde_json::json!({}));
+    let r_destroy = exec.act_checked(&caller, &target, &destroy, &authority);
+    let r_signal = exec.act_checked(&caller, &target, &signal(pid, 1000), &authority);
+    eprintln!("{test}: destroy: {r_destroy:?}\n  signal: {r_signal:?}");
+    for r in [&r_destroy, &r_signal] {
+        match r {
+            Err(ActError::Refused(m)) => assert!(m.contains("are not all uid 65534's"), "{m}"),
+            other => panic!("acted on the setuid process: {other:?}"),
+        }
+    }
+    // The connection lives: no RST, no FIN reached the peer.
+    peer.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1];
+    let read = std::io::Read::read(&mut &peer, &mut buf);
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the connection was touched: {read:?}"
+    );
+    assert!(start_ticks(pid).is_some(), "the process was signalled");
+    // A target that exits: refused with that reason.
+    drop(procs);
+    let e = authority.recheck(&target).unwrap_err();
+    assert!(e.contains("has exited"), "{e}");
+}
+
+/// What an unprivileged `check` does through the helper in its prove
+/// stage (`HelperHealer`, as `nobody`): arm a proof keepalive on its own
+/// agent's silent connection, let the live peer answer the probes, and put
+/// the options back with the values from its state file. The helper puts
+/// back what it recorded, which is what the check compares with: equal.
+/// Meanwhile the helper (idle timeout 500 ms, as when socket-activated)
+/// does not exit: it would lose the record.
+#[test]
+fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
+    use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    let test = "helper: an unprivileged check's proof and restore";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-check");
+    let h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
+        o.idle_timeout = Some(Duration::from_millis(500));
+    });
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let t = ProofTarget {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        fd,
+        inode,
+    };
+    let ka = ProofKeepalive {
+        idle_s: 1,
+        interval_s: 1,
+        count: 2,
+        hold_ms: 1000,
+    };
+    let path = dir.join("helper.sock");
+    let healer = || {
+        selfheal::healer::HelperHealer::new(
+            HelperClient::connect_with(&path, client_opts()).unwrap(),
+        )
+    };
+    let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka));
+    // The peer (this test's end, alive) answers the probes meanwhile; the
+    // helper has no connection for longer than its idle timeout.
+    std::thread::sleep(Duration::from_millis(2500));
+    let probed = options_of(pid, fd);
+    let idle_kept = !h.is_finished();
+    let previous = armed
+        .as_ref()
+        .map(|o| o.previous.clone())
+        .unwrap_or(own.clone());
+    let back = as_uid(NOBODY, || healer().restore_proof("mine", &t, &previous));
+    let exited = wait_for(5 * SEC, TICK, || h.is_finished().then_some(())).is_some();
+    eprintln!(
+        "{test}: helper still up while the proof was armed: {idle_kept}; exited after the restore: {exited}"
+    );
+    assert!(idle_kept, "the idle helper exited with a proof armed");
+    assert!(exited, "the idle helper stayed up with nothing armed");
+    eprintln!("{test}: armed {armed:?}\n  while armed {probed:?}\n  put back {back:?}");
+    let armed = armed.expect("armed through the helper");
+    assert_eq!(armed.previous, own);
+    assert!(probed.enabled, "the proof was on: {probed:?}");
+    assert_eq!(back.expect("put back through the helper"), own);
+    assert_eq!(options_of(pid, fd), own, "no trace left");
+    let acts: Vec<_> = h
+        .audit()
+        .into_iter()
+        .map(|a| (a.action, a.error.map(|e| e.code)))
+        .collect();
+    assert_eq!(
+        acts,
+        [
+            (Action::ProveKeepalive, None),
+            (Action::RestoreKeepalive, None)
+        ]
+    );
+}
+
+/// A proof nobody puts back: the caller's check never comes back. The
+/// helper puts the socket's own options back itself once the proof's time
+/// is up (here 1 s instead of 15 minutes), and forgets it: a restore
+/// after that is refused, since only what the helper recorded is put back.
+#[test]
+fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
+    let test = "helper: a proof nobody restores";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-expiry");
+    let _h = start(&dir, Arc::new(ActionsExecutor::with_proof_ttl(SEC)), |_| {});
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let path = dir.join("helper.sock");
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    ask(socket_act(Action::ProveKeepalive, pid, fd, inode, proof)).expect("armed");
+    let armed = options_of(pid, fd);
+    let back = wait_for(5 * SEC, TICK, || {
+        let now = options_of(pid, fd);
+        (now == own).then_some(now)
+    });
+    let late = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        fd,
+        inode,
+        hostile_options(),
+    ));
+    eprintln!(
+        "{test}: armed {armed:?}; put back by the helper: {back:?}; a late restore: {}",
+        said(&late)
+    );
+    assert!(armed.enabled, "{armed:?}");
+    assert_eq!(
+        back,
+        Some(own),
+        "the helper put the socket's own options back"
+    );
+    let e = late.expect_err("nothing recorded any more");
+    assert_eq!(e.code(), Some(ErrorCode::Forbidden), "{e}");
+}
+
+/// The legitimate case in a user namespace: `nobody`'s own process in a
+/// user namespace `nobody` made (`unshare -r`, a rootless container's
+/// root: full capabilities there, uid 65534 on the host). The kernel lets
+/// `nobody` `pidfd_getfd` it (it owns the namespace), and so does the
+/// helper: its connection is proved and put back, although the process
+/// holds capabilities `nobody` lacks (they are the namespace's).
+#[test]
+fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
+    let test = "helper: a user namespace the caller owns";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-userns");
+    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let mut procs = Procs::default();
+    let child = Command::new("unshare")
+        .args([
+            "-r",
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
+        ])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn unshare");
+    let pid = child.id();
+    procs.0.push(child);
+    l.set_nonblocking(true).unwrap();
+    let peer = wait_for(5 * SEC, TICK, || l.accept().ok());
+    let Some(_peer) = peer else {
+        skip(
+            test,
+            "unshare -r did not connect (no unprivileged user namespaces here?)",
+        );
+        return;
+    };
+    let inode: u64 = wait_for(5 * SEC, TICK, || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")?;
+        std::fs::read_link(format!("/proc/{pid}/fd/3"))
+            .ok()?
+            .to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    })
+    .expect("the namespace's sleep holds the connection");
+    let caps = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("CapPrm:"))
+        .unwrap()
+        .to_string();
+    let path = dir.join("helper.sock");
+    let ask = |req: ActRequest| {
+        as_uid(NOBODY, || {
+            HelperClient::connect_with(&path, client_opts())
+                .unwrap()
+                .act(&req)
+        })
+    };
+    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let armed = ask(socket_act(Action::ProveKeepalive, pid, 3, inode, proof));
+    let back = ask(socket_act(
+        Action::RestoreKeepalive,
+        pid,
+        3,
+        inode,
+        hostile_options(),
+    ));
+    eprintln!(
+        "{test}: {caps}; prove: {}; restore: {}",
+        said(&armed),
+        said(&back)
+    );
+    assert!(armed.is_ok(), "{}", said(&armed));
+    assert_eq!(back.expect("restored")["enabled"], false);
+}
+
+/// The eBPF evidence of the non-dumpable worker: which of its threads waits
+/// on which socket is what `/proc/W/fd` would tell, and `nobody` may not
+/// read that itself. Its `watch` and `ebpf_snapshot` name the worker as
+/// refused (a gap), and show nothing of it; nobody's own dumpable process
+/// beside it is watched.
+#[test]
+fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
+    let test = "helper attack: the non-dumpable worker's eBPF evidence";
+    if !need_ebpf(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-query");
+    let _h = start(&dir, Arc::new(DryExecutor::new()), |o| {
+        o.ebpf = Some(TracerOptions {
+            strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+            ..TracerOptions::default()
+        });
+    });
+    let m = Master::start(false);
+    let mut procs = Procs::default();
+    let mine = procs.sh(NOBODY, "exec sleep 300");
+    let w = m.worker;
+    let path = dir.join("helper.sock");
+    let (watched, snap) = as_uid(NOBODY, || {
+        let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+        (c.watch(&[mine, w]), c.ebpf_snapshot_with_gaps(&[mine, w]))
+    });
+    eprintln!("{test}: watch {watched:?}\n  snapshot {snap:?}");
+    let watched = watched.expect("watch answered");
+    assert_eq!(
+        watched.watched.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        vec![mine]
+    );
+    assert_eq!(watched.refused, vec![w]);
+    let snap = snap.expect("snapshot answered");
+    assert_eq!(snap.refused, vec![w]);
+    assert!(snap.snapshot.sockets.iter().all(|s| s.tgid != w));
+    assert!(snap.snapshot.blocked.iter().all(|b| b.tgid != w));
+}
+
+/// The helper is restarted between an unprivileged check's arming and its
+/// restore (an upgrade, a crash): the new helper has no record and puts
+/// nothing back for the caller; the check's healer then puts the options
+/// from its state file back itself, as the kernel lets it on its own agent.
+#[test]
+fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
+    use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    let test = "helper: a proof armed by a helper since restarted";
+    if !need_root(test) {
+        return;
+    }
+    let dir = Scratch::new("attack-auth-restart");
+    let mut procs = Procs::default();
+    let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
+    let own = options_of(pid, fd);
+    let t = ProofTarget {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        fd,
+        inode,
+    };
+    let ka = ProofKeepalive {
+        idle_s: 30,
+        interval_s: 30,
+        count: 3,
+        hold_ms: 1000,
+    };
+    let path = dir.join("helper.sock");
+    let healer = || {
+        selfheal::healer::HelperHealer::new(
+            HelperClient::connect_with(&path, client_opts()).unwrap(),
+        )
+    };
+    let first = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka)).expect("armed");
+    drop(first);
+    let second = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let back = as_uid(NOBODY, || {
+        healer().restore_proof("mine", &t, &armed.previous)
+    });
+    let audit: Vec<_> = second
+        .audit()
+        .into_iter()
+        .map(|a| (a.action, a.error.map(|e| e.code)))
+        .collect();
+    eprintln!("{test}: put back {back:?}; the new helper's audit {audit:?}");
+    assert_eq!(back.expect("put back"), own);
+    assert_eq!(options_of(pid, fd), own);
+    assert_eq!(
+        audit,
+        [(Action::RestoreKeepalive, Some(ErrorCode::Forbidden))],
+        "the new helper put nothing back"
+    );
 }

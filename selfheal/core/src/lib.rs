@@ -22,9 +22,12 @@
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
 //! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
-//!   helper and its clients say to each other), and [`owner`] (whom the
-//!   helper counts a caller against, and each owner's fair share).
+//!   helper and its clients say to each other), [`owner`] (whom the
+//!   helper counts a caller against, and each owner's fair share), and
+//!   [`authority`] (what the kernel would let a caller of the helper do
+//!   itself).
 
+pub mod authority;
 pub mod cgroup;
 pub mod clock;
 pub mod config;

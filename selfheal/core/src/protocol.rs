@@ -61,9 +61,14 @@
 //!
 //! `act`: `action` is `arm_keepalive`, `destroy_socket`, `signal`,
 //! `restart`, or one of the prove stage's `prove_keepalive` (params
-//! `idle_s`, `interval_s`, `count`, `hold_ms`), `restore_keepalive` (params
-//! `enabled`, `idle_s`, `interval_s`, `count`, `user_timeout_ms`: the
-//! options to put back) and `expire_keepalive`; `pid` and `start_ticks` (the process's start time in clock
+//! `idle_s`, `interval_s`, `count`, `hold_ms`), `restore_keepalive` (puts
+//! back the options the helper read when it armed the proof on that socket,
+//! kept by socket cookie, and forgets them; params `enabled`, `idle_s`,
+//! `interval_s`, `count`, `user_timeout_ms`, optional, are used only for
+//! root and only for a socket the helper has no record of — a helper
+//! restarted since the arming; to anyone else such a socket is
+//! `forbidden`) and `expire_keepalive` (only on a proof the helper armed,
+//! but for root); `pid` and `start_ticks` (the process's start time in clock
 //! ticks after boot, `/proc/PID/stat` field 22) name the process — a pid now
 //! held by another process is `gone`; `fd` (required for the socket actions)
 //! is the target's file descriptor; `inode` (required with `fd` by every
@@ -91,7 +96,7 @@
 //! | `bad_request` | malformed JSON, a missing or unknown field, an unknown op, an unsupported version, a bad value |
 //! | `too_large` | the request line is longer than the limit (the connection is closed) |
 //! | `timeout` | the request did not arrive in time (the connection is closed) |
-//! | `forbidden` | the caller may not query or act on that process, or nobody may (pid 1, the helper, kernel threads); to a caller other than root the same code and message whether the pid exists or not, whatever its start time; or the process that opened the connection has exited (the connection is then closed) |
+//! | `forbidden` | the caller may not query or act on that process, or nobody may (pid 1, the helper, kernel threads); to a caller other than root the same code and message whether the pid exists or not, whatever its start time; or the kernel would not let the caller ptrace it (checked before the act and right before it), or the socket is not a connection the act is for, or no proof the helper armed is there to restore or expire; or the process that opened the connection has exited (the connection is then closed) |
 //! | `gone` | the process exited, or its pid now names another process |
 //! | `failed` | the action was tried and failed |
 //! | `busy` | rate limited (a token bucket per uid), too many acts in flight for that uid (4), too many escalations pending, or too many connections (in all, of that uid, or of all uids but root, which keeps a reserve: answered with `id` null and closed): try again later |
@@ -107,7 +112,16 @@
 //! to another process outlives its credentials. A caller may query and act
 //! on processes all of whose uids (real, effective, saved) are its own, or
 //! granted to it by the helper's policy; root on all. Nobody may act on pid
-//! 1, the helper itself, or kernel threads. Pids are the helper's: a caller
+//! 1, the helper itself, or kernel threads. A caller other than root
+//! queries (`watch`, `ebpf_snapshot`: which thread waits on which socket)
+//! and acts only where the kernel would let it itself (`ptrace` access: every
+//! uid and gid of the target its own or one granted uid's, the target
+//! dumpable, no capability the caller lacks), on a connection only
+//! (`ESTAB`; `CLOSE-WAIT` too for `arm_keepalive`, `destroy_socket`,
+//! `expire_keepalive`, `restore_keepalive`; never a listener), checked
+//! before the target's fds are read and again, on the duplicated socket,
+//! right before the act; its refusals name no fd or inode of the target.
+//! Pids are the helper's: a caller
 //! in another pid namespace is `forbidden` to name any. Socket actions are
 //! refused on an fd that `/proc/PID/fd/FD` does not show as a socket,
 //! before anything is duplicated.

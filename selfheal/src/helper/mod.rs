@@ -1,11 +1,13 @@
 //! `selfheal helper`, the privileged long-running process, as a library:
 //! its wire protocol ([`protocol`], the contract), who may do what
-//! ([`policy`]), whom each caller's use counts against ([`owner`]), the
-//! server that checks every request and hands actions to an [`Executor`]
-//! ([`server`]), and the client `selfheal check` talks to it with
-//! ([`client`]). The actions themselves live elsewhere and are plugged
+//! ([`policy`], and [`authority`]: no more than the kernel would let the
+//! caller do itself), whom each caller's use counts against ([`owner`]),
+//! the server that checks every request and hands actions to an
+//! [`Executor`] ([`server`]), and the client `selfheal check` talks to it
+//! with ([`client`]). The actions themselves live elsewhere and are plugged
 //! in through [`Executor`].
 
+pub mod authority;
 pub mod client;
 pub mod owner;
 pub mod policy;

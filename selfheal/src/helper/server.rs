@@ -10,8 +10,12 @@
 //! every pid it names (policy), the eBPF tracer it keeps attached, the
 //! escalations it runs on its own timer (SIGKILL after a `signal` act's
 //! grace, the policy checked again first), the audit of every action, and
-//! graceful shutdown. The actions themselves are the [`Executor`]'s: the
-//! server checks everything first and calls it last.
+//! graceful shutdown. For a caller other than root, an act also needs the
+//! kernel's own authority ([`super::authority`]: ptrace access, checked
+//! before the target's fds are read and again right before the act). An
+//! idle timeout waits while the executor holds state an exit would lose
+//! ([`Executor::holds_state`]). The actions themselves are the
+//! [`Executor`]'s: the server checks everything first and calls it last.
 //!
 //! # Invariants
 //!
@@ -53,6 +57,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{
+    authority::{ActError, Authority},
     owner::{Account, ConnLimits, ConnSet, Owners},
     policy::{Policy, Target, never_acted_on, read_target},
     protocol::{
@@ -114,6 +119,29 @@ pub trait Executor: Send + Sync {
     /// Performs `req` on `target`; the result is the response's JSON, the
     /// error its `failed` message.
     fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String>;
+
+    /// [`Executor::act`] under `authority`: the server calls this one.
+    /// The executor re-checks the authority right before it changes
+    /// anything (on the socket's duplicate, for a socket act); a refusal
+    /// is [`ActError::Refused`]. This default re-checks the target, then
+    /// acts.
+    fn act_checked(
+        &self,
+        caller: &Caller,
+        target: &Pidfd,
+        req: &ActRequest,
+        authority: &Authority,
+    ) -> Result<Value, ActError> {
+        authority.recheck(target).map_err(ActError::Refused)?;
+        self.act(caller, target, req).map_err(ActError::Failed)
+    }
+
+    /// Whether the executor holds state an exit would lose (proofs it armed
+    /// and has not yet put back): a socket-activated server then does not
+    /// exit when idle.
+    fn holds_state(&self) -> bool {
+        false
+    }
 
     /// The second step of `req` (SIGKILL after a `signal` act's grace), on
     /// the server's timer; the result goes to the audit log.
@@ -1001,13 +1029,21 @@ fn accept_loop(
         }
         let mut timeout = TICK;
         if let Some(idle) = limits.idle_timeout {
-            let c = lock(&shared.conns);
-            if c.set.is_empty() {
-                let left = idle.saturating_sub(c.last_change.elapsed());
-                if left.is_zero() {
+            let left = {
+                let c = lock(&shared.conns);
+                c.set
+                    .is_empty()
+                    .then(|| idle.saturating_sub(c.last_change.elapsed()))
+            };
+            match left {
+                // Idle, unless the executor holds what an exit would lose
+                // (proofs armed, not yet put back): then it waits on.
+                Some(left) if left.is_zero() && !shared.executor.holds_state() => {
                     break Ok(StopReason::Idle);
                 }
-                timeout = timeout.min(left);
+                Some(left) if left.is_zero() => {}
+                Some(left) => timeout = timeout.min(left),
+                None => {}
             }
         }
         let ready = match wait_readable(&[listener.as_fd(), wake.as_fd()], timeout) {
@@ -1783,6 +1819,11 @@ impl Shared {
                     self.policy
                         .check_query(caller, &t)
                         .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
+                    // Which thread waits on which socket is what the
+                    // process's /proc/PID/fd tells: only for a caller the
+                    // kernel would let read it (ptrace access).
+                    Authority::check(caller, &fd, &self.policy)
+                        .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
                     Ok(fd)
                 });
             match pinned {
@@ -1988,6 +2029,21 @@ impl Shared {
                     Self::out_of_reach(caller, "act on", req.pid)
                 }
             })?;
+        // What the kernel would let the caller do itself, before anything
+        // of the target (its fds) is read for it.
+        let exited = || {
+            refusal(
+                ErrorCode::Gone,
+                format!("pid {} exited: nothing was done", req.pid),
+            )
+        };
+        let authority = Authority::check(caller, &target, &self.policy).map_err(|m| {
+            if target.is_alive() {
+                forbidden(m)
+            } else {
+                exited()
+            }
+        })?;
         if req.action.needs_fd()
             && let Some(fd) = req.fd
         {
@@ -2008,11 +2064,16 @@ impl Shared {
                 (None, None)
             };
         let executor = self.executor.clone();
-        let outcome =
-            std::panic::catch_unwind(AssertUnwindSafe(|| executor.act(caller, &target, req)));
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            executor.act_checked(caller, &target, req, &authority)
+        }));
         let mut value = match outcome {
             Ok(Ok(v)) => v,
-            Ok(Err(m)) => {
+            Ok(Err(ActError::Refused(_))) if !target.is_alive() => return Err(exited()),
+            Ok(Err(ActError::Refused(m))) => {
+                return Err(forbidden(format!("{}: {m}: nothing was done", req.action)));
+            }
+            Ok(Err(ActError::Failed(m))) => {
                 let exited = if target.is_alive() {
                     ""
                 } else {
@@ -2087,6 +2148,7 @@ impl Shared {
             Some(now) => self
                 .policy
                 .check_act(&caller, &now.target, self.helper_pid)
+                .and_then(|()| Authority::check(&caller, &target, &self.policy).map(|_| ()))
                 .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
         };
         let result = checked.and_then(|()| {

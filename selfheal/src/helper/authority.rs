@@ -1,0 +1,576 @@
+//! The helper's authority is the kernel's: for a caller other than root,
+//! an act on a process needs what the kernel would demand of that caller
+//! acting itself (ptrace access: the rules are
+//! [`selfheal_core::authority`]'s), checked once before anything of the
+//! target is read for the caller and again right before the act — after
+//! `pidfd_getfd`, on the duplicate, for a socket act. This module owns
+//! reading what the rules need (the target's credentials, through the
+//! process its pidfd pins; the caller's capabilities; the socket's state)
+//! and the proofs the helper armed ([`ProofBook`]): `restore_keepalive`
+//! puts back only what the helper itself recorded, and `expire_keepalive`
+//! ends only a proof it armed.
+//!
+//! # Reading a process through its pidfd
+//!
+//! `/proc/PID` is opened after the pidfd, and the pidfd is then checked
+//! alive: the pid was the pidfd's process's all along, so the directory is
+//! that process's, and every file opened under it is (or fails `ESRCH`
+//! once it has exited). `status` is opened afresh each time: the kernel
+//! recomputes a /proc file's owner — root's when the process is not
+//! dumpable — on lookup, not on `fstat` of an fd opened before.
+
+use std::{
+    collections::HashMap,
+    ffi::CString,
+    fs::File,
+    io::Read as _,
+    os::{
+        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    },
+};
+
+use selfheal_core::{
+    authority::{self as rules, CallerCreds, TaskCreds, UserNs},
+    keepalive::KeepaliveSettings,
+};
+
+use super::{
+    policy::Policy,
+    protocol::{Action, Caller},
+};
+use crate::pidfd::Pidfd;
+
+/// Why an act was not done: refused (the caller may not, or the target
+/// changed) or tried and failed. The server answers the first `forbidden`,
+/// the second `failed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ActError {
+    Refused(String),
+    Failed(String),
+}
+
+/// What the first check found, so that the re-check holds the target to
+/// the same principal; root's holds nothing and allows everything.
+#[derive(Clone, Debug)]
+pub struct Authority {
+    uid: u32,
+    checked: Option<Checked>,
+}
+
+#[derive(Clone, Debug)]
+struct Checked {
+    caller: CallerCreds,
+    caller_ns: Option<(u64, u64)>,
+    principal: u32,
+}
+
+impl Authority {
+    /// Root's: everything (tests, and root callers).
+    pub fn root() -> Authority {
+        Authority {
+            uid: 0,
+            checked: None,
+        }
+    }
+
+    /// Checks that `caller` may act on `target` as the kernel would let it
+    /// act itself, for its own uid or one `policy` grants it; the refusal
+    /// is a whole sentence naming only what the caller may read itself (no
+    /// fd, no inode).
+    pub fn check(caller: &Caller, target: &Pidfd, policy: &Policy) -> Result<Authority, String> {
+        if caller.uid == 0 {
+            return Ok(Authority::root());
+        }
+        let (caller_creds, caller_ns) = read_caller(caller);
+        let t = read_task(target).map_err(|why| refused(caller.uid, target.pid(), &why))?;
+        let principal = rules::principal(caller.uid, &t.creds);
+        if !policy.may_reach(caller.uid, principal) {
+            return Err(refused(
+                caller.uid,
+                target.pid(),
+                &format!("it is a process of uid {principal}"),
+            ));
+        }
+        let a = Authority {
+            uid: caller.uid,
+            checked: Some(Checked {
+                caller: caller_creds,
+                caller_ns,
+                principal,
+            }),
+        };
+        a.judge(target.pid(), &t)?;
+        Ok(a)
+    }
+
+    /// Whether this is root's authority (nothing is checked).
+    pub fn is_root(&self) -> bool {
+        self.checked.is_none()
+    }
+
+    /// The check again, right before the act: the target must still be one
+    /// the caller could act on itself, for the same principal.
+    pub fn recheck(&self, target: &Pidfd) -> Result<(), String> {
+        if self.checked.is_none() {
+            return Ok(());
+        }
+        let t = read_task(target).map_err(|why| refused(self.uid, target.pid(), &why))?;
+        self.judge(target.pid(), &t)
+    }
+
+    /// [`Authority::recheck`], and the socket's state on its duplicate
+    /// (`dup`), right before `action` changes it.
+    pub fn check_socket(
+        &self,
+        action: Action,
+        target: &Pidfd,
+        dup: BorrowedFd<'_>,
+    ) -> Result<(), String> {
+        if self.checked.is_none() {
+            return Ok(());
+        }
+        self.recheck(target)?;
+        let state = tcp_state(dup).ok_or_else(|| {
+            format!(
+                "uid {} may not act on this socket of pid {}: its TCP state cannot be read",
+                self.uid,
+                target.pid()
+            )
+        })?;
+        match rules::socket_refusal(action, state) {
+            None => Ok(()),
+            Some(why) => Err(format!(
+                "uid {} may not act on this socket of pid {}: {why}",
+                self.uid,
+                target.pid()
+            )),
+        }
+    }
+
+    fn judge(&self, pid: u32, t: &Task) -> Result<(), String> {
+        let Some(c) = &self.checked else {
+            return Ok(());
+        };
+        let ns = match (c.caller_ns, t.user_ns) {
+            (Some(a), Some(b)) if a == b => UserNs::Same,
+            (Some(a), Some(_)) if owned_below(&t.user_ns_fd, a, c.caller.uid) => {
+                UserNs::OwnedByCaller
+            }
+            _ => UserNs::Other,
+        };
+        match rules::ptrace_refusal(&c.caller, c.principal, &t.creds, ns) {
+            None => Ok(()),
+            Some(why) => Err(refused(self.uid, pid, &why)),
+        }
+    }
+}
+
+/// What [`read_task`] says of a process that has exited.
+const EXITED: &str = "it has exited";
+
+fn refused(uid: u32, pid: u32, why: &str) -> String {
+    if why == EXITED {
+        return format!("pid {pid} has exited: nothing was done");
+    }
+    format!(
+        "uid {uid} may not act on pid {pid}: {why}; the kernel would not let uid {uid} \
+         ptrace it, and the helper lends no more than the kernel would"
+    )
+}
+
+/// A target as read through its pidfd.
+struct Task {
+    creds: TaskCreds,
+    /// Device and inode of its user namespace, and that namespace as an fd.
+    user_ns: Option<(u64, u64)>,
+    user_ns_fd: Option<OwnedFd>,
+}
+
+/// Most bytes of `/proc/PID/status` read (it is a few KiB).
+const MAX_STATUS: u64 = 64 * 1024;
+
+fn read_task(target: &Pidfd) -> Result<Task, String> {
+    let pid = target.pid();
+    let gone = || EXITED.to_string();
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(format!("/proc/{pid}"))
+        .map_err(|_| gone())?;
+    // Opened while the pidfd's process held the pid: the directory is its.
+    if !target.is_alive() {
+        return Err(gone());
+    }
+    let status = open_at(&dir, "status").map_err(|_| gone())?;
+    let dump_owner = status.metadata().map_err(|_| gone())?.uid();
+    let mut text = String::new();
+    status
+        .take(MAX_STATUS)
+        .read_to_string(&mut text)
+        .map_err(|_| gone())?;
+    let (uids, gids, cap_permitted) =
+        rules::parse_status(&text).ok_or("its /proc/PID/status cannot be read")?;
+    let user_ns_fd = open_at(&dir, "ns/user").ok().map(OwnedFd::from);
+    let user_ns = user_ns_fd.as_ref().and_then(ns_id);
+    if !target.is_alive() {
+        return Err(gone());
+    }
+    Ok(Task {
+        creds: TaskCreds {
+            uids,
+            gids,
+            cap_permitted,
+            dump_owner,
+        },
+        user_ns,
+        user_ns_fd,
+    })
+}
+
+/// `openat(dir, name)`, read-only, close-on-exec.
+fn open_at(dir: &File, name: &str) -> std::io::Result<File> {
+    let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a plain syscall on our directory fd and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Device and inode of a namespace fd.
+fn ns_id(fd: &OwnedFd) -> Option<(u64, u64)> {
+    let f = File::from(fd.try_clone().ok()?);
+    f.metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The caller's capabilities and user namespace, read under its pid (the
+/// connection's process, verified on this request). A process there of
+/// another effective uid (it changed, or the pid is another's) counts as
+/// one with no capabilities: an error can only refuse more.
+fn read_caller(caller: &Caller) -> (CallerCreds, Option<(u64, u64)>) {
+    let mut creds = CallerCreds {
+        uid: caller.uid,
+        gid: caller.gid,
+        cap_permitted: 0,
+    };
+    let status = std::fs::read_to_string(format!("/proc/{}/status", caller.pid)).ok();
+    if let Some((uids, _, caps)) = status.as_deref().and_then(rules::parse_status)
+        && uids[1] == caller.uid
+    {
+        creds.cap_permitted = caps;
+    }
+    let ns = std::fs::metadata(format!("/proc/{}/ns/user", caller.pid))
+        .ok()
+        .map(|m| (m.dev(), m.ino()));
+    (creds, ns)
+}
+
+/// `NS_GET_PARENT` and `NS_GET_OWNER_UID` (linux/nsfs.h).
+const NS_GET_PARENT: libc::c_ulong = 0xb702;
+const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
+
+/// Whether user namespace `ns` is below `caller_ns`, in a namespace the
+/// caller's uid created (directly below the caller's): the kernel's rule
+/// for holding every capability in it.
+fn owned_below(ns: &Option<OwnedFd>, caller_ns: (u64, u64), uid: u32) -> bool {
+    let Some(ns) = ns else {
+        return false;
+    };
+    let mut cur = match ns.try_clone() {
+        Ok(fd) => fd,
+        Err(_) => return false,
+    };
+    // User namespaces nest at most 32 deep.
+    for _ in 0..33 {
+        // SAFETY: an ioctl without argument on a namespace fd; a
+        // non-negative result is a new fd we own.
+        let parent = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_PARENT as _) };
+        if parent < 0 {
+            return false;
+        }
+        // SAFETY: a fresh fd we own.
+        let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+        if ns_id(&parent) == Some(caller_ns) {
+            let mut owner: libc::uid_t = u32::MAX;
+            // SAFETY: the ioctl writes one uid_t into `owner`.
+            let r = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_OWNER_UID as _, &mut owner) };
+            return r == 0 && owner == uid;
+        }
+        cur = parent;
+    }
+    false
+}
+
+/// `tcpi_state` of a TCP socket.
+fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
+    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are valid for writes of `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len >= 1).then_some(info.tcpi_state)
+}
+
+/// A proof keepalive the helper armed: the socket's own options before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// The process, fd and inode it was armed through: the record is
+    /// forgotten once that fd no longer holds that socket.
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub fd: i32,
+    pub inode: u64,
+    /// Who asked.
+    pub uid: u32,
+    pub previous: KeepaliveSettings,
+    /// When it was armed: after [`PROOF_RECORD_TTL`] the helper puts the
+    /// options back itself.
+    pub at: std::time::Instant,
+}
+
+/// How long a proof may stay armed before the helper puts the socket's
+/// options back on its own: a check comes back within a minute or two (a
+/// proof holds a dead connection for two); one that has not in a quarter
+/// of an hour is not coming, and a live connection must not keep the
+/// proof's options.
+pub const PROOF_RECORD_TTL: std::time::Duration = std::time::Duration::from_secs(900);
+
+impl Recorded {
+    /// Whether the socket is still where it was armed.
+    fn live(&self) -> bool {
+        crate::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
+            && std::fs::read_link(format!("/proc/{}/fd/{}", self.pid, self.fd)).is_ok_and(|l| {
+                l.as_os_str().as_encoded_bytes() == format!("socket:[{}]", self.inode).as_bytes()
+            })
+    }
+}
+
+/// The proofs the helper armed, by socket cookie, until they are put back
+/// or expired (or their process is gone). Bounded: [`MAX_PROOFS`] in all,
+/// [`MAX_PROOFS_PER_UID`] for one uid.
+#[derive(Debug)]
+pub struct ProofBook {
+    entries: HashMap<u64, Recorded>,
+    /// How long a proof may stay armed ([`PROOF_RECORD_TTL`]).
+    ttl: std::time::Duration,
+}
+
+impl Default for ProofBook {
+    fn default() -> ProofBook {
+        ProofBook::new(PROOF_RECORD_TTL)
+    }
+}
+
+/// Most proofs recorded at once.
+pub const MAX_PROOFS: usize = 65_536;
+
+/// Most proofs one uid may have recorded at once.
+pub const MAX_PROOFS_PER_UID: usize = 4096;
+
+impl ProofBook {
+    /// A book whose proofs the helper puts back itself after `ttl`.
+    pub fn new(ttl: std::time::Duration) -> ProofBook {
+        ProofBook {
+            entries: HashMap::new(),
+            ttl,
+        }
+    }
+
+    /// Whether `uid` may arm one more (after forgetting proofs whose
+    /// process is gone); why not.
+    pub fn room(&mut self, uid: u32) -> Result<(), String> {
+        let mine = self.entries.values().filter(|r| r.uid == uid).count();
+        if mine < MAX_PROOFS_PER_UID && self.entries.len() < MAX_PROOFS {
+            return Ok(());
+        }
+        self.prune();
+        let mine = self.entries.values().filter(|r| r.uid == uid).count();
+        if mine >= MAX_PROOFS_PER_UID {
+            return Err(format!(
+                "uid {uid} has {mine} proof keepalives armed (at most {MAX_PROOFS_PER_UID}): \
+                 put some back first"
+            ));
+        }
+        if self.entries.len() >= MAX_PROOFS {
+            return Err(format!(
+                "{MAX_PROOFS} proof keepalives are armed: try again later"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records a proof armed on socket `cookie`. A socket already recorded
+    /// keeps its first record: a proof armed over another reads the first
+    /// proof's options, not the socket's own.
+    pub fn record(&mut self, cookie: u64, r: Recorded) {
+        self.entries.entry(cookie).or_insert(r);
+    }
+
+    /// Forgets records whose socket is gone from where it was armed.
+    pub fn prune(&mut self) {
+        self.entries.retain(|_, r| r.live());
+    }
+
+    /// When the next record's time is up.
+    pub fn next_due(&self) -> Option<std::time::Instant> {
+        self.entries.values().map(|r| r.at + self.ttl).min()
+    }
+
+    /// Takes out the records whose time is up, for the helper to put back.
+    pub fn due(&mut self) -> Vec<(u64, Recorded)> {
+        let cookies: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, r)| r.at.elapsed() >= self.ttl)
+            .map(|(c, _)| *c)
+            .collect();
+        cookies
+            .into_iter()
+            .filter_map(|c| self.entries.remove(&c).map(|r| (c, r)))
+            .collect()
+    }
+
+    pub fn get(&self, cookie: u64) -> Option<&Recorded> {
+        self.entries.get(&cookie)
+    }
+
+    pub fn take(&mut self, cookie: u64) -> Option<Recorded> {
+        self.entries.remove(&cookie)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Puts back the options of a proof whose time is up (the helper on its
+/// own): through a new pidfd of the process it was armed through, on that
+/// fd, only while it still holds that socket (inode and cookie).
+pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> {
+    let target = Pidfd::open(r.pid, Some(r.start_ticks)).map_err(|e| e.to_string())?;
+    let choose = |seen: &crate::actions::SocketSeen<'_>| {
+        if seen.cookie == Some(cookie) {
+            Ok(r.previous.clone())
+        } else {
+            Err("the fd holds another socket now".to_string())
+        }
+    };
+    crate::actions::restore_keepalive_chosen(&target, r.fd, Some(r.inode), &choose)
+        .map_err(|e| e.to_string())
+}
+
+/// What the refusal for a socket the helper armed no proof on says
+/// first (clients recognize it).
+pub const NO_PROOF: &str = "the helper armed no proof keepalive on this socket";
+
+/// The refusal for a socket the helper armed no proof on.
+pub fn no_proof(action: Action) -> String {
+    format!(
+        "{NO_PROOF}: {action} is only for one it armed (it puts back what it recorded then, \
+         never values a caller sends)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_own_process_is_ours_and_pid_1_is_roots() {
+        // SAFETY: getuid/getgid have no preconditions.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let me = Pidfd::open(std::process::id(), None).unwrap();
+        let t = read_task(&me).unwrap();
+        assert_eq!(t.creds.uids[0], uid);
+        assert_eq!(t.creds.gids[0], gid);
+        assert!(t.user_ns.is_some());
+        let caller = Caller {
+            uid,
+            gid,
+            pid: std::process::id(),
+        };
+        assert!(Authority::check(&caller, &me, &Policy::default()).is_ok());
+        if uid == 0 {
+            // As uid 65534, root's own process (this one) is refused.
+            let nobody = Caller {
+                uid: 65534,
+                gid: 65534,
+                pid: std::process::id(),
+            };
+            let e = Authority::check(&nobody, &me, &Policy::default()).unwrap_err();
+            assert!(e.contains("it is a process of uid 0"), "{e}");
+        }
+    }
+
+    #[test]
+    fn an_exited_process_is_refused() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let fd = Pidfd::open(child.id(), None).unwrap();
+        child.wait().unwrap();
+        let e = read_task(&fd).err().unwrap();
+        assert_eq!(e, EXITED);
+    }
+
+    #[test]
+    fn the_book_is_bounded_per_uid() {
+        let mut b = ProofBook::default();
+        // A socket of ours, where the records say they were armed.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&l);
+        let inode =
+            crate::proc::socket_inode_of_link(std::path::Path::new(&format!("/proc/self/fd/{fd}")))
+                .unwrap();
+        let r = |uid| Recorded {
+            pid: std::process::id(),
+            start_ticks: crate::pidfd::start_ticks(std::process::id()).unwrap(),
+            fd,
+            inode,
+            at: std::time::Instant::now(),
+            uid,
+            previous: KeepaliveSettings {
+                enabled: false,
+                idle_s: 7200,
+                interval_s: 75,
+                count: 9,
+                user_timeout_ms: 0,
+            },
+        };
+        for c in 0..MAX_PROOFS_PER_UID as u64 {
+            b.room(5).unwrap();
+            b.record(c, r(5));
+        }
+        assert!(b.room(5).unwrap_err().contains("at most 4096"));
+        assert!(b.room(6).is_ok());
+        // The first record of a socket is kept.
+        let mut later = r(6);
+        later.previous.enabled = true;
+        b.record(0, later);
+        assert!(!b.get(0).unwrap().previous.enabled);
+        assert!(b.take(0).is_some() && b.take(0).is_none());
+        // Once the socket is gone from its fd, its records go.
+        drop(l);
+        b.prune();
+        assert!(b.is_empty());
+    }
+}
