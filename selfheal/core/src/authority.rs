@@ -139,10 +139,16 @@ pub fn ptrace_refusal(
 pub fn states_for(action: Action) -> Option<&'static [TcpState]> {
     match action {
         Action::ProveKeepalive => Some(&[TcpState::Established]),
-        Action::ArmKeepalive
-        | Action::DestroySocket
-        | Action::ExpireKeepalive
-        | Action::RestoreKeepalive => Some(&[TcpState::Established, TcpState::CloseWait]),
+        // A connect past its `connect_timeout` is ended while still an
+        // attempt (SYN sent): the caller's own, and never a listener.
+        Action::DestroySocket => Some(&[
+            TcpState::Established,
+            TcpState::CloseWait,
+            TcpState::SynSent,
+        ]),
+        Action::ArmKeepalive | Action::ExpireKeepalive | Action::RestoreKeepalive => {
+            Some(&[TcpState::Established, TcpState::CloseWait])
+        }
         Action::Signal | Action::Restart => None,
     }
 }
@@ -324,8 +330,9 @@ mod tests {
         let e = socket_refusal(Action::DestroySocket, LISTEN).unwrap();
         assert_eq!(
             e,
-            "it is a listening socket: destroy_socket is only for a connection (ESTAB or CLOSE-WAIT)"
+            "it is a listening socket: destroy_socket is only for a connection (ESTAB or CLOSE-WAIT or SYN-SENT)"
         );
+        assert_eq!(socket_refusal(Action::DestroySocket, SYN_SENT), None);
         let e = socket_refusal(Action::ProveKeepalive, CLOSE_WAIT).unwrap();
         assert_eq!(
             e,

@@ -118,7 +118,8 @@
 //! uid and gid of the target its own or one granted uid's, the target
 //! dumpable, no capability the caller lacks), on a connection only
 //! (`ESTAB`; `CLOSE-WAIT` too for `arm_keepalive`, `destroy_socket`,
-//! `expire_keepalive`, `restore_keepalive`; never a listener), checked
+//! `expire_keepalive`, `restore_keepalive`; `SYN-SENT` too for
+//! `destroy_socket`, a connect past its timeout; never a listener), checked
 //! before the target's fds are read and again, on the duplicated socket,
 //! right before the act; its refusals name no fd or inode of the target.
 //! Pids are the helper's: a caller
