@@ -375,6 +375,60 @@ fn a_node_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails
     silent_cut(Caller::NodeAnthropic, "silent_cut_node_anthropic");
 }
 
+/// A live call of each event-loop client, thinking 15 s after its head and
+/// first event: asked by the proof while it thinks, never `wedged`, never
+/// healed, done with its tokens.
+fn thinking(caller: Caller, name: &'static str) {
+    if !need_root(name) {
+        return;
+    }
+    let r = scenario::thinking(&options(), caller, &mut log(name)).expect("the scenario ran");
+    summary(&r, name);
+    eprintln!(
+        "{name}: facts {}",
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    assert_eq!(
+        r.verdicts_outside("thinker", &["busy", "idle", "healthy"]),
+        Vec::<String>::new(),
+        "{:?}",
+        r.reasons
+    );
+    assert_eq!(r.heals, Vec::<String>::new());
+    assert!(r.facts.get("failed").is_none(), "{:?}", r.facts);
+    assert_eq!(r.facts["tokens"], 20, "{:?}", r.facts);
+    assert!(
+        fact_ms(&r, "proofs_armed") >= Some(1),
+        "never asked: {:?}",
+        r.facts
+    );
+}
+
+#[test]
+fn a_thinking_async_openai_call_is_never_wedged_and_completes() {
+    thinking(Caller::AsyncOpenAi, "thinking_openai_async");
+}
+
+#[test]
+fn a_thinking_async_anthropic_call_is_never_wedged_and_completes() {
+    thinking(Caller::AsyncAnthropic, "thinking_anthropic_async");
+}
+
+#[test]
+fn a_thinking_litellm_call_is_never_wedged_and_completes() {
+    thinking(Caller::Litellm, "thinking_litellm");
+}
+
+#[test]
+fn a_thinking_node_openai_call_is_never_wedged_and_completes() {
+    thinking(Caller::NodeOpenAi, "thinking_node_openai");
+}
+
+#[test]
+fn a_thinking_node_anthropic_call_is_never_wedged_and_completes() {
+    thinking(Caller::NodeAnthropic, "thinking_node_anthropic");
+}
+
 /// The head and first event in the same kernel tick as the request.
 #[test]
 fn an_async_call_whose_head_came_in_the_requests_tick_is_proven_dead_and_fails() {

@@ -2420,3 +2420,79 @@ pub fn http2_cut(
     );
     Ok(report)
 }
+
+/// A live call that thinks: `caller` calls a provider that sends the head
+/// and first event at once (300 ms after the request), thinks 15 s, then
+/// streams 20 tokens; a check every `opts.check_every` until the call is
+/// done. Proof keepalives ask the peer while it thinks (it answers); the
+/// call must never be `wedged`, never healed, and complete with its tokens.
+pub fn thinking(
+    opts: &Options,
+    caller: Caller,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let name = "thinker";
+    let mut report = Report::new(&format!("thinking_{}", caller.name()));
+    let mut bed = Bed::new(opts, "thk", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    start_caller_with(
+        &mut bed,
+        name,
+        caller,
+        provider,
+        "",
+        Some(vec![
+            "think-15000-gap-100-tokens-20-first-early-lag-300".into(),
+        ]),
+        &[],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "caller {} calls {provider}: head and first event at once, 15 s of thinking, then 20 tokens; a check every {} ms",
+            caller.name(),
+            opts.check_every.as_millis()
+        ),
+    });
+    let mut done: Option<u64> = None;
+    let mut failed: Option<String> = None;
+    let mut armed = 0u64;
+    let start = Instant::now();
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, _, say| {
+            armed += run
+                .of(name)
+                .and_then(|o| o["proofs"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .filter(|e| e["action"] == "arm" && e["ok"] == true)
+                .count() as u64;
+            for line in bed.lines(name).unwrap_or_default() {
+                say(Event::Note {
+                    at_ms: bed.at_ms(),
+                    text: format!("{name}: {line}"),
+                });
+                match CallLine::parse(&line) {
+                    Some(CallLine::Done(_, tokens)) if done.is_none() => done = Some(tokens),
+                    Some(CallLine::Failed(_, e)) => failed = Some(e),
+                    _ => {}
+                }
+            }
+            Ok(done.is_some() || failed.is_some())
+        },
+    )?;
+    report.facts.insert("proofs_armed".into(), armed.into());
+    if let Some(t) = done {
+        report.facts.insert("tokens".into(), t.into());
+    }
+    if let Some(e) = failed {
+        report.facts.insert("failed".into(), e.into());
+    }
+    report
+        .facts
+        .insert("ran_ms".into(), (start.elapsed().as_millis() as u64).into());
+    Ok(report)
+}
