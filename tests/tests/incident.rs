@@ -395,7 +395,7 @@ fn thinking(caller: Caller, name: &'static str) {
         r.reasons
     );
     assert_eq!(r.heals, Vec::<String>::new());
-    assert!(r.facts.get("failed").is_none(), "{:?}", r.facts);
+    assert!(!r.facts.contains_key("failed"), "{:?}", r.facts);
     assert_eq!(r.facts["tokens"], 20, "{:?}", r.facts);
     assert!(
         fact_ms(&r, "proofs_armed") >= Some(1),
