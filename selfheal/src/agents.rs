@@ -192,7 +192,7 @@ impl ProcessTable {
     }
 
     /// Why the processes among `pids` whose cgroup names a container were
-    /// not taken for it (see [`ProcessTable::verify`]).
+    /// not taken for it (see `ProcessTable::verify`).
     pub fn refusals(&self, pids: &[u32]) -> Vec<String> {
         pids.iter()
             .filter_map(|p| self.refused.get(p).cloned())
