@@ -236,11 +236,14 @@ fn owners_roles() {
     }
     assert_eq!(role, "mapped");
     let path = PathBuf::from(std::env::var("HELPER_SOCKET").unwrap());
-    // Targets: one list of pids per uid of the namespace (1, 2, …).
-    let targets: Vec<Vec<u32>> = std::env::var("TARGETS")
-        .unwrap()
-        .split('|')
-        .map(|l| l.split(',').map(|p| p.parse().unwrap()).collect())
+    // Targets: two SIGTERM-deaf sleepers per uid of the namespace (1, 2,
+    // …), made here, in the namespace, as that uid: processes the kernel
+    // lets that uid ptrace and signal (a caller in a user namespace may not
+    // ptrace one outside it, whatever its uid), so the helper's authority
+    // lets the acts through and the limits alone decide.
+    let mut procs = Procs::default();
+    let targets: Vec<Vec<u32>> = (1..=16)
+        .map(|uid| (0..2).map(|_| procs.deaf(uid)).collect())
         .collect();
     let outcomes: Vec<Vec<String>> = std::thread::scope(|s| {
         let jobs: Vec<_> = targets
@@ -271,8 +274,9 @@ fn userns_possible() -> Result<(), String> {
 }
 
 /// 16 uids of one user namespace, made by an ordinary user (uid 61101)
-/// with a uid map root wrote (its own uid as 0, and 16 more), each `signal` twice on its own processes
-/// that ignore SIGTERM (grace 120 s). Before, every uid counted as its
+/// with a uid map root wrote (its own uid as 0, and 16 more), each `signal`
+/// twice on its own processes in the namespace that ignore SIGTERM (grace
+/// 120 s). Before, every uid counted as its
 /// own: the 32 escalations filled the table and root's own `signal` was
 /// answered `busy … nothing was sent`, the third owner's too. Now they
 /// count against the namespace's owner: 2 armed, 30 `busy`; root and the
@@ -296,18 +300,10 @@ fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
     );
     let path = dir.join("helper.sock");
     let mut procs = Procs::default();
-    let targets: Vec<Vec<u32>> = (0..16)
-        .map(|i| (0..2).map(|_| procs.deaf(NS_UIDS + i)).collect())
-        .collect();
-    let list: Vec<String> = targets
-        .iter()
-        .map(|p| p.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
-        .collect();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", "owners_roles", "--nocapture"])
         .env(ROLE, "userns")
         .env("HELPER_SOCKET", &path)
-        .env("TARGETS", list.join("|"))
         .uid(NS_OWNER)
         .gid(NS_OWNER);
     // SAFETY: unshare is async-signal-safe; nothing else runs in the child.

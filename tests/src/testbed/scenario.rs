@@ -1299,6 +1299,20 @@ struct Calls {
     failed_total: u64,
 }
 
+/// Appends the call lines `name` printed since the last read to `lines`,
+/// narrating each.
+fn read_calls(bed: &Bed, name: &str, lines: &mut Vec<CallLine>, say: &mut dyn FnMut(Event)) {
+    for line in bed.lines(name).unwrap_or_default() {
+        if let Some(c) = CallLine::parse(&line) {
+            say(Event::Note {
+                at_ms: bed.at_ms(),
+                text: format!("{name}: {line}"),
+            });
+            lines.push(c);
+        }
+    }
+}
+
 impl Calls {
     /// Reads what `name` printed; `since` is the cut (None before it).
     fn read(&mut self, bed: &Bed, name: &str, since: Option<Instant>, say: &mut dyn FnMut(Event)) {
@@ -2052,19 +2066,8 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
     });
     let pid = bed.pid(name)?;
     let mut lines: Vec<CallLine> = Vec::new();
-    let read = |bed: &Bed, lines: &mut Vec<CallLine>, say: &mut dyn FnMut(Event)| {
-        for line in bed.lines(name).unwrap_or_default() {
-            if let Some(c) = CallLine::parse(&line) {
-                say(Event::Note {
-                    at_ms: bed.at_ms(),
-                    text: format!("{name}: {line}"),
-                });
-                lines.push(c);
-            }
-        }
-    };
     bed.wait("the first call done", Duration::from_secs(30), || {
-        read(&bed, &mut lines, say);
+        read_calls(&bed, name, &mut lines, say);
         Ok(lines
             .iter()
             .any(|l| matches!(l, CallLine::Done(..)))
@@ -2116,7 +2119,7 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
                 report.facts.insert("ended".into(), o.clone());
             }
             let seen = lines.len();
-            read(bed, &mut lines, say);
+            read_calls(bed, name, &mut lines, say);
             for l in &lines[seen..] {
                 match l {
                     CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
@@ -2229,15 +2232,7 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
                 report.detect_ms = Some(at);
                 report.facts.insert("unresponsive".into(), o.clone());
             }
-            for line in bed.lines(name).unwrap_or_default() {
-                if let Some(c) = CallLine::parse(&line) {
-                    say(Event::Note {
-                        at_ms: bed.at_ms(),
-                        text: format!("{name}: {line}"),
-                    });
-                    lines.push(c);
-                }
-            }
+            read_calls(bed, name, &mut lines, say);
             for l in &lines {
                 match l {
                     CallLine::Start(_) if started.is_none() => started = Some(at),
@@ -2320,19 +2315,8 @@ pub fn http2_cut(
     });
     let pid = bed.pid(name)?;
     let mut lines: Vec<CallLine> = Vec::new();
-    let read = |bed: &Bed, lines: &mut Vec<CallLine>, say: &mut dyn FnMut(Event)| {
-        for line in bed.lines(name).unwrap_or_default() {
-            if let Some(c) = CallLine::parse(&line) {
-                say(Event::Note {
-                    at_ms: bed.at_ms(),
-                    text: format!("{name}: {line}"),
-                });
-                lines.push(c);
-            }
-        }
-    };
     bed.wait("every call thinking", Duration::from_secs(30), || {
-        read(&bed, &mut lines, say);
+        read_calls(&bed, name, &mut lines, say);
         let thinking = bed
             .lines("h2provider")
             .unwrap_or_default()
@@ -2390,7 +2374,7 @@ pub fn http2_cut(
                 }
             }
             let seen = lines.len();
-            read(bed, &mut lines, say);
+            read_calls(bed, name, &mut lines, say);
             for l in &lines[seen..] {
                 match l {
                     CallLine::Failed(..) => failed_at.push(at),
