@@ -374,6 +374,18 @@ struct Waiter {
     tid: u32,
     age_ms: u64,
     syscall: Wait,
+    /// Threads waiting on the socket in all (one connection may carry
+    /// several calls: HTTP/2, gRPC); this one waited longest.
+    threads: u32,
+}
+
+/// ", with N other thread(s) waiting on it" for a socket several threads
+/// wait on (one connection, several calls), or nothing.
+fn others(threads: u32) -> String {
+    match threads.saturating_sub(1) {
+        0 => String::new(),
+        n => format!(", with {n} other thread(s) waiting on it"),
+    }
 }
 
 /// What a waiting thread sits in.
@@ -540,10 +552,12 @@ fn claimed_task(probes: &[ProbeView]) -> Option<String> {
 fn waiters(report: &Report) -> BTreeMap<u64, Waiter> {
     let mut waiting: BTreeMap<u64, Waiter> = BTreeMap::new();
     let mut wait_on = |inode: u64, w: Waiter| {
-        let e = waiting.entry(inode).or_insert(w);
+        let e = waiting.entry(inode).or_insert(Waiter { threads: 0, ..w });
+        let threads = e.threads.saturating_add(1);
         if (w.syscall == Wait::Recv, w.age_ms) > (e.syscall == Wait::Recv, e.age_ms) {
             *e = w;
         }
+        e.threads = threads;
     };
     for t in report.processes.iter().flat_map(|p| &p.threads) {
         if let (Some(inode), Some(age_ms)) = (t.recv_inode, t.recv_blocked_ms) {
@@ -553,6 +567,7 @@ fn waiters(report: &Report) -> BTreeMap<u64, Waiter> {
                     tid: t.tid,
                     age_ms,
                     syscall: Wait::Recv,
+                    threads: 1,
                 },
             );
         }
@@ -565,6 +580,7 @@ fn waiters(report: &Report) -> BTreeMap<u64, Waiter> {
                         tid: t.tid,
                         age_ms,
                         syscall: Wait::Poll,
+                        threads: 1,
                     },
                 );
             }
@@ -819,15 +835,20 @@ impl<'a> Judging<'a> {
                 code,
                 Verdict::Wedged,
                 format!(
-                    "thread {} has been waiting {} {what} on that dead connection",
+                    "thread {} has been waiting {} {what} on that dead connection{}",
                     w.tid,
-                    human_ms(w.age_ms)
+                    human_ms(w.age_ms),
+                    others(w.threads)
                 ),
             );
             self.reasons.push(with(
-                with(with(r, "tid", w.tid), "inode", s.inode),
-                "age_ms",
-                w.age_ms,
+                with(
+                    with(with(r, "tid", w.tid), "inode", s.inode),
+                    "age_ms",
+                    w.age_ms,
+                ),
+                "waiters",
+                w.threads,
             ));
         }
     }
@@ -871,13 +892,14 @@ impl<'a> Judging<'a> {
         }
         let waiting = match (v.waiter, v.task) {
             (Some(w), _) => format!(
-                "; thread {} waiting {} in {}",
+                "; thread {} waiting {} in {}{}",
                 w.tid,
                 human_ms(w.age_ms),
                 match w.syscall {
                     Wait::Recv => "a receive",
                     Wait::Poll => "poll/select",
-                }
+                },
+                others(w.threads)
             ),
             (None, Some(task)) => format!("; the agent reports current_task {task:?}"),
             (None, None) if v.pending => "; a request is out and no answer came".into(),

@@ -1311,3 +1311,51 @@ fn a_connect_that_hangs_is_unresponsive_past_its_connect_timeout() {
     );
     assert!(j.dead.is_empty(), "{:?}", codes(&j));
 }
+
+/// One connection, several calls: the threads waiting on a dead socket are
+/// counted in its reason (`waiters`), the longest wait named.
+#[test]
+fn the_threads_waiting_on_one_dead_connection_are_counted() {
+    let cfg = agent("");
+    let mut proven = info(2 * MIN, 2 * MIN, 2 * MIN);
+    proven.probes = 3;
+    let threads = vec![
+        poll_thread(101, 2, 100_000),
+        poll_thread(102, 2, 110_000),
+        poll_thread(103, 2, 90_000),
+    ];
+    let r = report(
+        threads,
+        vec![alive_control(), socket(2, "provider", proven.clone())],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &armed(5_000), 100 * MIN);
+    let w = j
+        .reasons
+        .iter()
+        .find(|r| r.code == ReasonCode::WaitBlocked)
+        .unwrap_or_else(|| panic!("{:#?}", j.reasons));
+    assert_eq!(w.evidence["waiters"], 3);
+    assert_eq!(w.evidence["tid"], 102);
+    assert!(
+        w.message.ends_with("with 2 other thread(s) waiting on it"),
+        "{}",
+        w.message
+    );
+    // One waiter: the message as it always was.
+    let r = report(
+        vec![poll_thread(101, 2, 100_000)],
+        vec![alive_control(), socket(2, "provider", proven)],
+    );
+    let (j, _) = judge(&cfg, &r, &[], &armed(5_000), 100 * MIN);
+    let w = j
+        .reasons
+        .iter()
+        .find(|r| r.code == ReasonCode::WaitBlocked)
+        .unwrap();
+    assert!(
+        w.message.ends_with("on that dead connection"),
+        "{}",
+        w.message
+    );
+    assert_eq!(w.evidence["waiters"], 1);
+}
