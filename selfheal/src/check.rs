@@ -711,7 +711,13 @@ fn heal(
                 Err(e) => (false, e),
             };
             if outcome.snapshot.is_some() {
-                hist.record(now_ms, step.clone(), ok, detail.clone());
+                if j.verdict == Verdict::Wedged {
+                    hist.record(now_ms, step.clone(), ok, detail.clone());
+                } else {
+                    // Not a wedge's rung: a dead connection nobody waits
+                    // on, or a hung connect, ended.
+                    hist.record_ending(now_ms, step.clone(), ok, detail.clone());
+                }
             }
             actions.push(ActionOutcome {
                 step: step.clone(),

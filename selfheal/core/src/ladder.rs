@@ -166,6 +166,18 @@ impl HealHistory {
         });
     }
 
+    /// Records a step that ended a dead connection nobody waits on, or a
+    /// hung connect, in an agent that is not wedged: in the hour's actions
+    /// (budgets, the step window), but not as a rung of a wedge.
+    pub fn record_ending(&mut self, now_ms: u64, step: Step, ok: bool, detail: String) {
+        self.actions.push(ActionRecord {
+            at_ms: now_ms,
+            step,
+            ok,
+            detail,
+        });
+    }
+
     fn last_action_ms(&self) -> Option<u64> {
         self.actions.last().map(|a| a.at_ms)
     }

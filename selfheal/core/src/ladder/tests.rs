@@ -802,7 +802,8 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
         ["expire_keepalive"]
     );
     assert_eq!(h.rung, None);
-    h.record(1_000 * SEC, steps[0].clone(), true, String::new());
+    h.record_ending(1_000 * SEC, steps[0].clone(), true, String::new());
+    assert_eq!((h.rung, h.steps_this_wedge), (None, 0));
     // Within the step window: given its time.
     let d = decide(
         &cfg,
