@@ -203,6 +203,11 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
             .into_iter()
             .take(u.int_in_range(0..=1)?)
             .collect(),
+        // A connection attempt on the fixture's socket, first seen at any time.
+        connecting_since_ms: [(9, u.arbitrary()?)]
+            .into_iter()
+            .take(u.int_in_range(0..=1)?)
+            .collect(),
     })
 }
 
