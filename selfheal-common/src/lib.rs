@@ -17,8 +17,12 @@ pub const MAX_IN_RECV: u32 = 16384;
 pub const MAX_SOCKS: u32 = 16384;
 /// Capacity of `IN_SEND` (kprobe strategy only: send entry stash).
 pub const MAX_IN_SEND: u32 = 16384;
-/// Capacity of `UID_SOCKS`: uids whose watched processes hold `SOCKS` entries.
-pub const MAX_UIDS: u32 = 4096;
+/// Capacity of `OWNER_SOCKS`: owners whose watched processes hold `SOCKS`
+/// entries.
+pub const MAX_OWNERS: u32 = 4096;
+/// Capacity of `OWNER_OF`: watched thread-group ids with the owner user
+/// space gave them. User space refuses a watch beyond it.
+pub const MAX_OWNED: u32 = 65536;
 
 /// `flags` bit: the receive was non-blocking (`MSG_DONTWAIT`, set by the kernel
 /// for `O_NONBLOCK` files too), so it cannot wait for data.
@@ -80,25 +84,30 @@ pub struct SockActivity {
     pub bytes_sent: u64,
     /// Thread-group id that last touched the socket.
     pub tgid: u32,
-    /// Real uid of the thread that added the entry: the entry counts
-    /// against that uid's share of the map (`UID_SOCKS`).
-    pub uid: u32,
+    /// Whom the entry counts against (`OWNER_SOCKS`): the owner user space
+    /// gave the adding thread's process in `OWNER_OF` (the uid that owns
+    /// its uid: itself, its user namespace's maker, or its subordinate
+    /// range's user), or the thread's real uid when it has none there.
+    pub owner: u32,
 }
 
-/// Value of `UID_SOCKS`, keyed by real uid: that uid's use of `SOCKS`.
+/// Value of `OWNER_SOCKS`, keyed by owner: that owner's use of `SOCKS`.
 ///
-/// `SOCKS` is shared by every uid whose processes are watched; without a
-/// share, one uid's process that opens thousands of sockets would leave no
-/// room for anyone else's. The kernel side refuses a new entry to a uid that
-/// holds `SOCKS_SHARE` of them already; user space recounts `socks` from
-/// the map on every snapshot (the kernel's increments are plain adds) and
-/// sets the share from how many uids are watched.
+/// `SOCKS` is shared by every owner whose processes are watched; without a
+/// share, one owner's processes that open thousands of sockets would leave
+/// no room for anyone else's. An owner is a person, not a kernel uid: the
+/// uids of a user's namespaces and subordinate ranges are one owner, so
+/// that many uids cannot take many shares. The kernel side refuses a new
+/// entry to an owner that holds `SOCKS_SHARE` of them already; user space
+/// recounts `socks` from the map on every snapshot (the kernel's
+/// increments are plain adds) and sets the share from how many owners are
+/// watched.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct UidShare {
-    /// `SOCKS` entries this uid holds.
+pub struct OwnerShare {
+    /// `SOCKS` entries this owner holds.
     pub socks: u64,
-    /// Socket events not recorded because this uid was at its share.
+    /// Socket events not recorded because this owner was at its share.
     pub over_share: u64,
 }
 
@@ -112,9 +121,9 @@ pub mod counter {
     pub const READ_FAILED: u32 = 2;
     /// `IN_SEND` was full (kprobe strategy).
     pub const IN_SEND_FULL: u32 = 3;
-    /// `UID_SOCKS` was full: an entry was added without a share to count
+    /// `OWNER_SOCKS` was full: an entry was added without a share to count
     /// it against.
-    pub const UIDS_FULL: u32 = 4;
+    pub const OWNERS_FULL: u32 = 4;
     /// Number of counters.
     pub const LEN: u32 = 5;
 }
@@ -126,9 +135,9 @@ mod user {
     // a valid value.
     unsafe impl aya::Pod for super::InRecv {}
     unsafe impl aya::Pod for super::SockActivity {}
-    unsafe impl aya::Pod for super::UidShare {}
+    unsafe impl aya::Pod for super::OwnerShare {}
 
     const _: () = assert!(core::mem::size_of::<super::InRecv>() == 32);
     const _: () = assert!(core::mem::size_of::<super::SockActivity>() == 88);
-    const _: () = assert!(core::mem::size_of::<super::UidShare>() == 16);
+    const _: () = assert!(core::mem::size_of::<super::OwnerShare>() == 16);
 }

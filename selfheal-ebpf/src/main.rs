@@ -43,8 +43,9 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, MAX_UIDS, MSG_DONTWAIT,
-    RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity, UidShare, WATCHED_WORDS, counter,
+    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS,
+    MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity, WATCHED_WORDS,
+    counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -95,12 +96,20 @@ static IN_RECV: HashMap<u32, InRecv> = HashMap::with_max_entries(MAX_IN_RECV, 0)
 #[map]
 static SOCKS: HashMap<u64, SockActivity> = HashMap::with_max_entries(MAX_SOCKS, 0);
 
-/// uid → how many `SOCKS` entries it holds, and what it lost at its share.
-#[map]
-static UID_SOCKS: HashMap<u32, UidShare> = HashMap::with_max_entries(MAX_UIDS, 0);
+/// `BPF_F_NO_PREALLOC`: entries are allocated when user space adds them.
+const BPF_F_NO_PREALLOC: u32 = 1;
 
-/// Element 0: the most `SOCKS` entries one uid may hold (0: no limit).
-/// User space sets it from how many uids are watched.
+/// Watched tgid → its owner, the key of its share of `SOCKS`. Written by
+/// user space only (on watch and unwatch), so it needs no preallocation.
+#[map]
+static OWNER_OF: HashMap<u32, u32> = HashMap::with_max_entries(MAX_OWNED, BPF_F_NO_PREALLOC);
+
+/// Owner → how many `SOCKS` entries it holds, and what it lost at its share.
+#[map]
+static OWNER_SOCKS: HashMap<u32, OwnerShare> = HashMap::with_max_entries(MAX_OWNERS, 0);
+
+/// Element 0: the most `SOCKS` entries one owner may hold (0: no limit).
+/// User space sets it from how many owners are watched.
 #[map]
 static SOCKS_SHARE: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -205,20 +214,32 @@ fn recv_end(tid: u32) -> Option<InRecv> {
 /// `BPF_NOEXIST`: insert only if the key is absent.
 const BPF_NOEXIST: u64 = 1;
 
-/// `uid`'s entry in `UID_SOCKS`, made if missing; `None` (counted) when the
-/// map of uids is full, and the new socket then counts against no share.
+/// `owner`'s entry in `OWNER_SOCKS`, made if missing; `None` (counted) when
+/// the map of owners is full, and the new socket then counts against no
+/// share.
 #[inline(always)]
-fn uid_share(uid: u32) -> Option<*mut UidShare> {
-    if let Some(u) = UID_SOCKS.get_ptr_mut(&uid) {
+fn owner_share(owner: u32) -> Option<*mut OwnerShare> {
+    if let Some(u) = OWNER_SOCKS.get_ptr_mut(&owner) {
         return Some(u);
     }
     // BPF_NOEXIST: another CPU may have made it meanwhile; keep theirs.
-    let _ = UID_SOCKS.insert(&uid, &UidShare::default(), BPF_NOEXIST);
-    let u = UID_SOCKS.get_ptr_mut(&uid);
+    let _ = OWNER_SOCKS.insert(&owner, &OwnerShare::default(), BPF_NOEXIST);
+    let u = OWNER_SOCKS.get_ptr_mut(&owner);
     if u.is_none() {
-        bump(counter::UIDS_FULL);
+        bump(counter::OWNERS_FULL);
     }
     u
+}
+
+/// Whom `tgid`'s new entries count against: the owner user space gave it,
+/// else the current thread's real uid.
+#[inline(always)]
+fn owner_of(tgid: u32) -> u32 {
+    // SAFETY: a map value read by copy.
+    match unsafe { OWNER_OF.get(&tgid) } {
+        Some(o) => *o,
+        None => bpf_get_current_uid_gid() as u32,
+    }
 }
 
 #[inline(always)]
@@ -230,10 +251,10 @@ fn activity(tgid: u32, inode: u64) -> Option<&'static mut SockActivity> {
         // SAFETY: map value pointer, valid for this program run.
         return Some(unsafe { &mut *a });
     }
-    // A new entry counts against its uid's share, so that one uid's
-    // process cannot fill the map for everyone.
-    let uid = bpf_get_current_uid_gid() as u32;
-    let share = uid_share(uid);
+    // A new entry counts against its owner's share, so that one owner's
+    // processes cannot fill the map for everyone.
+    let owner = owner_of(tgid);
+    let share = owner_share(owner);
     if let Some(u) = share {
         let cap = SOCKS_SHARE.get(0).copied().unwrap_or(0);
         // SAFETY: map value pointer, valid for this program run.
@@ -245,7 +266,7 @@ fn activity(tgid: u32, inode: u64) -> Option<&'static mut SockActivity> {
     }
     let fresh = SockActivity {
         tgid,
-        uid,
+        owner,
         ..SockActivity::default()
     };
     if SOCKS.insert(&inode, &fresh, 0).is_err() {

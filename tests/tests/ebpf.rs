@@ -85,7 +85,7 @@ fn watched_client(tracer: &mut Tracer, args: &[&str]) -> (Peer, TcpStream, Ready
     let mut peer = Peer::recv_peer(&full);
     let server_side = accept(&l);
     let ready = peer.ready();
-    tracer.watch(ready.pid).unwrap();
+    tracer.watch(ready.pid, 0).unwrap();
     peer.tell("go");
     (peer, server_side, ready)
 }
@@ -109,7 +109,7 @@ fn a_socket_receive_after_a_blocking_pipe_read_is_seen() {
         let mut peer = Peer::recv_peer(&["client", &l.local_addr().unwrap().to_string(), "--once"]);
         let _server_side = accept(&l);
         let ready = peer.ready();
-        tracer.watch(ready.pid).unwrap();
+        tracer.watch(ready.pid, 0).unwrap();
         // Woken, it reads this line and blocks in read(stdin) again, watched.
         peer.tell("not yet");
         std::thread::sleep(SEC / 2);
@@ -278,7 +278,7 @@ fn processes_outside_the_pid_filter_leave_nothing() {
     let mut o_side = accept(&l);
     let w = watched.ready();
     let o = other.ready();
-    tracer.watch(w.pid).unwrap();
+    tracer.watch(w.pid, 0).unwrap();
     watched.tell("go");
     other.tell("go");
     for _ in 0..5 {
@@ -340,7 +340,7 @@ fn another_network_namespace_is_traced() {
     cmd.args(["client", &addr, "--once"]);
     let mut client = Peer::spawn(cmd);
     let ready = client.ready();
-    tracer.watch(ready.pid).unwrap();
+    tracer.watch(ready.pid, 0).unwrap();
     client.tell("go");
     std::thread::sleep(2 * SEC);
 
@@ -436,8 +436,8 @@ fn bad_input_is_an_error_not_a_panic() {
     );
     // Watching a pid that does not exist is harmless; one that cannot exist
     // (above the largest pid_max, 2^22) is a clear error.
-    tracer.watch((1 << 22) - 1).unwrap();
+    tracer.watch((1 << 22) - 1, 0).unwrap();
     snapshot(&mut tracer);
-    let err = tracer.watch(u32::MAX - 7).unwrap_err();
+    let err = tracer.watch(u32::MAX - 7, 0).unwrap_err();
     assert!(err.to_string().contains("pid_max"), "{err}");
 }

@@ -124,10 +124,16 @@ fn me() -> Target {
     }
 }
 
+/// Whom `pid`'s socket entries count against, as the helper reads it.
+fn owner(pid: u32) -> u32 {
+    use selfheal::helper::owner::{DEFAULT_SUBUID, Owners};
+    Owners::new(DEFAULT_SUBUID.into()).of_process(pid).owner
+}
+
 fn watched_tracer() -> Tracer {
     let mut tracer = attach(None);
     tracer
-        .watch(std::process::id())
+        .watch(std::process::id(), 0)
         .expect("watch this process");
     tracer
 }
@@ -400,7 +406,7 @@ fn one_uid_filling_the_socket_map_leaves_another_uid_its_share() {
         let mut next = || lines.next().expect("a line from the filler").expect("read");
         assert_eq!(next(), "waiting");
         let mut tracer = attach(None);
-        tracer.watch(pid).expect("watch the filler");
+        tracer.watch(pid, owner(pid)).expect("watch the filler");
         writeln!(stdin, "go").expect("start the fill");
         // Bounded by the test harness's own time limit and the fill's size:
         // python makes ~8,300 loopback connections in a few seconds.
@@ -420,7 +426,7 @@ fn one_uid_filling_the_socket_map_leaves_another_uid_its_share() {
 
         // Root's agent is watched now: two uids, half the map each.
         let me = std::process::id();
-        tracer.watch(me).expect("watch this process");
+        tracer.watch(me, owner(me)).expect("watch this process");
         let share = socks_share(2) as usize;
         let evicted = tracer.snapshot().expect("snapshot");
         let by_filler = evicted.sockets.iter().filter(|s| s.tgid == pid).count();
@@ -463,4 +469,192 @@ fn one_uid_filling_the_socket_map_leaves_another_uid_its_share() {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
+}
+
+/// A filler of `pairs` connections ([`FILLER`]) as `uid` inside `ns`,
+/// once it says it is waiting for the word to start.
+fn filler(ns: &Netns, uid: u32, pairs: usize) -> Filler {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name, "setpriv"])
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .args(["--clear-groups", "/usr/bin/python3", "-c", FILLER])
+        .arg(pairs.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start a filler");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let stdin = child.stdin.take();
+    let first = lines.next().and_then(Result::ok);
+    assert_eq!(first.as_deref(), Some("waiting"), "the filler of uid {uid}");
+    Filler {
+        child,
+        stdin,
+        lines,
+    }
+}
+
+/// A running [`FILLER`]: killed on drop.
+struct Filler {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Filler {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn go(&mut self) {
+        writeln!(self.stdin.as_mut().expect("stdin"), "go").expect("start the fill");
+    }
+
+    /// Waits for `ready` (bounded by the fill's size: python makes ~8,300
+    /// loopback connections in a few seconds; a filler that dies ends it).
+    fn ready(&mut self) {
+        let line = self.lines.next().and_then(Result::ok);
+        assert_eq!(line.as_deref(), Some("ready"), "the filler finished");
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The socket map's share counts a process's owner, not its kernel uid.
+/// Two subordinate uids of one user (a subuid file's range), watched by
+/// root through the helper, each try to fill all of `SOCKS`; then root's
+/// own process is watched and opens `MAX_SOCKS / 2 - 300` connections.
+/// Counted per kernel uid there were three uids, a third of the map each:
+/// the user's two uids kept two thirds, and root's connections past a
+/// third went unrecorded. Counted per owner the user holds at most half,
+/// and every one of root's is recorded.
+#[test]
+fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
+    use std::sync::Arc;
+
+    use selfheal::{
+        ebpf::{Strategy, TracerOptions, socks_share},
+        healer::ActionsExecutor,
+        helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
+    };
+    use tests::{Scratch, forced_strategy};
+
+    const OWNER: u32 = 61116;
+    const SUBUIDS: u32 = 2_313_300;
+    if !need_ebpf("socket_map_share_by_owner") {
+        return;
+    }
+    let _serial = serial();
+    let pairs = MAX_SOCKS as usize / 2 + 100;
+    if !allow_fds("socket_map_share_by_owner", fds_for(2 * pairs)) {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        skip("socket_map_share_by_owner", "/usr/bin/python3 is missing");
+        return;
+    }
+    let dir = Scratch::new("limits-socks");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let p = dir.join("subuid");
+        std::fs::write(&p, format!("{OWNER}:{SUBUIDS}:100\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
+    opts.shutdown_grace = Duration::from_secs(5);
+    opts.subuid = dir.join("subuid");
+    opts.ebpf = Some(TracerOptions {
+        strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+        ..TracerOptions::default()
+    });
+    let _helper = serve(opts, Arc::new(ActionsExecutor::default())).expect("start the helper");
+    let mut client = HelperClient::connect_with(
+        dir.join("helper.sock"),
+        ClientOptions {
+            connect_timeout: Duration::from_secs(1),
+            timeout: Duration::from_secs(30),
+            act_timeout: Duration::from_secs(10),
+        },
+    )
+    .expect("connect to the helper");
+
+    let ns = Netns::new("limowner").expect("netns");
+    let mut a = filler(&ns, SUBUIDS, pairs);
+    let mut b = filler(&ns, SUBUIDS + 1, pairs);
+    let theirs = {
+        let mut v = vec![a.pid(), b.pid()];
+        v.sort_unstable();
+        v
+    };
+    let w = client.watch(&theirs).expect("watch the fillers");
+    assert_eq!(w.watched.len(), 2, "{w:?}");
+    a.go();
+    b.go();
+    a.ready();
+    b.ready();
+    let full = client.ebpf_snapshot(&theirs).expect("snapshot");
+    let held = |s: &selfheal::ebpf::TracerSnapshot| {
+        s.sockets
+            .iter()
+            .filter(|x| theirs.contains(&x.tgid))
+            .count()
+    };
+    eprintln!(
+        "the user's two subordinate uids alone: {} entries, {} events lost (SOCKS full)",
+        held(&full),
+        full.overflow.socks_full
+    );
+    assert!(held(&full) >= MAX_SOCKS as usize - 64, "{}", held(&full));
+
+    // Root's agent is watched: two owners, half the map each.
+    let me = std::process::id();
+    client.watch(&[me]).expect("watch this process");
+    let share = socks_share(2) as usize;
+    let evicted = client.ebpf_snapshot(&theirs).expect("snapshot");
+    eprintln!(
+        "root watched too: the user holds {} (share of 2 owners: {share}; of 3 uids: {})",
+        held(&evicted),
+        socks_share(3)
+    );
+    assert!(
+        held(&evicted) <= share,
+        "the user's two uids hold {} of {share}",
+        held(&evicted)
+    );
+
+    let n = share - 300;
+    let ns2 = Netns::new("limowner2").expect("netns");
+    let mine = fill(&ns2, n);
+    let snap = client.ebpf_snapshot(&[me]).expect("snapshot");
+    let recorded = snap.sockets.iter().filter(|s| s.tgid == me).count();
+    let lost_theirs = client
+        .ebpf_snapshot(&theirs)
+        .expect("snapshot")
+        .overflow
+        .over_share;
+    eprintln!(
+        "root's {n} connections: {recorded} recorded, {} lost at root's share; the user's lost: {lost_theirs}",
+        snap.overflow.over_share
+    );
+    assert!(
+        recorded >= n,
+        "root's connections recorded: {recorded} of {n}"
+    );
+    assert_eq!(
+        snap.overflow.over_share, 0,
+        "root lost nothing to its share"
+    );
+    assert!(
+        lost_theirs > 0,
+        "the user's evicted entries are its own loss"
+    );
+    drop(mine);
 }

@@ -812,8 +812,8 @@ fn static_syscall_name(name: &str) -> Option<&'static str> {
 }
 
 /// The result of `ebpf_snapshot` restricted to `pids` (pure). Of the
-/// per-uid losses at the socket map's share, only those of the uids that
-/// own `pids` remain (as `overflow.over_share`).
+/// per-owner losses at the socket map's share, only those of the owners
+/// of `pids` remain (as `overflow.over_share`).
 pub fn filter_snapshot(mut snap: TracerSnapshot, pids: &[u32]) -> TracerSnapshot {
     snap.blocked.retain(|b| pids.binary_search(&b.tgid).is_ok());
     snap.sockets.retain(|s| pids.binary_search(&s.tgid).is_ok());

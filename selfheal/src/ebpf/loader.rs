@@ -10,7 +10,7 @@ use aya::{
     maps::{Array, HashMap, MapData},
     programs::{BtfTracePoint, FEntry, FExit, KProbe, Program, TracePoint},
 };
-use selfheal_common::{InRecv, SockActivity, UidShare, WATCHED_WORDS, counter};
+use selfheal_common::{InRecv, MAX_OWNED, OwnerShare, SockActivity, WATCHED_WORDS, counter};
 
 use super::{
     Attempt, FdKind, Overflow, PRUNE_SOCKS_AT, SocketActivity, Strategy, TracerError,
@@ -32,10 +32,10 @@ pub struct Tracer {
     attached_at_ns: u64,
     /// tgid → when it was added to the pid filter (`CLOCK_BOOTTIME` ns).
     watched: BTreeMap<u32, u64>,
-    /// tgid → its real uid when it was watched: the uids that share
-    /// `SOCKS` ([`socks_share`]).
+    /// tgid → its owner, as given to [`Self::watch`]: the owners that share
+    /// `SOCKS` ([`socks_share`]), mirrored in the kernel's `OWNER_OF`.
     owners: BTreeMap<u32, u32>,
-    /// uid → entries evicted from `SOCKS` because it was above its share.
+    /// owner → entries evicted from `SOCKS` because it was above its share.
     evicted: BTreeMap<u32, u64>,
 }
 
@@ -124,22 +124,45 @@ impl Tracer {
         self.watched.get(&tgid).copied()
     }
 
-    /// Adds `tgid` to the pid filter, and its uid to those that share the
-    /// socket map.
-    pub fn watch(&mut self, tgid: u32) -> Result<(), TracerError> {
-        self.set_watched(tgid, true)?;
-        self.watched.entry(tgid).or_insert_with(boot_ns);
-        // A process gone already adds no uid: it makes no entries.
-        if let Ok(status) = procfs::process::Process::new(tgid as i32).and_then(|p| p.status()) {
-            self.owners.insert(tgid, status.ruid);
+    /// Adds `tgid` to the pid filter, counting its socket entries against
+    /// `owner` ([`crate::helper::owner::Owners::of_process`]: the uid that
+    /// owns the process's uid), one of those that share the socket map.
+    /// Refused when [`MAX_OWNED`] processes are watched already.
+    pub fn watch(&mut self, tgid: u32, owner: u32) -> Result<(), TracerError> {
+        if !self.owners.contains_key(&tgid) && self.owners.len() >= MAX_OWNED as usize {
+            return Err(TracerError::Map {
+                map: "OWNER_OF",
+                reason: format!("{MAX_OWNED} processes are watched already"),
+            });
         }
+        // The owner first: the pid filter lets the process's events in,
+        // and each new entry then counts against the right share.
+        {
+            let mut of: HashMap<&mut MapData, u32, u32> = map_mut(&mut self.ebpf, "OWNER_OF")?;
+            of.insert(tgid, owner, 0)
+                .map_err(|e| map_err("OWNER_OF", &e))?;
+        }
+        self.owners.insert(tgid, owner);
+        if let Err(e) = self.set_watched(tgid, true) {
+            self.forget_owner(tgid);
+            return Err(e);
+        }
+        self.watched.entry(tgid).or_insert_with(boot_ns);
         self.set_share()
     }
 
-    /// The share of `SOCKS` each watched uid may hold now.
+    /// Removes `tgid`'s owner, here and in the kernel's `OWNER_OF`.
+    fn forget_owner(&mut self, tgid: u32) {
+        self.owners.remove(&tgid);
+        if let Ok(mut of) = map_mut::<u32, u32>(&mut self.ebpf, "OWNER_OF") {
+            let _ = of.remove(&tgid);
+        }
+    }
+
+    /// The share of `SOCKS` each watched owner may hold now.
     fn share(&self) -> u64 {
-        let uids: BTreeSet<u32> = self.owners.values().copied().collect();
-        socks_share(uids.len())
+        let owners: BTreeSet<u32> = self.owners.values().copied().collect();
+        socks_share(owners.len())
     }
 
     /// Tells the kernel side [`Self::share`]: 0 (no limit) when it is the
@@ -184,7 +207,7 @@ impl Tracer {
     pub fn unwatch(&mut self, tgid: u32) -> Result<(), TracerError> {
         self.set_watched(tgid, false)?;
         self.watched.remove(&tgid);
-        self.owners.remove(&tgid);
+        self.forget_owner(tgid);
         self.set_share()?;
         let mut recv: HashMap<&mut MapData, u32, InRecv> = map_mut(&mut self.ebpf, "IN_RECV")?;
         let stale: Vec<u32> = recv
@@ -213,7 +236,7 @@ impl Tracer {
     /// from the map (a thread killed inside a receive leaves one behind only
     /// if its exit hook never ran); so are entries of closed sockets, once
     /// the socket map is half full ([`PRUNE_SOCKS_AT`]), and the oldest
-    /// entries of a uid above its share of the map ([`socks_share`]).
+    /// entries of an owner above its share of the map ([`socks_share`]).
     pub fn snapshot(&mut self) -> Result<TracerSnapshot, TracerError> {
         let now = boot_ns();
         let mut resolve = resolve_fd;
@@ -267,10 +290,11 @@ impl Tracer {
 
 impl Tracer {
     /// Reads `SOCKS`, keeping it within bounds on the way: entries of closed
-    /// sockets go once the map is half full ([`PRUNE_SOCKS_AT`]) or a uid is
-    /// above its share; then the least recently active entries of a uid
-    /// still above its share ([`over_share`]: the share shrinks when another
-    /// uid is watched). Recounts each uid's entries for the kernel side.
+    /// sockets go once the map is half full ([`PRUNE_SOCKS_AT`]) or an owner
+    /// is above its share; then the least recently active entries of an
+    /// owner still above its share ([`over_share`]: the share shrinks when
+    /// another owner is watched). Recounts each owner's entries for the
+    /// kernel side.
     fn socket_entries(
         &mut self,
         now: u64,
@@ -281,13 +305,13 @@ impl Tracer {
             socks.iter().flatten().collect()
         };
         let count = |entries: &[(u64, SockActivity)]| {
-            let mut by_uid: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut by_owner: BTreeMap<u32, u64> = BTreeMap::new();
             for (_, a) in entries {
-                *by_uid.entry(a.uid).or_default() += 1;
+                *by_owner.entry(a.owner).or_default() += 1;
             }
-            by_uid
+            by_owner
         };
-        let above = |by_uid: &BTreeMap<u32, u64>| by_uid.values().any(|&n| n > share);
+        let above = |by_owner: &BTreeMap<u32, u64>| by_owner.values().any(|&n| n > share);
         let mut gone: BTreeSet<u64> = BTreeSet::new();
         if entries.len() >= PRUNE_SOCKS_AT || above(&count(&entries)) {
             let keys: Vec<(u64, u32)> = entries.iter().map(|(i, a)| (*i, a.tgid)).collect();
@@ -297,12 +321,12 @@ impl Tracer {
         if above(&count(&entries)) {
             let keyed: Vec<(u64, u32, u64)> = entries
                 .iter()
-                .map(|(i, a)| (*i, a.uid, a.last_recv_ns.max(a.last_send_ns)))
+                .map(|(i, a)| (*i, a.owner, a.last_recv_ns.max(a.last_send_ns)))
                 .collect();
             let evict: BTreeSet<u64> = over_share(&keyed, share).into_iter().collect();
             for (i, a) in &entries {
                 if evict.contains(i) {
-                    *self.evicted.entry(a.uid).or_default() += 1;
+                    *self.evicted.entry(a.owner).or_default() += 1;
                 }
             }
             entries.retain(|(i, _)| !evict.contains(i));
@@ -320,22 +344,22 @@ impl Tracer {
         let held = count(&entries);
         let mut shares: BTreeMap<u32, ShareUse> = BTreeMap::new();
         {
-            let mut uids: HashMap<&mut MapData, u32, UidShare> =
-                map_mut(&mut self.ebpf, "UID_SOCKS")?;
-            let known: Vec<(u32, UidShare)> = uids.iter().flatten().collect();
-            for (uid, mut u) in known {
-                u.socks = held.get(&uid).copied().unwrap_or(0);
-                let _ = uids.insert(uid, u, 0);
-                let s = shares.entry(uid).or_default();
+            let mut owners: HashMap<&mut MapData, u32, OwnerShare> =
+                map_mut(&mut self.ebpf, "OWNER_SOCKS")?;
+            let known: Vec<(u32, OwnerShare)> = owners.iter().flatten().collect();
+            for (owner, mut u) in known {
+                u.socks = held.get(&owner).copied().unwrap_or(0);
+                let _ = owners.insert(owner, u, 0);
+                let s = shares.entry(owner).or_default();
                 s.socks = u.socks;
                 s.lost = u.over_share;
             }
         }
-        for (uid, n) in &self.evicted {
-            shares.entry(*uid).or_default().lost += n;
+        for (owner, n) in &self.evicted {
+            shares.entry(*owner).or_default().lost += n;
         }
-        for (tgid, uid) in &self.owners {
-            shares.entry(*uid).or_default().tgids.insert(*tgid);
+        for (tgid, owner) in &self.owners {
+            shares.entry(*owner).or_default().tgids.insert(*tgid);
         }
         let sockets = entries
             .iter()

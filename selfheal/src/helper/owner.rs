@@ -10,7 +10,7 @@ use std::{
     collections::BTreeMap,
     io::Read as _,
     os::{
-        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
         unix::{fs::MetadataExt as _, net::UnixStream},
     },
     path::PathBuf,
@@ -87,6 +87,18 @@ impl Owners {
             );
         }
         a
+    }
+
+    /// Whom the watched process `pid` counts against (its share of the
+    /// eBPF socket map): the owner of its real uid, by the same rules as a
+    /// caller's. A process gone, or whose uid cannot be read, counts as
+    /// root's: it makes no entries, and root's share is never a user's.
+    pub fn of_process(&self, pid: u32) -> Account {
+        let Ok(status) = procfs::process::Process::new(pid as i32).and_then(|p| p.status()) else {
+            return Account::own(0);
+        };
+        let pidfd = super::server::pidfd_open(pid);
+        self.account(status.ruid, pidfd.as_ref().map(|f| f.as_fd()), pid)
     }
 
     /// The ranges of the subuid file, read again when it changed.

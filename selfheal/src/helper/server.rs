@@ -1480,7 +1480,7 @@ pub fn parse_pidfd_fdinfo(text: &str) -> (Option<i64>, Option<usize>) {
 }
 
 /// A pidfd of `pid`, if it runs.
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
     // SAFETY: a plain syscall; the fd it returns is owned below.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
     // SAFETY: a fresh fd we own.
@@ -1881,7 +1881,10 @@ impl Shared {
                     w.uids.insert(caller.uid, owner);
                 }
                 _ => {
-                    tracer.watch(pid).map_err(|e| {
+                    // The process's own owner, not the asker's: its
+                    // entries in the socket map count against it.
+                    let of = self.owners.of_process(pid).owner;
+                    tracer.watch(pid, of).map_err(|e| {
                         refusal(ErrorCode::Failed, format!("watch pid {pid}: {}", chain(&e)))
                     })?;
                     watched.insert(

@@ -201,7 +201,7 @@ fn one_run(strategy: Strategy, mode: Mode, bytes: u64, idle_pid: u32) -> Run {
         } else {
             idle_pid
         };
-        t.watch(pid).expect("watch");
+        t.watch(pid, 0).expect("watch");
     }
     let (mut s, _) = l.accept().expect("accept");
     // Start the receiver's clock only now that the tracer is in place.
@@ -305,11 +305,14 @@ fn pingpong_run(strategy: Strategy, mode: Mode, idle_pid: u32) -> f64 {
         .spawn()
         .expect("spawn echo");
     if let Some(t) = tracer.as_mut() {
-        t.watch(if mode == Mode::Watched {
-            child.id()
-        } else {
-            idle_pid
-        })
+        t.watch(
+            if mode == Mode::Watched {
+                child.id()
+            } else {
+                idle_pid
+            },
+            0,
+        )
         .expect("watch");
     }
     let (mut s, _) = l.accept().expect("accept");

@@ -59,9 +59,10 @@ pub struct Overflow {
     pub socks_full: u64,
     pub read_failed: u64,
     pub in_send_full: u64,
-    /// Socket events of the asking uid(s) not recorded, or recorded and then
-    /// evicted, because the uid was at its share of `SOCKS` (the map is
-    /// shared by every watched uid: see [`socks_share`]).
+    /// Socket events of the asked processes' owners not recorded, or
+    /// recorded and then evicted, because the owner was at its share of
+    /// `SOCKS` (the map is shared by every watched owner: see
+    /// [`socks_share`]).
     pub over_share: u64,
 }
 
@@ -92,8 +93,8 @@ impl Overflow {
         }
         if self.over_share > 0 {
             parts.push(format!(
-                "{} socket event(s) not recorded or evicted (this uid at its share of SOCKS; \
-                 the {MAX_SOCKS} entries are shared by every watched uid)",
+                "{} socket event(s) not recorded or evicted (its owner at its share of SOCKS; \
+                 the {MAX_SOCKS} entries are shared by every watched owner)",
                 self.over_share
             ));
         }
@@ -139,8 +140,8 @@ pub struct TracerSnapshot {
     pub blocked: Vec<BlockedRecv>,
     pub sockets: Vec<SocketActivity>,
     pub overflow: Overflow,
-    /// Use of `SOCKS` by uid. Never sent: [`crate::protocol::filter_snapshot`]
-    /// turns it into the asking uid's `overflow.over_share`.
+    /// Use of `SOCKS` by owner. Never sent: [`crate::protocol::filter_snapshot`]
+    /// turns it into the asked processes' `overflow.over_share`.
     #[serde(skip)]
     pub shares: BTreeMap<u32, ShareUse>,
     /// Pids whose evidence the helper refused to this user (not theirs, or
@@ -149,7 +150,7 @@ pub struct TracerSnapshot {
     pub refused: Vec<u32>,
 }
 
-/// One uid's use of the socket map at a snapshot.
+/// One owner's use of the socket map at a snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShareUse {
     /// Its watched processes.
@@ -161,23 +162,24 @@ pub struct ShareUse {
     pub lost: u64,
 }
 
-/// The most `SOCKS` entries one uid may hold when `uids` uids are watched:
-/// an equal share each, so one uid's process that opens thousands of
-/// sockets leaves the others their part. One uid alone has the whole map.
-pub fn socks_share(uids: usize) -> u64 {
-    u64::from(MAX_SOCKS) / uids.max(1) as u64
+/// The most `SOCKS` entries one owner may hold when `owners` owners are
+/// watched: an equal share each, so one owner's processes that open
+/// thousands of sockets leave the others their part. One owner alone has
+/// the whole map.
+pub fn socks_share(owners: usize) -> u64 {
+    u64::from(MAX_SOCKS) / owners.max(1) as u64
 }
 
-/// Entries to evict so that no uid holds more than `share`: from each uid
-/// above it, its least recently active entries. `entries` are
-/// `(inode, uid, last activity in ns)`. Pure.
+/// Entries to evict so that no owner holds more than `share`: from each
+/// owner above it, its least recently active entries. `entries` are
+/// `(inode, owner, last activity in ns)`. Pure.
 pub fn over_share(entries: &[(u64, u32, u64)], share: u64) -> Vec<u64> {
-    let mut by_uid: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
-    for &(inode, uid, last) in entries {
-        by_uid.entry(uid).or_default().push((last, inode));
+    let mut by_owner: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+    for &(inode, owner, last) in entries {
+        by_owner.entry(owner).or_default().push((last, inode));
     }
     let mut out = Vec::new();
-    for (_, mut list) in by_uid {
+    for (_, mut list) in by_owner {
         let excess = (list.len() as u64).saturating_sub(share) as usize;
         if excess > 0 {
             list.sort_unstable();
@@ -329,7 +331,7 @@ mod tests {
             "2 socket event(s)",
             "3 socket identities",
             "4 send(s)",
-            "5 socket event(s) not recorded or evicted (this uid at its share of SOCKS",
+            "5 socket event(s) not recorded or evicted (its owner at its share of SOCKS",
         ] {
             assert!(all.contains(part), "{all}");
         }
