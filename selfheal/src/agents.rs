@@ -563,6 +563,43 @@ fn in_owned_unit(place: cgroup::UnitPlace<'_>, unit: &str, owner: UnitOwner) -> 
     }
 }
 
+/// The act-time re-check of a unit agent's identity: whether `pid`, the
+/// process started at `start_ticks`, is in unit `unit` of a manager
+/// `owner` allows right now (its cgroup read again, anchored below the
+/// system manager's root read from PID 1's). `Err` says where it is
+/// instead, or that it is gone.
+pub fn still_in_unit(
+    unit: &str,
+    owner: UnitOwner,
+    pid: u32,
+    start_ticks: u64,
+) -> Result<(), String> {
+    let read = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|t| cgroup_path(&t))
+    };
+    let root = cgroup::manager_root(read(1).as_deref());
+    let path = read(pid);
+    // Read after the cgroup: a cgroup read of another process under a
+    // reused pid is caught here.
+    if crate::pidfd::start_ticks(pid) != Some(start_ticks) {
+        return Err(format!(
+            "pid {pid} is gone (it exited since it was matched)"
+        ));
+    }
+    let Some(path) = path else {
+        return Err(format!("the cgroup of pid {pid} cannot be read"));
+    };
+    match cgroup::unit_of(&path, &root) {
+        Some(place) if in_owned_unit(place, unit, owner) => Ok(()),
+        _ => Err(format!(
+            "pid {pid} is no longer in {owner} {unit}: its cgroup is now {}",
+            crate::text::escape(&path)
+        )),
+    }
+}
+
 /// The processes in the containers `rule` matches (monitors and shims
 /// beside a container are outside its cgroup, so not among them).
 fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> Matched {

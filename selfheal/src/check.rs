@@ -701,6 +701,8 @@ fn heal(
             } else if outcome.snapshot.is_none() {
                 // No snapshot, no action: the evidence must survive the cure.
                 Err("not taken: its forensic snapshot could not be written".to_string())
+            } else if let Err(why) = unit_recheck(agent, step, report) {
+                Err(format!("not taken: {why}"))
             } else if let Some(h) = healer {
                 h.act(&agent.name, step)
             } else {
@@ -732,6 +734,46 @@ fn heal(
         actions,
         newly_gave_up,
     }
+}
+
+/// For a unit agent, right before `step` is taken: the processes it
+/// touches (the step's own, or for a restart command the agent's roots)
+/// are still in the unit, as their cgroups say now
+/// ([`agents::still_in_unit`]). Other agents: nothing to re-check here
+/// (a container restart re-checks its container where it acts).
+fn unit_recheck(agent: &AgentConfig, step: &Step, report: &Report) -> Result<(), String> {
+    let crate::config::MatchRule::Unit(unit) = &agent.rule else {
+        return Ok(());
+    };
+    let owner = agent.unit_owner(crate::trust::euid());
+    let pids: Vec<(u32, u64)> = match step {
+        Step::ArmKeepalive {
+            pid, start_ticks, ..
+        }
+        | Step::ExpireKeepalive {
+            pid, start_ticks, ..
+        }
+        | Step::DestroySocket {
+            pid, start_ticks, ..
+        }
+        | Step::Signal {
+            pid, start_ticks, ..
+        }
+        | Step::RestartContainer {
+            pid, start_ticks, ..
+        } => vec![(*pid, *start_ticks)],
+        // The command names the unit, not a pid: a root that has exited
+        // since is no reason to hold it back, one that moved is.
+        Step::Restart { .. } => report
+            .processes
+            .iter()
+            .filter(|p| report.roots.contains(&p.pid))
+            .filter_map(|p| Some((p.pid, p.start_ticks?)))
+            .filter(|(pid, start)| crate::pidfd::start_ticks(*pid) == Some(*start))
+            .collect(),
+    };
+    pids.into_iter()
+        .try_for_each(|(pid, start)| agents::still_in_unit(unit, owner, pid, start))
 }
 
 /// The manager and state of `unit` when its manager says it is being

@@ -497,3 +497,209 @@ fn a_cgroup_name_cannot_forge_a_line() {
         }
     }
 }
+
+/// Right before a unit agent's step is taken, its process is checked
+/// again: still in the unit, by its cgroup now. A process moved out of the
+/// unit since it was matched (into another unit, or a same-named cgroup in
+/// a user's tree) is refused, named with where it is now; so is one that
+/// exited; one still there passes.
+#[test]
+fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
+    const TEST: &str = "a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step";
+    use selfheal::{agents::still_in_unit, config::UnitOwner, pidfd::start_ticks};
+    if !need_root(TEST) {
+        return;
+    }
+    let me = std::process::id();
+    let unit = format!("ident-move-{me}.service");
+    let agent = match Placed::start(&format!("system.slice/{unit}"), None) {
+        Ok(p) => p,
+        Err(e) => return skip(TEST, &format!("cannot make a unit's cgroup: {e}")),
+    };
+    let other = Placed::start(&format!("system.slice/ident-elsewhere-{me}.service"), None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let forged = Placed::start(
+        &format!("{}/app.slice/{unit}", user_tree(ATTACKER)),
+        Some(ATTACKER),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let pid = agent.pid();
+    let start = start_ticks(pid).expect("running");
+    let root = cgroup2_root().expect("cgroup v2");
+    let move_to = |dir: &str| {
+        std::fs::write(root.join(dir).join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("move {pid} to {dir}: {e}"))
+    };
+
+    let here = still_in_unit(&unit, UnitOwner::System, pid, start);
+    eprintln!("in its unit: {here:?}");
+    assert_eq!(here, Ok(()));
+
+    move_to(&format!("system.slice/ident-elsewhere-{me}.service"));
+    let moved = still_in_unit(&unit, UnitOwner::System, pid, start);
+    eprintln!("moved to another unit: {moved:?}");
+    let moved = moved.unwrap_err();
+    assert!(
+        moved.contains("is no longer in") && moved.contains(&format!("ident-elsewhere-{me}")),
+        "{moved}"
+    );
+
+    move_to(&format!("{}/app.slice/{unit}", user_tree(ATTACKER)));
+    let named = still_in_unit(&unit, UnitOwner::System, pid, start);
+    eprintln!("moved to a same-named cgroup in a user's tree: {named:?}");
+    assert!(named.is_err(), "{named:?}");
+    // That place is the user's unit, for a rule that names the user's.
+    assert_eq!(
+        still_in_unit(&unit, UnitOwner::User(ATTACKER), pid, start),
+        Ok(())
+    );
+
+    move_to(&format!("system.slice/{unit}"));
+    assert_eq!(still_in_unit(&unit, UnitOwner::System, pid, start), Ok(()));
+    let wrong_start = still_in_unit(&unit, UnitOwner::System, pid, start + 1);
+    assert!(
+        wrong_start.as_ref().is_err_and(|e| e.contains("is gone")),
+        "another process under the pid: {wrong_start:?}"
+    );
+    drop(agent);
+    let gone = still_in_unit(&unit, UnitOwner::System, pid, start);
+    eprintln!("exited: {gone:?}");
+    assert!(gone.is_err_and(|e| e.contains("is gone")));
+    drop((other, forged));
+}
+
+/// The same as for Docker, on a real Podman (rootful, its API service on a
+/// socket of the test's own): a `libpod-<id>.scope` a user made in their
+/// own tree for root's container's id is no container; a host process
+/// root put in the container's own cgroup is not taken for it (not in its
+/// init's pid namespace); the restart's act-time check refuses both and
+/// still restarts the container's own init.
+#[test]
+fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
+    use tests::runtimes::start_podman;
+    const TEST: &str = "a_podman_container_is_a_processs_only_where_the_runtime_says";
+    if !need_root(TEST) {
+        return;
+    }
+    if !have("podman") {
+        return skip(TEST, "no podman (run `cargo xtask setup`: Debian podman)");
+    }
+    let scratch = Scratch::new("ident-podman");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let tag = format!("selfheal-identp{}", std::process::id());
+    let podman = start_podman(&scratch, &tar, &tag).unwrap_or_else(|e| panic!("podman: {e}"));
+    let name = format!("{tag}-runner");
+    let id = podman.id.trim().to_string();
+    let inspect = |what: &str| {
+        run_ok(
+            Command::new("podman")
+                .args(&podman.args)
+                .args(["inspect", "-f", what, &name]),
+        )
+        .expect("podman inspect")
+        .trim()
+        .to_string()
+    };
+    let result = std::panic::catch_unwind(|| {
+        let init: u32 = inspect("{{.State.Pid}}").parse().expect("State.Pid");
+        let init_cgroup = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
+        eprintln!(
+            "podman container {} init {init} in {init_cgroup:?}",
+            &id[..12]
+        );
+        let forged = Placed::start(
+            &format!("{}/app.slice/libpod-{id}.scope", user_tree(ATTACKER)),
+            Some(ATTACKER),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let own = init_cgroup
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .filter(|p| p.contains(&id))
+            .map(|p| p.trim_start_matches('/').to_string());
+        let outsider = own
+            .as_deref()
+            .map(|rel| Placed::start(rel, Some(ATTACKER)).unwrap_or_else(|e| panic!("{e}")));
+        if outsider.is_none() {
+            skip(
+                TEST,
+                &format!(
+                    "the outsider part: the container's init is in no v2 cgroup of it ({init_cgroup:?})"
+                ),
+            );
+        }
+        let config = scratch.join("config.toml");
+        let mut text = format!(
+            "[[agent]]\nname = \"byname\"\nmatch = {{ container = \"{name}\" }}\n\n\
+             [[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
+            forged.pid()
+        );
+        if let Some(o) = &outsider {
+            text.push_str(&format!(
+                "\n[[agent]]\nname = \"outsider\"\nmatch = {{ pid = {} }}\n",
+                o.pid()
+            ));
+        }
+        std::fs::write(&config, text).unwrap();
+        let mut env = only_docker(&scratch, &scratch.join("no-docker.sock"), "5s");
+        env[1].1 = format!("unix://{}", podman.sock.display());
+        let report = config_check(&config, &env);
+        eprintln!("{report}");
+        assert_eq!(roots(&report, "byname"), [init], "{report}");
+        assert!(
+            !section(&report, "forged").contains("container  "),
+            "{report}"
+        );
+        if let Some(o) = &outsider {
+            let s = section(&report, "outsider");
+            assert!(!s.contains("container  "), "{report}");
+            assert!(
+                s.contains(&format!(
+                    "gap        pid {} is not taken for container {} (podman): it is not in the pid namespace of the container's init (pid {init})",
+                    o.pid(),
+                    &id[..12]
+                )),
+                "{report}"
+            );
+        }
+        let sources = selfheal::runtime::Sources {
+            docker: scratch.join("no-docker.sock"),
+            podman: podman.sock.clone(),
+            containerd_state: scratch.join("no-containerd"),
+            timeout: Duration::from_secs(5),
+        };
+        let before = inspect("{{.State.StartedAt}}");
+        let mut targets = vec![("forged", forged.pid())];
+        if let Some(o) = &outsider {
+            targets.push(("outsider", o.pid()));
+        }
+        let restart = |pid: u32| {
+            selfheal::runtime::restart::restart_container(
+                &sources,
+                selfheal::runtime::Runtime::Podman,
+                &id,
+                pid,
+                selfheal::pidfd::start_ticks(pid).expect("its start time"),
+                Duration::from_secs(1),
+                Duration::from_secs(30),
+            )
+        };
+        for (what, pid) in targets {
+            let e = restart(pid).expect_err(what);
+            eprintln!("{what}: {e}");
+            assert!(e.ends_with("left alone"), "{what}: {e}");
+            assert_eq!(inspect("{{.State.StartedAt}}"), before, "{what}: restarted");
+        }
+        drop(forged);
+        drop(outsider);
+        restart(init).expect("restart of the container's own init");
+        assert_ne!(inspect("{{.State.StartedAt}}"), before, "not restarted");
+    });
+    podman.stop();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
