@@ -796,6 +796,20 @@ fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup:
     })
 }
 
+/// What each manager that runs `unit` for the processes `roots` says of
+/// it (`LoadState`, `ActiveState`), asked as [`unit_stopping`] asks:
+/// `None` for a manager that cannot be asked. For people
+/// (`config check`).
+pub fn unit_states(
+    unit: &str,
+    roots: &[u32],
+) -> Vec<(crate::runtime::cgroup::Manager, Option<(String, String)>)> {
+    unit_managers(unit, roots)
+        .into_iter()
+        .map(|m| (m, unit_state(unit, m)))
+        .collect()
+}
+
 /// Whether a unit whose manager says `load` and `active` was stopped on
 /// purpose, given whether the agent's processes still live: only a unit
 /// the manager has (`loaded`) that it is stopping, or that it stopped and

@@ -726,6 +726,24 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
             .unwrap_or_else(|e| panic!("{e}")),
         "inactive"
     );
+    // Root naming the user's units (`uid`) asks the user's manager, as
+    // that user, what the unit is: root's own `systemctl --user` has no
+    // bus to ask.
+    let asks = format!(
+        "[[agent]]\nname = \"users-runner\"\nmatch = {{ unit = \"runner.service\", uid = {UID} }}\n"
+    );
+    c.expect(&format!(
+        "umask 077 && printf %s {} > /root/asks.toml",
+        shell_quote(&asks)
+    ));
+    let said = c.expect("selfheal config check --config /root/asks.toml");
+    eprintln!("root's config check of the user's unit:\n{said}");
+    assert!(
+        said.contains(&format!(
+            "unit       runner.service of uid {UID}'s user manager: loaded, active"
+        )),
+        "{said}"
+    );
     // The heal went through the helper that had exited when idle: its
     // socket started it again.
     let helper_log = c.expect("journalctl --no-pager -o cat -u selfheal-helper.service");

@@ -109,6 +109,16 @@ fn render(
             (None, _) => writeln!(out, "  match      {}", agent.rule),
         };
         let _ = writeln!(out, "  processes  {}", processes(matched));
+        if let config::MatchRule::Unit(unit) = &agent.rule {
+            for (manager, state) in selfheal::check::unit_states(unit, &matched.roots) {
+                let _ = match state {
+                    Some((load, active)) => {
+                        writeln!(out, "  unit       {unit} of {manager}: {load}, {active}")
+                    }
+                    None => writeln!(out, "  unit       {unit} of {manager}: cannot be asked"),
+                };
+            }
+        }
         if let Some((ids, gaps)) = containers.get(i) {
             for c in ids {
                 let _ = writeln!(out, "  container  {}", c.describe());
