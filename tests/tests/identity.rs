@@ -195,6 +195,84 @@ fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
     assert_eq!(roots(&report, "users"), [forged.pid()], "{report}");
 }
 
+/// The two impostors of container `id`, whose init is `init`: nobody's
+/// process in a cgroup named `scope` in nobody's own tree; and, where the
+/// init is in a v2 cgroup of the id, nobody's process root put in that real
+/// cgroup (anchored, but outside the container's pid namespace).
+fn impostors(test: &str, scope: &str, id: &str, init: u32) -> (Placed, Option<Placed>) {
+    let init_cgroup = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
+    let forged = Placed::start(
+        &format!("{}/app.slice/{scope}", user_tree(ATTACKER)),
+        Some(ATTACKER),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let own = init_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .filter(|p| p.contains(id))
+        .map(|p| p.trim_start_matches('/').to_string());
+    let outsider = own
+        .as_deref()
+        .map(|rel| Placed::start(rel, Some(ATTACKER)).unwrap_or_else(|e| panic!("{e}")));
+    if outsider.is_none() {
+        skip(
+            test,
+            &format!(
+                "the outsider part: the container's init is in no v2 cgroup of it ({init_cgroup:?})"
+            ),
+        );
+    }
+    (forged, outsider)
+}
+
+/// Root's `config check` with `env`: the container `name` (`id`, of
+/// `runtime`) is its init only; the forged process is in no container; the
+/// outsider neither, with the gap that says why.
+#[allow(clippy::too_many_arguments)]
+fn impostors_are_not_the_container(
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    name: &str,
+    id: &str,
+    init: u32,
+    runtime: &str,
+    forged: &Placed,
+    outsider: Option<&Placed>,
+) {
+    let config = scratch.join("config.toml");
+    let mut text = format!(
+        "[[agent]]\nname = \"byname\"\nmatch = {{ container = \"{name}\" }}\n\n\
+         [[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
+        forged.pid()
+    );
+    if let Some(o) = outsider {
+        text.push_str(&format!(
+            "\n[[agent]]\nname = \"outsider\"\nmatch = {{ pid = {} }}\n",
+            o.pid()
+        ));
+    }
+    std::fs::write(&config, text).unwrap();
+    let report = config_check(&config, env);
+    eprintln!("{report}");
+    assert_eq!(roots(&report, "byname"), [init], "{report}");
+    assert!(
+        !section(&report, "forged").contains("container  "),
+        "{report}"
+    );
+    if let Some(o) = outsider {
+        let s = section(&report, "outsider");
+        assert!(!s.contains("container  "), "{report}");
+        assert!(
+            s.contains(&format!(
+                "gap        pid {} is not taken for container {} ({runtime}): it is not in the pid namespace of the container's init (pid {init})",
+                o.pid(),
+                &id[..12]
+            )),
+            "{report}"
+        );
+    }
+}
+
 /// A container's cgroup name in a user's tree, an id of root's real
 /// container (Docker, started here), is not that container; nor is a
 /// process root put in the container's own cgroup from outside its pid
@@ -213,9 +291,9 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             );
         }
     }
-    let Some(cg2) = cgroup2_root() else {
+    if cgroup2_root().is_none() {
         return skip(TEST, "no cgroup v2 hierarchy");
-    };
+    }
     let scratch = Scratch::new("ident-docker");
     let tar = match rootfs_tar(&scratch) {
         Ok(t) => t,
@@ -252,66 +330,18 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
                 .to_string()
         };
         let init: u32 = started("{{.State.Pid}}").parse().expect("State.Pid");
-        let init_cgroup = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
-        // The user's process in a cgroup named for root's container.
-        let forged = Placed::start(
-            &format!("{}/app.slice/docker-{id}.scope", user_tree(ATTACKER)),
-            Some(ATTACKER),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        // A host process in the container's own cgroup (only root can put
-        // one there): anchored, but not in the container's pid namespace.
-        let own = init_cgroup
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .filter(|p| p.contains(&id))
-            .map(|p| p.trim_start_matches('/').to_string());
-        let outsider = own
-            .as_deref()
-            .map(|rel| Placed::start(rel, Some(ATTACKER)).unwrap_or_else(|e| panic!("{e}")));
-        if outsider.is_none() {
-            skip(
-                TEST,
-                &format!(
-                    "the outsider part: the container's init is in no v2 cgroup of it ({init_cgroup:?}; v2 at {})",
-                    cg2.display()
-                ),
-            );
-        }
-        let config = scratch.join("config.toml");
-        let mut text = format!(
-            "[[agent]]\nname = \"byname\"\nmatch = {{ container = \"{name}\" }}\n\n\
-             [[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
-            forged.pid()
-        );
-        if let Some(o) = &outsider {
-            text.push_str(&format!(
-                "\n[[agent]]\nname = \"outsider\"\nmatch = {{ pid = {} }}\n",
-                o.pid()
-            ));
-        }
-        std::fs::write(&config, text).unwrap();
+        let (forged, outsider) = impostors(TEST, &format!("docker-{id}.scope"), &id, init);
         let env = only_docker(&scratch, &sock, "5s");
-        let report = config_check(&config, &env);
-        eprintln!("{report}");
-        assert_eq!(roots(&report, "byname"), [init], "{report}");
-        // The forged process is in no container at all.
-        assert!(
-            !section(&report, "forged").contains("container  "),
-            "{report}"
+        impostors_are_not_the_container(
+            &scratch,
+            &env,
+            &name,
+            &id,
+            init,
+            "docker",
+            &forged,
+            outsider.as_ref(),
         );
-        if let Some(o) = &outsider {
-            let s = section(&report, "outsider");
-            assert!(!s.contains("container  "), "{report}");
-            assert!(
-                s.contains(&format!(
-                    "gap        pid {} is not taken for container {} (docker): it is not in the pid namespace of the container's init (pid {init})",
-                    o.pid(),
-                    &id[..12]
-                )),
-                "{report}"
-            );
-        }
 
         // The restart's act-time check: never for a process the runtime
         // does not place in the container.
@@ -605,66 +635,19 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
     };
     let result = std::panic::catch_unwind(|| {
         let init: u32 = inspect("{{.State.Pid}}").parse().expect("State.Pid");
-        let init_cgroup = std::fs::read_to_string(format!("/proc/{init}/cgroup")).unwrap();
-        eprintln!(
-            "podman container {} init {init} in {init_cgroup:?}",
-            &id[..12]
-        );
-        let forged = Placed::start(
-            &format!("{}/app.slice/libpod-{id}.scope", user_tree(ATTACKER)),
-            Some(ATTACKER),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let own = init_cgroup
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .filter(|p| p.contains(&id))
-            .map(|p| p.trim_start_matches('/').to_string());
-        let outsider = own
-            .as_deref()
-            .map(|rel| Placed::start(rel, Some(ATTACKER)).unwrap_or_else(|e| panic!("{e}")));
-        if outsider.is_none() {
-            skip(
-                TEST,
-                &format!(
-                    "the outsider part: the container's init is in no v2 cgroup of it ({init_cgroup:?})"
-                ),
-            );
-        }
-        let config = scratch.join("config.toml");
-        let mut text = format!(
-            "[[agent]]\nname = \"byname\"\nmatch = {{ container = \"{name}\" }}\n\n\
-             [[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
-            forged.pid()
-        );
-        if let Some(o) = &outsider {
-            text.push_str(&format!(
-                "\n[[agent]]\nname = \"outsider\"\nmatch = {{ pid = {} }}\n",
-                o.pid()
-            ));
-        }
-        std::fs::write(&config, text).unwrap();
+        let (forged, outsider) = impostors(TEST, &format!("libpod-{id}.scope"), &id, init);
         let mut env = only_docker(&scratch, &scratch.join("no-docker.sock"), "5s");
         env[1].1 = format!("unix://{}", podman.sock.display());
-        let report = config_check(&config, &env);
-        eprintln!("{report}");
-        assert_eq!(roots(&report, "byname"), [init], "{report}");
-        assert!(
-            !section(&report, "forged").contains("container  "),
-            "{report}"
+        impostors_are_not_the_container(
+            &scratch,
+            &env,
+            &name,
+            &id,
+            init,
+            "podman",
+            &forged,
+            outsider.as_ref(),
         );
-        if let Some(o) = &outsider {
-            let s = section(&report, "outsider");
-            assert!(!s.contains("container  "), "{report}");
-            assert!(
-                s.contains(&format!(
-                    "gap        pid {} is not taken for container {} (podman): it is not in the pid namespace of the container's init (pid {init})",
-                    o.pid(),
-                    &id[..12]
-                )),
-                "{report}"
-            );
-        }
         let sources = selfheal::runtime::Sources {
             docker: scratch.join("no-docker.sock"),
             podman: podman.sock.clone(),
