@@ -5,17 +5,23 @@
 //! Hardened against the clients it cannot trust (any local user, any pod
 //! that can route to it):
 //!
-//! - **Slots per peer.** At most [`MAX_CONNS`] connections at once, at most
-//!   [`MAX_PER_PEER`] from one IP address, and the last [`RESERVED`] slots
-//!   only for a peer holding none: a flood from one address (idle or
-//!   slowloris connections, re-opened as fast as they close) holds
-//!   [`MAX_PER_PEER`] slots and never the one a scraper at another address
-//!   needs. A connection over its peer's share is answered `503` without
-//!   blocking and closed.
+//! - **Request heads are read by one thread, cheaply.** A connection costs
+//!   a file descriptor, not a thread, until its whole head has arrived: one
+//!   thread `poll`s every pending connection. A peer (an IP address) has at
+//!   most [`MAX_PENDING_PER_PEER`] pending, all peers [`MAX_PENDING`]; past
+//!   that the peer's (or the largest peer's) oldest pending connection is
+//!   dropped for the new one. A flood of idle or slowloris connections
+//!   thus churns its own share while a scraper's head, sent at once, is
+//!   read within one round of the loop.
 //! - **A short request head.** The head must arrive complete within
 //!   [`HEAD_DEADLINE`] and [`MAX_REQUEST`] bytes; the answer must be
-//!   written within [`WRITE_DEADLINE`]. A slow client holds its slot no
-//!   longer.
+//!   written within [`WRITE_DEADLINE`].
+//! - **Answer slots per peer.** A complete request is answered on its own
+//!   thread: at most [`MAX_CONNS`] at once, [`MAX_PER_PEER`] for one peer,
+//!   and the last [`RESERVED`] only for a peer holding none, so a peer
+//!   that reads its answers slowly holds [`MAX_PER_PEER`] threads, never
+//!   the one a scraper at another address needs. A request over its
+//!   peer's share is answered `503` without blocking and closed.
 //! - **A bearer token** ([`Token`], from a file that only its owner and
 //!   group may read). A scrape without it, or with another, gets `401`
 //!   and a log line naming the peer, never the token; the lines are
@@ -35,10 +41,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Connections served at once.
+/// Connections whose request head is still arriving, all peers.
+pub const MAX_PENDING: usize = 256;
+
+/// Connections whose request head is still arriving, one peer address.
+pub const MAX_PENDING_PER_PEER: usize = 128;
+
+/// New connections accepted per round of the head loop (then every
+/// pending connection is read again).
+const ACCEPT_BATCH: usize = 16;
+
+/// Requests answered at once.
 pub const MAX_CONNS: usize = 64;
 
-/// Connections served at once for one peer address.
+/// Requests answered at once for one peer address.
 pub const MAX_PER_PEER: usize = 4;
 
 /// Slots kept for peers that hold none: a peer already holding one gets
@@ -246,14 +262,16 @@ fn peer_key(ip: IpAddr) -> IpAddr {
     ip.to_canonical()
 }
 
-/// Serves `listener` from a background thread (and one thread per
-/// admitted connection): `/metrics` answers the text in `metrics` as it is
-/// when the request arrives, behind `token` when there is one.
+/// Serves `listener` from a background thread (the head loop) and one
+/// thread per request being answered: `/metrics` answers the text in
+/// `metrics` as it is when the request arrives, behind `token` when there
+/// is one.
 pub fn serve(
     listener: TcpListener,
     metrics: Arc<Mutex<String>>,
     token: Option<Token>,
 ) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
     let shared = Arc::new(Shared {
         metrics,
         token,
@@ -265,47 +283,215 @@ pub fn serve(
     let slots = Arc::new(Mutex::new(Slots::default()));
     std::thread::Builder::new()
         .name("selfheal-metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let stream = match stream {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // EMFILE and the like: do not spin.
-                        tracing::debug!("metrics: accept: {e}");
-                        std::thread::sleep(Duration::from_millis(50));
-                        continue;
-                    }
-                };
-                let Ok(peer) = stream.peer_addr().map(|a| peer_key(a.ip())) else {
-                    continue;
-                };
-                let admitted = slots.lock().map(|mut s| s.admit(peer)).unwrap_or(false);
-                if !admitted {
-                    refuse_busy(stream);
-                    continue;
-                }
-                let held = Held {
-                    slots: Arc::clone(&slots),
-                    peer,
-                };
-                let shared = Arc::clone(&shared);
-                let spawned = std::thread::Builder::new()
-                    .name("selfheal-metrics-conn".into())
-                    .stack_size(256 * 1024)
-                    .spawn(move || {
-                        serve_one(stream, peer, &shared);
-                        drop(held);
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("metrics: cannot start a connection thread: {e}");
-                }
-            }
-        })?;
+        .spawn(move || head_loop(&listener, &shared, &slots))?;
     Ok(())
 }
 
-/// A connection over its peer's share: `503` if the socket takes it at
-/// once, then closed. Never blocks the accepting thread.
+/// A connection whose request head is still arriving.
+struct Pending {
+    stream: TcpStream,
+    peer: IpAddr,
+    since: Instant,
+    head: Vec<u8>,
+}
+
+/// Whether `head` holds a whole request head.
+fn complete(head: &[u8]) -> bool {
+    head.windows(4).any(|w| w == b"\r\n\r\n")
+}
+
+/// Accepts connections and reads their heads, forever: each complete head
+/// goes to [`answer`] on its own thread (within the peer's slots).
+fn head_loop(listener: &TcpListener, shared: &Arc<Shared>, slots: &Arc<Mutex<Slots>>) {
+    use std::os::fd::AsRawFd as _;
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut by_peer: HashMap<IpAddr, usize> = HashMap::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let mut chunk = [0u8; 2048];
+    loop {
+        // Drop what is past its head deadline; wake for the next one.
+        let now = Instant::now();
+        let mut i = 0;
+        while i < pending.len() {
+            if now.duration_since(pending[i].since) >= HEAD_DEADLINE {
+                forget(&mut by_peer, pending.swap_remove(i).peer);
+            } else {
+                i += 1;
+            }
+        }
+        let wake = pending
+            .iter()
+            .map(|p| (p.since + HEAD_DEADLINE).saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(1));
+        fds.clear();
+        fds.push(libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        fds.extend(pending.iter().map(|p| libc::pollfd {
+            fd: p.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let timeout_ms = i32::try_from(wake.as_millis().max(1)).unwrap_or(1000);
+        // SAFETY: `fds` is a live array of `fds.len()` pollfds whose fds
+        // stay open (owned by `listener` and `pending`) during the call.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                tracing::debug!("metrics: poll: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            continue;
+        }
+        // Read the pending connections that have something (before
+        // accepting more: a head that arrived is served first).
+        let ready: Vec<bool> = fds[1..].iter().map(|f| f.revents != 0).collect();
+        let mut i = ready.len();
+        while i > 0 {
+            i -= 1;
+            if !ready[i] {
+                continue;
+            }
+            let done = match pending[i].stream.read(&mut chunk) {
+                Ok(0) => Some(false),
+                Ok(k) => {
+                    let p = &mut pending[i];
+                    p.head.extend_from_slice(&chunk[..k]);
+                    if complete(&p.head) {
+                        Some(true)
+                    } else if p.head.len() >= MAX_REQUEST {
+                        Some(false)
+                    } else {
+                        None
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    None
+                }
+                Err(_) => Some(false),
+            };
+            if let Some(whole) = done {
+                let p = pending.swap_remove(i);
+                forget(&mut by_peer, p.peer);
+                if whole {
+                    dispatch(p, shared, slots);
+                }
+            }
+        }
+        if fds[0].revents != 0 {
+            accept_some(listener, &mut pending, &mut by_peer);
+        }
+    }
+}
+
+/// One fewer pending connection for `peer`.
+fn forget(by_peer: &mut HashMap<IpAddr, usize>, peer: IpAddr) {
+    if let Some(n) = by_peer.get_mut(&peer) {
+        *n -= 1;
+        if *n == 0 {
+            by_peer.remove(&peer);
+        }
+    }
+}
+
+/// Accepts up to [`ACCEPT_BATCH`] connections into `pending`, each in
+/// place of its peer's oldest pending one when the peer (or the table) is
+/// full.
+fn accept_some(
+    listener: &TcpListener,
+    pending: &mut Vec<Pending>,
+    by_peer: &mut HashMap<IpAddr, usize>,
+) {
+    for _ in 0..ACCEPT_BATCH {
+        let (stream, addr) = match listener.accept() {
+            Ok(a) => a,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // EMFILE and the like: make room, do not spin.
+                tracing::debug!("metrics: accept: {e}");
+                if let Some(oldest) = oldest_of(pending, None) {
+                    forget(by_peer, pending.swap_remove(oldest).peer);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                return;
+            }
+        };
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let peer = peer_key(addr.ip());
+        let held = by_peer.get(&peer).copied().unwrap_or(0);
+        let evict = if held >= MAX_PENDING_PER_PEER {
+            oldest_of(pending, Some(peer))
+        } else if pending.len() >= MAX_PENDING {
+            let largest = by_peer.iter().max_by_key(|(_, n)| **n).map(|(p, _)| *p);
+            oldest_of(pending, largest)
+        } else {
+            None
+        };
+        if let Some(i) = evict {
+            forget(by_peer, pending.swap_remove(i).peer);
+        }
+        if pending.len() >= MAX_PENDING {
+            continue;
+        }
+        *by_peer.entry(peer).or_default() += 1;
+        pending.push(Pending {
+            stream,
+            peer,
+            since: Instant::now(),
+            head: Vec::new(),
+        });
+    }
+}
+
+/// The index of the oldest pending connection (of `peer`, if given).
+fn oldest_of(pending: &[Pending], peer: Option<IpAddr>) -> Option<usize> {
+    pending
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| peer.is_none_or(|peer| p.peer == peer))
+        .min_by_key(|(_, p)| p.since)
+        .map(|(i, _)| i)
+}
+
+/// A complete request: answered on its own thread if its peer's slots
+/// allow, else `503`.
+fn dispatch(p: Pending, shared: &Arc<Shared>, slots: &Arc<Mutex<Slots>>) {
+    let admitted = slots.lock().map(|mut s| s.admit(p.peer)).unwrap_or(false);
+    if !admitted {
+        refuse_busy(p.stream);
+        return;
+    }
+    let held = Held {
+        slots: Arc::clone(slots),
+        peer: p.peer,
+    };
+    let shared = Arc::clone(shared);
+    let spawned = std::thread::Builder::new()
+        .name("selfheal-metrics-conn".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            answer(p.stream, p.peer, &p.head, &shared);
+            drop(held);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("metrics: cannot start a connection thread: {e}");
+    }
+}
+
+/// A request over its peer's share: `503` if the socket takes it at
+/// once, then closed. Never blocks.
 fn refuse_busy(mut stream: TcpStream) {
     if stream.set_nonblocking(true).is_ok() {
         let _ = stream.write_all(
@@ -386,30 +572,13 @@ fn authorize(token: &Token, authorization: Option<&[u8]>) -> Result<(), Unauthor
     }
 }
 
-/// One admitted connection.
-fn serve_one(mut stream: TcpStream, peer: IpAddr, shared: &Shared) {
-    let head_deadline = Instant::now() + HEAD_DEADLINE;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    // The request head, until its blank line, its size limit or the
-    // deadline (a client sending a byte a second gets no more time).
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() >= MAX_REQUEST {
-            return;
-        }
-        let left = head_deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return,
-        }
+/// Answers one complete request head, within [`WRITE_DEADLINE`].
+fn answer(mut stream: TcpStream, peer: IpAddr, buf: &[u8], shared: &Shared) {
+    if stream.set_nonblocking(false).is_err() {
+        return;
     }
     let head_only = buf.starts_with(b"HEAD ");
-    let (status, extra, body) = match parse(&buf) {
+    let (status, extra, body) = match parse(buf) {
         Asked::Healthz => ("200 OK", "", "ok\n".to_string()),
         Asked::Metrics { authorization } => {
             match shared

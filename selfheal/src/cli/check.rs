@@ -468,9 +468,9 @@ fn serve_metrics(
     } else {
         tracing::warn!(
             "serving metrics at http://{bound}/metrics, reachable from other hosts, with no \
-             token (anyone who can reach it reads agent names, verdicts and probe URLs): give \
-             --metrics-token-file, or bind 127.0.0.1 (e.g. --metrics-addr 127.0.0.1:{}) unless \
-             a firewall or a NetworkPolicy guards it",
+             authentication (anyone who can reach it reads agent names, verdicts and probe \
+             URLs): give --metrics-token-file, or bind 127.0.0.1 (e.g. --metrics-addr \
+             127.0.0.1:{}) unless a firewall or a NetworkPolicy guards it",
             bound.port()
         );
     }
