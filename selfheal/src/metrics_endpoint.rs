@@ -8,9 +8,9 @@
 //! - **Request heads are read by one thread, cheaply.** A connection costs
 //!   a file descriptor, not a thread, until its whole head has arrived: one
 //!   thread `poll`s every pending connection. A peer (an IP address) has at
-//!   most [`MAX_PENDING_PER_PEER`] pending, all peers [`MAX_PENDING`]; past
-//!   that the peer's (or the largest peer's) oldest pending connection is
-//!   dropped for the new one. A flood of idle or slowloris connections
+//!   most [`MAX_PENDING_PER_PEER`] pending (an IPv6 /64 is one peer), all
+//!   peers [`MAX_PENDING`]; past that the peer's oldest pending connection
+//!   (the table full: the oldest of all) is dropped for the new one. A flood of idle or slowloris connections
 //!   thus churns its own share while a scraper's head, sent at once, is
 //!   read within one round of the loop.
 //! - **A short request head.** The head must arrive complete within
@@ -256,10 +256,17 @@ struct Shared {
     refusals: Mutex<Refusals>,
 }
 
-/// The address peers are counted by: an IPv4-mapped IPv6 address as the
-/// IPv4 one.
+/// The address peers are counted by: an IPv4 address (an IPv4-mapped IPv6
+/// one as the IPv4 one), or an IPv6 address's /64 (one host's usual
+/// allocation: a peer does not get a share per address it can pick).
 fn peer_key(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
 }
 
 /// Serves `listener` from a background thread (the head loop) and one
@@ -434,8 +441,9 @@ fn accept_some(
         let evict = if held >= MAX_PENDING_PER_PEER {
             oldest_of(pending, Some(peer))
         } else if pending.len() >= MAX_PENDING {
-            let largest = by_peer.iter().max_by_key(|(_, n)| **n).map(|(p, _)| *p);
-            oldest_of(pending, largest)
+            // Full with many peers: the oldest of all (a head that should
+            // have come long ago), whoever's it is.
+            oldest_of(pending, None)
         } else {
             None
         };
@@ -686,6 +694,20 @@ mod tests {
             s.release(flood);
         }
         assert_eq!(s.by_peer.get(&flood), None);
+    }
+
+    #[test]
+    fn peers_are_addresses_and_ipv6_slash_64s() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (a, key) in [
+            ("10.0.0.1", "10.0.0.1"),
+            ("::ffff:10.0.0.1", "10.0.0.1"),
+            ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", "2001:db8:1:2::"),
+            ("2001:db8:1:2::1", "2001:db8:1:2::"),
+            ("::1", "::"),
+        ] {
+            assert_eq!(peer_key(ip(a)), ip(key), "{a}");
+        }
     }
 
     #[test]

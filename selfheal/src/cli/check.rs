@@ -88,9 +88,10 @@ pub struct WatchArgs {
     /// Serve the metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
     /// last complete check's (never one half done); empty before the first
     /// check ends. http://ADDR/healthz answers "ok" (no token, reads
-    /// nothing: for liveness probes). At most 64 connections at once, 4 from
-    /// one address, and the request head must arrive within 1 s. See
-    /// dist/prometheus/ for alert rules.
+    /// nothing: for liveness probes). A request head must arrive within
+    /// 1 s; at most 256 connections wait for theirs (128 from one address,
+    /// its oldest dropped for its newest), and at most 64 are answered at
+    /// once (4 for one address). See dist/prometheus/ for alert rules.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Require this bearer token on /metrics (`Authorization: Bearer
