@@ -22,8 +22,8 @@
 //!   that reads its answers slowly holds [`MAX_PER_PEER`] threads, never
 //!   the one a scraper at another address needs. A request over its
 //!   peer's share is answered `503` without blocking and closed.
-//! - **A bearer token** ([`Token`], from a file that only its owner and
-//!   group may read). A scrape without it, or with another, gets `401`
+//! - **A bearer token** ([`TokenFile`], a file that only its owner and
+//!   group may read, looked at again every [`TOKEN_RECHECK_EVERY`]). A scrape without it, or with another, gets `401`
 //!   and a log line naming the peer, never the token; the lines are
 //!   limited to one per [`UNAUTHORIZED_LOG_EVERY`] (with the count of the
 //!   others), so a flood of bad scrapes cannot flood the log. Tokens are
@@ -181,6 +181,76 @@ impl Token {
     }
 }
 
+/// How often the token file is looked at again (a changed file's new
+/// token replaces the old; a Kubernetes Secret is updated in place).
+pub const TOKEN_RECHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// The token of a file, followed as the file changes: at most every
+/// [`TOKEN_RECHECK_EVERY`] the file is `stat`ed, and when it is another
+/// file or was modified, read and checked again as at start; a file that
+/// no longer passes is logged and the last good token kept.
+#[derive(Debug)]
+pub struct TokenFile {
+    path: PathBuf,
+    state: Mutex<TokenState>,
+}
+
+#[derive(Debug)]
+struct TokenState {
+    token: Token,
+    identity: Option<FileIdentity>,
+    checked: Instant,
+}
+
+/// What tells one version of a file from another.
+type FileIdentity = (u64, u64, i64, i64, u64);
+
+fn identity(path: &Path) -> Option<FileIdentity> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.size()))
+}
+
+impl TokenFile {
+    /// The token in `path` ([`Token::from_file`]), to be followed.
+    pub fn open(path: &Path) -> Result<TokenFile, TokenError> {
+        let identity = identity(path);
+        let token = Token::from_file(path)?;
+        Ok(TokenFile {
+            path: path.to_path_buf(),
+            state: Mutex::new(TokenState {
+                token,
+                identity,
+                checked: Instant::now(),
+            }),
+        })
+    }
+
+    /// The token now (the file looked at again if it is time).
+    pub fn current(&self) -> Option<Token> {
+        let mut st = self.state.lock().ok()?;
+        if st.checked.elapsed() >= TOKEN_RECHECK_EVERY {
+            st.checked = Instant::now();
+            let now = identity(&self.path);
+            if now != st.identity {
+                st.identity = now;
+                match Token::from_file(&self.path) {
+                    Ok(t) => {
+                        st.token = t;
+                        tracing::info!(
+                            "metrics: the token file {} changed: its new token is required",
+                            self.path.display()
+                        );
+                    }
+                    Err(e) => {
+                        tracing::error!("{e}; the last good token is still required");
+                    }
+                }
+            }
+        }
+        Some(st.token.clone())
+    }
+}
+
 /// `a == b` in time that depends on the longer length only: every byte
 /// position is compared, the differences folded together.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
@@ -252,7 +322,7 @@ struct Refusals {
 /// What the connection threads share.
 struct Shared {
     metrics: Arc<Mutex<String>>,
-    token: Option<Token>,
+    token: Option<TokenFile>,
     refusals: Mutex<Refusals>,
 }
 
@@ -276,7 +346,7 @@ fn peer_key(ip: IpAddr) -> IpAddr {
 pub fn serve(
     listener: TcpListener,
     metrics: Arc<Mutex<String>>,
-    token: Option<Token>,
+    token: Option<TokenFile>,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let shared = Arc::new(Shared {
@@ -589,11 +659,13 @@ fn answer(mut stream: TcpStream, peer: IpAddr, buf: &[u8], shared: &Shared) {
     let (status, extra, body) = match parse(buf) {
         Asked::Healthz => ("200 OK", "", "ok\n".to_string()),
         Asked::Metrics { authorization } => {
-            match shared
-                .token
-                .as_ref()
-                .map_or(Ok(()), |t| authorize(t, authorization.as_deref()))
-            {
+            let verdict = match shared.token.as_ref().map(TokenFile::current) {
+                None => Ok(()),
+                Some(Some(t)) => authorize(&t, authorization.as_deref()),
+                // A poisoned lock: refuse rather than serve unguarded.
+                Some(None) => Err(Unauthorized::Wrong),
+            };
+            match verdict {
                 Ok(()) => (
                     "200 OK",
                     "",

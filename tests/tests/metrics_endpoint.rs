@@ -311,7 +311,8 @@ fn flood_against_scraper(tag: &str, flood_from: Ipv4Addr, min_share_during: usiz
 
 /// With `--metrics-token-file`: the right token 200, a wrong or missing
 /// one 401 (logged with the peer, never the token), `/healthz` 200 with
-/// none.
+/// none; the file replaced, its new token is required, and a replacement
+/// others may read is refused with the last good token kept.
 #[test]
 fn the_token_is_required_and_never_logged() {
     let scratch = Scratch::new("metrics-token");
@@ -331,7 +332,12 @@ fn the_token_is_required_and_never_logged() {
         t.contains("selfheal_agent_verdict{agent=\"me\"")
             .then_some(t)
     });
-    let served = served.expect("metrics served with the token");
+    let served = served.unwrap_or_else(|| {
+        panic!(
+            "metrics not served with the token within 20 s: last answer {:?}",
+            ask("/metrics", Some(&bearer))
+        )
+    });
     assert!(served.starts_with("HTTP/1.1 200 OK\r\n"), "{served}");
 
     let healthz = ask("/healthz", None);
@@ -354,8 +360,48 @@ fn the_token_is_required_and_never_logged() {
             "{auth:?}: metrics leaked: {t}"
         );
     }
+
+    // The file replaced as a Kubernetes Secret update does (a rename): the
+    // new token is required within the recheck interval, the old refused.
+    let rotated = "tok-rotated-1c2b3a4d5e6f708192a3b4c5d6e7f8";
+    let replace = |text: &str, mode: u32| {
+        let tmp = scratch.join("token.new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+        std::fs::rename(&tmp, &file).unwrap();
+    };
+    replace(&format!("{rotated}\n"), 0o600);
+    let t0 = Instant::now();
+    let new_bearer = format!("Bearer {rotated}");
+    let took = wait_for(15 * SEC, Duration::from_millis(200), || {
+        ask("/metrics", Some(&new_bearer))
+            .starts_with("HTTP/1.1 200")
+            .then(|| t0.elapsed())
+    });
+    let took = took.expect("the rotated token is required within 15 s");
+    eprintln!(
+        "the rotated token was taken after {:.1} s",
+        took.as_secs_f64()
+    );
+    assert!(ask("/metrics", Some(&bearer)).starts_with("HTTP/1.1 401"));
+    // A replacement others may read is refused; the last good token holds.
+    replace("tok-exposed\n", 0o644);
+    std::thread::sleep(6 * SEC);
+    assert!(ask("/metrics", Some(&new_bearer)).starts_with("HTTP/1.1 200"));
+    assert!(ask("/metrics", Some("Bearer tok-exposed")).starts_with("HTTP/1.1 401"));
+
     let log = watch.stop();
     eprintln!("watch's log:\n{log}");
+    assert!(log.contains("changed: its new token is required"), "{log}");
+    assert!(
+        log.contains("mode 0644 lets any user read or write it")
+            && log.contains("the last good token is still required"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(rotated) && !log.contains("tok-exposed"),
+        "{log}"
+    );
     assert!(
         log.contains("metrics: refused a scrape from 127.0.0.1 (no Authorization header)"),
         "{log}"

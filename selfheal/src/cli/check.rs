@@ -98,8 +98,10 @@ pub struct WatchArgs {
     /// TOKEN`): the file's content, white space around it dropped. Refused
     /// at start if missing, empty, not printable ASCII, or readable or
     /// writable by other users (mode 0600 or 0640). A scrape without it
-    /// gets 401 and a log line naming its address, never the token. Read
-    /// once: restart to rotate it.
+    /// gets 401 and a log line naming its address, never the token. The
+    /// file is looked at again every 5 s: a new token in it (a Kubernetes
+    /// Secret updated) replaces the old one; a file that no longer passes
+    /// is logged and the last good token kept.
     #[arg(long, value_name = "PATH", requires = "metrics_addr")]
     metrics_token_file: Option<PathBuf>,
     /// Stop after this many checks (default: run until killed).
@@ -426,7 +428,7 @@ pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
     let token = args
         .metrics_token_file
         .as_deref()
-        .map(selfheal::metrics_endpoint::Token::from_file)
+        .map(selfheal::metrics_endpoint::TokenFile::open)
         .transpose()?;
     let mut session = Session::open(&args.common)?;
     let metrics = Arc::new(Mutex::new(String::new()));
@@ -455,7 +457,7 @@ pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
 fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: Arc<Mutex<String>>,
-    token: Option<selfheal::metrics_endpoint::Token>,
+    token: Option<selfheal::metrics_endpoint::TokenFile>,
 ) -> std::io::Result<()> {
     let listener = std::net::TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
