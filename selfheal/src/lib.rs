@@ -43,6 +43,7 @@ pub mod healer;
 pub mod helper;
 pub mod inspect;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod netns;
 pub mod pidfd;
 pub mod probe;

@@ -538,13 +538,23 @@ fn container_info(o: &mut String, outcomes: &[Outcome]) {
     }
 }
 
-/// A Prometheus label value, escaped as the text format says: backslash,
-/// double quote and line feed. Any other character (UTF-8, controls) is
-/// legal in a label value.
+/// A Prometheus label value: safe on a terminal and valid text format.
+///
+/// Line feeds become the format's `\n` (the value keeps its line feed);
+/// every other control character (ESC, BEL, CR, tab, DEL, C1: legal raw in
+/// the format, but acted on by a terminal that shows a scrape) is written
+/// as [`crate::text::escape`] writes it (`\u{1b}`), and then
+/// backslash and double quote are escaped as the format says, so the value
+/// Prometheus reads holds that visible `\u{1b}`, never the raw byte.
 pub fn label(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    s.split('\n')
+        .map(|line| {
+            crate::text::escape(line)
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+        })
+        .collect::<Vec<_>>()
+        .join("\\n")
 }
 
 /// A `# HELP` text, escaped (backslash and line feed).
@@ -677,12 +687,72 @@ mod tests {
         let outs = [outcome(name, Verdict::Healthy, &[])];
         let t = render(&outs, &history_of(&outs), &info());
         assert!(t.contains(
-            "selfheal_agent_verdict{agent=\"we\\\"ird\\\\agent\\nname é\t\",verdict=\"healthy\"} 1\n"
+            "selfheal_agent_verdict{agent=\"we\\\"ird\\\\agent\\nname é\\\\t\",verdict=\"healthy\"} 1\n"
         ));
         // No sample is split over lines.
         for s in samples(&t) {
             assert!(s.starts_with("selfheal_"), "{s:?}");
         }
+    }
+
+    #[test]
+    fn label_values_carry_no_control_character() {
+        for (raw, want) in [
+            ("plain é", "plain é"),
+            ("\u{1b}]0;pwned\u{7}", "\\\\u{1b}]0;pwned\\\\u{7}"),
+            ("a\rb", "a\\\\rb"),
+            ("a\nb", "a\\nb"),
+            ("\u{9b}31m", "\\\\u{9b}31m"),
+            ("q\"\\", "q\\\"\\\\"),
+        ] {
+            let got = label(raw);
+            assert_eq!(got, want, "{raw:?}");
+            assert!(!got.chars().any(char::is_control), "{got:?}");
+        }
+    }
+
+    /// `promtool check metrics` (when installed) accepts the text with
+    /// hostile label values: ESC, BEL, CR, C1, quotes and backslashes in an
+    /// agent name and a container's labels.
+    #[test]
+    fn hostile_label_values_keep_the_exposition_valid_for_promtool() {
+        let evil = "ag\u{1b}[2J\u{7}\r\"x\\y\nz\u{9b}";
+        let mut o = outcome(evil, Verdict::Wedged, &["recv_blocked"]);
+        o.containers = vec![crate::runtime::Identity {
+            runtime: crate::runtime::Runtime::Docker,
+            id: format!("id{evil}"),
+            name: Some(format!("name{evil}")),
+            image: Some(evil.into()),
+            pod: Some(evil.into()),
+            namespace: Some(evil.into()),
+            pod_uid: None,
+            labels: Default::default(),
+            resolved: true,
+        }];
+        let outs = [o];
+        let t = render(&outs, &history_of(&outs), &info());
+        assert!(
+            !t.chars().any(|c| c.is_control() && c != '\n'),
+            "a raw control character: {t:?}"
+        );
+        let Ok(mut child) = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+        else {
+            eprintln!("SKIPPED promtool check: no promtool on PATH");
+            return;
+        };
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(t.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        eprintln!("promtool check metrics: {:?} {}", out.status, said.trim());
+        assert!(out.status.success(), "{said}\n{t}");
+        assert!(!said.contains("error"), "{said}");
     }
 
     #[test]

@@ -87,9 +87,23 @@ pub struct WatchArgs {
     interval: Duration,
     /// Serve the metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
     /// last complete check's (never one half done); empty before the first
-    /// check ends. See dist/prometheus/ for alert rules.
+    /// check ends. http://ADDR/healthz answers "ok" (no token, reads
+    /// nothing: for liveness probes). A request head must arrive within
+    /// 1 s; at most 256 connections wait for theirs (128 from one address,
+    /// its oldest dropped for its newest), and at most 64 are answered at
+    /// once (4 for one address). See dist/prometheus/ for alert rules.
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Require this bearer token on /metrics (`Authorization: Bearer
+    /// TOKEN`): the file's content, white space around it dropped. Refused
+    /// at start if missing, empty, not printable ASCII, or readable or
+    /// writable by other users (mode 0600 or 0640). A scrape without it
+    /// gets 401 and a log line naming its address, never the token. The
+    /// file is looked at again every 5 s: a new token in it (a Kubernetes
+    /// Secret updated) replaces the old one; a file that no longer passes
+    /// is logged and the last good token kept.
+    #[arg(long, value_name = "PATH", requires = "metrics_addr")]
+    metrics_token_file: Option<PathBuf>,
     /// Stop after this many checks (default: run until killed).
     #[arg(long, value_name = "N")]
     count: Option<u64>,
@@ -410,10 +424,16 @@ pub fn check(args: CheckArgs) -> Result<Finished, Error> {
 }
 
 pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
+    // A bad token file is refused before anything else is opened.
+    let token = args
+        .metrics_token_file
+        .as_deref()
+        .map(selfheal::metrics_endpoint::TokenFile::open)
+        .transpose()?;
     let mut session = Session::open(&args.common)?;
     let metrics = Arc::new(Mutex::new(String::new()));
     if let Some(addr) = args.metrics_addr {
-        serve_metrics(addr, Arc::clone(&metrics))
+        serve_metrics(addr, Arc::clone(&metrics), token)
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
     }
     let mut n = 0u64;
@@ -431,112 +451,31 @@ pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
     }
 }
 
-/// How long one metrics connection may take, from accept to the last byte
-/// written: an idle or slow client holds a slot no longer than this.
-const METRICS_CONN_DEADLINE: Duration = Duration::from_secs(2);
-
-/// Metrics connections served at once; one more is answered `503` at once
-/// and closed.
-const METRICS_MAX_CONNS: usize = 64;
-
-/// The longest request head read.
-const METRICS_MAX_REQUEST: usize = 8192;
-
-/// Serves `GET /metrics` from a background thread: each connection on its
-/// own thread with [`METRICS_CONN_DEADLINE`] for all of it, at most
-/// [`METRICS_MAX_CONNS`] at once. Says in the log when the address is
-/// reachable from other hosts: the endpoint has no authentication.
-fn serve_metrics(addr: std::net::SocketAddr, metrics: Arc<Mutex<String>>) -> std::io::Result<()> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+/// Binds `addr` and serves the metrics there ([`selfheal::metrics_endpoint`]).
+/// Says in the log when the address is reachable from other hosts and no
+/// token guards it.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: Arc<Mutex<String>>,
+    token: Option<selfheal::metrics_endpoint::TokenFile>,
+) -> std::io::Result<()> {
     let listener = std::net::TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
-    if addr.ip().is_loopback() {
-        tracing::info!("serving metrics at http://{bound}/metrics");
+    let guarded = if token.is_some() {
+        "a bearer token required"
+    } else {
+        "no token required"
+    };
+    if addr.ip().is_loopback() || token.is_some() {
+        tracing::info!("serving metrics at http://{bound}/metrics ({guarded})");
     } else {
         tracing::warn!(
-            "serving metrics at http://{bound}/metrics, reachable from other hosts: the endpoint \
-             has no authentication (anyone who can reach it reads agent names, verdicts and \
-             probe URLs); bind 127.0.0.1 (e.g. --metrics-addr 127.0.0.1:{}) unless a firewall \
-             or a proxy guards it",
+            "serving metrics at http://{bound}/metrics, reachable from other hosts, with no \
+             authentication (anyone who can reach it reads agent names, verdicts and probe \
+             URLs): give --metrics-token-file, or bind 127.0.0.1 (e.g. --metrics-addr \
+             127.0.0.1:{}) unless a firewall or a NetworkPolicy guards it",
             bound.port()
         );
     }
-    let open = Arc::new(AtomicUsize::new(0));
-    std::thread::Builder::new()
-        .name("selfheal-metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                let mut stream = match stream {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // EMFILE and the like: do not spin.
-                        tracing::debug!("metrics: accept: {e}");
-                        std::thread::sleep(Duration::from_millis(50));
-                        continue;
-                    }
-                };
-                if open.fetch_add(1, Ordering::AcqRel) >= METRICS_MAX_CONNS {
-                    open.fetch_sub(1, Ordering::AcqRel);
-                    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
-                    let _ = respond(&mut stream, "503 Service Unavailable", "busy\n");
-                    continue;
-                }
-                let metrics = Arc::clone(&metrics);
-                let open_here = Arc::clone(&open);
-                let spawned = std::thread::Builder::new()
-                    .name("selfheal-metrics-conn".into())
-                    .spawn(move || {
-                        serve_one(stream, &metrics);
-                        open_here.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if let Err(e) = spawned {
-                    open.fetch_sub(1, Ordering::AcqRel);
-                    tracing::warn!("metrics: cannot start a connection thread: {e}");
-                }
-            }
-        })?;
-    Ok(())
-}
-
-/// One metrics connection, within [`METRICS_CONN_DEADLINE`].
-fn serve_one(mut stream: std::net::TcpStream, metrics: &Mutex<String>) {
-    use std::io::Read as _;
-    let deadline = Instant::now() + METRICS_CONN_DEADLINE;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    // The request head, until its blank line, its size limit or the
-    // deadline (a client sending a byte a second gets no more time).
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < METRICS_MAX_REQUEST {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
-            return;
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return,
-        }
-    }
-    let (status, body) = if buf.starts_with(b"GET /metrics ") {
-        (
-            "200 OK",
-            metrics.lock().map(|m| m.clone()).unwrap_or_default(),
-        )
-    } else {
-        ("404 Not Found", "only /metrics here\n".to_string())
-    };
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() || stream.set_write_timeout(Some(left)).is_err() {
-        return;
-    }
-    let _ = respond(&mut stream, status, &body);
-}
-
-fn respond(stream: &mut std::net::TcpStream, status: &str, body: &str) -> std::io::Result<()> {
-    write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    selfheal::metrics_endpoint::serve(listener, metrics, token)
 }

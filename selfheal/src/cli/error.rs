@@ -119,6 +119,9 @@ pub enum Error {
     /// The helper could not serve (its socket, socket activation, a thread).
     #[error(transparent)]
     Serve(#[from] ServerError),
+    /// `watch --metrics-token-file`: the token file is refused.
+    #[error(transparent)]
+    MetricsToken(#[from] selfheal::metrics_endpoint::TokenError),
     /// `inspect --pid`: no such process to inspect.
     #[error("pid {pid}: {problem}")]
     NoSuchProcess { pid: u32, problem: String },
@@ -148,7 +151,8 @@ impl Error {
             | Error::Config(_)
             | Error::NoSuchAgent { .. }
             | Error::HelperNotRoot { .. }
-            | Error::Policy(_) => EXIT_USAGE,
+            | Error::Policy(_)
+            | Error::MetricsToken(_) => EXIT_USAGE,
             Error::Serve(_)
             | Error::NoSuchProcess { .. }
             | Error::NoSuchSnapshot { .. }
