@@ -36,6 +36,9 @@ pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 /// Default timeout of an HTTP probe.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `collect_budget`'s default.
+pub const DEFAULT_COLLECT_BUDGET: Duration = Duration::from_secs(5);
+
 /// Why a config could not be found, read or accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -238,6 +241,11 @@ pub struct Thresholds {
     pub d_state: Duration,
     /// `probe_slow`: a probe slower than this is damage. Default 1 s.
     pub probe_slow: Duration,
+    /// `collect_budget`: the longest one collection of the agent's
+    /// evidence may take; past it the collection stops, the agent is not
+    /// judged in that check (`over_budget`) and the other agents are.
+    /// Default 5 s.
+    pub collect_budget: Duration,
 }
 
 impl Default for Thresholds {
@@ -251,6 +259,7 @@ impl Default for Thresholds {
             zombies: 20,
             d_state: Duration::from_secs(10),
             probe_slow: Duration::from_secs(1),
+            collect_budget: DEFAULT_COLLECT_BUDGET,
         }
     }
 }
@@ -920,6 +929,7 @@ const THRESHOLD_KEYS: &[&str] = &[
     "zombies",
     "d_state",
     "probe_slow",
+    "collect_budget",
 ];
 const MATCH_KEYS: &[&str] = &[
     "pid",
@@ -1128,6 +1138,7 @@ fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
         zombies: count("zombies", d.zombies)?,
         d_state: t.duration("d_state")?.unwrap_or(d.d_state),
         probe_slow: t.duration("probe_slow")?.unwrap_or(d.probe_slow),
+        collect_budget: t.duration("collect_budget")?.unwrap_or(d.collect_budget),
     })
 }
 

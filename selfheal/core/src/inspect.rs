@@ -164,6 +164,10 @@ pub struct Evidence {
     pub processes: Vec<ProcessInfo>,
     /// Processes that vanished before they could be read.
     pub gone: Vec<u32>,
+    /// Set when the collection ran past its time budget and stopped: the
+    /// gap's words. The evidence is then partial (processes or threads
+    /// left unread) and is not to be judged as if it were whole.
+    pub over_budget: Option<String>,
     /// TCP sockets per network namespace the processes live in, with the
     /// pid the dump was made through.
     pub tcp: Vec<NetnsSockets>,
@@ -283,6 +287,9 @@ fn evidence_gaps(ev: &Evidence) -> Vec<Gap> {
             GapKind::NoProcess,
             format!("no process matched: {p}"),
         ));
+    }
+    if let Some(why) = &ev.over_budget {
+        gaps.push(Gap::new(GapKind::Budget, why.clone()));
     }
     for pid in &ev.gone {
         gaps.push(Gap::new(
@@ -876,6 +883,7 @@ mod tests {
             container_gaps: vec![],
             processes,
             gone: vec![99],
+            over_budget: None,
             tcp: vec![(1, Ok(tcp))],
             roles,
             ebpf: EbpfEvidence {
