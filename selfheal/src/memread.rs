@@ -145,13 +145,18 @@ impl Drop for Reader {
 /// Fills `buf` from `sock` by `deadline`.
 fn read_by(sock: &mut UnixStream, buf: &mut [u8], deadline: Instant) -> Result<(), ReadError> {
     let mut got = 0;
+    let mut first = true;
     while got < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(ReadError::Timeout);
         }
-        sock.set_read_timeout(Some(left))
-            .map_err(|e| ReadError::Reader(e.to_string()))?;
+        // The whole answer usually arrives at once: one timeout set per
+        // request, reset only for a second read.
+        if std::mem::take(&mut first) || got > 0 {
+            sock.set_read_timeout(Some(left))
+                .map_err(|e| ReadError::Reader(e.to_string()))?;
+        }
         match sock.read(&mut buf[got..]) {
             Ok(0) => return Err(ReadError::Reader("it exited".into())),
             Ok(n) => got += n,
@@ -201,7 +206,7 @@ pub fn abandoned() -> Vec<u32> {
 fn spawn() -> Result<(Pid, UnixStream), String> {
     let (mine, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
     // Everything the child touches is allocated here, before the fork.
-    let mut buf = vec![0u8; MAX_READ].into_boxed_slice();
+    let mut buf = vec![0u8; 8 + MAX_READ].into_boxed_slice();
     let fd = theirs.as_raw_fd();
     // SAFETY: the child makes raw system calls only (see `serve`) and
     // leaves with `_exit`; it never returns into Rust code that may take a
@@ -233,6 +238,10 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
                 libc::close(f);
             }
         }
+        // The answer is built in place: `[n i64]` then the bytes read.
+        let out = buf.as_mut_ptr();
+        let data = out.add(8);
+        let room = buf.len() - 8;
         let mut req = [0u8; 24];
         loop {
             let mut got = 0;
@@ -245,10 +254,10 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
             }
             let pid = u32::from_le_bytes([req[0], req[1], req[2], req[3]]) as libc::pid_t;
             let addr = u64::from_le_bytes(req[8..16].try_into().unwrap_or([0; 8]));
-            let len = (u64::from_le_bytes(req[16..].try_into().unwrap_or([0; 8])) as usize)
-                .min(buf.len());
+            let len =
+                (u64::from_le_bytes(req[16..].try_into().unwrap_or([0; 8])) as usize).min(room);
             let local = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
+                iov_base: data.cast(),
                 iov_len: len,
             };
             let remote = libc::iovec {
@@ -256,13 +265,13 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
                 iov_len: len,
             };
             let n = libc::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-            let head = if n < 0 {
+            let answer = if n < 0 {
                 -(*libc::__errno_location() as i64)
             } else {
                 n as i64
             };
-            let head = head.to_le_bytes();
-            if !send_all(&head) || (n > 0 && !send_all(&buf[..n as usize])) {
+            std::ptr::copy_nonoverlapping(answer.to_le_bytes().as_ptr(), out, 8);
+            if !send_all(std::slice::from_raw_parts(out, 8 + n.max(0) as usize)) {
                 libc::_exit(0);
             }
         }
