@@ -41,6 +41,13 @@ use nix::{
 /// The largest read one request may ask for (a poll set of `MAX_POLLFDS`).
 pub const MAX_READ: usize = 32 << 10;
 
+/// The largest `/proc/PID/maps` read (about 150,000 mappings).
+pub const MAX_MAPS: usize = 16 << 20;
+
+/// A request's kind (bytes 4..8): memory, or the memory map.
+const KIND_MEMORY: u32 = 0;
+const KIND_MAPS: u32 = 1;
+
 /// Children sent SIGKILL while blocked, not yet reaped.
 static ABANDONED: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
 
@@ -96,6 +103,7 @@ impl Reader {
         let (child, sock) = self.child.as_mut().expect("just started");
         let mut req = [0u8; 24];
         req[..4].copy_from_slice(&pid.to_le_bytes());
+        req[4..8].copy_from_slice(&KIND_MEMORY.to_le_bytes());
         req[8..16].copy_from_slice(&addr.to_le_bytes());
         req[16..].copy_from_slice(&(buf.len() as u64).to_le_bytes());
         let child = *child;
@@ -119,6 +127,57 @@ impl Reader {
             Ok(Err(e)) => Err(ReadError::Errno(e)),
             Err(e) => {
                 // Stuck or broken: never asked again.
+                self.child = None;
+                abandon(child);
+                Err(e)
+            }
+        }
+    }
+
+    /// `/proc/PID/maps` of `pid`, read by the reader child by `deadline`
+    /// (reading it takes the process's `mmap_lock`, which a process can
+    /// keep taken for writing: one `mmap` waiting on a page its FUSE
+    /// server holds). At most [`MAX_MAPS`] bytes.
+    pub fn read_maps(&mut self, pid: u32, deadline: Instant) -> Result<Vec<u8>, ReadError> {
+        if self.child.is_none() {
+            self.child = Some(spawn().map_err(ReadError::Reader)?);
+        }
+        let (child, sock) = self.child.as_mut().expect("just started");
+        let child = *child;
+        let mut req = [0u8; 24];
+        req[..4].copy_from_slice(&pid.to_le_bytes());
+        req[4..8].copy_from_slice(&KIND_MAPS.to_le_bytes());
+        let answer = sock
+            .write_all(&req)
+            .map_err(|e| ReadError::Reader(e.to_string()))
+            .and_then(|()| {
+                let mut text = Vec::new();
+                loop {
+                    let mut head = [0u8; 8];
+                    read_by(sock, &mut head, deadline)?;
+                    let n = i64::from_le_bytes(head);
+                    if n < 0 {
+                        return Ok(Err(nix::errno::Errno::from_raw((-n) as i32)));
+                    }
+                    if n == 0 {
+                        return Ok(Ok(text));
+                    }
+                    let n = n as usize;
+                    if text.len() + n > MAX_MAPS {
+                        return Err(ReadError::Reader(format!(
+                            "the memory map is larger than {} MiB",
+                            MAX_MAPS >> 20
+                        )));
+                    }
+                    let at = text.len();
+                    text.resize(at + n, 0);
+                    read_by(sock, &mut text[at..], deadline)?;
+                }
+            });
+        match answer {
+            Ok(Ok(text)) => Ok(text),
+            Ok(Err(e)) => Err(ReadError::Errno(e)),
+            Err(e) => {
                 self.child = None;
                 abandon(child);
                 Err(e)
@@ -252,7 +311,14 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
                 }
                 got += n as usize;
             }
-            let pid = u32::from_le_bytes([req[0], req[1], req[2], req[3]]) as libc::pid_t;
+            let pid = u32::from_le_bytes([req[0], req[1], req[2], req[3]]);
+            if u32::from_le_bytes([req[4], req[5], req[6], req[7]]) == KIND_MAPS {
+                if !send_maps(pid, out, room) {
+                    libc::_exit(0);
+                }
+                continue;
+            }
+            let pid = pid as libc::pid_t;
             let addr = u64::from_le_bytes(req[8..16].try_into().unwrap_or([0; 8]));
             let len =
                 (u64::from_le_bytes(req[16..].try_into().unwrap_or([0; 8])) as usize).min(room);
@@ -276,6 +342,65 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
             }
         }
     }
+}
+
+/// Sends `/proc/PID/maps` in chunks read into `out` (`8 + room` bytes):
+/// `[n i64]` and n bytes each, then `[0]`; `[-errno]` on an error. `false`
+/// when the socket is gone.
+///
+/// # Safety
+/// Only in the reader child; `out` holds `8 + room` bytes.
+unsafe fn send_maps(pid: u32, out: *mut u8, room: usize) -> bool {
+    // "/proc/" + up to 10 digits + "/maps" + NUL, without allocating.
+    let mut path = [0u8; 32];
+    let mut at = 0;
+    for b in b"/proc/" {
+        path[at] = *b;
+        at += 1;
+    }
+    let mut digits = [0u8; 10];
+    let (mut n, mut d) = (pid, 0);
+    loop {
+        digits[d] = b'0' + (n % 10) as u8;
+        d += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    while d > 0 {
+        d -= 1;
+        path[at] = digits[d];
+        at += 1;
+    }
+    for b in b"/maps" {
+        path[at] = *b;
+        at += 1;
+    }
+    let errno = || -(unsafe { *libc::__errno_location() } as i64);
+    let send_head = |n: i64| unsafe {
+        std::ptr::copy_nonoverlapping(n.to_le_bytes().as_ptr(), out, 8);
+        send_all(std::slice::from_raw_parts(out, 8))
+    };
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return send_head(errno());
+    }
+    let ok = loop {
+        let n = unsafe { libc::read(fd, out.add(8).cast(), room) };
+        if n < 0 {
+            break send_head(errno());
+        }
+        unsafe { std::ptr::copy_nonoverlapping((n as i64).to_le_bytes().as_ptr(), out, 8) };
+        if !unsafe { send_all(std::slice::from_raw_parts(out, 8 + n as usize)) } {
+            break false;
+        }
+        if n == 0 {
+            break true;
+        }
+    };
+    unsafe { libc::close(fd) };
+    ok
 }
 
 /// Writes all of `bytes` to fd 0 (the socket), without SIGPIPE.

@@ -741,7 +741,7 @@ impl Mem<'_, '_> {
     ) -> Result<&'b [u8], String> {
         let pid = self.pid;
         let len = buf.len() as u64;
-        let maps = self.maps.get_or_insert_with(|| maps(pid));
+        let maps = self.maps.get_or_insert_with(|| maps(pid, self.access));
         let maps = maps
             .as_ref()
             .map_err(|e| format!("tid {tid}: cannot read its {what} set: {e}"))?;
@@ -773,7 +773,7 @@ impl Mem<'_, '_> {
         if self.read.is_empty() {
             return;
         }
-        let after = maps(self.pid);
+        let after = maps(self.pid, self.access);
         for &(tid, what, addr, len) in &self.read {
             let why = match &after {
                 Ok(maps) => match anonymous_private(maps, addr, len) {
@@ -795,11 +795,21 @@ impl Mem<'_, '_> {
     }
 }
 
-/// `pid`'s memory map, or why it is unreadable.
-fn maps(pid: u32) -> Result<Vec<Mapping>, String> {
-    use procfs::process::{MMPermissions, MMapPath};
-    let maps = Process::new(pid as i32)
-        .and_then(|p| p.maps())
+/// `pid`'s memory map, or why it is unreadable. Read by the reader child
+/// too: reading it waits for the process's `mmap_lock`, which the process
+/// can keep taken (an `mmap` of its own waiting on its FUSE server).
+fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, String> {
+    use procfs::{
+        FromRead as _,
+        process::{MMPermissions, MMapPath, MemoryMaps},
+    };
+    let text = access.reader.read_maps(pid, access.deadline).map_err(|e| {
+        if e == crate::memread::ReadError::Timeout {
+            access.over = true;
+        }
+        format!("its memory map is unreadable: {e}")
+    })?;
+    let maps = MemoryMaps::from_read(&text[..])
         .map_err(|e| format!("its memory map is unreadable: {e}"))?;
     Ok(maps
         .into_iter()
