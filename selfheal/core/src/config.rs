@@ -1884,6 +1884,33 @@ mod tests {
     }
 
     #[test]
+    fn collect_budget_is_a_duration_with_a_default() {
+        let parse = |line: &str| {
+            let text = format!(
+                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.thresholds]\n{line}\n"
+            );
+            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].thresholds.clone())
+        };
+        assert_eq!(parse("").unwrap().collect_budget, DEFAULT_COLLECT_BUDGET);
+        assert_eq!(DEFAULT_COLLECT_BUDGET, Duration::from_secs(5));
+        assert_eq!(
+            parse("collect_budget = \"250ms\"").unwrap().collect_budget,
+            Duration::from_millis(250)
+        );
+        for (bad, says) in [
+            ("collect_budget = \"0s\"", "must be more than 0"),
+            ("collect_budget = \"soon\"", "bad duration"),
+            ("collect_budget = 5", "expected a string"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("collect_budget") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn restart_is_an_argv_or_the_runtime() {
         let parse = |restart: &str| {
             let text = format!(

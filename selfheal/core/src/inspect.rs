@@ -977,6 +977,24 @@ mod tests {
     }
 
     #[test]
+    fn a_collection_over_its_budget_is_a_budget_gap() {
+        let procs = vec![process(1, 0, 'S', false, vec![thread(1, None)], vec![])];
+        let mut ev = evidence(procs, vec![], None);
+        assert!(!build(&ev).gaps.iter().any(|g| g.kind == GapKind::Budget));
+        let why = "sol: collection exceeded its budget of 5000 ms and stopped (1 of 3 processes reached): the evidence is partial";
+        ev.over_budget = Some(why.into());
+        let r = build(&ev);
+        let budget: Vec<_> = r
+            .gaps
+            .iter()
+            .filter(|g| g.kind == GapKind::Budget)
+            .collect();
+        assert_eq!(budget.len(), 1, "{:?}", r.gaps);
+        assert_eq!(budget[0].text, why);
+        assert!(render(&r).contains("exceeded its budget of 5000 ms"));
+    }
+
+    #[test]
     fn zombies_under_a_pid_1_are_the_missing_init() {
         let mut procs = vec![process(1, 0, 'S', true, vec![thread(1, None)], vec![])];
         procs.extend((2..=6).map(|pid| process(pid, 1, 'Z', false, vec![], vec![])));
