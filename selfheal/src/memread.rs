@@ -14,7 +14,11 @@
 //!
 //! [`crate::proc`] reads only private anonymous memory (checked against
 //! `/proc/PID/maps` on both sides of the read), so a stuck child takes a
-//! mapping replaced between that check and the read.
+//! mapping replaced between that check and the read. The map itself is
+//! read here too ([`Reader::read_maps`]): on kernels that read it under
+//! the process's `mmap_lock`, a process holding that lock for writing
+//! (an `mmap` of its own waiting on its FUSE server) makes the read wait,
+//! killably: the child is then sent SIGKILL and exits.
 //!
 //! The child is forked from a process that may have other threads: after
 //! `fork` it makes raw system calls only (no allocation, no locks): it
