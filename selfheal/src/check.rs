@@ -272,15 +272,42 @@ fn check_agent(
     record: &mut AgentRecord,
 ) -> Outcome {
     let now_ms = acting.now_ms;
+    // Each collection has the agent's budget; evidence cut at it is not
+    // judged (`over_budget`), and the check goes on with the next agent.
+    collector.set_budget(agent.thresholds.collect_budget);
     // Minimal thread evidence first; the threads' syscalls and waits are
     // read only where the sockets or thread states call for them.
-    let mut report = inspect::build(&collector.collect(target));
+    let evidence = collector.collect(target);
+    if let Some(why) = &evidence.over_budget {
+        return over_budget(
+            agent,
+            target,
+            &inspect::build(&evidence),
+            why,
+            probes,
+            record,
+            now_ms,
+        );
+    }
+    let mut report = inspect::build(&evidence);
     let mut detail = detail;
     if detail == crate::proc::Detail::Minimal
         && judge::needs_thread_detail(agent, &report, &record.judge, now_ms)
     {
         detail = crate::proc::Detail::Light;
-        report = inspect::build(&collector.collect_with(target, detail));
+        let evidence = collector.collect_with(target, detail);
+        if let Some(why) = &evidence.over_budget {
+            return over_budget(
+                agent,
+                target,
+                &inspect::build(&evidence),
+                why,
+                probes,
+                record,
+                now_ms,
+            );
+        }
+        report = inspect::build(&evidence);
     }
     let views: Vec<ProbeView> = agent
         .probes
@@ -334,29 +361,91 @@ fn check_agent(
         let _ = ladder::decide(&agent.heal, &judgement, &report, &mut record.heal, now_ms);
     } else {
         // The snapshot gets the full evidence (kernel stacks of every
-        // thread), re-read now if the check itself read light.
-        let full = if detail == crate::proc::Detail::Full {
-            report
-        } else {
-            inspect::build(&collector.collect_with(target, crate::proc::Detail::Full))
+        // thread), re-read now if the check itself read light. A re-read
+        // cut at the budget goes into the snapshot as it is (its gap says
+        // so); healing then goes by the whole evidence judged.
+        let reread = (detail != crate::proc::Detail::Full)
+            .then(|| collector.collect_with(target, crate::proc::Detail::Full));
+        let full = reread.as_ref().map(inspect::build);
+        let cut = reread.as_ref().and_then(|ev| ev.over_budget.clone());
+        acting.snapshot(
+            agent,
+            &judgement,
+            full.as_ref().unwrap_or(&report),
+            &mut outcome,
+        );
+        let heal_from = match (&full, cut) {
+            (Some(full), None) => full,
+            (_, Some(cut)) => {
+                outcome.gaps.push(cut);
+                &report
+            }
+            (None, None) => &report,
         };
-        acting.not_ok(agent, &judgement, &full, record, &mut outcome);
+        acting.not_ok(agent, &judgement, heal_from, record, &mut outcome);
     }
     crate::metrics::observe(&mut record.metrics, &outcome);
     outcome
 }
 
+/// An agent whose collection ran past its budget: not judged on the
+/// partial evidence. Its verdict is `unresponsive` (its processes could not
+/// be examined in time) with the reason `over_budget`; nothing is proven,
+/// snapshotted or healed for it in this check, and its judge's history
+/// keeps everything but the verdict for the next check.
+fn over_budget(
+    agent: &AgentConfig,
+    target: &Target,
+    partial: &Report,
+    why: &str,
+    probes: Vec<ProbeResult>,
+    record: &mut AgentRecord,
+    now_ms: u64,
+) -> Outcome {
+    let verdict = Verdict::Unresponsive;
+    let before = record.judge.verdict;
+    let since = record.judge.verdict_since_ms;
+    let transition = before != Some(verdict);
+    if transition {
+        record.judge.verdict = Some(verdict);
+        record.judge.verdict_since_ms = now_ms;
+    }
+    let outcome = Outcome {
+        agent: agent.name.clone(),
+        containers: target.containers.clone(),
+        verdict,
+        reasons: vec![Reason {
+            code: crate::model::ReasonCode::OverBudget,
+            verdict,
+            message: format!("not judged: {why}"),
+            evidence: Default::default(),
+        }],
+        snapshot: None,
+        snapshot_error: None,
+        previous: if transition { before } else { None },
+        transition,
+        previous_for_ms: (transition && before.is_some()).then(|| now_ms.saturating_sub(since)),
+        probes,
+        gaps: partial.gaps.iter().map(ToString::to_string).collect(),
+        proofs: Vec::new(),
+        heal: None,
+        evidence: Evidence {
+            strategy: partial.ebpf.strategy.map(|s| s.name()),
+            processes: partial.processes.len(),
+            zombies: partial.init.zombies,
+        },
+    };
+    crate::metrics::observe(&mut record.metrics, &outcome);
+    outcome
+}
+
 impl Acting<'_> {
-    /// A verdict that is not ok: its snapshot, and for a wedge (or a dead
-    /// connection nobody waits on, a hung connect) the ladder's step (only
-    /// with the snapshot written) and the restores of proofs the ladder
-    /// does not end.
-    fn not_ok(
+    /// A verdict that is not ok, first: its forensic snapshot.
+    fn snapshot(
         &self,
         agent: &AgentConfig,
         judgement: &Judgement,
         full: &Report,
-        record: &mut AgentRecord,
         outcome: &mut Outcome,
     ) {
         match self.snapshots {
@@ -370,6 +459,22 @@ impl Acting<'_> {
             },
             None => outcome.snapshot_error = Some("no snapshot log".into()),
         }
+    }
+
+    /// A verdict that is not ok, after its snapshot ([`Acting::snapshot`]):
+    /// for a wedge (or a dead connection nobody waits on, a hung connect)
+    /// the ladder's step (only with the snapshot written) and the restores
+    /// of proofs the ladder does not end, going by `full` (the full
+    /// re-read, or the evidence judged when the re-read was cut at the
+    /// budget).
+    fn not_ok(
+        &self,
+        agent: &AgentConfig,
+        judgement: &Judgement,
+        full: &Report,
+        record: &mut AgentRecord,
+        outcome: &mut Outcome,
+    ) {
         // A wedge goes to the ladder; so does a dead connection nobody
         // waits on, or a hung connect, whatever the verdict: they are ended.
         let unawaited = judgement

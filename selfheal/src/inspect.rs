@@ -76,6 +76,10 @@ pub struct Collector {
     /// The CPUs' task clocks, taken on the first read that measures waits:
     /// one reference per CPU per collector, not per process.
     clocks: Option<proc::TaskClocks>,
+    /// How long one collection may take ([`Collector::set_budget`]).
+    budget: Duration,
+    /// Reads other processes' memory, in a child that can be abandoned.
+    reader: crate::memread::Reader,
 }
 
 impl Collector {
@@ -100,6 +104,8 @@ impl Collector {
             index: BTreeMap::new(),
             detail: opts.detail,
             clocks: None,
+            budget: crate::config::DEFAULT_COLLECT_BUDGET,
+            reader: crate::memread::Reader::default(),
         }
     }
 
@@ -132,7 +138,18 @@ impl Collector {
             index: BTreeMap::new(),
             detail,
             clocks: None,
+            budget: crate::config::DEFAULT_COLLECT_BUDGET,
+            reader: crate::memread::Reader::default(),
         }
+    }
+
+    /// The time budget of each following collection (one call of
+    /// [`Collector::collect`] or [`Collector::collect_with`]): when it is
+    /// spent the collection stops where it is, a read of another process's
+    /// memory still waiting is abandoned, and the evidence says so
+    /// ([`Evidence::over_budget`]). Default `DEFAULT_COLLECT_BUDGET`.
+    pub fn set_budget(&mut self, budget: Duration) {
+        self.budget = budget;
     }
 
     /// Reads `target`'s processes, and its sockets from the (cached) dump of
@@ -151,12 +168,34 @@ impl Collector {
         } else {
             &*self.clocks.get_or_insert_with(proc::task_clocks)
         };
+        let started = std::time::Instant::now();
+        let mut access = proc::MemAccess {
+            reader: &mut self.reader,
+            deadline: started + self.budget,
+            over: false,
+        };
+        let mut unread = 0;
         for &pid in &target.pids {
-            match proc::process_at(pid, detail, clocks) {
+            if access.over || std::time::Instant::now() >= access.deadline {
+                access.over = true;
+                unread += 1;
+                continue;
+            }
+            match proc::process_in(pid, detail, clocks, &mut access) {
                 Ok(p) => processes.push(p),
                 Err(_) => gone.push(pid),
             }
         }
+        let over_budget = access.over.then(|| {
+            format!(
+                "{}: collection exceeded its budget of {} ms and stopped ({} of {} processes \
+                 reached): the evidence is partial",
+                target.agent.as_deref().unwrap_or(&target.rule),
+                self.budget.as_millis(),
+                target.pids.len() - unread,
+                target.pids.len(),
+            )
+        });
         let owned: BTreeSet<u64> = processes
             .iter()
             .flat_map(|p| p.sockets.iter().map(|(_, ino)| *ino))
@@ -222,6 +261,7 @@ impl Collector {
             container_gaps: target.container_gaps.clone(),
             processes,
             gone,
+            over_budget,
             tcp,
             roles,
             ebpf: EbpfEvidence {

@@ -42,6 +42,7 @@ pub mod ebpf;
 pub mod healer;
 pub mod helper;
 pub mod inspect;
+pub mod memread;
 pub mod metrics;
 pub mod metrics_endpoint;
 pub mod netns;

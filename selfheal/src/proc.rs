@@ -40,12 +40,46 @@ pub fn process(pid: u32, detail: Detail) -> procfs::ProcResult<ProcessInfo> {
     process_at(pid, detail, &clocks)
 }
 
+/// How long a read of another process's memory made through [`process`]
+/// or [`process_at`] may take.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// [`process`] with wait ages measured against `clocks` (from
-/// [`task_clocks`]; the minimal read uses none).
+/// [`task_clocks`]; the minimal read uses none). Memory reads go through a
+/// reader of its own, each given [`READ_TIMEOUT`].
 pub fn process_at(
     pid: u32,
     detail: Detail,
     clocks: &TaskClocks,
+) -> procfs::ProcResult<ProcessInfo> {
+    let mut reader = crate::memread::Reader::default();
+    let mut access = MemAccess {
+        reader: &mut reader,
+        deadline: std::time::Instant::now() + READ_TIMEOUT,
+        over: false,
+    };
+    process_in(pid, detail, clocks, &mut access)
+}
+
+/// How the reads of one collection reach other processes' memory:
+/// through `reader` (a child that can be abandoned), by `deadline`, which
+/// also ends the reading of threads.
+pub struct MemAccess<'r> {
+    pub reader: &'r mut crate::memread::Reader,
+    pub deadline: std::time::Instant,
+    /// Set when the deadline passed: a read was abandoned or threads were
+    /// left unread. The process read is then partial.
+    pub over: bool,
+}
+
+/// [`process_at`] with memory reads made through `access`. When its
+/// deadline passes, the threads not yet read are left out and
+/// `access.over` is set: the caller says so (the process read is partial).
+pub fn process_in(
+    pid: u32,
+    detail: Detail,
+    clocks: &TaskClocks,
+    access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
     let process = Process::new(pid as i32)?;
     let stat = process.stat()?;
@@ -84,13 +118,24 @@ pub fn process_at(
                 .collect();
             // SAFETY: `task` stays open while `dir` lives, i.e. for this loop.
             let task = unsafe { std::os::fd::BorrowedFd::borrow_raw(task) };
+            let mut mem = Mem {
+                pid,
+                access,
+                maps: None,
+                read: Vec::new(),
+            };
             for tid in tids {
+                if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
+                    mem.access.over = true;
+                    break;
+                }
                 if let Some(t) = thread(
-                    pid, task, tid, &sockets, clocks, detail, &mut buf, &mut gaps,
+                    task, tid, &sockets, clocks, detail, &mut buf, &mut mem, &mut gaps,
                 ) {
                     threads.push(t);
                 }
             }
+            mem.recheck(&mut threads, &mut gaps);
         }
         Err(e) => gaps.push(format!("pid {pid}: cannot list threads: {e}")),
     }
@@ -265,13 +310,13 @@ fn parse_status(raw: &[u8]) -> Option<StatusIds> {
 
 #[allow(clippy::too_many_arguments)]
 fn thread(
-    pid: u32,
     task: std::os::fd::BorrowedFd<'_>,
     tid: u32,
     sockets: &[(i32, u64)],
     clocks: &TaskClocks,
     detail: Detail,
     buf: &mut [u8],
+    mem: &mut Mem<'_, '_>,
     gaps: &mut Vec<String>,
 ) -> Option<ThreadInfo> {
     use procfs::FromRead as _;
@@ -367,7 +412,7 @@ fn thread(
     let mut wait = match syscall.as_ref() {
         Some(s) if sleeping && !sockets.is_empty() => {
             wait_syscall(s.nr).zip(s.name).and_then(|(kind, name)| {
-                read_wait(pid, tid, name, kind, s.arg0, arg1, sockets, buf, gaps)
+                read_wait(mem, tid, name, kind, s.arg0, arg1, sockets, buf, gaps)
             })
         }
         _ => None,
@@ -553,7 +598,7 @@ fn push_gap(gaps: &mut Vec<String>, gap: String) {
 /// it covers none (or its set cannot be read: then a gap says why).
 #[allow(clippy::too_many_arguments)]
 fn read_wait(
-    pid: u32,
+    mem: &mut Mem<'_, '_>,
     tid: u32,
     syscall: &'static str,
     kind: WaitKind,
@@ -563,6 +608,7 @@ fn read_wait(
     buf: &mut [u8],
     gaps: &mut Vec<String>,
 ) -> Option<ProcWait> {
+    let pid = mem.pid;
     let socket_of = |fd: i32| sockets.iter().find(|(f, _)| *f == fd).copied();
     let (found, epoll_fd): (Vec<(i32, u64)>, Option<i32>) = match kind {
         WaitKind::Poll => {
@@ -574,8 +620,9 @@ fn read_wait(
                 );
             }
             let len = nfds.min(MAX_POLLFDS) * POLLFD_SIZE;
-            let bytes = read_remote(pid, arg0, &mut buf[..len])
-                .map_err(|e| push_gap(gaps, format!("tid {tid}: cannot read its poll set: {e}")))
+            let bytes = mem
+                .read(tid, "poll", arg0, &mut buf[..len])
+                .map_err(|gap| push_gap(gaps, gap))
                 .ok()?;
             let found = decode_pollfds(bytes)
                 .filter(|(_, events)| events & POLL_READ != 0)
@@ -599,8 +646,9 @@ fn read_wait(
             let nfds = nfds.min(MAX_SELECT_FDS);
             // The kernel reads whole `unsigned long`s.
             let len = nfds.div_ceil(64) * 8;
-            let bytes = read_remote(pid, arg1, &mut buf[..len])
-                .map_err(|e| push_gap(gaps, format!("tid {tid}: cannot read its select set: {e}")))
+            let bytes = mem
+                .read(tid, "select", arg1, &mut buf[..len])
+                .map_err(|gap| push_gap(gaps, gap))
                 .ok()?;
             let found = decode_fd_set(bytes, nfds).filter_map(socket_of).collect();
             (found, None)
@@ -659,27 +707,131 @@ fn read_wait(
     })
 }
 
-/// Reads `buf.len()` bytes at `addr` of process `pid` (the thread group's
-/// memory). A short read is an error: the set was not all readable.
-fn read_remote(pid: u32, addr: u64, buf: &mut [u8]) -> nix::Result<&[u8]> {
-    use nix::sys::uio::{RemoteIoVec, process_vm_readv};
-    if buf.is_empty() {
-        return Ok(buf);
+/// One process's memory reads: its map (read at the first read), and
+/// each range read, to be checked against the map again afterwards.
+///
+/// A poll or select set is read only from private anonymous memory
+/// ([`anonymous_private`]): a file-backed page may be served by a FUSE
+/// server the process runs itself, which can leave the reader waiting for
+/// good. The map is checked before the first read and again after the
+/// last, so a set whose mapping was replaced meanwhile is dropped. What
+/// remains is the moment between the first check and a read: a process
+/// that `munmap`s the set and maps a FUSE file in its place just then
+/// makes the read wait on its server. That read is made by a reader child
+/// given the collection's deadline ([`crate::memread`]): at worst this
+/// agent's collection is cut at its budget and the child is abandoned;
+/// the check, the other agents and this process's exit do not wait on it.
+struct Mem<'a, 'r> {
+    pid: u32,
+    access: &'a mut MemAccess<'r>,
+    maps: Option<Result<Vec<Mapping>, String>>,
+    /// `(tid, which set, addr, len)` of each set read.
+    read: Vec<(u32, &'static str, u64, u64)>,
+}
+
+impl Mem<'_, '_> {
+    /// Reads `buf.len()` bytes at `addr`, the `what` set of thread `tid`,
+    /// if they lie in private anonymous memory; `Err` is the gap.
+    fn read<'b>(
+        &mut self,
+        tid: u32,
+        what: &'static str,
+        addr: u64,
+        buf: &'b mut [u8],
+    ) -> Result<&'b [u8], String> {
+        let pid = self.pid;
+        let len = buf.len() as u64;
+        let maps = self.maps.get_or_insert_with(|| maps(pid, self.access));
+        let maps = maps
+            .as_ref()
+            .map_err(|e| format!("tid {tid}: cannot read its {what} set: {e}"))?;
+        anonymous_private(maps, addr, len)
+            .map_err(|why| format!("tid {tid}: the {what} set at {addr:#x} {why}: not read"))?;
+        if std::time::Instant::now() >= self.access.deadline {
+            self.access.over = true;
+            return Err(format!(
+                "tid {tid}: its {what} set was not read: the collection's time was up"
+            ));
+        }
+        let bytes = self
+            .access
+            .reader
+            .read(pid, addr, buf, self.access.deadline)
+            .map_err(|e| {
+                if e == crate::memread::ReadError::Timeout {
+                    self.access.over = true;
+                }
+                format!("tid {tid}: cannot read its {what} set: {e}")
+            })?;
+        self.read.push((tid, what, addr, len));
+        Ok(bytes)
     }
-    let want = buf.len();
-    let remote = [RemoteIoVec {
-        base: addr as usize,
-        len: want,
-    }];
-    let n = process_vm_readv(
-        nix::unistd::Pid::from_raw(pid as i32),
-        &mut [std::io::IoSliceMut::new(buf)],
-        &remote,
-    )?;
-    if n < want {
-        return Err(nix::errno::Errno::EFAULT);
+
+    /// The map again, after the reads: a set no longer in private
+    /// anonymous memory is dropped from its thread's wait, with a gap.
+    fn recheck(&mut self, threads: &mut [ThreadInfo], gaps: &mut Vec<String>) {
+        if self.read.is_empty() {
+            return;
+        }
+        let after = maps(self.pid, self.access);
+        for &(tid, what, addr, len) in &self.read {
+            let why = match &after {
+                Ok(maps) => match anonymous_private(maps, addr, len) {
+                    Ok(()) => continue,
+                    Err(why) => format!("now {why}"),
+                },
+                Err(e) => format!("could not be checked again: {e}"),
+            };
+            if let Some(t) = threads.iter_mut().find(|t| t.tid == tid) {
+                t.wait = None;
+            }
+            push_gap(
+                gaps,
+                format!(
+                    "tid {tid}: the {what} set at {addr:#x} changed under the read ({why}): not used"
+                ),
+            );
+        }
     }
-    Ok(&buf[..n])
+}
+
+/// `pid`'s memory map, or why it is unreadable. Read by the reader child
+/// too: reading it waits for the process's `mmap_lock`, which the process
+/// can keep taken (an `mmap` of its own waiting on its FUSE server).
+fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, String> {
+    use procfs::{
+        FromRead as _,
+        process::{MMPermissions, MMapPath, MemoryMaps},
+    };
+    let text = access.reader.read_maps(pid, access.deadline).map_err(|e| {
+        if e == crate::memread::ReadError::Timeout {
+            access.over = true;
+        }
+        format!("its memory map is unreadable: {e}")
+    })?;
+    let maps = MemoryMaps::from_read(&text[..])
+        .map_err(|e| format!("its memory map is unreadable: {e}"))?;
+    Ok(maps
+        .into_iter()
+        .map(|m| Mapping {
+            start: m.address.0,
+            end: m.address.1,
+            shared: !m.perms.contains(MMPermissions::PRIVATE),
+            backing: match m.pathname {
+                MMapPath::Anonymous => Backing::Anonymous,
+                MMapPath::Heap => Backing::Heap,
+                MMapPath::Stack | MMapPath::TStack(_) => Backing::Stack,
+                MMapPath::Other(name) if name.starts_with("[anon:") => Backing::Anonymous,
+                MMapPath::Path(p) => Backing::File(p.to_string_lossy().into_owned()),
+                MMapPath::Vdso => Backing::Special("[vdso]".into()),
+                MMapPath::Vvar => Backing::Special("[vvar]".into()),
+                MMapPath::Vsyscall => Backing::Special("[vsyscall]".into()),
+                MMapPath::Rollup => Backing::Special("[rollup]".into()),
+                MMapPath::Vsys(key) => Backing::Special(format!("System V shared memory {key}")),
+                MMapPath::Other(name) => Backing::Special(name),
+            },
+        })
+        .collect())
 }
 
 /// `sizeof(struct pollfd)`: `int fd; short events; short revents;`.
@@ -781,6 +933,34 @@ pub fn parse_kstack(stack: &str, n: usize) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`read_wait`] of `pid` through a reader of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_of(
+        pid: u32,
+        tid: u32,
+        syscall: &'static str,
+        kind: WaitKind,
+        arg0: u64,
+        arg1: u64,
+        sockets: &[(i32, u64)],
+        buf: &mut [u8],
+        gaps: &mut Vec<String>,
+    ) -> Option<ProcWait> {
+        let mut reader = crate::memread::Reader::default();
+        let mut access = MemAccess {
+            reader: &mut reader,
+            deadline: std::time::Instant::now() + READ_TIMEOUT,
+            over: false,
+        };
+        let mut mem = Mem {
+            pid,
+            access: &mut access,
+            maps: None,
+            read: Vec::new(),
+        };
+        read_wait(&mut mem, tid, syscall, kind, arg0, arg1, sockets, buf, gaps)
+    }
 
     /// The three fields read by hand are what procfs's full parse gives, on
     /// every thread of this process and on a name with spaces and parens.
@@ -1051,7 +1231,7 @@ mod tests {
         let sockets = [(3, 42)];
         // Address 8: unmapped (EFAULT), twice: one gap.
         for _ in 0..2 {
-            let w = read_wait(
+            let w = wait_of(
                 me,
                 me,
                 "poll",
@@ -1065,10 +1245,16 @@ mod tests {
             assert_eq!(w, None);
         }
         assert_eq!(gaps.len(), 1, "{gaps:?}");
-        assert!(gaps[0].contains("cannot read its poll set"), "{gaps:?}");
+        assert_eq!(
+            gaps,
+            [
+                "tid ME: the poll set at 0x8 is not mapped: not read"
+                    .replace("ME", &me.to_string())
+            ]
+        );
         // A huge nfds is cut at MAX_POLLFDS (and said so); a huge select
         // nfds at FD_SETSIZE.
-        let _ = read_wait(
+        let _ = wait_of(
             me,
             me,
             "poll",
@@ -1079,7 +1265,7 @@ mod tests {
             &mut buf,
             &mut gaps,
         );
-        let _ = read_wait(
+        let _ = wait_of(
             me,
             me,
             "select",
@@ -1099,7 +1285,7 @@ mod tests {
             "{gaps:?}"
         );
         // A vanished process (ESRCH) and a closed epoll fd.
-        let _ = read_wait(
+        let _ = wait_of(
             u32::MAX - 1,
             1,
             "ppoll",
@@ -1110,7 +1296,7 @@ mod tests {
             &mut buf,
             &mut gaps,
         );
-        let _ = read_wait(
+        let _ = wait_of(
             me,
             me,
             "epoll_wait",
@@ -1140,7 +1326,7 @@ mod tests {
         let me = std::process::id();
         let mut buf = vec![0u8; 64 << 10];
         let mut gaps = Vec::new();
-        let w = read_wait(
+        let w = wait_of(
             me,
             me,
             "poll",

@@ -36,6 +36,9 @@ pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 /// Default timeout of an HTTP probe.
 pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `collect_budget`'s default.
+pub const DEFAULT_COLLECT_BUDGET: Duration = Duration::from_secs(5);
+
 /// Why a config could not be found, read or accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -238,6 +241,11 @@ pub struct Thresholds {
     pub d_state: Duration,
     /// `probe_slow`: a probe slower than this is damage. Default 1 s.
     pub probe_slow: Duration,
+    /// `collect_budget`: the longest one collection of the agent's
+    /// evidence may take; past it the collection stops, the agent is not
+    /// judged in that check (`over_budget`) and the other agents are.
+    /// Default 5 s.
+    pub collect_budget: Duration,
 }
 
 impl Default for Thresholds {
@@ -251,6 +259,7 @@ impl Default for Thresholds {
             zombies: 20,
             d_state: Duration::from_secs(10),
             probe_slow: Duration::from_secs(1),
+            collect_budget: DEFAULT_COLLECT_BUDGET,
         }
     }
 }
@@ -920,6 +929,7 @@ const THRESHOLD_KEYS: &[&str] = &[
     "zombies",
     "d_state",
     "probe_slow",
+    "collect_budget",
 ];
 const MATCH_KEYS: &[&str] = &[
     "pid",
@@ -1128,6 +1138,7 @@ fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
         zombies: count("zombies", d.zombies)?,
         d_state: t.duration("d_state")?.unwrap_or(d.d_state),
         probe_slow: t.duration("probe_slow")?.unwrap_or(d.probe_slow),
+        collect_budget: t.duration("collect_budget")?.unwrap_or(d.collect_budget),
     })
 }
 
@@ -1870,6 +1881,33 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn collect_budget_is_a_duration_with_a_default() {
+        let parse = |line: &str| {
+            let text = format!(
+                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.thresholds]\n{line}\n"
+            );
+            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].thresholds.clone())
+        };
+        assert_eq!(parse("").unwrap().collect_budget, DEFAULT_COLLECT_BUDGET);
+        assert_eq!(DEFAULT_COLLECT_BUDGET, Duration::from_secs(5));
+        assert_eq!(
+            parse("collect_budget = \"250ms\"").unwrap().collect_budget,
+            Duration::from_millis(250)
+        );
+        for (bad, says) in [
+            ("collect_budget = \"0s\"", "must be more than 0"),
+            ("collect_budget = \"soon\"", "bad duration"),
+            ("collect_budget = 5", "expected a string"),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("collect_budget") && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -164,6 +164,10 @@ pub struct Evidence {
     pub processes: Vec<ProcessInfo>,
     /// Processes that vanished before they could be read.
     pub gone: Vec<u32>,
+    /// Set when the collection ran past its time budget and stopped: the
+    /// gap's words. The evidence is then partial (processes or threads
+    /// left unread) and is not to be judged as if it were whole.
+    pub over_budget: Option<String>,
     /// TCP sockets per network namespace the processes live in, with the
     /// pid the dump was made through.
     pub tcp: Vec<NetnsSockets>,
@@ -283,6 +287,9 @@ fn evidence_gaps(ev: &Evidence) -> Vec<Gap> {
             GapKind::NoProcess,
             format!("no process matched: {p}"),
         ));
+    }
+    if let Some(why) = &ev.over_budget {
+        gaps.push(Gap::new(GapKind::Budget, why.clone()));
     }
     for pid in &ev.gone {
         gaps.push(Gap::new(
@@ -876,6 +883,7 @@ mod tests {
             container_gaps: vec![],
             processes,
             gone: vec![99],
+            over_budget: None,
             tcp: vec![(1, Ok(tcp))],
             roles,
             ebpf: EbpfEvidence {
@@ -966,6 +974,24 @@ mod tests {
                 .iter()
                 .any(|g| g.text.contains("1 receive(s) began before the tracer"))
         );
+    }
+
+    #[test]
+    fn a_collection_over_its_budget_is_a_budget_gap() {
+        let procs = vec![process(1, 0, 'S', false, vec![thread(1, None)], vec![])];
+        let mut ev = evidence(procs, vec![], None);
+        assert!(!build(&ev).gaps.iter().any(|g| g.kind == GapKind::Budget));
+        let why = "sol: collection exceeded its budget of 5000 ms and stopped (1 of 3 processes reached): the evidence is partial";
+        ev.over_budget = Some(why.into());
+        let r = build(&ev);
+        let budget: Vec<_> = r
+            .gaps
+            .iter()
+            .filter(|g| g.kind == GapKind::Budget)
+            .collect();
+        assert_eq!(budget.len(), 1, "{:?}", r.gaps);
+        assert_eq!(budget[0].text, why);
+        assert!(render(&r).contains("exceeded its budget of 5000 ms"));
     }
 
     #[test]

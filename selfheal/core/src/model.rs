@@ -193,11 +193,14 @@ pub enum ReasonCode {
     /// A connection attempt the peer never answered, past the upstream's
     /// `connect_timeout`.
     ConnectTimeout,
+    /// The agent's evidence could not be collected within its budget
+    /// (`collect_budget`): it is not judged in this check.
+    OverBudget,
 }
 
 impl ReasonCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ReasonCode; 22] = [
+    pub const ALL: [ReasonCode; 23] = [
         Self::Healthy,
         Self::Idle,
         Self::Busy,
@@ -220,6 +223,7 @@ impl ReasonCode {
         Self::GaveUp,
         Self::IdleConnectionDead,
         Self::ConnectTimeout,
+        Self::OverBudget,
     ];
 
     /// The contract's string.
@@ -247,6 +251,7 @@ impl ReasonCode {
             Self::GaveUp => "gave_up",
             Self::IdleConnectionDead => "idle_connection_dead",
             Self::ConnectTimeout => "connect_timeout",
+            Self::OverBudget => "over_budget",
         }
     }
 }
@@ -272,6 +277,8 @@ pub enum GapKind {
     Ebpf,
     /// A container runtime could not tell about a container.
     Container,
+    /// The collection ran past its time budget: the evidence is partial.
+    Budget,
 }
 
 /// Something that could not be seen, in words, with its kind. Serializes

@@ -139,6 +139,86 @@ impl TaskClocks {
     }
 }
 
+/// One mapping of a process's address space (a line of `/proc/PID/maps`),
+/// as far as reading its memory from outside is concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// Mapped `MAP_SHARED` (`s` in its permissions).
+    pub shared: bool,
+    pub backing: Backing,
+}
+
+/// What backs a mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Anonymous memory: no path, or a name given with `PR_SET_VMA_ANON_NAME`
+    /// (`[anon:NAME]`).
+    Anonymous,
+    /// `[heap]`.
+    Heap,
+    /// A stack: `[stack]`, `[stack:TID]`.
+    Stack,
+    /// A file, by its path as the kernel shows it. Memfds
+    /// (`/memfd:NAME (deleted)`) and shared anonymous memory
+    /// (`/dev/zero (deleted)`) are files too.
+    File(String),
+    /// Any other kernel-named mapping: `[vvar]`, `[vdso]`, `[vsyscall]`,
+    /// System V shared memory, names this list does not know.
+    Special(String),
+}
+
+/// Whether the `len` bytes at `addr` lie entirely in private anonymous
+/// memory (anonymous, heap, stacks), the only memory of another process
+/// read from outside: a fault there is served from RAM or swap, never by
+/// a file system, so a reader cannot be made to wait on one the process
+/// serves itself (FUSE). `Err` says, in words that follow "the set at
+/// 0x…", why not: the first byte of the range that is not mapped, or the
+/// first mapping it touches that is shared, file-backed or special.
+/// `maps` need not be sorted; an empty range is always readable.
+pub fn anonymous_private(maps: &[Mapping], addr: u64, len: u64) -> Result<(), String> {
+    if len == 0 {
+        return Ok(());
+    }
+    let Some(end) = addr.checked_add(len) else {
+        return Err("runs past the end of the address space".into());
+    };
+    let mut at = addr;
+    while at < end {
+        let Some(m) = maps.iter().find(|m| m.start <= at && at < m.end) else {
+            return Err(if at == addr {
+                "is not mapped".into()
+            } else {
+                format!("runs into unmapped memory at {at:#x}")
+            });
+        };
+        let name = |b: &Backing| match b {
+            Backing::Anonymous => "anonymous memory".to_string(),
+            Backing::Heap => "[heap]".into(),
+            Backing::Stack => "[stack]".into(),
+            Backing::File(p) => crate::text::escape(p),
+            Backing::Special(n) => crate::text::escape(n),
+        };
+        if m.shared {
+            return Err(format!("lies in a shared mapping ({})", name(&m.backing)));
+        }
+        match &m.backing {
+            Backing::Anonymous | Backing::Heap | Backing::Stack => {}
+            Backing::File(_) => {
+                return Err(format!(
+                    "lies in a file-backed mapping ({})",
+                    name(&m.backing)
+                ));
+            }
+            Backing::Special(_) => return Err(format!("lies in {}", name(&m.backing))),
+        }
+        at = m.end;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +252,150 @@ mod tests {
         );
         assert_eq!(gap(None), "the CPU it last ran on is unknown");
         assert!(TaskClocks::default().age_ms(Some(0), 0.0, now).is_err());
+    }
+
+    fn map(start: u64, end: u64, shared: bool, backing: Backing) -> Mapping {
+        Mapping {
+            start,
+            end,
+            shared,
+            backing,
+        }
+    }
+
+    /// A process's address space: heap, a gap, two adjacent anonymous
+    /// mappings, a file, a shared anonymous mapping, a memfd, a stack, the
+    /// vvar/vdso pages; listed out of order.
+    fn space() -> Vec<Mapping> {
+        vec![
+            map(0x7000, 0x8000, false, Backing::File("/mnt/fuse/p".into())),
+            map(0x1000, 0x3000, false, Backing::Heap),
+            map(0x4000, 0x5000, false, Backing::Anonymous),
+            map(0x5000, 0x6000, false, Backing::Anonymous),
+            map(0x6000, 0x7000, false, Backing::Anonymous),
+            map(
+                0x8000,
+                0x9000,
+                true,
+                Backing::File("/dev/zero (deleted)".into()),
+            ),
+            map(
+                0x9000,
+                0xa000,
+                true,
+                Backing::File("/memfd:x (deleted)".into()),
+            ),
+            map(
+                0xa000,
+                0xb000,
+                false,
+                Backing::File("/memfd:y (deleted)".into()),
+            ),
+            map(0xb000, 0xc000, false, Backing::Stack),
+            map(0xc000, 0xd000, false, Backing::Special("[vvar]".into())),
+            map(0xd000, 0xe000, false, Backing::Special("[vdso]".into())),
+            map(0xe000, 0xf000, true, Backing::Anonymous),
+            map(0xf000, 0x10000, false, Backing::File("/lib/a\nb".into())),
+        ]
+    }
+
+    #[test]
+    fn only_private_anonymous_memory_is_read() {
+        let maps = space();
+        let ok = |addr, len| anonymous_private(&maps, addr, len);
+        // Inside, and exactly filling, private anonymous mappings.
+        assert_eq!(ok(0x1000, 0x2000), Ok(()));
+        assert_eq!(ok(0x2ff8, 8), Ok(()));
+        assert_eq!(ok(0xb000, 0x1000), Ok(()));
+        // Across adjacent anonymous mappings (the kernel splits them at
+        // permission changes): still anonymous throughout.
+        assert_eq!(ok(0x4ff8, 0x1010), Ok(()));
+        assert_eq!(ok(0x4000, 0x3000), Ok(()));
+        // Empty ranges read nothing, wherever they point.
+        assert_eq!(ok(0, 0), Ok(()));
+        assert_eq!(ok(0x7000, 0), Ok(()));
+        // One byte past a mapping's end is the next one (or none).
+        assert_eq!(ok(0x3000, 1), Err("is not mapped".into()));
+        assert_eq!(
+            ok(0x2fff, 2),
+            Err("runs into unmapped memory at 0x3000".into())
+        );
+        assert_eq!(ok(0x0fff, 2), Err("is not mapped".into()));
+        assert_eq!(ok(0x3ff8, 16), Err("is not mapped".into()));
+        // From anonymous memory into a file: the file decides.
+        let file = Err("lies in a file-backed mapping (/mnt/fuse/p)".to_string());
+        assert_eq!(ok(0x6ff8, 16), file);
+        assert_eq!(ok(0x7000, 8), file);
+        assert_eq!(ok(0x7ff8, 8), file);
+        assert_eq!(ok(0x6000, 0x1001), file);
+        // Shared anonymous memory and memfds, shared or private.
+        assert_eq!(
+            ok(0x8000, 8),
+            Err("lies in a shared mapping (/dev/zero (deleted))".into())
+        );
+        assert_eq!(
+            ok(0x9000, 8),
+            Err("lies in a shared mapping (/memfd:x (deleted))".into())
+        );
+        assert_eq!(
+            ok(0xa000, 8),
+            Err("lies in a file-backed mapping (/memfd:y (deleted))".into())
+        );
+        assert_eq!(
+            ok(0xe000, 8),
+            Err("lies in a shared mapping (anonymous memory)".into())
+        );
+        // From a stack into [vvar]; [vdso].
+        assert_eq!(ok(0xbff8, 16), Err("lies in [vvar]".into()));
+        assert_eq!(ok(0xd000, 8), Err("lies in [vdso]".into()));
+        // A path's control characters are escaped in the words.
+        assert_eq!(
+            ok(0xf000, 8),
+            Err("lies in a file-backed mapping (/lib/a\\nb)".into())
+        );
+        // Past the end of the address space; beyond every mapping.
+        assert_eq!(
+            ok(u64::MAX - 4, 8),
+            Err("runs past the end of the address space".into())
+        );
+        assert_eq!(ok(0x10000, 8), Err("is not mapped".into()));
+        // No maps at all: nothing is readable but the empty range.
+        assert_eq!(
+            anonymous_private(&[], 0x1000, 8),
+            Err("is not mapped".into())
+        );
+        assert_eq!(anonymous_private(&[], 0x1000, 0), Ok(()));
+    }
+
+    /// Every 8-byte-aligned range of up to 4 pages starting in the space:
+    /// readable exactly when each of its bytes is in a private anonymous
+    /// mapping (checked byte by byte, the slow way).
+    #[test]
+    fn the_rule_matches_a_byte_by_byte_walk() {
+        let maps = space();
+        let byte_ok = |a: u64| {
+            maps.iter().any(|m| {
+                m.start <= a
+                    && a < m.end
+                    && !m.shared
+                    && matches!(
+                        m.backing,
+                        Backing::Anonymous | Backing::Heap | Backing::Stack
+                    )
+            })
+        };
+        let mut checked = 0;
+        for addr in (0..0x11000u64).step_by(0xf8) {
+            for len in [1u64, 8, 0x7f8, 0x1000, 0x1008, 0x2000, 0x4000] {
+                let want = (addr..addr + len).step_by(8).all(byte_ok) && byte_ok(addr + len - 1);
+                assert_eq!(
+                    anonymous_private(&maps, addr, len).is_ok(),
+                    want,
+                    "{addr:#x}+{len:#x}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 1000);
     }
 }
