@@ -48,9 +48,11 @@ pub const MAX_READ: usize = 32 << 10;
 /// The largest `/proc/PID/maps` read (about 150,000 mappings).
 pub const MAX_MAPS: usize = 16 << 20;
 
-/// A request's kind (bytes 4..8): memory, or the memory map.
+/// A request's kind (bytes 4..8): memory, the memory map, or the command
+/// line (its first `len` bytes).
 const KIND_MEMORY: u32 = 0;
 const KIND_MAPS: u32 = 1;
+const KIND_CMDLINE: u32 = 2;
 
 /// Children sent SIGKILL while blocked, not yet reaped.
 static ABANDONED: Mutex<Vec<Pid>> = Mutex::new(Vec::new());
@@ -143,6 +145,40 @@ impl Reader {
     /// keep taken for writing: one `mmap` waiting on a page its FUSE
     /// server holds). At most [`MAX_MAPS`] bytes.
     pub fn read_maps(&mut self, pid: u32, deadline: Instant) -> Result<Vec<u8>, ReadError> {
+        // One byte past the cap tells a map too large from one that fits.
+        let text = self.read_proc_file(pid, KIND_MAPS, MAX_MAPS + 1, deadline)?;
+        if text.len() > MAX_MAPS {
+            return Err(ReadError::Reader(format!(
+                "the memory map is larger than {} MiB",
+                MAX_MAPS >> 20
+            )));
+        }
+        Ok(text)
+    }
+
+    /// The first `cap` bytes (at most [`MAX_MAPS`]) of `/proc/PID/cmdline`
+    /// of `pid`, read by the reader child by `deadline`. Reading it takes
+    /// the process's `mmap_lock` as the maps do (`access_remote_vm`): a
+    /// process that keeps it taken for writing makes the read wait for as
+    /// long as it likes.
+    pub fn read_cmdline(
+        &mut self,
+        pid: u32,
+        cap: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, ReadError> {
+        self.read_proc_file(pid, KIND_CMDLINE, cap.min(MAX_MAPS), deadline)
+    }
+
+    /// A file of `/proc/PID/` (`kind`), at most `cap` bytes of it, read by
+    /// the reader child by `deadline`.
+    fn read_proc_file(
+        &mut self,
+        pid: u32,
+        kind: u32,
+        cap: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, ReadError> {
         if self.child.is_none() {
             self.child = Some(spawn().map_err(ReadError::Reader)?);
         }
@@ -150,7 +186,8 @@ impl Reader {
         let child = *child;
         let mut req = [0u8; 24];
         req[..4].copy_from_slice(&pid.to_le_bytes());
-        req[4..8].copy_from_slice(&KIND_MAPS.to_le_bytes());
+        req[4..8].copy_from_slice(&kind.to_le_bytes());
+        req[16..].copy_from_slice(&(cap as u64).to_le_bytes());
         let answer = sock
             .write_all(&req)
             .map_err(|e| ReadError::Reader(e.to_string()))
@@ -167,10 +204,9 @@ impl Reader {
                         return Ok(Ok(text));
                     }
                     let n = n as usize;
-                    if text.len() + n > MAX_MAPS {
+                    if text.len() + n > cap {
                         return Err(ReadError::Reader(format!(
-                            "the memory map is larger than {} MiB",
-                            MAX_MAPS >> 20
+                            "the file is larger than the {cap} bytes asked for"
                         )));
                     }
                     let at = text.len();
@@ -316,8 +352,15 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
                 got += n as usize;
             }
             let pid = u32::from_le_bytes([req[0], req[1], req[2], req[3]]);
-            if u32::from_le_bytes([req[4], req[5], req[6], req[7]]) == KIND_MAPS {
-                if !send_maps(pid, out, room) {
+            let kind = u32::from_le_bytes([req[4], req[5], req[6], req[7]]);
+            let cap = u64::from_le_bytes(req[16..].try_into().unwrap_or([0; 8])) as usize;
+            if kind == KIND_MAPS || kind == KIND_CMDLINE {
+                let name: &[u8] = if kind == KIND_MAPS {
+                    b"/maps"
+                } else {
+                    b"/cmdline"
+                };
+                if !send_proc_file(pid, name, cap, out, room) {
                     libc::_exit(0);
                 }
                 continue;
@@ -348,14 +391,15 @@ unsafe fn serve(fd: i32, buf: &mut [u8]) -> ! {
     }
 }
 
-/// Sends `/proc/PID/maps` in chunks read into `out` (`8 + room` bytes):
-/// `[n i64]` and n bytes each, then `[0]`; `[-errno]` on an error. `false`
-/// when the socket is gone.
+/// Sends the first `cap` bytes of `/proc/PID` + `name` in chunks read into
+/// `out` (`8 + room` bytes): `[n i64]` and n bytes each, then `[0]`;
+/// `[-errno]` on an error. `false` when the socket is gone.
 ///
 /// # Safety
-/// Only in the reader child; `out` holds `8 + room` bytes.
-unsafe fn send_maps(pid: u32, out: *mut u8, room: usize) -> bool {
-    // "/proc/" + up to 10 digits + "/maps" + NUL, without allocating.
+/// Only in the reader child; `out` holds `8 + room` bytes; `name` is at
+/// most 16 bytes.
+unsafe fn send_proc_file(pid: u32, name: &[u8], cap: usize, out: *mut u8, room: usize) -> bool {
+    // "/proc/" + up to 10 digits + name + NUL, without allocating.
     let mut path = [0u8; 32];
     let mut at = 0;
     for b in b"/proc/" {
@@ -377,7 +421,7 @@ unsafe fn send_maps(pid: u32, out: *mut u8, room: usize) -> bool {
         path[at] = digits[d];
         at += 1;
     }
-    for b in b"/maps" {
+    for b in name.iter().take(15) {
         path[at] = *b;
         at += 1;
     }
@@ -390,11 +434,13 @@ unsafe fn send_maps(pid: u32, out: *mut u8, room: usize) -> bool {
     if fd < 0 {
         return send_head(errno());
     }
+    let mut left = cap;
     let ok = loop {
-        let n = unsafe { libc::read(fd, out.add(8).cast(), room) };
+        let n = unsafe { libc::read(fd, out.add(8).cast(), room.min(left)) };
         if n < 0 {
             break send_head(errno());
         }
+        left -= n as usize;
         unsafe { std::ptr::copy_nonoverlapping((n as i64).to_le_bytes().as_ptr(), out, 8) };
         if !unsafe { send_all(std::slice::from_raw_parts(out, 8 + n as usize)) } {
             break false;

@@ -2,7 +2,11 @@
  * bytes are a poll set: struct pollfd {fd 100, POLLIN} four times. It
  * answers the first `argv[2]` READs and holds every later one for good
  * (until the connection is aborted). Each READ is announced on stdout as
- * "read N" (then "held N" when it is held). */
+ * "read N" (then "held N" when it is held). With a third argument
+ * "direct", every OPEN after the first is answered FOPEN_DIRECT_IO |
+ * FOPEN_KEEP_CACHE: an mmap of such an open invalidates the file's pages
+ * first, and waits, holding its process's mmap_lock for writing, on a page
+ * whose READ is held. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
@@ -37,8 +41,10 @@ static void attr(struct fuse_attr *a, uint64_t node) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
     int answer = atoi(argv[2]);
+    int direct = argc == 4 && !strcmp(argv[3], "direct");
+    int opens = 0;
     dev = open("/dev/fuse", O_RDWR | O_CLOEXEC);
     if (dev < 0) { perror("/dev/fuse"); return 1; }
     char opts[128];
@@ -92,6 +98,11 @@ int main(int argc, char **argv) {
         }
         case FUSE_OPEN: case FUSE_OPENDIR: {
             struct fuse_open_out o = {0};
+            if (in->opcode == FUSE_OPEN && direct && opens++ > 0) {
+                o.open_flags = FOPEN_DIRECT_IO | FOPEN_KEEP_CACHE;
+                printf("open direct\n");
+                fflush(stdout);
+            }
             reply(in->unique, 0, &o, sizeof o);
             break;
         }
