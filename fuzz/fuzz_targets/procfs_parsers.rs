@@ -126,7 +126,7 @@ fuzz_target!(|data: &[u8]| {
         bytes_received: b.u64(),
         bytes_sent: b.u64(),
         tgid: b.u32(),
-        uid: b.u32(),
+        owner: b.u32(),
     };
     let _ = serde_json::to_string(&socket_activity(now_ns, rec.inode, &activity));
 });

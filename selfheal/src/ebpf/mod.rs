@@ -122,7 +122,7 @@ impl Tracer {
     pub fn watched_since(&self, _tgid: u32) -> Option<u64> {
         match self.0 {}
     }
-    pub fn watch(&mut self, _tgid: u32) -> Result<(), TracerError> {
+    pub fn watch(&mut self, _tgid: u32, _owner: u32) -> Result<(), TracerError> {
         match self.0 {}
     }
     pub fn unwatch(&mut self, _tgid: u32) -> Result<(), TracerError> {
