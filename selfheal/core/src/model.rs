@@ -272,6 +272,9 @@ pub enum GapKind {
     Ebpf,
     /// A container runtime could not tell about a container.
     Container,
+    /// What the report leaves out past its per-agent caps (processes,
+    /// threads, sockets, zombies), counted.
+    LeftOut,
 }
 
 /// Something that could not be seen, in words, with its kind. Serializes
