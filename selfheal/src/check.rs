@@ -46,7 +46,24 @@ pub struct AgentRecord {
     /// snapshot.
     #[serde(default)]
     pub metrics: crate::metrics::Counters,
+    /// The last snapshot written for the agent ([`SNAPSHOT_REPEAT_MS`]).
+    #[serde(default)]
+    pub last_snapshot: Option<SnapshotMark>,
 }
+
+/// A snapshot written: its id, verdict and when.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMark {
+    pub id: String,
+    pub verdict: String,
+    pub at_ms: u64,
+}
+
+/// An agent that stays in one verdict that is not ok, with no healing step
+/// to take, gets a snapshot when it enters that verdict and then at most
+/// one per this long; its check's `snapshot` names the last one written.
+/// A check that may act always writes one ("no action without a snapshot").
+pub const SNAPSHOT_REPEAT_MS: u64 = 10 * 60 * 1000;
 
 /// The result of checking one agent.
 #[derive(Clone, Debug, Serialize)]
@@ -359,24 +376,40 @@ impl Acting<'_> {
         record: &mut AgentRecord,
         outcome: &mut Outcome,
     ) {
-        match self.snapshots {
-            Some(log) => match log.append(
-                &agent.name,
-                judgement.verdict.as_str(),
-                &snapshot_body(judgement, full, &outcome.probes),
-            ) {
-                Ok(id) => outcome.snapshot = Some(id),
-                Err(e) => outcome.snapshot_error = Some(e.to_string()),
-            },
-            None => outcome.snapshot_error = Some("no snapshot log".into()),
-        }
         // A wedge goes to the ladder; so does a dead connection nobody
         // waits on, or a hung connect, whatever the verdict: they are ended.
         let unawaited = judgement
             .dead
             .iter()
             .any(|d| d.kind != crate::model::DeadKind::Awaited);
-        if judgement.verdict != Verdict::Wedged && !unawaited {
+        let may_act = judgement.verdict == Verdict::Wedged || unawaited;
+        let verdict = judgement.verdict.as_str();
+        let repeat = record.last_snapshot.as_ref().filter(|m| {
+            !may_act
+                && !outcome.transition
+                && m.verdict == verdict
+                && self.now_ms.saturating_sub(m.at_ms) < SNAPSHOT_REPEAT_MS
+        });
+        match (self.snapshots, repeat) {
+            (_, Some(m)) => outcome.snapshot = Some(m.id.clone()),
+            (Some(log), None) => match log.append(
+                &agent.name,
+                verdict,
+                &snapshot_body(judgement, full, &outcome.probes),
+            ) {
+                Ok(id) => {
+                    record.last_snapshot = Some(SnapshotMark {
+                        id: id.clone(),
+                        verdict: verdict.to_string(),
+                        at_ms: self.now_ms,
+                    });
+                    outcome.snapshot = Some(id);
+                }
+                Err(e) => outcome.snapshot_error = Some(e.to_string()),
+            },
+            (None, None) => outcome.snapshot_error = Some("no snapshot log".into()),
+        }
+        if !may_act {
             return;
         }
         outcome.heal = Some(heal(
