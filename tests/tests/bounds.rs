@@ -605,3 +605,49 @@ fn an_agent_exiting_mid_collection_is_reported_not_a_crash() {
         assert!(gaps.len() <= 40, "the gaps are bounded: {}", gaps.len());
     }
 }
+
+/// An agent stuck degraded (30 zombies) through five checks: one snapshot,
+/// written when it turned degraded; every later check names that one.
+#[test]
+fn an_agent_stuck_not_ok_writes_one_snapshot_then_rate_limited_repeats() {
+    if !need_root("stuck_not_ok_snapshots") {
+        return;
+    }
+    let dir = Scratch::new("bounds-stuck");
+    let peer = tests::helper_bin("recv-peer");
+    let agent = Peer::spawn({
+        let mut c = Command::new(&peer);
+        c.args(["zombies", "30"]);
+        c
+    });
+    let pid: u32 = agent
+        .expect("ready", 30 * SEC)
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("pid="))
+        .and_then(|p| p.parse().ok())
+        .expect("the agent's pid");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[[agent]]\nname = \"stuck\"\nmatch = {{ pid = {pid} }}\n"),
+    )
+    .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let r = check(&config, &dir);
+        let o = r.agent("stuck");
+        assert_eq!(o["verdict"], "degraded", "{o}");
+        ids.push(o["snapshot"].as_str().expect("a snapshot id").to_string());
+    }
+    stop(agent);
+    let listed = SnapshotLog::open_read(&dir.join("snaps"), 3)
+        .list(Some("stuck"), None)
+        .expect("list");
+    println!(
+        "5 degraded checks: {} snapshot(s) written, ids named {:?}",
+        listed.entries.len(),
+        ids
+    );
+    assert_eq!(listed.entries.len(), 1, "one snapshot for the episode");
+    assert!(ids.iter().all(|id| *id == listed.entries[0].id));
+}
