@@ -345,7 +345,8 @@ fn rusage(cmd: &[&str]) -> Result<()> {
 
 /// `n` children that share this process's argv (copy-on-write), each
 /// waiting for stdin to close, as the parent does; child `k` then exits
-/// `k` ms later, so they vanish one by one over `n` ms.
+/// `k` ms later and the parent reaps it, so they vanish one by one over
+/// `n` ms.
 fn forks(n: &str) -> Result<()> {
     let n: usize = n.parse().map_err(|_| format!("bad count {n}"))?;
     for k in 0..n {
@@ -367,6 +368,14 @@ fn forks(n: &str) -> Result<()> {
     }
     say(&format!("ready pid={}", std::process::id()));
     let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    // Reap them as they exit (bounded: n of them), so they vanish rather
+    // than linger as zombies.
+    for _ in 0..n {
+        // SAFETY: waits for our own children.
+        if unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } < 0 {
+            break;
+        }
+    }
     Ok(())
 }
 
