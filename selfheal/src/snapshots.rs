@@ -54,6 +54,8 @@ pub const DEFAULT_KEEP: usize = 3;
 /// The largest record written: a body that would make a longer line is
 /// replaced by its verdict, reasons and a note of its size.
 pub const MAX_RECORD_BYTES: usize = 4 << 20;
+/// Rotated files of the shared log read at least (what it kept).
+const SHARED_KEEP: usize = 5;
 /// The most per-agent logs a reader looks at.
 const MAX_AGENT_LOGS: usize = 4096;
 /// Upper bound on `keep` (bounds rotation and reading).
@@ -357,7 +359,12 @@ impl SnapshotLog {
         let mut seen = HashSet::new();
         let mut files = Vec::new();
         let base_path = self.dir.join(base);
-        let rotated = (1..=self.keep).map(|n| self.dir.join(format!("{base}.{n}")));
+        let keep = if base == SNAPSHOT_FILE {
+            self.keep.max(SHARED_KEEP)
+        } else {
+            self.keep
+        };
+        let rotated = (1..=keep).map(|n| self.dir.join(format!("{base}.{n}")));
         for path in std::iter::once(base_path).chain(rotated) {
             let file = match OpenOptions::new()
                 .read(true)

@@ -329,8 +329,8 @@ fn one_agents_flood_does_not_rotate_away_anothers_wedge_snapshot() {
     assert!(flood_bytes <= max * (keep as u64 + 1));
 }
 
-/// A shared log of the one-file layout (`snapshots.jsonl` and a rotated
-/// `.1`, written by hand as that layout wrote them) stays readable beside
+/// A shared log of the one-file layout (`snapshots.jsonl` and its oldest
+/// rotated file `.5`, written by hand as that layout wrote them) stays readable beside
 /// the agents' own logs: listed in time order with them, and shown by id;
 /// appends never touch it.
 #[test]
@@ -344,8 +344,9 @@ fn the_shared_log_stays_readable_beside_the_agents_logs() {
              \"agent\":\"{agent}\",\"verdict\":\"wedged\",\"snapshot\":{{\"n\":1}}}}\n"
         )
     };
+    // Its oldest kept file is `.5` (it kept 5), past an agent log's 2.
     std::fs::write(
-        snaps.join("snapshots.jsonl.1"),
+        snaps.join("snapshots.jsonl.5"),
         line("20261129T235100Z-sol-0001-0", 1_764_460_260_000, "sol"),
     )
     .unwrap();
