@@ -61,6 +61,7 @@ pub fn report() -> Report {
             overflow: None,
         },
         gaps: vec![],
+        left_out: Default::default(),
     }
 }
 

@@ -25,8 +25,13 @@ pub struct ProcEntry {
     pub ppid: u32,
     /// The command name (`/proc/PID/comm`, at most 15 bytes).
     pub comm: String,
-    /// argv; empty for kernel threads and zombies.
+    /// argv, its first [`MAX_CMDLINE_BYTES`] bytes; empty for kernel
+    /// threads and zombies, and (in a table read by
+    /// [`ProcessTable::read_for`]) for every process no cmdline rule picks.
     pub cmdline: Vec<String>,
+    /// Whether it has a command line at all (not a kernel thread, not a
+    /// zombie), whether or not that was read.
+    pub has_argv: bool,
     /// The target of `/proc/PID/exe`, where readable (needs ptrace access).
     pub exe: Option<PathBuf>,
     /// The cgroup v2 path (the `0::` line of `/proc/PID/cgroup`; on a
@@ -52,6 +57,7 @@ impl ProcEntry {
             ppid,
             comm,
             cmdline: argv.iter().map(|a| a.to_string()).collect(),
+            has_argv: !argv.is_empty(),
             exe: None,
             cgroup: None,
             uid: None,
@@ -86,11 +92,54 @@ impl ProcessTable {
     /// Reads every process from `/proc`. Processes that vanish mid-read are
     /// left out; fields that cannot be read are `None` (or empty). Never
     /// fails: an unreadable `/proc` gives an empty table.
+    /// Every command line is read, its first [`MAX_CMDLINE_BYTES`] bytes
+    /// only (a user's multi-MiB argv costs a few KiB).
     pub fn read() -> ProcessTable {
+        ProcessTable::read_with(&|_| true, &|_, _| true)
+    }
+
+    /// [`ProcessTable::read`] for checking `agents` as `runner`: a
+    /// process's command line is read only when one of their cmdline rules
+    /// may pick it (its uid passes that rule's `match.uid`), and kept only
+    /// when one of them matches it. The table then holds the command lines
+    /// of the processes those rules pick, and no others (so the hint that
+    /// other uids' processes would match is `selfheal config check`'s).
+    pub fn read_for(agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+        let rules: Vec<(&regex::Regex, Option<u32>)> = agents
+            .iter()
+            .filter_map(|a| match &a.rule {
+                MatchRule::Cmdline(re) => Some((re, a.uid_filter(runner))),
+                _ => None,
+            })
+            .collect();
+        let applies = |uid: Option<u32>, filter: Option<u32>| filter.is_none_or(|f| uid == Some(f));
+        ProcessTable::read_with(
+            &|uid| rules.iter().any(|(_, f)| applies(uid, *f)),
+            &|uid, joined| {
+                rules
+                    .iter()
+                    .any(|(re, f)| applies(uid, *f) && re.is_match(joined))
+            },
+        )
+    }
+
+    /// Reads every process; `read_cmdline(uid)` says whether to read its
+    /// command line, `keep(uid, joined argv)` whether to keep what was read.
+    fn read_with(
+        read_cmdline: &dyn Fn(Option<u32>) -> bool,
+        keep: &dyn Fn(Option<u32>, &str) -> bool,
+    ) -> ProcessTable {
         let mut entries = Vec::new();
+        let mut buf = Vec::with_capacity(MAX_CMDLINE_BYTES + 1);
         if let Ok(all) = procfs::process::all_processes() {
             for process in all.flatten() {
-                if let Some(e) = read_entry(&process) {
+                if let Some(mut e) = read_entry(&process) {
+                    if e.has_argv && read_cmdline(e.uid) {
+                        let argv = read_cmdline_capped(e.pid, &mut buf);
+                        if keep(e.uid, &argv.join(" ")) {
+                            e.cmdline = argv;
+                        }
+                    }
                     entries.push(e);
                 }
             }
@@ -350,17 +399,56 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
             .ok()
             .map(|m| m.ino())
     };
+    // Kernel threads have no user memory, zombies none left.
+    const PF_KTHREAD: u32 = 0x0020_0000;
+    let has_argv = stat.flags & PF_KTHREAD == 0 && !matches!(stat.state, 'Z' | 'X');
     Some(ProcEntry {
         pid,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         comm: stat.comm,
-        cmdline: process.cmdline().unwrap_or_default(),
+        cmdline: Vec::new(),
+        has_argv,
         exe: process.exe().ok(),
         cgroup,
         uid: process.uid().ok(),
         containers,
         pidns,
     })
+}
+
+/// The most of a command line read: enough for any rule to match on, and
+/// what a process table costs per process whatever its argv's size (the
+/// procfs crate's reader takes the whole argv, so it is not used).
+pub const MAX_CMDLINE_BYTES: usize = 4096;
+
+/// The first [`MAX_CMDLINE_BYTES`] of `/proc/PID/cmdline`, split at NULs
+/// (a cut last argument is kept as far as it was read); empty when it
+/// cannot be read. `buf` is scratch space.
+fn read_cmdline_capped(pid: u32, buf: &mut Vec<u8>) -> Vec<String> {
+    buf.clear();
+    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/cmdline")) else {
+        return Vec::new();
+    };
+    if file
+        .take(MAX_CMDLINE_BYTES as u64)
+        .read_to_end(buf)
+        .is_err()
+    {
+        return Vec::new();
+    }
+    split_argv(buf)
+}
+
+/// argv from the NUL-separated bytes of `/proc/PID/cmdline`.
+pub fn split_argv(bytes: &[u8]) -> Vec<String> {
+    let bytes = bytes.strip_suffix(b"\0").unwrap_or(bytes);
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    bytes
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
 }
 
 /// The containers of a process, from its `/proc/PID/cgroup` text, that
@@ -672,7 +760,7 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf], keep: &dyn Fn(&ProcEntry) -> 
         let mut p = format!("no process runs {}", paths[0].display());
         let unreadable = table
             .entries()
-            .filter(|e| e.exe.is_none() && !e.cmdline.is_empty())
+            .filter(|e| e.exe.is_none() && e.has_argv)
             .count();
         if unreadable > 0 {
             let plural = if unreadable == 1 { "" } else { "es" };
@@ -775,6 +863,25 @@ mod tests {
         let m = find(&MatchRule::Pid(99), &t);
         assert!(m.roots.is_empty() && m.all.is_empty());
         assert_eq!(m.problem.as_deref(), Some("pid 99 is not running"));
+    }
+
+    #[test]
+    fn argv_splits_at_nuls_and_reads_are_capped() {
+        for (bytes, argv) in [
+            (&b"sol\0--attach\0"[..], vec!["sol", "--attach"]),
+            (b"sol\0\0x\0", vec!["sol", "", "x"]),
+            (b"setproctitle style", vec!["setproctitle style"]),
+            (b"cut-at-the-ca", vec!["cut-at-the-ca"]),
+            (b"", vec![]),
+            (b"\0", vec![]),
+        ] {
+            assert_eq!(split_argv(bytes), argv, "{bytes:?}");
+        }
+        // This process's own command line, read through the capped reader.
+        let mut buf = Vec::new();
+        let mine = read_cmdline_capped(std::process::id(), &mut buf);
+        assert!(!mine.is_empty() && buf.len() <= MAX_CMDLINE_BYTES);
+        assert!(read_cmdline_capped(u32::MAX, &mut buf).is_empty());
     }
 
     #[test]

@@ -46,7 +46,24 @@ pub struct AgentRecord {
     /// snapshot.
     #[serde(default)]
     pub metrics: crate::metrics::Counters,
+    /// The last snapshot written for the agent ([`SNAPSHOT_REPEAT_MS`]).
+    #[serde(default)]
+    pub last_snapshot: Option<SnapshotMark>,
 }
+
+/// A snapshot written: its id, verdict and when.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMark {
+    pub id: String,
+    pub verdict: String,
+    pub at_ms: u64,
+}
+
+/// An agent that stays in one verdict that is not ok, with no healing step
+/// to take, gets a snapshot when it enters that verdict and then at most
+/// one per this long; its check's `snapshot` names the last one written.
+/// A check that may act always writes one ("no action without a snapshot").
+pub const SNAPSHOT_REPEAT_MS: u64 = 10 * 60 * 1000;
 
 /// The result of checking one agent.
 #[derive(Clone, Debug, Serialize)]
@@ -208,7 +225,7 @@ pub fn run(
         .iter()
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
-    let table = ProcessTable::read().with_own_pid(std::process::id());
+    let table = ProcessTable::read_for(&agents, crate::trust::euid());
     let table = crate::runtime::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets
@@ -372,6 +389,7 @@ fn check_agent(
             agent,
             &judgement,
             full.as_ref().unwrap_or(&report),
+            record,
             &mut outcome,
         );
         let heal_from = match (&full, cut) {
@@ -439,25 +457,56 @@ fn over_budget(
     outcome
 }
 
+/// Whether a not-ok judgement goes to the ladder: a wedge, or a dead
+/// connection nobody waits on or a hung connect, whatever the verdict
+/// (they are ended).
+fn may_act(judgement: &Judgement) -> bool {
+    judgement.verdict == Verdict::Wedged
+        || judgement
+            .dead
+            .iter()
+            .any(|d| d.kind != crate::model::DeadKind::Awaited)
+}
+
 impl Acting<'_> {
     /// A verdict that is not ok, first: its forensic snapshot.
+    /// An agent stuck in one verdict it takes no step for writes one on
+    /// entering it and then at most one per [`SNAPSHOT_REPEAT_MS`]; the
+    /// checks between name the last.
     fn snapshot(
         &self,
         agent: &AgentConfig,
         judgement: &Judgement,
         full: &Report,
+        record: &mut AgentRecord,
         outcome: &mut Outcome,
     ) {
-        match self.snapshots {
-            Some(log) => match log.append(
+        let may_act = may_act(judgement);
+        let verdict = judgement.verdict.as_str();
+        let repeat = record.last_snapshot.as_ref().filter(|m| {
+            !may_act
+                && !outcome.transition
+                && m.verdict == verdict
+                && self.now_ms.saturating_sub(m.at_ms) < SNAPSHOT_REPEAT_MS
+        });
+        match (self.snapshots, repeat) {
+            (_, Some(m)) => outcome.snapshot = Some(m.id.clone()),
+            (Some(log), None) => match log.append(
                 &agent.name,
-                judgement.verdict.as_str(),
+                verdict,
                 &snapshot_body(judgement, full, &outcome.probes),
             ) {
-                Ok(id) => outcome.snapshot = Some(id),
+                Ok(id) => {
+                    record.last_snapshot = Some(SnapshotMark {
+                        id: id.clone(),
+                        verdict: verdict.to_string(),
+                        at_ms: self.now_ms,
+                    });
+                    outcome.snapshot = Some(id);
+                }
                 Err(e) => outcome.snapshot_error = Some(e.to_string()),
             },
-            None => outcome.snapshot_error = Some("no snapshot log".into()),
+            (None, None) => outcome.snapshot_error = Some("no snapshot log".into()),
         }
     }
 
@@ -475,13 +524,7 @@ impl Acting<'_> {
         record: &mut AgentRecord,
         outcome: &mut Outcome,
     ) {
-        // A wedge goes to the ladder; so does a dead connection nobody
-        // waits on, or a hung connect, whatever the verdict: they are ended.
-        let unawaited = judgement
-            .dead
-            .iter()
-            .any(|d| d.kind != crate::model::DeadKind::Awaited);
-        if judgement.verdict != Verdict::Wedged && !unawaited {
+        if !may_act(judgement) {
             return;
         }
         outcome.heal = Some(heal(

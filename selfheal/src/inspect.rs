@@ -175,14 +175,40 @@ impl Collector {
             over: false,
         };
         let mut unread = 0;
+        let (mut unread_processes, mut unread_zombies) = (0, BTreeMap::new());
+        let mut zombies = 0;
         for &pid in &target.pids {
             if access.over || std::time::Instant::now() >= access.deadline {
                 access.over = true;
                 unread += 1;
                 continue;
             }
+            // Past the caps only the state is read: a zombie is counted
+            // under its parent, anything else counted as unread.
+            let full = processes.len() - zombies >= MAX_PROCESSES;
+            if full || zombies >= MAX_ZOMBIES {
+                match state_and_ppid(pid) {
+                    Some(('Z', ppid)) if zombies >= MAX_ZOMBIES => {
+                        *unread_zombies.entry(ppid).or_insert(0) += 1;
+                        continue;
+                    }
+                    Some(('Z', _)) => {}
+                    Some(_) if full => {
+                        unread_processes += 1;
+                        continue;
+                    }
+                    Some(_) => {}
+                    None => {
+                        gone.push(pid);
+                        continue;
+                    }
+                }
+            }
             match proc::process_in(pid, detail, clocks, &mut access) {
-                Ok(p) => processes.push(p),
+                Ok(p) => {
+                    zombies += usize::from(p.state == 'Z');
+                    processes.push(p);
+                }
                 Err(_) => gone.push(pid),
             }
         }
@@ -262,6 +288,8 @@ impl Collector {
             processes,
             gone,
             over_budget,
+            unread_processes,
+            unread_zombies,
             tcp,
             roles,
             ebpf: EbpfEvidence {
@@ -273,6 +301,20 @@ impl Collector {
             },
         }
     }
+}
+
+/// A process's state and parent from `/proc/PID/stat` (one small read),
+/// or `None` when it is gone.
+fn state_and_ppid(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // `PID (COMM) STATE PPID …`; COMM may hold anything, so split at the last `)`.
+    let close = stat.iter().rposition(|b| *b == b')')?;
+    let mut rest = std::str::from_utf8(stat.get(close + 1..)?)
+        .ok()?
+        .split_ascii_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some((state, ppid))
 }
 
 fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence) {

@@ -4,9 +4,16 @@
 //!
 //! This module owns the log's location ([`default_snapshot_dir`]), its
 //! record format, snapshot ids, durable appends that never leave a half line
-//! behind ([`SnapshotLog::append`]), size rotation (`snapshots.jsonl` →
-//! `.1` → … → `.keep`), and reading ([`SnapshotLog::list`],
-//! [`SnapshotLog::show`]). What goes *into* a snapshot is the caller's.
+//! behind ([`SnapshotLog::append`]), size rotation, and reading
+//! ([`SnapshotLog::list`], [`SnapshotLog::show`]). What goes *into* a
+//! snapshot is the caller's.
+//!
+//! Every agent has a log of its own ([`agent_file`]:
+//! `snapshots.NAME-HASH.jsonl` → `.1` → … → `.keep`), with its own quota,
+//! so one agent's volume never rotates away another's snapshots. The
+//! shared `snapshots.jsonl` (and its rotated files) is read, never
+//! written: its records stay listed and shown. A record is at most
+//! [`MAX_RECORD_BYTES`].
 //!
 //! A record is `{"id", "time", "unix_ms", "agent", "verdict", "snapshot"}`.
 //! Appends and rotation take `snapshots.lock` (flock, bounded wait), so
@@ -35,14 +42,22 @@ use crate::store::{
     self, DEFAULT_LOCK_TIMEOUT, StoreError, fsync_dir, io_err, lock_file, prepare_dir,
 };
 
-/// The current log file's name; rotated files add `.1`, `.2`, ….
+/// The shared log's name (read, never written); rotated files add `.1`,
+/// `.2`, ….
 pub const SNAPSHOT_FILE: &str = "snapshots.jsonl";
 /// The lock appends and rotation take.
 pub const LOCK_FILE: &str = "snapshots.lock";
-/// Rotate when the current file would grow past this.
-pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
-/// Rotated files kept.
-pub const DEFAULT_KEEP: usize = 5;
+/// Rotate an agent's current file when it would grow past this.
+pub const DEFAULT_MAX_BYTES: u64 = 16 << 20;
+/// Rotated files kept per agent: an agent's quota is `max_bytes × (keep + 1)`.
+pub const DEFAULT_KEEP: usize = 3;
+/// The largest record written: a body that would make a longer line is
+/// replaced by its verdict, reasons and a note of its size.
+pub const MAX_RECORD_BYTES: usize = 4 << 20;
+/// Rotated files of the shared log read at least (what it kept).
+const SHARED_KEEP: usize = 5;
+/// The most per-agent logs a reader looks at.
+const MAX_AGENT_LOGS: usize = 4096;
 /// Upper bound on `keep` (bounds rotation and reading).
 pub const MAX_KEEP: usize = 1000;
 /// Longest agent name carried into an id.
@@ -170,14 +185,14 @@ impl SnapshotLog {
         &self.dir
     }
 
-    /// The current log file.
+    /// The shared log file (read, never written).
     pub fn path(&self) -> PathBuf {
         self.dir.join(SNAPSHOT_FILE)
     }
 
-    /// Rotated file `n` (1 = newest).
-    fn rotated(&self, n: usize) -> PathBuf {
-        self.dir.join(format!("{SNAPSHOT_FILE}.{n}"))
+    /// `agent`'s current log file ([`agent_file`]).
+    pub fn path_for(&self, agent: &str) -> PathBuf {
+        self.dir.join(agent_file(agent))
     }
 
     /// Appends one record and makes it durable (fsync) before returning its
@@ -192,7 +207,8 @@ impl SnapshotLog {
         verdict: &str,
         body: &serde_json::Value,
     ) -> Result<String, StoreError> {
-        let path = self.path();
+        let base = agent_file(agent);
+        let path = self.dir.join(&base);
         let dir = match &self.safe {
             Some(d) if self.writable => d,
             _ => return Err(StoreError::ReadOnly { path }),
@@ -208,32 +224,39 @@ impl SnapshotLog {
             verdict,
             snapshot: body,
         };
-        let mut line = Vec::with_capacity(256);
-        line.push(b'\n'); // dropped below unless the file ends in a torn line
-        serde_json::to_writer(&mut line, &record).map_err(|error| StoreError::Serialize {
-            path: path.clone(),
-            error,
-        })?;
-        line.push(b'\n');
+        let serialize = |record: &RecordOut<'_>| {
+            let mut line = Vec::with_capacity(256);
+            line.push(b'\n'); // dropped below unless the file ends in a torn line
+            serde_json::to_writer(&mut line, record).map_err(|error| StoreError::Serialize {
+                path: path.clone(),
+                error,
+            })?;
+            line.push(b'\n');
+            Ok::<_, StoreError>(line)
+        };
+        let mut line = serialize(&record)?;
+        if line.len() > MAX_RECORD_BYTES {
+            let short = oversized(body, line.len());
+            line = serialize(&RecordOut {
+                snapshot: &short,
+                ..record
+            })?;
+        }
 
         // The path must still lead to the directory checked at open
         // (`watch` runs for weeks).
         dir.recheck()?;
         let _lock = lock_file(dir, LOCK_FILE, self.lock_timeout)?;
-        let size = match dir.open_file(SNAPSHOT_FILE, libc::O_RDONLY, 0) {
+        let size = match dir.open_file(&base, libc::O_RDONLY, 0) {
             Ok(f) => f.metadata().map_err(io_err("examine", &path))?.len(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
             Err(e) => return Err(io_err("examine", &path)(e)),
         };
         if size > 0 && size.saturating_add(line.len() as u64 - 1) > self.max_bytes {
-            self.rotate(dir)?;
+            self.rotate(dir, &base)?;
         }
         let file = dir
-            .open_file(
-                SNAPSHOT_FILE,
-                libc::O_RDWR | libc::O_APPEND | libc::O_CREAT,
-                0o600,
-            )
+            .open_file(&base, libc::O_RDWR | libc::O_APPEND | libc::O_CREAT, 0o600)
             .map_err(io_err("open", &path))?;
         let prev = file.metadata().map_err(io_err("examine", &path))?.len();
         let mut last = [0u8; 1];
@@ -255,32 +278,32 @@ impl SnapshotLog {
         Ok(id)
     }
 
-    /// `snapshots.jsonl` → `.1` → … → `.keep`; the oldest is dropped, as are
+    /// `base` → `base.1` → … → `base.keep`; the oldest is dropped, as are
     /// leftovers beyond `keep` (from a larger `keep` before). Called with the
     /// lock held.
-    fn rotate(&self, dir: &SafeDir) -> Result<(), StoreError> {
-        let rotated = |n: usize| format!("{SNAPSHOT_FILE}.{n}");
+    fn rotate(&self, dir: &SafeDir, base: &str) -> Result<(), StoreError> {
+        let rotated = |n: usize| format!("{base}.{n}");
         let remove = |name: &str| match dir.remove(name) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io_err("remove", &dir.join(name))(e)),
         };
         if self.keep == 0 {
-            remove(SNAPSHOT_FILE)?;
+            remove(base)?;
         } else {
             remove(&rotated(self.keep))?;
             for n in (1..self.keep).rev() {
                 match dir.rename(&rotated(n), &rotated(n + 1)) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err("rotate", &self.rotated(n))(e)),
+                    Err(e) => return Err(io_err("rotate", &self.dir.join(rotated(n)))(e)),
                 }
             }
-            dir.rename(SNAPSHOT_FILE, &rotated(1))
-                .map_err(io_err("rotate", &self.path()))?;
+            dir.rename(base, &rotated(1))
+                .map_err(io_err("rotate", &self.dir.join(base)))?;
         }
         if let Ok(names) = dir.names() {
-            let prefix = format!("{SNAPSHOT_FILE}.");
+            let prefix = format!("{base}.");
             for name in names {
                 let Some(n) = name
                     .strip_prefix(&prefix)
@@ -296,13 +319,53 @@ impl SnapshotLog {
         fsync_dir(dir)
     }
 
-    /// The log's files, oldest first, each opened once. Opened newest first
-    /// and deduplicated by inode so a rotation by a concurrent writer neither
-    /// repeats nor loses a file (but the one it drops).
-    fn files(&self) -> Result<Vec<(PathBuf, File)>, StoreError> {
+    /// The current files of the logs to read: the shared one, and `agent`'s
+    /// (every agent's when `None`, found in the directory, at most
+    /// [`MAX_AGENT_LOGS`]).
+    fn bases(&self, agent: Option<&str>) -> Vec<String> {
+        let mut bases = vec![SNAPSHOT_FILE.to_string()];
+        match agent {
+            Some(a) => bases.push(agent_file(a)),
+            None => {
+                let mut found: Vec<String> = std::fs::read_dir(&self.dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| is_agent_file(n))
+                    .take(MAX_AGENT_LOGS)
+                    .collect();
+                found.sort();
+                bases.extend(found);
+            }
+        }
+        bases
+    }
+
+    /// The files of the logs `agent` reads ([`SnapshotLog::bases`]), oldest
+    /// first within each log, each opened once. Each log's files are opened
+    /// newest first and deduplicated by inode so a rotation by a concurrent
+    /// writer neither repeats nor loses a file (but the one it drops).
+    fn files(&self, agent: Option<&str>) -> Result<Vec<(PathBuf, File)>, StoreError> {
+        let mut files = Vec::new();
+        for base in self.bases(agent) {
+            files.extend(self.files_of(&base)?);
+        }
+        Ok(files)
+    }
+
+    /// One log's files, oldest first.
+    fn files_of(&self, base: &str) -> Result<Vec<(PathBuf, File)>, StoreError> {
         let mut seen = HashSet::new();
         let mut files = Vec::new();
-        for path in std::iter::once(self.path()).chain((1..=self.keep).map(|n| self.rotated(n))) {
+        let base_path = self.dir.join(base);
+        let keep = if base == SNAPSHOT_FILE {
+            self.keep.max(SHARED_KEEP)
+        } else {
+            self.keep
+        };
+        let rotated = (1..=keep).map(|n| self.dir.join(format!("{base}.{n}")));
+        for path in std::iter::once(base_path).chain(rotated) {
             let file = match OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NOFOLLOW)
@@ -325,7 +388,8 @@ impl SnapshotLog {
     }
 
     /// The records of `agent` (all when `None`) written at or after
-    /// `since_unix_ms`, oldest first, across the current and rotated files.
+    /// `since_unix_ms`, oldest first, across the agents' logs and the
+    /// shared one, current and rotated files.
     /// Lines that are not records are skipped and counted.
     pub fn list(
         &self,
@@ -341,7 +405,7 @@ impl SnapshotLog {
             verdict: String,
         }
         let mut listing = Listing::default();
-        for (path, file) in self.files()? {
+        for (path, file) in self.files(agent)? {
             for line in BufReader::new(file).split(b'\n') {
                 let line = line.map_err(io_err("read", &path))?;
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -366,6 +430,12 @@ impl SnapshotLog {
                 });
             }
         }
+        // Several logs: in time order; within a millisecond, in the order
+        // of the writer's counter (the id's last part). The sort is stable,
+        // so one file's order stands where neither tells.
+        listing
+            .entries
+            .sort_by_key(|m| (m.unix_ms, id_counter(&m.id)));
         Ok(listing)
     }
 
@@ -374,7 +444,7 @@ impl SnapshotLog {
         // Our own lines start with the id: parse only those that match, and
         // any line in another shape.
         let ours = format!("{{\"id\":{}", serde_json::Value::from(id));
-        let mut files = self.files()?;
+        let mut files = self.files(None)?;
         files.reverse();
         for (path, file) in files {
             for line in BufReader::new(file).split(b'\n') {
@@ -392,6 +462,66 @@ impl SnapshotLog {
         }
         Ok(None)
     }
+}
+
+/// The file name of `agent`'s log: `snapshots.NAME-HASH.jsonl`, NAME the
+/// agent's name made safe ([`safe_name`]: at most 32 of `[A-Za-z0-9_.-]`,
+/// others `_`), HASH (8 hex digits, FNV-1a) of the whole name, so two
+/// names that read the same once made safe have logs of their own. Never a
+/// path: no `/`, never `.` or `..`, at most 64 bytes.
+pub fn agent_file(agent: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in agent.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    format!("snapshots.{}-{h:08x}.jsonl", safe_name(agent))
+}
+
+/// Whether `name` is the current file of an agent's log ([`agent_file`]).
+fn is_agent_file(name: &str) -> bool {
+    name.strip_prefix("snapshots.")
+        .and_then(|n| n.strip_suffix(".jsonl"))
+        .and_then(|n| n.rsplit_once('-'))
+        .is_some_and(|(_, h)| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The per-process counter an id ends in ([`make_id`]), 0 when it has none.
+fn id_counter(id: &str) -> u64 {
+    id.rsplit_once('-')
+        .and_then(|(_, n)| u64::from_str_radix(n, 16).ok())
+        .unwrap_or(0)
+}
+
+/// What a record holds in place of a body over [`MAX_RECORD_BYTES`]: its
+/// verdict and reasons, and why the rest is missing.
+fn oversized(body: &serde_json::Value, bytes: usize) -> serde_json::Value {
+    serde_json::json!({
+        "verdict": body.get("verdict"),
+        "reasons": body.get("reasons"),
+        "left_out": format!(
+            "the evidence ({bytes} bytes) is over the record cap of {MAX_RECORD_BYTES} bytes"
+        ),
+    })
+}
+
+/// `agent` made safe for a file name and a terminal: at most
+/// [`ID_AGENT_CHARS`] of `[A-Za-z0-9_.-]`, anything else `_`; `_` when empty.
+fn safe_name(agent: &str) -> String {
+    let mut name: String = agent
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(ID_AGENT_CHARS)
+        .collect();
+    if name.is_empty() {
+        name.push('_');
+    }
+    name
 }
 
 /// `20261129T235100Z-sol-3fa2-0`: the time, the agent (made safe for a file
@@ -412,19 +542,6 @@ fn make_id(rfc3339_seconds: &str, agent: &str) -> String {
         .chars()
         .filter(|c| *c != '-' && *c != ':')
         .collect();
-    let mut name: String = agent
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(ID_AGENT_CHARS)
-        .collect();
-    if name.is_empty() {
-        name.push('_');
-    }
+    let name = safe_name(agent);
     format!("{stamp}-{name}-{token:04x}-{n:x}")
 }

@@ -209,7 +209,7 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
     assert!(o["snapshot"].is_null(), "{o:#}");
     let err = o["snapshot_error"].as_str().expect("snapshot_error");
     assert!(
-        err.contains("No space left") && err.contains("snapshots.jsonl"),
+        err.contains("No space left") && err.contains(&selfheal::snapshots::agent_file("runner")),
         "the error names the file and ENOSPC: {err}"
     );
     assert!(r.stderr.contains("NOT written"), "{}", r.stderr);
@@ -266,7 +266,7 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
         .filter_map(|v| v["id"].as_str().map(str::to_string))
         .collect();
     assert_eq!(ids, vec![id], "{text}");
-    let log = std::fs::read(snaps.join("snapshots.jsonl")).unwrap();
+    let log = std::fs::read(snaps.join(selfheal::snapshots::agent_file("runner"))).unwrap();
     assert_eq!(log.iter().filter(|b| **b == b'\n').count(), 1);
     assert_eq!(log.last(), Some(&b'\n'));
     drop(runner.client);

@@ -80,7 +80,7 @@ fn planted_paths_are_refused_and_ours_are_private() {
     for f in [
         state.join("state.json"),
         state.join("state.lock"),
-        snaps.join("snapshots.jsonl"),
+        snaps.join(selfheal::snapshots::agent_file("ghost")),
         snaps.join("snapshots.lock"),
     ] {
         assert_eq!(mode(&f), 0o600, "{}", f.display());

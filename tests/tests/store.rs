@@ -587,7 +587,11 @@ fn snapshots_round_trip() {
     let c = log.append("sol", "unresponsive", &body(3)).expect("append");
     let after = now_ms();
     assert_eq!(
-        fs::metadata(log.path()).expect("log").permissions().mode() & 0o777,
+        fs::metadata(log.path_for("sol"))
+            .expect("log")
+            .permissions()
+            .mode()
+            & 0o777,
         0o600
     );
 
@@ -597,7 +601,7 @@ fn snapshots_round_trip() {
     assert_eq!(ids, [&a, &b, &c]);
     for m in &all.entries {
         assert!(m.unix_ms >= before && m.unix_ms <= after, "{m:?}");
-        assert_eq!(m.file, log.path());
+        assert_eq!(m.file, log.path_for(&m.agent));
         // The id starts with the time, compacted: 2026-11-29T23:51:00Z → 20261129T235100Z.
         let stamp: String = m.time.chars().filter(|c| *c != '-' && *c != ':').collect();
         assert!(m.id.starts_with(&format!("{stamp}-{}-", m.agent)), "{m:?}");
@@ -704,7 +708,8 @@ fn rotation_keeps_exactly_keep_files_and_list_spans_them() {
     let tmp = TempDir::new("rotate");
     let (max, keep) = (2_000u64, 3usize);
     // A leftover from a larger `keep` is cleared by rotation.
-    fs::write(tmp.path().join("snapshots.jsonl.7"), "old\n").expect("leftover");
+    let sol = snapshots::agent_file("sol");
+    fs::write(tmp.path().join(format!("{sol}.7")), "old\n").expect("leftover");
     let log = SnapshotLog::open(tmp.path(), max, keep).expect("open");
     let mut ids = Vec::new();
     for i in 0..60u64 {
@@ -714,11 +719,11 @@ fn rotation_keeps_exactly_keep_files_and_list_spans_them() {
     assert_eq!(
         names,
         [
-            "snapshots.jsonl",
-            "snapshots.jsonl.1",
-            "snapshots.jsonl.2",
-            "snapshots.jsonl.3",
-            "snapshots.lock"
+            "snapshots.lock".to_string(),
+            sol.clone(),
+            format!("{sol}.1"),
+            format!("{sol}.2"),
+            format!("{sol}.3"),
         ],
         "exactly keep rotated files"
     );
@@ -734,7 +739,10 @@ fn rotation_keeps_exactly_keep_files_and_list_spans_them() {
     assert_eq!(got, ids[60 - got.len()..].iter().collect::<Vec<_>>());
     let files: HashSet<&PathBuf> = listed.entries.iter().map(|m| &m.file).collect();
     assert_eq!(files.len(), 4, "list spans the rotated files");
-    assert_eq!(listed.entries.last().expect("entries").file, log.path());
+    assert_eq!(
+        listed.entries.last().expect("entries").file,
+        log.path_for("sol")
+    );
     // show finds a record in the oldest kept file; the dropped ones are gone.
     let oldest = got[0];
     assert!(log.show(oldest).expect("show").is_some());
@@ -748,7 +756,7 @@ fn rotation_keeps_exactly_keep_files_and_list_spans_them() {
     }
     assert_eq!(
         file_names(tmp0.path()),
-        ["snapshots.jsonl", "snapshots.lock"]
+        ["snapshots.lock".to_string(), snapshots::agent_file("sol")]
     );
     assert!(!log0.list(None, None).expect("list").entries.is_empty());
 }
@@ -761,7 +769,7 @@ fn malformed_lines_are_skipped_and_counted() {
     let add = |bytes: &[u8]| {
         fs::OpenOptions::new()
             .append(true)
-            .open(log.path())
+            .open(log.path_for("sol"))
             .and_then(|mut f| f.write_all(bytes))
             .expect("append by hand");
     };
@@ -770,7 +778,7 @@ fn malformed_lines_are_skipped_and_counted() {
     // A torn tail (a crash mid-write by something else): the next record
     // still gets a line of its own.
     add(br#"{"id":"torn","time":"#);
-    let c = log.append("luna", "down", &body(3)).expect("append");
+    let c = log.append("sol", "down", &body(3)).expect("append");
     let listed = log.list(None, None).expect("list");
     assert_eq!(
         listed.entries.iter().map(|m| &m.id).collect::<Vec<_>>(),
@@ -785,8 +793,10 @@ fn malformed_lines_are_skipped_and_counted() {
         body(3)
     );
     assert_eq!(log.show("torn").expect("show"), None);
-    // Filters count skipped lines too.
-    assert_eq!(log.list(Some("luna"), None).expect("list").skipped, 4);
+    // Filters count skipped lines too, of the logs they read: the agent's
+    // own and the shared one.
+    assert_eq!(log.list(Some("sol"), None).expect("list").skipped, 4);
+    assert_eq!(log.list(Some("luna"), None).expect("list").skipped, 0);
 }
 
 #[test]
@@ -867,7 +877,7 @@ fn a_full_disk_is_enospc_without_a_partial_line() {
         }
         assert!(full, "64 KiB tmpfs never filled");
     }
-    let before = fs::read(log.path()).expect("log");
+    let before = fs::read(log.path_for("sol")).expect("log");
 
     // A record bigger than the room left in the file's last page: part of it
     // is written before ENOSPC, and must be cut back.
@@ -876,10 +886,10 @@ fn a_full_disk_is_enospc_without_a_partial_line() {
     assert_eq!(err.os_error(), Some(libc::ENOSPC), "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains(&log.path().display().to_string()) && msg.contains("No space left"),
+        msg.contains(&log.path_for("sol").display().to_string()) && msg.contains("No space left"),
         "{msg}"
     );
-    let after = fs::read(log.path()).expect("log");
+    let after = fs::read(log.path_for("sol")).expect("log");
     assert_eq!(after, before, "no partial line left behind");
     assert!(after.ends_with(b"\n"));
 
@@ -1023,7 +1033,7 @@ fn snapshots_command_lists_and_shows() {
     // A malformed line: listed around, and said on stderr.
     fs::OpenOptions::new()
         .append(true)
-        .open(log.path())
+        .open(log.path_for("sol"))
         .and_then(|mut f| f.write_all(b"garbage\n"))
         .expect("append by hand");
     let out = selfheal(&["snapshots", "list", "--dir", &dir]);
@@ -1072,7 +1082,7 @@ fn a_directory_swapped_after_open_is_refused_not_written() {
         "nothing in the new one"
     );
     assert_eq!(
-        fs::read_to_string(moved.join("snapshots.jsonl"))
+        fs::read_to_string(moved.join(snapshots::agent_file("sol")))
             .unwrap()
             .lines()
             .count(),
@@ -1099,7 +1109,7 @@ fn the_walk_follows_our_symlinks_and_refuses_loops() {
         let log = SnapshotLog::open(&via, 1 << 20, 2).expect("through our own symlinks");
         log.append("sol", "wedged", &body(1)).expect("append");
         assert!(
-            real.join("x/snapshots.jsonl").is_file(),
+            real.join("x").join(snapshots::agent_file("sol")).is_file(),
             "{}",
             via.display()
         );

@@ -39,6 +39,42 @@ pub struct Report {
     pub ebpf: EbpfStatus,
     /// What could not be seen, in words (with its kind).
     pub gaps: Vec<Gap>,
+    /// What the report leaves out past its caps ([`MAX_PROCESSES`] …),
+    /// counted; absent when nothing is.
+    #[serde(skip_serializing_if = "LeftOut::is_empty")]
+    pub left_out: LeftOut,
+}
+
+/// The most processes (zombies apart) an agent's report holds; the
+/// collector reads no more than these ([`Evidence::unread_processes`]).
+pub const MAX_PROCESSES: usize = 512;
+/// The most zombies an agent's report lists (all are counted).
+pub const MAX_ZOMBIES: usize = 256;
+/// The most threads an agent's report holds, over all its processes:
+/// threads in a receive or a wait on sockets, or with an anomaly, first.
+pub const MAX_THREADS: usize = 1024;
+/// The most TCP sockets an agent's report holds: upstream sockets first,
+/// then those a thread waits on, then the rest in order. A thread's
+/// `wait_inodes` and a process's `sockets` name only sockets kept.
+pub const MAX_SOCKETS: usize = 1024;
+/// The most gaps of one kind a report lists (the rest are summed up).
+pub const MAX_GAPS_PER_KIND: usize = 32;
+
+/// What an agent's report left out past its caps: how many of each.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LeftOut {
+    pub processes: usize,
+    pub threads: usize,
+    pub sockets: usize,
+    pub zombies: usize,
+    /// Gaps summed up rather than listed.
+    pub gaps: usize,
+}
+
+impl LeftOut {
+    pub fn is_empty(&self) -> bool {
+        *self == LeftOut::default()
+    }
 }
 
 /// One process of the agent.
@@ -168,6 +204,11 @@ pub struct Evidence {
     /// gap's words. The evidence is then partial (processes or threads
     /// left unread) and is not to be judged as if it were whole.
     pub over_budget: Option<String>,
+    /// Processes (not zombies) past [`MAX_PROCESSES`], not read.
+    pub unread_processes: usize,
+    /// Zombies past [`MAX_ZOMBIES`], not read but counted: how many under
+    /// each parent pid.
+    pub unread_zombies: BTreeMap<u32, usize>,
     /// TCP sockets per network namespace the processes live in, with the
     /// pid the dump was made through.
     pub tcp: Vec<NetnsSockets>,
@@ -254,7 +295,7 @@ pub fn build(ev: &Evidence) -> Report {
     let socket_reports = sockets.reports(ev);
     let init = init_diagnosis(ev, &zombies);
 
-    Report {
+    let mut report = Report {
         agent: ev.agent.clone(),
         rule: ev.rule.clone(),
         roots: ev.roots.clone(),
@@ -275,6 +316,129 @@ pub fn build(ev: &Evidence) -> Report {
             overflow: snapshot.map(|s| s.overflow),
         },
         gaps,
+        left_out: LeftOut {
+            processes: ev.unread_processes,
+            zombies: ev.unread_zombies.values().sum(),
+            ..LeftOut::default()
+        },
+    };
+    cap(&mut report);
+    report
+}
+
+/// Holds `r` to the caps ([`MAX_ZOMBIES`], [`MAX_THREADS`],
+/// [`MAX_SOCKETS`], [`MAX_GAPS_PER_KIND`]; processes are capped where they
+/// are read), keeping what the judge and a person look at first, and
+/// counts what it left out in `r.left_out`, with a gap that says so.
+fn cap(r: &mut Report) {
+    if r.zombies.len() > MAX_ZOMBIES {
+        r.left_out.zombies += r.zombies.len() - MAX_ZOMBIES;
+        r.zombies.truncate(MAX_ZOMBIES);
+    }
+
+    // Threads: the ones in a receive, a wait or with an anomaly first.
+    let total: usize = r.processes.iter().map(|p| p.threads.len()).sum();
+    if total > MAX_THREADS {
+        let notable = |t: &ThreadReport| {
+            t.recv_inode.is_some() || t.wait_syscall.is_some() || !t.anomalies.is_empty()
+        };
+        let mut budget = MAX_THREADS;
+        let mut keep_notable: Vec<Vec<bool>> = Vec::with_capacity(r.processes.len());
+        for p in &r.processes {
+            keep_notable.push(
+                p.threads
+                    .iter()
+                    .map(|t| {
+                        let k = notable(t) && budget > 0;
+                        budget -= usize::from(k);
+                        k
+                    })
+                    .collect(),
+            );
+        }
+        for (p, notable_kept) in r.processes.iter_mut().zip(keep_notable) {
+            let mut kept = notable_kept.into_iter();
+            p.threads.retain(|t| {
+                let noted = kept.next().unwrap_or(false);
+                let filler = !noted && !notable(t) && budget > 0;
+                budget -= usize::from(filler);
+                noted || filler
+            });
+        }
+        r.left_out.threads = total - MAX_THREADS;
+    }
+
+    // Sockets: upstreams, then those a kept thread waits on, then the rest.
+    if r.sockets.len() > MAX_SOCKETS {
+        let waited: std::collections::BTreeSet<u64> = r
+            .processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .flat_map(|t| t.recv_inode.iter().chain(&t.wait_inodes))
+            .copied()
+            .collect();
+        let rank = |s: &SocketReport| {
+            if s.role != SocketRole::Other {
+                0
+            } else if waited.contains(&s.inode) {
+                1
+            } else {
+                2
+            }
+        };
+        let mut order: Vec<(u8, usize)> = r
+            .sockets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (rank(s), i))
+            .collect();
+        order.sort_unstable();
+        let mut keep = vec![false; r.sockets.len()];
+        for (_, i) in order.into_iter().take(MAX_SOCKETS) {
+            keep[i] = true;
+        }
+        let mut keep = keep.into_iter();
+        r.left_out.sockets = r.sockets.len() - MAX_SOCKETS;
+        r.sockets.retain(|_| keep.next().unwrap_or(false));
+        let kept: std::collections::BTreeSet<u64> = r.sockets.iter().map(|s| s.inode).collect();
+        for p in &mut r.processes {
+            p.sockets.retain(|i| kept.contains(i));
+            for t in &mut p.threads {
+                t.wait_inodes.retain(|i| kept.contains(i));
+            }
+        }
+    }
+
+    // Gaps: a few of each kind, then how many more.
+    let mut per_kind: BTreeMap<String, usize> = BTreeMap::new();
+    let mut summed: BTreeMap<String, (GapKind, usize)> = BTreeMap::new();
+    r.gaps.retain(|g| {
+        let key = format!("{:?}", g.kind);
+        let n = per_kind.entry(key.clone()).or_default();
+        *n += 1;
+        if *n > MAX_GAPS_PER_KIND {
+            summed.entry(key).or_insert((g.kind, 0)).1 += 1;
+            false
+        } else {
+            true
+        }
+    });
+    for (_, (kind, n)) in summed {
+        r.left_out.gaps += n;
+        r.gaps
+            .push(Gap::new(kind, format!("… and {n} more like these")));
+    }
+
+    let l = &r.left_out;
+    if !l.is_empty() {
+        r.gaps.push(Gap::new(
+            GapKind::LeftOut,
+            format!(
+                "the report is capped: left out {} process(es), {} zombie(s) (all counted in \
+                 init.zombies), {} thread(s), {} socket(s), {} gap(s)",
+                l.processes, l.zombies, l.threads, l.sockets, l.gaps
+            ),
+        ));
     }
 }
 
@@ -500,7 +664,10 @@ fn init_diagnosis(ev: &Evidence, zombies: &[Zombie]) -> InitDiagnosis {
         .iter()
         .find(|p| p.pid_ns_init && p.state != 'Z')
         .map(|p| p.pid);
-    let unreaped = pid1.map_or(0, |init| zombies.iter().filter(|z| z.ppid == init).count());
+    let unreaped = pid1.map_or(0, |init| {
+        zombies.iter().filter(|z| z.ppid == init).count()
+            + ev.unread_zombies.get(&init).copied().unwrap_or(0)
+    });
     let diagnosis = (unreaped > 0).then(|| {
         format!(
             "{unreaped} zombie(s) under pid {} (PID 1 of its pid namespace), which does not reap: \
@@ -511,7 +678,7 @@ fn init_diagnosis(ev: &Evidence, zombies: &[Zombie]) -> InitDiagnosis {
     InitDiagnosis {
         root_is_pid1,
         pid1,
-        zombies: zombies.len(),
+        zombies: zombies.len() + ev.unread_zombies.values().sum::<usize>(),
         diagnosis,
     }
 }
@@ -884,6 +1051,8 @@ mod tests {
             processes,
             gone: vec![99],
             over_budget: None,
+            unread_processes: 0,
+            unread_zombies: BTreeMap::new(),
             tcp: vec![(1, Ok(tcp))],
             roles,
             ebpf: EbpfEvidence {
@@ -973,6 +1142,91 @@ mod tests {
             r.gaps
                 .iter()
                 .any(|g| g.text.contains("1 receive(s) began before the tracer"))
+        );
+    }
+
+    /// An agent past every cap: what is kept is what matters (the thread
+    /// in a receive, the upstream socket and the one it waits on), every
+    /// zombie is counted, and what is left out is counted and said.
+    #[test]
+    fn a_report_past_its_caps_keeps_what_matters_and_counts_the_rest() {
+        let mut threads: Vec<ThreadInfo> = (1..=1100).map(|tid| thread(tid, None)).collect();
+        threads.push(thread(5000, Some((7, 90_000))));
+        let mut sockets: Vec<(i32, u64)> = (10..1110).map(|ino| (ino as i32, ino)).collect();
+        sockets.extend([(3, 7), (4, 5)]);
+        let mut procs = vec![process(1, 0, 'S', true, threads, sockets.clone())];
+        procs.extend((2..=301).map(|pid| process(pid, 1, 'Z', false, vec![], vec![])));
+        let mut tcp: Vec<TcpSocket> = (10..1110)
+            .map(|ino| socket(ino, "10.0.0.9:9", 10, 10, 0))
+            .collect();
+        tcp.push(socket(7, "10.0.0.9:9", 10, 10, 0));
+        tcp.push(socket(5, "10.0.0.1:7443", 10, 10, 0));
+        let mut ev = evidence(procs, tcp, None);
+        ev.roles.retain(|ino, _| *ino == 5);
+        ev.gone = (10_000..10_050).collect();
+        ev.unread_processes = 20;
+        ev.unread_zombies = BTreeMap::from([(1, 1000)]);
+        let r = build(&ev);
+
+        let threads: Vec<&ThreadReport> = r.processes.iter().flat_map(|p| &p.threads).collect();
+        assert_eq!(threads.len(), MAX_THREADS);
+        assert!(
+            threads.iter().any(|t| t.tid == 5000),
+            "the receiving thread is kept"
+        );
+        assert_eq!(r.left_out.threads, 1101 - MAX_THREADS);
+
+        assert_eq!(r.sockets.len(), MAX_SOCKETS);
+        let kept: Vec<u64> = r.sockets.iter().map(|s| s.inode).collect();
+        assert!(
+            kept.contains(&5) && kept.contains(&7),
+            "upstream and awaited kept"
+        );
+        assert_eq!(r.left_out.sockets, 1102 - MAX_SOCKETS);
+        assert!(r.processes[0].sockets.iter().all(|i| kept.contains(i)));
+
+        assert_eq!(r.zombies.len(), MAX_ZOMBIES);
+        assert_eq!(r.left_out.zombies, 300 - MAX_ZOMBIES + 1000);
+        assert_eq!(r.init.zombies, 1300, "every zombie is counted");
+        assert!(
+            r.init
+                .diagnosis
+                .as_deref()
+                .is_some_and(|d| d.contains("1300 zombie(s)"))
+        );
+        assert_eq!(r.left_out.processes, 20);
+
+        let vanished = r
+            .gaps
+            .iter()
+            .filter(|g| g.kind == GapKind::Vanished)
+            .count();
+        assert_eq!(vanished, MAX_GAPS_PER_KIND + 1, "{:?}", r.gaps);
+        assert!(r.gaps.iter().any(|g| g.text == "… and 18 more like these"));
+        let said = r
+            .gaps
+            .iter()
+            .find(|g| g.kind == GapKind::LeftOut)
+            .expect("said");
+        assert!(
+            said.text
+                .contains("left out 20 process(es), 1044 zombie(s)"),
+            "{said}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["left_out"]["sockets"], 1102 - MAX_SOCKETS);
+        // Under the caps: nothing is left out, and the JSON has no `left_out`.
+        let small = build(&evidence(
+            vec![process(1, 0, 'S', false, vec![thread(1, None)], vec![])],
+            vec![],
+            None,
+        ));
+        assert!(small.left_out.is_empty());
+        assert!(
+            serde_json::to_value(&small)
+                .unwrap()
+                .get("left_out")
+                .is_none()
         );
     }
 

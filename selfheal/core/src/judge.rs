@@ -1209,7 +1209,8 @@ impl<'a> Judging<'a> {
     fn damage(&mut self) {
         let th = self.th();
         let report = self.report;
-        let zombies = report.zombies.len();
+        // Every zombie is counted in `init.zombies`; the list is capped.
+        let zombies = report.zombies.len().max(report.init.zombies);
         if zombies > th.zombies as usize {
             let mut msg = format!("{zombies} zombie processes (threshold {})", th.zombies);
             if let Some(d) = &report.init.diagnosis {

@@ -279,6 +279,9 @@ pub enum GapKind {
     Container,
     /// The collection ran past its time budget: the evidence is partial.
     Budget,
+    /// What the report leaves out past its per-agent caps (processes,
+    /// threads, sockets, zombies), counted.
+    LeftOut,
 }
 
 /// Something that could not be seen, in words, with its kind. Serializes

@@ -15,6 +15,13 @@
 //! recv-peer sink ADDR              accept one and never read (the sender's data piles up)
 //! recv-peer beat ADDR MS           accept one, send a byte every MS milliseconds until stdin closes
 //! recv-peer fat ADDR THREADS SOCKETS  THREADS threads blocked in reads, SOCKETS connections in all
+//! recv-peer forks N [PAD…]         N children sharing its argv (PAD: any size), waiting on stdin
+//!                                  (child K exits K ms after it closes)
+//! recv-peer rusage CMD [ARG…]     runs CMD (output discarded), prints `rusage wall=S user=S sys=S maxrss=KIB`
+//!                                  (a child of this small process: its peak RSS is CMD's own)
+//! recv-peer limits CONNS EPOLL ZOMBIES NFDS  CONNS loopback connections (both ends held), EPOLL
+//!                                  of their fds in one thread's epoll_wait, one thread in
+//!                                  poll(NFDS), ZOMBIES children never reaped
 //! ```
 //! Lines: `ready pid=P tid=T inode=I local=A remote=B`, `got N`, `listening A`, `sent N`.
 
@@ -45,6 +52,9 @@ fn main() -> ExitCode {
         ["fat", addr, threads, sockets] => fat(addr, threads, sockets),
         ["reconnecting", addr] => reconnecting(addr),
         ["acceptor", addr] => acceptor(addr),
+        ["forks", n, ..] => forks(n),
+        ["rusage", cmd @ ..] if !cmd.is_empty() => rusage(cmd),
+        ["limits", conns, epoll, zombies, nfds] => limits(conns, epoll, zombies, nfds),
         _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | sink ADDR".into()),
     };
     match result {
@@ -300,6 +310,138 @@ fn fat(addr: &str, threads: &str, sockets: &str) -> Result<()> {
         readers.push(std::thread::spawn(move || {
             let _ = s.read(&mut [0u8; 64]);
         }));
+    }
+    say(&format!("ready pid={}", std::process::id()));
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    std::process::exit(0);
+}
+
+/// Runs `cmd` with its output discarded and prints its wall time, CPU
+/// time and peak RSS. Run from this small process, so the peak RSS the
+/// kernel keeps across `exec` (the forked copy's) is not a big parent's.
+fn rusage(cmd: &[&str]) -> Result<()> {
+    let start = std::time::Instant::now();
+    let status = std::process::Command::new(cmd[0])
+        .args(&cmd[1..])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("run {}: {e}", cmd[0]))?;
+    let wall = start.elapsed().as_secs_f64();
+    // SAFETY: an all-zero rusage is valid; getrusage fills it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: fills a valid struct.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    say(&format!(
+        "rusage wall={wall:.3} user={:.3} sys={:.3} maxrss={} code={}",
+        secs(u.ru_utime),
+        secs(u.ru_stime),
+        u.ru_maxrss,
+        status.code().unwrap_or(-1)
+    ));
+    Ok(())
+}
+
+/// `n` children that share this process's argv (copy-on-write), each
+/// waiting for stdin to close, as the parent does; child `k` then exits
+/// `k` ms later and the parent reaps it, so they vanish one by one over
+/// `n` ms.
+fn forks(n: &str) -> Result<()> {
+    let n: usize = n.parse().map_err(|_| format!("bad count {n}"))?;
+    for k in 0..n {
+        // SAFETY: the child only reads stdin, sleeps and exits.
+        match unsafe { libc::fork() } {
+            -1 => return Err(format!("fork: {}", std::io::Error::last_os_error())),
+            0 => {
+                let mut b = [0u8; 1];
+                // SAFETY: reads into a valid buffer, then exits without unwinding.
+                unsafe {
+                    while libc::read(0, b.as_mut_ptr().cast(), 1) > 0 {}
+                    // Staggered: child k exits k ms after stdin closes.
+                    libc::usleep((k as u32).saturating_mul(1000));
+                    libc::_exit(0);
+                }
+            }
+            _ => {}
+        }
+    }
+    say(&format!("ready pid={}", std::process::id()));
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    // Reap them as they exit (bounded: n of them), so they vanish rather
+    // than linger as zombies.
+    for _ in 0..n {
+        // SAFETY: waits for our own children.
+        if unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } < 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// An agent at its own limits: `conns` loopback connections whose both
+/// ends it holds, `epoll` of those fds registered in one thread's
+/// `epoll_wait`, one thread in `poll` on an `nfds`-entry array (its first
+/// entry a socket, the rest -1), and `zombies` children that exit and are
+/// never reaped. Runs until stdin closes.
+fn limits(conns: &str, epoll: &str, zombies: &str, nfds: &str) -> Result<()> {
+    let num = |s: &str| s.parse::<usize>().map_err(|_| format!("bad count {s}"));
+    let (conns, epoll, zombies, nfds) = (num(conns)?, num(epoll)?, num(zombies)?, num(nfds)?);
+    raise_nofile((2 * conns).max(nfds) as u64 + 256);
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    let addr = l.local_addr().map_err(|e| e.to_string())?;
+    let mut held = Vec::with_capacity(2 * conns);
+    for _ in 0..conns {
+        held.push(TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?);
+        held.push(l.accept().map_err(|e| format!("accept: {e}"))?.0);
+    }
+    // SAFETY: epoll_create1 has no preconditions.
+    let ep = unsafe { libc::epoll_create1(0) };
+    if ep < 0 {
+        return Err(format!(
+            "epoll_create1: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    for s in held.iter().take(epoll) {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: s.as_raw_fd() as u64,
+        };
+        // SAFETY: registers an open fd with a valid event.
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) };
+    }
+    std::thread::spawn(move || {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        loop {
+            // SAFETY: waits into a valid array; nothing is ever ready.
+            unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 8, -1) };
+        }
+    });
+    let first = held.first().map_or(-1, |s| s.as_raw_fd());
+    std::thread::spawn(move || {
+        let mut fds = vec![
+            libc::pollfd {
+                fd: -1,
+                events: libc::POLLIN,
+                revents: 0
+            };
+            nfds.max(1)
+        ];
+        fds[0].fd = first;
+        loop {
+            // SAFETY: polls a valid array of `nfds` entries.
+            unsafe { libc::poll(fds.as_mut_ptr(), nfds as libc::nfds_t, -1) };
+        }
+    });
+    for _ in 0..zombies {
+        // SAFETY: the child exits at once.
+        match unsafe { libc::fork() } {
+            -1 => return Err(format!("fork: {}", std::io::Error::last_os_error())),
+            // SAFETY: exits without unwinding.
+            0 => unsafe { libc::_exit(0) },
+            _ => {}
+        }
     }
     say(&format!("ready pid={}", std::process::id()));
     let _ = std::io::stdin().read_to_end(&mut Vec::new());

@@ -128,6 +128,7 @@ fn report(threads: Vec<ThreadReport>, sockets: Vec<SocketReport>) -> Report {
             overflow: Some(Overflow::default()),
         },
         gaps: vec![],
+        left_out: Default::default(),
     }
 }
 

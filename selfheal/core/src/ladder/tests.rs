@@ -74,6 +74,7 @@ fn report(state: char, with_socket: bool) -> Report {
             overflow: None,
         },
         gaps: vec![],
+        left_out: Default::default(),
     }
 }
 
