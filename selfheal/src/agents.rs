@@ -10,6 +10,7 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io::Read as _,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use crate::{
@@ -86,6 +87,19 @@ pub struct ProcessTable {
     /// The system manager's root cgroup (from PID 1's, [`cgroup::manager_root`]):
     /// where system units and system containers are anchored.
     manager_root: String,
+    /// Processes whose command line was to be read and was not, in time
+    /// ([`CMDLINE_DEADLINE`]): a cmdline rule cannot match them.
+    unread_cmdlines: Vec<UnreadCmdline>,
+}
+
+/// A process whose command line could not be read in time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreadCmdline {
+    pub pid: u32,
+    pub uid: Option<u32>,
+    /// Why: its own read timed out, or one of its uid's did, or the
+    /// table's time for such waits ran out.
+    pub why: &'static str,
 }
 
 impl ProcessTable {
@@ -130,12 +144,12 @@ impl ProcessTable {
         keep: &dyn Fn(Option<u32>, &str) -> bool,
     ) -> ProcessTable {
         let mut entries = Vec::new();
-        let mut buf = Vec::with_capacity(MAX_CMDLINE_BYTES + 1);
+        let mut cmdlines = CmdlineReader::default();
         if let Ok(all) = procfs::process::all_processes() {
             for process in all.flatten() {
                 if let Some(mut e) = read_entry(&process) {
                     if e.has_argv && read_cmdline(e.uid) {
-                        let argv = read_cmdline_capped(e.pid, &mut buf);
+                        let argv = cmdlines.read(e.pid, e.uid);
                         if keep(e.uid, &argv.join(" ")) {
                             e.cmdline = argv;
                         }
@@ -144,7 +158,45 @@ impl ProcessTable {
                 }
             }
         }
-        ProcessTable::from_entries(entries).with_own_pid(std::process::id())
+        let mut table = ProcessTable::from_entries(entries).with_own_pid(std::process::id());
+        table.unread_cmdlines = cmdlines.unread;
+        table
+    }
+
+    /// The processes whose command line could not be read in time.
+    pub fn unread_cmdlines(&self) -> &[UnreadCmdline] {
+        &self.unread_cmdlines
+    }
+
+    /// The gap line of `agent`'s cmdline rule, as `runner`, for the
+    /// processes its `match.uid` admits whose command line could not be
+    /// read in time; `None` for other rules or when every one was read.
+    pub fn cmdline_gap(&self, agent: &AgentConfig, runner: u32) -> Option<String> {
+        if !matches!(agent.rule, MatchRule::Cmdline(_)) {
+            return None;
+        }
+        let filter = agent.uid_filter(runner);
+        let unread: Vec<&UnreadCmdline> = self
+            .unread_cmdlines
+            .iter()
+            .filter(|u| filter.is_none_or(|f| u.uid == Some(f)))
+            .collect();
+        let first = unread.first()?;
+        let uid = first
+            .uid
+            .map_or("an unknown uid".to_string(), |u| format!("uid {u}"));
+        Some(format!(
+            "the command line of {} process(es) could not be read in time, so this rule \
+             cannot match them: pid {} of {uid} ({}){}",
+            unread.len(),
+            first.pid,
+            first.why,
+            if unread.len() > 1 {
+                format!(" and {} more", unread.len() - 1)
+            } else {
+                String::new()
+            }
+        ))
     }
 
     /// A table of the given entries (for fixtures). A pid given twice keeps
@@ -167,6 +219,7 @@ impl ProcessTable {
             identities: HashMap::new(),
             refused: BTreeMap::new(),
             manager_root,
+            unread_cmdlines: Vec::new(),
         }
         .index_identities()
     }
@@ -421,22 +474,67 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
 /// procfs crate's reader takes the whole argv, so it is not used).
 pub const MAX_CMDLINE_BYTES: usize = 4096;
 
-/// The first [`MAX_CMDLINE_BYTES`] of `/proc/PID/cmdline`, split at NULs
-/// (a cut last argument is kept as far as it was read); empty when it
-/// cannot be read. `buf` is scratch space.
-fn read_cmdline_capped(pid: u32, buf: &mut Vec<u8>) -> Vec<String> {
-    buf.clear();
-    let Ok(file) = std::fs::File::open(format!("/proc/{pid}/cmdline")) else {
-        return Vec::new();
-    };
-    if file
-        .take(MAX_CMDLINE_BYTES as u64)
-        .read_to_end(buf)
-        .is_err()
-    {
-        return Vec::new();
+/// The longest one command-line read may take. Reading
+/// `/proc/PID/cmdline` waits for the process's `mmap_lock`, which any
+/// process can keep taken for writing for as long as it likes (an `mmap`
+/// of a file of its own FUSE server that waits on a page the server
+/// holds): the read is made by an abandonable reader child
+/// ([`crate::memread`]) and given this long.
+pub const CMDLINE_DEADLINE: Duration = Duration::from_millis(250);
+
+/// The most time one table may spend on command-line reads that time out,
+/// whoever's: past it no more are waited for (each unread one is said).
+pub const CMDLINE_STALLS: Duration = Duration::from_secs(1);
+
+/// Reads command lines, their first [`MAX_CMDLINE_BYTES`], by the reader
+/// child: one read that times out is the last of that uid's in this table
+/// (its other processes are the same owner's, who holds the lock), and all
+/// that time out together take at most [`CMDLINE_STALLS`].
+#[derive(Default)]
+struct CmdlineReader {
+    reader: crate::memread::Reader,
+    stalled: BTreeSet<Option<u32>>,
+    stalls: Duration,
+    unread: Vec<UnreadCmdline>,
+}
+
+impl CmdlineReader {
+    /// argv of `pid` (of `uid`), split at NULs (a cut last argument kept as
+    /// far as it was read); empty when it cannot be read or did not come
+    /// in time (then noted in `unread`).
+    fn read(&mut self, pid: u32, uid: Option<u32>) -> Vec<String> {
+        let skip = if self.stalled.contains(&uid) {
+            Some("a read of another process of its uid timed out")
+        } else if self.stalls >= CMDLINE_STALLS {
+            Some("the time for command-line reads that time out ran out")
+        } else {
+            None
+        };
+        if let Some(why) = skip {
+            self.unread.push(UnreadCmdline { pid, uid, why });
+            return Vec::new();
+        }
+        let started = Instant::now();
+        let wait = CMDLINE_DEADLINE.min(CMDLINE_STALLS - self.stalls);
+        match self
+            .reader
+            .read_cmdline(pid, MAX_CMDLINE_BYTES, started + wait)
+        {
+            Ok(bytes) => split_argv(&bytes),
+            Err(crate::memread::ReadError::Timeout) => {
+                self.stalls += started.elapsed();
+                self.stalled.insert(uid);
+                self.unread.push(UnreadCmdline {
+                    pid,
+                    uid,
+                    why: "its read did not finish in time",
+                });
+                Vec::new()
+            }
+            // Gone, or not readable: no command line, as before.
+            Err(_) => Vec::new(),
+        }
     }
-    split_argv(buf)
 }
 
 /// argv from the NUL-separated bytes of `/proc/PID/cmdline`.
@@ -877,11 +975,14 @@ mod tests {
         ] {
             assert_eq!(split_argv(bytes), argv, "{bytes:?}");
         }
-        // This process's own command line, read through the capped reader.
-        let mut buf = Vec::new();
-        let mine = read_cmdline_capped(std::process::id(), &mut buf);
-        assert!(!mine.is_empty() && buf.len() <= MAX_CMDLINE_BYTES);
-        assert!(read_cmdline_capped(u32::MAX, &mut buf).is_empty());
+        // This process's own command line, read through the reader child;
+        // no process: empty, and nothing noted as unread.
+        let mut r = CmdlineReader::default();
+        let mine = r.read(std::process::id(), Some(0));
+        assert!(!mine.is_empty());
+        assert!(mine.iter().map(|a| a.len() + 1).sum::<usize>() <= MAX_CMDLINE_BYTES + 1);
+        assert!(r.read(u32::MAX, Some(0)).is_empty());
+        assert!(r.unread.is_empty(), "{:?}", r.unread);
     }
 
     #[test]

@@ -1069,6 +1069,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         matches!(agent.rule, crate::config::MatchRule::Container(_)),
     );
     container_gaps.extend(table.refusals(&matched.all));
+    container_gaps.extend(table.cmdline_gap(agent, crate::trust::euid()));
     Target {
         agent: Some(agent.name.clone()),
         rule: agent.rule.to_string(),

@@ -34,7 +34,10 @@ struct PollFs {
 }
 
 impl PollFs {
-    fn mount(dir: &Scratch, answer: u32) -> Result<PollFs, String> {
+    /// `direct`: every open after the first is answered
+    /// `FOPEN_DIRECT_IO` (an `mmap` of it waits on a held page holding its
+    /// process's `mmap_lock`).
+    fn mount_as(dir: &Scratch, answer: u32, direct: bool) -> Result<PollFs, String> {
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/pollfs.c");
         let bin = dir.join("pollfs");
         let out = Command::new("cc")
@@ -51,6 +54,7 @@ impl PollFs {
         let mut server = Command::new(&bin)
             .arg(&mnt)
             .arg(answer.to_string())
+            .args(direct.then_some("direct"))
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| e.to_string())?;
@@ -308,6 +312,10 @@ fn gaps(o: &serde_json::Value) -> Vec<String> {
 
 /// What every test here needs: root, python3, setpriv, a FUSE mount.
 fn setup(test: &str, answer: u32) -> Option<(Scratch, PollFs, Netns)> {
+    setup_as(test, answer, false)
+}
+
+fn setup_as(test: &str, answer: u32, direct: bool) -> Option<(Scratch, PollFs, Netns)> {
     if !need_root(test) {
         return None;
     }
@@ -318,7 +326,7 @@ fn setup(test: &str, answer: u32) -> Option<(Scratch, PollFs, Netns)> {
         }
     }
     let dir = Scratch::new(test);
-    let fs = match PollFs::mount(&dir, answer) {
+    let fs = match PollFs::mount_as(&dir, answer, direct) {
         Ok(fs) => fs,
         Err(why) => {
             skip(test, &why);
@@ -617,4 +625,95 @@ fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
         selfheal::memread::abandoned().is_empty().then_some(())
     });
     assert!(reaped.is_some(), "{:?}", selfheal::memread::abandoned());
+}
+
+/// A process of uid 65534 that keeps its own `mmap_lock` taken for writing
+/// for good: one thread `pread`s the FUSE file (the server holds the read,
+/// the page stays locked), then the main thread opens it again (answered
+/// `FOPEN_DIRECT_IO`) and `mmap`s it, which invalidates the file's pages
+/// first and waits on the locked one with the lock held. Says `holding
+/// pid=…` before the `mmap`.
+const PY_LOCK_HOLDER: &str = r#"
+import mmap, os, sys, threading, time
+path = sys.argv[1]
+f1 = os.open(path, os.O_RDONLY)
+threading.Thread(target=lambda: os.pread(f1, 4096, 0), daemon=True).start()
+time.sleep(0.5)
+f2 = os.open(path, os.O_RDONLY)
+print(f"holding pid={os.getpid()}", flush=True)
+time.sleep(0.2)
+mmap.mmap(f2, 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+"#;
+
+/// Whether reading `/proc/PID/cmdline` of `pid` has not finished within
+/// `limit` (read on a thread left behind: the wait is killable, and this
+/// process's exit ends it).
+fn cmdline_blocks(pid: u32, limit: Duration) -> bool {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::read(format!("/proc/{pid}/cmdline")).is_ok());
+    });
+    rx.recv_timeout(limit).is_err()
+}
+
+/// Discovery under a process that holds its own `mmap_lock`: reading its
+/// command line waits for as long as it likes (`ps` and `pgrep` hang on
+/// it). A root check with a cmdline rule for that uid, and an ordinary
+/// agent beside it: the read is abandoned at its deadline, the rule's
+/// agent gets a gap naming the process, the ordinary agent is judged, and
+/// the check exits.
+#[test]
+fn a_process_holding_its_memory_map_lock_does_not_stall_discovery() {
+    let test = "cmdline_lock";
+    let Some((dir, fs, ns)) = setup_as(test, 0, true) else {
+        return;
+    };
+    let mut cmd = ns.command(Path::new("/usr/bin/setpriv"));
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(["/usr/bin/python3", "-c", PY_LOCK_HOLDER])
+        .arg(fs.file());
+    let holder = Peer::spawn(cmd);
+    let line = holder.expect("holding ", 20 * SEC);
+    let pid = field(&line, "pid") as u32;
+    assert!(
+        fs.said("open direct", 5 * SEC).is_some(),
+        "the second open was not answered FOPEN_DIRECT_IO"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    if !cmdline_blocks(pid, SEC) {
+        fs.abort();
+        return skip(
+            test,
+            "this kernel reads /proc/PID/cmdline without waiting for the mmap_lock",
+        );
+    }
+    let ordinary = agent(&ns, "anon", Path::new("-"), 0);
+    let config = format!(
+        "{}\n[[agent]]\nname = \"locked\"\nmatch = {{ cmdline = \"PY_LOCK|mmap.mmap\", uid = 65534 }}\n",
+        entry("ordinary", &ordinary, "")
+    );
+    let result = check(&dir, &config, 20 * SEC, || fs.abort());
+    let Some((ms, code, results)) = result else {
+        panic!("the check did not exit within 20 s: discovery waited on the command line");
+    };
+    let o = outcome(&results, "ordinary");
+    let l = outcome(&results, "locked");
+    println!(
+        "check with a process holding its mmap_lock: {ms:.0} ms, exit {code}; ordinary {}, locked {} {:?}",
+        o["verdict"],
+        l["verdict"],
+        gaps(l)
+    );
+    assert_eq!(o["verdict"], "busy", "{o:#}");
+    assert!(
+        gaps(l).iter().any(|g| g.contains(&format!(
+            "could not be read in time, so this rule cannot match them: pid {pid} of uid 65534"
+        ))),
+        "{l:#}"
+    );
+    // A second run is as quick: the stuck reader was abandoned, not waited for.
+    let again = check(&dir, &config, 20 * SEC, || fs.abort()).expect("the second check exited");
+    println!("the second check: {:.0} ms", again.0);
+    fs.abort();
+    drop(holder);
 }

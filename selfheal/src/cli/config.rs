@@ -69,6 +69,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
                 .inventory()
                 .gaps(&ids, matches!(a.rule, config::MatchRule::Container(_)));
             gaps.extend(table.refusals(&m.all));
+            gaps.extend(table.cmdline_gap(a, selfheal::trust::euid()));
             (ids, gaps)
         })
         .collect();
