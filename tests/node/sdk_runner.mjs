@@ -92,8 +92,7 @@ if (args.sdk === "openai") {
 
 if (args.status) {
   const [host, port] = [args.status.slice(0, args.status.lastIndexOf(":")), Number(args.status.slice(args.status.lastIndexOf(":") + 1))];
-  http
-    .createServer((req, res) => {
+  const server = http.createServer((req, res) => {
       if (req.url !== "/status") {
         res.writeHead(404).end();
         return;
@@ -106,8 +105,12 @@ if (args.status) {
         ...counts,
       });
       res.writeHead(200, { "Content-Type": "application/json" }).end(body);
-    })
-    .listen(port, host);
+    });
+  // Listening before `ready`: a check right after must find the port.
+  await new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, resolve);
+  });
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
