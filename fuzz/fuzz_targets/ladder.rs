@@ -67,6 +67,7 @@ fn thresholds(u: &mut Unstructured<'_>) -> Result<Thresholds> {
         zombies: u.arbitrary()?,
         d_state: duration(u)?,
         probe_slow: duration(u)?,
+        collect_budget: duration(u)?,
     })
 }
 

@@ -751,8 +751,7 @@ fn report(
         .named_by
         .iter()
         .filter(|(_, by)| {
-            by.iter().any(|b| b != &by[0])
-                || by.iter().filter(|(_, v)| v == "wedged").count() > 1
+            by.iter().any(|b| b != &by[0]) || by.iter().filter(|(_, v)| v == "wedged").count() > 1
         })
         .map(|(id, _)| id)
         .collect();
