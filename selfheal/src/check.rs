@@ -945,7 +945,7 @@ fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup:
 }
 
 /// What each manager that runs `unit` for the processes `roots` says of
-/// it (`LoadState`, `ActiveState`), asked as [`unit_stopping`] asks:
+/// it (`LoadState`, `ActiveState`), asked as the heal's stopped-on-purpose check asks:
 /// `None` for a manager that cannot be asked. For people
 /// (`config check`).
 pub fn unit_states(

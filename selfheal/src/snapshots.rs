@@ -465,7 +465,7 @@ impl SnapshotLog {
 }
 
 /// The file name of `agent`'s log: `snapshots.NAME-HASH.jsonl`, NAME the
-/// agent's name made safe ([`safe_name`]: at most 32 of `[A-Za-z0-9_.-]`,
+/// agent's name made safe (at most 32 of `[A-Za-z0-9_.-]`,
 /// others `_`), HASH (8 hex digits, FNV-1a) of the whole name, so two
 /// names that read the same once made safe have logs of their own. Never a
 /// path: no `/`, never `.` or `..`, at most 64 bytes.
