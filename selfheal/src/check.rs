@@ -51,12 +51,15 @@ pub struct AgentRecord {
     pub last_snapshot: Option<SnapshotMark>,
 }
 
-/// A snapshot written: its id, verdict and when.
+/// A snapshot written: its id, verdict, when, and the snapshot directory
+/// it is in (a repeat names it only while checks write there).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotMark {
     pub id: String,
     pub verdict: String,
     pub at_ms: u64,
+    #[serde(default)]
+    pub dir: String,
 }
 
 /// An agent that stays in one verdict that is not ok, with no healing step
@@ -483,14 +486,18 @@ impl Acting<'_> {
     ) {
         let may_act = may_act(judgement);
         let verdict = judgement.verdict.as_str();
+        let dir = self
+            .snapshots
+            .map(|log| log.dir().display().to_string());
         let repeat = record.last_snapshot.as_ref().filter(|m| {
             !may_act
                 && !outcome.transition
                 && m.verdict == verdict
+                && Some(&m.dir) == dir.as_ref()
                 && self.now_ms.saturating_sub(m.at_ms) < SNAPSHOT_REPEAT_MS
         });
         match (self.snapshots, repeat) {
-            (_, Some(m)) => outcome.snapshot = Some(m.id.clone()),
+            (Some(_), Some(m)) => outcome.snapshot = Some(m.id.clone()),
             (Some(log), None) => match log.append(
                 &agent.name,
                 verdict,
@@ -501,12 +508,13 @@ impl Acting<'_> {
                         id: id.clone(),
                         verdict: verdict.to_string(),
                         at_ms: self.now_ms,
+                        dir: dir.clone().unwrap_or_default(),
                     });
                     outcome.snapshot = Some(id);
                 }
                 Err(e) => outcome.snapshot_error = Some(e.to_string()),
             },
-            (None, None) => outcome.snapshot_error = Some("no snapshot log".into()),
+            (None, _) => outcome.snapshot_error = Some("no snapshot log".into()),
         }
     }
 
