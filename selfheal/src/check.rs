@@ -486,9 +486,7 @@ impl Acting<'_> {
     ) {
         let may_act = may_act(judgement);
         let verdict = judgement.verdict.as_str();
-        let dir = self
-            .snapshots
-            .map(|log| log.dir().display().to_string());
+        let dir = self.snapshots.map(|log| log.dir().display().to_string());
         let repeat = record.last_snapshot.as_ref().filter(|m| {
             !may_act
                 && !outcome.transition
