@@ -13,9 +13,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use selfheal_core::{
+    cgroup::{self, CgroupContainer},
+    runtime::{ContainerRule, Identity},
+    text,
+};
+
 use crate::{
     config::{AgentConfig, MatchRule, UnitOwner},
-    runtime::{CgroupContainer, Identity, Inventory, cgroup},
+    runtime::Inventory,
 };
 
 /// One process as the snapshot saw it.
@@ -781,14 +787,14 @@ pub fn still_in_unit(
         Some(place) if in_owned_unit(place, unit, owner) => Ok(()),
         _ => Err(format!(
             "pid {pid} is no longer in {owner} {unit}: its cgroup is now {}",
-            crate::text::escape(&path)
+            text::escape(&path)
         )),
     }
 }
 
 /// The processes in the containers `rule` matches (monitors and shims
 /// beside a container are outside its cgroup, so not among them).
-fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> Matched {
+fn by_container(table: &ProcessTable, rule: &ContainerRule) -> Matched {
     let matched = table
         .entries()
         .filter(|e| !e.containers.is_empty() && !table.is_own(e.pid))

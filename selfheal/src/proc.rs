@@ -16,7 +16,7 @@
 //! in the clock of the CPU it last ran on, never across CPUs.
 
 use procfs::process::{FDTarget, Process};
-pub use selfheal_core::proc::*;
+pub use selfheal_core::proc::*; // TRANSITION
 
 /// Most pollfds read from a poll/ppoll set (32 KiB); a larger set is cut
 /// here and the cut is a gap.
@@ -1357,3 +1357,4 @@ mod tests {
         assert!(me.threads.iter().any(|t| t.tid == std::process::id()));
     }
 }
+

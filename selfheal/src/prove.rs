@@ -2,7 +2,7 @@
 //! this adds what needs the acting side: the proof keepalive the config asks
 //! for, in the kernel's units ([`crate::actions::ProofKeepalive`]).
 
-pub use selfheal_core::prove::*;
+pub use selfheal_core::prove::*; // TRANSITION
 
 use crate::actions::ProofKeepalive;
 
@@ -16,3 +16,4 @@ pub fn keepalive(cfg: &crate::config::ProofConfig) -> ProofKeepalive {
         hold_ms: u32::try_from(crate::actions::PROOF_HOLD.as_millis()).unwrap_or(u32::MAX),
     }
 }
+

@@ -38,6 +38,7 @@ pub mod keepalive;
 pub mod ladder;
 pub mod model;
 pub mod owner;
+pub mod probe;
 pub mod proc;
 pub mod protocol;
 pub mod prove;

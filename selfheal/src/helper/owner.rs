@@ -17,7 +17,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-pub use selfheal_core::owner::{
+pub use selfheal_core::owner::{ // TRANSITION
     Account, Admission, Basis, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account,
     admit,
 };

@@ -27,8 +27,8 @@ use std::{
     time::Duration,
 };
 
-pub use selfheal_core::cgroup::{self, CgroupContainer};
-pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match};
+pub use selfheal_core::cgroup::{self, CgroupContainer}; // TRANSITION
+pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match}; // TRANSITION
 
 /// What a runtime says about one container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
