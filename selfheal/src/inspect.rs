@@ -368,4 +368,3 @@ fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence)
         }
     }
 }
-

@@ -32,7 +32,6 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-
 pub use selfheal_core::probe::*; // TRANSITION
 use selfheal_core::text::{self, redact_url, redact_urls_in};
 
@@ -360,10 +359,7 @@ pub fn read_secret(source: &SecretSource) -> Result<String, String> {
     let what = match source {
         SecretSource::Env(name) => format!("bearer_env {name}"),
         SecretSource::File(path) => {
-            format!(
-                "bearer_file {}",
-                text::escape(&path.display().to_string())
-            )
+            format!("bearer_file {}", text::escape(&path.display().to_string()))
         }
     };
     let secret = text.lines().next().unwrap_or("").trim();

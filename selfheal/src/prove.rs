@@ -16,4 +16,3 @@ pub fn keepalive(cfg: &crate::config::ProofConfig) -> ProofKeepalive {
         hold_ms: u32::try_from(crate::actions::PROOF_HOLD.as_millis()).unwrap_or(u32::MAX),
     }
 }
-

@@ -7,12 +7,19 @@
 //! A result never holds the URL as written: its target is
 //! [`redact_url`]'s form, and a body excerpt passes [`redact_secrets`].
 
-use std::{collections::BTreeMap, io, time::{Duration, SystemTime}};
+use std::{
+    collections::BTreeMap,
+    io,
+    time::{Duration, SystemTime},
+};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{config::ProbeConfig, text::{redact_secrets, redact_url}};
+use crate::{
+    config::ProbeConfig,
+    text::{redact_secrets, redact_url},
+};
 
 /// The most of a response body that is read; a larger body fails the probe
 /// with [`ProbeError::TooLarge`] and is not read further.

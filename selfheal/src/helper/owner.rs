@@ -17,8 +17,17 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-pub use selfheal_core::owner::{ // TRANSITION
-    Account, Admission, Basis, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account,
+pub use selfheal_core::owner::{
+    // TRANSITION
+    Account,
+    Admission,
+    Basis,
+    ConnLimits,
+    MAX_SUBUID_BYTES,
+    Namespace,
+    OpenConn,
+    Subuids,
+    account,
     admit,
 };
 
