@@ -13,9 +13,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use selfheal_core::cgroup::cgroup_path; // TRANSITION
+use selfheal_core::{
+    cgroup::{self, CgroupContainer, in_unit},
+    proc::parse_pidfile,
+    runtime::{ContainerRule, Identity},
+    text,
+};
+
 use crate::{
     config::{AgentConfig, MatchRule, UnitOwner},
-    runtime::{CgroupContainer, Identity, Inventory, cgroup},
+    runtime::Inventory,
 };
 
 /// One process as the snapshot saw it.
@@ -560,23 +568,6 @@ pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
         .collect()
 }
 
-/// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
-/// hierarchy's `0::PATH` line, else (cgroup v1) the `name=systemd` one.
-pub fn cgroup_path(text: &str) -> Option<String> {
-    let v2 = text.lines().find_map(|l| l.strip_prefix("0::"));
-    let v1 = || {
-        text.lines().find_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            (controllers == "name=systemd").then_some(path)
-        })
-    };
-    v2.or_else(v1)
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-}
-
 /// The processes a rule found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Matched {
@@ -781,14 +772,14 @@ pub fn still_in_unit(
         Some(place) if in_owned_unit(place, unit, owner) => Ok(()),
         _ => Err(format!(
             "pid {pid} is no longer in {owner} {unit}: its cgroup is now {}",
-            crate::text::escape(&path)
+            text::escape(&path)
         )),
     }
 }
 
 /// The processes in the containers `rule` matches (monitors and shims
 /// beside a container are outside its cgroup, so not among them).
-fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> Matched {
+fn by_container(table: &ProcessTable, rule: &ContainerRule) -> Matched {
     let matched = table
         .entries()
         .filter(|e| !e.containers.is_empty() && !table.is_own(e.pid))
@@ -871,13 +862,6 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf], keep: &dyn Fn(&ProcEntry) -> 
     })
 }
 
-/// Whether some component of cgroup `path` is named `unit`: only a name,
-/// anywhere (a user can make one in their own tree); which unit a process
-/// is in is [`cgroup::unit_of`]'s answer, not this.
-pub fn in_unit(path: &str, unit: &str) -> bool {
-    path.split('/').any(|c| c == unit)
-}
-
 /// Largest pidfile read: a pid is a few bytes.
 const MAX_PIDFILE_BYTES: u64 = 4096;
 
@@ -893,23 +877,6 @@ pub fn read_pidfile(path: &Path) -> Result<u32, String> {
         .and_then(|f| f.take(MAX_PIDFILE_BYTES).read_to_end(&mut bytes))
         .map_err(|e| format!("cannot read pidfile {name}: {e}"))?;
     parse_pidfile(&String::from_utf8_lossy(&bytes)).map_err(|e| format!("pidfile {name}: {e}"))
-}
-
-/// The pid in a pidfile's text: its first line, trimmed, a positive decimal
-/// number (later lines, which some daemons add, are ignored).
-pub fn parse_pidfile(text: &str) -> Result<u32, String> {
-    let line = text.trim_start().lines().next().unwrap_or("").trim();
-    if line.is_empty() {
-        return Err("empty (no pid)".into());
-    }
-    let shown: String = line.chars().take(40).collect();
-    if !line.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("not a pid: {shown:?}"));
-    }
-    match line.parse::<u32>() {
-        Ok(pid) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid),
-        _ => Err(format!("not a pid: {shown:?}")),
-    }
 }
 
 #[cfg(test)]
@@ -1273,57 +1240,5 @@ mod tests {
         let text = format!("0::/system.slice/docker-{a}.scope\n");
         assert_eq!(containers_for(&text, 0).len(), 1);
         assert_eq!(containers_for(&text, 1000).len(), 1);
-    }
-
-    #[test]
-    fn cgroup_lines() {
-        assert_eq!(
-            cgroup_path("0::/system.slice/sol.service\n").as_deref(),
-            Some("/system.slice/sol.service")
-        );
-        // Hybrid: v1 lines and the unified one.
-        assert_eq!(
-            cgroup_path("12:cpu,cpuacct:/x\n1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n")
-                .as_deref(),
-            Some("/system.slice/b.service")
-        );
-        // Pure v1.
-        assert_eq!(
-            cgroup_path("3:memory:/m\n1:name=systemd:/system.slice/a.service\n").as_deref(),
-            Some("/system.slice/a.service")
-        );
-        assert_eq!(cgroup_path(""), None);
-        assert_eq!(cgroup_path("0::\n"), None);
-        assert_eq!(cgroup_path("garbage"), None);
-    }
-
-    #[test]
-    fn pidfile_text() {
-        for (text, want) in [
-            ("123", Ok(123)),
-            ("123\n", Ok(123)),
-            ("  42  \n", Ok(42)),
-            ("\n\n7\nport=80\n", Ok(7)),
-            ("2147483647", Ok(2147483647)),
-        ] {
-            assert_eq!(parse_pidfile(text), want, "{text:?}");
-        }
-        for (text, says) in [
-            ("", "empty"),
-            ("   \n\t", "empty"),
-            ("abc", "not a pid: \"abc\""),
-            ("-5", "not a pid: \"-5\""),
-            ("+5", "not a pid"),
-            ("123abc", "not a pid: \"123abc\""),
-            ("12 34", "not a pid"),
-            ("0", "not a pid: \"0\""),
-            ("2147483648", "not a pid"),
-            ("99999999999999999999999", "not a pid"),
-            ("１２３", "not a pid"),
-            ("\u{0}", "not a pid"),
-        ] {
-            let err = parse_pidfile(text).expect_err(text);
-            assert!(err.contains(says), "{text:?}: {err}");
-        }
     }
 }

@@ -57,4 +57,4 @@ pub mod sockdiag;
 pub mod store;
 pub mod trust;
 
-pub use selfheal_core::{judge, ladder, model, text};
+pub use selfheal_core::{judge, ladder, model, text}; // TRANSITION

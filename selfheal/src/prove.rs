@@ -2,7 +2,7 @@
 //! this adds what needs the acting side: the proof keepalive the config asks
 //! for, in the kernel's units ([`crate::actions::ProofKeepalive`]).
 
-pub use selfheal_core::prove::*;
+pub use selfheal_core::prove::*; // TRANSITION
 
 use crate::actions::ProofKeepalive;
 

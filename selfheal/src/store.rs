@@ -26,6 +26,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use selfheal_core::state::{EnvelopeOut, FORMAT_VERSION, decode};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::safedir::SafeDir;
@@ -34,8 +35,6 @@ use crate::safedir::SafeDir;
 pub const STATE_FILE: &str = "state.json";
 /// The lock file's name inside the state directory.
 pub const LOCK_FILE: &str = "state.lock";
-/// The on-disk format version this build writes and reads.
-pub const FORMAT_VERSION: u64 = 1;
 /// How long [`StateStore::open`] waits for another run to let go.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A state file larger than this is treated as corrupt (not read into memory).
@@ -311,13 +310,6 @@ pub struct StateStore {
     _lock: File,
 }
 
-#[derive(Serialize)]
-struct EnvelopeOut<'a, T> {
-    version: u64,
-    saved_unix_ms: u64,
-    data: &'a T,
-}
-
 impl StateStore {
     /// Opens (creating, 0700) the state directory `dir` and takes its lock,
     /// waiting at most [`DEFAULT_LOCK_TIMEOUT`] for another run to finish.
@@ -503,34 +495,4 @@ fn read_bounded(dir: &SafeDir, name: &str) -> io::Result<Vec<u8>> {
         return Err(io::ErrorKind::FileTooLarge.into());
     }
     Ok(bytes)
-}
-
-/// The value and its save time, or what is wrong with the content.
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Option<u64>), String> {
-    let doc: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("is corrupt ({e})"))?;
-    let serde_json::Value::Object(mut doc) = doc else {
-        return Err("is corrupt (not a JSON object)".into());
-    };
-    let version = match doc.get("version") {
-        None => return Err("is corrupt (no version)".into()),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| format!("is corrupt (version {v} is not a number)"))?,
-    };
-    if version > FORMAT_VERSION {
-        return Err(format!(
-            "is from a newer selfheal (format version {version}; this build reads {FORMAT_VERSION})"
-        ));
-    }
-    if version != FORMAT_VERSION {
-        return Err(format!("is corrupt (unknown format version {version})"));
-    }
-    let saved = doc.get("saved_unix_ms").and_then(|v| v.as_u64());
-    let data = doc
-        .remove("data")
-        .ok_or_else(|| "is corrupt (no data)".to_string())?;
-    let value = serde_json::from_value(data)
-        .map_err(|e| format!("does not fit this build's state ({e})"))?;
-    Ok((value, saved))
 }

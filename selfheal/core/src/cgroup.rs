@@ -385,6 +385,30 @@ fn pod_uid_of(c: &str) -> Option<String> {
     ok.then(|| uid.to_ascii_lowercase())
 }
 
+/// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
+/// hierarchy's `0::PATH` line, else (cgroup v1) the `name=systemd` one.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let v2 = text.lines().find_map(|l| l.strip_prefix("0::"));
+    let v1 = || {
+        text.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            (controllers == "name=systemd").then_some(path)
+        })
+    };
+    v2.or_else(v1)
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+}
+
+/// Whether some component of cgroup `path` is named `unit`: only a name,
+/// anywhere (a user can make one in their own tree); which unit a process
+/// is in is [`unit_of`]'s answer, not this.
+pub fn in_unit(path: &str, unit: &str) -> bool {
+    path.split('/').any(|c| c == unit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -820,5 +844,27 @@ mod tests {
                 )
             ]
         );
+    }
+
+    #[test]
+    fn cgroup_lines() {
+        assert_eq!(
+            cgroup_path("0::/system.slice/sol.service\n").as_deref(),
+            Some("/system.slice/sol.service")
+        );
+        // Hybrid: v1 lines and the unified one.
+        assert_eq!(
+            cgroup_path("12:cpu,cpuacct:/x\n1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n")
+                .as_deref(),
+            Some("/system.slice/b.service")
+        );
+        // Pure v1.
+        assert_eq!(
+            cgroup_path("3:memory:/m\n1:name=systemd:/system.slice/a.service\n").as_deref(),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(cgroup_path(""), None);
+        assert_eq!(cgroup_path("0::\n"), None);
+        assert_eq!(cgroup_path("garbage"), None);
     }
 }

@@ -16,8 +16,10 @@
 //! - **config**: [`config`] (the TOML schema, its validation, upstream
 //!   matching);
 //! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
-//!   collectors read, as plain types), [`cgroup`] (which unit, manager and
-//!   container a cgroup path anchors), joined by [`inspect`] into a report;
+//!   collectors read, as plain types, and the parsers of what procfs and
+//!   the container runtimes answer), [`cgroup`] (which unit, manager and
+//!   container a cgroup path anchors), [`probe`] (a probe's result and the
+//!   judgement of an answer), joined by [`inspect`] into a report;
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
@@ -25,7 +27,8 @@
 //!   helper and its clients say to each other), [`owner`] (whom the
 //!   helper counts a caller against, and each owner's fair share), and
 //!   [`authority`] (what the kernel would let a caller of the helper do
-//!   itself).
+//!   itself);
+//! - **keep**: [`state`] (the state file's envelope and its decoding).
 
 pub mod authority;
 pub mod cgroup;
@@ -38,9 +41,11 @@ pub mod keepalive;
 pub mod ladder;
 pub mod model;
 pub mod owner;
+pub mod probe;
 pub mod proc;
 pub mod protocol;
 pub mod prove;
 pub mod runtime;
 pub mod sockdiag;
+pub mod state;
 pub mod text;

@@ -18,7 +18,16 @@ use std::{
 };
 
 pub use selfheal_core::owner::{
-    Account, Admission, Basis, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account,
+    // TRANSITION
+    Account,
+    Admission,
+    Basis,
+    ConnLimits,
+    MAX_SUBUID_BYTES,
+    Namespace,
+    OpenConn,
+    Subuids,
+    account,
     admit,
 };
 

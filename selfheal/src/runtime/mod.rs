@@ -27,23 +27,9 @@ use std::{
     time::Duration,
 };
 
-pub use selfheal_core::cgroup::{self, CgroupContainer};
-pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match};
-
-/// What a runtime says about one container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ContainerInfo {
-    pub id: String,
-    /// Without Docker's leading `/`.
-    pub name: Option<String>,
-    pub image: Option<String>,
-    /// Labels (Docker, Podman) or OCI annotations (containerd bundles).
-    pub labels: BTreeMap<String, String>,
-    /// The container's init process as the runtime reports it (`State.Pid`
-    /// for Docker and Podman, the task's `init.pid` for containerd), in the
-    /// runtime's pid namespace; `None` where it reported none.
-    pub init_pid: Option<u32>,
-}
+pub use selfheal_core::cgroup::{self, CgroupContainer}; // TRANSITION
+use selfheal_core::runtime::ContainerInfo;
+pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match}; // TRANSITION
 
 /// The Kubernetes label (or CRI annotation) names of a pod's identity.
 const POD_NAME: &[&str] = &["io.kubernetes.pod.name", "io.kubernetes.cri.sandbox-name"];
@@ -153,7 +139,9 @@ impl Inventory {
                 .into_iter()
                 .map(|(rt, path, h)| {
                     let r = h.join().unwrap_or_else(|_| {
-                        Err(docker::Error::Other("the client panicked".into()))
+                        Err(selfheal_core::runtime::docker::Error::Other(
+                            "the client panicked".into(),
+                        ))
                     });
                     (rt, path, r)
                 })
