@@ -788,7 +788,7 @@ fn render_raw(r: &Report) -> String {
     for u in &r.upstreams {
         let _ = writeln!(o, "  upstream {}", escape(u));
     }
-    // Container identity (issue 13): `describe` escapes what a runtime said.
+    // Container identity: `describe` escapes what a runtime said.
     for c in &r.containers {
         let _ = writeln!(o, "  container {}", c.describe());
     }

@@ -34,9 +34,9 @@
 //! | op | fields | result |
 //! |----|--------|--------|
 //! | `hello` | — | `protocol`, `helper_version`, `helper_pid`, `caller` {`uid`,`gid`,`pid`} as the helper sees it, `ebpf` {`strategy` or null, `attempts`, `error` or null}, `limits` |
-//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` \[{`pid`,`since_ns`}\], `gone` [pids that do not exist], `refused` [pids it may not query] (since issue 12) |
+//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` \[{`pid`,`since_ns`}\], `gone` [pids that do not exist], `refused` [pids it may not query] |
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` \[pids\]; a pid leaves the filter when no uid wants it any more |
-//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] (since issue 12) |
+//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] |
 //! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`? (both for socket actions), `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
 //! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0). A pid the
@@ -48,8 +48,7 @@
 //! contributes nothing (`ebpf_snapshot`).
 //!
 //! `signal` (params `grace_ms`, default 10000, at most 120000) sends
-//! SIGTERM and answers at once (since issue 12; it used to wait out the
-//! grace): the result is `pid`, `sent` (`["SIGTERM"]`), `exited`,
+//! SIGTERM and answers at once, without waiting out the grace: the result is `pid`, `sent` (`["SIGTERM"]`), `exited`,
 //! `exited_after_ms`, `grace_ms`, and `escalating: true` when the process
 //! still lives. The helper then sends SIGKILL on its own timer when the
 //! grace runs out — unless the process exited, or is no longer who it was
