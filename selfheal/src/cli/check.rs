@@ -155,7 +155,10 @@ struct Session {
 
 /// Opens the snapshot log in `dir`, or in a fallback when `dir` is the
 /// default and was refused.
-fn open_snapshot_log(dir: &Path, is_default: bool) -> Result<SnapshotLog, store::StoreError> {
+fn open_snapshot_log(
+    dir: &Path,
+    is_default: bool,
+) -> Result<SnapshotLog, selfheal::fs::StoreError> {
     with_fallback(dir, is_default, "snapshot", |d| {
         SnapshotLog::open(d, snapshots::DEFAULT_MAX_BYTES, snapshots::DEFAULT_KEEP)
     })
@@ -169,15 +172,15 @@ fn with_fallback<T>(
     dir: &Path,
     is_default: bool,
     what: &str,
-    open: impl Fn(&Path) -> Result<T, store::StoreError>,
-) -> Result<T, store::StoreError> {
+    open: impl Fn(&Path) -> Result<T, selfheal::fs::StoreError>,
+) -> Result<T, selfheal::fs::StoreError> {
     let first = match open(dir) {
         Ok(t) => return Ok(t),
-        Err(e @ store::StoreError::Locked { .. }) => return Err(e),
+        Err(e @ selfheal::fs::StoreError::Locked { .. }) => return Err(e),
         Err(e) if !is_default => return Err(e),
         Err(e) => e,
     };
-    for alt in store::fallback_state_dirs(store::euid()) {
+    for alt in store::fallback_state_dirs(selfheal::trust::euid()) {
         if alt == dir {
             continue;
         }
@@ -326,10 +329,10 @@ impl Session {
         // at least.
         let mut metrics_failed = false;
         if let Some(path) = &c.metrics_file
-            && let Err(e) = selfheal::safedir::write_file_atomically(
+            && let Err(e) = selfheal::fs::safedir::write_file_atomically(
                 path,
                 metrics.as_bytes(),
-                selfheal::safedir::METRICS_FILE_MODE,
+                selfheal::fs::safedir::METRICS_FILE_MODE,
             )
         {
             metrics_failed = true;

@@ -709,10 +709,10 @@ fn euid() -> u32 {
 
 /// Creates the socket's directory (0755) if missing and checks that only we
 /// or root could replace the socket in it — the directory and every one
-/// above it, by the rule of [`crate::safedir`] (symlinks on the way only
+/// above it, by the rule of [`crate::fs::safedir`] (symlinks on the way only
 /// when root's or ours).
 fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
-    crate::safedir::check_above(dir).map_err(|e| ServerError::UnsafeDir {
+    crate::fs::safedir::check_above(dir).map_err(|e| ServerError::UnsafeDir {
         path: dir.to_path_buf(),
         reason: e.to_string(),
     })?;
