@@ -2,7 +2,7 @@
 //! the policy and the kernel's own authority, its fd checked to be a
 //! socket, counted against the owner's acts in flight (and, for a
 //! `signal`, its room for an escalation), then handed to the
-//! [`Executor`](super::Executor) and its SIGKILL queued for the timer.
+//! [`Executor`] and its SIGKILL queued for the timer.
 //! [`DryExecutor`] records the calls instead (tests, dry runs).
 
 use std::{
@@ -105,7 +105,7 @@ impl Executor for DryExecutor {
 }
 
 /// Counts an act of an owner out when it ends, however it ends.
-pub(super) struct ActSlot<'a>(&'a Shared, u32);
+struct ActSlot<'a>(&'a Shared, u32);
 
 impl Drop for ActSlot<'_> {
     fn drop(&mut self) {
@@ -121,7 +121,7 @@ impl Drop for ActSlot<'_> {
 
 impl Shared {
     /// Takes one of the owner's act slots, or says it has none left.
-    pub(super) fn act_slot(&self, account: &Account) -> Result<ActSlot<'_>, WireError> {
+    fn act_slot(&self, account: &Account) -> Result<ActSlot<'_>, WireError> {
         let mut acts = lock(&self.acts);
         let n = acts.entry(account.owner).or_default();
         if *n >= self.max_acts_per_uid {

@@ -90,7 +90,7 @@ pub fn parse_pidfd_fdinfo(text: &str) -> (Option<i64>, Option<usize>) {
 }
 
 /// Whether the process behind `fd` (a pidfd) has exited.
-pub(super) fn pidfd_exited(fd: BorrowedFd<'_>) -> bool {
+fn pidfd_exited(fd: BorrowedFd<'_>) -> bool {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,

@@ -41,7 +41,7 @@ pub(super) struct LoopLimits {
 }
 
 /// Waits up to `timeout` for any of `fds` to be readable.
-pub(super) fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<Vec<bool>> {
+fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|fd| libc::pollfd {
@@ -141,7 +141,7 @@ pub(super) fn accept_loop(
     result
 }
 
-pub(super) fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits) {
+fn accept_all(shared: &Arc<Shared>, listener: &UnixListener, limits: &LoopLimits) {
     let conn_limits = ConnLimits {
         max: limits.max_connections,
         per_owner: limits.max_per_uid,
@@ -224,11 +224,11 @@ pub(super) struct ConnGuard(Arc<Shared>, u64);
 impl ConnGuard {
     /// Marks the connection as serving a request; `false` when it was
     /// closed to admit another owner.
-    pub(super) fn start_request(&self) -> bool {
+    fn start_request(&self) -> bool {
         lock(&self.0.conns).set.start_request(self.1)
     }
 
-    pub(super) fn end_request(&self) {
+    fn end_request(&self) {
         lock(&self.0.conns).set.end_request(self.1);
     }
 }
@@ -243,7 +243,7 @@ impl Drop for ConnGuard {
 }
 
 /// What reading the next request gave.
-pub(super) enum Next {
+enum Next {
     Line(Vec<u8>),
     /// The client closed the connection, or it stayed idle, or we stop.
     Done,
@@ -254,7 +254,7 @@ pub(super) enum Next {
 
 /// Reads one request line within the request timeout. Reads in slices of
 /// 100 ms so that an idle connection notices a shutdown.
-pub(super) fn next_request(stream: &UnixStream, buf: &mut Vec<u8>, shared: &Shared) -> Next {
+fn next_request(stream: &UnixStream, buf: &mut Vec<u8>, shared: &Shared) -> Next {
     const SLICE: Duration = Duration::from_millis(100);
     let deadline = Instant::now() + shared.request_timeout;
     let mut chunk = [0u8; 8192];
@@ -357,7 +357,7 @@ pub(super) fn connection(
 }
 
 /// The caller's credentials as the socket recorded them at `connect`.
-pub(super) fn peer(stream: &UnixStream) -> io::Result<Caller> {
+fn peer(stream: &UnixStream) -> io::Result<Caller> {
     let c = getsockopt(stream, sockopt::PeerCredentials).map_err(io::Error::from)?;
     Ok(Caller {
         uid: c.uid(),
@@ -407,7 +407,7 @@ pub(super) fn handle(
     )
 }
 
-pub(super) fn handle_verified(
+fn handle_verified(
     shared: &Shared,
     caller: &Caller,
     account: &Account,

@@ -109,7 +109,7 @@ pub(super) struct BoundSocket {
     pub(super) id: (u64, u64, i64, i64),
 }
 
-pub(super) fn file_id(md: &std::fs::Metadata) -> (u64, u64, i64, i64) {
+fn file_id(md: &std::fs::Metadata) -> (u64, u64, i64, i64) {
     (md.dev(), md.ino(), md.ctime(), md.ctime_nsec())
 }
 
@@ -127,7 +127,7 @@ impl BoundSocket {
 /// or root could replace the socket in it — the directory and every one
 /// above it, by the rule of [`crate::safedir`] (symlinks on the way only
 /// when root's or ours).
-pub(super) fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
+fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
     crate::safedir::check_above(dir).map_err(|e| ServerError::UnsafeDir {
         path: dir.to_path_buf(),
         reason: e.to_string(),

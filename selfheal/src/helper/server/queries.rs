@@ -78,7 +78,7 @@ pub(super) struct Watched {
 
 impl TracerState {
     /// Forgets watched pids that exited or now name another process.
-    pub(super) fn prune(&mut self) {
+    fn prune(&mut self) {
         let stale: Vec<u32> = self
             .watched
             .iter()
@@ -111,7 +111,7 @@ impl Shared {
         serde_json::to_value(hello).unwrap_or(Value::Null)
     }
 
-    pub(super) fn no_tracer(&self) -> WireError {
+    fn no_tracer(&self) -> WireError {
         refusal(
             ErrorCode::Unavailable,
             format!(

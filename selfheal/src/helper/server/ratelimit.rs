@@ -11,8 +11,8 @@ pub(super) struct RateLimiter {
 }
 
 pub(super) struct Bucket {
-    pub(super) tokens: f64,
-    pub(super) at: Instant,
+    tokens: f64,
+    at: Instant,
 }
 
 impl RateLimiter {
