@@ -61,7 +61,7 @@ pub struct Common {
     /// directly where it has the permission (its own uid's agents, or all as
     /// root). A socket served by anyone but root, this user or the uid in
     /// SELFHEAL_HELPER_UID is refused.
-    #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::listen::DEFAULT_SOCKET)]
     helper: PathBuf,
 }
 

@@ -11,7 +11,7 @@ use selfheal::{
     ebpf::TracerOptions,
     helper::{
         DEFAULT_SOCKET, Executor, Listen, Policy, SOCKET_MODE, ServerOptions, StopReason, serve,
-        server::take_activated_listener,
+        server::listen::take_activated_listener,
     },
 };
 
