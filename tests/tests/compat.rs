@@ -1,13 +1,14 @@
 //! What the `selfheal` binary prints and answers, pinned byte for byte:
-//! `check --json`, the text of `check`, the metrics file, `inspect --json`
-//! and its text, and the helper's answers to a recorded list of request
+//! `check --json`, the text of `check`, the metrics file, the snapshot of a
+//! wedge (`snapshots show`, `snapshots list --json`), `inspect --json` and
+//! its text, and the helper's answers to a recorded list of request
 //! lines, each for one small situation this test builds on loopback (agents
 //! whose control connection went silent, a provider call in flight, a
 //! process without sockets, one that is not running, a status endpoint).
 //!
 //! The outputs are recorded under `tests/golden/` with what varies from one
 //! run to the next masked (`‹name›`): pids, ports, inodes, start times,
-//! socket cookies, ages and durations, snapshot ids, timestamps, the
+//! socket cookies, ages and durations, snapshot ids and times, the
 //! kernel's stack and wait channel, round-trip times. JSON values are
 //! masked by key name on the raw text, so key order, spacing and every
 //! other byte are compared as printed. Each case is compared as text; a
@@ -162,6 +163,8 @@ const VOLATILE_KEYS: &[&str] = &[
     "took_ms",
     "silent_ms",
     "user_timeout_ms",
+    "time",
+    "unix_ms",
 ];
 
 /// JSON keys whose whole value (an array's length too) differs between
@@ -659,6 +662,36 @@ fn check_situation(run_no: usize) -> Vec<(String, String)> {
         exit_line(&out) + &mask_json_text(&stdout, &masks),
     ));
     outputs.push(("check.prom".to_string(), mask_metrics(&prom, &masks)));
+    // The snapshot the wedge left, as `snapshots` shows it.
+    let id = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["agent"] == "wedging")
+        .and_then(|r| r["snapshot"].as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("no snapshot of the wedge in {stdout}"));
+    let snaps = scratch.join("json-snaps");
+    let show = run(&[
+        "snapshots".as_ref(),
+        "show".as_ref(),
+        id.as_ref(),
+        "--dir".as_ref(),
+        snaps.as_os_str(),
+    ]);
+    outputs.push((
+        "snapshot-show.json".to_string(),
+        exit_line(&show) + &mask_json_text(&String::from_utf8_lossy(&show.stdout), &masks),
+    ));
+    let list = run(&[
+        "snapshots".as_ref(),
+        "list".as_ref(),
+        "--json".as_ref(),
+        "--dir".as_ref(),
+        snaps.as_os_str(),
+    ]);
+    outputs.push((
+        "snapshot-list.json".to_string(),
+        exit_line(&list) + &mask_json_text(&String::from_utf8_lossy(&list.stdout), &masks),
+    ));
     let (out, _) = check("text", false);
     outputs.push((
         "check.txt".to_string(),
