@@ -15,7 +15,7 @@ use std::{
 
 pub use selfheal_core::cgroup::cgroup_path; // TRANSITION
 use selfheal_core::{
-    cgroup::{self, CgroupContainer, in_unit},
+    cgroup::{self, CgroupContainer, containers_for, in_unit},
     proc::parse_pidfile,
     runtime::{ContainerRule, Identity},
     text,
@@ -23,7 +23,7 @@ use selfheal_core::{
 
 use crate::{
     config::{AgentConfig, MatchRule, UnitOwner},
-    runtime::Inventory,
+    runtime::{Inventory, Sources},
 };
 
 /// One process as the snapshot saw it.
@@ -557,17 +557,6 @@ pub fn split_argv(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// The containers of a process, from its `/proc/PID/cgroup` text, that
-/// `euid`'s runtimes may speak for: the system's, and for a user other
-/// than root that user's own (rootless); a container in another user's
-/// delegated tree, and what is nested in it, is none of them.
-pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
-    cgroup::containers_in_proc_cgroup(text)
-        .into_iter()
-        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
-        .collect()
-}
-
 /// The processes a rule found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Matched {
@@ -877,6 +866,48 @@ pub fn read_pidfile(path: &Path) -> Result<u32, String> {
         .and_then(|f| f.take(MAX_PIDFILE_BYTES).read_to_end(&mut bytes))
         .map_err(|e| format!("cannot read pidfile {name}: {e}"))?;
     parse_pidfile(&String::from_utf8_lossy(&bytes)).map_err(|e| format!("pidfile {name}: {e}"))
+}
+
+/// Asks the runtimes about the containers that matter, and attaches their
+/// answer to `table`: every container in the table when `all` (some agent
+/// has a container rule), else those of `pids` (the processes the other
+/// rules picked, whose identity the outputs show). Without any, no runtime
+/// is asked.
+pub fn enrich(table: ProcessTable, pids: &[u32], all: bool, sources: &Sources) -> ProcessTable {
+    let wanted: Vec<CgroupContainer> = if all {
+        table.containers()
+    } else {
+        let mut set: Vec<CgroupContainer> = pids
+            .iter()
+            .filter_map(|p| table.get(*p))
+            .flat_map(|e| e.containers.iter().cloned())
+            .collect();
+        set.sort();
+        set.dedup();
+        set
+    };
+    if wanted.is_empty() {
+        return table;
+    }
+    let inventory = Inventory::read(sources, &wanted);
+    table.with_inventory(inventory)
+}
+
+/// [`enrich`] for these agents: what their rules pick now.
+pub fn enrich_for(table: ProcessTable, agents: &[&AgentConfig], sources: &Sources) -> ProcessTable {
+    let all = agents
+        .iter()
+        .any(|a| matches!(a.rule, MatchRule::Container(_)));
+    let euid = crate::trust::euid();
+    let pids: Vec<u32> = if all {
+        Vec::new()
+    } else {
+        agents
+            .iter()
+            .flat_map(|a| crate::agents::find_for(a, euid, &table).all)
+            .collect()
+    };
+    enrich(table, &pids, all, sources)
 }
 
 #[cfg(test)]
@@ -1217,28 +1248,5 @@ mod tests {
             find(&MatchRule::Unit("runner.service".into()), &t).roots,
             [2]
         );
-    }
-
-    /// A rootless container (in a user's tree) is that user's: the user's
-    /// own check sees it, root's and another user's do not, nor anything
-    /// nested in it.
-    #[test]
-    fn a_users_containers_are_that_users() {
-        let a = "a".repeat(64);
-        let b = "b".repeat(64);
-        let text = format!(
-            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope/container/docker/{b}\n"
-        );
-        assert!(containers_for(&text, 0).is_empty());
-        assert!(containers_for(&text, 1001).is_empty());
-        let own: Vec<_> = containers_for(&text, 1000)
-            .into_iter()
-            .map(|c| (c.id, c.user))
-            .collect();
-        assert_eq!(own, [(a.clone(), Some(1000))]);
-        // A system container is everyone's to name.
-        let text = format!("0::/system.slice/docker-{a}.scope\n");
-        assert_eq!(containers_for(&text, 0).len(), 1);
-        assert_eq!(containers_for(&text, 1000).len(), 1);
     }
 }

@@ -229,7 +229,7 @@ pub fn run(
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
     let table = ProcessTable::read_for(&agents, crate::trust::euid());
-    let table = crate::runtime::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
+    let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets
         .iter()

@@ -409,6 +409,17 @@ pub fn in_unit(path: &str, unit: &str) -> bool {
     path.split('/').any(|c| c == unit)
 }
 
+/// The containers of a process, from its `/proc/PID/cgroup` text, that
+/// `euid`'s runtimes may speak for: the system's, and for a user other
+/// than root that user's own (rootless); a container in another user's
+/// delegated tree, and what is nested in it, is none of them.
+pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
+    containers_in_proc_cgroup(text)
+        .into_iter()
+        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -866,5 +877,28 @@ mod tests {
         assert_eq!(cgroup_path(""), None);
         assert_eq!(cgroup_path("0::\n"), None);
         assert_eq!(cgroup_path("garbage"), None);
+    }
+
+    /// A rootless container (in a user's tree) is that user's: the user's
+    /// own check sees it, root's and another user's do not, nor anything
+    /// nested in it.
+    #[test]
+    fn a_users_containers_are_that_users() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let text = format!(
+            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope/container/docker/{b}\n"
+        );
+        assert!(containers_for(&text, 0).is_empty());
+        assert!(containers_for(&text, 1001).is_empty());
+        let own: Vec<_> = containers_for(&text, 1000)
+            .into_iter()
+            .map(|c| (c.id, c.user))
+            .collect();
+        assert_eq!(own, [(a.clone(), Some(1000))]);
+        // A system container is everyone's to name.
+        let text = format!("0::/system.slice/docker-{a}.scope\n");
+        assert_eq!(containers_for(&text, 0).len(), 1);
+        assert_eq!(containers_for(&text, 1000).len(), 1);
     }
 }

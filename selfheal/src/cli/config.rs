@@ -48,7 +48,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
     let config = config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
     let table = ProcessTable::read();
     let all: Vec<_> = config.agents.iter().collect();
-    let table = runtime::enrich_for(table, &all, &runtime::Sources::from_env());
+    let table = selfheal::agents::enrich_for(table, &all, &runtime::Sources::from_env());
     let agents: Vec<_> = config
         .agents
         .iter()

@@ -68,7 +68,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
                 return Err(Error::NoSuchProcess { pid, problem });
             }
             let sources = selfheal::runtime::Sources::from_env();
-            let table = selfheal::runtime::enrich(table, &matched.all, false, &sources);
+            let table = selfheal::agents::enrich(table, &matched.all, false, &sources);
             let containers = table.identities(&matched.all);
             let container_gaps = table.inventory().gaps(&containers, false);
             inspect::Target {
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
                 config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
             let agent = super::configured_agent(&config, name)?;
             let sources = selfheal::runtime::Sources::from_env();
-            let table = selfheal::runtime::enrich_for(table, &[agent], &sources);
+            let table = selfheal::agents::enrich_for(table, &[agent], &sources);
             let target = selfheal::check::target(agent, &table);
             agent_config = Some(agent.clone());
             target

@@ -334,57 +334,6 @@ impl Inventory {
     }
 }
 
-/// Asks the runtimes about the containers that matter, and attaches their
-/// answer to `table`: every container in the table when `all` (some agent
-/// has a container rule), else those of `pids` (the processes the other
-/// rules picked, whose identity the outputs show). Without any, no runtime
-/// is asked.
-pub fn enrich(
-    table: crate::agents::ProcessTable,
-    pids: &[u32],
-    all: bool,
-    sources: &Sources,
-) -> crate::agents::ProcessTable {
-    let wanted: Vec<CgroupContainer> = if all {
-        table.containers()
-    } else {
-        let mut set: Vec<CgroupContainer> = pids
-            .iter()
-            .filter_map(|p| table.get(*p))
-            .flat_map(|e| e.containers.iter().cloned())
-            .collect();
-        set.sort();
-        set.dedup();
-        set
-    };
-    if wanted.is_empty() {
-        return table;
-    }
-    let inventory = Inventory::read(sources, &wanted);
-    table.with_inventory(inventory)
-}
-
-/// [`enrich`] for these agents: what their rules pick now.
-pub fn enrich_for(
-    table: crate::agents::ProcessTable,
-    agents: &[&crate::config::AgentConfig],
-    sources: &Sources,
-) -> crate::agents::ProcessTable {
-    let all = agents
-        .iter()
-        .any(|a| matches!(a.rule, crate::config::MatchRule::Container(_)));
-    let euid = crate::trust::euid();
-    let pids: Vec<u32> = if all {
-        Vec::new()
-    } else {
-        agents
-            .iter()
-            .flat_map(|a| crate::agents::find_for(a, euid, &table).all)
-            .collect()
-    };
-    enrich(table, &pids, all, sources)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

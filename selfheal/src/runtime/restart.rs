@@ -113,7 +113,7 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
     if !target.is_alive() {
         return Err(format!("pid {pid} exited"));
     }
-    if crate::agents::containers_for(&text, crate::trust::euid())
+    if selfheal_core::cgroup::containers_for(&text, crate::trust::euid())
         .iter()
         .any(|c| c.id == id)
     {
