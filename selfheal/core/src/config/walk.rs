@@ -54,6 +54,35 @@ impl<'a, E: Invalid> Cx<'a, E> {
         E::invalid(self.path, line, column, message)
     }
 
+    /// An error about `key` at `span`, in the table `prefix` names
+    /// (`grant 1: `; empty at the top level).
+    pub fn key_error(
+        &self,
+        prefix: &str,
+        key: &str,
+        span: Range<usize>,
+        what: impl fmt::Display,
+    ) -> E {
+        // A quoted key may hold anything: keep the message on one line.
+        let key = if key.chars().any(char::is_control) {
+            format!("{key:?}")
+        } else {
+            key.to_string()
+        };
+        self.error(span, format!("{prefix}key `{key}`: {what}"))
+    }
+
+    /// An error about `key` (in the table `prefix` names), whose value `v`
+    /// is not of the `expected` type.
+    pub fn type_error(&self, prefix: &str, key: &str, v: &Value<'_>, expected: &str) -> E {
+        self.key_error(
+            prefix,
+            key,
+            v.span(),
+            format!("expected {expected}, found {}", v.get_ref().type_str()),
+        )
+    }
+
     /// The error for text that is not TOML.
     pub fn syntax(&self, e: &toml::de::Error) -> E {
         let span = e.span().unwrap_or(0..0);
@@ -134,14 +163,7 @@ impl<'a, 'i, E: Invalid> Fields<'a, 'i, E> {
 
     /// An error about `key` at `span`.
     pub fn key_error(&self, key: &str, span: Range<usize>, what: impl fmt::Display) -> E {
-        // A quoted key may hold anything: keep the message on one line.
-        let key = if key.chars().any(char::is_control) {
-            format!("{key:?}")
-        } else {
-            key.to_string()
-        };
-        self.cx
-            .error(span, format!("{}key `{key}`: {what}", self.prefix()))
+        self.cx.key_error(&self.prefix(), key, span, what)
     }
 
     /// An error about the table as a whole.
@@ -174,11 +196,7 @@ impl<'a, 'i, E: Invalid> Fields<'a, 'i, E> {
 
     /// An error about `key`, whose value `v` is not of the `expected` type.
     pub fn type_error(&self, key: &str, v: &Value<'_>, expected: &str) -> E {
-        self.key_error(
-            key,
-            v.span(),
-            format!("expected {expected}, found {}", v.get_ref().type_str()),
-        )
+        self.cx.type_error(&self.prefix(), key, v, expected)
     }
 
     /// A string value and its span.
