@@ -401,4 +401,15 @@ mod tests {
             assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
         }
     }
+
+    #[test]
+    fn a_duplicate_key_is_named() {
+        let e = parse("[[grant]]\nuid = 1\nuid = 2\nuids = [2]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/etc/selfheal/helper.toml:3: bad TOML: ") && e.ends_with("`uid`"),
+            "{e}"
+        );
+    }
 }
