@@ -16,15 +16,13 @@ use std::{
 pub use selfheal_core::cgroup::cgroup_path; // TRANSITION
 use selfheal_core::{
     cgroup::{self, CgroupContainer, containers_for, in_unit},
+    config::{AgentConfig, MatchRule, UnitOwner},
     proc::parse_pidfile,
     runtime::{ContainerRule, Identity},
     text,
 };
 
-use crate::{
-    config::{AgentConfig, MatchRule, UnitOwner},
-    runtime::{Inventory, Sources},
-};
+use crate::runtime::{Inventory, Sources};
 
 /// One process as the snapshot saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -611,7 +609,7 @@ pub fn find_for(agent: &AgentConfig, runner: u32, table: &ProcessTable) -> Match
 }
 
 /// [`find`], limited for `cmdline` and `exe` rules to the processes of
-/// `uid` when one is given ([`crate::config::MatchUid::filter`]). When
+/// `uid` when one is given ([`selfheal_core::config::MatchUid::filter`]). When
 /// nothing of `uid` matches but processes of other uids would, the problem
 /// says how many and how to include them.
 pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matched {
@@ -1043,15 +1041,15 @@ mod tests {
             "{p}"
         );
         // Rules that name their processes take no uid.
-        let uid = crate::config::MatchUid::Runner;
+        let uid = selfheal_core::config::MatchUid::Runner;
         assert_eq!(uid.filter(&MatchRule::Pid(20), 1000), None);
         assert_eq!(uid.filter(&cmdline("x"), 1000), Some(1000));
         assert_eq!(
-            crate::config::MatchUid::Any.filter(&cmdline("x"), 1000),
+            selfheal_core::config::MatchUid::Any.filter(&cmdline("x"), 1000),
             None
         );
         assert_eq!(
-            crate::config::MatchUid::Uid(7).filter(&MatchRule::Exe("/x".into()), 1000),
+            selfheal_core::config::MatchUid::Uid(7).filter(&MatchRule::Exe("/x".into()), 1000),
             Some(7)
         );
     }

@@ -110,7 +110,7 @@ impl Collector {
             index: BTreeMap::new(),
             detail: opts.detail,
             clocks: None,
-            budget: crate::config::DEFAULT_COLLECT_BUDGET,
+            budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::memread::Reader::default(),
         }
     }
@@ -144,7 +144,7 @@ impl Collector {
             index: BTreeMap::new(),
             detail,
             clocks: None,
-            budget: crate::config::DEFAULT_COLLECT_BUDGET,
+            budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::memread::Reader::default(),
         }
     }

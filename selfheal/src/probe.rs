@@ -33,9 +33,10 @@ use std::{
 };
 
 pub use selfheal_core::probe::*; // TRANSITION
-use selfheal_core::text::{self, redact_url, redact_urls_in};
-
-use crate::config::{ProbeAuth, ProbeConfig, Redirects, SecretSource};
+use selfheal_core::{
+    config::{ProbeAuth, ProbeConfig, Redirects, SecretSource},
+    text::{self, redact_url, redact_urls_in},
+};
 
 /// The connect timeout of [`client`]; a probe's own timeout bounds it too,
 /// so a probe's connect timeout is `min(timeout, CONNECT_TIMEOUT)`.

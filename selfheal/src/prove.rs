@@ -7,7 +7,7 @@ pub use selfheal_core::prove::*; // TRANSITION
 use crate::actions::ProofKeepalive;
 
 /// The proof keepalive the config asks for, in the kernel's units.
-pub fn keepalive(cfg: &crate::config::ProofConfig) -> ProofKeepalive {
+pub fn keepalive(cfg: &selfheal_core::config::ProofConfig) -> ProofKeepalive {
     let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
     ProofKeepalive {
         idle_s: secs(cfg.idle),

@@ -5,8 +5,8 @@
 //! the healing ladder and the helper's wire protocol. This crate depends on
 //! no aya, netlink, nix, procfs, reqwest or tokio: that the core does no I/O
 //! is a fact of Cargo's dependency graph, not a convention. The `selfheal`
-//! crate gathers the evidence, acts, and re-exports these modules under the
-//! same paths (`selfheal::judge`, `selfheal::config`, …).
+//! crate gathers the evidence, acts, and re-exports some of these modules
+//! under the same paths (`selfheal::judge`, …).
 //!
 //! The modules, in the order of one check's flow:
 //!
@@ -24,8 +24,10 @@
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
 //! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
-//!   helper and its clients say to each other), [`owner`] (whom the
-//!   helper counts a caller against, and each owner's fair share), and
+//!   helper and its clients say to each other), [`policy`] (who may query
+//!   and act on which process, and the helper's policy file), [`owner`]
+//!   (whom the helper counts a caller against, and each owner's fair
+//!   share), and
 //!   [`authority`] (what the kernel would let a caller of the helper do
 //!   itself);
 //! - **keep**: [`state`] (the state file's envelope and its decoding).
@@ -41,6 +43,7 @@ pub mod keepalive;
 pub mod ladder;
 pub mod model;
 pub mod owner;
+pub mod policy;
 pub mod probe;
 pub mod proc;
 pub mod protocol;

@@ -13,12 +13,11 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     check::{self, History, Outcome},
-    clock,
-    config::{self, Config},
-    ladder,
+    clock, config, ladder,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
 };
+use selfheal_core::config::Config;
 
 /// What `check` and `watch` share.
 #[derive(clap::Args)]

@@ -8,11 +8,12 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, ProcessTable},
-    config::{self, MatchRule},
+    config,
     ebpf::Strategy,
     inspect,
     text::escape,
 };
+use selfheal_core::config::MatchRule;
 
 /// Show an agent's processes, threads and the receive each is blocked in
 /// (and for how long), its TCP sockets with their role, the kernel's

@@ -15,7 +15,7 @@ pub use selfheal_core::protocol;
 pub mod server;
 
 pub use self::client::{ClientError, ClientOptions, HelperClient, RemoteError, SnapshotWithGaps};
-pub use self::policy::{DEFAULT_POLICY, Policy, PolicyError};
+pub use self::policy::DEFAULT_POLICY;
 pub use self::protocol::{
     ActRequest, Action, Caller, ErrorCode, HelloResult, PROTOCOL_VERSION, parse_request,
 };

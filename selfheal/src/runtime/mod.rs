@@ -525,10 +525,9 @@ mod tests {
     /// their descendants, never the monitor beside it, nor selfheal.
     #[test]
     fn rules_over_a_table() {
-        use crate::{
-            agents::{ProcEntry, ProcessTable, find},
-            config::MatchRule,
-        };
+        use selfheal_core::config::MatchRule;
+
+        use crate::agents::{ProcEntry, ProcessTable, find};
         let a = "a".repeat(64);
         let b = "b".repeat(64);
         let in_ctr = |pid, ppid, id: &str| {

@@ -14,6 +14,7 @@ use std::{
 
 use selfheal_core::{
     owner::Account,
+    policy::never_acted_on,
     protocol::{ActRequest, Action, Caller, ErrorCode, WireError},
 };
 use serde_json::Value;
@@ -25,10 +26,7 @@ use super::{
     lock, refusal,
 };
 use crate::{
-    helper::{
-        authority::{ActError, Authority},
-        policy::never_acted_on,
-    },
+    helper::authority::{ActError, Authority},
     pidfd::Pidfd,
 };
 

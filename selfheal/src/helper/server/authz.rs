@@ -14,14 +14,14 @@ use std::{
     path::PathBuf,
 };
 
-use selfheal_core::protocol::{Caller, ErrorCode, WireError};
+use selfheal_core::{
+    policy::Target,
+    protocol::{Caller, ErrorCode, WireError},
+};
 
 use super::{Shared, refusal};
 use crate::{
-    helper::{
-        authority::Authority,
-        policy::{Target, read_target},
-    },
+    helper::{authority::Authority, policy::read_target},
     pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
 };
 

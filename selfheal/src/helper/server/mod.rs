@@ -67,7 +67,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use selfheal_core::protocol::{ActRequest, Caller, EbpfStatus, ErrorCode, WireError};
+use selfheal_core::{
+    policy::Policy,
+    protocol::{ActRequest, Caller, EbpfStatus, ErrorCode, WireError},
+};
 use serde_json::Value;
 
 use self::{
@@ -84,7 +87,6 @@ use crate::{
     helper::{
         authority::{ActError, Authority},
         owner::{ConnSet, Owners},
-        policy::Policy,
     },
     pidfd::Pidfd,
 };
