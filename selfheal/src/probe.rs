@@ -19,7 +19,7 @@
 //!
 //! A result never holds the URL as written: its target is
 //! [`redact_url`]'s form, its messages are redacted, and its body excerpt
-//! passes [`redact_secrets`] (or is left out).
+//! passes [`selfheal_core::text::redact_secrets`] (or is left out).
 //!
 //! Every failure is a [`ProbeError`] kind in the result (with a human
 //! `detail`), never a panic or an `Err`: a probe that cannot even be sent is

@@ -20,7 +20,7 @@ use self::safedir::SafeDir;
 
 /// Why the state directory, the state file or the snapshot log cannot be
 /// used. Content problems in the state file are not errors (see
-/// [`StateStore::load`]).
+/// [`crate::store::StateStore::load`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A system call failed; `action` says what we tried ("create", "write",
