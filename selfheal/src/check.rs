@@ -10,10 +10,11 @@
 
 use std::collections::BTreeMap;
 
+use selfheal_core::keepalive::KeepaliveSettings;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    actions::{KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
+    actions::keepalive::{KeepaliveOutcome, ProofKeepalive},
     agents::{self, ProcessTable},
     config::{AgentConfig, Config},
     inspect::{self, CollectOptions, Collector, Report, Target},
