@@ -347,7 +347,7 @@ impl Session {
             }
         }
         report(&outcomes, c.json)?;
-        let code = check::exit_code(&outcomes).max(u8::from(metrics_failed));
+        let code = check::render::exit_code(&outcomes).max(u8::from(metrics_failed));
         Ok((code, metrics))
     }
 }
@@ -372,7 +372,7 @@ impl check::TracerSource for Answered<'_> {
 
 fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     for o in outcomes {
-        if let Some(line) = check::transition_line(o) {
+        if let Some(line) = check::render::transition_line(o) {
             if o.verdict.is_ok() {
                 tracing::info!("{line}");
             } else {
@@ -380,7 +380,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             }
         }
         for a in o.heal.iter().flat_map(|h| &h.actions) {
-            let what = check::step_words(&a.step);
+            let what = check::render::step_words(&a.step);
             if a.ok {
                 tracing::warn!("agent {}: healed: {what}: {}", o.agent, a.detail);
             } else {
@@ -414,7 +414,8 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             writeln!(out, "{}", selfheal::text::escape_json(&line))
                 .context("cannot write the result")?;
         } else {
-            writeln!(out, "{}", check::summary_line(o)).context("cannot write the result")?;
+            writeln!(out, "{}", check::render::summary_line(o))
+                .context("cannot write the result")?;
         }
     }
     out.flush().context("cannot write the result")
