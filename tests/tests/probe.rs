@@ -18,8 +18,9 @@ use std::{
 
 use selfheal::{
     config::{ProbeConfig, Redirects},
-    probe::{self, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult},
+    probe::{self, MAX_REDIRECTS},
 };
+use selfheal_core::probe::{ProbeError, ProbeKind, ProbeResult};
 
 /// The memory test measures the process's peak RSS: it runs alone (write
 /// lock), every other test shares the read lock.

@@ -3,7 +3,9 @@
 //! the checks made right before them (still in the unit, not stopped on
 //! purpose).
 
-use super::{ActionOutcome, HealReport, Healer, Outcome};
+use selfheal_core::outcome::{ActionOutcome, HealReport, Outcome};
+
+use super::Healer;
 use crate::{
     agents,
     config::AgentConfig,

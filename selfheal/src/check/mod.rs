@@ -6,22 +6,23 @@
 //!
 //! The history it needs between runs is [`History`]; the caller loads and
 //! stores it (`store`). Snapshots go to a [`SnapshotLog`] before anything
-//! else is reported, so nothing later can lose them.
+//! else is reported, so nothing later can lose them. What a check finds,
+//! and how it reads for people, is pure and lives in the core
+//! ([`selfheal_core::outcome`], [`selfheal_core::history`]).
 //!
 //! The rooms: [`pipeline`] (one agent's check: collect, judge, snapshot,
-//! and the evidence `inspect` shows), [`prove`] (the prove stage),
-//! [`heal`] (the ladder's steps, and the unit checks before them) and
-//! [`render`] (the lines and exit code people read).
+//! and the evidence `inspect` shows), [`prove`] (the prove stage) and
+//! [`heal`] (the ladder's steps, and the unit checks before them).
 
 pub mod heal;
 pub mod pipeline;
 pub mod prove;
-pub mod render;
 
 use std::collections::BTreeMap;
 
-use selfheal_core::keepalive::KeepaliveSettings;
-use serde::{Deserialize, Serialize};
+use selfheal_core::{
+    history::History, keepalive::KeepaliveSettings, outcome::Outcome, probe::ProbeResult,
+};
 
 use self::pipeline::{Acting, check_agent, target};
 use crate::{
@@ -29,126 +30,11 @@ use crate::{
     agents::ProcessTable,
     config::{AgentConfig, Config},
     inspect::{CollectOptions, Collector, Target},
-    judge::{self, AgentHistory, Verdict},
-    ladder::{Decision, HealHistory, Step},
-    probe::{self, ProbeResult},
-    prove::{ProofEvent, ProofTarget},
+    ladder::Step,
+    probe,
+    prove::ProofTarget,
     snapshots::SnapshotLog,
 };
-
-/// What `check` remembers between runs, per agent.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct History {
-    /// The boot the times below belong to (`CLOCK_BOOTTIME` restarts at
-    /// boot); a different boot starts a fresh history.
-    pub boot_id: String,
-    pub agents: BTreeMap<String, AgentRecord>,
-}
-
-/// One agent's memory: the judge's, the ladder's, plus counters for metrics.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentRecord {
-    pub judge: AgentHistory,
-    #[serde(default)]
-    pub heal: HealHistory,
-    /// Transitions into `wedged` since the history began.
-    #[serde(default)]
-    pub wedges: u64,
-    /// The metrics' counters (issue 14): reasons, heals, proofs, the last
-    /// snapshot.
-    #[serde(default)]
-    pub metrics: crate::metrics::Counters,
-    /// The last snapshot written for the agent ([`SNAPSHOT_REPEAT_MS`]).
-    #[serde(default)]
-    pub last_snapshot: Option<SnapshotMark>,
-}
-
-/// A snapshot written: its id, verdict, when, and the snapshot directory
-/// it is in (a repeat names it only while checks write there).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SnapshotMark {
-    pub id: String,
-    pub verdict: String,
-    pub at_ms: u64,
-    #[serde(default)]
-    pub dir: String,
-}
-
-/// An agent that stays in one verdict that is not ok, with no healing step
-/// to take, gets a snapshot when it enters that verdict and then at most
-/// one per this long; its check's `snapshot` names the last one written.
-/// A check that may act always writes one ("no action without a snapshot").
-pub const SNAPSHOT_REPEAT_MS: u64 = 10 * 60 * 1000;
-
-/// The result of checking one agent.
-#[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
-    pub agent: String,
-    /// The containers the agent's processes are in (absent on the host).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub containers: Vec<crate::runtime::Identity>,
-    pub verdict: Verdict,
-    pub reasons: Vec<judge::Reason>,
-    /// The forensic snapshot's id, when one was written.
-    pub snapshot: Option<String>,
-    /// Why the snapshot could not be written, if it could not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub snapshot_error: Option<String>,
-    /// The previous verdict, when this check changed it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub previous: Option<Verdict>,
-    #[serde(skip)]
-    pub transition: bool,
-    /// Milliseconds the agent had been in its previous verdict, on a transition.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub previous_for_ms: Option<u64>,
-    pub probes: Vec<ProbeResult>,
-    /// What could not be seen.
-    pub gaps: Vec<String>,
-    /// What the prove stage did in this check (proof keepalives armed and
-    /// options put back).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub proofs: Vec<ProofEvent>,
-    /// What the healing ladder decided and did, for a wedged agent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub heal: Option<HealReport>,
-    /// What the metrics need of the evidence (not in the JSON: `inspect`
-    /// has all of it).
-    #[serde(skip)]
-    pub evidence: Evidence,
-}
-
-/// The facts of an agent's evidence the metrics carry.
-#[derive(Clone, Debug, Default)]
-pub struct Evidence {
-    /// The eBPF strategy the evidence came from, if any.
-    pub strategy: Option<&'static str>,
-    /// The agent's processes (0: none found).
-    pub processes: usize,
-    /// Zombies in its tree.
-    pub zombies: usize,
-}
-
-/// The ladder's decision for one agent in one check, and the actions taken.
-#[derive(Clone, Debug, Serialize)]
-pub struct HealReport {
-    pub decision: Decision,
-    /// `true` when the steps were only decided (`--dry-run`).
-    pub dry_run: bool,
-    pub actions: Vec<ActionOutcome>,
-    /// The breaker opened in this check (log it once, not every check).
-    #[serde(skip)]
-    pub newly_gave_up: bool,
-}
-
-/// One step and how it went.
-#[derive(Clone, Debug, Serialize)]
-pub struct ActionOutcome {
-    pub step: Step,
-    pub ok: bool,
-    /// The executor's result, or the error.
-    pub detail: String,
-}
 
 /// Where eBPF evidence comes from when `check` does not attach a tracer of
 /// its own: the helper's, which stays loaded between checks.

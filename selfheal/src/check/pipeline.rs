@@ -3,10 +3,16 @@
 //! that is not ok the forensic snapshot and the ladder; and the same
 //! judgement, read only, for `inspect` ([`diagnose`]).
 
+use selfheal_core::{
+    history::{AgentRecord, SNAPSHOT_REPEAT_MS, SnapshotMark},
+    metrics,
+    outcome::{Evidence, Outcome},
+    probe::ProbeResult,
+};
 use serde::Serialize;
 
 use super::{
-    AgentRecord, Evidence, Healer, Outcome, SNAPSHOT_REPEAT_MS, SnapshotMark,
+    Healer,
     heal::heal,
     prove::{prove_stage, unended_proofs},
 };
@@ -16,7 +22,7 @@ use crate::{
     inspect::{self, Collector, Report, Target},
     judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
     ladder::{self, Decision},
-    probe::{self, ProbeResult},
+    probe,
     prove::ProofWork,
     snapshots::SnapshotLog,
 };
@@ -156,7 +162,7 @@ pub(super) fn check_agent(
         };
         acting.not_ok(agent, &judgement, heal_from, record, &mut outcome);
     }
-    crate::metrics::observe(&mut record.metrics, &outcome);
+    metrics::observe(&mut record.metrics, &outcome);
     outcome
 }
 
@@ -207,7 +213,7 @@ fn over_budget(
             zombies: partial.init.zombies,
         },
     };
-    crate::metrics::observe(&mut record.metrics, &outcome);
+    metrics::observe(&mut record.metrics, &outcome);
     outcome
 }
 

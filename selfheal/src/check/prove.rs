@@ -2,9 +2,9 @@
 //! silent connection, putting a socket's own options back) carried out
 //! through the healer and recorded in the agent's history.
 
-use selfheal_core::keepalive::KeepaliveSettings;
+use selfheal_core::{keepalive::KeepaliveSettings, outcome::HealReport};
 
-use super::{HealReport, Healer};
+use super::Healer;
 use crate::{
     config::AgentConfig,
     inspect::Report,

@@ -12,12 +12,16 @@ use std::{
 use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
-    check::{self, History, Outcome},
-    clock,
+    check, clock,
     config::{self, Config},
     ladder,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
+};
+use selfheal_core::{
+    history::History,
+    metrics,
+    outcome::{Outcome, render},
 };
 
 /// What `check` and `watch` share.
@@ -316,13 +320,14 @@ impl Session {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let info = selfheal::metrics::CheckInfo::from_outcomes(
+        let info = metrics::CheckInfo::from_outcomes(
             &outcomes,
+            selfheal::ebpf::BUILT_IN,
             helper_up,
             now,
             started.elapsed().as_secs_f64(),
         );
-        let metrics = selfheal::metrics::render(&outcomes, &self.history, &info);
+        let metrics = metrics::render(&outcomes, &self.history, &info);
         // A metrics file that cannot be written (a full disk, a removed
         // directory) keeps its last good content (the write is atomic); the
         // failure is logged, a gap in every agent's result, and exit code 1
@@ -347,7 +352,7 @@ impl Session {
             }
         }
         report(&outcomes, c.json)?;
-        let code = check::render::exit_code(&outcomes).max(u8::from(metrics_failed));
+        let code = render::exit_code(&outcomes).max(u8::from(metrics_failed));
         Ok((code, metrics))
     }
 }
@@ -372,7 +377,7 @@ impl check::TracerSource for Answered<'_> {
 
 fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     for o in outcomes {
-        if let Some(line) = check::render::transition_line(o) {
+        if let Some(line) = render::transition_line(o) {
             if o.verdict.is_ok() {
                 tracing::info!("{line}");
             } else {
@@ -380,7 +385,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             }
         }
         for a in o.heal.iter().flat_map(|h| &h.actions) {
-            let what = check::render::step_words(&a.step);
+            let what = render::step_words(&a.step);
             if a.ok {
                 tracing::warn!("agent {}: healed: {what}: {}", o.agent, a.detail);
             } else {
@@ -414,8 +419,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             writeln!(out, "{}", selfheal::text::escape_json(&line))
                 .context("cannot write the result")?;
         } else {
-            writeln!(out, "{}", check::render::summary_line(o))
-                .context("cannot write the result")?;
+            writeln!(out, "{}", render::summary_line(o)).context("cannot write the result")?;
         }
     }
     out.flush().context("cannot write the result")

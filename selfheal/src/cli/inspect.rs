@@ -155,7 +155,7 @@ fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::Age
     // A running check holds the lock for its whole run: wait a little.
     match selfheal::store::StateStore::open_with_timeout(&dir, Duration::from_secs(3)) {
         Ok(store) => {
-            let loaded = store.load::<selfheal::check::History>();
+            let loaded = store.load::<selfheal_core::history::History>();
             if loaded.value.boot_id != selfheal::check::boot_id() {
                 return Default::default();
             }

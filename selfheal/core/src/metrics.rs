@@ -1,4 +1,4 @@
-//! The Prometheus exposition text (issue 14): pure functions from one
+//! The Prometheus exposition text: pure functions from one
 //! check's outcomes and the history to the text `check --metrics-file`
 //! writes and `watch --metrics-addr` serves.
 //!
@@ -17,13 +17,13 @@
 //! agent name (bounded by the config), the probe target (the config) and
 //! the last snapshot id (one series per agent at a time: an info metric).
 
-use std::{collections::BTreeMap, fmt::Write as _};
-
-use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
 
 use crate::{
-    check::{History, Outcome},
+    history::{Counters, History},
     judge::Verdict,
+    outcome::Outcome,
+    probe::ProbeKind,
 };
 
 /// Every verdict, in the order the state-set lists them.
@@ -39,35 +39,6 @@ pub const VERDICTS: [Verdict; 7] = [
 
 /// The eBPF strategies a host can report, `none` last.
 pub const STRATEGIES: [&str; 5] = ["tp_btf", "fentry", "kprobe", "tracepoint", "none"];
-
-/// One agent's counters, kept in its history record so they survive the
-/// process (`#[serde(default)]`: history files from before them load).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Reason code → times it appeared (was absent from the check before).
-    #[serde(default)]
-    pub reasons: BTreeMap<String, u64>,
-    /// `action/outcome` → healing steps taken.
-    #[serde(default)]
-    pub heals: BTreeMap<String, u64>,
-    /// `event/outcome` → proof keepalive events (`arm`, `restore`).
-    #[serde(default)]
-    pub proofs: BTreeMap<String, u64>,
-    /// The reason codes of the last check (to count appearances).
-    #[serde(default)]
-    pub last_reasons: Vec<String>,
-    /// The snapshot of the last not-ok episode's first check: (id,
-    /// verdict). Not every check's (each not-ok check writes one): the
-    /// info series changes once per episode, not once per check.
-    #[serde(default)]
-    pub last_snapshot: Option<(String, String)>,
-    /// Whether the current not-ok episode has set `last_snapshot`.
-    #[serde(default)]
-    pub episode_snapshot: bool,
-    /// Checks of this agent whose verdict was not ok.
-    #[serde(default)]
-    pub not_ok_checks: u64,
-}
 
 /// Folds one agent's outcome into its counters (called once per check).
 pub fn observe(c: &mut Counters, o: &Outcome) {
@@ -149,9 +120,11 @@ pub struct CheckInfo {
 
 impl CheckInfo {
     /// The host-level facts of a check from its outcomes: the strategy is
-    /// the one any agent's evidence came from.
+    /// the one any agent's evidence came from. `ebpf_built_in`: whether
+    /// this build has eBPF programs (`selfheal::ebpf::BUILT_IN`).
     pub fn from_outcomes(
         outcomes: &[Outcome],
+        ebpf_built_in: bool,
         helper_up: bool,
         finished_unix_s: f64,
         duration_s: f64,
@@ -159,7 +132,7 @@ impl CheckInfo {
         let strategy = outcomes.iter().find_map(|o| o.evidence.strategy);
         let ebpf = match strategy {
             Some(s) => Ok(s),
-            None if !crate::ebpf::BUILT_IN => Err(NoEbpf::NotBuiltIn),
+            None if !ebpf_built_in => Err(NoEbpf::NotBuiltIn),
             None if !helper_up => Err(NoEbpf::NoHelper),
             None if outcomes.iter().all(|o| o.evidence.processes == 0) => Err(NoEbpf::NoProcesses),
             None => Err(NoEbpf::HelperTracer),
@@ -436,8 +409,8 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
                     label(&match p.kind {
                         // Redacted already when the result was made; again
                         // here, so no label can ever carry a query token.
-                        crate::probe::ProbeKind::Http => crate::text::redact_url(&p.target),
-                        crate::probe::ProbeKind::HealthFile => p.target.clone(),
+                        ProbeKind::Http => crate::text::redact_url(&p.target),
+                        ProbeKind::HealthFile => p.target.clone(),
                     }),
                     ms as f64 / 1000.0
                 );
@@ -507,7 +480,7 @@ fn head(o: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// `selfheal_agent_container_info{agent,runtime,id,name,image,pod,namespace} 1`
-/// for each container an agent's processes are in (issue 13): an info
+/// for each container an agent's processes are in: an info
 /// metric, so the verdict series keep their labels and are joined to the
 /// identity with `on(agent) group_left(...)`.
 fn container_info(o: &mut String, outcomes: &[Outcome]) {
@@ -581,9 +554,10 @@ fn code(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::{
-        check::{ActionOutcome, AgentRecord, Evidence, HealReport},
+        history::AgentRecord,
         judge::Reason,
         ladder::{Decision, Step},
+        outcome::{ActionOutcome, Evidence, HealReport},
         prove::ProofEvent,
     };
 
@@ -880,20 +854,22 @@ mod tests {
     #[test]
     fn no_ebpf_says_why_with_a_bounded_value() {
         let outs = [outcome("a", Verdict::Healthy, &[])];
-        let i = CheckInfo::from_outcomes(&outs, false, 1.0, 0.1);
-        if crate::ebpf::BUILT_IN {
-            assert_eq!(i.ebpf, Err(NoEbpf::NoHelper));
-        } else {
-            assert_eq!(i.ebpf, Err(NoEbpf::NotBuiltIn));
+        for built_in in [true, false] {
+            let i = CheckInfo::from_outcomes(&outs, built_in, false, 1.0, 0.1);
+            if built_in {
+                assert_eq!(i.ebpf, Err(NoEbpf::NoHelper));
+            } else {
+                assert_eq!(i.ebpf, Err(NoEbpf::NotBuiltIn));
+            }
+            let t = render(&outs, &history_of(&outs), &i);
+            assert!(t.contains("selfheal_ebpf_strategy_info{strategy=\"none\",why_none=\""));
+            assert!(t.contains("selfheal_ebpf_up 0\n"));
+            assert!(t.contains("selfheal_helper_up 0\n"));
         }
-        let t = render(&outs, &history_of(&outs), &i);
-        assert!(t.contains("selfheal_ebpf_strategy_info{strategy=\"none\",why_none=\""));
-        assert!(t.contains("selfheal_ebpf_up 0\n"));
-        assert!(t.contains("selfheal_helper_up 0\n"));
         let mut with = outcome("a", Verdict::Healthy, &[]);
         with.evidence.strategy = Some("kprobe");
         assert_eq!(
-            CheckInfo::from_outcomes(&[with], true, 1.0, 0.1).ebpf,
+            CheckInfo::from_outcomes(&[with], true, true, 1.0, 0.1).ebpf,
             Ok("kprobe")
         );
     }

@@ -8,7 +8,7 @@ use crate::{
     ladder::{Decision, Step},
 };
 
-/// The exit code of `check` for these outcomes (design's contract): 0 all
+/// The exit code of `check` for these outcomes: 0 all
 /// fine, 1 something degraded (or a snapshot could not be written), 2
 /// something wedged, unresponsive or down.
 pub fn exit_code(outcomes: &[Outcome]) -> u8 {
@@ -131,7 +131,7 @@ pub fn transition_line(o: &Outcome) -> Option<String> {
         .snapshot
         .as_ref()
         .map_or(String::new(), |id| format!(" snapshot={id}"));
-    // The containers' identity (issue 13), before the snapshot id.
+    // The containers' identity, before the snapshot id.
     let snap = format!("{}{snap}", containers_words(&o.containers));
     let recovered = if o.previous.is_some_and(|p| !p.is_ok()) && o.verdict.is_ok() {
         " (recovered)"
