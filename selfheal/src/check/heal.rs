@@ -5,7 +5,7 @@
 
 use selfheal_core::outcome::{ActionOutcome, HealReport, Outcome};
 
-use super::Healer;
+use super::Acting;
 use crate::{
     agents,
     config::AgentConfig,
@@ -15,19 +15,22 @@ use crate::{
 };
 
 /// Runs the ladder for a wedged agent (or one with dead connections to
-/// end): decides, and (unless `dry_run`, and
-/// only with a snapshot written) takes the steps through `healer`.
-#[allow(clippy::too_many_arguments)]
+/// end): decides, and (unless the check only decides, and only with a
+/// snapshot written) takes the steps through the check's healer.
 pub(super) fn heal(
+    acting: &Acting<'_>,
     agent: &AgentConfig,
     j: &Judgement,
     report: &Report,
     hist: &mut HealHistory,
     outcome: &Outcome,
-    healer: Option<&dyn Healer>,
-    dry_run: bool,
-    now_ms: u64,
 ) -> HealReport {
+    let &Acting {
+        healer,
+        dry_run,
+        now_ms,
+        ..
+    } = acting;
     if let crate::config::MatchRule::Unit(unit) = &agent.rule
         && let Some((manager, state)) = unit_stopping(unit, report)
     {
@@ -173,15 +176,12 @@ fn stopped_on_purpose(load: &str, active: &str, alive: bool) -> bool {
 /// The managers whose unit `unit` the processes `roots` are in, by their
 /// cgroups now (anchored: [`crate::runtime::cgroup::unit_of`]).
 fn unit_managers(unit: &str, roots: &[u32]) -> Vec<crate::runtime::cgroup::Manager> {
-    let read = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|t| agents::cgroup_path(&t))
-    };
-    let root = crate::runtime::cgroup::manager_root(read(1).as_deref());
+    let root = crate::runtime::cgroup::manager_root(agents::cgroup_of(1).as_deref());
     let mut out = Vec::new();
     for pid in roots {
-        let Some(path) = read(*pid) else { continue };
+        let Some(path) = agents::cgroup_of(*pid) else {
+            continue;
+        };
         let Some(place) = crate::runtime::cgroup::unit_of(&path, &root) else {
             continue;
         };

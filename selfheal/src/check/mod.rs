@@ -24,7 +24,7 @@ use selfheal_core::{
     history::History, keepalive::KeepaliveSettings, outcome::Outcome, probe::ProbeResult,
 };
 
-use self::pipeline::{Acting, check_agent, target};
+use self::pipeline::{check_agent, target};
 use crate::{
     actions::keepalive::{KeepaliveOutcome, ProofKeepalive},
     agents::ProcessTable,
@@ -35,6 +35,17 @@ use crate::{
     prove::ProofTarget,
     snapshots::SnapshotLog,
 };
+
+/// What one check acts with: where it writes snapshots, through whom it
+/// acts, whether it only decides, and when it runs. The context every room
+/// of the check shares.
+struct Acting<'a> {
+    snapshots: Option<&'a SnapshotLog>,
+    healer: Option<&'a dyn Healer>,
+    /// Decide, but take no step.
+    dry_run: bool,
+    now_ms: u64,
+}
 
 /// Where eBPF evidence comes from when `check` does not attach a tracer of
 /// its own: the helper's, which stays loaded between checks.

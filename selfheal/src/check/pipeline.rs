@@ -12,7 +12,7 @@ use selfheal_core::{
 use serde::Serialize;
 
 use super::{
-    Healer,
+    Acting,
     heal::heal,
     prove::{prove_stage, unended_proofs},
 };
@@ -24,17 +24,7 @@ use crate::{
     ladder::{self, Decision},
     probe,
     prove::ProofWork,
-    snapshots::SnapshotLog,
 };
-
-/// Where a check writes and through whom it acts, and when.
-pub(super) struct Acting<'a> {
-    pub(super) snapshots: Option<&'a SnapshotLog>,
-    pub(super) healer: Option<&'a dyn Healer>,
-    /// Decide, but take no step.
-    pub(super) dry_run: bool,
-    pub(super) now_ms: u64,
-}
 
 /// Checks one agent: its evidence (minimal thread detail first, more only
 /// where the judge needs it), the judgement, the prove stage, and for a
@@ -54,37 +44,19 @@ pub(super) fn check_agent(
     collector.set_budget(agent.thresholds.collect_budget);
     // Minimal thread evidence first; the threads' syscalls and waits are
     // read only where the sockets or thread states call for them.
-    let evidence = collector.collect(target);
-    if let Some(why) = &evidence.over_budget {
-        return over_budget(
-            agent,
-            target,
-            &inspect::build(&evidence),
-            why,
-            probes,
-            record,
-            now_ms,
-        );
-    }
+    let mut evidence = collector.collect(target);
     let mut report = inspect::build(&evidence);
     let mut detail = detail;
-    if detail == crate::proc::Detail::Minimal
+    if evidence.over_budget.is_none()
+        && detail == crate::proc::Detail::Minimal
         && judge::needs_thread_detail(agent, &report, &record.judge, now_ms)
     {
         detail = crate::proc::Detail::Light;
-        let evidence = collector.collect_with(target, detail);
-        if let Some(why) = &evidence.over_budget {
-            return over_budget(
-                agent,
-                target,
-                &inspect::build(&evidence),
-                why,
-                probes,
-                record,
-                now_ms,
-            );
-        }
+        evidence = collector.collect_with(target, detail);
         report = inspect::build(&evidence);
+    }
+    if let Some(why) = &evidence.over_budget {
+        return over_budget(agent, target, &report, why, probes, record, now_ms);
     }
     let views: Vec<ProbeView> = agent
         .probes
@@ -291,14 +263,12 @@ impl Acting<'_> {
             return;
         }
         outcome.heal = Some(heal(
+            self,
             agent,
             judgement,
             full,
             &mut record.heal,
             outcome,
-            self.healer,
-            self.dry_run,
-            self.now_ms,
         ));
         if let Some(Decision::GaveUp { why }) = outcome.heal.as_ref().map(|h| &h.decision) {
             outcome.reasons.push(Reason {
