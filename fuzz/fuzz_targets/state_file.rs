@@ -17,11 +17,13 @@ use std::{
 
 use libfuzzer_sys::fuzz_target;
 use selfheal::{
-    check::History,
     judge, ladder,
     store::{STATE_FILE, StateStore},
 };
-use selfheal_core::config::{AgentConfig, Config};
+use selfheal_core::{
+    config::{AgentConfig, Config},
+    history::History,
+};
 use selfheal_fuzz::{report, wedged};
 
 /// An agent whose ladder may climb every rung.

@@ -555,6 +555,14 @@ pub fn split_argv(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// The cgroup path of `pid` as its `/proc/PID/cgroup` says now
+/// ([`cgroup_path`]); `None` when it cannot be read.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|t| cgroup_path(&t))
+}
+
 /// The processes a rule found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Matched {
@@ -738,13 +746,8 @@ pub fn still_in_unit(
     pid: u32,
     start_ticks: u64,
 ) -> Result<(), String> {
-    let read = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|t| cgroup_path(&t))
-    };
-    let root = cgroup::manager_root(read(1).as_deref());
-    let path = read(pid);
+    let root = cgroup::manager_root(cgroup_of(1).as_deref());
+    let path = cgroup_of(pid);
     // Read after the cgroup: a cgroup read of another process under a
     // reused pid is caught here.
     if crate::pidfd::start_ticks(pid) != Some(start_ticks) {

@@ -703,7 +703,7 @@ impl Drop for Impostor {
 #[test]
 fn a_reused_pid_is_never_acted_on() {
     use selfheal::{
-        actions::Keepalive,
+        actions::keepalive::Keepalive,
         check::Healer as _,
         healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
         helper::{
