@@ -129,7 +129,12 @@ fn upward_edges(src: &Path) -> Vec<String> {
         let first = rel
             .components()
             .next()
-            .map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string())
+            .map(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .trim_end_matches(".rs")
+                    .to_string()
+            })
             .unwrap_or_default();
         if matches!(first.as_str(), "cli" | "main" | "lib" | "layers") {
             continue;
@@ -176,8 +181,14 @@ fn every_module_of_the_library_has_a_rank() {
         .expect("read lib.rs");
     let rank: BTreeMap<&str, u8> = LAYERS.iter().copied().collect();
     for line in lib.lines() {
-        if let Some(name) = line.strip_prefix("pub mod ").and_then(|l| l.strip_suffix(';')) {
-            assert!(rank.contains_key(name), "module {name} has no rank in LAYERS");
+        if let Some(name) = line
+            .strip_prefix("pub mod ")
+            .and_then(|l| l.strip_suffix(';'))
+        {
+            assert!(
+                rank.contains_key(name),
+                "module {name} has no rank in LAYERS"
+            );
         }
     }
 }
