@@ -3,7 +3,10 @@
 //! the checks made right before them (still in the unit, not stopped on
 //! purpose).
 
-use selfheal_core::outcome::{ActionOutcome, HealReport, Outcome};
+use selfheal_core::{
+    config::AgentConfig,
+    outcome::{ActionOutcome, HealReport, Outcome},
+};
 
 use super::Acting;
 use crate::{
@@ -12,7 +15,6 @@ use crate::{
     judge::{Judgement, Verdict},
     ladder::{self, Decision, HealHistory, Step},
 };
-use selfheal_core::config::AgentConfig;
 
 /// Runs the ladder for a wedged agent (or one with dead connections to
 /// end): decides, and (unless the check only decides, and only with a

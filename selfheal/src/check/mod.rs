@@ -21,7 +21,11 @@ pub mod prove;
 use std::collections::BTreeMap;
 
 use selfheal_core::{
-    history::History, keepalive::KeepaliveSettings, outcome::Outcome, probe::ProbeResult,
+    config::{AgentConfig, Config},
+    history::History,
+    keepalive::KeepaliveSettings,
+    outcome::Outcome,
+    probe::ProbeResult,
 };
 
 use self::pipeline::{check_agent, target};
@@ -34,7 +38,6 @@ use crate::{
     prove::ProofTarget,
     snapshots::SnapshotLog,
 };
-use selfheal_core::config::{AgentConfig, Config};
 
 /// What one check acts with: where it writes snapshots, through whom it
 /// acts, whether it only decides, and when it runs. The context every room

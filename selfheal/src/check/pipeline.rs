@@ -4,6 +4,7 @@
 //! judgement, read only, for `inspect` ([`diagnose`]).
 
 use selfheal_core::{
+    config::AgentConfig,
     history::{AgentRecord, SNAPSHOT_REPEAT_MS, SnapshotMark},
     metrics,
     outcome::{Evidence, Outcome},
@@ -24,7 +25,6 @@ use crate::{
     probe,
     prove::ProofWork,
 };
-use selfheal_core::config::AgentConfig;
 
 /// Checks one agent: its evidence (minimal thread detail first, more only
 /// where the judge needs it), the judgement, the prove stage, and for a

@@ -2,7 +2,7 @@
 //! silent connection, putting a socket's own options back) carried out
 //! through the healer and recorded in the agent's history.
 
-use selfheal_core::{keepalive::KeepaliveSettings, outcome::HealReport};
+use selfheal_core::{config::AgentConfig, keepalive::KeepaliveSettings, outcome::HealReport};
 
 use super::Healer;
 use crate::{
@@ -11,7 +11,6 @@ use crate::{
     ladder::{Decision, Step},
     prove::{self, Proof, ProofEvent, ProofTarget, ProofWork},
 };
-use selfheal_core::config::AgentConfig;
 
 /// The prove stage: carries out the judge's proof work for one agent
 /// through `healer` (the helper, or this process for its own uid), and
