@@ -16,8 +16,6 @@ pub fn boot_ns() -> u64 {
     }
 }
 
-pub use selfheal_core::clock::age_ms; // TRANSITION
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use selfheal_core::keepalive::KeepaliveSettings;
+use selfheal_core::{keepalive::KeepaliveSettings, ladder::Step, prove::ProofTarget};
 
 use crate::{
     actions::{
@@ -20,8 +20,6 @@ use crate::{
     },
     check::Healer,
     helper::authority::{ActError, Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
-    ladder::Step,
-    prove::ProofTarget,
 };
 
 /// Runs a step here and now; `Ok` carries the action's outcome as JSON text.
@@ -243,9 +241,9 @@ fn lock_book(m: &std::sync::Mutex<ProofBook>) -> std::sync::MutexGuard<'_, Proof
 impl crate::helper::server::Executor for ActionsExecutor {
     fn act(
         &self,
-        caller: &crate::helper::protocol::Caller,
+        caller: &selfheal_core::protocol::Caller,
         target: &crate::pidfd::Pidfd,
-        req: &crate::helper::protocol::ActRequest,
+        req: &selfheal_core::protocol::ActRequest,
     ) -> Result<serde_json::Value, String> {
         // Root's authority: what an in-process caller (tests) asks.
         self.act_checked(caller, target, req, &Authority::root())
@@ -256,12 +254,12 @@ impl crate::helper::server::Executor for ActionsExecutor {
 
     fn act_checked(
         &self,
-        caller: &crate::helper::protocol::Caller,
+        caller: &selfheal_core::protocol::Caller,
         target: &crate::pidfd::Pidfd,
-        req: &crate::helper::protocol::ActRequest,
+        req: &selfheal_core::protocol::ActRequest,
         authority: &Authority,
     ) -> Result<serde_json::Value, ActError> {
-        use crate::helper::protocol::Action;
+        use selfheal_core::protocol::Action;
         let e = |e: actions::ActionError| match e {
             actions::ActionError::Refused { why } => ActError::Refused(why),
             other => ActError::Failed(other.to_string()),
@@ -277,7 +275,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
         };
         // The prove stage's parameters, as a whole object of known keys.
         fn params<T: serde::de::DeserializeOwned>(
-            req: &crate::helper::protocol::ActRequest,
+            req: &selfheal_core::protocol::ActRequest,
         ) -> Result<T, ActError> {
             serde_json::from_value(serde_json::Value::Object(req.params.clone()))
                 .map_err(|e| ActError::Failed(format!("{}: bad params: {e}", req.action.as_str())))
@@ -441,11 +439,11 @@ impl crate::helper::server::Executor for ActionsExecutor {
 
     fn escalate(
         &self,
-        _caller: &crate::helper::protocol::Caller,
+        _caller: &selfheal_core::protocol::Caller,
         target: &crate::pidfd::Pidfd,
-        req: &crate::helper::protocol::ActRequest,
+        req: &selfheal_core::protocol::ActRequest,
     ) -> Result<serde_json::Value, String> {
-        use crate::helper::protocol::Action;
+        use selfheal_core::protocol::Action;
         match req.action {
             Action::Signal => serde_json::to_value(
                 actions::signal::signal_kill(target).map_err(|e| e.to_string())?,
@@ -483,7 +481,7 @@ impl HelperHealer {
 
 impl Healer for HelperHealer {
     fn act(&self, agent: &str, step: &Step) -> Result<String, String> {
-        use crate::helper::protocol::{ActRequest, Action};
+        use selfheal_core::protocol::{ActRequest, Action};
         let socket = |action, pid: &u32, start_ticks: &u64, fd: &i32, inode: &u64| {
             let mut req = ActRequest::new(action, *pid, *start_ticks);
             req.fd = Some(*fd);
@@ -545,7 +543,7 @@ impl Healer for HelperHealer {
         t: &ProofTarget,
         ka: &ProofKeepalive,
     ) -> Result<KeepaliveOutcome, String> {
-        use crate::helper::protocol::Action;
+        use selfheal_core::protocol::Action;
         self.prove(Action::ProveKeepalive, agent, t, ka, || {
             arm_proof_here(t, ka)
         })
@@ -557,7 +555,7 @@ impl Healer for HelperHealer {
         t: &ProofTarget,
         previous: &KeepaliveSettings,
     ) -> Result<KeepaliveSettings, String> {
-        use crate::helper::protocol::Action;
+        use selfheal_core::protocol::Action;
         let through = self.prove(Action::RestoreKeepalive, agent, t, previous, || {
             restore_here(t, previous)
         });
@@ -623,12 +621,12 @@ fn await_escalation(
 
 /// A prove-stage request for socket `t`, with `params` as its options.
 fn proof_request(
-    action: crate::helper::protocol::Action,
+    action: selfheal_core::protocol::Action,
     agent: &str,
     t: &ProofTarget,
     params: &impl serde::Serialize,
-) -> Result<crate::helper::protocol::ActRequest, String> {
-    let mut req = crate::helper::protocol::ActRequest::new(action, t.pid, t.start_ticks);
+) -> Result<selfheal_core::protocol::ActRequest, String> {
+    let mut req = selfheal_core::protocol::ActRequest::new(action, t.pid, t.start_ticks);
     req.fd = Some(t.fd);
     req.inode = Some(t.inode);
     req.agent = Some(agent.to_string());
@@ -644,7 +642,7 @@ impl HelperHealer {
     /// (or `direct`ly, when it went away), its answer typed.
     fn prove<T: serde::Serialize + serde::de::DeserializeOwned>(
         &self,
-        action: crate::helper::protocol::Action,
+        action: selfheal_core::protocol::Action,
         agent: &str,
         t: &ProofTarget,
         params: &impl serde::Serialize,
@@ -662,7 +660,7 @@ impl HelperHealer {
     /// `direct` acts from here, where permitted, and the log says so.
     fn request(
         &self,
-        req: &crate::helper::protocol::ActRequest,
+        req: &selfheal_core::protocol::ActRequest,
         direct: impl FnOnce() -> Result<serde_json::Value, String>,
     ) -> Result<serde_json::Value, String> {
         let mut client = self
@@ -688,7 +686,7 @@ impl crate::check::TracerSource for HelperTracer {
     fn snapshot(
         &mut self,
         pids: &[u32],
-    ) -> Result<(crate::ebpf::TracerSnapshot, Option<u64>), String> {
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
         let mut client = self
             .0
             .lock()

@@ -3,13 +3,12 @@
 //! types, the pure join ([`build`]) and the text renderer ([`render`]) are
 //! the core's ([`selfheal_core::inspect`]), re-exported here.
 
+use selfheal_core::inspect::{EbpfEvidence, Evidence, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets};
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddr,
     time::Duration,
 };
-
-pub use selfheal_core::inspect::*; // TRANSITION
 
 use selfheal_core::{
     ebpf::{TracerSnapshot, strategy::Strategy},
@@ -281,7 +280,7 @@ impl Collector {
         let snapshot = self.ebpf.snapshot.as_ref().map(|s| {
             let mut pids = target.pids.clone();
             pids.sort_unstable();
-            crate::helper::protocol::filter_snapshot(s.clone(), &pids)
+            selfheal_core::protocol::filter_snapshot(s.clone(), &pids)
         });
         Evidence {
             agent: target.agent.clone(),

@@ -58,5 +58,3 @@ pub mod trust;
 
 #[cfg(test)]
 mod layers;
-
-pub use selfheal_core::{judge, ladder, model, text}; // TRANSITION

@@ -79,8 +79,8 @@ fn exit(result: Result<Finished, Error>) -> ExitCode {
 }
 
 /// Standard error, each write's text passed through
-/// [`selfheal::text::redact_urls_in`] (a library's debug line may name a
-/// probe URL with its token) and [`selfheal::text::escape_lines`] (the log
+/// [`selfheal_core::text::redact_urls_in`] (a library's debug line may name a
+/// probe URL with its token) and [`selfheal_core::text::escape_lines`] (the log
 /// stream writes one event per `write`; its own line ends stay).
 struct EscapedStderr;
 
@@ -88,7 +88,8 @@ impl std::io::Write for EscapedStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = String::from_utf8_lossy(buf);
         std::io::stderr().lock().write_all(
-            selfheal::text::escape_lines(&selfheal::text::redact_urls_in(&text)).as_bytes(),
+            selfheal_core::text::escape_lines(&selfheal_core::text::redact_urls_in(&text))
+                .as_bytes(),
         )?;
         Ok(buf.len())
     }

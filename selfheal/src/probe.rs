@@ -25,6 +25,10 @@
 //! `detail`), never a panic or an `Err`: a probe that cannot even be sent is
 //! a failed probe like any other.
 
+use selfheal_core::probe::{
+    Failure, MAX_BODY_BYTES, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult, classify,
+    evaluate_response, excerpt, health_file_result, size_text,
+};
 use std::{
     collections::BTreeMap,
     io,
@@ -32,7 +36,6 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-pub use selfheal_core::probe::*; // TRANSITION
 use selfheal_core::{
     config::{ProbeAuth, ProbeConfig, Redirects, SecretSource},
     text::{self, redact_url, redact_urls_in},

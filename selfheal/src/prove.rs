@@ -2,8 +2,6 @@
 //! this adds what needs the acting side: the proof keepalive the config asks
 //! for, in the kernel's units ([`crate::actions::keepalive::ProofKeepalive`]).
 
-pub use selfheal_core::prove::*; // TRANSITION
-
 use crate::actions::keepalive::ProofKeepalive;
 
 /// The proof keepalive the config asks for, in the kernel's units.

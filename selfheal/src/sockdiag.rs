@@ -4,6 +4,7 @@
 //! caller's network namespace or, with [`dump_tcp_in_netns_of`] and
 //! [`destroy_by_inode_in`], in another one (through [`crate::netns`]).
 
+use selfheal_core::sockdiag::{TcpInfo, TcpSocket, TimerInfo};
 use std::{
     net::SocketAddr,
     os::fd::{AsFd, AsRawFd as _},
@@ -20,7 +21,6 @@ use netlink_packet_sock_diag::{
     inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags, Timer, nlas::Nla},
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
-pub use selfheal_core::sockdiag::*; // TRANSITION
 
 use crate::netns;
 

@@ -6,6 +6,7 @@
 //! read (another user's `exe`), is normal: it is skipped or its field is
 //! `None`, never an error.
 
+use selfheal_core::cgroup::cgroup_path;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io::Read as _,
@@ -13,7 +14,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use selfheal_core::cgroup::cgroup_path; // TRANSITION
 use selfheal_core::{
     cgroup::{self, CgroupContainer, containers_for, in_unit},
     config::{AgentConfig, MatchRule, UnitOwner},

@@ -5,16 +5,14 @@
 
 use selfheal_core::{
     config::AgentConfig,
+    inspect::Report,
+    judge::{Judgement, Verdict},
+    ladder::{self, Decision, HealHistory, Step},
     outcome::{ActionOutcome, HealReport, Outcome},
 };
 
 use super::Acting;
-use crate::{
-    agents,
-    inspect::Report,
-    judge::{Judgement, Verdict},
-    ladder::{self, Decision, HealHistory, Step},
-};
+use crate::agents;
 
 /// Runs the ladder for a wedged agent (or one with dead connections to
 /// end): decides, and (unless the check only decides, and only with a
@@ -138,7 +136,7 @@ fn unit_recheck(agent: &AgentConfig, step: &Step, report: &Report) -> Result<(),
 /// says runs the unit (the system's, or that user's), never a guess from
 /// who runs the check; and a manager that has no such unit has not
 /// stopped it.
-fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup::Manager, String)> {
+fn unit_stopping(unit: &str, report: &Report) -> Option<(selfheal_core::cgroup::Manager, String)> {
     let managers = unit_managers(unit, &report.roots);
     let alive = report.processes.iter().any(|p| {
         report.roots.contains(&p.pid)
@@ -147,7 +145,7 @@ fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup:
     });
     managers.into_iter().find_map(|m| {
         let (load, active) = unit_state(unit, m)?;
-        stopped_on_purpose(&load, &active, alive).then(|| (m, crate::text::escape(&active)))
+        stopped_on_purpose(&load, &active, alive).then(|| (m, selfheal_core::text::escape(&active)))
     })
 }
 
@@ -158,7 +156,7 @@ fn unit_stopping(unit: &str, report: &Report) -> Option<(crate::runtime::cgroup:
 pub fn unit_states(
     unit: &str,
     roots: &[u32],
-) -> Vec<(crate::runtime::cgroup::Manager, Option<(String, String)>)> {
+) -> Vec<(selfheal_core::cgroup::Manager, Option<(String, String)>)> {
     unit_managers(unit, roots)
         .into_iter()
         .map(|m| (m, unit_state(unit, m)))
@@ -176,22 +174,22 @@ fn stopped_on_purpose(load: &str, active: &str, alive: bool) -> bool {
 }
 
 /// The managers whose unit `unit` the processes `roots` are in, by their
-/// cgroups now (anchored: [`crate::runtime::cgroup::unit_of`]).
-fn unit_managers(unit: &str, roots: &[u32]) -> Vec<crate::runtime::cgroup::Manager> {
-    let root = crate::runtime::cgroup::manager_root(agents::cgroup_of(1).as_deref());
+/// cgroups now (anchored: [`selfheal_core::cgroup::unit_of`]).
+fn unit_managers(unit: &str, roots: &[u32]) -> Vec<selfheal_core::cgroup::Manager> {
+    let root = selfheal_core::cgroup::manager_root(agents::cgroup_of(1).as_deref());
     let mut out = Vec::new();
     for pid in roots {
         let Some(path) = agents::cgroup_of(*pid) else {
             continue;
         };
-        let Some(place) = crate::runtime::cgroup::unit_of(&path, &root) else {
+        let Some(place) = selfheal_core::cgroup::unit_of(&path, &root) else {
             continue;
         };
         let manager = match place.manager {
             _ if place.unit == unit => place.manager,
             // A user's manager runs inside the system's user@UID.service.
-            crate::runtime::cgroup::Manager::User(uid) if unit == format!("user@{uid}.service") => {
-                crate::runtime::cgroup::Manager::System
+            selfheal_core::cgroup::Manager::User(uid) if unit == format!("user@{uid}.service") => {
+                selfheal_core::cgroup::Manager::System
             }
             _ => continue,
         };
@@ -205,16 +203,16 @@ fn unit_managers(unit: &str, roots: &[u32]) -> Vec<crate::runtime::cgroup::Manag
 /// `LoadState` and `ActiveState` of `unit` as `manager` tells them
 /// (`systemctl show`; for a user's manager, `systemctl --user` run as
 /// that user); `None` when it cannot be asked.
-fn unit_state(unit: &str, manager: crate::runtime::cgroup::Manager) -> Option<(String, String)> {
+fn unit_state(unit: &str, manager: selfheal_core::cgroup::Manager) -> Option<(String, String)> {
     use std::os::unix::process::CommandExt as _;
     let euid = crate::trust::euid();
     let mut cmd = std::process::Command::new("systemctl");
     match manager {
-        crate::runtime::cgroup::Manager::System => {}
-        crate::runtime::cgroup::Manager::User(uid) if uid == euid => {
+        selfheal_core::cgroup::Manager::System => {}
+        selfheal_core::cgroup::Manager::User(uid) if uid == euid => {
             cmd.arg("--user");
         }
-        crate::runtime::cgroup::Manager::User(uid) if euid == 0 => {
+        selfheal_core::cgroup::Manager::User(uid) if euid == 0 => {
             // Root asks the user's manager as that user (its bus admits
             // its owner), with the user's own runtime directory.
             let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
@@ -228,7 +226,7 @@ fn unit_state(unit: &str, manager: crate::runtime::cgroup::Manager) -> Option<(S
                 .gid(gid)
                 .uid(uid);
         }
-        crate::runtime::cgroup::Manager::User(_) => return None,
+        selfheal_core::cgroup::Manager::User(_) => return None,
     }
     let out = cmd
         .args(["show", "--property=LoadState,ActiveState", "--", unit])

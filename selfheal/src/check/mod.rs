@@ -22,10 +22,13 @@ use std::collections::BTreeMap;
 
 use selfheal_core::{
     config::{AgentConfig, Config},
+    ebpf::TracerSnapshot,
     history::History,
     keepalive::KeepaliveSettings,
+    ladder::Step,
     outcome::Outcome,
     probe::ProbeResult,
+    prove::ProofTarget,
 };
 
 use self::pipeline::{check_agent, target};
@@ -33,9 +36,7 @@ use crate::{
     actions::keepalive::{KeepaliveOutcome, ProofKeepalive},
     agents::ProcessTable,
     inspect::{CollectOptions, Collector, Target},
-    ladder::Step,
     probe,
-    prove::ProofTarget,
     snapshots::SnapshotLog,
 };
 
@@ -55,10 +56,7 @@ struct Acting<'a> {
 pub trait TracerSource {
     /// Watches `pids` (from now on, if not yet) and returns the tracer's
     /// picture of them, with since when they are all watched.
-    fn snapshot(
-        &mut self,
-        pids: &[u32],
-    ) -> Result<(crate::ebpf::TracerSnapshot, Option<u64>), String>;
+    fn snapshot(&mut self, pids: &[u32]) -> Result<(TracerSnapshot, Option<u64>), String>;
 }
 
 /// Who performs healing steps: the privileged helper, or this process

@@ -6,9 +6,14 @@
 use selfheal_core::{
     config::AgentConfig,
     history::{AgentRecord, SNAPSHOT_REPEAT_MS, SnapshotMark},
+    inspect::{self, Report},
+    judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
+    ladder::{self, Decision},
     metrics,
     outcome::{Evidence, Outcome},
     probe::ProbeResult,
+    proc::Detail,
+    prove::ProofWork,
 };
 use serde::Serialize;
 
@@ -19,11 +24,8 @@ use super::{
 };
 use crate::{
     agents::{self, ProcessTable},
-    inspect::{self, Collector, Report, Target},
-    judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
-    ladder::{self, Decision},
+    inspect::{Collector, Target},
     probe,
-    prove::ProofWork,
 };
 
 /// Checks one agent: its evidence (minimal thread detail first, more only
@@ -34,7 +36,7 @@ pub(super) fn check_agent(
     agent: &AgentConfig,
     target: &Target,
     collector: &mut Collector,
-    detail: crate::proc::Detail,
+    detail: Detail,
     probes: Vec<ProbeResult>,
     record: &mut AgentRecord,
 ) -> Outcome {
@@ -48,10 +50,10 @@ pub(super) fn check_agent(
     let mut report = inspect::build(&evidence);
     let mut detail = detail;
     if evidence.over_budget.is_none()
-        && detail == crate::proc::Detail::Minimal
+        && detail == Detail::Minimal
         && judge::needs_thread_detail(agent, &report, &record.judge, now_ms)
     {
-        detail = crate::proc::Detail::Light;
+        detail = Detail::Light;
         evidence = collector.collect_with(target, detail);
         report = inspect::build(&evidence);
     }
@@ -113,8 +115,7 @@ pub(super) fn check_agent(
         // thread), re-read now if the check itself read light. A re-read
         // cut at the budget goes into the snapshot as it is (its gap says
         // so); healing then goes by the whole evidence judged.
-        let reread = (detail != crate::proc::Detail::Full)
-            .then(|| collector.collect_with(target, crate::proc::Detail::Full));
+        let reread = (detail != Detail::Full).then(|| collector.collect_with(target, Detail::Full));
         let full = reread.as_ref().map(inspect::build);
         let cut = reread.as_ref().and_then(|ev| ev.over_budget.clone());
         acting.snapshot(
@@ -165,7 +166,7 @@ fn over_budget(
         containers: target.containers.clone(),
         verdict,
         reasons: vec![Reason {
-            code: crate::model::ReasonCode::OverBudget,
+            code: selfheal_core::model::ReasonCode::OverBudget,
             verdict,
             message: format!("not judged: {why}"),
             evidence: Default::default(),
@@ -197,7 +198,7 @@ fn may_act(judgement: &Judgement) -> bool {
         || judgement
             .dead
             .iter()
-            .any(|d| d.kind != crate::model::DeadKind::Awaited)
+            .any(|d| d.kind != selfheal_core::model::DeadKind::Awaited)
 }
 
 impl Acting<'_> {
@@ -272,7 +273,7 @@ impl Acting<'_> {
         ));
         if let Some(Decision::GaveUp { why }) = outcome.heal.as_ref().map(|h| &h.decision) {
             outcome.reasons.push(Reason {
-                code: crate::model::ReasonCode::GaveUp,
+                code: selfheal_core::model::ReasonCode::GaveUp,
                 verdict: Verdict::Wedged,
                 message: format!("healing gave up: {why}"),
                 evidence: Default::default(),

@@ -2,15 +2,18 @@
 //! silent connection, putting a socket's own options back) carried out
 //! through the healer and recorded in the agent's history.
 
-use selfheal_core::{config::AgentConfig, keepalive::KeepaliveSettings, outcome::HealReport};
-
-use super::Healer;
-use crate::{
+use selfheal_core::{
+    config::AgentConfig,
     inspect::Report,
     judge::{AgentHistory, Judgement},
+    keepalive::KeepaliveSettings,
     ladder::{Decision, Step},
-    prove::{self, Proof, ProofEvent, ProofTarget, ProofWork},
+    outcome::HealReport,
+    prove::{MAX_RESTORE_FAILURES, Proof, ProofEvent, ProofTarget, ProofWork},
 };
+
+use super::Healer;
+use crate::prove;
 
 /// The prove stage: carries out the judge's proof work for one agent
 /// through `healer` (the helper, or this process for its own uid), and
@@ -177,7 +180,7 @@ pub(super) fn prove_stage(
                         // Given up, the record stays (never retried, never
                         // re-armed: a new proof would read these options as
                         // the socket's own).
-                        let gap = if failures >= prove::MAX_RESTORE_FAILURES {
+                        let gap = if failures >= MAX_RESTORE_FAILURES {
                             format!(
                                 "gave up putting back the keepalive options of the connection to {remote} (fd {} of pid {}) after {failures} attempts, {}: {e}",
                                 p.fd,

@@ -12,14 +12,14 @@ use std::{
 use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
-    check, clock, config, ladder,
+    check, clock, config,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
 };
 use selfheal_core::{
     config::Config,
     history::History,
-    metrics,
+    ladder, metrics,
     outcome::{Outcome, render},
 };
 
@@ -245,7 +245,7 @@ impl Session {
                     "no helper answered: check does not load eBPF itself (run `selfheal helper`)"
                         .into(),
                 ),
-                detail: selfheal::proc::Detail::Minimal,
+                detail: selfheal_core::proc::Detail::Minimal,
                 ..Default::default()
             },
         };
@@ -342,8 +342,8 @@ impl Session {
             metrics_failed = true;
             let gap = format!(
                 "metrics file not written (its last good content stays): {}: {}",
-                selfheal::text::escape(&path.display().to_string()),
-                selfheal::text::escape(&e.to_string())
+                selfheal_core::text::escape(&path.display().to_string()),
+                selfheal_core::text::escape(&e.to_string())
             );
             tracing::error!("{gap}");
             for o in &mut outcomes {
@@ -367,7 +367,7 @@ impl check::TracerSource for Answered<'_> {
     fn snapshot(
         &mut self,
         pids: &[u32],
-    ) -> Result<(selfheal::ebpf::TracerSnapshot, Option<u64>), String> {
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
         let got = self.inner.snapshot(pids);
         self.ok = got.is_ok();
         got
@@ -415,7 +415,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     for o in outcomes {
         if json {
             let line = serde_json::to_string(o).context("cannot format the result")?;
-            writeln!(out, "{}", selfheal::text::escape_json(&line))
+            writeln!(out, "{}", selfheal_core::text::escape_json(&line))
                 .context("cannot write the result")?;
         } else {
             writeln!(out, "{}", render::summary_line(o)).context("cannot write the result")?;

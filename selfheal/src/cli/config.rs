@@ -8,12 +8,12 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, Matched, ProcessTable},
-    config,
-    runtime::{self, Identity},
+    config, runtime,
 };
 use selfheal_core::config::{
     Config, MatchRule, ProbeConfig, Redirects, Resolution, ResolvedUpstreams, SecretSource,
 };
+use selfheal_core::runtime::Identity;
 
 /// Check the config file.
 #[derive(clap::Args)]
@@ -78,7 +78,9 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
         .collect();
     std::io::stdout()
         .lock()
-        .write_all(selfheal::text::escape_lines(&render(&config, &agents, &containers)).as_bytes())
+        .write_all(
+            selfheal_core::text::escape_lines(&render(&config, &agents, &containers)).as_bytes(),
+        )
         .context("cannot write the report")?;
     Ok(Finished::Done)
 }
@@ -201,7 +203,7 @@ fn probe(p: &ProbeConfig) -> String {
         } => {
             let mut s = format!(
                 "{method} {} timeout {}",
-                selfheal::text::redact_url(url),
+                selfheal_core::text::redact_url(url),
                 humantime::format_duration(*timeout)
             );
             if let Some(a) = auth {

@@ -174,7 +174,7 @@ impl Error {
 /// What `main` does with a subcommand's result: the exit code, and the
 /// text to print on stderr (none for a success or a closed stdout).
 /// Every error is said the same way: `selfheal: MESSAGE`, URLs redacted
-/// and control characters escaped ([`selfheal::text`]), on one line; only
+/// and control characters escaped ([`selfheal_core::text`]), on one line; only
 /// a command-line error adds clap's usage hint on the lines after it.
 pub fn report(result: &Result<Finished, Error>) -> (u8, Option<String>) {
     match result {
@@ -182,13 +182,13 @@ pub fn report(result: &Result<Finished, Error>) -> (u8, Option<String>) {
         Ok(Finished::Status(code)) => (*code, None),
         Err(e) if e.is_broken_pipe() => (EXIT_OK, None),
         Err(e) => {
-            let text = selfheal::text::redact_urls_in(&e.to_string());
+            let text = selfheal_core::text::redact_urls_in(&e.to_string());
             let text = match e {
                 // clap's hint lines ("Usage: …", "For more information …")
                 // stay lines; its help text (a missing subcommand) is shown
                 // as clap wrote it.
                 Error::Cli(c) => {
-                    let escaped = selfheal::text::escape_lines(&text);
+                    let escaped = selfheal_core::text::escape_lines(&text);
                     if c.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
                     {
                         escaped
@@ -196,7 +196,7 @@ pub fn report(result: &Result<Finished, Error>) -> (u8, Option<String>) {
                         format!("selfheal: {escaped}")
                     }
                 }
-                _ => format!("selfheal: {}", selfheal::text::escape(&text)),
+                _ => format!("selfheal: {}", selfheal_core::text::escape(&text)),
             };
             (e.exit_code(), Some(text))
         }

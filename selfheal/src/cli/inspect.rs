@@ -8,12 +8,9 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, ProcessTable},
-    config,
-    ebpf::Strategy,
-    inspect,
-    text::escape,
+    config, inspect,
 };
-use selfheal_core::config::MatchRule;
+use selfheal_core::{config::MatchRule, ebpf::strategy::Strategy, text::escape};
 
 /// Show an agent's processes, threads and the receive each is blocked in
 /// (and for how long), its TCP sockets with their role, the kernel's
@@ -104,12 +101,12 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     };
     let opts = inspect::CollectOptions {
         no_ebpf: args.no_ebpf,
-        detail: selfheal::proc::Detail::Full,
+        detail: selfheal_core::proc::Detail::Full,
         no_ebpf_why: None,
         strategies: args.strategies,
         wait: args.wait,
     };
-    let report = inspect::build(&inspect::collect(&target, &opts));
+    let report = selfheal_core::inspect::build(&inspect::collect(&target, &opts));
     // A configured agent is judged, against check's history (read only).
     let diagnosis = agent_config.as_ref().map(|agent| {
         let history = history_of(&agent.name, args.state_dir.as_deref());
@@ -135,10 +132,10 @@ pub fn run(args: Args) -> Result<Finished, Error> {
         }
         let text = serde_json::to_string_pretty(&doc).context("cannot write the report")?;
         // Still JSON, with DEL and C1 controls as \u escapes too.
-        writeln!(out, "{}", selfheal::text::escape_json(&text))
+        writeln!(out, "{}", selfheal_core::text::escape_json(&text))
             .context("cannot write the report")?;
     } else {
-        out.write_all(inspect::render(&report).as_bytes())
+        out.write_all(selfheal_core::inspect::render(&report).as_bytes())
             .context("cannot write the report")?;
         if let Some(d) = &diagnosis {
             out.write_all(render_diagnosis(d).as_bytes())
@@ -151,7 +148,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
 
 /// The history `check` keeps for agent `name`, or none (said on stderr)
 /// when it cannot be read: the verdict is then judged without it.
-fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::AgentHistory {
+fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal_core::judge::AgentHistory {
     let dir = dir.map_or_else(selfheal::store::default_state_dir, |d| d.to_path_buf());
     // A running check holds the lock for its whole run: wait a little.
     match selfheal::store::StateStore::open_with_timeout(&dir, Duration::from_secs(3)) {

@@ -162,7 +162,8 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     }
     let mut out = std::io::stdout().lock();
     for line in said {
-        writeln!(out, "{}", selfheal::text::escape(&line)).context("cannot write the report")?;
+        writeln!(out, "{}", selfheal_core::text::escape(&line))
+            .context("cannot write the report")?;
     }
     Ok(Finished::Done)
 }

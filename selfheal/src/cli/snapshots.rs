@@ -11,10 +11,8 @@ use std::{
 
 use super::{Error, Finished};
 use anyhow::Context as _;
-use selfheal::{
-    snapshots::{self, SnapshotLog, SnapshotMeta},
-    text::{escape, escape_json},
-};
+use selfheal::snapshots::{self, SnapshotLog, SnapshotMeta};
+use selfheal_core::text::{escape, escape_json};
 
 /// List and show forensic snapshots (the evidence recorded before each
 /// healing step).

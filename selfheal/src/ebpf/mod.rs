@@ -13,21 +13,9 @@ pub mod tracefs;
 #[cfg(selfheal_ebpf)]
 mod loader;
 
-/// The maps' capacities (`selfheal-common`): threads in a receive, sockets
-/// with activity, threads in a send (kprobe strategy).
-pub use selfheal_common::{MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS};
-pub use selfheal_core::ebpf::{
-    // TRANSITION
-    Attempt,
-    BlockedRecv,
-    FdKind,
-    Overflow,
-    ShareUse,
-    SocketActivity,
-    TracerSnapshot,
-    snapshot,
-    socks_share,
-    strategy,
+use selfheal_common::MAX_SOCKS;
+use selfheal_core::ebpf::{
+    Attempt, FdKind, Overflow, SocketActivity, TracerSnapshot, snapshot, strategy,
     strategy::Strategy,
 };
 

@@ -36,8 +36,8 @@ use selfheal_core::{
     policy::Policy,
 };
 
-use super::protocol::{Action, Caller};
 use crate::pidfd::Pidfd;
+use selfheal_core::protocol::{Action, Caller};
 
 /// Why an act was not done: refused (the caller may not, or the target
 /// changed) or tried and failed. The server answers the first `forbidden`,

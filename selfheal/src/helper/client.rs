@@ -24,11 +24,11 @@ use nix::{
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::protocol::{
+use selfheal_core::ebpf::TracerSnapshot;
+use selfheal_core::protocol::{
     ActRequest, ErrorCode, HelloResult, Op, Request, Response, SnapshotWire, UnwatchResult,
     WatchResult,
 };
-use selfheal_core::ebpf::TracerSnapshot;
 
 /// The longest response accepted (a snapshot of many sockets is large).
 const MAX_RESPONSE_BYTES: usize = 64 << 20;

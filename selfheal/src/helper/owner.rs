@@ -17,18 +17,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-pub use selfheal_core::owner::{
-    // TRANSITION
-    Account,
-    Admission,
-    Basis,
-    ConnLimits,
-    MAX_SUBUID_BYTES,
-    Namespace,
-    OpenConn,
-    Subuids,
-    account,
-    admit,
+use selfheal_core::owner::{
+    Account, Admission, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account, admit,
 };
 
 /// The subordinate uid file read when no `--subuid` is given.
@@ -352,9 +342,9 @@ impl ConnSet {
                         "helper: closed an idle connection of the largest holder to admit another owner"
                     );
                     if let Some(s) = o.closer {
-                        let msg = super::protocol::Response::error(
+                        let msg = selfheal_core::protocol::Response::error(
                             None,
-                            super::protocol::ErrorCode::Busy,
+                            selfheal_core::protocol::ErrorCode::Busy,
                             format!(
                                 "closed while idle: uid {owner} holds {held} connections, more than \
                                  its share ({share}), and another owner needed one; connect again later"

@@ -16,7 +16,7 @@
 //! in the clock of the CPU it last ran on, never across CPUs.
 
 use procfs::process::{FDTarget, Process};
-pub use selfheal_core::proc::*; // TRANSITION
+use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks};
 
 /// Frames of the kernel stack kept per thread.
 const KSTACK_FRAMES: usize = 4;
@@ -245,6 +245,7 @@ mod tests {
         thread::{ThreadStat, parse_thread_stat},
         wait::WaitKind,
     };
+    use selfheal_core::proc::ProcWait;
 
     /// [`read_wait`] of `pid` through a reader of its own.
     #[allow(clippy::too_many_arguments)]

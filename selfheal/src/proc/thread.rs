@@ -2,6 +2,9 @@
 //! and how long it has slept, measured against its own CPU's task clock.
 
 use super::*;
+use selfheal_core::proc::{
+    Detail, ProcRecv, SyscallInfo, TaskClocks, ThreadInfo, parse_exec_start, parse_kstack,
+};
 
 /// What a check reads of each thread's `stat`.
 #[derive(Debug, PartialEq, Eq)]

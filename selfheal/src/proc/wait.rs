@@ -3,6 +3,10 @@
 //! through the bounded reader.
 
 use super::*;
+use selfheal_core::proc::{
+    Backing, EPOLL_READ, MAX_POLLFDS, MAX_SELECT_FDS, Mapping, POLL_READ, POLLFD_SIZE, ProcWait,
+    ThreadInfo, anonymous_private, decode_fd_set, decode_pollfds, epoll_items,
+};
 
 /// x86_64 syscall names worth showing (what a waiting agent sits in).
 pub fn syscall_name(nr: i64) -> Option<&'static str> {

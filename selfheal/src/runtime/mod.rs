@@ -21,15 +21,15 @@ pub mod bundle;
 pub mod docker;
 pub mod restart;
 
+use selfheal_core::cgroup::CgroupContainer;
+use selfheal_core::runtime::{Identity, Runtime};
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
     time::Duration,
 };
 
-pub use selfheal_core::cgroup::{self, CgroupContainer}; // TRANSITION
 use selfheal_core::runtime::ContainerInfo;
-pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match}; // TRANSITION
 
 /// The Kubernetes label (or CRI annotation) names of a pod's identity.
 const POD_NAME: &[&str] = &["io.kubernetes.pod.name", "io.kubernetes.cri.sandbox-name"];
@@ -337,6 +337,7 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use selfheal_core::runtime::{ContainerRule, Glob};
 
     #[test]
     fn globs() {

@@ -33,7 +33,7 @@ pub(super) fn attach(opts: Option<&TracerOptions>) -> (Option<Tracer>, EbpfStatu
             },
         );
     };
-    let wire = |a: &crate::ebpf::Attempt| AttemptWire {
+    let wire = |a: &selfheal_core::ebpf::Attempt| AttemptWire {
         strategy: a.strategy.name().into(),
         error: a.error.clone(),
     };
