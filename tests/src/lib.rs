@@ -69,6 +69,55 @@ pub fn testbed_bin() -> std::path::PathBuf {
     helper_bin("selfheal-testbed")
 }
 
+/// Who may run: the area (module of the `it` binary) whose tests hold
+/// [`Area`] guards, and how many hold one.
+struct Turn {
+    area: Option<&'static str>,
+    holders: usize,
+}
+
+static TURN: std::sync::Mutex<Turn> = std::sync::Mutex::new(Turn {
+    area: None,
+    holders: 0,
+});
+static TURN_FREE: std::sync::Condvar = std::sync::Condvar::new();
+
+/// A test's turn in the one test process: while it lives, only tests of the
+/// same area run beside it. The areas share this process (its pid, its
+/// eBPF watch, its descriptors and threads, the machine's namespaces,
+/// units and runtimes), and each area's tests are written to run beside
+/// each other, not beside another area's.
+pub struct Area(());
+
+/// Waits until no other area's test runs, then holds this area's turn:
+/// the first line of every test, `let _area = tests::area(module_path!());`.
+pub fn area(module: &'static str) -> Area {
+    let mut turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    while turn.area.is_some_and(|a| a != module) {
+        turn = TURN_FREE
+            .wait(turn)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+    turn.area = Some(module);
+    turn.holders += 1;
+    Area(())
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        let mut turn = TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        turn.holders -= 1;
+        if turn.holders == 0 {
+            turn.area = None;
+            TURN_FREE.notify_all();
+        }
+    }
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -479,7 +528,7 @@ pub fn timed_usage(cmd: &mut Command) -> Usage {
 }
 
 // ---------------------------------------------------------------------------
-// Faults and privilege (tests/tests/faults.rs, tests/tests/privilege.rs):
+// Faults and privilege (tests/tests/it/faults.rs, tests/tests/it/privilege.rs):
 // scratch directories, running `selfheal check`, reading a socket's options
 // from outside, and the kernel's list of loaded BPF programs and maps.
 

@@ -186,6 +186,7 @@ fn drop_connection_into_b(pair: &NetnsPair, client_port: u16) {
 
 #[test]
 fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
+    let _area = tests::area(module_path!());
     if !need_root("keepalive_fails_a_half_open_read_and_the_agent_reconnects") {
         return;
     }
@@ -245,6 +246,7 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
 
 #[test]
 fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
+    let _area = tests::area(module_path!());
     if !need_root("keepalive_leaves_a_live_silent_peer_alone_and_goes_back") {
         return;
     }
@@ -351,6 +353,7 @@ fn destroy_and_expect(client: &Peer, ready: &Ready, use_shutdown: bool) -> Destr
 
 #[test]
 fn destroy_socket_fails_a_blocked_read_at_once_in_another_netns() {
+    let _area = tests::area(module_path!());
     if !need_root("destroy_socket_fails_a_blocked_read_at_once_in_another_netns") {
         return;
     }
@@ -375,6 +378,7 @@ fn destroy_socket_fails_a_blocked_read_at_once_in_another_netns() {
 
 #[test]
 fn destroy_socket_in_our_own_netns() {
+    let _area = tests::area(module_path!());
     if !need_root("destroy_socket_in_our_own_netns") {
         return;
     }
@@ -391,6 +395,7 @@ fn destroy_socket_in_our_own_netns() {
 
 #[test]
 fn shutdown_fallback_ends_a_blocked_read() {
+    let _area = tests::area(module_path!());
     if !need_root("shutdown_fallback_ends_a_blocked_read") {
         return;
     }
@@ -450,6 +455,7 @@ fn drop_net_admin_in_this_thread() {
 
 #[test]
 fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
+    let _area = tests::area(module_path!());
     if !need_root("destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused") {
         return;
     }
@@ -482,6 +488,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
 
 #[test]
 fn socket_actions_refuse_what_is_not_a_tcp_socket() {
+    let _area = tests::area(module_path!());
     let l = listener();
     let addr = l.local_addr().unwrap().to_string();
     let client = Peer::recv_peer(&["reconnecting", &addr]);
@@ -511,6 +518,7 @@ fn socket_actions_refuse_what_is_not_a_tcp_socket() {
 
 #[test]
 fn sigterm_is_enough_for_a_process_that_exits_on_it() {
+    let _area = tests::area(module_path!());
     let mut child = Command::new("sleep").arg("30").spawn().unwrap();
     let target = target(child.id());
     let out = actions::signal_escalate(&target, 5 * SEC).expect("signal");
@@ -523,6 +531,7 @@ fn sigterm_is_enough_for_a_process_that_exits_on_it() {
 
 #[test]
 fn sigkill_follows_after_the_grace_for_a_process_that_ignores_sigterm() {
+    let _area = tests::area(module_path!());
     // SIGTERM ignored by the shell is still ignored after `exec`.
     let mut child = Command::new("sh")
         .args(["-c", "trap '' TERM; echo ready; exec sleep 30"])
@@ -555,6 +564,7 @@ fn sigkill_follows_after_the_grace_for_a_process_that_ignores_sigterm() {
 
 #[test]
 fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
+    let _area = tests::area(module_path!());
     // Judged, then exited before the action: the pid names nothing (or, if
     // already reused, another process).
     let mut gone = Command::new("sleep").arg("30").spawn().unwrap();
@@ -602,6 +612,7 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
 
 #[test]
 fn restart_runs_an_argv_with_a_timeout() {
+    let _area = tests::area(module_path!());
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
     let ok = actions::restart(&argv(&["sh", "-c", "echo hello; echo oops >&2"]), 10 * SEC)
@@ -655,6 +666,7 @@ fn restart_runs_an_argv_with_a_timeout() {
 
 #[test]
 fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
+    let _area = tests::area(module_path!());
     // The command exits at once but leaves a child holding its stdout (a
     // service it started): the outcome comes back within the read grace,
     // with the output so far, and the child is left running.
@@ -687,6 +699,7 @@ fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
 
 #[test]
 fn a_hanging_restart_is_killed_with_its_children() {
+    let _area = tests::area(module_path!());
     let argv: Vec<String> = ["sh", "-c", "sleep 60 & echo $!; wait"]
         .iter()
         .map(|s| s.to_string())
@@ -716,6 +729,7 @@ fn a_hanging_restart_is_killed_with_its_children() {
 
 #[test]
 fn the_guard_refuses_init_ourselves_and_kernel_threads() {
+    let _area = tests::area(module_path!());
     let me = std::process::id();
     for pid in [1, me, std::os::unix::process::parent_id()] {
         let e = actions::guard(pid).unwrap_err();
@@ -801,6 +815,7 @@ fn info_of(pid: u32, inode: u64) -> Option<sockdiag::TcpInfo> {
 /// sees as `ETIMEDOUT`; it reconnects, same pid.
 #[test]
 fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_the_read() {
+    let _area = tests::area(module_path!());
     if !need_root(
         "a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_the_read",
     ) {
@@ -870,6 +885,7 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
 /// exactly.
 #[test]
 fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back() {
+    let _area = tests::area(module_path!());
     if !need_root("a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back") {
         return;
     }
@@ -926,6 +942,7 @@ fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back()
 /// clear error each, and the socket untouched.
 #[test]
 fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
+    let _area = tests::area(module_path!());
     if !need_root("proof_actions_refuse_a_replaced_fd_and_bad_settings") {
         return;
     }

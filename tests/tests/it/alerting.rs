@@ -119,6 +119,7 @@ fn families(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_rules_pass_promtool_check_and_their_unit_tests() {
+    let _area = tests::area(module_path!());
     let t = Instant::now();
     let out = run_ok(
         promtool()
@@ -141,6 +142,7 @@ fn the_rules_pass_promtool_check_and_their_unit_tests() {
 
 #[test]
 fn the_metrics_pass_promtool_and_the_dashboard_names_only_them() {
+    let _area = tests::area(module_path!());
     let s = Scratch::new("lint");
     let config = two_agents(&s.0);
     let prom = s.0.join("selfheal.prom");
@@ -254,6 +256,7 @@ fn dashboard_metrics() -> BTreeSet<String> {
 /// the last good file stays, whole.
 #[test]
 fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
+    let _area = tests::area(module_path!());
     if !need_root("metrics_full_disk") {
         return;
     }
@@ -492,6 +495,7 @@ const TEST_FOR: &str = "2s";
 
 #[test]
 fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_heal() {
+    let _area = tests::area(module_path!());
     use tests::testbed::{runner::Mode, scenario};
     if !need_root("alerting_e2e") {
         return;
@@ -512,6 +516,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         check_every: Duration::from_secs(1),
         net: ((std::process::id() % 25) as u8) * 10 + 10,
         keep_snapshots: None,
+        env: Vec::new(),
     };
     let mut bed = scenario::Bed::new(&opts, "alrt", Duration::from_secs(1)).expect("the testbed");
     bed.add_runner(scenario::RunnerSpec::new("runner", Mode::Blocking))
@@ -896,6 +901,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
 /// scraped every 20 ms throughout.
 #[test]
 fn a_scrape_during_a_check_gets_the_last_complete_one() {
+    let _area = tests::area(module_path!());
     let s = Scratch::new("during");
     let slow = TcpListener::bind("127.0.0.1:0").expect("bind");
     let slow_addr = slow.local_addr().unwrap();

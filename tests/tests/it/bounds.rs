@@ -91,6 +91,7 @@ fn stop(mut p: Peer) {
 /// 64 MiB.
 #[test]
 fn a_shared_multi_mib_argv_does_not_amplify_the_checks_memory() {
+    let _area = tests::area(module_path!());
     if !need_root("argv_amplification") {
         return;
     }
@@ -166,6 +167,7 @@ fn a_shared_multi_mib_argv_does_not_amplify_the_checks_memory() {
 /// is counted.
 #[test]
 fn an_agent_at_its_limits_gets_a_capped_report_and_snapshot() {
+    let _area = tests::area(module_path!());
     if !need_root("agent_at_limits") {
         return;
     }
@@ -284,6 +286,7 @@ fn an_agent_at_its_limits_gets_a_capped_report_and_snapshot() {
 /// agent's own log holds no more than its quota.
 #[test]
 fn one_agents_flood_does_not_rotate_away_anothers_wedge_snapshot() {
+    let _area = tests::area(module_path!());
     let dir = Scratch::new("bounds-flood");
     let snaps = dir.join("snaps");
     let (max, keep) = (1u64 << 20, 2);
@@ -339,6 +342,7 @@ fn one_agents_flood_does_not_rotate_away_anothers_wedge_snapshot() {
 /// appends never touch it.
 #[test]
 fn the_shared_log_stays_readable_beside_the_agents_logs() {
+    let _area = tests::area(module_path!());
     let dir = Scratch::new("bounds-shared");
     let snaps = dir.join("snaps");
     let log = SnapshotLog::open(&snaps, 1 << 20, 2).expect("open the log");
@@ -401,6 +405,7 @@ fn the_shared_log_stays_readable_beside_the_agents_logs() {
 /// read the same once made safe get logs of their own.
 #[test]
 fn agent_log_names_are_safe_file_names() {
+    let _area = tests::area(module_path!());
     let dir = Scratch::new("bounds-names");
     let snaps = dir.join("snaps");
     let log = SnapshotLog::open(&snaps, 1 << 20, 1).expect("open the log");
@@ -444,6 +449,7 @@ fn agent_log_names_are_safe_file_names() {
 /// still there, and once space is back the flood writes again.
 #[test]
 fn a_full_snapshot_disk_is_an_error_and_loses_nothing() {
+    let _area = tests::area(module_path!());
     if !need_root("snapshots_full_disk") {
         return;
     }
@@ -522,6 +528,7 @@ fn a_full_snapshot_disk_is_an_error_and_loses_nothing() {
 /// (the rest counted), never a panic.
 #[test]
 fn an_agent_exiting_mid_collection_is_reported_not_a_crash() {
+    let _area = tests::area(module_path!());
     if !need_root("agent_exits_mid_collection") {
         return;
     }
@@ -596,6 +603,7 @@ fn an_agent_exiting_mid_collection_is_reported_not_a_crash() {
 /// written when it turned degraded; every later check names that one.
 #[test]
 fn an_agent_stuck_not_ok_writes_one_snapshot_then_rate_limited_repeats() {
+    let _area = tests::area(module_path!());
     if !need_root("stuck_not_ok_snapshots") {
         return;
     }

@@ -79,6 +79,7 @@ fn verdict_of<'a>(results: &'a [serde_json::Value], agent: &str) -> &'a serde_js
 
 #[test]
 fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
+    let _area = tests::area(module_path!());
     if !need_root("check_e2e") {
         return;
     }
@@ -219,6 +220,7 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
 
 #[test]
 fn concurrent_checks_leave_a_sound_state_file() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("concurrent");
     let config = dirs.own_agent_config();
     let runs: Vec<_> = (0..4)
@@ -248,6 +250,7 @@ fn concurrent_checks_leave_a_sound_state_file() {
 
 #[test]
 fn a_garbage_state_file_is_replaced_and_reported() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("garbage");
     let config = dirs.own_agent_config();
     std::fs::create_dir_all(dirs.0.join("state")).unwrap();
@@ -276,6 +279,7 @@ fn a_garbage_state_file_is_replaced_and_reported() {
 
 #[test]
 fn watch_logs_transitions_not_every_check() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("watch");
     let config = dirs.own_agent_config();
     let out = Command::new(selfheal_bin())
@@ -314,6 +318,7 @@ fn watch_logs_transitions_not_every_check() {
 
 #[test]
 fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("nosnap");
     let config = dirs.0.join("config.toml");
     // A down agent needs a snapshot; its directory is a plain file.
@@ -345,6 +350,7 @@ fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
 
 #[test]
 fn watch_serves_metrics() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("metrics");
     let config = dirs.own_agent_config();
     let port = {
@@ -395,6 +401,7 @@ fn watch_serves_metrics() {
 /// and a later `check` sees it recovered. No signal, same pid.
 #[test]
 fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
+    let _area = tests::area(module_path!());
     if !need_root("check_heals") {
         return;
     }
@@ -405,6 +412,7 @@ fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
 /// helper performs the step and audits it.
 #[test]
 fn check_heals_through_the_helper() {
+    let _area = tests::area(module_path!());
     if !need_root("check_heals_helper") {
         return;
     }
@@ -589,6 +597,7 @@ fn scrape(port: u16, limit: Duration) -> Result<String, String> {
 /// giving each 2 s: 6 idle connections made a scrape wait 12 s).
 #[test]
 fn a_scrape_is_not_delayed_by_idle_connections() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("idle-scrape");
     let (mut child, port) = watch_with_metrics(&dirs, "127.0.0.1", "200");
     let first = tests::wait_for(10 * SEC, Duration::from_millis(100), || {
@@ -637,6 +646,7 @@ fn a_scrape_is_not_delayed_by_idle_connections() {
 /// with the warning that it has no authentication.
 #[test]
 fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
+    let _area = tests::area(module_path!());
     use std::io::Read as _;
     let dirs = Dirs::new("any-addr");
     let (mut child, _) = watch_with_metrics(&dirs, "0.0.0.0", "1");
@@ -664,6 +674,7 @@ fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
 /// not 0644: probe URLs and agent names are not for every local user.
 #[test]
 fn the_metrics_file_is_not_world_readable() {
+    let _area = tests::area(module_path!());
     use std::os::unix::fs::MetadataExt as _;
     let dirs = Dirs::new("prom-mode");
     let config = dirs.own_agent_config();
@@ -680,6 +691,7 @@ fn the_metrics_file_is_not_world_readable() {
 /// check says so as a gap (not only the first, not only in the log).
 #[test]
 fn no_snapshot_dir_is_a_gap_on_every_check() {
+    let _area = tests::area(module_path!());
     let dirs = Dirs::new("nosnap-gap");
     let config = dirs.own_agent_config();
     let not_a_dir = dirs.0.join("snapshots");

@@ -40,6 +40,7 @@ const ESC: &str = "\u{1b}[31m";
 /// words that say what is wrong.
 #[test]
 fn each_subcommands_bad_input_is_its_documented_code_and_one_line() {
+    let _area = tests::area(module_path!());
     let s = Scratch::new("cli-errors");
     let good = s.join("good.toml");
     std::fs::write(&good, "[[agent]]\nname = \"sol\"\nmatch = { pid = 1 }\n").unwrap();
@@ -160,6 +161,7 @@ fn each_subcommands_bad_input_is_its_documented_code_and_one_line() {
 /// escaped (clap itself prints a `\r` in a bad value as it is).
 #[test]
 fn command_line_errors_are_exit_3_and_said_the_same_way() {
+    let _area = tests::area(module_path!());
     let cases: [&[&str]; 5] = [
         &["bogus"],
         &["check", "--bogus"],
@@ -195,6 +197,7 @@ fn command_line_errors_are_exit_3_and_said_the_same_way() {
 /// A file name is bytes: one that is not UTF-8 is shown, not a panic.
 #[test]
 fn a_path_that_is_not_utf8_is_said_not_a_panic() {
+    let _area = tests::area(module_path!());
     let s = Scratch::new("cli-errors-bytes");
     let path = s.0.join(OsStr::from_bytes(b"bad\xff\x1b.toml"));
     let (code, _, err) = run(&args(&[&"config", &"check", &"--config", &path]));
@@ -211,6 +214,7 @@ fn a_path_that_is_not_utf8_is_said_not_a_panic() {
 /// nothing said.
 #[test]
 fn a_closed_stdout_is_exit_0_and_every_unit_is_written() {
+    let _area = tests::area(module_path!());
     let s = Scratch::new("cli-errors-pipe");
     let units = s.join("units");
     let (read, write) = std::io::pipe().expect("a pipe");

@@ -38,6 +38,7 @@ fn with(prefix: &str, rest: &str) -> String {
 
 #[test]
 fn bad_configs_name_file_line_and_key() {
+    let _area = tests::area(module_path!());
     let upstream = |body: &str| with(AGENT, &format!("[[agent.upstream]]\n{body}"));
     let probe = |body: &str| with(AGENT, &format!("[[agent.probe]]\n{body}"));
     // (config text, line, a substring of the message)
@@ -598,6 +599,7 @@ fn bad_configs_name_file_line_and_key() {
 
 #[test]
 fn the_full_example_means_what_it_says() {
+    let _area = tests::area(module_path!());
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config/full.toml");
     let c = config::load(&path).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.path, path);
@@ -719,6 +721,7 @@ fn the_full_example_means_what_it_says() {
 /// value may hold quotes, `=` and control characters (compared exactly).
 #[test]
 fn container_rules_combine() {
+    let _area = tests::area(module_path!());
     let c = parse(&with(
         HEAD,
         "match = { container = \"runner-*\", image = \"shtest:*\", \
@@ -750,6 +753,7 @@ fn container_rules_combine() {
 /// user's own for a user, and with `uid` that user's manager's only.
 #[test]
 fn a_unit_rule_names_its_manager() {
+    let _area = tests::area(module_path!());
     use selfheal::config::UnitOwner;
     let sys = parse(&with(HEAD, "match = { unit = \"runner\" }\n")).unwrap();
     assert_eq!(sys.agents[0].rule.to_string(), "unit = \"runner.service\"");
@@ -767,6 +771,7 @@ fn a_unit_rule_names_its_manager() {
 
 #[test]
 fn probe_defaults() {
+    let _area = tests::area(module_path!());
     let c = parse(&with(
         AGENT,
         "[[agent.probe]]\nurl = \"https://h:1/s?x=1\"\nmethod = \"head\"\n",
@@ -791,6 +796,7 @@ fn probe_defaults() {
 
 #[test]
 fn probe_credentials_redirects_and_excerpt() {
+    let _area = tests::area(module_path!());
     let c = parse(&with(
         AGENT,
         "[[agent.probe]]\nurl = \"http://h/s\"\nauth = { bearer_file = \"/etc/selfheal/token\" }\n\
@@ -837,6 +843,7 @@ fn probe_credentials_redirects_and_excerpt() {
 
 #[test]
 fn role_serializes_lower_case() {
+    let _area = tests::area(module_path!());
     assert_eq!(
         serde_json::to_string(&Role::Control).unwrap(),
         "\"control\""
@@ -868,6 +875,7 @@ fn sa(s: &str) -> SocketAddr {
 
 #[test]
 fn role_of_classifies_remote_addresses() {
+    let _area = tests::area(module_path!());
     let agent = agent_with(&[
         ("control", "127.0.0.1:7443"),
         ("control", "[::1]:7443"),
@@ -969,6 +977,7 @@ fn role_of_classifies_remote_addresses() {
 
 #[test]
 fn no_upstreams_classify_nothing() {
+    let _area = tests::area(module_path!());
     let agent = agent_with(&[]);
     let r = config::resolve_upstreams(&agent);
     assert_eq!(r.role_of(sa("127.0.0.1:1")), None);
@@ -977,6 +986,7 @@ fn no_upstreams_classify_nothing() {
 
 #[test]
 fn host_names_resolve_with_the_system_resolver() {
+    let _area = tests::area(module_path!());
     // Only `localhost`, which /etc/hosts answers: tests send nothing to a DNS
     // server. Names that fail are covered with a fake resolver above.
     let agent = agent_with(&[("control", "localhost:7443")]);
@@ -1026,6 +1036,7 @@ impl Drop for TempDir {
 
 #[test]
 fn where_the_config_is_looked_for() {
+    let _area = tests::area(module_path!());
     use std::ffi::OsStr;
     let c = config::candidates(Some(OsStr::new("/x")), Some(OsStr::new("/home/u")));
     assert_eq!(
@@ -1084,6 +1095,7 @@ fn where_the_config_is_looked_for() {
 
 #[test]
 fn load_reports_the_file() {
+    let _area = tests::area(module_path!());
     let dir = TempDir::new("load");
     let good = dir.write("good.toml", AGENT);
     let c = config::load(&good).unwrap();
@@ -1141,6 +1153,7 @@ impl Rng {
 
 #[test]
 fn mangled_configs_are_errors_not_panics() {
+    let _area = tests::area(module_path!());
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/config/full.toml");
     let good = std::fs::read_to_string(path).unwrap();
     let pieces = [
@@ -1249,6 +1262,7 @@ fn sleep_in_path() -> PathBuf {
 
 #[test]
 fn rules_find_real_processes_and_descendants() {
+    let _area = tests::area(module_path!());
     let marker = format!("selfheal-cfgtest-{}", std::process::id());
     let sleeper = Spawned::new(Command::new("sleep").arg("30"));
     let shell = Spawned::new(Command::new("sh").args(["-c", "sleep 30 & wait", &marker]));

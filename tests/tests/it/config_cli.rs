@@ -60,6 +60,7 @@ fn check(config: &std::path::Path) -> (i32, String, String) {
 
 #[test]
 fn a_good_config_shows_processes_and_upstreams() {
+    let _area = tests::area(module_path!());
     let dir = TempDir::new("good");
     let me = std::process::id();
     let config = dir.write(
@@ -120,6 +121,7 @@ match = {{ pidfile = "{}/none.pid" }}
 
 #[test]
 fn a_bad_config_exits_3_naming_file_line_and_key() {
+    let _area = tests::area(module_path!());
     let dir = TempDir::new("bad");
     let config = dir.write(
         "config.toml",
@@ -147,6 +149,7 @@ fn a_bad_config_exits_3_naming_file_line_and_key() {
 
 #[test]
 fn the_config_is_found_under_xdg_config_home() {
+    let _area = tests::area(module_path!());
     let dir = TempDir::new("xdg");
     dir.write(
         "selfheal/config.toml",
@@ -161,6 +164,7 @@ fn the_config_is_found_under_xdg_config_home() {
 
 #[test]
 fn usage_errors_exit_3() {
+    let _area = tests::area(module_path!());
     let (code, _, err) = run(Command::new(selfheal_bin()).args(["config"]));
     assert_eq!(code, 3, "{err}");
     let (code, _, err) = run(Command::new(selfheal_bin()).args(["config", "check", "--bogus"]));
@@ -174,6 +178,7 @@ fn usage_errors_exit_3() {
 /// judged and healed.
 #[test]
 fn a_cmdline_rule_matches_only_the_runners_processes_unless_told() {
+    let _area = tests::area(module_path!());
     if !tests::need_root("cmdline_rule_uid") {
         return;
     }

@@ -19,6 +19,7 @@ use tests::{
 
 #[test]
 fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone() {
+    let _area = tests::area(module_path!());
     const TEST: &str =
         "a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone";
     if !need_root(TEST) {
@@ -159,6 +160,7 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
 /// restarted by `POST /containers/{id}/restart`.
 #[test]
 fn a_wedged_podman_container_is_restarted_through_its_api() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_wedged_podman_container_is_restarted_through_its_api";
     if !need_root(TEST) {
         return;

@@ -23,7 +23,7 @@ use std::{
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, have, rootfs_tar, run_ok, start_dockerd},
+    runtimes::{docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
     selfheal_bin, skip,
     testbed::scenario::{Bed, FAST, Options},
     testbed_bin,
@@ -153,6 +153,7 @@ impl Container {
 
 #[test]
 fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_container_same_pid() {
+    let _area = tests::area(module_path!());
     const TEST: &str =
         "the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_container_same_pid";
     if !need_root(TEST) {
@@ -165,17 +166,6 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     }
     let scratch = Scratch::new("container-socket-rung");
     let sock = scratch.join("docker.sock");
-    // SAFETY: the only test of this binary, before it starts any thread or
-    // process: nothing reads the environment concurrently.
-    unsafe {
-        std::env::set_var("DOCKER_HOST", format!("unix://{}", sock.display()));
-        std::env::set_var(
-            "CONTAINER_HOST",
-            format!("unix://{}", scratch.join("no-podman.sock").display()),
-        );
-        std::env::set_var("SELFHEAL_CONTAINERD_STATE", scratch.join("no-containerd"));
-        std::env::set_var("SELFHEAL_RUNTIME_TIMEOUT", "5s");
-    }
     let tar = match rootfs_tar(&scratch) {
         Ok(t) => t,
         Err(e) => return skip(TEST, &e),
@@ -196,6 +186,7 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
         check_every: Duration::from_secs(1),
         net: n,
         keep_snapshots: None,
+        env: only_docker(&scratch, &sock, "5s"),
     };
     let flag = scratch.join("flag");
     std::fs::create_dir_all(&flag).unwrap();

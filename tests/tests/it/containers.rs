@@ -206,6 +206,7 @@ fn check_json_with(
 
 #[test]
 fn without_a_runtime_the_cgroup_gives_the_id_and_a_hung_one_is_a_gap_within_the_bound() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "without_a_runtime_the_cgroup_gives_the_id";
     if !need_root(TEST) {
         return;
@@ -288,6 +289,7 @@ fn without_a_runtime_the_cgroup_gives_the_id_and_a_hung_one_is_a_gap_within_the_
 
 #[test]
 fn a_runtime_that_answers_garbage_or_refuses_is_a_gap() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_runtime_that_answers_garbage_or_refuses_is_a_gap";
     if !need_root(TEST) {
         return;
@@ -328,6 +330,7 @@ fn a_runtime_that_answers_garbage_or_refuses_is_a_gap() {
 
 #[test]
 fn docker_and_podman_containers_are_matched_by_label_and_name() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "docker_and_podman_containers_are_matched_by_label_and_name";
     if !need_root(TEST) {
         return;
@@ -515,6 +518,7 @@ fn remove_cgroup_dirs(rel: &str, keep_depth: usize) {
 
 #[test]
 fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace";
     if !need_root(TEST) {
         return;
@@ -755,6 +759,7 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
 /// each container costs dockerd about a second here).
 #[test]
 fn cost_of_a_check_by_label_against_by_pid() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "cost_of_a_check_by_label_against_by_pid";
     if !need_root(TEST) {
         return;

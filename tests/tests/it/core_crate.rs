@@ -52,6 +52,7 @@ fn tree(package: &str) -> Vec<String> {
 
 #[test]
 fn the_core_depends_on_no_crate_that_does_io() {
+    let _area = tests::area(module_path!());
     let core = tree("selfheal-core");
     assert!(core.iter().any(|c| c == "selfheal-core"), "{core:?}");
     let found: Vec<&String> = core

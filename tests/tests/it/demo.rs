@@ -51,6 +51,7 @@ fn selfheal_children(parent: u32) -> Vec<(u32, String)> {
 
 #[test]
 fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
+    let _area = tests::area(module_path!());
     if !need_root("demo_json") {
         return;
     }
@@ -135,6 +136,7 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
 
 #[test]
 fn ctrl_c_in_the_middle_of_the_demo_removes_every_namespace_and_process() {
+    let _area = tests::area(module_path!());
     if !need_root("demo_ctrl_c") {
         return;
     }
@@ -211,6 +213,7 @@ fn ctrl_c_in_the_middle_of_the_demo_removes_every_namespace_and_process() {
 
 #[test]
 fn without_root_the_demo_says_what_it_needs() {
+    let _area = tests::area(module_path!());
     if !need_root("demo_unprivileged") {
         return;
     }
@@ -230,6 +233,7 @@ fn without_root_the_demo_says_what_it_needs() {
 
 #[test]
 fn a_demo_with_an_absurd_pace_is_refused_before_it_builds_anything() {
+    let _area = tests::area(module_path!());
     if !need_root("demo_bad_pace") {
         return;
     }

@@ -36,6 +36,7 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 
 #[test]
 fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_reconnects() {
+    let _area = tests::area(module_path!());
     let name =
         "the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_reconnects";
     if !need_root(name) {
@@ -366,6 +367,7 @@ fn runner_argv(name: &str, status_port: u16) -> String {
 
 #[test]
 fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat";
     if !need_root(TEST) {
         return;

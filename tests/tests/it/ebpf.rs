@@ -100,6 +100,7 @@ fn snapshot(t: &mut Tracer) -> TracerSnapshot {
 /// the peer's first stdin read.
 #[test]
 fn a_socket_receive_after_a_blocking_pipe_read_is_seen() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("recv_after_pipe_read") {
         return;
     }
@@ -131,6 +132,7 @@ fn a_socket_receive_after_a_blocking_pipe_read_is_seen() {
 
 #[test]
 fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("blocked_recv") {
         return;
     }
@@ -217,6 +219,7 @@ fn age_since(t: u64) -> u64 {
 
 #[test]
 fn event_loop_client_is_never_blocked_while_its_reads_are_timed() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("event_loop") {
         return;
     }
@@ -266,6 +269,7 @@ fn event_loop_client_is_never_blocked_while_its_reads_are_timed() {
 
 #[test]
 fn processes_outside_the_pid_filter_leave_nothing() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("pid_filter") {
         return;
     }
@@ -321,6 +325,7 @@ fn processes_outside_the_pid_filter_leave_nothing() {
 
 #[test]
 fn another_network_namespace_is_traced() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("netns") {
         return;
     }
@@ -379,6 +384,7 @@ fn another_network_namespace_is_traced() {
 
 #[test]
 fn strategy_selection_reports_why_each_earlier_strategy_failed() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("strategy_selection") {
         return;
     }
@@ -405,6 +411,7 @@ fn strategy_selection_reports_why_each_earlier_strategy_failed() {
 
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("bad_input") {
         return;
     }

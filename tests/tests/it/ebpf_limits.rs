@@ -140,6 +140,7 @@ fn watched_tracer() -> Tracer {
 
 #[test]
 fn a_full_socket_map_is_counted_and_reported_not_silent() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("full_socket_map") {
         return;
     }
@@ -199,6 +200,7 @@ fn a_full_socket_map_is_counted_and_reported_not_silent() {
 
 #[test]
 fn closed_sockets_leave_the_map_so_churn_does_not_fill_it() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("closed_sockets_leave") {
         return;
     }
@@ -252,6 +254,7 @@ fn closed_sockets_leave_the_map_so_churn_does_not_fill_it() {
 /// the agent's gaps.
 #[test]
 fn check_reports_the_helpers_full_map_in_its_gaps() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("check_reports_full_map") {
         return;
     }
@@ -366,6 +369,7 @@ sys.stdin.read()
 /// connections found the map full and went unrecorded.
 #[test]
 fn one_uid_filling_the_socket_map_leaves_another_uid_its_share() {
+    let _area = tests::area(module_path!());
     use std::io::{BufRead as _, BufReader};
 
     use selfheal::{ebpf::socks_share, helper::protocol::filter_snapshot};
@@ -538,6 +542,7 @@ impl Drop for Filler {
 /// and every one of root's is recorded.
 #[test]
 fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
+    let _area = tests::area(module_path!());
     use std::sync::Arc;
 
     use selfheal::{

@@ -30,6 +30,7 @@ fn fd_of(pid: u32, inode: u64) -> i32 {
 
 #[test]
 fn three_threads_in_three_waits() {
+    let _area = tests::area(module_path!());
     let l = listener();
     let addr = l.local_addr().unwrap().to_string();
     let peer = Peer::recv_peer(&["threads", &addr]);
@@ -83,6 +84,7 @@ fn three_threads_in_three_waits() {
 
 #[test]
 fn zombies_under_their_own_pid_1() {
+    let _area = tests::area(module_path!());
     if !need_root("zombies") {
         return;
     }
@@ -124,6 +126,7 @@ fn zombies_under_their_own_pid_1() {
 
 #[test]
 fn established_close_wait_and_unacked_sockets() {
+    let _area = tests::area(module_path!());
     if !need_root("socket_states") {
         return;
     }
@@ -214,6 +217,7 @@ fn send_via_pidfd(pid: u32, fd: i32, data: &[u8]) {
 
 #[test]
 fn half_open_connection_then_keepalive_probes() {
+    let _area = tests::area(module_path!());
     if !need_root("half_open") {
         return;
     }
@@ -340,6 +344,7 @@ fn inspect_name(config: &std::path::Path, name: &str) -> serde_json::Value {
 
 #[test]
 fn inspect_by_name_in_another_netns_with_roles() {
+    let _area = tests::area(module_path!());
     if !need_root("inspect_name") {
         return;
     }
@@ -395,6 +400,7 @@ fn inspect_by_name_in_another_netns_with_roles() {
 
 #[test]
 fn inspect_by_name_diagnoses_the_missing_init() {
+    let _area = tests::area(module_path!());
     if !need_root("missing_init") {
         return;
     }
@@ -525,6 +531,7 @@ fn json_thread(v: &serde_json::Value, tid: u32) -> serde_json::Value {
 
 #[test]
 fn python_socket_with_a_timeout_waits_in_poll() {
+    let _area = tests::area(module_path!());
     let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_poll", "poll") else {
         return;
     };
@@ -551,6 +558,7 @@ fn python_socket_with_a_timeout_waits_in_poll() {
 
 #[test]
 fn python_select_waits_on_its_read_set() {
+    let _area = tests::area(module_path!());
     let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_select", "select") else {
         return;
     };
@@ -566,6 +574,7 @@ fn python_select_waits_on_its_read_set() {
 
 #[test]
 fn python_asyncio_waits_in_its_event_loops_epoll() {
+    let _area = tests::area(module_path!());
     let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_asyncio", "asyncio") else {
         return;
     };
@@ -595,6 +604,7 @@ fn python_asyncio_waits_in_its_event_loops_epoll() {
 
 #[test]
 fn tokio_client_waits_in_its_event_loops_epoll() {
+    let _area = tests::area(module_path!());
     let l = listener();
     let addr = l.local_addr().unwrap().to_string();
     let mut peer = Peer::recv_peer(&["tokio-client", &addr]);
@@ -618,6 +628,7 @@ fn tokio_client_waits_in_its_event_loops_epoll() {
 /// arithmetic. The offsets seen are printed.
 #[test]
 fn wait_ages_are_right_whichever_cpus_the_waiter_and_the_reader_ran_on() {
+    let _area = tests::area(module_path!());
     use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
     use std::io::Read as _;
     let me = nix::unistd::Pid::from_raw(0);

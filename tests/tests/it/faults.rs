@@ -156,6 +156,7 @@ fn reason_codes(v: &serde_json::Value) -> Vec<String> {
 /// armed), and the log holds exactly that one whole record.
 #[test]
 fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
+    let _area = tests::area(module_path!());
     if !need_root("snapshot_dir_full") {
         return;
     }
@@ -371,6 +372,7 @@ fn process_state(pid: u32) -> Option<char> {
 /// the new helper's are new ones, and they go too when it stops.
 #[test]
 fn a_helper_killed_mid_request_is_retried_and_leaks_no_bpf_programs() {
+    let _area = tests::area(module_path!());
     use selfheal::helper::{ClientOptions, HelperClient};
     if !tests::need_ebpf("helper_killed") {
         return;
@@ -489,6 +491,7 @@ fn a_helper_killed_mid_request_is_retried_and_leaks_no_bpf_programs() {
 /// the missing eBPF evidence as a gap, and still judges.
 #[test]
 fn check_reports_a_dead_helper_and_goes_on_without_it() {
+    let _area = tests::area(module_path!());
     if !need_root("check_dead_helper") {
         return;
     }
@@ -536,6 +539,7 @@ fn check_reports_a_dead_helper_and_goes_on_without_it() {
 /// timeout, instead of failing at once.
 #[test]
 fn the_retry_waits_for_a_helper_restarted_on_its_path() {
+    let _area = tests::area(module_path!());
     use selfheal::helper::{ClientOptions, HelperClient};
     if !need_root("helper_restarted_on_path") {
         return;
@@ -702,6 +706,7 @@ impl Drop for Impostor {
 /// judged process. The impostor is never signalled.
 #[test]
 fn a_reused_pid_is_never_acted_on() {
+    let _area = tests::area(module_path!());
     use selfheal::{
         actions::Keepalive,
         check::Healer as _,
@@ -823,6 +828,7 @@ fn a_reused_pid_is_never_acted_on() {
 /// report and a `healthy` verdict: no panic, no `wedged`, no `down`.
 #[test]
 fn a_churn_of_matching_processes_never_upsets_check() {
+    let _area = tests::area(module_path!());
     use std::process::Stdio;
     const CHURN: usize = 300;
     let dir = Scratch::new("faults-churn");
@@ -1024,6 +1030,7 @@ fn saved_history(state: &Path, agent: &str) -> (u64, serde_json::Value) {
 /// stayed as it was, no age or history time moved, and nothing was healed.
 #[test]
 fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
+    let _area = tests::area(module_path!());
     if !need_root("wall_clock_jump") {
         return;
     }
@@ -1200,6 +1207,7 @@ fn suspect_for_ms(o: &serde_json::Value) -> u64 {
 /// that was judged and then exited is still refused.
 #[test]
 fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
+    let _area = tests::area(module_path!());
     use selfheal::{check::Healer as _, healer::HelperHealer, helper::HelperClient, ladder::Step};
     if !need_root("helper_gone_before_act") {
         return;

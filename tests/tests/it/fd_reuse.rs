@@ -66,6 +66,7 @@ fn act(action: Action, pid: u32, fd: i32, inode: Option<u64>) -> ActRequest {
 
 #[test]
 fn a_socket_act_on_a_reconnected_fd_is_refused_and_the_new_connection_lives() {
+    let _area = tests::area(module_path!());
     if !need_root("fd_reuse") {
         return;
     }

@@ -350,6 +350,7 @@ fn setup_as(test: &str, answer: u32, direct: bool) -> Option<(Scratch, PollFs, N
 /// at once and the ordinary agent beside it is judged.
 #[test]
 fn a_poll_set_on_a_fuse_page_is_a_gap_and_the_check_goes_on() {
+    let _area = tests::area(module_path!());
     let test = "fuse_poll_set";
     let Some((dir, fs, ns)) = setup(test, 1) else {
         return;
@@ -416,6 +417,7 @@ fn a_poll_set_on_a_fuse_page_is_a_gap_and_the_check_goes_on() {
 /// it and its budget); the other agent is judged; the check exits.
 #[test]
 fn an_agent_over_its_collection_budget_is_cut_and_the_others_are_judged() {
+    let _area = tests::area(module_path!());
     let test = "collect_budget";
     let Some((dir, fs, ns)) = setup(test, 1) else {
         return;
@@ -472,6 +474,7 @@ fn an_agent_over_its_collection_budget_is_cut_and_the_others_are_judged() {
 /// D state).
 #[test]
 fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
+    let _area = tests::area(module_path!());
     if std::env::var_os("SELFHEAL_READS_STUCK_CHILD").is_some() {
         // The re-run below: read the page, give up after 300 ms, exit.
         let pid: u32 = std::env::var("READS_PID").unwrap().parse().unwrap();
@@ -580,7 +583,7 @@ fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline",
+            "foreign_memory::a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline",
             "--nocapture",
         ])
         .env("SELFHEAL_READS_STUCK_CHILD", "1")
@@ -664,6 +667,7 @@ fn cmdline_blocks(pid: u32, limit: Duration) -> bool {
 /// the check exits.
 #[test]
 fn a_process_holding_its_memory_map_lock_does_not_stall_discovery() {
+    let _area = tests::area(module_path!());
     let test = "cmdline_lock";
     let Some((dir, fs, ns)) = setup_as(test, 0, true) else {
         return;

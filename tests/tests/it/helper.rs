@@ -186,6 +186,7 @@ fn code(r: &Response) -> Option<ErrorCode> {
 
 #[test]
 fn hello_watch_and_snapshot_round_trip_with_the_tracer() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("helper round trip") {
         return;
     }
@@ -284,6 +285,7 @@ fn wait_stopped_after_shutdown(h: ServerHandle) -> StopReason {
 
 #[test]
 fn without_ebpf_the_tracer_ops_are_unavailable() {
+    let _area = tests::area(module_path!());
     if !need_root("helper without eBPF") {
         return;
     }
@@ -310,6 +312,7 @@ fn without_ebpf_the_tracer_ops_are_unavailable() {
 
 #[test]
 fn callers_act_only_on_what_they_may_and_every_act_is_audited() {
+    let _area = tests::area(module_path!());
     if !need_root("helper authorization") {
         return;
     }
@@ -425,6 +428,7 @@ impl WithFd for ActRequest {
 
 #[test]
 fn a_policy_grant_lets_a_uid_act_on_another_uids_processes() {
+    let _area = tests::area(module_path!());
     if !need_root("helper policy grant") {
         return;
     }
@@ -452,6 +456,7 @@ fn a_policy_grant_lets_a_uid_act_on_another_uids_processes() {
 
 #[test]
 fn malformed_requests_are_bad_requests_and_the_connection_goes_on() {
+    let _area = tests::area(module_path!());
     if !need_root("helper malformed requests") {
         return;
     }
@@ -504,6 +509,7 @@ fn malformed_requests_are_bad_requests_and_the_connection_goes_on() {
 
 #[test]
 fn an_oversized_request_is_too_large_and_closes_the_connection() {
+    let _area = tests::area(module_path!());
     if !need_root("helper oversized request") {
         return;
     }
@@ -525,6 +531,7 @@ fn an_oversized_request_is_too_large_and_closes_the_connection() {
 
 #[test]
 fn a_slow_client_is_dropped_while_others_are_served() {
+    let _area = tests::area(module_path!());
     if !need_root("helper slow client") {
         return;
     }
@@ -566,6 +573,7 @@ fn a_slow_client_is_dropped_while_others_are_served() {
 
 #[test]
 fn a_flood_from_one_uid_is_busy_while_another_uid_is_served() {
+    let _area = tests::area(module_path!());
     if !need_root("helper flood") {
         return;
     }
@@ -639,6 +647,7 @@ fn try_hello(path: &Path) -> Result<u32, ClientError> {
 
 #[test]
 fn connections_beyond_the_caps_are_busy() {
+    let _area = tests::area(module_path!());
     if !need_root("helper connection cap") {
         return;
     }
@@ -682,6 +691,7 @@ fn connections_beyond_the_caps_are_busy() {
 
 #[test]
 fn a_socket_activated_server_serves_then_exits_when_idle() {
+    let _area = tests::area(module_path!());
     if !need_root("helper socket activation") {
         return;
     }
@@ -729,6 +739,7 @@ impl Executor for Gate {
 
 #[test]
 fn shutdown_finishes_the_action_in_flight_then_stops() {
+    let _area = tests::area(module_path!());
     if !need_root("helper graceful shutdown") {
         return;
     }
@@ -763,6 +774,7 @@ fn shutdown_finishes_the_action_in_flight_then_stops() {
 
 #[test]
 fn a_helper_that_is_down_is_unavailable_quickly() {
+    let _area = tests::area(module_path!());
     let dir = TempDir::new("down");
     let t = Instant::now();
     let e = HelperClient::connect_with(dir.socket(), client_opts())
@@ -838,6 +850,7 @@ fn fake_helper(path: &Path, script: Vec<bool>) -> std::thread::JoinHandle<Vec<Va
 
 #[test]
 fn a_helper_killed_mid_request_is_retried_once_for_queries_never_for_act() {
+    let _area = tests::area(module_path!());
     let dir = TempDir::new("killed");
     let path = dir.socket();
     // hello: the first connection dies, the retry is answered.
@@ -909,6 +922,7 @@ fn stderr_of(child: &mut Child) -> String {
 
 #[test]
 fn the_command_is_socket_activated_and_exits_when_idle() {
+    let _area = tests::area(module_path!());
     if !need_root("selfheal helper activation") {
         return;
     }
@@ -955,6 +969,7 @@ fn the_command_is_socket_activated_and_exits_when_idle() {
 
 #[test]
 fn the_command_stops_on_sigterm_and_refuses_non_root_without_socket() {
+    let _area = tests::area(module_path!());
     if !need_root("selfheal helper signals") {
         return;
     }
@@ -1007,6 +1022,7 @@ const PIDNS_CLIENT: &str = "SELFHEAL_HELPER_TEST_PIDNS_CLIENT";
 /// pid namespace. Does nothing unless [`PIDNS_CLIENT`] is set.
 #[test]
 fn pid_namespace_client_mode() {
+    let _area = tests::area(module_path!());
     let Ok(path) = std::env::var(PIDNS_CLIENT) else {
         return;
     };
@@ -1026,6 +1042,7 @@ fn pid_namespace_client_mode() {
 
 #[test]
 fn a_caller_in_another_pid_namespace_may_name_no_pid() {
+    let _area = tests::area(module_path!());
     if !need_root("helper pid namespaces") {
         return;
     }
@@ -1039,7 +1056,11 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
     let out = Command::new("unshare")
         .args(["--pid", "--fork", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "pid_namespace_client_mode", "--nocapture"])
+        .args([
+            "--exact",
+            "helper::pid_namespace_client_mode",
+            "--nocapture",
+        ])
         .env(PIDNS_CLIENT, dir.socket())
         .env("TARGET_PID", target.pid().to_string())
         .env(

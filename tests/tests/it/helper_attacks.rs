@@ -234,6 +234,7 @@ fn recv_fd(sock: &UnixStream) -> std::io::Result<(OwnedFd, Vec<u8>)> {
 /// new pid namespace. Does nothing unless [`NS_ROLE`] is set.
 #[test]
 fn pid_namespace_attack_roles() {
+    let _area = tests::area(module_path!());
     let Ok(role) = std::env::var(NS_ROLE) else {
         return;
     };
@@ -256,7 +257,11 @@ fn pid_namespace_attack_roles() {
         "holder" => {
             let (mine, theirs) = UnixStream::pair().unwrap();
             let mut connector = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "pid_namespace_attack_roles", "--nocapture"])
+                .args([
+                    "--exact",
+                    "helper_attacks::pid_namespace_attack_roles",
+                    "--nocapture",
+                ])
                 .env(NS_ROLE, "connector")
                 .stdin(Stdio::from(OwnedFd::from(theirs)))
                 .stdout(Stdio::null())
@@ -335,7 +340,11 @@ fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
     let mut ns = Command::new("unshare")
         .args(["--pid", "--fork", "--kill-child", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", "pid_namespace_attack_roles", "--nocapture"])
+        .args([
+            "--exact",
+            "helper_attacks::pid_namespace_attack_roles",
+            "--nocapture",
+        ])
         .env(NS_ROLE, "holder")
         .env("HELPER_SOCKET", dir.join("helper.sock"))
         .env("GO_FILE", &go)
@@ -385,6 +394,7 @@ fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
 
 #[test]
 fn a_connection_handed_on_by_an_exited_connector_is_refused() {
+    let _area = tests::area(module_path!());
     stale_peer_credentials("helper attack: stale SO_PEERCRED (SO_PEERPIDFD)", true);
 }
 
@@ -393,6 +403,7 @@ fn a_connection_handed_on_by_an_exited_connector_is_refused() {
 /// 6.5, a `pidfd_open` of the connector at accept with its start time.
 #[test]
 fn a_connection_handed_on_is_refused_without_so_peerpidfd() {
+    let _area = tests::area(module_path!());
     stale_peer_credentials("helper attack: stale SO_PEERCRED (fallback)", false);
 }
 
@@ -407,6 +418,7 @@ fn a_connection_handed_on_is_refused_without_so_peerpidfd() {
 /// timer's), the uids share at most 48 connections, and root is served.
 #[test]
 fn long_acts_of_four_uids_leave_root_served() {
+    let _area = tests::area(module_path!());
     if !need_root("helper attack: slot exhaustion") {
         return;
     }
@@ -498,6 +510,7 @@ fn long_acts_of_four_uids_leave_root_served() {
 /// FUSE file's `fstat` or `close` could block the helper forever).
 #[test]
 fn a_socket_action_on_a_file_is_refused_without_touching_it() {
+    let _area = tests::area(module_path!());
     if !need_root("helper attack: caller-chosen fd") {
         return;
     }
@@ -537,6 +550,7 @@ fn a_socket_action_on_a_file_is_refused_without_touching_it() {
 /// again right before SIGKILL: refused, audited, the process lives.
 #[test]
 fn a_setuid_exec_during_the_grace_gets_no_sigkill() {
+    let _area = tests::area(module_path!());
     if !need_root("helper attack: setuid exec in the grace") {
         return;
     }
@@ -622,6 +636,7 @@ fn a_setuid_exec_during_the_grace_gets_no_sigkill() {
 /// "not running"). Now they are one answer, word for word but the pid.
 #[test]
 fn forbidden_answers_do_not_tell_whether_a_pid_exists() {
+    let _area = tests::area(module_path!());
     if !need_root("helper attack: existence leak") {
         return;
     }
@@ -678,6 +693,7 @@ fn forbidden_answers_do_not_tell_whether_a_pid_exists() {
 /// own pid is answered and root's is a per-pid gap (`refused`).
 #[test]
 fn a_foreign_pid_is_a_gap_not_a_refusal() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("helper attack: a foreign pid in a query") {
         return;
     }
@@ -878,6 +894,7 @@ fn flood_as_uid(path: &std::path::Path, pids: &[u32], end: Instant, stop: &Atomi
 /// but its hello).
 #[test]
 fn eight_uids_flooding_leave_root_answered() {
+    let _area = tests::area(module_path!());
     if !need_root("helper load: eight uids") {
         return;
     }
@@ -950,6 +967,7 @@ fn eight_uids_flooding_leave_root_answered() {
 /// through) still reports how it ended: it watches the exit itself.
 #[test]
 fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
+    let _area = tests::area(module_path!());
     use selfheal::check::Healer as _;
     if !need_root("helper: escalation on the timer") {
         return;
@@ -993,6 +1011,7 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
 /// with nothing sent.
 #[test]
 fn the_root_reserve_and_the_escalation_table_are_bounded() {
+    let _area = tests::area(module_path!());
     if !need_root("helper: reserve and escalation bounds") {
         return;
     }
@@ -1099,6 +1118,7 @@ impl Drop for HangFs {
 /// act is refused at once.
 #[test]
 fn a_socket_action_on_a_hung_fuse_file_is_answered() {
+    let _area = tests::area(module_path!());
     if !need_root("helper attack: FUSE fd") {
         return;
     }
@@ -1159,6 +1179,7 @@ const MASTER_ROLE: &str = "SELFHEAL_ATTACK_MASTER";
 /// error (`ACCEPT_ERR …`). Does nothing unless [`MASTER_ROLE`] is set.
 #[test]
 fn master_worker_roles() {
+    let _area = tests::area(module_path!());
     let Ok(role) = std::env::var(MASTER_ROLE) else {
         return;
     };
@@ -1238,7 +1259,11 @@ struct Master {
 impl Master {
     fn start(dumpable: bool) -> Master {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "master_worker_roles", "--nocapture"])
+            .args([
+                "--exact",
+                "helper_attacks::master_worker_roles",
+                "--nocapture",
+            ])
             .env(
                 MASTER_ROLE,
                 if dumpable { "dumpable" } else { "undumpable" },
@@ -1481,11 +1506,13 @@ fn master_worker_attack(test: &str, dumpable: bool) {
 
 #[test]
 fn a_non_dumpable_workers_listener_is_out_of_nobodys_reach() {
+    let _area = tests::area(module_path!());
     master_worker_attack("helper attack: the non-dumpable worker's listener", false);
 }
 
 #[test]
 fn a_listener_is_no_socket_the_helper_acts_on_for_a_user() {
+    let _area = tests::area(module_path!());
     master_worker_attack("helper attack: a dumpable worker's listener", true);
 }
 
@@ -1537,6 +1564,7 @@ fn options_of(pid: u32, fd: i32) -> selfheal::actions::KeepaliveSettings {
 /// connection destroyed.
 #[test]
 fn restore_puts_back_only_what_the_helper_recorded() {
+    let _area = tests::area(module_path!());
     let test = "helper attack: restore_keepalive with chosen values";
     if !need_root(test) {
         return;
@@ -1636,6 +1664,7 @@ fn restore_puts_back_only_what_the_helper_recorded() {
 /// changed, and the connection lives. Once it exits, a re-check says so.
 #[test]
 fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
+    let _area = tests::area(module_path!());
     use selfheal::helper::{
         authority::{ActError, Authority},
         protocol::Caller,
@@ -1735,6 +1764,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 /// does not exit: it would lose the record.
 #[test]
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
+    let _area = tests::area(module_path!());
     use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
@@ -1808,6 +1838,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
 /// after that is refused, since only what the helper recorded is put back.
 #[test]
 fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
+    let _area = tests::area(module_path!());
     let test = "helper: a proof nobody restores";
     if !need_root(test) {
         return;
@@ -1861,6 +1892,7 @@ fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
 /// holds capabilities `nobody` lacks (they are the namespace's).
 #[test]
 fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
+    let _area = tests::area(module_path!());
     let test = "helper: a user namespace the caller owns";
     if !need_root(test) {
         return;
@@ -1946,6 +1978,7 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
 /// beside it is watched.
 #[test]
 fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
+    let _area = tests::area(module_path!());
     let test = "helper attack: the non-dumpable worker's eBPF evidence";
     if !need_ebpf(test) {
         return;
@@ -1985,6 +2018,7 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
 /// from its state file back itself, as the kernel lets it on its own agent.
 #[test]
 fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
+    let _area = tests::area(module_path!());
     use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {

@@ -217,6 +217,7 @@ fn count(v: &[String], what: &str) -> usize {
 /// it made. Does nothing unless [`ROLE`] is set.
 #[test]
 fn owners_roles() {
+    let _area = tests::area(module_path!());
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
@@ -229,7 +230,7 @@ fn owners_roles() {
         let mut go = String::new();
         std::io::stdin().read_line(&mut go).unwrap();
         let e = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "owners_roles", "--nocapture"])
+            .args(["--exact", "helper_owners::owners_roles", "--nocapture"])
             .env(ROLE, "mapped")
             .exec();
         panic!("exec: {e}");
@@ -283,6 +284,7 @@ fn userns_possible() -> Result<(), String> {
 /// third owner are served.
 #[test]
 fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
+    let _area = tests::area(module_path!());
     let test = "limits: user namespace escalations";
     if !need_root(test) {
         return;
@@ -301,7 +303,7 @@ fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
     let path = dir.join("helper.sock");
     let mut procs = Procs::default();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "owners_roles", "--nocapture"])
+    cmd.args(["--exact", "helper_owners::owners_roles", "--nocapture"])
         .env(ROLE, "userns")
         .env("HELPER_SOCKET", &path)
         .uid(NS_OWNER)
@@ -364,6 +366,7 @@ fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
 /// served.
 #[test]
 fn subordinate_uids_share_their_owners_escalations() {
+    let _area = tests::area(module_path!());
     if !need_root("limits: subordinate uid escalations") {
         return;
     }
@@ -495,6 +498,7 @@ impl Drop for Keeper {
 /// are `busy`, and the other user is served.
 #[test]
 fn subordinate_uids_cannot_hold_every_connection() {
+    let _area = tests::area(module_path!());
     if !need_root("limits: subordinate uid connection flood") {
         return;
     }
@@ -533,6 +537,7 @@ fn subordinate_uids_cannot_hold_every_connection() {
 /// closed (and told why) to admit it.
 #[test]
 fn three_owners_cannot_keep_a_fourth_out() {
+    let _area = tests::area(module_path!());
     if !need_root("limits: three owners' connection flood") {
         return;
     }
@@ -565,6 +570,7 @@ fn three_owners_cannot_keep_a_fourth_out() {
 /// its owner (the file's first MiB is read).
 #[test]
 fn a_huge_garbage_subuid_file_is_bounded() {
+    let _area = tests::area(module_path!());
     if !need_root("limits: huge subuid file") {
         return;
     }
@@ -614,6 +620,7 @@ fn exec_sleep(pid: u32) {
 /// none at all.
 #[test]
 fn the_owner_of_a_namespace_is_its_outermost_creator() {
+    let _area = tests::area(module_path!());
     use selfheal::helper::owner::Basis;
     use selfheal::helper::owner::Owners;
     let test = "limits: namespace owners";
@@ -713,6 +720,7 @@ fn the_owner_of_a_namespace_is_its_outermost_creator() {
 /// still watches its 4.
 #[test]
 fn subordinate_uids_share_their_owners_watched_pids() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("limits: watched pids by owner") {
         return;
     }

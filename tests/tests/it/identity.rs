@@ -142,6 +142,7 @@ fn roots(report: &str, agent: &str) -> Vec<u32> {
 /// that name a user made in their own tree. `uid` names the user's.
 #[test]
 fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_unit_a_user_made_in_their_own_tree_is_not_roots_unit";
     if !need_root(TEST) {
         return;
@@ -279,6 +280,7 @@ fn impostors_are_not_the_container(
 /// namespace; and the restart's act-time check refuses both.
 #[test]
 fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_docker_container_is_a_processs_only_where_the_runtime_says";
     if !need_root(TEST) {
         return;
@@ -433,6 +435,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
 /// ConfigMap's rule matches them), is not that pod.
 #[test]
 fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_pod_a_user_made_in_their_own_tree_is_not_the_pod";
     if !need_root(TEST) {
         return;
@@ -509,6 +512,7 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
 /// kernel refuses such a name, so every line read is one hierarchy's.
 #[test]
 fn a_cgroup_name_cannot_forge_a_line() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_cgroup_name_cannot_forge_a_line";
     if !need_root(TEST) {
         return;
@@ -535,6 +539,7 @@ fn a_cgroup_name_cannot_forge_a_line() {
 /// exited; one still there passes.
 #[test]
 fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step";
     use selfheal::{agents::still_in_unit, config::UnitOwner, pidfd::start_ticks};
     if !need_root(TEST) {
@@ -606,6 +611,7 @@ fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
 /// still restarts the container's own init.
 #[test]
 fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
+    let _area = tests::area(module_path!());
     use tests::runtimes::start_podman;
     const TEST: &str = "a_podman_container_is_a_processs_only_where_the_runtime_says";
     if !need_root(TEST) {

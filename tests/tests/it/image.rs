@@ -14,6 +14,7 @@ use tests::{
 
 #[test]
 fn the_image_tarball_loads_into_docker_and_the_binary_runs_in_it() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "the_image_tarball_loads_into_docker_and_the_binary_runs_in_it";
     if !need_root(TEST) {
         return;

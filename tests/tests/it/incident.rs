@@ -30,6 +30,7 @@ fn options() -> Options {
         // short ones, which must not come back round to its subnet.
         net: ((std::process::id() % 5) as u8) * 50 + k % 50 + 1,
         keep_snapshots: None,
+        env: Vec::new(),
     }
 }
 
@@ -102,16 +103,19 @@ fn incident(mode: Mode, name: &'static str) {
 
 #[test]
 fn the_incident_with_a_blocking_runner_is_detected_and_healed_without_a_restart() {
+    let _area = tests::area(module_path!());
     incident(Mode::Blocking, "incident_blocking");
 }
 
 #[test]
 fn the_incident_with_a_tokio_runner_is_detected_and_healed_without_a_restart() {
+    let _area = tests::area(module_path!());
     incident(Mode::Tokio, "incident_tokio");
 }
 
 #[test]
 fn a_provider_thinking_past_the_suspect_threshold_is_busy_and_never_healed() {
+    let _area = tests::area(module_path!());
     if !need_root("busy_provider") {
         return;
     }
@@ -139,6 +143,7 @@ fn a_provider_thinking_past_the_suspect_threshold_is_busy_and_never_healed() {
 
 #[test]
 fn a_stopped_server_whose_kernel_still_acks_is_told_apart_from_a_vanished_one() {
+    let _area = tests::area(module_path!());
     if !need_root("peer_stopped") {
         return;
     }
@@ -178,6 +183,7 @@ fn a_stopped_server_whose_kernel_still_acks_is_told_apart_from_a_vanished_one() 
 
 #[test]
 fn a_runner_as_pid_1_leaking_zombies_is_degraded_with_the_missing_init_diagnosis() {
+    let _area = tests::area(module_path!());
     if !need_root("zombie_leak") {
         return;
     }
@@ -201,6 +207,7 @@ fn a_runner_as_pid_1_leaking_zombies_is_degraded_with_the_missing_init_diagnosis
 
 #[test]
 fn a_table_saying_connected_while_the_control_socket_is_gone_contradicts_the_kernel() {
+    let _area = tests::area(module_path!());
     if !need_root("table_lies") {
         return;
     }
@@ -219,6 +226,7 @@ fn a_table_saying_connected_while_the_control_socket_is_gone_contradicts_the_ker
 
 #[test]
 fn ten_runners_streaming_under_load_are_never_wedged_nor_healed() {
+    let _area = tests::area(module_path!());
     if !need_root("load") {
         return;
     }
@@ -329,21 +337,25 @@ fn silent_cut_of(caller: Caller, model: Option<&str>, name: &'static str) {
 
 #[test]
 fn a_blocking_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::Blocking, "silent_cut_blocking");
 }
 
 #[test]
 fn a_tokio_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::Tokio, "silent_cut_tokio");
 }
 
 #[test]
 fn an_openai_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::OpenAi, "silent_cut_openai");
 }
 
 #[test]
 fn an_anthropic_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::Anthropic, "silent_cut_anthropic");
 }
 
@@ -352,26 +364,31 @@ fn an_anthropic_sdk_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
 /// same, before the SDK's own keepalive (AsyncAnthropic arms one: 60 s).
 #[test]
 fn an_async_openai_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::AsyncOpenAi, "silent_cut_openai_async");
 }
 
 #[test]
 fn an_async_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::AsyncAnthropic, "silent_cut_anthropic_async");
 }
 
 #[test]
 fn a_litellm_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::Litellm, "silent_cut_litellm");
 }
 
 #[test]
 fn a_node_openai_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::NodeOpenAi, "silent_cut_node_openai");
 }
 
 #[test]
 fn a_node_anthropic_call_whose_first_event_came_at_once_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut(Caller::NodeAnthropic, "silent_cut_node_anthropic");
 }
 
@@ -406,32 +423,38 @@ fn thinking(caller: Caller, name: &'static str) {
 
 #[test]
 fn a_thinking_async_openai_call_is_never_wedged_and_completes() {
+    let _area = tests::area(module_path!());
     thinking(Caller::AsyncOpenAi, "thinking_openai_async");
 }
 
 #[test]
 fn a_thinking_async_anthropic_call_is_never_wedged_and_completes() {
+    let _area = tests::area(module_path!());
     thinking(Caller::AsyncAnthropic, "thinking_anthropic_async");
 }
 
 #[test]
 fn a_thinking_litellm_call_is_never_wedged_and_completes() {
+    let _area = tests::area(module_path!());
     thinking(Caller::Litellm, "thinking_litellm");
 }
 
 #[test]
 fn a_thinking_node_openai_call_is_never_wedged_and_completes() {
+    let _area = tests::area(module_path!());
     thinking(Caller::NodeOpenAi, "thinking_node_openai");
 }
 
 #[test]
 fn a_thinking_node_anthropic_call_is_never_wedged_and_completes() {
+    let _area = tests::area(module_path!());
     thinking(Caller::NodeAnthropic, "thinking_node_anthropic");
 }
 
 /// The head and first event in the same kernel tick as the request.
 #[test]
 fn an_async_call_whose_head_came_in_the_requests_tick_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut_of(
         Caller::AsyncOpenAi,
         Some("think-600000-gap-100-tokens-20-first-early"),
@@ -442,6 +465,7 @@ fn an_async_call_whose_head_came_in_the_requests_tick_is_proven_dead_and_fails()
 /// The head 300 ms after the request, and no first event before thinking.
 #[test]
 fn an_async_call_with_a_head_and_no_first_event_is_proven_dead_and_fails() {
+    let _area = tests::area(module_path!());
     silent_cut_of(
         Caller::AsyncOpenAi,
         Some("think-600000-gap-100-tokens-20-lag-300"),
@@ -454,6 +478,7 @@ fn an_async_call_with_a_head_and_no_first_event_is_proven_dead_and_fails() {
 /// agent's next call, which goes out on a fresh connection at once.
 #[test]
 fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
+    let _area = tests::area(module_path!());
     let name = "pooled_cut";
     if !need_root(name) {
         return;
@@ -522,6 +547,7 @@ fn an_idle_pooled_connection_cut_is_ended_before_the_next_call() {
 /// call completes once the provider answers.
 #[test]
 fn a_hanging_connect_is_unresponsive_by_connect_timeout_and_fails_now() {
+    let _area = tests::area(module_path!());
     let name = "hanging_connect";
     if !need_root(name) {
         return;
@@ -566,6 +592,7 @@ fn a_hanging_connect_is_unresponsive_by_connect_timeout_and_fails_now() {
 /// connection, and every call on it fails in the SDK once it is ended.
 #[test]
 fn three_http2_calls_on_one_cut_connection_are_proven_dead_together() {
+    let _area = tests::area(module_path!());
     let name = "http2_cut";
     if !need_root(name) {
         return;
@@ -609,6 +636,7 @@ fn three_http2_calls_on_one_cut_connection_are_proven_dead_together() {
 /// `wedged`.
 #[test]
 fn a_cut_behind_a_local_proxy_is_unresponsive_by_max_silence_never_wedged() {
+    let _area = tests::area(module_path!());
     let name = "proxy_cut";
     if !need_root(name) {
         return;
@@ -651,6 +679,7 @@ fn a_cut_behind_a_local_proxy_is_unresponsive_by_max_silence_never_wedged() {
 /// and the proof leaves every socket's keepalive options as it found them.
 #[test]
 fn fifty_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
+    let _area = tests::area(module_path!());
     many_thinking(Caller::OpenAi, "many_thinking");
 }
 
@@ -658,6 +687,7 @@ fn fifty_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
 /// (`AsyncOpenAI`), half of whose heads and first events came at once.
 #[test]
 fn fifty_async_thinking_calls_are_never_wedged_and_keep_their_keepalive_options() {
+    let _area = tests::area(module_path!());
     many_thinking(Caller::AsyncOpenAi, "many_thinking_async");
 }
 
@@ -708,6 +738,7 @@ fn many_thinking(caller: Caller, name: &'static str) {
 /// silence on an open connection.
 #[test]
 fn the_provider_thinks_streams_and_hangs_as_asked() {
+    let _area = tests::area(module_path!());
     use std::io::{BufRead as _, Read as _};
     use std::time::Instant;
 
@@ -774,6 +805,7 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
 /// (`tests/py/sdk_runner.py`), with the response head early and late.
 #[test]
 fn the_compatible_provider_serves_the_real_openai_and_anthropic_sdks() {
+    let _area = tests::area(module_path!());
     let Ok((python, script)) = scenario::sdk_runner() else {
         tests::skip(
             "compatible_provider",

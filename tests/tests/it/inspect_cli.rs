@@ -16,6 +16,7 @@ fn inspect(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn json_report_has_the_contract_fields() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("json_report") {
         return;
     }
@@ -91,6 +92,7 @@ fn json_report_has_the_contract_fields() {
 
 #[test]
 fn missing_process_is_exit_1_with_the_pid_named() {
+    let _area = tests::area(module_path!());
     let out = inspect(&["--pid", "4194303", "--no-ebpf"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -100,6 +102,7 @@ fn missing_process_is_exit_1_with_the_pid_named() {
 
 #[test]
 fn usage_errors_are_exit_3() {
+    let _area = tests::area(module_path!());
     for args in [
         &["--pid", "nope"][..],
         &["--pid", "1", "--ebpf-strategy", "uprobe"],
@@ -118,6 +121,7 @@ fn usage_errors_are_exit_3() {
 
 #[test]
 fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
+    let _area = tests::area(module_path!());
     if !need_ebpf("unprivileged") {
         return;
     }
@@ -163,6 +167,7 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
 
 #[test]
 fn another_users_process_is_a_gap_not_an_error() {
+    let _area = tests::area(module_path!());
     if !tests::need_root("other_user") {
         return;
     }
@@ -214,6 +219,7 @@ fn another_users_process_is_a_gap_not_an_error() {
 /// in. Inspecting changes nothing: the history file is not written.
 #[test]
 fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
+    let _area = tests::area(module_path!());
     if !tests::need_root("inspect_name_verdict") {
         return;
     }

@@ -7,6 +7,7 @@ use tests::{selfheal_bin, skip};
 
 #[test]
 fn installed_units_pass_systemd_analyze_verify() {
+    let _area = tests::area(module_path!());
     let dir = std::env::temp_dir().join(format!("selfheal-units-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for scope in [&["--user"][..], &["--user", "--watch"], &["--system"]] {
@@ -104,6 +105,7 @@ fn installed_units_pass_systemd_analyze_verify() {
 
 #[test]
 fn install_refuses_a_missing_binary() {
+    let _area = tests::area(module_path!());
     let out = Command::new(selfheal_bin())
         .args([
             "install",
@@ -124,6 +126,7 @@ fn install_refuses_a_missing_binary() {
 /// directory another user owns, is refused, saying what to do.
 #[test]
 fn install_system_refuses_a_binary_others_could_write() {
+    let _area = tests::area(module_path!());
     use std::os::unix::fs::PermissionsExt as _;
     if !tests::need_root("install_untrusted_bin") {
         return;
@@ -182,7 +185,8 @@ const HELPER_UNIT_EXPOSURE: f64 = 2.8;
 /// audit found missing are there.
 #[test]
 fn the_helper_unit_exposure_does_not_regress() {
-    let service = include_str!("../../dist/systemd/selfheal-helper.service");
+    let _area = tests::area(module_path!());
+    let service = include_str!("../../../dist/systemd/selfheal-helper.service");
     for line in [
         "ProtectKernelTunables=yes",
         "ProtectKernelModules=yes",

@@ -36,6 +36,7 @@ fn read(name: &str) -> String {
 
 #[test]
 fn the_manifests_validate_and_a_broken_one_does_not() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "the_manifests_validate_and_a_broken_one_does_not";
     if !have("kubernetes-validate") {
         return skip(
@@ -78,6 +79,7 @@ fn the_manifests_validate_and_a_broken_one_does_not() {
 
 #[test]
 fn the_service_monitor_selects_the_metrics_port_and_the_config_checks() {
+    let _area = tests::area(module_path!());
     // The ServiceMonitor (a CRD's kind: no bundled schema) by hand.
     let sm = read("servicemonitor.yaml");
     let svc = read("service.yaml");
@@ -199,6 +201,7 @@ const WRITABLE_HOST_PATHS: [&str; 2] = ["/var/lib/selfheal", "/var/log/selfheal"
 
 #[test]
 fn each_container_holds_only_the_documented_privileges() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "each_container_holds_only_the_documented_privileges";
     let Some(docs) = yaml("daemonset.yaml") else {
         return skip(

@@ -241,6 +241,7 @@ fn flood_thread(
 /// its scrapes are answered within 1 s before, during and after.
 #[test]
 fn a_flood_from_one_peer_does_not_starve_a_scraper() {
+    let _area = tests::area(module_path!());
     flood_against_scraper("metrics-flood", FLOOD_FROM, 1);
 }
 
@@ -252,6 +253,7 @@ fn a_flood_from_one_peer_does_not_starve_a_scraper() {
 /// printed).
 #[test]
 fn a_flood_from_the_scrapers_own_address_still_lets_it_scrape() {
+    let _area = tests::area(module_path!());
     flood_against_scraper("metrics-flood-same", SCRAPER_FROM, 2);
 }
 
@@ -315,6 +317,7 @@ fn flood_against_scraper(tag: &str, flood_from: Ipv4Addr, min_share_during: usiz
 /// others may read is refused with the last good token kept.
 #[test]
 fn the_token_is_required_and_never_logged() {
+    let _area = tests::area(module_path!());
     let scratch = Scratch::new("metrics-token");
     let token = "tok-7f3a9c1e5b2d4f60a8c7e9b1d3f5a7c9";
     let wrong = "tok-wrong-0000000000000000000000000";
@@ -415,6 +418,7 @@ fn the_token_is_required_and_never_logged() {
 /// to do.
 #[test]
 fn bad_token_files_are_refused_at_start() {
+    let _area = tests::area(module_path!());
     let scratch = Scratch::new("metrics-token-files");
     let make = |name: &str, text: &str, mode: u32| {
         let p = scratch.join(name);

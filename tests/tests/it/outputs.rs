@@ -136,9 +136,15 @@ impl Drop for Reaped {
 }
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
+    run_with(args, &[])
+}
+
+/// [`run`], with `env` on top of this process's environment.
+fn run_with(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Output {
     Command::new(selfheal_bin())
         .args(args)
         .env("RUST_LOG", "debug")
+        .envs(env.iter().copied())
         .output()
         .expect("run selfheal")
 }
@@ -182,8 +188,14 @@ fn scrape(port: u16) -> Option<String> {
 
 /// Runs `check` (text, then `--json` with a metrics file) and `watch` with
 /// a metrics endpoint for a bounded time against `config`, and returns every
-/// output with where it came from.
-fn every_output(scratch: &Scratch, config: &Path, tag: &str) -> Vec<(String, String)> {
+/// output with where it came from. Each runs with `env` on top of this
+/// process's environment.
+fn every_output(
+    scratch: &Scratch,
+    config: &Path,
+    tag: &str,
+    env: &[(&str, &str)],
+) -> Vec<(String, String)> {
     let state = scratch.join(&format!("{tag}-state"));
     let snaps = scratch.join(&format!("{tag}-snaps"));
     let metrics = scratch.join(&format!("{tag}.prom"));
@@ -202,14 +214,14 @@ fn every_output(scratch: &Scratch, config: &Path, tag: &str) -> Vec<(String, Str
     let mut outputs = Vec::new();
     let mut text_args = vec!["check".as_ref()];
     text_args.extend(&common);
-    let text = run(&text_args);
+    let text = run_with(&text_args, env);
     outputs.push(("check stdout".into(), lossy(&text.stdout)));
     outputs.push(("check stderr".into(), lossy(&text.stderr)));
 
     let mut json_args = vec!["check".as_ref(), "--json".as_ref()];
     json_args.extend(&common);
     json_args.extend(["--metrics-file".as_ref(), metrics.as_os_str()]);
-    let json = run(&json_args);
+    let json = run_with(&json_args, env);
     outputs.push(("check --json stdout".into(), lossy(&json.stdout)));
     outputs.push(("check --json stderr".into(), lossy(&json.stderr)));
 
@@ -229,6 +241,7 @@ fn every_output(scratch: &Scratch, config: &Path, tag: &str) -> Vec<(String, Str
     let child = Command::new(selfheal_bin())
         .args(&watch_args)
         .env("RUST_LOG", "debug")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -339,6 +352,7 @@ fn secret_body() -> Vec<u8> {
 /// URLs and probe bodies are found in no output.
 #[test]
 fn no_secret_reaches_any_output() {
+    let _area = tests::area(module_path!());
     let scratch = Scratch::new("outputs-secrets");
     let server = Server::start(|path| {
         if path.starts_with("/hop") {
@@ -375,7 +389,7 @@ fn no_secret_reaches_any_output() {
         ),
     )
     .unwrap();
-    let outputs = every_output(&scratch, &config, "query");
+    let outputs = every_output(&scratch, &config, "query", &[]);
     let mut secrets = vec![ARGV_SECRET, ENV_SECRET, QUERY_SECRET, HOP_SECRET];
     secrets.extend(BODY_SECRETS);
     let found = leaks(&outputs, &secrets);
@@ -443,10 +457,12 @@ fn no_secret_reaches_any_output() {
         ),
     )
     .unwrap();
-    // SAFETY: set before any thread of ours reads the environment for
-    // this name; the children inherit it.
-    unsafe { std::env::set_var("SELFHEAL_TEST_PROBE_TOKEN", BEARER_ENV_SECRET) };
-    let outputs = every_output(&scratch, &config, "auth");
+    let outputs = every_output(
+        &scratch,
+        &config,
+        "auth",
+        &[("SELFHEAL_TEST_PROBE_TOKEN", BEARER_ENV_SECRET)],
+    );
     let found = leaks(
         &outputs,
         &[
@@ -495,6 +511,7 @@ fn terminal_controls(bytes: &[u8]) -> Vec<String> {
 /// `config check`.
 #[test]
 fn no_control_character_reaches_a_terminal() {
+    let _area = tests::area(module_path!());
     let scratch = Scratch::new("outputs-escape");
     // A directory named with an OSC title sequence and a CSI clear screen.
     let dir = scratch.join("d\u{1b}]0;owned\u{7}\u{1b}[2J");

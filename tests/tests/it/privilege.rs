@@ -56,6 +56,7 @@ fn down_config(dir: &Scratch) -> std::path::PathBuf {
 /// the metrics file's temporary file goes is not followed.
 #[test]
 fn planted_paths_are_refused_and_ours_are_private() {
+    let _area = tests::area(module_path!());
     if !need_root("planted_paths") {
         return;
     }
@@ -218,6 +219,7 @@ fn os(s: &str) -> &std::ffi::OsStr {
 /// root and closed, are used; a user's own config is that user's to use.
 #[test]
 fn configs_and_policies_others_could_write_are_refused() {
+    let _area = tests::area(module_path!());
     if !need_root("untrusted_config") {
         return;
     }
@@ -481,6 +483,7 @@ fn act(action: Action, pid: u32, fd: Option<(i32, u64)>) -> ActRequest {
 /// names each refusal.
 #[test]
 fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
+    let _area = tests::area(module_path!());
     if !need_root("helper_other_uid") {
         return;
     }
@@ -625,6 +628,7 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
 /// every time, within a bound.
 #[test]
 fn a_flood_from_one_uid_does_not_starve_another() {
+    let _area = tests::area(module_path!());
     use std::io::{BufRead as _, BufReader, Write as _};
     if !need_root("helper_flood_real") {
         return;
@@ -736,6 +740,7 @@ fn unit_value(unit: &str, key: &str) -> Option<String> {
 /// socket, and a path a live helper serves; it removes its socket on exit.
 #[test]
 fn the_helper_socket_has_the_documented_mode_and_owner() {
+    let _area = tests::area(module_path!());
     if !need_root("helper_socket_mode") {
         return;
     }
@@ -842,6 +847,7 @@ fn the_helper_socket_has_the_documented_mode_and_owner() {
 /// the marker files its metacharacters name are never created.
 #[test]
 fn restart_commands_are_argv_never_a_shell() {
+    let _area = tests::area(module_path!());
     let dir = Scratch::new("priv-argv");
     let mark = dir.join("pwned");
     let m = mark.display().to_string();
@@ -901,6 +907,7 @@ fn restart_commands_are_argv_never_a_shell() {
 /// nothing.
 #[test]
 fn check_runs_the_restart_argv_literally() {
+    let _area = tests::area(module_path!());
     if !need_root("restart_argv_e2e") {
         return;
     }
@@ -1000,6 +1007,7 @@ impl Drop for Sysctl {
 /// refused, and root's files there are neither overwritten nor deleted.
 #[test]
 fn a_metrics_file_through_another_users_symlink_is_refused() {
+    let _area = tests::area(module_path!());
     if !need_root("metrics_symlink") {
         return;
     }
@@ -1063,6 +1071,7 @@ fn a_metrics_file_through_another_users_symlink_is_refused() {
 /// directory; set for the test and put back.)
 #[test]
 fn a_re_pointed_symlink_does_not_redirect_watch() {
+    let _area = tests::area(module_path!());
     if !need_root("re_pointed_symlink") {
         return;
     }
@@ -1140,6 +1149,7 @@ fn a_re_pointed_symlink_does_not_redirect_watch() {
 /// to do, and the snapshot (so healing) still happens.
 #[test]
 fn a_squatted_state_dir_falls_back_and_says_what_to_do() {
+    let _area = tests::area(module_path!());
     use std::os::unix::process::CommandExt as _;
     if !need_root("squatted_state") {
         return;
@@ -1210,6 +1220,7 @@ fn a_squatted_state_dir_falls_back_and_says_what_to_do() {
 /// user's group is refused, saying what to do.
 #[test]
 fn a_root_parent_writable_by_a_system_group_is_accepted() {
+    let _area = tests::area(module_path!());
     if !need_root("system_group_parent") {
         return;
     }
@@ -1243,6 +1254,7 @@ fn a_root_parent_writable_by_a_system_group_is_accepted() {
 /// to serve below a directory of nobody's refuses to start.
 #[test]
 fn a_helper_socket_below_another_users_directory_is_refused() {
+    let _area = tests::area(module_path!());
     if !need_root("socket_ancestors") {
         return;
     }
@@ -1283,6 +1295,7 @@ fn a_helper_socket_below_another_users_directory_is_refused() {
 /// an error that says what to do.
 #[test]
 fn a_client_refuses_a_socket_served_by_another_uid() {
+    let _area = tests::area(module_path!());
     if !need_root("peer_uid") {
         return;
     }

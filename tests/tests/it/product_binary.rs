@@ -20,6 +20,7 @@ fn commands(help: &str) -> Vec<String> {
 
 #[test]
 fn selfheal_help_lists_no_demo_and_no_testbed() {
+    let _area = tests::area(module_path!());
     let out = Command::new(selfheal_bin())
         .arg("--help")
         .output()
@@ -35,6 +36,7 @@ fn selfheal_help_lists_no_demo_and_no_testbed() {
 
 #[test]
 fn selfheal_refuses_the_demo_and_the_testbeds_programs_as_unknown_subcommands() {
+    let _area = tests::area(module_path!());
     for args in [
         &["demo", "--help"][..],
         &["testbed", "provider", "--help"],
@@ -60,6 +62,7 @@ fn selfheal_refuses_the_demo_and_the_testbeds_programs_as_unknown_subcommands() 
 /// `selfheal`.
 #[test]
 fn the_testbeds_servers_are_compiled_into_selfheal_testbed_not_into_selfheal() {
+    let _area = tests::area(module_path!());
     const MARKS: &[&str] = &[
         "chat.completion.chunk",
         "content_block_delta",
@@ -84,6 +87,7 @@ fn the_testbeds_servers_are_compiled_into_selfheal_testbed_not_into_selfheal() {
 /// (`httparse` stays: the Docker API client reads response heads with it).
 #[test]
 fn selfheal_no_longer_depends_on_form_urlencoded() {
+    let _area = tests::area(module_path!());
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .args([

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tests::{Peer, is_root, selfheal_bin, skip};
 
 const CHILD_ENV: &str = "SELFHEAL_STORE_CHILD";
-const CHILD_TEST: &str = "child_process_entry";
+const CHILD_TEST: &str = "store::child_process_entry";
 
 /// A scratch directory removed on drop (permissions restored first).
 struct TempDir(PathBuf);
@@ -146,6 +146,7 @@ fn child(role: &str, dir: &Path, arg: &str) -> Peer {
 ///   padding until killed (at most 60 s).
 #[test]
 fn child_process_entry() {
+    let _area = tests::area(module_path!());
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
@@ -208,6 +209,7 @@ fn child_process_entry() {
 
 #[test]
 fn default_directories_follow_uid_and_xdg() {
+    let _area = tests::area(module_path!());
     let s = |v: &str| Some(OsStr::new(v).to_owned());
     let (xdg, home) = (s("/x/state"), s("/home/u"));
     assert_eq!(
@@ -249,6 +251,7 @@ fn default_directories_follow_uid_and_xdg() {
 
 #[test]
 fn first_run_then_round_trip() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("roundtrip");
     let dir = tmp.path().join("nested/state");
     {
@@ -292,6 +295,7 @@ fn first_run_then_round_trip() {
 
 #[test]
 fn corrupt_or_future_state_is_kept_aside_and_replaced() {
+    let _area = tests::area(module_path!());
     // (file content, a substring of the note)
     let cases: &[(&[u8], &str)] = &[
         (b"", "is corrupt"),
@@ -342,6 +346,7 @@ fn corrupt_or_future_state_is_kept_aside_and_replaced() {
 
 #[test]
 fn bad_files_are_bounded() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("badbound");
     let store = StateStore::open(tmp.path()).expect("open");
     for i in 0..(store::KEEP_BAD_FILES + 4) {
@@ -361,6 +366,7 @@ fn bad_files_are_bounded() {
 
 #[test]
 fn a_symlinked_state_file_is_not_followed() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("statelink");
     let dir = tmp.path().join("state");
     let store = StateStore::open(&dir).expect("open");
@@ -384,6 +390,7 @@ fn a_symlinked_state_file_is_not_followed() {
 
 #[test]
 fn killed_between_write_and_rename_keeps_the_old_state() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("crash");
     let old = json!({"counter": 41, "note": "old"});
     let new = json!({"counter": 42, "note": "new"});
@@ -414,6 +421,7 @@ fn killed_between_write_and_rename_keeps_the_old_state() {
 
 #[test]
 fn a_torn_temp_file_is_ignored_and_replaced() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("torn");
     let store = StateStore::open(tmp.path()).expect("open");
     store.save(&json!({"n": 1})).expect("save");
@@ -427,6 +435,7 @@ fn a_torn_temp_file_is_ignored_and_replaced() {
 
 #[test]
 fn killed_at_any_moment_the_state_is_old_or_new() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("killloop");
     let pad = "x".repeat(200_000);
     StateStore::open(tmp.path())
@@ -450,6 +459,7 @@ fn killed_at_any_moment_the_state_is_old_or_new() {
 
 #[test]
 fn concurrent_threads_take_turns() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("threads");
     let (threads, each) = (16, 5);
     std::thread::scope(|s| {
@@ -470,6 +480,7 @@ fn concurrent_threads_take_turns() {
 
 #[test]
 fn concurrent_processes_take_turns() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("procs");
     let (procs, each) = (6u64, 10u64);
     let peers: Vec<Peer> = (0..procs)
@@ -486,6 +497,7 @@ fn concurrent_processes_take_turns() {
 
 #[test]
 fn a_held_lock_times_out_as_locked() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("lock");
     let holder = StateStore::open(tmp.path()).expect("open");
     let start = Instant::now();
@@ -515,6 +527,7 @@ fn a_held_lock_times_out_as_locked() {
 
 #[test]
 fn refuses_symlinks_files_open_and_foreign_directories() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("refuse");
     let real = tmp.path().join("real");
     fs::create_dir(&real).expect("mkdir");
@@ -572,6 +585,7 @@ fn body(n: u64) -> Value {
 
 #[test]
 fn snapshots_round_trip() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("snap");
     let dir = tmp.path().join("log");
     let log = SnapshotLog::open(&dir, snapshots::DEFAULT_MAX_BYTES, snapshots::DEFAULT_KEEP)
@@ -677,6 +691,7 @@ fn snapshots_round_trip() {
 
 #[test]
 fn snapshot_ids_are_unique_and_time_ordered() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("ids");
     let log = SnapshotLog::open(tmp.path(), snapshots::DEFAULT_MAX_BYTES, 5).expect("open");
     let mut ids = Vec::with_capacity(1000);
@@ -705,6 +720,7 @@ fn snapshot_ids_are_unique_and_time_ordered() {
 
 #[test]
 fn rotation_keeps_exactly_keep_files_and_list_spans_them() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("rotate");
     let (max, keep) = (2_000u64, 3usize);
     // A leftover from a larger `keep` is cleared by rotation.
@@ -763,6 +779,7 @@ fn rotation_keeps_exactly_keep_files_and_list_spans_them() {
 
 #[test]
 fn malformed_lines_are_skipped_and_counted() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("malformed");
     let log = SnapshotLog::open(tmp.path(), 1 << 20, 2).expect("open");
     let a = log.append("sol", "wedged", &body(1)).expect("append");
@@ -801,6 +818,7 @@ fn malformed_lines_are_skipped_and_counted() {
 
 #[test]
 fn an_unwritable_directory_is_an_error_not_a_panic() {
+    let _area = tests::area(module_path!());
     if !is_root() {
         // A read-only directory stops a non-root writer.
         let tmp = TempDir::new("ro");
@@ -841,6 +859,7 @@ fn an_unwritable_directory_is_an_error_not_a_panic() {
 
 #[test]
 fn a_full_disk_is_enospc_without_a_partial_line() {
+    let _area = tests::area(module_path!());
     if !is_root() {
         skip(
             "a_full_disk_is_enospc_without_a_partial_line",
@@ -928,6 +947,7 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn snapshots_command_lists_and_shows() {
+    let _area = tests::area(module_path!());
     let help = selfheal(&["--help"]);
     if !text(&help.stdout).contains("snapshots") {
         skip(
@@ -1053,6 +1073,7 @@ fn snapshots_command_lists_and_shows() {
 /// either directory.
 #[test]
 fn a_directory_swapped_after_open_is_refused_not_written() {
+    let _area = tests::area(module_path!());
     let tmp = TempDir::new("swapped");
     let dir = tmp.path().join("snaps");
     let log = SnapshotLog::open(&dir, 1 << 20, 2).expect("open");
@@ -1097,6 +1118,7 @@ fn a_directory_swapped_after_open_is_refused_not_written() {
 /// on the way is an error, not a panic or a hang.
 #[test]
 fn the_walk_follows_our_symlinks_and_refuses_loops() {
+    let _area = tests::area(module_path!());
     use selfheal::safedir::SafeDir;
     let tmp = TempDir::new("walk");
     let real = tmp.path().join("a/b");

@@ -95,6 +95,7 @@ fn passes(pid: u32, caps: &[&str]) -> BTreeSet<&'static str> {
 
 #[test]
 fn each_read_and_act_of_watch_needs_the_documented_capability() {
+    let _area = tests::area(module_path!());
     const TEST: &str = "each_read_and_act_of_watch_needs_the_documented_capability";
     if !is_root() {
         return skip(TEST, "needs root (uid 0 with chosen capabilities)");
