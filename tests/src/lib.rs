@@ -118,6 +118,26 @@ impl Drop for Area {
     }
 }
 
+/// The helper client of the tests that start a helper in this process: 1 s
+/// to connect, 5 s for an answer, 10 s for an act.
+pub fn client_opts() -> selfheal::helper::ClientOptions {
+    selfheal::helper::ClientOptions {
+        connect_timeout: Duration::from_secs(1),
+        timeout: Duration::from_secs(5),
+        act_timeout: Duration::from_secs(10),
+    }
+}
+
+/// The helper client of the tests that run `selfheal helper` as its own
+/// process: 3 s to connect, 10 s for an answer or an act.
+pub fn patient_client_opts() -> selfheal::helper::ClientOptions {
+    selfheal::helper::ClientOptions {
+        connect_timeout: Duration::from_secs(3),
+        timeout: Duration::from_secs(10),
+        act_timeout: Duration::from_secs(10),
+    }
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

@@ -7,12 +7,13 @@
 //! snapshot. A container stopped on purpose (`docker stop`) is left alone.
 //! The same rung through Podman's compatible API.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use tests::{
     Scratch, need_root,
     runtimes::{
-        check_acting, docker, have, only_docker, rootfs_tar, run_ok, start_dockerd, start_podman,
+        check_acting, docker, docker_with_image, have, only_docker, rootfs_tar, run_ok,
+        run_sleeper, start_podman,
     },
     selfheal_bin, skip,
 };
@@ -34,28 +35,12 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
         }
     }
     let scratch = Scratch::new("container-incident");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
+    let Some(d) = docker_with_image(TEST, &scratch, "i", "i") else {
+        return;
     };
-    let exec = PathBuf::from(format!("/run/shd-{}-i", std::process::id()));
-    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
-    let tag = format!("selfheal-i{}", std::process::id());
-    let image = format!("{tag}:1");
+    let (dockerd, sock, tag, image, exec) = (d.dockerd, d.sock, d.tag, d.image, d.exec);
     let name = format!("{tag}-runner");
-    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
-    let id = run_ok(docker(&sock).args([
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--label",
-        "app=runner",
-        &image,
-        "/bin/sleep",
-        "600",
-    ]))
-    .expect("docker run");
+    let id = run_sleeper(&sock, &name, &["app=runner"], &image);
     let inspect = |format: &str| {
         run_ok(docker(&sock).args(["inspect", "--format", format, &name])).expect("docker inspect")
     };

@@ -16,14 +16,13 @@
 
 use std::{
     net::SocketAddr,
-    path::PathBuf,
     process::Command,
     time::{Duration, Instant},
 };
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    runtimes::{docker, docker_with_image, have, only_docker, run_ok},
     selfheal_bin, skip,
     testbed::scenario::{Bed, FAST, Options},
     testbed_bin,
@@ -166,17 +165,12 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     }
     let scratch = Scratch::new("container-socket-rung");
     let sock = scratch.join("docker.sock");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
+    let Some(d) = docker_with_image(TEST, &scratch, "s", "s") else {
+        return;
     };
-    let exec = PathBuf::from(format!("/run/shd-{}-s", std::process::id()));
-    let (dockerd, sock2) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
+    let (dockerd, sock2, tag, image, exec) = (d.dockerd, d.sock, d.tag, d.image, d.exec);
     assert_eq!(sock, sock2);
-    let tag = format!("selfheal-s{}", std::process::id());
-    let image = format!("{tag}:1");
     let name = format!("{tag}-runner");
-    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
 
     let n = (std::process::id() % 200) as u8 + 30;
     let opts = Options {

@@ -20,8 +20,8 @@ use std::{
 use tests::{
     Scratch, need_root,
     runtimes::{
-        Daemon, check_acting, check_json_args, docker, have, only_docker, rootfs_tar, run_ok,
-        start_dockerd, start_podman,
+        Daemon, check_acting, check_json_args, docker, docker_with_image, have, only_docker,
+        rootfs_tar, run_ok, run_sleeper, start_podman,
     },
     selfheal_bin, skip, wait_for,
 };
@@ -344,31 +344,12 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
         }
     }
     let scratch = Scratch::new("containers-docker");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
+    let Some(d) = docker_with_image(TEST, &scratch, "a", "t") else {
+        return;
     };
-    // dockerd's exec root holds containerd's socket: keep its path short.
-    let exec = PathBuf::from(format!("/run/shd-{}-a", std::process::id()));
-    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
-    let tag = format!("selfheal-t{}", std::process::id());
-    let image = format!("{tag}:1");
+    let (dockerd, sock, tag, image, exec, tar) = (d.dockerd, d.sock, d.tag, d.image, d.exec, d.tar);
     let name = format!("{tag}-runner");
-    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
-    let id = run_ok(docker(&sock).args([
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--label",
-        "app=runner",
-        "--label",
-        "odd=a\"b\nc",
-        &image,
-        "/bin/sleep",
-        "600",
-    ]))
-    .expect("docker run");
+    let id = run_sleeper(&sock, &name, &["app=runner", "odd=a\"b\nc"], &image);
     let cleanup = || {
         let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
         let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
@@ -778,15 +759,10 @@ fn cost_of_a_check_by_label_against_by_pid() {
         .filter(|n| (1..=500).contains(n))
         .unwrap_or(20);
     let scratch = Scratch::new("containers-cost");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
+    let Some(d) = docker_with_image(TEST, &scratch, "b", "cost") else {
+        return;
     };
-    let exec = PathBuf::from(format!("/run/shd-{}-b", std::process::id()));
-    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
-    let tag = format!("selfheal-cost{}", std::process::id());
-    let image = format!("{tag}:1");
-    run_ok(docker(&sock).arg("import").arg(&tar).arg(&image)).expect("docker import");
+    let (dockerd, sock, tag, image, exec) = (d.dockerd, d.sock, d.tag, d.image, d.exec);
     let mut ids = Vec::new();
     let started = Instant::now();
     for i in 0..n {

@@ -555,11 +555,7 @@ fn the_retry_waits_for_a_helper_restarted_on_its_path() {
             .expect("start the helper")
     };
     let mut a = start();
-    let opts = ClientOptions {
-        connect_timeout: 3 * SEC,
-        timeout: 10 * SEC,
-        act_timeout: 10 * SEC,
-    };
+    let opts = tests::patient_client_opts();
     let mut client = wait_for(10 * SEC, Duration::from_millis(20), || {
         HelperClient::connect_with(&path, opts).ok()
     })

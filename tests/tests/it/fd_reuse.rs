@@ -17,10 +17,10 @@ use std::{
 };
 
 use selfheal::{
-    helper::{ActRequest, Action, ClientOptions, ErrorCode, HelperClient},
+    helper::{ActRequest, Action, ErrorCode, HelperClient},
     pidfd::start_ticks,
 };
-use tests::{Peer, Scratch, need_root, socket_fd_of};
+use tests::{Peer, Scratch, need_root, patient_client_opts, socket_fd_of};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -33,14 +33,6 @@ impl Drop for Helper {
     }
 }
 
-fn opts() -> ClientOptions {
-    ClientOptions {
-        connect_timeout: 3 * SEC,
-        timeout: 10 * SEC,
-        act_timeout: 10 * SEC,
-    }
-}
-
 fn start_helper(path: &Path) -> Helper {
     let child = Command::new(tests::selfheal_bin())
         .args(["helper", "--no-ebpf", "--socket"])
@@ -50,7 +42,10 @@ fn start_helper(path: &Path) -> Helper {
         .expect("start selfheal helper");
     let h = Helper(child);
     tests::wait_for(15 * SEC, Duration::from_millis(20), || {
-        HelperClient::connect_with(path, opts()).ok()?.hello().ok()
+        HelperClient::connect_with(path, patient_client_opts())
+            .ok()?
+            .hello()
+            .ok()
     })
     .expect("the helper answers");
     h
@@ -99,7 +94,7 @@ fn a_socket_act_on_a_reconnected_fd_is_refused_and_the_new_connection_lives() {
         return;
     }
 
-    let mut client = HelperClient::connect_with(&sock, opts()).expect("connect");
+    let mut client = HelperClient::connect_with(&sock, patient_client_opts()).expect("connect");
     for action in [Action::DestroySocket, Action::ArmKeepalive] {
         let e = client
             .act(&act(action, new.pid, fd, Some(old.inode)))

@@ -28,16 +28,16 @@ use std::{
 use selfheal::{
     ebpf::{Strategy, TracerOptions},
     helper::{
-        ActRequest, Action, Caller, ClientError, ClientOptions, DryExecutor, ErrorCode, Executor,
-        HelperClient, Listen, Policy, RateLimit, ServerHandle, ServerOptions, StopReason,
-        protocol::Response, serve,
+        ActRequest, Action, Caller, ClientError, DryExecutor, ErrorCode, Executor, HelperClient,
+        Listen, Policy, RateLimit, ServerHandle, ServerOptions, StopReason, protocol::Response,
+        serve,
     },
     pidfd::{Pidfd, start_ticks},
 };
 use serde_json::{Value, json};
 use tests::{
-    Peer, as_uid, expected_strategy, forced_strategy, listener, need_ebpf, need_root, skip,
-    wait_for,
+    Peer, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf, need_root,
+    skip, wait_for,
 };
 
 const NOBODY: u32 = 65534;
@@ -110,14 +110,6 @@ impl Drop for Sleeper {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-fn client_opts() -> ClientOptions {
-    ClientOptions {
-        connect_timeout: SEC,
-        timeout: 5 * SEC,
-        act_timeout: 10 * SEC,
     }
 }
 

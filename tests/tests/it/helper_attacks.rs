@@ -48,19 +48,11 @@ use selfheal::{
     },
     pidfd::start_ticks,
 };
-use tests::{Scratch, as_uid, forced_strategy, need_ebpf, need_root, skip, wait_for};
+use tests::{Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for};
 
 const NOBODY: u32 = 65534;
 const SEC: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(20);
-
-fn client_opts() -> ClientOptions {
-    ClientOptions {
-        connect_timeout: SEC,
-        timeout: 5 * SEC,
-        act_timeout: 10 * SEC,
-    }
-}
 
 /// An in-process helper on `dir`'s socket.
 fn start(

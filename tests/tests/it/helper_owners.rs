@@ -37,12 +37,14 @@ use selfheal::{
     ebpf::{Strategy, TracerOptions},
     healer::ActionsExecutor,
     helper::{
-        ActRequest, Action, ClientOptions, Executor, HelperClient, Listen, ServerHandle,
-        ServerOptions, protocol::Response, serve,
+        ActRequest, Action, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
+        protocol::Response, serve,
     },
     pidfd::start_ticks,
 };
-use tests::{Peer, Scratch, as_uid, forced_strategy, need_ebpf, need_root, skip, wait_for};
+use tests::{
+    Peer, Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for,
+};
 
 const SEC: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(20);
@@ -63,14 +65,6 @@ const BYSTANDER: u32 = 61105;
 
 /// Set when this test binary runs as the process inside a user namespace.
 const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
-
-fn client_opts() -> ClientOptions {
-    ClientOptions {
-        connect_timeout: SEC,
-        timeout: 5 * SEC,
-        act_timeout: 10 * SEC,
-    }
-}
 
 /// An in-process helper on `dir`'s socket.
 fn start(

@@ -18,7 +18,7 @@ use std::{
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, have, only_docker, rootfs_tar, run_ok, start_dockerd},
+    runtimes::{docker, docker_with_image, have, only_docker, rootfs_tar, run_ok, run_sleeper},
     selfheal_bin, skip, wait_for,
 };
 
@@ -297,28 +297,12 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         return skip(TEST, "no cgroup v2 hierarchy");
     }
     let scratch = Scratch::new("ident-docker");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
+    let Some(d) = docker_with_image(TEST, &scratch, "ident", "ident") else {
+        return;
     };
-    let exec = PathBuf::from(format!("/run/shd-{}-ident", std::process::id()));
-    let (dockerd, sock) = start_dockerd(&scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
-    let tag = format!("selfheal-ident{}", std::process::id());
-    let image = format!("{tag}:1");
+    let (dockerd, sock, tag, image, exec) = (d.dockerd, d.sock, d.tag, d.image, d.exec);
     let name = format!("{tag}-runner");
-    run_ok(docker(&sock).args(["import"]).arg(&tar).arg(&image)).expect("docker import");
-    let id = run_ok(docker(&sock).args([
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--label",
-        "app=runner",
-        &image,
-        "/bin/sleep",
-        "600",
-    ]))
-    .expect("docker run");
+    let id = run_sleeper(&sock, &name, &["app=runner"], &image);
     let id = id.trim().to_string();
     let cleanup = || {
         let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));

@@ -17,10 +17,10 @@ use std::{
 };
 
 use selfheal::{
-    helper::{ActRequest, Action, ClientError, ClientOptions, ErrorCode, HelperClient},
+    helper::{ActRequest, Action, ClientError, ErrorCode, HelperClient},
     pidfd::start_ticks,
 };
-use tests::{Peer, Ready, Scratch, as_uid, need_root, run_check};
+use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -398,7 +398,7 @@ impl RealHelper {
             path: path.to_path_buf(),
         };
         tests::wait_for(15 * SEC, Duration::from_millis(20), || {
-            HelperClient::connect_with(path, client_opts())
+            HelperClient::connect_with(path, patient_client_opts())
                 .ok()?
                 .hello()
                 .ok()
@@ -408,7 +408,8 @@ impl RealHelper {
     }
 
     fn client(&self) -> HelperClient {
-        HelperClient::connect_with(&self.path, client_opts()).expect("connect to the helper")
+        HelperClient::connect_with(&self.path, patient_client_opts())
+            .expect("connect to the helper")
     }
 
     /// SIGTERM; its log (stderr).
@@ -432,14 +433,6 @@ impl Drop for RealHelper {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn client_opts() -> ClientOptions {
-    ClientOptions {
-        connect_timeout: 3 * SEC,
-        timeout: 10 * SEC,
-        act_timeout: 10 * SEC,
     }
 }
 
@@ -680,7 +673,7 @@ fn a_flood_from_one_uid_does_not_starve_another() {
             .collect();
         let asker = s.spawn(|| {
             as_uid(OTHER, || {
-                let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+                let mut c = HelperClient::connect_with(&path, patient_client_opts()).unwrap();
                 let mut worst = Duration::ZERO;
                 let mut n = 0u32;
                 let end = std::time::Instant::now() + FLOOD_FOR;
@@ -1307,7 +1300,7 @@ fn a_client_refuses_a_socket_served_by_another_uid() {
     // The socket's creds are the listener's at listen time: nobody's.
     let listener = as_uid(NOBODY, || std::os::unix::net::UnixListener::bind(&path))
         .unwrap_or_else(|e| panic!("bind as nobody at {}: {e}", path.display()));
-    let r = HelperClient::connect_with(&path, client_opts());
+    let r = HelperClient::connect_with(&path, patient_client_opts());
     drop(listener);
     match r {
         Ok(_) => panic!("connected to a socket that uid {NOBODY} serves, as if it were the helper"),
