@@ -138,6 +138,33 @@ pub fn patient_client_opts() -> selfheal::helper::ClientOptions {
     }
 }
 
+/// Runs `cmd` to its end and asserts that it exited 0 (its stderr is the
+/// message when not).
+pub fn output_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Writes `path`: a config with one agent, "me", matching this test process
+/// by pid.
+pub fn own_agent_config(path: &std::path::Path) {
+    std::fs::write(
+        path,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

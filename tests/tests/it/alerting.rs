@@ -321,14 +321,7 @@ fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
     );
     // A healthy-only config exits 1, not 0: the file was asked for.
     let me = s.0.join("me.toml");
-    std::fs::write(
-        &me,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .unwrap();
+    tests::own_agent_config(&me);
     let (code, err) = check_writing(&s.0, &me, &prom);
     assert_eq!(code, 1, "{err}");
     // Room again: written again.
@@ -714,15 +707,10 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         description.contains(&format!("reasons: {reason}")) || description.contains(&reason),
         "{description}"
     );
-    let shown = Command::new(&opts.selfheal)
-        .args(["snapshots", "show", &id, "--dir"])
-        .arg(s.0.join("snapshots"))
-        .output()
-        .expect("selfheal snapshots show");
-    assert!(
-        shown.status.success(),
-        "{}",
-        String::from_utf8_lossy(&shown.stderr)
+    tests::output_ok(
+        Command::new(&opts.selfheal)
+            .args(["snapshots", "show", &id, "--dir"])
+            .arg(s.0.join("snapshots")),
     );
 
     // The heal: one `selfheal check` as the timer runs it, healing on,

@@ -30,11 +30,7 @@ impl Dirs {
     /// A config with one agent, "me": this test process.
     fn own_agent_config(&self) -> PathBuf {
         let config = self.0.join("config.toml");
-        let text = format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        );
-        std::fs::write(&config, text).expect("write config");
+        tests::own_agent_config(&config);
         config
     }
 }
@@ -185,15 +181,10 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
     eprintln!("detected the half-open control connection {after:?} after the peer vanished");
 
     // The snapshot reads back, with the evidence.
-    let out = Command::new(selfheal_bin())
-        .args(["snapshots", "show", &id, "--json", "--dir"])
-        .arg(dirs.0.join("snapshots"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = tests::output_ok(
+        Command::new(selfheal_bin())
+            .args(["snapshots", "show", &id, "--json", "--dir"])
+            .arg(dirs.0.join("snapshots")),
     );
     let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(snap["agent"], "wedging");

@@ -103,15 +103,10 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
         .find(|e| e["verdict"] == "wedged" && e["snapshot"].is_string())
         .and_then(|e| e["snapshot"].as_str())
         .unwrap_or_else(|| panic!("no wedged verdict with a snapshot: {stdout}"));
-    let shown = Command::new(&selfheal)
-        .args(["snapshots", "show", id, "--json", "--dir"])
-        .arg(&keep)
-        .output()
-        .expect("selfheal snapshots show");
-    assert!(
-        shown.status.success(),
-        "{}",
-        String::from_utf8_lossy(&shown.stderr)
+    let shown = tests::output_ok(
+        Command::new(&selfheal)
+            .args(["snapshots", "show", id, "--json", "--dir"])
+            .arg(&keep),
     );
     let snap: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("snapshot JSON");
     assert_eq!(snap["agent"], "runner");

@@ -277,14 +277,7 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
         sock.exists().then_some(())
     });
     let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .expect("config");
+    tests::own_agent_config(&config);
     let check = |dir: &PathBuf| -> serde_json::Value {
         let out = Command::new(selfheal_bin())
             .args(["check", "--json", "--config"])

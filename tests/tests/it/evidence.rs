@@ -244,15 +244,13 @@ fn half_open_connection_then_keepalive_probes() {
             .expect("the socket")
     };
     let inspect_json = |pid: u32| -> serde_json::Value {
-        let out = Command::new(selfheal_bin())
-            .args(["inspect", "--no-ebpf", "--json", "--pid", &pid.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = tests::output_ok(Command::new(selfheal_bin()).args([
+            "inspect",
+            "--no-ebpf",
+            "--json",
+            "--pid",
+            &pid.to_string(),
+        ]));
         serde_json::from_slice(&out.stdout).unwrap()
     };
     let before = inspect_json(ready.pid);
@@ -329,15 +327,10 @@ fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
 }
 
 fn inspect_name(config: &std::path::Path, name: &str) -> serde_json::Value {
-    let out = Command::new(selfheal_bin())
-        .args(["inspect", name, "--json", "--no-ebpf", "--config"])
-        .arg(config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = tests::output_ok(
+        Command::new(selfheal_bin())
+            .args(["inspect", name, "--json", "--no-ebpf", "--config"])
+            .arg(config),
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -506,15 +499,13 @@ fn settled_wait(pid: u32, tid: u32, inode: u64, detail: proc::Detail) -> proc::T
 
 /// `selfheal inspect --pid PID --json --no-ebpf`.
 fn inspect_pid(pid: u32) -> serde_json::Value {
-    let out = Command::new(selfheal_bin())
-        .args(["inspect", "--no-ebpf", "--json", "--pid", &pid.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = tests::output_ok(Command::new(selfheal_bin()).args([
+        "inspect",
+        "--no-ebpf",
+        "--json",
+        "--pid",
+        &pid.to_string(),
+    ]));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

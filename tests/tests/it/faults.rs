@@ -511,14 +511,7 @@ fn check_reports_a_dead_helper_and_goes_on_without_it() {
     assert!(up.is_some(), "the helper came up");
     assert!(path.exists(), "SIGKILL leaves the socket file behind");
     let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-            std::process::id()
-        ),
-    )
-    .unwrap();
+    tests::own_agent_config(&config);
     let r = run_check(&config, &dir.join("state"), &dir.join("snaps"), &path, &[]);
     assert_eq!(r.code, 0, "{r:#?}");
     assert_eq!(r.agent("me")["verdict"], "healthy", "{r:#?}");

@@ -11,17 +11,12 @@ fn installed_units_pass_systemd_analyze_verify() {
     let dir = std::env::temp_dir().join(format!("selfheal-units-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for scope in [&["--user"][..], &["--user", "--watch"], &["--system"]] {
-        let out = Command::new(selfheal_bin())
-            .arg("install")
-            .args(scope)
-            .arg("--dir")
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = tests::output_ok(
+            Command::new(selfheal_bin())
+                .arg("install")
+                .args(scope)
+                .arg("--dir")
+                .arg(&dir),
         );
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(

@@ -39,14 +39,7 @@ impl Watch {
     /// `extra` arguments.
     fn start(scratch: &Scratch, extra: &[&str]) -> Watch {
         let config = scratch.join("config.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
-                std::process::id()
-            ),
-        )
-        .unwrap();
+        tests::own_agent_config(&config);
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
