@@ -136,6 +136,18 @@ pub fn start_dockerd(scratch: &Scratch, exec: &Path) -> Result<(Daemon, PathBuf)
     Ok((d, sock))
 }
 
+/// Skips `test` (returns `false`) unless every one of `programs` is on the
+/// PATH; the reason names the first missing one and `hint`, what installs it.
+pub fn need_programs(test: &str, programs: &[&str], hint: &str) -> bool {
+    match programs.iter().find(|p| !have(p)) {
+        Some(p) => {
+            crate::skip(test, &format!("no {p} ({hint})"));
+            false
+        }
+        None => true,
+    }
+}
+
 /// A [`start_dockerd`] of the test's own with the busybox root filesystem
 /// ([`rootfs_tar`]) imported as `image`.
 pub struct DockerImage {

@@ -12,8 +12,8 @@ use std::{process::Command, time::Duration};
 use tests::{
     Scratch, need_root,
     runtimes::{
-        check_acting, docker, docker_with_image, have, only_docker, rootfs_tar, run_ok,
-        run_sleeper, start_podman,
+        check_acting, docker, docker_with_image, have, need_programs, only_docker, rootfs_tar,
+        run_ok, run_sleeper, start_podman,
     },
     selfheal_bin, skip,
 };
@@ -26,13 +26,12 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker"],
+        "run `cargo xtask setup`: Debian docker.io",
+    ) {
+        return;
     }
     let scratch = Scratch::new("container-incident");
     let Some(d) = docker_with_image(TEST, &scratch, "i", "i") else {

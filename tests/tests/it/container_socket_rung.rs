@@ -22,8 +22,8 @@ use std::{
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, docker_with_image, have, only_docker, run_ok},
-    selfheal_bin, skip,
+    runtimes::{docker, docker_with_image, need_programs, only_docker, run_ok},
+    selfheal_bin,
     testbed::scenario::{Bed, FAST, Options},
     testbed_bin,
 };
@@ -158,10 +158,12 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker", "nft", "ip", "nsenter"] {
-        if !have(p) {
-            return skip(TEST, &format!("no {p} (run `cargo xtask setup`)"));
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker", "nft", "ip", "nsenter"],
+        "run `cargo xtask setup`",
+    ) {
+        return;
     }
     let scratch = Scratch::new("container-socket-rung");
     let sock = scratch.join("docker.sock");

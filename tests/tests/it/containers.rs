@@ -20,8 +20,8 @@ use std::{
 use tests::{
     Scratch, need_root,
     runtimes::{
-        Daemon, check_acting, check_json_args, docker, docker_with_image, have, only_docker,
-        rootfs_tar, run_ok, run_sleeper, start_podman,
+        Daemon, check_acting, check_json_args, docker, docker_with_image, have, need_programs,
+        only_docker, rootfs_tar, run_ok, run_sleeper, start_podman,
     },
     selfheal_bin, skip, wait_for,
 };
@@ -335,13 +335,12 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker"],
+        "run `cargo xtask setup`: Debian docker.io",
+    ) {
+        return;
     }
     let scratch = Scratch::new("containers-docker");
     let Some(d) = docker_with_image(TEST, &scratch, "a", "t") else {
@@ -504,13 +503,12 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
     if !need_root(TEST) {
         return;
     }
-    for p in ["containerd", "ctr", "runc"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian containerd)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["containerd", "ctr", "runc"],
+        "run `cargo xtask setup`: Debian containerd",
+    ) {
+        return;
     }
     let scratch = Scratch::new("containers-containerd");
     if let Err(e) = rootfs_tar(&scratch) {
@@ -745,13 +743,12 @@ fn cost_of_a_check_by_label_against_by_pid() {
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker"],
+        "run `cargo xtask setup`: Debian docker.io",
+    ) {
+        return;
     }
     let n: usize = std::env::var("SELFHEAL_CONTAINERS_N")
         .ok()

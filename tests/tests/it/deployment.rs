@@ -18,8 +18,8 @@ use std::{
 use selfheal::actions::{self, Keepalive};
 use tests::{
     NetnsPair, Peer, Scratch, helper_bin, need_root,
-    runtimes::{docker, have, run_ok, start_dockerd},
-    skip, socket_fd_of, testbed_bin, wait_for,
+    runtimes::{docker, need_programs, run_ok, start_dockerd},
+    socket_fd_of, testbed_bin, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -372,13 +372,12 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker", "debootstrap", "dpkg-deb"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian docker.io, debootstrap)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker", "debootstrap", "dpkg-deb"],
+        "run `cargo xtask setup`: Debian docker.io, debootstrap",
+    ) {
+        return;
     }
     let mut phases = Phases::new();
     let scratch = Scratch::new("deployment");

@@ -18,7 +18,10 @@ use std::{
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, docker_with_image, have, only_docker, rootfs_tar, run_ok, run_sleeper},
+    runtimes::{
+        docker, docker_with_image, have, need_programs, only_docker, rootfs_tar, run_ok,
+        run_sleeper,
+    },
     selfheal_bin, skip, wait_for,
 };
 
@@ -285,13 +288,12 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker"],
+        "run `cargo xtask setup`: Debian docker.io",
+    ) {
+        return;
     }
     if cgroup2_root().is_none() {
         return skip(TEST, "no cgroup v2 hierarchy");

@@ -8,8 +8,7 @@ use std::{process::Command, time::Instant};
 
 use tests::{
     Scratch, need_root,
-    runtimes::{docker, have, run_ok, start_dockerd},
-    skip,
+    runtimes::{docker, need_programs, run_ok, start_dockerd},
 };
 
 #[test]
@@ -19,13 +18,12 @@ fn the_image_tarball_loads_into_docker_and_the_binary_runs_in_it() {
     if !need_root(TEST) {
         return;
     }
-    for p in ["dockerd", "docker", "tar", "ldd", "strip"] {
-        if !have(p) {
-            return skip(
-                TEST,
-                &format!("no {p} (run `cargo xtask setup`: Debian docker.io)"),
-            );
-        }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker", "tar", "ldd", "strip"],
+        "run `cargo xtask setup`: Debian docker.io",
+    ) {
+        return;
     }
     let scratch = Scratch::new("image");
     let t0 = Instant::now();
