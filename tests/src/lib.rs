@@ -165,6 +165,67 @@ pub fn own_agent_config(path: &std::path::Path) {
     .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
 }
 
+/// Compiles the C program `src/NAME.c` of this crate (`cc -O1`) into `dir`
+/// and makes `dir/mnt` for it to mount on: the program and the mount point.
+/// `Err` says why (no compiler, a compile error).
+pub fn compile_fuse_server(
+    dir: &Scratch,
+    name: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("src/{name}.c"));
+    let bin = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .output()
+        .map_err(|e| format!("no C compiler: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cc: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+    Ok((bin, mnt))
+}
+
+/// The port of `addr` (`HOST:PORT`).
+pub fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr:?}"))
+}
+
+/// A silent server in `b` (`recv-peer acceptor`: accepts, never sends) and
+/// a reconnecting client in `a` (`recv-peer reconnecting`), connected.
+pub struct SilentPair {
+    pub pair: NetnsPair,
+    pub server: Peer,
+    pub client: Peer,
+    /// The client's connection.
+    pub ready: Ready,
+}
+
+/// A [`SilentPair`] in a new [`NetnsPair`] named by `tag`.
+pub fn silent_pair(tag: &str) -> SilentPair {
+    let pair = NetnsPair::new(tag).expect("netns pair");
+    let mut cmd = pair.b.command(&helper_bin("recv-peer"));
+    cmd.args(["acceptor", &format!("{}:0", pair.b_addr)]);
+    let server = Peer::spawn(cmd);
+    let port = port_of(&server.expect("listening ", Duration::from_secs(10)));
+    let mut cmd = pair.a.command(&helper_bin("recv-peer"));
+    cmd.args(["reconnecting", &format!("{}:{port}", pair.b_addr)]);
+    let client = Peer::spawn(cmd);
+    let ready = client.ready();
+    server.expect("accepted ", Duration::from_secs(10));
+    SilentPair {
+        pair,
+        server,
+        client,
+        ready,
+    }
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -578,6 +639,38 @@ pub fn timed_usage(cmd: &mut Command) -> Usage {
 // Faults and privilege (tests/tests/it/faults.rs, tests/tests/it/privilege.rs):
 // scratch directories, running `selfheal check`, reading a socket's options
 // from outside, and the kernel's list of loaded BPF programs and maps.
+
+/// A scratch directory of a name no other has (`selfheal-TAG-PID-NANOS`
+/// under the temp dir), removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("selfheal-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    /// Writes `name` (its directories made) under the directory.
+    pub fn write(&self, name: &str, contents: impl AsRef<[u8]>) -> std::path::PathBuf {
+        let p = self.0.join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).expect("create dir");
+        }
+        std::fs::write(&p, contents).expect("write file");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// A scratch directory under the temp dir (mode 0755), removed on drop.
 pub struct Scratch(pub std::path::PathBuf);

@@ -23,7 +23,9 @@ use selfheal::{
     pidfd::{Pidfd, start_ticks},
     sockdiag,
 };
-use tests::{NetnsPair, Peer, Ready, helper_bin, listener, need_root, wait_for};
+use tests::{
+    NetnsPair, Peer, Ready, SilentPair, listener, need_root, port_of, silent_pair, wait_for,
+};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -46,13 +48,6 @@ fn fd_of(pid: u32, inode: u64) -> Option<i32> {
         .flatten()
         .find(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == want))
         .and_then(|e| e.file_name().to_string_lossy().parse().ok())
-}
-
-fn port_of(addr: &str) -> u16 {
-    addr.rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {addr:?}"))
 }
 
 /// A process handle as the helper takes it: guarded, pinned to the start
@@ -137,34 +132,6 @@ fn raw_keepalive(target: &Pidfd, fd: i32) -> KeepaliveSettings {
     }
 }
 
-/// A silent server in `b` (accepts, never sends) and a reconnecting client
-/// in `a`, connected.
-struct Pair {
-    pair: NetnsPair,
-    _server: Peer,
-    client: Peer,
-    ready: Ready,
-}
-
-fn netns_pair(tag: &str) -> Pair {
-    let pair = NetnsPair::new(tag).expect("netns pair");
-    let mut cmd = pair.b.command(&helper_bin("recv-peer"));
-    cmd.args(["acceptor", &format!("{}:0", pair.b_addr)]);
-    let server = Peer::spawn(cmd);
-    let port = port_of(&server.expect("listening ", 10 * SEC));
-    let mut cmd = pair.a.command(&helper_bin("recv-peer"));
-    cmd.args(["reconnecting", &format!("{}:{port}", pair.b_addr)]);
-    let client = Peer::spawn(cmd);
-    let ready = client.ready();
-    server.expect("accepted ", 10 * SEC);
-    Pair {
-        pair,
-        _server: server,
-        client,
-        ready,
-    }
-}
-
 /// Makes `b` drop every packet of one connection (by the client's port), so
 /// that connection goes half-open while new ones still work.
 fn drop_connection_into_b(pair: &NetnsPair, client_port: u16) {
@@ -190,12 +157,12 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
     if !need_root("keepalive_fails_a_half_open_read_and_the_agent_reconnects") {
         return;
     }
-    let Pair {
+    let SilentPair {
         pair,
-        _server,
+        server: _server,
         client,
         ready,
-    } = netns_pair("akh");
+    } = silent_pair("akh");
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     wait_blocked_in_read(ready.pid, ready.tid);
     drop_connection_into_b(&pair, port_of(&ready.local));
@@ -250,12 +217,12 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
     if !need_root("keepalive_leaves_a_live_silent_peer_alone_and_goes_back") {
         return;
     }
-    let Pair {
+    let SilentPair {
         pair: _pair,
-        _server,
+        server: _server,
         client: _client,
         ready,
-    } = netns_pair("akl");
+    } = silent_pair("akl");
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     wait_blocked_in_read(ready.pid, ready.tid);
     // Let the connection be silent for a while first.
@@ -357,12 +324,12 @@ fn destroy_socket_fails_a_blocked_read_at_once_in_another_netns() {
     if !need_root("destroy_socket_fails_a_blocked_read_at_once_in_another_netns") {
         return;
     }
-    let Pair {
+    let SilentPair {
         pair: _pair,
-        _server,
+        server: _server,
         client,
         ready,
-    } = netns_pair("ads");
+    } = silent_pair("ads");
     let method = destroy_and_expect(&client, &ready, false);
     let config = kernel_has_sock_destroy();
     eprintln!("KERNEL CONFIG_INET_DIAG_DESTROY: {config:?}; destroy_socket used {method:?}");
@@ -821,12 +788,12 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
     ) {
         return;
     }
-    let Pair {
+    let SilentPair {
         pair,
-        _server,
+        server: _server,
         client,
         ready,
-    } = netns_pair("apd");
+    } = silent_pair("apd");
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     wait_blocked_in_read(ready.pid, ready.tid);
     drop_connection_into_b(&pair, port_of(&ready.local));
@@ -889,12 +856,12 @@ fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back()
     if !need_root("a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back") {
         return;
     }
-    let Pair {
+    let SilentPair {
         pair: _pair,
-        _server,
+        server: _server,
         client: _client,
         ready,
-    } = netns_pair("apl");
+    } = silent_pair("apl");
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     wait_blocked_in_read(ready.pid, ready.tid);
     let target = target(ready.pid);
@@ -946,12 +913,12 @@ fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
     if !need_root("proof_actions_refuse_a_replaced_fd_and_bad_settings") {
         return;
     }
-    let Pair {
+    let SilentPair {
         pair: _pair,
-        _server,
+        server: _server,
         client: _client,
         ready,
-    } = netns_pair("apr");
+    } = silent_pair("apr");
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     let target = target(ready.pid);
     let before = raw_keepalive(&target, fd);

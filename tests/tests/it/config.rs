@@ -18,7 +18,7 @@ use selfheal::{
         Resolution, Role, SecretSource, Upstream, UpstreamAddr,
     },
 };
-use tests::wait_for;
+use tests::{TempDir, wait_for};
 
 const PATH: &str = "/etc/selfheal/test-config.toml";
 
@@ -1002,38 +1002,6 @@ fn host_names_resolve_with_the_system_resolver() {
     assert_eq!(r.role_of(sa("127.0.0.1:7444")), None);
 }
 
-/// A scratch directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "selfheal-cfgtest-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-
-    fn write(&self, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
-        let p = self.0.join(name);
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).expect("create dir");
-        }
-        std::fs::write(&p, contents).expect("write file");
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn where_the_config_is_looked_for() {
     let _area = tests::area(module_path!());
@@ -1058,7 +1026,7 @@ fn where_the_config_is_looked_for() {
         [PathBuf::from(config::SYSTEM_CONFIG)]
     );
 
-    let dir = TempDir::new("locate");
+    let dir = TempDir::new("cfgtest-locate");
     let first = dir.0.join("a/selfheal/config.toml");
     let second = dir.write("b/config.toml", AGENT);
     let candidates = vec![first.clone(), second.clone()];
@@ -1096,7 +1064,7 @@ fn where_the_config_is_looked_for() {
 #[test]
 fn load_reports_the_file() {
     let _area = tests::area(module_path!());
-    let dir = TempDir::new("load");
+    let dir = TempDir::new("cfgtest-load");
     let good = dir.write("good.toml", AGENT);
     let c = config::load(&good).unwrap();
     assert_eq!((c.path.as_path(), c.agents.len()), (good.as_path(), 1));
@@ -1327,7 +1295,7 @@ fn rules_find_real_processes_and_descendants() {
     assert!(!m.all.contains(&std::process::id()), "{m:?}");
 
     // pidfile: the pid in the file.
-    let dir = TempDir::new("pidfile");
+    let dir = TempDir::new("cfgtest-pidfile");
     let pidfile = dir.write("sh.pid", format!("{sh_pid}\n"));
     let m = agents::find(&MatchRule::Pidfile(pidfile.clone()), &table);
     assert_eq!((m.roots.clone(), m.problem.clone()), (vec![sh_pid], None));

@@ -2,42 +2,9 @@
 //! matches on this host, exit code 3 with file, line and key for a bad one,
 //! and where the config is looked for.
 
-use std::{
-    path::PathBuf,
-    process::{Command, Output},
-};
+use std::process::{Command, Output};
 
-use tests::selfheal_bin;
-
-/// A scratch directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "selfheal-cfgcli-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-
-    fn write(&self, name: &str, contents: &str) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::create_dir_all(p.parent().unwrap()).expect("create dir");
-        std::fs::write(&p, contents).expect("write file");
-        p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use tests::{TempDir, selfheal_bin};
 
 fn run(cmd: &mut Command) -> (i32, String, String) {
     let Output {
@@ -61,7 +28,7 @@ fn check(config: &std::path::Path) -> (i32, String, String) {
 #[test]
 fn a_good_config_shows_processes_and_upstreams() {
     let _area = tests::area(module_path!());
-    let dir = TempDir::new("good");
+    let dir = TempDir::new("cfgcli-good");
     let me = std::process::id();
     let config = dir.write(
         "config.toml",
@@ -122,7 +89,7 @@ match = {{ pidfile = "{}/none.pid" }}
 #[test]
 fn a_bad_config_exits_3_naming_file_line_and_key() {
     let _area = tests::area(module_path!());
-    let dir = TempDir::new("bad");
+    let dir = TempDir::new("cfgcli-bad");
     let config = dir.write(
         "config.toml",
         "[[agent]]\nname = \"sol\"\nmatch = { pid = 1 }\n[[agent.upstream]]\nrole = \"control\"\nadr = \"127.0.0.1:1\"\n",
@@ -150,7 +117,7 @@ fn a_bad_config_exits_3_naming_file_line_and_key() {
 #[test]
 fn the_config_is_found_under_xdg_config_home() {
     let _area = tests::area(module_path!());
-    let dir = TempDir::new("xdg");
+    let dir = TempDir::new("cfgcli-xdg");
     dir.write(
         "selfheal/config.toml",
         "[[agent]]\nname = \"found\"\nmatch = { pid = 1 }\n",
@@ -198,7 +165,7 @@ fn a_cmdline_rule_matches_only_the_runners_processes_unless_told() {
     };
     let mut mine = start(None);
     let mut theirs = start(Some(65534));
-    let dir = TempDir::new("uid");
+    let dir = TempDir::new("cfgcli-uid");
     let run = |extra: &str| {
         let config = dir.write(
             "config.toml",

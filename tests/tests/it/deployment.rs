@@ -17,19 +17,12 @@ use std::{
 
 use selfheal::actions::{self, Keepalive};
 use tests::{
-    NetnsPair, Peer, Scratch, helper_bin, need_root,
+    Scratch, SilentPair, need_root, port_of,
     runtimes::{docker, need_programs, run_ok, start_dockerd},
-    socket_fd_of, testbed_bin, wait_for,
+    silent_pair, socket_fd_of, testbed_bin, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
-
-fn port_of(addr: &str) -> u16 {
-    addr.rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {addr:?}"))
-}
 
 /// The heartbeat the stream is judged by (the incident test's scale).
 const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -42,16 +35,12 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
     if !need_root(name) {
         return;
     }
-    let pair = NetnsPair::new("dkr").expect("netns pair");
-    let mut cmd = pair.b.command(&helper_bin("recv-peer"));
-    cmd.args(["acceptor", &format!("{}:0", pair.b_addr)]);
-    let server = Peer::spawn(cmd);
-    let port = port_of(&server.expect("listening ", 10 * SEC));
-    let mut cmd = pair.a.command(&helper_bin("recv-peer"));
-    cmd.args(["reconnecting", &format!("{}:{port}", pair.b_addr)]);
-    let client = Peer::spawn(cmd);
-    let ready = client.ready();
-    server.expect("accepted ", 10 * SEC);
+    let SilentPair {
+        pair,
+        server: _server,
+        client,
+        ready,
+    } = silent_pair("dkr");
     let fd = socket_fd_of(ready.pid, ready.inode).expect("the client's socket fd");
 
     // The gateway drops this one flow both ways, no FIN or RST; new

@@ -38,19 +38,7 @@ impl PollFs {
     /// `FOPEN_DIRECT_IO` (an `mmap` of it waits on a held page holding its
     /// process's `mmap_lock`).
     fn mount_as(dir: &Scratch, answer: u32, direct: bool) -> Result<PollFs, String> {
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/pollfs.c");
-        let bin = dir.join("pollfs");
-        let out = Command::new("cc")
-            .args(["-O1", "-o"])
-            .arg(&bin)
-            .arg(src)
-            .output()
-            .map_err(|e| format!("no C compiler: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("cc: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        let mnt = dir.join("mnt");
-        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+        let (bin, mnt) = tests::compile_fuse_server(dir, "pollfs")?;
         let mut server = Command::new(&bin)
             .arg(&mnt)
             .arg(answer.to_string())

@@ -1065,19 +1065,7 @@ struct HangFs {
 
 impl HangFs {
     fn mount(dir: &Scratch, freeze: &std::path::Path) -> Result<HangFs, String> {
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src/hangfs.c");
-        let bin = dir.join("hangfs");
-        let out = Command::new("cc")
-            .args(["-O1", "-o"])
-            .arg(&bin)
-            .arg(src)
-            .output()
-            .map_err(|e| format!("no C compiler: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("cc: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-        let mnt = dir.join("mnt");
-        std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+        let (bin, mnt) = tests::compile_fuse_server(dir, "hangfs")?;
         let mut server = Command::new(&bin)
             .arg(&mnt)
             .arg(freeze)
