@@ -32,7 +32,7 @@ fn a_good_config_shows_processes_and_upstreams() {
     let me = std::process::id();
     let config = dir.write(
         "config.toml",
-        &format!(
+        format!(
             r#"
 [[agent]]
 name = "tester"
@@ -169,7 +169,7 @@ fn a_cmdline_rule_matches_only_the_runners_processes_unless_told() {
     let run = |extra: &str| {
         let config = dir.write(
             "config.toml",
-            &format!("[[agent]]\nname = \"sol\"\nmatch = {{ cmdline = \"^{marker} \"{extra} }}\n"),
+            format!("[[agent]]\nname = \"sol\"\nmatch = {{ cmdline = \"^{marker} \"{extra} }}\n"),
         );
         let (code, out, err) = check(&config);
         assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
