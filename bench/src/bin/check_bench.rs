@@ -9,7 +9,7 @@
 //! growth shows. Prints medians of `--runs`, ratios and selfheal's peak RSS.
 //!
 //! Beside `check`, in alternation with it, the C floor
-//! (`tests/src/diag_floor.c`, compiled here with `cc`): each agent thread's
+//! (`bench/src/diag_floor.c`, compiled here with `cc`): each agent thread's
 //! `stat` and `wchan` and one sock_diag dump with `tcp_info`, the least that
 //! sees what `check` sees. Prints check's ratio to it and check's user and
 //! system CPU time (the child's rusage).
@@ -212,7 +212,7 @@ fn status_server() -> std::net::SocketAddr {
     addr
 }
 
-/// The C floor (`tests/src/diag_floor.c`), compiled into `work`; `None`
+/// The C floor (`bench/src/diag_floor.c`), compiled into `work`; `None`
 /// (and why, printed) where there is no C compiler.
 fn build_floor(work: &Path) -> Option<PathBuf> {
     let src = work.join("diag_floor.c");
