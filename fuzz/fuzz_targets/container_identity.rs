@@ -7,10 +7,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::runtime::{
-    Glob, bundle,
+use selfheal_core::{
     cgroup::{self, containers_in_path, containers_in_proc_cgroup},
-    docker,
+    runtime::{Glob, bundle, docker},
 };
 
 fuzz_target!(|data: &[u8]| {

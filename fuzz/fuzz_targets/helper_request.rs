@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::helper::protocol::{Response, parse_request};
+use selfheal_core::protocol::{Response, parse_request};
 
 fuzz_target!(|data: &[u8]| {
     match parse_request(data) {

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::helper::protocol::{
+use selfheal_core::protocol::{
     HelloResult, Response, SnapshotWire, UnwatchResult, WatchResult, filter_snapshot,
 };
 

@@ -15,7 +15,7 @@ use libfuzzer_sys::{
     arbitrary::{Result, Unstructured},
     fuzz_target,
 };
-use selfheal::{
+use selfheal_core::{
     config::{AgentConfig, Config, HealConfig, Thresholds},
     judge::{self, AgentHistory, ProbeView, Verdict},
     ladder::{self, ActionRecord, HealHistory, Step},
@@ -97,7 +97,7 @@ fn step(u: &mut Unstructured<'_>) -> Result<Step> {
     );
     Ok(match u.int_in_range(0..=5)? {
         5 => Step::RestartContainer {
-            runtime: selfheal::runtime::Runtime::Docker,
+            runtime: selfheal_core::runtime::Runtime::Docker,
             id: "a".repeat(64),
             pid,
             start_ticks,
@@ -174,7 +174,7 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
         proofs: if u.arbitrary::<bool>()? {
             [(
                 9,
-                selfheal::prove::Proof {
+                selfheal_core::prove::Proof {
                     pid: 100,
                     start_ticks: u.arbitrary()?,
                     fd: 7,
@@ -183,7 +183,7 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
                     first_probe_ms: u.arbitrary()?,
                     interval_ms: u.arbitrary()?,
                     count: u.arbitrary()?,
-                    previous: selfheal::actions::KeepaliveSettings {
+                    previous: selfheal_core::keepalive::KeepaliveSettings {
                         enabled: u.arbitrary()?,
                         idle_s: u.arbitrary()?,
                         interval_s: u.arbitrary()?,

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::helper::{
+use selfheal_core::{
     policy::{Policy, Target},
     protocol::Caller,
 };

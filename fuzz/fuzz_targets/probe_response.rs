@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::probe::evaluate_response;
+use selfheal_core::probe::evaluate_response;
 
 /// Pointers as a config may hold them (checked by `check_json_pointer`) and
 /// some it refuses, since the evaluator must not rely on that check.
@@ -92,8 +92,8 @@ fuzz_target!(|data: &[u8]| {
     // What every output does with a body and a URL: redact and escape.
     // Never a panic, and what comes out holds no control character.
     let text = String::from_utf8_lossy(body);
-    let redacted = selfheal::text::redact_secrets(&text);
-    let _ = selfheal::text::redact_url(&text);
-    let shown = selfheal::text::escape_lines(&redacted);
+    let redacted = selfheal_core::text::redact_secrets(&text);
+    let _ = selfheal_core::text::redact_url(&text);
+    let shown = selfheal_core::text::escape_lines(&redacted);
     assert!(!shown.chars().any(|c| c.is_control() && c != '\n'));
 });

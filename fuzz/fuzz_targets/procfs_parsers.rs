@@ -9,13 +9,16 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::{
-    agents::{cgroup_path, in_unit, parse_pidfile},
+use selfheal_core::{
+    cgroup::{cgroup_path, in_unit},
     ebpf::{
         FdKind,
         snapshot::{blocked_recv, socket_activity, syscall_name},
     },
-    proc::{MAX_SELECT_FDS, POLLFD_SIZE, decode_fd_set, decode_pollfds, parse_epoll_tfds},
+    proc::{
+        MAX_SELECT_FDS, POLLFD_SIZE, decode_fd_set, decode_pollfds, parse_epoll_tfds,
+        parse_pidfile,
+    },
 };
 use selfheal_common::{InRecv, SockActivity};
 

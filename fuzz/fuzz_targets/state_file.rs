@@ -18,10 +18,10 @@ use std::{
 use libfuzzer_sys::fuzz_target;
 use selfheal::{
     check::History,
-    config::{AgentConfig, Config},
     judge, ladder,
     store::{STATE_FILE, StateStore},
 };
+use selfheal_core::config::{AgentConfig, Config};
 use selfheal_fuzz::{report, wedged};
 
 /// An agent whose ladder may climb every rung.

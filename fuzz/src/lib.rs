@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use selfheal::{
+use selfheal_core::{
     inspect::{EbpfStatus, InitDiagnosis, ProcessReport, Report, SocketReport},
     judge::{Judgement, Reason, Verdict},
     ladder::{HealHistory, Step},
@@ -84,7 +84,7 @@ pub fn wedged() -> Judgement {
             cookie: 9,
             unacked: 0,
             by_proof: false,
-            kind: selfheal::model::DeadKind::Awaited,
+            kind: selfheal_core::model::DeadKind::Awaited,
         }],
     }
 }

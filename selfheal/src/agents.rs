@@ -13,10 +13,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
+pub use selfheal_core::cgroup::cgroup_path; // TRANSITION
+use selfheal_core::{
+    cgroup::{self, CgroupContainer, containers_for, in_unit},
     config::{AgentConfig, MatchRule, UnitOwner},
-    runtime::{CgroupContainer, Identity, Inventory, cgroup},
+    proc::parse_pidfile,
+    runtime::{ContainerRule, Identity},
+    text,
 };
+
+use crate::runtime::{Inventory, Sources};
 
 /// One process as the snapshot saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -549,34 +555,6 @@ pub fn split_argv(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// The containers of a process, from its `/proc/PID/cgroup` text, that
-/// `euid`'s runtimes may speak for: the system's, and for a user other
-/// than root that user's own (rootless); a container in another user's
-/// delegated tree, and what is nested in it, is none of them.
-pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
-    cgroup::containers_in_proc_cgroup(text)
-        .into_iter()
-        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
-        .collect()
-}
-
-/// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
-/// hierarchy's `0::PATH` line, else (cgroup v1) the `name=systemd` one.
-pub fn cgroup_path(text: &str) -> Option<String> {
-    let v2 = text.lines().find_map(|l| l.strip_prefix("0::"));
-    let v1 = || {
-        text.lines().find_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            (controllers == "name=systemd").then_some(path)
-        })
-    };
-    v2.or_else(v1)
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(str::to_string)
-}
-
 /// The processes a rule found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Matched {
@@ -631,7 +609,7 @@ pub fn find_for(agent: &AgentConfig, runner: u32, table: &ProcessTable) -> Match
 }
 
 /// [`find`], limited for `cmdline` and `exe` rules to the processes of
-/// `uid` when one is given ([`crate::config::MatchUid::filter`]). When
+/// `uid` when one is given ([`selfheal_core::config::MatchUid::filter`]). When
 /// nothing of `uid` matches but processes of other uids would, the problem
 /// says how many and how to include them.
 pub fn find_of(rule: &MatchRule, uid: Option<u32>, table: &ProcessTable) -> Matched {
@@ -781,14 +759,14 @@ pub fn still_in_unit(
         Some(place) if in_owned_unit(place, unit, owner) => Ok(()),
         _ => Err(format!(
             "pid {pid} is no longer in {owner} {unit}: its cgroup is now {}",
-            crate::text::escape(&path)
+            text::escape(&path)
         )),
     }
 }
 
 /// The processes in the containers `rule` matches (monitors and shims
 /// beside a container are outside its cgroup, so not among them).
-fn by_container(table: &ProcessTable, rule: &crate::runtime::ContainerRule) -> Matched {
+fn by_container(table: &ProcessTable, rule: &ContainerRule) -> Matched {
     let matched = table
         .entries()
         .filter(|e| !e.containers.is_empty() && !table.is_own(e.pid))
@@ -871,13 +849,6 @@ fn by_exe(table: &ProcessTable, paths: &[PathBuf], keep: &dyn Fn(&ProcEntry) -> 
     })
 }
 
-/// Whether some component of cgroup `path` is named `unit`: only a name,
-/// anywhere (a user can make one in their own tree); which unit a process
-/// is in is [`cgroup::unit_of`]'s answer, not this.
-pub fn in_unit(path: &str, unit: &str) -> bool {
-    path.split('/').any(|c| c == unit)
-}
-
 /// Largest pidfile read: a pid is a few bytes.
 const MAX_PIDFILE_BYTES: u64 = 4096;
 
@@ -895,21 +866,46 @@ pub fn read_pidfile(path: &Path) -> Result<u32, String> {
     parse_pidfile(&String::from_utf8_lossy(&bytes)).map_err(|e| format!("pidfile {name}: {e}"))
 }
 
-/// The pid in a pidfile's text: its first line, trimmed, a positive decimal
-/// number (later lines, which some daemons add, are ignored).
-pub fn parse_pidfile(text: &str) -> Result<u32, String> {
-    let line = text.trim_start().lines().next().unwrap_or("").trim();
-    if line.is_empty() {
-        return Err("empty (no pid)".into());
+/// Asks the runtimes about the containers that matter, and attaches their
+/// answer to `table`: every container in the table when `all` (some agent
+/// has a container rule), else those of `pids` (the processes the other
+/// rules picked, whose identity the outputs show). Without any, no runtime
+/// is asked.
+pub fn enrich(table: ProcessTable, pids: &[u32], all: bool, sources: &Sources) -> ProcessTable {
+    let wanted: Vec<CgroupContainer> = if all {
+        table.containers()
+    } else {
+        let mut set: Vec<CgroupContainer> = pids
+            .iter()
+            .filter_map(|p| table.get(*p))
+            .flat_map(|e| e.containers.iter().cloned())
+            .collect();
+        set.sort();
+        set.dedup();
+        set
+    };
+    if wanted.is_empty() {
+        return table;
     }
-    let shown: String = line.chars().take(40).collect();
-    if !line.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("not a pid: {shown:?}"));
-    }
-    match line.parse::<u32>() {
-        Ok(pid) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid),
-        _ => Err(format!("not a pid: {shown:?}")),
-    }
+    let inventory = Inventory::read(sources, &wanted);
+    table.with_inventory(inventory)
+}
+
+/// [`enrich`] for these agents: what their rules pick now.
+pub fn enrich_for(table: ProcessTable, agents: &[&AgentConfig], sources: &Sources) -> ProcessTable {
+    let all = agents
+        .iter()
+        .any(|a| matches!(a.rule, MatchRule::Container(_)));
+    let euid = crate::trust::euid();
+    let pids: Vec<u32> = if all {
+        Vec::new()
+    } else {
+        agents
+            .iter()
+            .flat_map(|a| crate::agents::find_for(a, euid, &table).all)
+            .collect()
+    };
+    enrich(table, &pids, all, sources)
 }
 
 #[cfg(test)]
@@ -1045,15 +1041,15 @@ mod tests {
             "{p}"
         );
         // Rules that name their processes take no uid.
-        let uid = crate::config::MatchUid::Runner;
+        let uid = selfheal_core::config::MatchUid::Runner;
         assert_eq!(uid.filter(&MatchRule::Pid(20), 1000), None);
         assert_eq!(uid.filter(&cmdline("x"), 1000), Some(1000));
         assert_eq!(
-            crate::config::MatchUid::Any.filter(&cmdline("x"), 1000),
+            selfheal_core::config::MatchUid::Any.filter(&cmdline("x"), 1000),
             None
         );
         assert_eq!(
-            crate::config::MatchUid::Uid(7).filter(&MatchRule::Exe("/x".into()), 1000),
+            selfheal_core::config::MatchUid::Uid(7).filter(&MatchRule::Exe("/x".into()), 1000),
             Some(7)
         );
     }
@@ -1250,80 +1246,5 @@ mod tests {
             find(&MatchRule::Unit("runner.service".into()), &t).roots,
             [2]
         );
-    }
-
-    /// A rootless container (in a user's tree) is that user's: the user's
-    /// own check sees it, root's and another user's do not, nor anything
-    /// nested in it.
-    #[test]
-    fn a_users_containers_are_that_users() {
-        let a = "a".repeat(64);
-        let b = "b".repeat(64);
-        let text = format!(
-            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope/container/docker/{b}\n"
-        );
-        assert!(containers_for(&text, 0).is_empty());
-        assert!(containers_for(&text, 1001).is_empty());
-        let own: Vec<_> = containers_for(&text, 1000)
-            .into_iter()
-            .map(|c| (c.id, c.user))
-            .collect();
-        assert_eq!(own, [(a.clone(), Some(1000))]);
-        // A system container is everyone's to name.
-        let text = format!("0::/system.slice/docker-{a}.scope\n");
-        assert_eq!(containers_for(&text, 0).len(), 1);
-        assert_eq!(containers_for(&text, 1000).len(), 1);
-    }
-
-    #[test]
-    fn cgroup_lines() {
-        assert_eq!(
-            cgroup_path("0::/system.slice/sol.service\n").as_deref(),
-            Some("/system.slice/sol.service")
-        );
-        // Hybrid: v1 lines and the unified one.
-        assert_eq!(
-            cgroup_path("12:cpu,cpuacct:/x\n1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n")
-                .as_deref(),
-            Some("/system.slice/b.service")
-        );
-        // Pure v1.
-        assert_eq!(
-            cgroup_path("3:memory:/m\n1:name=systemd:/system.slice/a.service\n").as_deref(),
-            Some("/system.slice/a.service")
-        );
-        assert_eq!(cgroup_path(""), None);
-        assert_eq!(cgroup_path("0::\n"), None);
-        assert_eq!(cgroup_path("garbage"), None);
-    }
-
-    #[test]
-    fn pidfile_text() {
-        for (text, want) in [
-            ("123", Ok(123)),
-            ("123\n", Ok(123)),
-            ("  42  \n", Ok(42)),
-            ("\n\n7\nport=80\n", Ok(7)),
-            ("2147483647", Ok(2147483647)),
-        ] {
-            assert_eq!(parse_pidfile(text), want, "{text:?}");
-        }
-        for (text, says) in [
-            ("", "empty"),
-            ("   \n\t", "empty"),
-            ("abc", "not a pid: \"abc\""),
-            ("-5", "not a pid: \"-5\""),
-            ("+5", "not a pid"),
-            ("123abc", "not a pid: \"123abc\""),
-            ("12 34", "not a pid"),
-            ("0", "not a pid: \"0\""),
-            ("2147483648", "not a pid"),
-            ("99999999999999999999999", "not a pid"),
-            ("１２３", "not a pid"),
-            ("\u{0}", "not a pid"),
-        ] {
-            let err = parse_pidfile(text).expect_err(text);
-            assert!(err.contains(says), "{text:?}: {err}");
-        }
     }
 }

@@ -10,12 +10,12 @@
 
 use std::collections::BTreeMap;
 
+use selfheal_core::config::{AgentConfig, Config};
 use serde::{Deserialize, Serialize};
 
 use crate::{
     actions::{KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
     agents::{self, ProcessTable},
-    config::{AgentConfig, Config},
     inspect::{self, CollectOptions, Collector, Report, Target},
     judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
     ladder::{self, Decision, HealHistory, Step},
@@ -229,7 +229,7 @@ pub fn run(
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
     let table = ProcessTable::read_for(&agents, crate::trust::euid());
-    let table = crate::runtime::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
+    let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets
         .iter()
@@ -832,7 +832,7 @@ fn heal(
     dry_run: bool,
     now_ms: u64,
 ) -> HealReport {
-    if let crate::config::MatchRule::Unit(unit) = &agent.rule
+    if let selfheal_core::config::MatchRule::Unit(unit) = &agent.rule
         && let Some((manager, state)) = unit_stopping(unit, report)
     {
         // Stopped (or being stopped) on purpose: not ours to heal.
@@ -896,7 +896,7 @@ fn heal(
 /// ([`agents::still_in_unit`]). Other agents: nothing to re-check here
 /// (a container restart re-checks its container where it acts).
 fn unit_recheck(agent: &AgentConfig, step: &Step, report: &Report) -> Result<(), String> {
-    let crate::config::MatchRule::Unit(unit) = &agent.rule else {
+    let selfheal_core::config::MatchRule::Unit(unit) = &agent.rule else {
         return Ok(());
     };
     let owner = agent.unit_owner(crate::trust::euid());
@@ -1072,7 +1072,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
     let containers = table.identities(&matched.all);
     let mut container_gaps = table.inventory().gaps(
         &containers,
-        matches!(agent.rule, crate::config::MatchRule::Container(_)),
+        matches!(agent.rule, selfheal_core::config::MatchRule::Container(_)),
     );
     container_gaps.extend(table.refusals(&matched.all));
     container_gaps.extend(table.cmdline_gap(agent, crate::trust::euid()));
@@ -1184,10 +1184,10 @@ pub fn diagnose(
 }
 
 /// What the judge needs of a probe result.
-fn view(config: &crate::config::ProbeConfig, r: &ProbeResult) -> ProbeView {
+fn view(config: &selfheal_core::config::ProbeConfig, r: &ProbeResult) -> ProbeView {
     let makes_claims = match config {
-        crate::config::ProbeConfig::Http { expect, .. } => !expect.is_empty(),
-        crate::config::ProbeConfig::HealthFile { .. } => false,
+        selfheal_core::config::ProbeConfig::Http { expect, .. } => !expect.is_empty(),
+        selfheal_core::config::ProbeConfig::HealthFile { .. } => false,
     };
     ProbeView {
         target: r.target.clone(),

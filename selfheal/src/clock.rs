@@ -16,7 +16,7 @@ pub fn boot_ns() -> u64 {
     }
 }
 
-pub use selfheal_core::clock::age_ms;
+pub use selfheal_core::clock::age_ms; // TRANSITION
 
 #[cfg(test)]
 mod tests {

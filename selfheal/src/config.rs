@@ -2,7 +2,7 @@
 //! refusing one that another user could have written: the rule is
 //! [`crate::trust`]'s), and resolving upstream host names with the system
 //! resolver. Its shape, validation and matching are the core's
-//! ([`selfheal_core::config`]), re-exported here.
+//! ([`selfheal_core::config`]).
 
 use std::{
     io::Read as _,
@@ -10,7 +10,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use selfheal_core::config::*;
+use selfheal_core::config::{
+    AgentConfig, Config, ConfigError, MAX_CONFIG_BYTES, ResolvedUpstreams, candidates, line_col,
+};
 
 /// The config file to load: `cli` (the `--config` argument) when given, which
 /// must exist; otherwise the first of [`candidates`] (from the environment)

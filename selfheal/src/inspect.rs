@@ -9,11 +9,17 @@ use std::{
     time::Duration,
 };
 
-pub use selfheal_core::inspect::*;
+pub use selfheal_core::inspect::*; // TRANSITION
+
+use selfheal_core::{
+    ebpf::{TracerSnapshot, strategy::Strategy},
+    model::SocketRole,
+    proc::{Detail, TaskClocks},
+    runtime::Identity,
+};
 
 use crate::{
-    ebpf::{self, Strategy, Tracer, TracerOptions, TracerSnapshot},
-    model::SocketRole,
+    ebpf::{self, Tracer, TracerOptions},
     proc, sockdiag,
 };
 
@@ -35,7 +41,7 @@ pub struct Target {
     /// Upstreams as configured, with what their host names resolved to.
     pub upstreams: Vec<String>,
     /// The containers its processes are in (empty on the host).
-    pub containers: Vec<crate::runtime::Identity>,
+    pub containers: Vec<Identity>,
     /// What the container runtimes could not tell about them.
     pub container_gaps: Vec<String>,
 }
@@ -48,7 +54,7 @@ pub struct CollectOptions {
     /// Why eBPF is skipped, for the report (default: "disabled by --no-ebpf").
     pub no_ebpf_why: Option<String>,
     /// How much to read per thread.
-    pub detail: proc::Detail,
+    pub detail: Detail,
     /// Strategies to try; all when empty.
     pub strategies: Vec<Strategy>,
     /// Watch this long before reading the tracer, so receives that begin
@@ -72,10 +78,10 @@ pub struct Collector {
     dumps: BTreeMap<(u64, u64), NetnsSockets>,
     /// Each dump's positions by inode.
     index: BTreeMap<(u64, u64), HashMap<u64, usize>>,
-    detail: proc::Detail,
+    detail: Detail,
     /// The CPUs' task clocks, taken on the first read that measures waits:
     /// one reference per CPU per collector, not per process.
-    clocks: Option<proc::TaskClocks>,
+    clocks: Option<TaskClocks>,
     /// How long one collection may take ([`Collector::set_budget`]).
     budget: Duration,
     /// Reads other processes' memory, in a child that can be abandoned.
@@ -104,7 +110,7 @@ impl Collector {
             index: BTreeMap::new(),
             detail: opts.detail,
             clocks: None,
-            budget: crate::config::DEFAULT_COLLECT_BUDGET,
+            budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::memread::Reader::default(),
         }
     }
@@ -114,7 +120,7 @@ impl Collector {
     /// or why there is none.
     pub fn from_snapshot(
         snapshot: Result<(TracerSnapshot, Option<u64>), String>,
-        detail: proc::Detail,
+        detail: Detail,
     ) -> Collector {
         let ebpf = match snapshot {
             Ok((s, since)) => EbpfEvidence {
@@ -138,7 +144,7 @@ impl Collector {
             index: BTreeMap::new(),
             detail,
             clocks: None,
-            budget: crate::config::DEFAULT_COLLECT_BUDGET,
+            budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::memread::Reader::default(),
         }
     }
@@ -160,11 +166,11 @@ impl Collector {
 
     /// [`Collector::collect`] with another level of thread detail (a full
     /// re-read for a forensic snapshot after a light check).
-    pub fn collect_with(&mut self, target: &Target, detail: proc::Detail) -> Evidence {
+    pub fn collect_with(&mut self, target: &Target, detail: Detail) -> Evidence {
         let mut processes = Vec::new();
         let mut gone = Vec::new();
-        let clocks = if detail == proc::Detail::Minimal {
-            &proc::TaskClocks::default()
+        let clocks = if detail == Detail::Minimal {
+            &TaskClocks::default()
         } else {
             &*self.clocks.get_or_insert_with(proc::task_clocks)
         };

@@ -28,7 +28,7 @@
 //! - **report and keep**: [`check`] (one check of every agent, the pipeline
 //!   behind `check` and `watch`), [`store`] (history between runs),
 //!   [`snapshots`] (the forensic log), [`metrics`] (the Prometheus text),
-//!   [`text`] (escaping and redaction of everything shown), [`safedir`] (the
+//!   [`text`] (escaping and redaction of everything shown), [`fs`] (the
 //!   one rule for directories selfheal writes into);
 //! - [`model`]: the typed vocabulary the layers pass (roles, TCP states,
 //!   reason codes, gaps, findings).
@@ -39,6 +39,7 @@ pub mod check;
 pub mod clock;
 pub mod config;
 pub mod ebpf;
+pub mod fs;
 pub mod healer;
 pub mod helper;
 pub mod inspect;
@@ -51,10 +52,9 @@ pub mod probe;
 pub mod proc;
 pub mod prove;
 pub mod runtime;
-pub mod safedir;
 pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
 pub mod trust;
 
-pub use selfheal_core::{judge, ladder, model, text};
+pub use selfheal_core::{judge, ladder, model, text}; // TRANSITION

@@ -36,23 +36,28 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
         .map(|s| s.starttime)
 }
 
+/// A pidfd of `pid` (`pidfd_open`), unchecked: nothing says it is the
+/// process the caller means; [`Pidfd::open`] checks its start time.
+pub fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain syscall; the fd it returns is owned below.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
 impl Pidfd {
     /// Opens a pidfd for `pid`. With `expect_start`, refuses when the pid now
     /// names another process than the one started then. The start time is
     /// read after the pidfd is open, so the handle and the check describe
     /// the same process.
     pub fn open(pid: u32, expect_start: Option<u64>) -> Result<Pidfd, PidfdError> {
-        // SAFETY: a plain syscall; the fd it returns is owned below.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-        if raw < 0 {
-            let err = std::io::Error::last_os_error();
-            return Err(match err.raw_os_error() {
-                Some(libc::ESRCH) => PidfdError::Gone { pid },
-                _ => PidfdError::Open { pid, source: err },
-            });
-        }
-        // SAFETY: `raw` is a fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+        let fd = pidfd_open(pid).map_err(|err| match err.raw_os_error() {
+            Some(libc::ESRCH) => PidfdError::Gone { pid },
+            _ => PidfdError::Open { pid, source: err },
+        })?;
         let found = start_ticks(pid).ok_or(PidfdError::Gone { pid })?;
         if let Some(expected) = expect_start
             && expected != found

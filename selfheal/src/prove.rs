@@ -2,12 +2,12 @@
 //! this adds what needs the acting side: the proof keepalive the config asks
 //! for, in the kernel's units ([`crate::actions::ProofKeepalive`]).
 
-pub use selfheal_core::prove::*;
+pub use selfheal_core::prove::*; // TRANSITION
 
 use crate::actions::ProofKeepalive;
 
 /// The proof keepalive the config asks for, in the kernel's units.
-pub fn keepalive(cfg: &crate::config::ProofConfig) -> ProofKeepalive {
+pub fn keepalive(cfg: &selfheal_core::config::ProofConfig) -> ProofKeepalive {
     let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
     ProofKeepalive {
         idle_s: secs(cfg.idle),

@@ -37,9 +37,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::safedir::SafeDir;
-use crate::store::{
-    self, DEFAULT_LOCK_TIMEOUT, StoreError, fsync_dir, io_err, lock_file, prepare_dir,
+use crate::{
+    fs::{StoreError, fsync_dir, io_err, lock_file, prepare_dir, safedir::SafeDir, unix_ms},
+    store::{self, DEFAULT_LOCK_TIMEOUT},
+    trust::euid,
 };
 
 /// The shared log's name (read, never written); rotated files add `.1`,
@@ -68,7 +69,7 @@ const ID_AGENT_CHARS: usize = 32;
 /// `$HOME/.local/state/selfheal`).
 pub fn default_snapshot_dir() -> PathBuf {
     snapshot_dir_for(
-        store::euid(),
+        euid(),
         std::env::var_os("XDG_STATE_HOME").as_deref(),
         std::env::var_os("HOME").as_deref(),
     )
@@ -144,7 +145,7 @@ impl SnapshotLog {
     /// Opens the log in `dir` for appending and reading: creates the
     /// directory (0700) if needed and refuses a symlink, another user's
     /// directory, one others can write to, or one below a directory (or a
-    /// symlink) another user could change ([`crate::safedir`]). Holds the
+    /// symlink) another user could change ([`crate::fs::safedir`]). Holds the
     /// directory: appends go through it, after a re-check of the path.
     /// Rotates when the current file would pass `max_bytes`, keeping `keep`
     /// rotated files (at most [`MAX_KEEP`]).
@@ -219,7 +220,7 @@ impl SnapshotLog {
         let record = RecordOut {
             id: &id,
             time: &time,
-            unix_ms: store::unix_ms(now),
+            unix_ms: unix_ms(now),
             agent,
             verdict,
             snapshot: body,

@@ -20,7 +20,7 @@ use netlink_packet_sock_diag::{
     inet::{ExtensionFlags, InetRequest, InetResponse, SocketId, StateFlags, Timer, nlas::Nla},
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
-pub use selfheal_core::sockdiag::*;
+pub use selfheal_core::sockdiag::*; // TRANSITION
 
 use crate::netns;
 
@@ -335,7 +335,7 @@ fn convert(r: &InetResponse) -> TcpSocket {
         cookie: u64::from_ne_bytes(id.cookie),
         local: SocketAddr::new(id.source_address, id.source_port),
         remote: SocketAddr::new(id.destination_address, id.destination_port),
-        state: crate::model::TcpState::from_kernel(h.state),
+        state: selfheal_core::model::TcpState::from_kernel(h.state),
         uid: h.uid,
         recv_queue: h.recv_queue,
         send_queue: h.send_queue,
@@ -397,7 +397,7 @@ mod tests {
         let mine = all.iter().find(|s| s.inode == inode).expect("our socket");
         assert_eq!(mine.local, c.local_addr().unwrap());
         assert_eq!(mine.remote, c.peer_addr().unwrap());
-        assert_eq!(mine.state, crate::model::TcpState::Established);
+        assert_eq!(mine.state, selfheal_core::model::TcpState::Established);
         assert!(mine.tcp_info.is_some());
         // Another process's namespace (ours here) gives the same socket.
         let via_pid = dump_tcp_in_netns_of(std::process::id()).unwrap();

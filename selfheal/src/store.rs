@@ -7,10 +7,9 @@
 //! corrupt or future-version file becomes the default with a note, the bad
 //! file kept aside), and crash-safe saving ([`StateStore::save`]: temp file,
 //! fsync, rename, directory fsync, through the directory held by
-//! [`crate::safedir::SafeDir`]). It also owns the fallback for a squatted
-//! default directory ([`fallback_state_dirs`]), the
-//! lock helper and the error type shared with the snapshot log
-//! ([`crate::snapshots`]).
+//! [`crate::fs::safedir::SafeDir`], locked and reported as [`crate::fs`]
+//! does for every file selfheal keeps). It also owns the fallback for a
+//! squatted default directory ([`fallback_state_dirs`]).
 //!
 //! On disk: `state.json` holds `{"version": 1, "saved_unix_ms": …, "data": …}`;
 //! `state.lock` is the lock (it holds the pid of the last holder, for the
@@ -19,157 +18,30 @@
 
 use std::{
     ffi::OsStr,
-    fs::{self, File},
+    fs::File,
     io::{self, Read as _, Write as _},
-    os::unix::fs::FileExt as _,
     path::{Path, PathBuf},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
+use selfheal_core::state::{EnvelopeOut, FORMAT_VERSION, decode};
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::safedir::SafeDir;
+use crate::{
+    fs::{StoreError, fsync_dir, io_err, lock_file, prepare_dir, safedir::SafeDir, unix_ms},
+    trust::euid,
+};
 
 /// The state file's name inside the state directory.
 pub const STATE_FILE: &str = "state.json";
 /// The lock file's name inside the state directory.
 pub const LOCK_FILE: &str = "state.lock";
-/// The on-disk format version this build writes and reads.
-pub const FORMAT_VERSION: u64 = 1;
 /// How long [`StateStore::open`] waits for another run to let go.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A state file larger than this is treated as corrupt (not read into memory).
 pub const MAX_STATE_BYTES: u64 = 64 << 20;
 /// How many `state.json.bad-*` files are kept (the newest).
 pub const KEEP_BAD_FILES: usize = 5;
-
-/// Why the state directory, the state file or the snapshot log cannot be
-/// used. Content problems in the state file are not errors (see
-/// [`StateStore::load`]).
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// A system call failed; `action` says what we tried ("create", "write",
-    /// "fsync", …).
-    #[error("cannot {action} {}: {error}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        error: io::Error,
-    },
-    /// The directory is a symlink (it could point anywhere).
-    #[error("refusing {}: it is a symlink (give the real directory)", path.display())]
-    Symlink { path: PathBuf },
-    /// The path exists and is not a directory.
-    #[error("refusing {}: not a directory (give a directory, or move the file away)", path.display())]
-    NotDirectory { path: PathBuf },
-    /// The directory belongs to another user.
-    #[error(
-        "refusing {}: owned by uid {owner}, not by this user (uid {euid}); give a directory \
-         of your own, or have uid {owner} (or root) remove this one",
-        path.display()
-    )]
-    NotOwner {
-        path: PathBuf,
-        owner: u32,
-        euid: u32,
-    },
-    /// A directory above it could be changed by another user, who could
-    /// then swap the directory (or a symlink on the way to it) for another.
-    #[error("refusing {}: {} above it {reason}", path.display(), ancestor.display())]
-    UnsafeAncestor {
-        path: PathBuf,
-        ancestor: PathBuf,
-        reason: String,
-    },
-    /// Others could replace our files.
-    #[error(
-        "refusing {}: writable by group or others (mode {mode:04o}); run chmod go-w on it",
-        path.display()
-    )]
-    Writable { path: PathBuf, mode: u32 },
-    /// Another run held the lock for longer than we wait.
-    #[error(
-        "{} is locked by another selfheal run{} (waited {:.1} s)",
-        path.display(),
-        holder.map(|p| format!(" (pid {p})")).unwrap_or_default(),
-        waited.as_secs_f64()
-    )]
-    Locked {
-        path: PathBuf,
-        waited: Duration,
-        /// The pid the holder wrote into the lock file, if readable.
-        holder: Option<u32>,
-    },
-    /// The value could not be turned into JSON.
-    #[error("cannot serialize the record for {}: {error}", path.display())]
-    Serialize {
-        path: PathBuf,
-        error: serde_json::Error,
-    },
-    /// The path no longer leads to the directory checked when it was
-    /// opened (renamed away, or a symlink on the way re-pointed).
-    #[error(
-        "refusing {}: it now leads to another directory than the one checked when selfheal \
-         opened it (renamed, or a symlink on the way re-pointed); nothing was written there; \
-         put the directory back or restart selfheal with the right path",
-        path.display()
-    )]
-    Moved { path: PathBuf },
-    /// The snapshot log was opened for reading only.
-    #[error("cannot append to {}: the snapshot log was opened read-only", path.display())]
-    ReadOnly { path: PathBuf },
-}
-
-impl StoreError {
-    /// The OS error number behind an [`StoreError::Io`] (`ENOSPC`, `EACCES`, …).
-    pub fn os_error(&self) -> Option<i32> {
-        match self {
-            StoreError::Io { error, .. } => error.raw_os_error(),
-            _ => None,
-        }
-    }
-
-    /// The path the error is about.
-    pub fn path(&self) -> &Path {
-        match self {
-            StoreError::Io { path, .. }
-            | StoreError::Symlink { path }
-            | StoreError::NotDirectory { path }
-            | StoreError::NotOwner { path, .. }
-            | StoreError::UnsafeAncestor { path, .. }
-            | StoreError::Writable { path, .. }
-            | StoreError::Locked { path, .. }
-            | StoreError::Serialize { path, .. }
-            | StoreError::Moved { path }
-            | StoreError::ReadOnly { path } => path,
-        }
-    }
-}
-
-pub(crate) fn io_err(
-    action: &'static str,
-    path: &Path,
-) -> impl FnOnce(io::Error) -> StoreError + use<> {
-    let path = path.to_path_buf();
-    move |error| StoreError::Io {
-        action,
-        path,
-        error,
-    }
-}
-
-/// The effective uid of this process.
-pub fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// Milliseconds since the Unix epoch (0 before it: a broken clock is not an
-/// error here).
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// Where the state file lives for this process: `/var/lib/selfheal` as
 /// root, else `$XDG_STATE_HOME/selfheal`, else `$HOME/.local/state/selfheal`.
@@ -238,60 +110,6 @@ pub fn refused_default_advice(dir: &Path) -> String {
     )
 }
 
-/// Creates `dir` (and missing parents, mode 0700) if needed, then checks it
-/// by the one rule of [`SafeDir`]: a real directory of ours that nobody
-/// else can write to, reached only through directories (and symlinks) that
-/// only root or we can change. Writes then go through the returned fd.
-pub(crate) fn prepare_dir(dir: &Path) -> Result<SafeDir, StoreError> {
-    SafeDir::open(dir, Some(0o700))
-}
-
-/// Opens (creating, 0600) `name` in `dir` and takes an exclusive flock on
-/// it, waiting at most `timeout`. The lock lasts as long as the returned
-/// file is open.
-pub(crate) fn lock_file(dir: &SafeDir, name: &str, timeout: Duration) -> Result<File, StoreError> {
-    let path = &dir.join(name);
-    let file = dir
-        .open_file(name, libc::O_RDWR | libc::O_CREAT, 0o600)
-        .map_err(io_err("open lock file", path))?;
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match file.try_lock() {
-            Ok(()) => break,
-            Err(fs::TryLockError::WouldBlock) => {}
-            Err(fs::TryLockError::Error(e)) => return Err(io_err("lock", path)(e)),
-        }
-        let waited = start.elapsed();
-        if waited >= timeout {
-            return Err(StoreError::Locked {
-                path: path.to_path_buf(),
-                waited,
-                holder: lock_holder(&file),
-            });
-        }
-        std::thread::sleep(pause.min(timeout - waited));
-        pause = (pause * 2).min(Duration::from_millis(50));
-    }
-    // Best effort: who holds it, for the message of a run that waits.
-    let pid = format!("{}\n", std::process::id());
-    let _ = file
-        .set_len(0)
-        .and_then(|()| file.write_all_at(pid.as_bytes(), 0));
-    Ok(file)
-}
-
-fn lock_holder(file: &File) -> Option<u32> {
-    let mut buf = [0u8; 16];
-    let n = file.read_at(&mut buf, 0).ok()?;
-    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
-}
-
-/// Makes a rename or a new entry in `dir` durable.
-pub(crate) fn fsync_dir(dir: &SafeDir) -> Result<(), StoreError> {
-    dir.fsync().map_err(io_err("fsync directory", dir.path()))
-}
-
 /// What [`StateStore::load`] found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Loaded<T> {
@@ -309,13 +127,6 @@ pub struct Loaded<T> {
 pub struct StateStore {
     dir: SafeDir,
     _lock: File,
-}
-
-#[derive(Serialize)]
-struct EnvelopeOut<'a, T> {
-    version: u64,
-    saved_unix_ms: u64,
-    data: &'a T,
 }
 
 impl StateStore {
@@ -503,34 +314,4 @@ fn read_bounded(dir: &SafeDir, name: &str) -> io::Result<Vec<u8>> {
         return Err(io::ErrorKind::FileTooLarge.into());
     }
     Ok(bytes)
-}
-
-/// The value and its save time, or what is wrong with the content.
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, Option<u64>), String> {
-    let doc: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("is corrupt ({e})"))?;
-    let serde_json::Value::Object(mut doc) = doc else {
-        return Err("is corrupt (not a JSON object)".into());
-    };
-    let version = match doc.get("version") {
-        None => return Err("is corrupt (no version)".into()),
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| format!("is corrupt (version {v} is not a number)"))?,
-    };
-    if version > FORMAT_VERSION {
-        return Err(format!(
-            "is from a newer selfheal (format version {version}; this build reads {FORMAT_VERSION})"
-        ));
-    }
-    if version != FORMAT_VERSION {
-        return Err(format!("is corrupt (unknown format version {version})"));
-    }
-    let saved = doc.get("saved_unix_ms").and_then(|v| v.as_u64());
-    let data = doc
-        .remove("data")
-        .ok_or_else(|| "is corrupt (no data)".to_string())?;
-    let value = serde_json::from_value(data)
-        .map_err(|e| format!("does not fit this build's state ({e})"))?;
-    Ok((value, saved))
 }

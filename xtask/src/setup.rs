@@ -23,7 +23,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "docker.io",       // a real dockerd for the container tests (tests/tests/it/containers.rs)
     "podman",          // Podman and its compatible API, beside Docker (same tests)
     "containerd",      // a real containerd running a task with the kubelet's labels
-    // promtool and a real Prometheus for the alerting test (issue 14)
+    // promtool and a real Prometheus for the alerting test
     "prometheus",
     // a real Alertmanager paging the alerting test's webhook
     "prometheus-alertmanager",

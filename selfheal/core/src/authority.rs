@@ -85,7 +85,7 @@ pub fn principal(caller_uid: u32, target: &TaskCreds) -> u32 {
 /// uid, or one the policy grants it), ptrace a process of `target`'s
 /// credentials in user namespace `ns`; `None` when it would. Root may
 /// always. Whether the caller may reach the target's uids at all is the
-/// policy's to say first (`selfheal::helper::policy`). The reason names
+/// policy's to say first ([`crate::policy`]). The reason names
 /// only what the caller may read itself.
 pub fn ptrace_refusal(
     caller: &CallerCreds,

@@ -385,6 +385,41 @@ fn pod_uid_of(c: &str) -> Option<String> {
     ok.then(|| uid.to_ascii_lowercase())
 }
 
+/// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
+/// hierarchy's `0::PATH` line, else (cgroup v1) the `name=systemd` one.
+pub fn cgroup_path(text: &str) -> Option<String> {
+    let v2 = text.lines().find_map(|l| l.strip_prefix("0::"));
+    let v1 = || {
+        text.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            (controllers == "name=systemd").then_some(path)
+        })
+    };
+    v2.or_else(v1)
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+}
+
+/// Whether some component of cgroup `path` is named `unit`: only a name,
+/// anywhere (a user can make one in their own tree); which unit a process
+/// is in is [`unit_of`]'s answer, not this.
+pub fn in_unit(path: &str, unit: &str) -> bool {
+    path.split('/').any(|c| c == unit)
+}
+
+/// The containers of a process, from its `/proc/PID/cgroup` text, that
+/// `euid`'s runtimes may speak for: the system's, and for a user other
+/// than root that user's own (rootless); a container in another user's
+/// delegated tree, and what is nested in it, is none of them.
+pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
+    containers_in_proc_cgroup(text)
+        .into_iter()
+        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -820,5 +855,50 @@ mod tests {
                 )
             ]
         );
+    }
+
+    #[test]
+    fn cgroup_lines() {
+        assert_eq!(
+            cgroup_path("0::/system.slice/sol.service\n").as_deref(),
+            Some("/system.slice/sol.service")
+        );
+        // Hybrid: v1 lines and the unified one.
+        assert_eq!(
+            cgroup_path("12:cpu,cpuacct:/x\n1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n")
+                .as_deref(),
+            Some("/system.slice/b.service")
+        );
+        // Pure v1.
+        assert_eq!(
+            cgroup_path("3:memory:/m\n1:name=systemd:/system.slice/a.service\n").as_deref(),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(cgroup_path(""), None);
+        assert_eq!(cgroup_path("0::\n"), None);
+        assert_eq!(cgroup_path("garbage"), None);
+    }
+
+    /// A rootless container (in a user's tree) is that user's: the user's
+    /// own check sees it, root's and another user's do not, nor anything
+    /// nested in it.
+    #[test]
+    fn a_users_containers_are_that_users() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let text = format!(
+            "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope/container/docker/{b}\n"
+        );
+        assert!(containers_for(&text, 0).is_empty());
+        assert!(containers_for(&text, 1001).is_empty());
+        let own: Vec<_> = containers_for(&text, 1000)
+            .into_iter()
+            .map(|c| (c.id, c.user))
+            .collect();
+        assert_eq!(own, [(a.clone(), Some(1000))]);
+        // A system container is everyone's to name.
+        let text = format!("0::/system.slice/docker-{a}.scope\n");
+        assert_eq!(containers_for(&text, 0).len(), 1);
+        assert_eq!(containers_for(&text, 1000).len(), 1);
     }
 }

@@ -5,8 +5,8 @@
 //! the healing ladder and the helper's wire protocol. This crate depends on
 //! no aya, netlink, nix, procfs, reqwest or tokio: that the core does no I/O
 //! is a fact of Cargo's dependency graph, not a convention. The `selfheal`
-//! crate gathers the evidence, acts, and re-exports these modules under the
-//! same paths (`selfheal::judge`, `selfheal::config`, …).
+//! crate gathers the evidence, acts, and re-exports some of these modules
+//! under the same paths (`selfheal::judge`, …).
 //!
 //! The modules, in the order of one check's flow:
 //!
@@ -16,16 +16,21 @@
 //! - **config**: [`config`] (the TOML schema, its validation, upstream
 //!   matching);
 //! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
-//!   collectors read, as plain types), [`cgroup`] (which unit, manager and
-//!   container a cgroup path anchors), joined by [`inspect`] into a report;
+//!   collectors read, as plain types, and the parsers of what procfs and
+//!   the container runtimes answer), [`cgroup`] (which unit, manager and
+//!   container a cgroup path anchors), [`probe`] (a probe's result and the
+//!   judgement of an answer), joined by [`inspect`] into a report;
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
 //! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
-//!   helper and its clients say to each other), [`owner`] (whom the
-//!   helper counts a caller against, and each owner's fair share), and
+//!   helper and its clients say to each other), [`policy`] (who may query
+//!   and act on which process, and the helper's policy file), [`owner`]
+//!   (whom the helper counts a caller against, and each owner's fair
+//!   share), and
 //!   [`authority`] (what the kernel would let a caller of the helper do
-//!   itself).
+//!   itself);
+//! - **keep**: [`state`] (the state file's envelope and its decoding).
 
 pub mod authority;
 pub mod cgroup;
@@ -38,9 +43,12 @@ pub mod keepalive;
 pub mod ladder;
 pub mod model;
 pub mod owner;
+pub mod policy;
+pub mod probe;
 pub mod proc;
 pub mod protocol;
 pub mod prove;
 pub mod runtime;
 pub mod sockdiag;
+pub mod state;
 pub mod text;

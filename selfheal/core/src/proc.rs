@@ -219,6 +219,125 @@ pub fn anonymous_private(maps: &[Mapping], addr: u64, len: u64) -> Result<(), St
     Ok(())
 }
 
+/// The pid in a pidfile's text: its first line, trimmed, a positive decimal
+/// number (later lines, which some daemons add, are ignored).
+pub fn parse_pidfile(text: &str) -> Result<u32, String> {
+    let line = text.trim_start().lines().next().unwrap_or("").trim();
+    if line.is_empty() {
+        return Err("empty (no pid)".into());
+    }
+    let shown: String = line.chars().take(40).collect();
+    if !line.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("not a pid: {shown:?}"));
+    }
+    match line.parse::<u32>() {
+        Ok(pid) if pid > 0 && pid <= i32::MAX as u32 => Ok(pid),
+        _ => Err(format!("not a pid: {shown:?}")),
+    }
+}
+
+/// Most pollfds read from a poll/ppoll set (32 KiB); a larger set is cut
+/// here and the cut is a gap.
+pub const MAX_POLLFDS: usize = 4096;
+/// Most fds read from a select/pselect6 read set: glibc's `FD_SETSIZE`.
+pub const MAX_SELECT_FDS: usize = 1024;
+
+/// `sizeof(struct pollfd)`: `int fd; short events; short revents;`.
+pub const POLLFD_SIZE: usize = 8;
+/// Read interest in a pollfd's `events`: POLLIN, POLLPRI, POLLRDNORM,
+/// POLLRDBAND.
+pub const POLL_READ: i16 = 0x1 | 0x2 | 0x40 | 0x80;
+/// Read interest in an epoll item's events: EPOLLIN, EPOLLPRI, EPOLLRDNORM,
+/// EPOLLRDBAND.
+pub const EPOLL_READ: u32 = 0x1 | 0x2 | 0x40 | 0x80;
+
+/// `(fd, events)` of each whole `struct pollfd` in `bytes` (x86_64: native
+/// little-endian); negative fds (ignored by poll) are left out. A trailing
+/// partial entry is ignored.
+pub fn decode_pollfds(bytes: &[u8]) -> impl Iterator<Item = (i32, i16)> + '_ {
+    bytes.chunks_exact(POLLFD_SIZE).filter_map(|c| {
+        let fd = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let events = i16::from_le_bytes([c[4], c[5]]);
+        (fd >= 0).then_some((fd, events))
+    })
+}
+
+/// The fds below `nfds` set in an `fd_set` bitmap (x86_64: fd `i` is bit
+/// `i % 8` of byte `i / 8`); bits past the end of `bytes` count as clear.
+pub fn decode_fd_set(bytes: &[u8], nfds: usize) -> impl Iterator<Item = i32> + '_ {
+    (0..nfds.min(bytes.len() * 8))
+        .filter(|i| bytes[i / 8] & (1 << (i % 8)) != 0)
+        .map(|i| i as i32)
+}
+
+/// One item of an epoll set, from its fdinfo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpollItem {
+    pub tfd: i32,
+    pub events: u32,
+    /// The registered file's inode (kernels since 3.15 print it).
+    pub ino: Option<u64>,
+}
+
+/// The items of `/proc/PID/fdinfo/EPFD`'s `tfd:` lines:
+/// `tfd:        7 events:       19 data:                7  pos:0 ino:2a sdev:8`
+/// (events, data and ino in hex). Lines that do not parse are skipped.
+pub fn epoll_items(text: &str) -> impl Iterator<Item = EpollItem> + '_ {
+    text.lines().filter_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next()? != "tfd:" {
+            return None;
+        }
+        let tfd: i32 = words.next()?.parse().ok().filter(|fd| *fd >= 0)?;
+        let mut events = None;
+        let mut ino = None;
+        while let Some(w) = words.next() {
+            if w == "events:" {
+                events = u32::from_str_radix(words.next()?, 16).ok();
+            } else if let Some(hex) = w.strip_prefix("ino:") {
+                ino = u64::from_str_radix(hex, 16).ok();
+            }
+        }
+        Some(EpollItem {
+            tfd,
+            events: events?,
+            ino,
+        })
+    })
+}
+
+/// `(tfd, events)` of every item of an epoll fd's fdinfo text
+/// (`/proc/PID/fdinfo/EPFD`), in file order. Hand-parsed: the `procfs`
+/// crate (0.18) has no parser for epoll fdinfo. Junk lines are skipped.
+pub fn parse_epoll_tfds(text: &str) -> Vec<(i32, u32)> {
+    epoll_items(text).map(|i| (i.tfd, i.events)).collect()
+}
+
+/// `se.exec_start` of a `/proc/…/sched` file, in milliseconds.
+pub fn parse_exec_start(sched: &str) -> Option<f64> {
+    sched.lines().find_map(|l| {
+        let (key, value) = l.split_once(':')?;
+        (key.trim() == "se.exec_start")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
+}
+
+/// Function names of the first `n` frames of a `/proc/…/stack` file:
+/// `[<0>] wait_woken+0x6d/0x80` → `wait_woken`.
+pub fn parse_kstack(stack: &str, n: usize) -> Vec<String> {
+    stack
+        .lines()
+        .filter_map(|l| {
+            let line = l.trim();
+            let frame = line.split_once(']').map_or(line, |(_, rest)| rest).trim();
+            let name = frame.split('+').next()?.trim();
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .take(n)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,5 +516,181 @@ mod tests {
             }
         }
         assert!(checked > 1000);
+    }
+
+    #[test]
+    fn pidfile_text() {
+        for (text, want) in [
+            ("123", Ok(123)),
+            ("123\n", Ok(123)),
+            ("  42  \n", Ok(42)),
+            ("\n\n7\nport=80\n", Ok(7)),
+            ("2147483647", Ok(2147483647)),
+        ] {
+            assert_eq!(parse_pidfile(text), want, "{text:?}");
+        }
+        for (text, says) in [
+            ("", "empty"),
+            ("   \n\t", "empty"),
+            ("abc", "not a pid: \"abc\""),
+            ("-5", "not a pid: \"-5\""),
+            ("+5", "not a pid"),
+            ("123abc", "not a pid: \"123abc\""),
+            ("12 34", "not a pid"),
+            ("0", "not a pid: \"0\""),
+            ("2147483648", "not a pid"),
+            ("99999999999999999999999", "not a pid"),
+            ("１２３", "not a pid"),
+            ("\u{0}", "not a pid"),
+        ] {
+            let err = parse_pidfile(text).expect_err(text);
+            assert!(err.contains(says), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn parses_exec_start() {
+        let sched = "sleeper (1234, #threads: 1)\n---------\nse.exec_start                                :       5338406.123456\nse.vruntime : 1.0\n";
+        assert_eq!(parse_exec_start(sched), Some(5338406.123456));
+        for bad in [
+            "se.exec_start : x",
+            "",
+            "se.exec_start",
+            "se.exec_start:",
+            "\u{0}",
+        ] {
+            assert_eq!(parse_exec_start(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn parses_kernel_stacks() {
+        let stack = "[<0>] wait_woken+0x6d/0x80\n[<0>] sk_wait_data+0x13a/0x150\n[<0>] tcp_recvmsg_locked+0x2c4/0x9a0\n[<0>] tcp_recvmsg+0x7d/0x1d0\n[<0>] inet_recvmsg+0x5b/0x100\n";
+        assert_eq!(
+            parse_kstack(stack, 3),
+            ["wait_woken", "sk_wait_data", "tcp_recvmsg_locked"]
+        );
+        assert!(parse_kstack("", 3).is_empty());
+        assert!(parse_kstack("garbage without frames", 3).len() <= 1);
+        assert!(parse_kstack("[<0>] \n\n", 3).is_empty());
+    }
+
+    /// `/proc/PID/fdinfo/EPFD` of an epoll fd (kernel 6.18): a socket with
+    /// EPOLLIN, a pipe with EPOLLIN|EPOLLPRI, a socket with EPOLLOUT|EPOLLET
+    /// (EPOLLERR and EPOLLHUP are always added).
+    const EPOLL_FDINFO: &str = "pos:\t0\nflags:\t02000002\nmnt_id:\t17\nino:\t1038\n\
+        tfd:        5 events: 8000001c data:                5  pos:0 ino:7c76 sdev:9\n\
+        tfd:        6 events:       1b data:                6  pos:0 ino:7c77 sdev:f\n\
+        tfd:        4 events:       19 data:                4  pos:0 ino:7c75 sdev:9\n";
+
+    #[test]
+    fn parses_epoll_fdinfo() {
+        assert_eq!(
+            parse_epoll_tfds(EPOLL_FDINFO),
+            [(5, 0x8000_001c), (6, 0x1b), (4, 0x19)]
+        );
+        assert_eq!(
+            epoll_items(EPOLL_FDINFO).map(|i| i.ino).collect::<Vec<_>>(),
+            [Some(0x7c76), Some(0x7c77), Some(0x7c75)]
+        );
+        // Older kernels: no pos/ino/sdev.
+        assert_eq!(
+            epoll_items("tfd:        9 events:       19 data: 7f0000000009\n").collect::<Vec<_>>(),
+            [EpollItem {
+                tfd: 9,
+                events: 0x19,
+                ino: None
+            }]
+        );
+        // Huge values: the largest fd and events, a 64-bit ino; one past
+        // them is junk and skipped.
+        assert_eq!(
+            epoll_items(
+                "tfd: 2147483647 events: ffffffff data: ffffffffffffffff pos:0 ino:ffffffffffffffff sdev:0\n\
+                 tfd: 2147483648 events: 19\n\
+                 tfd: 3 events: 100000000\n"
+            )
+            .collect::<Vec<_>>(),
+            [EpollItem {
+                tfd: i32::MAX,
+                events: u32::MAX,
+                ino: Some(u64::MAX)
+            }]
+        );
+        for junk in [
+            "",
+            "\n\n",
+            "tfd:",
+            "tfd: x events: 19",
+            "tfd: -1 events: 19",
+            "tfd: 5",
+            "tfd: 5 events:",
+            "tfd: 5 events: zz",
+            "tfd5 events: 19",
+            " eventfd-count: 0",
+            "\u{0}\u{ffff}",
+            "events: 19 tfd: 5",
+        ] {
+            assert_eq!(parse_epoll_tfds(junk), [], "{junk:?}");
+        }
+        // A bad ino is dropped, the item kept; junk lines between items too.
+        assert_eq!(
+            epoll_items("tfd: 7 events: 1 ino:zz\ngarbage\ntfd: 8 events: 2\n")
+                .map(|i| (i.tfd, i.events, i.ino))
+                .collect::<Vec<_>>(),
+            [(7, 1, None), (8, 2, None)]
+        );
+    }
+
+    #[test]
+    fn decodes_pollfd_arrays() {
+        let mut bytes = Vec::new();
+        for (fd, events, revents) in [(5i32, 1i16, 0i16), (-1, 1, 0), (7, 4, 0), (9, 0x43, 1)] {
+            bytes.extend(fd.to_le_bytes());
+            bytes.extend(events.to_le_bytes());
+            bytes.extend(revents.to_le_bytes());
+        }
+        assert_eq!(
+            decode_pollfds(&bytes).collect::<Vec<_>>(),
+            [(5, 1), (7, 4), (9, 0x43)]
+        );
+        // Read interest: POLLIN, POLLPRI, POLLRDNORM, POLLRDBAND; not POLLOUT.
+        let read: Vec<i32> = decode_pollfds(&bytes)
+            .filter(|(_, e)| e & POLL_READ != 0)
+            .map(|(fd, _)| fd)
+            .collect();
+        assert_eq!(read, [5, 9]);
+        // A trailing partial entry and empty input.
+        assert_eq!(decode_pollfds(&bytes[..11]).count(), 1);
+        assert_eq!(decode_pollfds(&[]).count(), 0);
+        // Extremes.
+        let mut big = i32::MAX.to_le_bytes().to_vec();
+        big.extend(i16::MIN.to_le_bytes());
+        big.extend([0xff, 0xff]);
+        assert_eq!(
+            decode_pollfds(&big).collect::<Vec<_>>(),
+            [(i32::MAX, i16::MIN)]
+        );
+    }
+
+    #[test]
+    fn decodes_fd_set_bitmaps() {
+        let mut set = [0u8; 128];
+        for fd in [0usize, 3, 8, 63, 64, 1023] {
+            set[fd / 8] |= 1 << (fd % 8);
+        }
+        assert_eq!(
+            decode_fd_set(&set, 1024).collect::<Vec<_>>(),
+            [0, 3, 8, 63, 64, 1023]
+        );
+        // Only fds below nfds count.
+        assert_eq!(decode_fd_set(&set, 64).collect::<Vec<_>>(), [0, 3, 8, 63]);
+        assert_eq!(decode_fd_set(&set, 0).count(), 0);
+        // nfds past the bytes read: bits beyond count as clear, no panic.
+        assert_eq!(
+            decode_fd_set(&set[..1], 100_000).collect::<Vec<_>>(),
+            [0, 3]
+        );
+        assert_eq!(decode_fd_set(&[], usize::MAX).count(), 0);
     }
 }

@@ -1,10 +1,14 @@
 //! A container as every output names it, and the `match` rules on it: the
-//! plain types. Reading cgroups and asking the runtimes is the I/O edge
+//! plain types, and the parsers of what the runtimes answer ([`docker`],
+//! [`bundle`]). Reading cgroups and asking the runtimes is the I/O edge
 //! (`selfheal::runtime`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+pub mod bundle;
+pub mod docker;
 
 /// The runtime a container's cgroup names, as far as the path tells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -207,4 +211,19 @@ impl std::fmt::Display for ContainerRule {
         }
         f.write_str(&parts.join(", "))
     }
+}
+
+/// What a runtime says about one container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub id: String,
+    /// Without Docker's leading `/`.
+    pub name: Option<String>,
+    pub image: Option<String>,
+    /// Labels (Docker, Podman) or OCI annotations (containerd bundles).
+    pub labels: BTreeMap<String, String>,
+    /// The container's init process as the runtime reports it (`State.Pid`
+    /// for Docker and Podman, the task's `init.pid` for containerd), in the
+    /// runtime's pid namespace; `None` where it reported none.
+    pub init_pid: Option<u32>,
 }

@@ -13,12 +13,11 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     check::{self, History, Outcome},
-    clock,
-    config::{self, Config},
-    ladder,
+    clock, config, ladder,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
 };
+use selfheal_core::config::Config;
 
 /// What `check` and `watch` share.
 #[derive(clap::Args)]
@@ -61,7 +60,7 @@ pub struct Common {
     /// directly where it has the permission (its own uid's agents, or all as
     /// root). A socket served by anyone but root, this user or the uid in
     /// SELFHEAL_HELPER_UID is refused.
-    #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::DEFAULT_SOCKET)]
+    #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::listen::DEFAULT_SOCKET)]
     helper: PathBuf,
 }
 
@@ -155,7 +154,10 @@ struct Session {
 
 /// Opens the snapshot log in `dir`, or in a fallback when `dir` is the
 /// default and was refused.
-fn open_snapshot_log(dir: &Path, is_default: bool) -> Result<SnapshotLog, store::StoreError> {
+fn open_snapshot_log(
+    dir: &Path,
+    is_default: bool,
+) -> Result<SnapshotLog, selfheal::fs::StoreError> {
     with_fallback(dir, is_default, "snapshot", |d| {
         SnapshotLog::open(d, snapshots::DEFAULT_MAX_BYTES, snapshots::DEFAULT_KEEP)
     })
@@ -169,15 +171,15 @@ fn with_fallback<T>(
     dir: &Path,
     is_default: bool,
     what: &str,
-    open: impl Fn(&Path) -> Result<T, store::StoreError>,
-) -> Result<T, store::StoreError> {
+    open: impl Fn(&Path) -> Result<T, selfheal::fs::StoreError>,
+) -> Result<T, selfheal::fs::StoreError> {
     let first = match open(dir) {
         Ok(t) => return Ok(t),
-        Err(e @ store::StoreError::Locked { .. }) => return Err(e),
+        Err(e @ selfheal::fs::StoreError::Locked { .. }) => return Err(e),
         Err(e) if !is_default => return Err(e),
         Err(e) => e,
     };
-    for alt in store::fallback_state_dirs(store::euid()) {
+    for alt in store::fallback_state_dirs(selfheal::trust::euid()) {
         if alt == dir {
             continue;
         }
@@ -326,10 +328,10 @@ impl Session {
         // at least.
         let mut metrics_failed = false;
         if let Some(path) = &c.metrics_file
-            && let Err(e) = selfheal::safedir::write_file_atomically(
+            && let Err(e) = selfheal::fs::safedir::write_file_atomically(
                 path,
                 metrics.as_bytes(),
-                selfheal::safedir::METRICS_FILE_MODE,
+                selfheal::fs::safedir::METRICS_FILE_MODE,
             )
         {
             metrics_failed = true;

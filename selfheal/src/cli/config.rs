@@ -8,8 +8,11 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, Matched, ProcessTable},
-    config::{self, Config, ProbeConfig, Redirects, Resolution, ResolvedUpstreams, SecretSource},
+    config,
     runtime::{self, Identity},
+};
+use selfheal_core::config::{
+    Config, MatchRule, ProbeConfig, Redirects, Resolution, ResolvedUpstreams, SecretSource,
 };
 
 /// Check the config file.
@@ -48,7 +51,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
     let config = config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
     let table = ProcessTable::read();
     let all: Vec<_> = config.agents.iter().collect();
-    let table = runtime::enrich_for(table, &all, &runtime::Sources::from_env());
+    let table = selfheal::agents::enrich_for(table, &all, &runtime::Sources::from_env());
     let agents: Vec<_> = config
         .agents
         .iter()
@@ -67,7 +70,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
             let ids = table.identities(&m.all);
             let mut gaps = table
                 .inventory()
-                .gaps(&ids, matches!(a.rule, config::MatchRule::Container(_)));
+                .gaps(&ids, matches!(a.rule, MatchRule::Container(_)));
             gaps.extend(table.refusals(&m.all));
             gaps.extend(table.cmdline_gap(a, selfheal::trust::euid()));
             (ids, gaps)
@@ -101,7 +104,7 @@ fn render(
         let euid = selfheal::trust::euid();
         let _ = match (agent.uid_filter(euid), &agent.rule) {
             (Some(uid), _) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
-            (None, config::MatchRule::Unit(_)) => writeln!(
+            (None, MatchRule::Unit(_)) => writeln!(
                 out,
                 "  match      {} ({})",
                 agent.rule,
@@ -110,7 +113,7 @@ fn render(
             (None, _) => writeln!(out, "  match      {}", agent.rule),
         };
         let _ = writeln!(out, "  processes  {}", processes(matched));
-        if let config::MatchRule::Unit(unit) = &agent.rule {
+        if let MatchRule::Unit(unit) = &agent.rule {
             for (manager, state) in selfheal::check::unit_states(unit, &matched.roots) {
                 let _ = match state {
                     Some((load, active)) => {

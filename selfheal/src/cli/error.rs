@@ -17,10 +17,8 @@
 
 use std::path::PathBuf;
 
-use selfheal::{
-    config::ConfigError,
-    helper::{PolicyError, ServerError},
-};
+use selfheal::helper::ServerError;
+use selfheal_core::{config::ConfigError, policy::PolicyError};
 
 /// Done.
 pub const EXIT_OK: u8 = 0;

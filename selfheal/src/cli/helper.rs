@@ -10,8 +10,8 @@ use nix::sys::signal::{SigSet, Signal};
 use selfheal::{
     ebpf::TracerOptions,
     helper::{
-        DEFAULT_SOCKET, Executor, Listen, Policy, SOCKET_MODE, ServerOptions, StopReason, serve,
-        server::take_activated_listener,
+        DEFAULT_SOCKET, Executor, Listen, SOCKET_MODE, ServerOptions, StopReason, policy, serve,
+        server::listen::take_activated_listener,
     },
 };
 
@@ -63,7 +63,7 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
             socket: DEFAULT_SOCKET,
         });
     }
-    let policy = Policy::load(args.policy.as_deref(), euid)?;
+    let policy = policy::load(args.policy.as_deref(), euid)?;
     let policy_line = policy.describe();
     let (listen, idle, where_) = match activated {
         Some(fd) => (

@@ -8,11 +8,12 @@ use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
     agents::{self, ProcessTable},
-    config::{self, MatchRule},
+    config,
     ebpf::Strategy,
     inspect,
     text::escape,
 };
+use selfheal_core::config::MatchRule;
 
 /// Show an agent's processes, threads and the receive each is blocked in
 /// (and for how long), its TCP sockets with their role, the kernel's
@@ -68,7 +69,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
                 return Err(Error::NoSuchProcess { pid, problem });
             }
             let sources = selfheal::runtime::Sources::from_env();
-            let table = selfheal::runtime::enrich(table, &matched.all, false, &sources);
+            let table = selfheal::agents::enrich(table, &matched.all, false, &sources);
             let containers = table.identities(&matched.all);
             let container_gaps = table.inventory().gaps(&containers, false);
             inspect::Target {
@@ -88,7 +89,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
                 config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
             let agent = super::configured_agent(&config, name)?;
             let sources = selfheal::runtime::Sources::from_env();
-            let table = selfheal::runtime::enrich_for(table, &[agent], &sources);
+            let table = selfheal::agents::enrich_for(table, &[agent], &sources);
             let target = selfheal::check::target(agent, &table);
             agent_config = Some(agent.clone());
             target

@@ -19,9 +19,9 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 /// The agent `name` of `config`, or the error that lists the configured
 /// ones (a usage error: `check --agent`, `inspect NAME`).
 pub fn configured_agent<'a>(
-    config: &'a selfheal::config::Config,
+    config: &'a selfheal_core::config::Config,
     name: &str,
-) -> Result<&'a selfheal::config::AgentConfig, Error> {
+) -> Result<&'a selfheal_core::config::AgentConfig, Error> {
     config.agent(name).ok_or_else(|| Error::NoSuchAgent {
         name: name.to_string(),
         path: config.path.clone(),

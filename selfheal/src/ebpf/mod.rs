@@ -17,8 +17,18 @@ mod loader;
 /// with activity, threads in a send (kprobe strategy).
 pub use selfheal_common::{MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS};
 pub use selfheal_core::ebpf::{
-    Attempt, BlockedRecv, FdKind, Overflow, ShareUse, SocketActivity, TracerSnapshot, snapshot,
-    socks_share, strategy, strategy::Strategy,
+    // TRANSITION
+    Attempt,
+    BlockedRecv,
+    FdKind,
+    Overflow,
+    ShareUse,
+    SocketActivity,
+    TracerSnapshot,
+    snapshot,
+    socks_share,
+    strategy,
+    strategy::Strategy,
 };
 
 /// Once `SOCKS` holds this many entries, a snapshot drops those of sockets

@@ -33,12 +33,10 @@ use std::{
 use selfheal_core::{
     authority::{self as rules, CallerCreds, TaskCreds, UserNs},
     keepalive::KeepaliveSettings,
+    policy::Policy,
 };
 
-use super::{
-    policy::Policy,
-    protocol::{Action, Caller},
-};
+use super::protocol::{Action, Caller};
 use crate::pidfd::Pidfd;
 
 /// Why an act was not done: refused (the caller may not, or the target

@@ -28,7 +28,7 @@ use super::protocol::{
     ActRequest, ErrorCode, HelloResult, Op, Request, Response, SnapshotWire, UnwatchResult,
     WatchResult,
 };
-use crate::ebpf::TracerSnapshot;
+use selfheal_core::ebpf::TracerSnapshot;
 
 /// The longest response accepted (a snapshot of many sockets is large).
 const MAX_RESPONSE_BYTES: usize = 64 << 20;

@@ -15,11 +15,14 @@ pub use selfheal_core::protocol;
 pub mod server;
 
 pub use self::client::{ClientError, ClientOptions, HelperClient, RemoteError, SnapshotWithGaps};
-pub use self::policy::{DEFAULT_POLICY, Policy, PolicyError};
+pub use self::policy::DEFAULT_POLICY;
 pub use self::protocol::{
     ActRequest, Action, Caller, ErrorCode, HelloResult, PROTOCOL_VERSION, parse_request,
 };
 pub use self::server::{
-    AuditRecord, DEFAULT_SOCKET, DryCall, DryExecutor, Executor, Listen, RateLimit, SOCKET_MODE,
-    ServerError, ServerHandle, ServerOptions, StopReason, Stopper, serve,
+    Executor, Listen, RateLimit, ServerError, ServerHandle, ServerOptions, StopReason, Stopper,
+    acts::{DryCall, DryExecutor},
+    audit::AuditRecord,
+    listen::{DEFAULT_SOCKET, SOCKET_MODE},
+    serve,
 };

@@ -18,7 +18,16 @@ use std::{
 };
 
 pub use selfheal_core::owner::{
-    Account, Admission, Basis, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account,
+    // TRANSITION
+    Account,
+    Admission,
+    Basis,
+    ConnLimits,
+    MAX_SUBUID_BYTES,
+    Namespace,
+    OpenConn,
+    Subuids,
+    account,
     admit,
 };
 
@@ -97,7 +106,7 @@ impl Owners {
         let Ok(status) = procfs::process::Process::new(pid as i32).and_then(|p| p.status()) else {
             return Account::own(0);
         };
-        let pidfd = super::server::pidfd_open(pid);
+        let pidfd = crate::pidfd::pidfd_open(pid).ok();
         self.account(status.ruid, pidfd.as_ref().map(|f| f.as_fd()), pid)
     }
 
@@ -266,7 +275,7 @@ fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
     // it is the connector's when it still lives under that pid now.
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
         .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
-    let (now, _) = super::server::parse_pidfd_fdinfo(&info);
+    let (now, _) = super::server::authz::parse_pidfd_fdinfo(&info);
     if now != Some(i64::from(pid)) {
         return Err(format!("pid {pid} exited while its namespace was read"));
     }

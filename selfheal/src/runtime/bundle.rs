@@ -7,24 +7,17 @@
 //! Files on the runtime's state tmpfs, read without the containerd API
 //! (gRPC): what a node agent needs is there, read-only, and a containerd
 //! that hangs cannot hold the check (ARCHITECTURE.md says more). The parser
-//! ([`parse_config`]) is pure and fuzzed.
+//! of a bundle's `config.json` is pure, in
+//! [`selfheal_core::runtime::bundle`], and fuzzed.
 
-use std::{collections::BTreeMap, io::Read as _, path::Path};
+use std::{io::Read as _, path::Path};
 
-use serde::Deserialize;
-
-use super::ContainerInfo;
+use selfheal_core::runtime::{ContainerInfo, bundle::parse_config};
 
 /// Largest `config.json` read (an OCI spec is a few KiB).
 pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 /// Most namespaces looked in (`default`, `k8s.io`, `moby`, …).
 const MAX_NAMESPACES: usize = 64;
-
-const CONTAINER_NAME: &[&str] = &[
-    "io.kubernetes.container.name",
-    "io.kubernetes.cri.container-name",
-];
-const IMAGE: &[&str] = &["io.kubernetes.cri.image-name"];
 
 /// The containers among `ids` whose bundles are under `state`, and what
 /// could not be read (each with whether the state directory is absent).
@@ -77,66 +70,9 @@ pub fn read(state: &Path, ids: &[&str]) -> (Vec<ContainerInfo>, Vec<(String, boo
     (found, errors)
 }
 
-#[derive(Deserialize)]
-struct Spec {
-    #[serde(default)]
-    annotations: Option<BTreeMap<String, String>>,
-}
-
-/// The identity in an OCI `config.json`: its annotations, the container
-/// name and image the kubelet's carry.
-pub fn parse_config(id: &str, bytes: &[u8]) -> Result<ContainerInfo, String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("not an OCI runtime spec: {e}"))?;
-    if !value.is_object() {
-        return Err("not an OCI runtime spec: not a JSON object".into());
-    }
-    let spec: Spec =
-        serde_json::from_value(value).map_err(|e| format!("not an OCI runtime spec: {e}"))?;
-    let labels = spec.annotations.unwrap_or_default();
-    let get = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| labels.get(*k))
-            .filter(|v| !v.is_empty())
-            .cloned()
-    };
-    Ok(ContainerInfo {
-        id: id.to_string(),
-        name: get(CONTAINER_NAME),
-        image: get(IMAGE),
-        labels,
-        init_pid: None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn annotations() {
-        let c = parse_config(
-            "x",
-            br#"{"ociVersion":"1.0.2","annotations":{"io.kubernetes.cri.container-name":"runner","io.kubernetes.pod.name":"runner-0","io.kubernetes.cri.image-name":"reg/runner:1"}}"#,
-        )
-        .unwrap();
-        assert_eq!(c.name.as_deref(), Some("runner"));
-        assert_eq!(c.image.as_deref(), Some("reg/runner:1"));
-        assert_eq!(c.labels.len(), 3);
-        assert!(parse_config("x", b"{}").unwrap().labels.is_empty());
-        for bad in [
-            &b""[..],
-            b"[]",
-            b"{\"annotations\":5}",
-            b"{\"annotations\":{\"a\":1}}",
-        ] {
-            assert!(
-                parse_config("x", bad).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
 
     #[test]
     fn absent_state() {

@@ -27,23 +27,9 @@ use std::{
     time::Duration,
 };
 
-pub use selfheal_core::cgroup::{self, CgroupContainer};
-pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match};
-
-/// What a runtime says about one container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ContainerInfo {
-    pub id: String,
-    /// Without Docker's leading `/`.
-    pub name: Option<String>,
-    pub image: Option<String>,
-    /// Labels (Docker, Podman) or OCI annotations (containerd bundles).
-    pub labels: BTreeMap<String, String>,
-    /// The container's init process as the runtime reports it (`State.Pid`
-    /// for Docker and Podman, the task's `init.pid` for containerd), in the
-    /// runtime's pid namespace; `None` where it reported none.
-    pub init_pid: Option<u32>,
-}
+pub use selfheal_core::cgroup::{self, CgroupContainer}; // TRANSITION
+use selfheal_core::runtime::ContainerInfo;
+pub use selfheal_core::runtime::{ContainerRule, Glob, Identity, Runtime, glob_match}; // TRANSITION
 
 /// The Kubernetes label (or CRI annotation) names of a pod's identity.
 const POD_NAME: &[&str] = &["io.kubernetes.pod.name", "io.kubernetes.cri.sandbox-name"];
@@ -153,7 +139,9 @@ impl Inventory {
                 .into_iter()
                 .map(|(rt, path, h)| {
                     let r = h.join().unwrap_or_else(|_| {
-                        Err(docker::Error::Other("the client panicked".into()))
+                        Err(selfheal_core::runtime::docker::Error::Other(
+                            "the client panicked".into(),
+                        ))
                     });
                     (rt, path, r)
                 })
@@ -344,57 +332,6 @@ impl Inventory {
         }
         gaps
     }
-}
-
-/// Asks the runtimes about the containers that matter, and attaches their
-/// answer to `table`: every container in the table when `all` (some agent
-/// has a container rule), else those of `pids` (the processes the other
-/// rules picked, whose identity the outputs show). Without any, no runtime
-/// is asked.
-pub fn enrich(
-    table: crate::agents::ProcessTable,
-    pids: &[u32],
-    all: bool,
-    sources: &Sources,
-) -> crate::agents::ProcessTable {
-    let wanted: Vec<CgroupContainer> = if all {
-        table.containers()
-    } else {
-        let mut set: Vec<CgroupContainer> = pids
-            .iter()
-            .filter_map(|p| table.get(*p))
-            .flat_map(|e| e.containers.iter().cloned())
-            .collect();
-        set.sort();
-        set.dedup();
-        set
-    };
-    if wanted.is_empty() {
-        return table;
-    }
-    let inventory = Inventory::read(sources, &wanted);
-    table.with_inventory(inventory)
-}
-
-/// [`enrich`] for these agents: what their rules pick now.
-pub fn enrich_for(
-    table: crate::agents::ProcessTable,
-    agents: &[&crate::config::AgentConfig],
-    sources: &Sources,
-) -> crate::agents::ProcessTable {
-    let all = agents
-        .iter()
-        .any(|a| matches!(a.rule, crate::config::MatchRule::Container(_)));
-    let euid = crate::trust::euid();
-    let pids: Vec<u32> = if all {
-        Vec::new()
-    } else {
-        agents
-            .iter()
-            .flat_map(|a| crate::agents::find_for(a, euid, &table).all)
-            .collect()
-    };
-    enrich(table, &pids, all, sources)
 }
 
 #[cfg(test)]
@@ -588,10 +525,9 @@ mod tests {
     /// their descendants, never the monitor beside it, nor selfheal.
     #[test]
     fn rules_over_a_table() {
-        use crate::{
-            agents::{ProcEntry, ProcessTable, find},
-            config::MatchRule,
-        };
+        use selfheal_core::config::MatchRule;
+
+        use crate::agents::{ProcEntry, ProcessTable, find};
         let a = "a".repeat(64);
         let b = "b".repeat(64);
         let in_ctr = |pid, ppid, id: &str| {

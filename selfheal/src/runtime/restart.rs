@@ -51,7 +51,7 @@ pub fn restart_container(
             } else {
                 &sources.podman
             };
-            let e = |what: &str, e: docker::Error| {
+            let e = |what: &str, e: selfheal_core::runtime::docker::Error| {
                 format!("{runtime} {}: {what} {short}: {e}", socket.display())
             };
             let bound = sources.timeout;
@@ -59,7 +59,7 @@ pub fn restart_container(
             if before.status != "running" {
                 return Err(format!(
                     "container {short} is {}, not running: stopped on purpose or by its runtime, left alone",
-                    crate::text::escape(&before.status)
+                    selfheal_core::text::escape(&before.status)
                 ));
             }
             if before.pid == 0 {
@@ -113,7 +113,7 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
     if !target.is_alive() {
         return Err(format!("pid {pid} exited"));
     }
-    if crate::agents::containers_for(&text, crate::trust::euid())
+    if selfheal_core::cgroup::containers_for(&text, crate::trust::euid())
         .iter()
         .any(|c| c.id == id)
     {
@@ -158,7 +158,10 @@ fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<()
 /// (`STATE/io.containerd.runtime.v2.task/NAMESPACE/ID/init.pid`).
 fn init_pid(state: &std::path::Path, id: &str) -> Result<u32, String> {
     if id.len() != 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("{} is not a container id", crate::text::escape(id)));
+        return Err(format!(
+            "{} is not a container id",
+            selfheal_core::text::escape(id)
+        ));
     }
     let tasks = state.join("io.containerd.runtime.v2.task");
     let dir = std::fs::read_dir(&tasks).map_err(|e| {

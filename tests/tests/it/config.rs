@@ -13,10 +13,11 @@ use std::{
 
 use selfheal::{
     agents::{self, ProcessTable},
-    config::{
-        self, AgentConfig, Config, ConfigError, MatchRule, ProbeAuth, ProbeConfig, Redirects,
-        Resolution, Role, SecretSource, Upstream, UpstreamAddr,
-    },
+    config,
+};
+use selfheal_core::config::{
+    AgentConfig, Config, ConfigError, MatchRule, ProbeAuth, ProbeConfig, Redirects, Resolution,
+    Role, SecretSource, Upstream, UpstreamAddr,
 };
 use tests::{TempDir, wait_for};
 
@@ -620,8 +621,8 @@ fn the_full_example_means_what_it_says() {
                 addr: UpstreamAddr::Socket("127.0.0.1:7443".parse().unwrap()),
                 heartbeat: Some(Duration::from_secs(10)),
                 suspect_after: None,
-                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
+                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
@@ -631,32 +632,32 @@ fn the_full_example_means_what_it_says() {
                 },
                 heartbeat: None,
                 suspect_after: None,
-                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
+                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Cidr("10.0.0.0".parse().unwrap(), 8),
                 heartbeat: None,
                 suspect_after: None,
-                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
+                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Socket("[2001:db8::1]:443".parse().unwrap()),
                 heartbeat: None,
                 suspect_after: None,
-                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
+                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
             },
             Upstream {
                 role: Role::Provider,
                 addr: UpstreamAddr::Port(8443),
                 heartbeat: None,
                 suspect_after: None,
-                max_silence: selfheal::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal::config::DEFAULT_CONNECT_TIMEOUT,
+                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
+                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
             },
         ]
     );
@@ -754,7 +755,7 @@ fn container_rules_combine() {
 #[test]
 fn a_unit_rule_names_its_manager() {
     let _area = tests::area(module_path!());
-    use selfheal::config::UnitOwner;
+    use selfheal_core::config::UnitOwner;
     let sys = parse(&with(HEAD, "match = { unit = \"runner\" }\n")).unwrap();
     assert_eq!(sys.agents[0].rule.to_string(), "unit = \"runner.service\"");
     assert_eq!(sys.agents[0].unit_owner(0), UnitOwner::System);
@@ -782,7 +783,7 @@ fn probe_defaults() {
         [ProbeConfig::Http {
             url: "https://h:1/s?x=1".into(),
             method: "HEAD".into(),
-            timeout: config::DEFAULT_PROBE_TIMEOUT,
+            timeout: selfheal_core::config::DEFAULT_PROBE_TIMEOUT,
             expect_status: None,
             fields: Default::default(),
             expect: Default::default(),
@@ -791,7 +792,10 @@ fn probe_defaults() {
             body_excerpt: true,
         }]
     );
-    assert_eq!(config::DEFAULT_PROBE_TIMEOUT, Duration::from_secs(2));
+    assert_eq!(
+        selfheal_core::config::DEFAULT_PROBE_TIMEOUT,
+        Duration::from_secs(2)
+    );
 }
 
 #[test]
@@ -1006,7 +1010,7 @@ fn host_names_resolve_with_the_system_resolver() {
 fn where_the_config_is_looked_for() {
     let _area = tests::area(module_path!());
     use std::ffi::OsStr;
-    let c = config::candidates(Some(OsStr::new("/x")), Some(OsStr::new("/home/u")));
+    let c = selfheal_core::config::candidates(Some(OsStr::new("/x")), Some(OsStr::new("/home/u")));
     assert_eq!(
         c,
         [
@@ -1014,16 +1018,16 @@ fn where_the_config_is_looked_for() {
             "/etc/selfheal/config.toml".into()
         ]
     );
-    let c = config::candidates(None, Some(OsStr::new("/home/u")));
+    let c = selfheal_core::config::candidates(None, Some(OsStr::new("/home/u")));
     assert_eq!(c[0], PathBuf::from("/home/u/.config/selfheal/config.toml"));
     // An empty or relative XDG_CONFIG_HOME is ignored, as the spec says.
     assert_eq!(
-        config::candidates(Some(OsStr::new("")), Some(OsStr::new("/h")))[0],
+        selfheal_core::config::candidates(Some(OsStr::new("")), Some(OsStr::new("/h")))[0],
         PathBuf::from("/h/.config/selfheal/config.toml")
     );
     assert_eq!(
-        config::candidates(Some(OsStr::new("rel")), None),
-        [PathBuf::from(config::SYSTEM_CONFIG)]
+        selfheal_core::config::candidates(Some(OsStr::new("rel")), None),
+        [PathBuf::from(selfheal_core::config::SYSTEM_CONFIG)]
     );
 
     let dir = TempDir::new("cfgtest-locate");

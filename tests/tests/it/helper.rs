@@ -29,7 +29,7 @@ use selfheal::{
     ebpf::{Strategy, TracerOptions},
     helper::{
         ActRequest, Action, Caller, ClientError, DryExecutor, ErrorCode, Executor, HelperClient,
-        Listen, Policy, RateLimit, ServerHandle, ServerOptions, StopReason, protocol::Response,
+        Listen, RateLimit, ServerHandle, ServerOptions, StopReason, policy, protocol::Response,
         serve,
     },
     pidfd::{Pidfd, start_ticks},
@@ -432,7 +432,7 @@ fn a_policy_grant_lets_a_uid_act_on_another_uids_processes() {
     )
     .unwrap();
     std::fs::set_permissions(&policy_path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let policy = Policy::load(Some(&policy_path), 0).unwrap();
+    let policy = policy::load(Some(&policy_path), 0).unwrap();
     let (_h, exec) = start(&dir, |o| o.policy = policy);
     let roots = Sleeper::new(None);
     let path = dir.socket();

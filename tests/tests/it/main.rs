@@ -5,9 +5,11 @@
 
 mod actions;
 mod alerting;
+mod architecture_map;
 mod bounds;
 mod check;
 mod cli_errors;
+mod compat;
 mod config;
 mod config_cli;
 mod container_incident;

@@ -745,7 +745,7 @@ fn the_helper_socket_has_the_documented_mode_and_owner() {
     assert_eq!(socket_mode, selfheal::helper::SOCKET_MODE, "unit vs code");
     assert_eq!(
         dir_mode,
-        selfheal::helper::server::SOCKET_DIR_MODE,
+        selfheal::helper::server::listen::SOCKET_DIR_MODE,
         "unit vs code"
     );
     let help = Command::new(tests::selfheal_bin())

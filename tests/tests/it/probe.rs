@@ -16,10 +16,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use selfheal::{
-    config::{ProbeConfig, Redirects},
-    probe::{self, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult},
-};
+use selfheal::probe::{self, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult};
+use selfheal_core::config::{ProbeConfig, Redirects};
 
 /// The memory test measures the process's peak RSS: it runs alone (write
 /// lock), every other test shares the read lock.

@@ -19,8 +19,9 @@ use std::{
 };
 
 use selfheal::{
+    fs::StoreError,
     snapshots::{self, SnapshotLog},
-    store::{self, StateStore, StoreError},
+    store::{self, StateStore},
 };
 use serde_json::{Value, json};
 use tests::{Peer, is_root, selfheal_bin, skip};
@@ -1119,7 +1120,7 @@ fn a_directory_swapped_after_open_is_refused_not_written() {
 #[test]
 fn the_walk_follows_our_symlinks_and_refuses_loops() {
     let _area = tests::area(module_path!());
-    use selfheal::safedir::SafeDir;
+    use selfheal::fs::safedir::SafeDir;
     let tmp = TempDir::new("walk");
     let real = tmp.path().join("a/b");
     fs::create_dir_all(&real).unwrap();

@@ -1048,7 +1048,7 @@ fn a_socket_alive_by_its_proof_still_has_its_threads_read() {
     assert!(needs_thread_detail(&cfg, &r, &armed(1_000), 100 * MIN));
 }
 
-/// Issue 16: the keepalive rung ends a `control_silent` socket about 5 s
+/// The keepalive rung ends a `control_silent` socket about 5 s
 /// after arming, so what the judge calls dead must be dead. A slow but live
 /// link (a 3 s round trip, heartbeats arriving late, a retransmission or
 /// two) is never `wedged`; only silence past 3 × the heartbeat is.

@@ -628,7 +628,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
     );
 }
 
-/// Issue 16: a control stream proven dead by its heartbeat, with nothing in
+/// A control stream proven dead by its heartbeat, with nothing in
 /// flight, gets the keepalive rung at the first `wedged` verdict; the rung
 /// ends it within seconds (see `actions::Keepalive`), so the next run finds
 /// the agent recovered and the ladder reset. A slow but live link, which
@@ -676,7 +676,7 @@ fn a_proven_dead_stream_heals_on_the_first_rung_and_a_slow_live_one_is_never_cut
     assert!(timeline(&cfg, &events).iter().all(|d| d == "nothing"));
 }
 
-/// Issue 15: the ladder acts on the judge's typed findings alone. A reason
+/// The ladder acts on the judge's typed findings alone. A reason
 /// whose JSON evidence names an inode is words for a person, not an
 /// address: without a finding there is no socket step.
 #[test]

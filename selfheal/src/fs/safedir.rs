@@ -36,7 +36,8 @@ use std::{
     sync::Arc,
 };
 
-use crate::store::{StoreError, euid};
+use super::{StoreError, io_err};
+use crate::trust::euid;
 
 /// Groups with a gid below this are system groups (Debian's, Fedora's and
 /// Arch's `SYS_GID_MAX` is 999).
@@ -140,10 +141,9 @@ impl SafeDir {
     /// error.
     pub fn open(path: &Path, create: Option<u32>) -> Result<SafeDir, StoreError> {
         let me = euid();
-        let fd = walk(path, create, false)?.ok_or_else(|| {
-            crate::store::io_err("examine", path)(io::Error::from_raw_os_error(libc::ENOENT))
-        })?;
-        let st = fstat(fd.as_raw_fd()).map_err(crate::store::io_err("examine", path))?;
+        let fd = walk(path, create, false)?
+            .ok_or_else(|| io_err("examine", path)(io::Error::from_raw_os_error(libc::ENOENT)))?;
+        let st = fstat(fd.as_raw_fd()).map_err(io_err("examine", path))?;
         let p = path.to_path_buf();
         if st.st_uid != me {
             return Err(StoreError::NotOwner {
@@ -259,12 +259,12 @@ fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<Own
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(crate::store::io_err("find the current directory for", path))?
+            .map_err(io_err("find the current directory for", path))?
             .join(path)
     };
     let me = euid();
     let root_name = CString::new("/").expect("no NUL");
-    let io = crate::store::io_err;
+    let io = io_err;
     let unsafe_ancestor = |ancestor: &Path, reason: String| StoreError::UnsafeAncestor {
         path: path.to_path_buf(),
         ancestor: ancestor.to_path_buf(),
@@ -411,7 +411,7 @@ pub fn check_above(dir: &Path) -> Result<(), StoreError> {
         dir.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(crate::store::io_err("find the current directory for", dir))?
+            .map_err(io_err("find the current directory for", dir))?
             .join(dir)
     };
     let Some(parent) = absolute.parent() else {
@@ -420,7 +420,7 @@ pub fn check_above(dir: &Path) -> Result<(), StoreError> {
     let Some(fd) = walk(parent, None, true)? else {
         return Ok(());
     };
-    let st = fstat(fd.as_raw_fd()).map_err(crate::store::io_err("examine", parent))?;
+    let st = fstat(fd.as_raw_fd()).map_err(io_err("examine", parent))?;
     match ancestor_problem(&st, euid()) {
         Some(reason) => Err(StoreError::UnsafeAncestor {
             path: dir.to_path_buf(),
@@ -455,7 +455,7 @@ pub const METRICS_FILE_MODE: u32 = 0o640;
 /// is its owner's choice: `chgrp node_exporter DIR; chmod 0750 DIR`).
 pub fn write_file_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StoreError> {
     use std::io::Write as _;
-    let io = crate::store::io_err;
+    let io = io_err;
     let (Some(parent), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
     else {
         return Err(io("write", path)(io::Error::from_raw_os_error(

@@ -34,9 +34,9 @@
 //! | op | fields | result |
 //! |----|--------|--------|
 //! | `hello` | — | `protocol`, `helper_version`, `helper_pid`, `caller` {`uid`,`gid`,`pid`} as the helper sees it, `ebpf` {`strategy` or null, `attempts`, `error` or null}, `limits` |
-//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` \[{`pid`,`since_ns`}\], `gone` [pids that do not exist], `refused` [pids it may not query] (since issue 12) |
+//! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` \[{`pid`,`since_ns`}\], `gone` [pids that do not exist], `refused` [pids it may not query] |
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` \[pids\]; a pid leaves the filter when no uid wants it any more |
-//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] (since issue 12) |
+//! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] |
 //! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`? (both for socket actions), `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
 //! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0). A pid the
@@ -48,8 +48,7 @@
 //! contributes nothing (`ebpf_snapshot`).
 //!
 //! `signal` (params `grace_ms`, default 10000, at most 120000) sends
-//! SIGTERM and answers at once (since issue 12; it used to wait out the
-//! grace): the result is `pid`, `sent` (`["SIGTERM"]`), `exited`,
+//! SIGTERM and answers at once, without waiting out the grace: the result is `pid`, `sent` (`["SIGTERM"]`), `exited`,
 //! `exited_after_ms`, `grace_ms`, and `escalating: true` when the process
 //! still lives. The helper then sends SIGKILL on its own timer when the
 //! grace runs out — unless the process exited, or is no longer who it was
@@ -131,6 +130,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::ebpf::{BlockedRecv, Overflow, SocketActivity, Strategy, TracerSnapshot};
+
+mod response;
+mod snapshot;
+
+pub use self::response::{
+    AttemptWire, Caller, EbpfStatus, HelloResult, Limits, Response, UnwatchResult, WatchResult,
+    WatchedPid, WireError,
+};
+pub use self::snapshot::{BlockedWire, OverflowWire, SnapshotWire, SocketWire, filter_snapshot};
 
 /// The protocol version this module speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -542,290 +550,6 @@ fn line<T: Serialize>(value: &T) -> Vec<u8> {
     let mut out = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     out.push(b'\n');
     out
-}
-
-/// A response's error object.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireError {
-    pub code: ErrorCode,
-    pub message: String,
-}
-
-/// One response line.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Response {
-    pub v: u32,
-    pub id: Option<u64>,
-    pub ok: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<WireError>,
-}
-
-impl Response {
-    pub fn ok(id: u64, result: Value) -> Self {
-        Self {
-            v: PROTOCOL_VERSION,
-            id: Some(id),
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
-    }
-
-    pub fn error(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            v: PROTOCOL_VERSION,
-            id,
-            ok: false,
-            result: None,
-            error: Some(WireError {
-                code,
-                message: message.into(),
-            }),
-        }
-    }
-
-    pub fn from_error(e: ProtoError) -> Self {
-        Self::error(e.id, e.code, e.message)
-    }
-
-    /// The response as one line, `\n` included.
-    pub fn to_line(&self) -> Vec<u8> {
-        line(self)
-    }
-
-    /// Parses one response line.
-    pub fn parse(line: &[u8]) -> Result<Response, String> {
-        let r: Response =
-            serde_json::from_slice(line).map_err(|e| format!("malformed response: {e}"))?;
-        if r.v != PROTOCOL_VERSION {
-            return Err(format!(
-                "response of protocol version {} (this client speaks {PROTOCOL_VERSION})",
-                r.v
-            ));
-        }
-        if r.ok != r.result.is_some() || r.ok == r.error.is_some() {
-            return Err(
-                "malformed response: exactly one of `result` and `error` is expected".into(),
-            );
-        }
-        Ok(r)
-    }
-}
-
-/// Who is asking, as the kernel says (`SO_PEERCRED`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Caller {
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: u32,
-}
-
-/// The result of `hello`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HelloResult {
-    pub protocol: u32,
-    pub helper_version: String,
-    pub helper_pid: u32,
-    pub caller: Caller,
-    pub ebpf: EbpfStatus,
-    pub limits: Limits,
-}
-
-/// The helper's tracer: which strategy runs, or why none does.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EbpfStatus {
-    /// The attached strategy's name (`kprobe`, `fentry`, `tp_btf`,
-    /// `tracepoint`), or null.
-    pub strategy: Option<String>,
-    /// Every strategy tried, with why it failed (`error` null for the one
-    /// that attached).
-    pub attempts: Vec<AttemptWire>,
-    /// Why there is no tracer, when there is none.
-    pub error: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttemptWire {
-    pub strategy: String,
-    pub error: Option<String>,
-}
-
-/// The helper's limits, for clients to respect.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Limits {
-    pub max_request_bytes: usize,
-    pub request_timeout_ms: u64,
-    pub max_pids: usize,
-}
-
-/// The result of `watch`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WatchResult {
-    /// When the tracer was attached (`CLOCK_BOOTTIME` ns).
-    pub attached_at_ns: u64,
-    /// The watched pids and since when each is (receives begun earlier are
-    /// invisible to the tracer).
-    pub watched: Vec<WatchedPid>,
-    /// Requested pids that do not exist (told only to callers that may
-    /// see every process).
-    pub gone: Vec<u32>,
-    /// Requested pids the caller may not query, or that do not exist (a
-    /// caller that may not see every process is not told which): a gap in
-    /// its evidence, the rest of the request is answered. Absent from
-    /// helpers before it was added: read as none.
-    #[serde(default)]
-    pub refused: Vec<u32>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WatchedPid {
-    pub pid: u32,
-    /// `CLOCK_BOOTTIME` ns.
-    pub since_ns: u64,
-}
-
-/// The result of `unwatch`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnwatchResult {
-    pub unwatched: Vec<u32>,
-}
-
-/// [`TracerSnapshot`] as it is read back from the wire (the tracer's types
-/// only serialize). [`SnapshotWire::into_snapshot`] checks and converts.
-#[derive(Clone, Debug, Deserialize)]
-pub struct SnapshotWire {
-    pub strategy: String,
-    pub taken_at_ns: u64,
-    pub blocked: Vec<BlockedWire>,
-    pub sockets: Vec<SocketWire>,
-    pub overflow: OverflowWire,
-    /// Requested pids the caller may not query (or that do not exist):
-    /// their evidence is a gap. Absent from older helpers: none.
-    #[serde(default)]
-    pub refused: Vec<u32>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct BlockedWire {
-    pub tgid: u32,
-    pub tid: u32,
-    pub inode: Option<u64>,
-    pub fd: Option<i32>,
-    pub syscall: Option<String>,
-    pub tcp_checked: bool,
-    pub since_ns: u64,
-    pub age_ms: u64,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct SocketWire {
-    pub inode: u64,
-    pub tgid: u32,
-    pub last_recv_ms: Option<u64>,
-    pub last_recv_bytes: u64,
-    pub last_send_ms: Option<u64>,
-    pub last_send_bytes: u64,
-    pub recv_data: u64,
-    pub recv_empty: u64,
-    pub recv_error: u64,
-    pub sends: u64,
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize)]
-pub struct OverflowWire {
-    pub in_recv_full: u64,
-    pub socks_full: u64,
-    pub read_failed: u64,
-    pub in_send_full: u64,
-    /// Absent from a helper older than the per-uid share.
-    #[serde(default)]
-    pub over_share: u64,
-}
-
-impl SnapshotWire {
-    /// The snapshot, or what is wrong with it.
-    pub fn into_snapshot(self) -> Result<TracerSnapshot, String> {
-        let strategy = Strategy::from_name(&self.strategy)
-            .ok_or_else(|| format!("unknown eBPF strategy {:?}", truncate(&self.strategy, 40)))?;
-        let blocked = self
-            .blocked
-            .into_iter()
-            .map(|b| BlockedRecv {
-                tgid: b.tgid,
-                tid: b.tid,
-                inode: b.inode,
-                fd: b.fd,
-                // The tracer's names are static; a name it does not know is
-                // dropped rather than invented.
-                syscall: b.syscall.as_deref().and_then(static_syscall_name),
-                tcp_checked: b.tcp_checked,
-                since_ns: b.since_ns,
-                age_ms: b.age_ms,
-            })
-            .collect();
-        let sockets = self
-            .sockets
-            .into_iter()
-            .map(|s| SocketActivity {
-                inode: s.inode,
-                tgid: s.tgid,
-                last_recv_ms: s.last_recv_ms,
-                last_recv_bytes: s.last_recv_bytes,
-                last_send_ms: s.last_send_ms,
-                last_send_bytes: s.last_send_bytes,
-                recv_data: s.recv_data,
-                recv_empty: s.recv_empty,
-                recv_error: s.recv_error,
-                sends: s.sends,
-                bytes_received: s.bytes_received,
-                bytes_sent: s.bytes_sent,
-            })
-            .collect();
-        let o = self.overflow;
-        Ok(TracerSnapshot {
-            strategy,
-            taken_at_ns: self.taken_at_ns,
-            blocked,
-            sockets,
-            overflow: Overflow {
-                in_recv_full: o.in_recv_full,
-                socks_full: o.socks_full,
-                read_failed: o.read_failed,
-                in_send_full: o.in_send_full,
-                over_share: o.over_share,
-            },
-            shares: Default::default(),
-            refused: Vec::new(),
-        })
-    }
-}
-
-/// The tracer's static name for syscall `name`.
-fn static_syscall_name(name: &str) -> Option<&'static str> {
-    // The syscall numbers the tracer names are all below 512 (x86_64).
-    (0..512).find_map(|nr| crate::ebpf::snapshot::syscall_name(nr).filter(|n| *n == name))
-}
-
-/// The result of `ebpf_snapshot` restricted to `pids` (pure). Of the
-/// per-owner losses at the socket map's share, only those of the owners
-/// of `pids` remain (as `overflow.over_share`).
-pub fn filter_snapshot(mut snap: TracerSnapshot, pids: &[u32]) -> TracerSnapshot {
-    snap.blocked.retain(|b| pids.binary_search(&b.tgid).is_ok());
-    snap.sockets.retain(|s| pids.binary_search(&s.tgid).is_ok());
-    snap.overflow.over_share = snap
-        .shares
-        .values()
-        .filter(|u| u.tgids.iter().any(|t| pids.binary_search(t).is_ok()))
-        .map(|u| u.lost)
-        .sum();
-    snap.shares.clear();
-    snap.refused.retain(|p| pids.binary_search(p).is_ok());
-    snap
 }
 
 #[cfg(test)]

@@ -1,0 +1,152 @@
+//! The helper's answers: the response line, its error, and each op's result.
+
+use super::*;
+
+/// A response's error object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// One response line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub v: u32,
+    pub id: Option<u64>,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<WireError>,
+}
+
+impl Response {
+    pub fn ok(id: u64, result: Value) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            id: Some(id),
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    pub fn error(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            v: PROTOCOL_VERSION,
+            id,
+            ok: false,
+            result: None,
+            error: Some(WireError {
+                code,
+                message: message.into(),
+            }),
+        }
+    }
+
+    pub fn from_error(e: ProtoError) -> Self {
+        Self::error(e.id, e.code, e.message)
+    }
+
+    /// The response as one line, `\n` included.
+    pub fn to_line(&self) -> Vec<u8> {
+        line(self)
+    }
+
+    /// Parses one response line.
+    pub fn parse(line: &[u8]) -> Result<Response, String> {
+        let r: Response =
+            serde_json::from_slice(line).map_err(|e| format!("malformed response: {e}"))?;
+        if r.v != PROTOCOL_VERSION {
+            return Err(format!(
+                "response of protocol version {} (this client speaks {PROTOCOL_VERSION})",
+                r.v
+            ));
+        }
+        if r.ok != r.result.is_some() || r.ok == r.error.is_some() {
+            return Err(
+                "malformed response: exactly one of `result` and `error` is expected".into(),
+            );
+        }
+        Ok(r)
+    }
+}
+
+/// Who is asking, as the kernel says (`SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// The result of `hello`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloResult {
+    pub protocol: u32,
+    pub helper_version: String,
+    pub helper_pid: u32,
+    pub caller: Caller,
+    pub ebpf: EbpfStatus,
+    pub limits: Limits,
+}
+
+/// The helper's tracer: which strategy runs, or why none does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EbpfStatus {
+    /// The attached strategy's name (`kprobe`, `fentry`, `tp_btf`,
+    /// `tracepoint`), or null.
+    pub strategy: Option<String>,
+    /// Every strategy tried, with why it failed (`error` null for the one
+    /// that attached).
+    pub attempts: Vec<AttemptWire>,
+    /// Why there is no tracer, when there is none.
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptWire {
+    pub strategy: String,
+    pub error: Option<String>,
+}
+
+/// The helper's limits, for clients to respect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_request_bytes: usize,
+    pub request_timeout_ms: u64,
+    pub max_pids: usize,
+}
+
+/// The result of `watch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchResult {
+    /// When the tracer was attached (`CLOCK_BOOTTIME` ns).
+    pub attached_at_ns: u64,
+    /// The watched pids and since when each is (receives begun earlier are
+    /// invisible to the tracer).
+    pub watched: Vec<WatchedPid>,
+    /// Requested pids that do not exist (told only to callers that may
+    /// see every process).
+    pub gone: Vec<u32>,
+    /// Requested pids the caller may not query, or that do not exist (a
+    /// caller that may not see every process is not told which): a gap in
+    /// its evidence, the rest of the request is answered. Absent from
+    /// helpers before it was added: read as none.
+    #[serde(default)]
+    pub refused: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchedPid {
+    pub pid: u32,
+    /// `CLOCK_BOOTTIME` ns.
+    pub since_ns: u64,
+}
+
+/// The result of `unwatch`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnwatchResult {
+    pub unwatched: Vec<u32>,
+}

@@ -1,0 +1,409 @@
+//! Who asks, and what a request may touch: the connecting process pinned
+//! at accept and checked on every request ([`Connector`]), the pid
+//! namespace a caller's pids are read in, each pid a request names pinned
+//! by a pidfd and checked against the policy (one answer for every pid a
+//! caller may not reach), the fds an act may duplicate (sockets only),
+//! and who a target is ([`Identity`]) before and after its grace.
+
+use std::{
+    io,
+    os::{
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        unix::{fs::MetadataExt as _, net::UnixStream},
+    },
+    path::PathBuf,
+};
+
+use selfheal_core::{
+    policy::Target,
+    protocol::{Caller, ErrorCode, WireError},
+};
+
+use super::{Shared, refusal};
+use crate::{
+    helper::{authority::Authority, policy::read_target},
+    pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
+};
+
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
+pub(super) const SO_PEERPIDFD: libc::c_int = 77;
+
+/// What the policy and the audit need to know of a target, read again
+/// before every escalation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Identity {
+    pub(super) target: Target,
+    pub(super) start_ticks: u64,
+    pub(super) exe: Option<PathBuf>,
+}
+
+/// Opens a pidfd on `pid` (checked against `start` when given) and reads
+/// the process's identity through it: the identity is of the process the
+/// pidfd holds, since it was still alive after the read.
+pub(super) fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, Target), WireError> {
+    let gone = |m: String| refusal(ErrorCode::Gone, m);
+    let fd = Pidfd::open(pid, start).map_err(|e| match &e {
+        PidfdError::Gone { .. } => gone(format!("pid {pid} is not running")),
+        PidfdError::Reused { .. } => gone(e.to_string()),
+        PidfdError::Open { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) =>
+        {
+            refusal(
+                ErrorCode::BadRequest,
+                format!("pid {pid} is not a process (a thread id?)"),
+            )
+        }
+        PidfdError::Open { .. } => refusal(ErrorCode::Failed, e.to_string()),
+    })?;
+    let target = read_target(pid).ok_or_else(|| gone(format!("pid {pid} is not running")))?;
+    if !fd.is_alive() {
+        return Err(gone(format!("pid {pid} exited")));
+    }
+    Ok((fd, target))
+}
+
+/// The pid namespace of process `pid` (`"self"` for ours).
+pub(super) fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .map(|md| (md.dev(), md.ino()))
+}
+
+/// What `/proc/self/fdinfo/N` of a pidfd says of its process (pure): its
+/// pid in our pid namespace (`Pid:`; -1 once reaped, 0 when not visible
+/// here) and how many pid namespaces deep it is, counted from ours
+/// (`NSpid:` has one number per level: 1 means ours).
+pub fn parse_pidfd_fdinfo(text: &str) -> (Option<i64>, Option<usize>) {
+    let mut pid = None;
+    let mut levels = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("Pid:") {
+            pid = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("NSpid:") {
+            let n: Vec<&str> = v.split_whitespace().collect();
+            if !n.is_empty() && n.iter().all(|x| x.parse::<i64>().is_ok()) {
+                levels = Some(n.len());
+            }
+        }
+    }
+    (pid, levels)
+}
+
+/// Whether the process behind `fd` (a pidfd) has exited.
+fn pidfd_exited(fd: BorrowedFd<'_>) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n != 0
+}
+
+/// The process that opened a connection, pinned at accept: a pidfd of it
+/// (`SO_PEERPIDFD`, or `pidfd_open` of the `SO_PEERCRED` pid where the
+/// kernel lacks it) and its start time. Every request is checked through
+/// it: the connector must still run, under the same pid and start time.
+/// A connection is not passed on: a process that received one from its
+/// (exited) connector is refused, so the credentials of a dead process,
+/// whose pid another process may hold by now, never authorize anything.
+pub(super) struct Connector {
+    /// `SO_PEERCRED` at accept.
+    pub(super) caller: Caller,
+    /// `None` when the connector was gone already, or its pid is not
+    /// visible in our pid namespace (then no pid it names is ours).
+    pub(super) pidfd: Option<OwnedFd>,
+    pub(super) start_ticks: Option<u64>,
+    /// How the pidfd was had (`SO_PEERPIDFD`, `pidfd_open`), for messages.
+    pub(super) how: &'static str,
+}
+
+impl Connector {
+    pub(super) fn pin(stream: &UnixStream, caller: Caller, peer_pidfd: bool) -> Connector {
+        let kernel = if peer_pidfd {
+            let mut fd: libc::c_int = -1;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: getsockopt into a local int of the given size.
+            let r = unsafe {
+                libc::getsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    SO_PEERPIDFD,
+                    (&mut fd as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            if r == 0 && fd >= 0 {
+                // SAFETY: a fresh fd the kernel gave us to own.
+                Some(Ok(unsafe { OwnedFd::from_raw_fd(fd) }))
+            } else {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // The kernel does not know the option: the fallback.
+                    Some(libc::ENOPROTOOPT) => None,
+                    // The connector is gone (no task to make a pidfd of).
+                    _ => Some(Err(e)),
+                }
+            }
+        } else {
+            None
+        };
+        let (pidfd, how) = match kernel {
+            Some(Ok(fd)) => (Some(fd), "SO_PEERPIDFD"),
+            Some(Err(_)) => (None, "SO_PEERPIDFD"),
+            None if caller.pid == 0 => (None, "pidfd_open"),
+            None => (pidfd_open(caller.pid).ok(), "pidfd_open"),
+        };
+        let start_ticks = pidfd.as_ref().and_then(|fd| {
+            let st = start_ticks(caller.pid)?;
+            // Read while it lived: the start time is its own.
+            (!pidfd_exited(fd.as_fd())).then_some(st)
+        });
+        Connector {
+            caller,
+            pidfd,
+            start_ticks,
+            how,
+        }
+    }
+
+    /// The caller of a request on this connection, and whether it is in
+    /// the helper's pid namespace; refused when the process that connected
+    /// has exited (or its pid names another process now).
+    pub(super) fn verify(&self) -> Result<(Caller, bool), WireError> {
+        let gone = || {
+            refusal(
+                ErrorCode::Forbidden,
+                format!(
+                    "the process that opened this connection has exited (checked by {}): \
+                     a connection is not passed on; connect again",
+                    self.how
+                ),
+            )
+        };
+        if self.caller.pid == 0 {
+            // Not visible here: another pid namespace. Its pids are not
+            // ours; queries that name none are still answered.
+            return Ok((self.caller, false));
+        }
+        let (Some(fd), Some(start)) = (&self.pidfd, self.start_ticks) else {
+            return Err(gone());
+        };
+        if pidfd_exited(fd.as_fd()) {
+            return Err(gone());
+        }
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+            .map_err(|e| {
+                refusal(
+                    ErrorCode::Failed,
+                    format!("cannot read the connecting process's pidfd: {e}"),
+                )
+            })?;
+        let (pid, levels) = parse_pidfd_fdinfo(&info);
+        if pid != Some(i64::from(self.caller.pid)) {
+            return Err(gone());
+        }
+        // The pid is the connector's while it lives (checked last): what
+        // is read under it is the connector's.
+        let same_ns = match levels {
+            Some(n) => n == 1,
+            None => {
+                pid_namespace(&self.caller.pid.to_string()) == pid_namespace("self")
+                    && pid_namespace("self").is_some()
+            }
+        };
+        if start_ticks(self.caller.pid) != Some(start) || pidfd_exited(fd.as_fd()) {
+            return Err(gone());
+        }
+        Ok((self.caller, same_ns))
+    }
+}
+
+/// Refuses an fd that is not a socket before anything duplicates it: a
+/// file (on a FUSE mount its owner serves, say) could block `fstat` or
+/// `close` of the duplicate forever. Reading the link names the file
+/// without calling into its filesystem.
+pub(super) fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
+    match std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
+        Ok(link) if crate::proc::socket_inode_of_target(&link.to_string_lossy()).is_some() => {
+            Ok(())
+        }
+        Ok(_) => Err(refusal(
+            ErrorCode::Failed,
+            format!("fd {fd} of pid {pid} is not a socket: left alone"),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(refusal(
+            ErrorCode::Failed,
+            format!("pid {pid} has no fd {fd}"),
+        )),
+        Err(e) => Err(refusal(
+            ErrorCode::Failed,
+            format!("cannot read fd {fd} of pid {pid}: {e}"),
+        )),
+    }
+}
+
+/// Who `target` is now: its uids, start time and executable, read while
+/// the pidfd says it lives.
+pub(super) fn identity(target: &Pidfd) -> Option<Identity> {
+    let pid = target.pid();
+    let t = read_target(pid)?;
+    let start = start_ticks(pid)?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    target.is_alive().then_some(Identity {
+        target: t,
+        start_ticks: start,
+        exe,
+    })
+}
+
+/// Pids a query may name: (pid, start ticks) of those it may, those that
+/// do not exist (told apart only to callers that may see every process),
+/// and those it may not.
+pub(super) struct Authorized {
+    pub(super) ok: Vec<(u32, u64)>,
+    pub(super) gone: Vec<u32>,
+    pub(super) refused: Vec<u32>,
+}
+
+impl Shared {
+    /// Pids in requests are read in the helper's pid namespace: a caller in
+    /// another one (a container) would name other processes than it means.
+    pub(super) fn check_pid_namespace(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+    ) -> Result<(), WireError> {
+        let forbidden = |m: String| refusal(ErrorCode::Forbidden, m);
+        if caller.pid == 0 {
+            return Err(forbidden(
+                "the caller's pid is not visible to the helper (another pid namespace): \
+                 the pids it names are not the helper's"
+                    .into(),
+            ));
+        }
+        if !same_ns || self.pid_ns.is_none() {
+            return Err(forbidden(format!(
+                "the caller (pid {}) is not in the helper's pid namespace: \
+                 the pids it names are not the helper's",
+                caller.pid
+            )));
+        }
+        Ok(())
+    }
+
+    /// The one answer a caller gets for a pid it may not reach, whether the
+    /// pid exists or not and whatever its start time: nothing in it tells
+    /// one case from another.
+    pub(super) fn out_of_reach(caller: &Caller, verb: &str, pid: u32) -> WireError {
+        refusal(
+            ErrorCode::Forbidden,
+            format!(
+                "uid {} may not {verb} pid {pid}: no process it may reach has that pid and start time",
+                caller.uid
+            ),
+        )
+    }
+
+    /// Pins `pid` for `caller` and checks that the caller may reach it.
+    /// For a caller that may not reach every process, every case it may
+    /// not know of (no such pid, another uid's process, a start time that
+    /// is not its process's) is [`Shared::out_of_reach`]; and nothing is
+    /// opened before the policy allows it.
+    pub(super) fn pin_for(
+        &self,
+        caller: &Caller,
+        verb: &str,
+        pid: u32,
+        start: Option<u64>,
+    ) -> Result<(Pidfd, Target), WireError> {
+        if caller.uid == 0 {
+            return pin(pid, start);
+        }
+        let hidden = || Self::out_of_reach(caller, verb, pid);
+        let reachable = |t: &Target| t.uids.iter().all(|u| self.policy.may_reach(caller.uid, *u));
+        let before = read_target(pid).ok_or_else(hidden)?;
+        if !reachable(&before) {
+            return Err(hidden());
+        }
+        let (fd, after) = match pin(pid, start) {
+            Ok(v) => v,
+            // The pid names another process than the one asked for: say so
+            // only when that one is the caller's too.
+            Err(e) if e.code == ErrorCode::Gone => {
+                return Err(match read_target(pid) {
+                    Some(t) if reachable(&t) && start_ticks(pid).is_some() => refusal(
+                        ErrorCode::Gone,
+                        format!("pid {pid} is no longer the process that was judged"),
+                    ),
+                    _ => hidden(),
+                });
+            }
+            Err(e) if e.code == ErrorCode::BadRequest => return Err(e),
+            Err(_) => return Err(hidden()),
+        };
+        if !reachable(&after) {
+            return Err(hidden());
+        }
+        Ok((fd, after))
+    }
+
+    /// Pins and authorizes `pids` for a query, pid by pid.
+    pub(super) fn authorize_query(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Authorized, WireError> {
+        self.check_pid_namespace(caller, same_ns)?;
+        let mut out = Authorized {
+            ok: Vec::new(),
+            gone: Vec::new(),
+            refused: Vec::new(),
+        };
+        for &pid in pids {
+            let pinned = self
+                .pin_for(caller, "query", pid, None)
+                .and_then(|(fd, t)| {
+                    self.policy
+                        .check_query(caller, &t)
+                        .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
+                    // Which thread waits on which socket is what the
+                    // process's /proc/PID/fd tells: only for a caller the
+                    // kernel would let read it (ptrace access).
+                    Authority::check(caller, &fd, &self.policy)
+                        .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
+                    Ok(fd)
+                });
+            match pinned {
+                Ok(fd) => out.ok.push((pid, fd.start_ticks())),
+                Err(e) if e.code == ErrorCode::Gone => out.gone.push(pid),
+                Err(e) if e.code == ErrorCode::Forbidden => out.refused.push(pid),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pidfd_fdinfo_gives_the_pid_and_its_depth() {
+        let ours = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1060\nPid:\t4242\nNSpid:\t4242\n";
+        assert_eq!(parse_pidfd_fdinfo(ours), (Some(4242), Some(1)));
+        let nested = "Pid:\t5000\nNSpid:\t5000\t2\n";
+        assert_eq!(parse_pidfd_fdinfo(nested), (Some(5000), Some(2)));
+        // Reaped: -1, and no NSpid numbers to count.
+        assert_eq!(
+            parse_pidfd_fdinfo("Pid:\t-1\nNSpid:\t-1\n"),
+            (Some(-1), Some(1))
+        );
+        assert_eq!(parse_pidfd_fdinfo("Pid:\t0\n"), (Some(0), None));
+        assert_eq!(parse_pidfd_fdinfo(""), (None, None));
+        assert_eq!(parse_pidfd_fdinfo("Pid:\tx\nNSpid:\t1 y\n"), (None, None));
+    }
+}

@@ -1,0 +1,258 @@
+//! The queries: `hello`, and the eBPF tracer the helper keeps attached
+//! with the requests on it (`watch`, `unwatch`, `ebpf_snapshot`): every
+//! pid authorized first, each owner's share of the pid filter bounded,
+//! and entries of a pid that exited or was reused dropped before anyone
+//! sees them.
+
+use std::collections::BTreeMap;
+
+use selfheal_core::{
+    owner::Account,
+    protocol::{
+        AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits, MAX_PIDS,
+        MAX_REQUEST_BYTES, PROTOCOL_VERSION, UnwatchResult, WatchResult, WatchedPid, WireError,
+        filter_snapshot,
+    },
+};
+use serde_json::Value;
+
+use super::{Shared, authz::Authorized, lock, refusal};
+use crate::{
+    ebpf::{Tracer, TracerError, TracerOptions, chain},
+    pidfd::start_ticks,
+};
+
+pub(super) fn attach(opts: Option<&TracerOptions>) -> (Option<Tracer>, EbpfStatus) {
+    let Some(opts) = opts else {
+        return (
+            None,
+            EbpfStatus {
+                strategy: None,
+                attempts: Vec::new(),
+                error: Some("eBPF is disabled (--no-ebpf)".into()),
+            },
+        );
+    };
+    let wire = |a: &crate::ebpf::Attempt| AttemptWire {
+        strategy: a.strategy.name().into(),
+        error: a.error.clone(),
+    };
+    match Tracer::attach(opts) {
+        Ok(t) => {
+            let status = EbpfStatus {
+                strategy: Some(t.strategy().name().into()),
+                attempts: t.attempts().iter().map(wire).collect(),
+                error: None,
+            };
+            (Some(t), status)
+        }
+        Err(e) => {
+            let attempts = match &e {
+                TracerError::NoStrategy { attempts } => attempts.iter().map(wire).collect(),
+                _ => Vec::new(),
+            };
+            (
+                None,
+                EbpfStatus {
+                    strategy: None,
+                    attempts,
+                    error: Some(chain(&e)),
+                },
+            )
+        }
+    }
+}
+
+pub(super) struct TracerState {
+    pub(super) tracer: Option<Tracer>,
+    /// Watched pid → the process it was (start time) and the uids that
+    /// asked; it leaves the filter when the last uid withdraws or it exits.
+    pub(super) watched: BTreeMap<u32, Watched>,
+}
+
+pub(super) struct Watched {
+    pub(super) start_ticks: u64,
+    /// The uids that asked, and the owner each counts against.
+    pub(super) uids: BTreeMap<u32, u32>,
+}
+
+impl TracerState {
+    /// Forgets watched pids that exited or now name another process.
+    fn prune(&mut self) {
+        let stale: Vec<u32> = self
+            .watched
+            .iter()
+            .filter(|(pid, w)| start_ticks(**pid) != Some(w.start_ticks))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in stale {
+            if let Some(t) = self.tracer.as_mut() {
+                let _ = t.unwatch(pid);
+            }
+            self.watched.remove(&pid);
+        }
+    }
+}
+
+impl Shared {
+    pub(super) fn hello(&self, caller: &Caller) -> Value {
+        let hello = HelloResult {
+            protocol: PROTOCOL_VERSION,
+            helper_version: env!("CARGO_PKG_VERSION").into(),
+            helper_pid: self.helper_pid,
+            caller: *caller,
+            ebpf: self.ebpf.clone(),
+            limits: Limits {
+                max_request_bytes: MAX_REQUEST_BYTES,
+                request_timeout_ms: self.request_timeout.as_millis() as u64,
+                max_pids: MAX_PIDS,
+            },
+        };
+        serde_json::to_value(hello).unwrap_or(Value::Null)
+    }
+
+    fn no_tracer(&self) -> WireError {
+        refusal(
+            ErrorCode::Unavailable,
+            format!(
+                "no eBPF tracer: {}",
+                self.ebpf.error.as_deref().unwrap_or("not attached")
+            ),
+        )
+    }
+
+    pub(super) fn watch(
+        &self,
+        caller: &Caller,
+        account: &Account,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Value, WireError> {
+        if lock(&self.tracer).tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        let Authorized { ok, gone, refused } = self.authorize_query(caller, same_ns, pids)?;
+        let mut st = lock(&self.tracer);
+        st.prune();
+        let TracerState { tracer, watched } = &mut *st;
+        let Some(tracer) = tracer.as_mut() else {
+            return Err(self.no_tracer());
+        };
+        // Counted per owner: a pid any uid of the owner watches is one.
+        let owner = account.owner;
+        let owns = |w: &Watched| w.uids.values().any(|o| *o == owner);
+        let held = watched.values().filter(|w| owns(w)).count();
+        let new = ok
+            .iter()
+            .filter(|(pid, start)| {
+                !watched
+                    .get(pid)
+                    .is_some_and(|w| w.start_ticks == *start && owns(w))
+            })
+            .count();
+        if held + new > self.max_watched {
+            return Err(refusal(
+                ErrorCode::Busy,
+                format!(
+                    "{account} would watch more than {} pids; unwatch some first",
+                    self.max_watched
+                ),
+            ));
+        }
+        let mut out = Vec::new();
+        for (pid, start) in ok {
+            match watched.get_mut(&pid) {
+                Some(w) if w.start_ticks == start => {
+                    w.uids.insert(caller.uid, owner);
+                }
+                _ => {
+                    // The process's own owner, not the asker's: its
+                    // entries in the socket map count against it.
+                    let of = self.owners.of_process(pid).owner;
+                    tracer.watch(pid, of).map_err(|e| {
+                        refusal(ErrorCode::Failed, format!("watch pid {pid}: {}", chain(&e)))
+                    })?;
+                    watched.insert(
+                        pid,
+                        Watched {
+                            start_ticks: start,
+                            uids: BTreeMap::from([(caller.uid, owner)]),
+                        },
+                    );
+                }
+            }
+            out.push(WatchedPid {
+                pid,
+                since_ns: tracer.watched_since(pid).unwrap_or(tracer.attached_at_ns()),
+            });
+        }
+        let result = WatchResult {
+            attached_at_ns: tracer.attached_at_ns(),
+            watched: out,
+            gone,
+            refused,
+        };
+        Ok(serde_json::to_value(result).unwrap_or(Value::Null))
+    }
+
+    pub(super) fn unwatch(&self, caller: &Caller, pids: &[u32]) -> Result<Value, WireError> {
+        // Withdrawing one's own interest needs no authorization: it cannot
+        // take anything from anyone else.
+        let mut st = lock(&self.tracer);
+        if st.tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        let TracerState { tracer, watched } = &mut *st;
+        let mut unwatched = Vec::new();
+        for &pid in pids {
+            let Some(w) = watched.get_mut(&pid) else {
+                continue;
+            };
+            if w.uids.remove(&caller.uid).is_none() {
+                continue;
+            }
+            unwatched.push(pid);
+            if w.uids.is_empty() {
+                watched.remove(&pid);
+                if let Some(t) = tracer.as_mut() {
+                    t.unwatch(pid).map_err(|e| {
+                        refusal(
+                            ErrorCode::Failed,
+                            format!("unwatch pid {pid}: {}", chain(&e)),
+                        )
+                    })?;
+                }
+            }
+        }
+        Ok(serde_json::to_value(UnwatchResult { unwatched }).unwrap_or(Value::Null))
+    }
+
+    pub(super) fn snapshot(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Value, WireError> {
+        if lock(&self.tracer).tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        let Authorized { ok, refused, .. } = self.authorize_query(caller, same_ns, pids)?;
+        let allowed: Vec<u32> = ok.iter().map(|(pid, _)| *pid).collect();
+        let mut st = lock(&self.tracer);
+        // Entries of a pid that exited or was reused go first, so they are
+        // never shown to the new process's owner.
+        st.prune();
+        let Some(tracer) = st.tracer.as_mut() else {
+            return Err(self.no_tracer());
+        };
+        let snap = tracer
+            .snapshot()
+            .map_err(|e| refusal(ErrorCode::Failed, format!("eBPF snapshot: {}", chain(&e))))?;
+        drop(st);
+        let mut v = serde_json::to_value(filter_snapshot(snap, &allowed)).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("refused".into(), refused.into());
+        }
+        Ok(v)
+    }
+}

@@ -1,0 +1,525 @@
+//! Process evidence from procfs: per process its threads (state, wait
+//! channel, CPU ticks, the syscall each is in and on which fd, how long since
+//! it last ran, the top of its kernel stack, the sockets a readiness wait
+//! — poll, select, epoll — covers), its socket fds, and whether it is PID 1
+//! of its pid namespace. A process or thread that exits mid-read is
+//! a normal event: it is skipped, not an error; what could not be read is
+//! listed in `gaps`.
+//!
+//! Ages from `se.exec_start` are measured in the scheduler's own clock:
+//! `exec_start` counts in the runqueue's task clock, which excludes interrupt
+//! and steal time and so drifts from every user-space clock (by hundreds of
+//! milliseconds after an hour on a VM), and each CPU has its own (1.5 s apart
+//! on the machines here). [`task_clocks`] runs this thread on each CPU in
+//! turn and reads its own `exec_start` right after `sched_yield()` ("now" in
+//! that CPU's clock) beside `CLOCK_MONOTONIC`; a thread's age is then taken
+//! in the clock of the CPU it last ran on, never across CPUs.
+
+use procfs::process::{FDTarget, Process};
+pub use selfheal_core::proc::*; // TRANSITION
+
+/// Frames of the kernel stack kept per thread.
+const KSTACK_FRAMES: usize = 4;
+
+mod thread;
+mod wait;
+
+pub use self::thread::task_clocks;
+use self::thread::{parse_status, thread};
+pub use self::wait::syscall_name;
+use self::wait::{Mem, read_wait, recv_syscall, wait_syscall};
+
+/// Reads one process. `Err` only when the process itself is gone or its
+/// `stat` unreadable; anything finer becomes a gap. Takes the CPUs' task
+/// clocks afresh for the waits of a closer look; a caller reading many
+/// processes takes them once and calls [`process_at`].
+pub fn process(pid: u32, detail: Detail) -> procfs::ProcResult<ProcessInfo> {
+    let clocks = if detail == Detail::Minimal {
+        TaskClocks::default()
+    } else {
+        task_clocks()
+    };
+    process_at(pid, detail, &clocks)
+}
+
+/// How long a read of another process's memory made through [`process`]
+/// or [`process_at`] may take.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`process`] with wait ages measured against `clocks` (from
+/// [`task_clocks`]; the minimal read uses none). Memory reads go through a
+/// reader of its own, each given [`READ_TIMEOUT`].
+pub fn process_at(
+    pid: u32,
+    detail: Detail,
+    clocks: &TaskClocks,
+) -> procfs::ProcResult<ProcessInfo> {
+    let mut reader = crate::memread::Reader::default();
+    let mut access = MemAccess {
+        reader: &mut reader,
+        deadline: std::time::Instant::now() + READ_TIMEOUT,
+        over: false,
+    };
+    process_in(pid, detail, clocks, &mut access)
+}
+
+/// How the reads of one collection reach other processes' memory:
+/// through `reader` (a child that can be abandoned), by `deadline`, which
+/// also ends the reading of threads.
+pub struct MemAccess<'r> {
+    pub reader: &'r mut crate::memread::Reader,
+    pub deadline: std::time::Instant,
+    /// Set when the deadline passed: a read was abandoned or threads were
+    /// left unread. The process read is then partial.
+    pub over: bool,
+}
+
+/// [`process_at`] with memory reads made through `access`. When its
+/// deadline passes, the threads not yet read are left out and
+/// `access.over` is set: the caller says so (the process read is partial).
+pub fn process_in(
+    pid: u32,
+    detail: Detail,
+    clocks: &TaskClocks,
+    access: &mut MemAccess<'_>,
+) -> procfs::ProcResult<ProcessInfo> {
+    let process = Process::new(pid as i32)?;
+    let stat = process.stat()?;
+    let mut gaps = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let status = read_at(
+        nix::fcntl::AT_FDCWD,
+        &format!("/proc/{pid}/status"),
+        &mut buf,
+    )
+    .and_then(parse_status);
+    let pid_ns_init = status
+        .as_ref()
+        .is_some_and(|s| s.nspid.len() > 1 && s.nspid.last() == Some(&1));
+    let sockets = match socket_fds(pid) {
+        Ok(v) => v,
+        Err(e) => {
+            gaps.push(format!("pid {pid}: cannot list fds: {e}"));
+            Vec::new()
+        }
+    };
+    let mut threads = Vec::new();
+    // The task directory is opened once; each thread's files are opened
+    // relative to it (`TID/stat`), not by a full path walked from `/`.
+    match nix::dir::Dir::open(
+        format!("/proc/{pid}/task").as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(mut dir) => {
+            let task = std::os::fd::AsRawFd::as_raw_fd(&dir);
+            let tids: Vec<u32> = dir
+                .iter()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
+                .collect();
+            // SAFETY: `task` stays open while `dir` lives, i.e. for this loop.
+            let task = unsafe { std::os::fd::BorrowedFd::borrow_raw(task) };
+            let mut mem = Mem {
+                pid,
+                access,
+                maps: None,
+                read: Vec::new(),
+            };
+            for tid in tids {
+                if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
+                    mem.access.over = true;
+                    break;
+                }
+                if let Some(t) = thread(
+                    task, tid, &sockets, clocks, detail, &mut buf, &mut mem, &mut gaps,
+                ) {
+                    threads.push(t);
+                }
+            }
+            mem.recheck(&mut threads, &mut gaps);
+        }
+        Err(e) => gaps.push(format!("pid {pid}: cannot list threads: {e}")),
+    }
+    threads.sort_by_key(|t| t.tid);
+    Ok(ProcessInfo {
+        pid,
+        ppid: stat.ppid.max(0) as u32,
+        name: stat.comm,
+        state: stat.state,
+        start_ticks: stat.starttime,
+        uid: status.map(|s| s.ruid),
+        pid_ns_init,
+        threads,
+        sockets,
+        gaps,
+    })
+}
+
+/// `(fd, inode)` of every socket `pid` holds, sorted. One `readlinkat` per
+/// fd (procfs's iterator also opens and stats each, four syscalls instead
+/// of one, which shows on agents with thousands of sockets); the link text
+/// is parsed by procfs.
+pub fn socket_fds(pid: u32) -> nix::Result<Vec<(i32, u64)>> {
+    let mut dir = nix::dir::Dir::open(
+        format!("/proc/{pid}/fd").as_str(),
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let dirfd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+    let mut out = Vec::new();
+    for entry in dir.iter().flatten() {
+        let name = entry.file_name();
+        let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: `dirfd` stays open while `dir` lives, i.e. for this loop.
+        let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(dirfd) };
+        let Ok(link) = nix::fcntl::readlinkat(dirfd, name) else {
+            continue;
+        }; // closed meanwhile
+        if let Some(inode) = socket_inode_of_target(&link.to_string_lossy()) {
+            out.push((fd, inode));
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The socket inode an fd link's target names (`socket:[inode]`, parsed by
+/// procfs); `None` for anything else.
+pub fn socket_inode_of_target(target: &str) -> Option<u64> {
+    use std::str::FromStr as _;
+    match FDTarget::from_str(target) {
+        Ok(FDTarget::Socket(inode)) => Some(inode),
+        _ => None,
+    }
+}
+
+/// The socket inode the fd link at `link` (`/proc/PID/fd/N`) names; `None`
+/// for anything else or a link gone. Reading the link calls nothing of the
+/// file's own filesystem (no `fstat`, which a FUSE server could leave
+/// unanswered).
+pub fn socket_inode_of_link(link: &std::path::Path) -> Option<u64> {
+    socket_inode_of_target(&std::fs::read_link(link).ok()?.to_string_lossy())
+}
+
+/// Reads a small procfs file relative to `dir` into `buf` (one `openat`, one
+/// or two `read`s; procfs files here are far below 64 KiB).
+fn read_at<'b>(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &str,
+    buf: &'b mut [u8],
+) -> Option<&'b [u8]> {
+    use nix::fcntl::{OFlag, openat};
+    let fd = openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?;
+    // procfs's seq files hand over their whole text in one read when the
+    // buffer is large enough: a short read is the end, no second read needed.
+    let mut len = 0;
+    while len < buf.len() {
+        match nix::unistd::read(&fd, &mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if len < buf.len() {
+                    break;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+    Some(&buf[..len])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use super::{
+        thread::{ThreadStat, parse_thread_stat},
+        wait::WaitKind,
+    };
+
+    /// [`read_wait`] of `pid` through a reader of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn wait_of(
+        pid: u32,
+        tid: u32,
+        syscall: &'static str,
+        kind: WaitKind,
+        arg0: u64,
+        arg1: u64,
+        sockets: &[(i32, u64)],
+        buf: &mut [u8],
+        gaps: &mut Vec<String>,
+    ) -> Option<ProcWait> {
+        let mut reader = crate::memread::Reader::default();
+        let mut access = MemAccess {
+            reader: &mut reader,
+            deadline: std::time::Instant::now() + READ_TIMEOUT,
+            over: false,
+        };
+        let mut mem = Mem {
+            pid,
+            access: &mut access,
+            maps: None,
+            read: Vec::new(),
+        };
+        read_wait(&mut mem, tid, syscall, kind, arg0, arg1, sockets, buf, gaps)
+    }
+
+    /// The three fields read by hand are what procfs's full parse gives, on
+    /// every thread of this process and on a name with spaces and parens.
+    #[test]
+    fn thread_stat_matches_procfs() {
+        use procfs::FromRead as _;
+        let mut n = 0;
+        // Other test threads may end between the listing and the read:
+        // those are skipped; this thread's own file is always there.
+        let paths = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .map(|e| e.path().join("stat"))
+            .chain([std::path::PathBuf::from("/proc/thread-self/stat")]);
+        for path in paths {
+            let Ok(raw) = std::fs::read(path) else {
+                continue;
+            };
+            let ours = parse_thread_stat(&raw).unwrap();
+            let theirs = procfs::process::Stat::from_read(&raw[..]).unwrap();
+            assert_eq!(ours.comm, theirs.comm);
+            assert_eq!(ours.state, theirs.state);
+            assert_eq!(ours.cpu_ticks, theirs.utime + theirs.stime);
+            assert_eq!(ours.processor, theirs.processor.map(|p| p as u32));
+            n += 1;
+        }
+        assert!(n >= 1);
+        let raw = b"42 (a) (b c) S 1 42 42 0 -1 4194560 10 0 0 0 7 5 0 0 20 0 1 0 100 0 0\n";
+        let theirs = procfs::process::Stat::from_read(&raw[..]);
+        let ours = parse_thread_stat(raw).unwrap();
+        assert_eq!(
+            ours,
+            ThreadStat {
+                comm: "a) (b c".into(),
+                state: 'S',
+                cpu_ticks: 12,
+                processor: None,
+            }
+        );
+        if let Ok(t) = theirs {
+            assert_eq!((t.comm, t.utime + t.stime), (ours.comm, 12));
+        }
+        for bad in [
+            &b""[..],
+            b"42 (x",
+            b"42 (x) S 1 2",
+            b"42 (x) S 1 2 3 4 5 6 7 8 9 u v",
+        ] {
+            assert_eq!(
+                parse_thread_stat(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn status_ids_match_procfs() {
+        let raw = std::fs::read("/proc/self/status").unwrap();
+        let ours = parse_status(&raw).unwrap();
+        let theirs = procfs::process::Process::myself()
+            .unwrap()
+            .status()
+            .unwrap();
+        assert_eq!(ours.ruid, theirs.ruid);
+        let ns: Vec<u32> = theirs
+            .nspid
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| p as u32)
+            .collect();
+        assert_eq!(ours.nspid, ns);
+        let nested =
+            parse_status(b"Name:\tx\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t4242\t7\t1\n").unwrap();
+        assert_eq!((nested.ruid, nested.nspid), (1000, vec![4242, 7, 1]));
+        assert_eq!(parse_status(b"Name:\tx\n"), None);
+        assert_eq!(parse_status(b"Uid:\t0\nNSpid:\tx\n"), None);
+    }
+
+    #[test]
+    fn receive_syscalls_are_the_ones_with_a_socket_fd() {
+        for (nr, name) in [
+            (0, Some("read")),
+            (45, Some("recvfrom")),
+            (47, Some("recvmsg")),
+            (202, None),
+            (232, None),
+            (-1, None),
+        ] {
+            assert_eq!(recv_syscall(nr), name, "{nr}");
+        }
+    }
+
+    #[test]
+    fn readiness_waits_are_the_poll_select_and_epoll_syscalls() {
+        for (nr, kind) in [
+            (7, Some(WaitKind::Poll)),
+            (271, Some(WaitKind::Poll)),
+            (23, Some(WaitKind::Select)),
+            (270, Some(WaitKind::Select)),
+            (232, Some(WaitKind::Epoll)),
+            (281, Some(WaitKind::Epoll)),
+            (441, Some(WaitKind::Epoll)),
+            (0, None),
+            (45, None),
+            (202, None),
+            (-1, None),
+        ] {
+            assert_eq!(wait_syscall(nr), kind, "{nr}");
+            if kind.is_some() {
+                assert!(syscall_name(nr).is_some(), "{nr} has a name");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unreadable_poll_set_is_a_gap_not_a_panic() {
+        let me = std::process::id();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut gaps = Vec::new();
+        let sockets = [(3, 42)];
+        // Address 8: unmapped (EFAULT), twice: one gap.
+        for _ in 0..2 {
+            let w = wait_of(
+                me,
+                me,
+                "poll",
+                WaitKind::Poll,
+                8,
+                2,
+                &sockets,
+                &mut buf,
+                &mut gaps,
+            );
+            assert_eq!(w, None);
+        }
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!(
+            gaps,
+            [
+                "tid ME: the poll set at 0x8 is not mapped: not read"
+                    .replace("ME", &me.to_string())
+            ]
+        );
+        // A huge nfds is cut at MAX_POLLFDS (and said so); a huge select
+        // nfds at FD_SETSIZE.
+        let _ = wait_of(
+            me,
+            me,
+            "poll",
+            WaitKind::Poll,
+            8,
+            u64::MAX,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        let _ = wait_of(
+            me,
+            me,
+            "select",
+            WaitKind::Select,
+            u64::MAX,
+            8,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        assert!(
+            gaps.iter().any(|g| g.contains("only the first 4096")),
+            "{gaps:?}"
+        );
+        assert!(
+            gaps.iter().any(|g| g.contains("only the first 1024")),
+            "{gaps:?}"
+        );
+        // A vanished process (ESRCH) and a closed epoll fd.
+        let _ = wait_of(
+            u32::MAX - 1,
+            1,
+            "ppoll",
+            WaitKind::Poll,
+            8,
+            1,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        let _ = wait_of(
+            me,
+            me,
+            "epoll_wait",
+            WaitKind::Epoll,
+            99_999,
+            0,
+            &sockets,
+            &mut buf,
+            &mut gaps,
+        );
+        assert!(
+            gaps.iter().any(|g| g.contains("cannot read its epoll set")),
+            "{gaps:?}"
+        );
+    }
+
+    #[test]
+    fn reads_a_poll_set_from_memory() {
+        // This process's own memory: a pollfd array naming fd 3 (read) and
+        // fd 4 (write only), and a socket table holding both.
+        let mut set = Vec::new();
+        for (fd, events) in [(3i32, 1i16), (4, 4)] {
+            set.extend(fd.to_le_bytes());
+            set.extend(events.to_le_bytes());
+            set.extend(0i16.to_le_bytes());
+        }
+        let me = std::process::id();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut gaps = Vec::new();
+        let w = wait_of(
+            me,
+            me,
+            "poll",
+            WaitKind::Poll,
+            set.as_ptr() as u64,
+            2,
+            &[(3, 42), (4, 43)],
+            &mut buf,
+            &mut gaps,
+        )
+        .expect("a wait on socket 42");
+        assert_eq!(
+            (w.syscall, w.sockets, w.epoll_fd),
+            ("poll", vec![(3, 42)], None)
+        );
+        assert!(gaps.is_empty(), "{gaps:?}");
+    }
+
+    #[test]
+    fn a_vanished_pid_is_an_error_not_a_panic() {
+        assert!(process(u32::MAX - 1, Detail::Full).is_err());
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = process(std::process::id(), Detail::Full).expect("own process");
+        assert!(!me.threads.is_empty());
+        assert!(me.threads.iter().any(|t| t.tid == std::process::id()));
+    }
+}

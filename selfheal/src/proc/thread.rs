@@ -1,0 +1,299 @@
+//! One thread's view: its stat and status, wchan, kernel stack and syscall,
+//! and how long it has slept, measured against its own CPU's task clock.
+
+use super::*;
+
+/// What a check reads of each thread's `stat`.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct ThreadStat {
+    pub(super) comm: String,
+    pub(super) state: char,
+    /// utime + stime, in clock ticks.
+    pub(super) cpu_ticks: u64,
+    /// The CPU it last ran on (field 39), whose task clock its
+    /// `se.exec_start` counts in; `None` where the line is shorter.
+    pub(super) processor: Option<u32>,
+}
+
+/// The four fields of a thread's `stat` a check uses: its name, state, CPU
+/// ticks and the CPU it last ran on, read as procfs's `Stat` reads them (the name between the
+/// first `(` and the last `)`, lossy UTF-8; then space-separated fields),
+/// without parsing the other 48 fields: on 5,100 threads that parse was a
+/// fifth of `check`'s user time. `None` for a malformed line.
+pub(super) fn parse_thread_stat(raw: &[u8]) -> Option<ThreadStat> {
+    let line = raw.trim_ascii();
+    let open = line.iter().position(|&b| b == b'(')?;
+    let close = line.iter().rposition(|&b| b == b')')?;
+    // Lossy on the name alone is lossy on the line: `(` and `)` are ASCII,
+    // so no invalid sequence spans them.
+    let comm = String::from_utf8_lossy(line.get(open + 1..close)?).into_owned();
+    let rest = std::str::from_utf8(line.get(close + 2..)?).ok()?;
+    // After ") ": state (field 3), then ppid … cmajflt, utime (14), stime (15).
+    let mut rest = rest.split(' ');
+    let state = rest.next()?.chars().next()?;
+    let mut rest = rest.skip(10);
+    let utime: u64 = rest.next()?.parse().ok()?;
+    let stime: u64 = rest.next()?.parse().ok()?;
+    // cutime (16) … exit_signal (38), then processor (39).
+    let processor = rest.nth(23).and_then(|p| p.parse().ok());
+    Some(ThreadStat {
+        comm,
+        state,
+        cpu_ticks: utime.checked_add(stime)?,
+        processor,
+    })
+}
+
+/// What a check reads of a process's `status`.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct StatusIds {
+    /// The real uid (first field of `Uid:`).
+    pub(super) ruid: u32,
+    /// `NSpid:`: the pid in each nested pid namespace, outermost first
+    /// (empty where the kernel has no such line).
+    pub(super) nspid: Vec<u32>,
+}
+
+/// `Uid:` and `NSpid:` of a `status` file, the two lines a check uses (the
+/// whole file through procfs's `Status` costs a hash map per process).
+/// `None` without a readable `Uid:` line.
+pub(super) fn parse_status(raw: &[u8]) -> Option<StatusIds> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let mut ruid = None;
+    let mut nspid = Vec::new();
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("Uid:") {
+            ruid = v.split_whitespace().next().and_then(|u| u.parse().ok());
+        } else if let Some(v) = line.strip_prefix("NSpid:") {
+            nspid = v
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .ok()?;
+        }
+    }
+    Some(StatusIds { ruid: ruid?, nspid })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn thread(
+    task: std::os::fd::BorrowedFd<'_>,
+    tid: u32,
+    sockets: &[(i32, u64)],
+    clocks: &TaskClocks,
+    detail: Detail,
+    buf: &mut [u8],
+    mem: &mut Mem<'_, '_>,
+    gaps: &mut Vec<String>,
+) -> Option<ThreadInfo> {
+    use procfs::FromRead as _;
+    use std::os::fd::AsFd as _;
+    if detail == Detail::Minimal {
+        // One file: open it relative to the task directory.
+        let stat = parse_thread_stat(read_at(task, &format!("{tid}/stat"), buf)?)?;
+        return Some(ThreadInfo {
+            tid,
+            name: stat.comm,
+            state: stat.state,
+            wchan: None,
+            cpu_ticks: stat.cpu_ticks,
+            syscall: None,
+            idle_ms: None,
+            kstack: Vec::new(),
+            recv: None,
+            wait: None,
+        });
+    }
+    let dir = nix::fcntl::openat(
+        task,
+        format!("{tid}").as_str(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok()?; // gone: skip
+    let dir = dir.as_fd();
+    let stat = parse_thread_stat(read_at(dir, "stat", buf)?)?;
+    let sleeping = matches!(stat.state, 'S' | 'D' | 'I');
+    let full = detail == Detail::Full;
+    let kstack = if full {
+        match read_at(dir, "stack", buf) {
+            Some(b) => parse_kstack(&String::from_utf8_lossy(b), KSTACK_FRAMES),
+            None => {
+                let gap = "kernel stacks unreadable (root only)".to_string();
+                if !gaps.contains(&gap) {
+                    gaps.push(gap);
+                }
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    // The syscall, and its second argument for the readiness waits (nfds;
+    // select's read set).
+    let blocked = if full || (sleeping && detail == Detail::Light) {
+        match read_at(dir, "syscall", buf) {
+            None if full => {
+                gaps.push(format!(
+                    "tid {tid}: syscall unreadable (needs ptrace access)"
+                ));
+                None
+            }
+            None => None,
+            Some(b) => match procfs::process::Syscall::from_read(b) {
+                Ok(procfs::process::Syscall::Blocked {
+                    syscall_number,
+                    argument_registers,
+                    ..
+                }) if syscall_number >= 0 => Some((
+                    SyscallInfo {
+                        nr: syscall_number,
+                        name: syscall_name(syscall_number),
+                        arg0: argument_registers[0],
+                    },
+                    argument_registers[1],
+                )),
+                _ => None,
+            },
+        }
+    } else {
+        None
+    };
+    let arg1 = blocked.as_ref().map_or(0, |(_, arg1)| *arg1);
+    let syscall = blocked.map(|(s, _)| s);
+    // The kernel stack skips scheduler functions as `wchan` does, so its top
+    // frame is the wait channel; read `wchan` only when the stack is not
+    // readable (not root), or in light mode for D-state threads.
+    let wchan = match kstack.first() {
+        Some(top) if stat.state != 'R' => Some(top.clone()),
+        _ if full || (stat.state == 'D' && detail == Detail::Light) => read_at(dir, "wchan", buf)
+            .map(|b| String::from_utf8_lossy(b).trim().to_string())
+            .filter(|w| !w.is_empty() && w != "0"),
+        _ => None,
+    };
+    let in_recv = syscall
+        .as_ref()
+        .is_some_and(|s| recv_syscall(s.nr).is_some());
+    // Only sleeping threads in a readiness wait, and only in processes with
+    // sockets, cost the extra reads (memory or fdinfo).
+    let mut wait = match syscall.as_ref() {
+        Some(s) if sleeping && !sockets.is_empty() => {
+            wait_syscall(s.nr).zip(s.name).and_then(|(kind, name)| {
+                read_wait(mem, tid, name, kind, s.arg0, arg1, sockets, buf, gaps)
+            })
+        }
+        _ => None,
+    };
+    let idle_ms =
+        if full || in_recv || wait.is_some() || (stat.state == 'D' && detail == Detail::Light) {
+            read_at(dir, "sched", buf)
+                .and_then(|b| parse_exec_start(&String::from_utf8_lossy(b)))
+                .and_then(
+                    |start| match clocks.age_ms(stat.processor, start, monotonic_ms()) {
+                        Ok(age) => Some(age),
+                        Err(why) => {
+                            gaps.push(format!(
+                                "tid {tid}: how long it has waited is unknown: {why}"
+                            ));
+                            None
+                        }
+                    },
+                )
+        } else {
+            None
+        };
+    let recv = syscall.as_ref().and_then(|s| {
+        let name = recv_syscall(s.nr)?;
+        let fd = s.arg0 as i32;
+        let inode = sockets.iter().find(|(f, _)| *f == fd)?.1;
+        Some(ProcRecv {
+            syscall: name,
+            fd,
+            inode,
+            idle_ms,
+        })
+    });
+    if let Some(w) = wait.as_mut() {
+        w.idle_ms = idle_ms;
+    }
+    Some(ThreadInfo {
+        tid,
+        name: stat.comm,
+        state: stat.state,
+        wchan,
+        cpu_ticks: stat.cpu_ticks,
+        syscall,
+        idle_ms,
+        kstack,
+        recv,
+        wait,
+    })
+}
+
+/// Each CPU's task clock against `CLOCK_MONOTONIC`, read by running this
+/// thread on every CPU it may run on, one after the other (two syscalls and
+/// one small read per CPU), then putting its affinity back. A CPU outside
+/// this thread's allowed set (offline, or excluded by its affinity) has a
+/// reason instead of an offset, so ages from it are gaps, not wrong numbers.
+pub fn task_clocks() -> TaskClocks {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+    let this = nix::unistd::Pid::from_raw(0);
+    let allowed = match sched_getaffinity(this) {
+        Ok(set) => set,
+        Err(e) => {
+            return TaskClocks {
+                cpus: vec![Err(format!(
+                    "this reader's CPU affinity is unreadable: {e}"
+                ))],
+            };
+        }
+    };
+    let last = (0..CpuSet::count())
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
+        .max()
+        .unwrap_or(0);
+    let mut cpus = Vec::with_capacity(last + 1);
+    for cpu in 0..=last {
+        if !allowed.is_set(cpu).unwrap_or(false) {
+            cpus.push(Err(
+                "not in this reader's allowed CPUs (offline, or excluded by its affinity)"
+                    .to_string(),
+            ));
+            continue;
+        }
+        let mut one = CpuSet::new();
+        let pinned = one.set(cpu).and_then(|()| sched_setaffinity(this, &one));
+        cpus.push(match pinned {
+            Err(e) => Err(format!("this reader cannot run there: {e}")),
+            Ok(()) => clock_offset_here(cpu),
+        });
+    }
+    // Best effort: the set was this thread's own a moment ago.
+    let _ = sched_setaffinity(this, &allowed);
+    TaskClocks { cpus }
+}
+
+/// This CPU's task clock minus `CLOCK_MONOTONIC`, in milliseconds, for a
+/// thread pinned to `cpu`.
+pub(super) fn clock_offset_here(cpu: usize) -> Result<f64, String> {
+    // Yielding makes the kernel set our own exec_start to this CPU's task
+    // clock as it schedules us back in.
+    let _ = nix::sched::sched_yield();
+    let mono = monotonic_ms();
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let here = unsafe { libc::sched_getcpu() };
+    if usize::try_from(here).ok() != Some(cpu) {
+        return Err(format!("pinned there, this reader ran on cpu {here}"));
+    }
+    let sched = std::fs::read_to_string("/proc/thread-self/sched")
+        .map_err(|e| format!("/proc/thread-self/sched unreadable: {e}"))?;
+    let start = parse_exec_start(&sched)
+        .ok_or_else(|| "/proc/thread-self/sched has no se.exec_start".to_string())?;
+    Ok(start - mono)
+}
+
+/// `CLOCK_MONOTONIC` now, in milliseconds.
+pub(super) fn monotonic_ms() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0.0, |t| t.tv_sec() as f64 * 1e3 + t.tv_nsec() as f64 / 1e6)
+}

@@ -1,0 +1,308 @@
+//! What a thread waits in: the receive or the poll, select or epoll wait of
+//! its syscall, and the sockets it watches, read from the process's memory
+//! through the bounded reader.
+
+use super::*;
+
+/// x86_64 syscall names worth showing (what a waiting agent sits in).
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    Some(match nr {
+        0 => "read",
+        1 => "write",
+        7 => "poll",
+        19 => "readv",
+        23 => "select",
+        35 => "nanosleep",
+        43 => "accept",
+        44 => "sendto",
+        45 => "recvfrom",
+        46 => "sendmsg",
+        47 => "recvmsg",
+        61 => "wait4",
+        202 => "futex",
+        230 => "clock_nanosleep",
+        232 => "epoll_wait",
+        270 => "pselect6",
+        271 => "ppoll",
+        281 => "epoll_pwait",
+        288 => "accept4",
+        299 => "recvmmsg",
+        441 => "epoll_pwait2",
+        _ => return None,
+    })
+}
+
+/// x86_64 receive syscalls whose first argument is the socket's fd.
+pub(super) fn recv_syscall(nr: i64) -> Option<&'static str> {
+    matches!(nr, 0 | 19 | 45 | 47 | 299)
+        .then(|| syscall_name(nr))
+        .flatten()
+}
+
+/// How a readiness wait names its set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WaitKind {
+    /// poll, ppoll: arg0 = `struct pollfd *`, arg1 = nfds.
+    Poll,
+    /// select, pselect6: arg0 = nfds, arg1 = the read `fd_set *`.
+    Select,
+    /// epoll_wait, epoll_pwait, epoll_pwait2: arg0 = the epoll fd.
+    Epoll,
+}
+
+/// x86_64 readiness waits.
+pub(super) fn wait_syscall(nr: i64) -> Option<WaitKind> {
+    Some(match nr {
+        7 | 271 => WaitKind::Poll,
+        23 | 270 => WaitKind::Select,
+        232 | 281 | 441 => WaitKind::Epoll,
+        _ => return None,
+    })
+}
+
+/// Pushes `gap` unless it is there already.
+pub(super) fn push_gap(gaps: &mut Vec<String>, gap: String) {
+    if !gaps.contains(&gap) {
+        gaps.push(gap);
+    }
+}
+
+/// The sockets a readiness wait covers with read interest, or `None` when
+/// it covers none (or its set cannot be read: then a gap says why).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read_wait(
+    mem: &mut Mem<'_, '_>,
+    tid: u32,
+    syscall: &'static str,
+    kind: WaitKind,
+    arg0: u64,
+    arg1: u64,
+    sockets: &[(i32, u64)],
+    buf: &mut [u8],
+    gaps: &mut Vec<String>,
+) -> Option<ProcWait> {
+    let pid = mem.pid;
+    let socket_of = |fd: i32| sockets.iter().find(|(f, _)| *f == fd).copied();
+    let (found, epoll_fd): (Vec<(i32, u64)>, Option<i32>) = match kind {
+        WaitKind::Poll => {
+            let nfds = arg1 as usize;
+            if nfds > MAX_POLLFDS {
+                push_gap(
+                    gaps,
+                    format!("tid {tid}: poll set of {nfds} fds: only the first {MAX_POLLFDS} read"),
+                );
+            }
+            let len = nfds.min(MAX_POLLFDS) * POLLFD_SIZE;
+            let bytes = mem
+                .read(tid, "poll", arg0, &mut buf[..len])
+                .map_err(|gap| push_gap(gaps, gap))
+                .ok()?;
+            let found = decode_pollfds(bytes)
+                .filter(|(_, events)| events & POLL_READ != 0)
+                .filter_map(|(fd, _)| socket_of(fd))
+                .collect();
+            (found, None)
+        }
+        WaitKind::Select => {
+            let nfds = arg0 as usize;
+            if arg1 == 0 {
+                return None; // no read set
+            }
+            if nfds > MAX_SELECT_FDS {
+                push_gap(
+                    gaps,
+                    format!(
+                        "tid {tid}: select set of {nfds} fds: only the first {MAX_SELECT_FDS} read"
+                    ),
+                );
+            }
+            let nfds = nfds.min(MAX_SELECT_FDS);
+            // The kernel reads whole `unsigned long`s.
+            let len = nfds.div_ceil(64) * 8;
+            let bytes = mem
+                .read(tid, "select", arg1, &mut buf[..len])
+                .map_err(|gap| push_gap(gaps, gap))
+                .ok()?;
+            let found = decode_fd_set(bytes, nfds).filter_map(socket_of).collect();
+            (found, None)
+        }
+        WaitKind::Epoll => {
+            let epfd = arg0 as i32;
+            let cwd = nix::fcntl::AT_FDCWD;
+            let cap = buf.len();
+            let Some(bytes) = read_at(cwd, &format!("/proc/{pid}/fdinfo/{epfd}"), buf) else {
+                push_gap(
+                    gaps,
+                    format!("tid {tid}: cannot read its epoll set (fdinfo of fd {epfd})"),
+                );
+                return None;
+            };
+            // A full buffer may end inside a line: keep whole lines only.
+            let bytes = if bytes.len() == cap {
+                push_gap(
+                    gaps,
+                    format!(
+                        "tid {tid}: epoll set of fd {epfd} larger than {} KiB: only its first part read",
+                        cap >> 10
+                    ),
+                );
+                &bytes[..bytes.iter().rposition(|b| *b == b'\n').unwrap_or(0)]
+            } else {
+                bytes
+            };
+            let text = String::from_utf8_lossy(bytes);
+            let found = epoll_items(&text)
+                .filter(|item| item.events & EPOLL_READ != 0)
+                .filter_map(|item| match (socket_of(item.tfd), item.ino) {
+                    // The fd still names the registered file.
+                    (Some(s), None) => Some(s),
+                    (Some(s), Some(ino)) if s.1 == ino => Some(s),
+                    // The registered file is no longer at that fd (closed
+                    // after a dup): find it by inode.
+                    (_, Some(ino)) => sockets.iter().find(|(_, i)| *i == ino).copied(),
+                    (None, None) => None,
+                })
+                .collect();
+            (found, Some(epfd))
+        }
+    };
+    let mut found = found;
+    found.sort_unstable();
+    found.dedup();
+    if found.is_empty() {
+        return None;
+    }
+    Some(ProcWait {
+        syscall,
+        sockets: found,
+        epoll_fd,
+        idle_ms: None,
+    })
+}
+
+/// One process's memory reads: its map (read at the first read), and
+/// each range read, to be checked against the map again afterwards.
+///
+/// A poll or select set is read only from private anonymous memory
+/// ([`anonymous_private`]): a file-backed page may be served by a FUSE
+/// server the process runs itself, which can leave the reader waiting for
+/// good. The map is checked before the first read and again after the
+/// last, so a set whose mapping was replaced meanwhile is dropped. What
+/// remains is the moment between the first check and a read: a process
+/// that `munmap`s the set and maps a FUSE file in its place just then
+/// makes the read wait on its server. That read is made by a reader child
+/// given the collection's deadline ([`crate::memread`]): at worst this
+/// agent's collection is cut at its budget and the child is abandoned;
+/// the check, the other agents and this process's exit do not wait on it.
+pub(super) struct Mem<'a, 'r> {
+    pub(super) pid: u32,
+    pub(super) access: &'a mut MemAccess<'r>,
+    pub(super) maps: Option<Result<Vec<Mapping>, String>>,
+    /// `(tid, which set, addr, len)` of each set read.
+    pub(super) read: Vec<(u32, &'static str, u64, u64)>,
+}
+
+impl Mem<'_, '_> {
+    /// Reads `buf.len()` bytes at `addr`, the `what` set of thread `tid`,
+    /// if they lie in private anonymous memory; `Err` is the gap.
+    pub(super) fn read<'b>(
+        &mut self,
+        tid: u32,
+        what: &'static str,
+        addr: u64,
+        buf: &'b mut [u8],
+    ) -> Result<&'b [u8], String> {
+        let pid = self.pid;
+        let len = buf.len() as u64;
+        let maps = self.maps.get_or_insert_with(|| maps(pid, self.access));
+        let maps = maps
+            .as_ref()
+            .map_err(|e| format!("tid {tid}: cannot read its {what} set: {e}"))?;
+        anonymous_private(maps, addr, len)
+            .map_err(|why| format!("tid {tid}: the {what} set at {addr:#x} {why}: not read"))?;
+        if std::time::Instant::now() >= self.access.deadline {
+            self.access.over = true;
+            return Err(format!(
+                "tid {tid}: its {what} set was not read: the collection's time was up"
+            ));
+        }
+        let bytes = self
+            .access
+            .reader
+            .read(pid, addr, buf, self.access.deadline)
+            .map_err(|e| {
+                if e == crate::memread::ReadError::Timeout {
+                    self.access.over = true;
+                }
+                format!("tid {tid}: cannot read its {what} set: {e}")
+            })?;
+        self.read.push((tid, what, addr, len));
+        Ok(bytes)
+    }
+
+    /// The map again, after the reads: a set no longer in private
+    /// anonymous memory is dropped from its thread's wait, with a gap.
+    pub(super) fn recheck(&mut self, threads: &mut [ThreadInfo], gaps: &mut Vec<String>) {
+        if self.read.is_empty() {
+            return;
+        }
+        let after = maps(self.pid, self.access);
+        for &(tid, what, addr, len) in &self.read {
+            let why = match &after {
+                Ok(maps) => match anonymous_private(maps, addr, len) {
+                    Ok(()) => continue,
+                    Err(why) => format!("now {why}"),
+                },
+                Err(e) => format!("could not be checked again: {e}"),
+            };
+            if let Some(t) = threads.iter_mut().find(|t| t.tid == tid) {
+                t.wait = None;
+            }
+            push_gap(
+                gaps,
+                format!(
+                    "tid {tid}: the {what} set at {addr:#x} changed under the read ({why}): not used"
+                ),
+            );
+        }
+    }
+}
+
+/// `pid`'s memory map, or why it is unreadable. Read by the reader child
+/// too: reading it waits for the process's `mmap_lock`, which the process
+/// can keep taken (an `mmap` of its own waiting on its FUSE server).
+pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, String> {
+    use procfs::{
+        FromRead as _,
+        process::{MMPermissions, MMapPath, MemoryMaps},
+    };
+    let text = access.reader.read_maps(pid, access.deadline).map_err(|e| {
+        if e == crate::memread::ReadError::Timeout {
+            access.over = true;
+        }
+        format!("its memory map is unreadable: {e}")
+    })?;
+    let maps = MemoryMaps::from_read(&text[..])
+        .map_err(|e| format!("its memory map is unreadable: {e}"))?;
+    Ok(maps
+        .into_iter()
+        .map(|m| Mapping {
+            start: m.address.0,
+            end: m.address.1,
+            shared: !m.perms.contains(MMPermissions::PRIVATE),
+            backing: match m.pathname {
+                MMapPath::Anonymous => Backing::Anonymous,
+                MMapPath::Heap => Backing::Heap,
+                MMapPath::Stack | MMapPath::TStack(_) => Backing::Stack,
+                MMapPath::Other(name) if name.starts_with("[anon:") => Backing::Anonymous,
+                MMapPath::Path(p) => Backing::File(p.to_string_lossy().into_owned()),
+                MMapPath::Vdso => Backing::Special("[vdso]".into()),
+                MMapPath::Vvar => Backing::Special("[vvar]".into()),
+                MMapPath::Vsyscall => Backing::Special("[vsyscall]".into()),
+                MMapPath::Rollup => Backing::Special("[rollup]".into()),
+                MMapPath::Vsys(key) => Backing::Special(format!("System V shared memory {key}")),
+                MMapPath::Other(name) => Backing::Special(name),
+            },
+        })
+        .collect())
+}
