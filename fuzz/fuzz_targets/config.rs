@@ -14,11 +14,11 @@ use std::{
 };
 
 use libfuzzer_sys::fuzz_target;
-use selfheal::{
+use selfheal_core::{
+    config::{Config, UpstreamAddr, check_json_pointer, line_col},
     judge::{self, AgentHistory},
     ladder::{self, HealHistory},
 };
-use selfheal_core::config::{Config, UpstreamAddr, check_json_pointer, line_col};
 use selfheal_fuzz::{after_first_step, report, wedged};
 
 /// `CLOCK_BOOTTIME` ms of the first ladder step, and of the checks after it.

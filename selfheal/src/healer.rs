@@ -11,8 +11,13 @@
 
 use std::time::Duration;
 
+use selfheal_core::keepalive::KeepaliveSettings;
+
 use crate::{
-    actions::{self, Keepalive, KeepaliveOutcome, KeepaliveSettings, ProofKeepalive},
+    actions::{
+        self,
+        keepalive::{Keepalive, KeepaliveOutcome, ProofKeepalive},
+    },
     check::Healer,
     helper::authority::{ActError, Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
     ladder::Step,
@@ -30,9 +35,10 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
             fd,
             inode,
         } => {
-            let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
+            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
             json(serde_json::to_value(
-                actions::arm_keepalive(&target, *fd, Some(*inode), keepalive).map_err(e)?,
+                actions::keepalive::arm_keepalive(&target, *fd, Some(*inode), keepalive)
+                    .map_err(e)?,
             ))
         }
         Step::ExpireKeepalive {
@@ -41,9 +47,9 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
             fd,
             inode,
         } => {
-            let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
+            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
             json(serde_json::to_value(
-                actions::expire_keepalive(&target, *fd, *inode).map_err(e)?,
+                actions::keepalive::expire_keepalive(&target, *fd, *inode).map_err(e)?,
             ))
         }
         Step::DestroySocket {
@@ -52,9 +58,9 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
             fd,
             inode,
         } => {
-            let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
+            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
             json(serde_json::to_value(
-                actions::destroy_socket(&target, *fd, Some(*inode)).map_err(e)?,
+                actions::destroy::destroy_socket(&target, *fd, Some(*inode)).map_err(e)?,
             ))
         }
         Step::Signal {
@@ -62,13 +68,15 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
             start_ticks,
             grace_ms,
         } => {
-            let target = actions::open_target(*pid, *start_ticks).map_err(e)?;
+            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
             json(serde_json::to_value(
-                actions::signal_escalate(&target, Duration::from_millis(*grace_ms)).map_err(e)?,
+                actions::signal::signal_escalate(&target, Duration::from_millis(*grace_ms))
+                    .map_err(e)?,
             ))
         }
         Step::Restart { argv, timeout_ms } => {
-            let out = actions::restart(argv, Duration::from_millis(*timeout_ms)).map_err(e)?;
+            let out =
+                actions::restart::restart(argv, Duration::from_millis(*timeout_ms)).map_err(e)?;
             if out.success {
                 json(serde_json::to_value(out))
             } else {
@@ -105,8 +113,8 @@ pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value,
 /// Arms a proof keepalive from this process.
 fn arm_proof_here(t: &ProofTarget, ka: &ProofKeepalive) -> Result<KeepaliveOutcome, String> {
     let e = |e: actions::ActionError| e.to_string();
-    let target = actions::open_target(t.pid, t.start_ticks).map_err(e)?;
-    actions::arm_proof_keepalive(&target, t.fd, t.inode, ka).map_err(e)
+    let target = actions::guard::open_target(t.pid, t.start_ticks).map_err(e)?;
+    actions::keepalive::arm_proof_keepalive(&target, t.fd, t.inode, ka).map_err(e)
 }
 
 /// Puts a socket's keepalive options back from this process.
@@ -115,8 +123,8 @@ fn restore_here(
     previous: &KeepaliveSettings,
 ) -> Result<KeepaliveSettings, String> {
     let e = |e: actions::ActionError| e.to_string();
-    let target = actions::open_target(t.pid, t.start_ticks).map_err(e)?;
-    actions::restore_keepalive(&target, t.fd, Some(t.inode), previous).map_err(e)
+    let target = actions::guard::open_target(t.pid, t.start_ticks).map_err(e)?;
+    actions::keepalive::restore_keepalive(&target, t.fd, Some(t.inode), previous).map_err(e)
 }
 
 /// Acts from this process: for agents of our own uid, or as root without a
@@ -277,15 +285,23 @@ impl crate::helper::server::Executor for ActionsExecutor {
         // Right before anything changes, on the socket's duplicate: the
         // caller may still act on the target, and the socket is in a state
         // the act is for.
-        let gate =
-            |seen: &actions::SocketSeen<'_>| authority.check_socket(req.action, target, seen.fd);
+        let gate = |seen: &actions::dup::SocketSeen<'_>| {
+            authority.check_socket(req.action, target, seen.fd)
+        };
         let value = match req.action {
             Action::ArmKeepalive => serde_json::to_value(
-                actions::arm_keepalive_gated(target, fd()?, req.inode, &self.keepalive, &gate)
-                    .map_err(e)?,
+                actions::keepalive::arm_keepalive_gated(
+                    target,
+                    fd()?,
+                    req.inode,
+                    &self.keepalive,
+                    &gate,
+                )
+                .map_err(e)?,
             ),
             Action::DestroySocket => serde_json::to_value(
-                actions::destroy_socket_gated(target, fd()?, req.inode, &gate).map_err(e)?,
+                actions::destroy::destroy_socket_gated(target, fd()?, req.inode, &gate)
+                    .map_err(e)?,
             ),
             Action::ProveKeepalive => {
                 let ka: ProofKeepalive = params(req)?;
@@ -298,7 +314,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
                     )));
                 }
                 let cookie = std::cell::Cell::new(None);
-                let recording = |seen: &actions::SocketSeen<'_>| {
+                let recording = |seen: &actions::dup::SocketSeen<'_>| {
                     gate(seen)?;
                     let c = seen.cookie.ok_or(
                         "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
@@ -310,9 +326,14 @@ impl crate::helper::server::Executor for ActionsExecutor {
                     cookie.set(Some(c));
                     Ok(())
                 };
-                let out =
-                    actions::arm_proof_keepalive_gated(target, fd()?, inode()?, &ka, &recording)
-                        .map_err(e)?;
+                let out = actions::keepalive::arm_proof_keepalive_gated(
+                    target,
+                    fd()?,
+                    inode()?,
+                    &ka,
+                    &recording,
+                )
+                .map_err(e)?;
                 if let Some(c) = cookie.get() {
                     self.book().record(
                         c,
@@ -341,7 +362,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
                     Some(params(req)?)
                 };
                 let cookie = std::cell::Cell::new(None);
-                let choose = |seen: &actions::SocketSeen<'_>| {
+                let choose = |seen: &actions::dup::SocketSeen<'_>| {
                     gate(seen)?;
                     let recorded = seen.cookie.and_then(|c| self.book().get(c).cloned());
                     cookie.set(seen.cookie);
@@ -355,9 +376,13 @@ impl crate::helper::server::Executor for ActionsExecutor {
                         None => Err(no_proof(req.action)),
                     }
                 };
-                let back =
-                    actions::restore_keepalive_chosen(target, fd()?, Some(inode()?), &choose)
-                        .map_err(e)?;
+                let back = actions::keepalive::restore_keepalive_chosen(
+                    target,
+                    fd()?,
+                    Some(inode()?),
+                    &choose,
+                )
+                .map_err(e)?;
                 if let Some(c) = cookie.get() {
                     self.book().take(c);
                 }
@@ -365,7 +390,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
             }
             Action::ExpireKeepalive => {
                 let cookie = std::cell::Cell::new(None);
-                let armed = |seen: &actions::SocketSeen<'_>| {
+                let armed = |seen: &actions::dup::SocketSeen<'_>| {
                     gate(seen)?;
                     let known = seen.cookie.is_some_and(|c| self.book().get(c).is_some());
                     if !known && !authority.is_root() {
@@ -375,7 +400,8 @@ impl crate::helper::server::Executor for ActionsExecutor {
                     Ok(())
                 };
                 let out =
-                    actions::expire_keepalive_gated(target, fd()?, inode()?, &armed).map_err(e)?;
+                    actions::keepalive::expire_keepalive_gated(target, fd()?, inode()?, &armed)
+                        .map_err(e)?;
                 if out.ended
                     && let Some(c) = cookie.get()
                 {
@@ -394,7 +420,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
                     .map_or(crate::helper::server::DEFAULT_GRACE, Duration::from_millis)
                     .min(crate::helper::server::MAX_GRACE);
                 authority.recheck(target).map_err(ActError::Refused)?;
-                serde_json::to_value(actions::signal_term(target, grace).map_err(e)?)
+                serde_json::to_value(actions::signal::signal_term(target, grace).map_err(e)?)
             }
             // Running a command as root on a caller's say-so is not the
             // helper's to do: the caller runs its own restart command.
@@ -421,10 +447,10 @@ impl crate::helper::server::Executor for ActionsExecutor {
     ) -> Result<serde_json::Value, String> {
         use crate::helper::protocol::Action;
         match req.action {
-            Action::Signal => {
-                serde_json::to_value(actions::signal_kill(target).map_err(|e| e.to_string())?)
-                    .map_err(|e| e.to_string())
-            }
+            Action::Signal => serde_json::to_value(
+                actions::signal::signal_kill(target).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| e.to_string()),
             other => Err(format!("{other} has no second step")),
         }
     }
@@ -564,7 +590,7 @@ fn await_escalation(
     let began = std::time::Instant::now();
     let limit =
         Duration::from_millis(grace_ms.min(crate::helper::server::MAX_GRACE.as_millis() as u64))
-            + actions::KILL_WAIT
+            + actions::signal::KILL_WAIT
             + Duration::from_secs(1);
     let exited = match crate::pidfd::Pidfd::open(pid, Some(start_ticks)) {
         Ok(fd) => {

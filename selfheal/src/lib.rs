@@ -27,9 +27,9 @@
 //!   root helper: server, client, protocol, policy);
 //! - **report and keep**: [`check`] (one check of every agent, the pipeline
 //!   behind `check` and `watch`), [`store`] (history between runs),
-//!   [`snapshots`] (the forensic log), [`metrics`] (the Prometheus text),
-//!   [`text`] (escaping and redaction of everything shown), [`fs`] (the
-//!   one rule for directories selfheal writes into);
+//!   [`snapshots`] (the forensic log), [`selfheal_core::metrics`] (the
+//!   Prometheus text), [`text`] (escaping and redaction of everything
+//!   shown), [`fs`] (the one rule for directories selfheal writes into);
 //! - [`model`]: the typed vocabulary the layers pass (roles, TCP states,
 //!   reason codes, gaps, findings).
 
@@ -44,7 +44,6 @@ pub mod healer;
 pub mod helper;
 pub mod inspect;
 pub mod memread;
-pub mod metrics;
 pub mod metrics_endpoint;
 pub mod netns;
 pub mod pidfd;
@@ -56,5 +55,8 @@ pub mod snapshots;
 pub mod sockdiag;
 pub mod store;
 pub mod trust;
+
+#[cfg(test)]
+mod layers;
 
 pub use selfheal_core::{judge, ladder, model, text}; // TRANSITION

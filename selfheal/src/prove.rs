@@ -1,10 +1,10 @@
 //! The prove stage's model lives in the core ([`selfheal_core::prove`]);
 //! this adds what needs the acting side: the proof keepalive the config asks
-//! for, in the kernel's units ([`crate::actions::ProofKeepalive`]).
+//! for, in the kernel's units ([`crate::actions::keepalive::ProofKeepalive`]).
 
 pub use selfheal_core::prove::*; // TRANSITION
 
-use crate::actions::ProofKeepalive;
+use crate::actions::keepalive::ProofKeepalive;
 
 /// The proof keepalive the config asks for, in the kernel's units.
 pub fn keepalive(cfg: &selfheal_core::config::ProofConfig) -> ProofKeepalive {
@@ -13,6 +13,7 @@ pub fn keepalive(cfg: &selfheal_core::config::ProofConfig) -> ProofKeepalive {
         idle_s: secs(cfg.idle),
         interval_s: secs(cfg.interval),
         count: cfg.count,
-        hold_ms: u32::try_from(crate::actions::PROOF_HOLD.as_millis()).unwrap_or(u32::MAX),
+        hold_ms: u32::try_from(crate::actions::keepalive::PROOF_HOLD.as_millis())
+            .unwrap_or(u32::MAX),
     }
 }

@@ -106,13 +106,10 @@ pub fn fuzz(args: FuzzArgs) -> Result<()> {
     // runs below only link-check.
     eprintln!("fuzz: building the targets (nightly, AddressSanitizer)");
     let build_started = Instant::now();
-    // The targets exercise parsers and policy, never the eBPF loader, so the
-    // fuzz build skips the eBPF object (selfheal/build.rs) and its nested
-    // release build.
+    // The targets depend on selfheal-core only: no eBPF object to build.
     run(Command::new("cargo")
         .args(["+nightly", "fuzz", "build"])
-        .args(build_flags(args.dev))
-        .env("SELFHEAL_SKIP_EBPF", "1"))?;
+        .args(build_flags(args.dev)))?;
     let build_seconds = build_started.elapsed().as_secs_f64();
 
     let work = Path::new(FUZZ_DIR).join("target");

@@ -14,7 +14,7 @@
 //!    `arm_keepalive` ends the connection about 5 s later — its probes
 //!    are the live peer's last chance to answer, and its user timeout is
 //!    derived from the silence observed rather than a fixed floor (see
-//!    `selfheal::actions::Keepalive` for why a slow live link survives):
+//!    `selfheal::actions::keepalive::Keepalive` for why a slow live link survives):
 //!    the first rung completes well before a 30 s timer's next run;
 //! 2. `destroy_socket` on each dead socket still there;
 //! 3. `signal` (SIGTERM, then SIGKILL after the grace), if the config allows;

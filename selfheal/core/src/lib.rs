@@ -23,6 +23,9 @@
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
 //!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
 //!   keepalive options);
+//! - **report**: [`outcome`] (one agent's check, and how it reads for
+//!   people), [`history`] (what `check` remembers between runs),
+//!   [`metrics`] (the Prometheus text);
 //! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
 //!   helper and its clients say to each other), [`policy`] (who may query
 //!   and act on which process, and the helper's policy file), [`owner`]
@@ -37,11 +40,14 @@ pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod ebpf;
+pub mod history;
 pub mod inspect;
 pub mod judge;
 pub mod keepalive;
 pub mod ladder;
+pub mod metrics;
 pub mod model;
+pub mod outcome;
 pub mod owner;
 pub mod policy;
 pub mod probe;

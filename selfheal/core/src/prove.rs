@@ -7,12 +7,12 @@
 //! sends nothing, so nothing but a question put to its peer can prove the
 //! connection dead. A suspect upstream socket with a call in flight gets a
 //! *proof keepalive* (short `SO_KEEPALIVE` probes through `pidfd_getfd`,
-//! `selfheal::actions::arm_proof_keepalive`). A live peer answers the first
+//! `selfheal::actions::keepalive::arm_proof_keepalive`). A live peer answers the first
 //! probe; its socket's own options are then put back, read back and
 //! compared, so a live call keeps no trace. A dead peer answers none: after
 //! `count` probes, each given `interval`, the judge calls the socket dead,
 //! the check writes its snapshot, and the ladder's first step ends the
-//! connection as a keepalive timeout (`selfheal::actions::expire_keepalive`):
+//! connection as a keepalive timeout (`selfheal::actions::keepalive::expire_keepalive`):
 //! the agent's blocked read fails with `ETIMEDOUT` and its own error path
 //! runs, same pid.
 //!

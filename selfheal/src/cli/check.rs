@@ -12,12 +12,16 @@ use std::{
 use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
-    check::{self, History, Outcome},
-    clock, config, ladder,
+    check, clock, config, ladder,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
 };
-use selfheal_core::config::Config;
+use selfheal_core::{
+    config::Config,
+    history::History,
+    metrics,
+    outcome::{Outcome, render},
+};
 
 /// What `check` and `watch` share.
 #[derive(clap::Args)]
@@ -315,13 +319,14 @@ impl Session {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let info = selfheal::metrics::CheckInfo::from_outcomes(
+        let info = metrics::CheckInfo::from_outcomes(
             &outcomes,
+            selfheal::ebpf::BUILT_IN,
             helper_up,
             now,
             started.elapsed().as_secs_f64(),
         );
-        let metrics = selfheal::metrics::render(&outcomes, &self.history, &info);
+        let metrics = metrics::render(&outcomes, &self.history, &info);
         // A metrics file that cannot be written (a full disk, a removed
         // directory) keeps its last good content (the write is atomic); the
         // failure is logged, a gap in every agent's result, and exit code 1
@@ -346,7 +351,7 @@ impl Session {
             }
         }
         report(&outcomes, c.json)?;
-        let code = check::exit_code(&outcomes).max(u8::from(metrics_failed));
+        let code = render::exit_code(&outcomes).max(u8::from(metrics_failed));
         Ok((code, metrics))
     }
 }
@@ -371,7 +376,7 @@ impl check::TracerSource for Answered<'_> {
 
 fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
     for o in outcomes {
-        if let Some(line) = check::transition_line(o) {
+        if let Some(line) = render::transition_line(o) {
             if o.verdict.is_ok() {
                 tracing::info!("{line}");
             } else {
@@ -379,7 +384,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             }
         }
         for a in o.heal.iter().flat_map(|h| &h.actions) {
-            let what = check::step_words(&a.step);
+            let what = render::step_words(&a.step);
             if a.ok {
                 tracing::warn!("agent {}: healed: {what}: {}", o.agent, a.detail);
             } else {
@@ -413,7 +418,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             writeln!(out, "{}", selfheal::text::escape_json(&line))
                 .context("cannot write the result")?;
         } else {
-            writeln!(out, "{}", check::summary_line(o)).context("cannot write the result")?;
+            writeln!(out, "{}", render::summary_line(o)).context("cannot write the result")?;
         }
     }
     out.flush().context("cannot write the result")

@@ -114,7 +114,7 @@ fn render(
         };
         let _ = writeln!(out, "  processes  {}", processes(matched));
         if let MatchRule::Unit(unit) = &agent.rule {
-            for (manager, state) in selfheal::check::unit_states(unit, &matched.roots) {
+            for (manager, state) in selfheal::check::heal::unit_states(unit, &matched.roots) {
                 let _ = match state {
                     Some((load, active)) => {
                         writeln!(out, "  unit       {unit} of {manager}: {load}, {active}")

@@ -25,7 +25,7 @@ pub const EXIT_OK: u8 = 0;
 /// Something failed (an [`Error`] that is not a usage or config error).
 pub const EXIT_FAILED: u8 = 1;
 /// `check`/`watch`: something wedged, unresponsive or down and not healed
-/// (from [`selfheal::check::exit_code`]).
+/// (from [`selfheal_core::outcome::render::exit_code`]).
 pub const EXIT_WEDGED: u8 = 2;
 /// Usage or config error.
 pub const EXIT_USAGE: u8 = 3;
@@ -67,7 +67,7 @@ pub enum Finished {
     /// Nothing to report beyond its output: exit 0.
     Done,
     /// It reports a status as its exit code: `check`/`watch` the worst
-    /// verdict's ([`selfheal::check::exit_code`]: 0, 1 or 2), the demo
+    /// verdict's ([`selfheal_core::outcome::render::exit_code`]: 0, 1 or 2), the demo
     /// whether its scenario went as told (0 or 1).
     Status(u8),
 }

@@ -90,7 +90,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             let agent = super::configured_agent(&config, name)?;
             let sources = selfheal::runtime::Sources::from_env();
             let table = selfheal::agents::enrich_for(table, &[agent], &sources);
-            let target = selfheal::check::target(agent, &table);
+            let target = selfheal::check::pipeline::target(agent, &table);
             agent_config = Some(agent.clone());
             target
         }
@@ -113,7 +113,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     // A configured agent is judged, against check's history (read only).
     let diagnosis = agent_config.as_ref().map(|agent| {
         let history = history_of(&agent.name, args.state_dir.as_deref());
-        selfheal::check::diagnose(
+        selfheal::check::pipeline::diagnose(
             agent,
             &report,
             &history,
@@ -156,7 +156,7 @@ fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::Age
     // A running check holds the lock for its whole run: wait a little.
     match selfheal::store::StateStore::open_with_timeout(&dir, Duration::from_secs(3)) {
         Ok(store) => {
-            let loaded = store.load::<selfheal::check::History>();
+            let loaded = store.load::<selfheal_core::history::History>();
             if loaded.value.boot_id != selfheal::check::boot_id() {
                 return Default::default();
             }
@@ -177,7 +177,7 @@ fn history_of(name: &str, dir: Option<&std::path::Path>) -> selfheal::judge::Age
 
 /// The judge's verdict, its reasons and the prove stage's state, for a
 /// person (every text escaped).
-fn render_diagnosis(d: &selfheal::check::Diagnosis) -> String {
+fn render_diagnosis(d: &selfheal::check::pipeline::Diagnosis) -> String {
     use std::fmt::Write as _;
     let esc = escape;
     let mut o = String::new();

@@ -467,14 +467,14 @@ impl ProofBook {
 /// fd, only while it still holds that socket (inode and cookie).
 pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> {
     let target = Pidfd::open(r.pid, Some(r.start_ticks)).map_err(|e| e.to_string())?;
-    let choose = |seen: &crate::actions::SocketSeen<'_>| {
+    let choose = |seen: &crate::actions::dup::SocketSeen<'_>| {
         if seen.cookie == Some(cookie) {
             Ok(r.previous.clone())
         } else {
             Err("the fd holds another socket now".to_string())
         }
     };
-    crate::actions::restore_keepalive_chosen(&target, r.fd, Some(r.inode), &choose)
+    crate::actions::keepalive::restore_keepalive_chosen(&target, r.fd, Some(r.inode), &choose)
         .map_err(|e| e.to_string())
 }
 

@@ -83,13 +83,14 @@ pub fn restart_container(
             let init = init_pid(&sources.containerd_state, id)?;
             let start = crate::pidfd::start_ticks(init)
                 .ok_or_else(|| format!("container {short}: its init pid {init} is gone"))?;
-            let target = actions::open_target(init, start).map_err(|e| e.to_string())?;
+            let target = actions::guard::open_target(init, start).map_err(|e| e.to_string())?;
             holds(init, Some(start), id).map_err(|why| {
                 format!("container {short}: its init pid {init}: {why}: left alone")
             })?;
             in_namespace_of(pid, start_ticks, id, init)
                 .map_err(|why| format!("container {short}: {why}: left alone"))?;
-            let out = actions::signal_escalate(&target, grace).map_err(|e| e.to_string())?;
+            let out =
+                actions::signal::signal_escalate(&target, grace).map_err(|e| e.to_string())?;
             Ok(serde_json::json!({
                 "runtime": "containerd",
                 "id": id,

@@ -1770,8 +1770,8 @@ fn cut_while_thinking(
     // The caller's own keepalive options on its provider socket (the
     // anthropic SDK sets SO_KEEPALIVE itself), before any proof.
     if let (Some(&fd), Some(start)) = (fds.first(), selfheal::pidfd::start_ticks(pid)) {
-        let ka = selfheal::actions::open_target(pid, start)
-            .and_then(|t| selfheal::actions::read_keepalive(&t, fd));
+        let ka = selfheal::actions::guard::open_target(pid, start)
+            .and_then(|t| selfheal::actions::keepalive::read_keepalive(&t, fd));
         report.facts.insert(
             "caller_keepalive".into(),
             match ka {
@@ -1930,7 +1930,7 @@ pub fn many_thinking(
     length: Duration,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
-    use selfheal::actions::{open_target, read_keepalive};
+    use selfheal::actions::{guard::open_target, keepalive::read_keepalive};
     let name = "thinkers";
     let mut report = Report::new(&format!("many_thinking_{}", caller.name()));
     let mut bed = Bed::new(opts, "many", Duration::from_secs(1))?;
@@ -1961,7 +1961,7 @@ pub fn many_thinking(
         let c = connections_to(pid, provider);
         Ok((c.len() >= n).then_some(c))
     })?;
-    let read = |fd: i32| -> anyhow::Result<selfheal::actions::KeepaliveSettings> {
+    let read = |fd: i32| -> anyhow::Result<selfheal_core::keepalive::KeepaliveSettings> {
         let target = open_target(pid, start)?;
         Ok(read_keepalive(&target, fd)?)
     };

@@ -18,11 +18,15 @@ use std::{
 
 use selfheal::{
     actions::{
-        self, ActionError, DestroyMethod, Keepalive, KeepaliveSettings, ProofKeepalive, Signal,
+        self, ActionError,
+        destroy::DestroyMethod,
+        keepalive::{Keepalive, ProofKeepalive},
+        signal::Signal,
     },
     pidfd::{Pidfd, start_ticks},
     sockdiag,
 };
+use selfheal_core::keepalive::KeepaliveSettings;
 use tests::{
     NetnsPair, Peer, Ready, SilentPair, listener, need_root, port_of, silent_pair, wait_for,
 };
@@ -54,7 +58,7 @@ fn fd_of(pid: u32, inode: u64) -> Option<i32> {
 /// time read now.
 fn target(pid: u32) -> Pidfd {
     let start = start_ticks(pid).expect("the target runs");
-    actions::open_target(pid, start).expect("open target")
+    actions::guard::open_target(pid, start).expect("open target")
 }
 
 /// Waits until thread `tid` of `pid` sleeps in a receive syscall (read,
@@ -169,7 +173,8 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
 
     let target = target(ready.pid);
     let armed_at = Instant::now();
-    let out = actions::arm_keepalive(&target, fd, None, &small_keepalive()).expect("arm keepalive");
+    let out = actions::keepalive::arm_keepalive(&target, fd, None, &small_keepalive())
+        .expect("arm keepalive");
     assert_eq!(out.pid, ready.pid);
     assert_eq!(out.inode, ready.inode);
     assert!(!out.previous.enabled, "{out:?}");
@@ -231,7 +236,8 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
     let target = target(ready.pid);
     let before = raw_keepalive(&target, fd);
     let armed_at = Instant::now();
-    let out = actions::arm_keepalive(&target, fd, None, &small_keepalive()).expect("arm keepalive");
+    let out = actions::keepalive::arm_keepalive(&target, fd, None, &small_keepalive())
+        .expect("arm keepalive");
     assert_eq!(out.previous, before);
     let silent = out.silent_ms.expect("tcp_info");
     assert!(silent >= 1000, "{out:?}");
@@ -269,7 +275,8 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
     assert!(target.is_alive());
 
     // The options go back as they were.
-    let restored = actions::restore_keepalive(&target, fd, None, &out.previous).expect("restore");
+    let restored =
+        actions::keepalive::restore_keepalive(&target, fd, None, &out.previous).expect("restore");
     assert_eq!(restored, out.previous);
     assert_eq!(raw_keepalive(&target, fd), before);
 }
@@ -282,9 +289,9 @@ fn destroy_and_expect(client: &Peer, ready: &Ready, use_shutdown: bool) -> Destr
     let target = target(ready.pid);
     let t0 = Instant::now();
     let out = if use_shutdown {
-        actions::shutdown_socket(&target, fd, None)
+        actions::destroy::shutdown_socket(&target, fd, None)
     } else {
-        actions::destroy_socket(&target, fd, None)
+        actions::destroy::destroy_socket(&target, fd, None)
     }
     .expect("destroy");
     let acted = t0.elapsed();
@@ -439,7 +446,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
     let out = std::thread::scope(|s| {
         s.spawn(|| {
             drop_net_admin_in_this_thread();
-            actions::destroy_socket(&target, fd, None)
+            actions::destroy::destroy_socket(&target, fd, None)
         })
         .join()
         .expect("thread")
@@ -463,23 +470,25 @@ fn socket_actions_refuse_what_is_not_a_tcp_socket() {
     let _side = l.accept().unwrap();
     let target = target(ready.pid);
     // fd 0 is the peer's stdin, a pipe.
-    let e = actions::destroy_socket(&target, 0, None).unwrap_err();
+    let e = actions::destroy::destroy_socket(&target, 0, None).unwrap_err();
     assert!(matches!(e, ActionError::NotASocket { fd: 0, .. }), "{e}");
     assert_eq!(
         e.to_string(),
         format!("fd 0 of pid {} is not a socket", ready.pid)
     );
-    let e = actions::arm_keepalive(&target, 999, None, &Keepalive::default()).unwrap_err();
+    let e =
+        actions::keepalive::arm_keepalive(&target, 999, None, &Keepalive::default()).unwrap_err();
     assert!(matches!(e, ActionError::NoSuchFd { fd: 999, .. }), "{e}");
-    let e = actions::arm_keepalive(&target, -1, None, &Keepalive::default()).unwrap_err();
+    let e =
+        actions::keepalive::arm_keepalive(&target, -1, None, &Keepalive::default()).unwrap_err();
     assert!(matches!(e, ActionError::NoSuchFd { .. }), "{e}");
-    let e = actions::arm_keepalive(&target, 0, None, &Keepalive::default()).unwrap_err();
+    let e = actions::keepalive::arm_keepalive(&target, 0, None, &Keepalive::default()).unwrap_err();
     assert!(matches!(e, ActionError::NotASocket { .. }), "{e}");
     let bad = Keepalive {
         count: 0,
         ..Keepalive::default()
     };
-    let e = actions::arm_keepalive(&target, 0, None, &bad).unwrap_err();
+    let e = actions::keepalive::arm_keepalive(&target, 0, None, &bad).unwrap_err();
     assert!(matches!(e, ActionError::InvalidKeepalive(_)), "{e}");
 }
 
@@ -488,7 +497,7 @@ fn sigterm_is_enough_for_a_process_that_exits_on_it() {
     let _area = tests::area(module_path!());
     let mut child = Command::new("sleep").arg("30").spawn().unwrap();
     let target = target(child.id());
-    let out = actions::signal_escalate(&target, 5 * SEC).expect("signal");
+    let out = actions::signal::signal_escalate(&target, 5 * SEC).expect("signal");
     eprintln!("TIMING exits on SIGTERM: {out:?}");
     assert_eq!(out.sent, vec![Signal::Term]);
     assert!(out.exited);
@@ -520,7 +529,7 @@ fn sigkill_follows_after_the_grace_for_a_process_that_ignores_sigterm() {
     .expect("exec sleep");
     let target = target(pid);
     let grace = SEC;
-    let out = actions::signal_escalate(&target, grace).expect("signal");
+    let out = actions::signal::signal_escalate(&target, grace).expect("signal");
     eprintln!("TIMING ignores SIGTERM: {out:?}");
     assert_eq!(out.sent, vec![Signal::Term, Signal::Kill]);
     assert!(out.exited);
@@ -538,7 +547,7 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
     let (pid, start) = (gone.id(), start_ticks(gone.id()).unwrap());
     gone.kill().unwrap();
     gone.wait().unwrap();
-    let e = actions::open_target(pid, start).unwrap_err();
+    let e = actions::guard::open_target(pid, start).unwrap_err();
     assert!(
         matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
         "{e}"
@@ -548,7 +557,7 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
     // time): refused, and that process is untouched.
     let mut other = Command::new("sleep").arg("30").spawn().unwrap();
     let start = start_ticks(other.id()).unwrap();
-    let e = actions::open_target(other.id(), start + 1).unwrap_err();
+    let e = actions::guard::open_target(other.id(), start + 1).unwrap_err();
     assert!(matches!(e, ActionError::Reused { .. }), "{e}");
     assert!(
         e.to_string().contains(&format!("pid {}", other.id())),
@@ -565,12 +574,12 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
     let h = target(other.id());
     other.kill().unwrap();
     other.wait().unwrap();
-    let e = actions::signal_escalate(&h, SEC).unwrap_err();
+    let e = actions::signal::signal_escalate(&h, SEC).unwrap_err();
     assert!(
         matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
         "{e}"
     );
-    let e = actions::arm_keepalive(&h, 3, None, &Keepalive::default()).unwrap_err();
+    let e = actions::keepalive::arm_keepalive(&h, 3, None, &Keepalive::default()).unwrap_err();
     assert!(
         matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
         "{e}"
@@ -582,7 +591,7 @@ fn restart_runs_an_argv_with_a_timeout() {
     let _area = tests::area(module_path!());
     let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
-    let ok = actions::restart(&argv(&["sh", "-c", "echo hello; echo oops >&2"]), 10 * SEC)
+    let ok = actions::restart::restart(&argv(&["sh", "-c", "echo hello; echo oops >&2"]), 10 * SEC)
         .expect("restart");
     eprintln!("TIMING restart ok: {} ms", ok.duration_ms);
     assert!(ok.success && !ok.timed_out, "{ok:?}");
@@ -596,7 +605,7 @@ fn restart_runs_an_argv_with_a_timeout() {
         (Some(0), None, "hello\n", "oops\n")
     );
 
-    let failed = actions::restart(
+    let failed = actions::restart::restart(
         &argv(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
         10 * SEC,
     )
@@ -610,22 +619,23 @@ fn restart_runs_an_argv_with_a_timeout() {
 
     // No shell: the argument arrives verbatim, quotes, spaces and all.
     let literal = "a b; rm -rf / \"q\" 'r' $HOME `x`";
-    let verbatim = actions::restart(&argv(&["sh", "-c", "echo \"$1\"", "x", literal]), 10 * SEC)
-        .expect("restart");
+    let verbatim =
+        actions::restart::restart(&argv(&["sh", "-c", "echo \"$1\"", "x", literal]), 10 * SEC)
+            .expect("restart");
     assert_eq!(verbatim.stdout, format!("{literal}\n"));
-    let printf =
-        actions::restart(&argv(&["printf", "%s|", "a b", "c;d"]), 10 * SEC).expect("restart");
+    let printf = actions::restart::restart(&argv(&["printf", "%s|", "a b", "c;d"]), 10 * SEC)
+        .expect("restart");
     assert_eq!(printf.stdout, "a b|c;d|");
 
     // A chatty command neither blocks nor floods the outcome.
-    let chatty = actions::restart(
+    let chatty = actions::restart::restart(
         &argv(&["sh", "-c", "yes line | head -c 1000000; echo done >&2"]),
         10 * SEC,
     )
     .expect("restart");
     assert!(chatty.success, "{chatty:?}");
     assert!(chatty.stdout_truncated && !chatty.stderr_truncated);
-    assert!(chatty.stdout.len() < actions::OUTPUT_LIMIT + 100);
+    assert!(chatty.stdout.len() < actions::restart::OUTPUT_LIMIT + 100);
     assert!(chatty.stdout.starts_with("line\nline\n"));
     assert!(chatty.stdout.contains("bytes left out"));
     assert_eq!(chatty.stderr, "done\n");
@@ -642,7 +652,7 @@ fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
         .map(|s| s.to_string())
         .collect();
     let t0 = Instant::now();
-    let out = actions::restart(&argv, 10 * SEC).expect("restart");
+    let out = actions::restart::restart(&argv, 10 * SEC).expect("restart");
     eprintln!(
         "TIMING restart leaving a daemon: {:?} {out:?}",
         t0.elapsed()
@@ -672,7 +682,7 @@ fn a_hanging_restart_is_killed_with_its_children() {
         .map(|s| s.to_string())
         .collect();
     let t0 = Instant::now();
-    let out = actions::restart(&argv, SEC).expect("restart");
+    let out = actions::restart::restart(&argv, SEC).expect("restart");
     eprintln!("TIMING hanging restart: {:?} {out:?}", t0.elapsed());
     assert!(out.timed_out && !out.success, "{out:?}");
     assert_eq!(out.signal, Some(libc::SIGKILL));
@@ -699,15 +709,15 @@ fn the_guard_refuses_init_ourselves_and_kernel_threads() {
     let _area = tests::area(module_path!());
     let me = std::process::id();
     for pid in [1, me, std::os::unix::process::parent_id()] {
-        let e = actions::guard(pid).unwrap_err();
+        let e = actions::guard::guard(pid).unwrap_err();
         assert!(matches!(e, ActionError::Forbidden { .. }), "{pid}: {e}");
-        let e = actions::open_target(pid, start_ticks(pid).unwrap_or(0)).unwrap_err();
+        let e = actions::guard::open_target(pid, start_ticks(pid).unwrap_or(0)).unwrap_err();
         assert!(matches!(e, ActionError::Forbidden { .. }), "{pid}: {e}");
     }
     // Every action checks it first, even given a handle: had the signal
     // gone out, this test would be dead.
     let ours = Pidfd::open(me, None).unwrap();
-    let e = actions::signal_escalate(&ours, SEC).unwrap_err();
+    let e = actions::signal::signal_escalate(&ours, SEC).unwrap_err();
     assert!(matches!(e, ActionError::Forbidden { .. }), "{e}");
     assert_eq!(
         e.to_string(),
@@ -715,11 +725,11 @@ fn the_guard_refuses_init_ourselves_and_kernel_threads() {
     );
     let init = Pidfd::open(1, None).unwrap();
     assert!(matches!(
-        actions::signal_escalate(&init, SEC),
+        actions::signal::signal_escalate(&init, SEC),
         Err(ActionError::Forbidden { pid: 1, .. })
     ));
     assert!(matches!(
-        actions::destroy_socket(&init, 0, None),
+        actions::destroy::destroy_socket(&init, 0, None),
         Err(ActionError::Forbidden { pid: 1, .. })
     ));
 
@@ -741,14 +751,14 @@ fn the_guard_refuses_init_ourselves_and_kernel_threads() {
         });
     match kthread {
         Some(pid) => {
-            let e = actions::guard(pid).unwrap_err();
+            let e = actions::guard::guard(pid).unwrap_err();
             assert!(
                 matches!(e, ActionError::Forbidden { ref why, .. } if why.contains("kernel thread")),
                 "{e}"
             );
             if let Ok(h) = Pidfd::open(pid, None) {
                 assert!(matches!(
-                    actions::signal_escalate(&h, SEC),
+                    actions::signal::signal_escalate(&h, SEC),
                     Err(ActionError::Forbidden { .. })
                 ));
             }
@@ -802,7 +812,7 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
     let target = target(ready.pid);
     let before = raw_keepalive(&target, fd);
     let armed_at = Instant::now();
-    let out = actions::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
+    let out = actions::keepalive::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
         .expect("arm the proof");
     assert_eq!(out.previous, before);
     assert_eq!(raw_keepalive(&target, fd), out.applied);
@@ -828,7 +838,7 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
     wait_blocked_in_read(ready.pid, ready.tid);
 
     let t0 = Instant::now();
-    let ended = actions::expire_keepalive(&target, fd, ready.inode).expect("expire");
+    let ended = actions::keepalive::expire_keepalive(&target, fd, ready.inode).expect("expire");
     assert!(ended.ended, "{ended:?}");
     assert!(ended.probes >= 3, "{ended:?}");
     let line = client.expect("error ", 5 * SEC);
@@ -873,11 +883,12 @@ fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back()
         count: 4,
         user_timeout_ms: 0,
     };
-    actions::restore_keepalive(&target, fd, Some(ready.inode), &own).expect("set the agent's own");
+    actions::keepalive::restore_keepalive(&target, fd, Some(ready.inode), &own)
+        .expect("set the agent's own");
     std::thread::sleep(Duration::from_millis(1200));
 
     let armed_at = Instant::now();
-    let out = actions::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
+    let out = actions::keepalive::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
         .expect("arm the proof");
     assert_eq!(out.previous, own);
     let answered = wait_for(5 * SEC, Duration::from_millis(50), || {
@@ -893,11 +904,11 @@ fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back()
     );
     // A peer that answered is not ended, even if asked.
     std::thread::sleep(Duration::from_millis(300));
-    match actions::expire_keepalive(&target, fd, ready.inode) {
+    match actions::keepalive::expire_keepalive(&target, fd, ready.inode) {
         Err(ActionError::NotApplicable { .. }) => {}
         other => panic!("expire on a live peer: {other:?}"),
     }
-    let back = actions::restore_keepalive(&target, fd, Some(ready.inode), &out.previous)
+    let back = actions::keepalive::restore_keepalive(&target, fd, Some(ready.inode), &out.previous)
         .expect("put back");
     assert_eq!(back, own);
     assert_eq!(raw_keepalive(&target, fd), own);
@@ -924,10 +935,10 @@ fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
     let before = raw_keepalive(&target, fd);
     let other = ready.inode + 1;
     for e in [
-        actions::arm_proof_keepalive(&target, fd, other, &small_proof()).map(|_| ()),
-        actions::expire_keepalive(&target, fd, other).map(|_| ()),
-        actions::restore_keepalive(&target, fd, Some(other), &before).map(|_| ()),
-        actions::destroy_socket(&target, fd, Some(other)).map(|_| ()),
+        actions::keepalive::arm_proof_keepalive(&target, fd, other, &small_proof()).map(|_| ()),
+        actions::keepalive::expire_keepalive(&target, fd, other).map(|_| ()),
+        actions::keepalive::restore_keepalive(&target, fd, Some(other), &before).map(|_| ()),
+        actions::destroy::destroy_socket(&target, fd, Some(other)).map(|_| ()),
     ] {
         match e {
             Err(ActionError::Replaced {
@@ -941,11 +952,11 @@ fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
         ..small_proof()
     };
     assert!(matches!(
-        actions::arm_proof_keepalive(&target, fd, ready.inode, &bad),
+        actions::keepalive::arm_proof_keepalive(&target, fd, ready.inode, &bad),
         Err(ActionError::InvalidKeepalive(_))
     ));
     assert!(matches!(
-        actions::arm_proof_keepalive(&target, 999, ready.inode, &small_proof()),
+        actions::keepalive::arm_proof_keepalive(&target, 999, ready.inode, &small_proof()),
         Err(ActionError::NoSuchFd { .. })
     ));
     // Nothing was changed by any of them.

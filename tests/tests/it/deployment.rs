@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use selfheal::actions::{self, Keepalive};
+use selfheal::actions::{self, keepalive::Keepalive};
 use tests::{
     Scratch, SilentPair, need_root, port_of,
     runtimes::{docker, need_programs, run_ok, start_dockerd},
@@ -56,14 +56,15 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
     // before the rung is armed.
     std::thread::sleep(3 * HEARTBEAT + Duration::from_millis(300));
 
-    let target = actions::open_target(
+    let target = actions::guard::open_target(
         ready.pid,
         selfheal::pidfd::start_ticks(ready.pid).expect("the agent runs"),
     )
     .expect("pidfd");
     let armed = Instant::now();
-    let out = actions::arm_keepalive(&target, fd, Some(ready.inode), &Keepalive::default())
-        .expect("arm keepalive");
+    let out =
+        actions::keepalive::arm_keepalive(&target, fd, Some(ready.inode), &Keepalive::default())
+            .expect("arm keepalive");
     let silent = u64::from(out.silent_ms.expect("tcp_info"));
     assert!(silent >= 3000, "{out:?}");
     // Derived from the proof: the silence so far plus 1 s + 4 × 1 s.

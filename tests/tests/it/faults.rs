@@ -697,7 +697,7 @@ impl Drop for Impostor {
 fn a_reused_pid_is_never_acted_on() {
     let _area = tests::area(module_path!());
     use selfheal::{
-        actions::Keepalive,
+        actions::keepalive::Keepalive,
         check::Healer as _,
         healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
         helper::{

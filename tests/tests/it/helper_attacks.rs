@@ -1530,9 +1530,9 @@ fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream)
 }
 
 /// The socket's keepalive options, read by root through a duplicate.
-fn options_of(pid: u32, fd: i32) -> selfheal::actions::KeepaliveSettings {
+fn options_of(pid: u32, fd: i32) -> selfheal_core::keepalive::KeepaliveSettings {
     let t = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
-    selfheal::actions::read_keepalive(&t, fd).unwrap()
+    selfheal::actions::keepalive::read_keepalive(&t, fd).unwrap()
 }
 
 /// `restore_keepalive` on nobody's own established connection: values it
@@ -1745,7 +1745,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 #[test]
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _, prove::ProofTarget};
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
         return;
@@ -1999,7 +1999,7 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
 #[test]
 fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _, prove::ProofTarget};
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {
         return;

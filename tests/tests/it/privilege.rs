@@ -855,7 +855,7 @@ fn restart_commands_are_argv_never_a_shell() {
     ];
     let mut argv = vec!["/bin/echo".to_string()];
     argv.extend(tricks.iter().cloned());
-    let out = selfheal::actions::restart(&argv, 10 * SEC).expect("run /bin/echo");
+    let out = selfheal::actions::restart::restart(&argv, 10 * SEC).expect("run /bin/echo");
     assert!(out.success, "{out:?}");
     assert_eq!(out.stdout.trim_end(), tricks.join(" "), "passed literally");
     assert!(!mark.exists(), "a shell ran: {} exists", mark.display());

@@ -16,8 +16,11 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use selfheal::probe::{self, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult};
-use selfheal_core::config::{ProbeConfig, Redirects};
+use selfheal::probe::{self, MAX_REDIRECTS};
+use selfheal_core::{
+    config::{ProbeConfig, Redirects},
+    probe::{ProbeError, ProbeKind, ProbeResult},
+};
 
 /// The memory test measures the process's peak RSS: it runs alone (write
 /// lock), every other test shares the read lock.

@@ -189,7 +189,7 @@ pub const CURRENT_TASK: &str = "current_task";
 
 /// How long a proof whose socket is not in the report is kept while its
 /// process lives (10 minutes: past the kernel's own deadline for a dead
-/// peer, `actions::PROOF_HOLD`).
+/// peer, `actions::keepalive::PROOF_HOLD`).
 const KEEP_UNSEEN_PROOF_MS: u64 = 600_000;
 
 /// How long a peer's close may go unnoticed before it counts against the

@@ -630,7 +630,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
 
 /// A control stream proven dead by its heartbeat, with nothing in
 /// flight, gets the keepalive rung at the first `wedged` verdict; the rung
-/// ends it within seconds (see `actions::Keepalive`), so the next run finds
+/// ends it within seconds (see `actions::keepalive::Keepalive`), so the next run finds
 /// the agent recovered and the ladder reset. A slow but live link, which
 /// the judge calls busy or idle, is never acted on.
 #[test]

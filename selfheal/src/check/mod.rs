@@ -1,0 +1,180 @@
+//! One check of every configured agent — the pipeline behind `selfheal
+//! check` (one shot, run by a timer) and `selfheal watch` (a loop): find
+//! each agent's processes, collect evidence, run the probes concurrently,
+//! judge with the history, write a forensic snapshot for every agent that
+//! is not fine, and report transitions.
+//!
+//! The history it needs between runs is [`History`]; the caller loads and
+//! stores it (`store`). Snapshots go to a [`SnapshotLog`] before anything
+//! else is reported, so nothing later can lose them. What a check finds,
+//! and how it reads for people, is pure and lives in the core
+//! ([`selfheal_core::outcome`], [`selfheal_core::history`]).
+//!
+//! The rooms: [`pipeline`] (one agent's check: collect, judge, snapshot,
+//! and the evidence `inspect` shows), [`prove`] (the prove stage) and
+//! [`heal`] (the ladder's steps, and the unit checks before them).
+
+pub mod heal;
+pub mod pipeline;
+pub mod prove;
+
+use std::collections::BTreeMap;
+
+use selfheal_core::{
+    history::History, keepalive::KeepaliveSettings, outcome::Outcome, probe::ProbeResult,
+};
+
+use self::pipeline::{check_agent, target};
+use crate::{
+    actions::keepalive::{KeepaliveOutcome, ProofKeepalive},
+    agents::ProcessTable,
+    inspect::{CollectOptions, Collector, Target},
+    ladder::Step,
+    probe,
+    prove::ProofTarget,
+    snapshots::SnapshotLog,
+};
+use selfheal_core::config::{AgentConfig, Config};
+
+/// What one check acts with: where it writes snapshots, through whom it
+/// acts, whether it only decides, and when it runs. The context every room
+/// of the check shares.
+struct Acting<'a> {
+    snapshots: Option<&'a SnapshotLog>,
+    healer: Option<&'a dyn Healer>,
+    /// Decide, but take no step.
+    dry_run: bool,
+    now_ms: u64,
+}
+
+/// Where eBPF evidence comes from when `check` does not attach a tracer of
+/// its own: the helper's, which stays loaded between checks.
+pub trait TracerSource {
+    /// Watches `pids` (from now on, if not yet) and returns the tracer's
+    /// picture of them, with since when they are all watched.
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(crate::ebpf::TracerSnapshot, Option<u64>), String>;
+}
+
+/// Who performs healing steps: the privileged helper, or this process
+/// directly where it has the permission.
+pub trait Healer {
+    /// Performs `step` for `agent`; the result's text goes into the audit
+    /// trail and the report.
+    fn act(&self, agent: &str, step: &Step) -> Result<String, String>;
+
+    /// The prove stage: arms a proof keepalive on socket `t` of `agent`,
+    /// returning the options it had and those set.
+    fn arm_proof(
+        &self,
+        agent: &str,
+        t: &ProofTarget,
+        ka: &ProofKeepalive,
+    ) -> Result<KeepaliveOutcome, String> {
+        let _ = (agent, t, ka);
+        Err("this healer cannot arm proof keepalives".into())
+    }
+
+    /// The prove stage: puts `previous` back on socket `t` of `agent`,
+    /// returning the options as read back.
+    fn restore_proof(
+        &self,
+        agent: &str,
+        t: &ProofTarget,
+        previous: &KeepaliveSettings,
+    ) -> Result<KeepaliveSettings, String> {
+        let _ = (agent, t, previous);
+        Err("this healer cannot restore keepalive options".into())
+    }
+}
+
+/// Knobs of one check.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Only these agents (all when empty).
+    pub only: Vec<String>,
+    /// Evidence collection (eBPF off for a one-shot check: receives that
+    /// began before it attached would be invisible anyway, and procfs times
+    /// them).
+    pub collect: CollectOptions,
+    /// Decide healing steps but take none.
+    pub dry_run: bool,
+}
+
+/// The kernel's id of this boot.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Checks every agent of `config` once. `history` is updated in place.
+///
+/// One pass discovers every agent and attaches (or reads) the tracer once,
+/// runs every probe at once, then checks each agent in turn
+/// (`check_agent`): collect, judge, prove, and for a verdict that is not
+/// ok, snapshot and heal (`Acting::not_ok`).
+pub fn run(
+    config: &Config,
+    history: &mut History,
+    snapshots: Option<&SnapshotLog>,
+    healer: Option<&dyn Healer>,
+    tracer: Option<&mut dyn TracerSource>,
+    opts: &Options,
+    now_ms: u64,
+) -> Vec<Outcome> {
+    let boot = boot_id();
+    if history.boot_id != boot {
+        *history = History {
+            boot_id: boot,
+            agents: BTreeMap::new(),
+        };
+    }
+    let agents: Vec<&AgentConfig> = config
+        .agents
+        .iter()
+        .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
+        .collect();
+    let table = ProcessTable::read_for(&agents, crate::trust::euid());
+    let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
+    let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
+    let all_pids: Vec<u32> = targets
+        .iter()
+        .flat_map(|t| t.pids.iter().copied())
+        .collect();
+    let mut collector = match tracer {
+        Some(source) => Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail),
+        None => Collector::new(&opts.collect, &all_pids),
+    };
+
+    // Every agent's probes at once, each bounded by its own timeout.
+    let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();
+    let mut results = probe::run_all(&probe_configs).into_iter();
+
+    let acting = Acting {
+        snapshots,
+        healer,
+        dry_run: opts.dry_run,
+        now_ms,
+    };
+    let mut outcomes = Vec::new();
+    for (agent, target) in agents.iter().zip(&targets) {
+        let probes: Vec<ProbeResult> = results.by_ref().take(agent.probes.len()).collect();
+        let record = history.agents.entry(agent.name.clone()).or_default();
+        outcomes.push(check_agent(
+            &acting,
+            agent,
+            target,
+            &mut collector,
+            opts.collect.detail,
+            probes,
+            record,
+        ));
+    }
+    history
+        .agents
+        .retain(|name, _| config.agents.iter().any(|a| &a.name == name));
+    outcomes
+}

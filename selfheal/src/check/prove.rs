@@ -1,0 +1,265 @@
+//! The prove stage: the judge's proof work (arming a proof keepalive on a
+//! silent connection, putting a socket's own options back) carried out
+//! through the healer and recorded in the agent's history.
+
+use selfheal_core::{keepalive::KeepaliveSettings, outcome::HealReport};
+
+use super::Healer;
+use crate::{
+    inspect::Report,
+    judge::{AgentHistory, Judgement},
+    ladder::{Decision, Step},
+    prove::{self, Proof, ProofEvent, ProofTarget, ProofWork},
+};
+use selfheal_core::config::AgentConfig;
+
+/// The prove stage: carries out the judge's proof work for one agent
+/// through `healer` (the helper, or this process for its own uid), and
+/// records it in the agent's history. Returns what was done, and what could
+/// not be (as gaps: a proof that could not be armed is evidence not seen).
+/// With `dry_run` nothing is touched: the work is only reported.
+pub(super) fn prove_stage(
+    agent: &AgentConfig,
+    work: &[ProofWork],
+    hist: &mut AgentHistory,
+    healer: Option<&dyn Healer>,
+    dry_run: bool,
+    now_ms: u64,
+) -> (Vec<ProofEvent>, Vec<String>) {
+    let mut events = Vec::new();
+    let mut gaps = Vec::new();
+    let ka = prove::keepalive(&agent.proof);
+    for w in work {
+        match w {
+            ProofWork::Arm {
+                cookie,
+                target,
+                silent_ms,
+                remote,
+            } => {
+                let what = format!(
+                    "a proof keepalive on the connection to {remote} (fd {} of pid {})",
+                    target.fd, target.pid
+                );
+                let result = match healer {
+                    _ if dry_run => {
+                        events.push(ProofEvent {
+                            action: "arm",
+                            inode: target.inode,
+                            remote: remote.clone(),
+                            ok: false,
+                            detail: "not armed: --dry-run".into(),
+                        });
+                        continue;
+                    }
+                    Some(h) => h.arm_proof(&agent.name, target, &ka),
+                    None => Err("no helper and no permission to act directly".into()),
+                };
+                match result {
+                    Ok(out) => {
+                        tracing::info!(
+                            agent = %agent.name, pid = target.pid, fd = target.fd,
+                            inode = target.inode, remote = %remote,
+                            "proof keepalive armed: idle {} s, interval {} s, {} probes (options before: {:?})",
+                            ka.idle_s, ka.interval_s, ka.count, out.previous
+                        );
+                        // Timed from this check's start, the clock the
+                        // next check's tcp_info ages are compared with (the
+                        // ages are read after it starts: an ACK right after
+                        // arming must count as after it), and from the
+                        // silence the kernel's keepalive timer counts (data
+                        // or ACK). Any ACK after this check's judgement
+                        // proves the peer there.
+                        let armed_at_ms = now_ms;
+                        let kernel_silent = out.silent_ms.map_or(*silent_ms, u64::from);
+                        hist.proofs.insert(
+                            *cookie,
+                            Proof {
+                                pid: target.pid,
+                                start_ticks: target.start_ticks,
+                                fd: target.fd,
+                                inode: target.inode,
+                                armed_at_ms,
+                                first_probe_ms: (u64::from(ka.idle_s) * 1000)
+                                    .saturating_sub(kernel_silent),
+                                interval_ms: u64::from(ka.interval_s) * 1000,
+                                count: ka.count,
+                                previous: out.previous.clone(),
+                                restore_failures: 0,
+                                restore_error: None,
+                            },
+                        );
+                        events.push(ProofEvent {
+                            action: "arm",
+                            inode: target.inode,
+                            remote: remote.clone(),
+                            ok: true,
+                            detail: format!(
+                                "armed: {} probes {} s apart (user timeout {} ms); the socket's own options were {}",
+                                ka.count,
+                                ka.interval_s,
+                                out.applied.user_timeout_ms,
+                                settings_words(&out.previous)
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        gaps.push(format!("could not arm {what}: {e}"));
+                        events.push(ProofEvent {
+                            action: "arm",
+                            inode: target.inode,
+                            remote: remote.clone(),
+                            ok: false,
+                            detail: e,
+                        });
+                    }
+                }
+            }
+            ProofWork::Restore {
+                cookie,
+                target,
+                remote,
+                answered,
+            } => {
+                let Some(p) = hist.proofs.get(cookie).cloned() else {
+                    continue;
+                };
+                let result = match healer {
+                    _ if dry_run => continue,
+                    Some(h) => h.restore_proof(&agent.name, target, &p.previous),
+                    None => Err("no helper and no permission to act directly".into()),
+                };
+                // Read back and compared: a live call keeps no trace.
+                let result = result.and_then(|back| {
+                    if back == p.previous {
+                        Ok(back)
+                    } else {
+                        Err(format!(
+                            "put back {}, but read back {}",
+                            settings_words(&p.previous),
+                            settings_words(&back)
+                        ))
+                    }
+                });
+                match result {
+                    Ok(back) => {
+                        hist.proofs.remove(cookie);
+                        let why = if *answered {
+                            let a = hist.answered.entry(*cookie).or_default();
+                            a.at_ms = now_ms;
+                            a.rounds = a.rounds.saturating_add(1);
+                            "the peer answered"
+                        } else {
+                            "the proof is withdrawn (proofs off, or the ladder does not end this connection)"
+                        };
+                        tracing::info!(
+                            agent = %agent.name, pid = p.pid, fd = p.fd, inode = p.inode,
+                            remote = %remote,
+                            "proof keepalive: {why}; options put back and read back: {}",
+                            settings_words(&back)
+                        );
+                        events.push(ProofEvent {
+                            action: "restore",
+                            inode: p.inode,
+                            remote: remote.clone(),
+                            ok: true,
+                            detail: format!(
+                                "{why}; options put back and read back: {}",
+                                settings_words(&back)
+                            ),
+                        });
+                    }
+                    Err(e) => {
+                        let failures = p.restore_failures.saturating_add(1);
+                        if let Some(q) = hist.proofs.get_mut(cookie) {
+                            q.restore_failures = failures;
+                            q.restore_error = Some(e.clone());
+                        }
+                        // Given up, the record stays (never retried, never
+                        // re-armed: a new proof would read these options as
+                        // the socket's own).
+                        let gap = if failures >= prove::MAX_RESTORE_FAILURES {
+                            format!(
+                                "gave up putting back the keepalive options of the connection to {remote} (fd {} of pid {}) after {failures} attempts, {}: {e}",
+                                p.fd,
+                                p.pid,
+                                settings_words(&p.previous)
+                            )
+                        } else {
+                            format!(
+                                "could not put back the keepalive options of the connection to {remote} (fd {} of pid {}; attempt {failures}, tried again next check): {e}",
+                                p.fd, p.pid
+                            )
+                        };
+                        tracing::warn!(agent = %agent.name, "{gap}");
+                        gaps.push(gap);
+                        events.push(ProofEvent {
+                            action: "restore",
+                            inode: p.inode,
+                            remote: remote.clone(),
+                            ok: false,
+                            detail: e,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    (events, gaps)
+}
+
+/// Restores for the proven-dead sockets the ladder neither ended in this
+/// check nor is waiting to (its decision is to do nothing, or it gave up, or
+/// its step failed, e.g. for want of a snapshot).
+pub(super) fn unended_proofs(
+    j: &Judgement,
+    report: &Report,
+    heal: Option<&HealReport>,
+) -> Vec<ProofWork> {
+    if heal.is_some_and(|h| matches!(h.decision, Decision::Wait { .. })) {
+        return Vec::new();
+    }
+    let ended = |inode: u64| {
+        heal.is_some_and(|h| {
+            h.actions.iter().any(|a| {
+                a.ok && matches!(a.step, Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode)
+            })
+        })
+    };
+    j.dead
+        .iter()
+        .filter(|d| d.by_proof && !ended(d.inode))
+        .filter_map(|d| {
+            let inode = d.inode;
+            let s = report.sockets.iter().find(|s| s.inode == inode)?;
+            let start_ticks = report
+                .processes
+                .iter()
+                .find(|p| p.pid == s.pid)?
+                .start_ticks?;
+            Some(ProofWork::Restore {
+                cookie: s.cookie,
+                target: ProofTarget {
+                    pid: s.pid,
+                    start_ticks,
+                    fd: s.fd?,
+                    inode,
+                },
+                remote: s.remote.clone(),
+                answered: false,
+            })
+        })
+        .collect()
+}
+
+/// Keepalive options in a few words.
+fn settings_words(s: &KeepaliveSettings) -> String {
+    format!(
+        "SO_KEEPALIVE {} idle {} s interval {} s count {} user timeout {} ms",
+        if s.enabled { "on" } else { "off" },
+        s.idle_s,
+        s.interval_s,
+        s.count,
+        s.user_timeout_ms
+    )
+}

@@ -1,0 +1,213 @@
+//! The library's layers, checked: each top-level module has a rank, and a
+//! module's code may name (`crate::x`) only modules of a lower rank. So the
+//! modules form layers with no import cycle, and a newcomer can tell from
+//! the table below what a module may lean on. Comments and `#[cfg(test)]`
+//! code are not counted; the command line (`src/cli`, in the binary) sits
+//! above all of them.
+
+use std::{collections::BTreeMap, path::Path};
+
+/// Every top-level module of the library and its rank, lowest first.
+const LAYERS: &[(&str, u8)] = &[
+    // The system's handles and the things every layer uses.
+    ("clock", 0),
+    ("memread", 0),
+    ("netns", 0),
+    ("pidfd", 0),
+    ("trust", 0),
+    ("metrics_endpoint", 0),
+    // The config's I/O, the files selfheal keeps, and the collectors'
+    // first readers.
+    ("config", 1),
+    ("fs", 1),
+    ("proc", 1),
+    ("sockdiag", 1),
+    // Probes, the tracer, the privileged acts, the state file.
+    ("probe", 2),
+    ("ebpf", 2),
+    ("actions", 2),
+    ("store", 2),
+    // What needs the acts: runtimes (their restart rung), the proof's
+    // keepalive, the snapshot log, the helper.
+    ("runtime", 3),
+    ("prove", 3),
+    ("snapshots", 3),
+    ("helper", 3),
+    // Discovery and collection.
+    ("agents", 4),
+    ("inspect", 4),
+    // Reporting, the check pipeline, and who carries out its steps.
+    ("metrics", 5),
+    ("check", 6),
+    ("healer", 7),
+];
+
+/// The modules `code` names as `crate::x`, in `use crate::{x, y::z}`
+/// groups too.
+fn named_modules(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Top-level names of the group: depth-1 segments before `::`,
+            // `,` or `}`.
+            let mut depth = 1;
+            let mut word = String::new();
+            let mut at_start = true;
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    ',' if depth == 1 => at_start = true,
+                    c if depth == 1 && at_start && (c.is_alphanumeric() || c == '_') => {
+                        word.push(c)
+                    }
+                    _ => {
+                        if !word.is_empty() {
+                            found.push(std::mem::take(&mut word));
+                            at_start = false;
+                        }
+                    }
+                }
+            }
+            if !word.is_empty() {
+                found.push(word);
+            }
+        } else {
+            let word: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !word.is_empty() {
+                found.push(word);
+            }
+        }
+    }
+    found
+}
+
+/// A file's code without comments and without its `#[cfg(test)]` part.
+fn code_of(text: &str) -> String {
+    let body = text.split("#[cfg(test)]").next().unwrap_or("");
+    body.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every edge from a module to one of equal or higher rank, as
+/// `from -> to (file)`; and every module missing from [`LAYERS`].
+fn upward_edges(src: &Path) -> Vec<String> {
+    let rank: BTreeMap<&str, u8> = LAYERS.iter().copied().collect();
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut bad = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(src).unwrap_or(&file);
+        let first = rel
+            .components()
+            .next()
+            .map(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .trim_end_matches(".rs")
+                    .to_string()
+            })
+            .unwrap_or_default();
+        if matches!(first.as_str(), "cli" | "main" | "lib" | "layers") {
+            continue;
+        }
+        let Some(&from) = rank.get(first.as_str()) else {
+            bad.push(format!("{first}: not in LAYERS (give it a rank)"));
+            continue;
+        };
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+        for to in named_modules(&code_of(&text)) {
+            if to == first {
+                continue;
+            }
+            match rank.get(to.as_str()) {
+                Some(&r) if r < from => {}
+                Some(&r) => bad.push(format!(
+                    "{first} (rank {from}) -> {to} (rank {r}) in {}",
+                    rel.display()
+                )),
+                None => {} // a macro or an item at the crate root
+            }
+        }
+    }
+    bad.sort();
+    bad.dedup();
+    bad
+}
+
+#[test]
+fn no_module_names_one_of_its_rank_or_above() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let bad = upward_edges(&src);
+    assert!(
+        bad.is_empty(),
+        "upward or sideways imports (each is a possible cycle):\n  {}",
+        bad.join("\n  ")
+    );
+}
+
+#[test]
+fn every_module_of_the_library_has_a_rank() {
+    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
+        .expect("read lib.rs");
+    let rank: BTreeMap<&str, u8> = LAYERS.iter().copied().collect();
+    for line in lib.lines() {
+        if let Some(name) = line
+            .strip_prefix("pub mod ")
+            .and_then(|l| l.strip_suffix(';'))
+        {
+            assert!(
+                rank.contains_key(name),
+                "module {name} has no rank in LAYERS"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_reader_finds_plain_and_grouped_paths() {
+    let code = "use crate::{\n    fs::{self, x::Y},\n    trust::euid,\n    proc,\n};\nlet a = crate::clock::now();";
+    assert_eq!(named_modules(code), ["fs", "trust", "proc", "clock"]);
+    assert_eq!(code_of("a\n// crate::x\n#[cfg(test)]\ncrate::y"), "a");
+}
+
+#[test]
+fn an_upward_edge_is_found() {
+    let dir = std::env::temp_dir().join(format!("selfheal-layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    std::fs::write(dir.join("trust.rs"), "use crate::check::Outcome;\n").expect("write");
+    std::fs::write(dir.join("store.rs"), "use crate::{fs::x, trust};\n").expect("write");
+    let bad = upward_edges(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(bad, ["trust (rank 0) -> check (rank 6) in trust.rs"]);
+}
