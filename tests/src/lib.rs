@@ -69,6 +69,163 @@ pub fn testbed_bin() -> std::path::PathBuf {
     helper_bin("selfheal-testbed")
 }
 
+/// Who may run: the area (module of the `it` binary) whose tests hold
+/// [`Area`] guards, and how many hold one.
+struct Turn {
+    area: Option<&'static str>,
+    holders: usize,
+}
+
+static TURN: std::sync::Mutex<Turn> = std::sync::Mutex::new(Turn {
+    area: None,
+    holders: 0,
+});
+static TURN_FREE: std::sync::Condvar = std::sync::Condvar::new();
+
+/// A test's turn in the one test process: while it lives, only tests of the
+/// same area run beside it. The areas share this process (its pid, its
+/// eBPF watch, its descriptors and threads, the machine's namespaces,
+/// units and runtimes), and each area's tests are written to run beside
+/// each other, not beside another area's.
+pub struct Area(());
+
+/// Waits until no other area's test runs, then holds this area's turn:
+/// the first line of every test, `let _area = tests::area(module_path!());`.
+pub fn area(module: &'static str) -> Area {
+    let mut turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    while turn.area.is_some_and(|a| a != module) {
+        turn = TURN_FREE
+            .wait(turn)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    }
+    turn.area = Some(module);
+    turn.holders += 1;
+    Area(())
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        let mut turn = TURN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        turn.holders -= 1;
+        if turn.holders == 0 {
+            turn.area = None;
+            TURN_FREE.notify_all();
+        }
+    }
+}
+
+/// The helper client of the tests that start a helper in this process: 1 s
+/// to connect, 5 s for an answer, 10 s for an act.
+pub fn client_opts() -> selfheal::helper::ClientOptions {
+    selfheal::helper::ClientOptions {
+        connect_timeout: Duration::from_secs(1),
+        timeout: Duration::from_secs(5),
+        act_timeout: Duration::from_secs(10),
+    }
+}
+
+/// The helper client of the tests that run `selfheal helper` as its own
+/// process: 3 s to connect, 10 s for an answer or an act.
+pub fn patient_client_opts() -> selfheal::helper::ClientOptions {
+    selfheal::helper::ClientOptions {
+        connect_timeout: Duration::from_secs(3),
+        timeout: Duration::from_secs(10),
+        act_timeout: Duration::from_secs(10),
+    }
+}
+
+/// Runs `cmd` to its end and asserts that it exited 0 (its stderr is the
+/// message when not).
+pub fn output_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Writes `path`: a config with one agent, "me", matching this test process
+/// by pid.
+pub fn own_agent_config(path: &std::path::Path) {
+    std::fs::write(
+        path,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n",
+            std::process::id()
+        ),
+    )
+    .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// Compiles the C program `src/NAME.c` of this crate (`cc -O1`) into `dir`
+/// and makes `dir/mnt` for it to mount on: the program and the mount point.
+/// `Err` says why (no compiler, a compile error).
+pub fn compile_fuse_server(
+    dir: &Scratch,
+    name: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("src/{name}.c"));
+    let bin = dir.join(name);
+    let out = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .output()
+        .map_err(|e| format!("no C compiler: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cc: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
+    Ok((bin, mnt))
+}
+
+/// The port of `addr` (`HOST:PORT`).
+pub fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr:?}"))
+}
+
+/// A silent server in `b` (`recv-peer acceptor`: accepts, never sends) and
+/// a reconnecting client in `a` (`recv-peer reconnecting`), connected.
+pub struct SilentPair {
+    pub pair: NetnsPair,
+    pub server: Peer,
+    pub client: Peer,
+    /// The client's connection.
+    pub ready: Ready,
+}
+
+/// A [`SilentPair`] in a new [`NetnsPair`] named by `tag`.
+pub fn silent_pair(tag: &str) -> SilentPair {
+    let pair = NetnsPair::new(tag).expect("netns pair");
+    let mut cmd = pair.b.command(&helper_bin("recv-peer"));
+    cmd.args(["acceptor", &format!("{}:0", pair.b_addr)]);
+    let server = Peer::spawn(cmd);
+    let port = port_of(&server.expect("listening ", Duration::from_secs(10)));
+    let mut cmd = pair.a.command(&helper_bin("recv-peer"));
+    cmd.args(["reconnecting", &format!("{}:{port}", pair.b_addr)]);
+    let client = Peer::spawn(cmd);
+    let ready = client.ready();
+    server.expect("accepted ", Duration::from_secs(10));
+    SilentPair {
+        pair,
+        server,
+        client,
+        ready,
+    }
+}
+
 /// Whether we run as root.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -479,9 +636,41 @@ pub fn timed_usage(cmd: &mut Command) -> Usage {
 }
 
 // ---------------------------------------------------------------------------
-// Faults and privilege (tests/tests/faults.rs, tests/tests/privilege.rs):
+// Faults and privilege (tests/tests/it/faults.rs, tests/tests/it/privilege.rs):
 // scratch directories, running `selfheal check`, reading a socket's options
 // from outside, and the kernel's list of loaded BPF programs and maps.
+
+/// A scratch directory of a name no other has (`selfheal-TAG-PID-NANOS`
+/// under the temp dir), removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("selfheal-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    /// Writes `name` (its directories made) under the directory.
+    pub fn write(&self, name: &str, contents: impl AsRef<[u8]>) -> std::path::PathBuf {
+        let p = self.0.join(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).expect("create dir");
+        }
+        std::fs::write(&p, contents).expect("write file");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// A scratch directory under the temp dir (mode 0755), removed on drop.
 pub struct Scratch(pub std::path::PathBuf);

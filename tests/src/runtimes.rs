@@ -136,6 +136,77 @@ pub fn start_dockerd(scratch: &Scratch, exec: &Path) -> Result<(Daemon, PathBuf)
     Ok((d, sock))
 }
 
+/// Skips `test` (returns `false`) unless every one of `programs` is on the
+/// PATH; the reason names the first missing one and `hint`, what installs it.
+pub fn need_programs(test: &str, programs: &[&str], hint: &str) -> bool {
+    match programs.iter().find(|p| !have(p)) {
+        Some(p) => {
+            crate::skip(test, &format!("no {p} ({hint})"));
+            false
+        }
+        None => true,
+    }
+}
+
+/// A [`start_dockerd`] of the test's own with the busybox root filesystem
+/// ([`rootfs_tar`]) imported as `image`.
+pub struct DockerImage {
+    pub dockerd: Daemon,
+    pub sock: PathBuf,
+    /// dockerd's exec root, for the test to remove at its end.
+    pub exec: PathBuf,
+    /// The root filesystem imported, for other runtimes to import too.
+    pub tar: PathBuf,
+    /// `selfheal-TAGPID`: the image's name, and its containers' names start
+    /// with it.
+    pub tag: String,
+    /// `TAG:1`.
+    pub image: String,
+}
+
+/// Starts a `dockerd` in `scratch` (exec root `/run/shd-PID-SHORT`: it
+/// holds containerd's socket, so its path stays short) and imports the
+/// busybox root filesystem as `selfheal-TAGPID:1`. `None`, with `test`
+/// skipped, without busybox; a dockerd that does not come up panics.
+pub fn docker_with_image(
+    test: &str,
+    scratch: &Scratch,
+    short: &str,
+    tag: &str,
+) -> Option<DockerImage> {
+    let tar = match rootfs_tar(scratch) {
+        Ok(t) => t,
+        Err(e) => {
+            crate::skip(test, &e);
+            return None;
+        }
+    };
+    let exec = PathBuf::from(format!("/run/shd-{}-{short}", std::process::id()));
+    let (dockerd, sock) = start_dockerd(scratch, &exec).unwrap_or_else(|e| panic!("{e}"));
+    let tag = format!("selfheal-{tag}{}", std::process::id());
+    let image = format!("{tag}:1");
+    run_ok(docker(&sock).arg("import").arg(&tar).arg(&image)).expect("docker import");
+    Some(DockerImage {
+        dockerd,
+        sock,
+        exec,
+        tar,
+        tag,
+        image,
+    })
+}
+
+/// `docker run -d --name NAME --label L… IMAGE /bin/sleep 600`: the new
+/// container's id (with its newline).
+pub fn run_sleeper(sock: &Path, name: &str, labels: &[&str], image: &str) -> String {
+    let mut cmd = docker(sock);
+    cmd.args(["run", "-d", "--name", name]);
+    for l in labels {
+        cmd.args(["--label", l]);
+    }
+    run_ok(cmd.args([image, "/bin/sleep", "600"])).expect("docker run")
+}
+
 /// `docker -H unix://SOCK`.
 pub fn docker(sock: &Path) -> Command {
     let mut c = Command::new("docker");

@@ -206,6 +206,8 @@ fn build_release() -> Result<()> {
             "selfheal",
             "-p",
             "tests",
+            "-p",
+            "bench",
             "--bins",
         ],
         &[("SELFHEAL_REQUIRE_EBPF", "1")],

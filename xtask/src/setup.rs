@@ -20,14 +20,14 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "cpio",            // packing the VM's initramfs
     "python3-pip",     // the official LLM SDKs the silent-call scenarios drive
     "systemd",         // systemd-analyze: the units' verify and security tests
-    "docker.io",       // a real dockerd for the container tests (tests/tests/containers.rs)
+    "docker.io",       // a real dockerd for the container tests (tests/tests/it/containers.rs)
     "podman",          // Podman and its compatible API, beside Docker (same tests)
     "containerd",      // a real containerd running a task with the kubelet's labels
     // promtool and a real Prometheus for the alerting test
     "prometheus",
     // a real Alertmanager paging the alerting test's webhook
     "prometheus-alertmanager",
-    "debootstrap", // the Debian root filesystem systemd runs in (tests/tests/deployment.rs)
+    "debootstrap", // the Debian root filesystem systemd runs in (tests/tests/it/deployment.rs)
     "binutils",    // strip: the binary in `cargo xtask package` and `cargo xtask image`
 ];
 
@@ -58,7 +58,7 @@ pub fn all() -> Result<()> {
 
 /// `kubernetes-validate` (PyPI), which validates `dist/kubernetes/` against
 /// the Kubernetes JSON schemas it bundles: no cluster, no network
-/// (tests/tests/kubernetes.rs).
+/// (tests/tests/it/kubernetes.rs).
 fn kubernetes_validate() -> Result<()> {
     let have = Command::new("kubernetes-validate")
         .arg("--version")

@@ -57,8 +57,8 @@ const CASES: &[Case] = &[
 const COMMON_ENV: &[(&str, &str)] = &[("RUST_BACKTRACE", "1"), ("SELFHEAL_REQUIRE_EBPF", "1")];
 
 const DEFAULT_PACKAGE: &str = "tests";
-const DEFAULT_TEST_TARGET: &str = "ebpf";
-const DEFAULT_FILTER: &str = "blocked_recv";
+const DEFAULT_TEST_TARGET: &str = "it";
+const DEFAULT_FILTER: &str = "ebpf::blocked_recv";
 const DEFAULT_TIMEOUT_SECS: u64 = 600;
 
 /// Debian's kernel metapackage; it depends on the current versioned image.

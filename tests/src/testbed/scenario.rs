@@ -53,6 +53,10 @@ pub struct Options {
     /// Where to keep the snapshot log when the bed is removed (it is
     /// deleted with the bed otherwise).
     pub keep_snapshots: Option<PathBuf>,
+    /// Environment every `selfheal` the bed runs (helper, check,
+    /// snapshots) gets on top of this process's: which container runtimes
+    /// it asks, for one.
+    pub env: Vec<(&'static str, String)>,
 }
 
 /// One thing a person watching should see.
@@ -318,7 +322,9 @@ impl Bed {
         p.expect("listening", Duration::from_secs(10))?;
         bed.procs.push(p);
         let mut cmd = Command::new(&bed.opts.selfheal);
-        cmd.args(["helper", "--socket"]).arg(bed.helper_socket());
+        cmd.args(["helper", "--socket"])
+            .arg(bed.helper_socket())
+            .envs(bed.opts.env.iter().map(|(k, v)| (*k, v)));
         bed.procs.push(Proc::spawn(cmd, "selfheal helper")?);
         let sock = bed.helper_socket();
         bed.wait("the helper's socket", Duration::from_secs(20), || {
@@ -500,6 +506,7 @@ impl Bed {
     /// runners' namespace and through the helper.
     pub fn check(&self) -> anyhow::Result<CheckRun> {
         let mut cmd = self.topo.runners.command(&self.opts.selfheal);
+        cmd.envs(self.opts.env.iter().map(|(k, v)| (*k, v)));
         cmd.args(["check", "--json", "--config"])
             .arg(self.config_path())
             .arg("--state-dir")
@@ -528,7 +535,7 @@ impl Bed {
     }
 
     /// The config the bed wrote (its runners' `[[agent]]` blocks), for a
-    /// `selfheal watch` of a test's own (tests/tests/alerting.rs).
+    /// `selfheal watch` of a test's own (tests/tests/it/alerting.rs).
     pub fn config_file(&self) -> PathBuf {
         self.config_path()
     }
@@ -983,6 +990,7 @@ pub fn peer_stopped(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Resul
     )?;
     if let Some(id) = report.snapshots.last() {
         let out = Command::new(&bed.opts.selfheal)
+            .envs(bed.opts.env.iter().map(|(k, v)| (*k, v)))
             .args(["snapshots", "show", id, "--json", "--dir"])
             .arg(bed.snapshot_dir())
             .output()

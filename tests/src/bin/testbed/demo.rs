@@ -81,6 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         check_every: args.check_every,
         net: (std::process::id() % 250 + 1) as u8,
         keep_snapshots: args.keep_snapshots.clone(),
+        env: Vec::new(),
     };
     let json = args.json;
     if !json {
@@ -118,6 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         selfheal: opts.selfheal.clone(),
         testbed: opts.testbed.clone(),
         keep_snapshots: opts.keep_snapshots.as_ref().map(|d| d.join("event-loop")),
+        env: opts.env.clone(),
         ..opts
     };
     let scene = match scenario::silent_cut(&scene_opts, Caller::AsyncOpenAi, &mut say) {

@@ -1,0 +1,262 @@
+//! `selfheal check` (one shot, as the timer runs it) over many agents,
+//! against the tools a person would run over the same host in the same run:
+//! `ps -eLo pid,tid,stat,wchan` plus `ss -tinp` (which see less). Then the
+//! same agents with one local HTTP probe each, run concurrently by selfheal,
+//! against a shell loop with one `curl` per probe.
+//!
+//! Agents: `--agents` processes of `--threads` threads blocked in reads and
+//! `--sockets` TCP connections each, at 10 and then the full count, so the
+//! growth shows. Prints medians of `--runs`, ratios and selfheal's peak RSS.
+//!
+//! Beside `check`, in alternation with it, the C floor
+//! (`bench/src/diag_floor.c`, compiled here with `cc`): each agent thread's
+//! `stat` and `wchan` and one sock_diag dump with `tcp_info`, the least that
+//! sees what `check` sees. Prints check's ratio to it and check's user and
+//! system CPU time (the child's rusage).
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+use tests::{Usage, timed, timed_usage};
+
+fn main() {
+    let mut agents = 100usize;
+    let mut threads = 50usize;
+    let mut sockets = 20usize;
+    let mut runs = 5usize;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut num = || {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(a))
+        };
+        match a.as_str() {
+            "--agents" => agents = num(),
+            "--threads" => threads = num(),
+            "--sockets" => sockets = num(),
+            "--runs" => runs = num(),
+            other => usage(other),
+        }
+    }
+    let bin_dir = std::env::current_exe()
+        .expect("current_exe")
+        .parent()
+        .expect("dir")
+        .to_path_buf();
+    let selfheal =
+        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
+    let peer = bin_dir.join("recv-peer");
+    let work = std::env::temp_dir().join(format!("selfheal-check-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("work dir");
+
+    let total_sockets = agents * sockets;
+    let lim = libc::rlimit {
+        rlim_cur: total_sockets as u64 + 512,
+        rlim_max: total_sockets as u64 + 512,
+    };
+    // SAFETY: setrlimit reads a valid struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap().to_string();
+    let accepter = std::thread::spawn(move || {
+        (0..total_sockets)
+            .map(|_| l.accept().expect("accept").0)
+            .collect::<Vec<_>>()
+    });
+    let mut children: Vec<Child> = (0..agents)
+        .map(|_| {
+            let mut c = Command::new(&peer)
+                .args(["fat", &addr, &threads.to_string(), &sockets.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn an agent");
+            let mut line = String::new();
+            BufReader::new(c.stdout.take().unwrap())
+                .read_line(&mut line)
+                .expect("ready");
+            c
+        })
+        .collect();
+    let _server_ends = accepter.join().expect("accepter");
+    let status = status_server();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+
+    println!(
+        "check-bench: {agents} agents of {threads} threads and {sockets} TCP connections; medians of {runs} runs"
+    );
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let ps = median(runs, || {
+        timed(Command::new("ps").args(["-eLo", "pid,tid,stat,wchan"])).0
+    });
+    let ss = median(runs, || timed(Command::new("ss").args(["-tinp"])).0);
+    println!(
+        "  ps -eLo pid,tid,stat,wchan + ss -tinp (whole host): {:.1} + {:.1} = {:.1} ms",
+        ps * 1e3,
+        ss * 1e3,
+        (ps + ss) * 1e3
+    );
+    let floor = build_floor(&work);
+    for n in [10.min(agents), agents] {
+        let config = write_config(&work, &pids[..n], None);
+        // The check and the C floor alternate, so both see the same machine.
+        let mut checks = Vec::new();
+        let mut floors = Vec::new();
+        for _ in 0..runs {
+            checks.push(timed_usage(&mut check_cmd(&selfheal, &config, &work)));
+            if let Some(bin) = &floor {
+                let mut cmd = Command::new(bin);
+                cmd.args(pids[..n].iter().map(u32::to_string));
+                floors.push(timed_usage(&mut cmd));
+            }
+        }
+        let (t, user, sys) = medians(&checks);
+        let rss = checks.iter().map(|u| u.max_rss).max().unwrap_or(0);
+        println!(
+            "  selfheal check, {n:>3} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms)  ratio {:.2} to ps + ss (goal <= 0.25 at {agents})  peak RSS {:.1} MiB",
+            t * 1e3,
+            user * 1e3,
+            sys * 1e3,
+            t / (ps + ss),
+            rss as f64 / 1024.0
+        );
+        if !floors.is_empty() {
+            let (f, fuser, fsys) = medians(&floors);
+            println!(
+                "  C floor (each thread's stat + wchan, one sock_diag dump), {n:>3} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms); check / floor {:.2} (goal <= 0.90, check's user < 10 ms, at {agents})",
+                f * 1e3,
+                fuser * 1e3,
+                fsys * 1e3,
+                t / f
+            );
+        }
+    }
+    // One HTTP probe per agent, concurrently, against curl one at a time.
+    for n in [10.min(agents), agents] {
+        let config = write_config(&work, &pids[..n], Some(status));
+        let (t, rss) = median_rss(runs, || timed(&mut check_cmd(&selfheal, &config, &work)));
+        let script = format!(
+            "for i in $(seq 1 {n}); do curl -s -m 2 -o /dev/null http://{status}/status/$i; done"
+        );
+        let curl = median(runs, || timed(Command::new("sh").args(["-c", &script])).0);
+        println!(
+            "  with a probe each, {n:>3} agents: selfheal check {:>7.1} ms (peak RSS {:.1} MiB); curl loop {:>7.1} ms; ratio {:.2}",
+            t * 1e3,
+            rss as f64 / 1024.0,
+            curl * 1e3,
+            t / curl
+        );
+    }
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+fn usage(arg: &str) -> ! {
+    eprintln!("usage: check-bench [--agents N] [--threads N] [--sockets N] [--runs N] (bad {arg})");
+    std::process::exit(3)
+}
+
+fn check_cmd(selfheal: &Path, config: &Path, work: &Path) -> Command {
+    let mut c = Command::new(selfheal);
+    c.args(["check", "--json", "--config"])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--snapshot-dir")
+        .arg(work.join("snap"));
+    c
+}
+
+fn write_config(work: &Path, pids: &[u32], status: Option<std::net::SocketAddr>) -> PathBuf {
+    let mut text = String::new();
+    for (i, pid) in pids.iter().enumerate() {
+        text.push_str(&format!("[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n[[agent.upstream]]\nrole = \"provider\"\naddr = \":1\"\n"));
+        if let Some(s) = status {
+            text.push_str(&format!("[[agent.probe]]\nurl = \"http://{s}/status/{i}\"\nfields = {{ current_task = \"/current_task\" }}\n"));
+        }
+    }
+    let path = work.join(format!("config-{}-{}.toml", pids.len(), status.is_some()));
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A local status endpoint: `{"current_task": null}` for every request.
+fn status_server() -> std::net::SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf);
+                let body = "{\"current_task\": null}";
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
+}
+
+/// The C floor (`bench/src/diag_floor.c`), compiled into `work`; `None`
+/// (and why, printed) where there is no C compiler.
+fn build_floor(work: &Path) -> Option<PathBuf> {
+    let src = work.join("diag_floor.c");
+    let bin = work.join("diag-floor");
+    std::fs::write(&src, include_str!("../diag_floor.c")).expect("write diag_floor.c");
+    match Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+    {
+        Ok(out) if out.status.success() => Some(bin),
+        Ok(out) => {
+            println!(
+                "  (no C floor: cc failed: {})",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            None
+        }
+        Err(e) => {
+            println!("  (no C floor: cannot run cc: {e})");
+            None
+        }
+    }
+}
+
+/// The medians of wall, user and system time, each on its own.
+fn medians(runs: &[Usage]) -> (f64, f64, f64) {
+    let med = |f: fn(&Usage) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (med(|u| u.wall), med(|u| u.user), med(|u| u.sys))
+}
+
+fn median(runs: usize, mut f: impl FnMut() -> f64) -> f64 {
+    let mut v: Vec<f64> = (0..runs).map(|_| f()).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn median_rss(runs: usize, mut f: impl FnMut() -> (f64, i64)) -> (f64, i64) {
+    let mut v: Vec<(f64, i64)> = (0..runs).map(|_| f()).collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v[v.len() / 2]
+}

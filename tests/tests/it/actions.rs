@@ -1,0 +1,965 @@
+//! The healing actions on real processes and real connections: keepalive
+//! armed on a half-open connection (the agent's read fails and it
+//! reconnects, same pid, no signal) and on a live but silent one (nothing
+//! changes; the options go back), a socket destroyed under a blocked reader
+//! (SOCK_DESTROY and the shutdown fallback), SIGTERM/SIGKILL escalation, a
+//! pid that no longer names the judged process, restart commands, and the
+//! guard.
+//!
+//! Timings are printed as `TIMING …` lines (`--nocapture` shows them).
+
+use std::{
+    io::{BufRead as _, BufReader},
+    os::fd::AsRawFd as _,
+    os::unix::process::ExitStatusExt as _,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use selfheal::{
+    actions::{
+        self, ActionError,
+        destroy::DestroyMethod,
+        keepalive::{Keepalive, ProofKeepalive},
+        signal::Signal,
+    },
+    pidfd::{Pidfd, start_ticks},
+    sockdiag,
+};
+use selfheal_core::keepalive::KeepaliveSettings;
+use tests::{
+    NetnsPair, Peer, Ready, SilentPair, listener, need_root, port_of, silent_pair, wait_for,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// The keepalive the tests arm: small enough to see a dead peer declared
+/// within seconds.
+fn small_keepalive() -> Keepalive {
+    Keepalive {
+        idle: SEC,
+        interval: SEC,
+        count: 2,
+        user_timeout: 3 * SEC,
+    }
+}
+
+/// The fd number of socket `inode` in process `pid`, if it has it.
+fn fd_of(pid: u32, inode: u64) -> Option<i32> {
+    let want = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == want))
+        .and_then(|e| e.file_name().to_string_lossy().parse().ok())
+}
+
+/// A process handle as the helper takes it: guarded, pinned to the start
+/// time read now.
+fn target(pid: u32) -> Pidfd {
+    let start = start_ticks(pid).expect("the target runs");
+    actions::guard::open_target(pid, start).expect("open target")
+}
+
+/// Waits until thread `tid` of `pid` sleeps in a receive syscall (read,
+/// recvfrom), so an action is tested against a reader that is really
+/// blocked.
+fn wait_blocked_in_read(pid: u32, tid: u32) {
+    let blocked = wait_for(5 * SEC, Duration::from_millis(10), || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+        let nr = s.split_whitespace().next()?;
+        (nr == libc::SYS_read.to_string() || nr == libc::SYS_recvfrom.to_string()).then_some(())
+    });
+    assert!(
+        blocked.is_some(),
+        "thread {tid} of pid {pid} never blocked in a read"
+    );
+}
+
+/// Whether `pid` has no signal pending (thread or process wide).
+fn no_pending_signals(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    ["SigPnd:", "ShdPnd:"].iter().all(|k| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .is_some_and(|v| v.trim().chars().all(|c| c == '0'))
+    })
+}
+
+/// The kernel's build configuration says whether SOCK_DESTROY exists
+/// (`CONFIG_INET_DIAG_DESTROY`), when it can be read.
+fn kernel_has_sock_destroy() -> Option<bool> {
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "zcat /proc/config.gz 2>/dev/null || cat /boot/config-$(uname -r) 2>/dev/null",
+        ])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.contains("CONFIG_INET_DIAG_DESTROY=y") {
+        Some(true)
+    } else if text.contains("# CONFIG_INET_DIAG_DESTROY is not set") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Keepalive options read straight from the kernel through a duplicate
+/// (independent of the code under test).
+fn raw_keepalive(target: &Pidfd, fd: i32) -> KeepaliveSettings {
+    let dup = target.get_fd(fd).expect("pidfd_getfd");
+    let get = |level, name| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for writes.
+        let r = unsafe {
+            libc::getsockopt(
+                dup.as_raw_fd(),
+                level,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "getsockopt: {}", std::io::Error::last_os_error());
+        v as u32
+    };
+    KeepaliveSettings {
+        enabled: get(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
+        idle_s: get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+        interval_s: get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+        count: get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+        user_timeout_ms: get(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+    }
+}
+
+/// Makes `b` drop every packet of one connection (by the client's port), so
+/// that connection goes half-open while new ones still work.
+fn drop_connection_into_b(pair: &NetnsPair, client_port: u16) {
+    let rules = format!(
+        "table inet selfheal_actions_{client_port} {{\n chain input {{ type filter hook input priority 0; tcp sport {client_port} drop; }}\n}}\n"
+    );
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &pair.b.name, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("run nft");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), rules.as_bytes())
+        .expect("write rules");
+    assert!(
+        child.wait().expect("nft").success(),
+        "nft refused the rules"
+    );
+}
+
+#[test]
+fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
+    let _area = tests::area(module_path!());
+    if !need_root("keepalive_fails_a_half_open_read_and_the_agent_reconnects") {
+        return;
+    }
+    let SilentPair {
+        pair,
+        server: _server,
+        client,
+        ready,
+    } = silent_pair("akh");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    drop_connection_into_b(&pair, port_of(&ready.local));
+
+    let target = target(ready.pid);
+    let armed_at = Instant::now();
+    let out = actions::keepalive::arm_keepalive(&target, fd, None, &small_keepalive())
+        .expect("arm keepalive");
+    assert_eq!(out.pid, ready.pid);
+    assert_eq!(out.inode, ready.inode);
+    assert!(!out.previous.enabled, "{out:?}");
+    assert_eq!(
+        (
+            out.applied.idle_s,
+            out.applied.interval_s,
+            out.applied.count
+        ),
+        (1, 1, 2)
+    );
+    assert!(out.applied.user_timeout_ms >= 3000, "{out:?}");
+    assert_eq!(raw_keepalive(&target, fd), out.applied);
+
+    // The kernel declares the peer dead and fails the blocked read.
+    let line = client.expect("error ", 15 * SEC);
+    let failed_after = armed_at.elapsed();
+    eprintln!("TIMING half-open read failed {failed_after:?} after arm_keepalive: {line}");
+    assert!(
+        line.contains(&format!("os={}", libc::ETIMEDOUT)),
+        "expected ETIMEDOUT: {line}"
+    );
+    assert!(failed_after < 10 * SEC, "{failed_after:?}");
+
+    // Its own reconnect logic ran: a new connection, the same process, no
+    // signal.
+    let again = client.ready();
+    eprintln!(
+        "TIMING reconnected {:?} after arm_keepalive",
+        armed_at.elapsed()
+    );
+    assert_eq!(again.pid, ready.pid);
+    assert_ne!(again.inode, ready.inode);
+    assert!(target.is_alive(), "the agent died");
+    assert!(no_pending_signals(ready.pid));
+    assert!(
+        fd_of(ready.pid, ready.inode).is_none(),
+        "the old socket is still open"
+    );
+}
+
+#[test]
+fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
+    let _area = tests::area(module_path!());
+    if !need_root("keepalive_leaves_a_live_silent_peer_alone_and_goes_back") {
+        return;
+    }
+    let SilentPair {
+        pair: _pair,
+        server: _server,
+        client: _client,
+        ready,
+    } = silent_pair("akl");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    // Let the connection be silent for a while first.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let target = target(ready.pid);
+    let before = raw_keepalive(&target, fd);
+    let armed_at = Instant::now();
+    let out = actions::keepalive::arm_keepalive(&target, fd, None, &small_keepalive())
+        .expect("arm keepalive");
+    assert_eq!(out.previous, before);
+    let silent = out.silent_ms.expect("tcp_info");
+    assert!(silent >= 1000, "{out:?}");
+    // Raised to cover the silence so far plus idle + count × interval.
+    assert!(
+        out.applied.user_timeout_ms >= (silent + 3000).max(3000),
+        "{out:?}"
+    );
+
+    // Well past the point a dead peer would have been declared: the probes
+    // were answered, the connection and the blocked read are untouched.
+    std::thread::sleep(5 * SEC);
+    let sock = wait_for(3 * SEC, Duration::from_millis(100), || {
+        let socks = sockdiag::dump_tcp_in_netns_of(ready.pid).ok()?;
+        let s = socks.into_iter().find(|s| s.inode == ready.inode)?;
+        let info = s.tcp_info.clone()?;
+        (info.probes == 0 && info.last_ack_recv_ms < 2500).then_some(s)
+    })
+    .expect("the socket, with no unanswered probe and a recent ACK");
+    let info = sock.tcp_info.clone().expect("tcp_info");
+    eprintln!(
+        "TIMING live peer {:?} after arm_keepalive: state {} probes {} last_ack_recv {} ms last_data_recv {} ms timer {:?}",
+        armed_at.elapsed(),
+        sock.state,
+        info.probes,
+        info.last_ack_recv_ms,
+        info.last_data_recv_ms,
+        sock.timer
+    );
+    assert_eq!(sock.state, selfheal::model::TcpState::Established);
+    // ACKs keep arriving although no data has for much longer.
+    assert!(u64::from(info.last_data_recv_ms) > 5000, "{info:?}");
+    assert_eq!(fd_of(ready.pid, ready.inode), Some(fd));
+    wait_blocked_in_read(ready.pid, ready.tid);
+    assert!(target.is_alive());
+
+    // The options go back as they were.
+    let restored =
+        actions::keepalive::restore_keepalive(&target, fd, None, &out.previous).expect("restore");
+    assert_eq!(restored, out.previous);
+    assert_eq!(raw_keepalive(&target, fd), before);
+}
+
+/// A blocked reader, destroyed: the read fails at once; the agent
+/// reconnects.
+fn destroy_and_expect(client: &Peer, ready: &Ready, use_shutdown: bool) -> DestroyMethod {
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    let target = target(ready.pid);
+    let t0 = Instant::now();
+    let out = if use_shutdown {
+        actions::destroy::shutdown_socket(&target, fd, None)
+    } else {
+        actions::destroy::destroy_socket(&target, fd, None)
+    }
+    .expect("destroy");
+    let acted = t0.elapsed();
+    assert_eq!((out.pid, out.fd, out.inode), (ready.pid, fd, ready.inode));
+    assert_eq!(out.local.map(|a| a.to_string()), Some(ready.local.clone()));
+    assert_eq!(
+        out.remote.map(|a| a.to_string()),
+        Some(ready.remote.clone())
+    );
+    let line = match out.method {
+        DestroyMethod::SockDestroy => {
+            let line = client.expect("error ", 5 * SEC);
+            assert!(
+                line.contains(&format!("os={}", libc::ECONNABORTED)),
+                "{line}"
+            );
+            line
+        }
+        DestroyMethod::Shutdown => client.expect("eof", 5 * SEC),
+    };
+    let failed_after = t0.elapsed();
+    eprintln!(
+        "TIMING {:?} (action {acted:?}): blocked read ended {failed_after:?} after: {line} [{}]",
+        out.method, out.detail
+    );
+    assert!(failed_after < SEC, "{failed_after:?}");
+    let again = client.ready();
+    assert_eq!(again.pid, ready.pid);
+    assert_ne!(again.inode, ready.inode);
+    assert!(target.is_alive());
+    out.method
+}
+
+#[test]
+fn destroy_socket_fails_a_blocked_read_at_once_in_another_netns() {
+    let _area = tests::area(module_path!());
+    if !need_root("destroy_socket_fails_a_blocked_read_at_once_in_another_netns") {
+        return;
+    }
+    let SilentPair {
+        pair: _pair,
+        server: _server,
+        client,
+        ready,
+    } = silent_pair("ads");
+    let method = destroy_and_expect(&client, &ready, false);
+    let config = kernel_has_sock_destroy();
+    eprintln!("KERNEL CONFIG_INET_DIAG_DESTROY: {config:?}; destroy_socket used {method:?}");
+    match config {
+        Some(true) => assert_eq!(method, DestroyMethod::SockDestroy),
+        Some(false) => assert_eq!(method, DestroyMethod::Shutdown),
+        None => {}
+    }
+    // The destroyed socket is gone from the namespace's table.
+    let socks = sockdiag::dump_tcp_in_netns_of(ready.pid).expect("dump");
+    assert!(socks.iter().all(|s| s.inode != ready.inode));
+}
+
+#[test]
+fn destroy_socket_in_our_own_netns() {
+    let _area = tests::area(module_path!());
+    if !need_root("destroy_socket_in_our_own_netns") {
+        return;
+    }
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let client = Peer::recv_peer(&["reconnecting", &addr]);
+    let ready = client.ready();
+    let _side = l.accept().unwrap();
+    let method = destroy_and_expect(&client, &ready, false);
+    if kernel_has_sock_destroy() == Some(true) {
+        assert_eq!(method, DestroyMethod::SockDestroy);
+    }
+}
+
+#[test]
+fn shutdown_fallback_ends_a_blocked_read() {
+    let _area = tests::area(module_path!());
+    if !need_root("shutdown_fallback_ends_a_blocked_read") {
+        return;
+    }
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let client = Peer::recv_peer(&["reconnecting", &addr]);
+    let ready = client.ready();
+    let _side = l.accept().unwrap();
+    assert_eq!(
+        destroy_and_expect(&client, &ready, true),
+        DestroyMethod::Shutdown
+    );
+}
+
+/// Drops `CAP_NET_ADMIN` from the calling thread's effective capabilities
+/// (capabilities are per thread: other tests keep theirs).
+fn drop_net_admin_in_this_thread() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    const CAP_NET_ADMIN: u32 = 12;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset with a v3 header and two data structs, as the
+    // kernel expects.
+    unsafe {
+        assert_eq!(
+            libc::syscall(
+                libc::SYS_capget,
+                &mut header as *mut Header,
+                data.as_mut_ptr()
+            ),
+            0
+        );
+        data[0].effective &= !(1 << CAP_NET_ADMIN);
+        assert_eq!(
+            libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()),
+            0,
+            "capset: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+#[test]
+fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
+    let _area = tests::area(module_path!());
+    if !need_root("destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused") {
+        return;
+    }
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let client = Peer::recv_peer(&["reconnecting", &addr]);
+    let ready = client.ready();
+    let _side = l.accept().unwrap();
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    let target = target(ready.pid);
+    // Without CAP_NET_ADMIN the kernel refuses SOCK_DESTROY (EPERM), as it
+    // refuses it everywhere without CONFIG_INET_DIAG_DESTROY (EOPNOTSUPP).
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            drop_net_admin_in_this_thread();
+            actions::destroy::destroy_socket(&target, fd, None)
+        })
+        .join()
+        .expect("thread")
+    })
+    .expect("destroy");
+    eprintln!("FALLBACK {out:?}");
+    assert_eq!(out.method, DestroyMethod::Shutdown);
+    assert!(out.detail.contains("SOCK_DESTROY failed"), "{}", out.detail);
+    assert!(out.detail.contains("not permitted"), "{}", out.detail);
+    client.expect("eof", SEC);
+    assert_eq!(client.ready().pid, ready.pid);
+}
+
+#[test]
+fn socket_actions_refuse_what_is_not_a_tcp_socket() {
+    let _area = tests::area(module_path!());
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let client = Peer::recv_peer(&["reconnecting", &addr]);
+    let ready = client.ready();
+    let _side = l.accept().unwrap();
+    let target = target(ready.pid);
+    // fd 0 is the peer's stdin, a pipe.
+    let e = actions::destroy::destroy_socket(&target, 0, None).unwrap_err();
+    assert!(matches!(e, ActionError::NotASocket { fd: 0, .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("fd 0 of pid {} is not a socket", ready.pid)
+    );
+    let e =
+        actions::keepalive::arm_keepalive(&target, 999, None, &Keepalive::default()).unwrap_err();
+    assert!(matches!(e, ActionError::NoSuchFd { fd: 999, .. }), "{e}");
+    let e =
+        actions::keepalive::arm_keepalive(&target, -1, None, &Keepalive::default()).unwrap_err();
+    assert!(matches!(e, ActionError::NoSuchFd { .. }), "{e}");
+    let e = actions::keepalive::arm_keepalive(&target, 0, None, &Keepalive::default()).unwrap_err();
+    assert!(matches!(e, ActionError::NotASocket { .. }), "{e}");
+    let bad = Keepalive {
+        count: 0,
+        ..Keepalive::default()
+    };
+    let e = actions::keepalive::arm_keepalive(&target, 0, None, &bad).unwrap_err();
+    assert!(matches!(e, ActionError::InvalidKeepalive(_)), "{e}");
+}
+
+#[test]
+fn sigterm_is_enough_for_a_process_that_exits_on_it() {
+    let _area = tests::area(module_path!());
+    let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+    let target = target(child.id());
+    let out = actions::signal::signal_escalate(&target, 5 * SEC).expect("signal");
+    eprintln!("TIMING exits on SIGTERM: {out:?}");
+    assert_eq!(out.sent, vec![Signal::Term]);
+    assert!(out.exited);
+    assert!(out.exited_after_ms.unwrap() < 1000, "{out:?}");
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGTERM));
+}
+
+#[test]
+fn sigkill_follows_after_the_grace_for_a_process_that_ignores_sigterm() {
+    let _area = tests::area(module_path!());
+    // SIGTERM ignored by the shell is still ignored after `exec`.
+    let mut child = Command::new("sh")
+        .args(["-c", "trap '' TERM; echo ready; exec sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = child.id();
+    // Wait (bounded) until the exec happened.
+    wait_for(5 * SEC, Duration::from_millis(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .filter(|c| c.trim() == "sleep")
+    })
+    .expect("exec sleep");
+    let target = target(pid);
+    let grace = SEC;
+    let out = actions::signal::signal_escalate(&target, grace).expect("signal");
+    eprintln!("TIMING ignores SIGTERM: {out:?}");
+    assert_eq!(out.sent, vec![Signal::Term, Signal::Kill]);
+    assert!(out.exited);
+    let after = out.exited_after_ms.unwrap();
+    assert!((1000..3000).contains(&after), "{out:?}");
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+}
+
+#[test]
+fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
+    let _area = tests::area(module_path!());
+    // Judged, then exited before the action: the pid names nothing (or, if
+    // already reused, another process).
+    let mut gone = Command::new("sleep").arg("30").spawn().unwrap();
+    let (pid, start) = (gone.id(), start_ticks(gone.id()).unwrap());
+    gone.kill().unwrap();
+    gone.wait().unwrap();
+    let e = actions::guard::open_target(pid, start).unwrap_err();
+    assert!(
+        matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
+        "{e}"
+    );
+
+    // The pid now names another process than the one judged (another start
+    // time): refused, and that process is untouched.
+    let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+    let start = start_ticks(other.id()).unwrap();
+    let e = actions::guard::open_target(other.id(), start + 1).unwrap_err();
+    assert!(matches!(e, ActionError::Reused { .. }), "{e}");
+    assert!(
+        e.to_string().contains(&format!("pid {}", other.id())),
+        "{e}"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "the other process was hit"
+    );
+
+    // A handle taken at decision time, whose process exits before the
+    // action: every action says gone, nothing is sent to the pid.
+    let h = target(other.id());
+    other.kill().unwrap();
+    other.wait().unwrap();
+    let e = actions::signal::signal_escalate(&h, SEC).unwrap_err();
+    assert!(
+        matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
+        "{e}"
+    );
+    let e = actions::keepalive::arm_keepalive(&h, 3, None, &Keepalive::default()).unwrap_err();
+    assert!(
+        matches!(e, ActionError::Gone { .. } | ActionError::Reused { .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn restart_runs_an_argv_with_a_timeout() {
+    let _area = tests::area(module_path!());
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+
+    let ok = actions::restart::restart(&argv(&["sh", "-c", "echo hello; echo oops >&2"]), 10 * SEC)
+        .expect("restart");
+    eprintln!("TIMING restart ok: {} ms", ok.duration_ms);
+    assert!(ok.success && !ok.timed_out, "{ok:?}");
+    assert_eq!(
+        (
+            ok.exit_code,
+            ok.signal,
+            ok.stdout.as_str(),
+            ok.stderr.as_str()
+        ),
+        (Some(0), None, "hello\n", "oops\n")
+    );
+
+    let failed = actions::restart::restart(
+        &argv(&["sh", "-c", "echo out; echo err >&2; exit 3"]),
+        10 * SEC,
+    )
+    .expect("restart");
+    assert!(!failed.success && !failed.timed_out, "{failed:?}");
+    assert_eq!(failed.exit_code, Some(3));
+    assert_eq!(
+        (failed.stdout.as_str(), failed.stderr.as_str()),
+        ("out\n", "err\n")
+    );
+
+    // No shell: the argument arrives verbatim, quotes, spaces and all.
+    let literal = "a b; rm -rf / \"q\" 'r' $HOME `x`";
+    let verbatim =
+        actions::restart::restart(&argv(&["sh", "-c", "echo \"$1\"", "x", literal]), 10 * SEC)
+            .expect("restart");
+    assert_eq!(verbatim.stdout, format!("{literal}\n"));
+    let printf = actions::restart::restart(&argv(&["printf", "%s|", "a b", "c;d"]), 10 * SEC)
+        .expect("restart");
+    assert_eq!(printf.stdout, "a b|c;d|");
+
+    // A chatty command neither blocks nor floods the outcome.
+    let chatty = actions::restart::restart(
+        &argv(&["sh", "-c", "yes line | head -c 1000000; echo done >&2"]),
+        10 * SEC,
+    )
+    .expect("restart");
+    assert!(chatty.success, "{chatty:?}");
+    assert!(chatty.stdout_truncated && !chatty.stderr_truncated);
+    assert!(chatty.stdout.len() < actions::restart::OUTPUT_LIMIT + 100);
+    assert!(chatty.stdout.starts_with("line\nline\n"));
+    assert!(chatty.stdout.contains("bytes left out"));
+    assert_eq!(chatty.stderr, "done\n");
+}
+
+#[test]
+fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
+    let _area = tests::area(module_path!());
+    // The command exits at once but leaves a child holding its stdout (a
+    // service it started): the outcome comes back within the read grace,
+    // with the output so far, and the child is left running.
+    let argv: Vec<String> = ["sh", "-c", "sleep 30 & echo $!"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let t0 = Instant::now();
+    let out = actions::restart::restart(&argv, 10 * SEC).expect("restart");
+    eprintln!(
+        "TIMING restart leaving a daemon: {:?} {out:?}",
+        t0.elapsed()
+    );
+    assert!(out.success && !out.timed_out, "{out:?}");
+    assert!(t0.elapsed() < 2 * SEC);
+    assert!(out.stdout_truncated, "{out:?}");
+    assert!(out.stdout.contains("still open"), "{out:?}");
+    let daemon: i32 = out
+        .stdout
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("the daemon's pid");
+    let alive =
+        std::fs::read_to_string(format!("/proc/{daemon}/comm")).is_ok_and(|c| c.trim() == "sleep");
+    // SAFETY: signalling the sleep this test just started.
+    unsafe { libc::kill(daemon, libc::SIGKILL) };
+    assert!(alive, "the daemon was killed");
+}
+
+#[test]
+fn a_hanging_restart_is_killed_with_its_children() {
+    let _area = tests::area(module_path!());
+    let argv: Vec<String> = ["sh", "-c", "sleep 60 & echo $!; wait"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let t0 = Instant::now();
+    let out = actions::restart::restart(&argv, SEC).expect("restart");
+    eprintln!("TIMING hanging restart: {:?} {out:?}", t0.elapsed());
+    assert!(out.timed_out && !out.success, "{out:?}");
+    assert_eq!(out.signal, Some(libc::SIGKILL));
+    assert!((1000..3000).contains(&out.duration_ms), "{out:?}");
+    // The background child, in the same process group, died too.
+    let grandchild: u32 = out.stdout.trim().parse().expect("the child's pid");
+    let dead = wait_for(
+        5 * SEC,
+        Duration::from_millis(20),
+        || match std::fs::read_to_string(format!("/proc/{grandchild}/stat")) {
+            Err(_) => Some(()),
+            Ok(s) => s
+                .rsplit(") ")
+                .next()
+                .is_some_and(|r| r.starts_with('Z'))
+                .then_some(()),
+        },
+    );
+    assert!(dead.is_some(), "pid {grandchild} survived the timeout");
+}
+
+#[test]
+fn the_guard_refuses_init_ourselves_and_kernel_threads() {
+    let _area = tests::area(module_path!());
+    let me = std::process::id();
+    for pid in [1, me, std::os::unix::process::parent_id()] {
+        let e = actions::guard::guard(pid).unwrap_err();
+        assert!(matches!(e, ActionError::Forbidden { .. }), "{pid}: {e}");
+        let e = actions::guard::open_target(pid, start_ticks(pid).unwrap_or(0)).unwrap_err();
+        assert!(matches!(e, ActionError::Forbidden { .. }), "{pid}: {e}");
+    }
+    // Every action checks it first, even given a handle: had the signal
+    // gone out, this test would be dead.
+    let ours = Pidfd::open(me, None).unwrap();
+    let e = actions::signal::signal_escalate(&ours, SEC).unwrap_err();
+    assert!(matches!(e, ActionError::Forbidden { .. }), "{e}");
+    assert_eq!(
+        e.to_string(),
+        format!("refusing to act on pid {me}: it is this process")
+    );
+    let init = Pidfd::open(1, None).unwrap();
+    assert!(matches!(
+        actions::signal::signal_escalate(&init, SEC),
+        Err(ActionError::Forbidden { pid: 1, .. })
+    ));
+    assert!(matches!(
+        actions::destroy::destroy_socket(&init, 0, None),
+        Err(ActionError::Forbidden { pid: 1, .. })
+    ));
+
+    // A kernel thread: PF_KTHREAD, no cmdline (kthreadd is pid 2).
+    let kthread = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let flags = stat
+                .rsplit(") ")
+                .next()
+                .and_then(|r| r.split_whitespace().nth(6))
+                .and_then(|f| f.parse::<u32>().ok())
+                .unwrap_or(0);
+            flags & 0x0020_0000 != 0
+                && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.is_empty())
+        });
+    match kthread {
+        Some(pid) => {
+            let e = actions::guard::guard(pid).unwrap_err();
+            assert!(
+                matches!(e, ActionError::Forbidden { ref why, .. } if why.contains("kernel thread")),
+                "{e}"
+            );
+            if let Ok(h) = Pidfd::open(pid, None) {
+                assert!(matches!(
+                    actions::signal::signal_escalate(&h, SEC),
+                    Err(ActionError::Forbidden { .. })
+                ));
+            }
+        }
+        None => tests::skip(
+            "the_guard_refuses_init_ourselves_and_kernel_threads (kernel thread case)",
+            "no kernel thread is visible in this pid namespace",
+        ),
+    }
+}
+
+/// The proof the tests arm: one probe a second, three to prove.
+fn small_proof() -> ProofKeepalive {
+    ProofKeepalive {
+        idle_s: 1,
+        interval_s: 1,
+        count: 3,
+        hold_ms: 120_000,
+    }
+}
+
+/// The socket's tcp_info as sock_diag reports it.
+fn info_of(pid: u32, inode: u64) -> Option<sockdiag::TcpInfo> {
+    let socks = sockdiag::dump_tcp_in_netns_of(pid).ok()?;
+    socks.into_iter().find(|s| s.inode == inode)?.tcp_info
+}
+
+/// The prove stage on a half-open connection whose reader waits silently
+/// (a cut during think time): the proof's probes go unanswered and only
+/// then is the connection ended, as a keepalive timeout the agent's read
+/// sees as `ETIMEDOUT`; it reconnects, same pid.
+#[test]
+fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_the_read() {
+    let _area = tests::area(module_path!());
+    if !need_root(
+        "a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_the_read",
+    ) {
+        return;
+    }
+    let SilentPair {
+        pair,
+        server: _server,
+        client,
+        ready,
+    } = silent_pair("apd");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    drop_connection_into_b(&pair, port_of(&ready.local));
+    std::thread::sleep(Duration::from_millis(1200)); // silent past idle
+
+    let target = target(ready.pid);
+    let before = raw_keepalive(&target, fd);
+    let armed_at = Instant::now();
+    let out = actions::keepalive::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
+        .expect("arm the proof");
+    assert_eq!(out.previous, before);
+    assert_eq!(raw_keepalive(&target, fd), out.applied);
+    let silent = u64::from(out.silent_ms.expect("tcp_info"));
+    // The kernel holds the connection past the judged probes.
+    assert!(
+        u64::from(out.applied.user_timeout_ms) >= silent + 1000 + 3000 + 120_000,
+        "{out:?}"
+    );
+
+    // Probes go out and none is answered; the connection is not ended by
+    // the proof itself.
+    let probes = wait_for(8 * SEC, Duration::from_millis(100), || {
+        info_of(ready.pid, ready.inode).filter(|i| i.probes >= 3)
+    })
+    .expect("three unanswered probes");
+    eprintln!(
+        "TIMING proof: {} probes unanswered {:?} after arming",
+        probes.probes,
+        armed_at.elapsed()
+    );
+    assert!(fd_of(ready.pid, ready.inode).is_some());
+    wait_blocked_in_read(ready.pid, ready.tid);
+
+    let t0 = Instant::now();
+    let ended = actions::keepalive::expire_keepalive(&target, fd, ready.inode).expect("expire");
+    assert!(ended.ended, "{ended:?}");
+    assert!(ended.probes >= 3, "{ended:?}");
+    let line = client.expect("error ", 5 * SEC);
+    eprintln!(
+        "TIMING expired: the read failed {:?} after expire_keepalive: {line}",
+        t0.elapsed()
+    );
+    assert!(
+        line.contains(&format!("os={}", libc::ETIMEDOUT)),
+        "expected ETIMEDOUT: {line}"
+    );
+    let again = client.ready();
+    assert_eq!(again.pid, ready.pid);
+    assert!(target.is_alive());
+    assert!(no_pending_signals(ready.pid));
+}
+
+/// The prove stage on a live peer that is only silent (thinking): it
+/// answers the first probe, expiring is refused (no probe outstanding), and
+/// the socket's own options, here the agent's own keepalive, go back
+/// exactly.
+#[test]
+fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back() {
+    let _area = tests::area(module_path!());
+    if !need_root("a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back") {
+        return;
+    }
+    let SilentPair {
+        pair: _pair,
+        server: _server,
+        client: _client,
+        ready,
+    } = silent_pair("apl");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    wait_blocked_in_read(ready.pid, ready.tid);
+    let target = target(ready.pid);
+    // The agent's own keepalive, as the anthropic SDK sets it.
+    let own = KeepaliveSettings {
+        enabled: true,
+        idle_s: 60,
+        interval_s: 15,
+        count: 4,
+        user_timeout_ms: 0,
+    };
+    actions::keepalive::restore_keepalive(&target, fd, Some(ready.inode), &own)
+        .expect("set the agent's own");
+    std::thread::sleep(Duration::from_millis(1200));
+
+    let armed_at = Instant::now();
+    let out = actions::keepalive::arm_proof_keepalive(&target, fd, ready.inode, &small_proof())
+        .expect("arm the proof");
+    assert_eq!(out.previous, own);
+    let answered = wait_for(5 * SEC, Duration::from_millis(50), || {
+        info_of(ready.pid, ready.inode)
+            .filter(|i| u128::from(i.last_ack_recv_ms) < armed_at.elapsed().as_millis())
+    })
+    .expect("an ACK after arming");
+    eprintln!(
+        "TIMING proof answered within {:?} (last ACK {} ms ago, probes out {})",
+        armed_at.elapsed(),
+        answered.last_ack_recv_ms,
+        answered.probes
+    );
+    // A peer that answered is not ended, even if asked.
+    std::thread::sleep(Duration::from_millis(300));
+    match actions::keepalive::expire_keepalive(&target, fd, ready.inode) {
+        Err(ActionError::NotApplicable { .. }) => {}
+        other => panic!("expire on a live peer: {other:?}"),
+    }
+    let back = actions::keepalive::restore_keepalive(&target, fd, Some(ready.inode), &out.previous)
+        .expect("put back");
+    assert_eq!(back, own);
+    assert_eq!(raw_keepalive(&target, fd), own);
+    wait_blocked_in_read(ready.pid, ready.tid);
+}
+
+/// Bad input for the prove stage's actions: an fd that now holds another
+/// socket, or no socket at all, and settings out of the kernel's range: a
+/// clear error each, and the socket untouched.
+#[test]
+fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
+    let _area = tests::area(module_path!());
+    if !need_root("proof_actions_refuse_a_replaced_fd_and_bad_settings") {
+        return;
+    }
+    let SilentPair {
+        pair: _pair,
+        server: _server,
+        client: _client,
+        ready,
+    } = silent_pair("apr");
+    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let target = target(ready.pid);
+    let before = raw_keepalive(&target, fd);
+    let other = ready.inode + 1;
+    for e in [
+        actions::keepalive::arm_proof_keepalive(&target, fd, other, &small_proof()).map(|_| ()),
+        actions::keepalive::expire_keepalive(&target, fd, other).map(|_| ()),
+        actions::keepalive::restore_keepalive(&target, fd, Some(other), &before).map(|_| ()),
+        actions::destroy::destroy_socket(&target, fd, Some(other)).map(|_| ()),
+    ] {
+        match e {
+            Err(ActionError::Replaced {
+                expected, found, ..
+            }) => assert_eq!((expected, found), (other, ready.inode)),
+            other => panic!("expected Replaced: {other:?}"),
+        }
+    }
+    let bad = ProofKeepalive {
+        count: 0,
+        ..small_proof()
+    };
+    assert!(matches!(
+        actions::keepalive::arm_proof_keepalive(&target, fd, ready.inode, &bad),
+        Err(ActionError::InvalidKeepalive(_))
+    ));
+    assert!(matches!(
+        actions::keepalive::arm_proof_keepalive(&target, 999, ready.inode, &small_proof()),
+        Err(ActionError::NoSuchFd { .. })
+    ));
+    // Nothing was changed by any of them.
+    assert_eq!(raw_keepalive(&target, fd), before);
+    assert_eq!(fd_of(ready.pid, ready.inode), Some(fd));
+}

@@ -1,0 +1,217 @@
+//! Healing an agent in a container through its runtime (issue 13): a real
+//! `dockerd` of this test's own runs the agent in a container built from a
+//! root filesystem made here (no registry); the agent, matched by
+//! `label = "app=runner"` only, is wedged (its control upstream is gone
+//! past `suspect_after`), and with the socket rungs off `check` heals it
+//! with `restart = { runtime = true }`: the Engine API's restart, after the
+//! snapshot. A container stopped on purpose (`docker stop`) is left alone.
+//! The same rung through Podman's compatible API.
+
+use std::{process::Command, time::Duration};
+
+use tests::{
+    Scratch, need_root,
+    runtimes::{
+        check_acting, docker, docker_with_image, have, need_programs, only_docker, rootfs_tar,
+        run_ok, run_sleeper, start_podman,
+    },
+    selfheal_bin, skip,
+};
+
+#[test]
+fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone() {
+    let _area = tests::area(module_path!());
+    const TEST: &str =
+        "a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone";
+    if !need_root(TEST) {
+        return;
+    }
+    if !need_programs(
+        TEST,
+        &["dockerd", "docker"],
+        "run `cargo xtask setup`: Debian docker.io",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new("container-incident");
+    let Some(d) = docker_with_image(TEST, &scratch, "i", "i") else {
+        return;
+    };
+    let (dockerd, sock, tag, image, exec) = (d.dockerd, d.sock, d.tag, d.image, d.exec);
+    let name = format!("{tag}-runner");
+    let id = run_sleeper(&sock, &name, &["app=runner"], &image);
+    let inspect = |format: &str| {
+        run_ok(docker(&sock).args(["inspect", "--format", format, &name])).expect("docker inspect")
+    };
+
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        "[[agent]]\nname = \"runner\"\nmatch = { label = \"app=runner\" }\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+         [agent.thresholds]\nsuspect_after = \"1s\"\n\
+         [agent.heal]\nsockets = false\nrestart = { runtime = true }\ngrace = \"1s\"\n\
+         step_window = \"30s\"\nbackoff = \"1s\"\n",
+    )
+    .unwrap();
+    let env = only_docker(&scratch, &sock, "5s");
+
+    let result = std::panic::catch_unwind(|| {
+        let started = inspect("{{.State.StartedAt}}");
+        let count = inspect("{{.RestartCount}}");
+        let pid: u32 = inspect("{{.State.Pid}}").parse().expect("a pid");
+
+        // The control upstream is absent: past `suspect_after` it is a
+        // wedge, and the only rung allowed is the runtime's restart.
+        let (first, _) = check_acting(&config, &scratch, &env, "runner");
+        assert_eq!(first["containers"][0]["id"], id.as_str(), "{first}");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let t = std::time::Instant::now();
+        let (line, log) = check_acting(&config, &scratch, &env, "runner");
+        let took = t.elapsed();
+        eprintln!("{log}the healing check took {took:?}");
+        assert_eq!(line["verdict"], "wedged", "{line}");
+        let snapshot = line["snapshot"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no snapshot: {line}"));
+        let actions = &line["heal"]["actions"];
+        assert_eq!(actions[0]["step"]["action"], "restart_container", "{line}");
+        assert_eq!(actions[0]["step"]["id"], id.as_str(), "{line}");
+        assert_eq!(actions[0]["ok"], true, "{line}");
+        // Snapshot first: the snapshot names the container.
+        let shown = Command::new(selfheal_bin())
+            .args(["snapshots", "show", snapshot, "--json", "--dir"])
+            .arg(scratch.join("snaps"))
+            .output()
+            .expect("snapshots show");
+        let text = String::from_utf8_lossy(&shown.stdout);
+        assert!(text.contains(&id), "{text}");
+        assert!(log.contains("restart docker container"), "{log}");
+
+        let started2 = inspect("{{.State.StartedAt}}");
+        let count2 = inspect("{{.RestartCount}}");
+        let pid2: u32 = inspect("{{.State.Pid}}").parse().expect("a pid");
+        eprintln!(
+            "docker reports: StartedAt {started} -> {started2}, RestartCount {count} -> {count2}, pid {pid} -> {pid2}"
+        );
+        assert_eq!(inspect("{{.State.Status}}"), "running");
+        assert_ne!(started, started2, "the container was started again");
+        assert_ne!(pid, pid2, "a new process");
+        // Docker counts in RestartCount only the restarts its restart policy
+        // makes, not an API restart: what it reports, it reports unchanged.
+        assert_eq!(count, count2, "RestartCount as Docker reports it");
+
+        // Stopped on purpose: not the agent's to heal.
+        run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let (line, log) = check_acting(&config, &scratch, &env, "runner");
+        eprintln!("{log}");
+        assert_ne!(line["verdict"], "wedged", "{line}");
+        assert!(!line.to_string().contains("restart_container"), "{line}");
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(inspect("{{.State.Status}}"), "exited", "left alone");
+        assert_eq!(
+            inspect("{{.State.StartedAt}}"),
+            started2,
+            "not started again"
+        );
+
+        // The rung's own re-check: a restart step for a container that is
+        // stopped is refused (a state file of an older check may hold one).
+        let step = selfheal::ladder::Step::RestartContainer {
+            runtime: selfheal::runtime::Runtime::Docker,
+            id: id.clone(),
+            pid: pid2,
+            start_ticks: 0,
+            grace_ms: 1_000,
+            timeout_ms: 10_000,
+        };
+        let e = selfheal::healer::run_step(&step, &Default::default()).unwrap_err();
+        assert!(e.contains("left alone"), "{e}");
+        assert_eq!(inspect("{{.State.Status}}"), "exited", "left alone");
+    });
+    let _ = run_ok(docker(&sock).args(["rm", "-f", &name]));
+    let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
+    drop(dockerd);
+    let _ = std::fs::remove_dir_all(&exec);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// The same rung through Podman's compatible API (its `system service` on a
+/// socket of this test's own): the container, matched by label, wedged, is
+/// restarted by `POST /containers/{id}/restart`.
+#[test]
+fn a_wedged_podman_container_is_restarted_through_its_api() {
+    let _area = tests::area(module_path!());
+    const TEST: &str = "a_wedged_podman_container_is_restarted_through_its_api";
+    if !need_root(TEST) {
+        return;
+    }
+    if !have("podman") {
+        return skip(TEST, "no podman (run `cargo xtask setup`: Debian podman)");
+    }
+    let scratch = Scratch::new("ci-podman");
+    let tar = match rootfs_tar(&scratch) {
+        Ok(t) => t,
+        Err(e) => return skip(TEST, &e),
+    };
+    let tag = format!("selfheal-p{}", std::process::id());
+    let podman = match start_podman(&scratch, &tar, &tag) {
+        Ok(p) => p,
+        // As in containers.rs: Podman that cannot run here is said, not failed.
+        Err(e) => return skip(TEST, &format!("podman: {e}")),
+    };
+    let name = format!("{tag}-runner");
+    let inspect = |format: &str| {
+        run_ok(
+            Command::new("podman")
+                .args(&podman.args)
+                .args(["inspect", "--format", format, &name]),
+        )
+        .expect("podman inspect")
+    };
+    let config = scratch.join("config.toml");
+    std::fs::write(
+        &config,
+        "[[agent]]\nname = \"runner\"\nmatch = { label = \"app=runner\" }\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+         [agent.thresholds]\nsuspect_after = \"1s\"\n\
+         [agent.heal]\nsockets = false\nrestart = { runtime = true }\ngrace = \"1s\"\n",
+    )
+    .unwrap();
+    let mut env = only_docker(&scratch, &scratch.join("no-docker.sock"), "5s");
+    env[1].1 = format!("unix://{}", podman.sock.display());
+    let result = std::panic::catch_unwind(|| {
+        let started = inspect("{{.State.StartedAt}}");
+        let count = inspect("{{.RestartCount}}");
+        let pid = inspect("{{.State.Pid}}");
+        let _ = check_acting(&config, &scratch, &env, "runner");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let t = std::time::Instant::now();
+        let (line, log) = check_acting(&config, &scratch, &env, "runner");
+        eprintln!("{log}the healing check took {:?}", t.elapsed());
+        assert_eq!(line["verdict"], "wedged", "{line}");
+        let action = &line["heal"]["actions"][0];
+        assert_eq!(action["step"]["action"], "restart_container", "{line}");
+        assert_eq!(action["step"]["runtime"], "podman", "{line}");
+        assert_eq!(action["step"]["id"], podman.id.as_str(), "{line}");
+        assert_eq!(action["ok"], true, "{line}");
+        let (started2, count2, pid2) = (
+            inspect("{{.State.StartedAt}}"),
+            inspect("{{.RestartCount}}"),
+            inspect("{{.State.Pid}}"),
+        );
+        eprintln!(
+            "podman reports: StartedAt {started} -> {started2}, RestartCount {count} -> {count2}, pid {pid} -> {pid2}"
+        );
+        assert_eq!(inspect("{{.State.Status}}"), "running");
+        assert_ne!(started, started2, "started again");
+        assert_ne!(pid, pid2, "a new process");
+    });
+    podman.stop();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
