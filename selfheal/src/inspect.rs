@@ -1,7 +1,7 @@
 //! Collecting an agent's evidence: the I/O edge of `inspect` (procfs, one
 //! sock_diag dump per network namespace, the eBPF tracer). The report's
-//! types, the pure join ([`build`]) and the text renderer ([`render`]) are
-//! the core's ([`selfheal_core::inspect`]), re-exported here.
+//! types, the pure join ([`selfheal_core::inspect::build`]) and the text
+//! renderer ([`selfheal_core::inspect::render`]) are the core's.
 
 use selfheal_core::inspect::{EbpfEvidence, Evidence, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets};
 use std::{

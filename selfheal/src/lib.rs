@@ -1,37 +1,34 @@
 //! selfheal: finds wedged AI-agent processes from outside, proves the wedge
 //! with kernel evidence, and heals them with the gentlest action that works.
 //!
-//! This library holds everything but the command line (`src/cli`). What
-//! decides lives in the pure crate `selfheal-core` and is re-exported here
-//! under the same paths: [`judge`], [`ladder`], [`model`] and [`text`]
-//! whole; the plain types (and the pure parts) of [`config`], [`inspect`],
-//! [`prove`], [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] and the
-//! helper's protocol beside this crate's I/O in the modules of the same
-//! names. The modules, in the order of one check's flow (ARCHITECTURE.md
-//! draws it):
+//! This library is the I/O edge: it reads the system, acts on it, and keeps
+//! files. Everything that decides (the evidence and report types, the
+//! config schema, the judge, the ladder, the helper's protocol, the
+//! renderers) is in the pure crate `selfheal-core`, and the edge names it
+//! by path (`selfheal_core::judge::…`): an import says whether code can do
+//! I/O. The command line is the binary's (`src/cli`). The modules, in the
+//! order of one check's flow (ARCHITECTURE.md draws it), lowest layer
+//! first within each step (a unit test holds the layers):
 //!
-//! - **config**: [`config`] (the TOML schema and its validation), [`trust`]
+//! - **config**: [`config`] (finding and reading the TOML file), [`trust`]
 //!   (whether a file that steers privileged work may be believed);
 //! - **discover**: [`agents`] (which processes are an agent), [`runtime`]
 //!   (which container and pod they are in), [`pidfd`] (a handle that pid
 //!   reuse cannot fool);
-//! - **collect**: [`proc`] (threads, waits, fds from procfs), [`sockdiag`]
-//!   (TCP sockets and `tcp_info`; also `SOCK_DESTROY`), [`netns`] (entering
+//! - **collect**: [`proc`] (threads, waits, fds from procfs), [`memread`]
+//!   (reading another process's memory, abandonably), [`sockdiag`] (TCP
+//!   sockets and `tcp_info`; also `SOCK_DESTROY`), [`netns`] (entering
 //!   another network namespace), [`ebpf`] (the receive tracer), [`probe`]
-//!   (HTTP probes), [`clock`] (the one clock ages use), joined by
-//!   [`inspect`] into a report;
-//! - **judge**: [`judge`] (pure: evidence and history to a verdict), with
-//!   [`prove`] (the proof keepalive's model);
-//! - **heal**: [`ladder`] (pure: the next step), [`healer`] (who carries it
-//!   out), [`actions`] (the privileged acts themselves), [`helper`] (the
-//!   root helper: server, client, protocol, policy);
+//!   (HTTP and health-file probes), [`clock`] (the one clock ages use),
+//!   gathered by [`inspect`];
+//! - **heal**: [`prove`] (the proof keepalive the config asks for),
+//!   [`healer`] (who carries a step out), [`actions`] (the privileged acts
+//!   themselves), [`helper`] (the root helper: server, client, policy);
 //! - **report and keep**: [`check`] (one check of every agent, the pipeline
 //!   behind `check` and `watch`), [`store`] (history between runs),
-//!   [`snapshots`] (the forensic log), [`selfheal_core::metrics`] (the
-//!   Prometheus text), [`text`] (escaping and redaction of everything
-//!   shown), [`fs`] (the one rule for directories selfheal writes into);
-//! - [`model`]: the typed vocabulary the layers pass (roles, TCP states,
-//!   reason codes, gaps, findings).
+//!   [`snapshots`] (the forensic log), [`metrics_endpoint`] (`watch`'s
+//!   HTTP endpoint), [`fs`] (the one rule for directories selfheal writes
+//!   into).
 
 pub mod actions;
 pub mod agents;

@@ -15,7 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use selfheal::ebpf::{Strategy, Tracer, TracerOptions};
+use selfheal::ebpf::{Tracer, TracerOptions};
+use selfheal_core::ebpf::strategy::Strategy;
 
 /// `target/<profile>/`, where cargo puts binaries: the directory above the
 /// test executables (`target/<profile>/deps/`).

@@ -27,7 +27,8 @@ use std::{
     time::Instant,
 };
 
-use selfheal::ebpf::{Strategy, Tracer, TracerOptions};
+use selfheal::ebpf::{Tracer, TracerOptions};
+use selfheal_core::ebpf::strategy::Strategy;
 
 const READ_SIZE: usize = 4096;
 

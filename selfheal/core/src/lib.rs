@@ -5,8 +5,8 @@
 //! the healing ladder and the helper's wire protocol. This crate depends on
 //! no aya, netlink, nix, procfs, reqwest or tokio: that the core does no I/O
 //! is a fact of Cargo's dependency graph, not a convention. The `selfheal`
-//! crate gathers the evidence, acts, and re-exports some of these modules
-//! under the same paths (`selfheal::judge`, …).
+//! crate gathers the evidence and acts, and names what it uses of this
+//! crate by path (`selfheal_core::judge::…`), never through a re-export.
 //!
 //! The modules, in the order of one check's flow:
 //!

@@ -1,5 +1,5 @@
 //! Containers and pods: which container a process is in (its cgroup path,
-//! [`cgroup`]), and what its runtime calls it (names, images, labels, pod
+//! [`selfheal_core::cgroup`]), and what its runtime calls it (names, images, labels, pod
 //! and namespace, read from the runtimes, [`Inventory::read`]).
 //!
 //! Sources, each read-only and bounded in time:

@@ -267,7 +267,7 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
         info.last_data_recv_ms,
         sock.timer
     );
-    assert_eq!(sock.state, selfheal::model::TcpState::Established);
+    assert_eq!(sock.state, selfheal_core::model::TcpState::Established);
     // ACKs keep arriving although no data has for much longer.
     assert!(u64::from(info.last_data_recv_ms) > 5000, "{info:?}");
     assert_eq!(fd_of(ready.pid, ready.inode), Some(fd));
@@ -781,7 +781,7 @@ fn small_proof() -> ProofKeepalive {
 }
 
 /// The socket's tcp_info as sock_diag reports it.
-fn info_of(pid: u32, inode: u64) -> Option<sockdiag::TcpInfo> {
+fn info_of(pid: u32, inode: u64) -> Option<selfheal_core::sockdiag::TcpInfo> {
     let socks = sockdiag::dump_tcp_in_netns_of(pid).ok()?;
     socks.into_iter().find(|s| s.inode == inode)?.tcp_info
 }

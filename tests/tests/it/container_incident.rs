@@ -118,8 +118,8 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
 
         // The rung's own re-check: a restart step for a container that is
         // stopped is refused (a state file of an older check may hold one).
-        let step = selfheal::ladder::Step::RestartContainer {
-            runtime: selfheal::runtime::Runtime::Docker,
+        let step = selfheal_core::ladder::Step::RestartContainer {
+            runtime: selfheal_core::runtime::Runtime::Docker,
             id: id.clone(),
             pid: pid2,
             start_ticks: 0,

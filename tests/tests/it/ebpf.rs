@@ -15,9 +15,11 @@ use std::{
 };
 
 use selfheal::{
-    ebpf::{Strategy, Tracer, TracerError, TracerOptions, TracerSnapshot},
+    ebpf::{Tracer, TracerError, TracerOptions},
     sockdiag,
 };
+use selfheal_core::ebpf::TracerSnapshot;
+use selfheal_core::ebpf::strategy::Strategy;
 use tests::{Netns, Peer, Ready, attach, forced_strategy, listener, need_ebpf, skip, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -214,7 +216,7 @@ fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
 
 /// Milliseconds since `t` (`CLOCK_BOOTTIME` ns).
 fn age_since(t: u64) -> u64 {
-    selfheal::clock::age_ms(selfheal::clock::boot_ns(), t)
+    selfheal_core::clock::age_ms(selfheal::clock::boot_ns(), t)
 }
 
 #[test]

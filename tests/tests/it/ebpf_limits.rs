@@ -22,10 +22,11 @@ use std::{
 };
 
 use selfheal::{
-    ebpf::{MAX_SOCKS, PRUNE_SOCKS_AT, Tracer},
-    inspect::{self, Collector, Target},
-    proc::Detail,
+    ebpf::{PRUNE_SOCKS_AT, Tracer},
+    inspect::{Collector, Target},
 };
+use selfheal_common::MAX_SOCKS;
+use selfheal_core::proc::Detail;
 use tests::{Netns, attach, need_ebpf, selfheal_bin, skip, wait_for};
 
 /// The tests here watch this process: one at a time.
@@ -168,7 +169,7 @@ fn a_full_socket_map_is_counted_and_reported_not_silent() {
     );
 
     // The report says so: in the inspect JSON's `ebpf.overflow` and gaps.
-    let report = inspect::build(
+    let report = selfheal_core::inspect::build(
         &Collector::from_snapshot(
             Ok((snap, tracer.watched_since(std::process::id()))),
             Detail::Minimal,
@@ -365,7 +366,8 @@ fn one_uid_filling_the_socket_map_leaves_another_uid_its_share() {
     let _area = tests::area(module_path!());
     use std::io::{BufRead as _, BufReader};
 
-    use selfheal::{ebpf::socks_share, helper::protocol::filter_snapshot};
+    use selfheal_core::ebpf::socks_share;
+    use selfheal_core::protocol::filter_snapshot;
 
     if !need_ebpf("socket_map_share") {
         return;
@@ -539,10 +541,12 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
     use std::sync::Arc;
 
     use selfheal::{
-        ebpf::{Strategy, TracerOptions, socks_share},
+        ebpf::TracerOptions,
         healer::ActionsExecutor,
         helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
     };
+    use selfheal_core::ebpf::socks_share;
+    use selfheal_core::ebpf::strategy::Strategy;
     use tests::{Scratch, forced_strategy};
 
     const OWNER: u32 = 61116;
@@ -599,7 +603,7 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
     a.ready();
     b.ready();
     let full = client.ebpf_snapshot(&theirs).expect("snapshot");
-    let held = |s: &selfheal::ebpf::TracerSnapshot| {
+    let held = |s: &selfheal_core::ebpf::TracerSnapshot| {
         s.sockets
             .iter()
             .filter(|x| theirs.contains(&x.tgid))

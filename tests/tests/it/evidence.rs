@@ -46,7 +46,7 @@ fn three_threads_in_three_waits() {
 
     // Let the waits settle and the spinner accumulate CPU time.
     let p = wait_for(5 * SEC, Duration::from_millis(50), || {
-        let p = proc::process(pid, proc::Detail::Full).ok()?;
+        let p = proc::process(pid, selfheal_core::proc::Detail::Full).ok()?;
         let t = |tid: u64| p.threads.iter().find(|t| u64::from(t.tid) == tid).cloned();
         let r = t(recv)?;
         (r.recv.is_some() && r.idle_ms.is_some_and(|ms| ms >= 300) && t(spin)?.cpu_ticks > 10)
@@ -109,7 +109,7 @@ fn zombies_under_their_own_pid_1() {
         .next()
         .and_then(|p| p.parse().ok())
         .expect("the namespace's init");
-    let p = proc::process(init, proc::Detail::Full).unwrap();
+    let p = proc::process(init, selfheal_core::proc::Detail::Full).unwrap();
     assert!(p.pid_ns_init, "{p:?}");
     let kids = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
     let zombies: Vec<u32> = kids
@@ -118,7 +118,7 @@ fn zombies_under_their_own_pid_1() {
         .collect();
     assert_eq!(zombies.len(), 5);
     for z in zombies {
-        let zp = proc::process(z, proc::Detail::Full).unwrap();
+        let zp = proc::process(z, selfheal_core::proc::Detail::Full).unwrap();
         assert_eq!((zp.state, zp.ppid), ('Z', init));
         assert!(!zp.pid_ns_init);
     }
@@ -148,10 +148,10 @@ fn established_close_wait_and_unacked_sockets() {
     };
     assert_eq!(
         state_of(keep.local_addr().unwrap()),
-        Some(selfheal::model::TcpState::Established)
+        Some(selfheal_core::model::TcpState::Established)
     );
     let cw = wait_for(5 * SEC, Duration::from_millis(20), || {
-        (state_of(closing.local_addr().unwrap()) == Some(selfheal::model::TcpState::CloseWait))
+        (state_of(closing.local_addr().unwrap()) == Some(selfheal_core::model::TcpState::CloseWait))
             .then_some(())
     });
     assert!(cw.is_some(), "CLOSE-WAIT");
@@ -479,7 +479,12 @@ fn python_waiter(test: &str, mode: &str) -> Option<(Peer, std::net::TcpStream, u
 
 /// Thread `tid` of `pid` once it sits in a readiness wait covering socket
 /// `inode` (within 10 s), read with `detail`.
-fn settled_wait(pid: u32, tid: u32, inode: u64, detail: proc::Detail) -> proc::ThreadInfo {
+fn settled_wait(
+    pid: u32,
+    tid: u32,
+    inode: u64,
+    detail: selfheal_core::proc::Detail,
+) -> selfheal_core::proc::ThreadInfo {
     wait_for(10 * SEC, Duration::from_millis(50), || {
         let p = proc::process(pid, detail).ok()?;
         p.threads.into_iter().find(|t| {
@@ -526,7 +531,10 @@ fn python_socket_with_a_timeout_waits_in_poll() {
     let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_poll", "poll") else {
         return;
     };
-    for detail in [proc::Detail::Light, proc::Detail::Full] {
+    for detail in [
+        selfheal_core::proc::Detail::Light,
+        selfheal_core::proc::Detail::Full,
+    ] {
         let t = settled_wait(pid, pid, inode, detail);
         let w = t.wait.as_ref().unwrap();
         assert!(matches!(w.syscall, "poll" | "ppoll"), "{w:?}");
@@ -553,7 +561,7 @@ fn python_select_waits_on_its_read_set() {
     let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_select", "select") else {
         return;
     };
-    let t = settled_wait(pid, pid, inode, proc::Detail::Light);
+    let t = settled_wait(pid, pid, inode, selfheal_core::proc::Detail::Light);
     let w = t.wait.as_ref().unwrap();
     assert!(matches!(w.syscall, "select" | "pselect6"), "{w:?}");
     assert_eq!(
@@ -569,7 +577,7 @@ fn python_asyncio_waits_in_its_event_loops_epoll() {
     let Some((_peer, _side, pid, inode, fd)) = python_waiter("python_asyncio", "asyncio") else {
         return;
     };
-    let t = settled_wait(pid, pid, inode, proc::Detail::Light);
+    let t = settled_wait(pid, pid, inode, selfheal_core::proc::Detail::Light);
     let w = t.wait.as_ref().unwrap();
     assert!(w.syscall.starts_with("epoll_"), "{w:?}");
     assert!(w.sockets.contains(&(fd, inode)), "{w:?}");
@@ -602,7 +610,12 @@ fn tokio_client_waits_in_its_event_loops_epoll() {
     let _side = l.accept().unwrap();
     let ready = peer.ready();
     peer.tell("go");
-    let t = settled_wait(ready.pid, ready.tid, ready.inode, proc::Detail::Full);
+    let t = settled_wait(
+        ready.pid,
+        ready.tid,
+        ready.inode,
+        selfheal_core::proc::Detail::Full,
+    );
     let w = t.wait.as_ref().unwrap();
     assert!(w.syscall.starts_with("epoll_"), "{w:?}");
     assert!(w.epoll_fd.is_some(), "{w:?}");
@@ -667,7 +680,12 @@ fn wait_ages_are_right_whichever_cpus_the_waiter_and_the_reader_ran_on() {
         pin(reader);
         std::thread::sleep(Duration::from_millis(1200));
         let before = mono_ms();
-        let p = proc::process_at(std::process::id(), proc::Detail::Full, &clocks).unwrap();
+        let p = proc::process_at(
+            std::process::id(),
+            selfheal_core::proc::Detail::Full,
+            &clocks,
+        )
+        .unwrap();
         let after = mono_ms();
         let t = p.threads.iter().find(|t| t.tid == tid).expect("the waiter");
         let age = t.idle_ms.unwrap_or_else(|| panic!("no age: {:?}", p.gaps)) as f64;
@@ -700,7 +718,12 @@ fn wait_ages_are_right_whichever_cpus_the_waiter_and_the_reader_ran_on() {
         // CPU's clock: the age is a gap naming the CPU, not a number.
         if reader != waiter {
             let pinned = proc::task_clocks();
-            let p = proc::process_at(std::process::id(), proc::Detail::Full, &pinned).unwrap();
+            let p = proc::process_at(
+                std::process::id(),
+                selfheal_core::proc::Detail::Full,
+                &pinned,
+            )
+            .unwrap();
             let t = p.threads.iter().find(|t| t.tid == tid).expect("the waiter");
             assert_eq!(t.idle_ms, None, "{:?}", pinned.cpus);
             let gap = format!(

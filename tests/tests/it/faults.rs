@@ -700,13 +700,13 @@ fn a_reused_pid_is_never_acted_on() {
         actions::keepalive::Keepalive,
         check::Healer as _,
         healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
-        helper::{
-            ActRequest, Action, ClientOptions, ErrorCode, HelperClient, Listen, ServerOptions,
-            serve,
-        },
-        ladder::Step,
+        helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
         pidfd::start_ticks,
     };
+    use selfheal_core::ladder::Step;
+    use selfheal_core::protocol::ActRequest;
+    use selfheal_core::protocol::Action;
+    use selfheal_core::protocol::ErrorCode;
     if !need_root("pid_reuse") {
         return;
     }
@@ -1197,7 +1197,8 @@ fn suspect_for_ms(o: &serde_json::Value) -> u64 {
 #[test]
 fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     let _area = tests::area(module_path!());
-    use selfheal::{check::Healer as _, healer::HelperHealer, helper::HelperClient, ladder::Step};
+    use selfheal::{check::Healer as _, healer::HelperHealer, helper::HelperClient};
+    use selfheal_core::ladder::Step;
     if !need_root("helper_gone_before_act") {
         return;
     }

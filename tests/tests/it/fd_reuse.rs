@@ -16,10 +16,10 @@ use std::{
     time::Duration,
 };
 
-use selfheal::{
-    helper::{ActRequest, Action, ErrorCode, HelperClient},
-    pidfd::start_ticks,
-};
+use selfheal::{helper::HelperClient, pidfd::start_ticks};
+use selfheal_core::protocol::ActRequest;
+use selfheal_core::protocol::Action;
+use selfheal_core::protocol::ErrorCode;
 use tests::{Peer, Scratch, need_root, patient_client_opts, socket_fd_of};
 
 const SEC: Duration = Duration::from_secs(1);

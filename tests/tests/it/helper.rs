@@ -26,14 +26,19 @@ use std::{
 };
 
 use selfheal::{
-    ebpf::{Strategy, TracerOptions},
+    ebpf::TracerOptions,
     helper::{
-        ActRequest, Action, Caller, ClientError, DryExecutor, ErrorCode, Executor, HelperClient,
-        Listen, RateLimit, ServerHandle, ServerOptions, StopReason, policy, protocol::Response,
-        serve,
+        ClientError, DryExecutor, Executor, HelperClient, Listen, RateLimit, ServerHandle,
+        ServerOptions, StopReason, policy, serve,
     },
     pidfd::{Pidfd, start_ticks},
 };
+use selfheal_core::ebpf::strategy::Strategy;
+use selfheal_core::protocol::ActRequest;
+use selfheal_core::protocol::Action;
+use selfheal_core::protocol::Caller;
+use selfheal_core::protocol::ErrorCode;
+use selfheal_core::protocol::Response;
 use serde_json::{Value, json};
 use tests::{
     Peer, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf, need_root,

@@ -40,14 +40,19 @@ use std::{
 };
 
 use selfheal::{
-    ebpf::{Strategy, TracerOptions},
+    ebpf::TracerOptions,
     healer::ActionsExecutor,
     helper::{
-        ActRequest, Action, ClientOptions, DryExecutor, ErrorCode, Executor, HelperClient, Listen,
-        ServerHandle, ServerOptions, protocol::Response, serve,
+        ClientOptions, DryExecutor, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
+        serve,
     },
     pidfd::start_ticks,
 };
+use selfheal_core::ebpf::strategy::Strategy;
+use selfheal_core::protocol::ActRequest;
+use selfheal_core::protocol::Action;
+use selfheal_core::protocol::ErrorCode;
+use selfheal_core::protocol::Response;
 use tests::{Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for};
 
 const NOBODY: u32 = 65534;
@@ -731,10 +736,10 @@ fn a_foreign_pid_is_a_gap_not_a_refusal() {
     // and the rest of the evidence still eBPF's.
     let mut pids = vec![mine, roots];
     pids.sort_unstable();
-    let report = selfheal::inspect::build(
+    let report = selfheal_core::inspect::build(
         &selfheal::inspect::Collector::from_snapshot(
             Ok((snap, None)),
-            selfheal::proc::Detail::Minimal,
+            selfheal_core::proc::Detail::Minimal,
         )
         .collect(&selfheal::inspect::Target {
             agent: Some("look".into()),
@@ -968,7 +973,7 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
     let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
     let mut procs = Procs::default();
     let pid = procs.deaf(NOBODY);
-    let step = selfheal::ladder::Step::Signal {
+    let step = selfheal_core::ladder::Step::Signal {
         pid,
         start_ticks: start_ticks(pid).unwrap(),
         grace_ms: 1000,
@@ -1645,10 +1650,8 @@ fn restore_puts_back_only_what_the_helper_recorded() {
 #[test]
 fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     let _area = tests::area(module_path!());
-    use selfheal::helper::{
-        authority::{ActError, Authority},
-        protocol::Caller,
-    };
+    use selfheal::helper::authority::{ActError, Authority};
+    use selfheal_core::protocol::Caller;
     let test = "helper bad input: setuid exec between check and act";
     if !need_root(test) {
         return;
@@ -1745,7 +1748,8 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 #[test]
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _};
+    use selfheal_core::prove::ProofTarget;
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
         return;
@@ -1999,7 +2003,8 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
 #[test]
 fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _, prove::ProofTarget};
+    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _};
+    use selfheal_core::prove::ProofTarget;
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {
         return;

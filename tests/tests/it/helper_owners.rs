@@ -34,14 +34,15 @@ use std::{
 };
 
 use selfheal::{
-    ebpf::{Strategy, TracerOptions},
+    ebpf::TracerOptions,
     healer::ActionsExecutor,
-    helper::{
-        ActRequest, Action, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
-        protocol::Response, serve,
-    },
+    helper::{Executor, HelperClient, Listen, ServerHandle, ServerOptions, serve},
     pidfd::start_ticks,
 };
+use selfheal_core::ebpf::strategy::Strategy;
+use selfheal_core::protocol::ActRequest;
+use selfheal_core::protocol::Action;
+use selfheal_core::protocol::Response;
 use tests::{
     Peer, Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for,
 };
@@ -615,8 +616,8 @@ fn exec_sleep(pid: u32) {
 #[test]
 fn the_owner_of_a_namespace_is_its_outermost_creator() {
     let _area = tests::area(module_path!());
-    use selfheal::helper::owner::Basis;
     use selfheal::helper::owner::Owners;
+    use selfheal_core::owner::Basis;
     let test = "limits: namespace owners";
     if !need_root(test) {
         return;

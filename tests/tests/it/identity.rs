@@ -348,7 +348,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             let start = selfheal::pidfd::start_ticks(pid).expect("its start time");
             let e = selfheal::runtime::restart::restart_container(
                 &sources,
-                selfheal::runtime::Runtime::Docker,
+                selfheal_core::runtime::Runtime::Docker,
                 &id,
                 pid,
                 start,
@@ -366,7 +366,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         let start = selfheal::pidfd::start_ticks(init).expect("init's start time");
         selfheal::runtime::restart::restart_container(
             &sources,
-            selfheal::runtime::Runtime::Docker,
+            selfheal_core::runtime::Runtime::Docker,
             &id,
             init,
             start,
@@ -380,7 +380,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         // is refused, never aimed at what now has the id.
         let e = selfheal::runtime::restart::restart_container(
             &sources,
-            selfheal::runtime::Runtime::Docker,
+            selfheal_core::runtime::Runtime::Docker,
             &id,
             init,
             start,
@@ -395,7 +395,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
         let e = selfheal::runtime::restart::restart_container(
             &sources,
-            selfheal::runtime::Runtime::Docker,
+            selfheal_core::runtime::Runtime::Docker,
             &id,
             std::process::id(),
             selfheal::pidfd::start_ticks(std::process::id()).unwrap(),
@@ -655,7 +655,7 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
         let restart = |pid: u32| {
             selfheal::runtime::restart::restart_container(
                 &sources,
-                selfheal::runtime::Runtime::Podman,
+                selfheal_core::runtime::Runtime::Podman,
                 &id,
                 pid,
                 selfheal::pidfd::start_ticks(pid).expect("its start time"),

@@ -17,9 +17,12 @@ use std::{
 };
 
 use selfheal::{
-    helper::{ActRequest, Action, ClientError, ErrorCode, HelperClient},
+    helper::{ClientError, HelperClient},
     pidfd::start_ticks,
 };
+use selfheal_core::protocol::ActRequest;
+use selfheal_core::protocol::Action;
+use selfheal_core::protocol::ErrorCode;
 use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
 
 const SEC: Duration = Duration::from_secs(1);

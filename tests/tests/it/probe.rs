@@ -16,10 +16,10 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use selfheal::probe::{self, MAX_REDIRECTS};
+use selfheal::probe;
 use selfheal_core::{
     config::{ProbeConfig, Redirects},
-    probe::{ProbeError, ProbeKind, ProbeResult},
+    probe::{EXCERPT_BYTES, MAX_REDIRECTS, ProbeError, ProbeKind, ProbeResult},
 };
 
 /// The memory test measures the process's peak RSS: it runs alone (write
@@ -590,7 +590,7 @@ fn ten_mib_body_is_too_large_and_not_buffered() {
         assert_failed(&r, ProbeError::TooLarge);
         assert_eq!(r.status, Some(200));
         let excerpt = r.body_excerpt.as_deref().unwrap_or("");
-        assert!(excerpt.len() <= probe::EXCERPT_BYTES, "{}", excerpt.len());
+        assert!(excerpt.len() <= EXCERPT_BYTES, "{}", excerpt.len());
         assert!(took < Duration::from_secs(5), "{took:?}");
     }
     let grown = peak_rss_kib().saturating_sub(before);

@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!(
                 "selfheal-testbed: {}",
-                selfheal::text::escape_lines(&format!("{e:#}"))
+                selfheal_core::text::escape_lines(&format!("{e:#}"))
             );
             ExitCode::from(1)
         }
