@@ -1,4 +1,4 @@
-//! Container runtimes for the tests of issue 13: a `dockerd` of a test's
+//! Container runtimes for the tests: a `dockerd` of a test's
 //! own in scratch directories, a busybox root filesystem to import (no
 //! registry), and the environment that points selfheal at them. Shared by
 //! the container, deployment and image tests.

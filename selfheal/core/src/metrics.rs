@@ -5,7 +5,7 @@
 //! Written by hand: the text format is write-only and small, and a crate
 //! would add a registry whose state this module would have to mirror from
 //! the history anyway. The output is checked by `promtool check metrics`
-//! (`tests/tests/alerting.rs`) and by the fixtures below.
+//! (`tests/tests/it/alerting.rs`) and by the fixtures below.
 //!
 //! Counters are derived from the history ([`Counters`], saved with it), so
 //! they stay monotonic across the restarts of a timer-driven `check`; they

@@ -1,4 +1,4 @@
-//! A fleet's view (issue 14): the metrics pass `promtool check metrics`;
+//! A fleet's view: the metrics pass `promtool check metrics`;
 //! the alert rules pass `promtool check rules` and their unit tests; the
 //! Grafana dashboard parses and names only metrics selfheal exports; a
 //! metrics file on a full disk keeps its last good content; and, end to
@@ -181,7 +181,7 @@ fn the_metrics_pass_promtool_and_the_dashboard_names_only_them() {
     assert!(text.contains("selfheal_ebpf_strategy_info{strategy=\"none\",why_none=\""));
 
     let mut known = families(&text);
-    // Exported only where an agent runs in a container (issue 13).
+    // Exported only where an agent runs in a container.
     known.insert("selfheal_agent_container_info".into());
     for name in dashboard_metrics() {
         assert!(

@@ -582,7 +582,7 @@ fn scrape(port: u16, limit: Duration) -> Result<String, String> {
     Ok(text)
 }
 
-/// Issue 17 #3: idle connections (opened, never a byte sent) do not hold up
+/// Idle connections (opened, never a byte sent) do not hold up
 /// a real scrape: it is served at once, well inside Prometheus's default
 /// 10 s scrape timeout (the old endpoint served one connection at a time,
 /// giving each 2 s: 6 idle connections made a scrape wait 12 s).
@@ -633,7 +633,7 @@ fn a_scrape_is_not_delayed_by_idle_connections() {
     }
 }
 
-/// Issue 17 #3: an endpoint reachable from other hosts is said in the log,
+/// An endpoint reachable from other hosts is said in the log,
 /// with the warning that it has no authentication.
 #[test]
 fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
@@ -661,7 +661,7 @@ fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
     );
 }
 
-/// Issue 17 #1: the metrics file is 0640 (owner and the directory's group),
+/// The metrics file is 0640 (owner and the directory's group),
 /// not 0644: probe URLs and agent names are not for every local user.
 #[test]
 fn the_metrics_file_is_not_world_readable() {
@@ -678,7 +678,7 @@ fn the_metrics_file_is_not_world_readable() {
     assert_eq!(md.gid(), dir_gid, "the directory's group reads it");
 }
 
-/// Issue 17 #5: with no snapshot directory there is no healing, and every
+/// With no snapshot directory there is no healing, and every
 /// check says so as a gap (not only the first, not only in the log).
 #[test]
 fn no_snapshot_dir_is_a_gap_on_every_check() {

@@ -1,4 +1,4 @@
-//! Issue 15 #5: every subcommand's bad input ends the same way: the
+//! Every subcommand's bad input ends the same way: the
 //! documented exit code (3 for usage and config errors, 1 for a failure)
 //! and the error said once, on one line of stderr that starts
 //! `selfheal: `, with control characters escaped. Nothing on stdout.

@@ -138,7 +138,7 @@ fn usage_errors_exit_3() {
     assert_eq!(code, 3, "{err}");
 }
 
-/// Another user's look-alike process is not this agent (issue 12): a
+/// Another user's look-alike process is not this agent: a
 /// `cmdline` rule matches only the processes of the uid that runs selfheal,
 /// unless `match.uid` names another uid or `"any"`. Before, root's rule
 /// took `nobody`'s process with the same command line as its agent, to be

@@ -1,4 +1,4 @@
-//! Healing an agent in a container through its runtime (issue 13): a real
+//! Healing an agent in a container through its runtime: a real
 //! `dockerd` of this test's own runs the agent in a container built from a
 //! root filesystem made here (no registry); the agent, matched by
 //! `label = "app=runner"` only, is wedged (its control upstream is gone

@@ -1,4 +1,4 @@
-//! The incident inside a Docker container (issue 13): the testbed's runner
+//! The incident inside a Docker container: the testbed's runner
 //! runs in a container of a real `dockerd` of this test's own (a busybox
 //! root filesystem made here, the host's `selfheal-testbed` binary and its
 //! libraries bind-mounted read-only: no registry), with no network of

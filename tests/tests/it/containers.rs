@@ -1,4 +1,4 @@
-//! Agents in containers (issue 13): matched by container name, label, pod
+//! Agents in containers: matched by container name, label, pod
 //! and namespace on real runtimes (a `dockerd`, a Podman API service and a
 //! `containerd` each started here, in scratch directories, with an image
 //! imported from a root filesystem made here: no registry), and a runtime

@@ -1,4 +1,4 @@
-//! Issue 15: "the core does no I/O" is a fact of Cargo's dependency graph.
+//! "The core does no I/O" is a fact of Cargo's dependency graph.
 //! `selfheal-core`'s whole normal dependency tree (transitive) holds none of
 //! the crates that reach the kernel or the network; `selfheal`'s does (so
 //! the check itself can fail).

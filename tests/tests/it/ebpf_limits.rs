@@ -354,7 +354,7 @@ print("ready", flush=True)
 sys.stdin.read()
 "#;
 
-/// One uid cannot starve another of the socket map (issue 17, finding 6).
+/// One uid cannot starve another of the socket map.
 /// A process of `nobody` fills all of `SOCKS` while it is the only one
 /// watched; then this process (root) is watched too, the map's share per
 /// uid halves, the next snapshot evicts nobody's oldest entries down to

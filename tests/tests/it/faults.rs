@@ -1,4 +1,4 @@
-//! Faults, attacked on purpose (issue 7, part 2), each against real
+//! Faults, attacked on purpose, each against real
 //! processes and sockets: the snapshot directory full, the helper killed
 //! mid-request and restarted (and its eBPF programs gone with it), a pid
 //! reused between judging and acting, a churn of short-lived matching

@@ -1,4 +1,4 @@
-//! A socket action names the socket, not only its fd (issue 12, attack 2).
+//! A socket action names the socket, not only its fd.
 //!
 //! Between a judgement and the act, the agent may drop its dead connection
 //! and reconnect; the new connection usually gets the same fd number. An

@@ -1,4 +1,4 @@
-//! The helper under attack (issue 12): each test reproduces one attack that
+//! The helper under attack: each test reproduces one attack that
 //! worked against the helper before, and checks that it fails now.
 //!
 //! - a stale `SO_PEERCRED`: a connection handed on by a process of another
@@ -313,7 +313,7 @@ fn take_pid(pid: u32) -> Option<Child> {
     None
 }
 
-/// The attack of issue 12, 1: a root process in another pid namespace
+/// An attack: a root process in another pid namespace
 /// connects, hands the connection to another process and exits; a host
 /// process then gets its pid. Before, the helper read the new process's
 /// pid namespace under the stale `SO_PEERCRED` pid, found the host's, and

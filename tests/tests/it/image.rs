@@ -1,4 +1,4 @@
-//! The DaemonSet's container image (issue 16): `cargo xtask image` builds
+//! The DaemonSet's container image: `cargo xtask image` builds
 //! a tarball that a test-owned `dockerd` (Debian's Docker) loads as
 //! `selfheal:VERSION`, the name `dist/kubernetes/daemonset.yaml` uses, and
 //! the binary runs in it with the libraries it carries: `--version`, and

@@ -116,7 +116,7 @@ fn install_refuses_a_missing_binary() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/selfheal"));
 }
 
-/// Issue 12: `install --system` writes a root unit only for a binary that
+/// `install --system` writes a root unit only for a binary that
 /// only root can change (trust.rs's rule): one writable by others, or in a
 /// directory another user owns, is refused, saying what to do.
 #[test]
@@ -171,11 +171,10 @@ fn install_system_refuses_a_binary_others_could_write() {
 }
 
 /// The exposure score `systemd-analyze security --offline=yes` gives the
-/// shipped helper unit, measured when it was hardened (issue 12): 5.6
-/// before, 2.8 after.
+/// shipped helper unit, 2.8 (an unhardened unit scores 5.6).
 const HELPER_UNIT_EXPOSURE: f64 = 2.8;
 
-/// Issue 12: the helper unit's hardening does not regress: its exposure
+/// The helper unit's hardening does not regress: its exposure
 /// score stays at or below [`HELPER_UNIT_EXPOSURE`], and the settings the
 /// audit found missing are there.
 #[test]

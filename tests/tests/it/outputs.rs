@@ -1,5 +1,5 @@
-//! What selfheal prints and stores, read back as an attacker would (issue
-//! 17) and as a terminal would (issue 12, item 5):
+//! What selfheal prints and stores, read back as an attacker would and
+//! as a terminal would:
 //!
 //! - secrets planted in the watched processes' argv and environment, in
 //!   probe URLs and in probe bodies reach no output at all: stdout, the log
@@ -348,7 +348,7 @@ fn secret_body() -> Vec<u8> {
     .into_bytes()
 }
 
-/// Issue 17's acceptance test: secrets planted in argv, environment, probe
+/// Secrets planted in argv, environment, probe
 /// URLs and probe bodies are found in no output.
 #[test]
 fn no_secret_reaches_any_output() {
@@ -505,7 +505,7 @@ fn terminal_controls(bytes: &[u8]) -> Vec<String> {
     found
 }
 
-/// Issue 12, item 5: a process whose names and argv carry ESC, BEL and CSI
+/// A process whose names and argv carry ESC, BEL and CSI
 /// sequences, a probe body full of them and a directory named with them
 /// reach no terminal through `check`, `inspect`, `snapshots` or
 /// `config check`.

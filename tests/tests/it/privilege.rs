@@ -1,5 +1,4 @@
-//! Privilege and the helper's surface, attacked on purpose (issue 7, part
-//! 4): what another user can plant in selfheal's paths (symlinks,
+//! Privilege and the helper's surface, attacked on purpose: what another user can plant in selfheal's paths (symlinks,
 //! directories, writable config and policy files), what an unprivileged
 //! uid can get from a real `selfheal helper` (another uid's evidence or
 //! processes: nothing), a flood from one client against another client,
@@ -474,7 +473,7 @@ fn act(action: Action, pid: u32, fd: Option<(i32, u64)>) -> ActRequest {
 /// read the eBPF evidence of, and arm keepalive on its own agent — and can
 /// do none of it to root's: every act is `forbidden`, root's pid in a
 /// query is a refused pid (a gap: the rest is answered, nothing of root's
-/// is shown — issue 12), root's socket keeps no
+/// is shown), root's socket keeps no
 /// keepalive, root's agent gets no signal, and the helper's audit log
 /// names each refusal.
 #[test]
@@ -998,7 +997,7 @@ impl Drop for Sysctl {
     }
 }
 
-/// Issue 17 #4: `--metrics-file` through a symlinked directory that another
+/// `--metrics-file` through a symlinked directory that another
 /// user owns (or planted in a sticky directory) into a directory of root's:
 /// refused, and root's files there are neither overwritten nor deleted.
 #[test]
@@ -1060,7 +1059,7 @@ fn a_metrics_file_through_another_users_symlink_is_refused() {
     }
 }
 
-/// Issue 17 #4: a symlink of nobody's in a sticky directory, on the way to
+/// A symlink of nobody's in a sticky directory, on the way to
 /// the snapshot directory, re-pointed while `watch` runs: root never
 /// appends to the attacker's file. (Needs fs.protected_symlinks=0, the
 /// setting that lets root follow another user's link in a sticky
@@ -1139,7 +1138,7 @@ fn a_re_pointed_symlink_does_not_redirect_watch() {
     assert!(err.contains("refusing"), "the refusal is said: {err}");
 }
 
-/// Issue 17 #5: another uid made the user's default state directory first
+/// Another uid made the user's default state directory first
 /// (XDG_STATE_HOME in a shared sticky directory; or no HOME and a shared
 /// TMPDIR): the check falls back to a directory of the user's, says what
 /// to do, and the snapshot (so healing) still happens.
@@ -1211,7 +1210,7 @@ fn a_squatted_state_dir_falls_back_and_says_what_to_do() {
     }
 }
 
-/// Issue 17 #5: a parent that is root's and writable by a system group
+/// A parent that is root's and writable by a system group
 /// (Ubuntu's /var/log is 0775 root:syslog) is accepted; one writable by a
 /// user's group is refused, saying what to do.
 #[test]
@@ -1246,7 +1245,7 @@ fn a_root_parent_writable_by_a_system_group_is_accepted() {
     assert!(r.stderr.contains("run chmod go-w on it"), "{}", r.stderr);
 }
 
-/// Issue 12: a custom `--socket` is checked all the way up: a helper asked
+/// A custom `--socket` is checked all the way up: a helper asked
 /// to serve below a directory of nobody's refuses to start.
 #[test]
 fn a_helper_socket_below_another_users_directory_is_refused() {
@@ -1286,7 +1285,7 @@ fn a_helper_socket_below_another_users_directory_is_refused() {
     );
 }
 
-/// Issue 12: a client checks who serves the socket (SO_PEERCRED): a socket
+/// A client checks who serves the socket (SO_PEERCRED): a socket
 /// that nobody listens on, where the helper's should be, is refused with
 /// an error that says what to do.
 #[test]

@@ -689,7 +689,7 @@ fn redirect_loop_and_long_chains_stop() {
     assert_eq!(r.body_excerpt.as_deref(), Some("done"));
 }
 
-/// Issue 17, finding 2: a status endpoint that answers 302 to another
+/// A status endpoint that answers 302 to another
 /// origin (here another port of loopback; on a cloud host, the metadata
 /// service) is not followed, and no request ever carries a Referer.
 #[test]

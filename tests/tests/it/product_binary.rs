@@ -1,4 +1,4 @@
-//! The privileged binary carries no test servers (issue 15): `selfheal`,
+//! The privileged binary carries no test servers: `selfheal`,
 //! which runs as root in the helper, has neither the demo nor the testbed's
 //! programs (dispatch server, provider, runners, proxy). They live in
 //! `selfheal-testbed`, a binary of this test crate.

@@ -1067,7 +1067,7 @@ fn snapshots_command_lists_and_shows() {
     );
 }
 
-/// Issue 17 #4: the snapshot log and the state file are written through the
+/// The snapshot log and the state file are written through the
 /// directory held since they were opened, and the path is checked again
 /// before each write: once it leads elsewhere (the directory renamed away
 /// and another put in its place), writes are refused, and nothing lands in
