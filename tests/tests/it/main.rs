@@ -40,3 +40,67 @@ mod probe;
 mod product_binary;
 mod store;
 mod watch_capabilities;
+
+/// The tests in `source` whose body does not begin with their area's turn
+/// (`let _area = tests::area(module_path!());`).
+fn tests_without_a_turn(source: &str) -> Vec<String> {
+    let mut missing = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("#[test]") {
+        rest = &rest[at + "#[test]".len()..];
+        let Some(fn_at) = rest.find("fn ") else { break };
+        let name: String = rest[fn_at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = rest[fn_at..].find('{') else {
+            break;
+        };
+        let body = rest[fn_at + open + 1..].trim_start();
+        if !body.starts_with("let _area = tests::area(module_path!());") {
+            missing.push(name);
+        }
+    }
+    missing
+}
+
+/// Every test of this binary takes its area's turn first, so that no test
+/// runs beside another area's (a test without it would).
+#[test]
+fn every_test_takes_its_areas_turn() {
+    let _area = tests::area(module_path!());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("list tests/it").flatten() {
+        let path = entry.path();
+        // This file's own strings hold `#[test]`; its tests are the two here.
+        if path.extension().is_none_or(|x| x != "rs") || path.ends_with("main.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read an area");
+        let file = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        missing.extend(
+            tests_without_a_turn(&text)
+                .into_iter()
+                .map(|t| format!("{file}: {t}")),
+        );
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "tests without their area's turn:\n  {}",
+        missing.join("\n  ")
+    );
+}
+
+#[test]
+fn a_test_without_its_turn_is_found() {
+    let _area = tests::area(module_path!());
+    let src = "#[test]\nfn a() {\n    let _area = tests::area(module_path!());\n}\n\
+               #[test]\n#[allow(x)]\nfn b() -> Result<(), ()> {\n    let x = 1;\n}\n";
+    assert_eq!(tests_without_a_turn(src), ["b"]);
+}
