@@ -2,7 +2,7 @@
 //! directory and snapshot directory is held open as a [`safedir::SafeDir`]
 //! (a real directory of ours that nobody else can write to, reached only
 //! through directories only root or we can change), locked with
-//! [`lock_file`], and written atomically through that descriptor. The
+//! `lock_file`, and written atomically through that descriptor. The
 //! state file ([`crate::store`]) and the snapshot log
 //! ([`crate::snapshots`]) are built on this room; its error is theirs.
 
@@ -121,7 +121,10 @@ impl StoreError {
     }
 }
 
-pub fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StoreError + use<> {
+pub(crate) fn io_err(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(io::Error) -> StoreError + use<> {
     let path = path.to_path_buf();
     move |error| StoreError::Io {
         action,
@@ -132,7 +135,7 @@ pub fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> St
 
 /// Milliseconds since the Unix epoch (0 before it: a broken clock is not an
 /// error here).
-pub fn unix_ms(t: SystemTime) -> u64 {
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -141,14 +144,14 @@ pub fn unix_ms(t: SystemTime) -> u64 {
 /// by the one rule of [`SafeDir`]: a real directory of ours that nobody
 /// else can write to, reached only through directories (and symlinks) that
 /// only root or we can change. Writes then go through the returned fd.
-pub fn prepare_dir(dir: &Path) -> Result<SafeDir, StoreError> {
+pub(crate) fn prepare_dir(dir: &Path) -> Result<SafeDir, StoreError> {
     SafeDir::open(dir, Some(0o700))
 }
 
 /// Opens (creating, 0600) `name` in `dir` and takes an exclusive flock on
 /// it, waiting at most `timeout`. The lock lasts as long as the returned
 /// file is open.
-pub fn lock_file(dir: &SafeDir, name: &str, timeout: Duration) -> Result<File, StoreError> {
+pub(crate) fn lock_file(dir: &SafeDir, name: &str, timeout: Duration) -> Result<File, StoreError> {
     let path = &dir.join(name);
     let file = dir
         .open_file(name, libc::O_RDWR | libc::O_CREAT, 0o600)
@@ -187,6 +190,6 @@ fn lock_holder(file: &File) -> Option<u32> {
 }
 
 /// Makes a rename or a new entry in `dir` durable.
-pub fn fsync_dir(dir: &SafeDir) -> Result<(), StoreError> {
+pub(crate) fn fsync_dir(dir: &SafeDir) -> Result<(), StoreError> {
     dir.fsync().map_err(io_err("fsync directory", dir.path()))
 }
