@@ -40,6 +40,8 @@ pub mod cgroup;
 pub mod clock;
 pub mod config;
 pub mod ebpf;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixture;
 pub mod history;
 pub mod inspect;
 pub mod judge;

@@ -17,7 +17,7 @@
 //! agent name (bounded by the config), the probe target (the config) and
 //! the last snapshot id (one series per agent at a time: an info metric).
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     history::{Counters, History},
@@ -168,35 +168,23 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
         }
     }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_wedges_total",
         "counter",
         "Transitions into wedged since the history began.",
+        |a| history.agents.get(&a.agent).map_or(0, |r| r.wedges),
     );
-    for a in outcomes {
-        let n = history.agents.get(&a.agent).map_or(0, |r| r.wedges);
-        let _ = writeln!(
-            o,
-            "selfheal_agent_wedges_total{{agent=\"{}\"}} {n}",
-            label(&a.agent)
-        );
-    }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_not_ok_checks_total",
         "counter",
         "Checks whose verdict for the agent was degraded, unresponsive, wedged or down.",
+        |a| counters(&a.agent).map_or(0, |c| c.not_ok_checks),
     );
-    for a in outcomes {
-        let n = counters(&a.agent).map_or(0, |c| c.not_ok_checks);
-        let _ = writeln!(
-            o,
-            "selfheal_agent_not_ok_checks_total{{agent=\"{}\"}} {n}",
-            label(&a.agent)
-        );
-    }
 
     head(
         &mut o,
@@ -234,100 +222,67 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
         }
     }
 
-    head(
+    by_outcome(
         &mut o,
-        "selfheal_heals_total",
-        "counter",
+        outcomes,
+        ("selfheal_heals_total", "action"),
         "Healing steps taken, by action and outcome (ok or failed).",
+        |a| counters(&a.agent).map(|c| &c.heals),
     );
-    for a in outcomes {
-        for (k, n) in counters(&a.agent).into_iter().flat_map(|c| &c.heals) {
-            let (action, outcome) = k.split_once('/').unwrap_or((k, ""));
-            let _ = writeln!(
-                o,
-                "selfheal_heals_total{{agent=\"{}\",action=\"{}\",outcome=\"{}\"}} {n}",
-                label(&a.agent),
-                label(action),
-                label(outcome)
-            );
-        }
-    }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_heal_steps_current_wedge",
         "gauge",
         "Healing steps taken on the agent's current wedge (0 when not being healed): \
          above 0 while still wedged, a heal did not help.",
+        |a| {
+            history
+                .agents
+                .get(&a.agent)
+                .map_or(0, |r| r.heal.steps_this_wedge)
+        },
     );
-    for a in outcomes {
-        let n = history
-            .agents
-            .get(&a.agent)
-            .map_or(0, |r| r.heal.steps_this_wedge);
-        let _ = writeln!(
-            o,
-            "selfheal_agent_heal_steps_current_wedge{{agent=\"{}\"}} {n}",
-            label(&a.agent)
-        );
-    }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_breaker_open",
         "gauge",
         "1 when healing gave up on the agent (the breaker is open until it recovers).",
+        |a| {
+            u8::from(
+                history
+                    .agents
+                    .get(&a.agent)
+                    .is_some_and(|r| r.heal.gave_up.is_some()),
+            )
+        },
     );
-    for a in outcomes {
-        let open = history
-            .agents
-            .get(&a.agent)
-            .is_some_and(|r| r.heal.gave_up.is_some());
-        let _ = writeln!(
-            o,
-            "selfheal_agent_breaker_open{{agent=\"{}\"}} {}",
-            label(&a.agent),
-            u8::from(open)
-        );
-    }
 
-    head(
+    by_outcome(
         &mut o,
-        "selfheal_proof_keepalives_total",
-        "counter",
+        outcomes,
+        ("selfheal_proof_keepalives_total", "event"),
         "Proof keepalives: event arm (armed on a suspect connection) or restore (the \
          connection's own options put back: the peer answered), by outcome.",
+        |a| counters(&a.agent).map(|c| &c.proofs),
     );
-    for a in outcomes {
-        for (k, n) in counters(&a.agent).into_iter().flat_map(|c| &c.proofs) {
-            let (event, outcome) = k.split_once('/').unwrap_or((k, ""));
-            let _ = writeln!(
-                o,
-                "selfheal_proof_keepalives_total{{agent=\"{}\",event=\"{}\",outcome=\"{}\"}} {n}",
-                label(&a.agent),
-                label(event),
-                label(outcome)
-            );
-        }
-    }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_proof_keepalives_armed",
         "gauge",
         "Proof keepalives armed on the agent's connections now, waiting for the peer.",
+        |a| {
+            history
+                .agents
+                .get(&a.agent)
+                .map_or(0, |r| r.judge.proofs.len())
+        },
     );
-    for a in outcomes {
-        let n = history
-            .agents
-            .get(&a.agent)
-            .map_or(0, |r| r.judge.proofs.len());
-        let _ = writeln!(
-            o,
-            "selfheal_agent_proof_keepalives_armed{{agent=\"{}\"}} {n}",
-            label(&a.agent)
-        );
-    }
 
     head(
         &mut o,
@@ -348,50 +303,32 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
         }
     }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_zombie_processes",
         "gauge",
         "Zombie processes in the agent's process tree.",
+        |a| a.evidence.zombies,
     );
-    for a in outcomes {
-        let _ = writeln!(
-            o,
-            "selfheal_agent_zombie_processes{{agent=\"{}\"}} {}",
-            label(&a.agent),
-            a.evidence.zombies
-        );
-    }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_processes",
         "gauge",
         "Processes found for the agent (0: down or not matched).",
+        |a| a.evidence.processes,
     );
-    for a in outcomes {
-        let _ = writeln!(
-            o,
-            "selfheal_agent_processes{{agent=\"{}\"}} {}",
-            label(&a.agent),
-            a.evidence.processes
-        );
-    }
 
-    head(
+    per_agent(
         &mut o,
+        outcomes,
         "selfheal_agent_evidence_gaps",
         "gauge",
         "Things the last check could not see for the agent (see `selfheal inspect NAME`).",
+        |a| a.gaps.len(),
     );
-    for a in outcomes {
-        let _ = writeln!(
-            o,
-            "selfheal_agent_evidence_gaps{{agent=\"{}\"}} {}",
-            label(&a.agent),
-            a.gaps.len()
-        );
-    }
 
     head(
         &mut o,
@@ -477,6 +414,45 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
 fn head(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {}", help_text(help));
     let _ = writeln!(o, "# TYPE {name} {kind}");
+}
+
+/// A metric with one sample per agent, `NAME{agent="…"} VALUE`.
+fn per_agent<V: std::fmt::Display>(
+    o: &mut String,
+    outcomes: &[Outcome],
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: impl Fn(&Outcome) -> V,
+) {
+    head(o, name, kind, help);
+    for a in outcomes {
+        let _ = writeln!(o, "{name}{{agent=\"{}\"}} {}", label(&a.agent), value(a));
+    }
+}
+
+/// A counter per agent from its history's `what/outcome` counts:
+/// `NAME{agent="…",WHAT="…",outcome="…"} N`.
+fn by_outcome<'h>(
+    o: &mut String,
+    outcomes: &[Outcome],
+    (name, what): (&str, &str),
+    help: &str,
+    counts: impl Fn(&Outcome) -> Option<&'h BTreeMap<String, u64>>,
+) {
+    head(o, name, "counter", help);
+    for a in outcomes {
+        for (k, n) in counts(a).into_iter().flatten() {
+            let (first, outcome) = k.split_once('/').unwrap_or((k, ""));
+            let _ = writeln!(
+                o,
+                "{name}{{agent=\"{}\",{what}=\"{}\",outcome=\"{}\"}} {n}",
+                label(&a.agent),
+                label(first),
+                label(outcome)
+            );
+        }
+    }
 }
 
 /// `selfheal_agent_container_info{agent,runtime,id,name,image,pod,namespace} 1`

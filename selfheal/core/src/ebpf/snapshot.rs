@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use selfheal_common::{
     InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_SOCKS, RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Strategy;
 use crate::clock::age_ms;
@@ -32,8 +32,9 @@ pub struct BlockedRecv {
     pub age_ms: u64,
 }
 
-/// Receive/send activity of one socket of a watched process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// Receive/send activity of one socket of a watched process (read back
+/// from the helper's wire as it is written).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SocketActivity {
     pub inode: u64,
     pub tgid: u32,
@@ -53,7 +54,7 @@ pub struct SocketActivity {
 
 /// Events the kernel side could not record: non-zero means the picture is
 /// incomplete (a map was full, a pointer unreadable).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Overflow {
     pub in_recv_full: u64,
     pub socks_full: u64,
@@ -62,7 +63,9 @@ pub struct Overflow {
     /// Socket events of the asked processes' owners not recorded, or
     /// recorded and then evicted, because the owner was at its share of
     /// `SOCKS` (the map is shared by every watched owner: see
-    /// [`socks_share`]).
+    /// [`socks_share`]). Absent from a helper older than the per-owner
+    /// share: none.
+    #[serde(default)]
     pub over_share: u64,
 }
 

@@ -7,7 +7,8 @@ use super::*;
 use crate::{
     config::{Config, Upstream},
     ebpf::Overflow,
-    inspect::{EbpfStatus, InitDiagnosis, ProcessReport, ThreadReport, Zombie},
+    fixture,
+    inspect::{InitDiagnosis, ThreadReport, Zombie},
     model::{Gap, RecvSource},
     sockdiag::TcpInfo,
 };
@@ -93,43 +94,15 @@ fn thread(tid: u32, state: char, recv: Option<(u64, u64)>) -> ThreadReport {
     }
 }
 
+/// `sol` (pid 100, started at tick 4242) with `threads`, holding
+/// `sockets`, and a tracer that lost nothing.
 fn report(threads: Vec<ThreadReport>, sockets: Vec<SocketReport>) -> Report {
-    Report {
-        agent: Some("sol".into()),
-        rule: "cmdline = \"sol\"".into(),
-        roots: vec![100],
-        upstreams: vec![],
-        containers: vec![],
-        processes: vec![ProcessReport {
-            pid: 100,
-            ppid: 1,
-            name: "sol".into(),
-            state: 'S',
-            start_ticks: Some(4242),
-            uid: Some(0),
-            pid_ns_init: false,
-            threads,
-            sockets: sockets.iter().map(|s| s.inode).collect(),
-        }],
-        sockets,
-        zombies: vec![],
-        init: InitDiagnosis {
-            root_is_pid1: false,
-            pid1: None,
-            zombies: 0,
-            diagnosis: None,
-        },
-        ebpf: EbpfStatus {
-            built_in: true,
-            strategy: None,
-            attempts: vec![],
-            error: None,
-            watched_ms: None,
-            overflow: Some(Overflow::default()),
-        },
-        gaps: vec![],
-        left_out: Default::default(),
-    }
+    let mut process = fixture::process('S', threads, sockets.iter().map(|s| s.inode).collect());
+    process.start_ticks = Some(4242);
+    let mut r = fixture::report_of(process, sockets);
+    r.rule = "cmdline = \"sol\"".into();
+    r.ebpf.overflow = Some(Overflow::default());
+    r
 }
 
 fn ok_probe(claims: bool) -> ProbeView {

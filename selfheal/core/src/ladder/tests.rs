@@ -4,10 +4,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use super::*;
-use crate::{
-    inspect::{EbpfStatus, InitDiagnosis, ProcessReport, SocketReport},
-    judge::{Reason, ReasonCode},
-};
+use crate::{fixture, judge::ReasonCode};
 
 const SEC: u64 = 1_000;
 
@@ -22,92 +19,19 @@ fn heal(signal: bool, restart: bool) -> HealConfig {
 }
 
 fn report(state: char, with_socket: bool) -> Report {
-    Report {
-        agent: Some("sol".into()),
-        rule: "pid = 100".into(),
-        roots: vec![100],
-        upstreams: vec![],
-        containers: vec![],
-        processes: vec![ProcessReport {
-            pid: 100,
-            ppid: 1,
-            name: "sol".into(),
-            state,
-            start_ticks: Some(777),
-            uid: Some(0),
-            pid_ns_init: false,
-            threads: vec![],
-            sockets: if with_socket { vec![42] } else { vec![] },
-        }],
-        sockets: if with_socket {
-            vec![SocketReport {
-                pid: 100,
-                fd: Some(7),
-                inode: 42,
-                cookie: 9,
-                local: "10.0.0.2:1".into(),
-                remote: "10.0.0.1:7443".into(),
-                state: crate::model::TcpState::Established,
-                role: crate::model::SocketRole::Control,
-                upstream: Some(0),
-                timer: None,
-                tcp_info: None,
-                ebpf: None,
-                anomalies: vec![],
-            }]
-        } else {
-            vec![]
-        },
-        zombies: vec![],
-        init: InitDiagnosis {
-            root_is_pid1: false,
-            pid1: None,
-            zombies: 0,
-            diagnosis: None,
-        },
-        ebpf: EbpfStatus {
-            built_in: true,
-            strategy: None,
-            attempts: vec![],
-            error: None,
-            watched_ms: None,
-            overflow: None,
-        },
-        gaps: vec![],
-        left_out: Default::default(),
-    }
+    let sockets = if with_socket { vec![42] } else { vec![] };
+    let held = if with_socket {
+        vec![fixture::control_socket()]
+    } else {
+        vec![]
+    };
+    fixture::report_of(fixture::process(state, vec![], sockets), held)
 }
 
 /// A wedged judgement for `code`, with the judge's finding of a dead
 /// socket `inode` held by pid 100 at fd 7 (as `report` has it), if given.
 fn wedged(code: ReasonCode, inode: Option<u64>) -> Judgement {
-    let mut evidence = BTreeMap::new();
-    if let Some(i) = inode {
-        evidence.insert("inode".to_string(), serde_json::json!(i));
-    }
-    Judgement {
-        verdict: Verdict::Wedged,
-        reasons: vec![Reason {
-            code,
-            verdict: Verdict::Wedged,
-            message: String::new(),
-            evidence,
-        }],
-        work: vec![],
-        dead: inode
-            .map(|inode| DeadSocket {
-                pid: 100,
-                start_ticks: 777,
-                fd: 7,
-                inode,
-                cookie: 9,
-                unacked: 0,
-                by_proof: false,
-                kind: crate::model::DeadKind::Awaited,
-            })
-            .into_iter()
-            .collect(),
-    }
+    fixture::wedged_by(code, inode)
 }
 
 fn busy() -> Judgement {

@@ -138,7 +138,7 @@ pub use self::response::{
     AttemptWire, Caller, EbpfStatus, HelloResult, Limits, Response, UnwatchResult, WatchResult,
     WatchedPid, WireError,
 };
-pub use self::snapshot::{BlockedWire, OverflowWire, SnapshotWire, SocketWire, filter_snapshot};
+pub use self::snapshot::{BlockedWire, SnapshotWire, filter_snapshot};
 
 /// The protocol version this module speaks.
 pub const PROTOCOL_VERSION: u32 = 1;

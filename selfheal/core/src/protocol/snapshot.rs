@@ -9,8 +9,8 @@ pub struct SnapshotWire {
     pub strategy: String,
     pub taken_at_ns: u64,
     pub blocked: Vec<BlockedWire>,
-    pub sockets: Vec<SocketWire>,
-    pub overflow: OverflowWire,
+    pub sockets: Vec<SocketActivity>,
+    pub overflow: Overflow,
     /// Requested pids the caller may not query (or that do not exist):
     /// their evidence is a gap. Absent from older helpers: none.
     #[serde(default)]
@@ -27,33 +27,6 @@ pub struct BlockedWire {
     pub tcp_checked: bool,
     pub since_ns: u64,
     pub age_ms: u64,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct SocketWire {
-    pub inode: u64,
-    pub tgid: u32,
-    pub last_recv_ms: Option<u64>,
-    pub last_recv_bytes: u64,
-    pub last_send_ms: Option<u64>,
-    pub last_send_bytes: u64,
-    pub recv_data: u64,
-    pub recv_empty: u64,
-    pub recv_error: u64,
-    pub sends: u64,
-    pub bytes_received: u64,
-    pub bytes_sent: u64,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize)]
-pub struct OverflowWire {
-    pub in_recv_full: u64,
-    pub socks_full: u64,
-    pub read_failed: u64,
-    pub in_send_full: u64,
-    /// Absent from a helper older than the per-uid share.
-    #[serde(default)]
-    pub over_share: u64,
 }
 
 impl SnapshotWire {
@@ -77,37 +50,12 @@ impl SnapshotWire {
                 age_ms: b.age_ms,
             })
             .collect();
-        let sockets = self
-            .sockets
-            .into_iter()
-            .map(|s| SocketActivity {
-                inode: s.inode,
-                tgid: s.tgid,
-                last_recv_ms: s.last_recv_ms,
-                last_recv_bytes: s.last_recv_bytes,
-                last_send_ms: s.last_send_ms,
-                last_send_bytes: s.last_send_bytes,
-                recv_data: s.recv_data,
-                recv_empty: s.recv_empty,
-                recv_error: s.recv_error,
-                sends: s.sends,
-                bytes_received: s.bytes_received,
-                bytes_sent: s.bytes_sent,
-            })
-            .collect();
-        let o = self.overflow;
         Ok(TracerSnapshot {
             strategy,
             taken_at_ns: self.taken_at_ns,
             blocked,
-            sockets,
-            overflow: Overflow {
-                in_recv_full: o.in_recv_full,
-                socks_full: o.socks_full,
-                read_failed: o.read_failed,
-                in_send_full: o.in_send_full,
-                over_share: o.over_share,
-            },
+            sockets: self.sockets,
+            overflow: self.overflow,
             shares: Default::default(),
             refused: Vec::new(),
         })
