@@ -93,6 +93,12 @@ impl Policy {
 
     /// Whether `caller` may query `target` (watch it, read its eBPF data).
     pub fn check_query(&self, caller: &Caller, target: &Target) -> Result<(), String> {
+        self.check_reach(caller, target, "query")
+    }
+
+    /// Whether `caller` may reach every uid of `target`; `verb` names what
+    /// it may not do in the refusal.
+    fn check_reach(&self, caller: &Caller, target: &Target, verb: &str) -> Result<(), String> {
         match target
             .uids
             .iter()
@@ -100,7 +106,7 @@ impl Policy {
         {
             None => Ok(()),
             Some(uid) => Err(format!(
-                "uid {} may not query pid {} (a process of uid {uid})",
+                "uid {} may not {verb} pid {} (a process of uid {uid})",
                 caller.uid, target.pid
             )),
         }
@@ -122,17 +128,7 @@ impl Policy {
                 target.pid
             ));
         }
-        match target
-            .uids
-            .iter()
-            .find(|uid| !self.may_reach(caller.uid, **uid))
-        {
-            None => Ok(()),
-            Some(uid) => Err(format!(
-                "uid {} may not act on pid {} (a process of uid {uid})",
-                caller.uid, target.pid
-            )),
-        }
+        self.check_reach(caller, target, "act on")
     }
 
     /// Validates policy `text`; `path` only names it in errors.

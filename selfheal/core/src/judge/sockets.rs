@@ -5,6 +5,21 @@
 use super::*;
 
 impl<'a> Judging<'a> {
+    /// The ladder's finding that socket `s` is dead, when the process that
+    /// holds it and its fd are known (an act needs both).
+    fn finding(&self, s: &SocketReport, by_proof: bool, kind: DeadKind) -> Option<DeadSocket> {
+        Some(DeadSocket {
+            pid: s.pid,
+            start_ticks: start_ticks(self.report, s.pid)?,
+            fd: s.fd?,
+            inode: s.inode,
+            cookie: s.cookie,
+            unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
+            by_proof,
+            kind,
+        })
+    }
+
     /// The rules of one upstream socket.
     pub(super) fn upstream_socket<'s>(
         &mut self,
@@ -174,19 +189,10 @@ impl<'a> Judging<'a> {
         let r = socket_reason(r, s);
         self.reasons
             .push(if by_proof { with(r, "proof", true) } else { r });
-        if let (Some(fd), Some(start)) = (s.fd, start_ticks(self.report, s.pid))
-            && !self.dead.iter().any(|d| d.inode == s.inode)
+        if !self.dead.iter().any(|d| d.inode == s.inode)
+            && let Some(d) = self.finding(s, by_proof, kind)
         {
-            self.dead.push(DeadSocket {
-                pid: s.pid,
-                start_ticks: start,
-                fd,
-                inode: s.inode,
-                cookie: s.cookie,
-                unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
-                by_proof,
-                kind,
-            });
+            self.dead.push(d);
         }
         let recv_blocked_ms = self.th().recv_blocked.as_millis() as u64;
         if let Some(w) = v.waiter.filter(|w| w.age_ms >= recv_blocked_ms) {
@@ -397,17 +403,8 @@ impl<'a> Judging<'a> {
         );
         self.reasons
             .push(with(socket_reason(r, s), "waited_ms", waited));
-        if let (Some(fd), Some(start)) = (s.fd, start_ticks(self.report, s.pid)) {
-            self.dead.push(DeadSocket {
-                pid: s.pid,
-                start_ticks: start,
-                fd,
-                inode: s.inode,
-                cookie: s.cookie,
-                unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
-                by_proof: false,
-                kind: DeadKind::Connecting,
-            });
+        if let Some(d) = self.finding(s, false, DeadKind::Connecting) {
+            self.dead.push(d);
         }
     }
 
