@@ -21,48 +21,42 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
+use bench::{Bins, set_nofile};
 use tests::{Usage, timed, timed_usage};
 
+/// `check` over agents that each hold threads blocked in `recvfrom` and
+/// connections, against the C floor and `ps` + `ss`.
+#[derive(clap::Parser)]
+#[command(name = "check-bench")]
+struct Args {
+    /// Agents to start.
+    #[arg(long, default_value_t = 100)]
+    agents: usize,
+    /// Threads per agent.
+    #[arg(long, default_value_t = 50)]
+    threads: usize,
+    /// Connections per agent.
+    #[arg(long, default_value_t = 20)]
+    sockets: usize,
+    /// Timed runs of each command (the median is printed).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+}
+
 fn main() {
-    let mut agents = 100usize;
-    let mut threads = 50usize;
-    let mut sockets = 20usize;
-    let mut runs = 5usize;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut num = || {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| usage(a))
-        };
-        match a.as_str() {
-            "--agents" => agents = num(),
-            "--threads" => threads = num(),
-            "--sockets" => sockets = num(),
-            "--runs" => runs = num(),
-            other => usage(other),
-        }
-    }
-    let bin_dir = std::env::current_exe()
-        .expect("current_exe")
-        .parent()
-        .expect("dir")
-        .to_path_buf();
-    let selfheal =
-        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
-    let peer = bin_dir.join("recv-peer");
+    let Args {
+        agents,
+        threads,
+        sockets,
+        runs,
+    } = clap::Parser::parse();
+    let Bins { selfheal, peer } = Bins::find();
     let work = std::env::temp_dir().join(format!("selfheal-check-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("work dir");
 
     let total_sockets = agents * sockets;
-    let lim = libc::rlimit {
-        rlim_cur: total_sockets as u64 + 512,
-        rlim_max: total_sockets as u64 + 512,
-    };
-    // SAFETY: setrlimit reads a valid struct.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    let _ = set_nofile(total_sockets as u64 + 512);
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().unwrap().to_string();
     let accepter = std::thread::spawn(move || {
@@ -159,11 +153,6 @@ fn main() {
         let _ = c.wait();
     }
     let _ = std::fs::remove_dir_all(&work);
-}
-
-fn usage(arg: &str) -> ! {
-    eprintln!("usage: check-bench [--agents N] [--threads N] [--sockets N] [--runs N] (bad {arg})");
-    std::process::exit(3)
 }
 
 fn check_cmd(selfheal: &Path, config: &Path, work: &Path) -> Command {

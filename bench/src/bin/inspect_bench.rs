@@ -13,42 +13,34 @@ use std::{
     process::{Command, Stdio},
 };
 
+use bench::{Bins, set_nofile};
 use tests::timed;
 
-fn main() {
-    let mut threads = 200usize;
-    let mut sockets = 2000usize;
-    let mut runs = 7usize;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut num = || {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| usage(a))
-        };
-        match a.as_str() {
-            "--threads" => threads = num(),
-            "--sockets" => sockets = num(),
-            "--runs" => runs = num(),
-            other => usage(other),
-        }
-    }
-    let bin_dir = std::env::current_exe()
-        .expect("current_exe")
-        .parent()
-        .expect("dir")
-        .to_path_buf();
-    let selfheal =
-        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
-    let peer = bin_dir.join("recv-peer");
+/// `inspect` of one agent with many threads and connections, against
+/// `ps` + `ss`.
+#[derive(clap::Parser)]
+#[command(name = "inspect-bench")]
+struct Args {
+    /// Threads of the agent.
+    #[arg(long, default_value_t = 200)]
+    threads: usize,
+    /// Connections of the agent.
+    #[arg(long, default_value_t = 2000)]
+    sockets: usize,
+    /// Timed runs of each command (the median is printed).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+}
 
-    let lim = libc::rlimit {
-        rlim_cur: sockets as u64 + 256,
-        rlim_max: sockets as u64 + 256,
-    };
-    // SAFETY: setrlimit reads a valid struct.
-    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+fn main() {
+    let Args {
+        threads,
+        sockets,
+        runs,
+    } = clap::Parser::parse();
+    let Bins { selfheal, peer } = Bins::find();
+
+    let _ = set_nofile(sockets as u64 + 256);
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().unwrap().to_string();
     let accepter = std::thread::spawn(move || {
@@ -112,9 +104,4 @@ fn main() {
     let _ = agent.stdin.take().map(|mut s| s.write_all(b""));
     let _ = agent.kill();
     let _ = agent.wait();
-}
-
-fn usage(arg: &str) -> ! {
-    eprintln!("usage: inspect-bench [--threads N] [--sockets N] [--runs N] (bad {arg})");
-    std::process::exit(3)
 }

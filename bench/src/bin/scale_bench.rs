@@ -60,6 +60,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bench::{Bins, set_nofile};
 use tests::timed;
 
 /// Agents of the socket series.
@@ -69,70 +70,36 @@ const THREADS_PER_AGENT: usize = 2;
 /// Connections of the one agent of the thread series.
 const THREAD_AGENT_SOCKETS: usize = 20;
 
+/// `check` at growing socket and thread counts against `ps` + `ss`, then
+/// the prove stage's and the idle pool's cost.
+#[derive(clap::Parser)]
+#[command(name = "scale-bench")]
 struct Args {
+    /// Sockets over the 100 agents of the socket series (multiples of 100).
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_values_t = [1000, 5000, 10000])]
     sockets: Vec<usize>,
+    /// Threads of the one agent of the thread series.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_values_t = [200, 1000, 2000])]
     threads: Vec<usize>,
     /// Suspect sockets of the proof section (0: skip it).
+    #[arg(long, default_value_t = 1000)]
     proof: usize,
-    /// Idle pooled sockets of the idle section (0: skip it), and how long
-    /// each way runs.
+    /// Idle pooled sockets of the idle section (0: skip it).
+    #[arg(long, default_value_t = 1000)]
     idle: usize,
+    /// How long each way of the idle section runs.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(10..=3600))]
     idle_seconds: u64,
+    /// Timed runs of each command (the median is printed).
+    #[arg(long, default_value_t = 7)]
     runs: usize,
 }
 
 fn main() {
-    let mut args = Args {
-        sockets: vec![1000, 5000, 10000],
-        threads: vec![200, 1000, 2000],
-        proof: 1000,
-        idle: 1000,
-        idle_seconds: 120,
-        runs: 7,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = argv.iter();
-    while let Some(a) = it.next() {
-        let list = |v: Option<&String>| -> Vec<usize> {
-            v.map(|v| {
-                v.split(',')
-                    .map(|n| n.parse().unwrap_or_else(|_| usage(a)))
-                    .collect()
-            })
-            .filter(|l: &Vec<usize>| !l.is_empty() && l.iter().all(|n| *n > 0))
-            .unwrap_or_else(|| usage(a))
-        };
-        match a.as_str() {
-            "--sockets" => args.sockets = list(it.next()),
-            "--threads" => args.threads = list(it.next()),
-            "--proof" => {
-                args.proof = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| usage(a))
-            }
-            "--idle" => {
-                args.idle = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| usage(a))
-            }
-            "--idle-seconds" => {
-                args.idle_seconds = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|n| (10..=3600).contains(n))
-                    .unwrap_or_else(|| usage(a))
-            }
-            "--runs" => {
-                args.runs = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|n| *n > 0)
-                    .unwrap_or_else(|| usage(a))
-            }
-            other => usage(other),
-        }
+    let args: Args = clap::Parser::parse();
+    if args.runs == 0 || args.threads.contains(&0) || args.sockets.contains(&0) {
+        eprintln!("scale-bench: --runs, --sockets and --threads must be above 0");
+        std::process::exit(3);
     }
     if args.sockets.iter().any(|s| s % AGENTS != 0 || *s > 50_000)
         || args.threads.iter().any(|t| *t > 10_000)
@@ -146,14 +113,7 @@ fn main() {
         );
         std::process::exit(3);
     }
-    let bin_dir = std::env::current_exe()
-        .expect("current_exe")
-        .parent()
-        .expect("dir")
-        .to_path_buf();
-    let selfheal: PathBuf =
-        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
-    let peer = bin_dir.join("recv-peer");
+    let Bins { selfheal, peer } = Bins::find();
     let work = std::env::temp_dir().join(format!("selfheal-scale-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("work dir");
@@ -204,24 +164,9 @@ fn main() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
-fn usage(arg: &str) -> ! {
-    eprintln!(
-        "usage: scale-bench [--sockets N,N,…] [--threads N,N,…] [--proof N] [--idle N] [--idle-seconds S] [--runs N] (bad {arg})"
-    );
-    std::process::exit(3)
-}
-
 fn raise_nofile(n: u64) {
-    let lim = libc::rlimit {
-        rlim_cur: n,
-        rlim_max: n,
-    };
-    // SAFETY: setrlimit reads a valid struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        eprintln!(
-            "scale-bench: cannot raise the open-file limit to {n}: {} (run as root)",
-            std::io::Error::last_os_error()
-        );
+    if let Err(e) = set_nofile(n) {
+        eprintln!("scale-bench: cannot raise the open-file limit to {n}: {e} (run as root)");
         std::process::exit(2);
     }
 }

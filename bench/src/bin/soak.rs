@@ -33,7 +33,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpListener,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
@@ -55,48 +55,33 @@ const WEDGE_MIN_LEFT: Duration = Duration::from_secs(15);
 /// RSS growth after warm-up that fails the soak.
 const RSS_LIMIT_KIB: i64 = 1024;
 
+/// `watch` healing through the helper under churn, for a while: fails on
+/// RSS growth, fd growth or a lost snapshot.
+#[derive(clap::Parser)]
+#[command(name = "soak")]
 struct Args {
+    /// How long the soak runs (at least 30).
+    #[arg(long, default_value_t = 600)]
     seconds: u64,
+    /// Runner slots churned at once (1 to 50).
+    #[arg(long, default_value_t = 4)]
     slots: usize,
+    /// `watch`'s interval, in milliseconds.
+    #[arg(long, default_value_t = 500)]
     interval_ms: u64,
+    /// Seconds before RSS and fds are first measured (default: a third of
+    /// the run, 20 to 120).
+    #[arg(long)]
     warmup: Option<u64>,
 }
 
 fn parse_args() -> Args {
-    let mut a = Args {
-        seconds: 600,
-        slots: 4,
-        interval_ms: 500,
-        warmup: None,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut num = || -> u64 {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| usage(flag))
-        };
-        match flag.as_str() {
-            "--seconds" => a.seconds = num(),
-            "--slots" => a.slots = num() as usize,
-            "--interval-ms" => a.interval_ms = num(),
-            "--warmup" => a.warmup = Some(num()),
-            other => usage(other),
-        }
-    }
+    let a: Args = clap::Parser::parse();
     if a.seconds < 30 || a.slots == 0 || a.slots > 50 || a.interval_ms == 0 {
         eprintln!("soak: --seconds must be at least 30, --slots 1 to 50, --interval-ms above 0");
         std::process::exit(2);
     }
     a
-}
-
-fn usage(arg: &str) -> ! {
-    eprintln!(
-        "usage: soak [--seconds N] [--slots N] [--interval-ms MS] [--warmup SECONDS] (bad {arg})"
-    );
-    std::process::exit(2)
 }
 
 /// What the churn did, summed over the slots.
@@ -155,14 +140,7 @@ fn main() {
         eprintln!("soak: the warm-up ({warmup} s) leaves under 20 s to measure");
         std::process::exit(2);
     }
-    let bin_dir = std::env::current_exe()
-        .expect("current_exe")
-        .parent()
-        .expect("dir")
-        .to_path_buf();
-    let selfheal: PathBuf =
-        std::env::var("SELFHEAL_BIN").map_or_else(|_| bin_dir.join("selfheal"), Into::into);
-    let peer = bin_dir.join("recv-peer");
+    let bench::Bins { selfheal, peer } = bench::Bins::find();
     for p in [&selfheal, &peer] {
         if !p.exists() {
             eprintln!(
