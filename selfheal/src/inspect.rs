@@ -84,7 +84,7 @@ pub struct Collector {
     /// How long one collection may take ([`Collector::set_budget`]).
     budget: Duration,
     /// Reads other processes' memory, in a child that can be abandoned.
-    reader: crate::memread::Reader,
+    reader: crate::sys::memread::Reader,
 }
 
 impl Collector {
@@ -110,7 +110,7 @@ impl Collector {
             detail: opts.detail,
             clocks: None,
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
-            reader: crate::memread::Reader::default(),
+            reader: crate::sys::memread::Reader::default(),
         }
     }
 
@@ -144,7 +144,7 @@ impl Collector {
             detail,
             clocks: None,
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
-            reader: crate::memread::Reader::default(),
+            reader: crate::sys::memread::Reader::default(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! `tcp_info` (as `ss` reads them), and `SOCK_DESTROY` (as `ss -K`). Both go
 //! through one request/response loop (`Diag`). Queries run in the
 //! caller's network namespace or, with [`dump_tcp_in_netns_of`] and
-//! [`destroy_by_inode_in`], in another one (through [`crate::netns`]).
+//! [`destroy_by_inode_in`], in another one (through [`crate::sys::netns`]).
 
 use selfheal_core::sockdiag::{TcpInfo, TcpSocket, TimerInfo};
 use std::{
@@ -22,7 +22,7 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
 
-use crate::netns;
+use crate::sys::netns;
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]

@@ -15,7 +15,10 @@ use super::{
     dup::{DupSocket, SocketGate, dup_tcp_socket, get_int, open_gate, pass},
     guard::check_target,
 };
-use crate::{netns, pidfd::Pidfd, sockdiag};
+use crate::{
+    sockdiag,
+    sys::{netns, pidfd::Pidfd},
+};
 
 /// How [`destroy_socket`] ended the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd};
 
 use super::ActionError;
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// A duplicate of a target's socket fd, with the socket's inode.
 pub(super) struct DupSocket {

@@ -3,7 +3,7 @@
 //! process's start time so that a reused pid is never hit.
 
 use super::ActionError;
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags field (include/linux/sched.h).
 const PF_KTHREAD: u32 = 0x0020_0000;

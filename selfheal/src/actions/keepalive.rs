@@ -20,7 +20,7 @@ use super::{
     },
     guard::check_target,
 };
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// What [`arm_keepalive`] asks of a socket: the keepalive rung.
 ///

@@ -459,7 +459,7 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
     let cgroup = cgroup_text.as_deref().and_then(cgroup_path);
     let containers = cgroup_text
         .as_deref()
-        .map(|t| containers_for(t, crate::trust::euid()))
+        .map(|t| containers_for(t, crate::sys::creds::euid()))
         .unwrap_or_default();
     let pidns = {
         use std::os::unix::fs::MetadataExt as _;

@@ -138,7 +138,7 @@ pub fn run(
         .iter()
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
-    let table = ProcessTable::read_for(&agents, crate::trust::euid());
+    let table = ProcessTable::read_for(&agents, crate::sys::creds::euid());
     let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets

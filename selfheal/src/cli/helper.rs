@@ -55,8 +55,7 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     // SAFETY: the first thing this subcommand does, before it starts any
     // thread; main starts none (the log subscriber runs on the caller's).
     let activated = unsafe { take_activated_listener() }?;
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let euid = selfheal::sys::creds::euid();
     if euid != 0 && args.socket.is_none() && activated.is_none() {
         return Err(Error::HelperNotRoot {
             euid,

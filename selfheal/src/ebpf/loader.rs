@@ -20,7 +20,7 @@ use super::{
     strategy::{Hook, ProgramSpec},
     tracefs,
 };
-use crate::clock::boot_ns;
+use crate::sys::clock::boot_ns;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/selfheal"));
 

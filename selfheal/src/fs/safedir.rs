@@ -37,7 +37,7 @@ use std::{
 };
 
 use super::{StoreError, io_err};
-use crate::trust::euid;
+use crate::sys::creds::euid;
 
 /// Groups with a gid below this are system groups (Debian's, Fedora's and
 /// Arch's `SYS_GID_MAX` is 999).

@@ -36,7 +36,7 @@ use selfheal_core::{
     policy::Policy,
 };
 
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 use selfheal_core::protocol::{Action, Caller};
 
 /// Why an act was not done: refused (the caller may not, or the target
@@ -353,7 +353,7 @@ pub const PROOF_RECORD_TTL: std::time::Duration = std::time::Duration::from_secs
 impl Recorded {
     /// Whether the socket is still where it was armed.
     fn live(&self) -> bool {
-        crate::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
+        crate::sys::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
             && std::fs::read_link(format!("/proc/{}/fd/{}", self.pid, self.fd)).is_ok_and(|l| {
                 l.as_os_str().as_encoded_bytes() == format!("socket:[{}]", self.inode).as_bytes()
             })
@@ -541,7 +541,7 @@ mod tests {
                 .unwrap();
         let r = |uid| Recorded {
             pid: std::process::id(),
-            start_ticks: crate::pidfd::start_ticks(std::process::id()).unwrap(),
+            start_ticks: crate::sys::pidfd::start_ticks(std::process::id()).unwrap(),
             fd,
             inode,
             at: std::time::Instant::now(),

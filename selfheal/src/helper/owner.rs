@@ -96,7 +96,7 @@ impl Owners {
         let Ok(status) = procfs::process::Process::new(pid as i32).and_then(|p| p.status()) else {
             return Account::own(0);
         };
-        let pidfd = crate::pidfd::pidfd_open(pid).ok();
+        let pidfd = crate::sys::pidfd::pidfd_open(pid).ok();
         self.account(status.ruid, pidfd.as_ref().map(|f| f.as_fd()), pid)
     }
 
@@ -128,7 +128,7 @@ impl Owners {
         let path = self.path.display();
         let file = match crate::trust::open_trusted(
             &self.path,
-            crate::trust::euid(),
+            crate::sys::creds::euid(),
             crate::trust::Sticky::AboveItsOwn,
         ) {
             Ok(f) => f,
@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn the_helpers_own_namespace_is_initial() {
         let owners = Owners::new(PathBuf::from("/nonexistent/subuid"));
-        let me = crate::pidfd::Pidfd::open(std::process::id(), None).unwrap();
+        let me = crate::sys::pidfd::Pidfd::open(std::process::id(), None).unwrap();
         assert_eq!(
             owners.namespace(Some(me.as_fd()), std::process::id()),
             Namespace::Initial
@@ -429,7 +429,7 @@ mod tests {
 
     #[test]
     fn both_ways_to_the_namespace_agree() {
-        let me = crate::pidfd::Pidfd::open(std::process::id(), None).unwrap();
+        let me = crate::sys::pidfd::Pidfd::open(std::process::id(), None).unwrap();
         let own = std::fs::File::open("/proc/self/ns/user").unwrap();
         let own = ns_id(&OwnedFd::from(own));
         let by_proc = userns_by_proc(me.as_fd(), std::process::id()).unwrap();

@@ -54,7 +54,7 @@ pub fn process_at(
     detail: Detail,
     clocks: &TaskClocks,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let mut reader = crate::memread::Reader::default();
+    let mut reader = crate::sys::memread::Reader::default();
     let mut access = MemAccess {
         reader: &mut reader,
         deadline: std::time::Instant::now() + READ_TIMEOUT,
@@ -67,7 +67,7 @@ pub fn process_at(
 /// through `reader` (a child that can be abandoned), by `deadline`, which
 /// also ends the reading of threads.
 pub struct MemAccess<'r> {
-    pub reader: &'r mut crate::memread::Reader,
+    pub reader: &'r mut crate::sys::memread::Reader,
     pub deadline: std::time::Instant,
     /// Set when the deadline passed: a read was abandoned or threads were
     /// left unread. The process read is then partial.
@@ -260,7 +260,7 @@ mod tests {
         buf: &mut [u8],
         gaps: &mut Vec<String>,
     ) -> Option<ProcWait> {
-        let mut reader = crate::memread::Reader::default();
+        let mut reader = crate::sys::memread::Reader::default();
         let mut access = MemAccess {
             reader: &mut reader,
             deadline: std::time::Instant::now() + READ_TIMEOUT,

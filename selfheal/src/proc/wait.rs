@@ -195,7 +195,7 @@ pub(super) fn read_wait(
 /// remains is the moment between the first check and a read: a process
 /// that `munmap`s the set and maps a FUSE file in its place just then
 /// makes the read wait on its server. That read is made by a reader child
-/// given the collection's deadline ([`crate::memread`]): at worst this
+/// given the collection's deadline ([`crate::sys::memread`]): at worst this
 /// agent's collection is cut at its budget and the child is abandoned;
 /// the check, the other agents and this process's exit do not wait on it.
 pub(super) struct Mem<'a, 'r> {
@@ -235,7 +235,7 @@ impl Mem<'_, '_> {
             .reader
             .read(pid, addr, buf, self.access.deadline)
             .map_err(|e| {
-                if e == crate::memread::ReadError::Timeout {
+                if e == crate::sys::memread::ReadError::Timeout {
                     self.access.over = true;
                 }
                 format!("tid {tid}: cannot read its {what} set: {e}")
@@ -281,7 +281,7 @@ pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>,
         process::{MMPermissions, MMapPath, MemoryMaps},
     };
     let text = access.reader.read_maps(pid, access.deadline).map_err(|e| {
-        if e == crate::memread::ReadError::Timeout {
+        if e == crate::sys::memread::ReadError::Timeout {
             access.over = true;
         }
         format!("its memory map is unreadable: {e}")

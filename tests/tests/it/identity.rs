@@ -345,7 +345,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             targets.push(("outsider", o.pid()));
         }
         for (what, pid) in targets {
-            let start = selfheal::pidfd::start_ticks(pid).expect("its start time");
+            let start = selfheal::sys::pidfd::start_ticks(pid).expect("its start time");
             let e = selfheal::runtime::restart::restart_container(
                 &sources,
                 selfheal_core::runtime::Runtime::Docker,
@@ -363,7 +363,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         drop(forged);
         drop(outsider);
         // The real one still restarts (the legit case unchanged).
-        let start = selfheal::pidfd::start_ticks(init).expect("init's start time");
+        let start = selfheal::sys::pidfd::start_ticks(init).expect("init's start time");
         selfheal::runtime::restart::restart_container(
             &sources,
             selfheal_core::runtime::Runtime::Docker,
@@ -398,7 +398,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             selfheal_core::runtime::Runtime::Docker,
             &id,
             std::process::id(),
-            selfheal::pidfd::start_ticks(std::process::id()).unwrap(),
+            selfheal::sys::pidfd::start_ticks(std::process::id()).unwrap(),
             Duration::from_secs(1),
             Duration::from_secs(20),
         )
@@ -658,7 +658,7 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
                 selfheal_core::runtime::Runtime::Podman,
                 &id,
                 pid,
-                selfheal::pidfd::start_ticks(pid).expect("its start time"),
+                selfheal::sys::pidfd::start_ticks(pid).expect("its start time"),
                 Duration::from_secs(1),
                 Duration::from_secs(30),
             )

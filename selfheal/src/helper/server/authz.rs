@@ -22,7 +22,7 @@ use selfheal_core::{
 use super::{Shared, refusal};
 use crate::{
     helper::{authority::Authority, policy::read_target},
-    pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
+    sys::pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
 };
 
 /// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.

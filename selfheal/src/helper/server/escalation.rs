@@ -26,7 +26,7 @@ use super::{
     authz::{Identity, identity},
     lock, refusal,
 };
-use crate::{helper::authority::Authority, pidfd::Pidfd};
+use crate::{helper::authority::Authority, sys::pidfd::Pidfd};
 
 /// The escalations the timer thread will run: bounded in all, per owner,
 /// and root's apart.

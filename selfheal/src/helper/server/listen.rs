@@ -166,7 +166,7 @@ fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
     if !md.is_dir() {
         return Err(unsafe_dir("not a directory".into()));
     }
-    let me = crate::trust::euid();
+    let me = crate::sys::creds::euid();
     let mode = md.mode() & 0o7777;
     // A sticky directory (/tmp) lets nobody else remove our socket.
     if mode & 0o1000 == 0 {
