@@ -134,7 +134,8 @@ pub(super) fn read_wait(
             let epfd = arg0 as i32;
             let cwd = nix::fcntl::AT_FDCWD;
             let cap = buf.len();
-            let Some(bytes) = read_at(cwd, &format!("/proc/{pid}/fdinfo/{epfd}"), buf) else {
+            let Some(bytes) = read_at(cwd, &mem.root.of_pid(pid, &format!("fdinfo/{epfd}")), buf)
+            else {
                 push_gap(
                     gaps,
                     format!("tid {tid}: cannot read its epoll set (fdinfo of fd {epfd})"),
@@ -199,6 +200,8 @@ pub(super) fn read_wait(
 /// agent's collection is cut at its budget and the child is abandoned;
 /// the check, the other agents and this process's exit do not wait on it.
 pub(super) struct Mem<'a, 'r> {
+    /// The procfs the process is read under.
+    pub(super) root: &'a crate::sys::procfs::ProcRoot,
     pub(super) pid: u32,
     pub(super) access: &'a mut MemAccess<'r>,
     pub(super) maps: Option<Result<Vec<Mapping>, String>>,

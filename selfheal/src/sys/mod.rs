@@ -11,3 +11,4 @@ pub mod creds;
 pub mod memread;
 pub mod netns;
 pub mod pidfd;
+pub mod procfs;
