@@ -162,6 +162,104 @@ fn upward_edges(src: &Path) -> Vec<String> {
     bad
 }
 
+/// Files outside `sys` that still make a raw system call or name a
+/// `/proc` path, each with what it has and why it stays. The list can only
+/// shrink: a test fails when an entry is no longer needed.
+const RAW_OUTSIDE_SYS: &[(&str, Raw, &str)] = &[];
+
+/// Raw system access a file's code may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Raw {
+    /// The `unsafe` keyword.
+    Unsafe,
+    /// A string literal starting with `/proc`.
+    ProcPath,
+}
+
+/// What raw system access `code` has.
+fn raw_access(code: &str) -> Vec<Raw> {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let has_unsafe = code.match_indices("unsafe").any(|(i, _)| {
+        !code[..i].chars().next_back().is_some_and(word)
+            && !code[i + "unsafe".len()..].chars().next().is_some_and(word)
+    });
+    let mut found = Vec::new();
+    if has_unsafe {
+        found.push(Raw::Unsafe);
+    }
+    if code.contains("\"/proc") {
+        found.push(Raw::ProcPath);
+    }
+    found
+}
+
+/// Every `(file, raw access)` of `src` outside `sys/`, files relative to
+/// `src`.
+fn raw_outside_sys(src: &Path) -> Vec<(String, Raw)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = Vec::new();
+    for file in files {
+        let rel = file.strip_prefix(src).unwrap_or(&file);
+        if rel.starts_with("sys") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+        for raw in raw_access(&code_of(&text)) {
+            out.push((rel.to_string_lossy().into_owned(), raw));
+        }
+    }
+    out
+}
+
+#[test]
+fn raw_system_access_is_in_sys() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = raw_outside_sys(&src);
+    let allowed = |f: &str, r: Raw| {
+        RAW_OUTSIDE_SYS
+            .iter()
+            .any(|&(af, ar, _)| af == f && ar == r)
+    };
+    let bad: Vec<String> = found
+        .iter()
+        .filter(|(f, r)| !allowed(f, *r))
+        .map(|(f, r)| format!("{f}: {r:?}"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "raw system access outside sys (move it into selfheal::sys):\n  {}",
+        bad.join("\n  ")
+    );
+    let stale: Vec<String> = RAW_OUTSIDE_SYS
+        .iter()
+        .filter(|&&(f, r, _)| !found.iter().any(|(ff, rr)| ff == f && *rr == r))
+        .map(|(f, r, _)| format!("{f}: {r:?}"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "allowed but no longer needed (drop it from RAW_OUTSIDE_SYS):\n  {}",
+        stale.join("\n  ")
+    );
+}
+
+#[test]
+fn raw_access_is_found_in_code_only() {
+    assert_eq!(
+        raw_access("let n = unsafe { f() };\nlet p = \"/proc/1/stat\";"),
+        [Raw::Unsafe, Raw::ProcPath]
+    );
+    assert_eq!(
+        raw_access("#[deny(unsafe_code)]\nlet p = \"/sys/proc\";"),
+        []
+    );
+    assert_eq!(
+        raw_access(&code_of("// unsafe \"/proc\n#[cfg(test)]\nunsafe {}")),
+        []
+    );
+}
+
 #[test]
 fn no_module_names_one_of_its_rank_or_above() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

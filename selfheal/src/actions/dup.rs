@@ -101,7 +101,7 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
     if fd < 0 {
         return Err(ActionError::NoSuchFd { pid, fd });
     }
-    let theirs = std::path::PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+    let theirs = crate::sys::procfs::ProcRoot::default().of_pid(pid, &format!("fd/{fd}"));
     if crate::proc::socket_inode_of_link(&theirs).is_none() {
         return Err(match std::fs::symlink_metadata(&theirs) {
             Err(_) => ActionError::NoSuchFd { pid, fd },
@@ -113,8 +113,8 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
         Some(libc::ESRCH) => ActionError::Gone { pid },
         _ => ActionError::io(format!("pidfd_getfd fd {fd} of pid {pid}"), e),
     })?;
-    let ours = format!("/proc/self/fd/{}", dup.as_raw_fd());
-    match crate::proc::socket_inode_of_link(std::path::Path::new(&ours)) {
+    let ours = crate::sys::procfs::ProcRoot::default().of_self(&format!("fd/{}", dup.as_raw_fd()));
+    match crate::proc::socket_inode_of_link(&ours) {
         Some(inode) => Ok(DupSocket { fd: dup, inode }),
         None => {
             close_aside(dup);

@@ -106,9 +106,11 @@ pub struct Options {
 
 /// The kernel's id of this boot.
 pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().file("sys/kernel/random/boot_id"),
+    )
+    .map(|s| s.trim().to_string())
+    .unwrap_or_default()
 }
 
 /// Checks every agent of `config` once. `history` is updated in place.

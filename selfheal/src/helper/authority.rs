@@ -194,7 +194,7 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
     let dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
-        .open(format!("/proc/{pid}"))
+        .open(crate::sys::procfs::ProcRoot::default().pid(pid))
         .map_err(|_| gone())?;
     // Opened while the pidfd's process held the pid: the directory is its.
     if !target.is_alive() {
@@ -260,15 +260,19 @@ fn read_caller(caller: &Caller) -> (CallerCreds, Option<(u64, u64)>) {
         gid: caller.gid,
         cap_permitted: 0,
     };
-    let status = std::fs::read_to_string(format!("/proc/{}/status", caller.pid)).ok();
+    let status = std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().of_pid(caller.pid, "status"),
+    )
+    .ok();
     if let Some((uids, _, caps)) = status.as_deref().and_then(rules::parse_status)
         && uids[1] == caller.uid
     {
         creds.cap_permitted = caps;
     }
-    let ns = std::fs::metadata(format!("/proc/{}/ns/user", caller.pid))
-        .ok()
-        .map(|m| (m.dev(), m.ino()));
+    let ns =
+        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(caller.pid, "ns/user"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
     (creds, ns)
 }
 
@@ -354,7 +358,11 @@ impl Recorded {
     /// Whether the socket is still where it was armed.
     fn live(&self) -> bool {
         crate::sys::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
-            && std::fs::read_link(format!("/proc/{}/fd/{}", self.pid, self.fd)).is_ok_and(|l| {
+            && std::fs::read_link(
+                crate::sys::procfs::ProcRoot::default()
+                    .of_pid(self.pid, &format!("fd/{}", self.fd)),
+            )
+            .is_ok_and(|l| {
                 l.as_os_str().as_encoded_bytes() == format!("socket:[{}]", self.inode).as_bytes()
             })
     }

@@ -57,10 +57,11 @@ impl Owners {
     /// Reads `path` (`/etc/subuid` in production) when first needed, and
     /// again whenever it changes.
     pub fn new(path: PathBuf) -> Owners {
-        let own_userns = std::fs::File::open("/proc/self/ns/user")
-            .ok()
-            .and_then(|f| f.metadata().ok())
-            .map(|md| (md.dev(), md.ino()));
+        let own_userns =
+            std::fs::File::open(crate::sys::procfs::ProcRoot::default().of_self("ns/user"))
+                .ok()
+                .and_then(|f| f.metadata().ok())
+                .map(|md| (md.dev(), md.ino()));
         Owners {
             path,
             cache: Mutex::default(),
@@ -259,12 +260,14 @@ fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
     if pid == 0 {
         return Err("its pid is not visible here and the kernel cannot name its namespace".into());
     }
-    let f = std::fs::File::open(format!("/proc/{pid}/ns/user"))
-        .map_err(|e| format!("/proc/{pid}/ns/user: {e}"))?;
+    let path = crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/user");
+    let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     // The pid was the connector's while it lived: what was opened under
     // it is the connector's when it still lives under that pid now.
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
-        .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
+    let info = std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().of_self(&format!("fdinfo/{}", pidfd.as_raw_fd())),
+    )
+    .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
     let (now, _) = super::server::authz::parse_pidfd_fdinfo(&info);
     if now != Some(i64::from(pid)) {
         return Err(format!("pid {pid} exited while its namespace was read"));
@@ -430,7 +433,8 @@ mod tests {
     #[test]
     fn both_ways_to_the_namespace_agree() {
         let me = crate::sys::pidfd::Pidfd::open(std::process::id(), None).unwrap();
-        let own = std::fs::File::open("/proc/self/ns/user").unwrap();
+        let own = std::fs::File::open(crate::sys::procfs::ProcRoot::default().of_self("ns/user"))
+            .unwrap();
         let own = ns_id(&OwnedFd::from(own));
         let by_proc = userns_by_proc(me.as_fd(), std::process::id()).unwrap();
         assert_eq!(ns_id(&by_proc), own);

@@ -107,8 +107,9 @@ pub fn restart_container(
 fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
     let target = crate::sys::pidfd::Pidfd::open(pid, start_ticks)
         .map_err(|e| format!("pid {pid} is gone ({e})"))?;
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map_err(|e| format!("cannot read pid {pid}'s cgroup ({e})"))?;
+    let text =
+        std::fs::read_to_string(crate::sys::procfs::ProcRoot::default().of_pid(pid, "cgroup"))
+            .map_err(|e| format!("cannot read pid {pid}'s cgroup ({e})"))?;
     // Read after the pidfd was opened: if it is still alive, the text was
     // that process's.
     if !target.is_alive() {
@@ -139,7 +140,7 @@ fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<()
         format!("pid {init}, its init as its runtime reports it, is not its ({why}): the runtime's pid namespace is another")
     })?;
     let ns = |p: u32| {
-        std::fs::metadata(format!("/proc/{p}/ns/pid"))
+        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(p, "ns/pid"))
             .map(|m| m.ino())
             .map_err(|e| format!("cannot read pid {p}'s pid namespace ({e})"))
     };

@@ -11,4 +11,5 @@ pub mod creds;
 pub mod memread;
 pub mod netns;
 pub mod pidfd;
+pub mod poll;
 pub mod procfs;

@@ -7,7 +7,7 @@
 use std::{
     io::{self, Read as _, Write as _},
     os::{
-        fd::{AsFd, AsRawFd as _, BorrowedFd},
+        fd::{AsFd, BorrowedFd},
         unix::net::{UnixListener, UnixStream},
     },
     sync::{Arc, atomic::Ordering},
@@ -44,17 +44,10 @@ pub(super) struct LoopLimits {
 fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|fd| libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|fd| crate::sys::poll::readable(*fd))
         .collect();
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = crate::sys::poll::poll(&mut pfds, ms) {
         if e.kind() == io::ErrorKind::Interrupted {
             return Ok(vec![false; pfds.len()]);
         }
