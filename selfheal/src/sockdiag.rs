@@ -5,11 +5,7 @@
 //! [`destroy_by_inode_in`], in another one (through [`crate::sys::netns`]).
 
 use selfheal_core::sockdiag::{TcpInfo, TcpSocket, TimerInfo};
-use std::{
-    net::SocketAddr,
-    os::fd::{AsFd, AsRawFd as _},
-    time::Duration,
-};
+use std::{net::SocketAddr, os::fd::AsFd, time::Duration};
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -136,23 +132,8 @@ impl Diag {
         socket.bind_auto().map_err(io("bind"))?;
         socket.connect(&NlAddr::new(0, 0)).map_err(io("connect"))?;
         socket.set_rx_buf_sz(1 << 20).map_err(io("setsockopt"))?;
-        let tv = libc::timeval {
-            tv_sec: REPLY_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: `tv` is valid for reads of its size.
-        let r = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io("setsockopt")(std::io::Error::last_os_error()));
-        }
+        crate::sys::socket::set_receive_timeout(socket.as_fd(), REPLY_TIMEOUT.as_secs())
+            .map_err(io("setsockopt"))?;
         Ok(Diag {
             socket,
             seq: 0,

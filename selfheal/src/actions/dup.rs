@@ -36,29 +36,12 @@ pub fn open_gate(_: &SocketSeen<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// `SO_COOKIE` of a socket.
-pub fn socket_cookie(fd: BorrowedFd<'_>) -> Option<u64> {
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `cookie` and `len` are valid for writes of a u64's size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
-}
-
 /// Runs `gate` on a duplicate.
 pub(super) fn pass(gate: SocketGate<'_>, dup: &DupSocket) -> Result<(), ActionError> {
     let seen = SocketSeen {
         fd: dup.fd.as_fd(),
         inode: dup.inode,
-        cookie: socket_cookie(dup.fd.as_fd()),
+        cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
     };
     gate(&seen).map_err(|why| ActionError::Refused { why })
 }
@@ -142,57 +125,10 @@ pub(super) fn dup_tcp_socket(
             found: dup.inode,
         });
     }
-    let domain = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
-    let protocol = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
+    let domain = crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
+    let protocol = crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
     match (domain, protocol) {
         (Ok(libc::AF_INET | libc::AF_INET6), Ok(libc::IPPROTO_TCP)) => Ok(dup),
         _ => Err(ActionError::NotTcp { pid, fd }),
-    }
-}
-
-pub(super) fn get_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-) -> std::io::Result<i32> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are valid for writes of an int's size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(value)
-    }
-}
-
-pub(super) fn set_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> std::io::Result<()> {
-    // SAFETY: `value` is valid for reads of an int's size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }

@@ -314,20 +314,8 @@ fn owned_below(ns: &Option<OwnedFd>, caller_ns: (u64, u64), uid: u32) -> bool {
 
 /// `tcpi_state` of a TCP socket.
 fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
-    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid for writes of `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && len >= 1).then_some(info.tcpi_state)
+    let (info, len) = crate::sys::socket::tcp_info(fd)?;
+    (len >= 1).then_some(info.tcpi_state)
 }
 
 /// A proof keepalive the helper armed: the socket's own options before.

@@ -6,6 +6,7 @@
 //! ages are measured with ([`clock`]), and this process's credentials
 //! ([`creds`]). This module names nothing else of the crate.
 
+pub mod activation;
 pub mod clock;
 pub mod creds;
 pub mod memread;
@@ -13,3 +14,5 @@ pub mod netns;
 pub mod pidfd;
 pub mod poll;
 pub mod procfs;
+pub mod signal;
+pub mod socket;

@@ -1,0 +1,129 @@
+//! Socket options read and set on a socket fd (often a duplicate of
+//! another process's socket): ints, `SO_COOKIE`, `tcp_info`, a receive
+//! timeout, the socket's network namespace.
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+};
+
+/// `ioctl` giving a socket's network namespace as a new fd (linux/sockios.h).
+const SIOCGSKNS: libc::c_ulong = 0x894C;
+
+/// An int socket option.
+pub fn get_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of an int's size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(value)
+    }
+}
+
+/// Sets an int socket option.
+pub fn set_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: `value` is valid for reads of an int's size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `SO_COOKIE` of a socket.
+pub fn cookie(fd: BorrowedFd<'_>) -> Option<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `len` are valid for writes of a u64's size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
+}
+
+/// A TCP socket's `tcp_info` and how many bytes of it the kernel filled
+/// in; `None` when it gave none.
+pub fn tcp_info(fd: BorrowedFd<'_>) -> Option<(libc::tcp_info, usize)> {
+    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are valid for writes of `len` bytes; the
+    // kernel writes at most that much.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some((info, len as usize))
+}
+
+/// Sets `SO_RCVTIMEO` to whole seconds.
+pub fn set_receive_timeout(fd: BorrowedFd<'_>, secs: u64) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: secs as libc::time_t,
+        tv_usec: 0,
+    };
+    // SAFETY: `tv` is valid for reads of its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The network namespace a socket lives in, as a new fd (`SIOCGSKNS`).
+pub fn netns_of(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: an ioctl without argument; a non-negative result is a new fd
+    // we own.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCGSKNS as _) };
+    if r >= 0 {
+        // SAFETY: a fresh fd we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(r) })
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
