@@ -276,10 +276,6 @@ fn read_caller(caller: &Caller) -> (CallerCreds, Option<(u64, u64)>) {
     (creds, ns)
 }
 
-/// `NS_GET_PARENT` and `NS_GET_OWNER_UID` (linux/nsfs.h).
-const NS_GET_PARENT: libc::c_ulong = 0xb702;
-const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
-
 /// Whether user namespace `ns` is below `caller_ns`, in a namespace the
 /// caller's uid created (directly below the caller's): the kernel's rule
 /// for holding every capability in it.
@@ -293,19 +289,12 @@ fn owned_below(ns: &Option<OwnedFd>, caller_ns: (u64, u64), uid: u32) -> bool {
     };
     // User namespaces nest at most 32 deep.
     for _ in 0..33 {
-        // SAFETY: an ioctl without argument on a namespace fd; a
-        // non-negative result is a new fd we own.
-        let parent = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_PARENT as _) };
-        if parent < 0 {
+        let Ok(parent) = crate::sys::ns::parent(std::os::fd::AsFd::as_fd(&cur)) else {
             return false;
-        }
-        // SAFETY: a fresh fd we own.
-        let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+        };
         if ns_id(&parent) == Some(caller_ns) {
-            let mut owner: libc::uid_t = u32::MAX;
-            // SAFETY: the ioctl writes one uid_t into `owner`.
-            let r = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_OWNER_UID as _, &mut owner) };
-            return r == 0 && owner == uid;
+            return crate::sys::ns::owner_uid(std::os::fd::AsFd::as_fd(&cur))
+                .is_ok_and(|owner| owner == uid);
         }
         cur = parent;
     }

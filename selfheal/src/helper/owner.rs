@@ -10,7 +10,7 @@ use std::{
     collections::BTreeMap,
     io::Read as _,
     os::{
-        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
         unix::{fs::MetadataExt as _, net::UnixStream},
     },
     path::PathBuf,
@@ -24,12 +24,6 @@ use selfheal_core::owner::{
 /// The subordinate uid file read when no `--subuid` is given.
 pub const DEFAULT_SUBUID: &str = "/etc/subuid";
 
-/// `PIDFD_GET_USER_NAMESPACE` (`_IO(0xFF, 9)`, Linux 6.11).
-const PIDFD_GET_USER_NAMESPACE: libc::c_ulong = 0xFF09;
-/// `NS_GET_PARENT` (`_IO(0xb7, 0x2)`).
-const NS_GET_PARENT: libc::c_ulong = 0xb702;
-/// `NS_GET_OWNER_UID` (`_IO(0xb7, 0x4)`).
-const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
 /// User namespaces nest at most 32 deep.
 const MAX_DEPTH: usize = 40;
 
@@ -198,27 +192,20 @@ impl Owners {
             return Namespace::Initial;
         }
         for _ in 0..MAX_DEPTH {
-            let mut owner: libc::uid_t = u32::MAX;
-            // SAFETY: NS_GET_OWNER_UID writes one uid_t to the pointer.
-            let r = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_OWNER_UID, &mut owner) };
-            if r != 0 {
-                return Namespace::Unreadable(format!(
-                    "NS_GET_OWNER_UID: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
-            // SAFETY: NS_GET_PARENT takes no argument and returns a new fd.
-            let parent = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_PARENT) };
-            if parent < 0 {
-                let e = std::io::Error::last_os_error();
-                return Namespace::Unreadable(if e.raw_os_error() == Some(libc::EPERM) {
-                    "its user namespace is not below the helper's".into()
-                } else {
-                    format!("NS_GET_PARENT: {e}")
-                });
-            }
-            // SAFETY: a fresh fd the kernel gave us to own.
-            let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+            let owner = match crate::sys::ns::owner_uid(cur.as_fd()) {
+                Ok(owner) => owner,
+                Err(e) => return Namespace::Unreadable(format!("NS_GET_OWNER_UID: {e}")),
+            };
+            let parent = match crate::sys::ns::parent(cur.as_fd()) {
+                Ok(parent) => parent,
+                Err(e) => {
+                    return Namespace::Unreadable(if e.raw_os_error() == Some(libc::EPERM) {
+                        "its user namespace is not below the helper's".into()
+                    } else {
+                        format!("NS_GET_PARENT: {e}")
+                    });
+                }
+            };
             if ns_id(&parent) == Some(own) {
                 return Namespace::OwnedBy(owner);
             }
@@ -230,23 +217,18 @@ impl Owners {
 
 /// Device and inode of a namespace fd: which namespace it is.
 fn ns_id(fd: &OwnedFd) -> Option<(u64, u64)> {
-    // SAFETY: `stat` is plain data; all zeroes is a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat into a local stat buffer.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    let st = nix::sys::stat::fstat(fd).ok()?;
+    Some((st.st_dev, st.st_ino))
 }
 
 /// The user namespace of the process behind `pidfd`: asked of the pidfd
 /// itself, or where the kernel lacks that, opened under `/proc/PID` and
 /// kept only when the pidfd says the process still lives under `pid`.
 fn userns_of(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
-    // SAFETY: the ioctl takes no argument and returns a new fd.
-    let fd = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_USER_NAMESPACE, 0) };
-    if fd >= 0 {
-        // SAFETY: a fresh fd the kernel gave us to own.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-    }
-    let e = std::io::Error::last_os_error();
+    let e = match crate::sys::ns::userns_of_pidfd(pidfd) {
+        Ok(fd) => return Ok(fd),
+        Err(e) => e,
+    };
     if !matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) {
         return Err(format!("PIDFD_GET_USER_NAMESPACE: {e}"));
     }
@@ -354,15 +336,13 @@ impl ConnSet {
                             ),
                         )
                         .to_line();
-                        // SAFETY: send on a socket we hold; never blocks.
-                        unsafe {
-                            libc::send(
-                                s.as_raw_fd(),
-                                msg.as_ptr().cast(),
-                                msg.len(),
-                                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                            )
-                        };
+                        // A send on a socket we hold; never blocks.
+                        let _ = nix::sys::socket::send(
+                            s.as_raw_fd(),
+                            &msg,
+                            nix::sys::socket::MsgFlags::MSG_DONTWAIT
+                                | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                        );
                         let _ = s.shutdown(std::net::Shutdown::Both);
                     }
                 }

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod creds;
 pub mod memread;
 pub mod netns;
+pub mod ns;
 pub mod pidfd;
 pub mod poll;
 pub mod procfs;
