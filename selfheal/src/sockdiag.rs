@@ -367,7 +367,7 @@ mod tests {
     /// `ECONNABORTED`, after which no socket has that inode.
     #[test]
     fn the_dump_reports_our_connection_and_destroy_ends_it() {
-        use std::{io::Read as _, os::unix::fs::MetadataExt as _};
+        use std::{io::Read as _, os::fd::AsRawFd as _, os::unix::fs::MetadataExt as _};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (_server, _) = l.accept().unwrap();

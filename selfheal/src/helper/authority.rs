@@ -25,7 +25,7 @@ use std::{
     fs::File,
     io::Read as _,
     os::{
-        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsRawFd as _, BorrowedFd, OwnedFd},
         unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     },
 };
@@ -229,19 +229,7 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
 /// `openat(dir, name)`, read-only, close-on-exec.
 fn open_at(dir: &File, name: &str) -> std::io::Result<File> {
     let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a plain syscall on our directory fd and a NUL-terminated name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    crate::sys::fs::openat(dir.as_raw_fd(), &c, libc::O_RDONLY, 0).map(File::from)
 }
 
 /// Device and inode of a namespace fd.

@@ -9,6 +9,7 @@
 pub mod activation;
 pub mod clock;
 pub mod creds;
+pub mod fs;
 pub mod memread;
 pub mod netns;
 pub mod ns;

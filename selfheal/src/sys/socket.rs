@@ -127,3 +127,30 @@ pub fn netns_of(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of a Unix socket's peer.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the process that connected Unix socket `fd`
+/// (`SO_PEERPIDFD`): `ENOPROTOOPT` where the kernel lacks the option, and
+/// an error when the peer is gone.
+pub fn peer_pidfd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut pidfd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a local int of the given size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut pidfd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 && pidfd >= 0 {
+        // SAFETY: a fresh fd the kernel gave us to own.
+        Ok(unsafe { OwnedFd::from_raw_fd(pidfd) })
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -8,7 +8,7 @@
 use std::{
     io,
     os::{
-        fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, OwnedFd},
         unix::{fs::MetadataExt as _, net::UnixStream},
     },
     path::PathBuf,
@@ -24,9 +24,6 @@ use crate::{
     helper::{authority::Authority, policy::read_target},
     sys::pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
 };
-
-/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
-pub(super) const SO_PEERPIDFD: libc::c_int = 77;
 
 /// What the policy and the audit need to know of a target, read again
 /// before every escalation.
@@ -110,29 +107,14 @@ pub(super) struct Connector {
 impl Connector {
     pub(super) fn pin(stream: &UnixStream, caller: Caller, peer_pidfd: bool) -> Connector {
         let kernel = if peer_pidfd {
-            let mut fd: libc::c_int = -1;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: getsockopt into a local int of the given size.
-            let r = unsafe {
-                libc::getsockopt(
-                    stream.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    SO_PEERPIDFD,
-                    (&mut fd as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
-            if r == 0 && fd >= 0 {
-                // SAFETY: a fresh fd the kernel gave us to own.
-                Some(Ok(unsafe { OwnedFd::from_raw_fd(fd) }))
-            } else {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
+            match crate::sys::socket::peer_pidfd(stream.as_fd()) {
+                Ok(fd) => Some(Ok(fd)),
+                Err(e) => match e.raw_os_error() {
                     // The kernel does not know the option: the fallback.
                     Some(libc::ENOPROTOOPT) => None,
                     // The connector is gone (no task to make a pidfd of).
                     _ => Some(Err(e)),
-                }
+                },
             }
         } else {
             None
