@@ -3,7 +3,8 @@
 //! modules form layers with no import cycle, and a newcomer can tell from
 //! the table below what a module may lean on. Comments and `#[cfg(test)]`
 //! code are not counted; the command line (`src/cli`, in the binary) sits
-//! above all of them.
+//! above all of them. The lowest layer, `sys`, is the one seam to the
+//! system: no other file has an `unsafe` block or a `/proc` path.
 
 use std::{collections::BTreeMap, path::Path};
 

@@ -10,10 +10,11 @@
 //! order of one check's flow (ARCHITECTURE.md draws it), lowest layer
 //! first within each step (a unit test holds the layers):
 //!
-//! - **the system**: [`sys`] (the one seam to it: process handles,
-//!   network namespaces, reading another process's memory, the clock ages
-//!   are measured with, this process's credentials; every `unsafe` block
-//!   and every `/proc` path of the library is there);
+//! - **the system**: [`sys`] (the one seam to it: the procfs root,
+//!   process handles, namespaces, reading another process's memory, socket
+//!   options, directory-relative file calls, the clock ages are measured
+//!   with, this process's credentials; every `unsafe` block and every
+//!   `/proc` path of the library is there);
 //! - **config**: [`config`] (finding and reading the TOML file), [`trust`]
 //!   (whether a file that steers privileged work may be believed);
 //! - **discover**: [`agents`] (which processes are an agent), [`runtime`]

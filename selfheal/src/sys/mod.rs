@@ -1,10 +1,22 @@
-//! The one seam to the system. Every raw system call (`unsafe` in this
-//! library) and every `/proc` path is here, so a newcomer finds all raw
-//! system access in one place, and a unit test holds it there
-//! (`layers.rs`): process handles ([`pidfd`]), network namespaces
-//! ([`netns`]), reading another process's memory ([`memread`]), the clock
-//! ages are measured with ([`clock`]), and this process's credentials
-//! ([`creds`]). This module names nothing else of the crate.
+//! The one seam to the system. Every raw system call (each `unsafe` block
+//! of this library) and every `/proc` path is here, so a newcomer finds
+//! all raw system access in one place, and a unit test (`layers.rs`) fails
+//! if either appears anywhere else. This module names nothing else of the
+//! crate.
+//!
+//! - [`procfs`]: the procfs root every `/proc` path is built from, which a
+//!   test points at a fixture tree;
+//! - [`pidfd`]: process handles that pid reuse cannot fool;
+//! - [`netns`] and [`ns`]: entering another network namespace; namespace
+//!   fds (parent, owner, a pidfd's user namespace);
+//! - [`memread`]: reading another process's memory, abandonably;
+//! - [`socket`]: socket options (ints, `SO_COOKIE`, `tcp_info`, the
+//!   receive timeout, a socket's namespace, `SO_PEERPIDFD`);
+//! - [`fs`]: directory-relative file calls, for `SafeDir`;
+//! - [`poll`], [`signal`], [`activation`]: `poll(2)`, killing a process
+//!   group, systemd socket activation;
+//! - [`clock`] and [`creds`]: the clock ages are measured with; this
+//!   process's effective uid.
 
 pub mod activation;
 pub mod clock;
