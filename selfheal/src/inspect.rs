@@ -19,8 +19,8 @@ use selfheal_core::{
 
 use crate::{
     ebpf::{self, Tracer, TracerOptions},
-    proc, sockdiag,
-    sys::procfs::ProcRoot,
+    proc,
+    sys::{procfs::ProcRoot, sockdiag},
 };
 
 /// What to inspect: an agent's processes, or one process and its descendants.

@@ -20,7 +20,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 2),
     ("fs", 2),
     ("proc", 2),
-    ("sockdiag", 2),
     // Probes, the tracer, the privileged acts, the state file.
     ("probe", 3),
     ("ebpf", 3),

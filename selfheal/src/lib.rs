@@ -22,7 +22,7 @@
 //!   pid reuse cannot fool);
 //! - **collect**: [`proc`] (threads, waits, fds from procfs),
 //!   [`sys::memread`] (reading another process's memory, abandonably),
-//!   [`sockdiag`] (TCP sockets and `tcp_info`; also `SOCK_DESTROY`),
+//!   [`sys::sockdiag`] (TCP sockets and `tcp_info`; also `SOCK_DESTROY`),
 //!   [`sys::netns`] (entering another network namespace), [`ebpf`] (the
 //!   receive tracer), [`probe`] (HTTP and health-file probes),
 //!   [`sys::clock`] (the one clock ages use), gathered by [`inspect`];
@@ -50,7 +50,6 @@ pub mod proc;
 pub mod prove;
 pub mod runtime;
 pub mod snapshots;
-pub mod sockdiag;
 pub mod store;
 pub mod sys;
 

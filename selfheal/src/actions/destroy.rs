@@ -15,10 +15,7 @@ use super::{
     dup::{DupSocket, SocketGate, dup_tcp_socket, open_gate, pass},
     guard::check_target,
 };
-use crate::{
-    sockdiag,
-    sys::{netns, pidfd::Pidfd},
-};
+use crate::sys::{netns, pidfd::Pidfd, sockdiag};
 
 /// How [`destroy_socket`] ended the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

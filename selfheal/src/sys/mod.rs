@@ -10,6 +10,8 @@
 //! - [`netns`] and [`ns`]: entering another network namespace; namespace
 //!   fds (parent, owner, a pidfd's user namespace);
 //! - [`memread`]: reading another process's memory, abandonably;
+//! - [`sockdiag`]: the sock_diag netlink interface (the TCP dump with
+//!   `tcp_info`, `SOCK_DESTROY`);
 //! - [`socket`]: socket options (ints, `SO_COOKIE`, `tcp_info`, the
 //!   receive timeout, a socket's namespace, `SO_PEERPIDFD`);
 //! - [`fs`]: directory-relative file calls, for `SafeDir`;
@@ -29,4 +31,5 @@ pub mod pidfd;
 pub mod poll;
 pub mod procfs;
 pub mod signal;
+pub mod sockdiag;
 pub mod socket;

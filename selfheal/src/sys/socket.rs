@@ -154,3 +154,10 @@ pub fn peer_pidfd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// The credentials of the process that connected Unix socket `fd`, as the
+/// kernel recorded them at `connect` (`SO_PEERCRED`).
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<nix::sys::socket::UnixCredentials> {
+    nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(io::Error::from)
+}

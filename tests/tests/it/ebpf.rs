@@ -16,7 +16,7 @@ use std::{
 
 use selfheal::{
     ebpf::{Tracer, TracerError, TracerOptions},
-    sockdiag,
+    sys::sockdiag,
 };
 use selfheal_core::ebpf::TracerSnapshot;
 use selfheal_core::ebpf::strategy::Strategy;

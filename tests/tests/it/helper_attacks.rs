@@ -46,7 +46,7 @@ use selfheal::{
         ClientOptions, DryExecutor, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
         serve,
     },
-    pidfd::start_ticks,
+    sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;

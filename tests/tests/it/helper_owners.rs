@@ -37,7 +37,7 @@ use selfheal::{
     ebpf::TracerOptions,
     healer::ActionsExecutor,
     helper::{Executor, HelperClient, Listen, ServerHandle, ServerOptions, serve},
-    pidfd::start_ticks,
+    sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;

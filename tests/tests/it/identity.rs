@@ -527,7 +527,7 @@ fn a_cgroup_name_cannot_forge_a_line() {
 fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
     let _area = tests::area(module_path!());
     const TEST: &str = "a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step";
-    use selfheal::{agents::still_in_unit, pidfd::start_ticks};
+    use selfheal::{agents::still_in_unit, sys::pidfd::start_ticks};
     use selfheal_core::config::UnitOwner;
     if !need_root(TEST) {
         return;

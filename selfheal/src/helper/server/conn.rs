@@ -14,7 +14,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nix::sys::socket::{getsockopt, sockopt};
 use selfheal_core::{
     owner::{Account, ConnLimits},
     protocol::{Caller, ErrorCode, MAX_REQUEST_BYTES, Op, Response, parse_request},
@@ -351,7 +350,7 @@ pub(super) fn connection(
 
 /// The caller's credentials as the socket recorded them at `connect`.
 fn peer(stream: &UnixStream) -> io::Result<Caller> {
-    let c = getsockopt(stream, sockopt::PeerCredentials).map_err(io::Error::from)?;
+    let c = crate::sys::socket::peer_credentials(stream.as_fd())?;
     Ok(Caller {
         uid: c.uid(),
         gid: c.gid(),

@@ -2,7 +2,7 @@
 //! `tcp_info` (as `ss` reads them), and `SOCK_DESTROY` (as `ss -K`). Both go
 //! through one request/response loop (`Diag`). Queries run in the
 //! caller's network namespace or, with [`dump_tcp_in_netns_of`] and
-//! [`destroy_by_inode_in`], in another one (through [`crate::sys::netns`]).
+//! [`destroy_by_inode_in`], in another one (through [`super::netns`]).
 
 use selfheal_core::sockdiag::{TcpInfo, TcpSocket, TimerInfo};
 use std::{net::SocketAddr, os::fd::AsFd, time::Duration};
@@ -18,7 +18,7 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
 
-use crate::sys::netns;
+use super::netns;
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,7 +132,7 @@ impl Diag {
         socket.bind_auto().map_err(io("bind"))?;
         socket.connect(&NlAddr::new(0, 0)).map_err(io("connect"))?;
         socket.set_rx_buf_sz(1 << 20).map_err(io("setsockopt"))?;
-        crate::sys::socket::set_receive_timeout(socket.as_fd(), REPLY_TIMEOUT.as_secs())
+        super::socket::set_receive_timeout(socket.as_fd(), REPLY_TIMEOUT.as_secs())
             .map_err(io("setsockopt"))?;
         Ok(Diag {
             socket,
