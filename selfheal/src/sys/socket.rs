@@ -10,25 +10,68 @@ use std::{
 /// `ioctl` giving a socket's network namespace as a new fd (linux/sockios.h).
 const SIOCGSKNS: libc::c_ulong = 0x894C;
 
-/// An int socket option.
-pub fn get_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are valid for writes of an int's size.
+/// `getsockopt` into `value`: how many bytes of it the kernel filled in.
+///
+/// # Safety
+///
+/// Every byte pattern must be a valid `T` (an int, a `u64`, `tcp_info`).
+unsafe fn getsockopt<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &mut T,
+) -> io::Result<usize> {
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes of `len` bytes; the
+    // kernel writes at most that much, and any bytes are a valid `T`
+    // (the caller's promise).
     let r = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
             level,
             name,
-            (&mut value as *mut libc::c_int).cast(),
+            (value as *mut T).cast(),
             &mut len,
         )
     };
     if r != 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(value)
+        Ok(len as usize)
     }
+}
+
+/// `setsockopt` to `value`.
+fn setsockopt<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: `value` is valid for reads of its size; the kernel only
+    // reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// An int socket option.
+pub fn get_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut value: libc::c_int = 0;
+    // SAFETY: any bytes are a valid int.
+    unsafe { getsockopt(fd, level, name, &mut value) }?;
+    Ok(value)
 }
 
 /// Sets an int socket option.
@@ -38,38 +81,15 @@ pub fn set_int(
     name: libc::c_int,
     value: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: `value` is valid for reads of an int's size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    setsockopt(fd, level, name, &value)
 }
 
 /// `SO_COOKIE` of a socket.
 pub fn cookie(fd: BorrowedFd<'_>) -> Option<u64> {
     let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `cookie` and `len` are valid for writes of a u64's size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
+    // SAFETY: any bytes are a valid u64.
+    let len = unsafe { getsockopt(fd, libc::SOL_SOCKET, libc::SO_COOKIE, &mut cookie) }.ok()?;
+    (len == std::mem::size_of::<u64>()).then_some(cookie)
 }
 
 /// A TCP socket's `tcp_info` and how many bytes of it the kernel filled
@@ -77,19 +97,9 @@ pub fn cookie(fd: BorrowedFd<'_>) -> Option<u64> {
 pub fn tcp_info(fd: BorrowedFd<'_>) -> Option<(libc::tcp_info, usize)> {
     // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid for writes of `len` bytes; the
-    // kernel writes at most that much.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some((info, len as usize))
+    // SAFETY: tcp_info is plain old data: any bytes are a valid value.
+    let len = unsafe { getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info) }.ok()?;
+    Some((info, len))
 }
 
 /// Sets `SO_RCVTIMEO` to whole seconds.
@@ -98,21 +108,7 @@ pub fn set_receive_timeout(fd: BorrowedFd<'_>, secs: u64) -> io::Result<()> {
         tv_sec: secs as libc::time_t,
         tv_usec: 0,
     };
-    // SAFETY: `tv` is valid for reads of its size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
 }
 
 /// The network namespace a socket lives in, as a new fd (`SIOCGSKNS`).
@@ -136,23 +132,13 @@ const SO_PEERPIDFD: libc::c_int = 77;
 /// an error when the peer is gone.
 pub fn peer_pidfd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let mut pidfd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt into a local int of the given size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_PEERPIDFD,
-            (&mut pidfd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 && pidfd >= 0 {
-        // SAFETY: a fresh fd the kernel gave us to own.
-        Ok(unsafe { OwnedFd::from_raw_fd(pidfd) })
-    } else {
-        Err(io::Error::last_os_error())
+    // SAFETY: any bytes are a valid int.
+    unsafe { getsockopt(fd, libc::SOL_SOCKET, SO_PEERPIDFD, &mut pidfd) }?;
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
     }
+    // SAFETY: a fresh fd the kernel gave us to own.
+    Ok(unsafe { OwnedFd::from_raw_fd(pidfd) })
 }
 
 /// The credentials of the process that connected Unix socket `fd`, as the
