@@ -12,14 +12,7 @@ use std::{
     },
 };
 
-/// `-1`: an error with `errno`.
-fn check(r: libc::c_int) -> io::Result<()> {
-    if r != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
+use super::check;
 
 /// `fstat(fd)`.
 pub fn fstat(fd: i32) -> io::Result<libc::stat> {

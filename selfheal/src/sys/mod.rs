@@ -33,3 +33,12 @@ pub mod procfs;
 pub mod signal;
 pub mod sockdiag;
 pub mod socket;
+
+/// A libc call's `0` as `Ok`, anything else as the error in `errno`.
+fn check(r: libc::c_int) -> std::io::Result<()> {
+    if r != 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

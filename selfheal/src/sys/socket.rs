@@ -34,11 +34,8 @@ unsafe fn getsockopt<T>(
             &mut len,
         )
     };
-    if r != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(len as usize)
-    }
+    super::check(r)?;
+    Ok(len as usize)
 }
 
 /// `setsockopt` to `value`.
@@ -59,11 +56,7 @@ fn setsockopt<T>(
             std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
-    if r != 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    super::check(r)
 }
 
 /// An int socket option.
