@@ -134,8 +134,7 @@ mod tests {
 
     #[test]
     fn untrusted_files_are_refused() {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = crate::sys::creds::euid();
         let dir = TempDir::new("trust");
         let file = dir.0.join("helper.toml");
         std::fs::write(&file, "[[grant]]\nuid = 1000\nuids = [1001]\n").unwrap();
