@@ -160,7 +160,7 @@ impl ProcessTable {
     ) -> ProcessTable {
         let mut entries = Vec::new();
         let mut cmdlines = CmdlineReader::default();
-        if let Ok(all) = procfs::process::all_processes() {
+        if let Ok(all) = crate::sys::procfs::ProcRoot::default().all_processes() {
             for process in all.flatten() {
                 if let Some(mut e) = read_entry(&process) {
                     if e.has_argv && read_cmdline(e.uid) {

@@ -88,7 +88,10 @@ impl Owners {
     /// caller's. A process gone, or whose uid cannot be read, counts as
     /// root's: it makes no entries, and root's share is never a user's.
     pub fn of_process(&self, pid: u32) -> Account {
-        let Ok(status) = procfs::process::Process::new(pid as i32).and_then(|p| p.status()) else {
+        let Ok(status) = crate::sys::procfs::ProcRoot::default()
+            .process(pid)
+            .and_then(|p| p.status())
+        else {
             return Account::own(0);
         };
         let pidfd = crate::sys::pidfd::pidfd_open(pid).ok();

@@ -59,6 +59,11 @@ impl ProcRoot {
     pub fn process(&self, pid: u32) -> procfs::ProcResult<procfs::process::Process> {
         procfs::process::Process::new_with_root(self.pid(pid))
     }
+
+    /// Every process under this root, as the `procfs` crate lists them.
+    pub fn all_processes(&self) -> procfs::ProcResult<procfs::process::ProcessesIter> {
+        procfs::process::all_processes_with_root(&self.root)
+    }
 }
 
 #[cfg(test)]
