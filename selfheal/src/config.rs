@@ -52,15 +52,18 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
         path: path.to_path_buf(),
         error,
     };
-    let file =
-        crate::trust::open_trusted(path, crate::trust::euid(), crate::trust::Sticky::AlsoItsOwn)
-            .map_err(|e| match e {
-                crate::trust::TrustError::Read { path, error } => ConfigError::Read { path, error },
-                crate::trust::TrustError::Untrusted { reason } => ConfigError::Untrusted {
-                    path: path.to_path_buf(),
-                    reason,
-                },
-            })?;
+    let file = crate::trust::open_trusted(
+        path,
+        crate::sys::creds::euid(),
+        crate::trust::Sticky::AlsoItsOwn,
+    )
+    .map_err(|e| match e {
+        crate::trust::TrustError::Read { path, error } => ConfigError::Read { path, error },
+        crate::trust::TrustError::Untrusted { reason } => ConfigError::Untrusted {
+            path: path.to_path_buf(),
+            reason,
+        },
+    })?;
     let mut bytes = Vec::new();
     file.take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut bytes)

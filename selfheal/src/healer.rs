@@ -242,7 +242,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
     fn act(
         &self,
         caller: &selfheal_core::protocol::Caller,
-        target: &crate::pidfd::Pidfd,
+        target: &crate::sys::pidfd::Pidfd,
         req: &selfheal_core::protocol::ActRequest,
     ) -> Result<serde_json::Value, String> {
         // Root's authority: what an in-process caller (tests) asks.
@@ -255,7 +255,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
     fn act_checked(
         &self,
         caller: &selfheal_core::protocol::Caller,
-        target: &crate::pidfd::Pidfd,
+        target: &crate::sys::pidfd::Pidfd,
         req: &selfheal_core::protocol::ActRequest,
         authority: &Authority,
     ) -> Result<serde_json::Value, ActError> {
@@ -440,7 +440,7 @@ impl crate::helper::server::Executor for ActionsExecutor {
     fn escalate(
         &self,
         _caller: &selfheal_core::protocol::Caller,
-        target: &crate::pidfd::Pidfd,
+        target: &crate::sys::pidfd::Pidfd,
         req: &selfheal_core::protocol::ActRequest,
     ) -> Result<serde_json::Value, String> {
         use selfheal_core::protocol::Action;
@@ -590,7 +590,7 @@ fn await_escalation(
         Duration::from_millis(grace_ms.min(crate::helper::server::MAX_GRACE.as_millis() as u64))
             + actions::signal::KILL_WAIT
             + Duration::from_secs(1);
-    let exited = match crate::pidfd::Pidfd::open(pid, Some(start_ticks)) {
+    let exited = match crate::sys::pidfd::Pidfd::open(pid, Some(start_ticks)) {
         Ok(fd) => {
             // Bounded: each wait ends at the limit or at the exit; an
             // interrupted one costs another round.

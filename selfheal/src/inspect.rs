@@ -19,7 +19,8 @@ use selfheal_core::{
 
 use crate::{
     ebpf::{self, Tracer, TracerOptions},
-    proc, sockdiag,
+    proc,
+    sys::{procfs::ProcRoot, sockdiag},
 };
 
 /// What to inspect: an agent's processes, or one process and its descendants.
@@ -84,7 +85,9 @@ pub struct Collector {
     /// How long one collection may take ([`Collector::set_budget`]).
     budget: Duration,
     /// Reads other processes' memory, in a child that can be abandoned.
-    reader: crate::memread::Reader,
+    reader: crate::sys::memread::Reader,
+    /// The procfs the processes are read under.
+    proc: ProcRoot,
 }
 
 impl Collector {
@@ -110,7 +113,8 @@ impl Collector {
             detail: opts.detail,
             clocks: None,
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
-            reader: crate::memread::Reader::default(),
+            reader: crate::sys::memread::Reader::default(),
+            proc: ProcRoot::default(),
         }
     }
 
@@ -144,7 +148,8 @@ impl Collector {
             detail,
             clocks: None,
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
-            reader: crate::memread::Reader::default(),
+            reader: crate::sys::memread::Reader::default(),
+            proc: ProcRoot::default(),
         }
     }
 
@@ -192,7 +197,7 @@ impl Collector {
             // under its parent, anything else counted as unread.
             let full = processes.len() - zombies >= MAX_PROCESSES;
             if full || zombies >= MAX_ZOMBIES {
-                match state_and_ppid(pid) {
+                match state_and_ppid(&self.proc, pid) {
                     Some(('Z', ppid)) if zombies >= MAX_ZOMBIES => {
                         *unread_zombies.entry(ppid).or_insert(0) += 1;
                         continue;
@@ -209,7 +214,7 @@ impl Collector {
                     }
                 }
             }
-            match proc::process_in(pid, detail, clocks, &mut access) {
+            match proc::process_in(&self.proc, pid, detail, clocks, &mut access) {
                 Ok(p) => {
                     zombies += usize::from(p.state == 'Z');
                     processes.push(p);
@@ -234,7 +239,7 @@ impl Collector {
         let mut tcp: Vec<NetnsSockets> = Vec::new();
         let mut seen_ns = BTreeSet::new();
         for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
-            let Ok(ns) = std::fs::metadata(format!("/proc/{}/ns/net", p.pid)).map(|m| {
+            let Ok(ns) = std::fs::metadata(self.proc.of_pid(p.pid, "ns/net")).map(|m| {
                 use std::os::unix::fs::MetadataExt as _;
                 (m.dev(), m.ino())
             }) else {
@@ -310,8 +315,8 @@ impl Collector {
 
 /// A process's state and parent from `/proc/PID/stat` (one small read),
 /// or `None` when it is gone.
-fn state_and_ppid(pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+fn state_and_ppid(root: &ProcRoot, pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read(root.of_pid(pid, "stat")).ok()?;
     // `PID (COMM) STATE PPID …`; COMM may hold anything, so split at the last `)`.
     let close = stat.iter().rposition(|b| *b == b')')?;
     let mut rest = std::str::from_utf8(stat.get(close + 1..)?)

@@ -413,11 +413,7 @@ fn head_loop(listener: &TcpListener, shared: &Arc<Shared>, slots: &Arc<Mutex<Slo
             revents: 0,
         }));
         let timeout_ms = i32::try_from(wake.as_millis().max(1)).unwrap_or(1000);
-        // SAFETY: `fds` is a live array of `fds.len()` pollfds whose fds
-        // stay open (owned by `listener` and `pending`) during the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
+        if let Err(e) = crate::sys::poll::poll(&mut fds, timeout_ms) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 tracing::debug!("metrics: poll: {e}");
                 std::thread::sleep(Duration::from_millis(10));

@@ -334,7 +334,7 @@ pub fn read_secret(source: &SecretSource) -> Result<String, String> {
             let meta = file
                 .metadata()
                 .map_err(|e| format!("bearer_file {shown}: cannot stat: {e}"))?;
-            let me = crate::trust::euid();
+            let me = crate::sys::creds::euid();
             if !meta.is_file() {
                 return Err(format!("bearer_file {shown}: not a regular file"));
             }

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     fs::{StoreError, fsync_dir, io_err, lock_file, prepare_dir, safedir::SafeDir, unix_ms},
     store::{self, DEFAULT_LOCK_TIMEOUT},
-    trust::euid,
+    sys::creds::euid,
 };
 
 /// The shared log's name (read, never written); rotated files add `.1`,

@@ -29,7 +29,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     fs::{StoreError, fsync_dir, io_err, lock_file, prepare_dir, safedir::SafeDir, unix_ms},
-    trust::euid,
+    sys::creds::euid,
 };
 
 /// The state file's name inside the state directory.

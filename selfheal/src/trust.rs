@@ -111,9 +111,3 @@ pub fn open_trusted(path: &Path, euid: u32, sticky: Sticky) -> Result<File, Trus
     }
     Ok(file)
 }
-
-/// The effective uid of this process.
-pub fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}

@@ -4,7 +4,7 @@
 
 use std::{
     net::SocketAddr,
-    os::fd::{AsFd, AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
 };
 
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6};
@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     ActionError,
-    dup::{DupSocket, SocketGate, dup_tcp_socket, get_int, open_gate, pass},
+    dup::{DupSocket, SocketGate, dup_tcp_socket, open_gate, pass},
     guard::check_target,
 };
-use crate::{netns, pidfd::Pidfd, sockdiag};
+use crate::sys::{netns, pidfd::Pidfd, sockdiag};
 
 /// How [`destroy_socket`] ended the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,9 +43,6 @@ pub struct DestroyOutcome {
     pub local: Option<SocketAddr>,
     pub remote: Option<SocketAddr>,
 }
-
-/// `SIOCGSKNS` (linux/sockios.h): a socket's network namespace as an fd.
-const SIOCGSKNS: libc::c_ulong = 0x894C;
 
 /// Ends the connection of socket `fd` of the target. First `SOCK_DESTROY`:
 /// the socket is found by inode in a sock_diag dump of *its own* network
@@ -145,12 +142,8 @@ fn shutdown_dup(
 
 /// The network namespace the socket lives in, as an fd.
 fn socket_netns(target: &Pidfd, dup: &DupSocket) -> Result<OwnedFd, String> {
-    // SAFETY: an ioctl without argument; a non-negative result is a new fd
-    // we own.
-    let r = unsafe { libc::ioctl(dup.fd.as_raw_fd(), SIOCGSKNS as _) };
-    if r >= 0 {
-        // SAFETY: a fresh fd we own.
-        return Ok(unsafe { OwnedFd::from_raw_fd(r) });
+    if let Ok(ns) = crate::sys::socket::netns_of(dup.fd.as_fd()) {
+        return Ok(ns);
     }
     let pid = target.pid();
     netns::of_pid(pid)
@@ -167,11 +160,12 @@ fn sock_destroy(
 ) -> Result<(SocketAddr, SocketAddr, u64), ActionError> {
     let pid = target.pid();
     let nl_err = |reason: String| ActionError::Netlink { pid, fd, reason };
-    let families: &[u8] = match get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN) {
-        Ok(libc::AF_INET) => &[AF_INET],
-        Ok(libc::AF_INET6) => &[AF_INET6],
-        _ => &[AF_INET, AF_INET6],
-    };
+    let families: &[u8] =
+        match crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN) {
+            Ok(libc::AF_INET) => &[AF_INET],
+            Ok(libc::AF_INET6) => &[AF_INET6],
+            _ => &[AF_INET, AF_INET6],
+        };
     let ns = socket_netns(target, dup).map_err(nl_err)?;
     sockdiag::destroy_by_inode_in(&ns, families, dup.inode).map_err(|e| nl_err(e.to_string()))
 }

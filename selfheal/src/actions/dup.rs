@@ -6,7 +6,7 @@
 use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd};
 
 use super::ActionError;
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// A duplicate of a target's socket fd, with the socket's inode.
 pub(super) struct DupSocket {
@@ -36,29 +36,12 @@ pub fn open_gate(_: &SocketSeen<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// `SO_COOKIE` of a socket.
-pub fn socket_cookie(fd: BorrowedFd<'_>) -> Option<u64> {
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `cookie` and `len` are valid for writes of a u64's size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && len as usize == std::mem::size_of::<u64>()).then_some(cookie)
-}
-
 /// Runs `gate` on a duplicate.
 pub(super) fn pass(gate: SocketGate<'_>, dup: &DupSocket) -> Result<(), ActionError> {
     let seen = SocketSeen {
         fd: dup.fd.as_fd(),
         inode: dup.inode,
-        cookie: socket_cookie(dup.fd.as_fd()),
+        cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
     };
     gate(&seen).map_err(|why| ActionError::Refused { why })
 }
@@ -101,7 +84,7 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
     if fd < 0 {
         return Err(ActionError::NoSuchFd { pid, fd });
     }
-    let theirs = std::path::PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+    let theirs = crate::sys::procfs::ProcRoot::default().of_pid(pid, &format!("fd/{fd}"));
     if crate::proc::socket_inode_of_link(&theirs).is_none() {
         return Err(match std::fs::symlink_metadata(&theirs) {
             Err(_) => ActionError::NoSuchFd { pid, fd },
@@ -113,8 +96,8 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
         Some(libc::ESRCH) => ActionError::Gone { pid },
         _ => ActionError::io(format!("pidfd_getfd fd {fd} of pid {pid}"), e),
     })?;
-    let ours = format!("/proc/self/fd/{}", dup.as_raw_fd());
-    match crate::proc::socket_inode_of_link(std::path::Path::new(&ours)) {
+    let ours = crate::sys::procfs::ProcRoot::default().of_self(&format!("fd/{}", dup.as_raw_fd()));
+    match crate::proc::socket_inode_of_link(&ours) {
         Some(inode) => Ok(DupSocket { fd: dup, inode }),
         None => {
             close_aside(dup);
@@ -142,57 +125,10 @@ pub(super) fn dup_tcp_socket(
             found: dup.inode,
         });
     }
-    let domain = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
-    let protocol = get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
+    let domain = crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
+    let protocol = crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
     match (domain, protocol) {
         (Ok(libc::AF_INET | libc::AF_INET6), Ok(libc::IPPROTO_TCP)) => Ok(dup),
         _ => Err(ActionError::NotTcp { pid, fd }),
-    }
-}
-
-pub(super) fn get_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-) -> std::io::Result<i32> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are valid for writes of an int's size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(value)
-    }
-}
-
-pub(super) fn set_int(
-    fd: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> std::io::Result<()> {
-    // SAFETY: `value` is valid for reads of an int's size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }

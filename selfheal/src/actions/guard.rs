@@ -3,7 +3,7 @@
 //! process's start time so that a reused pid is never hit.
 
 use super::ActionError;
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags field (include/linux/sched.h).
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -37,7 +37,8 @@ fn guard_stat(pid: u32) -> Result<procfs::process::Stat, ActionError> {
     if pid == me {
         return Err(forbid("it is this process"));
     }
-    let stat = procfs::process::Process::new(pid as i32)
+    let stat = crate::sys::procfs::ProcRoot::default()
+        .process(pid)
         .and_then(|p| p.stat())
         .map_err(|_| ActionError::Gone { pid })?;
     if stat.flags & PF_KTHREAD != 0 {
@@ -53,7 +54,8 @@ fn guard_stat(pid: u32) -> Result<procfs::process::Stat, ActionError> {
 fn is_ancestor(pid: u32, me: u32) -> bool {
     let mut cur = me;
     for _ in 0..MAX_ANCESTORS {
-        let Some(ppid) = procfs::process::Process::new(cur as i32)
+        let Some(ppid) = crate::sys::procfs::ProcRoot::default()
+            .process(cur)
             .and_then(|p| p.stat())
             .ok()
             .and_then(|s| u32::try_from(s.ppid).ok())

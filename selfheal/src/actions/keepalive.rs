@@ -5,7 +5,7 @@
 //! back ([`restore_keepalive`]).
 
 use std::{
-    os::fd::{AsFd, AsRawFd as _, BorrowedFd},
+    os::fd::{AsFd, BorrowedFd},
     time::{Duration, Instant},
 };
 
@@ -14,13 +14,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     ActionError,
-    dup::{
-        DupSocket, SocketGate, SocketSeen, dup_tcp_socket, get_int, open_gate, pass, set_int,
-        socket_cookie,
-    },
+    dup::{DupSocket, SocketGate, SocketSeen, dup_tcp_socket, open_gate, pass},
     guard::check_target,
 };
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// What [`arm_keepalive`] asks of a socket: the keepalive rung.
 ///
@@ -170,7 +167,7 @@ fn read_settings(dup: BorrowedFd<'_>, what: &str) -> Result<KeepaliveSettings, A
         )
     })?;
     let get = |name: libc::c_int, label: &str| {
-        get_int(dup, libc::IPPROTO_TCP, name)
+        crate::sys::socket::get_int(dup, libc::IPPROTO_TCP, name)
             .map(|v| v.max(0) as u32)
             .map_err(|e| ActionError::io(format!("getsockopt {label} on {what}"), e))
     };
@@ -194,7 +191,7 @@ fn write_settings(
 ) -> Result<(), ActionError> {
     use nix::sys::socket::{setsockopt, sockopt::KeepAlive};
     let set = |name: libc::c_int, label: &str, v: u32| {
-        set_int(
+        crate::sys::socket::set_int(
             dup,
             libc::IPPROTO_TCP,
             name,
@@ -222,22 +219,9 @@ fn write_settings(
 /// The socket's `tcp_info`, when the kernel filled in at least the fields
 /// up to `tcpi_last_ack_recv` (every kernel with `pidfd_getfd` fills far more).
 fn tcp_info(dup: BorrowedFd<'_>) -> Option<libc::tcp_info> {
-    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid for writes of `len` bytes; the
-    // kernel writes at most that much.
-    let r = unsafe {
-        libc::getsockopt(
-            dup.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
+    let (info, len) = crate::sys::socket::tcp_info(dup)?;
     let needed = std::mem::offset_of!(libc::tcp_info, tcpi_last_ack_recv) + 4;
-    (r == 0 && len as usize >= needed).then_some(info)
+    (len >= needed).then_some(info)
 }
 
 /// How long the socket has heard nothing from its peer, as the keepalive
@@ -340,7 +324,7 @@ pub fn restore_keepalive_chosen(
     let seen = SocketSeen {
         fd: dup.fd.as_fd(),
         inode: dup.inode,
-        cookie: socket_cookie(dup.fd.as_fd()),
+        cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
     };
     let previous = choose(&seen).map_err(|why| ActionError::Refused { why })?;
     let what = format!("fd {fd} of pid {}", target.pid());
@@ -533,16 +517,16 @@ pub fn expire_keepalive_gated(
     // ended (the peer's ACK came in between), so that a live connection
     // never keeps a 1 ms user timeout.
     let put_back = || {
-        let _ = set_int(
+        let _ = crate::sys::socket::set_int(
             dup.fd.as_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_USER_TIMEOUT,
             i32::try_from(now.user_timeout_ms).unwrap_or(i32::MAX),
         );
     };
-    set_int(dup.fd.as_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 1)
+    crate::sys::socket::set_int(dup.fd.as_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 1)
         .map_err(|e| ActionError::io(format!("setsockopt TCP_USER_TIMEOUT=1 on {what}"), e))?;
-    if let Err(e) = set_int(
+    if let Err(e) = crate::sys::socket::set_int(
         dup.fd.as_fd(),
         libc::IPPROTO_TCP,
         libc::TCP_KEEPIDLE,

@@ -158,8 +158,7 @@ pub fn restart(argv: &[String], timeout: Duration) -> Result<RestartOutcome, Act
             Ok(None) => {}
             Err(e) => {
                 // Cannot wait for it: do not leave it running.
-                // SAFETY: a plain syscall on the group we created.
-                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                crate::sys::signal::kill_group(pgid);
                 if wait_bounded(&mut child, KILL_WAIT).is_none() {
                     std::thread::spawn(move || {
                         let _ = child.wait();
@@ -171,9 +170,9 @@ pub fn restart(argv: &[String], timeout: Duration) -> Result<RestartOutcome, Act
         let now = Instant::now();
         if now >= kill_at {
             timed_out = true;
-            // SAFETY: a plain syscall on the group we created (pgid = the
-            // child's pid, not yet reaped, so not reused).
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            // The group we created (pgid = the child's pid, not yet
+            // reaped, so not reused).
+            crate::sys::signal::kill_group(pgid);
             break wait_bounded(&mut child, KILL_WAIT);
         }
         std::thread::sleep(step.min(kill_at - now));

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::{ActionError, deadline, guard::check_target};
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 
 /// A signal [`signal_escalate`] sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ pub const MAX_CMDLINE_BYTES: usize = 4096;
 /// process can keep taken for writing for as long as it likes (an `mmap`
 /// of a file of its own FUSE server that waits on a page the server
 /// holds): the read is made by an abandonable reader child
-/// ([`crate::memread`]) and given this long.
+/// ([`crate::sys::memread`]) and given this long.
 pub const CMDLINE_DEADLINE: Duration = Duration::from_millis(250);
 
 /// The most time one table may spend on command-line reads that time out,
@@ -26,7 +26,7 @@ pub const CMDLINE_STALLS: Duration = Duration::from_secs(1);
 /// that time out together take at most [`CMDLINE_STALLS`].
 #[derive(Default)]
 pub(super) struct CmdlineReader {
-    pub(super) reader: crate::memread::Reader,
+    pub(super) reader: crate::sys::memread::Reader,
     pub(super) stalled: BTreeSet<Option<u32>>,
     pub(super) stalls: Duration,
     pub(super) unread: Vec<UnreadCmdline>,
@@ -55,7 +55,7 @@ impl CmdlineReader {
             .read_cmdline(pid, MAX_CMDLINE_BYTES, started + wait)
         {
             Ok(bytes) => split_argv(&bytes),
-            Err(crate::memread::ReadError::Timeout) => {
+            Err(crate::sys::memread::ReadError::Timeout) => {
                 self.stalls += started.elapsed();
                 self.stalled.insert(uid);
                 self.unread.push(UnreadCmdline {

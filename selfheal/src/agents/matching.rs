@@ -195,7 +195,7 @@ pub fn still_in_unit(
     let path = cgroup_of(pid);
     // Read after the cgroup: a cgroup read of another process under a
     // reused pid is caught here.
-    if crate::pidfd::start_ticks(pid) != Some(start_ticks) {
+    if crate::sys::pidfd::start_ticks(pid) != Some(start_ticks) {
         return Err(format!(
             "pid {pid} is gone (it exited since it was matched)"
         ));
@@ -352,7 +352,7 @@ pub fn enrich_for(table: ProcessTable, agents: &[&AgentConfig], sources: &Source
     let all = agents
         .iter()
         .any(|a| matches!(a.rule, MatchRule::Container(_)));
-    let euid = crate::trust::euid();
+    let euid = crate::sys::creds::euid();
     let pids: Vec<u32> = if all {
         Vec::new()
     } else {

@@ -160,7 +160,7 @@ impl ProcessTable {
     ) -> ProcessTable {
         let mut entries = Vec::new();
         let mut cmdlines = CmdlineReader::default();
-        if let Ok(all) = procfs::process::all_processes() {
+        if let Ok(all) = crate::sys::procfs::ProcRoot::default().all_processes() {
             for process in all.flatten() {
                 if let Some(mut e) = read_entry(&process) {
                     if e.has_argv && read_cmdline(e.uid) {
@@ -455,15 +455,16 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
     // No stat: the process is gone.
     let stat = process.stat().ok()?;
     let pid = u32::try_from(process.pid).ok()?;
-    let cgroup_text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    let cgroup_text =
+        std::fs::read_to_string(crate::sys::procfs::ProcRoot::default().of_pid(pid, "cgroup")).ok();
     let cgroup = cgroup_text.as_deref().and_then(cgroup_path);
     let containers = cgroup_text
         .as_deref()
-        .map(|t| containers_for(t, crate::trust::euid()))
+        .map(|t| containers_for(t, crate::sys::creds::euid()))
         .unwrap_or_default();
     let pidns = {
         use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/pid"))
             .ok()
             .map(|m| m.ino())
     };
@@ -487,7 +488,7 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
 /// The cgroup path of `pid` as its `/proc/PID/cgroup` says now
 /// ([`cgroup_path`]); `None` when it cannot be read.
 pub fn cgroup_of(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+    std::fs::read_to_string(crate::sys::procfs::ProcRoot::default().of_pid(pid, "cgroup"))
         .ok()
         .and_then(|t| cgroup_path(&t))
 }

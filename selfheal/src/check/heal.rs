@@ -98,7 +98,7 @@ fn unit_recheck(agent: &AgentConfig, step: &Step, report: &Report) -> Result<(),
     let selfheal_core::config::MatchRule::Unit(unit) = &agent.rule else {
         return Ok(());
     };
-    let owner = agent.unit_owner(crate::trust::euid());
+    let owner = agent.unit_owner(crate::sys::creds::euid());
     let pids: Vec<(u32, u64)> = match step {
         Step::ArmKeepalive {
             pid, start_ticks, ..
@@ -122,7 +122,7 @@ fn unit_recheck(agent: &AgentConfig, step: &Step, report: &Report) -> Result<(),
             .iter()
             .filter(|p| report.roots.contains(&p.pid))
             .filter_map(|p| Some((p.pid, p.start_ticks?)))
-            .filter(|(pid, start)| crate::pidfd::start_ticks(*pid) == Some(*start))
+            .filter(|(pid, start)| crate::sys::pidfd::start_ticks(*pid) == Some(*start))
             .collect(),
     };
     pids.into_iter()
@@ -141,7 +141,7 @@ fn unit_stopping(unit: &str, report: &Report) -> Option<(selfheal_core::cgroup::
     let alive = report.processes.iter().any(|p| {
         report.roots.contains(&p.pid)
             && p.start_ticks.is_some()
-            && crate::pidfd::start_ticks(p.pid) == p.start_ticks
+            && crate::sys::pidfd::start_ticks(p.pid) == p.start_ticks
     });
     managers.into_iter().find_map(|m| {
         let (load, active) = unit_state(unit, m)?;
@@ -205,7 +205,7 @@ fn unit_managers(unit: &str, roots: &[u32]) -> Vec<selfheal_core::cgroup::Manage
 /// that user); `None` when it cannot be asked.
 fn unit_state(unit: &str, manager: selfheal_core::cgroup::Manager) -> Option<(String, String)> {
     use std::os::unix::process::CommandExt as _;
-    let euid = crate::trust::euid();
+    let euid = crate::sys::creds::euid();
     let mut cmd = std::process::Command::new("systemctl");
     match manager {
         selfheal_core::cgroup::Manager::System => {}

@@ -106,9 +106,11 @@ pub struct Options {
 
 /// The kernel's id of this boot.
 pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().file("sys/kernel/random/boot_id"),
+    )
+    .map(|s| s.trim().to_string())
+    .unwrap_or_default()
 }
 
 /// Checks every agent of `config` once. `history` is updated in place.
@@ -138,7 +140,7 @@ pub fn run(
         .iter()
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
-    let table = ProcessTable::read_for(&agents, crate::trust::euid());
+    let table = ProcessTable::read_for(&agents, crate::sys::creds::euid());
     let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets

@@ -302,7 +302,7 @@ impl Acting<'_> {
 /// The processes of `agent`, and how to tell its upstreams (with their
 /// heartbeats and what host names resolved to, for people).
 pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
-    let matched = agents::find_for(agent, crate::trust::euid(), table);
+    let matched = agents::find_for(agent, crate::sys::creds::euid(), table);
     let upstreams = crate::config::resolve_upstreams(agent);
     let mut lines: Vec<String> = agent
         .upstreams
@@ -324,7 +324,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         matches!(agent.rule, selfheal_core::config::MatchRule::Container(_)),
     );
     container_gaps.extend(table.refusals(&matched.all));
-    container_gaps.extend(table.cmdline_gap(agent, crate::trust::euid()));
+    container_gaps.extend(table.cmdline_gap(agent, crate::sys::creds::euid()));
     Target {
         agent: Some(agent.name.clone()),
         rule: agent.rule.to_string(),

@@ -12,9 +12,10 @@ use std::{
 use super::{Error, Finished};
 use anyhow::Context as _;
 use selfheal::{
-    check, clock, config,
+    check, config,
     snapshots::{self, SnapshotLog},
     store::{self, StateStore},
+    sys::clock,
 };
 use selfheal_core::{
     config::Config,
@@ -183,7 +184,7 @@ fn with_fallback<T>(
         Err(e) if !is_default => return Err(e),
         Err(e) => e,
     };
-    for alt in store::fallback_state_dirs(selfheal::trust::euid()) {
+    for alt in store::fallback_state_dirs(selfheal::sys::creds::euid()) {
         if alt == dir {
             continue;
         }

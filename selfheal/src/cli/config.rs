@@ -57,7 +57,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
         .iter()
         .map(|a| {
             (
-                agents::find_for(a, selfheal::trust::euid(), &table),
+                agents::find_for(a, selfheal::sys::creds::euid(), &table),
                 config::resolve_upstreams(a),
             )
         })
@@ -72,7 +72,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
                 .inventory()
                 .gaps(&ids, matches!(a.rule, MatchRule::Container(_)));
             gaps.extend(table.refusals(&m.all));
-            gaps.extend(table.cmdline_gap(a, selfheal::trust::euid()));
+            gaps.extend(table.cmdline_gap(a, selfheal::sys::creds::euid()));
             (ids, gaps)
         })
         .collect();
@@ -103,7 +103,7 @@ fn render(
     );
     for (i, (agent, (matched, upstreams))) in config.agents.iter().zip(found).enumerate() {
         let _ = writeln!(out, "\nagent {}", agent.name);
-        let euid = selfheal::trust::euid();
+        let euid = selfheal::sys::creds::euid();
         let _ = match (agent.uid_filter(euid), &agent.rule) {
             (Some(uid), _) => writeln!(out, "  match      {} (uid {uid}'s processes)", agent.rule),
             (None, MatchRule::Unit(_)) => writeln!(

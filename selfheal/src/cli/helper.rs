@@ -52,11 +52,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
-    // SAFETY: the first thing this subcommand does, before it starts any
-    // thread; main starts none (the log subscriber runs on the caller's).
-    let activated = unsafe { take_activated_listener() }?;
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    // The first thing this subcommand does, before it starts any thread;
+    // main starts none (the log subscriber runs on the caller's).
+    let activated = take_activated_listener()?;
+    let euid = selfheal::sys::creds::euid();
     if euid != 0 && args.socket.is_none() && activated.is_none() {
         return Err(Error::HelperNotRoot {
             euid,

@@ -114,7 +114,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             agent,
             &report,
             &history,
-            selfheal::clock::boot_ns() / 1_000_000,
+            selfheal::sys::clock::boot_ns() / 1_000_000,
         )
     });
     // Stdout is line-buffered: a pretty JSON document of thousands of lines

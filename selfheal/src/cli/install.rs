@@ -172,7 +172,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
 /// it the user's timer runs only while the user is logged in (checked with
 /// `loginctl`; nothing is said where it cannot tell).
 fn linger_note() -> Option<String> {
-    let uid = selfheal::trust::euid();
+    let uid = selfheal::sys::creds::euid();
     if uid == 0 || !std::path::Path::new("/run/systemd/system").exists() {
         return None;
     }

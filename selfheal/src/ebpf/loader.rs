@@ -20,7 +20,7 @@ use super::{
     strategy::{Hook, ProgramSpec},
     tracefs,
 };
-use crate::clock::boot_ns;
+use crate::sys::clock::boot_ns;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/selfheal"));
 
@@ -245,7 +245,10 @@ impl Tracer {
         {
             let recv: HashMap<&MapData, u32, InRecv> = map_ref(&self.ebpf, "IN_RECV")?;
             for (tid, rec) in recv.iter().flatten() {
-                if !Path::new(&format!("/proc/{}/task/{tid}", rec.tgid)).exists() {
+                if !crate::sys::procfs::ProcRoot::default()
+                    .of_pid(rec.tgid, &format!("task/{tid}"))
+                    .exists()
+                {
                     gone.push(tid);
                 } else if let Some(b) = blocked_recv(now, tid, &rec, &mut resolve) {
                     blocked.push(b);
@@ -413,7 +416,7 @@ fn map_mut<'a, K: aya::Pod, V: aya::Pod>(
 /// The socket inodes `tgid` holds open now (`/proc/PID/fd`), or `None` when
 /// it is gone.
 fn open_sockets(tgid: u32) -> Option<BTreeSet<u64>> {
-    let fds = std::fs::read_dir(format!("/proc/{tgid}/fd")).ok()?;
+    let fds = std::fs::read_dir(crate::sys::procfs::ProcRoot::default().of_pid(tgid, "fd")).ok()?;
     Some(
         fds.flatten()
             .filter_map(|e| std::fs::read_link(e.path()).ok())
@@ -425,16 +428,20 @@ fn open_sockets(tgid: u32) -> Option<BTreeSet<u64>> {
 /// What `fd` of `tgid` is: a socket (with inode and `O_NONBLOCK`), something
 /// else, or gone. Reads `/proc/PID/fd/N` and `/proc/PID/fdinfo/N`.
 fn resolve_fd(tgid: u32, fd: i32) -> FdKind {
-    let Ok(target) = std::fs::read_link(format!("/proc/{tgid}/fd/{fd}")) else {
+    let Ok(target) = std::fs::read_link(
+        crate::sys::procfs::ProcRoot::default().of_pid(tgid, &format!("fd/{fd}")),
+    ) else {
         return FdKind::Gone;
     };
     let Some(inode) = crate::proc::socket_inode_of_target(&target.to_string_lossy()) else {
         return FdKind::NotSocket;
     };
-    let nonblocking = std::fs::read_to_string(format!("/proc/{tgid}/fdinfo/{fd}"))
-        .ok()
-        .and_then(|info| fdinfo_flags(&info))
-        .is_some_and(|flags| flags & libc::O_NONBLOCK as u32 != 0);
+    let nonblocking = std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().of_pid(tgid, &format!("fdinfo/{fd}")),
+    )
+    .ok()
+    .and_then(|info| fdinfo_flags(&info))
+    .is_some_and(|flags| flags & libc::O_NONBLOCK as u32 != 0);
     FdKind::Socket { inode, nonblocking }
 }
 

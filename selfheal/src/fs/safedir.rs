@@ -25,19 +25,22 @@
 //! they pass.
 
 use std::{
-    ffi::{CStr, CString, OsStr, OsString},
+    ffi::{CString, OsStr, OsString},
     fs::File,
     io,
     os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::ffi::{OsStrExt as _, OsStringExt as _},
+        fd::{AsRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
     },
     path::{Component, Path, PathBuf},
     sync::Arc,
 };
 
 use super::{StoreError, io_err};
-use crate::trust::euid;
+use crate::sys::{
+    creds::euid,
+    fs::{self as sys, fstat, lstatat, openat, readlinkat},
+};
 
 /// Groups with a gid below this are system groups (Debian's, Fedora's and
 /// Arch's `SYS_GID_MAX` is 999).
@@ -57,47 +60,6 @@ pub struct SafeDir {
 
 fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn fstat(fd: i32) -> io::Result<libc::stat> {
-    // SAFETY: an all-zero stat is a valid value; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `st` is a valid, writable stat.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st)
-}
-
-fn lstatat(dir: i32, name: &CStr) -> io::Result<libc::stat> {
-    // SAFETY: as in `fstat`.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `name` is NUL-terminated, `st` valid.
-    if unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st)
-}
-
-fn openat_raw(dir: i32, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
-    // SAFETY: `name` is NUL-terminated; the result is checked.
-    let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn readlinkat(dir: i32, name: &CStr) -> io::Result<OsString> {
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: `buf` is writable for its length.
-    let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
-    Ok(OsString::from_vec(buf))
 }
 
 const S_IFMT: u32 = libc::S_IFMT;
@@ -189,35 +151,26 @@ impl SafeDir {
     /// `open(2)` flags (`O_NOFOLLOW` and `O_CLOEXEC` are added).
     pub fn open_file(&self, name: &str, flags: i32, mode: u32) -> io::Result<File> {
         let c = cstr(OsStr::new(name))?;
-        let fd = openat_raw(self.fd.as_raw_fd(), &c, flags | libc::O_NOFOLLOW, mode)?;
+        let fd = openat(self.fd.as_raw_fd(), &c, flags | libc::O_NOFOLLOW, mode)?;
         Ok(File::from(fd))
     }
 
     /// Renames `from` to `to`, both in the directory.
     pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         let (f, t) = (cstr(OsStr::new(from))?, cstr(OsStr::new(to))?);
-        let d = self.fd.as_raw_fd();
-        // SAFETY: NUL-terminated names, a directory fd we hold.
-        if unsafe { libc::renameat(d, f.as_ptr(), d, t.as_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        sys::renameat(self.fd.as_raw_fd(), &f, &t)
     }
 
     /// Removes the file `name` from the directory.
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let c = cstr(OsStr::new(name))?;
-        // SAFETY: a NUL-terminated name, a directory fd we hold.
-        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        sys::unlinkat(self.fd.as_raw_fd(), &c)
     }
 
     /// The names in the directory (`.` and `..` left out).
     pub fn names(&self) -> io::Result<Vec<String>> {
         // A fresh fd: readdir moves the offset of the one it reads.
-        let fd = openat_raw(
+        let fd = openat(
             self.fd.as_raw_fd(),
             c".",
             libc::O_RDONLY | libc::O_DIRECTORY,
@@ -238,11 +191,7 @@ impl SafeDir {
 
     /// Makes renames and new entries durable.
     pub fn fsync(&self) -> io::Result<()> {
-        // SAFETY: a directory fd we hold.
-        if unsafe { libc::fsync(self.fd.as_raw_fd()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        sys::fsync(self.fd.as_raw_fd())
     }
 
     /// The directory's group.
@@ -272,7 +221,7 @@ fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<Own
     };
     // The directories held, from `/` down, with the path they were
     // reached by (for messages).
-    let root = openat_raw(
+    let root = openat(
         libc::AT_FDCWD,
         &root_name,
         libc::O_PATH | libc::O_DIRECTORY,
@@ -321,9 +270,7 @@ fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<Own
                 let Some(mode) = create else {
                     return Err(io("examine", &here)(e));
                 };
-                // SAFETY: `c` is NUL-terminated.
-                if unsafe { libc::mkdirat(dir_fd.as_raw_fd(), c.as_ptr(), mode) } != 0 {
-                    let e = io::Error::last_os_error();
+                if let Err(e) = sys::mkdirat(dir_fd.as_raw_fd(), &c, mode) {
                     if e.raw_os_error() != Some(libc::EEXIST) {
                         return Err(io("create directory", &here)(e));
                     }
@@ -377,7 +324,7 @@ fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<Own
                 libc::ENOTDIR,
             )));
         }
-        let fd = openat_raw(
+        let fd = openat(
             dir_fd.as_raw_fd(),
             &c,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
@@ -386,17 +333,14 @@ fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<Own
         .map_err(io("open", &here))?;
         if created {
             let mode = create.unwrap_or(0o700);
-            // SAFETY: a directory fd we own.
-            if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } != 0 {
-                return Err(io("set the mode of", &here)(io::Error::last_os_error()));
-            }
+            sys::fchmod(fd.as_raw_fd(), mode).map_err(io("set the mode of", &here))?;
         }
         stack.push((fd, here));
     }
     let (fd, at) = stack.pop().expect("never empty");
     // `/` itself was opened O_PATH; any other is O_RDONLY already.
     if stack.is_empty() {
-        return openat_raw(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
+        return openat(fd.as_raw_fd(), c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)
             .map(Some)
             .map_err(io("open", &at));
     }
@@ -485,18 +429,14 @@ pub fn write_file_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(),
             .map_err(io("create", &tmp))?;
         // The umask may have taken bits away; the group is the directory's.
         let gid = dir.gid().map_err(io("examine", dir.path()))?;
-        // SAFETY: a file fd we own; -1 leaves the owner as it is.
-        if unsafe { libc::fchown(f.as_raw_fd(), u32::MAX, gid) } != 0 {
+        if let Err(e) = sys::fchown_group(f.as_raw_fd(), gid) {
             tracing::debug!(
                 "cannot give {} the group {gid} of its directory: {}",
                 tmp.display(),
-                io::Error::last_os_error()
+                e
             );
         }
-        // SAFETY: as above.
-        if unsafe { libc::fchmod(f.as_raw_fd(), mode) } != 0 {
-            return Err(io("set the mode of", &tmp)(io::Error::last_os_error()));
-        }
+        sys::fchmod(f.as_raw_fd(), mode).map_err(io("set the mode of", &tmp))?;
         f.write_all(bytes).map_err(io("write", &tmp))?;
         drop(f);
         dir.rename(&tmp_name, name)

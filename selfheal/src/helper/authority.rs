@@ -25,7 +25,7 @@ use std::{
     fs::File,
     io::Read as _,
     os::{
-        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsRawFd as _, BorrowedFd, OwnedFd},
         unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     },
 };
@@ -36,7 +36,7 @@ use selfheal_core::{
     policy::Policy,
 };
 
-use crate::pidfd::Pidfd;
+use crate::sys::pidfd::Pidfd;
 use selfheal_core::protocol::{Action, Caller};
 
 /// Why an act was not done: refused (the caller may not, or the target
@@ -194,7 +194,7 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
     let dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
-        .open(format!("/proc/{pid}"))
+        .open(crate::sys::procfs::ProcRoot::default().pid(pid))
         .map_err(|_| gone())?;
     // Opened while the pidfd's process held the pid: the directory is its.
     if !target.is_alive() {
@@ -229,19 +229,7 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
 /// `openat(dir, name)`, read-only, close-on-exec.
 fn open_at(dir: &File, name: &str) -> std::io::Result<File> {
     let c = CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a plain syscall on our directory fd and a NUL-terminated name.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    crate::sys::fs::openat(dir.as_raw_fd(), &c, libc::O_RDONLY, 0).map(File::from)
 }
 
 /// Device and inode of a namespace fd.
@@ -260,21 +248,21 @@ fn read_caller(caller: &Caller) -> (CallerCreds, Option<(u64, u64)>) {
         gid: caller.gid,
         cap_permitted: 0,
     };
-    let status = std::fs::read_to_string(format!("/proc/{}/status", caller.pid)).ok();
+    let status = std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().of_pid(caller.pid, "status"),
+    )
+    .ok();
     if let Some((uids, _, caps)) = status.as_deref().and_then(rules::parse_status)
         && uids[1] == caller.uid
     {
         creds.cap_permitted = caps;
     }
-    let ns = std::fs::metadata(format!("/proc/{}/ns/user", caller.pid))
-        .ok()
-        .map(|m| (m.dev(), m.ino()));
+    let ns =
+        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(caller.pid, "ns/user"))
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
     (creds, ns)
 }
-
-/// `NS_GET_PARENT` and `NS_GET_OWNER_UID` (linux/nsfs.h).
-const NS_GET_PARENT: libc::c_ulong = 0xb702;
-const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
 
 /// Whether user namespace `ns` is below `caller_ns`, in a namespace the
 /// caller's uid created (directly below the caller's): the kernel's rule
@@ -289,19 +277,12 @@ fn owned_below(ns: &Option<OwnedFd>, caller_ns: (u64, u64), uid: u32) -> bool {
     };
     // User namespaces nest at most 32 deep.
     for _ in 0..33 {
-        // SAFETY: an ioctl without argument on a namespace fd; a
-        // non-negative result is a new fd we own.
-        let parent = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_PARENT as _) };
-        if parent < 0 {
+        let Ok(parent) = crate::sys::ns::parent(std::os::fd::AsFd::as_fd(&cur)) else {
             return false;
-        }
-        // SAFETY: a fresh fd we own.
-        let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+        };
         if ns_id(&parent) == Some(caller_ns) {
-            let mut owner: libc::uid_t = u32::MAX;
-            // SAFETY: the ioctl writes one uid_t into `owner`.
-            let r = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_OWNER_UID as _, &mut owner) };
-            return r == 0 && owner == uid;
+            return crate::sys::ns::owner_uid(std::os::fd::AsFd::as_fd(&cur))
+                .is_ok_and(|owner| owner == uid);
         }
         cur = parent;
     }
@@ -310,20 +291,8 @@ fn owned_below(ns: &Option<OwnedFd>, caller_ns: (u64, u64), uid: u32) -> bool {
 
 /// `tcpi_state` of a TCP socket.
 fn tcp_state(fd: BorrowedFd<'_>) -> Option<u8> {
-    // SAFETY: tcp_info is plain old data; all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` are valid for writes of `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    (r == 0 && len >= 1).then_some(info.tcpi_state)
+    let (info, len) = crate::sys::socket::tcp_info(fd)?;
+    (len >= 1).then_some(info.tcpi_state)
 }
 
 /// A proof keepalive the helper armed: the socket's own options before.
@@ -353,8 +322,12 @@ pub const PROOF_RECORD_TTL: std::time::Duration = std::time::Duration::from_secs
 impl Recorded {
     /// Whether the socket is still where it was armed.
     fn live(&self) -> bool {
-        crate::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
-            && std::fs::read_link(format!("/proc/{}/fd/{}", self.pid, self.fd)).is_ok_and(|l| {
+        crate::sys::pidfd::start_ticks(self.pid) == Some(self.start_ticks)
+            && std::fs::read_link(
+                crate::sys::procfs::ProcRoot::default()
+                    .of_pid(self.pid, &format!("fd/{}", self.fd)),
+            )
+            .is_ok_and(|l| {
                 l.as_os_str().as_encoded_bytes() == format!("socket:[{}]", self.inode).as_bytes()
             })
     }
@@ -541,7 +514,7 @@ mod tests {
                 .unwrap();
         let r = |uid| Recorded {
             pid: std::process::id(),
-            start_ticks: crate::pidfd::start_ticks(std::process::id()).unwrap(),
+            start_ticks: crate::sys::pidfd::start_ticks(std::process::id()).unwrap(),
             fd,
             inode,
             at: std::time::Instant::now(),

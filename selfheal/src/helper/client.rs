@@ -51,8 +51,7 @@ pub const HELPER_UID_ENV: &str = "SELFHEAL_HELPER_UID";
 /// uid (a private helper a user runs for their own processes) and the uid
 /// in [`HELPER_UID_ENV`], if set and a number.
 pub fn trusted_server_uids() -> Vec<u32> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::sys::creds::euid();
     let mut uids = vec![0, me];
     if let Some(u) = std::env::var(HELPER_UID_ENV)
         .ok()

@@ -10,7 +10,7 @@ use std::{
     collections::BTreeMap,
     io::Read as _,
     os::{
-        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd},
         unix::{fs::MetadataExt as _, net::UnixStream},
     },
     path::PathBuf,
@@ -24,12 +24,6 @@ use selfheal_core::owner::{
 /// The subordinate uid file read when no `--subuid` is given.
 pub const DEFAULT_SUBUID: &str = "/etc/subuid";
 
-/// `PIDFD_GET_USER_NAMESPACE` (`_IO(0xFF, 9)`, Linux 6.11).
-const PIDFD_GET_USER_NAMESPACE: libc::c_ulong = 0xFF09;
-/// `NS_GET_PARENT` (`_IO(0xb7, 0x2)`).
-const NS_GET_PARENT: libc::c_ulong = 0xb702;
-/// `NS_GET_OWNER_UID` (`_IO(0xb7, 0x4)`).
-const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
 /// User namespaces nest at most 32 deep.
 const MAX_DEPTH: usize = 40;
 
@@ -57,10 +51,11 @@ impl Owners {
     /// Reads `path` (`/etc/subuid` in production) when first needed, and
     /// again whenever it changes.
     pub fn new(path: PathBuf) -> Owners {
-        let own_userns = std::fs::File::open("/proc/self/ns/user")
-            .ok()
-            .and_then(|f| f.metadata().ok())
-            .map(|md| (md.dev(), md.ino()));
+        let own_userns =
+            std::fs::File::open(crate::sys::procfs::ProcRoot::default().of_self("ns/user"))
+                .ok()
+                .and_then(|f| f.metadata().ok())
+                .map(|md| (md.dev(), md.ino()));
         Owners {
             path,
             cache: Mutex::default(),
@@ -93,10 +88,13 @@ impl Owners {
     /// caller's. A process gone, or whose uid cannot be read, counts as
     /// root's: it makes no entries, and root's share is never a user's.
     pub fn of_process(&self, pid: u32) -> Account {
-        let Ok(status) = procfs::process::Process::new(pid as i32).and_then(|p| p.status()) else {
+        let Ok(status) = crate::sys::procfs::ProcRoot::default()
+            .process(pid)
+            .and_then(|p| p.status())
+        else {
             return Account::own(0);
         };
-        let pidfd = crate::pidfd::pidfd_open(pid).ok();
+        let pidfd = crate::sys::pidfd::pidfd_open(pid).ok();
         self.account(status.ruid, pidfd.as_ref().map(|f| f.as_fd()), pid)
     }
 
@@ -128,7 +126,7 @@ impl Owners {
         let path = self.path.display();
         let file = match crate::trust::open_trusted(
             &self.path,
-            crate::trust::euid(),
+            crate::sys::creds::euid(),
             crate::trust::Sticky::AboveItsOwn,
         ) {
             Ok(f) => f,
@@ -197,27 +195,20 @@ impl Owners {
             return Namespace::Initial;
         }
         for _ in 0..MAX_DEPTH {
-            let mut owner: libc::uid_t = u32::MAX;
-            // SAFETY: NS_GET_OWNER_UID writes one uid_t to the pointer.
-            let r = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_OWNER_UID, &mut owner) };
-            if r != 0 {
-                return Namespace::Unreadable(format!(
-                    "NS_GET_OWNER_UID: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
-            // SAFETY: NS_GET_PARENT takes no argument and returns a new fd.
-            let parent = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_PARENT) };
-            if parent < 0 {
-                let e = std::io::Error::last_os_error();
-                return Namespace::Unreadable(if e.raw_os_error() == Some(libc::EPERM) {
-                    "its user namespace is not below the helper's".into()
-                } else {
-                    format!("NS_GET_PARENT: {e}")
-                });
-            }
-            // SAFETY: a fresh fd the kernel gave us to own.
-            let parent = unsafe { OwnedFd::from_raw_fd(parent) };
+            let owner = match crate::sys::ns::owner_uid(cur.as_fd()) {
+                Ok(owner) => owner,
+                Err(e) => return Namespace::Unreadable(format!("NS_GET_OWNER_UID: {e}")),
+            };
+            let parent = match crate::sys::ns::parent(cur.as_fd()) {
+                Ok(parent) => parent,
+                Err(e) => {
+                    return Namespace::Unreadable(if e.raw_os_error() == Some(libc::EPERM) {
+                        "its user namespace is not below the helper's".into()
+                    } else {
+                        format!("NS_GET_PARENT: {e}")
+                    });
+                }
+            };
             if ns_id(&parent) == Some(own) {
                 return Namespace::OwnedBy(owner);
             }
@@ -229,23 +220,18 @@ impl Owners {
 
 /// Device and inode of a namespace fd: which namespace it is.
 fn ns_id(fd: &OwnedFd) -> Option<(u64, u64)> {
-    // SAFETY: `stat` is plain data; all zeroes is a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat into a local stat buffer.
-    (unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    let st = nix::sys::stat::fstat(fd).ok()?;
+    Some((st.st_dev, st.st_ino))
 }
 
 /// The user namespace of the process behind `pidfd`: asked of the pidfd
 /// itself, or where the kernel lacks that, opened under `/proc/PID` and
 /// kept only when the pidfd says the process still lives under `pid`.
 fn userns_of(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
-    // SAFETY: the ioctl takes no argument and returns a new fd.
-    let fd = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_USER_NAMESPACE, 0) };
-    if fd >= 0 {
-        // SAFETY: a fresh fd the kernel gave us to own.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-    }
-    let e = std::io::Error::last_os_error();
+    let e = match crate::sys::ns::userns_of_pidfd(pidfd) {
+        Ok(fd) => return Ok(fd),
+        Err(e) => e,
+    };
     if !matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) {
         return Err(format!("PIDFD_GET_USER_NAMESPACE: {e}"));
     }
@@ -259,12 +245,14 @@ fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
     if pid == 0 {
         return Err("its pid is not visible here and the kernel cannot name its namespace".into());
     }
-    let f = std::fs::File::open(format!("/proc/{pid}/ns/user"))
-        .map_err(|e| format!("/proc/{pid}/ns/user: {e}"))?;
+    let path = crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/user");
+    let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     // The pid was the connector's while it lived: what was opened under
     // it is the connector's when it still lives under that pid now.
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
-        .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
+    let info = std::fs::read_to_string(
+        crate::sys::procfs::ProcRoot::default().of_self(&format!("fdinfo/{}", pidfd.as_raw_fd())),
+    )
+    .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
     let (now, _) = super::server::authz::parse_pidfd_fdinfo(&info);
     if now != Some(i64::from(pid)) {
         return Err(format!("pid {pid} exited while its namespace was read"));
@@ -351,15 +339,13 @@ impl ConnSet {
                             ),
                         )
                         .to_line();
-                        // SAFETY: send on a socket we hold; never blocks.
-                        unsafe {
-                            libc::send(
-                                s.as_raw_fd(),
-                                msg.as_ptr().cast(),
-                                msg.len(),
-                                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                            )
-                        };
+                        // A send on a socket we hold; never blocks.
+                        let _ = nix::sys::socket::send(
+                            s.as_raw_fd(),
+                            &msg,
+                            nix::sys::socket::MsgFlags::MSG_DONTWAIT
+                                | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                        );
                         let _ = s.shutdown(std::net::Shutdown::Both);
                     }
                 }
@@ -413,7 +399,7 @@ mod tests {
     #[test]
     fn the_helpers_own_namespace_is_initial() {
         let owners = Owners::new(PathBuf::from("/nonexistent/subuid"));
-        let me = crate::pidfd::Pidfd::open(std::process::id(), None).unwrap();
+        let me = crate::sys::pidfd::Pidfd::open(std::process::id(), None).unwrap();
         assert_eq!(
             owners.namespace(Some(me.as_fd()), std::process::id()),
             Namespace::Initial
@@ -429,8 +415,9 @@ mod tests {
 
     #[test]
     fn both_ways_to_the_namespace_agree() {
-        let me = crate::pidfd::Pidfd::open(std::process::id(), None).unwrap();
-        let own = std::fs::File::open("/proc/self/ns/user").unwrap();
+        let me = crate::sys::pidfd::Pidfd::open(std::process::id(), None).unwrap();
+        let own = std::fs::File::open(crate::sys::procfs::ProcRoot::default().of_self("ns/user"))
+            .unwrap();
         let own = ns_id(&OwnedFd::from(own));
         let by_proc = userns_by_proc(me.as_fd(), std::process::id()).unwrap();
         assert_eq!(ns_id(&by_proc), own);

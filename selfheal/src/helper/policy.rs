@@ -54,7 +54,7 @@ pub fn load(path: Option<&Path>, euid: u32) -> Result<Policy, PolicyError> {
 
 /// Reads `pid`'s identity from procfs; `None` when it is gone.
 pub fn read_target(pid: u32) -> Option<Target> {
-    let p = procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?;
+    let p = crate::sys::procfs::ProcRoot::default().process(pid).ok()?;
     let status = p.status().ok()?;
     let stat = p.stat().ok()?;
     Some(Target {
@@ -134,8 +134,7 @@ mod tests {
 
     #[test]
     fn untrusted_files_are_refused() {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = crate::sys::creds::euid();
         let dir = TempDir::new("trust");
         let file = dir.0.join("helper.toml");
         std::fs::write(&file, "[[grant]]\nuid = 1000\nuids = [1001]\n").unwrap();

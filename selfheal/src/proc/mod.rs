@@ -15,8 +15,10 @@
 //! that CPU's clock) beside `CLOCK_MONOTONIC`; a thread's age is then taken
 //! in the clock of the CPU it last ran on, never across CPUs.
 
-use procfs::process::{FDTarget, Process};
+use procfs::process::FDTarget;
 use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks};
+
+use crate::sys::procfs::ProcRoot;
 
 /// Frames of the kernel stack kept per thread.
 const KSTACK_FRAMES: usize = 4;
@@ -54,49 +56,47 @@ pub fn process_at(
     detail: Detail,
     clocks: &TaskClocks,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let mut reader = crate::memread::Reader::default();
+    let mut reader = crate::sys::memread::Reader::default();
     let mut access = MemAccess {
         reader: &mut reader,
         deadline: std::time::Instant::now() + READ_TIMEOUT,
         over: false,
     };
-    process_in(pid, detail, clocks, &mut access)
+    process_in(&ProcRoot::default(), pid, detail, clocks, &mut access)
 }
 
 /// How the reads of one collection reach other processes' memory:
 /// through `reader` (a child that can be abandoned), by `deadline`, which
 /// also ends the reading of threads.
 pub struct MemAccess<'r> {
-    pub reader: &'r mut crate::memread::Reader,
+    pub reader: &'r mut crate::sys::memread::Reader,
     pub deadline: std::time::Instant,
     /// Set when the deadline passed: a read was abandoned or threads were
     /// left unread. The process read is then partial.
     pub over: bool,
 }
 
-/// [`process_at`] with memory reads made through `access`. When its
-/// deadline passes, the threads not yet read are left out and
-/// `access.over` is set: the caller says so (the process read is partial).
+/// [`process_at`] with the process read under `root` and memory reads
+/// made through `access`. When its deadline passes, the threads not yet
+/// read are left out and `access.over` is set: the caller says so (the
+/// process read is partial).
 pub fn process_in(
+    root: &ProcRoot,
     pid: u32,
     detail: Detail,
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let process = Process::new(pid as i32)?;
+    let process = root.process(pid)?;
     let stat = process.stat()?;
     let mut gaps = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
-    let status = read_at(
-        nix::fcntl::AT_FDCWD,
-        &format!("/proc/{pid}/status"),
-        &mut buf,
-    )
-    .and_then(parse_status);
+    let status =
+        read_at(nix::fcntl::AT_FDCWD, &root.of_pid(pid, "status"), &mut buf).and_then(parse_status);
     let pid_ns_init = status
         .as_ref()
         .is_some_and(|s| s.nspid.len() > 1 && s.nspid.last() == Some(&1));
-    let sockets = match socket_fds(pid) {
+    let sockets = match socket_fds(root, pid) {
         Ok(v) => v,
         Err(e) => {
             gaps.push(format!("pid {pid}: cannot list fds: {e}"));
@@ -107,20 +107,19 @@ pub fn process_in(
     // The task directory is opened once; each thread's files are opened
     // relative to it (`TID/stat`), not by a full path walked from `/`.
     match nix::dir::Dir::open(
-        format!("/proc/{pid}/task").as_str(),
+        &root.of_pid(pid, "task"),
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     ) {
         Ok(mut dir) => {
-            let task = std::os::fd::AsRawFd::as_raw_fd(&dir);
             let tids: Vec<u32> = dir
                 .iter()
                 .flatten()
                 .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
                 .collect();
-            // SAFETY: `task` stays open while `dir` lives, i.e. for this loop.
-            let task = unsafe { std::os::fd::BorrowedFd::borrow_raw(task) };
+            let task = std::os::fd::AsFd::as_fd(&dir);
             let mut mem = Mem {
+                root,
                 pid,
                 access,
                 maps: None,
@@ -160,22 +159,25 @@ pub fn process_in(
 /// fd (procfs's iterator also opens and stats each, four syscalls instead
 /// of one, which shows on agents with thousands of sockets); the link text
 /// is parsed by procfs.
-pub fn socket_fds(pid: u32) -> nix::Result<Vec<(i32, u64)>> {
+pub fn socket_fds(root: &ProcRoot, pid: u32) -> nix::Result<Vec<(i32, u64)>> {
     let mut dir = nix::dir::Dir::open(
-        format!("/proc/{pid}/fd").as_str(),
+        &root.of_pid(pid, "fd"),
         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )?;
-    let dirfd = std::os::fd::AsRawFd::as_raw_fd(&dir);
+    let names: Vec<(i32, std::ffi::CString)> = dir
+        .iter()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let fd = name.to_str().ok()?.parse::<i32>().ok()?;
+            Some((fd, name.to_owned()))
+        })
+        .collect();
+    let dirfd = std::os::fd::AsFd::as_fd(&dir);
     let mut out = Vec::new();
-    for entry in dir.iter().flatten() {
-        let name = entry.file_name();
-        let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        // SAFETY: `dirfd` stays open while `dir` lives, i.e. for this loop.
-        let dirfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(dirfd) };
-        let Ok(link) = nix::fcntl::readlinkat(dirfd, name) else {
+    for (fd, name) in names {
+        let Ok(link) = nix::fcntl::readlinkat(dirfd, name.as_c_str()) else {
             continue;
         }; // closed meanwhile
         if let Some(inode) = socket_inode_of_target(&link.to_string_lossy()) {
@@ -206,9 +208,9 @@ pub fn socket_inode_of_link(link: &std::path::Path) -> Option<u64> {
 
 /// Reads a small procfs file relative to `dir` into `buf` (one `openat`, one
 /// or two `read`s; procfs files here are far below 64 KiB).
-fn read_at<'b>(
+fn read_at<'b, P: ?Sized + nix::NixPath>(
     dir: std::os::fd::BorrowedFd<'_>,
-    name: &str,
+    name: &P,
     buf: &'b mut [u8],
 ) -> Option<&'b [u8]> {
     use nix::fcntl::{OFlag, openat};
@@ -260,13 +262,15 @@ mod tests {
         buf: &mut [u8],
         gaps: &mut Vec<String>,
     ) -> Option<ProcWait> {
-        let mut reader = crate::memread::Reader::default();
+        let mut reader = crate::sys::memread::Reader::default();
         let mut access = MemAccess {
             reader: &mut reader,
             deadline: std::time::Instant::now() + READ_TIMEOUT,
             over: false,
         };
+        let root = ProcRoot::default();
         let mut mem = Mem {
+            root: &root,
             pid,
             access: &mut access,
             maps: None,
@@ -522,5 +526,87 @@ mod tests {
         let me = process(std::process::id(), Detail::Full).expect("own process");
         assert!(!me.threads.is_empty());
         assert!(me.threads.iter().any(|t| t.tid == std::process::id()));
+    }
+
+    /// A `stat` line of 52 fields: `pid (comm) state ppid …` with utime
+    /// 7, stime 3 and start time 123456.
+    fn stat_line(pid: u32, comm: &str, state: char, ppid: u32) -> String {
+        let mut fields = vec!["0".to_string(); 52];
+        fields[0] = pid.to_string();
+        fields[1] = format!("({comm})");
+        fields[2] = state.to_string();
+        fields[3] = ppid.to_string();
+        fields[13] = "7".into();
+        fields[14] = "3".into();
+        fields[19] = "2".into();
+        fields[21] = "123456".into();
+        fields[24] = "18446744073709551615".into();
+        fields.join(" ") + "\n"
+    }
+
+    /// The fake: a made-up procfs tree with one process (its `stat`,
+    /// `status`, two threads and three fd links), read by the real
+    /// collector through a [`ProcRoot`] pointed at it.
+    #[test]
+    fn a_process_is_read_from_a_fake_procfs() {
+        use std::os::unix::fs::symlink;
+        let dir = std::env::temp_dir().join(format!("selfheal-fake-proc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let p = dir.join("42");
+        for d in ["task/42", "task/43", "fd"] {
+            std::fs::create_dir_all(p.join(d)).expect("fixture dir");
+        }
+        std::fs::write(p.join("stat"), stat_line(42, "fake agent", 'S', 1)).expect("stat");
+        std::fs::write(
+            p.join("status"),
+            "Name:\tfake agent\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t42\t1\n",
+        )
+        .expect("status");
+        std::fs::write(p.join("task/42/stat"), stat_line(42, "fake agent", 'S', 1)).expect("stat");
+        std::fs::write(p.join("task/43/stat"), stat_line(43, "worker (1)", 'R', 1)).expect("stat");
+        symlink("socket:[4242]", p.join("fd/3")).expect("fd link");
+        symlink("/dev/null", p.join("fd/1")).expect("fd link");
+        symlink("socket:[99]", p.join("fd/7")).expect("fd link");
+
+        let root = ProcRoot::at(&dir);
+        assert_eq!(socket_fds(&root, 42), Ok(vec![(3, 4242), (7, 99)]));
+        let mut reader = crate::sys::memread::Reader::default();
+        let mut access = MemAccess {
+            reader: &mut reader,
+            deadline: std::time::Instant::now() + READ_TIMEOUT,
+            over: false,
+        };
+        let got = process_in(
+            &root,
+            42,
+            Detail::Minimal,
+            &TaskClocks::default(),
+            &mut access,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        let got = got.expect("the fake process reads");
+        assert_eq!(
+            (
+                got.pid,
+                got.ppid,
+                got.name.as_str(),
+                got.state,
+                got.start_ticks
+            ),
+            (42, 1, "fake agent", 'S', 123456)
+        );
+        assert_eq!((got.uid, got.pid_ns_init), (Some(1000), true));
+        assert_eq!(got.sockets, [(3, 4242), (7, 99)]);
+        let threads: Vec<_> = got
+            .threads
+            .iter()
+            .map(|t| (t.tid, t.name.as_str(), t.state, t.cpu_ticks))
+            .collect();
+        assert_eq!(
+            threads,
+            [(42, "fake agent", 'S', 10), (43, "worker (1)", 'R', 10)]
+        );
+        assert!(got.gaps.is_empty(), "{:?}", got.gaps);
+        assert!(!access.over);
     }
 }

@@ -93,7 +93,7 @@ pub(super) fn thread(
     use std::os::fd::AsFd as _;
     if detail == Detail::Minimal {
         // One file: open it relative to the task directory.
-        let stat = parse_thread_stat(read_at(task, &format!("{tid}/stat"), buf)?)?;
+        let stat = parse_thread_stat(read_at(task, format!("{tid}/stat").as_str(), buf)?)?;
         return Some(ThreadInfo {
             tid,
             name: stat.comm,
@@ -283,15 +283,15 @@ pub(super) fn clock_offset_here(cpu: usize) -> Result<f64, String> {
     // clock as it schedules us back in.
     let _ = nix::sched::sched_yield();
     let mono = monotonic_ms();
-    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
-    let here = unsafe { libc::sched_getcpu() };
+    let here = nix::sched::sched_getcpu().map_or(-1, |c| c as i64);
     if usize::try_from(here).ok() != Some(cpu) {
         return Err(format!("pinned there, this reader ran on cpu {here}"));
     }
-    let sched = std::fs::read_to_string("/proc/thread-self/sched")
-        .map_err(|e| format!("/proc/thread-self/sched unreadable: {e}"))?;
+    let path = crate::sys::procfs::ProcRoot::default().of_thread_self("sched");
+    let sched = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{} unreadable: {e}", path.display()))?;
     let start = parse_exec_start(&sched)
-        .ok_or_else(|| "/proc/thread-self/sched has no se.exec_start".to_string())?;
+        .ok_or_else(|| format!("{} has no se.exec_start", path.display()))?;
     Ok(start - mono)
 }
 

@@ -134,7 +134,8 @@ pub(super) fn read_wait(
             let epfd = arg0 as i32;
             let cwd = nix::fcntl::AT_FDCWD;
             let cap = buf.len();
-            let Some(bytes) = read_at(cwd, &format!("/proc/{pid}/fdinfo/{epfd}"), buf) else {
+            let Some(bytes) = read_at(cwd, &mem.root.of_pid(pid, &format!("fdinfo/{epfd}")), buf)
+            else {
                 push_gap(
                     gaps,
                     format!("tid {tid}: cannot read its epoll set (fdinfo of fd {epfd})"),
@@ -195,10 +196,12 @@ pub(super) fn read_wait(
 /// remains is the moment between the first check and a read: a process
 /// that `munmap`s the set and maps a FUSE file in its place just then
 /// makes the read wait on its server. That read is made by a reader child
-/// given the collection's deadline ([`crate::memread`]): at worst this
+/// given the collection's deadline ([`crate::sys::memread`]): at worst this
 /// agent's collection is cut at its budget and the child is abandoned;
 /// the check, the other agents and this process's exit do not wait on it.
 pub(super) struct Mem<'a, 'r> {
+    /// The procfs the process is read under.
+    pub(super) root: &'a crate::sys::procfs::ProcRoot,
     pub(super) pid: u32,
     pub(super) access: &'a mut MemAccess<'r>,
     pub(super) maps: Option<Result<Vec<Mapping>, String>>,
@@ -235,7 +238,7 @@ impl Mem<'_, '_> {
             .reader
             .read(pid, addr, buf, self.access.deadline)
             .map_err(|e| {
-                if e == crate::memread::ReadError::Timeout {
+                if e == crate::sys::memread::ReadError::Timeout {
                     self.access.over = true;
                 }
                 format!("tid {tid}: cannot read its {what} set: {e}")
@@ -281,7 +284,7 @@ pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>,
         process::{MMPermissions, MMapPath, MemoryMaps},
     };
     let text = access.reader.read_maps(pid, access.deadline).map_err(|e| {
-        if e == crate::memread::ReadError::Timeout {
+        if e == crate::sys::memread::ReadError::Timeout {
             access.over = true;
         }
         format!("its memory map is unreadable: {e}")

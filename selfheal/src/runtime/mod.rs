@@ -72,7 +72,7 @@ impl Sources {
         };
         let podman_default = podman_socket(
             std::env::var_os("XDG_RUNTIME_DIR").as_deref(),
-            crate::trust::euid(),
+            crate::sys::creds::euid(),
         )
         .display()
         .to_string();

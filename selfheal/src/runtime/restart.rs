@@ -81,7 +81,7 @@ pub fn restart_container(
         }
         Runtime::Containerd | Runtime::Cri | Runtime::Unknown => {
             let init = init_pid(&sources.containerd_state, id)?;
-            let start = crate::pidfd::start_ticks(init)
+            let start = crate::sys::pidfd::start_ticks(init)
                 .ok_or_else(|| format!("container {short}: its init pid {init} is gone"))?;
             let target = actions::guard::open_target(init, start).map_err(|e| e.to_string())?;
             holds(init, Some(start), id).map_err(|why| {
@@ -105,16 +105,17 @@ pub fn restart_container(
 
 /// Whether process `pid` (of that start time) is in container `id` now.
 fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
-    let target = crate::pidfd::Pidfd::open(pid, start_ticks)
+    let target = crate::sys::pidfd::Pidfd::open(pid, start_ticks)
         .map_err(|e| format!("pid {pid} is gone ({e})"))?;
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map_err(|e| format!("cannot read pid {pid}'s cgroup ({e})"))?;
+    let text =
+        std::fs::read_to_string(crate::sys::procfs::ProcRoot::default().of_pid(pid, "cgroup"))
+            .map_err(|e| format!("cannot read pid {pid}'s cgroup ({e})"))?;
     // Read after the pidfd was opened: if it is still alive, the text was
     // that process's.
     if !target.is_alive() {
         return Err(format!("pid {pid} exited"));
     }
-    if selfheal_core::cgroup::containers_for(&text, crate::trust::euid())
+    if selfheal_core::cgroup::containers_for(&text, crate::sys::creds::euid())
         .iter()
         .any(|c| c.id == id)
     {
@@ -130,16 +131,16 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
 /// namespace's, and the container's).
 fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt as _;
-    let target = crate::pidfd::Pidfd::open(pid, Some(start_ticks))
+    let target = crate::sys::pidfd::Pidfd::open(pid, Some(start_ticks))
         .map_err(|e| format!("pid {pid} is gone ({e})"))?;
-    let init_fd = crate::pidfd::Pidfd::open(init, None).map_err(|e| {
+    let init_fd = crate::sys::pidfd::Pidfd::open(init, None).map_err(|e| {
         format!("its init pid {init}, as its runtime reports it, is no process here ({e})")
     })?;
     holds(init, None, id).map_err(|why| {
         format!("pid {init}, its init as its runtime reports it, is not its ({why}): the runtime's pid namespace is another")
     })?;
     let ns = |p: u32| {
-        std::fs::metadata(format!("/proc/{p}/ns/pid"))
+        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(p, "ns/pid"))
             .map(|m| m.ino())
             .map_err(|e| format!("cannot read pid {p}'s pid namespace ({e})"))
     };
@@ -222,7 +223,7 @@ mod tests {
             .spawn()
             .expect("sleep");
         let pid = child.id();
-        let start = crate::pidfd::start_ticks(pid).expect("its start time");
+        let start = crate::sys::pidfd::start_ticks(pid).expect("its start time");
         let sources = Sources {
             docker: "/nonexistent/docker.sock".into(),
             podman: "/nonexistent/podman.sock".into(),

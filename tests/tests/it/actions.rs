@@ -23,8 +23,10 @@ use selfheal::{
         keepalive::{Keepalive, ProofKeepalive},
         signal::Signal,
     },
-    pidfd::{Pidfd, start_ticks},
-    sockdiag,
+    sys::{
+        pidfd::{Pidfd, start_ticks},
+        sockdiag,
+    },
 };
 use selfheal_core::keepalive::KeepaliveSettings;
 use tests::{

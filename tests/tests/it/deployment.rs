@@ -58,7 +58,7 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
 
     let target = actions::guard::open_target(
         ready.pid,
-        selfheal::pidfd::start_ticks(ready.pid).expect("the agent runs"),
+        selfheal::sys::pidfd::start_ticks(ready.pid).expect("the agent runs"),
     )
     .expect("pidfd");
     let armed = Instant::now();

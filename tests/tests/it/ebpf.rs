@@ -16,7 +16,7 @@ use std::{
 
 use selfheal::{
     ebpf::{Tracer, TracerError, TracerOptions},
-    sockdiag,
+    sys::sockdiag,
 };
 use selfheal_core::ebpf::TracerSnapshot;
 use selfheal_core::ebpf::strategy::Strategy;
@@ -177,7 +177,7 @@ fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
             .expect("socket in sock_diag");
         assert_eq!(Some(s.inode), b.inode, "[{strategy}] sock_diag inode");
 
-        let sent_at = selfheal::clock::boot_ns();
+        let sent_at = selfheal::sys::clock::boot_ns();
         server_side.write_all(&[7u8; 10]).unwrap();
         peer.expect("got 10", 5 * SEC);
         let snap = wait_for(5 * SEC, TICK, || {
@@ -216,7 +216,7 @@ fn blocked_recv_is_reported_with_its_socket_and_age_then_cleared() {
 
 /// Milliseconds since `t` (`CLOCK_BOOTTIME` ns).
 fn age_since(t: u64) -> u64 {
-    selfheal_core::clock::age_ms(selfheal::clock::boot_ns(), t)
+    selfheal_core::clock::age_ms(selfheal::sys::clock::boot_ns(), t)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use std::{process::Command, time::Duration};
 
-use selfheal::{proc, sockdiag};
+use selfheal::{proc, sys::sockdiag};
 use tests::{NetnsPair, Peer, arm_keepalive, listener, need_root, selfheal_bin, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);

@@ -1222,7 +1222,7 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
         std::fs::read_to_string(format!("/proc/{pid}/comm"))
             .ok()
             .filter(|c| c.trim() == "sleep")
-            .and_then(|_| selfheal::pidfd::start_ticks(pid))
+            .and_then(|_| selfheal::sys::pidfd::start_ticks(pid))
     })
     .unwrap();
     let step = Step::Signal {

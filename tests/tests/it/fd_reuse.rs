@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use selfheal::{helper::HelperClient, pidfd::start_ticks};
+use selfheal::{helper::HelperClient, sys::pidfd::start_ticks};
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;

@@ -467,7 +467,7 @@ fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
         // The re-run below: read the page, give up after 300 ms, exit.
         let pid: u32 = std::env::var("READS_PID").unwrap().parse().unwrap();
         let addr: u64 = std::env::var("READS_ADDR").unwrap().parse().unwrap();
-        let mut reader = selfheal::memread::Reader::default();
+        let mut reader = selfheal::sys::memread::Reader::default();
         let mut buf = [0u8; 32];
         let r = reader.read(
             pid,
@@ -486,7 +486,7 @@ fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
     let ordinary = agent(&ns, "anon", &fs.file(), 0);
     assert!(fs.said("read 1", 5 * SEC).is_some());
 
-    let mut reader = selfheal::memread::Reader::default();
+    let mut reader = selfheal::sys::memread::Reader::default();
     let mut buf = [0u8; 32];
     let t = Instant::now();
     let r = reader.read(
@@ -496,12 +496,12 @@ fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
         t + Duration::from_millis(300),
     );
     let waited = t.elapsed();
-    assert_eq!(r, Err(selfheal::memread::ReadError::Timeout));
+    assert_eq!(r, Err(selfheal::sys::memread::ReadError::Timeout));
     assert!(
         fs.said("held", SEC).is_some(),
         "the read reached the server"
     );
-    let stuck = selfheal::memread::abandoned();
+    let stuck = selfheal::sys::memread::abandoned();
     assert_eq!(stuck.len(), 1, "{stuck:?}");
     // SIGKILL wakes it for a moment (FUSE then sends an INTERRUPT); it
     // goes back to waiting for the answer uninterruptibly.
@@ -613,9 +613,13 @@ fn a_read_stuck_on_a_fuse_page_is_abandoned_at_its_deadline() {
     // reaped.
     fs.abort();
     let reaped = tests::wait_for(5 * SEC, Duration::from_millis(20), || {
-        selfheal::memread::abandoned().is_empty().then_some(())
+        selfheal::sys::memread::abandoned().is_empty().then_some(())
     });
-    assert!(reaped.is_some(), "{:?}", selfheal::memread::abandoned());
+    assert!(
+        reaped.is_some(),
+        "{:?}",
+        selfheal::sys::memread::abandoned()
+    );
 }
 
 /// A process of uid 65534 that keeps its own `mmap_lock` taken for writing

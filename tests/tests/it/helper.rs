@@ -31,7 +31,7 @@ use selfheal::{
         ClientError, DryExecutor, Executor, HelperClient, Listen, RateLimit, ServerHandle,
         ServerOptions, StopReason, policy, serve,
     },
-    pidfd::{Pidfd, start_ticks},
+    sys::pidfd::{Pidfd, start_ticks},
 };
 use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;

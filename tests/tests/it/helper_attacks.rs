@@ -46,7 +46,7 @@ use selfheal::{
         ClientOptions, DryExecutor, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
         serve,
     },
-    pidfd::start_ticks,
+    sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;
@@ -1387,10 +1387,10 @@ fn master_worker_attack(test: &str, dumpable: bool) {
     // What nobody itself may do: nothing, when the worker is not dumpable.
     let own = as_uid(NOBODY, || {
         let fds = std::fs::read_dir(format!("/proc/{w}/fd")).map(|_| ());
-        let getfd = selfheal::pidfd::Pidfd::open(w, None).and_then(|p| {
+        let getfd = selfheal::sys::pidfd::Pidfd::open(w, None).and_then(|p| {
             p.get_fd(fd)
                 .map(|_| ())
-                .map_err(|e| selfheal::pidfd::PidfdError::Open { pid: w, source: e })
+                .map_err(|e| selfheal::sys::pidfd::PidfdError::Open { pid: w, source: e })
         });
         format!(
             "read /proc/W/fd: {fds:?}; pidfd_getfd: {}",
@@ -1536,7 +1536,7 @@ fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream)
 
 /// The socket's keepalive options, read by root through a duplicate.
 fn options_of(pid: u32, fd: i32) -> selfheal_core::keepalive::KeepaliveSettings {
-    let t = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+    let t = selfheal::sys::pidfd::Pidfd::open(pid, None).unwrap();
     selfheal::actions::keepalive::read_keepalive(&t, fd).unwrap()
 }
 
@@ -1694,7 +1694,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
         .to_str()
         .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
         .expect("fd 3 is the connection");
-    let target = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+    let target = selfheal::sys::pidfd::Pidfd::open(pid, None).unwrap();
     // The caller: nobody, through this (root) process's pid.
     let caller = Caller {
         uid: NOBODY,

@@ -37,7 +37,7 @@ use selfheal::{
     ebpf::TracerOptions,
     healer::ActionsExecutor,
     helper::{Executor, HelperClient, Listen, ServerHandle, ServerOptions, serve},
-    pidfd::start_ticks,
+    sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;
@@ -653,7 +653,7 @@ fn the_owner_of_a_namespace_is_its_outermost_creator() {
     };
     let read = |s: &Sleeper, uid: u32| {
         let pid = s.0.id();
-        let fd = selfheal::pidfd::Pidfd::open(pid, None).unwrap();
+        let fd = selfheal::sys::pidfd::Pidfd::open(pid, None).unwrap();
         owners.account(uid, Some(std::os::fd::AsFd::as_fd(&fd)), pid)
     };
     // A plain user's namespace; a subordinate uid's; no namespace.

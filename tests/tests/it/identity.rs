@@ -345,7 +345,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             targets.push(("outsider", o.pid()));
         }
         for (what, pid) in targets {
-            let start = selfheal::pidfd::start_ticks(pid).expect("its start time");
+            let start = selfheal::sys::pidfd::start_ticks(pid).expect("its start time");
             let e = selfheal::runtime::restart::restart_container(
                 &sources,
                 selfheal_core::runtime::Runtime::Docker,
@@ -363,7 +363,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         drop(forged);
         drop(outsider);
         // The real one still restarts (the legit case unchanged).
-        let start = selfheal::pidfd::start_ticks(init).expect("init's start time");
+        let start = selfheal::sys::pidfd::start_ticks(init).expect("init's start time");
         selfheal::runtime::restart::restart_container(
             &sources,
             selfheal_core::runtime::Runtime::Docker,
@@ -398,7 +398,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             selfheal_core::runtime::Runtime::Docker,
             &id,
             std::process::id(),
-            selfheal::pidfd::start_ticks(std::process::id()).unwrap(),
+            selfheal::sys::pidfd::start_ticks(std::process::id()).unwrap(),
             Duration::from_secs(1),
             Duration::from_secs(20),
         )
@@ -527,7 +527,7 @@ fn a_cgroup_name_cannot_forge_a_line() {
 fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
     let _area = tests::area(module_path!());
     const TEST: &str = "a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step";
-    use selfheal::{agents::still_in_unit, pidfd::start_ticks};
+    use selfheal::{agents::still_in_unit, sys::pidfd::start_ticks};
     use selfheal_core::config::UnitOwner;
     if !need_root(TEST) {
         return;
@@ -658,7 +658,7 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
                 selfheal_core::runtime::Runtime::Podman,
                 &id,
                 pid,
-                selfheal::pidfd::start_ticks(pid).expect("its start time"),
+                selfheal::sys::pidfd::start_ticks(pid).expect("its start time"),
                 Duration::from_secs(1),
                 Duration::from_secs(30),
             )

@@ -17,7 +17,7 @@ use std::{
 
 use selfheal::{
     helper::{ClientError, HelperClient},
-    pidfd::start_ticks,
+    sys::pidfd::start_ticks,
 };
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;

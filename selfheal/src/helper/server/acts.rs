@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     helper::authority::{ActError, Authority},
-    pidfd::Pidfd,
+    sys::pidfd::Pidfd,
 };
 
 /// One call a [`DryExecutor`] received.

@@ -8,7 +8,7 @@
 use std::{
     io,
     os::{
-        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, OwnedFd},
         unix::{fs::MetadataExt as _, net::UnixStream},
     },
     path::PathBuf,
@@ -22,11 +22,8 @@ use selfheal_core::{
 use super::{Shared, refusal};
 use crate::{
     helper::{authority::Authority, policy::read_target},
-    pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
+    sys::pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
 };
-
-/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
-pub(super) const SO_PEERPIDFD: libc::c_int = 77;
 
 /// What the policy and the audit need to know of a target, read again
 /// before every escalation.
@@ -64,7 +61,7 @@ pub(super) fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, Target), WireE
 
 /// The pid namespace of process `pid` (`"self"` for ours).
 pub(super) fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
-    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+    std::fs::metadata(crate::sys::procfs::ProcRoot::default().file(&format!("{pid}/ns/pid")))
         .ok()
         .map(|md| (md.dev(), md.ino()))
 }
@@ -89,18 +86,6 @@ pub fn parse_pidfd_fdinfo(text: &str) -> (Option<i64>, Option<usize>) {
     (pid, levels)
 }
 
-/// Whether the process behind `fd` (a pidfd) has exited.
-fn pidfd_exited(fd: BorrowedFd<'_>) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n != 0
-}
-
 /// The process that opened a connection, pinned at accept: a pidfd of it
 /// (`SO_PEERPIDFD`, or `pidfd_open` of the `SO_PEERCRED` pid where the
 /// kernel lacks it) and its start time. Every request is checked through
@@ -122,29 +107,14 @@ pub(super) struct Connector {
 impl Connector {
     pub(super) fn pin(stream: &UnixStream, caller: Caller, peer_pidfd: bool) -> Connector {
         let kernel = if peer_pidfd {
-            let mut fd: libc::c_int = -1;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: getsockopt into a local int of the given size.
-            let r = unsafe {
-                libc::getsockopt(
-                    stream.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    SO_PEERPIDFD,
-                    (&mut fd as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
-            if r == 0 && fd >= 0 {
-                // SAFETY: a fresh fd the kernel gave us to own.
-                Some(Ok(unsafe { OwnedFd::from_raw_fd(fd) }))
-            } else {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
+            match crate::sys::socket::peer_pidfd(stream.as_fd()) {
+                Ok(fd) => Some(Ok(fd)),
+                Err(e) => match e.raw_os_error() {
                     // The kernel does not know the option: the fallback.
                     Some(libc::ENOPROTOOPT) => None,
                     // The connector is gone (no task to make a pidfd of).
                     _ => Some(Err(e)),
-                }
+                },
             }
         } else {
             None
@@ -158,7 +128,7 @@ impl Connector {
         let start_ticks = pidfd.as_ref().and_then(|fd| {
             let st = start_ticks(caller.pid)?;
             // Read while it lived: the start time is its own.
-            (!pidfd_exited(fd.as_fd())).then_some(st)
+            (!crate::sys::pidfd::exited(fd.as_fd())).then_some(st)
         });
         Connector {
             caller,
@@ -190,16 +160,18 @@ impl Connector {
         let (Some(fd), Some(start)) = (&self.pidfd, self.start_ticks) else {
             return Err(gone());
         };
-        if pidfd_exited(fd.as_fd()) {
+        if crate::sys::pidfd::exited(fd.as_fd()) {
             return Err(gone());
         }
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-            .map_err(|e| {
-                refusal(
-                    ErrorCode::Failed,
-                    format!("cannot read the connecting process's pidfd: {e}"),
-                )
-            })?;
+        let info = std::fs::read_to_string(
+            crate::sys::procfs::ProcRoot::default().of_self(&format!("fdinfo/{}", fd.as_raw_fd())),
+        )
+        .map_err(|e| {
+            refusal(
+                ErrorCode::Failed,
+                format!("cannot read the connecting process's pidfd: {e}"),
+            )
+        })?;
         let (pid, levels) = parse_pidfd_fdinfo(&info);
         if pid != Some(i64::from(self.caller.pid)) {
             return Err(gone());
@@ -213,7 +185,7 @@ impl Connector {
                     && pid_namespace("self").is_some()
             }
         };
-        if start_ticks(self.caller.pid) != Some(start) || pidfd_exited(fd.as_fd()) {
+        if start_ticks(self.caller.pid) != Some(start) || crate::sys::pidfd::exited(fd.as_fd()) {
             return Err(gone());
         }
         Ok((self.caller, same_ns))
@@ -225,7 +197,9 @@ impl Connector {
 /// `close` of the duplicate forever. Reading the link names the file
 /// without calling into its filesystem.
 pub(super) fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
-    match std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
+    match std::fs::read_link(
+        crate::sys::procfs::ProcRoot::default().of_pid(pid, &format!("fd/{fd}")),
+    ) {
         Ok(link) if crate::proc::socket_inode_of_target(&link.to_string_lossy()).is_some() => {
             Ok(())
         }
@@ -250,7 +224,7 @@ pub(super) fn identity(target: &Pidfd) -> Option<Identity> {
     let pid = target.pid();
     let t = read_target(pid)?;
     let start = start_ticks(pid)?;
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let exe = std::fs::read_link(crate::sys::procfs::ProcRoot::default().of_pid(pid, "exe")).ok();
     target.is_alive().then_some(Identity {
         target: t,
         start_ticks: start,

@@ -7,14 +7,13 @@
 use std::{
     io::{self, Read as _, Write as _},
     os::{
-        fd::{AsFd, AsRawFd as _, BorrowedFd},
+        fd::{AsFd, BorrowedFd},
         unix::net::{UnixListener, UnixStream},
     },
     sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
-use nix::sys::socket::{getsockopt, sockopt};
 use selfheal_core::{
     owner::{Account, ConnLimits},
     protocol::{Caller, ErrorCode, MAX_REQUEST_BYTES, Op, Response, parse_request},
@@ -44,17 +43,10 @@ pub(super) struct LoopLimits {
 fn wait_readable(fds: &[BorrowedFd<'_>], timeout: Duration) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
-        .map(|fd| libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|fd| crate::sys::poll::readable(*fd))
         .collect();
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = crate::sys::poll::poll(&mut pfds, ms) {
         if e.kind() == io::ErrorKind::Interrupted {
             return Ok(vec![false; pfds.len()]);
         }
@@ -358,7 +350,7 @@ pub(super) fn connection(
 
 /// The caller's credentials as the socket recorded them at `connect`.
 fn peer(stream: &UnixStream) -> io::Result<Caller> {
-    let c = getsockopt(stream, sockopt::PeerCredentials).map_err(io::Error::from)?;
+    let c = crate::sys::socket::peer_credentials(stream.as_fd())?;
     Ok(Caller {
         uid: c.uid(),
         gid: c.gid(),

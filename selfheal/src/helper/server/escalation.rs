@@ -26,7 +26,7 @@ use super::{
     authz::{Identity, identity},
     lock, refusal,
 };
-use crate::{helper::authority::Authority, pidfd::Pidfd};
+use crate::{helper::authority::Authority, sys::pidfd::Pidfd};
 
 /// The escalations the timer thread will run: bounded in all, per owner,
 /// and root's apart.
@@ -196,14 +196,7 @@ pub(super) fn escalation_loop(shared: &Arc<Shared>, wake: &UnixStream) {
                 revents: 0,
             })
             .collect();
-        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
-        unsafe {
-            libc::poll(
-                pfds.as_mut_ptr(),
-                pfds.len() as libc::nfds_t,
-                timeout.as_millis().min(i32::MAX as u128) as i32,
-            )
-        };
+        let _ = crate::sys::poll::poll(&mut pfds, timeout.as_millis().min(i32::MAX as u128) as i32);
         if pfds[0].revents != 0 {
             let _ = (&*wake).read(&mut [0u8; 64]);
         }

@@ -6,7 +6,7 @@
 use std::{
     io,
     os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        fd::{AsRawFd as _, OwnedFd},
         unix::{
             fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
             net::{UnixListener, UnixStream},
@@ -66,39 +66,16 @@ pub fn activation(
 /// ours and `LISTEN_FDS` ≥ 1, and removes `LISTEN_PID`, `LISTEN_FDS` and
 /// `LISTEN_FDNAMES` from the environment either way, so that no child
 /// mistakes them for its own. Every passed fd is made close-on-exec; fds
-/// after the first are left unused.
-///
-/// # Safety
-///
-/// Changes the environment: no other thread may read or write it
-/// meanwhile (call it first thing, before any thread starts).
-pub unsafe fn take_activated_listener() -> Result<Option<OwnedFd>, ServerError> {
-    let pid = std::env::var("LISTEN_PID").ok();
-    let fds = std::env::var("LISTEN_FDS").ok();
+/// after the first are left unused. Changing the environment needs a
+/// process with one thread: call it first thing, before any thread starts
+/// ([`crate::sys::activation::take_env`]).
+pub fn take_activated_listener() -> Result<Option<OwnedFd>, ServerError> {
+    let (pid, fds) = crate::sys::activation::take_env().map_err(ServerError::Activation)?;
     let found = activation(pid.as_deref(), fds.as_deref(), std::process::id());
-    for var in ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"] {
-        // SAFETY: the caller guarantees no other thread uses the environment.
-        unsafe { std::env::remove_var(var) };
-    }
     let Some(n) = found.map_err(ServerError::Activation)? else {
         return Ok(None);
     };
-    for fd in 3..3 + n.min(1024) as i32 {
-        // SAFETY: fcntl on any integer is harmless; a closed fd fails EBADF.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-        if flags < 0 {
-            if fd == 3 {
-                return Err(ServerError::Activation(
-                    "LISTEN_FDS is set but fd 3 is not open".into(),
-                ));
-            }
-            continue;
-        }
-        // SAFETY: as above, on an fd we were handed.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) };
-    }
-    // SAFETY: fd 3 is open (checked above) and was passed to us to own.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(3) }))
+    crate::sys::activation::take_listener(n).map_err(ServerError::Activation)
 }
 
 /// A socket file we bound, removed on exit if it is still ours.
@@ -166,7 +143,7 @@ fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
     if !md.is_dir() {
         return Err(unsafe_dir("not a directory".into()));
     }
-    let me = crate::trust::euid();
+    let me = crate::sys::creds::euid();
     let mode = md.mode() & 0o7777;
     // A sticky directory (/tmp) lets nobody else remove our socket.
     if mode & 0o1000 == 0 {

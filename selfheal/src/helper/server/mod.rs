@@ -88,7 +88,7 @@ use crate::{
         authority::{ActError, Authority},
         owner::{ConnSet, Owners},
     },
-    pidfd::Pidfd,
+    sys::pidfd::Pidfd,
 };
 
 /// Most pids one owner may have watched at once.

@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::{Shared, authz::Authorized, lock, refusal};
 use crate::{
     ebpf::{Tracer, TracerError, TracerOptions, chain},
-    pidfd::start_ticks,
+    sys::pidfd::start_ticks,
 };
 
 pub(super) fn attach(opts: Option<&TracerOptions>) -> (Option<Tracer>, EbpfStatus) {

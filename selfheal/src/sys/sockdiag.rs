@@ -2,14 +2,10 @@
 //! `tcp_info` (as `ss` reads them), and `SOCK_DESTROY` (as `ss -K`). Both go
 //! through one request/response loop (`Diag`). Queries run in the
 //! caller's network namespace or, with [`dump_tcp_in_netns_of`] and
-//! [`destroy_by_inode_in`], in another one (through [`crate::netns`]).
+//! [`destroy_by_inode_in`], in another one (through [`super::netns`]).
 
 use selfheal_core::sockdiag::{TcpInfo, TcpSocket, TimerInfo};
-use std::{
-    net::SocketAddr,
-    os::fd::{AsFd, AsRawFd as _},
-    time::Duration,
-};
+use std::{net::SocketAddr, os::fd::AsFd, time::Duration};
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
@@ -22,7 +18,7 @@ use netlink_packet_sock_diag::{
 };
 use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_SOCK_DIAG};
 
-use crate::netns;
+use super::netns;
 
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
@@ -136,23 +132,8 @@ impl Diag {
         socket.bind_auto().map_err(io("bind"))?;
         socket.connect(&NlAddr::new(0, 0)).map_err(io("connect"))?;
         socket.set_rx_buf_sz(1 << 20).map_err(io("setsockopt"))?;
-        let tv = libc::timeval {
-            tv_sec: REPLY_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: `tv` is valid for reads of its size.
-        let r = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io("setsockopt")(std::io::Error::last_os_error()));
-        }
+        super::socket::set_receive_timeout(socket.as_fd(), REPLY_TIMEOUT.as_secs())
+            .map_err(io("setsockopt"))?;
         Ok(Diag {
             socket,
             seq: 0,
@@ -386,7 +367,7 @@ mod tests {
     /// `ECONNABORTED`, after which no socket has that inode.
     #[test]
     fn the_dump_reports_our_connection_and_destroy_ends_it() {
-        use std::{io::Read as _, os::unix::fs::MetadataExt as _};
+        use std::{io::Read as _, os::fd::AsRawFd as _, os::unix::fs::MetadataExt as _};
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (_server, _) = l.accept().unwrap();

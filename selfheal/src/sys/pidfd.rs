@@ -85,27 +85,14 @@ impl Pidfd {
 
     /// Whether the process still runs (its pidfd is not yet readable).
     pub fn is_alive(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout.
-        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-        n == 0
+        !exited(self.fd.as_fd())
     }
 
     /// Waits up to `timeout` for the process to exit; true if it did.
     pub fn wait_exit(&self, timeout: std::time::Duration) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = [super::poll::readable(self.fd.as_fd())];
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        n > 0
+        super::poll::poll(&mut pfd, ms).is_ok_and(|n| n > 0)
     }
 
     /// Sends `signal` through the pidfd (never to a recycled pid).
@@ -139,6 +126,13 @@ impl Pidfd {
             Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
         }
     }
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable,
+/// or cannot be polled).
+pub fn exited(pidfd: BorrowedFd<'_>) -> bool {
+    let mut pfd = [super::poll::readable(pidfd)];
+    !matches!(super::poll::poll(&mut pfd, 0), Ok(0))
 }
 
 impl AsFd for Pidfd {

@@ -1,0 +1,96 @@
+//! Directory-relative file calls (`openat`, `fstatat`, `readlinkat`,
+//! `renameat`, `unlinkat`, `mkdirat`) and the mode, owner and sync of an
+//! open fd. `dir` is a directory fd or `AT_FDCWD`; names are single path
+//! components, NUL-terminated.
+
+use std::{
+    ffi::{CStr, OsString},
+    io,
+    os::{
+        fd::{FromRawFd as _, OwnedFd},
+        unix::ffi::OsStringExt as _,
+    },
+};
+
+use super::check;
+
+/// `fstat(fd)`.
+pub fn fstat(fd: i32) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is a valid value; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid, writable stat.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
+pub fn lstatat(dir: i32, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: as in `fstat`.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated, `st` valid.
+    if unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// `openat(dir, name, flags | O_CLOEXEC, mode)`.
+pub fn openat(dir: i32, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated; the result is checked.
+    let fd = unsafe { libc::openat(dir, name.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `readlinkat(dir, name)`: the link's target.
+pub fn readlinkat(dir: i32, name: &CStr) -> io::Result<OsString> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `buf` is writable for its length.
+    let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(OsString::from_vec(buf))
+}
+
+/// `renameat(dir, from, dir, to)`.
+pub fn renameat(dir: i32, from: &CStr, to: &CStr) -> io::Result<()> {
+    // SAFETY: NUL-terminated names; the kernel only reads them.
+    check(unsafe { libc::renameat(dir, from.as_ptr(), dir, to.as_ptr()) })
+}
+
+/// `unlinkat(dir, name, 0)`.
+pub fn unlinkat(dir: i32, name: &CStr) -> io::Result<()> {
+    // SAFETY: a NUL-terminated name; the kernel only reads it.
+    check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) })
+}
+
+/// `mkdirat(dir, name, mode)`.
+pub fn mkdirat(dir: i32, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: a NUL-terminated name; the kernel only reads it.
+    check(unsafe { libc::mkdirat(dir, name.as_ptr(), mode) })
+}
+
+/// `fsync(fd)`.
+pub fn fsync(fd: i32) -> io::Result<()> {
+    // SAFETY: a plain syscall on an fd; it touches no memory of ours.
+    check(unsafe { libc::fsync(fd) })
+}
+
+/// `fchmod(fd, mode)`.
+pub fn fchmod(fd: i32, mode: u32) -> io::Result<()> {
+    // SAFETY: a plain syscall on an fd; it touches no memory of ours.
+    check(unsafe { libc::fchmod(fd, mode) })
+}
+
+/// `fchown(fd, -1, gid)`: the group only, the owner left as it is.
+pub fn fchown_group(fd: i32, gid: u32) -> io::Result<()> {
+    // SAFETY: a plain syscall on an fd; -1 leaves the owner as it is.
+    check(unsafe { libc::fchown(fd, u32::MAX, gid) })
+}
