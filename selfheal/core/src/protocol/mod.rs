@@ -131,9 +131,11 @@ use serde_json::{Map, Value};
 
 use crate::ebpf::{BlockedRecv, Overflow, SocketActivity, Strategy, TracerSnapshot};
 
+mod act;
 mod response;
 mod snapshot;
 
+pub use self::act::{Act, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
     AttemptWire, Caller, EbpfStatus, HelloResult, Limits, Response, UnwatchResult, WatchResult,
     WatchedPid, WireError,
