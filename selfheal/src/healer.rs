@@ -1,22 +1,26 @@
-//! Who carries out the ladder's steps: [`DirectHealer`] does them from this
-//! process (when it has the permission: same uid, or root) through
-//! [`run_step`], and [`ActionsExecutor`] is the helper's side: it carries
-//! out a helper request's action with the same functions.
-//! Every step re-opens its target by pidfd against the start time the check
-//! saw, so a pid reused since then is never touched. [`HelperHealer`] acts
-//! directly when its helper has gone away (no connection: nothing was sent).
-//! The helper answers a `signal` after SIGTERM and sends SIGKILL on its own
-//! timer; [`HelperHealer`] then watches the process's exit through a pidfd
-//! of its own, so the ladder still learns how the step ended.
+//! Who carries out the ladder's steps: each step is its
+//! [`Act`](selfheal_core::protocol::Act), and every act goes through
+//! [`actions::act`]. [`DirectHealer`] acts from this process (when it has
+//! the permission: same uid, or root) through [`run_step`], and
+//! [`ActionsExecutor`] is the helper's side: its hand pins the target,
+//! checks the caller's authority on each socket and keeps the proofs it
+//! armed. Every step re-opens its target by pidfd against the start time
+//! the check saw, so a pid reused since then is never touched.
+//! [`HelperHealer`] sends the act's wire form
+//! ([`ActRequest::from_act`](selfheal_core::protocol::ActRequest::from_act)),
+//! and acts directly when its helper has gone away (no connection: nothing
+//! was sent). The helper answers a `signal` after SIGTERM and sends SIGKILL
+//! on its own timer; [`HelperHealer`] then watches the process's exit
+//! through a pidfd of its own, so the ladder still learns how the step
+//! ended.
 
 use std::{cell::Cell, time::Duration};
 
 use selfheal_core::{
     keepalive::{KeepaliveSettings, ProofKeepalive},
     ladder::Step,
-    protocol::{Act, ActRequest, Caller, MAX_GRACE},
+    protocol::{Act, ActRequest, Caller, ContainerRestart, MAX_GRACE},
     prove::ProofTarget,
-    runtime::Runtime,
 };
 
 use crate::{
@@ -40,22 +44,15 @@ impl Hand for Direct<'_> {
         self.0
     }
 
-    fn restart_container(
-        &self,
-        runtime: Runtime,
-        id: &str,
-        (pid, start_ticks): (u32, u64),
-        grace: Duration,
-        timeout: Duration,
-    ) -> Result<ActOutcome, ActionError> {
+    fn restart_container(&self, c: &ContainerRestart) -> Result<ActOutcome, ActionError> {
         crate::runtime::restart::restart_container(
             &crate::runtime::Sources::from_env(),
-            runtime,
-            id,
-            pid,
-            start_ticks,
-            grace,
-            timeout,
+            c.runtime,
+            &c.id,
+            c.pid,
+            c.start_ticks,
+            Duration::from_millis(c.grace_ms),
+            Duration::from_millis(c.timeout_ms),
         )
         .map(ActOutcome::Reported)
         .map_err(ActionError::Container)
@@ -264,7 +261,7 @@ impl Hand for HelperHand<'_> {
                 .authority
                 .recheck(self.target)
                 .map_err(|why| ActionError::Refused { why }),
-            Act::Restart { .. } | Act::RestartContainer { .. } => Err(ActionError::NotHere {
+            Act::Restart { .. } | Act::RestartContainer(_) => Err(ActionError::NotHere {
                 why: "the helper does not run restart commands: the caller runs its own".into(),
             }),
             _ => Ok(()),

@@ -32,7 +32,7 @@ use crate::{
     inspect::Report,
     judge::{Judgement, Verdict},
     model::{DeadKind, DeadSocket},
-    protocol::{Act, SocketRef},
+    protocol::{Act, ContainerRestart, SocketRef},
 };
 
 /// One healing action, fully addressed.
@@ -146,14 +146,14 @@ impl Step {
                 start_ticks,
                 grace_ms,
                 timeout_ms,
-            } => Act::RestartContainer {
+            } => Act::RestartContainer(ContainerRestart {
                 runtime: *runtime,
                 id: id.clone(),
                 pid: *pid,
                 start_ticks: *start_ticks,
                 grace_ms: *grace_ms,
                 timeout_ms: *timeout_ms,
-            },
+            }),
         }
     }
 

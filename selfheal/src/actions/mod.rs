@@ -21,9 +21,14 @@
 //! [`signal_escalate`](signal::signal_escalate) does both in one call for acting
 //! directly.
 //!
-//! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
-//! helper's JSON protocol and for audit lines. Deciding *whether* to act is
-//! the ladder's job, not this module's.
+//! Every act, from the ladder or from the helper's wire, goes through
+//! [`act`]: one match from an [`Act`] to the action that carries it out,
+//! by a [`Hand`] that says who acts (this process, or the helper for its
+//! caller) and what it checks on the way. Its outcome is an [`ActOutcome`],
+//! each a plain `Serialize` value fit for the helper's JSON protocol and
+//! for audit lines; its error an [`ActionError`], whose
+//! [`code`](ActionError::code) is the protocol's error code. Deciding
+//! *whether* to act is the ladder's job, not this module's.
 //!
 //! The rooms: [`guard`] (who may be acted on, and the handle), [`dup`]
 //! (the duplicated socket and its gate), [`keepalive`], [`destroy`],
@@ -40,8 +45,7 @@ use std::time::{Duration, Instant};
 
 use selfheal_core::{
     keepalive::KeepaliveSettings,
-    protocol::{Act, ErrorCode, MAX_GRACE},
-    runtime::Runtime,
+    protocol::{Act, ContainerRestart, ErrorCode, MAX_GRACE},
 };
 use serde::Serialize;
 
@@ -267,17 +271,9 @@ pub trait Hand {
         Signalling::Escalate
     }
 
-    /// A container restart ([`Act::RestartContainer`]) of container `id`,
-    /// which must still hold `process` (pid and start time).
-    fn restart_container(
-        &self,
-        runtime: Runtime,
-        id: &str,
-        process: (u32, u64),
-        grace: Duration,
-        timeout: Duration,
-    ) -> Result<ActOutcome, ActionError> {
-        let _ = (runtime, id, process, grace, timeout);
+    /// A container restart ([`Act::RestartContainer`]).
+    fn restart_container(&self, restart: &ContainerRestart) -> Result<ActOutcome, ActionError> {
+        let _ = restart;
         Err(ActionError::NotHere {
             why: "container restarts are not carried out here".into(),
         })
@@ -390,20 +386,7 @@ pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
             }
             ActOutcome::Restarted(out)
         }
-        Act::RestartContainer {
-            runtime,
-            id,
-            pid,
-            start_ticks,
-            grace_ms,
-            timeout_ms,
-        } => hand.restart_container(
-            *runtime,
-            id,
-            (*pid, *start_ticks),
-            Duration::from_millis(*grace_ms),
-            Duration::from_millis(*timeout_ms),
-        )?,
+        Act::RestartContainer(restart) => hand.restart_container(restart)?,
     })
 }
 

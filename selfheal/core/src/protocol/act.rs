@@ -26,6 +26,20 @@ pub struct SocketRef {
     pub inode: u64,
 }
 
+/// A container restart ([`crate::ladder::Step::RestartContainer`]):
+/// container `id` of `runtime`, which must still hold the agent's root
+/// process `pid`/`start_ticks`, stopped with `grace_ms`, the whole bounded
+/// by `timeout_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRestart {
+    pub runtime: Runtime,
+    pub id: String,
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub grace_ms: u64,
+    pub timeout_ms: u64,
+}
+
 /// One act, fully addressed: a process by `pid` and `start_ticks` (its
 /// start time in clock ticks after boot), a socket by [`SocketRef`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,16 +69,8 @@ pub enum Act {
     },
     /// Run the agent's restart command, as the caller.
     Restart { argv: Vec<String>, timeout_ms: u64 },
-    /// Restart the container `id` through its runtime, as the caller
-    /// ([`crate::ladder::Step::RestartContainer`]).
-    RestartContainer {
-        runtime: Runtime,
-        id: String,
-        pid: u32,
-        start_ticks: u64,
-        grace_ms: u64,
-        timeout_ms: u64,
-    },
+    /// Restart a container through its runtime, as the caller.
+    RestartContainer(ContainerRestart),
     /// The prove stage: arm a proof keepalive on the socket.
     ProveKeepalive {
         pid: u32,
@@ -111,7 +117,7 @@ impl Act {
             Self::DestroySocket { .. } => Action::DestroySocket,
             Self::Signal { .. } => Action::Signal,
             Self::Restart { .. } => Action::Restart,
-            Self::RestartContainer { .. } => return None,
+            Self::RestartContainer(_) => return None,
             Self::ProveKeepalive { .. } => Action::ProveKeepalive,
             Self::RestoreKeepalive { .. } => Action::RestoreKeepalive,
             Self::ExpireKeepalive { .. } => Action::ExpireKeepalive,
@@ -131,9 +137,6 @@ impl Act {
             | Self::Signal {
                 pid, start_ticks, ..
             }
-            | Self::RestartContainer {
-                pid, start_ticks, ..
-            }
             | Self::ProveKeepalive {
                 pid, start_ticks, ..
             }
@@ -143,6 +146,7 @@ impl Act {
             | Self::ExpireKeepalive {
                 pid, start_ticks, ..
             } => Some((*pid, *start_ticks)),
+            Self::RestartContainer(c) => Some((c.pid, c.start_ticks)),
             Self::Restart { .. } => None,
         }
     }
@@ -155,7 +159,7 @@ impl Act {
             | Self::ProveKeepalive { socket, .. }
             | Self::RestoreKeepalive { socket, .. }
             | Self::ExpireKeepalive { socket, .. } => Some(*socket),
-            Self::Signal { .. } | Self::Restart { .. } | Self::RestartContainer { .. } => None,
+            Self::Signal { .. } | Self::Restart { .. } | Self::RestartContainer(_) => None,
         }
     }
 
@@ -300,13 +304,10 @@ mod tests {
 
     #[test]
     fn every_wire_act_round_trips_through_its_request() {
-        let settings = KeepaliveSettings {
-            enabled: false,
-            idle_s: 7200,
-            interval_s: 75,
-            count: 9,
-            user_timeout_ms: 0,
-        };
+        let settings: KeepaliveSettings = serde_json::from_value(serde_json::json!({
+            "enabled": true, "idle_s": 60, "interval_s": 10, "count": 5, "user_timeout_ms": 0
+        }))
+        .unwrap();
         let acts = [
             Act::ArmKeepalive {
                 pid: 5,
@@ -372,14 +373,14 @@ mod tests {
             timeout_ms: 1000,
         };
         assert_eq!(ActRequest::from_act(&restart, "sol"), None);
-        let container = Act::RestartContainer {
+        let container = Act::RestartContainer(ContainerRestart {
             runtime: Runtime::Docker,
             id: "abc".into(),
             pid: 5,
             start_ticks: 9,
             grace_ms: 1,
             timeout_ms: 1,
-        };
+        });
         assert_eq!(ActRequest::from_act(&container, "sol"), None);
         assert_eq!(container.name(), "restart_container");
         let e = ActRequest::new(Action::Restart, 5, 9).act().unwrap_err();
