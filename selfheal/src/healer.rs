@@ -1,18 +1,16 @@
-//! Who carries out the ladder's steps: each step is its
-//! [`Act`](selfheal_core::protocol::Act), and every act goes through
-//! [`actions::act`]. [`DirectHealer`] acts from this process (when it has
-//! the permission: same uid, or root) through [`run_step`], and
-//! [`ActionsExecutor`] is the helper's side: its hand pins the target,
-//! checks the caller's authority on each socket and keeps the proofs it
-//! armed. Every step re-opens its target by pidfd against the start time
-//! the check saw, so a pid reused since then is never touched.
-//! [`HelperHealer`] sends the act's wire form
-//! ([`ActRequest::from_act`](selfheal_core::protocol::ActRequest::from_act)),
-//! and acts directly when its helper has gone away (no connection: nothing
-//! was sent). The helper answers a `signal` after SIGTERM and sends SIGKILL
-//! on its own timer; [`HelperHealer`] then watches the process's exit
-//! through a pidfd of its own, so the ladder still learns how the step
-//! ended.
+//! Who carries out the ladder's steps: each step is its [`Act`], and every
+//! act goes through [`actions::act`]. [`DirectHealer`] acts from this
+//! process (when it has the permission: same uid, or root) through
+//! [`run_step`], and [`ActionsExecutor`] is the helper's side: its hand
+//! pins the target, checks the caller's authority on each socket and keeps
+//! the proofs it armed. Every step re-opens its target by pidfd against
+//! the start time the check saw, so a pid reused since then is never
+//! touched. [`HelperHealer`] sends the act's wire form
+//! ([`ActRequest::from_act`]), and acts directly when its helper has gone
+//! away (no connection: nothing was sent). The helper answers a `signal`
+//! after SIGTERM and sends SIGKILL on its own timer; [`HelperHealer`] then
+//! watches the process's exit through a pidfd of its own, so the ladder
+//! still learns how the step ended.
 
 use std::{cell::Cell, time::Duration};
 

@@ -3,7 +3,7 @@
 //! process (SIGTERM, then SIGKILL), running a restart command — plus the
 //! [`guard`](guard::guard) every one of them passes first.
 //!
-//! Processes are addressed by [`Pidfd`](crate::pidfd::Pidfd) (opened when the decision was taken,
+//! Processes are addressed by [`Pidfd`] (opened when the decision was taken,
 //! checked against the judged process's start time), so a pid reused between
 //! decision and action is never hit. Sockets are reached through
 //! `pidfd_getfd`: the agent's own socket, duplicated into this process, is
