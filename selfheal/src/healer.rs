@@ -1,118 +1,83 @@
-//! Who carries out the ladder's steps: [`DirectHealer`] does them from this
+//! Who carries out the ladder's steps: each step is its [`Act`], and every
+//! act goes through [`actions::act`]. [`DirectHealer`] acts from this
 //! process (when it has the permission: same uid, or root) through
-//! [`run_step`], and [`ActionsExecutor`] is the helper's side: it carries
-//! out a helper request's action with the same functions.
-//! Every step re-opens its target by pidfd against the start time the check
-//! saw, so a pid reused since then is never touched. [`HelperHealer`] acts
-//! directly when its helper has gone away (no connection: nothing was sent).
-//! The helper answers a `signal` after SIGTERM and sends SIGKILL on its own
-//! timer; [`HelperHealer`] then watches the process's exit through a pidfd
-//! of its own, so the ladder still learns how the step ended.
+//! [`run_step`], and [`ActionsExecutor`] is the helper's side: its hand
+//! pins the target, checks the caller's authority on each socket and keeps
+//! the proofs it armed. Every step re-opens its target by pidfd against
+//! the start time the check saw, so a pid reused since then is never
+//! touched. [`HelperHealer`] sends the act's wire form
+//! ([`ActRequest::from_act`]), and acts directly when its helper has gone
+//! away (no connection: nothing was sent). The helper answers a `signal`
+//! after SIGTERM and sends SIGKILL on its own timer; [`HelperHealer`] then
+//! watches the process's exit through a pidfd of its own, so the ladder
+//! still learns how the step ended.
 
-use std::time::Duration;
+use std::{cell::Cell, time::Duration};
 
-use selfheal_core::{keepalive::KeepaliveSettings, ladder::Step, prove::ProofTarget};
+use selfheal_core::{
+    keepalive::{KeepaliveSettings, ProofKeepalive},
+    ladder::Step,
+    protocol::{Act, ActRequest, Caller, ContainerRestart, MAX_GRACE},
+    prove::ProofTarget,
+};
 
 use crate::{
     actions::{
-        self,
-        keepalive::{Keepalive, KeepaliveOutcome, ProofKeepalive},
+        self, ActOutcome, ActionError, Hand, Signalling,
+        dup::SocketSeen,
+        keepalive::{Keepalive, KeepaliveOutcome},
     },
     check::Healer,
     helper::authority::{ActError, Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
+    pidfd::Pidfd,
 };
 
-/// Runs a step here and now; `Ok` carries the action's outcome as JSON text.
-pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<serde_json::Value, String> {
-    let e = |e: actions::ActionError| e.to_string();
-    let json = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| e.to_string());
-    match step {
-        Step::ArmKeepalive {
-            pid,
-            start_ticks,
-            fd,
-            inode,
-        } => {
-            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
-            json(serde_json::to_value(
-                actions::keepalive::arm_keepalive(&target, *fd, Some(*inode), keepalive)
-                    .map_err(e)?,
-            ))
-        }
-        Step::ExpireKeepalive {
-            pid,
-            start_ticks,
-            fd,
-            inode,
-        } => {
-            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
-            json(serde_json::to_value(
-                actions::keepalive::expire_keepalive(&target, *fd, *inode).map_err(e)?,
-            ))
-        }
-        Step::DestroySocket {
-            pid,
-            start_ticks,
-            fd,
-            inode,
-        } => {
-            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
-            json(serde_json::to_value(
-                actions::destroy::destroy_socket(&target, *fd, Some(*inode)).map_err(e)?,
-            ))
-        }
-        Step::Signal {
-            pid,
-            start_ticks,
-            grace_ms,
-        } => {
-            let target = actions::guard::open_target(*pid, *start_ticks).map_err(e)?;
-            json(serde_json::to_value(
-                actions::signal::signal_escalate(&target, Duration::from_millis(*grace_ms))
-                    .map_err(e)?,
-            ))
-        }
-        Step::Restart { argv, timeout_ms } => {
-            let out =
-                actions::restart::restart(argv, Duration::from_millis(*timeout_ms)).map_err(e)?;
-            if out.success {
-                json(serde_json::to_value(out))
-            } else {
-                Err(format!(
-                    "restart command {argv:?} {}: {}",
-                    if out.timed_out {
-                        "timed out".to_string()
-                    } else {
-                        format!("exited with {:?}", out.exit_code)
-                    },
-                    out.stderr.trim()
-                ))
-            }
-        }
-        Step::RestartContainer {
-            runtime,
-            id,
-            pid,
-            start_ticks,
-            grace_ms,
-            timeout_ms,
-        } => crate::runtime::restart::restart_container(
-            &crate::runtime::Sources::from_env(),
-            *runtime,
-            id,
-            *pid,
-            *start_ticks,
-            Duration::from_millis(*grace_ms),
-            Duration::from_millis(*timeout_ms),
-        ),
+/// Acting from this process: every process opened here by pid and start
+/// time, every socket let through, a `signal` carried out to its end, and
+/// restarts run as this user.
+struct Direct<'a>(&'a Keepalive);
+
+impl Hand for Direct<'_> {
+    fn keepalive(&self) -> &Keepalive {
+        self.0
     }
+
+    fn restart_container(&self, c: &ContainerRestart) -> Result<ActOutcome, ActionError> {
+        crate::runtime::restart::restart_container(
+            &crate::runtime::Sources::from_env(),
+            c.runtime,
+            &c.id,
+            c.pid,
+            c.start_ticks,
+            Duration::from_millis(c.grace_ms),
+            Duration::from_millis(c.timeout_ms),
+        )
+        .map(ActOutcome::Reported)
+        .map_err(ActionError::Container)
+    }
+}
+
+/// Carries out `act` from this process.
+fn act_here(act: &Act, keepalive: &Keepalive) -> Result<ActOutcome, String> {
+    actions::act(act, &Direct(keepalive)).map_err(|e| e.to_string())
+}
+
+/// Runs a step here and now.
+pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<ActOutcome, String> {
+    act_here(&step.act(), keepalive)
+}
+
+/// An outcome that is not the one its act reports.
+fn unexpected(out: &ActOutcome) -> String {
+    format!("an unexpected outcome: {out}")
 }
 
 /// Arms a proof keepalive from this process.
 fn arm_proof_here(t: &ProofTarget, ka: &ProofKeepalive) -> Result<KeepaliveOutcome, String> {
-    let e = |e: actions::ActionError| e.to_string();
-    let target = actions::guard::open_target(t.pid, t.start_ticks).map_err(e)?;
-    actions::keepalive::arm_proof_keepalive(&target, t.fd, t.inode, ka).map_err(e)
+    match act_here(&t.prove(ka), &Keepalive::default())? {
+        ActOutcome::Keepalive(out) => Ok(out),
+        other => Err(unexpected(&other)),
+    }
 }
 
 /// Puts a socket's keepalive options back from this process.
@@ -120,9 +85,10 @@ fn restore_here(
     t: &ProofTarget,
     previous: &KeepaliveSettings,
 ) -> Result<KeepaliveSettings, String> {
-    let e = |e: actions::ActionError| e.to_string();
-    let target = actions::guard::open_target(t.pid, t.start_ticks).map_err(e)?;
-    actions::keepalive::restore_keepalive(&target, t.fd, Some(t.inode), previous).map_err(e)
+    match act_here(&t.restore(previous), &Keepalive::default())? {
+        ActOutcome::Restored(back) => Ok(back),
+        other => Err(unexpected(&other)),
+    }
 }
 
 /// Acts from this process: for agents of our own uid, or as root without a
@@ -133,8 +99,8 @@ pub struct DirectHealer {
 }
 
 impl Healer for DirectHealer {
-    fn act(&self, _agent: &str, step: &Step) -> Result<String, String> {
-        run_step(step, &self.keepalive).map(|v| v.to_string())
+    fn act(&self, _agent: &str, step: &Step) -> Result<ActOutcome, String> {
+        run_step(step, &self.keepalive)
     }
 
     fn arm_proof(
@@ -238,197 +204,187 @@ fn lock_book(m: &std::sync::Mutex<ProofBook>) -> std::sync::MutexGuard<'_, Proof
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl crate::helper::server::Executor for ActionsExecutor {
-    fn act(
-        &self,
-        caller: &selfheal_core::protocol::Caller,
-        target: &crate::sys::pidfd::Pidfd,
-        req: &selfheal_core::protocol::ActRequest,
-    ) -> Result<serde_json::Value, String> {
-        // Root's authority: what an in-process caller (tests) asks.
-        self.act_checked(caller, target, req, &Authority::root())
-            .map_err(|e| match e {
-                ActError::Refused(m) | ActError::Failed(m) => m,
-            })
+/// The helper acting for its caller: on the pinned process, each socket
+/// checked on its duplicate against the caller's authority, the proofs it
+/// arms kept in its book, SIGTERM only (the server sends SIGKILL on its own
+/// timer when the grace runs out, after checking the process and the
+/// policy again), and no restart command: running one as root on a
+/// caller's say-so is not the helper's to do.
+struct HelperHand<'a> {
+    exec: &'a ActionsExecutor,
+    caller: &'a Caller,
+    target: &'a Pidfd,
+    authority: &'a Authority,
+    /// The cookie of the socket a proof act was let through on.
+    cookie: Cell<Option<u64>>,
+}
+
+impl HelperHand<'_> {
+    /// The caller's authority on the socket's duplicate: it may still act
+    /// on the target, and the socket is in a state the act is for.
+    fn check_socket(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), String> {
+        let action = act
+            .action()
+            .ok_or_else(|| format!("{} is not the helper's", act.name()))?;
+        self.authority.check_socket(action, self.target, seen.fd)
     }
 
-    fn act_checked(
-        &self,
-        caller: &selfheal_core::protocol::Caller,
-        target: &crate::sys::pidfd::Pidfd,
-        req: &selfheal_core::protocol::ActRequest,
-        authority: &Authority,
-    ) -> Result<serde_json::Value, ActError> {
-        use selfheal_core::protocol::Action;
-        let e = |e: actions::ActionError| match e {
-            actions::ActionError::Refused { why } => ActError::Refused(why),
-            other => ActError::Failed(other.to_string()),
-        };
-        let failed = ActError::Failed;
-        let fd = || {
-            req.fd
-                .ok_or_else(|| failed(format!("{} needs an fd", req.action.as_str())))
-        };
-        let inode = || {
-            req.inode
-                .ok_or_else(|| failed(format!("{} needs an inode", req.action.as_str())))
-        };
-        // The prove stage's parameters, as a whole object of known keys.
-        fn params<T: serde::de::DeserializeOwned>(
-            req: &selfheal_core::protocol::ActRequest,
-        ) -> Result<T, ActError> {
-            serde_json::from_value(serde_json::Value::Object(req.params.clone()))
-                .map_err(|e| ActError::Failed(format!("{}: bad params: {e}", req.action.as_str())))
-        }
-        // Right before anything changes, on the socket's duplicate: the
-        // caller may still act on the target, and the socket is in a state
-        // the act is for.
-        let gate = |seen: &actions::dup::SocketSeen<'_>| {
-            authority.check_socket(req.action, target, seen.fd)
-        };
-        let value = match req.action {
-            Action::ArmKeepalive => serde_json::to_value(
-                actions::keepalive::arm_keepalive_gated(
-                    target,
-                    fd()?,
-                    req.inode,
-                    &self.keepalive,
-                    &gate,
-                )
-                .map_err(e)?,
-            ),
-            Action::DestroySocket => serde_json::to_value(
-                actions::destroy::destroy_socket_gated(target, fd()?, req.inode, &gate)
-                    .map_err(e)?,
-            ),
-            Action::ProveKeepalive => {
-                let ka: ProofKeepalive = params(req)?;
-                // A caller may not stretch the kernel's own deadline past
-                // what a proof needs.
-                if ka.hold_ms > MAX_PROOF_HOLD_MS {
-                    return Err(failed(format!(
+    fn no_proof(&self, act: &Act) -> String {
+        act.action().map_or_else(|| NO_PROOF.to_string(), no_proof)
+    }
+}
+
+impl Hand for HelperHand<'_> {
+    fn keepalive(&self) -> &Keepalive {
+        &self.exec.keepalive
+    }
+
+    fn pinned(&self) -> Option<&Pidfd> {
+        Some(self.target)
+    }
+
+    fn admit(&self, act: &Act) -> Result<(), ActionError> {
+        match act {
+            // A caller may not stretch the kernel's own deadline past what
+            // a proof needs.
+            Act::ProveKeepalive { keepalive, .. } if keepalive.hold_ms > MAX_PROOF_HOLD_MS => {
+                Err(ActionError::OutOfBounds {
+                    why: format!(
                         "prove_keepalive: hold_ms {} is over the limit of {MAX_PROOF_HOLD_MS}",
-                        ka.hold_ms
-                    )));
+                        keepalive.hold_ms
+                    ),
+                })
+            }
+            Act::Signal { .. } => self
+                .authority
+                .recheck(self.target)
+                .map_err(|why| ActionError::Refused { why }),
+            Act::Restart { .. } | Act::RestartContainer(_) => Err(ActionError::NotHere {
+                why: "the helper does not run restart commands: the caller runs its own".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), String> {
+        self.check_socket(act, seen)?;
+        let book = || self.exec.book();
+        match act {
+            Act::ProveKeepalive { .. } => {
+                let c = seen.cookie.ok_or(
+                    "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
+                     the helper could not put back",
+                )?;
+                if book().get(c).is_none() {
+                    book().room(self.caller.uid)?;
                 }
-                let cookie = std::cell::Cell::new(None);
-                let recording = |seen: &actions::dup::SocketSeen<'_>| {
-                    gate(seen)?;
-                    let c = seen.cookie.ok_or(
-                        "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
-                         the helper could not put back",
-                    )?;
-                    if self.book().get(c).is_none() {
-                        self.book().room(caller.uid)?;
-                    }
-                    cookie.set(Some(c));
-                    Ok(())
-                };
-                let out = actions::keepalive::arm_proof_keepalive_gated(
-                    target,
-                    fd()?,
-                    inode()?,
-                    &ka,
-                    &recording,
-                )
-                .map_err(e)?;
-                if let Some(c) = cookie.get() {
+                self.cookie.set(Some(c));
+            }
+            Act::ExpireKeepalive { .. } => {
+                let known = seen.cookie.is_some_and(|c| book().get(c).is_some());
+                if !known && !self.authority.is_root() {
+                    return Err(self.no_proof(act));
+                }
+                self.cookie.set(seen.cookie);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// What the helper recorded when it armed the proof on that socket.
+    /// What the act sends is used only for root, and only for a socket the
+    /// helper has no record of; clients still send the values their state
+    /// file holds (protocol 1), so they are accepted, and must be well
+    /// formed, when present.
+    fn previous(
+        &self,
+        act: &Act,
+        sent: Option<&KeepaliveSettings>,
+        seen: &SocketSeen<'_>,
+    ) -> Result<KeepaliveSettings, String> {
+        self.check_socket(act, seen)?;
+        let recorded = seen.cookie.and_then(|c| self.exec.book().get(c).cloned());
+        self.cookie.set(seen.cookie);
+        match recorded {
+            Some(r) => Ok(r.previous),
+            None if self.authority.is_root() => sent.cloned().ok_or_else(|| {
+                "the helper armed no proof keepalive on this socket and the \
+                 request names no options to put back"
+                    .to_string()
+            }),
+            None => Err(self.no_proof(act)),
+        }
+    }
+
+    fn signalling(&self) -> Signalling {
+        Signalling::TermOnly
+    }
+}
+
+impl ActionsExecutor {
+    /// Carries out `act` on `target` for `caller` under `authority`, and
+    /// keeps the book of the proofs it arms.
+    fn run(
+        &self,
+        caller: &Caller,
+        target: &Pidfd,
+        act: &Act,
+        authority: &Authority,
+    ) -> Result<ActOutcome, ActionError> {
+        let hand = HelperHand {
+            exec: self,
+            caller,
+            target,
+            authority,
+            cookie: Cell::new(None),
+        };
+        let out = actions::act(act, &hand)?;
+        if let Some(c) = hand.cookie.get() {
+            match &out {
+                ActOutcome::Keepalive(armed) => {
                     self.book().record(
                         c,
                         Recorded {
                             pid: target.pid(),
                             start_ticks: target.start_ticks(),
-                            fd: out.fd,
-                            inode: out.inode,
+                            fd: armed.fd,
+                            inode: armed.inode,
                             uid: caller.uid,
-                            previous: out.previous.clone(),
+                            previous: armed.previous.clone(),
                             at: std::time::Instant::now(),
                         },
                     );
                     self.watch_expiry();
                 }
-                serde_json::to_value(out)
-            }
-            Action::RestoreKeepalive => {
-                // What a request sends is used only for root, and only for
-                // a socket the helper has no record of; clients still send
-                // the values their state file holds (protocol 1), so they
-                // are accepted, and must be well formed, when present.
-                let sent: Option<KeepaliveSettings> = if req.params.is_empty() {
-                    None
-                } else {
-                    Some(params(req)?)
-                };
-                let cookie = std::cell::Cell::new(None);
-                let choose = |seen: &actions::dup::SocketSeen<'_>| {
-                    gate(seen)?;
-                    let recorded = seen.cookie.and_then(|c| self.book().get(c).cloned());
-                    cookie.set(seen.cookie);
-                    match recorded {
-                        Some(r) => Ok(r.previous),
-                        None if authority.is_root() => sent.clone().ok_or_else(|| {
-                            "the helper armed no proof keepalive on this socket and the \
-                             request names no options to put back"
-                                .to_string()
-                        }),
-                        None => Err(no_proof(req.action)),
-                    }
-                };
-                let back = actions::keepalive::restore_keepalive_chosen(
-                    target,
-                    fd()?,
-                    Some(inode()?),
-                    &choose,
-                )
-                .map_err(e)?;
-                if let Some(c) = cookie.get() {
+                ActOutcome::Restored(_) => {
                     self.book().take(c);
                 }
-                serde_json::to_value(back)
-            }
-            Action::ExpireKeepalive => {
-                let cookie = std::cell::Cell::new(None);
-                let armed = |seen: &actions::dup::SocketSeen<'_>| {
-                    gate(seen)?;
-                    let known = seen.cookie.is_some_and(|c| self.book().get(c).is_some());
-                    if !known && !authority.is_root() {
-                        return Err(no_proof(req.action));
-                    }
-                    cookie.set(seen.cookie);
-                    Ok(())
-                };
-                let out =
-                    actions::keepalive::expire_keepalive_gated(target, fd()?, inode()?, &armed)
-                        .map_err(e)?;
-                if out.ended
-                    && let Some(c) = cookie.get()
-                {
+                ActOutcome::Expired(expired) if expired.ended => {
                     self.book().take(c);
                 }
-                serde_json::to_value(out)
+                _ => {}
             }
-            // SIGTERM only: the server sends SIGKILL on its own timer when
-            // the grace runs out ([`Executor::escalate`]), after checking
-            // the process and the policy again.
-            Action::Signal => {
-                let grace = req
-                    .params
-                    .get("grace_ms")
-                    .and_then(serde_json::Value::as_u64)
-                    .map_or(crate::helper::server::DEFAULT_GRACE, Duration::from_millis)
-                    .min(crate::helper::server::MAX_GRACE);
-                authority.recheck(target).map_err(ActError::Refused)?;
-                serde_json::to_value(actions::signal::signal_term(target, grace).map_err(e)?)
-            }
-            // Running a command as root on a caller's say-so is not the
-            // helper's to do: the caller runs its own restart command.
-            Action::Restart => {
-                return Err(failed(
-                    "the helper does not run restart commands: the caller runs its own".into(),
-                ));
-            }
-        };
-        value.map_err(|e| failed(e.to_string()))
+        }
+        Ok(out)
+    }
+}
+
+impl crate::helper::server::Executor for ActionsExecutor {
+    fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError> {
+        // Root's authority: what an in-process caller (tests) asks.
+        self.run(caller, target, act, &Authority::root())
+    }
+
+    fn act_checked(
+        &self,
+        caller: &Caller,
+        target: &Pidfd,
+        act: &Act,
+        authority: &Authority,
+    ) -> Result<ActOutcome, ActError> {
+        self.run(caller, target, act, authority)
+            .map_err(ActError::from)
     }
 
     fn holds_state(&self) -> bool {
@@ -439,17 +395,15 @@ impl crate::helper::server::Executor for ActionsExecutor {
 
     fn escalate(
         &self,
-        _caller: &selfheal_core::protocol::Caller,
-        target: &crate::sys::pidfd::Pidfd,
-        req: &selfheal_core::protocol::ActRequest,
-    ) -> Result<serde_json::Value, String> {
-        use selfheal_core::protocol::Action;
-        match req.action {
-            Action::Signal => serde_json::to_value(
-                actions::signal::signal_kill(target).map_err(|e| e.to_string())?,
-            )
-            .map_err(|e| e.to_string()),
-            other => Err(format!("{other} has no second step")),
+        _caller: &Caller,
+        target: &Pidfd,
+        act: &Act,
+    ) -> Result<ActOutcome, ActionError> {
+        match act {
+            Act::Signal { .. } => Ok(ActOutcome::Signalled(actions::signal::signal_kill(target)?)),
+            other => Err(ActionError::NotHere {
+                why: format!("{} has no second step", other.name()),
+            }),
         }
     }
 }
@@ -480,61 +434,22 @@ impl HelperHealer {
 }
 
 impl Healer for HelperHealer {
-    fn act(&self, agent: &str, step: &Step) -> Result<String, String> {
-        use selfheal_core::protocol::{ActRequest, Action};
-        let socket = |action, pid: &u32, start_ticks: &u64, fd: &i32, inode: &u64| {
-            let mut req = ActRequest::new(action, *pid, *start_ticks);
-            req.fd = Some(*fd);
-            req.inode = Some(*inode);
-            req
+    fn act(&self, agent: &str, step: &Step) -> Result<ActOutcome, String> {
+        let act = step.act();
+        let direct = || act_here(&act, &self.keepalive);
+        // Restarts run here, as the caller: a command is the caller's
+        // own, and the runtime's socket is the caller's to reach
+        // (docs/capabilities.md: the helper is no runtime proxy).
+        let Some(req) = ActRequest::from_act(&act, agent) else {
+            return direct();
         };
-        let mut req = match step {
-            Step::ArmKeepalive {
-                pid,
-                start_ticks,
-                fd,
-                inode,
-            } => socket(Action::ArmKeepalive, pid, start_ticks, fd, inode),
-            Step::ExpireKeepalive {
-                pid,
-                start_ticks,
-                fd,
-                inode,
-            } => socket(Action::ExpireKeepalive, pid, start_ticks, fd, inode),
-            Step::DestroySocket {
-                pid,
-                start_ticks,
-                fd,
-                inode,
-            } => socket(Action::DestroySocket, pid, start_ticks, fd, inode),
-            Step::Signal {
-                pid,
-                start_ticks,
-                grace_ms,
-            } => {
-                let mut req = ActRequest::new(Action::Signal, *pid, *start_ticks);
-                req.params.insert("grace_ms".into(), (*grace_ms).into());
-                req
-            }
-            // Restarts run here, as the caller: a command is the caller's
-            // own, and the runtime's socket is the caller's to reach
-            // (docs/capabilities.md: the helper is no runtime proxy).
-            Step::Restart { .. } | Step::RestartContainer { .. } => {
-                return run_step(step, &self.keepalive).map(|v| v.to_string());
-            }
-        };
-        req.agent = Some(agent.to_string());
-        let v = self.request(&req, || run_step(step, &self.keepalive))?;
-        Ok(match step {
-            Step::Signal {
-                pid,
-                start_ticks,
-                grace_ms,
-            } if v["escalating"] == true => {
-                await_escalation(v, *pid, *start_ticks, *grace_ms).to_string()
-            }
-            _ => v.to_string(),
-        })
+        let v = self.request(&req, || direct().map(|out| out.to_json()))?;
+        Ok(ActOutcome::Reported(match act {
+            Act::Signal {
+                pid, start_ticks, ..
+            } if v["escalating"] == true => await_escalation(v, pid, start_ticks, act.grace()),
+            _ => v,
+        }))
     }
 
     fn arm_proof(
@@ -543,10 +458,7 @@ impl Healer for HelperHealer {
         t: &ProofTarget,
         ka: &ProofKeepalive,
     ) -> Result<KeepaliveOutcome, String> {
-        use selfheal_core::protocol::Action;
-        self.prove(Action::ProveKeepalive, agent, t, ka, || {
-            arm_proof_here(t, ka)
-        })
+        self.prove(&t.prove(ka), agent, || arm_proof_here(t, ka))
     }
 
     fn restore_proof(
@@ -555,10 +467,7 @@ impl Healer for HelperHealer {
         t: &ProofTarget,
         previous: &KeepaliveSettings,
     ) -> Result<KeepaliveSettings, String> {
-        use selfheal_core::protocol::Action;
-        let through = self.prove(Action::RestoreKeepalive, agent, t, previous, || {
-            restore_here(t, previous)
-        });
+        let through = self.prove(&t.restore(previous), agent, || restore_here(t, previous));
         match through {
             // A helper that has no record of the proof (it was restarted
             // since arming) puts nothing back for us: we do, where the
@@ -583,13 +492,10 @@ fn await_escalation(
     mut v: serde_json::Value,
     pid: u32,
     start_ticks: u64,
-    grace_ms: u64,
+    grace: Duration,
 ) -> serde_json::Value {
     let began = std::time::Instant::now();
-    let limit =
-        Duration::from_millis(grace_ms.min(crate::helper::server::MAX_GRACE.as_millis() as u64))
-            + actions::signal::KILL_WAIT
-            + Duration::from_secs(1);
+    let limit = grace.min(MAX_GRACE) + actions::signal::KILL_WAIT + Duration::from_secs(1);
     let exited = match crate::sys::pidfd::Pidfd::open(pid, Some(start_ticks)) {
         Ok(fd) => {
             // Bounded: each wait ends at the limit or at the exit; an
@@ -619,36 +525,17 @@ fn await_escalation(
     v
 }
 
-/// A prove-stage request for socket `t`, with `params` as its options.
-fn proof_request(
-    action: selfheal_core::protocol::Action,
-    agent: &str,
-    t: &ProofTarget,
-    params: &impl serde::Serialize,
-) -> Result<selfheal_core::protocol::ActRequest, String> {
-    let mut req = selfheal_core::protocol::ActRequest::new(action, t.pid, t.start_ticks);
-    req.fd = Some(t.fd);
-    req.inode = Some(t.inode);
-    req.agent = Some(agent.to_string());
-    match serde_json::to_value(params).map_err(|e| e.to_string())? {
-        serde_json::Value::Object(map) => req.params = map,
-        other => return Err(format!("params are not an object: {other}")),
-    }
-    Ok(req)
-}
-
 impl HelperHealer {
-    /// A prove-stage action on socket `t` with `params`, through the helper
-    /// (or `direct`ly, when it went away), its answer typed.
+    /// A prove-stage act through the helper (or `direct`ly, when it went
+    /// away), its answer typed.
     fn prove<T: serde::Serialize + serde::de::DeserializeOwned>(
         &self,
-        action: selfheal_core::protocol::Action,
+        act: &Act,
         agent: &str,
-        t: &ProofTarget,
-        params: &impl serde::Serialize,
         direct: impl FnOnce() -> Result<T, String>,
     ) -> Result<T, String> {
-        let req = proof_request(action, agent, t, params)?;
+        let req = ActRequest::from_act(act, agent)
+            .ok_or_else(|| format!("{} does not cross the wire", act.name()))?;
         let v = self.request(&req, || {
             direct().and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
         })?;
@@ -660,7 +547,7 @@ impl HelperHealer {
     /// `direct` acts from here, where permitted, and the log says so.
     fn request(
         &self,
-        req: &selfheal_core::protocol::ActRequest,
+        req: &ActRequest,
         direct: impl FnOnce() -> Result<serde_json::Value, String>,
     ) -> Result<serde_json::Value, String> {
         let mut client = self

@@ -1,8 +1,8 @@
 //! The prove stage's model lives in the core ([`selfheal_core::prove`]);
 //! this adds what needs the acting side: the proof keepalive the config asks
-//! for, in the kernel's units ([`crate::actions::keepalive::ProofKeepalive`]).
+//! for, in the kernel's units ([`ProofKeepalive`]).
 
-use crate::actions::keepalive::ProofKeepalive;
+use selfheal_core::keepalive::ProofKeepalive;
 
 /// The proof keepalive the config asks for, in the kernel's units.
 pub fn keepalive(cfg: &selfheal_core::config::ProofConfig) -> ProofKeepalive {

@@ -32,6 +32,7 @@ use crate::{
     inspect::Report,
     judge::{Judgement, Verdict},
     model::{DeadKind, DeadSocket},
+    protocol::{Act, ContainerRestart, SocketRef},
 };
 
 /// One healing action, fully addressed.
@@ -83,6 +84,79 @@ pub enum Step {
 }
 
 impl Step {
+    /// The act this step is.
+    pub fn act(&self) -> Act {
+        match self {
+            Self::ArmKeepalive {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            } => Act::ArmKeepalive {
+                pid: *pid,
+                start_ticks: *start_ticks,
+                socket: SocketRef {
+                    fd: *fd,
+                    inode: *inode,
+                },
+            },
+            Self::ExpireKeepalive {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            } => Act::ExpireKeepalive {
+                pid: *pid,
+                start_ticks: *start_ticks,
+                socket: SocketRef {
+                    fd: *fd,
+                    inode: *inode,
+                },
+            },
+            Self::DestroySocket {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            } => Act::DestroySocket {
+                pid: *pid,
+                start_ticks: *start_ticks,
+                socket: SocketRef {
+                    fd: *fd,
+                    inode: *inode,
+                },
+            },
+            Self::Signal {
+                pid,
+                start_ticks,
+                grace_ms,
+            } => Act::Signal {
+                pid: *pid,
+                start_ticks: *start_ticks,
+                grace_ms: Some(*grace_ms),
+            },
+            Self::Restart { argv, timeout_ms } => Act::Restart {
+                argv: argv.clone(),
+                timeout_ms: *timeout_ms,
+            },
+            Self::RestartContainer {
+                runtime,
+                id,
+                pid,
+                start_ticks,
+                grace_ms,
+                timeout_ms,
+            } => Act::RestartContainer(ContainerRestart {
+                runtime: *runtime,
+                id: id.clone(),
+                pid: *pid,
+                start_ticks: *start_ticks,
+                grace_ms: *grace_ms,
+                timeout_ms: *timeout_ms,
+            }),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Self::ArmKeepalive { .. } => "arm_keepalive",

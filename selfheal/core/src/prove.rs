@@ -21,7 +21,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::keepalive::KeepaliveSettings;
+use crate::{
+    keepalive::{KeepaliveSettings, ProofKeepalive},
+    protocol::{Act, SocketRef},
+};
 
 /// A proof keepalive armed on one socket; history keeps it by socket cookie
 /// until the peer answers (options put back) or the socket goes.
@@ -84,6 +87,35 @@ pub struct ProofTarget {
     pub start_ticks: u64,
     pub fd: i32,
     pub inode: u64,
+}
+
+impl ProofTarget {
+    fn socket(&self) -> SocketRef {
+        SocketRef {
+            fd: self.fd,
+            inode: self.inode,
+        }
+    }
+
+    /// The act that arms `keepalive` on this socket.
+    pub fn prove(&self, keepalive: &ProofKeepalive) -> Act {
+        Act::ProveKeepalive {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+            socket: self.socket(),
+            keepalive: keepalive.clone(),
+        }
+    }
+
+    /// The act that puts `previous` back on this socket.
+    pub fn restore(&self, previous: &KeepaliveSettings) -> Act {
+        Act::RestoreKeepalive {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+            socket: self.socket(),
+            previous: Some(previous.clone()),
+        }
+    }
 }
 
 /// Work the judge asks of the prove stage.

@@ -1,5 +1,5 @@
 //! A TCP socket as the kernel's sock_diag reports it, with `tcp_info`: the
-//! plain types. Dumping and destroying is the I/O edge (`selfheal::sockdiag`).
+//! plain types. Dumping and destroying is the I/O edge (`selfheal::sys::sockdiag`).
 
 use std::net::SocketAddr;
 

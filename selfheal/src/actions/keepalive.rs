@@ -9,7 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use selfheal_core::keepalive::KeepaliveSettings;
+use selfheal_core::keepalive::{
+    KeepaliveSettings, MAX_TCP_KEEPCNT, MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, ProofKeepalive,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -78,11 +80,6 @@ impl Default for Keepalive {
         }
     }
 }
-
-/// The kernel's limits (include/net/tcp.h).
-const MAX_TCP_KEEPIDLE: u32 = 32767;
-const MAX_TCP_KEEPINTVL: u32 = 32767;
-const MAX_TCP_KEEPCNT: u32 = 127;
 
 impl Keepalive {
     /// The settings in the kernel's units, or why they cannot be set.
@@ -340,30 +337,6 @@ pub fn read_keepalive(target: &Pidfd, fd: i32) -> Result<KeepaliveSettings, Acti
     read_settings(dup.fd.as_fd(), &format!("fd {fd} of pid {}", target.pid()))
 }
 
-/// A *proof keepalive*: probes that ask a silent socket's peer whether it
-/// is there, without ending anything while the question is open.
-///
-/// The kernel is told to give up only `hold` after the last probe the
-/// judge counts (`TCP_USER_TIMEOUT` = silence so far + `idle` + `count` ×
-/// `interval` + `hold`): the check that sees the probes unanswered writes
-/// its snapshot first and then ends the connection itself
-/// ([`expire_keepalive`]); the kernel's own deadline only matters if no
-/// check comes back. A live peer answers the first probe, and the options
-/// are put back ([`restore_keepalive`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProofKeepalive {
-    /// `TCP_KEEPIDLE`, seconds (1 to 32767).
-    pub idle_s: u32,
-    /// `TCP_KEEPINTVL`, seconds (1 to 32767).
-    pub interval_s: u32,
-    /// Probes the judge waits for (1 to 127; also `TCP_KEEPCNT`).
-    pub count: u32,
-    /// How long past the judged probes the kernel waits before it gives up
-    /// by itself, in milliseconds.
-    pub hold_ms: u32,
-}
-
 /// `TCP_ESTABLISHED` and `TCP_CLOSE` (include/net/tcp_states.h), as
 /// `tcpi_state` holds them.
 const TCP_ESTABLISHED: u8 = 1;
@@ -373,41 +346,6 @@ const TCP_CLOSE: u8 = 7;
 /// check to see it ([`ProofKeepalive::hold_ms`]): two minutes covers a
 /// timer running `check` every 30 s (and 60 s) with room to spare.
 pub const PROOF_HOLD: Duration = Duration::from_secs(120);
-
-impl ProofKeepalive {
-    fn settings(&self, silent_ms: Option<u32>) -> Result<KeepaliveSettings, ActionError> {
-        let bad = |m: String| Err(ActionError::InvalidKeepalive(m));
-        if !(1..=MAX_TCP_KEEPIDLE).contains(&self.idle_s) {
-            return bad(format!(
-                "idle must be 1 to {MAX_TCP_KEEPIDLE} s, not {}",
-                self.idle_s
-            ));
-        }
-        if !(1..=MAX_TCP_KEEPINTVL).contains(&self.interval_s) {
-            return bad(format!(
-                "interval must be 1 to {MAX_TCP_KEEPINTVL} s, not {}",
-                self.interval_s
-            ));
-        }
-        if !(1..=MAX_TCP_KEEPCNT).contains(&self.count) {
-            return bad(format!(
-                "count must be 1 to {MAX_TCP_KEEPCNT}, not {}",
-                self.count
-            ));
-        }
-        let timeout = u64::from(silent_ms.unwrap_or(0))
-            + 1000 * u64::from(self.idle_s)
-            + 1000 * u64::from(self.count) * u64::from(self.interval_s)
-            + u64::from(self.hold_ms);
-        Ok(KeepaliveSettings {
-            enabled: true,
-            idle_s: self.idle_s,
-            interval_s: self.interval_s,
-            count: self.count,
-            user_timeout_ms: timeout.min(i32::MAX as u64) as u32,
-        })
-    }
-}
 
 /// Arms a proof keepalive ([`ProofKeepalive`]) on socket `fd` of the
 /// target, which must still be the judged socket `inode`. Its own options
@@ -459,7 +397,9 @@ pub fn arm_proof_keepalive_gated(
         }
     }
     let silent = info.as_ref().map(silence);
-    let applied = proof.settings(silent)?;
+    let applied = proof
+        .settings(silent)
+        .map_err(ActionError::InvalidKeepalive)?;
     apply(pid, fd, &dup, previous, applied, silent, &what)
 }
 

@@ -3,7 +3,7 @@
 //! process (SIGTERM, then SIGKILL), running a restart command — plus the
 //! [`guard`](guard::guard) every one of them passes first.
 //!
-//! Processes are addressed by [`Pidfd`](crate::sys::pidfd::Pidfd) (opened when the decision was taken,
+//! Processes are addressed by [`Pidfd`] (opened when the decision was taken,
 //! checked against the judged process's start time), so a pid reused between
 //! decision and action is never hit. Sockets are reached through
 //! `pidfd_getfd`: the agent's own socket, duplicated into this process, is
@@ -21,9 +21,14 @@
 //! [`signal_escalate`](signal::signal_escalate) does both in one call for acting
 //! directly.
 //!
-//! Every outcome is a plain `Serialize`/`Deserialize` value, fit for the
-//! helper's JSON protocol and for audit lines. Deciding *whether* to act is
-//! the ladder's job, not this module's.
+//! Every act, from the ladder or from the helper's wire, goes through
+//! [`act`]: one match from an [`Act`] to the action that carries it out,
+//! by a [`Hand`] that says who acts (this process, or the helper for its
+//! caller) and what it checks on the way. Its outcome is an [`ActOutcome`],
+//! each a plain `Serialize` value fit for the helper's JSON protocol and
+//! for audit lines; its error an [`ActionError`], whose
+//! [`code`](ActionError::code) is the protocol's error code. Deciding
+//! *whether* to act is the ladder's job, not this module's.
 //!
 //! The rooms: [`guard`] (who may be acted on, and the handle), [`dup`]
 //! (the duplicated socket and its gate), [`keepalive`], [`destroy`],
@@ -38,7 +43,20 @@ pub mod signal;
 
 use std::time::{Duration, Instant};
 
-use crate::sys::pidfd::PidfdError;
+use selfheal_core::{
+    keepalive::KeepaliveSettings,
+    protocol::{Act, ContainerRestart, ErrorCode, MAX_GRACE},
+};
+use serde::Serialize;
+
+use self::{
+    destroy::DestroyOutcome,
+    dup::SocketSeen,
+    keepalive::{ExpireOutcome, Keepalive, KeepaliveOutcome},
+    restart::RestartOutcome,
+    signal::SignalOutcome,
+};
+use crate::sys::pidfd::{Pidfd, PidfdError};
 
 /// Why an action was not taken, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -97,12 +115,279 @@ pub enum ActionError {
     /// sock_diag could not find or destroy the socket.
     #[error("sock_diag for fd {fd} of pid {pid}: {reason}")]
     Netlink { pid: u32, fd: i32, reason: String },
+    /// The restart command ran and did not succeed: `how` says why
+    /// (timed out, or its exit), `stderr` is its output's excerpt.
+    #[error("restart command {argv:?} {how}: {stderr}")]
+    RestartFailed {
+        argv: Vec<String>,
+        how: String,
+        stderr: String,
+    },
+    /// The container's runtime did not restart it, or it no longer holds
+    /// the judged process.
+    #[error("{0}")]
+    Container(String),
+    /// The act is out of bounds (a proof held too long): nothing was done.
+    #[error("{why}")]
+    OutOfBounds { why: String },
+    /// Whoever was asked does not carry out that act (the helper runs no
+    /// restart command; an act without a second step).
+    #[error("{why}")]
+    NotHere { why: String },
 }
 
 impl ActionError {
     fn io(action: String, source: std::io::Error) -> ActionError {
         ActionError::Io { action, source }
     }
+
+    /// The helper protocol's code for this error: `forbidden` when the act
+    /// was refused right before anything changed, `failed` when it was
+    /// tried (or could not be) and failed.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ActionError::Refused { .. } => ErrorCode::Forbidden,
+            ActionError::Forbidden { .. }
+            | ActionError::Gone { .. }
+            | ActionError::Reused { .. }
+            | ActionError::NoSuchFd { .. }
+            | ActionError::NotASocket { .. }
+            | ActionError::NotTcp { .. }
+            | ActionError::Replaced { .. }
+            | ActionError::NotApplicable { .. }
+            | ActionError::InvalidKeepalive(_)
+            | ActionError::EmptyCommand
+            | ActionError::Spawn { .. }
+            | ActionError::Io { .. }
+            | ActionError::Netlink { .. }
+            | ActionError::RestartFailed { .. }
+            | ActionError::Container(_)
+            | ActionError::OutOfBounds { .. }
+            | ActionError::NotHere { .. } => ErrorCode::Failed,
+        }
+    }
+}
+
+/// What an act did, in the shape each act reports (its JSON is the
+/// helper's answer and the audit trail's text).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum ActOutcome {
+    /// `arm_keepalive`, `prove_keepalive`.
+    Keepalive(KeepaliveOutcome),
+    /// `expire_keepalive`.
+    Expired(ExpireOutcome),
+    /// `restore_keepalive`: the options as read back.
+    Restored(KeepaliveSettings),
+    /// `destroy_socket`.
+    Destroyed(DestroyOutcome),
+    /// `signal`.
+    Signalled(SignalOutcome),
+    /// `restart`: the command succeeded.
+    Restarted(RestartOutcome),
+    /// What a dry run would have done.
+    DryRun(DryRun),
+    /// In its reporter's own JSON: a container runtime's restart, the
+    /// helper's answer, an executor of its own.
+    Reported(serde_json::Value),
+}
+
+impl ActOutcome {
+    /// As JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        // Plain data: serializing it cannot fail.
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for ActOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.to_json())
+    }
+}
+
+/// An act not carried out: what it was, and on which pid.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DryRun {
+    pub dry_run: bool,
+    /// The act's name.
+    pub action: &'static str,
+    pub pid: u32,
+    /// The second step (an escalation on the helper's timer).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub escalation: bool,
+}
+
+/// How a `signal` act is carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signalling {
+    /// SIGTERM, the grace, then SIGKILL, in one call
+    /// ([`signal::signal_escalate`]).
+    Escalate,
+    /// SIGTERM only, with the grace bounded by [`MAX_GRACE`]
+    /// ([`signal::signal_term`]): the helper sends SIGKILL on its timer.
+    TermOnly,
+}
+
+/// Who carries out an [`act`], and what it checks: acting directly, or
+/// the helper for its caller.
+pub trait Hand {
+    /// The keepalive rung's settings.
+    fn keepalive(&self) -> &Keepalive;
+
+    /// The process the helper pinned for this act; `None` opens it here
+    /// by pid and start time ([`guard::open_target`]).
+    fn pinned(&self) -> Option<&Pidfd> {
+        None
+    }
+
+    /// Checked first, before anything of the target is read.
+    fn admit(&self, act: &Act) -> Result<(), ActionError> {
+        let _ = act;
+        Ok(())
+    }
+
+    /// Checked on a socket's duplicate right before a socket act changes
+    /// anything.
+    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), String> {
+        let _ = (act, seen);
+        Ok(())
+    }
+
+    /// The options a `restore_keepalive` puts back on the socket seen;
+    /// `sent` is what the act names.
+    fn previous(
+        &self,
+        act: &Act,
+        sent: Option<&KeepaliveSettings>,
+        seen: &SocketSeen<'_>,
+    ) -> Result<KeepaliveSettings, String> {
+        let _ = (act, seen);
+        sent.cloned()
+            .ok_or_else(|| "the act names no options to put back".to_string())
+    }
+
+    fn signalling(&self) -> Signalling {
+        Signalling::Escalate
+    }
+
+    /// A container restart ([`Act::RestartContainer`]).
+    fn restart_container(&self, restart: &ContainerRestart) -> Result<ActOutcome, ActionError> {
+        let _ = restart;
+        Err(ActionError::NotHere {
+            why: "container restarts are not carried out here".into(),
+        })
+    }
+}
+
+/// The process an act is for: pinned by the helper, or opened here.
+enum Held<'a> {
+    Pinned(&'a Pidfd),
+    Opened(Pidfd),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Pidfd;
+
+    fn deref(&self) -> &Pidfd {
+        match self {
+            Held::Pinned(p) => p,
+            Held::Opened(p) => p,
+        }
+    }
+}
+
+/// Carries out `act` by `hand`: the one place an act becomes actions.
+pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
+    hand.admit(act)?;
+    let held = |pid: u32, start_ticks: u64| -> Result<Held<'_>, ActionError> {
+        match hand.pinned() {
+            Some(p) => Ok(Held::Pinned(p)),
+            None => guard::open_target(pid, start_ticks).map(Held::Opened),
+        }
+    };
+    let gate = |seen: &SocketSeen<'_>| hand.gate(act, seen);
+    Ok(match act {
+        Act::ArmKeepalive {
+            pid,
+            start_ticks,
+            socket,
+        } => ActOutcome::Keepalive(keepalive::arm_keepalive_gated(
+            &*held(*pid, *start_ticks)?,
+            socket.fd,
+            Some(socket.inode),
+            hand.keepalive(),
+            &gate,
+        )?),
+        Act::DestroySocket {
+            pid,
+            start_ticks,
+            socket,
+        } => ActOutcome::Destroyed(destroy::destroy_socket_gated(
+            &*held(*pid, *start_ticks)?,
+            socket.fd,
+            Some(socket.inode),
+            &gate,
+        )?),
+        Act::ExpireKeepalive {
+            pid,
+            start_ticks,
+            socket,
+        } => ActOutcome::Expired(keepalive::expire_keepalive_gated(
+            &*held(*pid, *start_ticks)?,
+            socket.fd,
+            socket.inode,
+            &gate,
+        )?),
+        Act::ProveKeepalive {
+            pid,
+            start_ticks,
+            socket,
+            keepalive,
+        } => ActOutcome::Keepalive(keepalive::arm_proof_keepalive_gated(
+            &*held(*pid, *start_ticks)?,
+            socket.fd,
+            socket.inode,
+            keepalive,
+            &gate,
+        )?),
+        Act::RestoreKeepalive {
+            pid,
+            start_ticks,
+            socket,
+            previous,
+        } => ActOutcome::Restored(keepalive::restore_keepalive_chosen(
+            &*held(*pid, *start_ticks)?,
+            socket.fd,
+            Some(socket.inode),
+            &|seen| hand.previous(act, previous.as_ref(), seen),
+        )?),
+        Act::Signal {
+            pid, start_ticks, ..
+        } => {
+            let target = held(*pid, *start_ticks)?;
+            ActOutcome::Signalled(match hand.signalling() {
+                Signalling::Escalate => signal::signal_escalate(&target, act.grace())?,
+                Signalling::TermOnly => signal::signal_term(&target, act.grace().min(MAX_GRACE))?,
+            })
+        }
+        Act::Restart { argv, timeout_ms } => {
+            let out = restart::restart(argv, Duration::from_millis(*timeout_ms))?;
+            if !out.success {
+                return Err(ActionError::RestartFailed {
+                    argv: argv.clone(),
+                    how: if out.timed_out {
+                        "timed out".to_string()
+                    } else {
+                        format!("exited with {:?}", out.exit_code)
+                    },
+                    stderr: out.stderr.trim().to_string(),
+                });
+            }
+            ActOutcome::Restarted(out)
+        }
+        Act::RestartContainer(restart) => hand.restart_container(restart)?,
+    })
 }
 
 impl From<PidfdError> for ActionError {
@@ -135,10 +420,94 @@ fn deadline(from: Instant, d: Duration) -> Instant {
 
 #[cfg(test)]
 mod tests {
+    use selfheal_core::protocol::ErrorCode;
+
     use super::{
+        ActionError,
         destroy::{DestroyMethod, DestroyOutcome},
         signal::{Signal, SignalOutcome},
     };
+
+    #[test]
+    fn every_action_error_has_its_protocol_code() {
+        let io = || std::io::Error::from_raw_os_error(libc::EPERM);
+        let why = || "why".to_string();
+        let (pid, fd) = (5, 3);
+        let cases = [
+            (
+                ActionError::Forbidden { pid, why: why() },
+                ErrorCode::Failed,
+            ),
+            (ActionError::Gone { pid }, ErrorCode::Failed),
+            (
+                ActionError::Reused {
+                    pid,
+                    expected: 1,
+                    found: 2,
+                },
+                ErrorCode::Failed,
+            ),
+            (ActionError::NoSuchFd { pid, fd }, ErrorCode::Failed),
+            (ActionError::NotASocket { pid, fd }, ErrorCode::Failed),
+            (ActionError::NotTcp { pid, fd }, ErrorCode::Failed),
+            (
+                ActionError::Replaced {
+                    pid,
+                    fd,
+                    expected: 1,
+                    found: 2,
+                },
+                ErrorCode::Failed,
+            ),
+            (
+                ActionError::NotApplicable {
+                    pid,
+                    fd,
+                    why: why(),
+                },
+                ErrorCode::Failed,
+            ),
+            (ActionError::Refused { why: why() }, ErrorCode::Forbidden),
+            (ActionError::InvalidKeepalive(why()), ErrorCode::Failed),
+            (ActionError::EmptyCommand, ErrorCode::Failed),
+            (
+                ActionError::Spawn {
+                    program: "x".into(),
+                    source: io(),
+                },
+                ErrorCode::Failed,
+            ),
+            (
+                ActionError::Io {
+                    action: "x".into(),
+                    source: io(),
+                },
+                ErrorCode::Failed,
+            ),
+            (
+                ActionError::Netlink {
+                    pid,
+                    fd,
+                    reason: why(),
+                },
+                ErrorCode::Failed,
+            ),
+            (
+                ActionError::RestartFailed {
+                    argv: vec!["x".into()],
+                    how: "timed out".into(),
+                    stderr: String::new(),
+                },
+                ErrorCode::Failed,
+            ),
+            (ActionError::Container(why()), ErrorCode::Failed),
+            (ActionError::OutOfBounds { why: why() }, ErrorCode::Failed),
+            (ActionError::NotHere { why: why() }, ErrorCode::Failed),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.code(), code, "{e:?}");
+        }
+    }
 
     #[test]
     fn outcomes_round_trip_through_json() {

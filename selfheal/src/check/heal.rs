@@ -62,7 +62,7 @@ pub(super) fn heal(
                 Err("not taken: no helper and no permission to act directly".to_string())
             };
             let (ok, detail) = match result {
-                Ok(d) => (true, d),
+                Ok(d) => (true, d.to_string()),
                 Err(e) => (false, e),
             };
             if outcome.snapshot.is_some() {

@@ -24,7 +24,7 @@ use selfheal_core::{
     config::{AgentConfig, Config},
     ebpf::TracerSnapshot,
     history::History,
-    keepalive::KeepaliveSettings,
+    keepalive::{KeepaliveSettings, ProofKeepalive},
     ladder::Step,
     outcome::Outcome,
     probe::ProbeResult,
@@ -33,7 +33,7 @@ use selfheal_core::{
 
 use self::pipeline::{check_agent, target};
 use crate::{
-    actions::keepalive::{KeepaliveOutcome, ProofKeepalive},
+    actions::{ActOutcome, keepalive::KeepaliveOutcome},
     agents::ProcessTable,
     inspect::{CollectOptions, Collector, Target},
     probe,
@@ -62,9 +62,9 @@ pub trait TracerSource {
 /// Who performs healing steps: the privileged helper, or this process
 /// directly where it has the permission.
 pub trait Healer {
-    /// Performs `step` for `agent`; the result's text goes into the audit
-    /// trail and the report.
-    fn act(&self, agent: &str, step: &Step) -> Result<String, String>;
+    /// Performs `step` for `agent`; the outcome's text, or the error's,
+    /// goes into the audit trail and the report.
+    fn act(&self, agent: &str, step: &Step) -> Result<ActOutcome, String>;
 
     /// The prove stage: arms a proof keepalive on socket `t` of `agent`,
     /// returning the options it had and those set.

@@ -17,18 +17,13 @@ use std::{
 };
 
 use selfheal::{
-    actions::{
-        self, ActionError,
-        destroy::DestroyMethod,
-        keepalive::{Keepalive, ProofKeepalive},
-        signal::Signal,
-    },
+    actions::{self, ActionError, destroy::DestroyMethod, keepalive::Keepalive, signal::Signal},
     sys::{
         pidfd::{Pidfd, start_ticks},
         sockdiag,
     },
 };
-use selfheal_core::keepalive::KeepaliveSettings;
+use selfheal_core::keepalive::{KeepaliveSettings, ProofKeepalive};
 use tests::{
     NetnsPair, Peer, Ready, SilentPair, listener, need_root, port_of, silent_pair, wait_for,
 };

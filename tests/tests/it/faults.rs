@@ -1230,7 +1230,10 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
         start_ticks: start,
         grace_ms: 1000,
     };
-    let done = healer.act("sleeper", &step).expect("acted directly");
+    let done = healer
+        .act("sleeper", &step)
+        .expect("acted directly")
+        .to_string();
     assert!(
         done.contains("SIGTERM") || done.contains("sigterm"),
         "{done}"

@@ -26,6 +26,7 @@ use std::{
 };
 
 use selfheal::{
+    actions::{ActOutcome, ActionError},
     ebpf::TracerOptions,
     helper::{
         ClientError, DryExecutor, Executor, HelperClient, Listen, RateLimit, ServerHandle,
@@ -34,6 +35,7 @@ use selfheal::{
     sys::pidfd::{Pidfd, start_ticks},
 };
 use selfheal_core::ebpf::strategy::Strategy;
+use selfheal_core::protocol::Act;
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::Caller;
@@ -726,11 +728,11 @@ struct Gate {
 }
 
 impl Executor for Gate {
-    fn act(&self, _: &Caller, target: &Pidfd, _: &ActRequest) -> Result<Value, String> {
+    fn act(&self, _: &Caller, target: &Pidfd, _: &Act) -> Result<ActOutcome, ActionError> {
         let _ = self.entered.lock().unwrap().send(());
         std::thread::sleep(Duration::from_millis(700));
         self.calls.fetch_add(1, Ordering::SeqCst);
-        Ok(json!({ "pid": target.pid() }))
+        Ok(ActOutcome::Reported(json!({ "pid": target.pid() })))
     }
 }
 

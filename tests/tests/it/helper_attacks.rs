@@ -986,7 +986,7 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
     });
     let took = t.elapsed();
     eprintln!("escalation: {took:?}: {detail:?}");
-    let v: serde_json::Value = serde_json::from_str(&detail.expect("acted")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&detail.expect("acted").to_string()).unwrap();
     assert_eq!(v["escalating"], true, "{v}");
     assert_eq!(v["exited"], true, "{v}");
     assert!(
@@ -1714,8 +1714,13 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     .expect("the target exec'd the setuid binary");
     let exec = ActionsExecutor::default();
     let destroy = socket_act(Action::DestroySocket, pid, 3, inode, serde_json::json!({}));
-    let r_destroy = exec.act_checked(&caller, &target, &destroy, &authority);
-    let r_signal = exec.act_checked(&caller, &target, &signal(pid, 1000), &authority);
+    let r_destroy = exec.act_checked(&caller, &target, &destroy.act().unwrap(), &authority);
+    let r_signal = exec.act_checked(
+        &caller,
+        &target,
+        &signal(pid, 1000).act().unwrap(),
+        &authority,
+    );
     eprintln!("{test}: destroy: {r_destroy:?}\n  signal: {r_signal:?}");
     for r in [&r_destroy, &r_signal] {
         match r {
@@ -1748,7 +1753,8 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 #[test]
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _};
+    use selfheal::check::Healer as _;
+    use selfheal_core::keepalive::ProofKeepalive;
     use selfheal_core::prove::ProofTarget;
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
@@ -2003,7 +2009,8 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
 #[test]
 fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _};
+    use selfheal::check::Healer as _;
+    use selfheal_core::keepalive::ProofKeepalive;
     use selfheal_core::prove::ProofTarget;
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {

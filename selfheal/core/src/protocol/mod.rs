@@ -76,7 +76,9 @@
 //! is done, so a connection that replaced the judged one under the same fd
 //! number is never touched; `agent` is the agent's name, for the
 //! audit log (`[A-Za-z0-9._-]`, at most [`MAX_AGENT_NAME`] bytes); `params`
-//! is an object the action reads its own options from.
+//! is an object the action reads its own options from. Each request is
+//! one [`Act`]; [`ActRequest::act`] and [`ActRequest::from_act`] are the
+//! one mapping between the two.
 //!
 //! # Responses
 //!
@@ -131,9 +133,11 @@ use serde_json::{Map, Value};
 
 use crate::ebpf::{BlockedRecv, Overflow, SocketActivity, Strategy, TracerSnapshot};
 
+mod act;
 mod response;
 mod snapshot;
 
+pub use self::act::{Act, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
     AttemptWire, Caller, EbpfStatus, HelloResult, Limits, Response, UnwatchResult, WatchResult,
     WatchedPid, WireError,
@@ -325,7 +329,7 @@ pub struct ActRequest {
     /// The agent's name, for the audit log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
-    /// The action's own options; the executor validates them.
+    /// The action's own options, read by [`ActRequest::act`].
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub params: Map<String, Value>,
 }

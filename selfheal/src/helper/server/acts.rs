@@ -15,17 +15,18 @@ use std::{
 use selfheal_core::{
     owner::Account,
     policy::never_acted_on,
-    protocol::{ActRequest, Action, Caller, ErrorCode, WireError},
+    protocol::{Act, ActRequest, Action, Caller, ErrorCode, MAX_GRACE, WireError},
 };
 use serde_json::Value;
 
 use super::{
-    DEFAULT_GRACE, Executor, MAX_GRACE, Shared,
+    Executor, Shared,
     authz::{check_socket_fd, identity},
     escalation::Escalation,
     lock, refusal,
 };
 use crate::{
+    actions::{ActOutcome, ActionError, DryRun},
     helper::authority::{ActError, Authority},
     sys::pidfd::Pidfd,
 };
@@ -37,7 +38,7 @@ pub struct DryCall {
     /// The pidfd's pid and start time.
     pub pid: u32,
     pub start_ticks: u64,
-    pub request: ActRequest,
+    pub act: Act,
     /// The second step (an escalation on the server's timer).
     pub escalation: bool,
 }
@@ -66,39 +67,38 @@ impl DryExecutor {
     pub fn calls(&self) -> Vec<DryCall> {
         lock(&self.calls).clone()
     }
+
+    /// Records a call and answers what it would have done.
+    fn record(&self, caller: &Caller, target: &Pidfd, act: &Act, escalation: bool) -> ActOutcome {
+        lock(&self.calls).push(DryCall {
+            caller: *caller,
+            pid: target.pid(),
+            start_ticks: target.start_ticks(),
+            act: act.clone(),
+            escalation,
+        });
+        ActOutcome::DryRun(DryRun {
+            dry_run: true,
+            action: act.name(),
+            pid: target.pid(),
+            escalation,
+        })
+    }
 }
 
 impl Executor for DryExecutor {
-    fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String> {
+    fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError> {
         std::thread::sleep(self.delay);
-        lock(&self.calls).push(DryCall {
-            caller: *caller,
-            pid: target.pid(),
-            start_ticks: target.start_ticks(),
-            request: req.clone(),
-            escalation: false,
-        });
-        Ok(serde_json::json!({
-            "dry_run": true,
-            "action": req.action,
-            "pid": target.pid(),
-        }))
+        Ok(self.record(caller, target, act, false))
     }
 
-    fn escalate(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String> {
-        lock(&self.calls).push(DryCall {
-            caller: *caller,
-            pid: target.pid(),
-            start_ticks: target.start_ticks(),
-            request: req.clone(),
-            escalation: true,
-        });
-        Ok(serde_json::json!({
-            "dry_run": true,
-            "action": req.action,
-            "pid": target.pid(),
-            "escalation": true,
-        }))
+    fn escalate(
+        &self,
+        caller: &Caller,
+        target: &Pidfd,
+        act: &Act,
+    ) -> Result<ActOutcome, ActionError> {
+        Ok(self.record(caller, target, act, true))
     }
 }
 
@@ -191,25 +191,30 @@ impl Shared {
             } else {
                 (None, None)
             };
+        let still = || {
+            if target.is_alive() {
+                ""
+            } else {
+                " (the process has exited)"
+            }
+        };
+        let act = req
+            .act()
+            .map_err(|e| refusal(e.code, format!("{}: {}{}", req.action, e.message, still())))?;
         let executor = self.executor.clone();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            executor.act_checked(caller, &target, req, &authority)
+            executor.act_checked(caller, &target, &act, &authority)
         }));
         let mut value = match outcome {
-            Ok(Ok(v)) => v,
+            Ok(Ok(out)) => out.to_json(),
             Ok(Err(ActError::Refused(_))) if !target.is_alive() => return Err(exited()),
             Ok(Err(ActError::Refused(m))) => {
                 return Err(forbidden(format!("{}: {m}: nothing was done", req.action)));
             }
             Ok(Err(ActError::Failed(m))) => {
-                let exited = if target.is_alive() {
-                    ""
-                } else {
-                    " (the process has exited)"
-                };
                 return Err(refusal(
                     ErrorCode::Failed,
-                    format!("{}: {m}{exited}", req.action),
+                    format!("{}: {m}{}", req.action, still()),
                 ));
             }
             Err(_) => {
@@ -222,12 +227,7 @@ impl Shared {
         if let Some(before) = before
             && target.is_alive()
         {
-            let grace = req
-                .params
-                .get("grace_ms")
-                .and_then(Value::as_u64)
-                .map_or(DEFAULT_GRACE, Duration::from_millis)
-                .min(MAX_GRACE);
+            let grace = act.grace().min(MAX_GRACE);
             if let Value::Object(m) = &mut value {
                 m.insert("escalating".into(), true.into());
                 m.insert("grace_ms".into(), (grace.as_millis() as u64).into());
@@ -237,6 +237,7 @@ impl Shared {
                 owner: account.owner,
                 target,
                 req: req.clone(),
+                act,
                 due: Instant::now() + grace,
                 before,
             });

@@ -18,7 +18,7 @@ use std::{
 
 use selfheal_core::{
     owner::Account,
-    protocol::{ActRequest, Caller, ErrorCode, WireError},
+    protocol::{Act, ActRequest, Caller, ErrorCode, WireError},
 };
 
 use super::{
@@ -46,7 +46,9 @@ pub(super) struct Escalation {
     /// The owner it counts against.
     pub(super) owner: u32,
     pub(super) target: Pidfd,
+    /// The request, for the audit log, and the act it asked for.
     pub(super) req: ActRequest,
+    pub(super) act: Act,
     pub(super) due: Instant,
     /// Who the process was when it got SIGTERM.
     pub(super) before: Identity,
@@ -106,6 +108,7 @@ impl Shared {
             caller,
             target,
             req,
+            act,
             before,
             ..
         } = e;
@@ -135,7 +138,7 @@ impl Shared {
         let result = checked.and_then(|()| {
             let executor = self.executor.clone();
             match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                executor.escalate(&caller, &target, &req)
+                executor.escalate(&caller, &target, &act)
             })) {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(m)) => Err(refusal(

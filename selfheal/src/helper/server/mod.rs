@@ -69,9 +69,8 @@ use std::{
 
 use selfheal_core::{
     policy::Policy,
-    protocol::{ActRequest, Caller, EbpfStatus, ErrorCode, WireError},
+    protocol::{Act, Caller, EbpfStatus, ErrorCode, WireError},
 };
-use serde_json::Value;
 
 use self::{
     audit::AuditRecord,
@@ -83,6 +82,7 @@ use self::{
     ratelimit::RateLimiter,
 };
 use crate::{
+    actions::{ActOutcome, ActionError},
     ebpf::TracerOptions,
     helper::{
         authority::{ActError, Authority},
@@ -93,12 +93,6 @@ use crate::{
 
 /// Most pids one owner may have watched at once.
 pub const MAX_WATCHED_PER_UID: usize = 4096;
-
-/// A `signal` act's grace before SIGKILL when the request names none.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
-
-/// Longest grace a caller may ask the helper to wait before SIGKILL.
-pub const MAX_GRACE: Duration = Duration::from_secs(120);
 
 /// Performs the privileged actions. The server has already parsed the
 /// request, authorized the caller, and opened `target` (checked against the
@@ -115,7 +109,7 @@ pub const MAX_GRACE: Duration = Duration::from_secs(120);
 pub trait Executor: Send + Sync {
     /// Performs `req` on `target`; the result is the response's JSON, the
     /// error its `failed` message.
-    fn act(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String>;
+    fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError>;
 
     /// [`Executor::act`] under `authority`: the server calls this one.
     /// The executor re-checks the authority right before it changes
@@ -126,11 +120,11 @@ pub trait Executor: Send + Sync {
         &self,
         caller: &Caller,
         target: &Pidfd,
-        req: &ActRequest,
+        act: &Act,
         authority: &Authority,
-    ) -> Result<Value, ActError> {
+    ) -> Result<ActOutcome, ActError> {
         authority.recheck(target).map_err(ActError::Refused)?;
-        self.act(caller, target, req).map_err(ActError::Failed)
+        self.act(caller, target, act).map_err(ActError::from)
     }
 
     /// Whether the executor holds state an exit would lose (proofs it armed
@@ -142,9 +136,16 @@ pub trait Executor: Send + Sync {
 
     /// The second step of `req` (SIGKILL after a `signal` act's grace), on
     /// the server's timer; the result goes to the audit log.
-    fn escalate(&self, caller: &Caller, target: &Pidfd, req: &ActRequest) -> Result<Value, String> {
+    fn escalate(
+        &self,
+        caller: &Caller,
+        target: &Pidfd,
+        act: &Act,
+    ) -> Result<ActOutcome, ActionError> {
         let _ = (caller, target);
-        Err(format!("{} has no second step here", req.action))
+        Err(ActionError::NotHere {
+            why: format!("{} has no second step here", act.name()),
+        })
     }
 }
 
