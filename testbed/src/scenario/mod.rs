@@ -1201,12 +1201,24 @@ const SDK_STATUS_PORT: u16 = 9101;
 /// Where `proxy_cut`'s local proxy listens (runners' namespace).
 const PROXY_PORT: u16 = 18443;
 
+/// Where the SDK callers' programs are, from the workspace root:
+/// `py/` (the Python SDKs' runner, an HTTP/2 provider) and `node/` (the
+/// Node SDKs' runner, beside the `node_modules` that `cargo xtask setup`
+/// installs there).
+pub const SDK_CALLERS: &str = "tests";
+
+/// `rel` in [`SDK_CALLERS`] of this source tree.
+fn sdk_path(rel: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    root.parent().unwrap_or(root).join(SDK_CALLERS).join(rel)
+}
+
 /// The Python interpreter with the SDKs, and `tests/py/sdk_runner.py`
 /// (`SELFHEAL_SDK_RUNNER` overrides where the script is).
 pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
     let script = std::env::var_os("SELFHEAL_SDK_RUNNER")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("py/sdk_runner.py"));
+        .unwrap_or_else(|| sdk_path("py/sdk_runner.py"));
     if !script.exists() {
         bail!(
             "no SDK runner at {} (set SELFHEAL_SDK_RUNNER)",
@@ -1235,7 +1247,7 @@ pub fn sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
 /// `node` and `tests/node/sdk_runner.mjs`, with the Node SDKs installed
 /// beside it (`cargo xtask setup` runs `npm ci` there).
 pub fn node_sdk_runner() -> anyhow::Result<(PathBuf, PathBuf)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("node");
+    let dir = sdk_path("node");
     for package in ["openai", "@anthropic-ai/sdk"] {
         if !dir.join("node_modules").join(package).exists() {
             bail!(
@@ -2302,7 +2314,7 @@ pub fn http2_cut(
     let (python, _) = sdk_runner()?;
     let provider = SocketAddr::from((bed.topo.provider_ip, H2_PROVIDER_PORT));
     let mut cmd = bed.topo.provider.command(&python);
-    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("py/h2_provider.py"))
+    cmd.arg(sdk_path("py/h2_provider.py"))
         .args(["--listen", &provider.to_string()]);
     bed.spawn("h2provider", cmd, None)?;
     bed.expect_line("h2provider", "listening", Duration::from_secs(30))?;

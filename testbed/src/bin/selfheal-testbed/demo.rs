@@ -1,16 +1,16 @@
 //! `selfheal-testbed demo` (`cargo xtask demo`): the 2026-07-23 incident
 //! replayed on this machine, beside a runner that is merely busy, narrated as
-//! it happens (see `tests::testbed`). It runs the real `selfheal` binary for
+//! it happens (see [`selfheal_testbed`]). It runs the real `selfheal` binary for
 //! the helper and the checks, as a user would.
 
 use std::{path::PathBuf, process::ExitCode, sync::atomic::Ordering, time::Duration};
 
 use anyhow::bail;
-use serde_json::Value;
-use tests::testbed::{
+use selfheal_testbed::{
     runner::Mode,
     scenario::{self, Caller, Event, Options, Report},
 };
+use serde_json::Value;
 
 /// Replay the 2026-07-23 incident on this machine and watch selfheal find
 /// and heal it (needs root).
