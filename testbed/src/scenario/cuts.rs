@@ -1,0 +1,457 @@
+//! Cuts that are not a lone caller's: behind a local proxy, of an idle
+//! pooled connection, of a connect that never completes, and of one
+//! HTTP/2 connection carrying many calls.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use super::{
+    bed::{Bed, Options},
+    callers::{
+        CallLine, Caller, FAST_MODEL, NEVER_MODEL, read_calls, sdk_path, sdk_runner, start_caller,
+        start_caller_with,
+    },
+    checks::{Event, Report, checks},
+    silent::{cut_while_thinking, finish_calls},
+    sockets::{connections_to, tcp_sockets},
+};
+
+/// Where `proxy_cut`'s local proxy listens (runners' namespace).
+pub(super) const PROXY_PORT: u16 = 18443;
+
+/// One hop: the caller (the openai SDK) talks to a local TCP proxy on
+/// loopback, the proxy to the provider; the proxy→provider flow is cut
+/// while the LLM thinks. The proxy's kernel answers the proof keepalive's
+/// probes, so the proof says alive and the verdict must never be `wedged`;
+/// the provider upstream's `max_silence = "8s"` must make it
+/// `unresponsive` (`silence_exceeded`) instead.
+pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "caller";
+    let mut report = Report::new("proxy_cut");
+    let mut bed = Bed::new(opts, "pxy", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    let proxy = SocketAddr::from(([127, 0, 0, 1], PROXY_PORT));
+    let mut cmd = bed.topo.runners.command(&bed.opts.testbed);
+    cmd.args(["proxy", "--listen"])
+        .arg(proxy.to_string())
+        .arg("--upstream")
+        .arg(provider.to_string());
+    bed.spawn("proxy", cmd, None)?;
+    bed.expect_line("proxy", "listening", Duration::from_secs(10))?;
+    start_caller(
+        &mut bed,
+        name,
+        Caller::OpenAi,
+        proxy,
+        "max_silence = \"8s\"\n",
+        None,
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "caller openai → proxy {proxy} → provider {provider}, a model that thinks 600 s; max_silence 8 s, suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let holder = bed.pid("proxy")?;
+    let cut = cut_while_thinking(&mut bed, &mut report, name, pid, holder, provider, say)?;
+    let mut calls = cut.calls;
+    let fault = cut.at;
+    let mut after = 0;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(30),
+        |bed, run, report, say| {
+            calls.read(bed, name, Some(fault), say);
+            let Some(o) = run.of(name) else {
+                return Ok(false);
+            };
+            let silence = o["reasons"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| r["code"] == "silence_exceeded"));
+            if report.detect_ms.is_none() && o["verdict"] == "unresponsive" && silence {
+                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+                report.facts.insert("unresponsive".into(), o.clone());
+            }
+            // A few more checks: it must not turn `wedged` later either.
+            if report.detect_ms.is_some() {
+                after += 1;
+            }
+            Ok(after > 3)
+        },
+    )?;
+    finish_calls(&mut bed, &mut report, name, pid, &calls, fault)?;
+    Ok(report)
+}
+
+/// An idle pooled connection whose peer is cut: the sync openai SDK makes a
+/// call that answers at once (not streamed: the SDK closes a streamed
+/// answer's connection at `[DONE]`), then pauses 20 s with its connection
+/// idle in its pool, and the flow is cut 1 s into the pause. Nobody waits on it, so
+/// the proof's answer decides alone: `idle_connection_dead` (degraded, not
+/// wedged), a snapshot, and the connection ended before the next call,
+/// which goes out on a fresh connection and completes at once.
+pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "pooled";
+    let mut report = Report::new("pooled_cut");
+    let mut bed = Bed::new(opts, "pool", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::OpenAi,
+        provider,
+        "",
+        Some(vec![format!("{FAST_MODEL}-pool")]),
+        &["--whole", "--pause-ms", "20000"],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "the openai SDK calls {provider} with a model that answers at once, then pauses 20 s with its connection idle in its pool; suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    bed.wait("the first call done", Duration::from_secs(30), || {
+        read_calls(&bed, name, &mut lines, say);
+        Ok(lines
+            .iter()
+            .any(|l| matches!(l, CallLine::Done(..)))
+            .then_some(()))
+    })?;
+    let flows = bed.wait("the pooled connection", Duration::from_secs(10), || {
+        let c = connections_to(pid, provider);
+        Ok((!c.is_empty()).then_some(c))
+    })?;
+    std::thread::sleep(Duration::from_secs(1));
+    for f in &flows {
+        bed.topo.drop_provider_flow(f.local)?;
+    }
+    let cut = Instant::now();
+    report
+        .facts
+        .insert("cut".into(), serde_json::to_value(&flows)?);
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the idle pooled flow(s) {} ↔ {provider} both ways, without a FIN or RST",
+            flows
+                .iter()
+                .map(|f| f.local.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let done_before = lines
+        .iter()
+        .filter(|l| matches!(l, CallLine::Done(..)))
+        .count();
+    let (mut next_start, mut next_done): (Option<u64>, Option<u64>) = (None, None);
+    let mut next_local: Option<String> = None;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(40),
+        |bed, run, report, say| {
+            let at = cut.elapsed().as_millis() as u64;
+            if let Some(o) = run.of(name)
+                && report.detect_ms.is_none()
+                && o["reasons"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["code"] == "idle_connection_dead"))
+            {
+                report.detect_ms = Some(at);
+                report.facts.insert("ended".into(), o.clone());
+            }
+            let seen = lines.len();
+            read_calls(bed, name, &mut lines, say);
+            for l in &lines[seen..] {
+                match l {
+                    CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
+                    CallLine::Done(..)
+                        if next_done.is_none()
+                            && lines
+                                .iter()
+                                .filter(|l| matches!(l, CallLine::Done(..)))
+                                .count()
+                                > done_before =>
+                    {
+                        next_done = Some(at)
+                    }
+                    _ => {}
+                }
+            }
+            if next_start.is_some() && next_local.is_none() {
+                next_local = connections_to(pid, provider)
+                    .first()
+                    .map(|s| s.local.to_string());
+            }
+            Ok(next_done.is_some())
+        },
+    )?;
+    let failed = lines
+        .iter()
+        .filter(|l| matches!(l, CallLine::Failed(..)))
+        .count();
+    report.facts.insert("calls_failed".into(), failed.into());
+    if let Some(ms) = next_start {
+        report
+            .facts
+            .insert("next_call_started_ms".into(), ms.into());
+    }
+    if let Some(ms) = next_done {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "next_call_local".into(),
+        next_local.map_or(serde_json::Value::Null, Into::into),
+    );
+    report.facts.insert("pid".into(), pid.into());
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
+
+/// A connect that never completes: the provider's SYNs go unanswered from
+/// the start, and `litellm.acompletion` (which waits out the kernel's SYN
+/// retries, about 130 s) calls it. The upstream's `connect_timeout = "3s"`
+/// must make it `unresponsive` (`connect_timeout`), the heal end the
+/// attempt so the caller's connect fails now (its own error path, same
+/// pid); then the provider answers again and the next call completes.
+pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
+    let name = "connecting";
+    let mut report = Report::new("hanging_connect");
+    let mut bed = Bed::new(opts, "syn", Duration::from_millis(500))?;
+    let provider = bed.provider();
+    bed.topo.drop_provider_syns(provider.port())?;
+    let fault = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!("the provider {provider} answers no new connection (its SYNs dropped)"),
+    });
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::Litellm,
+        provider,
+        "connect_timeout = \"3s\"\n",
+        Some(vec![FAST_MODEL.into()]),
+        &[],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "litellm calls {provider}; connect_timeout 3 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    let (mut started, mut failed, mut done): (Option<u64>, Option<(u64, String)>, Option<u64>) =
+        (None, None, None);
+    let mut syn_sent: Option<u64> = None;
+    let mut answering = false;
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let at = fault.elapsed().as_millis() as u64;
+            if syn_sent.is_none()
+                && tcp_sockets(pid)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|s| s.remote == provider && s.state == 2)
+            {
+                syn_sent = Some(at);
+            }
+            if let Some(o) = run.of(name)
+                && report.detect_ms.is_none()
+                && o["reasons"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|r| r["code"] == "connect_timeout"))
+            {
+                report.detect_ms = Some(at);
+                report.facts.insert("unresponsive".into(), o.clone());
+            }
+            read_calls(bed, name, &mut lines, say);
+            for l in &lines {
+                match l {
+                    CallLine::Start(_) if started.is_none() => started = Some(at),
+                    CallLine::Failed(_, e) if failed.is_none() => failed = Some((at, e.clone())),
+                    CallLine::Done(..) if done.is_none() => done = Some(at),
+                    _ => {}
+                }
+            }
+            // Once the attempt has failed, the provider answers again.
+            if failed.is_some() && !answering {
+                bed.topo.answer_provider_syns(provider.port())?;
+                answering = true;
+            }
+            Ok(done.is_some())
+        },
+    )?;
+    if !answering {
+        bed.topo.answer_provider_syns(provider.port())?;
+    }
+    if let Some(ms) = syn_sent {
+        report.facts.insert("syn_sent_seen_ms".into(), ms.into());
+    }
+    if let Some(ms) = started {
+        report.facts.insert("call_started_ms".into(), ms.into());
+    }
+    if let Some((ms, e)) = failed {
+        report.facts.insert("call_failed_ms".into(), ms.into());
+        report.facts.insert("call_failed_error".into(), e.into());
+    }
+    if let Some(ms) = done {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
+
+/// Where the HTTP/2 provider listens (the provider's namespace).
+pub(super) const H2_PROVIDER_PORT: u16 = 8444;
+
+/// One connection, many calls: `AsyncOpenAI` over HTTP/2 (httpx, prior
+/// knowledge) makes `calls` concurrent streaming calls, all on one
+/// connection to an HTTP/2 provider (`tests/py/h2_provider.py`) that sends
+/// each head and first event at once and then thinks 600 s; the flow is cut
+/// while they think. The proof is of the connection: one proof keepalive,
+/// `wedged`, and every call on it fails in the SDK, same pid; the next ones
+/// (on a fresh connection) complete.
+pub fn http2_cut(
+    opts: &Options,
+    calls: usize,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let name = "multiplexed";
+    let mut report = Report::new("http2_cut");
+    let mut bed = Bed::new(opts, "h2", Duration::from_millis(500))?;
+    let (python, _) = sdk_runner()?;
+    let provider = SocketAddr::from((bed.topo.provider_ip, H2_PROVIDER_PORT));
+    let mut cmd = bed.topo.provider.command(&python);
+    cmd.arg(sdk_path("py/h2_provider.py"))
+        .args(["--listen", &provider.to_string()]);
+    bed.spawn("h2provider", cmd, None)?;
+    bed.expect_line("h2provider", "listening", Duration::from_secs(30))?;
+    start_caller_with(
+        &mut bed,
+        name,
+        Caller::AsyncOpenAi,
+        provider,
+        "",
+        Some(vec![format!("{NEVER_MODEL}-first-early"); calls]),
+        &["--http2", "--then-model", FAST_MODEL],
+    )?;
+    say(Event::Setup {
+        what: format!(
+            "AsyncOpenAI over HTTP/2 makes {calls} concurrent calls to {provider}, each thinking 600 s after its head and first event; suspect after 2 s; a check every {} ms",
+            opts.check_every.as_millis()
+        ),
+    });
+    let pid = bed.pid(name)?;
+    let mut lines: Vec<CallLine> = Vec::new();
+    bed.wait("every call thinking", Duration::from_secs(30), || {
+        read_calls(&bed, name, &mut lines, say);
+        let thinking = bed
+            .lines("h2provider")
+            .unwrap_or_default()
+            .iter()
+            .filter(|l| l.starts_with("call "))
+            .count();
+        Ok((lines
+            .iter()
+            .filter(|l| matches!(l, CallLine::Start(_)))
+            .count()
+            >= calls
+            && thinking > 0)
+            .then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+    let flows = connections_to(pid, provider);
+    report
+        .facts
+        .insert("connections".into(), flows.len().into());
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_millis(1000),
+        |_, _, _, _| Ok(false),
+    )?;
+    for f in &flows {
+        bed.topo.drop_provider_flow(f.local)?;
+    }
+    let cut = Instant::now();
+    say(Event::Fault {
+        at_ms: bed.at_ms(),
+        what: format!(
+            "the gateway drops the one HTTP/2 flow {} ↔ {provider} both ways, without a FIN or RST, while {calls} calls think",
+            flows
+                .iter()
+                .map(|f| f.local.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let (mut failed_at, mut done_after): (Vec<u64>, Option<u64>) = (Vec::new(), None);
+    checks(
+        &bed,
+        &mut report,
+        say,
+        Duration::from_secs(60),
+        |bed, run, report, say| {
+            let at = cut.elapsed().as_millis() as u64;
+            if report.detect_ms.is_none() && run.of(name).is_some_and(|o| o["verdict"] == "wedged")
+            {
+                report.detect_ms = Some(at);
+                if let Some(o) = run.of(name) {
+                    report.facts.insert("wedged".into(), o.clone());
+                }
+            }
+            let seen = lines.len();
+            read_calls(bed, name, &mut lines, say);
+            for l in &lines[seen..] {
+                match l {
+                    CallLine::Failed(..) => failed_at.push(at),
+                    CallLine::Done(..) if done_after.is_none() => done_after = Some(at),
+                    _ => {}
+                }
+            }
+            Ok(failed_at.len() >= calls && done_after.is_some())
+        },
+    )?;
+    report
+        .facts
+        .insert("calls_failed".into(), failed_at.len().into());
+    if let (Some(first), Some(last)) = (failed_at.first(), failed_at.last()) {
+        report
+            .facts
+            .insert("first_failed_ms".into(), (*first).into());
+        report.facts.insert("last_failed_ms".into(), (*last).into());
+    }
+    if let Some(ms) = done_after {
+        report.facts.insert("next_call_done_ms".into(), ms.into());
+        report.recover_ms = Some(ms);
+    }
+    report.facts.insert(
+        "same_pid".into(),
+        (bed.running(name)? && bed.pid(name)? == pid).into(),
+    );
+    Ok(report)
+}
