@@ -15,7 +15,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
-use super::checks::pause;
+use super::{
+    checks::pause,
+    sockets::{TcpSocket, connections_to},
+};
 use crate::{http, runner::Mode, topology::Topology};
 
 pub(super) const ATTACH_PORT: u16 = 7443;
@@ -492,6 +495,40 @@ impl Bed {
             }
             pause(Duration::from_millis(100))?;
         }
+    }
+
+    /// Waits (at most `timeout`) until process `pid` has `min` established
+    /// connections to `remote`, and returns them.
+    pub(super) fn wait_connections(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pid: u32,
+        remote: SocketAddr,
+        min: usize,
+    ) -> anyhow::Result<Vec<TcpSocket>> {
+        self.wait(what, timeout, || {
+            let c = connections_to(pid, remote);
+            Ok((c.len() >= min).then_some(c))
+        })
+    }
+
+    /// The gateway drops each of `flows` both ways, without a FIN or RST.
+    /// When, and the flows' local ends (for the narration).
+    pub(super) fn cut_provider_flows(
+        &self,
+        flows: &[TcpSocket],
+    ) -> anyhow::Result<(Instant, String)> {
+        for f in flows {
+            self.topo.drop_provider_flow(f.local)?;
+        }
+        let locals: Vec<String> = flows.iter().map(|f| f.local.to_string()).collect();
+        Ok((Instant::now(), locals.join(", ")))
+    }
+
+    /// Whether program `name` still runs as `pid` (healed, not restarted).
+    pub(super) fn still_runs(&mut self, name: &str, pid: u32) -> anyhow::Result<bool> {
+        Ok(self.running(name)? && self.pid(name)? == pid)
     }
 
     /// Waits until `runner` is attached and has finished `n` work items.

@@ -302,21 +302,9 @@ pub(super) fn sdk_agent(
 /// Starts caller `name` of kind `caller` against `upstream` (the
 /// provider, or a proxy before it): its first call never answers, later
 /// ones answer at once. `models` (SDK callers only) overrides the first
-/// calls' models, one thread per model.
+/// calls' models, one thread per model; `extra` are more arguments for an
+/// SDK runner (`tests/py/sdk_runner.py`: `--pause-ms`, `--whole`).
 pub(super) fn start_caller(
-    bed: &mut Bed,
-    name: &str,
-    caller: Caller,
-    upstream: SocketAddr,
-    provider_extra: &str,
-    models: Option<Vec<String>>,
-) -> anyhow::Result<()> {
-    start_caller_with(bed, name, caller, upstream, provider_extra, models, &[])
-}
-
-/// [`start_caller`], with more arguments for an SDK runner
-/// (`tests/py/sdk_runner.py`: `--pause-ms`, `--whole`).
-pub(super) fn start_caller_with(
     bed: &mut Bed,
     name: &str,
     caller: Caller,

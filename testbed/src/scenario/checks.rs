@@ -12,7 +12,7 @@ use anyhow::bail;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::bed::{Bed, CheckRun};
+use super::bed::{Bed, CheckRun, Options};
 
 /// Set (by a signal handler) to stop a scenario at its next pause; the bed
 /// is then dropped, which kills its processes and deletes its namespaces.
@@ -86,6 +86,45 @@ impl Report {
         }
     }
 
+    /// Keeps fact `key`.
+    pub(super) fn fact(&mut self, key: &str, value: impl Into<Value>) {
+        self.facts.insert(key.into(), value.into());
+    }
+
+    /// Keeps fact `key` when there is one.
+    pub(super) fn fact_if(&mut self, key: &str, value: Option<impl Into<Value>>) {
+        if let Some(v) = value {
+            self.fact(key, v);
+        }
+    }
+
+    /// The first check whose outcome for `agent` is `found`: `at` ms after
+    /// the fault, its outcome kept as fact `key`. Later ones change
+    /// nothing. Whether it has been found, now or before.
+    pub(super) fn detect(
+        &mut self,
+        run: &CheckRun,
+        agent: &str,
+        key: &str,
+        at: u64,
+        found: impl Fn(&Value) -> bool,
+    ) -> bool {
+        if self.detect_ms.is_none()
+            && let Some(o) = run.of(agent).filter(|o| found(o))
+        {
+            self.detect_ms = Some(at);
+            self.fact(key, o.clone());
+        }
+        self.detect_ms.is_some()
+    }
+
+    /// The caller's next call done `ms` after the fault: its recovery,
+    /// unless one was recorded before.
+    pub(super) fn next_call_done(&mut self, ms: u64) {
+        self.fact("next_call_done_ms", ms);
+        self.recover_ms.get_or_insert(ms);
+    }
+
     /// Verdicts of `agent` other than those in `allowed`.
     pub fn verdicts_outside(&self, agent: &str, allowed: &[&str]) -> Vec<String> {
         self.verdicts
@@ -102,6 +141,49 @@ impl Report {
             .get(agent)
             .is_some_and(|c| c.iter().any(|x| x == code))
     }
+}
+
+/// A scenario's report and its bed (`tag` names its namespaces, work is
+/// dispatched every `work_every`).
+pub(super) fn begin(
+    opts: &Options,
+    scenario: &str,
+    tag: &str,
+    work_every: Duration,
+) -> anyhow::Result<(Report, Bed)> {
+    Ok((Report::new(scenario), Bed::new(opts, tag, work_every)?))
+}
+
+/// Milliseconds since `t` (the fault, mostly).
+pub(super) fn ms_since(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}
+
+/// Whether outcome `o` gives reason `code`.
+pub(super) fn has_reason(o: &Value, code: &str) -> bool {
+    o["reasons"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|r| r["code"] == code))
+}
+
+/// Whether outcome `o` is `wedged`.
+pub(super) fn is_wedged(o: &Value) -> bool {
+    o["verdict"] == "wedged"
+}
+
+/// The proof events of `agent`'s outcome in `run`.
+pub(super) fn proofs(run: &CheckRun, agent: &str) -> Vec<Value> {
+    run.of(agent)
+        .and_then(|o| o["proofs"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// How many of `events` are a successful `action` (`arm`, `restore`).
+pub(super) fn count_ok(events: &[Value], action: &str) -> u64 {
+    events
+        .iter()
+        .filter(|e| e["action"] == action && e["ok"] == true)
+        .count() as u64
 }
 
 /// Sleeps `d` in short slices; fails at once when [`STOP`] is set.
@@ -130,6 +212,16 @@ pub(super) fn checks(
     done: impl FnMut(&Bed, &CheckRun, &mut Report, &mut dyn FnMut(Event)) -> anyhow::Result<bool>,
 ) -> anyhow::Result<()> {
     checks_with(bed, report, say, limit, |_, _| {}, done)
+}
+
+/// [`checks`] for `limit`, whatever they find.
+pub(super) fn watch(
+    bed: &Bed,
+    report: &mut Report,
+    say: &mut dyn FnMut(Event),
+    limit: Duration,
+) -> anyhow::Result<()> {
+    checks(bed, report, say, limit, |_, _, _, _| Ok(false))
 }
 
 /// [`checks`], with `first` told about each check before its outcomes are
@@ -241,7 +333,7 @@ pub(super) fn told(bed: &Bed, runner: &str) -> anyhow::Result<Event> {
 }
 
 /// Records the longest `selfheal check` run so far.
-pub(super) fn note_check_time(report: &mut Report, took: Duration) {
+fn note_check_time(report: &mut Report, took: Duration) {
     let ms = took.as_millis() as u64;
     let max = report
         .facts

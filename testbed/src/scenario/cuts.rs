@@ -7,13 +7,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde_json::Value;
+
 use super::{
-    bed::{Bed, Options},
+    bed::Options,
     callers::{
         CallLine, Caller, FAST_MODEL, NEVER_MODEL, read_calls, sdk_path, sdk_runner, start_caller,
-        start_caller_with,
     },
-    checks::{Event, Report, checks},
+    checks::{Event, Report, begin, checks, has_reason, is_wedged, ms_since, watch},
     silent::{cut_while_thinking, finish_calls},
     sockets::{connections_to, tcp_sockets},
 };
@@ -29,8 +30,7 @@ pub(super) const PROXY_PORT: u16 = 18443;
 /// `unresponsive` (`silence_exceeded`) instead.
 pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
     let name = "caller";
-    let mut report = Report::new("proxy_cut");
-    let mut bed = Bed::new(opts, "pxy", Duration::from_millis(500))?;
+    let (mut report, mut bed) = begin(opts, "proxy_cut", "pxy", Duration::from_millis(500))?;
     let provider = bed.provider();
     let proxy = SocketAddr::from(([127, 0, 0, 1], PROXY_PORT));
     let mut cmd = bed.topo.runners.command(&bed.opts.testbed);
@@ -40,13 +40,15 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
         .arg(provider.to_string());
     bed.spawn("proxy", cmd, None)?;
     bed.expect_line("proxy", "listening", Duration::from_secs(10))?;
+    let max_silence = "max_silence = \"8s\"\n";
     start_caller(
         &mut bed,
         name,
         Caller::OpenAi,
         proxy,
-        "max_silence = \"8s\"\n",
+        max_silence,
         None,
+        &[],
     )?;
     say(Event::Setup {
         what: format!(
@@ -67,18 +69,13 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
         Duration::from_secs(30),
         |bed, run, report, say| {
             calls.read(bed, name, Some(fault), say);
-            let Some(o) = run.of(name) else {
+            if run.of(name).is_none() {
                 return Ok(false);
-            };
-            let silence = o["reasons"]
-                .as_array()
-                .is_some_and(|r| r.iter().any(|r| r["code"] == "silence_exceeded"));
-            if report.detect_ms.is_none() && o["verdict"] == "unresponsive" && silence {
-                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
-                report.facts.insert("unresponsive".into(), o.clone());
             }
+            let unresponsive =
+                |o: &Value| o["verdict"] == "unresponsive" && has_reason(o, "silence_exceeded");
             // A few more checks: it must not turn `wedged` later either.
-            if report.detect_ms.is_some() {
+            if report.detect(run, name, "unresponsive", ms_since(fault), unresponsive) {
                 after += 1;
             }
             Ok(after > 3)
@@ -97,10 +94,9 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
 /// which goes out on a fresh connection and completes at once.
 pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
     let name = "pooled";
-    let mut report = Report::new("pooled_cut");
-    let mut bed = Bed::new(opts, "pool", Duration::from_millis(500))?;
+    let (mut report, mut bed) = begin(opts, "pooled_cut", "pool", Duration::from_millis(500))?;
     let provider = bed.provider();
-    start_caller_with(
+    start_caller(
         &mut bed,
         name,
         Caller::OpenAi,
@@ -124,27 +120,20 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
             .any(|l| matches!(l, CallLine::Done(..)))
             .then_some(()))
     })?;
-    let flows = bed.wait("the pooled connection", Duration::from_secs(10), || {
-        let c = connections_to(pid, provider);
-        Ok((!c.is_empty()).then_some(c))
-    })?;
+    let flows = bed.wait_connections(
+        "the pooled connection",
+        Duration::from_secs(10),
+        pid,
+        provider,
+        1,
+    )?;
     std::thread::sleep(Duration::from_secs(1));
-    for f in &flows {
-        bed.topo.drop_provider_flow(f.local)?;
-    }
-    let cut = Instant::now();
-    report
-        .facts
-        .insert("cut".into(), serde_json::to_value(&flows)?);
+    let (cut, locals) = bed.cut_provider_flows(&flows)?;
+    report.fact("cut", serde_json::to_value(&flows)?);
     say(Event::Fault {
         at_ms: bed.at_ms(),
         what: format!(
-            "the gateway drops the idle pooled flow(s) {} ↔ {provider} both ways, without a FIN or RST",
-            flows
-                .iter()
-                .map(|f| f.local.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "the gateway drops the idle pooled flow(s) {locals} ↔ {provider} both ways, without a FIN or RST"
         ),
     });
     let done_before = lines
@@ -159,16 +148,10 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
         say,
         Duration::from_secs(40),
         |bed, run, report, say| {
-            let at = cut.elapsed().as_millis() as u64;
-            if let Some(o) = run.of(name)
-                && report.detect_ms.is_none()
-                && o["reasons"]
-                    .as_array()
-                    .is_some_and(|r| r.iter().any(|r| r["code"] == "idle_connection_dead"))
-            {
-                report.detect_ms = Some(at);
-                report.facts.insert("ended".into(), o.clone());
-            }
+            let at = ms_since(cut);
+            report.detect(run, name, "ended", at, |o| {
+                has_reason(o, "idle_connection_dead")
+            });
             let seen = lines.len();
             read_calls(bed, name, &mut lines, say);
             for l in &lines[seen..] {
@@ -199,25 +182,17 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
         .iter()
         .filter(|l| matches!(l, CallLine::Failed(..)))
         .count();
-    report.facts.insert("calls_failed".into(), failed.into());
-    if let Some(ms) = next_start {
-        report
-            .facts
-            .insert("next_call_started_ms".into(), ms.into());
-    }
+    report.fact("calls_failed", failed);
+    report.fact_if("next_call_started_ms", next_start);
     if let Some(ms) = next_done {
-        report.facts.insert("next_call_done_ms".into(), ms.into());
-        report.recover_ms = Some(ms);
+        report.next_call_done(ms);
     }
-    report.facts.insert(
-        "next_call_local".into(),
-        next_local.map_or(serde_json::Value::Null, Into::into),
+    report.fact(
+        "next_call_local",
+        next_local.map_or(Value::Null, Into::into),
     );
-    report.facts.insert("pid".into(), pid.into());
-    report.facts.insert(
-        "same_pid".into(),
-        (bed.running(name)? && bed.pid(name)? == pid).into(),
-    );
+    report.fact("pid", pid);
+    report.fact("same_pid", bed.still_runs(name, pid)?);
     Ok(report)
 }
 
@@ -229,8 +204,7 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
 /// pid); then the provider answers again and the next call completes.
 pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
     let name = "connecting";
-    let mut report = Report::new("hanging_connect");
-    let mut bed = Bed::new(opts, "syn", Duration::from_millis(500))?;
+    let (mut report, mut bed) = begin(opts, "hanging_connect", "syn", Duration::from_millis(500))?;
     let provider = bed.provider();
     bed.topo.drop_provider_syns(provider.port())?;
     let fault = Instant::now();
@@ -238,13 +212,15 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
         at_ms: bed.at_ms(),
         what: format!("the provider {provider} answers no new connection (its SYNs dropped)"),
     });
-    start_caller_with(
+    let connect_timeout = "connect_timeout = \"3s\"\n";
+    let models = Some(vec![FAST_MODEL.into()]);
+    start_caller(
         &mut bed,
         name,
         Caller::Litellm,
         provider,
-        "connect_timeout = \"3s\"\n",
-        Some(vec![FAST_MODEL.into()]),
+        connect_timeout,
+        models,
         &[],
     )?;
     say(Event::Setup {
@@ -265,7 +241,7 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
         say,
         Duration::from_secs(60),
         |bed, run, report, say| {
-            let at = fault.elapsed().as_millis() as u64;
+            let at = ms_since(fault);
             if syn_sent.is_none()
                 && tcp_sockets(pid)
                     .unwrap_or_default()
@@ -274,15 +250,9 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
             {
                 syn_sent = Some(at);
             }
-            if let Some(o) = run.of(name)
-                && report.detect_ms.is_none()
-                && o["reasons"]
-                    .as_array()
-                    .is_some_and(|r| r.iter().any(|r| r["code"] == "connect_timeout"))
-            {
-                report.detect_ms = Some(at);
-                report.facts.insert("unresponsive".into(), o.clone());
-            }
+            report.detect(run, name, "unresponsive", at, |o| {
+                has_reason(o, "connect_timeout")
+            });
             read_calls(bed, name, &mut lines, say);
             for l in &lines {
                 match l {
@@ -303,24 +273,16 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
     if !answering {
         bed.topo.answer_provider_syns(provider.port())?;
     }
-    if let Some(ms) = syn_sent {
-        report.facts.insert("syn_sent_seen_ms".into(), ms.into());
-    }
-    if let Some(ms) = started {
-        report.facts.insert("call_started_ms".into(), ms.into());
-    }
+    report.fact_if("syn_sent_seen_ms", syn_sent);
+    report.fact_if("call_started_ms", started);
     if let Some((ms, e)) = failed {
-        report.facts.insert("call_failed_ms".into(), ms.into());
-        report.facts.insert("call_failed_error".into(), e.into());
+        report.fact("call_failed_ms", ms);
+        report.fact("call_failed_error", e);
     }
     if let Some(ms) = done {
-        report.facts.insert("next_call_done_ms".into(), ms.into());
-        report.recover_ms = Some(ms);
+        report.next_call_done(ms);
     }
-    report.facts.insert(
-        "same_pid".into(),
-        (bed.running(name)? && bed.pid(name)? == pid).into(),
-    );
+    report.fact("same_pid", bed.still_runs(name, pid)?);
     Ok(report)
 }
 
@@ -340,8 +302,7 @@ pub fn http2_cut(
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
     let name = "multiplexed";
-    let mut report = Report::new("http2_cut");
-    let mut bed = Bed::new(opts, "h2", Duration::from_millis(500))?;
+    let (mut report, mut bed) = begin(opts, "http2_cut", "h2", Duration::from_millis(500))?;
     let (python, _) = sdk_runner()?;
     let provider = SocketAddr::from((bed.topo.provider_ip, H2_PROVIDER_PORT));
     let mut cmd = bed.topo.provider.command(&python);
@@ -349,14 +310,16 @@ pub fn http2_cut(
         .args(["--listen", &provider.to_string()]);
     bed.spawn("h2provider", cmd, None)?;
     bed.expect_line("h2provider", "listening", Duration::from_secs(30))?;
-    start_caller_with(
+    let models = Some(vec![format!("{NEVER_MODEL}-first-early"); calls]);
+    let http2 = ["--http2", "--then-model", FAST_MODEL];
+    start_caller(
         &mut bed,
         name,
         Caller::AsyncOpenAi,
         provider,
         "",
-        Some(vec![format!("{NEVER_MODEL}-first-early"); calls]),
-        &["--http2", "--then-model", FAST_MODEL],
+        models,
+        &http2,
     )?;
     say(Event::Setup {
         what: format!(
@@ -384,29 +347,13 @@ pub fn http2_cut(
     })?;
     std::thread::sleep(Duration::from_millis(500));
     let flows = connections_to(pid, provider);
-    report
-        .facts
-        .insert("connections".into(), flows.len().into());
-    checks(
-        &bed,
-        &mut report,
-        say,
-        Duration::from_millis(1000),
-        |_, _, _, _| Ok(false),
-    )?;
-    for f in &flows {
-        bed.topo.drop_provider_flow(f.local)?;
-    }
-    let cut = Instant::now();
+    report.fact("connections", flows.len());
+    watch(&bed, &mut report, say, Duration::from_millis(1000))?;
+    let (cut, locals) = bed.cut_provider_flows(&flows)?;
     say(Event::Fault {
         at_ms: bed.at_ms(),
         what: format!(
-            "the gateway drops the one HTTP/2 flow {} ↔ {provider} both ways, without a FIN or RST, while {calls} calls think",
-            flows
-                .iter()
-                .map(|f| f.local.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "the gateway drops the one HTTP/2 flow {locals} ↔ {provider} both ways, without a FIN or RST, while {calls} calls think"
         ),
     });
     let (mut failed_at, mut done_after): (Vec<u64>, Option<u64>) = (Vec::new(), None);
@@ -416,14 +363,8 @@ pub fn http2_cut(
         say,
         Duration::from_secs(60),
         |bed, run, report, say| {
-            let at = cut.elapsed().as_millis() as u64;
-            if report.detect_ms.is_none() && run.of(name).is_some_and(|o| o["verdict"] == "wedged")
-            {
-                report.detect_ms = Some(at);
-                if let Some(o) = run.of(name) {
-                    report.facts.insert("wedged".into(), o.clone());
-                }
-            }
+            let at = ms_since(cut);
+            report.detect(run, name, "wedged", at, is_wedged);
             let seen = lines.len();
             read_calls(bed, name, &mut lines, say);
             for l in &lines[seen..] {
@@ -436,22 +377,14 @@ pub fn http2_cut(
             Ok(failed_at.len() >= calls && done_after.is_some())
         },
     )?;
-    report
-        .facts
-        .insert("calls_failed".into(), failed_at.len().into());
+    report.fact("calls_failed", failed_at.len());
     if let (Some(first), Some(last)) = (failed_at.first(), failed_at.last()) {
-        report
-            .facts
-            .insert("first_failed_ms".into(), (*first).into());
-        report.facts.insert("last_failed_ms".into(), (*last).into());
+        report.fact("first_failed_ms", *first);
+        report.fact("last_failed_ms", *last);
     }
     if let Some(ms) = done_after {
-        report.facts.insert("next_call_done_ms".into(), ms.into());
-        report.recover_ms = Some(ms);
+        report.next_call_done(ms);
     }
-    report.facts.insert(
-        "same_pid".into(),
-        (bed.running(name)? && bed.pid(name)? == pid).into(),
-    );
+    report.fact("same_pid", bed.still_runs(name, pid)?);
     Ok(report)
 }

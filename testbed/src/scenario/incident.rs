@@ -13,14 +13,22 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 use super::{
-    bed::{ATTACH_PORT, Bed, Options, RunnerSpec},
-    checks::{Event, Report, checks, checks_with, story, told},
+    bed::{ATTACH_PORT, Options, RunnerSpec},
+    checks::{Event, Report, begin, checks, checks_with, is_wedged, ms_since, story, told, watch},
 };
 use crate::runner::Mode;
 
 /// A provider that thinks 6 s before its first token (longer than the
 /// suspect threshold of 2 s), then streams 20 tokens 100 ms apart.
 pub const THINKING: &str = "/v1/stream?first_ms=6000&gap_ms=100&tokens=20";
+
+/// Runner `name` whose provider is [`THINKING`].
+fn thinking(name: &str, mode: Mode) -> RunnerSpec {
+    RunnerSpec {
+        provider_path: THINKING.into(),
+        ..RunnerSpec::new(name, mode)
+    }
+}
 
 /// The 2026-07-23 incident: a runner's attach stream goes half-open (the
 /// gateway drops the flow without a FIN) while the dispatch server's table
@@ -34,13 +42,10 @@ pub fn incident(
     thinker: bool,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
-    let mut report = Report::new("incident");
-    let mut bed = Bed::new(opts, "inc", Duration::from_secs(1))?;
+    let (mut report, mut bed) = begin(opts, "incident", "inc", Duration::from_secs(1))?;
     bed.add_runner(RunnerSpec::new("runner", mode))?;
     if thinker {
-        let mut t = RunnerSpec::new("thinker", Mode::Blocking);
-        t.provider_path = THINKING.into();
-        bed.add_runner(t)?;
+        bed.add_runner(thinking("thinker", Mode::Blocking))?;
     }
     say(Event::Setup {
         what: format!(
@@ -101,7 +106,7 @@ pub fn incident(
         |bed, run, report, say| {
             let verdict = run.of("runner").map(|o| o["verdict"].clone());
             if report.detect_ms.is_none() && verdict.as_ref().is_some_and(|v| v == "wedged") {
-                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
+                report.detect_ms = Some(ms_since(fault));
             }
             if report.detect_ms.is_none() {
                 *before.borrow_mut() = Some(told(bed, "runner")?);
@@ -112,7 +117,7 @@ pub fn incident(
                 && row["done"].as_u64().unwrap_or(0) > done_before
                 && row["status"] == "connected";
             if back && report.recover_ms.is_none() {
-                report.recover_ms = Some(fault.elapsed().as_millis() as u64);
+                report.recover_ms = Some(ms_since(fault));
                 story(bed, "runner", say)?;
                 say(Event::Recovered {
                     agent: "runner".into(),
@@ -125,25 +130,20 @@ pub fn incident(
         },
     )?;
     // The runner's pid did not change: healed, not restarted.
-    report.facts.insert(
-        "runner_status".into(),
+    report.fact(
+        "runner_status",
         bed.runner_status("runner").unwrap_or(Value::Null),
     );
-    report.facts.insert("row".into(), bed.row("runner")?);
+    report.fact("row", bed.row("runner")?);
     Ok(report)
 }
 
 /// Busy, not wedged: a provider that thinks silently longer than the
 /// suspect threshold, then streams. Two think cycles; never healed.
 pub fn busy_provider(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
-    let mut report = Report::new("busy_provider");
-    let mut bed = Bed::new(opts, "busy", Duration::from_millis(500))?;
-    let mut spec = RunnerSpec::new("thinker", Mode::Blocking);
-    spec.provider_path = THINKING.into();
-    bed.add_runner(spec)?;
-    let mut spec = RunnerSpec::new("thinker-tokio", Mode::Tokio);
-    spec.provider_path = THINKING.into();
-    bed.add_runner(spec)?;
+    let (mut report, mut bed) = begin(opts, "busy_provider", "busy", Duration::from_millis(500))?;
+    bed.add_runner(thinking("thinker", Mode::Blocking))?;
+    bed.add_runner(thinking("thinker-tokio", Mode::Tokio))?;
     say(Event::Setup {
         what: format!(
             "two runners (blocking, tokio) whose provider thinks 6 s before streaming; suspect after 2 s; heartbeat {} ms",
@@ -151,17 +151,9 @@ pub fn busy_provider(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Resu
         ),
     });
     bed.wait_working("thinker", 0)?;
-    checks(
-        &bed,
-        &mut report,
-        say,
-        Duration::from_secs(16),
-        |_, _, _, _| Ok(false),
-    )?;
+    watch(&bed, &mut report, say, Duration::from_secs(16))?;
     for r in ["thinker", "thinker-tokio"] {
-        report
-            .facts
-            .insert(format!("{r}_done"), bed.row(r)?["done"].clone());
+        report.fact(&format!("{r}_done"), bed.row(r)?["done"].clone());
     }
     Ok(report)
 }
@@ -171,8 +163,7 @@ pub fn busy_provider(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Resu
 /// The control upstream's heartbeat rule makes the runner `wedged`, and the
 /// evidence says the peer still acknowledges.
 pub fn peer_stopped(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
-    let mut report = Report::new("peer_stopped");
-    let mut bed = Bed::new(opts, "stop", Duration::from_secs(1))?;
+    let (mut report, mut bed) = begin(opts, "peer_stopped", "stop", Duration::from_secs(1))?;
     bed.add_runner(RunnerSpec::new("runner", Mode::Blocking))?;
     bed.wait_working("runner", 1)?;
     let pid = bed.dispatch_pid().context("no dispatch server")?;
@@ -191,14 +182,7 @@ pub fn peer_stopped(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Resul
         &mut report,
         say,
         Duration::from_secs(20),
-        |_, run, report, _| {
-            let Some(o) = run.of("runner").filter(|o| o["verdict"] == "wedged") else {
-                return Ok(false);
-            };
-            report.detect_ms = Some(fault.elapsed().as_millis() as u64);
-            report.facts.insert("wedged".into(), o.clone());
-            Ok(true)
-        },
+        |_, run, report, _| Ok(report.detect(run, "runner", "wedged", ms_since(fault), is_wedged)),
     )?;
     if let Some(id) = report.snapshots.last() {
         let out = Command::new(&bed.opts.selfheal)
@@ -208,7 +192,7 @@ pub fn peer_stopped(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Resul
             .output()
             .context("selfheal snapshots show")?;
         let snap: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        report.facts.insert("snapshot".into(), snap);
+        report.fact("snapshot", snap);
     }
     Ok(report)
 }
@@ -221,8 +205,7 @@ pub fn zombie_leak(
     limit: u32,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
-    let mut report = Report::new("zombie_leak");
-    let mut bed = Bed::new(opts, "zmb", Duration::from_secs(1))?;
+    let (mut report, mut bed) = begin(opts, "zombie_leak", "zmb", Duration::from_secs(1))?;
     let mut spec = RunnerSpec::new("pid1", Mode::Blocking);
     spec.leak_every = Some(Duration::from_millis(100));
     spec.thresholds = "zombies = 10".into();
@@ -241,7 +224,7 @@ pub fn zombie_leak(
             let Some(o) = run.of("pid1").filter(|o| o["verdict"] == "degraded") else {
                 return Ok(false);
             };
-            report.facts.insert("degraded".into(), o.clone());
+            report.fact("degraded", o.clone());
             Ok(true)
         },
     )?;
@@ -253,8 +236,7 @@ pub fn zombie_leak(
 /// the server never hears of it), while the server's HTTP view — the
 /// agent's probe here — still says `connected`.
 pub fn table_lies(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<Report> {
-    let mut report = Report::new("table_lies");
-    let mut bed = Bed::new(opts, "tbl", Duration::from_secs(1))?;
+    let (mut report, mut bed) = begin(opts, "table_lies", "tbl", Duration::from_secs(1))?;
     let mut spec = RunnerSpec::new("runner", Mode::Tokio);
     spec.probe_table = true;
     bed.add_runner(spec)?;
@@ -284,16 +266,15 @@ pub fn table_lies(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
         say,
         Duration::from_secs(20),
         |bed, run, report, _| {
-            let Some(o) = run.of("runner").filter(|o| {
+            let contradicts = |o: &Value| {
                 o["reasons"]
                     .to_string()
                     .contains("status_contradicts_kernel")
-            }) else {
-                return Ok(false);
             };
-            report.detect_ms = Some(fault.elapsed().as_millis() as u64);
-            report.facts.insert("wedged".into(), o.clone());
-            report.facts.insert("row".into(), bed.row("runner")?);
+            if !report.detect(run, "runner", "wedged", ms_since(fault), contradicts) {
+                return Ok(false);
+            }
+            report.fact("row", bed.row("runner")?);
             Ok(true)
         },
     )?;

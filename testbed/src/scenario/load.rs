@@ -7,9 +7,9 @@ use std::{collections::BTreeMap, time::Duration};
 use anyhow::Context as _;
 
 use super::{
-    bed::{Bed, CheckRun, Options, RunnerSpec},
+    bed::{CheckRun, Options, RunnerSpec},
     callers::{Caller, Calls, start_caller},
-    checks::{Event, Report, checks},
+    checks::{Event, Report, begin, checks, count_ok, proofs, watch},
     sockets::connections_to,
 };
 use crate::runner::Mode;
@@ -22,8 +22,7 @@ pub fn load(
     length: Duration,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
-    let mut report = Report::new("load");
-    let mut bed = Bed::new(opts, "load", Duration::from_millis(200))?;
+    let (mut report, mut bed) = begin(opts, "load", "load", Duration::from_millis(200))?;
     for i in 0..n {
         let mode = if i % 2 == 0 {
             Mode::Blocking
@@ -41,12 +40,12 @@ pub fn load(
     for i in 0..n {
         bed.wait_working(&format!("r{i}"), 0)?;
     }
-    checks(&bed, &mut report, say, length, |_, _, _, _| Ok(false))?;
+    watch(&bed, &mut report, say, length)?;
     let mut done = 0;
     for i in 0..n {
         done += bed.row(&format!("r{i}"))?["done"].as_u64().unwrap_or(0);
     }
-    report.facts.insert("work_done".into(), done.into());
+    report.fact("work_done", done);
     Ok(report)
 }
 /// No false heals at scale: one agent (an SDK runner, one process) with `n`
@@ -66,8 +65,8 @@ pub fn many_thinking(
 ) -> anyhow::Result<Report> {
     use selfheal::actions::{guard::open_target, keepalive::read_keepalive};
     let name = "thinkers";
-    let mut report = Report::new(&format!("many_thinking_{}", caller.name()));
-    let mut bed = Bed::new(opts, "many", Duration::from_secs(1))?;
+    let scenario = format!("many_thinking_{}", caller.name());
+    let (mut report, mut bed) = begin(opts, &scenario, "many", Duration::from_secs(1))?;
     let provider = bed.provider();
     let models: Vec<String> = (0..n)
         .map(|i| {
@@ -81,7 +80,7 @@ pub fn many_thinking(
             format!("think-{think}-gap-100-tokens-20-head-{head}")
         })
         .collect();
-    start_caller(&mut bed, name, caller, provider, "", Some(models))?;
+    start_caller(&mut bed, name, caller, provider, "", Some(models), &[])?;
     say(Event::Setup {
         what: format!(
             "one {} SDK process, {n} callers, each calling a model that thinks 30–300 s then streams 20 tokens; a check every {} ms for {length:?}",
@@ -91,10 +90,13 @@ pub fn many_thinking(
     });
     let pid = bed.pid(name)?;
     let start = selfheal::pidfd::start_ticks(pid).context("the caller's start time")?;
-    let baseline = bed.wait("every call's connection", Duration::from_secs(60), || {
-        let c = connections_to(pid, provider);
-        Ok((c.len() >= n).then_some(c))
-    })?;
+    let baseline = bed.wait_connections(
+        "every call's connection",
+        Duration::from_secs(60),
+        pid,
+        provider,
+        n,
+    )?;
     let read = |fd: i32| -> anyhow::Result<selfheal_core::keepalive::KeepaliveSettings> {
         let target = open_target(pid, start)?;
         Ok(read_keepalive(&target, fd)?)
@@ -103,10 +105,8 @@ pub fn many_thinking(
     for s in &baseline {
         before.insert(s.inode, (s.fd, read(s.fd)?));
     }
-    report.facts.insert(
-        "keepalive_before".into(),
-        serde_json::to_value(before.values().map(|(_, k)| k).next())?,
-    );
+    let first = before.values().map(|(_, k)| k).next();
+    report.fact("keepalive_before", serde_json::to_value(first)?);
     // A socket's options are compared right after the check that put them
     // back (its `proofs` say which): between proofs they must be the
     // socket's own again. While a proof is armed they are the proof's.
@@ -114,14 +114,8 @@ pub fn many_thinking(
     let (mut armed, mut restored) = (0u64, 0u64);
     let mut mismatches: Vec<String> = Vec::new();
     let mut compare = |report: &mut Report, run: &CheckRun| -> anyhow::Result<()> {
-        let events = run
-            .of(name)
-            .and_then(|o| o["proofs"].as_array().cloned())
-            .unwrap_or_default();
-        armed += events
-            .iter()
-            .filter(|e| e["action"] == "arm" && e["ok"] == true)
-            .count() as u64;
+        let events = proofs(run, name);
+        armed += count_ok(&events, "arm");
         let back: Vec<u64> = events
             .iter()
             .filter(|e| e["action"] == "restore" && e["ok"] == true)
@@ -144,17 +138,10 @@ pub fn many_thinking(
                 mismatches.push(format!("fd {fd}: before {old:?}, now {now:?}"));
             }
         }
-        report
-            .facts
-            .insert("keepalive_compared".into(), compared.into());
-        report.facts.insert("proofs_armed".into(), armed.into());
-        report
-            .facts
-            .insert("proofs_restored".into(), restored.into());
-        report.facts.insert(
-            "keepalive_mismatches".into(),
-            serde_json::to_value(&mismatches)?,
-        );
+        report.fact("keepalive_compared", compared);
+        report.fact("proofs_armed", armed);
+        report.fact("proofs_restored", restored);
+        report.fact("keepalive_mismatches", serde_json::to_value(&mismatches)?);
         Ok(())
     };
     let mut calls = Calls::default();
@@ -164,17 +151,10 @@ pub fn many_thinking(
         Ok(false)
     })?;
     calls.read(&bed, name, None, say);
-    report
-        .facts
-        .insert("calls_started".into(), calls.started.len().into());
-    report.facts.insert("calls_done".into(), calls.done.into());
-    report
-        .facts
-        .insert("calls_failed".into(), calls.failed_total.into());
-    report.facts.insert("pid".into(), pid.into());
-    report.facts.insert(
-        "same_pid".into(),
-        (bed.running(name)? && bed.pid(name)? == pid).into(),
-    );
+    report.fact("calls_started", calls.started.len());
+    report.fact("calls_done", calls.done);
+    report.fact("calls_failed", calls.failed_total);
+    report.fact("pid", pid);
+    report.fact("same_pid", bed.still_runs(name, pid)?);
     Ok(report)
 }

@@ -9,8 +9,8 @@ use std::{
 
 use super::{
     bed::{Bed, Options},
-    callers::{CallLine, Caller, Calls, start_caller, start_caller_with},
-    checks::{Event, Report, checks},
+    callers::{CallLine, Caller, Calls, start_caller},
+    checks::{Event, Report, begin, checks, count_ok, is_wedged, ms_since, proofs, watch},
     cuts::PROXY_PORT,
     sockets::{connections_to, waits},
 };
@@ -39,20 +39,14 @@ pub fn silent_cut_of(
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
     let name = "caller";
-    let mut report = Report::new(&match model {
+    let scenario = match model {
         None => format!("silent_cut_{}", caller.name()),
         Some(m) => format!("silent_cut_{}_{m}", caller.name()),
-    });
-    let mut bed = Bed::new(opts, "sil", Duration::from_millis(500))?;
+    };
+    let (mut report, mut bed) = begin(opts, &scenario, "sil", Duration::from_millis(500))?;
     let provider = bed.provider();
-    start_caller(
-        &mut bed,
-        name,
-        caller,
-        provider,
-        "",
-        model.map(|m| vec![m.to_string()]),
-    )?;
+    let models = model.map(|m| vec![m.to_string()]);
+    start_caller(&mut bed, name, caller, provider, "", models, &[])?;
     say(Event::Setup {
         what: format!(
             "caller {} calls the provider {provider} with a model that thinks 600 s; suspect after 2 s, proof keepalive 1 s idle + 3 × 1 s; a check every {} ms",
@@ -70,13 +64,7 @@ pub fn silent_cut_of(
         say,
         Duration::from_secs(60),
         |bed, run, report, say| {
-            let verdict = run.of(name).map(|o| o["verdict"].clone());
-            if report.detect_ms.is_none() && verdict.as_ref().is_some_and(|v| v == "wedged") {
-                report.detect_ms = Some(fault.elapsed().as_millis() as u64);
-                if let Some(o) = run.of(name) {
-                    report.facts.insert("wedged".into(), o.clone());
-                }
-            }
+            report.detect(run, name, "wedged", ms_since(fault), is_wedged);
             calls.read(bed, name, Some(fault), say);
             Ok(calls.failed.is_some() && calls.next_done.is_some())
         },
@@ -110,22 +98,17 @@ pub(super) fn cut_while_thinking(
         Ok(calls.started.first().cloned())
     })?;
     calls.cut = calls.started.first().cloned();
-    let flows = bed.wait("the provider connection", Duration::from_secs(10), || {
-        let c = connections_to(holder, remote);
-        Ok((!c.is_empty()).then_some(c))
-    })?;
-    // About a second of checks while the call is in flight, before the cut.
-    checks(
-        bed,
-        report,
-        say,
-        Duration::from_millis(1000),
-        |_, _, _, _| Ok(false),
+    let flows = bed.wait_connections(
+        "the provider connection",
+        Duration::from_secs(10),
+        holder,
+        remote,
+        1,
     )?;
-    report.facts.insert(
-        "verdicts_before_cut".into(),
-        serde_json::to_value(report.verdicts.get(caller).cloned().unwrap_or_default())?,
-    );
+    // About a second of checks while the call is in flight, before the cut.
+    watch(bed, report, say, Duration::from_millis(1000))?;
+    let before = report.verdicts.get(caller).cloned().unwrap_or_default();
+    report.fact("verdicts_before_cut", serde_json::to_value(before)?);
     let fds: Vec<i32> = connections_to(
         pid,
         if pid == holder {
@@ -137,38 +120,24 @@ pub(super) fn cut_while_thinking(
     .iter()
     .map(|s| s.fd)
     .collect();
-    report
-        .facts
-        .insert("waits".into(), serde_json::to_value(waits(pid, &fds))?);
+    report.fact("waits", serde_json::to_value(waits(pid, &fds))?);
     // The caller's own keepalive options on its provider socket (the
     // anthropic SDK sets SO_KEEPALIVE itself), before any proof.
     if let (Some(&fd), Some(start)) = (fds.first(), selfheal::pidfd::start_ticks(pid)) {
         let ka = selfheal::actions::guard::open_target(pid, start)
             .and_then(|t| selfheal::actions::keepalive::read_keepalive(&t, fd));
-        report.facts.insert(
-            "caller_keepalive".into(),
-            match ka {
-                Ok(k) => serde_json::to_value(k)?,
-                Err(e) => e.to_string().into(),
-            },
-        );
+        let ka = match ka {
+            Ok(k) => serde_json::to_value(k)?,
+            Err(e) => e.to_string().into(),
+        };
+        report.fact("caller_keepalive", ka);
     }
-    for f in &flows {
-        bed.topo.drop_provider_flow(f.local)?;
-    }
-    let at = Instant::now();
-    report
-        .facts
-        .insert("cut".into(), serde_json::to_value(&flows)?);
+    let (at, locals) = bed.cut_provider_flows(&flows)?;
+    report.fact("cut", serde_json::to_value(&flows)?);
     say(Event::Fault {
         at_ms: bed.at_ms(),
         what: format!(
-            "the gateway drops the provider flow(s) {} ↔ {remote} both ways, without a FIN or RST, while the LLM thinks",
-            flows
-                .iter()
-                .map(|f| f.local.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "the gateway drops the provider flow(s) {locals} ↔ {remote} both ways, without a FIN or RST, while the LLM thinks"
         ),
     });
     Ok(Cut { at, calls })
@@ -185,39 +154,21 @@ pub(super) fn finish_calls(
     fault: Instant,
 ) -> anyhow::Result<()> {
     if let Some((id, e, ms)) = &calls.failed {
-        report.facts.insert("call_failed_ms".into(), (*ms).into());
-        report
-            .facts
-            .insert("call_failed_error".into(), e.clone().into());
-        report
-            .facts
-            .insert("call_failed_id".into(), id.clone().into());
+        report.fact("call_failed_ms", *ms);
+        report.fact("call_failed_error", e.clone());
+        report.fact("call_failed_id", id.clone());
     }
     if let Some((id, ms)) = &calls.next_started {
-        report
-            .facts
-            .insert("next_call_started_ms".into(), (*ms).into());
-        report
-            .facts
-            .insert("next_call_id".into(), id.clone().into());
+        report.fact("next_call_started_ms", *ms);
+        report.fact("next_call_id", id.clone());
     }
     if let Some((_, tokens, ms)) = &calls.next_done {
-        report
-            .facts
-            .insert("next_call_done_ms".into(), (*ms).into());
-        report
-            .facts
-            .insert("next_call_tokens".into(), (*tokens).into());
-        if report.recover_ms.is_none() {
-            report.recover_ms = Some(*ms);
-        }
+        report.next_call_done(*ms);
+        report.fact("next_call_tokens", *tokens);
     }
-    report.facts.insert("pid".into(), pid.into());
-    let same = bed.running(name)? && bed.pid(name)? == pid;
-    report.facts.insert("same_pid".into(), same.into());
-    report
-        .facts
-        .insert("ran_ms".into(), (fault.elapsed().as_millis() as u64).into());
+    report.fact("pid", pid);
+    report.fact("same_pid", bed.still_runs(name, pid)?);
+    report.fact("ran_ms", ms_since(fault));
     Ok(())
 }
 
@@ -232,20 +183,11 @@ pub fn thinking(
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
     let name = "thinker";
-    let mut report = Report::new(&format!("thinking_{}", caller.name()));
-    let mut bed = Bed::new(opts, "thk", Duration::from_millis(500))?;
+    let scenario = format!("thinking_{}", caller.name());
+    let (mut report, mut bed) = begin(opts, &scenario, "thk", Duration::from_millis(500))?;
     let provider = bed.provider();
-    start_caller_with(
-        &mut bed,
-        name,
-        caller,
-        provider,
-        "",
-        Some(vec![
-            "think-15000-gap-100-tokens-20-first-early-lag-300".into(),
-        ]),
-        &[],
-    )?;
+    let models = vec!["think-15000-gap-100-tokens-20-first-early-lag-300".into()];
+    start_caller(&mut bed, name, caller, provider, "", Some(models), &[])?;
     say(Event::Setup {
         what: format!(
             "caller {} calls {provider}: head and first event at once, 15 s of thinking, then 20 tokens; a check every {} ms",
@@ -263,13 +205,7 @@ pub fn thinking(
         say,
         Duration::from_secs(60),
         |bed, run, _, say| {
-            armed += run
-                .of(name)
-                .and_then(|o| o["proofs"].as_array().cloned())
-                .unwrap_or_default()
-                .iter()
-                .filter(|e| e["action"] == "arm" && e["ok"] == true)
-                .count() as u64;
+            armed += count_ok(&proofs(run, name), "arm");
             for line in bed.lines(name).unwrap_or_default() {
                 say(Event::Note {
                     at_ms: bed.at_ms(),
@@ -284,15 +220,9 @@ pub fn thinking(
             Ok(done.is_some() || failed.is_some())
         },
     )?;
-    report.facts.insert("proofs_armed".into(), armed.into());
-    if let Some(t) = done {
-        report.facts.insert("tokens".into(), t.into());
-    }
-    if let Some(e) = failed {
-        report.facts.insert("failed".into(), e.into());
-    }
-    report
-        .facts
-        .insert("ran_ms".into(), (start.elapsed().as_millis() as u64).into());
+    report.fact("proofs_armed", armed);
+    report.fact_if("tokens", done);
+    report.fact_if("failed", failed);
+    report.fact("ran_ms", ms_since(start));
     Ok(report)
 }
