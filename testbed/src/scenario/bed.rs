@@ -497,6 +497,17 @@ impl Bed {
         }
     }
 
+    /// Waits (at most 10 s) until process `pid` has an established
+    /// connection to `remote`, and returns its connections there.
+    pub(super) fn wait_connection(
+        &self,
+        what: &str,
+        pid: u32,
+        remote: SocketAddr,
+    ) -> anyhow::Result<Vec<TcpSocket>> {
+        self.wait_connections(what, Duration::from_secs(10), pid, remote, 1)
+    }
+
     /// Waits (at most `timeout`) until process `pid` has `min` established
     /// connections to `remote`, and returns them.
     pub(super) fn wait_connections(

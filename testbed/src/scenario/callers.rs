@@ -168,6 +168,18 @@ pub enum CallLine {
 }
 
 impl CallLine {
+    pub(super) fn is_start(&self) -> bool {
+        matches!(self, CallLine::Start(_))
+    }
+
+    pub(super) fn is_done(&self) -> bool {
+        matches!(self, CallLine::Done(..))
+    }
+
+    pub(super) fn is_failed(&self) -> bool {
+        matches!(self, CallLine::Failed(..))
+    }
+
     pub fn parse(line: &str) -> Option<CallLine> {
         if let Some(rest) = line.strip_prefix("call ") {
             let (n, what) = rest.split_once(' ')?;
@@ -208,13 +220,14 @@ pub(super) struct Calls {
 }
 
 /// Appends the call lines `name` printed since the last read to `lines`,
-/// narrating each.
+/// narrating each; where the new ones start.
 pub(super) fn read_calls(
     bed: &Bed,
     name: &str,
     lines: &mut Vec<CallLine>,
     say: &mut dyn FnMut(Event),
-) {
+) -> usize {
+    let seen = lines.len();
     for line in bed.lines(name).unwrap_or_default() {
         if let Some(c) = CallLine::parse(&line) {
             say(Event::Note {
@@ -224,6 +237,28 @@ pub(super) fn read_calls(
             lines.push(c);
         }
     }
+    seen
+}
+
+/// Reads `name`'s call lines into `lines` until `enough` of them (every
+/// 100 ms, for at most 30 s).
+pub(super) fn wait_calls(
+    bed: &Bed,
+    what: &str,
+    name: &str,
+    lines: &mut Vec<CallLine>,
+    say: &mut dyn FnMut(Event),
+    mut enough: impl FnMut(&[CallLine]) -> bool,
+) -> anyhow::Result<()> {
+    bed.wait(what, Duration::from_secs(30), || {
+        read_calls(bed, name, lines, say);
+        Ok(enough(lines).then_some(()))
+    })
+}
+
+/// How many of `lines` are `kind` (`CallLine::is_done`, …).
+pub(super) fn count(lines: &[CallLine], kind: fn(&CallLine) -> bool) -> usize {
+    lines.iter().filter(|l| kind(l)).count()
 }
 
 impl Calls {

@@ -35,17 +35,7 @@ pub enum Event {
     Fault { at_ms: u64, what: String },
     /// One agent's verdict in one check (printed on a change, or when it
     /// carries a snapshot or a heal).
-    Verdict {
-        at_ms: u64,
-        agent: String,
-        verdict: String,
-        reasons: Vec<Value>,
-        snapshot: Option<String>,
-        heal: Vec<String>,
-        /// Whether the verdict or its reasons' codes differ from this
-        /// agent's previous ones.
-        changed: bool,
-    },
+    Verdict(Verdict),
     /// A runner is back at work: time from the fault to the verdict and to
     /// the first work item done after reattaching.
     Recovered {
@@ -55,6 +45,20 @@ pub enum Event {
     },
     /// Anything else worth a line.
     Note { at_ms: u64, text: String },
+}
+
+/// One agent's verdict in one check, as [`Event::Verdict`] tells it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verdict {
+    pub at_ms: u64,
+    pub agent: String,
+    pub verdict: String,
+    pub reasons: Vec<Value>,
+    pub snapshot: Option<String>,
+    pub heal: Vec<String>,
+    /// Whether the verdict or its reasons' codes differ from this agent's
+    /// previous ones.
+    pub changed: bool,
 }
 
 /// What a scenario saw.
@@ -152,6 +156,16 @@ pub(super) fn begin(
     work_every: Duration,
 ) -> anyhow::Result<(Report, Bed)> {
     Ok((Report::new(scenario), Bed::new(opts, tag, work_every)?))
+}
+
+/// The bed is up: `what`, and how often it is checked.
+pub(super) fn set_up(bed: &Bed, say: &mut dyn FnMut(Event), what: String) {
+    say(Event::Setup {
+        what: format!(
+            "{what}; a check every {} ms",
+            bed.opts.check_every.as_millis()
+        ),
+    });
 }
 
 /// Milliseconds since `t` (the fault, mostly).
@@ -305,7 +319,7 @@ pub(super) fn record(
     let key = format!("{verdict} {}", now.join(","));
     let changed = last.insert(agent.clone(), key.clone()).as_ref() != Some(&key);
     if changed || snapshot.is_some() || !heal.is_empty() {
-        say(Event::Verdict {
+        say(Event::Verdict(Verdict {
             at_ms: bed.at_ms(),
             agent,
             verdict,
@@ -313,7 +327,7 @@ pub(super) fn record(
             snapshot,
             heal,
             changed,
-        });
+        }));
     }
 }
 
@@ -341,5 +355,29 @@ fn note_check_time(report: &mut Report, took: Duration) {
         .or_insert(0.into());
     if max.as_u64() < Some(ms) {
         *max = ms.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A verdict event is one flat JSON object, tagged `verdict` (what
+    /// `selfheal-testbed demo --json` prints).
+    #[test]
+    fn a_verdict_event_is_one_flat_object() {
+        let e = Event::Verdict(Verdict {
+            at_ms: 1500,
+            agent: "runner".into(),
+            verdict: "wedged".into(),
+            reasons: vec![serde_json::json!({"code": "recv_blocked"})],
+            snapshot: Some("S".into()),
+            heal: vec!["destroy_socket".into()],
+            changed: true,
+        });
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"event":"verdict","at_ms":1500,"agent":"runner","verdict":"wedged","reasons":[{"code":"recv_blocked"}],"snapshot":"S","heal":["destroy_socket"],"changed":true}"#
+        );
     }
 }

@@ -12,10 +12,11 @@ use serde_json::Value;
 use super::{
     bed::Options,
     callers::{
-        CallLine, Caller, FAST_MODEL, NEVER_MODEL, read_calls, sdk_path, sdk_runner, start_caller,
+        CallLine, Caller, FAST_MODEL, NEVER_MODEL, count, read_calls, sdk_path, sdk_runner,
+        start_caller, wait_calls,
     },
-    checks::{Event, Report, begin, checks, has_reason, is_wedged, ms_since, watch},
-    silent::{cut_while_thinking, finish_calls},
+    checks::{Event, Report, begin, checks, has_reason, is_wedged, ms_since, set_up, watch},
+    silent::{Cut, cut_while_thinking, finish_calls},
     sockets::{connections_to, tcp_sockets},
 };
 
@@ -50,17 +51,19 @@ pub fn proxy_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<R
         None,
         &[],
     )?;
-    say(Event::Setup {
-        what: format!(
-            "caller openai → proxy {proxy} → provider {provider}, a model that thinks 600 s; max_silence 8 s, suspect after 2 s; a check every {} ms",
-            opts.check_every.as_millis()
+    set_up(
+        &bed,
+        say,
+        format!(
+            "caller openai → proxy {proxy} → provider {provider}, a model that thinks 600 s; max_silence 8 s, suspect after 2 s"
         ),
-    });
+    );
     let pid = bed.pid(name)?;
     let holder = bed.pid("proxy")?;
-    let cut = cut_while_thinking(&mut bed, &mut report, name, pid, holder, provider, say)?;
-    let mut calls = cut.calls;
-    let fault = cut.at;
+    let Cut {
+        at: fault,
+        mut calls,
+    } = cut_while_thinking(&mut bed, &mut report, name, pid, holder, provider, say)?;
     let mut after = 0;
     checks(
         &bed,
@@ -105,28 +108,19 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
         Some(vec![format!("{FAST_MODEL}-pool")]),
         &["--whole", "--pause-ms", "20000"],
     )?;
-    say(Event::Setup {
-        what: format!(
-            "the openai SDK calls {provider} with a model that answers at once, then pauses 20 s with its connection idle in its pool; suspect after 2 s; a check every {} ms",
-            opts.check_every.as_millis()
+    set_up(
+        &bed,
+        say,
+        format!(
+            "the openai SDK calls {provider} with a model that answers at once, then pauses 20 s with its connection idle in its pool; suspect after 2 s"
         ),
-    });
+    );
     let pid = bed.pid(name)?;
     let mut lines: Vec<CallLine> = Vec::new();
-    bed.wait("the first call done", Duration::from_secs(30), || {
-        read_calls(&bed, name, &mut lines, say);
-        Ok(lines
-            .iter()
-            .any(|l| matches!(l, CallLine::Done(..)))
-            .then_some(()))
+    wait_calls(&bed, "the first call done", name, &mut lines, say, |l| {
+        count(l, CallLine::is_done) > 0
     })?;
-    let flows = bed.wait_connections(
-        "the pooled connection",
-        Duration::from_secs(10),
-        pid,
-        provider,
-        1,
-    )?;
+    let flows = bed.wait_connection("the pooled connection", pid, provider)?;
     std::thread::sleep(Duration::from_secs(1));
     let (cut, locals) = bed.cut_provider_flows(&flows)?;
     report.fact("cut", serde_json::to_value(&flows)?);
@@ -136,10 +130,7 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
             "the gateway drops the idle pooled flow(s) {locals} ↔ {provider} both ways, without a FIN or RST"
         ),
     });
-    let done_before = lines
-        .iter()
-        .filter(|l| matches!(l, CallLine::Done(..)))
-        .count();
+    let done_before = count(&lines, CallLine::is_done);
     let (mut next_start, mut next_done): (Option<u64>, Option<u64>) = (None, None);
     let mut next_local: Option<String> = None;
     checks(
@@ -152,18 +143,13 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
             report.detect(run, name, "ended", at, |o| {
                 has_reason(o, "idle_connection_dead")
             });
-            let seen = lines.len();
-            read_calls(bed, name, &mut lines, say);
+            let seen = read_calls(bed, name, &mut lines, say);
             for l in &lines[seen..] {
                 match l {
                     CallLine::Start(_) if next_start.is_none() => next_start = Some(at),
                     CallLine::Done(..)
                         if next_done.is_none()
-                            && lines
-                                .iter()
-                                .filter(|l| matches!(l, CallLine::Done(..)))
-                                .count()
-                                > done_before =>
+                            && count(&lines, CallLine::is_done) > done_before =>
                     {
                         next_done = Some(at)
                     }
@@ -178,11 +164,7 @@ pub fn pooled_cut(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Result<
             Ok(next_done.is_some())
         },
     )?;
-    let failed = lines
-        .iter()
-        .filter(|l| matches!(l, CallLine::Failed(..)))
-        .count();
-    report.fact("calls_failed", failed);
+    report.fact("calls_failed", count(&lines, CallLine::is_failed));
     report.fact_if("next_call_started_ms", next_start);
     if let Some(ms) = next_done {
         report.next_call_done(ms);
@@ -223,12 +205,11 @@ pub fn hanging_connect(opts: &Options, say: &mut dyn FnMut(Event)) -> anyhow::Re
         models,
         &[],
     )?;
-    say(Event::Setup {
-        what: format!(
-            "litellm calls {provider}; connect_timeout 3 s; a check every {} ms",
-            opts.check_every.as_millis()
-        ),
-    });
+    set_up(
+        &bed,
+        say,
+        format!("litellm calls {provider}; connect_timeout 3 s"),
+    );
     let pid = bed.pid(name)?;
     let mut lines: Vec<CallLine> = Vec::new();
     let (mut started, mut failed, mut done): (Option<u64>, Option<(u64, String)>, Option<u64>) =
@@ -321,29 +302,23 @@ pub fn http2_cut(
         models,
         &http2,
     )?;
-    say(Event::Setup {
-        what: format!(
-            "AsyncOpenAI over HTTP/2 makes {calls} concurrent calls to {provider}, each thinking 600 s after its head and first event; suspect after 2 s; a check every {} ms",
-            opts.check_every.as_millis()
+    set_up(
+        &bed,
+        say,
+        format!(
+            "AsyncOpenAI over HTTP/2 makes {calls} concurrent calls to {provider}, each thinking 600 s after its head and first event; suspect after 2 s"
         ),
-    });
+    );
     let pid = bed.pid(name)?;
     let mut lines: Vec<CallLine> = Vec::new();
-    bed.wait("every call thinking", Duration::from_secs(30), || {
-        read_calls(&bed, name, &mut lines, say);
+    wait_calls(&bed, "every call thinking", name, &mut lines, say, |l| {
         let thinking = bed
             .lines("h2provider")
             .unwrap_or_default()
             .iter()
             .filter(|l| l.starts_with("call "))
             .count();
-        Ok((lines
-            .iter()
-            .filter(|l| matches!(l, CallLine::Start(_)))
-            .count()
-            >= calls
-            && thinking > 0)
-            .then_some(()))
+        count(l, CallLine::is_start) >= calls && thinking > 0
     })?;
     std::thread::sleep(Duration::from_millis(500));
     let flows = connections_to(pid, provider);
@@ -365,8 +340,7 @@ pub fn http2_cut(
         |bed, run, report, say| {
             let at = ms_since(cut);
             report.detect(run, name, "wedged", at, is_wedged);
-            let seen = lines.len();
-            read_calls(bed, name, &mut lines, say);
+            let seen = read_calls(bed, name, &mut lines, say);
             for l in &lines[seen..] {
                 match l {
                     CallLine::Failed(..) => failed_at.push(at),

@@ -34,7 +34,7 @@ pub use callers::{
     CallLine, Caller, FAST_MODEL, NEVER, NEVER_MODEL, PROOF, SDK_CALLERS, node_sdk_runner,
     sdk_runner,
 };
-pub use checks::{Event, Report, STOP, pause};
+pub use checks::{Event, Report, STOP, Verdict, pause};
 pub use cuts::{hanging_connect, http2_cut, pooled_cut, proxy_cut};
 pub use incident::{THINKING, busy_provider, incident, peer_stopped, table_lies, zombie_leak};
 pub use load::{load, many_thinking};

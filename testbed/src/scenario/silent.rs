@@ -10,7 +10,7 @@ use std::{
 use super::{
     bed::{Bed, Options},
     callers::{CallLine, Caller, Calls, start_caller},
-    checks::{Event, Report, begin, checks, count_ok, is_wedged, ms_since, proofs, watch},
+    checks::{Event, Report, begin, checks, count_ok, is_wedged, ms_since, proofs, set_up, watch},
     cuts::PROXY_PORT,
     sockets::{connections_to, waits},
 };
@@ -47,17 +47,19 @@ pub fn silent_cut_of(
     let provider = bed.provider();
     let models = model.map(|m| vec![m.to_string()]);
     start_caller(&mut bed, name, caller, provider, "", models, &[])?;
-    say(Event::Setup {
-        what: format!(
-            "caller {} calls the provider {provider} with a model that thinks 600 s; suspect after 2 s, proof keepalive 1 s idle + 3 × 1 s; a check every {} ms",
+    set_up(
+        &bed,
+        say,
+        format!(
+            "caller {} calls the provider {provider} with a model that thinks 600 s; suspect after 2 s, proof keepalive 1 s idle + 3 × 1 s",
             caller.name(),
-            opts.check_every.as_millis()
         ),
-    });
+    );
     let pid = bed.pid(name)?;
-    let cut = cut_while_thinking(&mut bed, &mut report, name, pid, pid, provider, say)?;
-    let mut calls = cut.calls;
-    let fault = cut.at;
+    let Cut {
+        at: fault,
+        mut calls,
+    } = cut_while_thinking(&mut bed, &mut report, name, pid, pid, provider, say)?;
     checks(
         &bed,
         &mut report,
@@ -98,13 +100,7 @@ pub(super) fn cut_while_thinking(
         Ok(calls.started.first().cloned())
     })?;
     calls.cut = calls.started.first().cloned();
-    let flows = bed.wait_connections(
-        "the provider connection",
-        Duration::from_secs(10),
-        holder,
-        remote,
-        1,
-    )?;
+    let flows = bed.wait_connection("the provider connection", holder, remote)?;
     // About a second of checks while the call is in flight, before the cut.
     watch(bed, report, say, Duration::from_millis(1000))?;
     let before = report.verdicts.get(caller).cloned().unwrap_or_default();
@@ -188,13 +184,14 @@ pub fn thinking(
     let provider = bed.provider();
     let models = vec!["think-15000-gap-100-tokens-20-first-early-lag-300".into()];
     start_caller(&mut bed, name, caller, provider, "", Some(models), &[])?;
-    say(Event::Setup {
-        what: format!(
-            "caller {} calls {provider}: head and first event at once, 15 s of thinking, then 20 tokens; a check every {} ms",
+    set_up(
+        &bed,
+        say,
+        format!(
+            "caller {} calls {provider}: head and first event at once, 15 s of thinking, then 20 tokens",
             caller.name(),
-            opts.check_every.as_millis()
         ),
-    });
+    );
     let mut done: Option<u64> = None;
     let mut failed: Option<String> = None;
     let mut armed = 0u64;
