@@ -1,12 +1,11 @@
 //! Helpers for selfheal's integration tests: spawning the peer programs and
 //! talking to them, network namespaces that clean up after themselves,
 //! bounded waiting, and skipping (with the reason on stderr) where the
-//! machine truly cannot run a test. Also the incident [`testbed`], whose
-//! programs and demo run as the `selfheal-testbed` binary
-//! (`src/bin/testbed/`), kept out of the product binary.
+//! machine truly cannot run a test. The incident testbed the scenario
+//! tests drive is its own crate ([`selfheal_testbed`]) and binary
+//! (`selfheal-testbed`), kept out of the product binary.
 
 pub mod runtimes;
-pub mod testbed;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -54,20 +53,28 @@ pub fn selfheal_bin() -> std::path::PathBuf {
         return bin.into();
     }
     static BUILD: std::sync::Once = std::sync::Once::new();
-    BUILD.call_once(|| {
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--quiet", "-p", "selfheal", "--bin", "selfheal"])
-            .status()
-            .expect("run cargo");
-        assert!(status.success(), "cannot build selfheal");
-    });
-    bin_dir().join("selfheal")
+    built_bin(&BUILD, "selfheal", "selfheal")
 }
 
 /// The `selfheal-testbed` binary of this build (the testbed's programs and
-/// the demo), which cargo builds with this crate's tests.
+/// the demo), built (or found up to date) once per test process, as
+/// [`selfheal_bin`].
 pub fn testbed_bin() -> std::path::PathBuf {
-    helper_bin("selfheal-testbed")
+    static BUILD: std::sync::Once = std::sync::Once::new();
+    built_bin(&BUILD, "selfheal-testbed", "selfheal-testbed")
+}
+
+/// Binary `bin` of package `package` in this build's profile, built by
+/// cargo the first time `once` runs.
+fn built_bin(once: &std::sync::Once, package: &str, bin: &str) -> std::path::PathBuf {
+    once.call_once(|| {
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--quiet", "-p", package, "--bin", bin])
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "cannot build {bin}");
+    });
+    bin_dir().join(bin)
 }
 
 /// Who may run: the area (module of the `it` binary) whose tests hold
@@ -398,21 +405,21 @@ impl Drop for Peer {
 }
 
 /// A network namespace made for one test, deleted on drop (the testbed's
-/// [`testbed::topology::Netns`]: `name`, `command`, `nft`).
-pub struct Netns(crate::testbed::topology::Netns);
+/// [`selfheal_testbed::topology::Netns`]: `name`, `command`, `nft`).
+pub struct Netns(selfheal_testbed::topology::Netns);
 
 impl Netns {
     /// Creates `selfheal-<tag>-<pid>` with its loopback up, or says why not.
     pub fn new(tag: &str) -> Result<Netns, String> {
         let name = format!("selfheal-{tag}-{}", std::process::id());
-        crate::testbed::topology::Netns::create(name)
+        selfheal_testbed::topology::Netns::create(name)
             .map(Netns)
             .map_err(|e| format!("{e:#}"))
     }
 }
 
 impl std::ops::Deref for Netns {
-    type Target = crate::testbed::topology::Netns;
+    type Target = selfheal_testbed::topology::Netns;
     fn deref(&self) -> &Self::Target {
         &self.0
     }
@@ -501,7 +508,7 @@ impl NetnsPair {
             std::net::Ipv4Addr::new(10, 251, n as u8, 1),
             std::net::Ipv4Addr::new(10, 251, n as u8, 2),
         );
-        crate::testbed::topology::link(&a, &b, &format!("sh{n}"), a_ip, b_ip)
+        selfheal_testbed::topology::link(&a, &b, &format!("sh{n}"), a_ip, b_ip)
             .map_err(|e| format!("{e:#}"))?;
         let (a_addr, b_addr) = (a_ip.to_string(), b_ip.to_string());
         Ok(NetnsPair {

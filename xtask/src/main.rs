@@ -99,8 +99,8 @@ fn main() -> Result<()> {
         Task::Setup => setup::all(),
         Task::Demo { args } => {
             setup::all()?;
-            // The product binary, and the testbed's (a binary of the test
-            // crate: the privileged `selfheal` carries no test servers).
+            // The product binary, and the testbed's (its own crate: the
+            // privileged `selfheal` carries no test servers).
             cargo_env(
                 &[
                     "build",
@@ -110,7 +110,7 @@ fn main() -> Result<()> {
                     "--bin",
                     "selfheal",
                     "-p",
-                    "tests",
+                    "selfheal-testbed",
                     "--bin",
                     "selfheal-testbed",
                 ],
@@ -204,6 +204,8 @@ fn build_release() -> Result<()> {
             "--release",
             "-p",
             "selfheal",
+            "-p",
+            "selfheal-testbed",
             "-p",
             "tests",
             "-p",

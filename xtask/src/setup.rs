@@ -40,7 +40,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// The official LLM SDKs, and litellm (what OpenHands and aider call), the
 /// silent-call scenarios drive the testbed's provider with
-/// (`selfheal-testbed provider`, `tests/src/testbed/`; the SDK side is
+/// (`selfheal-testbed provider`, `testbed/`; the SDK side is
 /// `tests/py/sdk_runner.py`), at the versions verified against it.
 const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0", "litellm==1.110.2"];
 

@@ -342,7 +342,7 @@ impl Drop for Killed {
 }
 
 /// A free port on the loopback of the namespace `ns`.
-fn free_port(ns: &tests::testbed::topology::Netns) -> u16 {
+fn free_port(ns: &selfheal_testbed::topology::Netns) -> u16 {
     ns.enter(|| {
         TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -388,7 +388,7 @@ fn encode(q: &str) -> String {
 
 /// An instant query on Prometheus at `prom`, from inside `ns`: the `data`.
 fn query(
-    ns: &tests::testbed::topology::Netns,
+    ns: &selfheal_testbed::topology::Netns,
     prom: SocketAddr,
     q: &str,
 ) -> Result<serde_json::Value, String> {
@@ -489,7 +489,7 @@ const TEST_FOR: &str = "2s";
 #[test]
 fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_heal() {
     let _area = tests::area(module_path!());
-    use tests::testbed::{runner::Mode, scenario};
+    use selfheal_testbed::{runner::Mode, scenario};
     if !need_root("alerting_e2e") {
         return;
     }

@@ -20,12 +20,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use selfheal_testbed::scenario::{Bed, FAST, Options};
 use tests::{
     Scratch, need_root,
     runtimes::{docker, docker_with_image, need_programs, only_docker, run_ok},
-    selfheal_bin,
-    testbed::scenario::{Bed, FAST, Options},
-    testbed_bin,
+    selfheal_bin, testbed_bin,
 };
 
 fn ip(args: &[&str]) -> Result<String, String> {

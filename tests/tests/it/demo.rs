@@ -14,7 +14,7 @@ use tests::{need_root, selfheal_bin, testbed_bin};
 
 /// Testbed namespaces of process `pid` (`selfheal-tb<pid>-…`).
 fn namespaces_of(pid: u32) -> Vec<String> {
-    let prefix = format!("{}{pid}-", tests::testbed::topology::PREFIX);
+    let prefix = format!("{}{pid}-", selfheal_testbed::topology::PREFIX);
     std::fs::read_dir("/run/netns")
         .into_iter()
         .flatten()

@@ -8,14 +8,11 @@
 
 use std::{sync::atomic::AtomicU8, time::Duration};
 
-use tests::{
-    need_root, selfheal_bin,
-    testbed::{
-        runner::Mode,
-        scenario::{self, Caller, Event, Options, Report},
-    },
-    testbed_bin,
+use selfheal_testbed::{
+    runner::Mode,
+    scenario::{self, Caller, Event, Options, Report},
 };
+use tests::{need_root, selfheal_bin, testbed_bin};
 
 /// Options with subnets distinct for every scenario of this process.
 fn options() -> Options {
@@ -752,7 +749,7 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
     cmd.args(["provider", "--listen", &addr.to_string()]);
     let p = tests::Peer::spawn(cmd);
     p.expect("listening", Duration::from_secs(10));
-    let get = tests::testbed::http::get_streaming;
+    let get = selfheal_testbed::http::get_streaming;
 
     let start = Instant::now();
     let resp = get(
@@ -797,7 +794,7 @@ fn the_provider_thinks_streams_and_hangs_as_asked() {
     );
 
     let missing =
-        tests::testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
+        selfheal_testbed::http::get_json(addr, "/nope", Duration::from_secs(2)).expect("404");
     assert_eq!(missing.0, 404);
 }
 

@@ -1,7 +1,7 @@
 //! The privileged binary carries no test servers: `selfheal`,
 //! which runs as root in the helper, has neither the demo nor the testbed's
 //! programs (dispatch server, provider, runners, proxy). They live in
-//! `selfheal-testbed`, a binary of this test crate.
+//! `selfheal-testbed`, the testbed crate's binary.
 
 use std::process::Command;
 
@@ -119,5 +119,9 @@ fn selfheal_no_longer_depends_on_form_urlencoded() {
         !product.iter().any(|d| d == "form_urlencoded"),
         "{product:?}"
     );
-    assert!(deps("tests").iter().any(|d| d == "form_urlencoded"));
+    assert!(
+        deps("selfheal-testbed")
+            .iter()
+            .any(|d| d == "form_urlencoded")
+    );
 }

@@ -134,12 +134,7 @@ impl Topology {
     /// address and port as the dispatch server sees it): its packets are
     /// dropped both ways from now on, silently.
     pub fn drop_flow(&self, runner: SocketAddr) -> anyhow::Result<()> {
-        let (ip, port) = (runner.ip(), runner.port());
-        self.dispatch.nft(&format!(
-            "table inet selfheal_gw_{port} {{\n \
-             chain input {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n \
-             chain output {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n}}\n"
-        ))
+        drop_flow_in(&self.dispatch, "selfheal_gw", runner)
     }
 
     /// The gateway forgets the provider flow from `runner` (the caller's
@@ -147,12 +142,7 @@ impl Topology {
     /// both ways in the provider's namespace from now on, without a FIN or
     /// RST to either side. New connections go through.
     pub fn drop_provider_flow(&self, runner: SocketAddr) -> anyhow::Result<()> {
-        let (ip, port) = (runner.ip(), runner.port());
-        self.provider.nft(&format!(
-            "table inet selfheal_pgw_{port} {{\n \
-             chain input {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n \
-             chain output {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n}}\n"
-        ))
+        drop_flow_in(&self.provider, "selfheal_pgw", runner)
     }
 
     /// New connections to the provider's `port` go unanswered from now on
@@ -180,6 +170,17 @@ impl Topology {
              chain output {{ type filter hook output priority 0; tcp sport {port} drop; }}\n}}\n"
         ))
     }
+}
+
+/// In `ns`, table `{table}_{PORT}` drops every packet from and to `peer`
+/// (its address and port, as `ns` sees it), both ways, silently.
+fn drop_flow_in(ns: &Netns, table: &str, peer: SocketAddr) -> anyhow::Result<()> {
+    let (ip, port) = (peer.ip(), peer.port());
+    ns.nft(&format!(
+        "table inet {table}_{port} {{\n \
+         chain input {{ type filter hook input priority 0; ip saddr {ip} tcp sport {port} drop; }}\n \
+         chain output {{ type filter hook output priority 0; ip daddr {ip} tcp dport {port} drop; }}\n}}\n"
+    ))
 }
 
 /// Joins `a` and `b` by a veth pair `{name}a`/`{name}b` (names of at most

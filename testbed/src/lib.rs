@@ -16,8 +16,8 @@
 //!   `selfheal check` processes as a timer would, measuring time to detect
 //!   and to recover; the demo narrates them and the tests assert on them.
 //!
-//! The programs run as `selfheal-testbed ROLE` (`src/bin/testbed/`), a
-//! binary of this test crate, never of the product: `selfheal`, which runs
+//! The programs run as `selfheal-testbed ROLE` (`src/bin/selfheal-testbed/`),
+//! a binary of this crate, never of the product: `selfheal`, which runs
 //! as root in the helper, carries no test servers. The scenarios drive the
 //! real `selfheal` binary for `helper`, `check` and `snapshots`.
 

@@ -1,16 +1,16 @@
 //! `selfheal-testbed demo` (`cargo xtask demo`): the 2026-07-23 incident
 //! replayed on this machine, beside a runner that is merely busy, narrated as
-//! it happens (see `tests::testbed`). It runs the real `selfheal` binary for
+//! it happens (see [`selfheal_testbed`]). It runs the real `selfheal` binary for
 //! the helper and the checks, as a user would.
 
 use std::{path::PathBuf, process::ExitCode, sync::atomic::Ordering, time::Duration};
 
 use anyhow::bail;
-use serde_json::Value;
-use tests::testbed::{
+use selfheal_testbed::{
     runner::Mode,
-    scenario::{self, Caller, Event, Options, Report},
+    scenario::{self, Caller, Event, Options, Report, Verdict},
 };
+use serde_json::Value;
 
 /// Replay the 2026-07-23 incident on this machine and watch selfheal find
 /// and heal it (needs root).
@@ -215,11 +215,10 @@ fn secs(ms: u64) -> String {
 }
 
 fn narrate(e: &Event) {
-    let stamp = |ms: &u64| format!("[{:>6}]", secs(*ms));
     match e {
         Event::Setup { what } => println!("{:>8} set up: {what}", ""),
-        Event::Note { at_ms, text } => println!("{} {text}", stamp(at_ms)),
-        Event::Fault { at_ms, what } => println!("{} FAULT: {what}", stamp(at_ms)),
+        Event::Note { at_ms, text } => println!("{} {text}", stamp(*at_ms)),
+        Event::Fault { at_ms, what } => println!("{} FAULT: {what}", stamp(*at_ms)),
         Event::Story {
             at_ms,
             runner,
@@ -232,7 +231,7 @@ fn narrate(e: &Event) {
             };
             println!(
                 "{} {runner}'s own /status:  status={} current_task={task} tasks_done={} attaches={}",
-                stamp(at_ms),
+                stamp(*at_ms),
                 status["status"].as_str().unwrap_or("?"),
                 status["tasks_done"],
                 status["attaches"],
@@ -247,43 +246,7 @@ fn narrate(e: &Event) {
                 table["done"],
             );
         }
-        Event::Verdict {
-            at_ms,
-            agent,
-            verdict,
-            reasons,
-            snapshot,
-            heal,
-            changed,
-        } => {
-            if !changed {
-                // Still the same: one line, with what is new.
-                let mut line = format!("{} check: {agent:<8} still {verdict}", stamp(at_ms));
-                if let Some(id) = snapshot {
-                    line.push_str(&format!(" (snapshot {id})"));
-                }
-                for h in heal {
-                    line.push_str(&format!("; heal: {h}"));
-                }
-                println!("{line}");
-                return;
-            }
-            println!("{} check: {agent:<8} {verdict}", stamp(at_ms));
-            for r in reasons {
-                println!(
-                    "{:>8}   {}: {}",
-                    "",
-                    r["code"].as_str().unwrap_or("?"),
-                    r["message"].as_str().unwrap_or("")
-                );
-            }
-            if let Some(id) = snapshot {
-                println!("{:>8}   snapshot {id}", "");
-            }
-            for h in heal {
-                println!("{:>8}   heal: {h}", "");
-            }
-        }
+        Event::Verdict(v) => narrate_verdict(v),
         Event::Recovered {
             agent,
             detect_ms,
@@ -295,6 +258,42 @@ fn narrate(e: &Event) {
             secs(*recover_ms)
         ),
     }
+}
+
+/// A verdict: in full when it changed, else one line with what is new.
+fn narrate_verdict(v: &Verdict) {
+    let (agent, verdict, stamp) = (&v.agent, &v.verdict, stamp(v.at_ms));
+    if !v.changed {
+        let mut line = format!("{stamp} check: {agent:<8} still {verdict}");
+        if let Some(id) = &v.snapshot {
+            line.push_str(&format!(" (snapshot {id})"));
+        }
+        for h in &v.heal {
+            line.push_str(&format!("; heal: {h}"));
+        }
+        println!("{line}");
+        return;
+    }
+    println!("{stamp} check: {agent:<8} {verdict}");
+    for r in &v.reasons {
+        println!(
+            "{:>8}   {}: {}",
+            "",
+            r["code"].as_str().unwrap_or("?"),
+            r["message"].as_str().unwrap_or("")
+        );
+    }
+    if let Some(id) = &v.snapshot {
+        println!("{:>8}   snapshot {id}", "");
+    }
+    for h in &v.heal {
+        println!("{:>8}   heal: {h}", "");
+    }
+}
+
+/// `[  1.5 s]`: a time since the bed was built.
+fn stamp(ms: u64) -> String {
+    format!("[{:>6}]", secs(ms))
 }
 
 fn summary(r: &Report, opts: &Options, ok: &Result<(), String>) {

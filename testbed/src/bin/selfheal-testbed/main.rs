@@ -1,8 +1,9 @@
 //! `selfheal-testbed`: the incident testbed's programs (dispatch server,
-//! provider, runner, proxy: `tests::testbed`) and the demo that narrates
-//! them. A binary of the test crate, not of the product: `selfheal` runs as
-//! root in the helper and carries no test servers. The demo still drives
-//! the real `selfheal` binary (helper, check, snapshots) as a user would.
+//! provider, runner, proxy: [`selfheal_testbed`]) and the demo that
+//! narrates them. A binary of the testbed, not of the product: `selfheal`
+//! runs as root in the helper and carries no test servers. The demo still
+//! drives the real `selfheal` binary (helper, check, snapshots) as a user
+//! would.
 
 mod demo;
 
@@ -23,7 +24,7 @@ struct Cli {
 enum Command {
     Demo(demo::Args),
     #[command(flatten)]
-    Role(tests::testbed::Role),
+    Role(selfheal_testbed::Role),
 }
 
 /// Exit code for usage errors (as `selfheal`'s).
@@ -43,7 +44,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Demo(args) => demo::run(args),
-        Command::Role(role) => tests::testbed::run(role).map(|()| ExitCode::SUCCESS),
+        Command::Role(role) => selfheal_testbed::run(role).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
