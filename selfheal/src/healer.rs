@@ -29,7 +29,7 @@ use crate::{
     },
     check::Healer,
     helper::authority::{ActError, Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
-    pidfd::Pidfd,
+    sys::pidfd::Pidfd,
 };
 
 /// Acting from this process: every process opened here by pid and start

@@ -52,12 +52,6 @@ pub mod runtime;
 pub mod snapshots;
 pub mod store;
 pub mod sys;
-
-// The testbed crate names these two by their paths at the crate root
-// (`selfheal::netns::run_in`, `selfheal::pidfd::start_ticks`); everything
-// else names them under `sys`.
-#[doc(hidden)]
-pub use sys::{netns, pidfd};
 pub mod trust;
 
 #[cfg(test)]

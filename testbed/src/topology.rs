@@ -42,11 +42,11 @@ impl Netns {
     }
 
     /// Runs `f` on a thread that has entered the namespace (the product's
-    /// one way in: `selfheal::netns::run_in`).
+    /// one way in: `selfheal::sys::netns::run_in`).
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
         let path = format!("/run/netns/{}", self.name);
         let file = std::fs::File::open(&path).with_context(|| format!("cannot open {path}"))?;
-        selfheal::netns::run_in(&file, f)
+        selfheal::sys::netns::run_in(&file, f)
             .with_context(|| format!("cannot enter network namespace {}", self.name))
     }
 

@@ -1,5 +1,5 @@
 //! Ages on the one clock selfheal measures with (`CLOCK_BOOTTIME`, read by
-//! `selfheal::clock`): pure arithmetic on its readings.
+//! `selfheal::sys::clock`): pure arithmetic on its readings.
 
 /// Milliseconds from `since_ns` to `now_ns`, 0 if `since_ns` is later.
 pub fn age_ms(now_ns: u64, since_ns: u64) -> u64 {

@@ -89,7 +89,7 @@ pub fn many_thinking(
         ),
     });
     let pid = bed.pid(name)?;
-    let start = selfheal::pidfd::start_ticks(pid).context("the caller's start time")?;
+    let start = selfheal::sys::pidfd::start_ticks(pid).context("the caller's start time")?;
     let baseline = bed.wait_connections(
         "every call's connection",
         Duration::from_secs(60),

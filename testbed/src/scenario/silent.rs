@@ -119,7 +119,7 @@ pub(super) fn cut_while_thinking(
     report.fact("waits", serde_json::to_value(waits(pid, &fds))?);
     // The caller's own keepalive options on its provider socket (the
     // anthropic SDK sets SO_KEEPALIVE itself), before any proof.
-    if let (Some(&fd), Some(start)) = (fds.first(), selfheal::pidfd::start_ticks(pid)) {
+    if let (Some(&fd), Some(start)) = (fds.first(), selfheal::sys::pidfd::start_ticks(pid)) {
         let ka = selfheal::actions::guard::open_target(pid, start)
             .and_then(|t| selfheal::actions::keepalive::read_keepalive(&t, fd));
         let ka = match ka {

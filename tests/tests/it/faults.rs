@@ -701,7 +701,7 @@ fn a_reused_pid_is_never_acted_on() {
         check::Healer as _,
         healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
         helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
-        pidfd::start_ticks,
+        sys::pidfd::start_ticks,
     };
     use selfheal_core::ladder::Step;
     use selfheal_core::protocol::ActRequest;
