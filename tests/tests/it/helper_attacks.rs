@@ -1398,13 +1398,7 @@ fn master_worker_attack(test: &str, dumpable: bool) {
         )
     });
     let path = dir.join("helper.sock");
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
     let restore = ask(socket_act(
         Action::RestoreKeepalive,
         w,
@@ -1519,19 +1513,63 @@ fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream)
     let pid = child.id();
     procs.0.push(child);
     let (peer, _) = l.accept().unwrap();
-    let inode = wait_for(5 * SEC, TICK, || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .ok()
-            .filter(|c| c.trim() == "sleep")?;
-        let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).ok()?;
-        link.to_str()?
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()
-    })
-    .expect("nobody's sleep holds the connection as fd 3");
+    let inode = wait_for(5 * SEC, TICK, || sleep_with_fd3(pid))
+        .expect("nobody's sleep holds the connection as fd 3");
     (pid, 3, inode, peer)
+}
+
+/// The inode of the socket `pid` holds as fd 3, once it has exec'd `sleep`.
+fn sleep_with_fd3(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .filter(|c| c.trim() == "sleep")?;
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).ok()?;
+    link.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// `req` asked of the helper on `path` by `nobody`, on a connection of its
+/// own.
+fn ask_as_nobody(
+    path: &std::path::Path,
+    req: ActRequest,
+) -> Result<serde_json::Value, selfheal::helper::ClientError> {
+    as_uid(NOBODY, || {
+        HelperClient::connect_with(path, client_opts())
+            .unwrap()
+            .act(&req)
+    })
+}
+
+/// A proof's parameters that probe no sooner than in 30 s.
+fn patient_proof() -> serde_json::Value {
+    serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000})
+}
+
+/// The proof target of `pid`'s `fd` (socket `inode`).
+fn proof_target(pid: u32, fd: i32, inode: u64) -> selfheal_core::prove::ProofTarget {
+    selfheal_core::prove::ProofTarget {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        fd,
+        inode,
+    }
+}
+
+/// A check's healer on a new connection to the helper on `path`.
+fn helper_healer(path: &std::path::Path) -> selfheal::healer::HelperHealer {
+    selfheal::healer::HelperHealer::new(HelperClient::connect_with(path, client_opts()).unwrap())
+}
+
+/// The helper's audit, each act with its error code.
+fn acts_of(h: &ServerHandle) -> Vec<(Action, Option<ErrorCode>)> {
+    h.audit()
+        .into_iter()
+        .map(|a| (a.action, a.error.map(|e| e.code)))
+        .collect()
 }
 
 /// The socket's keepalive options, read by root through a duplicate.
@@ -1560,14 +1598,8 @@ fn restore_puts_back_only_what_the_helper_recorded() {
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
     let path = dir.join("helper.sock");
-    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
+    let proof = patient_proof();
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
     let early = ask(socket_act(
         Action::RestoreKeepalive,
         pid,
@@ -1749,7 +1781,6 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let _area = tests::area(module_path!());
     use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _};
-    use selfheal_core::prove::ProofTarget;
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
         return;
@@ -1761,12 +1792,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
-    let t = ProofTarget {
-        pid,
-        start_ticks: start_ticks(pid).unwrap(),
-        fd,
-        inode,
-    };
+    let t = proof_target(pid, fd, inode);
     let ka = ProofKeepalive {
         idle_s: 1,
         interval_s: 1,
@@ -1774,11 +1800,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
         hold_ms: 1000,
     };
     let path = dir.join("helper.sock");
-    let healer = || {
-        selfheal::healer::HelperHealer::new(
-            HelperClient::connect_with(&path, client_opts()).unwrap(),
-        )
-    };
+    let healer = || helper_healer(&path);
     let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka));
     // The peer (this test's end, alive) answers the probes meanwhile; the
     // helper has no connection for longer than its idle timeout.
@@ -1802,11 +1824,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     assert!(probed.enabled, "the proof was on: {probed:?}");
     assert_eq!(back.expect("put back through the helper"), own);
     assert_eq!(options_of(pid, fd), own, "no trace left");
-    let acts: Vec<_> = h
-        .audit()
-        .into_iter()
-        .map(|a| (a.action, a.error.map(|e| e.code)))
-        .collect();
+    let acts = acts_of(&h);
     assert_eq!(
         acts,
         [
@@ -1833,14 +1851,8 @@ fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
     let path = dir.join("helper.sock");
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
-    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
+    let proof = patient_proof();
     ask(socket_act(Action::ProveKeepalive, pid, fd, inode, proof)).expect("armed");
     let armed = options_of(pid, fd);
     let back = wait_for(5 * SEC, TICK, || {
@@ -1910,19 +1922,8 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
         );
         return;
     };
-    let inode: u64 = wait_for(5 * SEC, TICK, || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .ok()
-            .filter(|c| c.trim() == "sleep")?;
-        std::fs::read_link(format!("/proc/{pid}/fd/3"))
-            .ok()?
-            .to_str()?
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()
-    })
-    .expect("the namespace's sleep holds the connection");
+    let inode: u64 = wait_for(5 * SEC, TICK, || sleep_with_fd3(pid))
+        .expect("the namespace's sleep holds the connection");
     let caps = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap()
         .lines()
@@ -1930,14 +1931,8 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
         .unwrap()
         .to_string();
     let path = dir.join("helper.sock");
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
-    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
+    let proof = patient_proof();
     let armed = ask(socket_act(Action::ProveKeepalive, pid, 3, inode, proof));
     let back = ask(socket_act(
         Action::RestoreKeepalive,
@@ -2004,7 +1999,6 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
 fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let _area = tests::area(module_path!());
     use selfheal::{actions::keepalive::ProofKeepalive, check::Healer as _};
-    use selfheal_core::prove::ProofTarget;
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {
         return;
@@ -2013,12 +2007,7 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
-    let t = ProofTarget {
-        pid,
-        start_ticks: start_ticks(pid).unwrap(),
-        fd,
-        inode,
-    };
+    let t = proof_target(pid, fd, inode);
     let ka = ProofKeepalive {
         idle_s: 30,
         interval_s: 30,
@@ -2026,11 +2015,7 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
         hold_ms: 1000,
     };
     let path = dir.join("helper.sock");
-    let healer = || {
-        selfheal::healer::HelperHealer::new(
-            HelperClient::connect_with(&path, client_opts()).unwrap(),
-        )
-    };
+    let healer = || helper_healer(&path);
     let first = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
     let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka)).expect("armed");
     drop(first);
@@ -2038,11 +2023,7 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let back = as_uid(NOBODY, || {
         healer().restore_proof("mine", &t, &armed.previous)
     });
-    let audit: Vec<_> = second
-        .audit()
-        .into_iter()
-        .map(|a| (a.action, a.error.map(|e| e.code)))
-        .collect();
+    let audit = acts_of(&second);
     eprintln!("{test}: put back {back:?}; the new helper's audit {audit:?}");
     assert_eq!(back.expect("put back"), own);
     assert_eq!(options_of(pid, fd), own);
