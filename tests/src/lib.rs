@@ -5,6 +5,7 @@
 //! programs and demo run as the `selfheal-testbed` binary
 //! (`src/bin/testbed/`), kept out of the product binary.
 
+pub mod fixtures;
 pub mod runtimes;
 pub mod testbed;
 
@@ -199,12 +200,20 @@ pub fn port_of(addr: &str) -> u16 {
 
 /// A silent server in `b` (`recv-peer acceptor`: accepts, never sends) and
 /// a reconnecting client in `a` (`recv-peer reconnecting`), connected.
+/// Dropped in field order: the client, the server, then their namespaces.
 pub struct SilentPair {
-    pub pair: NetnsPair,
-    pub server: Peer,
     pub client: Peer,
+    pub server: Peer,
+    pub pair: NetnsPair,
     /// The client's connection.
     pub ready: Ready,
+}
+
+impl SilentPair {
+    /// The client's socket fd.
+    pub fn client_fd(&self) -> i32 {
+        socket_fd_of(self.ready.pid, self.ready.inode).expect("the client's socket fd")
+    }
 }
 
 /// A [`SilentPair`] in a new [`NetnsPair`] named by `tag`.
@@ -692,6 +701,12 @@ impl Scratch {
     }
 }
 
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -729,15 +744,13 @@ pub fn run_check(
     helper: &std::path::Path,
     extra: &[&str],
 ) -> CheckRun {
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(config)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--snapshot-dir")
-        .arg(snapshots)
-        .arg("--helper")
-        .arg(helper)
+    let places = fixtures::Places {
+        state: state.to_path_buf(),
+        snapshots: snapshots.to_path_buf(),
+        metrics: None,
+        helper: Some(helper.to_path_buf()),
+    };
+    let out = fixtures::check_cmd(config, &places)
         .args(extra)
         .output()
         .expect("run selfheal check");

@@ -9,7 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Scratch, wait_for};
+use crate::{
+    Scratch,
+    fixtures::{Places, check_cmd},
+    wait_for,
+};
 
 /// The environment that points selfheal at `docker` for Docker and at
 /// nothing for the others.
@@ -235,16 +239,9 @@ pub fn check_json_args(
     agent: &str,
     args: &[&str],
 ) -> (serde_json::Value, String) {
-    let out = Command::new(crate::selfheal_bin())
-        .args(["check", "--json", "--agent", agent, "--config"])
-        .arg(config)
+    let out = check_cmd(config, &Places::without_helper(&scratch.0))
+        .args(["--agent", agent])
         .args(args)
-        .arg("--state-dir")
-        .arg(scratch.join("state"))
-        .arg("--snapshot-dir")
-        .arg(scratch.join("snaps"))
-        .arg("--helper")
-        .arg(scratch.join("no-helper.sock"))
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .expect("run selfheal check");

@@ -17,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::Places;
 use tests::{
     Scratch, need_root,
     runtimes::{
@@ -820,12 +821,7 @@ fn cost_of_a_check_by_label_against_by_pid() {
                 let out = Command::new(selfheal_bin())
                     .args(["check", "--json", "--dry-run", "--config"])
                     .arg(config)
-                    .arg("--state-dir")
-                    .arg(scratch.join("state"))
-                    .arg("--snapshot-dir")
-                    .arg(scratch.join("snaps"))
-                    .arg("--helper")
-                    .arg(scratch.join("no-helper.sock"))
+                    .args(Places::without_helper(&scratch).args())
                     .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
                     .output()
                     .expect("check");

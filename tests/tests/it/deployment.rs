@@ -17,9 +17,9 @@ use std::{
 
 use selfheal::actions::{self, keepalive::Keepalive};
 use tests::{
-    Scratch, SilentPair, need_root, port_of,
+    Scratch, need_root, port_of,
     runtimes::{docker, need_programs, run_ok, start_dockerd},
-    silent_pair, socket_fd_of, testbed_bin, wait_for,
+    silent_pair, testbed_bin, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -35,18 +35,15 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
     if !need_root(name) {
         return;
     }
-    let SilentPair {
-        pair,
-        server: _server,
-        client,
-        ready,
-    } = silent_pair("dkr");
-    let fd = socket_fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let flow = silent_pair("dkr");
+    let ready = flow.ready.clone();
+    let fd = flow.client_fd();
 
     // The gateway drops this one flow both ways, no FIN or RST; new
     // connections still work (the agent's reconnect).
     let cport = port_of(&ready.local);
-    pair.b
+    flow.pair
+        .b
         .nft(&format!(
             "table inet selfheal_deploy_{cport} {{\n chain input {{ type filter hook input priority 0; tcp sport {cport} drop; }}\n \
              chain output {{ type filter hook output priority 0; tcp dport {cport} drop; }}\n}}\n"
@@ -74,13 +71,13 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
         "{out:?}"
     );
 
-    let line = client.expect("error ", 20 * SEC);
+    let line = flow.client.expect("error ", 20 * SEC);
     let failed = armed.elapsed();
     assert!(
         line.contains(&format!("os={}", libc::ETIMEDOUT)),
         "expected ETIMEDOUT: {line}"
     );
-    let again = client.ready();
+    let again = flow.client.ready();
     let reconnected = armed.elapsed();
     eprintln!(
         "TIMING keepalive rung on a stream silent {silent} ms: read failed {failed:?}, reconnected {reconnected:?} after arming (the first `wedged` verdict's run); a 60 s keepalive floor would have taken ~{} s",

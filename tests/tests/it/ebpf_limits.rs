@@ -27,6 +27,7 @@ use selfheal::{
 };
 use selfheal_common::MAX_SOCKS;
 use selfheal_core::proc::Detail;
+use tests::fixtures::{Places, check_cmd};
 use tests::{Netns, attach, need_ebpf, selfheal_bin, skip, wait_for};
 
 /// The tests here watch this process: one at a time.
@@ -280,15 +281,7 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
     let config = dir.join("config.toml");
     tests::own_agent_config(&config);
     let check = |dir: &PathBuf| -> serde_json::Value {
-        let out = Command::new(selfheal_bin())
-            .args(["check", "--json", "--config"])
-            .arg(&config)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--snapshot-dir")
-            .arg(dir.join("snapshots"))
-            .arg("--helper")
-            .arg(&sock)
+        let out = check_cmd(&config, &Places::under(&dir).helper(&sock))
             .output()
             .expect("run check");
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

@@ -4,6 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
+use tests::fixtures::{Places, check_cmd};
 use tests::{Peer, listener, need_ebpf, selfheal_bin};
 
 fn inspect(args: &[&str]) -> std::process::Output {
@@ -257,15 +258,7 @@ fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let state = dir.join("state");
-    let check = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(&config)
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--snapshot-dir")
-        .arg(dir.join("snapshots"))
-        .output()
-        .unwrap();
+    let check = check_cmd(&config, &Places::under(&dir)).output().unwrap();
     let o: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check's line");
     assert_eq!(o["proofs"][0]["action"], "arm", "{o:#}");
     assert_eq!(o["proofs"][0]["ok"], true, "{o:#}");

@@ -22,6 +22,7 @@ use selfheal::{
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
+use tests::fixtures::Places;
 use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -1095,12 +1096,12 @@ fn a_re_pointed_symlink_does_not_redirect_watch() {
     let mut child = Command::new(tests::selfheal_bin())
         .args(["watch", "--interval", "100ms", "--count", "30", "--config"])
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--snapshot-dir")
-        .arg(&snaps)
-        .arg("--helper")
-        .arg(dir.join("no-helper.sock"))
+        .args(
+            Places::under(&dir)
+                .snapshots(&snaps)
+                .helper(dir.join("no-helper.sock"))
+                .args(),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
