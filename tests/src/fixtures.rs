@@ -1,12 +1,19 @@
 //! Set-ups that many areas share: where a test's `selfheal` commands keep
 //! their state, snapshots, metrics file and helper socket ([`Places`]), and
-//! the `selfheal check --json` command on them ([`check_cmd`]).
+//! the `selfheal check --json` command on them ([`check_cmd`]); an
+//! in-process helper ([`serve_helper`]) and the processes of other uids it
+//! acts on ([`Procs`]).
 
 use std::{
     ffi::OsString,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::Duration,
 };
+
+use selfheal::helper::{Executor, Listen, ServerHandle, ServerOptions, serve};
 
 /// Where one test's `selfheal` commands keep what they write, and which
 /// helper socket they ask: the `--state-dir`, `--snapshot-dir`,
@@ -87,4 +94,86 @@ pub fn check_cmd(config: &Path, places: &Places) -> Command {
         .arg(config)
         .args(places.args());
     cmd
+}
+
+/// An in-process helper on the socket `socket` with `exec`, given 5 s to
+/// shut down, its options changed by `tweak` first.
+pub fn serve_helper(
+    socket: impl Into<PathBuf>,
+    exec: Arc<dyn Executor>,
+    tweak: impl FnOnce(&mut ServerOptions),
+) -> ServerHandle {
+    let mut opts = ServerOptions::new(Listen::Path(socket.into()));
+    opts.shutdown_grace = Duration::from_secs(5);
+    tweak(&mut opts);
+    serve(opts, exec).expect("start the helper")
+}
+
+/// Writes the subuid file `path` (0644, root's) with `text`.
+pub fn subuid_file(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// Child processes of other uids, killed (and reaped) on drop.
+#[derive(Default)]
+pub struct Procs(pub Vec<Child>);
+
+impl Procs {
+    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
+    pub fn sh(&mut self, uid: u32, script: &str) -> u32 {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        self.0.push(child);
+        crate::wait_for(PROC_WAIT, PROC_TICK, || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status
+                .lines()
+                .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
+                .then_some(())
+        })
+        .expect("the child runs as its uid");
+        pid
+    }
+
+    /// A process of `uid` that ignores SIGTERM (a `sleep` that inherited
+    /// the ignored disposition), once it runs.
+    pub fn deaf(&mut self, uid: u32) -> u32 {
+        let pid = self.sh(uid, "trap '' TERM; exec sleep 300");
+        crate::wait_for(PROC_WAIT, PROC_TICK, || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .filter(|c| c.trim() == "sleep")
+        })
+        .expect("exec'd sleep");
+        pid
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// How long [`Procs`] waits for a child to run, and how often it looks.
+const PROC_WAIT: Duration = Duration::from_secs(5);
+const PROC_TICK: Duration = Duration::from_millis(20);
+
+/// Goes on with the panic `result` holds, if any: the end of a test that
+/// caught its body's panic to clean up first.
+pub fn rethrow(result: std::thread::Result<()>) {
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
 }

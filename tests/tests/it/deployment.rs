@@ -18,7 +18,7 @@ use std::{
 use selfheal::actions::{self, keepalive::Keepalive};
 use tests::{
     Scratch, need_root, port_of,
-    runtimes::{docker, need_programs, run_ok, start_dockerd},
+    runtimes::{docker, need_root_and, run_ok, start_dockerd},
     silent_pair, testbed_bin, wait_for,
 };
 
@@ -356,10 +356,7 @@ fn runner_argv(name: &str, status_port: u16) -> String {
 fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     let _area = tests::area(module_path!());
     const TEST: &str = "the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
+    if !need_root_and(
         TEST,
         &["dockerd", "docker", "debootstrap", "dpkg-deb"],
         "run `cargo xtask setup`: Debian docker.io, debootstrap",

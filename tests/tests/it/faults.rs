@@ -700,7 +700,7 @@ fn a_reused_pid_is_never_acted_on() {
         actions::keepalive::Keepalive,
         check::Healer as _,
         healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
-        helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
+        helper::{ClientOptions, HelperClient},
         pidfd::start_ticks,
     };
     use selfheal_core::ladder::Step;
@@ -769,9 +769,11 @@ fn a_reused_pid_is_never_acted_on() {
 
     // The helper, with the real executor, over its socket.
     let dir = Scratch::new("faults-reuse");
-    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
-    opts.shutdown_grace = 5 * SEC;
-    let server = serve(opts, std::sync::Arc::new(ActionsExecutor::default())).unwrap();
+    let server = tests::fixtures::serve_helper(
+        dir.join("helper.sock"),
+        std::sync::Arc::new(ActionsExecutor::default()),
+        |_| {},
+    );
     let copts = ClientOptions {
         connect_timeout: SEC,
         timeout: 5 * SEC,

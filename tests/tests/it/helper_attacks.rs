@@ -42,10 +42,7 @@ use std::{
 use selfheal::{
     ebpf::TracerOptions,
     healer::ActionsExecutor,
-    helper::{
-        ClientOptions, DryExecutor, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
-        serve,
-    },
+    helper::{ClientOptions, DryExecutor, Executor, HelperClient, ServerHandle, ServerOptions},
     pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
@@ -53,6 +50,7 @@ use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
+use tests::fixtures::{Procs, serve_helper};
 use tests::{Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for};
 
 const NOBODY: u32 = 65534;
@@ -65,60 +63,7 @@ fn start(
     exec: Arc<dyn Executor>,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> ServerHandle {
-    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
-    opts.shutdown_grace = 5 * SEC;
-    tweak(&mut opts);
-    serve(opts, exec).expect("start the helper")
-}
-
-/// Child processes killed (and reaped) on drop.
-#[derive(Default)]
-struct Procs(Vec<Child>);
-
-impl Procs {
-    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
-    fn sh(&mut self, uid: u32, script: &str) -> u32 {
-        let child = Command::new("sh")
-            .args(["-c", script])
-            .uid(uid)
-            .gid(uid)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sh");
-        let pid = child.id();
-        self.0.push(child);
-        wait_for(5 * SEC, TICK, || {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            status
-                .lines()
-                .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
-                .then_some(())
-        })
-        .expect("the child runs as its uid");
-        pid
-    }
-
-    /// A process of `uid` that ignores SIGTERM (a `sleep` that inherited
-    /// the ignored disposition).
-    fn deaf(&mut self, uid: u32) -> u32 {
-        let pid = self.sh(uid, "trap '' TERM; exec sleep 300");
-        wait_for(5 * SEC, TICK, || {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .ok()
-                .filter(|c| c.trim() == "sleep")
-        })
-        .expect("exec'd sleep");
-        pid
-    }
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    serve_helper(dir.join("helper.sock"), exec, tweak)
 }
 
 fn signal(pid: u32, grace_ms: u64) -> ActRequest {

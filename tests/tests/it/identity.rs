@@ -16,26 +16,19 @@ use std::{
     time::Duration,
 };
 
+use tests::fixtures::rethrow;
+use tests::runtimes::cgroup2_root;
+use tests::runtimes::config_check_output;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        docker, docker_with_image, have, need_programs, only_docker, rootfs_tar, run_ok,
-        run_sleeper,
+        docker, docker_with_image, have, need_docker, only_docker, rootfs_tar, run_ok, run_sleeper,
     },
-    selfheal_bin, skip, wait_for,
+    skip, wait_for,
 };
 
 /// The ordinary uid the attacker runs as.
 const ATTACKER: u32 = 65534;
-
-/// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
-/// mount on a hybrid one.
-fn cgroup2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
-}
 
 /// `sleep 600` (as `uid`, when given) in cgroup `rel` of the v2
 /// hierarchy, made for it. Killed, and the directories it made removed,
@@ -94,12 +87,7 @@ fn user_tree(uid: u32) -> String {
 
 /// `selfheal config check` of `config` with `env`: its report.
 fn config_check(config: &Path, env: &[(&str, String)]) -> String {
-    let out = Command::new(selfheal_bin())
-        .args(["config", "check", "--config"])
-        .arg(config)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run selfheal config check");
+    let out = config_check_output(config, env);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.status.code(),
@@ -285,14 +273,7 @@ fn impostors_are_not_the_container(
 fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
     let _area = tests::area(module_path!());
     const TEST: &str = "a_docker_container_is_a_processs_only_where_the_runtime_says";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
-        TEST,
-        &["dockerd", "docker"],
-        "run `cargo xtask setup`: Debian docker.io",
-    ) {
+    if !need_docker(TEST) {
         return;
     }
     if cgroup2_root().is_none() {
@@ -410,9 +391,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
     cleanup();
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// A pod's cgroup shape (`kubepods-besteffort-pod<uid>.slice/
@@ -675,7 +654,5 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
         assert_ne!(inspect("{{.State.StartedAt}}"), before, "not restarted");
     });
     podman.stop();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
