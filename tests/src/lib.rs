@@ -521,6 +521,25 @@ impl NetnsPair {
         })
     }
 
+    /// `recv-peer ARGS…` in `b`, once it says it listens (within 10 s).
+    pub fn listening_in_b<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Peer {
+        let mut cmd = self.b.command(&helper_bin("recv-peer"));
+        cmd.args(args);
+        let server = Peer::spawn(cmd);
+        server.expect("listening", Duration::from_secs(10));
+        server
+    }
+
+    /// `recv-peer client B:PORT` in `a` (a runner blocked reading its
+    /// server on `b`), once connected, and its connection.
+    pub fn client_in_a(&self, port: u16) -> (Peer, Ready) {
+        let mut cmd = self.a.command(&helper_bin("recv-peer"));
+        cmd.args(["client", &format!("{}:{port}", self.b_addr)]);
+        let client = Peer::spawn(cmd);
+        let ready = client.ready();
+        (client, ready)
+    }
+
     /// Makes `b` vanish without a FIN: it drops every packet it receives
     /// (nftables in `b`), so `a`'s connections to it go half-open.
     pub fn drop_all_into_b(&self) -> Result<(), String> {

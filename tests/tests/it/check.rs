@@ -74,32 +74,26 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         return;
     }
     let pair = NetnsPair::new("chk").expect("netns pair");
-    let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
     // Servers in b: heartbeats every 300 ms on 7443; a slow stream (a byte
     // every 2 s) on 8443; a peer that accepts and never sends on 9443.
-    let mut servers = Vec::new();
-    for args in [
+    let _servers: Vec<Peer> = [
         vec!["beat".to_string(), format!("{b}:7443"), "300".into()],
         vec!["beat".into(), format!("{b}:8443"), "2000".into()],
         vec!["sink".into(), format!("{b}:9443")],
-    ] {
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(&args);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        servers.push(s);
-    }
+    ]
+    .iter()
+    .map(|args| pair.listening_in_b(args))
+    .collect();
     // Three runners in a, each a blocking client of one server.
-    let mut clients = Vec::new();
-    for port in [7443, 8443, 9443] {
-        let mut cmd = pair.a.command(&peer);
-        cmd.args(["client", &format!("{b}:{port}")]);
-        let mut c = Peer::spawn(cmd);
-        c.ready();
-        c.tell("go");
-        clients.push(c);
-    }
+    let _clients: Vec<Peer> = [7443, 8443, 9443]
+        .into_iter()
+        .map(|port| {
+            let (mut c, _) = pair.client_in_a(port);
+            c.tell("go");
+            c
+        })
+        .collect();
     // The wedging runner's own status endpoint keeps saying it is connected,
     // as the incident's did.
     let status = tests::status_server(r#"{"status": "connected", "current_task": "WI-7"}"#, 200);
@@ -384,13 +378,7 @@ fn heal_flow(tag: &str, through_helper: bool) {
     let pair = NetnsPair::new(&format!("h{}", &tag[..1])).expect("netns pair");
     let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
-    let server = |pair: &NetnsPair| {
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(["beats", &format!("{b}:7443"), "300"]);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        s
-    };
+    let server = |pair: &NetnsPair| pair.listening_in_b(&["beats", &format!("{b}:7443"), "300"]);
     let old_server = server(&pair);
     let mut cmd = pair.a.command(&peer);
     cmd.args(["reconnecting", &format!("{b}:7443")]);

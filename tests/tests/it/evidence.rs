@@ -6,7 +6,7 @@
 use std::{process::Command, time::Duration};
 
 use selfheal::{proc, sockdiag};
-use tests::{NetnsPair, Peer, arm_keepalive, listener, need_root, selfheal_bin, wait_for};
+use tests::{NetnsPair, Peer, Ready, arm_keepalive, listener, need_root, selfheal_bin, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -159,14 +159,8 @@ fn established_close_wait_and_unacked_sockets() {
     // Unacknowledged data: connect, then the peer drops everything, then
     // data is sent into the dead connection.
     let pair = NetnsPair::new("unack").expect("netns pair");
-    let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["sink", &format!("{}:7000", pair.b_addr)]);
-    let sink = Peer::spawn(cmd);
-    sink.expect("listening", 10 * SEC);
-    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["client", &format!("{}:7000", pair.b_addr)]);
-    let client = Peer::spawn(cmd);
-    let ready = client.ready();
+    let sink = pair.listening_in_b(&["sink", &format!("{}:7000", pair.b_addr)]);
+    let (_client, ready) = pair.client_in_a(7000);
     sink.expect("accepted", 10 * SEC);
     pair.drop_all_into_b().expect("nft");
     // Write into the dead connection from outside the client: duplicate its
@@ -222,14 +216,8 @@ fn half_open_connection_then_keepalive_probes() {
         return;
     }
     let pair = NetnsPair::new("half").expect("netns pair");
-    let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["server", &format!("{}:7443", pair.b_addr)]);
-    let mut server = Peer::spawn(cmd);
-    server.expect("listening", 10 * SEC);
-    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["client", &format!("{}:7443", pair.b_addr)]);
-    let mut client = Peer::spawn(cmd);
-    let ready = client.ready();
+    let mut server = pair.listening_in_b(&["server", &format!("{}:7443", pair.b_addr)]);
+    let (mut client, ready) = pair.client_in_a(7443);
     client.tell("go");
     server.tell("send 5");
     client.expect("got 5", 5 * SEC);
@@ -342,22 +330,14 @@ fn inspect_by_name_in_another_netns_with_roles() {
         return;
     }
     let pair = NetnsPair::new("name").expect("netns pair");
-    let mut servers = Vec::new();
-    for port in [7443, 8443] {
-        let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
-        cmd.args(["server", &format!("{}:{port}", pair.b_addr)]);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        servers.push(s);
-    }
-    let mut clients = Vec::new();
-    for port in [7443, 8443] {
-        let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-        cmd.args(["client", &format!("{}:{port}", pair.b_addr)]);
-        let c = Peer::spawn(cmd);
-        let ready = c.ready();
-        clients.push((c, ready));
-    }
+    let _servers: Vec<Peer> = [7443, 8443]
+        .into_iter()
+        .map(|port| pair.listening_in_b(&["server", &format!("{}:{port}", pair.b_addr)]))
+        .collect();
+    let clients: Vec<(Peer, Ready)> = [7443, 8443]
+        .into_iter()
+        .map(|port| pair.client_in_a(port))
+        .collect();
     let config = config_file(
         "name",
         &format!(

@@ -35,16 +35,9 @@ struct Runner {
 impl Runner {
     fn new(tag: &str) -> Runner {
         let pair = NetnsPair::new(tag).expect("netns pair");
-        let peer = tests::helper_bin("recv-peer");
         let b = pair.b_addr.clone();
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(["beat", &format!("{b}:7443"), "300"]);
-        let server = Peer::spawn(cmd);
-        server.expect("listening", 10 * SEC);
-        let mut cmd = pair.a.command(&peer);
-        cmd.args(["client", &format!("{b}:7443")]);
-        let mut client = Peer::spawn(cmd);
-        let ready = client.ready();
+        let server = pair.listening_in_b(&["beat", &format!("{b}:7443"), "300"]);
+        let (mut client, ready) = pair.client_in_a(7443);
         client.tell("go");
         let fd = socket_fd_of(ready.pid, ready.inode).expect("the runner's socket fd");
         Runner {
@@ -1027,28 +1020,22 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     }
     const JUMP_S: i64 = 3 * 3600;
     let pair = NetnsPair::new("wc").expect("netns pair");
-    let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
-    let mut servers = Vec::new();
-    for args in [
+    let _servers: Vec<Peer> = [
         vec!["beat".to_string(), format!("{b}:7443"), "300".into()],
         vec!["sink".into(), format!("{b}:9443")],
-    ] {
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(&args);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        servers.push(s);
-    }
-    let mut clients = Vec::new();
-    for port in [7443, 9443] {
-        let mut cmd = pair.a.command(&peer);
-        cmd.args(["client", &format!("{b}:{port}")]);
-        let mut c = Peer::spawn(cmd);
-        c.ready();
-        c.tell("go");
-        clients.push(c);
-    }
+    ]
+    .iter()
+    .map(|args| pair.listening_in_b(args))
+    .collect();
+    let clients: Vec<Peer> = [7443, 9443]
+        .into_iter()
+        .map(|port| {
+            let (mut c, _) = pair.client_in_a(port);
+            c.tell("go");
+            c
+        })
+        .collect();
     // The thinking runner's own status: the same task all along (a wall
     // clock age would make it stale, and the runner wedged, at once).
     let status = tests::status_server(r#"{"current_task": "WI-7"}"#, 200);

@@ -908,16 +908,9 @@ fn check_runs_the_restart_argv_literally() {
         return;
     }
     let pair = tests::NetnsPair::new("ra").expect("netns pair");
-    let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
-    let mut cmd = pair.b.command(&peer);
-    cmd.args(["beat", &format!("{b}:7443"), "300"]);
-    let server = Peer::spawn(cmd);
-    server.expect("listening", 10 * SEC);
-    let mut cmd = pair.a.command(&peer);
-    cmd.args(["client", &format!("{b}:7443")]);
-    let mut client = Peer::spawn(cmd);
-    client.ready();
+    let _server = pair.listening_in_b(&["beat", &format!("{b}:7443"), "300"]);
+    let (mut client, _) = pair.client_in_a(7443);
     client.tell("go");
     let dir = Scratch::new("priv-argv-e2e");
     let mark = dir.join("pwned");
