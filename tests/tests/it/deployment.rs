@@ -243,6 +243,26 @@ impl Container {
         self.sh(script).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// The runner's `attached …` lines in the journal of `selector`.
+    fn attached(&self, selector: &str) -> Vec<(f64, u32, String)> {
+        self.journal(selector)
+            .into_iter()
+            .filter(|(_, _, m)| m.starts_with("attached "))
+            .collect()
+    }
+
+    /// The helper's socket unit is enabled and active.
+    fn assert_helper_socket_enabled_and_active(&self) {
+        assert_eq!(
+            self.expect("systemctl is-enabled selfheal-helper.socket"),
+            "enabled"
+        );
+        assert_eq!(
+            self.expect("systemctl is-active selfheal-helper.socket"),
+            "active"
+        );
+    }
+
     /// The journal of a unit as `(unix seconds, pid, message)`.
     fn journal(&self, selector: &str) -> Vec<(f64, u32, String)> {
         let text = self
@@ -286,9 +306,13 @@ fn wait<T>(secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
         .unwrap_or_else(|| panic!("{what}: not within {secs} s"))
 }
 
-const RUNNER_CONFIG: &str = r#"[[agent]]
-name = "runner"
-match = { unit = "runner.service" }
+/// An agent of the unit `NAME.service`, a runner of the testbed's: its
+/// control and provider upstreams, its thresholds and heal windows.
+fn runner_agent(name: &str) -> String {
+    format!(
+        r#"[[agent]]
+name = "{name}"
+match = {{ unit = "{name}.service" }}
 [[agent.upstream]]
 role = "control"
 addr = "127.0.0.1:7443"
@@ -302,30 +326,22 @@ recv_blocked = "2s"
 [agent.heal]
 step_window = "5s"
 backoff = "1s"
+"#
+    )
+}
 
+/// The user's config: the runner, a system service that runs as the user
+/// (`sysrunner`) and `parked`, stopped on purpose.
+fn runner_config() -> String {
+    format!(
+        r#"{}
 # A system service that runs as the user (`systemd-run --uid=agent`, as
 # `User=agent` would): the system manager's unit, matched from the user's
 # timer.
-[[agent]]
-name = "sysrunner"
-match = { unit = "sysrunner.service" }
-[[agent.upstream]]
-role = "control"
-addr = "127.0.0.1:7443"
-heartbeat = "1s"
-[[agent.upstream]]
-role = "provider"
-addr = "127.0.0.1:8443"
-[agent.thresholds]
-suspect_after = "2s"
-recv_blocked = "2s"
-[agent.heal]
-step_window = "5s"
-backoff = "1s"
-
+{}
 [[agent]]
 name = "parked"
-match = { unit = "parked.service" }
+match = {{ unit = "parked.service" }}
 [[agent.upstream]]
 role = "control"
 addr = "127.0.0.1:7443"
@@ -333,7 +349,11 @@ heartbeat = "1s"
 [agent.heal]
 signal = true
 restart = ["systemctl", "--user", "start", "parked.service"]
-"#;
+"#,
+        runner_agent("runner"),
+        runner_agent("sysrunner")
+    )
+}
 
 fn runner_unit(name: &str, status_port: u16) -> String {
     format!(
@@ -446,14 +466,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
             .arg(format!("{tag}:/usr/local/bin/selfheal-testbed")),
     )
     .expect("docker cp selfheal-testbed");
-    assert_eq!(
-        c.expect("systemctl is-enabled selfheal-helper.socket"),
-        "enabled"
-    );
-    assert_eq!(
-        c.expect("systemctl is-active selfheal-helper.socket"),
-        "active"
-    );
+    c.assert_helper_socket_enabled_and_active();
     assert_eq!(
         c.expect("systemctl is-active selfheal-helper.service || true"),
         "inactive",
@@ -510,7 +523,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
          chown -R agent:agent /home/agent/.config",
         shell_quote(&runner_unit("runner", 9001)),
         shell_quote(&runner_unit("parked", 9002)),
-        shell_quote(RUNNER_CONFIG),
+        shell_quote(&runner_config()),
     ));
     c.user("systemd-analyze --user verify /usr/lib/systemd/user/selfheal.service /usr/lib/systemd/user/selfheal.timer /usr/lib/systemd/user/selfheal-watch.service /home/agent/.config/systemd/user/runner.service")
         .unwrap_or_else(|e| panic!("{e}"));
@@ -526,12 +539,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         "systemctl --user daemon-reload && systemctl --user start runner.service parked.service",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let attached = |c: &Container| {
-        c.journal("_SYSTEMD_USER_UNIT=runner.service")
-            .into_iter()
-            .filter(|(_, _, m)| m.starts_with("attached "))
-            .collect::<Vec<_>>()
-    };
+    let attached = |c: &Container| c.attached("_SYSTEMD_USER_UNIT=runner.service");
     let first = wait(20, "the runner attached", || {
         attached(&c).into_iter().next()
     });
@@ -540,12 +548,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         "systemd-run --uid=agent --unit=sysrunner {}",
         runner_argv("sysrunner", 9003)
     ));
-    let sys_attached = |c: &Container| {
-        c.journal("_SYSTEMD_UNIT=sysrunner.service")
-            .into_iter()
-            .filter(|(_, _, m)| m.starts_with("attached "))
-            .collect::<Vec<_>>()
-    };
+    let sys_attached = |c: &Container| c.attached("_SYSTEMD_UNIT=sysrunner.service");
     let sys_first = wait(20, "the system runner attached", || {
         sys_attached(&c).into_iter().next()
     });
@@ -805,14 +808,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         after == serving || after == "0",
         "the upgrade restarted the helper mid-request ({serving} -> {after})"
     );
-    assert_eq!(
-        c.expect("systemctl is-enabled selfheal-helper.socket"),
-        "enabled"
-    );
-    assert_eq!(
-        c.expect("systemctl is-active selfheal-helper.socket"),
-        "active"
-    );
+    c.assert_helper_socket_enabled_and_active();
     eprintln!(
         "upgrade while serving: helper pid {serving} before, {after} after dpkg -i; watch {watch_state:?}"
     );
