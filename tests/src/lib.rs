@@ -584,18 +584,11 @@ pub fn arm_keepalive(
     count: i32,
 ) -> Result<(), String> {
     let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: plain syscalls with integer arguments; the fds they return are
-    // closed below.
+    let owned = dup_of(pid, fd)?;
+    let dup = std::os::fd::AsRawFd::as_raw_fd(&owned);
+    // SAFETY: setsockopt on the duplicate (open until `owned` drops) with
+    // integer values.
     unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
-        if pidfd < 0 {
-            return Err(os("pidfd_open"));
-        }
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
-        libc::close(pidfd);
-        if dup < 0 {
-            return Err(os("pidfd_getfd"));
-        }
         let set = |level, name, value: libc::c_int| {
             libc::setsockopt(
                 dup,
@@ -614,8 +607,27 @@ pub fn arm_keepalive(
         .iter()
         .any(|r| *r != 0);
         let err = failed.then(|| os("setsockopt"));
-        libc::close(dup);
         err.map_or(Ok(()), Err)
+    }
+}
+
+/// A duplicate of socket `fd` of process `pid` (`pidfd_open`, then
+/// `pidfd_getfd`): options set or read on it are the shared socket's.
+fn dup_of(pid: u32, fd: i32) -> Result<std::os::fd::OwnedFd, String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls with integer arguments; the pidfd is closed
+    // here, the duplicate owned by the result.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        if pidfd < 0 {
+            return Err(os("pidfd_open"));
+        }
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        libc::close(pidfd);
+        if dup < 0 {
+            return Err(os("pidfd_getfd"));
+        }
+        Ok(std::os::fd::FromRawFd::from_raw_fd(dup))
     }
 }
 
@@ -805,18 +817,11 @@ pub fn socket_fd_of(pid: u32, inode: u64) -> Option<i32> {
 /// socket's.
 pub fn keepalive_enabled(pid: u32, fd: i32) -> Result<bool, String> {
     let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: plain syscalls with integer arguments and a local out-value;
-    // the fds they return are closed below.
+    let owned = dup_of(pid, fd)?;
+    let dup = std::os::fd::AsRawFd::as_raw_fd(&owned);
+    // SAFETY: getsockopt on the duplicate (open until `owned` drops) into a
+    // local out-value.
     unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
-        if pidfd < 0 {
-            return Err(os("pidfd_open"));
-        }
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
-        libc::close(pidfd);
-        if dup < 0 {
-            return Err(os("pidfd_getfd"));
-        }
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         let r = libc::getsockopt(
@@ -827,7 +832,6 @@ pub fn keepalive_enabled(pid: u32, fd: i32) -> Result<bool, String> {
             &mut len,
         );
         let err = (r != 0).then(|| os("getsockopt"));
-        libc::close(dup);
         err.map_or(Ok(v != 0), Err)
     }
 }
