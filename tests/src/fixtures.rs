@@ -6,7 +6,8 @@
 
 use std::{
     ffi::OsString,
-    os::unix::process::CommandExt as _,
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::{net::UnixStream, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::Arc,
@@ -14,6 +15,7 @@ use std::{
 };
 
 use selfheal::helper::{Executor, Listen, ServerHandle, ServerOptions, serve};
+use selfheal_core::protocol::Response;
 
 /// Where one test's `selfheal` commands keep what they write, and which
 /// helper socket they ask: the `--state-dir`, `--snapshot-dir`,
@@ -175,5 +177,30 @@ const PROC_TICK: Duration = Duration::from_millis(20);
 pub fn rethrow(result: std::thread::Result<()>) {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
+    }
+}
+
+/// One request line on a raw connection to a helper, and its answer
+/// (`None`: closed or no answer within `timeout`).
+pub fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    // A helper that refuses a connection (busy) answers and closes it,
+    // possibly before the request is written: the write then fails, and
+    // the answer is there to be read all the same (as HelperClient does).
+    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
+    let mut reader = BufReader::new(stream);
+    let mut text = String::new();
+    match reader.read_line(&mut text) {
+        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
+        _ => None,
+    }
+}
+
+/// What an answer was, in one word: `ok`, an error code, or `closed`.
+pub fn outcome(r: &Option<Response>) -> String {
+    match r {
+        None => "closed".into(),
+        Some(r) if r.ok => "ok".into(),
+        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
     }
 }

@@ -50,7 +50,7 @@ use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
-use tests::fixtures::{Procs, serve_helper};
+use tests::fixtures::{Procs, ask, outcome, serve_helper};
 use tests::{Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for};
 
 const NOBODY: u32 = 65534;
@@ -73,22 +73,6 @@ fn signal(pid: u32, grace_ms: u64) -> ActRequest {
     r
 }
 
-/// One request line on a raw connection, and its answer (`None`: closed or
-/// no answer within `timeout`).
-fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    // A helper that refuses a connection (busy) answers and closes it,
-    // possibly before the request is written: the write then fails, and
-    // the answer is there to be read all the same (as HelperClient does).
-    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
-    let mut reader = BufReader::new(stream);
-    let mut text = String::new();
-    match reader.read_line(&mut text) {
-        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
-        _ => None,
-    }
-}
-
 fn act_line(id: u64, req: &ActRequest) -> String {
     let mut v = serde_json::to_value(req).unwrap();
     let m = v.as_object_mut().unwrap();
@@ -96,15 +80,6 @@ fn act_line(id: u64, req: &ActRequest) -> String {
     m.insert("id".into(), id.into());
     m.insert("op".into(), "act".into());
     v.to_string()
-}
-
-/// What an answer was, in one word: `ok`, an error code, or `closed`.
-fn outcome(r: &Option<Response>) -> String {
-    match r {
-        None => "closed".into(),
-        Some(r) if r.ok => "ok".into(),
-        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@
 //! 2311000..2313000, the scratch directories named `limits-…`.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{Read as _, Write as _},
     os::unix::{net::UnixStream, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -43,7 +43,7 @@ use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::Response;
-use tests::fixtures::{Procs, serve_helper};
+use tests::fixtures::{Procs, ask, outcome, serve_helper};
 use tests::{
     Peer, Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for,
 };
@@ -98,28 +98,6 @@ fn signal_line(pid: u32) -> String {
 }
 
 const HELLO: &str = r#"{"v":1,"id":1,"op":"hello"}"#;
-
-/// One request line on a raw connection, and its answer (`None`: closed or
-/// no answer within `timeout`).
-fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
-    let mut reader = BufReader::new(stream);
-    let mut text = String::new();
-    match reader.read_line(&mut text) {
-        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
-        _ => None,
-    }
-}
-
-/// What an answer was, in one word: `ok`, an error code, or `closed`.
-fn outcome(r: &Option<Response>) -> String {
-    match r {
-        None => "closed".into(),
-        Some(r) if r.ok => "ok".into(),
-        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
-    }
-}
 
 fn message(r: &Option<Response>) -> String {
     r.as_ref()
