@@ -82,6 +82,16 @@ fn three_threads_in_three_waits() {
     assert_eq!(p.threads.len(), 4, "main + 3: {:?}", p.threads);
 }
 
+/// `recv-peer zombies N` as PID 1 of a new pid namespace: it leaks `n`
+/// zombies and never reaps them.
+fn leaking_pid_1(n: u32) -> Peer {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(tests::helper_bin("recv-peer"))
+        .args(["zombies", &n.to_string()]);
+    Peer::spawn(cmd)
+}
+
 #[test]
 fn zombies_under_their_own_pid_1() {
     let _area = tests::area(module_path!());
@@ -89,11 +99,7 @@ fn zombies_under_their_own_pid_1() {
         return;
     }
     // The peer as PID 1 of a new pid namespace, leaking 5 zombies.
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
-        .arg(tests::helper_bin("recv-peer"))
-        .args(["zombies", "5"]);
-    let peer = Peer::spawn(cmd);
+    let peer = leaking_pid_1(5);
     let line = peer.expect("ready ", 10 * SEC);
     assert_eq!(
         field(&line, "pid"),
@@ -377,11 +383,7 @@ fn inspect_by_name_diagnoses_the_missing_init() {
     if !need_root("missing_init") {
         return;
     }
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
-        .arg(tests::helper_bin("recv-peer"))
-        .args(["zombies", "7"]);
-    let peer = Peer::spawn(cmd);
+    let peer = leaking_pid_1(7);
     peer.expect("ready ", 10 * SEC);
     let config = config_file(
         "init",
