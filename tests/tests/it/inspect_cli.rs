@@ -15,6 +15,21 @@ fn inspect(args: &[&str]) -> std::process::Output {
         .expect("run selfheal")
 }
 
+/// `selfheal ARGS…` run as `nobody`, with no capabilities to inherit.
+fn selfheal_as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(selfheal_bin())
+        .args(args)
+        .output()
+        .expect("run selfheal as nobody")
+}
+
 #[test]
 fn json_report_has_the_contract_fields() {
     let _area = tests::area(module_path!());
@@ -138,17 +153,7 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
         .spawn()
         .expect("setpriv");
     std::thread::sleep(Duration::from_millis(200));
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(selfheal_bin())
-        .args(["inspect", "--pid", &sleeper.id().to_string(), "--json"])
-        .output()
-        .expect("run selfheal as nobody");
+    let out = selfheal_as_nobody(&["inspect", "--pid", &sleeper.id().to_string(), "--json"]);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     assert!(
@@ -175,23 +180,13 @@ fn another_users_process_is_a_gap_not_an_error() {
     // A root-owned process inspected by nobody: stat is readable, its fds,
     // syscalls and stacks are not. The report says so and still prints.
     let mut sleeper = Command::new("sleep").arg("30").spawn().expect("sleep");
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(selfheal_bin())
-        .args([
-            "inspect",
-            "--no-ebpf",
-            "--json",
-            "--pid",
-            &sleeper.id().to_string(),
-        ])
-        .output()
-        .expect("run selfheal as nobody");
+    let out = selfheal_as_nobody(&[
+        "inspect",
+        "--no-ebpf",
+        "--json",
+        "--pid",
+        &sleeper.id().to_string(),
+    ]);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     assert!(
