@@ -98,6 +98,14 @@ pub fn check_cmd(config: &Path, places: &Places) -> Command {
     cmd
 }
 
+/// `selfheal helper --no-ebpf --socket SOCKET`: the helper as its own
+/// process, without eBPF.
+pub fn helper_cmd(socket: &Path) -> Command {
+    let mut cmd = Command::new(crate::selfheal_bin());
+    cmd.args(["helper", "--no-ebpf", "--socket"]).arg(socket);
+    cmd
+}
+
 /// An in-process helper on the socket `socket` with `exec`, given 5 s to
 /// shut down, its options changed by `tweak` first.
 pub fn serve_helper(

@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::helper_cmd;
 use tests::{
     CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
     selfheal_bin, socket_fd_of, wait_for,
@@ -490,9 +491,7 @@ fn check_reports_a_dead_helper_and_goes_on_without_it() {
     }
     let dir = Scratch::new("faults-dead-helper");
     let path = dir.join("helper.sock");
-    let mut helper = Command::new(selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(&path)
+    let mut helper = helper_cmd(&path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start the helper");
@@ -533,9 +532,7 @@ fn the_retry_waits_for_a_helper_restarted_on_its_path() {
     let dir = Scratch::new("faults-restart-path");
     let path = dir.join("helper.sock");
     let start = || {
-        Command::new(selfheal_bin())
-            .args(["helper", "--no-ebpf", "--socket"])
-            .arg(&path)
+        helper_cmd(&path)
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start the helper")
@@ -1193,9 +1190,7 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     }
     let dir = Scratch::new("faults-gone-act");
     let path = dir.join("helper.sock");
-    let mut helper = Command::new(selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(&path)
+    let mut helper = helper_cmd(&path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();

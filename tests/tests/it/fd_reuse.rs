@@ -20,6 +20,7 @@ use selfheal::{helper::HelperClient, pidfd::start_ticks};
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
+use tests::fixtures::helper_cmd;
 use tests::{Peer, Scratch, need_root, patient_client_opts, socket_fd_of};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -34,9 +35,7 @@ impl Drop for Helper {
 }
 
 fn start_helper(path: &Path) -> Helper {
-    let child = Command::new(tests::selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(path)
+    let child = helper_cmd(path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start selfheal helper");

@@ -23,6 +23,7 @@ use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
 use tests::fixtures::Places;
+use tests::fixtures::helper_cmd;
 use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -1258,9 +1259,7 @@ fn a_helper_socket_below_another_users_directory_is_refused() {
     let sub = nobodys.join("sub");
     std::fs::create_dir(&sub).unwrap(); // root's, 0755, inside nobody's
     let path = sub.join("helper.sock");
-    let mut child = Command::new(tests::selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(&path)
+    let mut child = helper_cmd(&path)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
