@@ -106,6 +106,17 @@ pub fn helper_cmd(socket: &Path) -> Command {
     cmd
 }
 
+/// Waits (at most 15 s) until a helper answers `hello` on `socket`.
+pub fn wait_answering(socket: &Path) {
+    crate::wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
+        selfheal::helper::HelperClient::connect_with(socket, crate::patient_client_opts())
+            .ok()?
+            .hello()
+            .ok()
+    })
+    .expect("the helper answers");
+}
+
 /// An in-process helper on the socket `socket` with `exec`, given 5 s to
 /// shut down, its options changed by `tweak` first.
 pub fn serve_helper(

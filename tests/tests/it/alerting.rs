@@ -76,7 +76,7 @@ impl Drop for Scratch {
 fn check_writing(dir: &Path, config: &Path, metrics: &Path) -> (i32, String) {
     let out = check_cmd(
         config,
-        &Places::under(&dir)
+        &Places::under(dir)
             .metrics(metrics)
             .helper(dir.join("helper.sock")),
     )

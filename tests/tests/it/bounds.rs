@@ -36,7 +36,7 @@ fn timed_check(config: &Path, dir: &Scratch) -> Usage {
         .arg(selfheal_bin())
         .args(["check", "--json", "--config"])
         .arg(config)
-        .args(Places::without_helper(&dir).args())
+        .args(Places::without_helper(dir).args())
         .output()
         .expect("run recv-peer rusage");
     let line = String::from_utf8_lossy(&out.stdout).into_owned();

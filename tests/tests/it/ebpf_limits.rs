@@ -282,7 +282,7 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
     let config = dir.join("config.toml");
     tests::own_agent_config(&config);
     let check = |dir: &PathBuf| -> serde_json::Value {
-        let out = check_cmd(&config, &Places::under(&dir).helper(&sock))
+        let out = check_cmd(&config, &Places::under(dir).helper(&sock))
             .output()
             .expect("run check");
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

@@ -40,13 +40,7 @@ fn start_helper(path: &Path) -> Helper {
         .spawn()
         .expect("start selfheal helper");
     let h = Helper(child);
-    tests::wait_for(15 * SEC, Duration::from_millis(20), || {
-        HelperClient::connect_with(path, patient_client_opts())
-            .ok()?
-            .hello()
-            .ok()
-    })
-    .expect("the helper answers");
+    tests::fixtures::wait_answering(path);
     h
 }
 

@@ -223,7 +223,7 @@ fn check(
     let t = Instant::now();
     let mut child = check_cmd(
         &path,
-        &Places::under(&dir)
+        &Places::under(dir)
             .metrics(dir.join("selfheal.prom"))
             .helper(dir.join("helper.sock")),
     )

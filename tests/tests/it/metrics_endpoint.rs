@@ -52,7 +52,7 @@ impl Watch {
             .arg("--config")
             .arg(&config)
             .args(
-                Places::under(&scratch)
+                Places::under(scratch)
                     .helper(scratch.join("no-helper.sock"))
                     .args(),
             )

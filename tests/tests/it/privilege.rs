@@ -423,13 +423,7 @@ impl RealHelper {
             child,
             path: path.to_path_buf(),
         };
-        tests::wait_for(15 * SEC, Duration::from_millis(20), || {
-            HelperClient::connect_with(path, patient_client_opts())
-                .ok()?
-                .hello()
-                .ok()
-        })
-        .expect("the helper answers");
+        tests::fixtures::wait_answering(path);
         h
     }
 
