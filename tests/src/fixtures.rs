@@ -142,17 +142,24 @@ pub fn subuid_file(path: &Path, text: &str) {
 pub struct Procs(pub Vec<Child>);
 
 impl Procs {
-    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
-    pub fn sh(&mut self, uid: u32, script: &str) -> u32 {
-        let child = Command::new("sh")
-            .args(["-c", script])
+    /// `cmd` started as `uid` (stdin null), kept to be killed; its pid.
+    pub fn spawn_as(&mut self, uid: u32, mut cmd: Command) -> u32 {
+        let child = cmd
             .uid(uid)
             .gid(uid)
             .stdin(Stdio::null())
             .spawn()
-            .expect("spawn sh");
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
         let pid = child.id();
         self.0.push(child);
+        pid
+    }
+
+    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
+    pub fn sh(&mut self, uid: u32, script: &str) -> u32 {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        let pid = self.spawn_as(uid, cmd);
         crate::wait_for(PROC_WAIT, PROC_TICK, || {
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
             status

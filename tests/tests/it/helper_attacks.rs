@@ -1420,18 +1420,12 @@ fn a_listener_is_no_socket_the_helper_acts_on_for_a_user() {
 fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let child = Command::new("bash")
-        .args([
-            "-c",
-            &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
-        ])
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn bash");
-    let pid = child.id();
-    procs.0.push(child);
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
+    ]);
+    let pid = procs.spawn_as(NOBODY, cmd);
     let (peer, _) = l.accept().unwrap();
     let inode = wait_for(5 * SEC, TICK, || sleep_with_fd3(pid))
         .expect("nobody's sleep holds the connection as fd 3");
