@@ -29,15 +29,21 @@ pub struct Places {
 }
 
 impl Places {
-    /// `DIR/state` and `DIR/snapshots`; no metrics file, no helper named.
-    pub fn under(dir: impl AsRef<Path>) -> Places {
-        let dir = dir.as_ref();
+    /// The state directory `state` and the snapshot directory `snapshots`;
+    /// no metrics file, no helper named.
+    pub fn new(state: impl Into<PathBuf>, snapshots: impl Into<PathBuf>) -> Places {
         Places {
-            state: dir.join("state"),
-            snapshots: dir.join("snapshots"),
+            state: state.into(),
+            snapshots: snapshots.into(),
             metrics: None,
             helper: None,
         }
+    }
+
+    /// `DIR/state` and `DIR/snapshots`; no metrics file, no helper named.
+    pub fn under(dir: impl AsRef<Path>) -> Places {
+        let dir = dir.as_ref();
+        Places::new(dir.join("state"), dir.join("snapshots"))
     }
 
     /// `DIR/state`, `DIR/snaps` and the helper socket `DIR/no-helper.sock`,
