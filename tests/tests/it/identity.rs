@@ -320,14 +320,10 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             containerd_state: scratch.join("no-containerd"),
             timeout: Duration::from_secs(5),
         };
-        let before = started("{{.State.StartedAt}}");
-        let mut targets = vec![("forged", forged.pid())];
-        if let Some(o) = &outsider {
-            targets.push(("outsider", o.pid()));
-        }
-        for (what, pid) in targets {
-            let start = selfheal::pidfd::start_ticks(pid).expect("its start time");
-            let e = selfheal::runtime::restart::restart_container(
+        // The Docker restart of the container `id` for the process `pid`
+        // judged with start time `start` (grace 1 s, 20 s to come back).
+        let restart = |pid: u32, start: u64| {
+            selfheal::runtime::restart::restart_container(
                 &sources,
                 selfheal_core::runtime::Runtime::Docker,
                 &id,
@@ -336,7 +332,15 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
                 Duration::from_secs(1),
                 Duration::from_secs(20),
             )
-            .expect_err(what);
+        };
+        let before = started("{{.State.StartedAt}}");
+        let mut targets = vec![("forged", forged.pid())];
+        if let Some(o) = &outsider {
+            targets.push(("outsider", o.pid()));
+        }
+        for (what, pid) in targets {
+            let start = selfheal::pidfd::start_ticks(pid).expect("its start time");
+            let e = restart(pid, start).expect_err(what);
             eprintln!("{what}: {e}");
             assert!(e.ends_with("left alone"), "{what}: {e}");
             assert_eq!(started("{{.State.StartedAt}}"), before, "{what}: restarted");
@@ -345,43 +349,20 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         drop(outsider);
         // The real one still restarts (the legit case unchanged).
         let start = selfheal::pidfd::start_ticks(init).expect("init's start time");
-        selfheal::runtime::restart::restart_container(
-            &sources,
-            selfheal_core::runtime::Runtime::Docker,
-            &id,
-            init,
-            start,
-            Duration::from_secs(1),
-            Duration::from_secs(20),
-        )
-        .expect("restart of the container's own init");
+        restart(init, start).expect("restart of the container's own init");
         let after = started("{{.State.StartedAt}}");
         assert_ne!(after, before, "not restarted");
         // The same id now runs a new init: an act judged on the old one
         // is refused, never aimed at what now has the id.
-        let e = selfheal::runtime::restart::restart_container(
-            &sources,
-            selfheal_core::runtime::Runtime::Docker,
-            &id,
-            init,
-            start,
-            Duration::from_secs(1),
-            Duration::from_secs(20),
-        )
-        .expect_err("the old init");
+        let e = restart(init, start).expect_err("the old init");
         eprintln!("the old init: {e}");
         assert!(e.ends_with("left alone"), "{e}");
         assert_eq!(started("{{.State.StartedAt}}"), after, "restarted again");
         // Stopped: never restarted, whatever the process.
         run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
-        let e = selfheal::runtime::restart::restart_container(
-            &sources,
-            selfheal_core::runtime::Runtime::Docker,
-            &id,
+        let e = restart(
             std::process::id(),
             selfheal::pidfd::start_ticks(std::process::id()).unwrap(),
-            Duration::from_secs(1),
-            Duration::from_secs(20),
         )
         .expect_err("a stopped container");
         eprintln!("stopped: {e}");
