@@ -76,6 +76,24 @@ fn blocked_pair(tag: &str) -> (SilentPair, i32) {
     (flow, fd)
 }
 
+/// A reconnecting client (`recv-peer reconnecting`) of a listener of this
+/// process, connected: the client, its connection, and the listener with
+/// this end of the connection (open while held: the client reconnects to
+/// it).
+fn reconnecting_here() -> (Peer, Ready, (std::net::TcpListener, std::net::TcpStream)) {
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let client = Peer::recv_peer(&["reconnecting", &addr]);
+    let ready = client.ready();
+    let (side, _) = l.accept().unwrap();
+    (client, ready, (l, side))
+}
+
+/// `a` as an owned argv.
+fn argv(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
 /// Whether `pid` has no signal pending (thread or process wide).
 fn no_pending_signals(pid: u32) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -340,11 +358,7 @@ fn destroy_socket_in_our_own_netns() {
     if !need_root("destroy_socket_in_our_own_netns") {
         return;
     }
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (client, ready, _side) = reconnecting_here();
     let method = destroy_and_expect(&client, &ready, false);
     if kernel_has_sock_destroy() == Some(true) {
         assert_eq!(method, DestroyMethod::SockDestroy);
@@ -357,11 +371,7 @@ fn shutdown_fallback_ends_a_blocked_read() {
     if !need_root("shutdown_fallback_ends_a_blocked_read") {
         return;
     }
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (client, ready, _side) = reconnecting_here();
     assert_eq!(
         destroy_and_expect(&client, &ready, true),
         DestroyMethod::Shutdown
@@ -417,11 +427,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
     if !need_root("destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused") {
         return;
     }
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (client, ready, _side) = reconnecting_here();
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     wait_blocked_in_read(ready.pid, ready.tid);
     let target = target(ready.pid);
@@ -447,11 +453,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
 #[test]
 fn socket_actions_refuse_what_is_not_a_tcp_socket() {
     let _area = tests::area(module_path!());
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (_client, ready, _side) = reconnecting_here();
     let target = target(ready.pid);
     // fd 0 is the peer's stdin, a pipe.
     let e = actions::destroy::destroy_socket(&target, 0, None).unwrap_err();
@@ -573,7 +575,6 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
 #[test]
 fn restart_runs_an_argv_with_a_timeout() {
     let _area = tests::area(module_path!());
-    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
     let ok = actions::restart::restart(&argv(&["sh", "-c", "echo hello; echo oops >&2"]), 10 * SEC)
         .expect("restart");
@@ -631,10 +632,7 @@ fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
     // The command exits at once but leaves a child holding its stdout (a
     // service it started): the outcome comes back within the read grace,
     // with the output so far, and the child is left running.
-    let argv: Vec<String> = ["sh", "-c", "sleep 30 & echo $!"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let argv = argv(&["sh", "-c", "sleep 30 & echo $!"]);
     let t0 = Instant::now();
     let out = actions::restart::restart(&argv, 10 * SEC).expect("restart");
     eprintln!(
@@ -661,10 +659,7 @@ fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
 #[test]
 fn a_hanging_restart_is_killed_with_its_children() {
     let _area = tests::area(module_path!());
-    let argv: Vec<String> = ["sh", "-c", "sleep 60 & echo $!; wait"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let argv = argv(&["sh", "-c", "sleep 60 & echo $!; wait"]);
     let t0 = Instant::now();
     let out = actions::restart::restart(&argv, SEC).expect("restart");
     eprintln!("TIMING hanging restart: {:?} {out:?}", t0.elapsed());
