@@ -5,6 +5,7 @@
 //! tests drive is its own crate ([`selfheal_testbed`]) and binary
 //! (`selfheal-testbed`), kept out of the product binary.
 
+pub mod fixtures;
 pub mod runtimes;
 
 use std::{
@@ -206,12 +207,20 @@ pub fn port_of(addr: &str) -> u16 {
 
 /// A silent server in `b` (`recv-peer acceptor`: accepts, never sends) and
 /// a reconnecting client in `a` (`recv-peer reconnecting`), connected.
+/// Dropped in field order: the client, the server, then their namespaces.
 pub struct SilentPair {
-    pub pair: NetnsPair,
-    pub server: Peer,
     pub client: Peer,
+    pub server: Peer,
+    pub pair: NetnsPair,
     /// The client's connection.
     pub ready: Ready,
+}
+
+impl SilentPair {
+    /// The client's socket fd.
+    pub fn client_fd(&self) -> i32 {
+        socket_fd_of(self.ready.pid, self.ready.inode).expect("the client's socket fd")
+    }
 }
 
 /// A [`SilentPair`] in a new [`NetnsPair`] named by `tag`.
@@ -519,6 +528,25 @@ impl NetnsPair {
         })
     }
 
+    /// `recv-peer ARGS…` in `b`, once it says it listens (within 10 s).
+    pub fn listening_in_b<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Peer {
+        let mut cmd = self.b.command(&helper_bin("recv-peer"));
+        cmd.args(args);
+        let server = Peer::spawn(cmd);
+        server.expect("listening", Duration::from_secs(10));
+        server
+    }
+
+    /// `recv-peer client B:PORT` in `a` (a runner blocked reading its
+    /// server on `b`), once connected, and its connection.
+    pub fn client_in_a(&self, port: u16) -> (Peer, Ready) {
+        let mut cmd = self.a.command(&helper_bin("recv-peer"));
+        cmd.args(["client", &format!("{}:{port}", self.b_addr)]);
+        let client = Peer::spawn(cmd);
+        let ready = client.ready();
+        (client, ready)
+    }
+
     /// Makes `b` vanish without a FIN: it drops every packet it receives
     /// (nftables in `b`), so `a`'s connections to it go half-open.
     pub fn drop_all_into_b(&self) -> Result<(), String> {
@@ -563,18 +591,11 @@ pub fn arm_keepalive(
     count: i32,
 ) -> Result<(), String> {
     let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: plain syscalls with integer arguments; the fds they return are
-    // closed below.
+    let owned = dup_of(pid, fd)?;
+    let dup = std::os::fd::AsRawFd::as_raw_fd(&owned);
+    // SAFETY: setsockopt on the duplicate (open until `owned` drops) with
+    // integer values.
     unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
-        if pidfd < 0 {
-            return Err(os("pidfd_open"));
-        }
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
-        libc::close(pidfd);
-        if dup < 0 {
-            return Err(os("pidfd_getfd"));
-        }
         let set = |level, name, value: libc::c_int| {
             libc::setsockopt(
                 dup,
@@ -593,8 +614,27 @@ pub fn arm_keepalive(
         .iter()
         .any(|r| *r != 0);
         let err = failed.then(|| os("setsockopt"));
-        libc::close(dup);
         err.map_or(Ok(()), Err)
+    }
+}
+
+/// A duplicate of socket `fd` of process `pid` (`pidfd_open`, then
+/// `pidfd_getfd`): options set or read on it are the shared socket's.
+fn dup_of(pid: u32, fd: i32) -> Result<std::os::fd::OwnedFd, String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls with integer arguments; the pidfd is closed
+    // here, the duplicate owned by the result.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
+        if pidfd < 0 {
+            return Err(os("pidfd_open"));
+        }
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
+        libc::close(pidfd);
+        if dup < 0 {
+            return Err(os("pidfd_getfd"));
+        }
+        Ok(std::os::fd::FromRawFd::from_raw_fd(dup))
     }
 }
 
@@ -699,6 +739,12 @@ impl Scratch {
     }
 }
 
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -736,15 +782,13 @@ pub fn run_check(
     helper: &std::path::Path,
     extra: &[&str],
 ) -> CheckRun {
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(config)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--snapshot-dir")
-        .arg(snapshots)
-        .arg("--helper")
-        .arg(helper)
+    let places = fixtures::Places {
+        state: state.to_path_buf(),
+        snapshots: snapshots.to_path_buf(),
+        metrics: None,
+        helper: Some(helper.to_path_buf()),
+    };
+    let out = fixtures::check_cmd(config, &places)
         .args(extra)
         .output()
         .expect("run selfheal check");
@@ -780,18 +824,11 @@ pub fn socket_fd_of(pid: u32, inode: u64) -> Option<i32> {
 /// socket's.
 pub fn keepalive_enabled(pid: u32, fd: i32) -> Result<bool, String> {
     let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: plain syscalls with integer arguments and a local out-value;
-    // the fds they return are closed below.
+    let owned = dup_of(pid, fd)?;
+    let dup = std::os::fd::AsRawFd::as_raw_fd(&owned);
+    // SAFETY: getsockopt on the duplicate (open until `owned` drops) into a
+    // local out-value.
     unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) as libc::c_int;
-        if pidfd < 0 {
-            return Err(os("pidfd_open"));
-        }
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) as libc::c_int;
-        libc::close(pidfd);
-        if dup < 0 {
-            return Err(os("pidfd_getfd"));
-        }
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         let r = libc::getsockopt(
@@ -802,7 +839,6 @@ pub fn keepalive_enabled(pid: u32, fd: i32) -> Result<bool, String> {
             &mut len,
         );
         let err = (r != 0).then(|| os("getsockopt"));
-        libc::close(dup);
         err.map_or(Ok(v != 0), Err)
     }
 }

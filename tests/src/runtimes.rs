@@ -9,7 +9,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{Scratch, wait_for};
+use crate::{
+    Scratch,
+    fixtures::{Places, check_cmd},
+    wait_for,
+};
 
 /// The environment that points selfheal at `docker` for Docker and at
 /// nothing for the others.
@@ -136,6 +140,41 @@ pub fn start_dockerd(scratch: &Scratch, exec: &Path) -> Result<(Daemon, PathBuf)
     Ok((d, sock))
 }
 
+/// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
+/// mount on a hybrid one.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
+}
+
+/// `selfheal config check --config CONFIG` with `env` (the runtimes'
+/// places), run.
+pub fn config_check_output(config: &Path, env: &[(&str, String)]) -> std::process::Output {
+    Command::new(crate::selfheal_bin())
+        .args(["config", "check", "--config"])
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal config check")
+}
+
+/// Whether `test` runs as root with every one of `programs` installed;
+/// else it is skipped, with `hint` where a program is missing.
+pub fn need_root_and(test: &str, programs: &[&str], hint: &str) -> bool {
+    crate::need_root(test) && need_programs(test, programs, hint)
+}
+
+/// [`need_root_and`] `dockerd` and `docker`.
+pub fn need_docker(test: &str) -> bool {
+    need_root_and(
+        test,
+        &["dockerd", "docker"],
+        "run `cargo xtask setup`: Debian docker.io",
+    )
+}
+
 /// Skips `test` (returns `false`) unless every one of `programs` is on the
 /// PATH; the reason names the first missing one and `hint`, what installs it.
 pub fn need_programs(test: &str, programs: &[&str], hint: &str) -> bool {
@@ -235,16 +274,9 @@ pub fn check_json_args(
     agent: &str,
     args: &[&str],
 ) -> (serde_json::Value, String) {
-    let out = Command::new(crate::selfheal_bin())
-        .args(["check", "--json", "--agent", agent, "--config"])
-        .arg(config)
+    let out = check_cmd(config, &Places::without_helper(&scratch.0))
+        .args(["--agent", agent])
         .args(args)
-        .arg("--state-dir")
-        .arg(scratch.join("state"))
-        .arg("--snapshot-dir")
-        .arg(scratch.join("snaps"))
-        .arg("--helper")
-        .arg(scratch.join("no-helper.sock"))
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
         .expect("run selfheal check");

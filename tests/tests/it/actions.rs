@@ -25,7 +25,8 @@ use selfheal::{
 };
 use selfheal_core::keepalive::{KeepaliveSettings, ProofKeepalive};
 use tests::{
-    NetnsPair, Peer, Ready, SilentPair, listener, need_root, port_of, silent_pair, wait_for,
+    NetnsPair, Peer, Ready, SilentPair, listener, need_root, port_of, silent_pair,
+    socket_fd_of as fd_of, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -39,16 +40,6 @@ fn small_keepalive() -> Keepalive {
         count: 2,
         user_timeout: 3 * SEC,
     }
-}
-
-/// The fd number of socket `inode` in process `pid`, if it has it.
-fn fd_of(pid: u32, inode: u64) -> Option<i32> {
-    let want = format!("socket:[{inode}]");
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .ok()?
-        .flatten()
-        .find(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == want))
-        .and_then(|e| e.file_name().to_string_lossy().parse().ok())
 }
 
 /// A process handle as the helper takes it: guarded, pinned to the start
@@ -71,6 +62,33 @@ fn wait_blocked_in_read(pid: u32, tid: u32) {
         blocked.is_some(),
         "thread {tid} of pid {pid} never blocked in a read"
     );
+}
+
+/// A [`SilentPair`] whose client is blocked in its read, and the client's
+/// socket fd.
+fn blocked_pair(tag: &str) -> (SilentPair, i32) {
+    let flow = silent_pair(tag);
+    let fd = flow.client_fd();
+    wait_blocked_in_read(flow.ready.pid, flow.ready.tid);
+    (flow, fd)
+}
+
+/// A reconnecting client (`recv-peer reconnecting`) of a listener of this
+/// process, connected: the client, its connection, and the listener with
+/// this end of the connection (open while held: the client reconnects to
+/// it).
+fn reconnecting_here() -> (Peer, Ready, (std::net::TcpListener, std::net::TcpStream)) {
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let client = Peer::recv_peer(&["reconnecting", &addr]);
+    let ready = client.ready();
+    let (side, _) = l.accept().unwrap();
+    (client, ready, (l, side))
+}
+
+/// `a` as an owned argv.
+fn argv(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
 }
 
 /// Whether `pid` has no signal pending (thread or process wide).
@@ -158,15 +176,9 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
     if !need_root("keepalive_fails_a_half_open_read_and_the_agent_reconnects") {
         return;
     }
-    let SilentPair {
-        pair,
-        server: _server,
-        client,
-        ready,
-    } = silent_pair("akh");
-    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
-    wait_blocked_in_read(ready.pid, ready.tid);
-    drop_connection_into_b(&pair, port_of(&ready.local));
+    let (flow, fd) = blocked_pair("akh");
+    let ready = flow.ready.clone();
+    drop_connection_into_b(&flow.pair, port_of(&ready.local));
 
     let target = target(ready.pid);
     let armed_at = Instant::now();
@@ -187,7 +199,7 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
     assert_eq!(raw_keepalive(&target, fd), out.applied);
 
     // The kernel declares the peer dead and fails the blocked read.
-    let line = client.expect("error ", 15 * SEC);
+    let line = flow.client.expect("error ", 15 * SEC);
     let failed_after = armed_at.elapsed();
     eprintln!("TIMING half-open read failed {failed_after:?} after arm_keepalive: {line}");
     assert!(
@@ -198,7 +210,7 @@ fn keepalive_fails_a_half_open_read_and_the_agent_reconnects() {
 
     // Its own reconnect logic ran: a new connection, the same process, no
     // signal.
-    let again = client.ready();
+    let again = flow.client.ready();
     eprintln!(
         "TIMING reconnected {:?} after arm_keepalive",
         armed_at.elapsed()
@@ -219,14 +231,8 @@ fn keepalive_leaves_a_live_silent_peer_alone_and_goes_back() {
     if !need_root("keepalive_leaves_a_live_silent_peer_alone_and_goes_back") {
         return;
     }
-    let SilentPair {
-        pair: _pair,
-        server: _server,
-        client: _client,
-        ready,
-    } = silent_pair("akl");
-    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
-    wait_blocked_in_read(ready.pid, ready.tid);
+    let (flow, fd) = blocked_pair("akl");
+    let ready = flow.ready.clone();
     // Let the connection be silent for a while first.
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -328,13 +334,9 @@ fn destroy_socket_fails_a_blocked_read_at_once_in_another_netns() {
     if !need_root("destroy_socket_fails_a_blocked_read_at_once_in_another_netns") {
         return;
     }
-    let SilentPair {
-        pair: _pair,
-        server: _server,
-        client,
-        ready,
-    } = silent_pair("ads");
-    let method = destroy_and_expect(&client, &ready, false);
+    let flow = silent_pair("ads");
+    let ready = flow.ready.clone();
+    let method = destroy_and_expect(&flow.client, &ready, false);
     let config = kernel_has_sock_destroy();
     eprintln!("KERNEL CONFIG_INET_DIAG_DESTROY: {config:?}; destroy_socket used {method:?}");
     match config {
@@ -353,11 +355,7 @@ fn destroy_socket_in_our_own_netns() {
     if !need_root("destroy_socket_in_our_own_netns") {
         return;
     }
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (client, ready, _side) = reconnecting_here();
     let method = destroy_and_expect(&client, &ready, false);
     if kernel_has_sock_destroy() == Some(true) {
         assert_eq!(method, DestroyMethod::SockDestroy);
@@ -370,11 +368,7 @@ fn shutdown_fallback_ends_a_blocked_read() {
     if !need_root("shutdown_fallback_ends_a_blocked_read") {
         return;
     }
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (client, ready, _side) = reconnecting_here();
     assert_eq!(
         destroy_and_expect(&client, &ready, true),
         DestroyMethod::Shutdown
@@ -430,11 +424,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
     if !need_root("destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused") {
         return;
     }
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (client, ready, _side) = reconnecting_here();
     let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
     wait_blocked_in_read(ready.pid, ready.tid);
     let target = target(ready.pid);
@@ -460,11 +450,7 @@ fn destroy_socket_falls_back_to_shutdown_where_sock_destroy_is_refused() {
 #[test]
 fn socket_actions_refuse_what_is_not_a_tcp_socket() {
     let _area = tests::area(module_path!());
-    let l = listener();
-    let addr = l.local_addr().unwrap().to_string();
-    let client = Peer::recv_peer(&["reconnecting", &addr]);
-    let ready = client.ready();
-    let _side = l.accept().unwrap();
+    let (_client, ready, _side) = reconnecting_here();
     let target = target(ready.pid);
     // fd 0 is the peer's stdin, a pipe.
     let e = actions::destroy::destroy_socket(&target, 0, None).unwrap_err();
@@ -586,7 +572,6 @@ fn a_pid_that_no_longer_names_the_judged_process_is_not_signalled() {
 #[test]
 fn restart_runs_an_argv_with_a_timeout() {
     let _area = tests::area(module_path!());
-    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
 
     let ok = actions::restart::restart(&argv(&["sh", "-c", "echo hello; echo oops >&2"]), 10 * SEC)
         .expect("restart");
@@ -644,10 +629,7 @@ fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
     // The command exits at once but leaves a child holding its stdout (a
     // service it started): the outcome comes back within the read grace,
     // with the output so far, and the child is left running.
-    let argv: Vec<String> = ["sh", "-c", "sleep 30 & echo $!"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let argv = argv(&["sh", "-c", "sleep 30 & echo $!"]);
     let t0 = Instant::now();
     let out = actions::restart::restart(&argv, 10 * SEC).expect("restart");
     eprintln!(
@@ -674,10 +656,7 @@ fn a_restart_that_leaves_a_daemon_is_not_killed_and_does_not_hang() {
 #[test]
 fn a_hanging_restart_is_killed_with_its_children() {
     let _area = tests::area(module_path!());
-    let argv: Vec<String> = ["sh", "-c", "sleep 60 & echo $!; wait"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let argv = argv(&["sh", "-c", "sleep 60 & echo $!; wait"]);
     let t0 = Instant::now();
     let out = actions::restart::restart(&argv, SEC).expect("restart");
     eprintln!("TIMING hanging restart: {:?} {out:?}", t0.elapsed());
@@ -795,15 +774,9 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
     ) {
         return;
     }
-    let SilentPair {
-        pair,
-        server: _server,
-        client,
-        ready,
-    } = silent_pair("apd");
-    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
-    wait_blocked_in_read(ready.pid, ready.tid);
-    drop_connection_into_b(&pair, port_of(&ready.local));
+    let (flow, fd) = blocked_pair("apd");
+    let ready = flow.ready.clone();
+    drop_connection_into_b(&flow.pair, port_of(&ready.local));
     std::thread::sleep(Duration::from_millis(1200)); // silent past idle
 
     let target = target(ready.pid);
@@ -838,7 +811,7 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
     let ended = actions::keepalive::expire_keepalive(&target, fd, ready.inode).expect("expire");
     assert!(ended.ended, "{ended:?}");
     assert!(ended.probes >= 3, "{ended:?}");
-    let line = client.expect("error ", 5 * SEC);
+    let line = flow.client.expect("error ", 5 * SEC);
     eprintln!(
         "TIMING expired: the read failed {:?} after expire_keepalive: {line}",
         t0.elapsed()
@@ -847,7 +820,7 @@ fn a_proof_keepalive_goes_unanswered_on_a_cut_connection_and_expiring_it_fails_t
         line.contains(&format!("os={}", libc::ETIMEDOUT)),
         "expected ETIMEDOUT: {line}"
     );
-    let again = client.ready();
+    let again = flow.client.ready();
     assert_eq!(again.pid, ready.pid);
     assert!(target.is_alive());
     assert!(no_pending_signals(ready.pid));
@@ -863,14 +836,8 @@ fn a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back()
     if !need_root("a_proof_keepalive_is_answered_by_a_live_peer_and_the_agents_options_go_back") {
         return;
     }
-    let SilentPair {
-        pair: _pair,
-        server: _server,
-        client: _client,
-        ready,
-    } = silent_pair("apl");
-    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
-    wait_blocked_in_read(ready.pid, ready.tid);
+    let (flow, fd) = blocked_pair("apl");
+    let ready = flow.ready.clone();
     let target = target(ready.pid);
     // The agent's own keepalive, as the anthropic SDK sets it.
     let own = KeepaliveSettings {
@@ -921,13 +888,9 @@ fn proof_actions_refuse_a_replaced_fd_and_bad_settings() {
     if !need_root("proof_actions_refuse_a_replaced_fd_and_bad_settings") {
         return;
     }
-    let SilentPair {
-        pair: _pair,
-        server: _server,
-        client: _client,
-        ready,
-    } = silent_pair("apr");
-    let fd = fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let flow = silent_pair("apr");
+    let ready = flow.ready.clone();
+    let fd = flow.client_fd();
     let target = target(ready.pid);
     let before = raw_keepalive(&target, fd);
     let other = ready.inode + 1;

@@ -17,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::{Places, check_cmd};
 use tests::{need_root, selfheal_bin};
 
 fn repo() -> PathBuf {
@@ -73,19 +74,14 @@ impl Drop for Scratch {
 
 /// One `selfheal check` writing `metrics`: its exit code and stderr.
 fn check_writing(dir: &Path, config: &Path, metrics: &Path) -> (i32, String) {
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(config)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dir.join("snapshots"))
-        .arg("--metrics-file")
-        .arg(metrics)
-        .arg("--helper")
-        .arg(dir.join("helper.sock"))
-        .output()
-        .expect("run selfheal check");
+    let out = check_cmd(
+        config,
+        &Places::under(dir)
+            .metrics(metrics)
+            .helper(dir.join("helper.sock")),
+    )
+    .output()
+    .expect("run selfheal check");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -292,19 +288,14 @@ fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
     }
     drop(f);
     // The JSON results carry the gap; exit code at least 1 (2 here: down).
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(&config)
-        .arg("--state-dir")
-        .arg(s.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(s.0.join("snapshots"))
-        .arg("--metrics-file")
-        .arg(&prom)
-        .arg("--helper")
-        .arg(s.0.join("helper.sock"))
-        .output()
-        .unwrap();
+    let out = check_cmd(
+        &config,
+        &Places::under(&s.0)
+            .metrics(&prom)
+            .helper(s.0.join("helper.sock")),
+    )
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("full disk: exit {:?}; {stderr}", out.status.code());
@@ -535,12 +526,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
             .arg(format!("127.0.0.1:{metrics_port}"))
             .arg("--config")
             .arg(bed.config_file())
-            .arg("--state-dir")
-            .arg(s.0.join("state"))
-            .arg("--snapshot-dir")
-            .arg(s.0.join("snapshots"))
-            .arg("--helper")
-            .arg(bed.helper_socket_path())
+            .args(Places::under(&s.0).helper(bed.helper_socket_path()).args())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(s.0.join(format!("watch-{tag}.log"))).unwrap());
         if dry_run {
@@ -722,12 +708,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         .command(&opts.selfheal)
         .args(["check", "--json", "--config"])
         .arg(bed.config_file())
-        .arg("--state-dir")
-        .arg(s.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(s.0.join("snapshots"))
-        .arg("--helper")
-        .arg(bed.helper_socket_path())
+        .args(Places::under(&s.0).helper(bed.helper_socket_path()).args())
         .output()
         .expect("run selfheal check");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -931,12 +912,7 @@ fn a_scrape_during_a_check_gets_the_last_complete_one() {
         .arg(format!("127.0.0.1:{port}"))
         .arg("--config")
         .arg(&config)
-        .arg("--state-dir")
-        .arg(s.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(s.0.join("snapshots"))
-        .arg("--helper")
-        .arg(s.0.join("helper.sock"))
+        .args(Places::under(&s.0).helper(s.0.join("helper.sock")).args())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

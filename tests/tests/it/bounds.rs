@@ -18,6 +18,7 @@ use std::{
 };
 
 use selfheal::snapshots::{self, SnapshotLog};
+use tests::fixtures::{Places, check_cmd};
 use tests::{Netns, Peer, Scratch, Usage, need_root, run_check, selfheal_bin};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -35,12 +36,7 @@ fn timed_check(config: &Path, dir: &Scratch) -> Usage {
         .arg(selfheal_bin())
         .args(["check", "--json", "--config"])
         .arg(config)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dir.join("snaps"))
-        .arg("--helper")
-        .arg(dir.join("no-helper.sock"))
+        .args(Places::without_helper(dir).args())
         .output()
         .expect("run recv-peer rusage");
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -548,15 +544,7 @@ fn an_agent_exiting_mid_collection_is_reported_not_a_crash() {
             c
         });
         agent.expect("ready", 60 * SEC);
-        let child = Command::new(selfheal_bin())
-            .args(["check", "--json", "--config"])
-            .arg(&config)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--snapshot-dir")
-            .arg(dir.join("snaps"))
-            .arg("--helper")
-            .arg(dir.join("no-helper.sock"))
+        let child = check_cmd(&config, &Places::without_helper(&dir))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

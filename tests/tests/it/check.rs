@@ -11,6 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::{Places, check_cmd};
 use tests::{NetnsPair, Peer, need_root, selfheal_bin};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -44,19 +45,12 @@ impl Drop for Dirs {
 /// `selfheal check --json` with the test's state and snapshot dirs: exit
 /// code and one JSON value per agent.
 fn check(dirs: &Path, config: &Path) -> (i32, Vec<serde_json::Value>) {
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(config)
-        .arg("--state-dir")
-        .arg(dirs.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dirs.join("snapshots"))
-        .arg("--metrics-file")
-        .arg(dirs.join("selfheal.prom"))
-        // The test's own helper socket (there is one only where a test starts
-        // a helper): never whatever runs on the machine.
-        .arg("--helper")
-        .arg(dirs.join("helper.sock"))
+    // The test's own helper socket (there is one only where a test starts a
+    // helper): never whatever runs on the machine.
+    let places = Places::under(dirs)
+        .metrics(dirs.join("selfheal.prom"))
+        .helper(dirs.join("helper.sock"));
+    let out = check_cmd(config, &places)
         .output()
         .expect("run selfheal check");
     let lines = String::from_utf8_lossy(&out.stdout)
@@ -80,32 +74,26 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
         return;
     }
     let pair = NetnsPair::new("chk").expect("netns pair");
-    let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
     // Servers in b: heartbeats every 300 ms on 7443; a slow stream (a byte
     // every 2 s) on 8443; a peer that accepts and never sends on 9443.
-    let mut servers = Vec::new();
-    for args in [
+    let _servers: Vec<Peer> = [
         vec!["beat".to_string(), format!("{b}:7443"), "300".into()],
         vec!["beat".into(), format!("{b}:8443"), "2000".into()],
         vec!["sink".into(), format!("{b}:9443")],
-    ] {
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(&args);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        servers.push(s);
-    }
+    ]
+    .iter()
+    .map(|args| pair.listening_in_b(args))
+    .collect();
     // Three runners in a, each a blocking client of one server.
-    let mut clients = Vec::new();
-    for port in [7443, 8443, 9443] {
-        let mut cmd = pair.a.command(&peer);
-        cmd.args(["client", &format!("{b}:{port}")]);
-        let mut c = Peer::spawn(cmd);
-        c.ready();
-        c.tell("go");
-        clients.push(c);
-    }
+    let _clients: Vec<Peer> = [7443, 8443, 9443]
+        .into_iter()
+        .map(|port| {
+            let (mut c, _) = pair.client_in_a(port);
+            c.tell("go");
+            c
+        })
+        .collect();
     // The wedging runner's own status endpoint keeps saying it is connected,
     // as the incident's did.
     let status = tests::status_server(r#"{"status": "connected", "current_task": "WI-7"}"#, 200);
@@ -215,16 +203,7 @@ fn concurrent_checks_leave_a_sound_state_file() {
     let dirs = Dirs::new("concurrent");
     let config = dirs.own_agent_config();
     let runs: Vec<_> = (0..4)
-        .map(|_| {
-            Command::new(selfheal_bin())
-                .args(["check", "--json", "--config"])
-                .arg(&config)
-                .arg("--state-dir")
-                .arg(dirs.0.join("state"))
-                .arg("--snapshot-dir")
-                .arg(dirs.0.join("snapshots"))
-                .output()
-        })
+        .map(|_| check_cmd(&config, &Places::under(&dirs.0)).output())
         .collect();
     for r in runs {
         let r = r.unwrap();
@@ -253,10 +232,7 @@ fn a_garbage_state_file_is_replaced_and_reported() {
     let out = Command::new(selfheal_bin())
         .args(["check", "--config"])
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dirs.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dirs.0.join("snapshots"))
+        .args(Places::under(&dirs.0).args())
         .output()
         .unwrap();
     assert!(out.status.code().is_some_and(|c| c < 3));
@@ -276,10 +252,7 @@ fn watch_logs_transitions_not_every_check() {
     let out = Command::new(selfheal_bin())
         .args(["watch", "--interval", "100ms", "--count", "10", "--config"])
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dirs.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dirs.0.join("snapshots"))
+        .args(Places::under(&dirs.0).args())
         .output()
         .unwrap();
     assert_eq!(
@@ -320,13 +293,7 @@ fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
     .unwrap();
     let not_a_dir = dirs.0.join("snapshots");
     std::fs::write(&not_a_dir, b"not a directory").unwrap();
-    let out = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(&config)
-        .arg("--state-dir")
-        .arg(dirs.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(&not_a_dir)
+    let out = check_cmd(&config, &Places::under(&dirs.0).snapshots(&not_a_dir))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "down, and said so");
@@ -360,10 +327,7 @@ fn watch_serves_metrics() {
             "--config",
         ])
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dirs.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dirs.0.join("snapshots"))
+        .args(Places::under(&dirs.0).args())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -414,13 +378,7 @@ fn heal_flow(tag: &str, through_helper: bool) {
     let pair = NetnsPair::new(&format!("h{}", &tag[..1])).expect("netns pair");
     let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
-    let server = |pair: &NetnsPair| {
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(["beats", &format!("{b}:7443"), "300"]);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        s
-    };
+    let server = |pair: &NetnsPair| pair.listening_in_b(&["beats", &format!("{b}:7443"), "300"]);
     let old_server = server(&pair);
     let mut cmd = pair.a.command(&peer);
     cmd.args(["reconnecting", &format!("{b}:7443")]);
@@ -553,12 +511,11 @@ fn watch_with_metrics(dirs: &Dirs, addr_ip: &str, count: &str) -> (std::process:
             "--config",
         ])
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dirs.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dirs.0.join("snapshots"))
-        .arg("--helper")
-        .arg(dirs.0.join("helper.sock"))
+        .args(
+            Places::under(&dirs.0)
+                .helper(dirs.0.join("helper.sock"))
+                .args(),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -691,12 +648,12 @@ fn no_snapshot_dir_is_a_gap_on_every_check() {
         .args(["watch", "--json", "--interval", "50ms", "--count", "3"])
         .arg("--config")
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dirs.0.join("state"))
-        .arg("--snapshot-dir")
-        .arg(&not_a_dir)
-        .arg("--helper")
-        .arg(dirs.0.join("helper.sock"))
+        .args(
+            Places::under(&dirs.0)
+                .snapshots(&not_a_dir)
+                .helper(dirs.0.join("helper.sock"))
+                .args(),
+        )
         .output()
         .unwrap();
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)

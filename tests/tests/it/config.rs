@@ -598,6 +598,19 @@ fn bad_configs_name_file_line_and_key() {
     );
 }
 
+/// A provider upstream at `addr` with the defaults: no heartbeat, no
+/// threshold of its own.
+fn provider(addr: UpstreamAddr) -> Upstream {
+    Upstream {
+        role: Role::Provider,
+        addr,
+        heartbeat: None,
+        suspect_after: None,
+        max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
+        connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
+    }
+}
+
 #[test]
 fn the_full_example_means_what_it_says() {
     let _area = tests::area(module_path!());
@@ -624,41 +637,13 @@ fn the_full_example_means_what_it_says() {
                 max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
                 connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
             },
-            Upstream {
-                role: Role::Provider,
-                addr: UpstreamAddr::Host {
-                    host: "api.example.com".into(),
-                    port: 443
-                },
-                heartbeat: None,
-                suspect_after: None,
-                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
-            },
-            Upstream {
-                role: Role::Provider,
-                addr: UpstreamAddr::Cidr("10.0.0.0".parse().unwrap(), 8),
-                heartbeat: None,
-                suspect_after: None,
-                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
-            },
-            Upstream {
-                role: Role::Provider,
-                addr: UpstreamAddr::Socket("[2001:db8::1]:443".parse().unwrap()),
-                heartbeat: None,
-                suspect_after: None,
-                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
-            },
-            Upstream {
-                role: Role::Provider,
-                addr: UpstreamAddr::Port(8443),
-                heartbeat: None,
-                suspect_after: None,
-                max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
-                connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
-            },
+            provider(UpstreamAddr::Host {
+                host: "api.example.com".into(),
+                port: 443
+            }),
+            provider(UpstreamAddr::Cidr("10.0.0.0".parse().unwrap(), 8)),
+            provider(UpstreamAddr::Socket("[2001:db8::1]:443".parse().unwrap())),
+            provider(UpstreamAddr::Port(8443)),
         ]
     );
     let shown: Vec<_> = sol.upstreams.iter().map(|u| u.addr.to_string()).collect();

@@ -4,6 +4,7 @@
 
 use std::process::{Command, Output};
 
+use tests::fixtures::rethrow;
 use tests::{TempDir, selfheal_bin};
 
 fn run(cmd: &mut Command) -> (i32, String, String) {
@@ -196,7 +197,5 @@ fn a_cmdline_rule_matches_only_the_runners_processes_unless_told() {
     let _ = theirs.kill();
     let _ = mine.wait();
     let _ = theirs.wait();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }

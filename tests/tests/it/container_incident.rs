@@ -9,10 +9,11 @@
 
 use std::{process::Command, time::Duration};
 
+use tests::fixtures::rethrow;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        check_acting, docker, docker_with_image, have, need_programs, only_docker, rootfs_tar,
+        check_acting, docker, docker_with_image, have, need_docker, only_docker, rootfs_tar,
         run_ok, run_sleeper, start_podman,
     },
     selfheal_bin, skip,
@@ -23,14 +24,7 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
     let _area = tests::area(module_path!());
     const TEST: &str =
         "a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
-        TEST,
-        &["dockerd", "docker"],
-        "run `cargo xtask setup`: Debian docker.io",
-    ) {
+    if !need_docker(TEST) {
         return;
     }
     let scratch = Scratch::new("container-incident");
@@ -134,9 +128,7 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
     let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// The same rung through Podman's compatible API (its `system service` on a
@@ -211,7 +203,5 @@ fn a_wedged_podman_container_is_restarted_through_its_api() {
         assert_ne!(pid, pid2, "a new process");
     });
     podman.stop();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }

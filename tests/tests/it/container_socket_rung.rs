@@ -21,9 +21,10 @@ use std::{
 };
 
 use selfheal_testbed::scenario::{Bed, FAST, Options};
+use tests::fixtures::rethrow;
 use tests::{
-    Scratch, need_root,
-    runtimes::{docker, docker_with_image, need_programs, only_docker, run_ok},
+    Scratch,
+    runtimes::{docker, docker_with_image, need_root_and, only_docker, run_ok},
     selfheal_bin, testbed_bin,
 };
 
@@ -154,10 +155,7 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     let _area = tests::area(module_path!());
     const TEST: &str =
         "the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_container_same_pid";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
+    if !need_root_and(
         TEST,
         &["dockerd", "docker", "nft", "ip", "nsenter"],
         "run `cargo xtask setup`",
@@ -342,7 +340,5 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
     let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }

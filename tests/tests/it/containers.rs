@@ -17,11 +17,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::Places;
+use tests::fixtures::rethrow;
+use tests::runtimes::cgroup2_root;
+use tests::runtimes::config_check_output;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        Daemon, check_acting, check_json_args, docker, docker_with_image, have, need_programs,
-        only_docker, rootfs_tar, run_ok, run_sleeper, start_podman,
+        Daemon, check_acting, check_json_args, docker, docker_with_image, have, need_docker,
+        need_root_and, only_docker, rootfs_tar, run_ok, run_sleeper, start_podman,
     },
     selfheal_bin, skip, wait_for,
 };
@@ -55,15 +59,6 @@ fn random_id(tag: &str) -> String {
             format!("{:016x}", z ^ (z >> 31))
         })
         .collect()
-}
-
-/// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
-/// mount on a hybrid one.
-fn cgroup2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
 }
 
 impl FakeContainer {
@@ -165,12 +160,7 @@ fn garbage(mut s: std::os::unix::net::UnixStream) {
 /// `selfheal config check` with the runtimes at these places.
 fn config_check(config: &Path, env: &[(&str, String)]) -> (i32, String, String, Duration) {
     let start = Instant::now();
-    let out = Command::new(selfheal_bin())
-        .args(["config", "check", "--config"])
-        .arg(config)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run selfheal config check");
+    let out = config_check_output(config, env);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -332,14 +322,7 @@ fn a_runtime_that_answers_garbage_or_refuses_is_a_gap() {
 fn docker_and_podman_containers_are_matched_by_label_and_name() {
     let _area = tests::area(module_path!());
     const TEST: &str = "docker_and_podman_containers_are_matched_by_label_and_name";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
-        TEST,
-        &["dockerd", "docker"],
-        "run `cargo xtask setup`: Debian docker.io",
-    ) {
+    if !need_docker(TEST) {
         return;
     }
     let scratch = Scratch::new("containers-docker");
@@ -445,9 +428,7 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
     cleanup();
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// `sleep 600` as uid 65534 in cgroup `rel` below that user's delegated
@@ -500,10 +481,7 @@ fn remove_cgroup_dirs(rel: &str, keep_depth: usize) {
 fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
     let _area = tests::area(module_path!());
     const TEST: &str = "a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
+    if !need_root_and(
         TEST,
         &["containerd", "ctr", "runc"],
         "run `cargo xtask setup`: Debian containerd",
@@ -726,9 +704,7 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
     });
     cleanup();
     drop(containerd);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// The cost of identity: one `check` over N containers' agents matched by
@@ -740,14 +716,7 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
 fn cost_of_a_check_by_label_against_by_pid() {
     let _area = tests::area(module_path!());
     const TEST: &str = "cost_of_a_check_by_label_against_by_pid";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
-        TEST,
-        &["dockerd", "docker"],
-        "run `cargo xtask setup`: Debian docker.io",
-    ) {
+    if !need_docker(TEST) {
         return;
     }
     let n: usize = std::env::var("SELFHEAL_CONTAINERS_N")
@@ -820,12 +789,7 @@ fn cost_of_a_check_by_label_against_by_pid() {
                 let out = Command::new(selfheal_bin())
                     .args(["check", "--json", "--dry-run", "--config"])
                     .arg(config)
-                    .arg("--state-dir")
-                    .arg(scratch.join("state"))
-                    .arg("--snapshot-dir")
-                    .arg(scratch.join("snaps"))
-                    .arg("--helper")
-                    .arg(scratch.join("no-helper.sock"))
+                    .args(Places::without_helper(&scratch).args())
                     .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
                     .output()
                     .expect("check");
@@ -868,7 +832,5 @@ fn cost_of_a_check_by_label_against_by_pid() {
     let _ = run_ok(docker(&sock).args(["rmi", "-f", &image]));
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }

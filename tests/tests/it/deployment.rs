@@ -17,9 +17,9 @@ use std::{
 
 use selfheal::actions::{self, keepalive::Keepalive};
 use tests::{
-    Scratch, SilentPair, need_root, port_of,
-    runtimes::{docker, need_programs, run_ok, start_dockerd},
-    silent_pair, socket_fd_of, testbed_bin, wait_for,
+    Scratch, need_root, port_of,
+    runtimes::{docker, need_root_and, run_ok, start_dockerd},
+    silent_pair, testbed_bin, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -35,18 +35,15 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
     if !need_root(name) {
         return;
     }
-    let SilentPair {
-        pair,
-        server: _server,
-        client,
-        ready,
-    } = silent_pair("dkr");
-    let fd = socket_fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let flow = silent_pair("dkr");
+    let ready = flow.ready.clone();
+    let fd = flow.client_fd();
 
     // The gateway drops this one flow both ways, no FIN or RST; new
     // connections still work (the agent's reconnect).
     let cport = port_of(&ready.local);
-    pair.b
+    flow.pair
+        .b
         .nft(&format!(
             "table inet selfheal_deploy_{cport} {{\n chain input {{ type filter hook input priority 0; tcp sport {cport} drop; }}\n \
              chain output {{ type filter hook output priority 0; tcp dport {cport} drop; }}\n}}\n"
@@ -74,13 +71,13 @@ fn the_keepalive_rung_ends_a_proven_dead_stream_within_seconds_and_the_agent_rec
         "{out:?}"
     );
 
-    let line = client.expect("error ", 20 * SEC);
+    let line = flow.client.expect("error ", 20 * SEC);
     let failed = armed.elapsed();
     assert!(
         line.contains(&format!("os={}", libc::ETIMEDOUT)),
         "expected ETIMEDOUT: {line}"
     );
-    let again = client.ready();
+    let again = flow.client.ready();
     let reconnected = armed.elapsed();
     eprintln!(
         "TIMING keepalive rung on a stream silent {silent} ms: read failed {failed:?}, reconnected {reconnected:?} after arming (the first `wedged` verdict's run); a 60 s keepalive floor would have taken ~{} s",
@@ -246,6 +243,26 @@ impl Container {
         self.sh(script).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// The runner's `attached …` lines in the journal of `selector`.
+    fn attached(&self, selector: &str) -> Vec<(f64, u32, String)> {
+        self.journal(selector)
+            .into_iter()
+            .filter(|(_, _, m)| m.starts_with("attached "))
+            .collect()
+    }
+
+    /// The helper's socket unit is enabled and active.
+    fn assert_helper_socket_enabled_and_active(&self) {
+        assert_eq!(
+            self.expect("systemctl is-enabled selfheal-helper.socket"),
+            "enabled"
+        );
+        assert_eq!(
+            self.expect("systemctl is-active selfheal-helper.socket"),
+            "active"
+        );
+    }
+
     /// The journal of a unit as `(unix seconds, pid, message)`.
     fn journal(&self, selector: &str) -> Vec<(f64, u32, String)> {
         let text = self
@@ -289,9 +306,13 @@ fn wait<T>(secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
         .unwrap_or_else(|| panic!("{what}: not within {secs} s"))
 }
 
-const RUNNER_CONFIG: &str = r#"[[agent]]
-name = "runner"
-match = { unit = "runner.service" }
+/// An agent of the unit `NAME.service`, a runner of the testbed's: its
+/// control and provider upstreams, its thresholds and heal windows.
+fn runner_agent(name: &str) -> String {
+    format!(
+        r#"[[agent]]
+name = "{name}"
+match = {{ unit = "{name}.service" }}
 [[agent.upstream]]
 role = "control"
 addr = "127.0.0.1:7443"
@@ -305,30 +326,22 @@ recv_blocked = "2s"
 [agent.heal]
 step_window = "5s"
 backoff = "1s"
+"#
+    )
+}
 
+/// The user's config: the runner, a system service that runs as the user
+/// (`sysrunner`) and `parked`, stopped on purpose.
+fn runner_config() -> String {
+    format!(
+        r#"{}
 # A system service that runs as the user (`systemd-run --uid=agent`, as
 # `User=agent` would): the system manager's unit, matched from the user's
 # timer.
-[[agent]]
-name = "sysrunner"
-match = { unit = "sysrunner.service" }
-[[agent.upstream]]
-role = "control"
-addr = "127.0.0.1:7443"
-heartbeat = "1s"
-[[agent.upstream]]
-role = "provider"
-addr = "127.0.0.1:8443"
-[agent.thresholds]
-suspect_after = "2s"
-recv_blocked = "2s"
-[agent.heal]
-step_window = "5s"
-backoff = "1s"
-
+{}
 [[agent]]
 name = "parked"
-match = { unit = "parked.service" }
+match = {{ unit = "parked.service" }}
 [[agent.upstream]]
 role = "control"
 addr = "127.0.0.1:7443"
@@ -336,7 +349,11 @@ heartbeat = "1s"
 [agent.heal]
 signal = true
 restart = ["systemctl", "--user", "start", "parked.service"]
-"#;
+"#,
+        runner_agent("runner"),
+        runner_agent("sysrunner")
+    )
+}
 
 fn runner_unit(name: &str, status_port: u16) -> String {
     format!(
@@ -359,10 +376,7 @@ fn runner_argv(name: &str, status_port: u16) -> String {
 fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     let _area = tests::area(module_path!());
     const TEST: &str = "the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
+    if !need_root_and(
         TEST,
         &["dockerd", "docker", "debootstrap", "dpkg-deb"],
         "run `cargo xtask setup`: Debian docker.io, debootstrap",
@@ -452,14 +466,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
             .arg(format!("{tag}:/usr/local/bin/selfheal-testbed")),
     )
     .expect("docker cp selfheal-testbed");
-    assert_eq!(
-        c.expect("systemctl is-enabled selfheal-helper.socket"),
-        "enabled"
-    );
-    assert_eq!(
-        c.expect("systemctl is-active selfheal-helper.socket"),
-        "active"
-    );
+    c.assert_helper_socket_enabled_and_active();
     assert_eq!(
         c.expect("systemctl is-active selfheal-helper.service || true"),
         "inactive",
@@ -516,7 +523,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
          chown -R agent:agent /home/agent/.config",
         shell_quote(&runner_unit("runner", 9001)),
         shell_quote(&runner_unit("parked", 9002)),
-        shell_quote(RUNNER_CONFIG),
+        shell_quote(&runner_config()),
     ));
     c.user("systemd-analyze --user verify /usr/lib/systemd/user/selfheal.service /usr/lib/systemd/user/selfheal.timer /usr/lib/systemd/user/selfheal-watch.service /home/agent/.config/systemd/user/runner.service")
         .unwrap_or_else(|e| panic!("{e}"));
@@ -532,12 +539,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         "systemctl --user daemon-reload && systemctl --user start runner.service parked.service",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let attached = |c: &Container| {
-        c.journal("_SYSTEMD_USER_UNIT=runner.service")
-            .into_iter()
-            .filter(|(_, _, m)| m.starts_with("attached "))
-            .collect::<Vec<_>>()
-    };
+    let attached = |c: &Container| c.attached("_SYSTEMD_USER_UNIT=runner.service");
     let first = wait(20, "the runner attached", || {
         attached(&c).into_iter().next()
     });
@@ -546,12 +548,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         "systemd-run --uid=agent --unit=sysrunner {}",
         runner_argv("sysrunner", 9003)
     ));
-    let sys_attached = |c: &Container| {
-        c.journal("_SYSTEMD_UNIT=sysrunner.service")
-            .into_iter()
-            .filter(|(_, _, m)| m.starts_with("attached "))
-            .collect::<Vec<_>>()
-    };
+    let sys_attached = |c: &Container| c.attached("_SYSTEMD_UNIT=sysrunner.service");
     let sys_first = wait(20, "the system runner attached", || {
         sys_attached(&c).into_iter().next()
     });
@@ -811,14 +808,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
         after == serving || after == "0",
         "the upgrade restarted the helper mid-request ({serving} -> {after})"
     );
-    assert_eq!(
-        c.expect("systemctl is-enabled selfheal-helper.socket"),
-        "enabled"
-    );
-    assert_eq!(
-        c.expect("systemctl is-active selfheal-helper.socket"),
-        "active"
-    );
+    c.assert_helper_socket_enabled_and_active();
     eprintln!(
         "upgrade while serving: helper pid {serving} before, {after} after dpkg -i; watch {watch_state:?}"
     );

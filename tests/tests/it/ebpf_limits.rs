@@ -27,6 +27,8 @@ use selfheal::{
 };
 use selfheal_common::MAX_SOCKS;
 use selfheal_core::proc::Detail;
+use tests::fixtures::rethrow;
+use tests::fixtures::{Places, check_cmd};
 use tests::{Netns, attach, need_ebpf, selfheal_bin, skip, wait_for};
 
 /// The tests here watch this process: one at a time.
@@ -280,15 +282,7 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
     let config = dir.join("config.toml");
     tests::own_agent_config(&config);
     let check = |dir: &PathBuf| -> serde_json::Value {
-        let out = Command::new(selfheal_bin())
-            .args(["check", "--json", "--config"])
-            .arg(&config)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--snapshot-dir")
-            .arg(dir.join("snapshots"))
-            .arg("--helper")
-            .arg(&sock)
+        let out = check_cmd(&config, &Places::under(dir).helper(&sock))
             .output()
             .expect("run check");
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -327,9 +321,7 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
     let _ = helper.kill();
     let _ = helper.wait();
     let _ = std::fs::remove_dir_all(&dir);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// Opens `pairs` loopback connections inside `ns` as uid `nobody`, both
@@ -465,9 +457,7 @@ fn one_uid_filling_the_socket_map_leaves_another_uid_its_share() {
     drop(stdin);
     let _ = filler.kill();
     let _ = filler.wait();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// A filler of `pairs` connections ([`FILLER`]) as `uid` inside `ns`,
@@ -543,7 +533,7 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
     use selfheal::{
         ebpf::TracerOptions,
         healer::ActionsExecutor,
-        helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
+        helper::{ClientOptions, HelperClient},
     };
     use selfheal_core::ebpf::socks_share;
     use selfheal_core::ebpf::strategy::Strategy;
@@ -564,20 +554,18 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
         return;
     }
     let dir = Scratch::new("limits-socks");
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        let p = dir.join("subuid");
-        std::fs::write(&p, format!("{OWNER}:{SUBUIDS}:100\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
-    opts.shutdown_grace = Duration::from_secs(5);
-    opts.subuid = dir.join("subuid");
-    opts.ebpf = Some(TracerOptions {
-        strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
-        ..TracerOptions::default()
-    });
-    let _helper = serve(opts, Arc::new(ActionsExecutor::default())).expect("start the helper");
+    tests::fixtures::subuid_file(&dir.join("subuid"), &format!("{OWNER}:{SUBUIDS}:100\n"));
+    let _helper = tests::fixtures::serve_helper(
+        dir.join("helper.sock"),
+        Arc::new(ActionsExecutor::default()),
+        |opts| {
+            opts.subuid = dir.join("subuid");
+            opts.ebpf = Some(TracerOptions {
+                strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+                ..TracerOptions::default()
+            });
+        },
+    );
     let mut client = HelperClient::connect_with(
         dir.join("helper.sock"),
         ClientOptions {

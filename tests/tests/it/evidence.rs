@@ -6,7 +6,7 @@
 use std::{process::Command, time::Duration};
 
 use selfheal::{proc, sys::sockdiag};
-use tests::{NetnsPair, Peer, arm_keepalive, listener, need_root, selfheal_bin, wait_for};
+use tests::{NetnsPair, Peer, Ready, arm_keepalive, listener, need_root, selfheal_bin, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -82,6 +82,16 @@ fn three_threads_in_three_waits() {
     assert_eq!(p.threads.len(), 4, "main + 3: {:?}", p.threads);
 }
 
+/// `recv-peer zombies N` as PID 1 of a new pid namespace: it leaks `n`
+/// zombies and never reaps them.
+fn leaking_pid_1(n: u32) -> Peer {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(tests::helper_bin("recv-peer"))
+        .args(["zombies", &n.to_string()]);
+    Peer::spawn(cmd)
+}
+
 #[test]
 fn zombies_under_their_own_pid_1() {
     let _area = tests::area(module_path!());
@@ -89,11 +99,7 @@ fn zombies_under_their_own_pid_1() {
         return;
     }
     // The peer as PID 1 of a new pid namespace, leaking 5 zombies.
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
-        .arg(tests::helper_bin("recv-peer"))
-        .args(["zombies", "5"]);
-    let peer = Peer::spawn(cmd);
+    let peer = leaking_pid_1(5);
     let line = peer.expect("ready ", 10 * SEC);
     assert_eq!(
         field(&line, "pid"),
@@ -159,14 +165,8 @@ fn established_close_wait_and_unacked_sockets() {
     // Unacknowledged data: connect, then the peer drops everything, then
     // data is sent into the dead connection.
     let pair = NetnsPair::new("unack").expect("netns pair");
-    let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["sink", &format!("{}:7000", pair.b_addr)]);
-    let sink = Peer::spawn(cmd);
-    sink.expect("listening", 10 * SEC);
-    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["client", &format!("{}:7000", pair.b_addr)]);
-    let client = Peer::spawn(cmd);
-    let ready = client.ready();
+    let sink = pair.listening_in_b(&["sink", &format!("{}:7000", pair.b_addr)]);
+    let (_client, ready) = pair.client_in_a(7000);
     sink.expect("accepted", 10 * SEC);
     pair.drop_all_into_b().expect("nft");
     // Write into the dead connection from outside the client: duplicate its
@@ -222,14 +222,8 @@ fn half_open_connection_then_keepalive_probes() {
         return;
     }
     let pair = NetnsPair::new("half").expect("netns pair");
-    let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["server", &format!("{}:7443", pair.b_addr)]);
-    let mut server = Peer::spawn(cmd);
-    server.expect("listening", 10 * SEC);
-    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["client", &format!("{}:7443", pair.b_addr)]);
-    let mut client = Peer::spawn(cmd);
-    let ready = client.ready();
+    let mut server = pair.listening_in_b(&["server", &format!("{}:7443", pair.b_addr)]);
+    let (mut client, ready) = pair.client_in_a(7443);
     client.tell("go");
     server.tell("send 5");
     client.expect("got 5", 5 * SEC);
@@ -342,22 +336,14 @@ fn inspect_by_name_in_another_netns_with_roles() {
         return;
     }
     let pair = NetnsPair::new("name").expect("netns pair");
-    let mut servers = Vec::new();
-    for port in [7443, 8443] {
-        let mut cmd = pair.b.command(&tests::helper_bin("recv-peer"));
-        cmd.args(["server", &format!("{}:{port}", pair.b_addr)]);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        servers.push(s);
-    }
-    let mut clients = Vec::new();
-    for port in [7443, 8443] {
-        let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-        cmd.args(["client", &format!("{}:{port}", pair.b_addr)]);
-        let c = Peer::spawn(cmd);
-        let ready = c.ready();
-        clients.push((c, ready));
-    }
+    let _servers: Vec<Peer> = [7443, 8443]
+        .into_iter()
+        .map(|port| pair.listening_in_b(&["server", &format!("{}:{port}", pair.b_addr)]))
+        .collect();
+    let clients: Vec<(Peer, Ready)> = [7443, 8443]
+        .into_iter()
+        .map(|port| pair.client_in_a(port))
+        .collect();
     let config = config_file(
         "name",
         &format!(
@@ -397,11 +383,7 @@ fn inspect_by_name_diagnoses_the_missing_init() {
     if !need_root("missing_init") {
         return;
     }
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
-        .arg(tests::helper_bin("recv-peer"))
-        .args(["zombies", "7"]);
-    let peer = Peer::spawn(cmd);
+    let peer = leaking_pid_1(7);
     peer.expect("ready ", 10 * SEC);
     let config = config_file(
         "init",

@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::helper_cmd;
 use tests::{
     CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
     selfheal_bin, socket_fd_of, wait_for,
@@ -35,16 +36,9 @@ struct Runner {
 impl Runner {
     fn new(tag: &str) -> Runner {
         let pair = NetnsPair::new(tag).expect("netns pair");
-        let peer = tests::helper_bin("recv-peer");
         let b = pair.b_addr.clone();
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(["beat", &format!("{b}:7443"), "300"]);
-        let server = Peer::spawn(cmd);
-        server.expect("listening", 10 * SEC);
-        let mut cmd = pair.a.command(&peer);
-        cmd.args(["client", &format!("{b}:7443")]);
-        let mut client = Peer::spawn(cmd);
-        let ready = client.ready();
+        let server = pair.listening_in_b(&["beat", &format!("{b}:7443"), "300"]);
+        let (mut client, ready) = pair.client_in_a(7443);
         client.tell("go");
         let fd = socket_fd_of(ready.pid, ready.inode).expect("the runner's socket fd");
         Runner {
@@ -497,9 +491,7 @@ fn check_reports_a_dead_helper_and_goes_on_without_it() {
     }
     let dir = Scratch::new("faults-dead-helper");
     let path = dir.join("helper.sock");
-    let mut helper = Command::new(selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(&path)
+    let mut helper = helper_cmd(&path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start the helper");
@@ -540,9 +532,7 @@ fn the_retry_waits_for_a_helper_restarted_on_its_path() {
     let dir = Scratch::new("faults-restart-path");
     let path = dir.join("helper.sock");
     let start = || {
-        Command::new(selfheal_bin())
-            .args(["helper", "--no-ebpf", "--socket"])
-            .arg(&path)
+        helper_cmd(&path)
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start the helper")
@@ -700,7 +690,7 @@ fn a_reused_pid_is_never_acted_on() {
         actions::keepalive::Keepalive,
         check::Healer as _,
         healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
-        helper::{ClientOptions, HelperClient, Listen, ServerOptions, serve},
+        helper::{ClientOptions, HelperClient},
         sys::pidfd::start_ticks,
     };
     use selfheal_core::ladder::Step;
@@ -769,9 +759,11 @@ fn a_reused_pid_is_never_acted_on() {
 
     // The helper, with the real executor, over its socket.
     let dir = Scratch::new("faults-reuse");
-    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
-    opts.shutdown_grace = 5 * SEC;
-    let server = serve(opts, std::sync::Arc::new(ActionsExecutor::default())).unwrap();
+    let server = tests::fixtures::serve_helper(
+        dir.join("helper.sock"),
+        std::sync::Arc::new(ActionsExecutor::default()),
+        |_| {},
+    );
     let copts = ClientOptions {
         connect_timeout: SEC,
         timeout: 5 * SEC,
@@ -1025,28 +1017,22 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     }
     const JUMP_S: i64 = 3 * 3600;
     let pair = NetnsPair::new("wc").expect("netns pair");
-    let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
-    let mut servers = Vec::new();
-    for args in [
+    let _servers: Vec<Peer> = [
         vec!["beat".to_string(), format!("{b}:7443"), "300".into()],
         vec!["sink".into(), format!("{b}:9443")],
-    ] {
-        let mut cmd = pair.b.command(&peer);
-        cmd.args(&args);
-        let s = Peer::spawn(cmd);
-        s.expect("listening", 10 * SEC);
-        servers.push(s);
-    }
-    let mut clients = Vec::new();
-    for port in [7443, 9443] {
-        let mut cmd = pair.a.command(&peer);
-        cmd.args(["client", &format!("{b}:{port}")]);
-        let mut c = Peer::spawn(cmd);
-        c.ready();
-        c.tell("go");
-        clients.push(c);
-    }
+    ]
+    .iter()
+    .map(|args| pair.listening_in_b(args))
+    .collect();
+    let clients: Vec<Peer> = [7443, 9443]
+        .into_iter()
+        .map(|port| {
+            let (mut c, _) = pair.client_in_a(port);
+            c.tell("go");
+            c
+        })
+        .collect();
     // The thinking runner's own status: the same task all along (a wall
     // clock age would make it stale, and the runner wedged, at once).
     let status = tests::status_server(r#"{"current_task": "WI-7"}"#, 200);
@@ -1204,9 +1190,7 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     }
     let dir = Scratch::new("faults-gone-act");
     let path = dir.join("helper.sock");
-    let mut helper = Command::new(selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(&path)
+    let mut helper = helper_cmd(&path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();

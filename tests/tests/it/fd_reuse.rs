@@ -20,6 +20,7 @@ use selfheal::{helper::HelperClient, sys::pidfd::start_ticks};
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
+use tests::fixtures::helper_cmd;
 use tests::{Peer, Scratch, need_root, patient_client_opts, socket_fd_of};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -34,20 +35,12 @@ impl Drop for Helper {
 }
 
 fn start_helper(path: &Path) -> Helper {
-    let child = Command::new(tests::selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(path)
+    let child = helper_cmd(path)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start selfheal helper");
     let h = Helper(child);
-    tests::wait_for(15 * SEC, Duration::from_millis(20), || {
-        HelperClient::connect_with(path, patient_client_opts())
-            .ok()?
-            .hello()
-            .ok()
-    })
-    .expect("the helper answers");
+    tests::fixtures::wait_answering(path);
     h
 }
 

@@ -19,7 +19,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{Netns, Peer, Scratch, need_root, selfheal_bin, skip};
+use tests::fixtures::{Places, check_cmd};
+use tests::{Netns, Peer, Scratch, need_root, skip};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -220,21 +221,16 @@ fn check(
     let path = dir.join("config.toml");
     std::fs::write(&path, config).unwrap();
     let t = Instant::now();
-    let mut child = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(&path)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--snapshot-dir")
-        .arg(dir.join("snapshots"))
-        .arg("--metrics-file")
-        .arg(dir.join("selfheal.prom"))
-        .arg("--helper")
-        .arg(dir.join("helper.sock"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run selfheal check");
+    let mut child = check_cmd(
+        &path,
+        &Places::under(dir)
+            .metrics(dir.join("selfheal.prom"))
+            .helper(dir.join("helper.sock")),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("run selfheal check");
     let exited = loop {
         if child.try_wait().unwrap().is_some() {
             break true;

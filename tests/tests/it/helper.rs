@@ -129,11 +129,8 @@ fn start(
     dir: &TempDir,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> (ServerHandle, Arc<DryExecutor>) {
-    let mut opts = ServerOptions::new(Listen::Path(dir.socket()));
-    opts.shutdown_grace = 5 * SEC;
-    tweak(&mut opts);
     let exec = Arc::new(DryExecutor::new());
-    let handle = serve(opts, exec.clone()).expect("start the helper");
+    let handle = tests::fixtures::serve_helper(dir.socket(), exec.clone(), tweak);
     (handle, exec)
 }
 

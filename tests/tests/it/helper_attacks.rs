@@ -42,10 +42,7 @@ use std::{
 use selfheal::{
     ebpf::TracerOptions,
     healer::ActionsExecutor,
-    helper::{
-        ClientOptions, DryExecutor, Executor, HelperClient, Listen, ServerHandle, ServerOptions,
-        serve,
-    },
+    helper::{ClientOptions, DryExecutor, Executor, HelperClient, ServerHandle, ServerOptions},
     sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
@@ -53,6 +50,7 @@ use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
+use tests::fixtures::{Procs, ask, outcome, serve_helper};
 use tests::{Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for};
 
 const NOBODY: u32 = 65534;
@@ -65,60 +63,7 @@ fn start(
     exec: Arc<dyn Executor>,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> ServerHandle {
-    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
-    opts.shutdown_grace = 5 * SEC;
-    tweak(&mut opts);
-    serve(opts, exec).expect("start the helper")
-}
-
-/// Child processes killed (and reaped) on drop.
-#[derive(Default)]
-struct Procs(Vec<Child>);
-
-impl Procs {
-    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
-    fn sh(&mut self, uid: u32, script: &str) -> u32 {
-        let child = Command::new("sh")
-            .args(["-c", script])
-            .uid(uid)
-            .gid(uid)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sh");
-        let pid = child.id();
-        self.0.push(child);
-        wait_for(5 * SEC, TICK, || {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            status
-                .lines()
-                .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
-                .then_some(())
-        })
-        .expect("the child runs as its uid");
-        pid
-    }
-
-    /// A process of `uid` that ignores SIGTERM (a `sleep` that inherited
-    /// the ignored disposition).
-    fn deaf(&mut self, uid: u32) -> u32 {
-        let pid = self.sh(uid, "trap '' TERM; exec sleep 300");
-        wait_for(5 * SEC, TICK, || {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .ok()
-                .filter(|c| c.trim() == "sleep")
-        })
-        .expect("exec'd sleep");
-        pid
-    }
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    serve_helper(dir.join("helper.sock"), exec, tweak)
 }
 
 fn signal(pid: u32, grace_ms: u64) -> ActRequest {
@@ -128,22 +73,6 @@ fn signal(pid: u32, grace_ms: u64) -> ActRequest {
     r
 }
 
-/// One request line on a raw connection, and its answer (`None`: closed or
-/// no answer within `timeout`).
-fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    // A helper that refuses a connection (busy) answers and closes it,
-    // possibly before the request is written: the write then fails, and
-    // the answer is there to be read all the same (as HelperClient does).
-    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
-    let mut reader = BufReader::new(stream);
-    let mut text = String::new();
-    match reader.read_line(&mut text) {
-        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
-        _ => None,
-    }
-}
-
 fn act_line(id: u64, req: &ActRequest) -> String {
     let mut v = serde_json::to_value(req).unwrap();
     let m = v.as_object_mut().unwrap();
@@ -151,15 +80,6 @@ fn act_line(id: u64, req: &ActRequest) -> String {
     m.insert("id".into(), id.into());
     m.insert("op".into(), "act".into());
     v.to_string()
-}
-
-/// What an answer was, in one word: `ok`, an error code, or `closed`.
-fn outcome(r: &Option<Response>) -> String {
-    match r {
-        None => "closed".into(),
-        Some(r) if r.ok => "ok".into(),
-        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1398,13 +1318,7 @@ fn master_worker_attack(test: &str, dumpable: bool) {
         )
     });
     let path = dir.join("helper.sock");
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
     let restore = ask(socket_act(
         Action::RestoreKeepalive,
         w,
@@ -1506,32 +1420,70 @@ fn a_listener_is_no_socket_the_helper_acts_on_for_a_user() {
 fn nobodys_connection(procs: &mut Procs) -> (u32, i32, u64, std::net::TcpStream) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    let child = Command::new("bash")
-        .args([
-            "-c",
-            &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
-        ])
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn bash");
-    let pid = child.id();
-    procs.0.push(child);
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        &format!("exec 3<>/dev/tcp/127.0.0.1/{port}; exec sleep 300"),
+    ]);
+    let pid = procs.spawn_as(NOBODY, cmd);
     let (peer, _) = l.accept().unwrap();
-    let inode = wait_for(5 * SEC, TICK, || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .ok()
-            .filter(|c| c.trim() == "sleep")?;
-        let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).ok()?;
-        link.to_str()?
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()
-    })
-    .expect("nobody's sleep holds the connection as fd 3");
+    let inode = wait_for(5 * SEC, TICK, || sleep_with_fd3(pid))
+        .expect("nobody's sleep holds the connection as fd 3");
     (pid, 3, inode, peer)
+}
+
+/// The inode of the socket `pid` holds as fd 3, once it has exec'd `sleep`.
+fn sleep_with_fd3(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .filter(|c| c.trim() == "sleep")?;
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/3")).ok()?;
+    link.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// `req` asked of the helper on `path` by `nobody`, on a connection of its
+/// own.
+fn ask_as_nobody(
+    path: &std::path::Path,
+    req: ActRequest,
+) -> Result<serde_json::Value, selfheal::helper::ClientError> {
+    as_uid(NOBODY, || {
+        HelperClient::connect_with(path, client_opts())
+            .unwrap()
+            .act(&req)
+    })
+}
+
+/// A proof's parameters that probe no sooner than in 30 s.
+fn patient_proof() -> serde_json::Value {
+    serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000})
+}
+
+/// The proof target of `pid`'s `fd` (socket `inode`).
+fn proof_target(pid: u32, fd: i32, inode: u64) -> selfheal_core::prove::ProofTarget {
+    selfheal_core::prove::ProofTarget {
+        pid,
+        start_ticks: start_ticks(pid).unwrap(),
+        fd,
+        inode,
+    }
+}
+
+/// A check's healer on a new connection to the helper on `path`.
+fn helper_healer(path: &std::path::Path) -> selfheal::healer::HelperHealer {
+    selfheal::healer::HelperHealer::new(HelperClient::connect_with(path, client_opts()).unwrap())
+}
+
+/// The helper's audit, each act with its error code.
+fn acts_of(h: &ServerHandle) -> Vec<(Action, Option<ErrorCode>)> {
+    h.audit()
+        .into_iter()
+        .map(|a| (a.action, a.error.map(|e| e.code)))
+        .collect()
 }
 
 /// The socket's keepalive options, read by root through a duplicate.
@@ -1560,14 +1512,8 @@ fn restore_puts_back_only_what_the_helper_recorded() {
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
     let path = dir.join("helper.sock");
-    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
+    let proof = patient_proof();
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
     let early = ask(socket_act(
         Action::RestoreKeepalive,
         pid,
@@ -1755,7 +1701,6 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let _area = tests::area(module_path!());
     use selfheal::check::Healer as _;
     use selfheal_core::keepalive::ProofKeepalive;
-    use selfheal_core::prove::ProofTarget;
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
         return;
@@ -1767,12 +1712,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
-    let t = ProofTarget {
-        pid,
-        start_ticks: start_ticks(pid).unwrap(),
-        fd,
-        inode,
-    };
+    let t = proof_target(pid, fd, inode);
     let ka = ProofKeepalive {
         idle_s: 1,
         interval_s: 1,
@@ -1780,11 +1720,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
         hold_ms: 1000,
     };
     let path = dir.join("helper.sock");
-    let healer = || {
-        selfheal::healer::HelperHealer::new(
-            HelperClient::connect_with(&path, client_opts()).unwrap(),
-        )
-    };
+    let healer = || helper_healer(&path);
     let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka));
     // The peer (this test's end, alive) answers the probes meanwhile; the
     // helper has no connection for longer than its idle timeout.
@@ -1808,11 +1744,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     assert!(probed.enabled, "the proof was on: {probed:?}");
     assert_eq!(back.expect("put back through the helper"), own);
     assert_eq!(options_of(pid, fd), own, "no trace left");
-    let acts: Vec<_> = h
-        .audit()
-        .into_iter()
-        .map(|a| (a.action, a.error.map(|e| e.code)))
-        .collect();
+    let acts = acts_of(&h);
     assert_eq!(
         acts,
         [
@@ -1839,14 +1771,8 @@ fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
     let path = dir.join("helper.sock");
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
-    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
+    let proof = patient_proof();
     ask(socket_act(Action::ProveKeepalive, pid, fd, inode, proof)).expect("armed");
     let armed = options_of(pid, fd);
     let back = wait_for(5 * SEC, TICK, || {
@@ -1916,19 +1842,8 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
         );
         return;
     };
-    let inode: u64 = wait_for(5 * SEC, TICK, || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .ok()
-            .filter(|c| c.trim() == "sleep")?;
-        std::fs::read_link(format!("/proc/{pid}/fd/3"))
-            .ok()?
-            .to_str()?
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()
-    })
-    .expect("the namespace's sleep holds the connection");
+    let inode: u64 = wait_for(5 * SEC, TICK, || sleep_with_fd3(pid))
+        .expect("the namespace's sleep holds the connection");
     let caps = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap()
         .lines()
@@ -1936,14 +1851,8 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
         .unwrap()
         .to_string();
     let path = dir.join("helper.sock");
-    let ask = |req: ActRequest| {
-        as_uid(NOBODY, || {
-            HelperClient::connect_with(&path, client_opts())
-                .unwrap()
-                .act(&req)
-        })
-    };
-    let proof = serde_json::json!({"idle_s": 30, "interval_s": 30, "count": 3, "hold_ms": 1000});
+    let ask = |req: ActRequest| ask_as_nobody(&path, req);
+    let proof = patient_proof();
     let armed = ask(socket_act(Action::ProveKeepalive, pid, 3, inode, proof));
     let back = ask(socket_act(
         Action::RestoreKeepalive,
@@ -2011,7 +1920,6 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let _area = tests::area(module_path!());
     use selfheal::check::Healer as _;
     use selfheal_core::keepalive::ProofKeepalive;
-    use selfheal_core::prove::ProofTarget;
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {
         return;
@@ -2020,12 +1928,7 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
-    let t = ProofTarget {
-        pid,
-        start_ticks: start_ticks(pid).unwrap(),
-        fd,
-        inode,
-    };
+    let t = proof_target(pid, fd, inode);
     let ka = ProofKeepalive {
         idle_s: 30,
         interval_s: 30,
@@ -2033,11 +1936,7 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
         hold_ms: 1000,
     };
     let path = dir.join("helper.sock");
-    let healer = || {
-        selfheal::healer::HelperHealer::new(
-            HelperClient::connect_with(&path, client_opts()).unwrap(),
-        )
-    };
+    let healer = || helper_healer(&path);
     let first = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
     let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka)).expect("armed");
     drop(first);
@@ -2045,11 +1944,7 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let back = as_uid(NOBODY, || {
         healer().restore_proof("mine", &t, &armed.previous)
     });
-    let audit: Vec<_> = second
-        .audit()
-        .into_iter()
-        .map(|a| (a.action, a.error.map(|e| e.code)))
-        .collect();
+    let audit = acts_of(&second);
     eprintln!("{test}: put back {back:?}; the new helper's audit {audit:?}");
     assert_eq!(back.expect("put back"), own);
     assert_eq!(options_of(pid, fd), own);

@@ -22,7 +22,7 @@
 //! 2311000..2313000, the scratch directories named `limits-…`.
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{Read as _, Write as _},
     os::unix::{net::UnixStream, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -36,13 +36,14 @@ use std::{
 use selfheal::{
     ebpf::TracerOptions,
     healer::ActionsExecutor,
-    helper::{Executor, HelperClient, Listen, ServerHandle, ServerOptions, serve},
+    helper::{Executor, HelperClient, ServerHandle, ServerOptions},
     sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::Response;
+use tests::fixtures::{Procs, ask, outcome, serve_helper};
 use tests::{
     Peer, Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for,
 };
@@ -67,61 +68,21 @@ const BYSTANDER: u32 = 61105;
 /// Set when this test binary runs as the process inside a user namespace.
 const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
 
-/// An in-process helper on `dir`'s socket.
+/// An in-process helper on `dir`'s socket, with `dir`'s subuid file.
 fn start(
     dir: &Scratch,
     exec: Arc<dyn Executor>,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> ServerHandle {
-    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
-    opts.shutdown_grace = 5 * SEC;
-    opts.subuid = dir.join("subuid");
-    tweak(&mut opts);
-    serve(opts, exec).expect("start the helper")
+    serve_helper(dir.join("helper.sock"), exec, |o| {
+        o.subuid = dir.join("subuid");
+        tweak(o);
+    })
 }
 
 /// Writes `dir`'s subuid file (0644, root's).
 fn subuid_file(dir: &Scratch, text: &str) {
-    use std::os::unix::fs::PermissionsExt as _;
-    let p = dir.join("subuid");
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
-}
-
-/// Child processes killed (and reaped) on drop.
-#[derive(Default)]
-struct Procs(Vec<Child>);
-
-impl Procs {
-    /// A process of `uid` that ignores SIGTERM (a `sleep` that inherited
-    /// the ignored disposition), once it runs.
-    fn deaf(&mut self, uid: u32) -> u32 {
-        let child = Command::new("sh")
-            .args(["-c", "trap '' TERM; exec sleep 300"])
-            .uid(uid)
-            .gid(uid)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sh");
-        let pid = child.id();
-        self.0.push(child);
-        wait_for(5 * SEC, TICK, || {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .ok()
-                .filter(|c| c.trim() == "sleep")
-        })
-        .expect("exec'd sleep");
-        pid
-    }
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+    tests::fixtures::subuid_file(&dir.join("subuid"), text);
 }
 
 fn signal_line(pid: u32) -> String {
@@ -137,28 +98,6 @@ fn signal_line(pid: u32) -> String {
 }
 
 const HELLO: &str = r#"{"v":1,"id":1,"op":"hello"}"#;
-
-/// One request line on a raw connection, and its answer (`None`: closed or
-/// no answer within `timeout`).
-fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
-    let mut reader = BufReader::new(stream);
-    let mut text = String::new();
-    match reader.read_line(&mut text) {
-        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
-        _ => None,
-    }
-}
-
-/// What an answer was, in one word: `ok`, an error code, or `closed`.
-fn outcome(r: &Option<Response>) -> String {
-    match r {
-        None => "closed".into(),
-        Some(r) if r.ok => "ok".into(),
-        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
-    }
-}
 
 fn message(r: &Option<Response>) -> String {
     r.as_ref()

@@ -16,26 +16,19 @@ use std::{
     time::Duration,
 };
 
+use tests::fixtures::rethrow;
+use tests::runtimes::cgroup2_root;
+use tests::runtimes::config_check_output;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        docker, docker_with_image, have, need_programs, only_docker, rootfs_tar, run_ok,
-        run_sleeper,
+        docker, docker_with_image, have, need_docker, only_docker, rootfs_tar, run_ok, run_sleeper,
     },
-    selfheal_bin, skip, wait_for,
+    skip, wait_for,
 };
 
 /// The ordinary uid the attacker runs as.
 const ATTACKER: u32 = 65534;
-
-/// The cgroup v2 hierarchy: `/sys/fs/cgroup` on a v2 host, its `unified`
-/// mount on a hybrid one.
-fn cgroup2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.procs").exists() && p.join("cgroup.subtree_control").exists())
-}
 
 /// `sleep 600` (as `uid`, when given) in cgroup `rel` of the v2
 /// hierarchy, made for it. Killed, and the directories it made removed,
@@ -94,12 +87,7 @@ fn user_tree(uid: u32) -> String {
 
 /// `selfheal config check` of `config` with `env`: its report.
 fn config_check(config: &Path, env: &[(&str, String)]) -> String {
-    let out = Command::new(selfheal_bin())
-        .args(["config", "check", "--config"])
-        .arg(config)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run selfheal config check");
+    let out = config_check_output(config, env);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
         out.status.code(),
@@ -285,14 +273,7 @@ fn impostors_are_not_the_container(
 fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
     let _area = tests::area(module_path!());
     const TEST: &str = "a_docker_container_is_a_processs_only_where_the_runtime_says";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
-        TEST,
-        &["dockerd", "docker"],
-        "run `cargo xtask setup`: Debian docker.io",
-    ) {
+    if !need_docker(TEST) {
         return;
     }
     if cgroup2_root().is_none() {
@@ -339,14 +320,10 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
             containerd_state: scratch.join("no-containerd"),
             timeout: Duration::from_secs(5),
         };
-        let before = started("{{.State.StartedAt}}");
-        let mut targets = vec![("forged", forged.pid())];
-        if let Some(o) = &outsider {
-            targets.push(("outsider", o.pid()));
-        }
-        for (what, pid) in targets {
-            let start = selfheal::sys::pidfd::start_ticks(pid).expect("its start time");
-            let e = selfheal::runtime::restart::restart_container(
+        // The Docker restart of the container `id` for the process `pid`
+        // judged with start time `start` (grace 1 s, 20 s to come back).
+        let restart = |pid: u32, start: u64| {
+            selfheal::runtime::restart::restart_container(
                 &sources,
                 selfheal_core::runtime::Runtime::Docker,
                 &id,
@@ -355,7 +332,15 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
                 Duration::from_secs(1),
                 Duration::from_secs(20),
             )
-            .expect_err(what);
+        };
+        let before = started("{{.State.StartedAt}}");
+        let mut targets = vec![("forged", forged.pid())];
+        if let Some(o) = &outsider {
+            targets.push(("outsider", o.pid()));
+        }
+        for (what, pid) in targets {
+            let start = selfheal::sys::pidfd::start_ticks(pid).expect("its start time");
+            let e = restart(pid, start).expect_err(what);
             eprintln!("{what}: {e}");
             assert!(e.ends_with("left alone"), "{what}: {e}");
             assert_eq!(started("{{.State.StartedAt}}"), before, "{what}: restarted");
@@ -364,43 +349,20 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
         drop(outsider);
         // The real one still restarts (the legit case unchanged).
         let start = selfheal::sys::pidfd::start_ticks(init).expect("init's start time");
-        selfheal::runtime::restart::restart_container(
-            &sources,
-            selfheal_core::runtime::Runtime::Docker,
-            &id,
-            init,
-            start,
-            Duration::from_secs(1),
-            Duration::from_secs(20),
-        )
-        .expect("restart of the container's own init");
+        restart(init, start).expect("restart of the container's own init");
         let after = started("{{.State.StartedAt}}");
         assert_ne!(after, before, "not restarted");
         // The same id now runs a new init: an act judged on the old one
         // is refused, never aimed at what now has the id.
-        let e = selfheal::runtime::restart::restart_container(
-            &sources,
-            selfheal_core::runtime::Runtime::Docker,
-            &id,
-            init,
-            start,
-            Duration::from_secs(1),
-            Duration::from_secs(20),
-        )
-        .expect_err("the old init");
+        let e = restart(init, start).expect_err("the old init");
         eprintln!("the old init: {e}");
         assert!(e.ends_with("left alone"), "{e}");
         assert_eq!(started("{{.State.StartedAt}}"), after, "restarted again");
         // Stopped: never restarted, whatever the process.
         run_ok(docker(&sock).args(["stop", "-t", "1", &name])).expect("docker stop");
-        let e = selfheal::runtime::restart::restart_container(
-            &sources,
-            selfheal_core::runtime::Runtime::Docker,
-            &id,
+        let e = restart(
             std::process::id(),
             selfheal::sys::pidfd::start_ticks(std::process::id()).unwrap(),
-            Duration::from_secs(1),
-            Duration::from_secs(20),
         )
         .expect_err("a stopped container");
         eprintln!("stopped: {e}");
@@ -410,9 +372,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
     cleanup();
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }
 
 /// A pod's cgroup shape (`kubepods-besteffort-pod<uid>.slice/
@@ -675,7 +635,5 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
         assert_ne!(inspect("{{.State.StartedAt}}"), before, "not restarted");
     });
     podman.stop();
-    if let Err(e) = result {
-        std::panic::resume_unwind(e);
-    }
+    rethrow(result);
 }

@@ -7,18 +7,15 @@
 use std::{process::Command, time::Instant};
 
 use tests::{
-    Scratch, need_root,
-    runtimes::{docker, need_programs, run_ok, start_dockerd},
+    Scratch,
+    runtimes::{docker, need_root_and, run_ok, start_dockerd},
 };
 
 #[test]
 fn the_image_tarball_loads_into_docker_and_the_binary_runs_in_it() {
     let _area = tests::area(module_path!());
     const TEST: &str = "the_image_tarball_loads_into_docker_and_the_binary_runs_in_it";
-    if !need_root(TEST) {
-        return;
-    }
-    if !need_programs(
+    if !need_root_and(
         TEST,
         &["dockerd", "docker", "tar", "ldd", "strip"],
         "run `cargo xtask setup`: Debian docker.io",

@@ -4,6 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
+use tests::fixtures::{Places, check_cmd};
 use tests::{Peer, listener, need_ebpf, selfheal_bin};
 
 fn inspect(args: &[&str]) -> std::process::Output {
@@ -12,6 +13,21 @@ fn inspect(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run selfheal")
+}
+
+/// `selfheal ARGS…` run as `nobody`, with no capabilities to inherit.
+fn selfheal_as_nobody(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(selfheal_bin())
+        .args(args)
+        .output()
+        .expect("run selfheal as nobody")
 }
 
 #[test]
@@ -137,17 +153,7 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
         .spawn()
         .expect("setpriv");
     std::thread::sleep(Duration::from_millis(200));
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(selfheal_bin())
-        .args(["inspect", "--pid", &sleeper.id().to_string(), "--json"])
-        .output()
-        .expect("run selfheal as nobody");
+    let out = selfheal_as_nobody(&["inspect", "--pid", &sleeper.id().to_string(), "--json"]);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     assert!(
@@ -174,23 +180,13 @@ fn another_users_process_is_a_gap_not_an_error() {
     // A root-owned process inspected by nobody: stat is readable, its fds,
     // syscalls and stacks are not. The report says so and still prints.
     let mut sleeper = Command::new("sleep").arg("30").spawn().expect("sleep");
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(selfheal_bin())
-        .args([
-            "inspect",
-            "--no-ebpf",
-            "--json",
-            "--pid",
-            &sleeper.id().to_string(),
-        ])
-        .output()
-        .expect("run selfheal as nobody");
+    let out = selfheal_as_nobody(&[
+        "inspect",
+        "--no-ebpf",
+        "--json",
+        "--pid",
+        &sleeper.id().to_string(),
+    ]);
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     assert!(
@@ -257,15 +253,7 @@ fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let state = dir.join("state");
-    let check = Command::new(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(&config)
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--snapshot-dir")
-        .arg(dir.join("snapshots"))
-        .output()
-        .unwrap();
+    let check = check_cmd(&config, &Places::under(&dir)).output().unwrap();
     let o: serde_json::Value = serde_json::from_slice(&check.stdout).expect("check's line");
     assert_eq!(o["proofs"][0]["action"], "arm", "{o:#}");
     assert_eq!(o["proofs"][0]["ok"], true, "{o:#}");

@@ -19,6 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::Places;
 use tests::{Scratch, selfheal_bin, wait_for};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -50,12 +51,11 @@ impl Watch {
             .args(extra)
             .arg("--config")
             .arg(&config)
-            .arg("--state-dir")
-            .arg(scratch.join("state"))
-            .arg("--snapshot-dir")
-            .arg(scratch.join("snapshots"))
-            .arg("--helper")
-            .arg(scratch.join("no-helper.sock"))
+            .args(
+                Places::under(scratch)
+                    .helper(scratch.join("no-helper.sock"))
+                    .args(),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -25,6 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tests::fixtures::Places;
 use tests::{Scratch, selfheal_bin};
 
 /// Longest a test server lives, whatever the test does.
@@ -186,6 +187,18 @@ fn scrape(port: u16) -> Option<String> {
     Some(String::from_utf8_lossy(&text).into_owned())
 }
 
+/// `--config CONFIG`, the arguments of `places`, and `--dry-run`: what
+/// every command of a run here is given.
+fn dry_run_args<'a>(
+    config: &'a Path,
+    places: &'a [std::ffi::OsString],
+) -> Vec<&'a std::ffi::OsStr> {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--config".as_ref(), config.as_os_str()];
+    args.extend(places.iter().map(|a| a.as_os_str()));
+    args.push("--dry-run".as_ref());
+    args
+}
+
 /// Runs `check` (text, then `--json` with a metrics file) and `watch` with
 /// a metrics endpoint for a bounded time against `config`, and returns every
 /// output with where it came from. Each runs with `env` on top of this
@@ -199,18 +212,10 @@ fn every_output(
     let state = scratch.join(&format!("{tag}-state"));
     let snaps = scratch.join(&format!("{tag}-snaps"));
     let metrics = scratch.join(&format!("{tag}.prom"));
-    let helper = scratch.join("no-helper.sock");
-    let common: Vec<&std::ffi::OsStr> = vec![
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--state-dir".as_ref(),
-        state.as_os_str(),
-        "--snapshot-dir".as_ref(),
-        snaps.as_os_str(),
-        "--helper".as_ref(),
-        helper.as_os_str(),
-        "--dry-run".as_ref(),
-    ];
+    let places = Places::new(&state, &snaps)
+        .helper(scratch.join("no-helper.sock"))
+        .args();
+    let common = dry_run_args(config, &places);
     let mut outputs = Vec::new();
     let mut text_args = vec!["check".as_ref()];
     text_args.extend(&common);
@@ -575,19 +580,11 @@ fn no_control_character_reaches_a_terminal() {
     .unwrap();
     let state = dir.join("state");
     let snaps = dir.join("snaps");
-    let helper = dir.join("none.sock");
     let cfg = config.as_os_str();
-    let common: Vec<&std::ffi::OsStr> = vec![
-        "--config".as_ref(),
-        cfg,
-        "--state-dir".as_ref(),
-        state.as_os_str(),
-        "--snapshot-dir".as_ref(),
-        snaps.as_os_str(),
-        "--helper".as_ref(),
-        helper.as_os_str(),
-        "--dry-run".as_ref(),
-    ];
+    let places = Places::new(&state, &snaps)
+        .helper(dir.join("none.sock"))
+        .args();
+    let common = dry_run_args(&config, &places);
     let mut runs: Vec<(String, Output)> = Vec::new();
     let mut check = vec!["check".as_ref()];
     check.extend(&common);

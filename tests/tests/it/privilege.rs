@@ -22,6 +22,8 @@ use selfheal::{
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
+use tests::fixtures::Places;
+use tests::fixtures::helper_cmd;
 use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -37,6 +39,35 @@ fn mode(p: &Path) -> u32 {
 
 fn chmod(p: &Path, m: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// Makes the directory `p` (the caller's) with mode `m`.
+fn dir_with_mode(p: &Path, m: u32) {
+    std::fs::create_dir(p).unwrap();
+    chmod(p, m);
+}
+
+/// Makes the directory `p`, then gives it to `nobody`.
+fn nobodys_dir(p: &Path) {
+    std::fs::create_dir(p).unwrap();
+    std::os::unix::fs::chown(p, Some(NOBODY), Some(NOBODY)).unwrap();
+}
+
+/// Waits up to `within` (looking every `tick`) for `child` to exit, kills
+/// it if it has not; its exit status (`None`: killed) and its stderr.
+fn exit_and_stderr(
+    child: &mut std::process::Child,
+    within: Duration,
+    tick: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
+    let done = tests::wait_for(within, tick, || child.try_wait().ok().flatten());
+    if done.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (done, err)
 }
 
 /// A config whose one agent is `down` (no such pid): every check writes a
@@ -93,19 +124,16 @@ fn planted_paths_are_refused_and_ours_are_private() {
     // A world-writable sticky directory (like /tmp) where nobody plants
     // things for root to use.
     let public = dir.join("public");
-    std::fs::create_dir(&public).unwrap();
-    chmod(&public, 0o1777);
+    dir_with_mode(&public, 0o1777);
     // Where nobody's symlinks lead: a directory of root's.
     let target = dir.join("roots");
-    std::fs::create_dir(&target).unwrap();
-    chmod(&target, 0o700);
+    dir_with_mode(&target, 0o700);
     let nobodys = public.join("nobodys");
     as_uid(NOBODY, || {
         std::os::unix::fs::symlink(&target, public.join("state-link")).unwrap();
         std::os::unix::fs::symlink(&target, public.join("snaps-link")).unwrap();
         std::fs::create_dir(public.join("state-dir")).unwrap();
-        std::fs::create_dir(&nobodys).unwrap();
-        chmod(&nobodys, 0o755);
+        dir_with_mode(&nobodys, 0o755);
     });
 
     let refused = |state: &Path, snaps: &Path, why_state: &str, why_snaps: &str| {
@@ -157,8 +185,7 @@ fn planted_paths_are_refused_and_ours_are_private() {
     );
     // A directory of root's that others may write to, and one below such.
     let open = dir.join("open");
-    std::fs::create_dir(&open).unwrap();
-    chmod(&open, 0o777);
+    dir_with_mode(&open, 0o777);
     refused(
         &open,
         &open.join("snaps"),
@@ -272,8 +299,7 @@ fn configs_and_policies_others_could_write_are_refused() {
     std::os::unix::fs::chown(&config, Some(0), Some(0)).unwrap();
     // Root's file in a directory of nobody's: nobody could replace it.
     let theirs = dir.join("theirs");
-    std::fs::create_dir(&theirs).unwrap();
-    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    nobodys_dir(&theirs);
     let in_theirs = theirs.join("config.toml");
     std::fs::write(&in_theirs, &text).unwrap();
     refused(
@@ -282,8 +308,7 @@ fn configs_and_policies_others_could_write_are_refused() {
     );
     // In a directory anyone may write to.
     let open = dir.join("open");
-    std::fs::create_dir(&open).unwrap();
-    chmod(&open, 0o777);
+    dir_with_mode(&open, 0o777);
     let in_open = open.join("config.toml");
     std::fs::write(&in_open, &text).unwrap();
     refused(
@@ -296,8 +321,7 @@ fn configs_and_policies_others_could_write_are_refused() {
     // In a sticky directory open to all (/tmp): root's own file is root's
     // (nobody may rename or remove it there); one nobody put there is not.
     let public = dir.join("public");
-    std::fs::create_dir(&public).unwrap();
-    chmod(&public, 0o1777);
+    dir_with_mode(&public, 0o1777);
     let in_public = public.join("config.toml");
     std::fs::write(&in_public, &text).unwrap();
     let (code, err) = check(&in_public);
@@ -399,13 +423,7 @@ impl RealHelper {
             child,
             path: path.to_path_buf(),
         };
-        tests::wait_for(15 * SEC, Duration::from_millis(20), || {
-            HelperClient::connect_with(path, patient_client_opts())
-                .ok()?
-                .hello()
-                .ok()
-        })
-        .expect("the helper answers");
+        tests::fixtures::wait_answering(path);
         h
     }
 
@@ -808,8 +826,7 @@ fn the_helper_socket_has_the_documented_mode_and_owner() {
         );
     };
     let theirs = dir.join("theirs");
-    std::fs::create_dir(&theirs).unwrap();
-    std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+    nobodys_dir(&theirs);
     refuse(
         &theirs.join("helper.sock"),
         &format!(
@@ -818,8 +835,7 @@ fn the_helper_socket_has_the_documented_mode_and_owner() {
         ),
     );
     let open = dir.join("open");
-    std::fs::create_dir(&open).unwrap();
-    chmod(&open, 0o777);
+    dir_with_mode(&open, 0o777);
     refuse(
         &open.join("helper.sock"),
         "writable by group or others (mode 0777)",
@@ -907,16 +923,9 @@ fn check_runs_the_restart_argv_literally() {
         return;
     }
     let pair = tests::NetnsPair::new("ra").expect("netns pair");
-    let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
-    let mut cmd = pair.b.command(&peer);
-    cmd.args(["beat", &format!("{b}:7443"), "300"]);
-    let server = Peer::spawn(cmd);
-    server.expect("listening", 10 * SEC);
-    let mut cmd = pair.a.command(&peer);
-    cmd.args(["client", &format!("{b}:7443")]);
-    let mut client = Peer::spawn(cmd);
-    client.ready();
+    let _server = pair.listening_in_b(&["beat", &format!("{b}:7443"), "300"]);
+    let (mut client, _) = pair.client_in_a(7443);
     client.tell("go");
     let dir = Scratch::new("priv-argv-e2e");
     let mark = dir.join("pwned");
@@ -1010,17 +1019,14 @@ fn a_metrics_file_through_another_users_symlink_is_refused() {
     let config = down_config(&dir);
     let helper = dir.join("no-helper.sock");
     let roots = dir.join("roots");
-    std::fs::create_dir(&roots).unwrap();
-    chmod(&roots, 0o700);
+    dir_with_mode(&roots, 0o700);
     std::fs::write(roots.join("selfheal.prom"), "root's prom\n").unwrap();
     std::fs::write(roots.join("selfheal.tmp"), "root's tmp\n").unwrap();
     std::fs::write(roots.join("selfheal.prom.tmp"), "root's tmp\n").unwrap();
     let nobodys = dir.join("nobodys");
-    std::fs::create_dir(&nobodys).unwrap();
-    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    nobodys_dir(&nobodys);
     let public = dir.join("public");
-    std::fs::create_dir(&public).unwrap();
-    chmod(&public, 0o1777);
+    dir_with_mode(&public, 0o1777);
     as_uid(NOBODY, || {
         std::os::unix::fs::symlink(&roots, nobodys.join("link")).unwrap();
         std::os::unix::fs::symlink(&roots, public.join("link")).unwrap();
@@ -1077,14 +1083,11 @@ fn a_re_pointed_symlink_does_not_redirect_watch() {
     let dir = Scratch::new("priv-repoint");
     let config = down_config(&dir);
     let roots = dir.join("roots");
-    std::fs::create_dir(&roots).unwrap();
-    chmod(&roots, 0o755);
+    dir_with_mode(&roots, 0o755);
     let public = dir.join("public");
-    std::fs::create_dir(&public).unwrap();
-    chmod(&public, 0o1777);
+    dir_with_mode(&public, 0o1777);
     let nobodys = dir.join("nobodys");
-    std::fs::create_dir(&nobodys).unwrap();
-    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    nobodys_dir(&nobodys);
     let planted = nobodys.join("snaps/snapshots.jsonl");
     as_uid(NOBODY, || {
         std::fs::create_dir(nobodys.join("snaps")).unwrap();
@@ -1095,12 +1098,12 @@ fn a_re_pointed_symlink_does_not_redirect_watch() {
     let mut child = Command::new(tests::selfheal_bin())
         .args(["watch", "--interval", "100ms", "--count", "30", "--config"])
         .arg(&config)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--snapshot-dir")
-        .arg(&snaps)
-        .arg("--helper")
-        .arg(dir.join("no-helper.sock"))
+        .args(
+            Places::under(&dir)
+                .snapshots(&snaps)
+                .helper(dir.join("no-helper.sock"))
+                .args(),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -1112,15 +1115,7 @@ fn a_re_pointed_symlink_does_not_redirect_watch() {
         std::os::unix::fs::symlink(&nobodys, public.join("link.new")).unwrap();
         std::fs::rename(public.join("link.new"), public.join("link")).unwrap();
     });
-    let done = tests::wait_for(20 * SEC, Duration::from_millis(50), || {
-        child.try_wait().ok().flatten()
-    });
-    if done.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (_, err) = exit_and_stderr(&mut child, 20 * SEC, Duration::from_millis(50));
     let appended = std::fs::read_to_string(&planted).unwrap();
     println!(
         "bytes root appended to nobody's file: {}; created there: {:?}",
@@ -1153,8 +1148,7 @@ fn a_squatted_state_dir_falls_back_and_says_what_to_do() {
     let dir = Scratch::new("priv-squat");
     let config = down_config(&dir);
     let shared = dir.join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    chmod(&shared, 0o1777);
+    dir_with_mode(&shared, 0o1777);
     // The squatter (nobody) makes both default names first.
     as_uid(NOBODY, || {
         std::fs::create_dir(shared.join("selfheal")).unwrap();
@@ -1255,26 +1249,15 @@ fn a_helper_socket_below_another_users_directory_is_refused() {
     }
     let dir = Scratch::new("priv-sockdir");
     let nobodys = dir.join("nobodys");
-    std::fs::create_dir(&nobodys).unwrap();
-    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    nobodys_dir(&nobodys);
     let sub = nobodys.join("sub");
     std::fs::create_dir(&sub).unwrap(); // root's, 0755, inside nobody's
     let path = sub.join("helper.sock");
-    let mut child = Command::new(tests::selfheal_bin())
-        .args(["helper", "--no-ebpf", "--socket"])
-        .arg(&path)
+    let mut child = helper_cmd(&path)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let done = tests::wait_for(5 * SEC, Duration::from_millis(20), || {
-        child.try_wait().ok().flatten()
-    });
-    if done.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (done, err) = exit_and_stderr(&mut child, 5 * SEC, Duration::from_millis(20));
     assert!(
         done.is_some_and(|s| !s.success()),
         "the helper refused to serve there: {err}"
@@ -1296,8 +1279,7 @@ fn a_client_refuses_a_socket_served_by_another_uid() {
     }
     let dir = Scratch::new("priv-fake-helper");
     let nobodys = dir.join("nobodys");
-    std::fs::create_dir(&nobodys).unwrap();
-    std::os::unix::fs::chown(&nobodys, Some(NOBODY), Some(NOBODY)).unwrap();
+    nobodys_dir(&nobodys);
     let path = nobodys.join("helper.sock");
     // The socket's creds are the listener's at listen time: nobody's.
     let listener = as_uid(NOBODY, || std::os::unix::net::UnixListener::bind(&path))

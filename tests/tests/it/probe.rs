@@ -271,11 +271,21 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 
 /// A GET probe.
 fn http(url: String, timeout: Duration) -> ProbeConfig {
+    http_method(url, "GET", timeout, None)
+}
+
+/// A probe with `method` that expects `expect_status` (`None`: any 2xx).
+fn http_method(
+    url: String,
+    method: &str,
+    timeout: Duration,
+    expect_status: Option<u16>,
+) -> ProbeConfig {
     ProbeConfig::Http {
         url,
-        method: "GET".into(),
+        method: method.into(),
         timeout,
-        expect_status: None,
+        expect_status,
         fields: BTreeMap::new(),
         expect: BTreeMap::new(),
         auth: None,
@@ -430,17 +440,12 @@ fn status_500_is_unexpected_and_expect_status_is_exact() {
     assert_eq!(r.body_excerpt.as_deref(), Some("internal error"));
     assert_eq!(r.detail.as_deref(), Some("status 500, expected 2xx"));
 
-    let want_503 = ProbeConfig::Http {
-        url: server.url("/drain"),
-        method: "POST".into(),
-        timeout: Duration::from_secs(2),
-        expect_status: Some(503),
-        fields: BTreeMap::new(),
-        expect: BTreeMap::new(),
-        auth: None,
-        redirects: Redirects::SameOrigin,
-        body_excerpt: true,
-    };
+    let want_503 = http_method(
+        server.url("/drain"),
+        "POST",
+        Duration::from_secs(2),
+        Some(503),
+    );
     let (r, _) = run_one(&want_503);
     assert!(r.ok, "{r:#?}");
     assert_eq!(r.status, Some(503));
@@ -673,17 +678,7 @@ fn redirect_loop_and_long_chains_stop() {
     assert_eq!(r.status, Some(200));
     assert_eq!(r.target, server.url("/short/0"));
 
-    let post = ProbeConfig::Http {
-        url: server.url("/form"),
-        method: "POST".into(),
-        timeout: Duration::from_secs(2),
-        expect_status: None,
-        fields: BTreeMap::new(),
-        expect: BTreeMap::new(),
-        auth: None,
-        redirects: Redirects::SameOrigin,
-        body_excerpt: true,
-    };
+    let post = http_method(server.url("/form"), "POST", Duration::from_secs(2), None);
     let (r, _) = run_one(&post);
     assert!(r.ok, "{r:#?}");
     assert_eq!(r.body_excerpt.as_deref(), Some("done"));

@@ -1,0 +1,238 @@
+//! Set-ups that many areas share: where a test's `selfheal` commands keep
+//! their state, snapshots, metrics file and helper socket ([`Places`]), and
+//! the `selfheal check --json` command on them ([`check_cmd`]); an
+//! in-process helper ([`serve_helper`]) and the processes of other uids it
+//! acts on ([`Procs`]).
+
+use std::{
+    ffi::OsString,
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::{net::UnixStream, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::Duration,
+};
+
+use selfheal::helper::{Executor, Listen, ServerHandle, ServerOptions, serve};
+use selfheal_core::protocol::Response;
+
+/// Where one test's `selfheal` commands keep what they write, and which
+/// helper socket they ask: the `--state-dir`, `--snapshot-dir`,
+/// `--metrics-file` and `--helper` arguments, in that order.
+#[derive(Clone, Debug)]
+pub struct Places {
+    pub state: PathBuf,
+    pub snapshots: PathBuf,
+    pub metrics: Option<PathBuf>,
+    pub helper: Option<PathBuf>,
+}
+
+impl Places {
+    /// The state directory `state` and the snapshot directory `snapshots`;
+    /// no metrics file, no helper named.
+    pub fn new(state: impl Into<PathBuf>, snapshots: impl Into<PathBuf>) -> Places {
+        Places {
+            state: state.into(),
+            snapshots: snapshots.into(),
+            metrics: None,
+            helper: None,
+        }
+    }
+
+    /// `DIR/state` and `DIR/snapshots`; no metrics file, no helper named.
+    pub fn under(dir: impl AsRef<Path>) -> Places {
+        let dir = dir.as_ref();
+        Places::new(dir.join("state"), dir.join("snapshots"))
+    }
+
+    /// `DIR/state`, `DIR/snaps` and the helper socket `DIR/no-helper.sock`,
+    /// where no helper listens: a check on its own, never whatever helper
+    /// runs on the machine.
+    pub fn without_helper(dir: impl AsRef<Path>) -> Places {
+        let dir = dir.as_ref();
+        Places::under(dir)
+            .snapshots(dir.join("snaps"))
+            .helper(dir.join("no-helper.sock"))
+    }
+
+    /// The snapshot directory `dir` instead.
+    #[must_use]
+    pub fn snapshots(mut self, dir: impl Into<PathBuf>) -> Places {
+        self.snapshots = dir.into();
+        self
+    }
+
+    /// The metrics file `file` (`--metrics-file`).
+    #[must_use]
+    pub fn metrics(mut self, file: impl Into<PathBuf>) -> Places {
+        self.metrics = Some(file.into());
+        self
+    }
+
+    /// The helper socket `socket` (`--helper`).
+    #[must_use]
+    pub fn helper(mut self, socket: impl Into<PathBuf>) -> Places {
+        self.helper = Some(socket.into());
+        self
+    }
+
+    /// `--state-dir S --snapshot-dir P [--metrics-file M] [--helper H]`.
+    pub fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![
+            "--state-dir".into(),
+            self.state.clone().into(),
+            "--snapshot-dir".into(),
+            self.snapshots.clone().into(),
+        ];
+        if let Some(m) = &self.metrics {
+            a.extend(["--metrics-file".into(), m.clone().into()]);
+        }
+        if let Some(h) = &self.helper {
+            a.extend(["--helper".into(), h.clone().into()]);
+        }
+        a
+    }
+}
+
+/// `selfheal check --json --config CONFIG` with `places`' arguments.
+pub fn check_cmd(config: &Path, places: &Places) -> Command {
+    let mut cmd = Command::new(crate::selfheal_bin());
+    cmd.args(["check", "--json", "--config"])
+        .arg(config)
+        .args(places.args());
+    cmd
+}
+
+/// `selfheal helper --no-ebpf --socket SOCKET`: the helper as its own
+/// process, without eBPF.
+pub fn helper_cmd(socket: &Path) -> Command {
+    let mut cmd = Command::new(crate::selfheal_bin());
+    cmd.args(["helper", "--no-ebpf", "--socket"]).arg(socket);
+    cmd
+}
+
+/// Waits (at most 15 s) until a helper answers `hello` on `socket`.
+pub fn wait_answering(socket: &Path) {
+    crate::wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
+        selfheal::helper::HelperClient::connect_with(socket, crate::patient_client_opts())
+            .ok()?
+            .hello()
+            .ok()
+    })
+    .expect("the helper answers");
+}
+
+/// An in-process helper on the socket `socket` with `exec`, given 5 s to
+/// shut down, its options changed by `tweak` first.
+pub fn serve_helper(
+    socket: impl Into<PathBuf>,
+    exec: Arc<dyn Executor>,
+    tweak: impl FnOnce(&mut ServerOptions),
+) -> ServerHandle {
+    let mut opts = ServerOptions::new(Listen::Path(socket.into()));
+    opts.shutdown_grace = Duration::from_secs(5);
+    tweak(&mut opts);
+    serve(opts, exec).expect("start the helper")
+}
+
+/// Writes the subuid file `path` (0644, root's) with `text`.
+pub fn subuid_file(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// Child processes of other uids, killed (and reaped) on drop.
+#[derive(Default)]
+pub struct Procs(pub Vec<Child>);
+
+impl Procs {
+    /// `cmd` started as `uid` (stdin null), kept to be killed; its pid.
+    pub fn spawn_as(&mut self, uid: u32, mut cmd: Command) -> u32 {
+        let child = cmd
+            .uid(uid)
+            .gid(uid)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let pid = child.id();
+        self.0.push(child);
+        pid
+    }
+
+    /// `sh -c SCRIPT` as `uid`; waits until it runs as that uid.
+    pub fn sh(&mut self, uid: u32, script: &str) -> u32 {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        let pid = self.spawn_as(uid, cmd);
+        crate::wait_for(PROC_WAIT, PROC_TICK, || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status
+                .lines()
+                .any(|l| l.starts_with("Uid:") && l.contains(&uid.to_string()))
+                .then_some(())
+        })
+        .expect("the child runs as its uid");
+        pid
+    }
+
+    /// A process of `uid` that ignores SIGTERM (a `sleep` that inherited
+    /// the ignored disposition), once it runs.
+    pub fn deaf(&mut self, uid: u32) -> u32 {
+        let pid = self.sh(uid, "trap '' TERM; exec sleep 300");
+        crate::wait_for(PROC_WAIT, PROC_TICK, || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()
+                .filter(|c| c.trim() == "sleep")
+        })
+        .expect("exec'd sleep");
+        pid
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// How long [`Procs`] waits for a child to run, and how often it looks.
+const PROC_WAIT: Duration = Duration::from_secs(5);
+const PROC_TICK: Duration = Duration::from_millis(20);
+
+/// Goes on with the panic `result` holds, if any: the end of a test that
+/// caught its body's panic to clean up first.
+pub fn rethrow(result: std::thread::Result<()>) {
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// One request line on a raw connection to a helper, and its answer
+/// (`None`: closed or no answer within `timeout`).
+pub fn ask(stream: &UnixStream, line: &str, timeout: Duration) -> Option<Response> {
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    // A helper that refuses a connection (busy) answers and closes it,
+    // possibly before the request is written: the write then fails, and
+    // the answer is there to be read all the same (as HelperClient does).
+    let _ = (&*stream).write_all(format!("{line}\n").as_bytes());
+    let mut reader = BufReader::new(stream);
+    let mut text = String::new();
+    match reader.read_line(&mut text) {
+        Ok(n) if n > 0 => Response::parse(text.as_bytes()).ok(),
+        _ => None,
+    }
+}
+
+/// What an answer was, in one word: `ok`, an error code, or `closed`.
+pub fn outcome(r: &Option<Response>) -> String {
+    match r {
+        None => "closed".into(),
+        Some(r) if r.ok => "ok".into(),
+        Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
+    }
+}
