@@ -2,6 +2,7 @@
 //! and what trying each gave, and a snapshot of its maps. Loading and
 //! reading the maps is the I/O edge (`selfheal::ebpf`).
 
+pub mod iter;
 pub mod snapshot;
 pub mod strategy;
 
