@@ -154,8 +154,7 @@ static COUNTERS: Array<u64> = Array::with_max_entries(counter::LEN, 0);
 /// The thread-group ids the task iterator reports on; the value is unused.
 /// Written by user space before each pass.
 #[map]
-static ITER_TGIDS: HashMap<u32, u8> =
-    HashMap::with_max_entries(MAX_ITER_TGIDS, BPF_F_NO_PREALLOC);
+static ITER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_ITER_TGIDS, BPF_F_NO_PREALLOC);
 
 // ---- helpers ----------------------------------------------------------------
 

@@ -98,14 +98,18 @@ mod kernel {
                 path: btf_path.display().to_string(),
                 reason: e.to_string(),
             })?;
-            let layout = KernelLayout::from_btf_bytes(&bytes)?;
+            let layout = KernelLayout::from_btf_file(btf_path)?;
             let task = layout
                 .task
                 .clone()
                 .map_err(|reason| IterError::TaskLayout { reason })?;
             let btf =
                 Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| IterError::Load {
-                    reason: format!("cannot parse kernel BTF {}: {}", btf_path.display(), chain(&e)),
+                    reason: format!(
+                        "cannot parse kernel BTF {}: {}",
+                        btf_path.display(),
+                        chain(&e)
+                    ),
                 })?;
             let mut loader = EbpfLoader::new();
             loader.btf(Some(&btf));
@@ -122,9 +126,9 @@ mod kernel {
                 .override_global("OFF_TASK_LAST_ARRIVAL", &task.last_arrival, true)
                 .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
                 .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true);
-            let mut ebpf = loader.load(OBJECT).map_err(|e| IterError::Load {
-                reason: chain(&e),
-            })?;
+            let mut ebpf = loader
+                .load(OBJECT)
+                .map_err(|e| IterError::Load { reason: chain(&e) })?;
             let load = |reason: String| IterError::Load { reason };
             let prog: &mut Iter = ebpf
                 .program_mut(PROGRAM)

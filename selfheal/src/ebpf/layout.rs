@@ -59,8 +59,8 @@ impl TaskLayout {
             member_offset(btf, "task_struct", member)?.whole(&format!("task_struct.{member}"))
         };
         let state = task("__state").or_else(|_| task("state"))?;
-        let last_arrival = member_offset(btf, "sched_info", "last_arrival")?
-            .whole("sched_info.last_arrival")?;
+        let last_arrival =
+            member_offset(btf, "sched_info", "last_arrival")?.whole("sched_info.last_arrival")?;
         Ok(Self {
             tgid: task("tgid")?,
             pid: task("pid")?,

@@ -25,7 +25,10 @@ struct ProcThread {
 fn proc_threads(pid: u32) -> BTreeMap<u32, ProcThread> {
     let dir = format!("/proc/{pid}/task");
     let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(&dir).expect("list the task dir").flatten() {
+    for e in std::fs::read_dir(&dir)
+        .expect("list the task dir")
+        .flatten()
+    {
         let tid: u32 = e.file_name().to_string_lossy().parse().expect("a tid");
         let stat = std::fs::read_to_string(format!("{dir}/{tid}/stat")).expect("stat");
         let after = &stat[stat.rfind(')').expect("comm") + 2..];
@@ -75,7 +78,11 @@ fn threads_match_procfs() {
             .count();
         (in_recv == READERS && threads.values().all(|t| t.state == 'S')).then_some(())
     });
-    assert!(settled.is_some(), "threads never settled: {:?}", proc_threads(pid));
+    assert!(
+        settled.is_some(),
+        "threads never settled: {:?}",
+        proc_threads(pid)
+    );
 
     let mut it = iter::load().expect("load the task iterator");
     let threads = it.threads(&[pid]).expect("a pass");
@@ -114,7 +121,10 @@ fn gone_pids_and_no_pids_yield_nothing() {
     // not linger into the next.
     let me = std::process::id();
     let mine = it.threads(&[gone, me]).expect("a pass");
-    assert!(!mine.is_empty() && mine.iter().all(|t| t.tgid == me), "{mine:?}");
+    assert!(
+        !mine.is_empty() && mine.iter().all(|t| t.tgid == me),
+        "{mine:?}"
+    );
     assert_eq!(it.threads(&[]).expect("a pass"), Vec::new());
 }
 
