@@ -6,39 +6,34 @@
 //! alternate, `--runs` times each; prints their medians, their ratio, and
 //! the one-time cost of loading the program. Needs root.
 
-use std::{
-    io::{BufRead as _, BufReader, Read as _},
-    net::TcpListener,
-    process::{Child, Command, Stdio},
-    time::Instant,
-};
+use std::{io::Read as _, net::TcpListener, process::Child, time::Instant};
 
+use bench::{Bins, fat_agent};
 use selfheal::ebpf::iter;
 
+/// One task-iterator pass against each thread's procfs reads, over agents
+/// whose threads are blocked in `recvfrom`. Needs root.
+#[derive(clap::Parser)]
+#[command(name = "iter-bench")]
+struct Args {
+    /// Agents to start.
+    #[arg(long, default_value_t = 100)]
+    agents: usize,
+    /// Threads per agent.
+    #[arg(long, default_value_t = 50)]
+    threads: usize,
+    /// Timed runs of each way (the median is printed).
+    #[arg(long, default_value_t = 11)]
+    runs: usize,
+}
+
 fn main() {
-    let mut agents = 100usize;
-    let mut threads = 50usize;
-    let mut runs = 11usize;
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut num = || {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| usage(a))
-        };
-        match a.as_str() {
-            "--agents" => agents = num(),
-            "--threads" => threads = num(),
-            "--runs" => runs = num(),
-            other => usage(other),
-        }
-    }
-    let peer = std::env::current_exe()
-        .expect("current_exe")
-        .parent()
-        .expect("dir")
-        .join("recv-peer");
+    let Args {
+        agents,
+        threads,
+        runs,
+    } = clap::Parser::parse();
+    let Bins { peer, .. } = Bins::find();
 
     // One connection per agent; its threads all read it.
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -49,19 +44,7 @@ fn main() {
             .collect::<Vec<_>>()
     });
     let mut children: Vec<Child> = (0..agents)
-        .map(|_| {
-            let mut c = Command::new(&peer)
-                .args(["fat", &addr, &threads.to_string(), "1"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn an agent");
-            let mut line = String::new();
-            BufReader::new(c.stdout.take().unwrap())
-                .read_line(&mut line)
-                .expect("ready");
-            c
-        })
+        .map(|_| fat_agent(&peer, &addr, threads, 1))
         .collect();
     let _server_ends = accepter.join().expect("accepter");
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -140,11 +123,4 @@ fn procfs_reads(pids: &[u32]) -> usize {
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-fn usage(arg: &str) -> ! {
-    eprintln!(
-        "iter-bench: bad argument {arg}; usage: iter-bench [--agents N] [--threads N] [--runs N]"
-    );
-    std::process::exit(2);
 }
