@@ -145,7 +145,8 @@ mod kernel {
         }
 
         /// The threads of `tgids`, read in one pass of the iterator, in
-        /// the kernel's order (by tid). Pids that are gone have none.
+        /// the order the kernel walks its tasks. Pids that are gone have
+        /// none.
         pub fn threads(&mut self, tgids: &[u32]) -> Result<Vec<IterThread>, IterError> {
             self.ask_for(tgids)?;
             let run = |reason: String| IterError::Run { reason };
@@ -161,7 +162,10 @@ mod kernel {
             self.buf.clear();
             file.read_to_end(&mut self.buf)
                 .map_err(|e| run(format!("read: {e}")))?;
-            Ok(parse_task_records(&self.buf)?)
+            let mut threads = parse_task_records(&self.buf)?;
+            // A pid whose removal from the map failed is not reported.
+            threads.retain(|t| self.tgids.contains(&t.tgid));
+            Ok(threads)
         }
 
         /// Makes `ITER_TGIDS` hold exactly `tgids`.
@@ -185,7 +189,8 @@ mod kernel {
                 let _ = map.remove(gone);
             }
             self.tgids.retain(|t| want.contains(t));
-            for &tgid in want.difference(&self.tgids.clone()) {
+            let new: Vec<u32> = want.difference(&self.tgids).copied().collect();
+            for tgid in new {
                 map.insert(tgid, 1, 0).map_err(|e| map_err(&e))?;
                 self.tgids.insert(tgid);
             }
