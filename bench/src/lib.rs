@@ -1,7 +1,11 @@
 //! What the benchmarks and the soak share: where the programs they run
-//! are, and the open-file limit their agents need.
+//! are, the open-file limit their agents need, and starting an agent.
 
-use std::path::PathBuf;
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
 
 /// The programs a benchmark runs: `selfheal` (`SELFHEAL_BIN`, or the one
 /// beside the benchmark's binary) and the testbed's `recv-peer`.
@@ -37,4 +41,21 @@ pub fn set_nofile(n: u64) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Starts one `recv-peer fat` agent at `peer`: `sockets` connections to
+/// `addr` and `threads` threads blocked in reads on them. Returns once it
+/// says it is ready; it runs until its stdin closes or it is killed.
+pub fn fat_agent(peer: &Path, addr: &str, threads: usize, sockets: usize) -> Child {
+    let mut c = Command::new(peer)
+        .args(["fat", addr, &threads.to_string(), &sockets.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn an agent");
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("ready");
+    c
 }

@@ -111,6 +111,50 @@ pub struct OwnerShare {
     pub over_share: u64,
 }
 
+/// Capacity of `ITER_TGIDS`: the processes one iterator pass reports on.
+pub const MAX_ITER_TGIDS: u32 = 65536;
+
+/// One record of the `iter/task` program, written with `bpf_seq_write` for
+/// every thread whose thread-group id is in `ITER_TGIDS`: what procfs's
+/// `task/TID/stat` and `task/TID/syscall` say of it, read in one pass.
+///
+/// Values are the kernel's raw fields, unconverted: `state` is
+/// `task_struct.__state` (the letter procfs shows also depends on
+/// `exit_state`), `cpu_ns` the thread's `utime + stime` before procfs's
+/// scaling by its runtime, and `last_arrival_ns` the run-queue clock of
+/// the CPU the thread last ran on, which is not comparable with another
+/// CPU's clock or with `CLOCK_BOOTTIME`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IterTaskRecord {
+    /// Thread-group id (the pid).
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// `task_struct.__state`: 0 running, 1 interruptible sleep, 2
+    /// uninterruptible, … (`TASK_*` of `include/linux/sched.h`).
+    pub state: u32,
+    /// `task_struct.exit_state`: `EXIT_ZOMBIE` (0x20), `EXIT_DEAD` (0x10) or 0.
+    pub exit_state: u32,
+    /// `task_struct.utime + task_struct.stime`, nanoseconds.
+    pub cpu_ns: u64,
+    /// The syscall number saved in the thread's user registers
+    /// (`orig_ax`), `u64::MAX` (-1) outside a syscall. Only meaningful for
+    /// a thread that is not running: a running thread's registers change
+    /// under the read.
+    pub syscall: u64,
+    /// The syscall's first argument (`di`): the fd of a `read` or `recvfrom`.
+    pub arg0: u64,
+    /// `task_struct.sched_info.last_arrival`: when the thread last started
+    /// running, on its CPU's run-queue clock (ns); 0 where the kernel keeps
+    /// no sched_info.
+    pub last_arrival_ns: u64,
+}
+
+/// Size of one [`IterTaskRecord`] in the iterator's output.
+pub const ITER_TASK_RECORD_SIZE: usize = 48;
+const _: () = assert!(core::mem::size_of::<IterTaskRecord>() == ITER_TASK_RECORD_SIZE);
+
 /// Indexes of the `COUNTERS` array: events the programs could not record.
 pub mod counter {
     /// `IN_RECV` was full: a receive went unrecorded.

@@ -23,17 +23,25 @@
 //! saved registers), and clears it when the receive returns
 //! (`sock_recv_length`). A receive that never sleeps never blocked.
 //!
+//! Beside the tracer, one program that hooks nothing: the task iterator
+//! (`iter/task`), run by user space when it reads the iterator's file. For
+//! every thread of the processes in `ITER_TGIDS` it writes one
+//! `IterTaskRecord` (state, CPU time, the syscall and first argument saved
+//! in its registers, when it last began to run): the threads' evidence in
+//! one in-kernel pass, without procfs.
+//!
 //! Rust eBPF has no CO-RE field relocations, so the few struct offsets needed
-//! (sock → socket → inode number, sock → protocol) are read from the running
-//! kernel's BTF by the loader and passed in as read-only globals.
+//! (sock → socket → inode number, sock → protocol, the task_struct fields
+//! the iterator reads) are read from the running kernel's BTF by the loader
+//! and passed in as read-only globals.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    bindings::task_struct,
+    bindings::{seq_file, task_struct},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel, bpf_task_pt_regs,
+        bpf_probe_read_kernel, bpf_seq_write, bpf_task_pt_regs,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{Array, HashMap},
@@ -43,9 +51,9 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, InRecv, MAX_IN_RECV, MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS,
-    MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING, SockActivity, WATCHED_WORDS,
-    counter,
+    EAGAIN, IPPROTO_TCP, InRecv, IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND, MAX_ITER_TGIDS,
+    MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING,
+    SockActivity, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -73,6 +81,28 @@ static OFF_REGS_SYSCALL: u64 = 120;
 /// `offsetof(struct pt_regs, di)`: the syscall's first argument.
 #[unsafe(no_mangle)]
 static OFF_REGS_ARG0: u64 = 112;
+
+/// `offsetof(struct task_struct, tgid)`.
+#[unsafe(no_mangle)]
+static OFF_TASK_TGID: u64 = 0;
+/// `offsetof(struct task_struct, pid)`: the thread id.
+#[unsafe(no_mangle)]
+static OFF_TASK_PID: u64 = 0;
+/// `offsetof(struct task_struct, __state)` (`state` before 5.14).
+#[unsafe(no_mangle)]
+static OFF_TASK_STATE: u64 = 0;
+/// `offsetof(struct task_struct, exit_state)`.
+#[unsafe(no_mangle)]
+static OFF_TASK_EXIT_STATE: u64 = 0;
+/// `offsetof(struct task_struct, utime)`.
+#[unsafe(no_mangle)]
+static OFF_TASK_UTIME: u64 = 0;
+/// `offsetof(struct task_struct, stime)`.
+#[unsafe(no_mangle)]
+static OFF_TASK_STIME: u64 = 0;
+/// `offsetof(struct task_struct, sched_info.last_arrival)`.
+#[unsafe(no_mangle)]
+static OFF_TASK_LAST_ARRIVAL: u64 = 0;
 
 #[inline(always)]
 fn config(v: &'static u64) -> u64 {
@@ -120,6 +150,11 @@ static IN_SEND: HashMap<u32, u64> = HashMap::with_max_entries(MAX_IN_SEND, 0);
 /// Events that could not be recorded, indexed by `selfheal_common::counter`.
 #[map]
 static COUNTERS: Array<u64> = Array::with_max_entries(counter::LEN, 0);
+
+/// The thread-group ids the task iterator reports on; the value is unused.
+/// Written by user space before each pass.
+#[map]
+static ITER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_ITER_TGIDS, BPF_F_NO_PREALLOC);
 
 // ---- helpers ----------------------------------------------------------------
 
@@ -654,6 +689,81 @@ pub fn sys_exit_read(_ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "syscalls", name = "sys_exit_readv")]
 pub fn sys_exit_readv(_ctx: TracePointContext) -> u32 {
     sys_recv_exit()
+}
+
+// ---- the task iterator ---------------------------------------------------------
+
+/// The kernel's `struct bpf_iter_meta`.
+#[repr(C)]
+pub struct BpfIterMeta {
+    pub seq: *mut seq_file,
+    pub session_id: u64,
+    pub seq_num: u64,
+}
+
+/// The kernel's `struct bpf_iter__task`, the task iterator's context.
+#[repr(C)]
+pub struct BpfIterTask {
+    pub meta: *mut BpfIterMeta,
+    /// NULL in the last call, after every task.
+    pub task: *mut task_struct,
+}
+
+/// Reads a `T` at `base + off` (0 where it cannot be read).
+#[inline(always)]
+fn read_at<T: Default>(base: u64, off: u64) -> T {
+    // SAFETY: bpf_probe_read_kernel checks the address; offsets come from BTF.
+    unsafe { bpf_probe_read_kernel((base + off) as *const T) }.unwrap_or_default()
+}
+
+/// `iter/task`: one `IterTaskRecord` for each thread of a process in
+/// `ITER_TGIDS`. aya-ebpf has no macro for iterators: the section and the
+/// context are written out.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
+    // SAFETY: the kernel passes its iterator context.
+    let (meta, task) = unsafe { ((*ctx).meta, (*ctx).task) };
+    if task.is_null() {
+        return 0;
+    }
+    let t = task as u64;
+    let tgid: u32 = read_at(t, config(&OFF_TASK_TGID));
+    // SAFETY: only the key's presence is read.
+    if unsafe { ITER_TGIDS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    // SAFETY: `task` is the iterator's trusted, non-NULL task pointer.
+    let regs = unsafe { bpf_task_pt_regs(task) } as u64;
+    let (syscall, arg0) = if regs == 0 {
+        (u64::MAX, 0)
+    } else {
+        (
+            read_at::<u64>(regs, config(&OFF_REGS_SYSCALL)),
+            read_at::<u64>(regs, config(&OFF_REGS_ARG0)),
+        )
+    };
+    let rec = IterTaskRecord {
+        tgid,
+        tid: read_at(t, config(&OFF_TASK_PID)),
+        state: read_at(t, config(&OFF_TASK_STATE)),
+        exit_state: read_at(t, config(&OFF_TASK_EXIT_STATE)),
+        cpu_ns: read_at::<u64>(t, config(&OFF_TASK_UTIME))
+            .wrapping_add(read_at::<u64>(t, config(&OFF_TASK_STIME))),
+        syscall,
+        arg0,
+        last_arrival_ns: read_at(t, config(&OFF_TASK_LAST_ARRIVAL)),
+    };
+    // SAFETY: `meta` is the iterator's context; `rec` is initialised stack
+    // memory of the length given.
+    unsafe {
+        bpf_seq_write(
+            (*meta).seq,
+            &rec as *const IterTaskRecord as *const core::ffi::c_void,
+            core::mem::size_of::<IterTaskRecord>() as u32,
+        )
+    };
+    0
 }
 
 #[cfg(not(test))]

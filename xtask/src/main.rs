@@ -68,7 +68,9 @@ enum Task {
     /// against `ps -eLo` + `ss -tinp`, a C floor (each thread's stat and
     /// wchan, one sock_diag dump) and a curl loop (`check-bench`), and
     /// how `check` grows with 1k-10k sockets and 200-2000 threads, and the
-    /// prove stage's added cost on 1,000 suspect sockets (`scale-bench`).
+    /// prove stage's added cost on 1,000 suspect sockets (`scale-bench`),
+    /// and one pass of the kernel's task iterator against each thread's
+    /// procfs reads (`iter-bench`).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -186,7 +188,7 @@ fn main() -> Result<()> {
             setup::all()?;
             build_release()?;
             run(Command::new("target/release/recv-bench").args(args))?;
-            for bench in ["inspect-bench", "check-bench", "scale-bench"] {
+            for bench in ["inspect-bench", "check-bench", "scale-bench", "iter-bench"] {
                 run(Command::new(format!("target/release/{bench}"))
                     .env("SELFHEAL_BIN", "target/release/selfheal"))?;
             }

@@ -29,6 +29,48 @@ pub struct KernelLayout {
     /// (x86_64).
     pub regs_syscall: u64,
     pub regs_arg0: u64,
+    /// The `task_struct` fields the task iterator reads, or why this
+    /// kernel's BTF lacks one (the tracer needs none of them).
+    pub task: Result<TaskLayout, String>,
+}
+
+/// Offsets in `struct task_struct` of what the task iterator reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskLayout {
+    /// `tgid`.
+    pub tgid: u64,
+    /// `pid`: the thread id.
+    pub pid: u64,
+    /// `__state` (`state` before Linux 5.14, a `long` whose low 32 bits are
+    /// read).
+    pub state: u64,
+    /// `exit_state`.
+    pub exit_state: u64,
+    /// `utime` and `stime`.
+    pub utime: u64,
+    pub stime: u64,
+    /// `sched_info.last_arrival` (needs CONFIG_SCHED_INFO).
+    pub last_arrival: u64,
+}
+
+impl TaskLayout {
+    fn from_btf(btf: &Btf) -> Result<Self, LayoutError> {
+        let task = |member: &str| {
+            member_offset(btf, "task_struct", member)?.whole(&format!("task_struct.{member}"))
+        };
+        let state = task("__state").or_else(|_| task("state"))?;
+        let last_arrival =
+            member_offset(btf, "sched_info", "last_arrival")?.whole("sched_info.last_arrival")?;
+        Ok(Self {
+            tgid: task("tgid")?,
+            pid: task("pid")?,
+            state,
+            exit_state: task("exit_state")?,
+            utime: task("utime")?,
+            stime: task("stime")?,
+            last_arrival: task("sched_info")? + last_arrival,
+        })
+    }
 }
 
 /// Why the layout could not be read.
@@ -103,6 +145,7 @@ impl KernelLayout {
             sk_protocol,
             recvmsg_flags_arg,
             recvmsg_nonblock_arg: index("nonblock"),
+            task: TaskLayout::from_btf(btf).map_err(|e| e.to_string()),
         })
     }
 }
@@ -249,6 +292,18 @@ mod tests {
         assert!(matches!(layout.recvmsg_flags_arg, 3 | 4), "{layout:?}");
         // x86_64's pt_regs is ABI: orig_ax at 120, di at 112.
         assert_eq!((layout.regs_syscall, layout.regs_arg0), (120, 112));
+        let task = layout.task.expect("task_struct layout");
+        for off in [
+            task.tgid,
+            task.pid,
+            task.state,
+            task.exit_state,
+            task.utime,
+            task.stime,
+            task.last_arrival,
+        ] {
+            assert!(off < 16384, "{task:?}");
+        }
     }
 
     #[test]

@@ -22,7 +22,8 @@ use super::{
 };
 use crate::sys::clock::boot_ns;
 
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/selfheal"));
+pub(super) static OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/selfheal"));
 
 /// The attached tracer. Dropping it detaches every program and frees the maps.
 pub struct Tracer {

@@ -7,6 +7,7 @@
 //! before its process was watched): [`Tracer::watched_since`] says from when
 //! the picture is complete, and callers fill the gap from procfs.
 
+pub mod iter;
 pub mod layout;
 pub mod tracefs;
 

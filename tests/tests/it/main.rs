@@ -32,6 +32,7 @@ mod image;
 mod incident;
 mod inspect_cli;
 mod install;
+mod iter;
 mod kubernetes;
 mod metrics_endpoint;
 mod outputs;

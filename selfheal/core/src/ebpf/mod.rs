@@ -1,7 +1,9 @@
 //! What the eBPF receive tracer saw, as plain types: the attach strategies
-//! and what trying each gave, and a snapshot of its maps. Loading and
-//! reading the maps is the I/O edge (`selfheal::ebpf`).
+//! and what trying each gave, and a snapshot of its maps; and what one pass
+//! of the task iterator read ([`iter`]). Loading and reading the maps and
+//! the iterator is the I/O edge (`selfheal::ebpf`).
 
+pub mod iter;
 pub mod snapshot;
 pub mod strategy;
 

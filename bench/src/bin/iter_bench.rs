@@ -1,0 +1,126 @@
+//! The kernel's task iterator (`selfheal::ebpf::iter`) against procfs, in
+//! one run: for `--agents` processes of `--threads` threads blocked in
+//! reads, one iterator pass (link, read, parse) against reading every
+//! thread's `/proc/PID/task/TID/stat` and `syscall` (one open, read, close
+//! each, as the C floor `bench/src/diag_floor.c` reads its files). The two
+//! alternate, `--runs` times each; prints their medians, their ratio, and
+//! the one-time cost of loading the program. Needs root.
+
+use std::{io::Read as _, net::TcpListener, process::Child, time::Instant};
+
+use bench::{Bins, fat_agent};
+use selfheal::ebpf::iter;
+
+/// One task-iterator pass against each thread's procfs reads, over agents
+/// whose threads are blocked in `recvfrom`. Needs root.
+#[derive(clap::Parser)]
+#[command(name = "iter-bench")]
+struct Args {
+    /// Agents to start.
+    #[arg(long, default_value_t = 100)]
+    agents: usize,
+    /// Threads per agent.
+    #[arg(long, default_value_t = 50)]
+    threads: usize,
+    /// Timed runs of each way (the median is printed).
+    #[arg(long, default_value_t = 11)]
+    runs: usize,
+}
+
+fn main() {
+    let Args {
+        agents,
+        threads,
+        runs,
+    } = clap::Parser::parse();
+    let Bins { peer, .. } = Bins::find();
+
+    // One connection per agent; its threads all read it.
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().unwrap().to_string();
+    let accepter = std::thread::spawn(move || {
+        (0..agents)
+            .map(|_| l.accept().expect("accept").0)
+            .collect::<Vec<_>>()
+    });
+    let mut children: Vec<Child> = (0..agents)
+        .map(|_| fat_agent(&peer, &addr, threads, 1))
+        .collect();
+    let _server_ends = accepter.join().expect("accepter");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+
+    let start = Instant::now();
+    let mut task_iter = iter::load().unwrap_or_else(|e| {
+        eprintln!("iter-bench: {e}");
+        std::process::exit(1);
+    });
+    let load = start.elapsed().as_secs_f64();
+
+    let mut passes = Vec::new();
+    let mut reads = Vec::new();
+    let (mut seen_iter, mut seen_proc) = (0, 0);
+    for _ in 0..runs {
+        let start = Instant::now();
+        let found = task_iter.threads(&pids).expect("an iterator pass");
+        passes.push(start.elapsed().as_secs_f64());
+        seen_iter = found.len();
+        let start = Instant::now();
+        seen_proc = procfs_reads(&pids);
+        reads.push(start.elapsed().as_secs_f64());
+    }
+    let (pass, read) = (median(&mut passes), median(&mut reads));
+    println!(
+        "iter-bench: {agents} agents of {threads} threads blocked in reads; medians of {runs} runs"
+    );
+    println!(
+        "  loading the iterator program (once): {:.1} ms",
+        load * 1e3
+    );
+    println!(
+        "  iterator pass (link, read, parse): {:.2} ms, {seen_iter} threads",
+        pass * 1e3
+    );
+    println!(
+        "  each thread's /proc stat + syscall: {:.2} ms, {seen_proc} threads",
+        read * 1e3
+    );
+    println!("  iterator / procfs: {:.3}", pass / read);
+    for c in &mut children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Reads every thread's `stat` and `syscall` of `pids`, one open, read and
+/// close each; returns how many threads it read.
+fn procfs_reads(pids: &[u32]) -> usize {
+    let mut buf = [0u8; 1024];
+    let mut read_small = |path: &str| {
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read(&mut buf))
+            .unwrap_or(0)
+    };
+    let mut threads = 0;
+    let mut bytes = 0;
+    for pid in pids {
+        let dir = format!("/proc/{pid}/task");
+        let Ok(tasks) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let tid = t.file_name();
+            let tid = tid.to_string_lossy();
+            bytes += read_small(&format!("{dir}/{tid}/stat"));
+            bytes += read_small(&format!("{dir}/{tid}/syscall"));
+            threads += 1;
+        }
+    }
+    std::hint::black_box(bytes);
+    threads
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
