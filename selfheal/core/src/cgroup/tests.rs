@@ -1,4 +1,3 @@
-
 use super::*;
 
 const A: &str = "ac71a600e8e6906ba7b18907acbb0c3d42386de3f68e5e60267627c2157e58e4";

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn users(name: &str) -> Option<u32> {

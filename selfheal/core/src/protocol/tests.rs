@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn code(line: &str) -> (Option<u64>, ErrorCode, String) {
