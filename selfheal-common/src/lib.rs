@@ -111,19 +111,17 @@ pub struct OwnerShare {
     pub over_share: u64,
 }
 
-/// Capacity of `ITER_TGIDS`: the processes one iterator pass reports on.
-pub const MAX_ITER_TGIDS: u32 = 65536;
-
 /// One record of the `iter/task` program, written with `bpf_seq_write` for
-/// every thread whose thread-group id is in `ITER_TGIDS`: what procfs's
-/// `task/TID/stat` and `task/TID/syscall` say of it, read in one pass.
+/// every thread of the process the iterator's link names: what procfs's
+/// `task/TID/stat`, `task/TID/syscall` and `task/TID/sched` say of it, read
+/// in one pass.
 ///
 /// Values are the kernel's raw fields, unconverted: `state` is
 /// `task_struct.__state` (the letter procfs shows also depends on
-/// `exit_state`), `cpu_ns` the thread's `utime + stime` before procfs's
-/// scaling by its runtime, and `last_arrival_ns` the run-queue clock of
-/// the CPU the thread last ran on, which is not comparable with another
-/// CPU's clock or with `CLOCK_BOOTTIME`.
+/// `exit_state`), `runtime_ns` the thread's `se.sum_exec_runtime` (the
+/// total procfs splits into utime and stime), and `exec_start_ns` the task
+/// clock of `cpu`, which is not comparable with another CPU's clock or with
+/// `CLOCK_BOOTTIME`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IterTaskRecord {
@@ -136,24 +134,48 @@ pub struct IterTaskRecord {
     pub state: u32,
     /// `task_struct.exit_state`: `EXIT_ZOMBIE` (0x20), `EXIT_DEAD` (0x10) or 0.
     pub exit_state: u32,
-    /// `task_struct.utime + task_struct.stime`, nanoseconds.
-    pub cpu_ns: u64,
+    /// `task_struct.se.sum_exec_runtime`: CPU time, nanoseconds.
+    pub runtime_ns: u64,
     /// The syscall number saved in the thread's user registers
     /// (`orig_ax`), `u64::MAX` (-1) outside a syscall. Only meaningful for
     /// a thread that is not running: a running thread's registers change
     /// under the read.
     pub syscall: u64,
-    /// The syscall's first argument (`di`): the fd of a `read` or `recvfrom`.
+    /// The syscall's first two arguments (`di`, `si`): the fd of a `read`
+    /// or `recvfrom`; a poll set's address and length.
     pub arg0: u64,
-    /// `task_struct.sched_info.last_arrival`: when the thread last started
-    /// running, on its CPU's run-queue clock (ns); 0 where the kernel keeps
-    /// no sched_info.
-    pub last_arrival_ns: u64,
+    pub arg1: u64,
+    /// `task_struct.se.exec_start`: when the thread last ran, on the task
+    /// clock of `cpu` (ns).
+    pub exec_start_ns: u64,
+    /// The CPU the thread last ran on (`task_cpu()`).
+    pub cpu: u32,
+    /// Zero.
+    pub pad: u32,
+    /// `task_struct.comm`, NUL-padded.
+    pub comm: [u8; 16],
 }
 
 /// Size of one [`IterTaskRecord`] in the iterator's output.
-pub const ITER_TASK_RECORD_SIZE: usize = 48;
+pub const ITER_TASK_RECORD_SIZE: usize = 80;
 const _: () = assert!(core::mem::size_of::<IterTaskRecord>() == ITER_TASK_RECORD_SIZE);
+
+/// One record of the `iter/task_file` program: a socket the process holds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IterSockRecord {
+    /// Thread-group id (the pid).
+    pub tgid: u32,
+    /// The fd.
+    pub fd: u32,
+    /// The socket's inode number (what `/proc/PID/fd/N` names as
+    /// `socket:[inode]`).
+    pub inode: u64,
+}
+
+/// Size of one [`IterSockRecord`] in the iterator's output.
+pub const ITER_SOCK_RECORD_SIZE: usize = 16;
+const _: () = assert!(core::mem::size_of::<IterSockRecord>() == ITER_SOCK_RECORD_SIZE);
 
 /// Indexes of the `COUNTERS` array: events the programs could not record.
 pub mod counter {

@@ -23,12 +23,13 @@
 //! saved registers), and clears it when the receive returns
 //! (`sock_recv_length`). A receive that never sleeps never blocked.
 //!
-//! Beside the tracer, one program that hooks nothing: the task iterator
-//! (`iter/task`), run by user space when it reads the iterator's file. For
-//! every thread of the processes in `ITER_TGIDS` it writes one
-//! `IterTaskRecord` (state, CPU time, the syscall and first argument saved
-//! in its registers, when it last began to run): the threads' evidence in
-//! one in-kernel pass, without procfs.
+//! Beside the tracer, two programs that hook nothing: the task iterators,
+//! run by user space when it reads an iterator's file, each linked to one
+//! process. `iter/task` writes one `IterTaskRecord` for every thread of it
+//! (state, CPU time, name, the syscall and arguments saved in its
+//! registers, when and on which CPU it last ran); `iter/task_file` one
+//! `IterSockRecord` for every socket it holds: a process's evidence in one
+//! in-kernel pass, without procfs.
 //!
 //! Rust eBPF has no CO-RE field relocations, so the few struct offsets needed
 //! (sock → socket → inode number, sock → protocol, the task_struct fields
@@ -51,7 +52,7 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, InRecv, IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND, MAX_ITER_TGIDS,
+    EAGAIN, IPPROTO_TCP, InRecv, IterSockRecord, IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND,
     MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING,
     SockActivity, WATCHED_WORDS, counter,
 };
@@ -94,15 +95,30 @@ static OFF_TASK_STATE: u64 = 0;
 /// `offsetof(struct task_struct, exit_state)`.
 #[unsafe(no_mangle)]
 static OFF_TASK_EXIT_STATE: u64 = 0;
-/// `offsetof(struct task_struct, utime)`.
+/// `offsetof(struct task_struct, se.sum_exec_runtime)`.
 #[unsafe(no_mangle)]
-static OFF_TASK_UTIME: u64 = 0;
-/// `offsetof(struct task_struct, stime)`.
+static OFF_TASK_RUNTIME: u64 = 0;
+/// `offsetof(struct task_struct, se.exec_start)`.
 #[unsafe(no_mangle)]
-static OFF_TASK_STIME: u64 = 0;
-/// `offsetof(struct task_struct, sched_info.last_arrival)`.
+static OFF_TASK_EXEC_START: u64 = 0;
+/// Where `task_cpu()` reads: `thread_info.cpu` (or `cpu`).
 #[unsafe(no_mangle)]
-static OFF_TASK_LAST_ARRIVAL: u64 = 0;
+static OFF_TASK_CPU: u64 = 0;
+/// `offsetof(struct task_struct, comm)`.
+#[unsafe(no_mangle)]
+static OFF_TASK_COMM: u64 = 0;
+/// `offsetof(struct pt_regs, si)`: the second syscall argument (x86_64).
+#[unsafe(no_mangle)]
+static OFF_REGS_ARG1: u64 = 104;
+/// `offsetof(struct file, f_inode)`.
+#[unsafe(no_mangle)]
+static OFF_FILE_INODE: u64 = 0;
+/// `offsetof(struct inode, i_mode)`.
+#[unsafe(no_mangle)]
+static OFF_INODE_MODE: u64 = 0;
+/// `offsetof(struct inode, i_ino)`.
+#[unsafe(no_mangle)]
+static OFF_INODE_INO: u64 = 0;
 
 #[inline(always)]
 fn config(v: &'static u64) -> u64 {
@@ -150,11 +166,6 @@ static IN_SEND: HashMap<u32, u64> = HashMap::with_max_entries(MAX_IN_SEND, 0);
 /// Events that could not be recorded, indexed by `selfheal_common::counter`.
 #[map]
 static COUNTERS: Array<u64> = Array::with_max_entries(counter::LEN, 0);
-
-/// The thread-group ids the task iterator reports on; the value is unused.
-/// Written by user space before each pass.
-#[map]
-static ITER_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_ITER_TGIDS, BPF_F_NO_PREALLOC);
 
 // ---- helpers ----------------------------------------------------------------
 
@@ -716,9 +727,38 @@ fn read_at<T: Default>(base: u64, off: u64) -> T {
     unsafe { bpf_probe_read_kernel((base + off) as *const T) }.unwrap_or_default()
 }
 
-/// `iter/task`: one `IterTaskRecord` for each thread of a process in
-/// `ITER_TGIDS`. aya-ebpf has no macro for iterators: the section and the
-/// context are written out.
+/// The kernel's `struct bpf_iter__task_file`, the file iterator's context.
+#[repr(C)]
+pub struct BpfIterTaskFile {
+    pub meta: *mut BpfIterMeta,
+    /// NULL in the last call, after every file.
+    pub task: *mut task_struct,
+    /// `u32 fd __aligned(8)`.
+    pub fd: u64,
+    pub file: *mut core::ffi::c_void,
+}
+
+/// `S_IFMT` and `S_IFSOCK` of `i_mode`.
+const S_IFMT: u16 = 0o170000;
+const S_IFSOCK: u16 = 0o140000;
+
+/// Writes `rec` to the iterator's output.
+#[inline(always)]
+fn seq_write<T>(meta: *mut BpfIterMeta, rec: &T) {
+    // SAFETY: `meta` is the iterator's context; `rec` is initialised stack
+    // memory of the length given.
+    unsafe {
+        bpf_seq_write(
+            (*meta).seq,
+            rec as *const T as *const core::ffi::c_void,
+            core::mem::size_of::<T>() as u32,
+        )
+    };
+}
+
+/// `iter/task`: one `IterTaskRecord` for each thread the link's walk
+/// reaches (user space links it to one process). aya-ebpf has no macro for
+/// iterators: the section and the context are written out.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
@@ -728,41 +768,60 @@ pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
         return 0;
     }
     let t = task as u64;
-    let tgid: u32 = read_at(t, config(&OFF_TASK_TGID));
-    // SAFETY: only the key's presence is read.
-    if unsafe { ITER_TGIDS.get(&tgid) }.is_none() {
-        return 0;
-    }
     // SAFETY: `task` is the iterator's trusted, non-NULL task pointer.
     let regs = unsafe { bpf_task_pt_regs(task) } as u64;
-    let (syscall, arg0) = if regs == 0 {
-        (u64::MAX, 0)
+    let (syscall, arg0, arg1) = if regs == 0 {
+        (u64::MAX, 0, 0)
     } else {
         (
             read_at::<u64>(regs, config(&OFF_REGS_SYSCALL)),
             read_at::<u64>(regs, config(&OFF_REGS_ARG0)),
+            read_at::<u64>(regs, config(&OFF_REGS_ARG1)),
         )
     };
     let rec = IterTaskRecord {
-        tgid,
+        tgid: read_at(t, config(&OFF_TASK_TGID)),
         tid: read_at(t, config(&OFF_TASK_PID)),
         state: read_at(t, config(&OFF_TASK_STATE)),
         exit_state: read_at(t, config(&OFF_TASK_EXIT_STATE)),
-        cpu_ns: read_at::<u64>(t, config(&OFF_TASK_UTIME))
-            .wrapping_add(read_at::<u64>(t, config(&OFF_TASK_STIME))),
+        runtime_ns: read_at(t, config(&OFF_TASK_RUNTIME)),
         syscall,
         arg0,
-        last_arrival_ns: read_at(t, config(&OFF_TASK_LAST_ARRIVAL)),
+        arg1,
+        exec_start_ns: read_at(t, config(&OFF_TASK_EXEC_START)),
+        cpu: read_at(t, config(&OFF_TASK_CPU)),
+        pad: 0,
+        comm: read_at(t, config(&OFF_TASK_COMM)),
     };
-    // SAFETY: `meta` is the iterator's context; `rec` is initialised stack
-    // memory of the length given.
-    unsafe {
-        bpf_seq_write(
-            (*meta).seq,
-            &rec as *const IterTaskRecord as *const core::ffi::c_void,
-            core::mem::size_of::<IterTaskRecord>() as u32,
-        )
+    seq_write(meta, &rec);
+    0
+}
+
+/// `iter/task_file`: one `IterSockRecord` for each socket among the files
+/// the link's walk reaches (one process's: the kernel skips threads that
+/// share the leader's file table).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task_file")]
+pub extern "C" fn iter_task_file(ctx: *mut BpfIterTaskFile) -> i32 {
+    // SAFETY: the kernel passes its iterator context.
+    let (meta, task, fd, file) = unsafe { ((*ctx).meta, (*ctx).task, (*ctx).fd, (*ctx).file) };
+    if task.is_null() || file.is_null() {
+        return 0;
+    }
+    let inode: u64 = read_at(file as u64, config(&OFF_FILE_INODE));
+    if inode == 0 {
+        return 0;
+    }
+    let mode: u16 = read_at(inode, config(&OFF_INODE_MODE));
+    if mode & S_IFMT != S_IFSOCK {
+        return 0;
+    }
+    let rec = IterSockRecord {
+        tgid: read_at(task as u64, config(&OFF_TASK_TGID)),
+        fd: fd as u32,
+        inode: read_at(inode, config(&OFF_INODE_INO)),
     };
+    seq_write(meta, &rec);
     0
 }
 

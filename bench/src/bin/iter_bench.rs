@@ -1,12 +1,19 @@
-//! The kernel's task iterator (`selfheal::ebpf::iter`) against procfs, in
+//! The kernel's task iterators (`selfheal::ebpf::iter`) against procfs, in
 //! one run: for `--agents` processes of `--threads` threads blocked in
-//! reads, one iterator pass (link, read, parse) against reading every
-//! thread's `/proc/PID/task/TID/stat` and `syscall` (one open, read, close
-//! each, as the C floor `bench/src/diag_floor.c` reads its files). The two
-//! alternate, `--runs` times each; prints their medians, their ratio, and
-//! the one-time cost of loading the program. Needs root.
+//! reads, one iterator pass per process (link, read, parse; threads and
+//! socket fds) against reading every thread's `/proc/PID/task/TID/stat`
+//! and `syscall` and every fd link (one open, read, close each, as the C
+//! floor `bench/src/diag_floor.c` reads its files). The two alternate,
+//! `--runs` times each; prints their medians, their ratio, and the
+//! one-time cost of loading the programs. Needs root.
 
-use std::{io::Read as _, net::TcpListener, process::Child, time::Instant};
+use std::{
+    io::Read as _,
+    net::TcpListener,
+    os::fd::{AsFd as _, OwnedFd},
+    process::Child,
+    time::Instant,
+};
 
 use bench::{Bins, fat_agent};
 use selfheal::ebpf::iter;
@@ -57,14 +64,21 @@ fn main() {
     });
     let load = start.elapsed().as_secs_f64();
 
+    let pidfds: Vec<OwnedFd> = pids
+        .iter()
+        .map(|&p| selfheal::sys::pidfd::pidfd_open(p).expect("pidfd"))
+        .collect();
     let mut passes = Vec::new();
     let mut reads = Vec::new();
     let (mut seen_iter, mut seen_proc) = (0, 0);
     for _ in 0..runs {
         let start = Instant::now();
-        let found = task_iter.threads(&pids).expect("an iterator pass");
+        seen_iter = pidfds
+            .iter()
+            .map(|fd| task_iter.process(fd.as_fd()).expect("an iterator pass"))
+            .map(|p| p.threads.len())
+            .sum();
         passes.push(start.elapsed().as_secs_f64());
-        seen_iter = found.len();
         let start = Instant::now();
         seen_proc = procfs_reads(&pids);
         reads.push(start.elapsed().as_secs_f64());
@@ -74,15 +88,15 @@ fn main() {
         "iter-bench: {agents} agents of {threads} threads blocked in reads; medians of {runs} runs"
     );
     println!(
-        "  loading the iterator program (once): {:.1} ms",
+        "  loading the iterator programs (once): {:.1} ms",
         load * 1e3
     );
     println!(
-        "  iterator pass (link, read, parse): {:.2} ms, {seen_iter} threads",
+        "  iterator passes (link, read, parse; threads and sockets): {:.2} ms, {seen_iter} threads",
         pass * 1e3
     );
     println!(
-        "  each thread's /proc stat + syscall: {:.2} ms, {seen_proc} threads",
+        "  each thread's /proc stat + syscall, each fd link: {:.2} ms, {seen_proc} threads",
         read * 1e3
     );
     println!("  iterator / procfs: {:.3}", pass / read);
@@ -93,7 +107,7 @@ fn main() {
 }
 
 /// Reads every thread's `stat` and `syscall` of `pids`, one open, read and
-/// close each; returns how many threads it read.
+/// close each, and every fd link; returns how many threads it read.
 fn procfs_reads(pids: &[u32]) -> usize {
     let mut buf = [0u8; 1024];
     let mut read_small = |path: &str| {
@@ -104,6 +118,11 @@ fn procfs_reads(pids: &[u32]) -> usize {
     let mut threads = 0;
     let mut bytes = 0;
     for pid in pids {
+        if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            for fd in fds.flatten() {
+                bytes += std::fs::read_link(fd.path()).map_or(0, |l| l.as_os_str().len());
+            }
+        }
         let dir = format!("/proc/{pid}/task");
         let Ok(tasks) = std::fs::read_dir(&dir) else {
             continue;

@@ -1,12 +1,14 @@
-//! The kernel's task iterator from user space: loads the `iter/task`
-//! program of the object built from `selfheal-ebpf` once ([`TaskIter::load`]),
-//! then each pass ([`TaskIter::threads`]) fills `ITER_TGIDS` with the pids
-//! asked for, links the program, reads the iterator's file to its end and
-//! parses the records into [`IterThread`]s. No aya type leaves this module.
+//! The kernel's task iterators from user space: loads the `iter/task` and
+//! `iter/task_file` programs of the object built from `selfheal-ebpf` once
+//! ([`TaskIter::load`]), or opens them where a helper pinned them
+//! ([`TaskIter::open_pinned`]); then each pass ([`TaskIter::process`])
+//! links both to one process (by pidfd, so a reused pid cannot be walked
+//! instead), reads each iterator's file to its end and parses the records:
+//! the process's threads ([`IterThread`]) and the sockets it holds. No aya
+//! type leaves this module.
 //!
-//! One pass walks every task of the host in the kernel and reports only
-//! the threads of the pids asked for. A pid that is gone by then has no
-//! threads to report: it yields nothing, and no error.
+//! A process that is gone by the time it is linked has nothing to walk:
+//! linking fails (`ESRCH`), which the caller takes as gone.
 
 use std::path::Path;
 
@@ -32,10 +34,10 @@ pub enum IterError {
     /// refused by the verifier, no permission).
     #[error("cannot load the task iterator: {reason}")]
     Load { reason: String },
-    /// `ITER_TGIDS` could not be filled.
-    #[error("eBPF map ITER_TGIDS: {reason}")]
-    Map { reason: String },
-    /// Linking the program or reading the iterator's file failed.
+    /// A pinned program is not what this version pinned.
+    #[error("pinned iterator {path}: {reason}")]
+    Pinned { path: String, reason: String },
+    /// Linking a program or reading the iterator's file failed.
     #[error("cannot run the task iterator: {reason}")]
     Run { reason: String },
     /// The iterator's output is not whole records.
@@ -43,33 +45,44 @@ pub enum IterError {
     Parse(#[from] IterParseError),
 }
 
+/// What one pass read of one process: its threads, in the order the
+/// kernel walks them, and `(fd, inode)` of every socket it holds, sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IterProcess {
+    pub threads: Vec<IterThread>,
+    pub sockets: Vec<(i32, u64)>,
+}
+
+/// The programs in the object.
+pub const TASK_PROGRAM: &str = "iter_task";
+pub const FILE_PROGRAM: &str = "iter_task_file";
+
 #[cfg(selfheal_ebpf)]
 pub use self::kernel::TaskIter;
 
 #[cfg(selfheal_ebpf)]
 mod kernel {
-    use std::{collections::BTreeSet, io::Read as _, path::Path};
-
-    use aya::{
-        Btf, Ebpf, EbpfLoader,
-        maps::{HashMap, MapData},
-        programs::Iter,
-    };
-    use selfheal_common::MAX_ITER_TGIDS;
-    use selfheal_core::ebpf::iter::parse_task_records;
-
-    use super::{IterError, IterThread};
-    use crate::ebpf::{
-        chain,
-        layout::{KernelLayout, LayoutError},
-        loader::{OBJECT, condense},
+    use std::{
+        io::Read as _,
+        os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+        path::Path,
     };
 
-    /// The program in the object.
-    const PROGRAM: &str = "iter_task";
+    use aya::{Btf, Ebpf, EbpfLoader, programs::Iter};
+    use selfheal_core::ebpf::iter::{parse_sock_records, parse_task_records};
 
-    /// The tracer's maps, which the object declares and the iterator never
-    /// uses: made as small as the kernel allows.
+    use super::{FILE_PROGRAM, IterError, IterProcess, TASK_PROGRAM};
+    use crate::{
+        ebpf::{
+            chain,
+            layout::{KernelLayout, LayoutError},
+            loader::{OBJECT, condense},
+        },
+        sys::bpf,
+    };
+
+    /// The tracer's maps, which the object declares and the iterators
+    /// never use: made as small as the kernel allows.
     const UNUSED_MAPS: [&str; 7] = [
         "WATCHED",
         "IN_RECV",
@@ -80,25 +93,30 @@ mod kernel {
         "COUNTERS",
     ];
 
-    /// The loaded task iterator. Dropping it unloads the program and frees
-    /// its map.
+    /// Where the programs come from.
+    enum Programs {
+        /// Loaded by this process: dropping the object unloads them.
+        Loaded(Box<Ebpf>),
+        /// Opened from pins: `(task, file)`.
+        Pinned(OwnedFd, OwnedFd),
+    }
+
+    /// The loaded task iterators.
     pub struct TaskIter {
-        ebpf: Ebpf,
-        /// What `ITER_TGIDS` holds now.
-        tgids: BTreeSet<u32>,
+        programs: Programs,
         /// The last pass's output, kept for its capacity.
         buf: Vec<u8>,
     }
 
     impl TaskIter {
-        /// Loads the object and its `iter/task` program, with the struct
-        /// offsets of the kernel whose BTF is at `btf_path`.
+        /// Loads the object's iterator programs, with the struct offsets of
+        /// the kernel whose BTF is at `btf_path`.
         pub fn load(btf_path: &Path) -> Result<Self, IterError> {
             let bytes = std::fs::read(btf_path).map_err(|e| LayoutError::NoBtf {
                 path: btf_path.display().to_string(),
                 reason: e.to_string(),
             })?;
-            let layout = KernelLayout::from_btf_file(btf_path)?;
+            let layout = KernelLayout::from_btf_bytes(&bytes)?;
             let task = layout
                 .task
                 .clone()
@@ -121,81 +139,127 @@ mod kernel {
                 .override_global("OFF_TASK_PID", &task.pid, true)
                 .override_global("OFF_TASK_STATE", &task.state, true)
                 .override_global("OFF_TASK_EXIT_STATE", &task.exit_state, true)
-                .override_global("OFF_TASK_UTIME", &task.utime, true)
-                .override_global("OFF_TASK_STIME", &task.stime, true)
-                .override_global("OFF_TASK_LAST_ARRIVAL", &task.last_arrival, true)
+                .override_global("OFF_TASK_RUNTIME", &task.runtime, true)
+                .override_global("OFF_TASK_EXEC_START", &task.exec_start, true)
+                .override_global("OFF_TASK_CPU", &task.cpu, true)
+                .override_global("OFF_TASK_COMM", &task.comm, true)
+                .override_global("OFF_FILE_INODE", &task.file_inode, true)
+                .override_global("OFF_INODE_MODE", &task.inode_mode, true)
+                .override_global("OFF_INODE_INO", &task.inode_ino, true)
                 .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
-                .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true);
+                .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true)
+                .override_global("OFF_REGS_ARG1", &layout.regs_arg1, true);
             let mut ebpf = loader
                 .load(OBJECT)
                 .map_err(|e| IterError::Load { reason: chain(&e) })?;
-            let load = |reason: String| IterError::Load { reason };
-            let prog: &mut Iter = ebpf
-                .program_mut(PROGRAM)
-                .ok_or_else(|| load(format!("program {PROGRAM} missing from the object")))?
-                .try_into()
-                .map_err(|e| load(chain(&e)))?;
-            prog.load("task", &btf)
-                .map_err(|e| load(condense(&chain(&e))))?;
+            for (name, kind) in [(TASK_PROGRAM, "task"), (FILE_PROGRAM, "task_file")] {
+                iter_mut(&mut ebpf, name)?
+                    .load(kind, &btf)
+                    .map_err(|e| IterError::Load {
+                        reason: condense(&chain(&e)),
+                    })?;
+            }
             Ok(Self {
-                ebpf,
-                tgids: BTreeSet::new(),
+                programs: Programs::Loaded(Box::new(ebpf)),
                 buf: Vec::new(),
             })
         }
 
-        /// The threads of `tgids`, read in one pass of the iterator, in
-        /// the order the kernel walks its tasks. Pids that are gone have
-        /// none.
-        pub fn threads(&mut self, tgids: &[u32]) -> Result<Vec<IterThread>, IterError> {
-            self.ask_for(tgids)?;
-            let run = |reason: String| IterError::Run { reason };
-            let prog: &mut Iter = self
-                .ebpf
-                .program_mut(PROGRAM)
-                .ok_or_else(|| run(format!("program {PROGRAM} missing from the object")))?
-                .try_into()
-                .map_err(|e| run(chain(&e)))?;
-            let link = prog.attach().map_err(|e| run(chain(&e)))?;
-            let link = prog.take_link(link).map_err(|e| run(chain(&e)))?;
-            let mut file = link.into_file().map_err(|e| run(chain(&e)))?;
-            self.buf.clear();
-            file.read_to_end(&mut self.buf)
-                .map_err(|e| run(format!("read: {e}")))?;
-            let mut threads = parse_task_records(&self.buf)?;
-            // A pid whose removal from the map failed is not reported.
-            threads.retain(|t| self.tgids.contains(&t.tgid));
-            Ok(threads)
-        }
-
-        /// Makes `ITER_TGIDS` hold exactly `tgids`.
-        fn ask_for(&mut self, tgids: &[u32]) -> Result<(), IterError> {
-            let want: BTreeSet<u32> = tgids.iter().copied().collect();
-            if want.len() > MAX_ITER_TGIDS as usize {
-                return Err(IterError::Map {
-                    reason: format!(
-                        "{} pids asked for, at most {MAX_ITER_TGIDS} fit",
-                        want.len()
-                    ),
-                });
-            }
-            let map_err = |e: &dyn std::error::Error| IterError::Map { reason: chain(e) };
-            let map = self.ebpf.map_mut("ITER_TGIDS").ok_or(IterError::Map {
-                reason: "missing from the object".into(),
-            })?;
-            let mut map: HashMap<&mut MapData, u32, u8> =
-                HashMap::try_from(map).map_err(|e| map_err(&e))?;
-            for gone in self.tgids.difference(&want) {
-                let _ = map.remove(gone);
-            }
-            self.tgids.retain(|t| want.contains(t));
-            let new: Vec<u32> = want.difference(&self.tgids).copied().collect();
-            for tgid in new {
-                map.insert(tgid, 1, 0).map_err(|e| map_err(&e))?;
-                self.tgids.insert(tgid);
+        /// Pins both programs in `dir` (a bpffs directory), as
+        /// `iter_task` and `iter_task_file`.
+        pub fn pin(&mut self, dir: &Path) -> Result<(), IterError> {
+            let Programs::Loaded(ebpf) = &mut self.programs else {
+                return Ok(()); // pinned already
+            };
+            for name in [TASK_PROGRAM, FILE_PROGRAM] {
+                let path = dir.join(name);
+                iter_mut(ebpf, name)?
+                    .pin(&path)
+                    .map_err(|e| IterError::Pinned {
+                        path: path.display().to_string(),
+                        reason: chain(&e),
+                    })?;
             }
             Ok(())
         }
+
+        /// Opens the programs pinned in `dir` by [`TaskIter::pin`], after
+        /// checking that each is an iterator program of the expected name.
+        pub fn open_pinned(dir: &Path) -> Result<Self, IterError> {
+            let open = |name: &str| {
+                let path = dir.join(name);
+                let pinned = |reason: String| IterError::Pinned {
+                    path: path.display().to_string(),
+                    reason,
+                };
+                let fd = bpf::obj_get(&path).map_err(|e| pinned(e.to_string()))?;
+                let info = bpf::prog_info(fd.as_fd()).map_err(|e| pinned(e.to_string()))?;
+                if info.prog_type != bpf::BPF_PROG_TYPE_TRACING || info.name != name {
+                    return Err(pinned(format!(
+                        "holds program {:?} of type {}, not the iterator {name}",
+                        info.name, info.prog_type
+                    )));
+                }
+                Ok(fd)
+            };
+            Ok(Self {
+                programs: Programs::Pinned(open(TASK_PROGRAM)?, open(FILE_PROGRAM)?),
+                buf: Vec::new(),
+            })
+        }
+
+        /// The threads and sockets of the process `pidfd` names, in one
+        /// walk of each iterator. `Err(Run)` with `ESRCH` when it is gone.
+        pub fn process(&mut self, pidfd: BorrowedFd<'_>) -> Result<IterProcess, IterError> {
+            let (task, file) = match &self.programs {
+                Programs::Loaded(ebpf) => {
+                    (prog_fd(ebpf, TASK_PROGRAM)?, prog_fd(ebpf, FILE_PROGRAM)?)
+                }
+                Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
+            };
+            let threads = parse_task_records(walk(task, pidfd, &mut self.buf)?)?;
+            let mut sockets: Vec<(i32, u64)> =
+                parse_sock_records(walk(file, pidfd, &mut self.buf)?)?
+                    .into_iter()
+                    .map(|s| (s.fd as i32, s.inode))
+                    .collect();
+            sockets.sort_unstable();
+            Ok(IterProcess { threads, sockets })
+        }
+    }
+
+    /// One walk of `prog` over the process `pidfd` names: its output.
+    fn walk<'b>(
+        prog: BorrowedFd<'_>,
+        pidfd: BorrowedFd<'_>,
+        buf: &'b mut Vec<u8>,
+    ) -> Result<&'b [u8], IterError> {
+        let run = |what: &str, e: std::io::Error| IterError::Run {
+            reason: format!("{what}: {e}"),
+        };
+        let link = bpf::link_iter_to_process(prog, pidfd).map_err(|e| run("link", e))?;
+        let mut file = bpf::iter_file(link.as_fd()).map_err(|e| run("iterator file", e))?;
+        buf.clear();
+        file.read_to_end(buf).map_err(|e| run("read", e))?;
+        Ok(buf)
+    }
+
+    fn iter_mut<'e>(ebpf: &'e mut Ebpf, name: &str) -> Result<&'e mut Iter, IterError> {
+        let load = |reason: String| IterError::Load { reason };
+        ebpf.program_mut(name)
+            .ok_or_else(|| load(format!("program {name} missing from the object")))?
+            .try_into()
+            .map_err(|e| load(chain(&e)))
+    }
+
+    fn prog_fd<'e>(ebpf: &'e Ebpf, name: &str) -> Result<BorrowedFd<'e>, IterError> {
+        let run = |reason: String| IterError::Run { reason };
+        let prog: &Iter = ebpf
+            .program(name)
+            .ok_or_else(|| run(format!("program {name} missing from the object")))?
+            .try_into()
+            .map_err(|e| run(chain(&e)))?;
+        Ok(prog.fd().map_err(|e| run(chain(&e)))?.as_fd())
     }
 }
 
@@ -209,7 +273,16 @@ impl TaskIter {
     pub fn load(_btf_path: &Path) -> Result<Self, IterError> {
         Err(IterError::NotBuiltIn)
     }
-    pub fn threads(&mut self, _tgids: &[u32]) -> Result<Vec<IterThread>, IterError> {
+    pub fn open_pinned(_dir: &Path) -> Result<Self, IterError> {
+        Err(IterError::NotBuiltIn)
+    }
+    pub fn pin(&mut self, _dir: &Path) -> Result<(), IterError> {
+        match self.0 {}
+    }
+    pub fn process(
+        &mut self,
+        _pidfd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<IterProcess, IterError> {
         match self.0 {}
     }
 }

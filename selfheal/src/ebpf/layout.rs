@@ -29,12 +29,15 @@ pub struct KernelLayout {
     /// (x86_64).
     pub regs_syscall: u64,
     pub regs_arg0: u64,
+    /// `offsetof(struct pt_regs, si)`: the second argument.
+    pub regs_arg1: u64,
     /// The `task_struct` fields the task iterator reads, or why this
     /// kernel's BTF lacks one (the tracer needs none of them).
     pub task: Result<TaskLayout, String>,
 }
 
-/// Offsets in `struct task_struct` of what the task iterator reads.
+/// Offsets of what the task iterators read: in `struct task_struct`, and
+/// from a `struct file` to its inode's mode and number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskLayout {
     /// `tgid`.
@@ -46,29 +49,44 @@ pub struct TaskLayout {
     pub state: u64,
     /// `exit_state`.
     pub exit_state: u64,
-    /// `utime` and `stime`.
-    pub utime: u64,
-    pub stime: u64,
-    /// `sched_info.last_arrival` (needs CONFIG_SCHED_INFO).
-    pub last_arrival: u64,
+    /// `se.sum_exec_runtime`.
+    pub runtime: u64,
+    /// `se.exec_start`.
+    pub exec_start: u64,
+    /// What `task_cpu()` reads: `thread_info.cpu` (or `cpu` where the
+    /// thread_info has none).
+    pub cpu: u64,
+    /// `comm`.
+    pub comm: u64,
+    /// `file.f_inode`, `inode.i_mode`, `inode.i_ino`.
+    pub file_inode: u64,
+    pub inode_mode: u64,
+    pub inode_ino: u64,
 }
 
 impl TaskLayout {
     fn from_btf(btf: &Btf) -> Result<Self, LayoutError> {
-        let task = |member: &str| {
-            member_offset(btf, "task_struct", member)?.whole(&format!("task_struct.{member}"))
-        };
+        let whole = |s: &str, m: &str| member_offset(btf, s, m)?.whole(&format!("{s}.{m}"));
+        let task = |member: &str| whole("task_struct", member);
+        let entity = |member: &str| whole("sched_entity", member);
         let state = task("__state").or_else(|_| task("state"))?;
-        let last_arrival =
-            member_offset(btf, "sched_info", "last_arrival")?.whole("sched_info.last_arrival")?;
+        let se = task("se")?;
+        let cpu = match whole("thread_info", "cpu") {
+            Ok(cpu) => task("thread_info")? + cpu,
+            Err(_) => task("cpu")?,
+        };
         Ok(Self {
             tgid: task("tgid")?,
             pid: task("pid")?,
             state,
             exit_state: task("exit_state")?,
-            utime: task("utime")?,
-            stime: task("stime")?,
-            last_arrival: task("sched_info")? + last_arrival,
+            runtime: se + entity("sum_exec_runtime")?,
+            exec_start: se + entity("exec_start")?,
+            cpu,
+            comm: task("comm")?,
+            file_inode: whole("file", "f_inode")?,
+            inode_mode: whole("inode", "i_mode")?,
+            inode_ino: whole("inode", "i_ino")?,
         })
     }
 }
@@ -137,9 +155,11 @@ impl KernelLayout {
         })?;
         let regs_syscall = member_offset(btf, "pt_regs", "orig_ax")?.whole("pt_regs.orig_ax")?;
         let regs_arg0 = member_offset(btf, "pt_regs", "di")?.whole("pt_regs.di")?;
+        let regs_arg1 = member_offset(btf, "pt_regs", "si")?.whole("pt_regs.si")?;
         Ok(Self {
             regs_syscall,
             regs_arg0,
+            regs_arg1,
             sk_socket,
             socket_ino: vfs_inode - socket + i_ino,
             sk_protocol,
@@ -291,16 +311,20 @@ mod tests {
         assert!(layout.sk_protocol.is_some(), "{layout:?}");
         assert!(matches!(layout.recvmsg_flags_arg, 3 | 4), "{layout:?}");
         // x86_64's pt_regs is ABI: orig_ax at 120, di at 112.
-        assert_eq!((layout.regs_syscall, layout.regs_arg0), (120, 112));
+        assert_eq!(
+            (layout.regs_syscall, layout.regs_arg0, layout.regs_arg1),
+            (120, 112, 104)
+        );
         let task = layout.task.expect("task_struct layout");
         for off in [
             task.tgid,
             task.pid,
             task.state,
             task.exit_state,
-            task.utime,
-            task.stime,
-            task.last_arrival,
+            task.runtime,
+            task.exec_start,
+            task.cpu,
+            task.comm,
         ] {
             assert!(off < 16384, "{task:?}");
         }

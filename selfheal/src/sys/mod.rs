@@ -14,6 +14,8 @@
 //!   `tcp_info`, `SOCK_DESTROY`);
 //! - [`socket`]: socket options (ints, `SO_COOKIE`, `tcp_info`, the
 //!   receive timeout, a socket's namespace, `SO_PEERPIDFD`);
+//! - [`bpf`]: the `bpf(2)` commands aya lacks (an iterator linked to one
+//!   process, a pinned program, a program's info);
 //! - [`fs`]: directory-relative file calls, for `SafeDir`;
 //! - [`poll`], [`signal`], [`activation`]: `poll(2)`, killing a process
 //!   group, systemd socket activation;
@@ -21,6 +23,7 @@
 //!   process's effective uid.
 
 pub mod activation;
+pub mod bpf;
 pub mod clock;
 pub mod creds;
 pub mod fs;

@@ -1,27 +1,35 @@
-//! The kernel's task iterator (`selfheal::ebpf::iter`) against procfs on a
-//! real process: the same threads, each in the same state and the same
-//! syscall on the same fd, and a spinning thread with its CPU time; a pid
-//! that is gone and an empty list yield nothing, and no error.
+//! The kernel's task iterators (`selfheal::ebpf::iter`) against procfs on
+//! a real process: the same threads, each with the same name, state, CPU
+//! it last ran on, `se.exec_start`, and the same syscall on the same fd;
+//! the same sockets; a spinning thread with its CPU time; a process gone
+//! before its walk yields nothing or an error, never another's threads.
 //!
 //! Needs root and the eBPF object.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, os::fd::AsFd as _, time::Duration};
 
-use selfheal::ebpf::iter::{self, IterThread};
+use selfheal::{
+    ebpf::iter::{self, IterThread},
+    sys::pidfd::pidfd_open,
+};
 use tests::{Peer, listener, need_ebpf, wait_for};
 
 /// x86_64 `recvfrom`: what a blocking `recv` on a socket waits in.
 const RECVFROM: u64 = 45;
 
-/// What procfs says of one thread: its state letter and, when it is in a
-/// syscall, the syscall's number and first argument.
+/// What procfs says of one thread: its name, state letter, the CPU it last
+/// ran on, `se.exec_start` (ns) and, when it is in a syscall, the
+/// syscall's number and first two arguments.
 #[derive(Debug, PartialEq, Eq)]
 struct ProcThread {
+    name: String,
     state: char,
-    syscall: Option<(u64, u64)>,
+    cpu: u32,
+    exec_start_ns: u64,
+    syscall: Option<(u64, u64, u64)>,
 }
 
-/// Every thread of `pid` from `/proc/PID/task/TID/{stat,syscall}`.
+/// Every thread of `pid` from `/proc/PID/task/TID/{stat,syscall,sched}`.
 fn proc_threads(pid: u32) -> BTreeMap<u32, ProcThread> {
     let dir = format!("/proc/{pid}/task");
     let mut out = BTreeMap::new();
@@ -31,19 +39,34 @@ fn proc_threads(pid: u32) -> BTreeMap<u32, ProcThread> {
     {
         let tid: u32 = e.file_name().to_string_lossy().parse().expect("a tid");
         let stat = std::fs::read_to_string(format!("{dir}/{tid}/stat")).expect("stat");
+        let name = stat[stat.find('(').expect("comm") + 1..stat.rfind(')').expect("comm")].into();
         let after = &stat[stat.rfind(')').expect("comm") + 2..];
         let state = after.chars().next().expect("state");
+        // Field 39, the 37th after the name.
+        let cpu = after
+            .split(' ')
+            .nth(36)
+            .expect("processor")
+            .parse()
+            .expect("a cpu");
         let syscall = std::fs::read_to_string(format!("{dir}/{tid}/syscall")).expect("syscall");
         let mut f = syscall.split_whitespace();
         let nr = f.next().and_then(|n| n.parse::<u64>().ok());
-        let arg0 = f
-            .next()
-            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+        let mut arg = || {
+            f.next()
+                .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+        };
+        let (arg0, arg1) = (arg(), arg());
+        let sched = std::fs::read_to_string(format!("{dir}/{tid}/sched")).expect("sched");
+        let exec_start_ms = selfheal_core::proc::parse_exec_start(&sched).expect("se.exec_start");
         out.insert(
             tid,
             ProcThread {
+                name,
                 state,
-                syscall: nr.zip(arg0),
+                cpu,
+                exec_start_ns: (exec_start_ms * 1e6).round() as u64,
+                syscall: nr.zip(arg0.zip(arg1)).map(|(n, (a, b))| (n, a, b)),
             },
         );
     }
@@ -52,8 +75,12 @@ fn proc_threads(pid: u32) -> BTreeMap<u32, ProcThread> {
 
 fn as_proc(t: &IterThread) -> ProcThread {
     ProcThread {
+        name: t.comm.clone(),
         state: t.state_letter(),
-        syscall: t.syscall.map(|nr| (nr, t.arg0)),
+        cpu: t.cpu,
+        // procfs prints exec_start to the nanosecond.
+        exec_start_ns: t.exec_start_ns,
+        syscall: t.syscall.map(|nr| (nr, t.arg0, t.arg1)),
     }
 }
 
@@ -74,7 +101,7 @@ fn threads_match_procfs() {
         let threads = proc_threads(pid);
         let in_recv = threads
             .values()
-            .filter(|t| t.state == 'S' && t.syscall.is_some_and(|(nr, _)| nr == RECVFROM))
+            .filter(|t| t.state == 'S' && t.syscall.is_some_and(|(nr, ..)| nr == RECVFROM))
             .count();
         (in_recv == READERS && threads.values().all(|t| t.state == 'S')).then_some(())
     });
@@ -85,11 +112,16 @@ fn threads_match_procfs() {
     );
 
     let mut it = iter::load().expect("load the task iterator");
-    let threads = it.threads(&[pid]).expect("a pass");
+    let pidfd = pidfd_open(pid).expect("pidfd");
+    let pass = it.process(pidfd.as_fd()).expect("a pass");
+    let threads = pass.threads;
     let procfs = proc_threads(pid);
     assert!(threads.iter().all(|t| t.tgid == pid), "{threads:?}");
     let seen: BTreeMap<u32, ProcThread> = threads.iter().map(|t| (t.tid, as_proc(t))).collect();
     assert_eq!(seen, procfs, "iterator (left) against procfs (right)");
+    let fds = selfheal::proc::socket_fds(&Default::default(), pid).expect("fds");
+    assert!(!fds.is_empty());
+    assert_eq!(pass.sockets, fds, "iterator (left) against procfs (right)");
     let in_recv = threads
         .iter()
         .filter(|t| t.syscall == Some(RECVFROM))
@@ -97,35 +129,36 @@ fn threads_match_procfs() {
     assert_eq!(in_recv, READERS, "{threads:?}");
 
     // A second pass (a new link) sees the same threads.
-    let again = it.threads(&[pid]).expect("a second pass");
+    let again = it.process(pidfd.as_fd()).expect("a second pass");
     assert_eq!(
-        again.iter().map(|t| t.tid).collect::<Vec<_>>(),
+        again.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
         threads.iter().map(|t| t.tid).collect::<Vec<_>>()
     );
 }
 
 #[test]
-fn gone_pids_and_no_pids_yield_nothing() {
+fn a_process_gone_yields_nothing_or_an_error() {
     let _area = tests::area(module_path!());
-    if !need_ebpf("iter::gone_pids_and_no_pids_yield_nothing") {
+    if !need_ebpf("iter::a_process_gone_yields_nothing_or_an_error") {
         return;
     }
-    let mut child = std::process::Command::new("true").spawn().expect("spawn");
-    let gone = child.id();
-    child.wait().expect("reap");
     let mut it = iter::load().expect("load the task iterator");
-    assert_eq!(it.threads(&[gone]).expect("a pass"), Vec::new());
-    assert_eq!(it.threads(&[]).expect("a pass"), Vec::new());
-
-    // Beside a live pid, the gone one adds nothing; the pids of one pass do
-    // not linger into the next.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let pidfd = pidfd_open(child.id()).expect("pidfd");
+    child.wait().expect("reap");
+    match it.process(pidfd.as_fd()) {
+        Ok(p) => assert_eq!(p, iter::IterProcess::default()),
+        Err(e) => assert!(e.to_string().contains("No such process"), "{e}"),
+    }
+    // The same iterator still walks a live process: only its own threads.
     let me = std::process::id();
-    let mine = it.threads(&[gone, me]).expect("a pass");
+    let mine = it
+        .process(pidfd_open(me).expect("pidfd").as_fd())
+        .expect("a pass");
     assert!(
-        !mine.is_empty() && mine.iter().all(|t| t.tgid == me),
+        !mine.threads.is_empty() && mine.threads.iter().all(|t| t.tgid == me),
         "{mine:?}"
     );
-    assert_eq!(it.threads(&[]).expect("a pass"), Vec::new());
 }
 
 /// This thread's id and CPU time so far (ns, `/proc/thread-self/schedstat`).
@@ -144,8 +177,8 @@ fn own_tid_and_runtime() -> (u32, u64) {
     (tid, ran)
 }
 
-/// CPU time is the thread's `utime + stime`: a thread that spun for 200 ms
-/// of CPU has about that much (sampled at the tick, so not exactly).
+/// CPU time is the thread's `se.sum_exec_runtime`: a thread that spun for
+/// 200 ms of CPU has that much, and procfs's ticks agree within one.
 #[test]
 fn cpu_time_is_the_threads() {
     let _area = tests::area(module_path!());
@@ -164,15 +197,28 @@ fn cpu_time_is_the_threads() {
             break (tid, ran);
         }
     };
-    let threads = it.threads(&[std::process::id()]).expect("a pass");
+    let pidfd = pidfd_open(std::process::id()).expect("pidfd");
+    let threads = it.process(pidfd.as_fd()).expect("a pass").threads;
     let me = threads
         .iter()
         .find(|t| t.tid == tid)
         .unwrap_or_else(|| panic!("no record of thread {tid}: {threads:?}"));
     assert_eq!(me.state_letter(), 'R', "{me:?}");
     assert!(
-        me.cpu_ns >= SPIN_NS / 2 && me.cpu_ns <= ran + 100_000_000,
+        me.runtime_ns >= ran && me.runtime_ns <= ran + 100_000_000,
         "cpu {} ns against a runtime of {ran} ns",
-        me.cpu_ns
+        me.runtime_ns
+    );
+    let ticks = selfheal::proc::process(std::process::id(), selfheal_core::proc::Detail::Minimal)
+        .expect("own process")
+        .threads
+        .into_iter()
+        .find(|t| t.tid == tid)
+        .expect("own thread")
+        .cpu_ticks;
+    assert!(
+        ticks.abs_diff(me.cpu_ticks()) <= 2,
+        "procfs {ticks} ticks, iterator {}",
+        me.cpu_ticks()
     );
 }

@@ -3,10 +3,16 @@
 //! its output ([`parse_task_records`]). Loading, linking and reading the
 //! iterator is the I/O edge (`selfheal::ebpf::iter`).
 
-use selfheal_common::{ITER_TASK_RECORD_SIZE, IterTaskRecord};
+use selfheal_common::{
+    ITER_SOCK_RECORD_SIZE, ITER_TASK_RECORD_SIZE, IterSockRecord, IterTaskRecord,
+};
+
+/// Nanoseconds per clock tick as procfs counts CPU time (`USER_HZ`, 100 on
+/// every Linux architecture selfheal runs on).
+const NS_PER_TICK: u64 = 10_000_000;
 
 /// One thread, as the task iterator read it from its `task_struct`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IterThread {
     /// Thread-group id (the pid).
     pub tgid: u32,
@@ -16,23 +22,26 @@ pub struct IterThread {
     pub state: u32,
     /// `task_struct.exit_state`, raw (`EXIT_ZOMBIE`, `EXIT_DEAD` or 0).
     pub exit_state: u32,
-    /// User plus system CPU time, ns (`utime + stime`, unscaled: procfs
-    /// scales them by the thread's runtime, so its ticks may differ a
-    /// little).
-    pub cpu_ns: u64,
+    /// CPU time, ns (`se.sum_exec_runtime`: the total procfs splits into
+    /// utime and stime, each rounded down to ticks).
+    pub runtime_ns: u64,
     /// The syscall the thread is in, from its saved user registers; `None`
     /// outside a syscall. Meaningful only for a thread that is not
     /// running (procfs says `running` rather than read a running thread's
     /// registers).
     pub syscall: Option<u64>,
-    /// The syscall's first argument: the fd of a `read` or `recvfrom`.
+    /// The syscall's first two arguments: the fd of a `read` or
+    /// `recvfrom`; a poll set's address and length.
     pub arg0: u64,
-    /// `sched_info.last_arrival`: when the thread last began to run, on the
-    /// run-queue clock of the CPU it ran on, raw. CPUs' clocks differ (by
-    /// seconds on some machines) and none is `CLOCK_BOOTTIME`, so this is
-    /// no age: it may only be compared with another stamp of the same CPU.
-    /// 0 where the kernel keeps no sched_info.
-    pub last_arrival_ns: u64,
+    pub arg1: u64,
+    /// `se.exec_start`: when the thread last ran, on the task clock of
+    /// `cpu`, ns. CPUs' clocks differ (by seconds on some machines): this
+    /// is no age until it is set against that CPU's clock.
+    pub exec_start_ns: u64,
+    /// The CPU it last ran on.
+    pub cpu: u32,
+    /// Its name (`comm`), as procfs's `stat` shows it (lossy UTF-8).
+    pub comm: String,
 }
 
 impl IterThread {
@@ -41,29 +50,44 @@ impl IterThread {
     pub fn state_letter(&self) -> char {
         state_letter(self.state, self.exit_state)
     }
+
+    /// CPU time in clock ticks, as procfs's utime + stime count it (which
+    /// may be one tick less: procfs rounds each half down).
+    pub fn cpu_ticks(&self) -> u64 {
+        self.runtime_ns / NS_PER_TICK
+    }
+
+    /// `se.exec_start` in milliseconds, as `/proc/…/sched` prints it.
+    pub fn exec_start_ms(&self) -> f64 {
+        self.exec_start_ns as f64 / 1e6
+    }
 }
 
 impl From<IterTaskRecord> for IterThread {
     fn from(r: IterTaskRecord) -> Self {
+        let name = r.comm.split(|&b| b == 0).next().unwrap_or_default();
         Self {
             tgid: r.tgid,
             tid: r.tid,
             state: r.state,
             exit_state: r.exit_state,
-            cpu_ns: r.cpu_ns,
+            runtime_ns: r.runtime_ns,
             syscall: (r.syscall != u64::MAX).then_some(r.syscall),
             arg0: r.arg0,
-            last_arrival_ns: r.last_arrival_ns,
+            arg1: r.arg1,
+            exec_start_ns: r.exec_start_ns,
+            cpu: r.cpu,
+            comm: String::from_utf8_lossy(name).into_owned(),
         }
     }
 }
 
-/// Why the iterator's output could not be parsed.
+/// Why an iterator's output could not be parsed.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IterParseError {
     /// The output is not a whole number of records: a short read, or a
     /// program and a reader that disagree on the record.
-    #[error("task iterator output of {len} bytes is not a whole number of {record}-byte records")]
+    #[error("iterator output of {len} bytes is not a whole number of {record}-byte records")]
     Truncated { len: usize, record: usize },
 }
 
@@ -71,35 +95,73 @@ pub enum IterParseError {
 /// back, in native byte order. Fields are read byte-wise, so the buffer
 /// needs no alignment.
 pub fn parse_task_records(bytes: &[u8]) -> Result<Vec<IterThread>, IterParseError> {
-    if !bytes.len().is_multiple_of(ITER_TASK_RECORD_SIZE) {
-        return Err(IterParseError::Truncated {
-            len: bytes.len(),
-            record: ITER_TASK_RECORD_SIZE,
-        });
-    }
-    Ok(bytes
-        .chunks_exact(ITER_TASK_RECORD_SIZE)
-        .map(|c| IterThread::from(record(c)))
+    Ok(records(bytes, ITER_TASK_RECORD_SIZE)?
+        .map(|c| {
+            let mut f = Fields(c);
+            let (tgid, tid, state, exit_state) = (f.u32(), f.u32(), f.u32(), f.u32());
+            let (runtime_ns, syscall, arg0, arg1, exec_start_ns) =
+                (f.u64(), f.u64(), f.u64(), f.u64(), f.u64());
+            let (cpu, pad) = (f.u32(), f.u32());
+            IterThread::from(IterTaskRecord {
+                tgid,
+                tid,
+                state,
+                exit_state,
+                runtime_ns,
+                syscall,
+                arg0,
+                arg1,
+                exec_start_ns,
+                cpu,
+                pad,
+                comm: f.bytes(),
+            })
+        })
         .collect())
 }
 
-/// One record from exactly [`ITER_TASK_RECORD_SIZE`] bytes.
-fn record(c: &[u8]) -> IterTaskRecord {
-    let u32_at = |at: usize| u32::from_ne_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]]);
-    let u64_at = |at: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&c[at..at + 8]);
-        u64::from_ne_bytes(b)
-    };
-    IterTaskRecord {
-        tgid: u32_at(0),
-        tid: u32_at(4),
-        state: u32_at(8),
-        exit_state: u32_at(12),
-        cpu_ns: u64_at(16),
-        syscall: u64_at(24),
-        arg0: u64_at(32),
-        last_arrival_ns: u64_at(40),
+/// The sockets in the file iterator's output: [`IterSockRecord`]s back to
+/// back, in native byte order.
+pub fn parse_sock_records(bytes: &[u8]) -> Result<Vec<IterSockRecord>, IterParseError> {
+    Ok(records(bytes, ITER_SOCK_RECORD_SIZE)?
+        .map(|c| {
+            let mut f = Fields(c);
+            IterSockRecord {
+                tgid: f.u32(),
+                fd: f.u32(),
+                inode: f.u64(),
+            }
+        })
+        .collect())
+}
+
+/// `bytes` cut into records of `size` bytes.
+fn records(bytes: &[u8], size: usize) -> Result<std::slice::ChunksExact<'_, u8>, IterParseError> {
+    if !bytes.len().is_multiple_of(size) {
+        return Err(IterParseError::Truncated {
+            len: bytes.len(),
+            record: size,
+        });
+    }
+    Ok(bytes.chunks_exact(size))
+}
+
+/// Reads a record's fields in order, byte-wise (no alignment needed). Only
+/// given whole records, whose size the record types' assertions fix.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        let mut b = [0u8; N];
+        b.copy_from_slice(&self.0[..N]);
+        self.0 = &self.0[N..];
+        b
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_ne_bytes(self.bytes())
+    }
+    fn u64(&mut self) -> u64 {
+        u64::from_ne_bytes(self.bytes())
     }
 }
 
@@ -136,10 +198,20 @@ mod tests {
         for v in [r.tgid, r.tid, r.state, r.exit_state] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
-        for v in [r.cpu_ns, r.syscall, r.arg0, r.last_arrival_ns] {
+        for v in [r.runtime_ns, r.syscall, r.arg0, r.arg1, r.exec_start_ns] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
+        for v in [r.cpu, r.pad] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        b.extend_from_slice(&r.comm);
         b
+    }
+
+    fn comm(name: &[u8]) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[..name.len()].copy_from_slice(name);
+        c
     }
 
     #[test]
@@ -149,14 +221,19 @@ mod tests {
             tid: 9,
             state: 1,
             exit_state: 0,
-            cpu_ns: 123_456,
+            runtime_ns: 123_456_789,
             syscall: 45,
             arg0: 3,
-            last_arrival_ns: 99,
+            arg1: 4096,
+            exec_start_ns: 5_000_123_456,
+            cpu: 1,
+            pad: 0,
+            comm: comm(b"agent"),
         };
         let b = IterTaskRecord {
             tid: 10,
             syscall: u64::MAX,
+            comm: comm(b"0123456789abcde"),
             ..a
         };
         let mut out = bytes(&a);
@@ -171,18 +248,24 @@ mod tests {
                     tid: 9,
                     state: 1,
                     exit_state: 0,
-                    cpu_ns: 123_456,
+                    runtime_ns: 123_456_789,
                     syscall: Some(45),
                     arg0: 3,
-                    last_arrival_ns: 99,
+                    arg1: 4096,
+                    exec_start_ns: 5_000_123_456,
+                    cpu: 1,
+                    comm: "agent".into(),
                 },
                 IterThread {
                     tid: 10,
                     syscall: None,
-                    ..threads[0]
+                    comm: "0123456789abcde".into(),
+                    ..threads[0].clone()
                 },
             ]
         );
+        assert_eq!(threads[0].cpu_ticks(), 12);
+        assert_eq!(threads[0].exec_start_ms(), 5_000.123456);
         // Unaligned input parses the same.
         let mut shifted = vec![0u8];
         shifted.extend(&out);
@@ -190,9 +273,57 @@ mod tests {
     }
 
     #[test]
+    fn a_name_is_lossy_utf8_up_to_its_nul() {
+        let mut raw = comm(b"ab\xffc");
+        raw[15] = b'z'; // after the NUL: not part of the name
+        let rec = IterTaskRecord {
+            comm: raw,
+            ..IterTaskRecord::default()
+        };
+        assert_eq!(IterThread::from(rec).comm, "ab\u{fffd}c");
+        let full = IterTaskRecord {
+            comm: *b"0123456789abcdef",
+            ..IterTaskRecord::default()
+        };
+        assert_eq!(IterThread::from(full).comm, "0123456789abcdef");
+    }
+
+    #[test]
+    fn socket_records_are_parsed() {
+        let mut out = Vec::new();
+        for (tgid, fd, inode) in [(7u32, 3u32, 99u64), (7, 12, 1 << 40)] {
+            out.extend_from_slice(&tgid.to_ne_bytes());
+            out.extend_from_slice(&fd.to_ne_bytes());
+            out.extend_from_slice(&inode.to_ne_bytes());
+        }
+        assert_eq!(
+            parse_sock_records(&out).unwrap(),
+            vec![
+                IterSockRecord {
+                    tgid: 7,
+                    fd: 3,
+                    inode: 99
+                },
+                IterSockRecord {
+                    tgid: 7,
+                    fd: 12,
+                    inode: 1 << 40
+                },
+            ]
+        );
+        assert_eq!(
+            parse_sock_records(&out[..17]),
+            Err(IterParseError::Truncated {
+                len: 17,
+                record: ITER_SOCK_RECORD_SIZE
+            })
+        );
+    }
+
+    #[test]
     fn short_or_odd_output_is_an_error() {
         assert_eq!(parse_task_records(&[]), Ok(Vec::new()));
-        for len in [1, 47, 49, 95] {
+        for len in [1, 79, 81, 159] {
             assert_eq!(
                 parse_task_records(&vec![0u8; len]),
                 Err(IterParseError::Truncated {
