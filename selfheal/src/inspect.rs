@@ -1,9 +1,19 @@
-//! Collecting an agent's evidence: the I/O edge of `inspect` (procfs, one
-//! sock_diag dump per network namespace, the eBPF tracer). The report's
-//! types, the pure join ([`selfheal_core::inspect::build`]) and the text
-//! renderer ([`selfheal_core::inspect::render`]) are the core's.
+//! Collecting an agent's evidence: the I/O edge of `inspect` (the kernel's
+//! task iterators or procfs, one sock_diag dump per network namespace, the
+//! eBPF tracer). The report's types, the pure join
+//! ([`selfheal_core::inspect::build`]) and the text renderer
+//! ([`selfheal_core::inspect::render`]) are the core's.
+//!
+//! Each process's threads and socket fds are read by the first reader
+//! that can: the kernel's task iterators (one walk of each per process,
+//! for root, at minimal or light detail; [`crate::ebpf::iter`]), then
+//! procfs. The evidence is the same either way;
+//! [`selfheal_core::inspect::Collection`] says which read how many, and
+//! why procfs did where it did.
 
-use selfheal_core::inspect::{EbpfEvidence, Evidence, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets};
+use selfheal_core::inspect::{
+    Collection, EbpfEvidence, Evidence, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
+};
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddr,
@@ -60,6 +70,9 @@ pub struct CollectOptions {
     /// Watch this long before reading the tracer, so receives that begin
     /// meanwhile are timed from their beginning.
     pub wait: Duration,
+    /// Read every process from procfs, not the kernel's task iterators,
+    /// for this reason.
+    pub no_iterators: Option<String>,
 }
 
 /// Gathers evidence on `target`. Never fails: what cannot be read becomes
@@ -88,6 +101,8 @@ pub struct Collector {
     reader: crate::sys::memread::Reader,
     /// The procfs the processes are read under.
     proc: ProcRoot,
+    /// Why the task iterators are not tried, if they are not.
+    iterators_off: Option<String>,
 }
 
 impl Collector {
@@ -115,6 +130,7 @@ impl Collector {
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
+            iterators_off: iterators_off(opts.no_iterators.clone()),
         }
     }
 
@@ -150,6 +166,7 @@ impl Collector {
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
+            iterators_off: iterators_off(None),
         }
     }
 
@@ -160,6 +177,12 @@ impl Collector {
     /// ([`Evidence::over_budget`]). Default `DEFAULT_COLLECT_BUDGET`.
     pub fn set_budget(&mut self, budget: Duration) {
         self.budget = budget;
+    }
+
+    /// Reads every process from procfs, not the kernel's task iterators,
+    /// for `why`.
+    pub fn without_iterators(&mut self, why: &str) {
+        self.iterators_off = Some(why.to_string());
     }
 
     /// Reads `target`'s processes, and its sockets from the (cached) dump of
@@ -187,6 +210,7 @@ impl Collector {
         let mut unread = 0;
         let (mut unread_processes, mut unread_zombies) = (0, BTreeMap::new());
         let mut zombies = 0;
+        let mut collection = Collection::default();
         for &pid in &target.pids {
             if access.over || std::time::Instant::now() >= access.deadline {
                 access.over = true;
@@ -214,7 +238,30 @@ impl Collector {
                     }
                 }
             }
-            match proc::process_in(&self.proc, pid, detail, clocks, &mut access) {
+            let read = if detail == Detail::Full {
+                collection.procfs_for(FULL_IS_PROCFS);
+                proc::process_in(&self.proc, pid, detail, clocks, &mut access)
+            } else if let Some(why) = &self.iterators_off {
+                collection.procfs_for(why);
+                proc::process_in(&self.proc, pid, detail, clocks, &mut access)
+            } else {
+                match iterate(pid) {
+                    Ok((pass, from)) => {
+                        collection.iterators += 1;
+                        collection.iterators_from = Some(from.to_string());
+                        proc::process_iterated(&self.proc, pid, &pass, detail, clocks, &mut access)
+                    }
+                    Err(Walk::Gone) => {
+                        gone.push(pid);
+                        continue;
+                    }
+                    Err(Walk::Failed(why)) => {
+                        collection.procfs_for(&why);
+                        proc::process_in(&self.proc, pid, detail, clocks, &mut access)
+                    }
+                }
+            };
+            match read {
                 Ok(p) => {
                     zombies += usize::from(p.state == 'Z');
                     processes.push(p);
@@ -309,7 +356,72 @@ impl Collector {
                 watched_since_ns: self.ebpf.watched_since_ns,
                 snapshot,
             },
+            collection,
         }
+    }
+}
+
+/// Why a full read is procfs's: the iterators read no kernel stacks.
+const FULL_IS_PROCFS: &str = "a full read (kernel stacks, wait channels) is procfs's";
+
+/// Why the task iterators are not tried: `off` if given, else when this
+/// process is not root (they need CAP_BPF and CAP_PERFMON) or eBPF is not
+/// built in; `None` when they are to be tried.
+fn iterators_off(off: Option<String>) -> Option<String> {
+    off.or_else(|| {
+        if !ebpf::BUILT_IN {
+            Some("eBPF is not built into this binary".into())
+        } else if crate::sys::creds::euid() != 0 {
+            Some("not root: the kernel's task iterators need CAP_BPF and CAP_PERFMON".into())
+        } else {
+            None
+        }
+    })
+}
+
+/// Why one process was not walked by the iterators.
+enum Walk {
+    /// It is gone.
+    Gone,
+    /// They could not run: why (procfs reads it instead).
+    Failed(String),
+}
+
+/// The task iterators of this process: opened from the helper's pins, or
+/// loaded, on first use, and kept, so a `watch` pays for them once; or
+/// why they cannot run (also kept: a kernel that refused them once
+/// refuses them again).
+static ITERATORS: std::sync::Mutex<Option<Result<(ebpf::iter::TaskIter, &'static str), String>>> =
+    std::sync::Mutex::new(None);
+
+/// One walk of the task iterators over `pid`, and where they came from.
+fn iterate(pid: u32) -> Result<(ebpf::iter::IterProcess, &'static str), Walk> {
+    use std::os::fd::AsFd as _;
+    let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
+    let mut slot = ITERATORS.lock().unwrap_or_else(|e| e.into_inner());
+    let iterators = slot.get_or_insert_with(|| {
+        ebpf::iter::TaskIter::open_pinned(&ebpf::iter::pin_dir())
+            .map(|it| (it, "pinned"))
+            .or_else(|pinned| {
+                ebpf::iter::load().map(|it| (it, "loaded")).map_err(|e| {
+                    format!(
+                        "the kernel's task iterators: {} (and none pinned: {})",
+                        ebpf::chain(&e),
+                        ebpf::chain(&pinned)
+                    )
+                })
+            })
+    });
+    let (it, from) = iterators
+        .as_mut()
+        .map_err(|why| Walk::Failed(why.clone()))?;
+    match it.process(pidfd.as_fd()) {
+        Ok(pass) => Ok((pass, *from)),
+        Err(ebpf::iter::IterError::Gone) => Err(Walk::Gone),
+        Err(e) => Err(Walk::Failed(format!(
+            "the kernel's task iterators: {}",
+            ebpf::chain(&e)
+        ))),
     }
 }
 

@@ -84,6 +84,7 @@ pub fn report_of(process: ProcessReport, sockets: Vec<SocketReport>) -> Report {
         zombies: vec![],
         init: no_init(),
         ebpf: ebpf_idle(),
+        collection: Default::default(),
         gaps: vec![],
         left_out: Default::default(),
     }

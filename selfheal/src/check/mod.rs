@@ -151,6 +151,9 @@ pub fn run(
         Some(source) => Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail),
         None => Collector::new(&opts.collect, &all_pids),
     };
+    if let Some(why) = &opts.collect.no_iterators {
+        collector.without_iterators(why);
+    }
 
     // Every agent's probes at once, each bounded by its own timeout.
     let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();

@@ -61,6 +61,12 @@ pub struct Common {
     /// proof keepalive).
     #[arg(long)]
     dry_run: bool,
+    /// Read every process from procfs instead of the kernel's task
+    /// iterators (which root's checks use where the kernel has them: the
+    /// same evidence, read in one pass in the kernel). `inspect` and the
+    /// snapshots say which reader read how many processes, and why procfs.
+    #[arg(long)]
+    no_iterators: bool,
     /// The privileged helper's socket. Without a helper there, `check` acts
     /// directly where it has the permission (its own uid's agents, or all as
     /// root). A socket served by anyone but root, this user or the uid in
@@ -247,6 +253,7 @@ impl Session {
                         .into(),
                 ),
                 detail: selfheal_core::proc::Detail::Minimal,
+                no_iterators: c.no_iterators.then(|| "disabled by --no-iterators".into()),
                 ..Default::default()
             },
         };

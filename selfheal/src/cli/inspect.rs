@@ -105,6 +105,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
         no_ebpf_why: None,
         strategies: args.strategies,
         wait: args.wait,
+        no_iterators: None,
     };
     let report = selfheal_core::inspect::build(&inspect::collect(&target, &opts));
     // A configured agent is judged, against check's history (read only).

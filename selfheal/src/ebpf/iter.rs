@@ -8,7 +8,7 @@
 //! type leaves this module.
 //!
 //! A process that is gone by the time it is linked has nothing to walk:
-//! linking fails (`ESRCH`), which the caller takes as gone.
+//! linking fails ([`IterError::Gone`]), or the walk is empty.
 
 use std::path::Path;
 
@@ -37,6 +37,9 @@ pub enum IterError {
     /// A pinned program is not what this version pinned.
     #[error("pinned iterator {path}: {reason}")]
     Pinned { path: String, reason: String },
+    /// The process is gone: there is nothing to walk.
+    #[error("the process is gone")]
+    Gone,
     /// Linking a program or reading the iterator's file failed.
     #[error("cannot run the task iterator: {reason}")]
     Run { reason: String },
@@ -51,6 +54,28 @@ pub enum IterError {
 pub struct IterProcess {
     pub threads: Vec<IterThread>,
     pub sockets: Vec<(i32, u64)>,
+}
+
+/// Where the helper mounts the bpffs it pins the iterators in (root only:
+/// the mount's root is mode 0700).
+pub const BPFFS: &str = "/run/selfheal/bpf";
+
+/// The directory of this build's pins under [`BPFFS`]: named by a hash of
+/// the eBPF object, so the pins of another build of selfheal (other
+/// programs, other records) are never opened as this one's.
+pub fn pin_dir() -> std::path::PathBuf {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    object().hash(&mut h);
+    Path::new(BPFFS).join(format!("iter-{:016x}", h.finish()))
+}
+
+/// The eBPF object's bytes (empty where eBPF is not built in).
+fn object() -> &'static [u8] {
+    #[cfg(selfheal_ebpf)]
+    return crate::ebpf::loader::OBJECT;
+    #[cfg(not(selfheal_ebpf))]
+    return &[];
 }
 
 /// The programs in the object.
@@ -209,7 +234,8 @@ mod kernel {
         }
 
         /// The threads and sockets of the process `pidfd` names, in one
-        /// walk of each iterator. `Err(Run)` with `ESRCH` when it is gone.
+        /// walk of each iterator; [`IterError::Gone`] or nothing when it
+        /// is gone.
         pub fn process(&mut self, pidfd: BorrowedFd<'_>) -> Result<IterProcess, IterError> {
             let (task, file) = match &self.programs {
                 Programs::Loaded(ebpf) => {
@@ -237,7 +263,13 @@ mod kernel {
         let run = |what: &str, e: std::io::Error| IterError::Run {
             reason: format!("{what}: {e}"),
         };
-        let link = bpf::link_iter_to_process(prog, pidfd).map_err(|e| run("link", e))?;
+        let link = bpf::link_iter_to_process(prog, pidfd).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                IterError::Gone
+            } else {
+                run("link", e)
+            }
+        })?;
         let mut file = bpf::iter_file(link.as_fd()).map_err(|e| run("iterator file", e))?;
         buf.clear();
         file.read_to_end(buf).map_err(|e| run("read", e))?;

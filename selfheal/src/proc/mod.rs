@@ -27,7 +27,7 @@ mod thread;
 mod wait;
 
 pub use self::thread::task_clocks;
-use self::thread::{parse_status, thread};
+use self::thread::{iterated, parse_status, thread};
 pub use self::wait::syscall_name;
 use self::wait::{Mem, read_wait, recv_syscall, wait_syscall};
 
@@ -87,15 +87,9 @@ pub fn process_in(
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let process = root.process(pid)?;
-    let stat = process.stat()?;
-    let mut gaps = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
-    let status =
-        read_at(nix::fcntl::AT_FDCWD, &root.of_pid(pid, "status"), &mut buf).and_then(parse_status);
-    let pid_ns_init = status
-        .as_ref()
-        .is_some_and(|s| s.nspid.len() > 1 && s.nspid.last() == Some(&1));
+    let head = Head::read(root, pid, &mut buf)?;
+    let mut gaps = Vec::new();
     let sockets = match socket_fds(root, pid) {
         Ok(v) => v,
         Err(e) => {
@@ -140,19 +134,91 @@ pub fn process_in(
         }
         Err(e) => gaps.push(format!("pid {pid}: cannot list threads: {e}")),
     }
-    threads.sort_by_key(|t| t.tid);
-    Ok(ProcessInfo {
+    Ok(head.process(threads, sockets, gaps))
+}
+
+/// [`process_in`] with the threads and socket fds from one pass of the
+/// task iterators over the process (`pass`), read at `detail` (minimal or
+/// light). What the iterators do not read, the process's own `stat` and
+/// `status`, the memory a readiness wait names and a D-state thread's
+/// `wchan`, is read as [`process_in`] reads it.
+pub fn process_iterated(
+    root: &ProcRoot,
+    pid: u32,
+    pass: &crate::ebpf::iter::IterProcess,
+    detail: Detail,
+    clocks: &TaskClocks,
+    access: &mut MemAccess<'_>,
+) -> procfs::ProcResult<ProcessInfo> {
+    let mut buf = vec![0u8; 64 << 10];
+    let head = Head::read(root, pid, &mut buf)?;
+    let mut gaps = Vec::new();
+    let mut threads = Vec::with_capacity(pass.threads.len());
+    let mut mem = Mem {
+        root,
         pid,
-        ppid: stat.ppid.max(0) as u32,
-        name: stat.comm,
-        state: stat.state,
-        start_ticks: stat.starttime,
-        uid: status.map(|s| s.ruid),
-        pid_ns_init,
-        threads,
-        sockets,
-        gaps,
-    })
+        access,
+        maps: None,
+        read: Vec::new(),
+    };
+    for t in &pass.threads {
+        if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
+            mem.access.over = true;
+            break;
+        }
+        threads.push(iterated(
+            t,
+            &pass.sockets,
+            clocks,
+            detail,
+            &mut buf,
+            &mut mem,
+            &mut gaps,
+        ));
+    }
+    mem.recheck(&mut threads, &mut gaps);
+    Ok(head.process(threads, pass.sockets.clone(), gaps))
+}
+
+/// What a check reads of the process itself: its `stat` and `status`.
+struct Head {
+    pid: u32,
+    stat: procfs::process::Stat,
+    status: Option<self::thread::StatusIds>,
+}
+
+impl Head {
+    fn read(root: &ProcRoot, pid: u32, buf: &mut [u8]) -> procfs::ProcResult<Head> {
+        let stat = root.process(pid)?.stat()?;
+        let status =
+            read_at(nix::fcntl::AT_FDCWD, &root.of_pid(pid, "status"), buf).and_then(parse_status);
+        Ok(Head { pid, stat, status })
+    }
+
+    fn process(
+        self,
+        mut threads: Vec<selfheal_core::proc::ThreadInfo>,
+        sockets: Vec<(i32, u64)>,
+        gaps: Vec<String>,
+    ) -> ProcessInfo {
+        let Head { pid, stat, status } = self;
+        threads.sort_by_key(|t| t.tid);
+        let pid_ns_init = status
+            .as_ref()
+            .is_some_and(|s| s.nspid.len() > 1 && s.nspid.last() == Some(&1));
+        ProcessInfo {
+            pid,
+            ppid: stat.ppid.max(0) as u32,
+            name: stat.comm,
+            state: stat.state,
+            start_ticks: stat.starttime,
+            uid: status.map(|s| s.ruid),
+            pid_ns_init,
+            threads,
+            sockets,
+            gaps,
+        }
+    }
 }
 
 /// `(fd, inode)` of every socket `pid` holds, sorted. One `readlinkat` per

@@ -78,6 +78,52 @@ pub(super) fn parse_status(raw: &[u8]) -> Option<StatusIds> {
     Some(StatusIds { ruid: ruid?, nspid })
 }
 
+/// What was read of a thread before its wait is interpreted: from its
+/// procfs files ([`thread`]) or from the task iterator ([`iterated`]).
+pub(super) struct Facts {
+    pub(super) tid: u32,
+    pub(super) comm: String,
+    pub(super) state: char,
+    pub(super) cpu_ticks: u64,
+    /// The CPU it last ran on.
+    pub(super) processor: Option<u32>,
+    /// The syscall it sleeps in, and the syscall's second argument.
+    pub(super) blocked: Option<(SyscallInfo, u64)>,
+    /// The top frames of its kernel stack (read in full detail only).
+    pub(super) kstack: Vec<String>,
+}
+
+/// Where the rest of a thread's evidence comes from, read only when its
+/// wait needs it: `wchan`, and `se.exec_start` (ms).
+pub(super) trait More {
+    fn wchan(&mut self, buf: &mut [u8]) -> Option<String>;
+    fn exec_start_ms(&mut self, buf: &mut [u8]) -> Option<f64>;
+}
+
+/// A thread's own procfs directory.
+struct ThreadDir<'f>(std::os::fd::BorrowedFd<'f>);
+
+impl More for ThreadDir<'_> {
+    fn wchan(&mut self, buf: &mut [u8]) -> Option<String> {
+        read_at(self.0, "wchan", buf)
+            .map(|b| String::from_utf8_lossy(b).trim().to_string())
+            .filter(|w| !w.is_empty() && w != "0")
+    }
+    fn exec_start_ms(&mut self, buf: &mut [u8]) -> Option<f64> {
+        read_at(self.0, "sched", buf).and_then(|b| parse_exec_start(&String::from_utf8_lossy(b)))
+    }
+}
+
+/// The syscall `nr` with its first argument, when it is one (not `-1`, the
+/// number outside any syscall).
+fn syscall_info(nr: i64, arg0: u64) -> Option<SyscallInfo> {
+    (nr >= 0).then(|| SyscallInfo {
+        nr,
+        name: syscall_name(nr),
+        arg0,
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) fn thread(
     task: std::os::fd::BorrowedFd<'_>,
@@ -148,30 +194,139 @@ pub(super) fn thread(
                     syscall_number,
                     argument_registers,
                     ..
-                }) if syscall_number >= 0 => Some((
-                    SyscallInfo {
-                        nr: syscall_number,
-                        name: syscall_name(syscall_number),
-                        arg0: argument_registers[0],
-                    },
-                    argument_registers[1],
-                )),
+                }) => syscall_info(syscall_number, argument_registers[0])
+                    .map(|s| (s, argument_registers[1])),
                 _ => None,
             },
         }
     } else {
         None
     };
+    let facts = Facts {
+        tid,
+        comm: stat.comm,
+        state: stat.state,
+        cpu_ticks: stat.cpu_ticks,
+        processor: stat.processor,
+        blocked,
+        kstack,
+    };
+    Some(interpret(
+        facts,
+        &mut ThreadDir(dir),
+        sockets,
+        clocks,
+        detail,
+        buf,
+        mem,
+        gaps,
+    ))
+}
+
+/// A thread as the task iterator read it, with the same reading of its
+/// wait as [`thread`]'s at `detail` (minimal or light: a full read is
+/// procfs's). `wchan`, which the iterator does not read, comes from procfs
+/// for the D-state threads that need it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn iterated(
+    t: &selfheal_core::ebpf::iter::IterThread,
+    sockets: &[(i32, u64)],
+    clocks: &TaskClocks,
+    detail: Detail,
+    buf: &mut [u8],
+    mem: &mut Mem<'_, '_>,
+    gaps: &mut Vec<String>,
+) -> ThreadInfo {
+    let state = t.state_letter();
+    let sleeping = matches!(state, 'S' | 'D' | 'I');
+    if detail == Detail::Minimal {
+        return ThreadInfo {
+            tid: t.tid,
+            name: t.comm.clone(),
+            state,
+            wchan: None,
+            cpu_ticks: t.cpu_ticks(),
+            syscall: None,
+            idle_ms: None,
+            kstack: Vec::new(),
+            recv: None,
+            wait: None,
+        };
+    }
+    // A running thread's registers change under the read: procfs says
+    // `running` instead, and so does this.
+    let blocked = t
+        .syscall
+        .filter(|_| sleeping)
+        .and_then(|nr| syscall_info(i64::try_from(nr).ok()?, t.arg0))
+        .map(|s| (s, t.arg1));
+    let facts = Facts {
+        tid: t.tid,
+        comm: t.comm.clone(),
+        state,
+        cpu_ticks: t.cpu_ticks(),
+        processor: Some(t.cpu),
+        blocked,
+        kstack: Vec::new(),
+    };
+    let mut more = Iterated {
+        wchan: mem.root.of_pid(mem.pid, &format!("task/{}/wchan", t.tid)),
+        exec_start_ms: t.exec_start_ms(),
+    };
+    interpret(facts, &mut more, sockets, clocks, detail, buf, mem, gaps)
+}
+
+/// The rest of an iterated thread: `exec_start` read already, `wchan` by
+/// path.
+struct Iterated {
+    wchan: std::path::PathBuf,
+    exec_start_ms: f64,
+}
+
+impl More for Iterated {
+    fn wchan(&mut self, buf: &mut [u8]) -> Option<String> {
+        read_at(nix::fcntl::AT_FDCWD, self.wchan.as_path(), buf)
+            .map(|b| String::from_utf8_lossy(b).trim().to_string())
+            .filter(|w| !w.is_empty() && w != "0")
+    }
+    fn exec_start_ms(&mut self, _buf: &mut [u8]) -> Option<f64> {
+        Some(self.exec_start_ms)
+    }
+}
+
+/// What a thread waits in, from what was read of it: its wait channel,
+/// the receive or readiness wait its syscall is (reading the wait's set
+/// through `mem`), and how long it has slept, in its own CPU's clock.
+#[allow(clippy::too_many_arguments)]
+fn interpret(
+    facts: Facts,
+    more: &mut dyn More,
+    sockets: &[(i32, u64)],
+    clocks: &TaskClocks,
+    detail: Detail,
+    buf: &mut [u8],
+    mem: &mut Mem<'_, '_>,
+    gaps: &mut Vec<String>,
+) -> ThreadInfo {
+    let Facts {
+        tid,
+        comm,
+        state,
+        cpu_ticks,
+        processor,
+        blocked,
+        kstack,
+    } = facts;
+    let sleeping = matches!(state, 'S' | 'D' | 'I');
+    let full = detail == Detail::Full;
     let arg1 = blocked.as_ref().map_or(0, |(_, arg1)| *arg1);
     let syscall = blocked.map(|(s, _)| s);
     // The kernel stack skips scheduler functions as `wchan` does, so its top
     // frame is the wait channel; read `wchan` only when the stack is not
     // readable (not root), or in light mode for D-state threads.
     let wchan = match kstack.first() {
-        Some(top) if stat.state != 'R' => Some(top.clone()),
-        _ if full || (stat.state == 'D' && detail == Detail::Light) => read_at(dir, "wchan", buf)
-            .map(|b| String::from_utf8_lossy(b).trim().to_string())
-            .filter(|w| !w.is_empty() && w != "0"),
+        Some(top) if state != 'R' => Some(top.clone()),
+        _ if full || (state == 'D' && detail == Detail::Light) => more.wchan(buf),
         _ => None,
     };
     let in_recv = syscall
@@ -187,24 +342,22 @@ pub(super) fn thread(
         }
         _ => None,
     };
-    let idle_ms =
-        if full || in_recv || wait.is_some() || (stat.state == 'D' && detail == Detail::Light) {
-            read_at(dir, "sched", buf)
-                .and_then(|b| parse_exec_start(&String::from_utf8_lossy(b)))
-                .and_then(
-                    |start| match clocks.age_ms(stat.processor, start, monotonic_ms()) {
-                        Ok(age) => Some(age),
-                        Err(why) => {
-                            gaps.push(format!(
-                                "tid {tid}: how long it has waited is unknown: {why}"
-                            ));
-                            None
-                        }
-                    },
-                )
-        } else {
-            None
-        };
+    let idle_ms = if full || in_recv || wait.is_some() || (state == 'D' && detail == Detail::Light)
+    {
+        more.exec_start_ms(buf).and_then(|start| {
+            match clocks.age_ms(processor, start, monotonic_ms()) {
+                Ok(age) => Some(age),
+                Err(why) => {
+                    gaps.push(format!(
+                        "tid {tid}: how long it has waited is unknown: {why}"
+                    ));
+                    None
+                }
+            }
+        })
+    } else {
+        None
+    };
     let recv = syscall.as_ref().and_then(|s| {
         let name = recv_syscall(s.nr)?;
         let fd = s.arg0 as i32;
@@ -219,18 +372,18 @@ pub(super) fn thread(
     if let Some(w) = wait.as_mut() {
         w.idle_ms = idle_ms;
     }
-    Some(ThreadInfo {
+    ThreadInfo {
         tid,
-        name: stat.comm,
-        state: stat.state,
+        name: comm,
+        state,
         wchan,
-        cpu_ticks: stat.cpu_ticks,
+        cpu_ticks,
         syscall,
         idle_ms,
         kstack,
         recv,
         wait,
-    })
+    }
 }
 
 /// Each CPU's task clock against `CLOCK_MONOTONIC`, read by running this

@@ -87,6 +87,7 @@ pub fn build(ev: &Evidence) -> Report {
                 .map(|(s, since)| crate::clock::age_ms(s.taken_at_ns, since)),
             overflow: snapshot.map(|s| s.overflow),
         },
+        collection: ev.collection.clone(),
         gaps,
         left_out: LeftOut {
             processes: ev.unread_processes,

@@ -43,6 +43,9 @@ pub struct Report {
     pub zombies: Vec<Zombie>,
     pub init: InitDiagnosis,
     pub ebpf: EbpfStatus,
+    /// Which readers read the processes: the kernel's task iterators or
+    /// procfs, and why procfs where it did.
+    pub collection: Collection,
     /// What could not be seen, in words (with its kind).
     pub gaps: Vec<Gap>,
     /// What the report leaves out past its caps ([`MAX_PROCESSES`] …),
@@ -194,6 +197,34 @@ pub struct EbpfStatus {
     pub overflow: Option<ebpf::Overflow>,
 }
 
+/// How a collection read an agent's processes (threads and socket fds):
+/// how many the kernel's task iterators walked, how many procfs read, and
+/// why procfs did where it did. Either way the evidence is the same; the
+/// iterators read it in one pass in the kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Collection {
+    /// Processes the task iterators read.
+    pub iterators: usize,
+    /// Where those iterators came from: `pinned` (by the helper, opened
+    /// from its bpffs) or `loaded` (by this process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iterators_from: Option<String>,
+    /// Processes procfs read.
+    pub procfs: usize,
+    /// Why procfs read them, each reason once.
+    pub why_procfs: Vec<String>,
+}
+
+impl Collection {
+    /// Counts one process read by procfs, for `why`.
+    pub fn procfs_for(&mut self, why: &str) {
+        self.procfs += 1;
+        if !self.why_procfs.iter().any(|w| w == why) {
+            self.why_procfs.push(why.to_string());
+        }
+    }
+}
+
 /// Evidence gathered for a target.
 pub struct Evidence {
     pub agent: Option<String>,
@@ -221,6 +252,8 @@ pub struct Evidence {
     /// Role and upstream index of each socket by inode.
     pub roles: BTreeMap<u64, (SocketRole, usize)>,
     pub ebpf: EbpfEvidence,
+    /// Which readers read the processes.
+    pub collection: Collection,
 }
 
 /// The tracer's side of the evidence.
@@ -362,6 +395,7 @@ mod tests {
                 watched_since_ns: Some(0),
                 snapshot,
             },
+            collection: Collection::default(),
         }
     }
 

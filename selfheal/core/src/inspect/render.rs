@@ -222,6 +222,21 @@ pub(super) fn render_raw(r: &Report) -> String {
     if let Some(e) = &r.ebpf.error {
         let _ = writeln!(o, "  error: {e}");
     }
+    let c = &r.collection;
+    let iterators = format!(
+        "the kernel's task iterators ({})",
+        c.iterators_from.as_deref().unwrap_or("?")
+    );
+    let why = escape(&c.why_procfs.join("; "));
+    let _ = match (c.iterators, c.procfs) {
+        (0, 0) => Ok(()),
+        (i, 0) => writeln!(o, "read by: {iterators}, {i} process(es)"),
+        (0, p) => writeln!(o, "read by: procfs, {p} process(es) ({why})"),
+        (i, p) => writeln!(
+            o,
+            "read by: {iterators} for {i} process(es), procfs for {p} ({why})"
+        ),
+    };
     if !r.gaps.is_empty() {
         let _ = writeln!(o, "\nnot seen");
         for g in &r.gaps {
@@ -229,4 +244,57 @@ pub(super) fn render_raw(r: &Report) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod collection_tests {
+    use super::render;
+    use crate::{fixture, inspect::Collection};
+
+    fn line(c: Collection) -> Option<String> {
+        let mut r = fixture::report();
+        r.collection = c;
+        render(&r)
+            .lines()
+            .find(|l| l.starts_with("read by:"))
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn the_report_says_which_reader_read_how_many_processes_and_why_procfs() {
+        assert_eq!(line(Collection::default()), None);
+        let iterated = Collection {
+            iterators: 3,
+            iterators_from: Some("pinned".into()),
+            ..Collection::default()
+        };
+        assert_eq!(
+            line(iterated.clone()).as_deref(),
+            Some("read by: the kernel's task iterators (pinned), 3 process(es)")
+        );
+        let mut both = iterated;
+        both.procfs_for("not root");
+        both.procfs_for("not root");
+        both.procfs_for("link: \u{1b}[31m");
+        assert_eq!(both.procfs, 3);
+        assert_eq!(both.why_procfs.len(), 2, "each reason once");
+        assert_eq!(
+            line(both).as_deref(),
+            Some(
+                "read by: the kernel's task iterators (pinned) for 3 process(es), procfs for 3 \
+                 (not root; link: \\u{1b}[31m)"
+            )
+        );
+        let mut procfs = Collection::default();
+        procfs.procfs_for("disabled by --no-iterators");
+        assert_eq!(
+            line(procfs).as_deref(),
+            Some("read by: procfs, 1 process(es) (disabled by --no-iterators)")
+        );
+        let json = serde_json::to_value(&fixture::report()).unwrap();
+        assert_eq!(
+            json["collection"],
+            serde_json::json!({"iterators": 0, "procfs": 0, "why_procfs": []})
+        );
+    }
 }
