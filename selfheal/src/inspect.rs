@@ -73,6 +73,9 @@ pub struct CollectOptions {
     /// Read every process from procfs, not the kernel's task iterators,
     /// for this reason.
     pub no_iterators: Option<String>,
+    /// Load the task iterators where none are pinned (once per process:
+    /// worth it for a `watch`, not for one check).
+    pub load_iterators: bool,
 }
 
 /// Gathers evidence on `target`. Never fails: what cannot be read becomes
@@ -103,6 +106,8 @@ pub struct Collector {
     proc: ProcRoot,
     /// Why the task iterators are not tried, if they are not.
     iterators_off: Option<String>,
+    /// Load them where none are pinned.
+    load_iterators: bool,
 }
 
 impl Collector {
@@ -131,6 +136,7 @@ impl Collector {
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
             iterators_off: iterators_off(opts.no_iterators.clone()),
+            load_iterators: opts.load_iterators,
         }
     }
 
@@ -167,6 +173,7 @@ impl Collector {
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
             iterators_off: iterators_off(None),
+            load_iterators: false,
         }
     }
 
@@ -183,6 +190,12 @@ impl Collector {
     /// for `why`.
     pub fn without_iterators(&mut self, why: &str) {
         self.iterators_off = Some(why.to_string());
+    }
+
+    /// Loads the task iterators where none are pinned
+    /// ([`CollectOptions::load_iterators`]).
+    pub fn load_iterators(&mut self, load: bool) {
+        self.load_iterators = load;
     }
 
     /// Reads `target`'s processes, and its sockets from the (cached) dump of
@@ -245,7 +258,7 @@ impl Collector {
                 collection.procfs_for(why);
                 proc::process_in(&self.proc, pid, detail, clocks, &mut access)
             } else {
-                match iterate(pid) {
+                match iterate(pid, self.load_iterators) {
                     Ok((pass, from)) => {
                         collection.iterators += 1;
                         collection.iterators_from = Some(from.to_string());
@@ -388,30 +401,41 @@ enum Walk {
 }
 
 /// The task iterators of this process: opened from the helper's pins, or
-/// loaded, on first use, and kept, so a `watch` pays for them once; or
-/// why they cannot run (also kept: a kernel that refused them once
-/// refuses them again).
+/// loaded where asked, on first use, and kept, so a `watch` pays for them
+/// once; or why they cannot run (kept once loading failed: a kernel that
+/// refused them once refuses them again).
 static ITERATORS: std::sync::Mutex<Option<Result<(ebpf::iter::TaskIter, &'static str), String>>> =
     std::sync::Mutex::new(None);
 
-/// One walk of the task iterators over `pid`, and where they came from.
-fn iterate(pid: u32) -> Result<(ebpf::iter::IterProcess, &'static str), Walk> {
+/// One walk of the task iterators over `pid`, and where they came from;
+/// `load` loads them where none are pinned.
+fn iterate(pid: u32, load: bool) -> Result<(ebpf::iter::IterProcess, &'static str), Walk> {
     use std::os::fd::AsFd as _;
     let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
     let mut slot = ITERATORS.lock().unwrap_or_else(|e| e.into_inner());
-    let iterators = slot.get_or_insert_with(|| {
-        ebpf::iter::TaskIter::open_pinned(&ebpf::iter::pin_dir())
-            .map(|it| (it, "pinned"))
-            .or_else(|pinned| {
-                ebpf::iter::load().map(|it| (it, "loaded")).map_err(|e| {
-                    format!(
-                        "the kernel's task iterators: {} (and none pinned: {})",
-                        ebpf::chain(&e),
-                        ebpf::chain(&pinned)
-                    )
-                })
-            })
-    });
+    if slot.is_none() {
+        let opened = match ebpf::iter::TaskIter::open_pinned(&ebpf::iter::pin_dir()) {
+            Ok(it) => Ok((it, "pinned")),
+            Err(pinned) if !load => {
+                return Err(Walk::Failed(format!(
+                    "no task iterators pinned ({}), and one check does not load them \
+                     (`watch` does)",
+                    ebpf::chain(&pinned)
+                )));
+            }
+            Err(pinned) => ebpf::iter::load().map(|it| (it, "loaded")).map_err(|e| {
+                format!(
+                    "the kernel's task iterators: {} (and none pinned: {})",
+                    ebpf::chain(&e),
+                    ebpf::chain(&pinned)
+                )
+            }),
+        };
+        *slot = Some(opened);
+    }
+    let Some(iterators) = slot.as_mut() else {
+        return Err(Walk::Failed("the task iterators are not open".into()));
+    };
     let (it, from) = iterators
         .as_mut()
         .map_err(|why| Walk::Failed(why.clone()))?;

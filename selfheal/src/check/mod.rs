@@ -154,6 +154,7 @@ pub fn run(
     if let Some(why) = &opts.collect.no_iterators {
         collector.without_iterators(why);
     }
+    collector.load_iterators(opts.collect.load_iterators);
 
     // Every agent's probes at once, each bounded by its own timeout.
     let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();

@@ -446,6 +446,9 @@ pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
         .map(selfheal::metrics_endpoint::TokenFile::open)
         .transpose()?;
     let mut session = Session::open(&args.common)?;
+    // A long-running watch loads the kernel's task iterators once, on its
+    // first check, when no helper pinned them.
+    session.opts.collect.load_iterators = true;
     let metrics = Arc::new(Mutex::new(String::new()));
     if let Some(addr) = args.metrics_addr {
         serve_metrics(addr, Arc::clone(&metrics), token)

@@ -106,6 +106,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
         strategies: args.strategies,
         wait: args.wait,
         no_iterators: None,
+        load_iterators: false,
     };
     let report = selfheal_core::inspect::build(&inspect::collect(&target, &opts));
     // A configured agent is judged, against check's history (read only).

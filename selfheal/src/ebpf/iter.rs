@@ -137,23 +137,27 @@ mod kernel {
         /// Loads the object's iterator programs, with the struct offsets of
         /// the kernel whose BTF is at `btf_path`.
         pub fn load(btf_path: &Path) -> Result<Self, IterError> {
-            let bytes = std::fs::read(btf_path).map_err(|e| LayoutError::NoBtf {
-                path: btf_path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            let layout = KernelLayout::from_btf_bytes(&bytes)?;
+            // The layout through btf-rs's mmap backend (no index of every
+            // type), then aya's own parse; the file's bytes are dropped
+            // before the load.
+            let layout = KernelLayout::from_btf_file(btf_path)?;
             let task = layout
                 .task
                 .clone()
                 .map_err(|reason| IterError::TaskLayout { reason })?;
-            let btf =
+            let btf = {
+                let bytes = std::fs::read(btf_path).map_err(|e| LayoutError::NoBtf {
+                    path: btf_path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
                 Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| IterError::Load {
                     reason: format!(
                         "cannot parse kernel BTF {}: {}",
                         btf_path.display(),
                         chain(&e)
                     ),
-                })?;
+                })?
+            };
             let mut loader = EbpfLoader::new();
             loader.btf(Some(&btf));
             for map in UNUSED_MAPS {

@@ -291,7 +291,7 @@ mod collection_tests {
             line(procfs).as_deref(),
             Some("read by: procfs, 1 process(es) (disabled by --no-iterators)")
         );
-        let json = serde_json::to_value(&fixture::report()).unwrap();
+        let json = serde_json::to_value(fixture::report()).unwrap();
         assert_eq!(
             json["collection"],
             serde_json::json!({"iterators": 0, "procfs": 0, "why_procfs": []})
