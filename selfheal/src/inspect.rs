@@ -414,18 +414,18 @@ fn iterate(pid: u32, load: bool) -> Result<(ebpf::iter::IterProcess, &'static st
     let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
     let mut slot = ITERATORS.lock().unwrap_or_else(|e| e.into_inner());
     if slot.is_none() {
-        let opened = match ebpf::iter::TaskIter::open_pinned(&ebpf::iter::pin_dir()) {
-            Ok(it) => Ok((it, "pinned")),
+        let opened = match ebpf::iter::open_published() {
+            Ok((it, _)) => Ok((it, "pinned")),
             Err(pinned) if !load => {
                 return Err(Walk::Failed(format!(
-                    "no task iterators pinned ({}), and one check does not load them \
+                    "{} (the helper pins them), and one check does not load them \
                      (`watch` does)",
                     ebpf::chain(&pinned)
                 )));
             }
             Err(pinned) => ebpf::iter::load().map(|it| (it, "loaded")).map_err(|e| {
                 format!(
-                    "the kernel's task iterators: {} (and none pinned: {})",
+                    "the kernel's task iterators: {} (and {})",
                     ebpf::chain(&e),
                     ebpf::chain(&pinned)
                 )

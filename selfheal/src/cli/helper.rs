@@ -18,7 +18,10 @@ use selfheal::{
 /// Run the privileged helper that holds the eBPF tracer and heals for
 /// authorized callers.
 ///
-/// It keeps the eBPF tracer loaded, answers queries and performs healing
+/// It keeps the eBPF tracer loaded, pins the kernel's task iterators (in
+/// /sys/fs/bpf/selfheal where the system mounts a bpffs, else in its own
+/// at /run/selfheal/bpf; they stay pinned after it exits) for root's
+/// checks, answers queries and performs healing
 /// actions for the callers its policy authorizes (each request by the
 /// caller's uid), on a unix socket speaking JSON lines (protocol version 1).
 /// Socket-activated by systemd (LISTEN_FDS), it exits after --idle-timeout
@@ -46,7 +49,8 @@ pub struct Args {
     #[arg(long, value_name = "DUR", value_parser = super::parse_duration, default_value = "60s")]
     idle_timeout: Duration,
     /// Do not load the eBPF tracer (eBPF queries are answered
-    /// `unavailable`).
+    /// `unavailable`), nor pin the task iterators root's checks read
+    /// threads and sockets with.
     #[arg(long)]
     no_ebpf: bool,
 }
@@ -101,6 +105,17 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
             "helper: no eBPF tracer: {}",
             handle.ebpf().error.as_deref().unwrap_or("unknown reason")
         ),
+    }
+    // Root's checks link the pinned task iterators instead of reading
+    // each thread from procfs; without them they read procfs (and say so).
+    if euid == 0 && !args.no_ebpf {
+        match selfheal::ebpf::iter::publish() {
+            Ok(dir) => tracing::info!("helper: task iterators pinned in {}", dir.display()),
+            Err(e) => tracing::warn!(
+                "helper: task iterators not pinned: {}; checks read threads from procfs",
+                selfheal::ebpf::chain(&e)
+            ),
+        }
     }
     tracing::info!(
         "helper: listening on {where_}; policy: {policy_line}; idle timeout: {}",

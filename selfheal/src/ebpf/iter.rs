@@ -10,9 +10,12 @@
 //! A process that is gone by the time it is linked has nothing to walk:
 //! linking fails ([`IterError::Gone`]), or the walk is empty.
 
-use std::path::Path;
+use std::{
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _},
+    path::{Path, PathBuf},
+};
 
-pub use selfheal_core::ebpf::iter::{IterParseError, IterThread};
+pub use selfheal_core::ebpf::iter::{IterParseError, IterProcess, IterThread};
 
 use super::layout::LayoutError;
 
@@ -37,6 +40,12 @@ pub enum IterError {
     /// A pinned program is not what this version pinned.
     #[error("pinned iterator {path}: {reason}")]
     Pinned { path: String, reason: String },
+    /// No pins of this build where they are looked for.
+    #[error("no task iterators pinned in {looked}")]
+    NotPinned { looked: String },
+    /// The pins' directory could not be made ready.
+    #[error("cannot prepare {path} for the pins: {reason}")]
+    Publish { path: String, reason: String },
     /// The process is gone: there is nothing to walk.
     #[error("the process is gone")]
     Gone,
@@ -48,26 +57,33 @@ pub enum IterError {
     Parse(#[from] IterParseError),
 }
 
-/// What one pass read of one process: its threads, in the order the
-/// kernel walks them, and `(fd, inode)` of every socket it holds, sorted.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IterProcess {
-    pub threads: Vec<IterThread>,
-    pub sockets: Vec<(i32, u64)>,
-}
+/// The system's bpffs (systemd mounts it at boot): where the system has
+/// one, the helper pins under `selfheal/` in it.
+pub const SYSTEM_BPFFS: &str = "/sys/fs/bpf";
 
-/// Where the helper mounts the bpffs it pins the iterators in (root only:
-/// the mount's root is mode 0700).
-pub const BPFFS: &str = "/run/selfheal/bpf";
+/// The bpffs the helper mounts itself (root mode 0700) where the system
+/// has none.
+pub const OWN_BPFFS: &str = "/run/selfheal/bpf";
 
-/// The directory of this build's pins under [`BPFFS`]: named by a hash of
-/// the eBPF object, so the pins of another build of selfheal (other
-/// programs, other records) are never opened as this one's.
-pub fn pin_dir() -> std::path::PathBuf {
+/// The directory of this build's pins under the bpffs directory `base`:
+/// named by a hash of the eBPF object, so the pins of another build of
+/// selfheal (other programs, other records) are never opened as this
+/// one's.
+fn pins_under(base: &Path) -> PathBuf {
     use std::hash::{Hash as _, Hasher as _};
     let mut h = std::hash::DefaultHasher::new();
     object().hash(&mut h);
-    Path::new(BPFFS).join(format!("iter-{:016x}", h.finish()))
+    base.join(format!("iter-{:016x}", h.finish()))
+}
+
+/// Where this build's pins are looked for, in order: in the system's
+/// bpffs (`/sys/fs/bpf/selfheal/iter-…`), then in selfheal's own
+/// (`/run/selfheal/bpf/iter-…`).
+pub fn pin_dirs() -> [PathBuf; 2] {
+    [
+        pins_under(&Path::new(SYSTEM_BPFFS).join("selfheal")),
+        pins_under(Path::new(OWN_BPFFS)),
+    ]
 }
 
 /// The eBPF object's bytes (empty where eBPF is not built in).
@@ -327,4 +343,118 @@ impl TaskIter {
 /// ([`super::layout::VMLINUX_BTF`]).
 pub fn load() -> Result<TaskIter, IterError> {
     TaskIter::load(Path::new(super::layout::VMLINUX_BTF))
+}
+
+/// Opens this build's pinned iterators from the first of [`pin_dirs`]
+/// that exists, after checking that it is a bpffs directory only root
+/// can write (as is its parent); and where they came from.
+pub fn open_published() -> Result<(TaskIter, PathBuf), IterError> {
+    let dirs = pin_dirs();
+    for dir in &dirs {
+        if std::fs::symlink_metadata(dir).is_err() {
+            continue;
+        }
+        trusted(dir)?;
+        return TaskIter::open_pinned(dir).map(|it| (it, dir.clone()));
+    }
+    Err(IterError::NotPinned {
+        looked: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" or "),
+    })
+}
+
+/// Refuses a pins directory (or its parent) that is not a root-owned
+/// directory on a bpffs, writable by root only.
+fn trusted(dir: &Path) -> Result<(), IterError> {
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let refuse = |reason: String| IterError::Pinned {
+            path: d.display().to_string(),
+            reason,
+        };
+        let m = std::fs::symlink_metadata(d).map_err(|e| refuse(e.to_string()))?;
+        if !m.is_dir() {
+            return Err(refuse("not a directory".into()));
+        }
+        if m.uid() != 0 || m.mode() & 0o022 != 0 {
+            return Err(refuse(format!(
+                "owned by uid {} with mode {:04o}: only root may write where pins are trusted",
+                m.uid(),
+                m.mode() & 0o7777
+            )));
+        }
+        if !crate::sys::bpf::is_bpffs(d).map_err(|e| refuse(e.to_string()))? {
+            return Err(refuse("not on a bpffs".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Loads the iterators and pins them where checks look first
+/// ([`pin_dirs`]): in the system's bpffs where it is mounted, else in a
+/// bpffs mounted (mode 0700) at [`OWN_BPFFS`]. Other builds' pins there
+/// are removed (they would never be opened, only keep their programs
+/// loaded); this build's, when they open, are kept as they are. The
+/// programs stay loaded while pinned, past the caller's exit. Root only.
+pub fn publish() -> Result<PathBuf, IterError> {
+    let publish_err = |path: &Path, e: &dyn std::fmt::Display| IterError::Publish {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let system = Path::new(SYSTEM_BPFFS);
+    let base = if crate::sys::bpf::is_bpffs(system).unwrap_or(false) {
+        let base = system.join("selfheal");
+        private_dir(&base, 0o700).map_err(|e| publish_err(&base, &e))?;
+        base
+    } else {
+        let own = Path::new(OWN_BPFFS);
+        if let Some(run) = own.parent() {
+            private_dir(run, 0o755).map_err(|e| publish_err(run, &e))?;
+        }
+        private_dir(own, 0o700).map_err(|e| publish_err(own, &e))?;
+        if !crate::sys::bpf::is_bpffs(own).map_err(|e| publish_err(own, &e))? {
+            crate::sys::bpf::mount_bpffs(own).map_err(|e| publish_err(own, &e))?;
+        }
+        own.to_path_buf()
+    };
+    let dir = pins_under(&base);
+    let entries = std::fs::read_dir(&base).map_err(|e| publish_err(&base, &e))?;
+    for e in entries.flatten() {
+        let path = e.path();
+        if path != dir && e.file_name().to_string_lossy().starts_with("iter-") {
+            std::fs::remove_dir_all(&path).map_err(|e| publish_err(&path, &e))?;
+        }
+    }
+    if std::fs::symlink_metadata(&dir).is_ok() {
+        if trusted(&dir).is_ok() && TaskIter::open_pinned(&dir).is_ok() {
+            return Ok(dir);
+        }
+        std::fs::remove_dir_all(&dir).map_err(|e| publish_err(&dir, &e))?;
+    }
+    let mut it = load()?;
+    private_dir(&dir, 0o700).map_err(|e| publish_err(&dir, &e))?;
+    it.pin(&dir)?;
+    Ok(dir)
+}
+
+/// `path` as a root-owned directory no one else may write: made with
+/// `mode` where missing; an existing one must already be such.
+fn private_dir(path: &Path, mode: u32) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(mode).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let m = std::fs::symlink_metadata(path)?;
+            if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+                return Err(std::io::Error::other(format!(
+                    "exists, but is not a directory only root may write (uid {}, mode {:04o})",
+                    m.uid(),
+                    m.mode() & 0o7777
+                )));
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }

@@ -82,7 +82,7 @@ fn summary(attempts: &[Attempt]) -> String {
 }
 
 /// Formats an error with its chain of sources, `outer: inner: root`.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

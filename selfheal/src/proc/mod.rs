@@ -145,7 +145,7 @@ pub fn process_in(
 pub fn process_iterated(
     root: &ProcRoot,
     pid: u32,
-    pass: &crate::ebpf::iter::IterProcess,
+    pass: &selfheal_core::ebpf::iter::IterProcess,
     detail: Detail,
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,

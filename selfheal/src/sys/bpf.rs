@@ -138,3 +138,23 @@ pub fn prog_info(prog: BorrowedFd<'_>) -> std::io::Result<ProgInfo> {
         tag,
     })
 }
+
+/// Whether `path` is the root of (or lies in) a bpffs mount.
+pub fn is_bpffs(path: &Path) -> std::io::Result<bool> {
+    let s = nix::sys::statfs::statfs(path).map_err(std::io::Error::from)?;
+    Ok(s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// Mounts a bpffs at `path` (a directory), its root mode 0700: only root
+/// reaches what is pinned there.
+pub fn mount_bpffs(path: &Path) -> std::io::Result<()> {
+    use nix::mount::MsFlags;
+    nix::mount::mount(
+        Some("bpf"),
+        path,
+        Some("bpf"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0700"),
+    )
+    .map_err(std::io::Error::from)
+}

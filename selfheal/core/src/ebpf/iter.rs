@@ -11,6 +11,14 @@ use selfheal_common::{
 /// every Linux architecture selfheal runs on).
 const NS_PER_TICK: u64 = 10_000_000;
 
+/// What one pass read of one process: its threads, in the order the
+/// kernel walks them, and `(fd, inode)` of every socket it holds, sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IterProcess {
+    pub threads: Vec<IterThread>,
+    pub sockets: Vec<(i32, u64)>,
+}
+
 /// One thread, as the task iterator read it from its `task_struct`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IterThread {
