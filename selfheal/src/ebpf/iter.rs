@@ -375,16 +375,7 @@ fn trusted(dir: &Path) -> Result<(), IterError> {
             reason,
         };
         let m = std::fs::symlink_metadata(d).map_err(|e| refuse(e.to_string()))?;
-        if !m.is_dir() {
-            return Err(refuse("not a directory".into()));
-        }
-        if m.uid() != 0 || m.mode() & 0o022 != 0 {
-            return Err(refuse(format!(
-                "owned by uid {} with mode {:04o}: only root may write where pins are trusted",
-                m.uid(),
-                m.mode() & 0o7777
-            )));
-        }
+        root_only_dir(&m).map_err(refuse)?;
         if !crate::sys::bpf::is_bpffs(d).map_err(|e| refuse(e.to_string()))? {
             return Err(refuse("not on a bpffs".into()));
         }
@@ -446,15 +437,24 @@ fn private_dir(path: &Path, mode: u32) -> std::io::Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let m = std::fs::symlink_metadata(path)?;
-            if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
-                return Err(std::io::Error::other(format!(
-                    "exists, but is not a directory only root may write (uid {}, mode {:04o})",
-                    m.uid(),
-                    m.mode() & 0o7777
-                )));
-            }
-            Ok(())
+            root_only_dir(&m).map_err(|why| std::io::Error::other(format!("exists, but {why}")))
         }
         Err(e) => Err(e),
     }
+}
+
+/// Whether `m` is a directory (not a symlink) owned by root that no one
+/// else may write: the only kind pins are made in or trusted from.
+fn root_only_dir(m: &std::fs::Metadata) -> Result<(), String> {
+    if !m.is_dir() {
+        return Err("is not a directory".into());
+    }
+    if m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "is owned by uid {} with mode {:04o}: only root may write where pins live",
+            m.uid(),
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
