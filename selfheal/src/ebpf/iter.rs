@@ -349,8 +349,16 @@ pub fn load() -> Result<TaskIter, IterError> {
 /// that exists, after checking that it is a bpffs directory only root
 /// can write (as is its parent); and where they came from.
 pub fn open_published() -> Result<(TaskIter, PathBuf), IterError> {
-    let dirs = pin_dirs();
-    for dir in &dirs {
+    open_first(&pin_dirs())
+}
+
+/// Opens the pinned iterators in the first of `dirs` that exists, after
+/// checking that it is a bpffs directory only root can write (as is its
+/// parent): the rule [`open_published`] applies to [`pin_dirs`]. A first
+/// directory that exists but is not trusted is refused, never skipped
+/// for the next.
+pub fn open_first(dirs: &[PathBuf]) -> Result<(TaskIter, PathBuf), IterError> {
+    for dir in dirs {
         if std::fs::symlink_metadata(dir).is_err() {
             continue;
         }
@@ -390,10 +398,6 @@ fn trusted(dir: &Path) -> Result<(), IterError> {
 /// loaded); this build's, when they open, are kept as they are. The
 /// programs stay loaded while pinned, past the caller's exit. Root only.
 pub fn publish() -> Result<PathBuf, IterError> {
-    let publish_err = |path: &Path, e: &dyn std::fmt::Display| IterError::Publish {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    };
     let system = Path::new(SYSTEM_BPFFS);
     let base = if crate::sys::bpf::is_bpffs(system).unwrap_or(false) {
         let base = system.join("selfheal");
@@ -410,8 +414,16 @@ pub fn publish() -> Result<PathBuf, IterError> {
         }
         own.to_path_buf()
     };
-    let dir = pins_under(&base);
-    let entries = std::fs::read_dir(&base).map_err(|e| publish_err(&base, &e))?;
+    pin_in(&base)
+}
+
+/// Pins this build's iterators in `base/iter-<object hash>` and returns
+/// that directory; `base` must be a root-only directory on a bpffs. Other
+/// builds' `iter-*` there are removed; this build's, when trusted and
+/// they open, are kept. Root only.
+pub fn pin_in(base: &Path) -> Result<PathBuf, IterError> {
+    let dir = pins_under(base);
+    let entries = std::fs::read_dir(base).map_err(|e| publish_err(base, &e))?;
     for e in entries.flatten() {
         let path = e.path();
         if path != dir && e.file_name().to_string_lossy().starts_with("iter-") {
@@ -428,6 +440,14 @@ pub fn publish() -> Result<PathBuf, IterError> {
     private_dir(&dir, 0o700).map_err(|e| publish_err(&dir, &e))?;
     it.pin(&dir)?;
     Ok(dir)
+}
+
+/// Making or filling the pins directory `path` failed.
+fn publish_err(path: &Path, e: &dyn std::fmt::Display) -> IterError {
+    IterError::Publish {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
 }
 
 /// `path` as a root-owned directory no one else may write: made with

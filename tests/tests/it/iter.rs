@@ -2,7 +2,9 @@
 //! a real process: the same threads, each with the same name, state, CPU
 //! it last ran on, `se.exec_start`, and the same syscall on the same fd;
 //! the same sockets; a spinning thread with its CPU time; a process gone
-//! before its walk yields nothing or an error, never another's threads.
+//! before its walk yields nothing or an error, never another's threads;
+//! pins opened only from a bpffs directory root alone can write, and
+//! refused from every other an attacker could arrange.
 //!
 //! Needs root and the eBPF object.
 
@@ -221,4 +223,135 @@ fn cpu_time_is_the_threads() {
         "procfs {ticks} ticks, iterator {}",
         me.cpu_ticks()
     );
+}
+
+/// A bpffs mounted (mode 0700) at `root/bpf` under a root-only scratch
+/// directory, unmounted on drop.
+struct Bpffs {
+    _scratch: tests::TempDir,
+    base: std::path::PathBuf,
+}
+
+impl Bpffs {
+    fn new(tag: &str) -> Bpffs {
+        use std::os::unix::fs::PermissionsExt as _;
+        let scratch = tests::TempDir::new(tag);
+        std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o700))
+            .expect("chmod scratch");
+        let base = scratch.0.join("bpf");
+        std::fs::create_dir(&base).expect("mkdir bpf");
+        selfheal::sys::bpf::mount_bpffs(&base).expect("mount a bpffs");
+        Bpffs {
+            _scratch: scratch,
+            base,
+        }
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.base, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// The refusal `open_first` gives for `dirs`, which must be one.
+fn refusal(dirs: &[std::path::PathBuf]) -> String {
+    match iter::open_first(dirs) {
+        Ok((_, from)) => panic!("opened pins from {} that should be refused", from.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A check links only pins that root alone could have put there: pins in
+/// a root-only bpffs directory open and walk; the same pins behind a
+/// directory (or parent) that a group or others may write, or one owned
+/// by another user, or reached by a symlink, or files of the same names
+/// off a bpffs, or programs under each other's names, are refused, and a
+/// refused first directory is never skipped for the next.
+#[test]
+fn pins_are_trusted_only_from_a_root_only_bpffs() {
+    let _area = tests::area(module_path!());
+    if !need_ebpf("iter::pins_are_trusted_only_from_a_root_only_bpffs") {
+        return;
+    }
+    let fs = Bpffs::new("pins");
+    let dir = iter::pin_in(&fs.base).expect("pin in a root-only bpffs");
+    assert!(dir.starts_with(&fs.base), "{}", dir.display());
+    let dirs = [dir.clone()];
+    let me = std::process::id();
+    {
+        let (mut it, from) = iter::open_first(&dirs).expect("open trusted pins");
+        assert_eq!(from, dir);
+        let pass = it
+            .process(pidfd_open(me).expect("pidfd").as_fd())
+            .expect("a pass through the pins");
+        assert!(!pass.threads.is_empty() && pass.threads.iter().all(|t| t.tgid == me));
+    }
+    // Pinning again keeps the same, working pins.
+    assert_eq!(iter::pin_in(&fs.base).expect("pin again"), dir);
+
+    // Writable by a group or by others, the pins' directory or its parent.
+    for (path, mode, restore) in [
+        (&dir, 0o770, 0o700),
+        (&dir, 0o703, 0o700),
+        (&fs.base, 0o777, 0o700),
+        (&fs.base, 0o1777, 0o700),
+    ] {
+        chmod(path, mode);
+        let why = refusal(&dirs);
+        chmod(path, restore);
+        assert!(
+            why.contains(&format!("mode {mode:04o}")) && why.contains(&path.display().to_string()),
+            "{}, mode {mode:04o}: {why}",
+            path.display()
+        );
+    }
+    // Owned by a user.
+    std::os::unix::fs::chown(&dir, Some(65534), None).expect("chown");
+    let why = refusal(&dirs);
+    std::os::unix::fs::chown(&dir, Some(0), None).expect("chown back");
+    assert!(why.contains("owned by uid 65534"), "{why}");
+
+    // A symlink to the trusted pins.
+    let links = tests::TempDir::new("pin-links");
+    chmod(&links.0, 0o700);
+    let link = links.0.join("iter-link");
+    std::os::unix::fs::symlink(&dir, &link).expect("symlink");
+    let why = refusal(std::slice::from_ref(&link));
+    assert!(why.contains("is not a directory"), "{why}");
+
+    // Files of the pins' names in a root-only directory that is no bpffs.
+    let fake = links.0.join("iter-fake");
+    std::fs::create_dir(&fake).expect("mkdir");
+    chmod(&fake, 0o700);
+    for name in [iter::TASK_PROGRAM, iter::FILE_PROGRAM] {
+        std::fs::write(fake.join(name), b"").expect("write");
+    }
+    let why = refusal(std::slice::from_ref(&fake));
+    assert!(why.contains("not on a bpffs"), "{why}");
+
+    // The first directory refused, a trusted second one is not tried.
+    let why = refusal(&[fake.clone(), dir.clone()]);
+    assert!(why.contains("not on a bpffs"), "{why}");
+
+    // The two programs under each other's names.
+    let task = dir.join(iter::TASK_PROGRAM);
+    let file = dir.join(iter::FILE_PROGRAM);
+    let swap = dir.join("swap");
+    std::fs::rename(&task, &swap).expect("rename");
+    std::fs::rename(&file, &task).expect("rename");
+    std::fs::rename(&swap, &file).expect("rename");
+    let why = refusal(&dirs);
+    assert!(
+        why.contains(&format!("not the iterator {}", iter::TASK_PROGRAM)),
+        "{why}"
+    );
+    // The helper's pinning replaces what it does not trust.
+    assert_eq!(iter::pin_in(&fs.base).expect("pin over"), dir);
+    iter::open_first(&dirs).expect("the pins made again open");
 }
