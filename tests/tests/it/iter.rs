@@ -3,6 +3,7 @@
 //! it last ran on, `se.exec_start`, and the same syscall on the same fd;
 //! the same sockets; a spinning thread with its CPU time; a process gone
 //! before its walk yields nothing or an error, never another's threads;
+//! the collector's evidence and the judge's verdict equal either way;
 //! pins opened only from a bpffs directory root alone can write, and
 //! refused from every other an attacker could arrange.
 //!
@@ -354,4 +355,199 @@ fn pins_are_trusted_only_from_a_root_only_bpffs() {
     // The helper's pinning replaces what it does not trust.
     assert_eq!(iter::pin_in(&fs.base).expect("pin over"), dir);
     iter::open_first(&dirs).expect("the pins made again open");
+}
+
+/// Every pid under `root` (itself first), from `/proc/PID/task/*/children`.
+fn tree(root: u32) -> Vec<u32> {
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() && out.len() < 64 {
+        let pid = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// A process as both readers must agree on it: what varies with the
+/// moment it is read (CPU ticks, how long each thread has waited) left out.
+fn steady(p: &selfheal_core::proc::ProcessInfo) -> selfheal_core::proc::ProcessInfo {
+    let mut p = p.clone();
+    for t in &mut p.threads {
+        t.cpu_ticks = 0;
+        t.idle_ms = None;
+        if let Some(r) = &mut t.recv {
+            r.idle_ms = None;
+        }
+        if let Some(w) = &mut t.wait {
+            w.idle_ms = None;
+        }
+    }
+    p
+}
+
+/// The same agents read by the task iterators and by procfs give the same
+/// evidence and the same judgement: threads blocked in reads, an event
+/// loop in `epoll_wait`, a `poll` on a socket set, zombies, all silent on a
+/// provider; each thread's wait age within the time between the two reads.
+#[test]
+fn both_readers_give_the_same_evidence_and_judgement() {
+    use selfheal::inspect::{CollectOptions, Collector, Target};
+    use selfheal_core::{
+        config::Config,
+        inspect,
+        judge::{self, AgentHistory},
+        model::SocketRole,
+        proc::Detail,
+    };
+    let _area = tests::area(module_path!());
+    if !need_ebpf("iter::both_readers_give_the_same_evidence_and_judgement") {
+        return;
+    }
+    let l = listener();
+    let provider = l.local_addr().unwrap();
+    let addr = provider.to_string();
+    let fat = Peer::recv_peer(&["fat", &addr, "4", "3"]);
+    fat.expect("ready ", Duration::from_secs(10));
+    let mut event_loop = Peer::recv_peer(&["tokio-client", &addr]);
+    event_loop.ready();
+    event_loop.tell("go");
+    let limits = Peer::recv_peer(&["limits", "6", "4", "2", "8"]);
+    limits.expect("ready ", Duration::from_secs(10));
+    let agents = [fat.pid(), event_loop.pid(), limits.pid()];
+    let pids: Vec<u32> = agents.iter().flat_map(|&p| tree(p)).collect();
+
+    let cfg = Config::parse(
+        &format!(
+            "[[agent]]\nname = \"both\"\nmatch = {{ pid = {} }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\n",
+            fat.pid()
+        ),
+        std::path::Path::new("both.toml"),
+    )
+    .expect("config");
+    let agent = &cfg.agents[0];
+    let target = || Target {
+        agent: Some("both".into()),
+        rule: format!("pid={}", fat.pid()),
+        roots: agents.to_vec(),
+        pids: pids.clone(),
+        problem: None,
+        upstream_of: Box::new(move |a| (a == provider).then_some((SocketRole::Provider, 0))),
+        upstreams: vec![addr.clone()],
+        containers: Vec::new(),
+        container_gaps: Vec::new(),
+    };
+    // Every thread asleep, and silent past the provider's suspect_after.
+    let settled = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        let all_asleep = pids.iter().all(|&p| {
+            std::fs::read_dir(format!("/proc/{p}/task"))
+                .map(|ts| {
+                    ts.flatten().all(|t| {
+                        let stat =
+                            std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                        let state = stat
+                            .rsplit_once(')')
+                            .and_then(|(_, r)| r.trim().chars().next());
+                        matches!(state, Some('S' | 'Z'))
+                    })
+                })
+                .unwrap_or(false)
+        });
+        all_asleep.then_some(())
+    });
+    assert!(settled.is_some(), "the agents never settled asleep");
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let opts = CollectOptions {
+        no_ebpf: true,
+        detail: Detail::Light,
+        load_iterators: true,
+        ..CollectOptions::default()
+    };
+    let read = |iterators: bool| {
+        let mut c = Collector::new(&opts, &pids);
+        if !iterators {
+            c.without_iterators("the procfs side of the comparison");
+        }
+        let began = std::time::Instant::now();
+        let ev = c.collect(&target());
+        (ev, began)
+    };
+    let (by_iter, t0) = read(true);
+    let (by_procfs, t1) = read(false);
+    let between = t1.duration_since(t0).as_millis() as u64 + 50;
+
+    assert_eq!(
+        (by_iter.collection.iterators, by_iter.collection.procfs),
+        (pids.len(), 0),
+        "{:?}",
+        by_iter.collection
+    );
+    assert_eq!(
+        (by_procfs.collection.iterators, by_procfs.collection.procfs),
+        (0, pids.len()),
+        "{:?}",
+        by_procfs.collection
+    );
+    assert_eq!(by_iter.gone, by_procfs.gone);
+    assert_eq!(by_iter.processes.len(), pids.len());
+    for (a, b) in by_iter.processes.iter().zip(&by_procfs.processes) {
+        assert_eq!(
+            steady(a),
+            steady(b),
+            "iterators (left) against procfs (right)"
+        );
+        for (ta, tb) in a.threads.iter().zip(&b.threads) {
+            assert!(
+                ta.cpu_ticks.abs_diff(tb.cpu_ticks) <= 2,
+                "thread {}: {} against {} ticks",
+                ta.tid,
+                ta.cpu_ticks,
+                tb.cpu_ticks
+            );
+            match (ta.idle_ms, tb.idle_ms) {
+                (Some(x), Some(y)) => assert!(
+                    y >= x.saturating_sub(50) && y <= x + between,
+                    "thread {}: waited {x} ms by the iterators, {y} ms by procfs \
+                     ({between} ms apart)",
+                    ta.tid
+                ),
+                (x, y) => assert_eq!(x, y, "thread {}'s wait age", ta.tid),
+            }
+        }
+    }
+    let waiting = |ev: &selfheal_core::inspect::Evidence| {
+        ev.processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter(|t| t.recv.is_some() || t.wait.is_some())
+            .count()
+    };
+    assert!(waiting(&by_iter) >= 6, "too few waits to compare");
+
+    let now_ms = selfheal::sys::clock::boot_ns() / 1_000_000;
+    let verdict = |ev: &selfheal_core::inspect::Evidence| {
+        let (j, _) = judge::judge(
+            agent,
+            &inspect::build(ev),
+            &[],
+            &AgentHistory::default(),
+            now_ms,
+        );
+        let codes: Vec<_> = j.reasons.iter().map(|r| (r.code, r.verdict)).collect();
+        (j.verdict, codes)
+    };
+    assert_eq!(verdict(&by_iter), verdict(&by_procfs));
 }
