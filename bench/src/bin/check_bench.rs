@@ -8,11 +8,14 @@
 //! `--sockets` TCP connections each, at 10 and then the full count, so the
 //! growth shows. Prints medians of `--runs`, ratios and selfheal's peak RSS.
 //!
-//! Beside `check`, in alternation with it, the C floor
-//! (`bench/src/diag_floor.c`, compiled here with `cc`): each agent thread's
-//! `stat` and `wchan` and one sock_diag dump with `tcp_info`, the least that
-//! sees what `check` sees. Prints check's ratio to it and check's user and
-//! system CPU time (the child's rusage).
+//! Beside `check`, in alternation with it, `check --no-iterators` (every
+//! thread from procfs) and the C floor (`bench/src/diag_floor.c`, compiled
+//! here with `cc`): each agent thread's `stat` and `wchan` and one
+//! sock_diag dump with `tcp_info`, the least that sees what `check` sees
+//! through procfs. `check` reads the threads through the kernel's task
+//! iterators, which the bench pins first as the helper does. Prints each
+//! one's ratio to the floor and its user and system CPU time (the child's
+//! rusage).
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -98,39 +101,81 @@ fn main() {
         (ps + ss) * 1e3
     );
     let floor = build_floor(&work);
+    // The task iterators pinned as the helper pins them; a check opens them.
+    match selfheal::ebpf::iter::publish()
+        .and_then(|_| selfheal::ebpf::iter::open_published().map(|(_, from)| from))
+    {
+        Ok(from) => println!("  task iterators pinned in {}", from.display()),
+        Err(e) => println!(
+            "  no task iterators ({}): `check` reads procfs as `--no-iterators` does",
+            selfheal::ebpf::chain(&e)
+        ),
+    }
+    let mut grows = Vec::new();
     for n in [10.min(agents), agents] {
         let config = write_config(&work, &pids[..n], None);
-        // The check and the C floor alternate, so both see the same machine.
-        let mut checks = Vec::new();
-        let mut floors = Vec::new();
+        // The checks and the C floor alternate, so all see the same machine.
+        let (mut iterated, mut procfs, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            checks.push(timed_usage(&mut check_cmd(&selfheal, &config, &work)));
+            iterated.push(timed_usage(&mut check_cmd(&selfheal, &config, &work)));
+            procfs.push(timed_usage(
+                check_cmd(&selfheal, &config, &work).arg("--no-iterators"),
+            ));
             if let Some(bin) = &floor {
                 let mut cmd = Command::new(bin);
                 cmd.args(pids[..n].iter().map(u32::to_string));
                 floors.push(timed_usage(&mut cmd));
             }
         }
-        let (t, user, sys) = medians(&checks);
-        let rss = checks.iter().map(|u| u.max_rss).max().unwrap_or(0);
-        println!(
-            "  selfheal check, {n:>3} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms)  ratio {:.2} to ps + ss (goal <= 0.25 at {agents})  peak RSS {:.1} MiB",
-            t * 1e3,
-            user * 1e3,
-            sys * 1e3,
-            t / (ps + ss),
-            rss as f64 / 1024.0
-        );
-        if !floors.is_empty() {
-            let (f, fuser, fsys) = medians(&floors);
+        let f = (!floors.is_empty()).then(|| medians(&floors));
+        if let Some((f, fuser, fsys)) = f {
             println!(
-                "  C floor (each thread's stat + wchan, one sock_diag dump), {n:>3} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms); check / floor {:.2} (goal <= 0.90, check's user < 10 ms, at {agents})",
+                "  C floor (each thread's stat + wchan, one sock_diag dump), {n:>4} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms)",
                 f * 1e3,
                 fuser * 1e3,
                 fsys * 1e3,
-                t / f
             );
         }
+        for (what, runs, goal) in [
+            ("selfheal check", &iterated, "goal <= 0.25, user < 10 ms"),
+            (
+                "selfheal check --no-iterators",
+                &procfs,
+                "procfs, for comparison",
+            ),
+        ] {
+            let (t, user, sys) = medians(runs);
+            let rss = runs.iter().map(|u| u.max_rss).max().unwrap_or(0);
+            let to_floor = f.map_or_else(
+                || "no C floor".into(),
+                |(f, ..)| format!("{:.2} x the C floor", t / f),
+            );
+            println!(
+                "  {what}, {n:>4} agents: {:>7.1} ms (user {:.1} ms, sys {:.1} ms)  {to_floor} ({goal} at {agents}); {:.2} x ps + ss; peak RSS {:.1} MiB",
+                t * 1e3,
+                user * 1e3,
+                sys * 1e3,
+                t / (ps + ss),
+                rss as f64 / 1024.0
+            );
+        }
+        let (ti, ..) = medians(&iterated);
+        let (tp, ..) = medians(&procfs);
+        println!("  iterators / procfs, {n:>4} agents: {:.2}", ti / tp);
+        grows.push((n, ti, tp, f.map(|(f, ..)| f)));
+    }
+    if let [(n0, i0, p0, f0), (n1, i1, p1, f1)] = grows[..]
+        && n1 > n0
+    {
+        let per = |a: f64, b: f64| (b - a) / (n1 - n0) as f64 * 1e3;
+        let floor = f0.zip(f1).map_or_else(String::new, |(a, b)| {
+            format!(", C floor {:.2} ms", per(a, b))
+        });
+        println!(
+            "  growth per agent from {n0} to {n1}: check {:.2} ms, --no-iterators {:.2} ms{floor}",
+            per(i0, i1),
+            per(p0, p1),
+        );
     }
     // One HTTP probe per agent, concurrently, against curl one at a time.
     for n in [10.min(agents), agents] {
