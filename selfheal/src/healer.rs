@@ -569,6 +569,22 @@ impl HelperHealer {
 /// check's [`HelperHealer`] uses.
 pub struct HelperTracer(pub SharedClient);
 
+/// The helper's task iterators, for a check that may not link them: one
+/// `iterate` request per collection, on the check's connection.
+struct HelperPasses(SharedClient);
+
+impl crate::inspect::PassSource for HelperPasses {
+    fn iterate(&mut self, pids: &[u32]) -> Result<selfheal_core::protocol::IterateResult, String> {
+        let mut client = self
+            .0
+            .lock()
+            .map_err(|_| "helper client poisoned".to_string())?;
+        client
+            .iterate(pids)
+            .map_err(|e| format!("the helper's task iterators: {e}"))
+    }
+}
+
 impl crate::check::TracerSource for HelperTracer {
     fn snapshot(
         &mut self,
@@ -593,5 +609,9 @@ impl crate::check::TracerSource for HelperTracer {
         // A gap in the report of the agent whose pid it is.
         snapshot.refused = refused;
         Ok((snapshot, since))
+    }
+
+    fn passes(&self) -> Option<Box<dyn crate::inspect::PassSource>> {
+        Some(Box::new(HelperPasses(self.0.clone())))
     }
 }

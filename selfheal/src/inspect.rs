@@ -5,9 +5,10 @@
 //! ([`selfheal_core::inspect::render`]) are the core's.
 //!
 //! Each process's threads and socket fds are read by the first reader
-//! that can: the kernel's task iterators (one walk of each per process,
-//! for root, at minimal or light detail; [`crate::ebpf::iter`]), then
-//! procfs. The evidence is the same either way;
+//! that can, at minimal or light detail: the kernel's task iterators (one
+//! walk of each per process; [`crate::ebpf::iter`]), linked here for root,
+//! run by the helper for anyone else ([`PassSource`]: the pids the caller
+//! may query); then procfs. The evidence is the same either way;
 //! [`selfheal_core::inspect::Collection`] says which read how many, and
 //! why procfs did where it did.
 
@@ -21,9 +22,10 @@ use std::{
 };
 
 use selfheal_core::{
-    ebpf::{TracerSnapshot, strategy::Strategy},
+    ebpf::{TracerSnapshot, iter::IterProcess, strategy::Strategy},
     model::SocketRole,
     proc::{Detail, TaskClocks},
+    protocol::IterateResult,
     runtime::Identity,
 };
 
@@ -32,6 +34,13 @@ use crate::{
     proc,
     sys::{procfs::ProcRoot, sockdiag},
 };
+
+/// Passes of the task iterators run elsewhere (the helper's), for a
+/// collector that may not link them itself.
+pub trait PassSource {
+    /// One pass over each of `pids` that may be read, or why there is none.
+    fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, String>;
+}
 
 /// What to inspect: an agent's processes, or one process and its descendants.
 pub struct Target {
@@ -104,8 +113,13 @@ pub struct Collector {
     reader: crate::sys::memread::Reader,
     /// The procfs the processes are read under.
     proc: ProcRoot,
-    /// Why the task iterators are not tried, if they are not.
+    /// Why the task iterators are not linked here, if they are not.
     iterators_off: Option<String>,
+    /// Whether that is because they were turned off (`--no-iterators`):
+    /// then not even the helper's passes are asked for.
+    iterators_asked_off: bool,
+    /// Where passes come from when they are not linked here.
+    passes: Option<Box<dyn PassSource>>,
     /// Load them where none are pinned.
     load_iterators: bool,
 }
@@ -136,6 +150,8 @@ impl Collector {
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
             iterators_off: iterators_off(opts.no_iterators.clone()),
+            iterators_asked_off: opts.no_iterators.is_some(),
+            passes: None,
             load_iterators: opts.load_iterators,
         }
     }
@@ -173,6 +189,8 @@ impl Collector {
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
             iterators_off: iterators_off(None),
+            iterators_asked_off: false,
+            passes: None,
             load_iterators: false,
         }
     }
@@ -190,6 +208,13 @@ impl Collector {
     /// for `why`.
     pub fn without_iterators(&mut self, why: &str) {
         self.iterators_off = Some(why.to_string());
+        self.iterators_asked_off = true;
+    }
+
+    /// Asks `source` for the passes of the task iterators where this
+    /// process may not link them itself (not root).
+    pub fn passes_from(&mut self, source: Box<dyn PassSource>) {
+        self.passes = Some(source);
     }
 
     /// Loads the task iterators where none are pinned
@@ -224,6 +249,14 @@ impl Collector {
         let (mut unread_processes, mut unread_zombies) = (0, BTreeMap::new());
         let mut zombies = 0;
         let mut collection = Collection::default();
+        // Not linked here (and not turned off): the helper's passes, in one
+        // request for the target's pids.
+        let passes = match (&self.iterators_off, self.passes.as_mut()) {
+            (Some(_), Some(source)) if !self.iterators_asked_off && detail != Detail::Full => {
+                Some(source.iterate(&target.pids).map(HelperPasses::from))
+            }
+            _ => None,
+        };
         for &pid in &target.pids {
             if access.over || std::time::Instant::now() >= access.deadline {
                 access.over = true;
@@ -254,6 +287,43 @@ impl Collector {
             let read = if detail == Detail::Full {
                 collection.procfs_for(FULL_IS_PROCFS);
                 proc::process_in(&self.proc, pid, detail, clocks, &mut access)
+            } else if let Some(passes) = &passes {
+                match passes.as_ref().map(|p| p.of(pid)) {
+                    Ok(HelperPass::Read(start, pass)) => {
+                        collection.iterators += 1;
+                        collection.iterators_from = Some("helper".into());
+                        // The pass is of the process the helper pinned; a
+                        // pid reused since is another process: gone.
+                        match proc::process_iterated(
+                            &self.proc,
+                            pid,
+                            pass,
+                            detail,
+                            clocks,
+                            &mut access,
+                        ) {
+                            Ok(p) if p.start_ticks != *start => {
+                                gone.push(pid);
+                                continue;
+                            }
+                            read => read,
+                        }
+                    }
+                    Ok(HelperPass::Gone) => {
+                        gone.push(pid);
+                        continue;
+                    }
+                    Ok(HelperPass::Refused) => {
+                        collection.procfs_for(
+                            "the helper ran no task iterators on it (this user may not query it)",
+                        );
+                        proc::process_in(&self.proc, pid, detail, clocks, &mut access)
+                    }
+                    Err(why) => {
+                        collection.procfs_for(why);
+                        proc::process_in(&self.proc, pid, detail, clocks, &mut access)
+                    }
+                }
             } else if let Some(why) = &self.iterators_off {
                 collection.procfs_for(why);
                 proc::process_in(&self.proc, pid, detail, clocks, &mut access)
@@ -390,6 +460,43 @@ fn iterators_off(off: Option<String>) -> Option<String> {
             None
         }
     })
+}
+
+/// The helper's passes of one request, by pid.
+struct HelperPasses {
+    passes: BTreeMap<u32, (u64, IterProcess)>,
+    gone: BTreeSet<u32>,
+}
+
+impl From<IterateResult> for HelperPasses {
+    fn from(r: IterateResult) -> Self {
+        HelperPasses {
+            passes: r
+                .processes
+                .into_iter()
+                .map(|p| (p.pid, (p.start_ticks, p.pass)))
+                .collect(),
+            gone: r.gone.into_iter().collect(),
+        }
+    }
+}
+
+/// What the helper's passes hold of one pid.
+enum HelperPass<'a> {
+    Read(&'a u64, &'a IterProcess),
+    Gone,
+    /// Refused, or not in the answer.
+    Refused,
+}
+
+impl HelperPasses {
+    fn of(&self, pid: u32) -> HelperPass<'_> {
+        match self.passes.get(&pid) {
+            Some((start, pass)) => HelperPass::Read(start, pass),
+            None if self.gone.contains(&pid) => HelperPass::Gone,
+            None => HelperPass::Refused,
+        }
+    }
 }
 
 /// Why one process was not walked by the iterators.

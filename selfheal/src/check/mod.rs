@@ -57,6 +57,12 @@ pub trait TracerSource {
     /// Watches `pids` (from now on, if not yet) and returns the tracer's
     /// picture of them, with since when they are all watched.
     fn snapshot(&mut self, pids: &[u32]) -> Result<(TracerSnapshot, Option<u64>), String>;
+
+    /// Where the task iterators' passes come from for a check that may
+    /// not link them itself (the helper), if anywhere.
+    fn passes(&self) -> Option<Box<dyn crate::inspect::PassSource>> {
+        None
+    }
 }
 
 /// Who performs healing steps: the privileged helper, or this process
@@ -148,7 +154,13 @@ pub fn run(
         .flat_map(|t| t.pids.iter().copied())
         .collect();
     let mut collector = match tracer {
-        Some(source) => Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail),
+        Some(source) => {
+            let mut c = Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail);
+            if let Some(passes) = source.passes() {
+                c.passes_from(passes);
+            }
+            c
+        }
         None => Collector::new(&opts.collect, &all_pids),
     };
     if let Some(why) = &opts.collect.no_iterators {

@@ -380,6 +380,10 @@ impl check::TracerSource for Answered<'_> {
         self.ok = got.is_ok();
         got
     }
+
+    fn passes(&self) -> Option<Box<dyn selfheal::inspect::PassSource>> {
+        self.inner.passes()
+    }
 }
 
 fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {

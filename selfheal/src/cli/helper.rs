@@ -106,16 +106,14 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
             handle.ebpf().error.as_deref().unwrap_or("unknown reason")
         ),
     }
-    // Root's checks link the pinned task iterators instead of reading
-    // each thread from procfs; without them they read procfs (and say so).
-    if euid == 0 && !args.no_ebpf {
-        match selfheal::ebpf::iter::publish() {
-            Ok(dir) => tracing::info!("helper: task iterators pinned in {}", dir.display()),
-            Err(e) => tracing::warn!(
-                "helper: task iterators not pinned: {}; checks read threads from procfs",
-                selfheal::ebpf::chain(&e)
-            ),
-        }
+    // Root's checks link the pinned task iterators, others' get their
+    // passes from the helper, instead of reading each thread from procfs;
+    // without them they read procfs (and say so).
+    match handle.iterators() {
+        Ok(dir) => tracing::info!("helper: task iterators pinned in {}", dir.display()),
+        Err(e) => tracing::warn!(
+            "helper: task iterators not pinned: {e}; checks read threads from procfs"
+        ),
     }
     tracing::info!(
         "helper: listening on {where_}; policy: {policy_line}; idle timeout: {}",

@@ -26,8 +26,8 @@ use serde_json::Value;
 
 use selfheal_core::ebpf::TracerSnapshot;
 use selfheal_core::protocol::{
-    ActRequest, ErrorCode, HelloResult, Op, Request, Response, SnapshotWire, UnwatchResult,
-    WatchResult,
+    ActRequest, ErrorCode, HelloResult, IterateResult, Op, Request, Response, SnapshotWire,
+    UnwatchResult, WatchResult,
 };
 
 /// The longest response accepted (a snapshot of many sockets is large).
@@ -248,6 +248,17 @@ impl HelperClient {
                 reason,
             })?;
         Ok(SnapshotWithGaps { snapshot, refused })
+    }
+
+    /// One pass of the helper's task iterators over each of `pids` this
+    /// caller may query (the others `refused`, or `gone` to root).
+    pub fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, ClientError> {
+        self.typed(
+            Op::Iterate {
+                pids: pids.to_vec(),
+            },
+            true,
+        )
     }
 
     /// Asks the helper to act; the result is what the action reports. Never

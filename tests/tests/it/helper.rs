@@ -1086,3 +1086,140 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
     let e = audit[0].error.as_ref().unwrap();
     assert!(e.message.contains("pid namespace"), "{e:?}");
 }
+
+/// `iterate` runs the helper's task iterators on the pids the caller may
+/// query and on nothing else: nobody gets its own agent's threads and
+/// sockets (equal to procfs's), and root's agent and a pid that does not
+/// exist only as `refused`; root gets both agents, and the missing pid as
+/// `gone`. A check running as nobody, given the helper's passes, reads its
+/// agent through them ("helper"), with the same evidence procfs gives, and
+/// root's agent from procfs, saying why.
+#[test]
+fn iterate_passes_only_what_the_caller_may_query() {
+    use selfheal::{
+        check::TracerSource as _,
+        inspect::{Collector, Target},
+    };
+    use selfheal_core::proc::Detail;
+    let _area = tests::area(module_path!());
+    if !need_ebpf("helper::iterate_passes_only_what_the_caller_may_query") {
+        return;
+    }
+    const MISSING: u32 = 999_999_999;
+    let dir = TempDir::new("iterate");
+    let (h, _) = start(&dir, |o| {
+        o.ebpf = Some(TracerOptions {
+            strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+            ..TracerOptions::default()
+        });
+    });
+    let l = listener();
+    let addr = l.local_addr().unwrap().to_string();
+    let mut cmd = Command::new(tests::helper_bin("recv-peer"));
+    cmd.args(["fat", &addr, "3", "2"]).uid(NOBODY).gid(NOBODY);
+    let theirs = Peer::spawn(cmd);
+    theirs.expect("ready ", 10 * SEC);
+    let root = Peer::recv_peer(&["fat", &addr, "2", "1"]);
+    root.expect("ready ", 10 * SEC);
+    let (mine, rootp) = (theirs.pid(), root.pid());
+    // Every reader asleep in its read before anything is compared.
+    let asleep = |pid: u32, n: usize| {
+        wait_for(10 * SEC, TICK, || {
+            let in_read = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .ok()?
+                .flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("syscall"))
+                        .is_ok_and(|s| s.starts_with("45 "))
+                })
+                .count();
+            (in_read == n).then_some(())
+        })
+        .is_some()
+    };
+    assert!(asleep(mine, 3) && asleep(rootp, 2), "readers never settled");
+
+    let path = dir.socket();
+    let theirs_seen = as_uid(NOBODY, || {
+        client(&path).iterate(&[mine, rootp, MISSING]).unwrap()
+    });
+    let pids: Vec<u32> = theirs_seen.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![mine], "{theirs_seen:?}");
+    let mut refused = vec![rootp, MISSING];
+    refused.sort_unstable();
+    assert_eq!(theirs_seen.refused, refused);
+    assert!(theirs_seen.gone.is_empty());
+    let pass = &theirs_seen.processes[0];
+    assert_eq!(Some(pass.start_ticks), start_ticks(mine));
+    assert_eq!(pass.pass.threads.len(), 4, "{:?}", pass.pass.threads);
+    assert!(pass.pass.threads.iter().all(|t| t.tgid == mine));
+    let fds = selfheal::proc::socket_fds(&Default::default(), mine).expect("fds");
+    assert_eq!(pass.pass.sockets, fds);
+
+    let root_seen = client(&path).iterate(&[mine, rootp, MISSING]).unwrap();
+    let pids: Vec<u32> = root_seen.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![mine, rootp]);
+    assert_eq!(root_seen.gone, vec![MISSING]);
+    assert!(root_seen.refused.is_empty());
+
+    // A check as nobody, through the helper's passes.
+    let target = || Target {
+        agent: Some("theirs".into()),
+        rule: format!("pid={mine}"),
+        roots: vec![mine, rootp],
+        pids: vec![mine, rootp],
+        problem: None,
+        upstream_of: Box::new(|_| None),
+        upstreams: Vec::new(),
+        containers: Vec::new(),
+        container_gaps: Vec::new(),
+    };
+    let (by_helper, by_procfs) = as_uid(NOBODY, || {
+        let shared = Arc::new(std::sync::Mutex::new(client(&path)));
+        let tracer = selfheal::healer::HelperTracer(shared);
+        let mut c = Collector::from_snapshot(Err("no tracer in this test".into()), Detail::Light);
+        c.passes_from(tracer.passes().expect("the helper's passes"));
+        let by_helper = c.collect(&target());
+        c.without_iterators("the procfs side of the comparison");
+        (by_helper, c.collect(&target()))
+    });
+    let col = &by_helper.collection;
+    assert_eq!(
+        (col.iterators, col.iterators_from.as_deref()),
+        (1, Some("helper")),
+        "{col:?}"
+    );
+    assert_eq!(col.procfs, 1, "{col:?}");
+    assert!(
+        col.why_procfs.iter().any(|w| w.contains("may not query")),
+        "{col:?}"
+    );
+    let of = |ev: &selfheal_core::inspect::Evidence, pid: u32| {
+        let mut p = ev
+            .processes
+            .iter()
+            .find(|p| p.pid == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not read"))
+            .clone();
+        for t in &mut p.threads {
+            t.cpu_ticks = 0;
+            t.idle_ms = None;
+            if let Some(r) = &mut t.recv {
+                r.idle_ms = None;
+            }
+        }
+        p
+    };
+    assert_eq!(of(&by_helper, mine), of(&by_procfs, mine));
+    assert!(
+        of(&by_helper, mine)
+            .threads
+            .iter()
+            .filter(|t| t.recv.is_some())
+            .count()
+            == 3,
+        "{:?}",
+        of(&by_helper, mine)
+    );
+    drop(h);
+}

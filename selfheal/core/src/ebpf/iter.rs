@@ -13,14 +13,14 @@ const NS_PER_TICK: u64 = 10_000_000;
 
 /// What one pass read of one process: its threads, in the order the
 /// kernel walks them, and `(fd, inode)` of every socket it holds, sorted.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IterProcess {
     pub threads: Vec<IterThread>,
     pub sockets: Vec<(i32, u64)>,
 }
 
 /// One thread, as the task iterator read it from its `task_struct`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IterThread {
     /// Thread-group id (the pid).
     pub tgid: u32,

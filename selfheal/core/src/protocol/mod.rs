@@ -22,6 +22,7 @@
 //! {"v":1,"id":8,"op":"watch","pids":[1234,1240]}
 //! {"v":1,"id":9,"op":"unwatch","pids":[1240]}
 //! {"v":1,"id":10,"op":"ebpf_snapshot","pids":[1234]}
+//! {"v":1,"id":12,"op":"iterate","pids":[1234]}
 //! {"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"inode":4242,"agent":"sol","params":{"idle_s":10}}
 //! ```
 //!
@@ -37,12 +38,12 @@
 //! | `watch` | `pids` | adds the pids to the tracer's pid filter: `attached_at_ns`, `watched` \[{`pid`,`since_ns`}\], `gone` [pids that do not exist], `refused` [pids it may not query] |
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` \[pids\]; a pid leaves the filter when no uid wants it any more |
 //! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] |
+//! | `iterate` | `pids` | one pass of the helper's pinned task iterators over each pid: `processes` \[{`pid`, `start_ticks`, `threads` \[{`tgid`, `tid`, `state`, `exit_state`, `runtime_ns`, `syscall`, `arg0`, `arg1`, `exec_start_ns`, `cpu`, `comm`}\], `sockets` \[\[fd, inode\]\]}\], `gone`, `refused`; `unavailable` when the helper has no iterators |
 //! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`? (both for socket actions), `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
 //! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0). A pid the
-//! caller may not query does not fail the request (it did, before issue
-//! 12): it is listed in `refused`, a per-pid gap, and the rest is
-//! answered. To a caller that may not see every process (any but root), a
+//! caller may not query does not fail the request: it is listed in
+//! `refused`, a per-pid gap, and the rest is answered. To a caller that may not see every process (any but root), a
 //! pid that does not exist is `refused` too: the answer never tells
 //! whether another user's pid exists. To root it is `gone` (`watch`) or
 //! contributes nothing (`ebpf_snapshot`).
@@ -139,8 +140,8 @@ mod snapshot;
 
 pub use self::act::{Act, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
-    AttemptWire, Caller, EbpfStatus, HelloResult, Limits, Response, UnwatchResult, WatchResult,
-    WatchedPid, WireError,
+    AttemptWire, Caller, EbpfStatus, HelloResult, IterateResult, IteratedProcess, Limits, Response,
+    UnwatchResult, WatchResult, WatchedPid, WireError,
 };
 pub use self::snapshot::{BlockedWire, SnapshotWire, filter_snapshot};
 
@@ -240,6 +241,10 @@ pub enum Op {
     EbpfSnapshot {
         pids: Vec<u32>,
     },
+    /// One pass of the helper's task iterators over each pid.
+    Iterate {
+        pids: Vec<u32>,
+    },
     Act(ActRequest),
 }
 
@@ -251,6 +256,7 @@ impl Op {
             Op::Watch { .. } => "watch",
             Op::Unwatch { .. } => "unwatch",
             Op::EbpfSnapshot { .. } => "ebpf_snapshot",
+            Op::Iterate { .. } => "iterate",
             Op::Act(_) => "act",
         }
     }
@@ -469,6 +475,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
         "ebpf_snapshot" => Op::EbpfSnapshot {
             pids: pids(fields, id, "ebpf_snapshot")?,
         },
+        "iterate" => Op::Iterate {
+            pids: pids(fields, id, "iterate")?,
+        },
         "act" => {
             let act: ActRequest = fields_of(fields, id, "act")?;
             act.validate(id)?;
@@ -478,7 +487,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
             return Err(ProtoError::bad(
                 some,
                 format!(
-                    "unknown op {:?} (expected hello, watch, unwatch, ebpf_snapshot, act)",
+                    "unknown op {:?} (expected hello, watch, unwatch, ebpf_snapshot, iterate, act)",
                     truncate(other, 40)
                 ),
             ));
@@ -535,7 +544,10 @@ impl Request {
         obj.insert("op".into(), self.op.name().into());
         match &self.op {
             Op::Hello => {}
-            Op::Watch { pids } | Op::Unwatch { pids } | Op::EbpfSnapshot { pids } => {
+            Op::Watch { pids }
+            | Op::Unwatch { pids }
+            | Op::EbpfSnapshot { pids }
+            | Op::Iterate { pids } => {
                 obj.insert("pids".into(), pids.clone().into());
             }
             Op::Act(act) => {

@@ -145,6 +145,29 @@ pub struct WatchedPid {
     pub since_ns: u64,
 }
 
+/// The result of `iterate`: one pass of the task iterators over each pid
+/// the caller may query.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterateResult {
+    pub processes: Vec<IteratedProcess>,
+    /// Requested pids that do not exist (told only to callers that may
+    /// see every process).
+    pub gone: Vec<u32>,
+    /// Requested pids the caller may not query, or that do not exist (a
+    /// caller that may not see every process is not told which).
+    pub refused: Vec<u32>,
+}
+
+/// One process's pass, and which process it was: the pid and its start
+/// time (clock ticks after boot), so a reader can tell a reused pid.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IteratedProcess {
+    pub pid: u32,
+    pub start_ticks: u64,
+    #[serde(flatten)]
+    pub pass: crate::ebpf::iter::IterProcess,
+}
+
 /// The result of `unwatch`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnwatchResult {

@@ -55,11 +55,47 @@ fn requests_round_trip_through_to_line() {
         Op::Watch { pids: vec![1, 2] },
         Op::Unwatch { pids: vec![] },
         Op::EbpfSnapshot { pids: vec![5] },
+        Op::Iterate { pids: vec![7, 9] },
         Op::Act(act),
     ] {
         let req = Request { id: u64::MAX, op };
         assert_eq!(parse_request(&req.to_line()).unwrap(), req);
     }
+}
+
+#[test]
+fn an_iterate_result_round_trips_with_its_threads_and_sockets() {
+    use crate::ebpf::iter::{IterProcess, IterThread};
+    let result = IterateResult {
+        processes: vec![IteratedProcess {
+            pid: 42,
+            start_ticks: 5170,
+            pass: IterProcess {
+                threads: vec![IterThread {
+                    tgid: 42,
+                    tid: 43,
+                    state: 1,
+                    exit_state: 0,
+                    runtime_ns: 12_000_000,
+                    syscall: Some(45),
+                    arg0: 7,
+                    arg1: u64::MAX,
+                    exec_start_ns: 1 << 50,
+                    cpu: 1,
+                    comm: "agent \u{1b}[31m".into(),
+                }],
+                sockets: vec![(7, 4242)],
+            },
+        }],
+        gone: vec![],
+        refused: vec![9],
+    };
+    let wire = serde_json::to_string(&result).unwrap();
+    assert!(wire.contains(r#""sockets":[[7,4242]]"#), "{wire}");
+    assert_eq!(
+        serde_json::from_str::<IterateResult>(&wire).unwrap(),
+        result
+    );
 }
 
 #[test]

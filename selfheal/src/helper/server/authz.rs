@@ -235,8 +235,8 @@ pub(super) fn identity(target: &Pidfd) -> Option<Identity> {
 /// Pids a query may name: (pid, start ticks) of those it may, those that
 /// do not exist (told apart only to callers that may see every process),
 /// and those it may not.
-pub(super) struct Authorized {
-    pub(super) ok: Vec<(u32, u64)>,
+pub(super) struct Authorized<T = (u32, u64)> {
+    pub(super) ok: Vec<T>,
     pub(super) gone: Vec<u32>,
     pub(super) refused: Vec<u32>,
 }
@@ -330,6 +330,23 @@ impl Shared {
         same_ns: bool,
         pids: &[u32],
     ) -> Result<Authorized, WireError> {
+        let Authorized { ok, gone, refused } =
+            self.authorize_query_pinned(caller, same_ns, pids)?;
+        Ok(Authorized {
+            ok: ok.iter().map(|fd| (fd.pid(), fd.start_ticks())).collect(),
+            gone,
+            refused,
+        })
+    }
+
+    /// [`Shared::authorize_query`], with each authorized process pinned by
+    /// its pidfd, for a query that reads the process itself.
+    pub(super) fn authorize_query_pinned(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Authorized<Pidfd>, WireError> {
         self.check_pid_namespace(caller, same_ns)?;
         let mut out = Authorized {
             ok: Vec::new(),
@@ -351,7 +368,7 @@ impl Shared {
                     Ok(fd)
                 });
             match pinned {
-                Ok(fd) => out.ok.push((pid, fd.start_ticks())),
+                Ok(fd) => out.ok.push(fd),
                 Err(e) if e.code == ErrorCode::Gone => out.gone.push(pid),
                 Err(e) if e.code == ErrorCode::Forbidden => out.refused.push(pid),
                 Err(e) => return Err(e),

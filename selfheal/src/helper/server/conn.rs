@@ -448,6 +448,7 @@ fn handle_verified(
         Op::Watch { pids } => shared.watch(&caller, account, same_ns, pids),
         Op::Unwatch { pids } => shared.unwatch(&caller, pids),
         Op::EbpfSnapshot { pids } => shared.snapshot(&caller, same_ns, pids),
+        Op::Iterate { pids } => shared.iterate(&caller, same_ns, pids),
         Op::Act(act) => {
             let r = shared.act(&caller, account, same_ns, act);
             shared.audit(&caller, act, r.as_ref().err(), false);

@@ -356,6 +356,15 @@ impl ServerHandle {
     pub fn ebpf(&self) -> &EbpfStatus {
         &self.stopper.shared.ebpf
     }
+
+    /// Where the task iterators are pinned (root's checks link them; the
+    /// helper answers `iterate` with them), or why they are not.
+    pub fn iterators(&self) -> Result<&std::path::Path, &str> {
+        match &self.stopper.shared.iterators_at {
+            Ok(p) => Ok(p),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 impl Drop for ServerHandle {
@@ -387,6 +396,7 @@ pub fn serve(
             source,
         })?;
     let (tracer, ebpf) = attach(opts.ebpf.as_ref());
+    let (iterators, iterators_at) = queries::pin_iterators(opts.ebpf.is_some());
     let (wake_tx, wake_rx) = UnixStream::pair().map_err(|source| ServerError::Sys {
         action: "create the wake-up pipe",
         source,
@@ -413,6 +423,8 @@ pub fn serve(
             watched: BTreeMap::new(),
         }),
         ebpf,
+        iterators: Mutex::new(iterators),
+        iterators_at,
         rate: RateLimiter {
             limit: opts.rate,
             buckets: Mutex::default(),
@@ -497,6 +509,11 @@ struct Shared {
     executor: Arc<dyn Executor>,
     tracer: Mutex<TracerState>,
     ebpf: EbpfStatus,
+    /// The task iterators the helper pinned, opened from their pins, for
+    /// `iterate`; or why there are none.
+    iterators: Mutex<Result<crate::ebpf::iter::TaskIter, String>>,
+    /// Where they are pinned, or why they are not.
+    iterators_at: Result<std::path::PathBuf, String>,
     rate: RateLimiter,
     audit: Mutex<VecDeque<AuditRecord>>,
     audit_capacity: usize,

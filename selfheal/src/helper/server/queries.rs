@@ -1,17 +1,19 @@
-//! The queries: `hello`, and the eBPF tracer the helper keeps attached
-//! with the requests on it (`watch`, `unwatch`, `ebpf_snapshot`): every
-//! pid authorized first, each owner's share of the pid filter bounded,
-//! and entries of a pid that exited or was reused dropped before anyone
-//! sees them.
+//! The queries: `hello`, the eBPF tracer the helper keeps attached with
+//! the requests on it (`watch`, `unwatch`, `ebpf_snapshot`), and one pass
+//! of the pinned task iterators (`iterate`): every pid authorized first,
+//! each owner's share of the pid filter bounded, entries of a pid that
+//! exited or was reused dropped before anyone sees them, and a pass run
+//! on the pidfd the authorization pinned, so it is of the process that
+//! was authorized.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, os::fd::AsFd as _};
 
 use selfheal_core::{
     owner::Account,
     protocol::{
-        AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, Limits, MAX_PIDS,
-        MAX_REQUEST_BYTES, PROTOCOL_VERSION, UnwatchResult, WatchResult, WatchedPid, WireError,
-        filter_snapshot,
+        AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, IterateResult, IteratedProcess,
+        Limits, MAX_PIDS, MAX_REQUEST_BYTES, PROTOCOL_VERSION, UnwatchResult, WatchResult,
+        WatchedPid, WireError, filter_snapshot,
     },
 };
 use serde_json::Value;
@@ -60,6 +62,29 @@ pub(super) fn attach(opts: Option<&TracerOptions>) -> (Option<Tracer>, EbpfStatu
                 },
             )
         }
+    }
+}
+
+/// Pins the task iterators (root, eBPF on) and opens them from their
+/// pins, as a check does; or why not.
+pub(super) fn pin_iterators(
+    ebpf: bool,
+) -> (
+    Result<crate::ebpf::iter::TaskIter, String>,
+    Result<std::path::PathBuf, String>,
+) {
+    use crate::ebpf::iter;
+    if !ebpf {
+        let off = "eBPF is disabled (--no-ebpf)".to_string();
+        return (Err(off.clone()), Err(off));
+    }
+    if crate::sys::creds::euid() != 0 {
+        let off = "the helper is not root".to_string();
+        return (Err(off.clone()), Err(off));
+    }
+    match iter::publish().and_then(|dir| iter::open_first(std::slice::from_ref(&dir))) {
+        Ok((it, dir)) => (Ok(it), Ok(dir)),
+        Err(e) => (Err(chain(&e)), Err(chain(&e))),
     }
 }
 
@@ -225,6 +250,65 @@ impl Shared {
             }
         }
         Ok(serde_json::to_value(UnwatchResult { unwatched }).unwrap_or(Value::Null))
+    }
+
+    /// One pass of the task iterators over each pid the caller may query,
+    /// on the pidfd its authorization pinned.
+    pub(super) fn iterate(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Value, WireError> {
+        let unavailable =
+            |why: &str| refusal(ErrorCode::Unavailable, format!("no task iterators: {why}"));
+        if let Err(why) = &*lock(&self.iterators) {
+            return Err(unavailable(why));
+        }
+        let (mut processes, mut gone, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+        let mut its = lock(&self.iterators);
+        let it = its.as_mut().map_err(|why| unavailable(why))?;
+        // One pid at a time: its pidfd is held only for its own pass.
+        for &pid in pids {
+            let mut one = self.authorize_query_pinned(caller, same_ns, &[pid])?;
+            gone.append(&mut one.gone);
+            refused.append(&mut one.refused);
+            let Some(fd) = one.ok.pop() else {
+                continue;
+            };
+            let start_ticks = fd.start_ticks();
+            match it.process(fd.as_fd()) {
+                Ok(pass) => processes.push(IteratedProcess {
+                    pid,
+                    start_ticks,
+                    pass,
+                }),
+                Err(crate::ebpf::iter::IterError::Gone) => gone.push(pid),
+                Err(e) => {
+                    return Err(refusal(
+                        ErrorCode::Failed,
+                        format!("the task iterators on pid {pid}: {}", chain(&e)),
+                    ));
+                }
+            }
+        }
+        drop(its);
+        // A caller that may not see every process is not told which of
+        // its pids are gone: as `refused`, like one it may not query.
+        let (gone, refused) = if caller.uid == 0 {
+            (gone, refused)
+        } else {
+            let mut r = refused;
+            r.append(&mut gone);
+            r.sort_unstable();
+            (Vec::new(), r)
+        };
+        let result = IterateResult {
+            processes,
+            gone,
+            refused,
+        };
+        Ok(serde_json::to_value(result).unwrap_or(Value::Null))
     }
 
     pub(super) fn snapshot(
