@@ -239,6 +239,11 @@ impl Collector {
         } else {
             &*self.clocks.get_or_insert_with(proc::task_clocks)
         };
+        // Opening or loading the iterators is not the agent's collection:
+        // done before its budget starts.
+        if self.iterators_off.is_none() && detail != Detail::Full {
+            drop(open_iterators(self.load_iterators));
+        }
         let started = std::time::Instant::now();
         let mut access = proc::MemAccess {
             reader: &mut self.reader,
@@ -511,49 +516,66 @@ enum Walk {
 /// loaded where asked, on first use, and kept, so a `watch` pays for them
 /// once; or why they cannot run (kept once loading failed: a kernel that
 /// refused them once refuses them again).
-static ITERATORS: std::sync::Mutex<Option<Result<(ebpf::iter::TaskIter, &'static str), String>>> =
-    std::sync::Mutex::new(None);
+static ITERATORS: std::sync::Mutex<Option<Iterators>> = std::sync::Mutex::new(None);
+
+/// What this process has of the task iterators.
+enum Iterators {
+    /// Open, and where they came from (`pinned` or `loaded`).
+    Open(ebpf::iter::TaskIter, &'static str),
+    /// None pinned, and not loaded (not asked to): why.
+    NotPinned(String),
+    /// Loading them failed: why.
+    Failed(String),
+}
 
 /// One walk of the task iterators over `pid`, and where they came from;
 /// `load` loads them where none are pinned.
 fn iterate(pid: u32, load: bool) -> Result<(ebpf::iter::IterProcess, &'static str), Walk> {
     use std::os::fd::AsFd as _;
     let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
-    let mut slot = ITERATORS.lock().unwrap_or_else(|e| e.into_inner());
-    if slot.is_none() {
-        let opened = match ebpf::iter::open_published() {
-            Ok((it, _)) => Ok((it, "pinned")),
-            Err(pinned) if !load => {
-                return Err(Walk::Failed(format!(
-                    "{} (the helper pins them), and one check does not load them \
-                     (`watch` does)",
-                    ebpf::chain(&pinned)
-                )));
-            }
-            Err(pinned) => ebpf::iter::load().map(|it| (it, "loaded")).map_err(|e| {
-                format!(
-                    "the kernel's task iterators: {} (and {})",
-                    ebpf::chain(&e),
-                    ebpf::chain(&pinned)
-                )
-            }),
-        };
-        *slot = Some(opened);
-    }
-    let Some(iterators) = slot.as_mut() else {
-        return Err(Walk::Failed("the task iterators are not open".into()));
+    let mut slot = open_iterators(load);
+    let (it, from) = match slot.as_mut() {
+        Some(Iterators::Open(it, from)) => (it, *from),
+        Some(Iterators::NotPinned(why) | Iterators::Failed(why)) => {
+            return Err(Walk::Failed(why.clone()));
+        }
+        None => return Err(Walk::Failed("the task iterators are not open".into())),
     };
-    let (it, from) = iterators
-        .as_mut()
-        .map_err(|why| Walk::Failed(why.clone()))?;
     match it.process(pidfd.as_fd()) {
-        Ok(pass) => Ok((pass, *from)),
+        Ok(pass) => Ok((pass, from)),
         Err(ebpf::iter::IterError::Gone) => Err(Walk::Gone),
         Err(e) => Err(Walk::Failed(format!(
             "the kernel's task iterators: {}",
             ebpf::chain(&e)
         ))),
     }
+}
+
+/// This process's task iterators, opened from the helper's pins on first
+/// use or, with `load`, loaded where none are pinned; or why not. A miss
+/// of the pins is kept (each process is not asked again), until a caller
+/// asks to load.
+fn open_iterators(load: bool) -> std::sync::MutexGuard<'static, Option<Iterators>> {
+    let mut slot = ITERATORS.lock().unwrap_or_else(|e| e.into_inner());
+    let retry = matches!(*slot, Some(Iterators::NotPinned(_))) && load;
+    if slot.is_none() || retry {
+        *slot = Some(match ebpf::iter::open_published() {
+            Ok((it, _)) => Iterators::Open(it, "pinned"),
+            Err(pinned) if !load => Iterators::NotPinned(format!(
+                "{} (the helper pins them), and one check does not load them (`watch` does)",
+                ebpf::chain(&pinned)
+            )),
+            Err(pinned) => match ebpf::iter::load() {
+                Ok(it) => Iterators::Open(it, "loaded"),
+                Err(e) => Iterators::Failed(format!(
+                    "the kernel's task iterators: {} (and {})",
+                    ebpf::chain(&e),
+                    ebpf::chain(&pinned)
+                )),
+            },
+        });
+    }
+    slot
 }
 
 /// A process's state and parent from `/proc/PID/stat` (one small read),

@@ -1,6 +1,7 @@
 //! The VM kernel test (`cargo xtask vm-test`): boots Debian 12's stock kernel
 //! under qemu (TCG) and runs the eBPF integration tests inside it, once per
-//! attach strategy that kernel should support.
+//! attach strategy that kernel should support, and the task iterators'
+//! tests once.
 //!
 //! This module owns every step of that: fetching and caching the kernel
 //! (`target/vm/kernel/`), building the test binaries, packing an initramfs
@@ -34,6 +35,9 @@ use crate::run;
 struct Case {
     name: &'static str,
     env: &'static [(&'static str, &'static str)],
+    /// The case's own test filter, run whatever `--filter` says; `None`:
+    /// the run's filter.
+    filter: Option<&'static str>,
 }
 
 /// Every case runs in the same boot, in this order. Adding a strategy is one
@@ -43,6 +47,7 @@ const CASES: &[Case] = &[
     Case {
         name: "kprobe",
         env: &[("SELFHEAL_EXPECT_STRATEGY", "kprobe")],
+        filter: None,
     },
     Case {
         name: "fentry",
@@ -50,6 +55,15 @@ const CASES: &[Case] = &[
             ("SELFHEAL_FORCE_STRATEGY", "fentry"),
             ("SELFHEAL_EXPECT_STRATEGY", "fentry"),
         ],
+        filter: None,
+    },
+    // The task iterators (`iter/task` linked per process by pidfd, and
+    // `iter/task_file`) on the oldest kernel they need: against procfs,
+    // through the collector, and from pins.
+    Case {
+        name: "iterators",
+        env: &[],
+        filter: Some("iter::"),
     },
 ];
 
@@ -644,7 +658,10 @@ has() { if [ -e "$1" ]; then echo yes; else echo no; fi; }
             .map(|(k, v)| format!("{k}={}", sh_quote(v)));
         let cmd: Vec<String> = std::iter::once("env".to_owned())
             .chain(env)
-            .chain([sh_quote(&test.to_string_lossy()), sh_quote(filter)])
+            .chain([
+                sh_quote(&test.to_string_lossy()),
+                sh_quote(case.filter.unwrap_or(filter)),
+            ])
             .chain(["--test-threads=1".to_owned(), "--nocapture".to_owned()])
             .collect();
         s += &format!("run_case {} {}\n", sh_quote(case.name), cmd.join(" "));
@@ -925,7 +942,14 @@ fn verdict(boot: &Boot, outcomes: &[(&str, Outcome)], filter: &str, log: &Path) 
         .iter()
         .filter(|(_, o)| !o.passed())
         .map(|(name, o)| match o {
-            Outcome::NoTests { .. } => format!("{name} (no test matched filter {filter:?})"),
+            Outcome::NoTests { .. } => {
+                let filter = CASES
+                    .iter()
+                    .find(|c| c.name == *name)
+                    .and_then(|c| c.filter)
+                    .unwrap_or(filter);
+                format!("{name} (no test matched filter {filter:?})")
+            }
             o => format!("{name} ({})", o.to_string().trim_start_matches("FAIL: ")),
         })
         .collect();

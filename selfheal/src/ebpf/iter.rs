@@ -269,7 +269,11 @@ mod kernel {
                     .into_iter()
                     .map(|s| (s.fd as i32, s.inode))
                     .collect();
+            // Linux 6.1's task_file iterator may yield a file of a process
+            // more than once (it revisits a file table its threads share):
+            // one entry per fd.
             sockets.sort_unstable();
+            sockets.dedup();
             Ok(IterProcess { threads, sockets })
         }
     }

@@ -814,8 +814,37 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     );
     phases.done("upgrade while the helper serves a watch");
 
-    // Removal: nothing left running; config and snapshots kept.
+    // Where the helper pinned the task iterators (its log says), if it did.
+    let log = c.expect("journalctl --no-pager -o cat -u selfheal-helper.service");
+    let pinned = log.lines().find_map(|l| {
+        l.split_once("task iterators pinned in ")
+            .map(|(_, d)| d.trim().to_string())
+    });
+    match &pinned {
+        Some(dir) => assert_eq!(
+            c.expect(&format!("test -d {dir} && echo pinned")),
+            "pinned",
+            "the helper's pins at {dir}"
+        ),
+        None => eprintln!(
+            "the helper pinned no task iterators here: {:?}",
+            log.lines().find(|l| l.contains("task iterators"))
+        ),
+    }
+
+    // Removal: nothing left running, no pins; config and snapshots kept.
     c.expect("dpkg -r selfheal");
+    if let Some(dir) = &pinned {
+        assert_eq!(
+            c.expect(&format!("test -e {dir} && echo left || echo gone")),
+            "gone",
+            "pins left at {dir} after removal"
+        );
+        assert!(
+            c.sh("mountpoint -q /run/selfheal/bpf").is_err(),
+            "selfheal's bpffs still mounted after removal"
+        );
+    }
     for unit in ["selfheal-helper.socket", "selfheal-helper.service"] {
         let state = c.expect(&format!("systemctl is-active {unit} || true"));
         assert!(

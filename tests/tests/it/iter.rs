@@ -489,6 +489,8 @@ fn both_readers_give_the_same_evidence_and_judgement() {
     let (by_procfs, t1) = read(false);
     let between = t1.duration_since(t0).as_millis() as u64 + 50;
 
+    assert_eq!(by_iter.over_budget, None);
+    assert_eq!(by_procfs.over_budget, None);
     assert_eq!(
         (by_iter.collection.iterators, by_iter.collection.procfs),
         (pids.len(), 0),
