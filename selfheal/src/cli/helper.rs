@@ -20,8 +20,9 @@ use selfheal::{
 ///
 /// It keeps the eBPF tracer loaded, pins the kernel's task iterators (in
 /// /sys/fs/bpf/selfheal where the system mounts a bpffs, else in its own
-/// at /run/selfheal/bpf; they stay pinned after it exits) for root's
-/// checks, answers queries and performs healing
+/// at /run/selfheal/bpf; they stay pinned after it exits; pins of this
+/// build already there are used as they are) for root's checks and runs
+/// them for others', answers queries and performs healing
 /// actions for the callers its policy authorizes (each request by the
 /// caller's uid), on a unix socket speaking JSON lines (protocol version 1).
 /// Socket-activated by systemd (LISTEN_FDS), it exits after --idle-timeout
@@ -53,13 +54,32 @@ pub struct Args {
     /// threads and sockets with.
     #[arg(long)]
     no_ebpf: bool,
+    /// Pin the task iterators, as the helper does at start, and exit (root
+    /// only). The packaged unit runs this before the helper, outside its
+    /// sandbox (`ExecStartPre=+`), where the sandbox keeps the bpffs
+    /// read-only.
+    #[arg(long, conflicts_with = "no_ebpf")]
+    pin_iterators: bool,
 }
 
 pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     // The first thing this subcommand does, before it starts any thread;
     // main starts none (the log subscriber runs on the caller's).
-    let activated = take_activated_listener()?;
     let euid = selfheal::sys::creds::euid();
+    if args.pin_iterators {
+        if euid != 0 {
+            return Err(anyhow::anyhow!("--pin-iterators needs root (euid {euid})").into());
+        }
+        let dir = selfheal::ebpf::iter::publish().map_err(|e| {
+            anyhow::anyhow!(
+                "cannot pin the task iterators: {}",
+                selfheal::ebpf::chain(&e)
+            )
+        })?;
+        tracing::info!("helper: task iterators pinned in {}", dir.display());
+        return Ok(Finished::Done);
+    }
+    let activated = take_activated_listener()?;
     if euid != 0 && args.socket.is_none() && activated.is_none() {
         return Err(Error::HelperNotRoot {
             euid,

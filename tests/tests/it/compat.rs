@@ -919,6 +919,7 @@ fn helper_replay(run_no: usize) -> Vec<(String, String)> {
             r#"{{"v":1,"id":{{ID}},"op":"ebpf_snapshot","pids":[{}]}}"#,
             a.pid
         ),
+        format!(r#"{{"v":1,"id":{{ID}},"op":"iterate","pids":[{}]}}"#, a.pid),
         on("signal", 1, ""),
         on("restart", helper.0.id(), ""),
         wrong_ticks,

@@ -447,6 +447,12 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     });
     eprintln!("systemd in the container: {state}");
     phases.done("container booted (systemd as PID 1)");
+    // A host's systemd mounts a bpffs at /sys/fs/bpf (where the helper pins
+    // the task iterators); a container's /sys has none: mount one.
+    match c.sh("mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf") {
+        Ok(_) => eprintln!("bpffs at /sys/fs/bpf in the container"),
+        Err(e) => eprintln!("no bpffs at /sys/fs/bpf in the container: {e}"),
+    }
 
     // Install from the package.
     run_ok(

@@ -82,9 +82,17 @@ pub(super) fn pin_iterators(
         let off = "the helper is not root".to_string();
         return (Err(off.clone()), Err(off));
     }
-    match iter::publish().and_then(|dir| iter::open_first(std::slice::from_ref(&dir))) {
+    // This build's pins, made before the helper started (the unit's
+    // `ExecStartPre=+`, outside the sandbox that keeps the bpffs
+    // read-only), or by the helper now.
+    let opened = iter::open_published().or_else(|pinned| {
+        iter::publish()
+            .and_then(|dir| iter::open_first(std::slice::from_ref(&dir)))
+            .map_err(|e| format!("{} (and {})", chain(&e), chain(&pinned)))
+    });
+    match opened {
         Ok((it, dir)) => (Ok(it), Ok(dir)),
-        Err(e) => (Err(chain(&e)), Err(chain(&e))),
+        Err(why) => (Err(why.clone()), Err(why)),
     }
 }
 
