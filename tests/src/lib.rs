@@ -922,6 +922,30 @@ pub fn bpf_ids_held_by(
     (progs, maps)
 }
 
+/// The ids of the task iterator programs this build pinned (where checks
+/// look for them): programs meant to outlive the helper that pinned them.
+pub fn pinned_iterator_ids() -> std::collections::BTreeSet<u32> {
+    use std::os::fd::AsRawFd as _;
+    let mut ids = std::collections::BTreeSet::new();
+    for dir in selfheal::ebpf::iter::pin_dirs() {
+        for name in [
+            selfheal::ebpf::iter::TASK_PROGRAM,
+            selfheal::ebpf::iter::FILE_PROGRAM,
+        ] {
+            let Ok(fd) = selfheal::sys::bpf::obj_get(&dir.join(name)) else {
+                continue;
+            };
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+                .unwrap_or_default();
+            ids.extend(
+                info.lines()
+                    .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u32>().ok()),
+            );
+        }
+    }
+    ids
+}
+
 // ---- soak and scale helpers -------------------------------------------------
 
 impl Peer {
