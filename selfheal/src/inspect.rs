@@ -25,7 +25,7 @@ use selfheal_core::{
     ebpf::{TracerSnapshot, iter::IterProcess, strategy::Strategy},
     model::SocketRole,
     proc::{Detail, TaskClocks},
-    protocol::IterateResult,
+    protocol::{IterateResult, MAX_PIDS},
     runtime::Identity,
 };
 
@@ -118,8 +118,9 @@ pub struct Collector {
     /// Whether that is because they were turned off (`--no-iterators`):
     /// then not even the helper's passes are asked for.
     iterators_asked_off: bool,
-    /// Where passes come from when they are not linked here.
-    passes: Option<Box<dyn PassSource>>,
+    /// The helper's passes, when they are not linked here: taken once
+    /// for every pid of the check, or why there are none.
+    passes: Option<Result<HelperPasses, String>>,
     /// Load them where none are pinned.
     load_iterators: bool,
 }
@@ -211,10 +212,25 @@ impl Collector {
         self.iterators_asked_off = true;
     }
 
-    /// Asks `source` for the passes of the task iterators where this
-    /// process may not link them itself (not root).
-    pub fn passes_from(&mut self, source: Box<dyn PassSource>) {
-        self.passes = Some(source);
+    /// Where this process may not link the task iterators itself (not
+    /// root) and they are not turned off: asks `source` for a pass over
+    /// each of `pids` (every pid of the check), once, in requests of at
+    /// most [`MAX_PIDS`] pids; every collection then reads from them.
+    pub fn passes_from(&mut self, source: &mut dyn PassSource, pids: &[u32]) {
+        if self.iterators_off.is_none() || self.iterators_asked_off {
+            return;
+        }
+        let mut all = HelperPasses::default();
+        for chunk in pids.chunks(MAX_PIDS) {
+            match source.iterate(chunk) {
+                Ok(r) => all.add(r),
+                Err(why) => {
+                    self.passes = Some(Err(why));
+                    return;
+                }
+            }
+        }
+        self.passes = Some(Ok(all));
     }
 
     /// Loads the task iterators where none are pinned
@@ -254,14 +270,10 @@ impl Collector {
         let (mut unread_processes, mut unread_zombies) = (0, BTreeMap::new());
         let mut zombies = 0;
         let mut collection = Collection::default();
-        // Not linked here (and not turned off): the helper's passes, in one
-        // request for the target's pids.
-        let passes = match (&self.iterators_off, self.passes.as_mut()) {
-            (Some(_), Some(source)) if !self.iterators_asked_off && detail != Detail::Full => {
-                Some(source.iterate(&target.pids).map(HelperPasses::from))
-            }
-            _ => None,
-        };
+        // Not linked here (and not turned off): the helper's passes.
+        let passes = self.passes.as_ref().filter(|_| {
+            self.iterators_off.is_some() && !self.iterators_asked_off && detail != Detail::Full
+        });
         for &pid in &target.pids {
             if access.over || std::time::Instant::now() >= access.deadline {
                 access.over = true;
@@ -292,7 +304,7 @@ impl Collector {
             let read = if detail == Detail::Full {
                 collection.procfs_for(FULL_IS_PROCFS);
                 proc::process_in(&self.proc, pid, detail, clocks, &mut access)
-            } else if let Some(passes) = &passes {
+            } else if let Some(passes) = passes {
                 match passes.as_ref().map(|p| p.of(pid)) {
                     Ok(HelperPass::Read(start, pass)) => {
                         collection.iterators += 1;
@@ -467,22 +479,21 @@ fn iterators_off(off: Option<String>) -> Option<String> {
     })
 }
 
-/// The helper's passes of one request, by pid.
+/// The helper's passes, by pid.
+#[derive(Default)]
 struct HelperPasses {
     passes: BTreeMap<u32, (u64, IterProcess)>,
     gone: BTreeSet<u32>,
 }
 
-impl From<IterateResult> for HelperPasses {
-    fn from(r: IterateResult) -> Self {
-        HelperPasses {
-            passes: r
-                .processes
+impl HelperPasses {
+    fn add(&mut self, r: IterateResult) {
+        self.passes.extend(
+            r.processes
                 .into_iter()
-                .map(|p| (p.pid, (p.start_ticks, p.pass)))
-                .collect(),
-            gone: r.gone.into_iter().collect(),
-        }
+                .map(|p| (p.pid, (p.start_ticks, p.pass))),
+        );
+        self.gone.extend(r.gone);
     }
 }
 

@@ -156,8 +156,8 @@ pub fn run(
     let mut collector = match tracer {
         Some(source) => {
             let mut c = Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail);
-            if let Some(passes) = source.passes() {
-                c.passes_from(passes);
+            if let Some(mut passes) = source.passes() {
+                c.passes_from(passes.as_mut(), &all_pids);
             }
             c
         }

@@ -1178,7 +1178,8 @@ fn iterate_passes_only_what_the_caller_may_query() {
         let shared = Arc::new(std::sync::Mutex::new(client(&path)));
         let tracer = selfheal::healer::HelperTracer(shared);
         let mut c = Collector::from_snapshot(Err("no tracer in this test".into()), Detail::Light);
-        c.passes_from(tracer.passes().expect("the helper's passes"));
+        let mut passes = tracer.passes().expect("the helper's passes");
+        c.passes_from(passes.as_mut(), &[mine, rootp]);
         let by_helper = c.collect(&target());
         c.without_iterators("the procfs side of the comparison");
         (by_helper, c.collect(&target()))
