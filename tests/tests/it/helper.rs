@@ -1096,12 +1096,12 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
 /// root's agent from procfs, saying why.
 #[test]
 fn iterate_passes_only_what_the_caller_may_query() {
+    let _area = tests::area(module_path!());
     use selfheal::{
         check::TracerSource as _,
         inspect::{Collector, Target},
     };
     use selfheal_core::proc::Detail;
-    let _area = tests::area(module_path!());
     if !need_ebpf("helper::iterate_passes_only_what_the_caller_may_query") {
         return;
     }

@@ -402,6 +402,7 @@ fn steady(p: &selfheal_core::proc::ProcessInfo) -> selfheal_core::proc::ProcessI
 /// provider; each thread's wait age within the time between the two reads.
 #[test]
 fn both_readers_give_the_same_evidence_and_judgement() {
+    let _area = tests::area(module_path!());
     use selfheal::inspect::{CollectOptions, Collector, Target};
     use selfheal_core::{
         config::Config,
@@ -410,7 +411,6 @@ fn both_readers_give_the_same_evidence_and_judgement() {
         model::SocketRole,
         proc::Detail,
     };
-    let _area = tests::area(module_path!());
     if !need_ebpf("iter::both_readers_give_the_same_evidence_and_judgement") {
         return;
     }
