@@ -569,8 +569,9 @@ impl HelperHealer {
 /// check's [`HelperHealer`] uses.
 pub struct HelperTracer(pub SharedClient);
 
-/// The helper's task iterators, for a check that may not link them: one
-/// `iterate` request per collection, on the check's connection.
+/// The helper's task iterators, for a check that may not link them:
+/// `iterate` requests on the check's connection (the collector asks once
+/// per check, [`crate::inspect::Collector::passes_from`]).
 struct HelperPasses(SharedClient);
 
 impl crate::inspect::PassSource for HelperPasses {

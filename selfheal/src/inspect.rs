@@ -307,8 +307,6 @@ impl Collector {
             } else if let Some(passes) = passes {
                 match passes.as_ref().map(|p| p.of(pid)) {
                     Ok(HelperPass::Read(start, pass)) => {
-                        collection.iterators += 1;
-                        collection.iterators_from = Some("helper".into());
                         // The pass is of the process the helper pinned; a
                         // pid reused since is another process: gone.
                         match proc::process_iterated(
@@ -323,7 +321,11 @@ impl Collector {
                                 gone.push(pid);
                                 continue;
                             }
-                            read => read,
+                            read => {
+                                collection.iterators += 1;
+                                collection.iterators_from = Some("helper".into());
+                                read
+                            }
                         }
                     }
                     Ok(HelperPass::Gone) => {
@@ -495,6 +497,14 @@ impl HelperPasses {
         );
         self.gone.extend(r.gone);
     }
+
+    fn of(&self, pid: u32) -> HelperPass<'_> {
+        match self.passes.get(&pid) {
+            Some((start, pass)) => HelperPass::Read(start, pass),
+            None if self.gone.contains(&pid) => HelperPass::Gone,
+            None => HelperPass::Refused,
+        }
+    }
 }
 
 /// What the helper's passes hold of one pid.
@@ -503,16 +513,6 @@ enum HelperPass<'a> {
     Gone,
     /// Refused, or not in the answer.
     Refused,
-}
-
-impl HelperPasses {
-    fn of(&self, pid: u32) -> HelperPass<'_> {
-        match self.passes.get(&pid) {
-            Some((start, pass)) => HelperPass::Read(start, pass),
-            None if self.gone.contains(&pid) => HelperPass::Gone,
-            None => HelperPass::Refused,
-        }
-    }
 }
 
 /// Why one process was not walked by the iterators.

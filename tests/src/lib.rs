@@ -922,6 +922,24 @@ pub fn bpf_ids_held_by(
     (progs, maps)
 }
 
+/// A process as two readers of it must agree on it (the task iterators
+/// and procfs, read moments apart): what varies with the moment it is read
+/// (CPU ticks, how long each thread has waited) left out.
+pub fn steady(p: &selfheal_core::proc::ProcessInfo) -> selfheal_core::proc::ProcessInfo {
+    let mut p = p.clone();
+    for t in &mut p.threads {
+        t.cpu_ticks = 0;
+        t.idle_ms = None;
+        if let Some(r) = &mut t.recv {
+            r.idle_ms = None;
+        }
+        if let Some(w) = &mut t.wait {
+            w.idle_ms = None;
+        }
+    }
+    p
+}
+
 /// The ids of the task iterator programs this build pinned (where checks
 /// look for them): programs meant to outlive the helper that pinned them.
 pub fn pinned_iterator_ids() -> std::collections::BTreeSet<u32> {

@@ -153,13 +153,11 @@ pub fn run(
         .iter()
         .flat_map(|t| t.pids.iter().copied())
         .collect();
+    let mut passes = None;
     let mut collector = match tracer {
         Some(source) => {
-            let mut c = Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail);
-            if let Some(mut passes) = source.passes() {
-                c.passes_from(passes.as_mut(), &all_pids);
-            }
-            c
+            passes = source.passes();
+            Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail)
         }
         None => Collector::new(&opts.collect, &all_pids),
     };
@@ -167,6 +165,10 @@ pub fn run(
         collector.without_iterators(why);
     }
     collector.load_iterators(opts.collect.load_iterators);
+    // After `without_iterators`: turned off, they are not asked for.
+    if let Some(mut passes) = passes {
+        collector.passes_from(passes.as_mut(), &all_pids);
+    }
 
     // Every agent's probes at once, each bounded by its own timeout.
     let probe_configs: Vec<_> = agents.iter().flat_map(|a| a.probes.iter()).collect();

@@ -56,15 +56,13 @@ pub struct Args {
     no_ebpf: bool,
     /// Pin the task iterators, as the helper does at start, and exit (root
     /// only). The packaged unit runs this before the helper, outside its
-    /// sandbox (`ExecStartPre=+`), where the sandbox keeps the bpffs
+    /// sandbox (`ExecStartPre=-+`), where the sandbox keeps the bpffs
     /// read-only.
     #[arg(long, conflicts_with = "no_ebpf")]
     pin_iterators: bool,
 }
 
 pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
-    // The first thing this subcommand does, before it starts any thread;
-    // main starts none (the log subscriber runs on the caller's).
     let euid = selfheal::sys::creds::euid();
     if args.pin_iterators {
         if euid != 0 {
@@ -79,6 +77,8 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
         tracing::info!("helper: task iterators pinned in {}", dir.display());
         return Ok(Finished::Done);
     }
+    // The first thing serving does, before it starts any thread; main
+    // starts none (the log subscriber runs on the caller's).
     let activated = take_activated_listener()?;
     if euid != 0 && args.socket.is_none() && activated.is_none() {
         return Err(Error::HelperNotRoot {

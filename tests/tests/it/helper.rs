@@ -1196,20 +1196,12 @@ fn iterate_passes_only_what_the_caller_may_query() {
         "{col:?}"
     );
     let of = |ev: &selfheal_core::inspect::Evidence, pid: u32| {
-        let mut p = ev
-            .processes
-            .iter()
-            .find(|p| p.pid == pid)
-            .unwrap_or_else(|| panic!("pid {pid} not read"))
-            .clone();
-        for t in &mut p.threads {
-            t.cpu_ticks = 0;
-            t.idle_ms = None;
-            if let Some(r) = &mut t.recv {
-                r.idle_ms = None;
-            }
-        }
-        p
+        tests::steady(
+            ev.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .unwrap_or_else(|| panic!("pid {pid} not read")),
+        )
     };
     assert_eq!(of(&by_helper, mine), of(&by_procfs, mine));
     assert!(

@@ -379,23 +379,6 @@ fn tree(root: u32) -> Vec<u32> {
     out
 }
 
-/// A process as both readers must agree on it: what varies with the
-/// moment it is read (CPU ticks, how long each thread has waited) left out.
-fn steady(p: &selfheal_core::proc::ProcessInfo) -> selfheal_core::proc::ProcessInfo {
-    let mut p = p.clone();
-    for t in &mut p.threads {
-        t.cpu_ticks = 0;
-        t.idle_ms = None;
-        if let Some(r) = &mut t.recv {
-            r.idle_ms = None;
-        }
-        if let Some(w) = &mut t.wait {
-            w.idle_ms = None;
-        }
-    }
-    p
-}
-
 /// The same agents read by the task iterators and by procfs give the same
 /// evidence and the same judgement: threads blocked in reads, an event
 /// loop in `epoll_wait`, a `poll` on a socket set, zombies, all silent on a
@@ -507,8 +490,8 @@ fn both_readers_give_the_same_evidence_and_judgement() {
     assert_eq!(by_iter.processes.len(), pids.len());
     for (a, b) in by_iter.processes.iter().zip(&by_procfs.processes) {
         assert_eq!(
-            steady(a),
-            steady(b),
+            tests::steady(a),
+            tests::steady(b),
             "iterators (left) against procfs (right)"
         );
         for (ta, tb) in a.threads.iter().zip(&b.threads) {

@@ -274,9 +274,9 @@ impl Shared {
             return Err(unavailable(why));
         }
         let (mut processes, mut gone, mut refused) = (Vec::new(), Vec::new(), Vec::new());
-        let mut its = lock(&self.iterators);
-        let it = its.as_mut().map_err(|why| unavailable(why))?;
-        // One pid at a time: its pidfd is held only for its own pass.
+        // One pid at a time: its pidfd is held only for its own pass, and
+        // the iterators are locked only while they walk it (not while the
+        // next pid is authorized).
         for &pid in pids {
             let mut one = self.authorize_query_pinned(caller, same_ns, &[pid])?;
             gone.append(&mut one.gone);
@@ -285,7 +285,11 @@ impl Shared {
                 continue;
             };
             let start_ticks = fd.start_ticks();
-            match it.process(fd.as_fd()) {
+            let walked = match &mut *lock(&self.iterators) {
+                Ok(it) => it.process(fd.as_fd()),
+                Err(why) => return Err(unavailable(why)),
+            };
+            match walked {
                 Ok(pass) => processes.push(IteratedProcess {
                     pid,
                     start_ticks,
@@ -300,7 +304,6 @@ impl Shared {
                 }
             }
         }
-        drop(its);
         // A caller that may not see every process is not told which of
         // its pids are gone: as `refused`, like one it may not query.
         let (gone, refused) = if caller.uid == 0 {
