@@ -34,15 +34,20 @@ use crate::{
 
 /// Acting from this process: every process opened here by pid and start
 /// time, every socket let through, a `signal` carried out to its end, and
-/// restarts run as this user.
-struct Direct<'a>(&'a Keepalive);
+/// restarts run as this user. The helper, where there is one, tells the
+/// pid namespaces this process may not read itself.
+struct Direct<'a> {
+    keepalive: &'a Keepalive,
+    helper: Option<&'a SharedClient>,
+}
 
 impl Hand for Direct<'_> {
     fn keepalive(&self) -> &Keepalive {
-        self.0
+        self.keepalive
     }
 
     fn restart_container(&self, c: &ContainerRestart) -> Result<ActOutcome, ActionError> {
+        let pid_ns = |pid: u32| pid_namespace(pid, self.helper);
         crate::runtime::restart::restart_container(
             &crate::runtime::Sources::from_env(),
             c.runtime,
@@ -51,20 +56,46 @@ impl Hand for Direct<'_> {
             c.start_ticks,
             Duration::from_millis(c.grace_ms),
             Duration::from_millis(c.timeout_ms),
+            &pid_ns,
         )
         .map(ActOutcome::Reported)
         .map_err(ActionError::Container)
     }
 }
 
+/// The pid namespace of `pid` (the inode of `/proc/PID/ns/pid`): read
+/// here, or, where this process may not read it, asked of `helper`.
+fn pid_namespace(pid: u32, helper: Option<&SharedClient>) -> Result<u64, String> {
+    let here = crate::runtime::restart::pid_namespace_here(pid);
+    let Some(helper) = helper.filter(|_| here.is_err() && !crate::sys::creds::reads_others())
+    else {
+        return here;
+    };
+    let mut client = helper
+        .lock()
+        .map_err(|_| "helper client poisoned".to_string())?;
+    let got = client
+        .namespaces(&[pid])
+        .map_err(|e| format!("cannot read pid {pid}'s pid namespace: the helper: {e}"))?;
+    got.processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.pid_ns)
+        .ok_or_else(|| format!("cannot read pid {pid}'s pid namespace, nor can the helper"))
+}
+
 /// Carries out `act` from this process.
-fn act_here(act: &Act, keepalive: &Keepalive) -> Result<ActOutcome, String> {
-    actions::act(act, &Direct(keepalive)).map_err(|e| e.to_string())
+fn act_here(
+    act: &Act,
+    keepalive: &Keepalive,
+    helper: Option<&SharedClient>,
+) -> Result<ActOutcome, String> {
+    actions::act(act, &Direct { keepalive, helper }).map_err(|e| e.to_string())
 }
 
 /// Runs a step here and now.
 pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<ActOutcome, String> {
-    act_here(&step.act(), keepalive)
+    act_here(&step.act(), keepalive, None)
 }
 
 /// An outcome that is not the one its act reports.
@@ -74,7 +105,7 @@ fn unexpected(out: &ActOutcome) -> String {
 
 /// Arms a proof keepalive from this process.
 fn arm_proof_here(t: &ProofTarget, ka: &ProofKeepalive) -> Result<KeepaliveOutcome, String> {
-    match act_here(&t.prove(ka), &Keepalive::default())? {
+    match act_here(&t.prove(ka), &Keepalive::default(), None)? {
         ActOutcome::Keepalive(out) => Ok(out),
         other => Err(unexpected(&other)),
     }
@@ -85,7 +116,7 @@ fn restore_here(
     t: &ProofTarget,
     previous: &KeepaliveSettings,
 ) -> Result<KeepaliveSettings, String> {
-    match act_here(&t.restore(previous), &Keepalive::default())? {
+    match act_here(&t.restore(previous), &Keepalive::default(), None)? {
         ActOutcome::Restored(back) => Ok(back),
         other => Err(unexpected(&other)),
     }
@@ -436,7 +467,7 @@ impl HelperHealer {
 impl Healer for HelperHealer {
     fn act(&self, agent: &str, step: &Step) -> Result<ActOutcome, String> {
         let act = step.act();
-        let direct = || act_here(&act, &self.keepalive);
+        let direct = || act_here(&act, &self.keepalive, Some(&self.client));
         // Restarts run here, as the caller: a command is the caller's
         // own, and the runtime's socket is the caller's to reach
         // (docs/capabilities.md: the helper is no runtime proxy).
@@ -569,20 +600,45 @@ impl HelperHealer {
 /// check's [`HelperHealer`] uses.
 pub struct HelperTracer(pub SharedClient);
 
-/// The helper's task iterators, for a check that may not link them:
-/// `iterate` requests on the check's connection (the collector asks once
-/// per check, [`crate::inspect::Collector::passes_from`]).
-struct HelperPasses(SharedClient);
+/// The helper's reads, for a check that may not make them itself: on the
+/// check's connection (`iterate` once per check,
+/// [`crate::inspect::Collector::passes_from`]; `collect` per agent and
+/// `namespaces` per table, [`crate::inspect::Collector::reads_from`]).
+struct ThroughHelper(SharedClient);
 
-impl crate::inspect::PassSource for HelperPasses {
-    fn iterate(&mut self, pids: &[u32]) -> Result<selfheal_core::protocol::IterateResult, String> {
+impl ThroughHelper {
+    fn call<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(
+            &mut crate::helper::client::HelperClient,
+        ) -> Result<T, crate::helper::ClientError>,
+    ) -> Result<T, String> {
         let mut client = self
             .0
             .lock()
             .map_err(|_| "helper client poisoned".to_string())?;
-        client
-            .iterate(pids)
-            .map_err(|e| format!("the helper's task iterators: {e}"))
+        f(&mut client).map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+impl crate::inspect::HelperReads for ThroughHelper {
+    fn iterate(&mut self, pids: &[u32]) -> Result<selfheal_core::protocol::IterateResult, String> {
+        self.call("the helper's task iterators", |c| c.iterate(pids))
+    }
+
+    fn collect(
+        &mut self,
+        req: &selfheal_core::protocol::CollectRequest,
+    ) -> Result<selfheal_core::protocol::CollectResult, String> {
+        self.call("the helper's collection", |c| c.collect(req))
+    }
+
+    fn namespaces(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<selfheal_core::protocol::NamespacesResult, String> {
+        self.call("the helper's namespace reads", |c| c.namespaces(pids))
     }
 }
 
@@ -612,7 +668,7 @@ impl crate::check::TracerSource for HelperTracer {
         Ok((snapshot, since))
     }
 
-    fn passes(&self) -> Option<Box<dyn crate::inspect::PassSource>> {
-        Some(Box::new(HelperPasses(self.0.clone())))
+    fn passes(&self) -> Option<Box<dyn crate::inspect::HelperReads>> {
+        Some(Box::new(ThroughHelper(self.0.clone())))
     }
 }

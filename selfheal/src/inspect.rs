@@ -7,7 +7,7 @@
 //! Each process's threads and socket fds are read by the first reader
 //! that can, at minimal or light detail: the kernel's task iterators (one
 //! walk of each per process; [`crate::ebpf::iter`]), linked here for root,
-//! run by the helper for anyone else ([`PassSource`]: the pids the caller
+//! run by the helper for anyone else ([`HelperReads`]: the pids the caller
 //! may query); then procfs. The evidence is the same either way;
 //! [`selfheal_core::inspect::Collection`] says which read how many, and
 //! why procfs did where it did.
@@ -24,22 +24,40 @@ use std::{
 use selfheal_core::{
     ebpf::{TracerSnapshot, iter::IterProcess, strategy::Strategy},
     model::SocketRole,
-    proc::{Detail, TaskClocks},
-    protocol::{IterateResult, MAX_PIDS},
+    proc::{Detail, ProcessInfo, TaskClocks},
+    protocol::{
+        CollectRequest, CollectResult, IterateResult, MAX_COLLECT_BUDGET_MS, MAX_COLLECT_PIDS,
+        MAX_PIDS, NamespacesResult,
+    },
     runtime::Identity,
 };
 
 use crate::{
     ebpf::{self, Tracer, TracerOptions},
+    helper::server::collect::FULL_IS_PROCFS,
     proc,
     sys::{procfs::ProcRoot, sockdiag},
 };
 
-/// Passes of the task iterators run elsewhere (the helper's), for a
-/// collector that may not link them itself.
-pub trait PassSource {
+/// Reads made elsewhere (by the helper), for a collector that may not
+/// make them itself: passes of the task iterators, for a check that may
+/// not link them; whole processes and their namespaces, for one that may
+/// not read other users' processes.
+pub trait HelperReads {
     /// One pass over each of `pids` that may be read, or why there is none.
     fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, String>;
+
+    /// Each of `req.pids` that may be read, read as a check reads it.
+    fn collect(&mut self, req: &CollectRequest) -> Result<CollectResult, String> {
+        let _ = req;
+        Err("this source reads no processes".into())
+    }
+
+    /// The namespaces of each of `pids` that may be read.
+    fn namespaces(&mut self, pids: &[u32]) -> Result<NamespacesResult, String> {
+        let _ = pids;
+        Err("this source reads no namespaces".into())
+    }
 }
 
 /// What to inspect: an agent's processes, or one process and its descendants.
@@ -121,6 +139,9 @@ pub struct Collector {
     /// The helper's passes, when they are not linked here: taken once
     /// for every pid of the check, or why there are none.
     passes: Option<Result<HelperPasses, String>>,
+    /// Where whole processes are read, for a collector that may not read
+    /// other users' processes itself ([`Collector::reads_from`]).
+    reads: Option<Box<dyn HelperReads>>,
     /// Load them where none are pinned.
     load_iterators: bool,
 }
@@ -153,6 +174,7 @@ impl Collector {
             iterators_off: iterators_off(opts.no_iterators.clone()),
             iterators_asked_off: opts.no_iterators.is_some(),
             passes: None,
+            reads: None,
             load_iterators: opts.load_iterators,
         }
     }
@@ -192,6 +214,7 @@ impl Collector {
             iterators_off: iterators_off(None),
             iterators_asked_off: false,
             passes: None,
+            reads: None,
             load_iterators: false,
         }
     }
@@ -216,7 +239,7 @@ impl Collector {
     /// root) and they are not turned off: asks `source` for a pass over
     /// each of `pids` (every pid of the check), once, in requests of at
     /// most [`MAX_PIDS`] pids; every collection then reads from them.
-    pub fn passes_from(&mut self, source: &mut dyn PassSource, pids: &[u32]) {
+    pub fn passes_from(&mut self, source: &mut dyn HelperReads, pids: &[u32]) {
         if self.iterators_off.is_none() || self.iterators_asked_off {
             return;
         }
@@ -231,6 +254,16 @@ impl Collector {
             }
         }
         self.passes = Some(Ok(all));
+    }
+
+    /// Has `source` (the helper) read every process and its sockets, in
+    /// one `collect` request per collection (of at most
+    /// [`MAX_COLLECT_PIDS`] pids), within the collection's budget: for a
+    /// check that may not read other users' processes itself
+    /// ([`crate::sys::creds::reads_others`]). A request that fails leaves
+    /// its pids to procfs here, with the reason.
+    pub fn reads_from(&mut self, source: Box<dyn HelperReads>) {
+        self.reads = Some(source);
     }
 
     /// Loads the task iterators where none are pinned
@@ -248,6 +281,22 @@ impl Collector {
     /// [`Collector::collect`] with another level of thread detail (a full
     /// re-read for a forensic snapshot after a light check).
     pub fn collect_with(&mut self, target: &Target, detail: Detail) -> Evidence {
+        if let Some(source) = self.reads.as_mut() {
+            let clocks = if detail == Detail::Minimal {
+                &TaskClocks::default()
+            } else {
+                &*self.clocks.get_or_insert_with(proc::task_clocks)
+            };
+            let read = read_through(
+                source.as_mut(),
+                &self.proc,
+                target,
+                detail,
+                clocks,
+                self.budget,
+            );
+            return self.evidence(target, read);
+        }
         let mut processes = Vec::new();
         let mut gone = Vec::new();
         let clocks = if detail == Detail::Minimal {
@@ -371,16 +420,75 @@ impl Collector {
                 Err(_) => gone.push(pid),
             }
         }
-        let over_budget = access.over.then(|| {
+        let read = Read {
+            processes,
+            gone,
+            over: access.over,
+            unread,
+            unread_processes,
+            unread_zombies,
+            tcp: None,
+            collection,
+        };
+        self.evidence(target, read)
+    }
+
+    /// The evidence of `target` from what was read of it.
+    fn evidence(&mut self, target: &Target, read: Read) -> Evidence {
+        let over_budget = read.over.then(|| {
             format!(
                 "{}: collection exceeded its budget of {} ms and stopped ({} of {} processes \
                  reached): the evidence is partial",
                 target.agent.as_deref().unwrap_or(&target.rule),
                 self.budget.as_millis(),
-                target.pids.len() - unread,
+                target.pids.len() - read.unread,
                 target.pids.len(),
             )
         });
+        let tcp = match read.tcp {
+            Some(tcp) => tcp,
+            None => self.dumped_sockets(&read.processes),
+        };
+        let roles = tcp
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .flatten()
+            .filter_map(|s| Some((s.inode, (target.upstream_of)(s.remote)?)))
+            .collect();
+        let snapshot = self.ebpf.snapshot.as_ref().map(|s| {
+            let mut pids = target.pids.clone();
+            pids.sort_unstable();
+            selfheal_core::protocol::filter_snapshot(s.clone(), &pids)
+        });
+        Evidence {
+            agent: target.agent.clone(),
+            rule: target.rule.clone(),
+            roots: target.roots.clone(),
+            problem: target.problem.clone(),
+            upstreams: target.upstreams.clone(),
+            containers: target.containers.clone(),
+            container_gaps: target.container_gaps.clone(),
+            processes: read.processes,
+            gone: read.gone,
+            over_budget,
+            unread_processes: read.unread_processes,
+            unread_zombies: read.unread_zombies,
+            tcp,
+            roles,
+            ebpf: EbpfEvidence {
+                built_in: ebpf::BUILT_IN,
+                attempts: self.ebpf.attempts.clone(),
+                error: self.ebpf.error.clone(),
+                watched_since_ns: self.ebpf.watched_since_ns,
+                snapshot,
+            },
+            collection: read.collection,
+        }
+    }
+
+    /// The sockets of `processes`, from the (cached) sock_diag dump of
+    /// each network namespace they live in.
+    fn dumped_sockets(&mut self, processes: &[ProcessInfo]) -> Vec<NetnsSockets> {
         let owned: BTreeSet<u64> = processes
             .iter()
             .flat_map(|p| p.sockets.iter().map(|(_, ino)| *ino))
@@ -425,46 +533,160 @@ impl Collector {
                 .map_err(Clone::clone);
             tcp.push((*via, mine));
         }
-        let roles = tcp
-            .iter()
-            .filter_map(|(_, r)| r.as_ref().ok())
-            .flatten()
-            .filter_map(|s| Some((s.inode, (target.upstream_of)(s.remote)?)))
-            .collect();
-        let snapshot = self.ebpf.snapshot.as_ref().map(|s| {
-            let mut pids = target.pids.clone();
-            pids.sort_unstable();
-            selfheal_core::protocol::filter_snapshot(s.clone(), &pids)
-        });
-        Evidence {
-            agent: target.agent.clone(),
-            rule: target.rule.clone(),
-            roots: target.roots.clone(),
-            problem: target.problem.clone(),
-            upstreams: target.upstreams.clone(),
-            containers: target.containers.clone(),
-            container_gaps: target.container_gaps.clone(),
-            processes,
-            gone,
-            over_budget,
-            unread_processes,
-            unread_zombies,
-            tcp,
-            roles,
-            ebpf: EbpfEvidence {
-                built_in: ebpf::BUILT_IN,
-                attempts: self.ebpf.attempts.clone(),
-                error: self.ebpf.error.clone(),
-                watched_since_ns: self.ebpf.watched_since_ns,
-                snapshot,
-            },
-            collection,
-        }
+        tcp
     }
 }
 
-/// Why a full read is procfs's: the iterators read no kernel stacks.
-const FULL_IS_PROCFS: &str = "a full read (kernel stacks, wait channels) is procfs's";
+/// What one collection read of a target.
+struct Read {
+    processes: Vec<ProcessInfo>,
+    gone: Vec<u32>,
+    /// The budget ran out before everything was read.
+    over: bool,
+    /// Pids not reached for want of budget.
+    unread: usize,
+    unread_processes: usize,
+    unread_zombies: BTreeMap<u32, usize>,
+    /// Their sockets by network namespace, where read with them (else
+    /// from this collector's dumps).
+    tcp: Option<Vec<NetnsSockets>>,
+    collection: Collection,
+}
+
+/// Reads `target`'s processes through `source` (the helper): which pids
+/// to read is decided here, by the caps and each process's `stat` (which
+/// anyone may read); the processes, their waits and their sockets are
+/// read by the helper, within what is left of `budget`. Pids the helper
+/// refused, or all of a request that failed, are read by procfs here,
+/// with the reason (for another user's process, a gap).
+fn read_through(
+    source: &mut dyn HelperReads,
+    root: &ProcRoot,
+    target: &Target,
+    detail: Detail,
+    clocks: &TaskClocks,
+    budget: Duration,
+) -> Read {
+    let deadline = std::time::Instant::now() + budget;
+    let mut read = Read {
+        processes: Vec::new(),
+        gone: Vec::new(),
+        over: false,
+        unread: 0,
+        unread_processes: 0,
+        unread_zombies: BTreeMap::new(),
+        tcp: None,
+        collection: Collection::default(),
+    };
+    let (mut wanted, mut zombies) = (Vec::new(), 0);
+    for &pid in &target.pids {
+        match state_and_ppid(root, pid) {
+            None => read.gone.push(pid),
+            Some(('Z', ppid)) if zombies >= MAX_ZOMBIES => {
+                *read.unread_zombies.entry(ppid).or_insert(0) += 1;
+            }
+            Some(('Z', _)) => {
+                zombies += 1;
+                wanted.push(pid);
+            }
+            Some(_) if wanted.len() - zombies >= MAX_PROCESSES => read.unread_processes += 1,
+            Some(_) => wanted.push(pid),
+        }
+    }
+    let mut reader = crate::sys::memread::Reader::default();
+    let mut here = |pid: u32, why: &str, read: &mut Read| {
+        let mut access = proc::MemAccess {
+            reader: &mut reader,
+            deadline,
+            over: false,
+        };
+        read.collection.procfs_for(why);
+        match proc::process_in(root, pid, detail, clocks, &mut access) {
+            Ok(p) => read.processes.push(p),
+            Err(_) => read.gone.push(pid),
+        }
+        read.over |= access.over;
+    };
+    // Sockets by network namespace, in the order the namespaces are met;
+    // each process's in its dump's order, a socket shared by two once.
+    let mut tcp: Vec<(Option<u64>, NetnsSockets)> = Vec::new();
+    for (i, chunk) in wanted.chunks(MAX_COLLECT_PIDS).enumerate() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            let rest = wanted.len() - i * MAX_COLLECT_PIDS;
+            read.over = true;
+            read.unread += rest;
+            break;
+        }
+        let req = CollectRequest {
+            pids: chunk.to_vec(),
+            detail,
+            budget_ms: (left.as_millis() as u64).clamp(1, MAX_COLLECT_BUDGET_MS),
+        };
+        let answer = match source.collect(&req) {
+            Ok(a) => a,
+            Err(why) => {
+                for &pid in chunk {
+                    here(pid, &why, &mut read);
+                }
+                continue;
+            }
+        };
+        read.gone.extend(&answer.gone);
+        for &pid in &answer.refused {
+            here(
+                pid,
+                "the helper did not read it (this user may not query it)",
+                &mut read,
+            );
+        }
+        let reached: BTreeSet<u32> = answer.processes.iter().map(|c| c.pid).collect();
+        read.unread += answer
+            .over_budget
+            .iter()
+            .filter(|p| !reached.contains(p))
+            .count();
+        read.over |= !answer.over_budget.is_empty();
+        for c in answer.processes {
+            if c.read_by == crate::helper::server::collect::BY_ITERATORS {
+                read.collection.iterators += 1;
+                read.collection.iterators_from = Some("helper".into());
+            } else {
+                read.collection
+                    .procfs_for(&format!("the helper read procfs: {}", c.read_by));
+            }
+            if !c.process.sockets.is_empty() {
+                let found = match (c.tcp, c.tcp_error) {
+                    (Some(tcp), _) => Ok(tcp),
+                    (None, why) => Err(why.unwrap_or_else(|| "no sockets".into())),
+                };
+                match tcp
+                    .iter_mut()
+                    .find(|(ns, _)| c.net_ns.is_some() && *ns == c.net_ns)
+                {
+                    Some((_, (_, Ok(all)))) => {
+                        if let Ok(mine) = found {
+                            for s in mine {
+                                if !all.iter().any(|a| a.inode == s.inode) {
+                                    all.push(s);
+                                }
+                            }
+                        }
+                    }
+                    Some((_, slot @ (_, Err(_)))) => {
+                        if found.is_ok() {
+                            *slot = (c.pid, found);
+                        }
+                    }
+                    None => tcp.push((c.net_ns, (c.pid, found))),
+                }
+            }
+            read.processes.push(c.process);
+        }
+    }
+    read.tcp = Some(tcp.into_iter().map(|(_, t)| t).collect());
+    read
+}
 
 /// Why the task iterators are not tried: `off` if given, else when this
 /// process is not root (they need CAP_BPF and CAP_PERFMON) or eBPF is not

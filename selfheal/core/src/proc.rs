@@ -1,10 +1,10 @@
 //! A process and its threads as procfs shows them: the plain types.
 //! Reading them is the I/O edge (`selfheal::proc`).
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// One process of an agent.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessInfo {
     pub pid: u32,
     pub ppid: u32,
@@ -26,7 +26,7 @@ pub struct ProcessInfo {
 }
 
 /// One thread.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadInfo {
     pub tid: u32,
     pub name: String,
@@ -50,18 +50,21 @@ pub struct ThreadInfo {
 }
 
 /// A syscall a thread is blocked in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyscallInfo {
     pub nr: i64,
-    pub name: Option<&'static str>,
+    /// Its name ([`syscall_name`]).
+    #[serde(deserialize_with = "known_name", default)]
+    pub name: Option<Named>,
     pub arg0: u64,
 }
 
 /// A thread inside a receive syscall on a socket, as procfs shows it: seen
 /// with or without eBPF, including receives that began before any tracer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcRecv {
-    pub syscall: &'static str,
+    #[serde(deserialize_with = "known_syscall")]
+    pub syscall: Named,
     pub fd: i32,
     pub inode: u64,
     /// How long it has waited (the thread's `idle_ms`).
@@ -70,9 +73,10 @@ pub struct ProcRecv {
 
 /// A thread waiting for readiness (poll, ppoll, select, pselect6, epoll_wait,
 /// epoll_pwait, epoll_pwait2) on a set that includes sockets.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcWait {
-    pub syscall: &'static str,
+    #[serde(deserialize_with = "known_syscall")]
+    pub syscall: Named,
     /// The sockets in the set with read interest (POLLIN/POLLPRI, the read
     /// fd_set, EPOLLIN/EPOLLPRI): (fd, inode), sorted. Other fds (pipes,
     /// eventfds, timerfds) are left out.
@@ -84,8 +88,67 @@ pub struct ProcWait {
     pub idle_ms: Option<u64>,
 }
 
+/// A name from a fixed table (a syscall's, a timer's). Under this alias
+/// serde's derive does not take the field for text borrowed from its input
+/// (it reads one of the table's names instead).
+pub type Named = &'static str;
+
+/// x86_64 syscall numbers and the names worth showing (what a waiting
+/// agent sits in).
+const SYSCALLS: [(i64, &str); 21] = [
+    (0, "read"),
+    (1, "write"),
+    (7, "poll"),
+    (19, "readv"),
+    (23, "select"),
+    (35, "nanosleep"),
+    (43, "accept"),
+    (44, "sendto"),
+    (45, "recvfrom"),
+    (46, "sendmsg"),
+    (47, "recvmsg"),
+    (61, "wait4"),
+    (202, "futex"),
+    (230, "clock_nanosleep"),
+    (232, "epoll_wait"),
+    (270, "pselect6"),
+    (271, "ppoll"),
+    (281, "epoll_pwait"),
+    (288, "accept4"),
+    (299, "recvmmsg"),
+    (441, "epoll_pwait2"),
+];
+
+/// The name of x86_64 syscall `nr`, where it is one worth showing.
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    SYSCALLS
+        .iter()
+        .find(|(n, _)| *n == nr)
+        .map(|(_, name)| *name)
+}
+
+/// An optional syscall name on the wire, as the entry of [`SYSCALLS`] it
+/// names (a name not there is an error).
+fn known_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'static str>, D::Error> {
+    let name: Option<String> = Option::deserialize(d)?;
+    match name {
+        None => Ok(None),
+        Some(n) => SYSCALLS
+            .iter()
+            .find(|(_, s)| *s == n)
+            .map(|(_, s)| Some(*s))
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown syscall name {n:?}"))),
+    }
+}
+
+/// A syscall's name on the wire, as the one of [`SYSCALLS`] it names.
+fn known_syscall<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    known_name(d)?.ok_or_else(|| serde::de::Error::custom("a syscall name is required"))
+}
+
 /// How much to read per thread.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Detail {
     /// Everything: kernel stacks and wait channels of every thread (for a
     /// person, and for forensic snapshots).

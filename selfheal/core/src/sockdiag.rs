@@ -3,10 +3,10 @@
 
 use std::net::SocketAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// A TCP socket as sock_diag reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpSocket {
     /// Inode, as in `/proc/PID/fd/N` → `socket:[inode]`.
     pub inode: u64,
@@ -25,11 +25,26 @@ pub struct TcpSocket {
     pub tcp_info: Option<TcpInfo>,
 }
 
+/// The kinds of a socket's timer, as sock_diag's `idiag_timer` numbers
+/// them (1 to 4).
+pub const TIMER_KINDS: [&str; 4] = ["retransmit", "keepalive", "time_wait", "zero_window_probe"];
+
+/// A timer's kind on the wire, as the one of [`TIMER_KINDS`] it names.
+fn known_timer<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+    let kind = String::deserialize(d)?;
+    TIMER_KINDS
+        .iter()
+        .find(|k| **k == kind)
+        .copied()
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown timer kind {kind:?}")))
+}
+
 /// A TCP socket's armed timer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TimerInfo {
-    /// `retransmit`, `keepalive`, `time_wait` or `zero_window_probe`.
-    pub kind: &'static str,
+    /// One of [`TIMER_KINDS`].
+    #[serde(deserialize_with = "known_timer")]
+    pub kind: crate::proc::Named,
     /// Milliseconds until it fires.
     pub expires_ms: u64,
     /// Retransmissions so far (retransmit timer only).
@@ -37,7 +52,7 @@ pub struct TimerInfo {
 }
 
 /// The `tcp_info` fields selfheal reasons with.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpInfo {
     pub rtt_us: u32,
     pub rto_us: u32,

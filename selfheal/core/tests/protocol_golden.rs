@@ -526,6 +526,24 @@ fn client_lines() -> Vec<(&'static str, String)> {
         ("watch_pid_0", r#"{"v":1,"id":3,"op":"watch","pids":[0]}"#.into()),
         ("watch_pids_string", r#"{"v":1,"id":3,"op":"watch","pids":"1"}"#.into()),
         (
+            "collect",
+            r#"{"v":1,"id":3,"op":"collect","pids":[9,7,9],"detail":"light","budget_ms":5000}"#.into(),
+        ),
+        (
+            "collect_no_budget",
+            r#"{"v":1,"id":3,"op":"collect","pids":[7],"detail":"light"}"#.into(),
+        ),
+        (
+            "collect_budget_too_long",
+            r#"{"v":1,"id":3,"op":"collect","pids":[7],"detail":"full","budget_ms":8001}"#.into(),
+        ),
+        (
+            "collect_unknown_detail",
+            r#"{"v":1,"id":3,"op":"collect","pids":[7],"detail":"all","budget_ms":10}"#.into(),
+        ),
+        ("namespaces", r#"{"v":1,"id":3,"op":"namespaces","pids":[7]}"#.into()),
+        ("namespaces_pid_0", r#"{"v":1,"id":3,"op":"namespaces","pids":[0]}"#.into()),
+        (
             "act_no_action",
             r#"{"v":1,"id":3,"op":"act","pid":5,"start_ticks":1}"#.into(),
         ),

@@ -308,6 +308,39 @@ impl ProcessTable {
         }
     }
 
+    /// The pid namespaces this process could not read itself, of the
+    /// processes whose cgroup names a container, as `ask` (the helper)
+    /// tells them; then each process's container confirmed again
+    /// ([`ProcessTable::verify`]). Where `ask` fails they stay unread (and
+    /// such a process is not taken for its container).
+    pub fn with_pid_namespaces(
+        mut self,
+        ask: &mut dyn FnMut(&[u32]) -> Result<selfheal_core::protocol::NamespacesResult, String>,
+    ) -> ProcessTable {
+        let unread: Vec<u32> = self
+            .entries
+            .values()
+            .filter(|e| e.pidns.is_none() && !e.containers.is_empty())
+            .map(|e| e.pid)
+            .collect();
+        for chunk in unread.chunks(selfheal_core::protocol::MAX_PIDS) {
+            match ask(chunk) {
+                Ok(r) => {
+                    for p in r.processes {
+                        if let Some(e) = self.entries.get_mut(&p.pid) {
+                            e.pidns = p.pid_ns;
+                        }
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!("pid namespaces of containers' processes unread: {why}");
+                    break;
+                }
+            }
+        }
+        self.index_identities()
+    }
+
     /// Why the processes among `pids` whose cgroup names a container were
     /// not taken for it (see `ProcessTable::verify`).
     pub fn refusals(&self, pids: &[u32]) -> Vec<String> {

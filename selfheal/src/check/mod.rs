@@ -60,7 +60,7 @@ pub trait TracerSource {
 
     /// Where the task iterators' passes come from for a check that may
     /// not link them itself (the helper), if anywhere.
-    fn passes(&self) -> Option<Box<dyn crate::inspect::PassSource>> {
+    fn passes(&self) -> Option<Box<dyn crate::inspect::HelperReads>> {
         None
     }
 }
@@ -146,28 +146,35 @@ pub fn run(
         .iter()
         .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
         .collect();
-    let table = ProcessTable::read_for(&agents, crate::sys::creds::euid());
+    // The helper's reads, where it answers; a root check that may not read
+    // other users' processes (a `watch` holding no CAP_SYS_PTRACE or
+    // CAP_DAC_READ_SEARCH) has it read every process.
+    let mut reads = tracer.as_ref().and_then(|t| t.passes());
+    let through_helper =
+        reads.is_some() && crate::sys::creds::euid() == 0 && !crate::sys::creds::reads_others();
+    let mut table = ProcessTable::read_for(&agents, crate::sys::creds::euid());
+    if let Some(r) = reads.as_mut().filter(|_| through_helper) {
+        table = table.with_pid_namespaces(&mut |pids| r.namespaces(pids));
+    }
     let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets
         .iter()
         .flat_map(|t| t.pids.iter().copied())
         .collect();
-    let mut passes = None;
     let mut collector = match tracer {
-        Some(source) => {
-            passes = source.passes();
-            Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail)
-        }
+        Some(source) => Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail),
         None => Collector::new(&opts.collect, &all_pids),
     };
     if let Some(why) = &opts.collect.no_iterators {
         collector.without_iterators(why);
     }
     collector.load_iterators(opts.collect.load_iterators);
-    // After `without_iterators`: turned off, they are not asked for.
-    if let Some(mut passes) = passes {
-        collector.passes_from(passes.as_mut(), &all_pids);
+    match reads {
+        Some(reads) if through_helper => collector.reads_from(reads),
+        // After `without_iterators`: turned off, they are not asked for.
+        Some(mut passes) => collector.passes_from(passes.as_mut(), &all_pids),
+        None => {}
     }
 
     // Every agent's probes at once, each bounded by its own timeout.

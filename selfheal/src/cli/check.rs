@@ -381,7 +381,7 @@ impl check::TracerSource for Answered<'_> {
         got
     }
 
-    fn passes(&self) -> Option<Box<dyn selfheal::inspect::PassSource>> {
+    fn passes(&self) -> Option<Box<dyn selfheal::inspect::HelperReads>> {
         self.inner.passes()
     }
 }

@@ -26,8 +26,8 @@ use serde_json::Value;
 
 use selfheal_core::ebpf::TracerSnapshot;
 use selfheal_core::protocol::{
-    ActRequest, ErrorCode, HelloResult, IterateResult, Op, Request, Response, SnapshotWire,
-    UnwatchResult, WatchResult,
+    ActRequest, CollectRequest, CollectResult, ErrorCode, HelloResult, IterateResult,
+    NamespacesResult, Op, Request, Response, SnapshotWire, UnwatchResult, WatchResult,
 };
 
 /// The longest response accepted (a snapshot of many sockets is large).
@@ -255,6 +255,23 @@ impl HelperClient {
     pub fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, ClientError> {
         self.typed(
             Op::Iterate {
+                pids: pids.to_vec(),
+            },
+            true,
+        )
+    }
+
+    /// Each of `req.pids` this caller may query, read by the helper as a
+    /// check reads it (the others `refused`, or `gone` to root).
+    pub fn collect(&mut self, req: &CollectRequest) -> Result<CollectResult, ClientError> {
+        self.typed(Op::Collect(req.clone()), true)
+    }
+
+    /// The pid and network namespaces of each of `pids` this caller may
+    /// query.
+    pub fn namespaces(&mut self, pids: &[u32]) -> Result<NamespacesResult, ClientError> {
+        self.typed(
+            Op::Namespaces {
                 pids: pids.to_vec(),
             },
             true,

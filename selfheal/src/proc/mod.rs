@@ -28,7 +28,6 @@ mod wait;
 
 pub use self::thread::task_clocks;
 use self::thread::{iterated, parse_status, thread};
-pub use self::wait::syscall_name;
 use self::wait::{Mem, read_wait, recv_syscall, wait_syscall};
 
 /// Reads one process. `Err` only when the process itself is gone or its
@@ -313,7 +312,7 @@ mod tests {
         thread::{ThreadStat, parse_thread_stat},
         wait::WaitKind,
     };
-    use selfheal_core::proc::ProcWait;
+    use selfheal_core::proc::{ProcWait, syscall_name};
 
     /// [`read_wait`] of `pid` through a reader of its own.
     #[allow(clippy::too_many_arguments)]

@@ -4,6 +4,7 @@
 use super::*;
 use selfheal_core::proc::{
     Detail, ProcRecv, SyscallInfo, TaskClocks, ThreadInfo, parse_exec_start, parse_kstack,
+    syscall_name,
 };
 
 /// What a check reads of each thread's `stat`.

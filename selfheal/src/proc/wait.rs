@@ -3,38 +3,11 @@
 //! through the bounded reader.
 
 use super::*;
+use selfheal_core::proc::syscall_name;
 use selfheal_core::proc::{
     Backing, EPOLL_READ, MAX_POLLFDS, MAX_SELECT_FDS, Mapping, POLL_READ, POLLFD_SIZE, ProcWait,
     ThreadInfo, anonymous_private, decode_fd_set, decode_pollfds, epoll_items,
 };
-
-/// x86_64 syscall names worth showing (what a waiting agent sits in).
-pub fn syscall_name(nr: i64) -> Option<&'static str> {
-    Some(match nr {
-        0 => "read",
-        1 => "write",
-        7 => "poll",
-        19 => "readv",
-        23 => "select",
-        35 => "nanosleep",
-        43 => "accept",
-        44 => "sendto",
-        45 => "recvfrom",
-        46 => "sendmsg",
-        47 => "recvmsg",
-        61 => "wait4",
-        202 => "futex",
-        230 => "clock_nanosleep",
-        232 => "epoll_wait",
-        270 => "pselect6",
-        271 => "ppoll",
-        281 => "epoll_pwait",
-        288 => "accept4",
-        299 => "recvmmsg",
-        441 => "epoll_pwait2",
-        _ => return None,
-    })
-}
 
 /// x86_64 receive syscalls whose first argument is the socket's fd.
 pub(super) fn recv_syscall(nr: i64) -> Option<&'static str> {

@@ -31,7 +31,9 @@ use super::{Runtime, Sources, docker};
 use crate::actions;
 
 /// Restarts container `id` of `runtime`, which must hold process
-/// `pid`/`start_ticks`; what was done, as JSON, or why not.
+/// `pid`/`start_ticks`; what was done, as JSON, or why not. `pid_ns`
+/// tells a process's pid namespace (the inode of `/proc/PID/ns/pid`).
+#[allow(clippy::too_many_arguments)]
 pub fn restart_container(
     sources: &Sources,
     runtime: Runtime,
@@ -40,6 +42,7 @@ pub fn restart_container(
     start_ticks: u64,
     grace: Duration,
     timeout: Duration,
+    pid_ns: &dyn Fn(u32) -> Result<u64, String>,
 ) -> Result<serde_json::Value, String> {
     let short = &id[..id.len().min(12)];
     holds(pid, Some(start_ticks), id)
@@ -67,7 +70,7 @@ pub fn restart_container(
                     "container {short}: {runtime} reports no init pid for it: left alone"
                 ));
             }
-            in_namespace_of(pid, start_ticks, id, before.pid)
+            in_namespace_of(pid, start_ticks, id, before.pid, pid_ns)
                 .map_err(|why| format!("container {short}: {why}: left alone"))?;
             docker::restart(socket, id, grace, timeout.max(grace + bound))
                 .map_err(|x| e("restart", x))?;
@@ -87,7 +90,7 @@ pub fn restart_container(
             holds(init, Some(start), id).map_err(|why| {
                 format!("container {short}: its init pid {init}: {why}: left alone")
             })?;
-            in_namespace_of(pid, start_ticks, id, init)
+            in_namespace_of(pid, start_ticks, id, init, pid_ns)
                 .map_err(|why| format!("container {short}: {why}: left alone"))?;
             let out =
                 actions::signal::signal_escalate(&target, grace).map_err(|e| e.to_string())?;
@@ -129,8 +132,13 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
 /// `init`, the container's init as its runtime reports it now, and `init`
 /// is in container `id`'s cgroup (so the runtime's pid is this pid
 /// namespace's, and the container's).
-fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt as _;
+fn in_namespace_of(
+    pid: u32,
+    start_ticks: u64,
+    id: &str,
+    init: u32,
+    pid_ns: &dyn Fn(u32) -> Result<u64, String>,
+) -> Result<(), String> {
     let target = crate::sys::pidfd::Pidfd::open(pid, Some(start_ticks))
         .map_err(|e| format!("pid {pid} is gone ({e})"))?;
     let init_fd = crate::sys::pidfd::Pidfd::open(init, None).map_err(|e| {
@@ -139,12 +147,7 @@ fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<()
     holds(init, None, id).map_err(|why| {
         format!("pid {init}, its init as its runtime reports it, is not its ({why}): the runtime's pid namespace is another")
     })?;
-    let ns = |p: u32| {
-        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(p, "ns/pid"))
-            .map(|m| m.ino())
-            .map_err(|e| format!("cannot read pid {p}'s pid namespace ({e})"))
-    };
-    let (mine, its) = (ns(pid)?, ns(init)?);
+    let (mine, its) = (pid_ns(pid)?, pid_ns(init)?);
     if !target.is_alive() || !init_fd.is_alive() {
         return Err(format!("pid {pid} or its init pid {init} exited"));
     }
@@ -154,6 +157,15 @@ fn in_namespace_of(pid: u32, start_ticks: u64, id: &str, init: u32) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// The pid namespace of `pid` as this process reads it (the inode of
+/// `/proc/PID/ns/pid`; another user's needs `CAP_SYS_PTRACE`).
+pub fn pid_namespace_here(pid: u32) -> Result<u64, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/pid"))
+        .map(|m| m.ino())
+        .map_err(|e| format!("cannot read pid {pid}'s pid namespace ({e})"))
 }
 
 /// The pid of task `id`'s init process, from containerd's state directory
@@ -239,6 +251,7 @@ mod tests {
                 start,
                 Duration::from_secs(1),
                 Duration::from_secs(1),
+                &pid_namespace_here,
             )
             .unwrap_err();
             assert!(e.contains("no longer in it: left alone"), "{e}");
@@ -252,6 +265,7 @@ mod tests {
             start + 1,
             Duration::from_secs(1),
             Duration::from_secs(1),
+            &pid_namespace_here,
         )
         .unwrap_err();
         assert!(e.contains("left alone"), "{e}");

@@ -1093,7 +1093,11 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
 /// exist only as `refused`; root gets both agents, and the missing pid as
 /// `gone`. A check running as nobody, given the helper's passes, reads its
 /// agent through them ("helper"), with the same evidence procfs gives, and
-/// root's agent from procfs, saying why.
+/// root's agent from procfs, saying why. `collect` and `namespaces` answer
+/// the same pids the same way: nobody's agent read whole by the helper
+/// (equal to procfs's, with its TCP sockets from the namespace's dump) and
+/// its namespaces; a collector reading through `collect` gives the same
+/// evidence.
 #[test]
 fn iterate_passes_only_what_the_caller_may_query() {
     let _area = tests::area(module_path!());
@@ -1213,6 +1217,60 @@ fn iterate_passes_only_what_the_caller_may_query() {
             == 3,
         "{:?}",
         of(&by_helper, mine)
+    );
+
+    // `collect` and `namespaces`: the same pids, answered the same way.
+    let req = selfheal_core::protocol::CollectRequest {
+        pids: vec![mine, rootp, MISSING],
+        detail: Detail::Light,
+        budget_ms: 5_000,
+    };
+    let (collected, spaces, through) = as_uid(NOBODY, || {
+        let mut c = client(&path);
+        let collected = c.collect(&req).unwrap();
+        let spaces = c.namespaces(&[mine, rootp, MISSING]).unwrap();
+        let tracer = selfheal::healer::HelperTracer(Arc::new(std::sync::Mutex::new(c)));
+        let mut col = Collector::from_snapshot(Err("no tracer in this test".into()), Detail::Light);
+        col.reads_from(tracer.passes().expect("the helper's reads"));
+        (collected, spaces, col.collect(&target()))
+    });
+    let pids: Vec<u32> = collected.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, vec![mine], "{collected:?}");
+    assert_eq!(
+        (collected.refused.clone(), collected.gone.clone()),
+        (refused.clone(), vec![])
+    );
+    let one = &collected.processes[0];
+    assert_eq!(Some(one.start_ticks), start_ticks(mine));
+    assert_eq!(tests::steady(&one.process), of(&by_procfs, mine));
+    let inodes: std::collections::BTreeSet<u64> = fds.iter().map(|(_, i)| *i).collect();
+    let tcp: std::collections::BTreeSet<u64> = one.tcp.iter().flatten().map(|s| s.inode).collect();
+    assert_eq!(tcp, inodes, "its TCP sockets, all from the dump: {one:?}");
+    let spaced: Vec<u32> = spaces.processes.iter().map(|p| p.pid).collect();
+    assert_eq!((spaced, spaces.refused.clone()), (vec![mine], refused));
+    let own_ns = |link: &str| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(format!("/proc/{mine}/ns/{link}"))
+            .ok()
+            .map(|m| m.ino())
+    };
+    assert_eq!(spaces.processes[0].pid_ns, own_ns("pid"));
+    assert_eq!(spaces.processes[0].net_ns, own_ns("net"));
+    assert_eq!(of(&through, mine), of(&by_procfs, mine));
+    assert!(
+        through
+            .collection
+            .why_procfs
+            .iter()
+            .any(|w| w.contains("may not query")),
+        "root's agent read here, saying why: {:?}",
+        through.collection
+    );
+    let root_collected = client(&path).collect(&req).unwrap();
+    let pids: Vec<u32> = root_collected.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(
+        (pids, root_collected.gone),
+        (vec![mine, rootp], vec![MISSING])
     );
     drop(h);
 }

@@ -331,6 +331,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
                 start,
                 Duration::from_secs(1),
                 Duration::from_secs(20),
+                &selfheal::runtime::restart::pid_namespace_here,
             )
         };
         let before = started("{{.State.StartedAt}}");
@@ -621,6 +622,7 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
                 selfheal::sys::pidfd::start_ticks(pid).expect("its start time"),
                 Duration::from_secs(1),
                 Duration::from_secs(30),
+                &selfheal::runtime::restart::pid_namespace_here,
             )
         };
         for (what, pid) in targets {

@@ -23,6 +23,8 @@
 //! {"v":1,"id":9,"op":"unwatch","pids":[1240]}
 //! {"v":1,"id":10,"op":"ebpf_snapshot","pids":[1234]}
 //! {"v":1,"id":12,"op":"iterate","pids":[1234]}
+//! {"v":1,"id":13,"op":"collect","pids":[1234],"detail":"light","budget_ms":5000}
+//! {"v":1,"id":14,"op":"namespaces","pids":[1234]}
 //! {"v":1,"id":11,"op":"act","action":"arm_keepalive","pid":1234,"start_ticks":5170,"fd":7,"inode":4242,"agent":"sol","params":{"idle_s":10}}
 //! ```
 //!
@@ -39,6 +41,8 @@
 //! | `unwatch` | `pids` | withdraws the caller's interest: `unwatched` \[pids\]; a pid leaves the filter when no uid wants it any more |
 //! | `ebpf_snapshot` | `pids` | the tracer's snapshot (`strategy`, `taken_at_ns`, `blocked`, `sockets`, `overflow`) holding only those pids, and `refused` [pids it may not query] |
 //! | `iterate` | `pids` | one pass of the helper's pinned task iterators over each pid: `processes` \[{`pid`, `start_ticks`, `threads` \[{`tgid`, `tid`, `state`, `exit_state`, `runtime_ns`, `syscall`, `arg0`, `arg1`, `exec_start_ns`, `cpu`, `comm`}\], `sockets` \[\[fd, inode\]\]}\], `gone`, `refused`; `unavailable` when the helper has no iterators |
+//! | `collect` | `pids` (at most [`MAX_COLLECT_PIDS`]), `detail` (`minimal`, `light`, `full`), `budget_ms` (at most [`MAX_COLLECT_BUDGET_MS`]) | each pid read as a check reads it, for a check that may not read other processes itself: `processes` \[{`pid`, `start_ticks`, `process` (the process, its threads and the wait each is in, its sockets), `read_by` (`iterators` or why procfs), `net_ns`, `tcp` (its TCP sockets from its network namespace's sock_diag dump) or `tcp_error`}\], `gone`, `refused`, `over_budget` (the pids not reached within the budget) |
+//! | `namespaces` | `pids` | each pid's namespaces: `processes` \[{`pid`, `start_ticks`, `pid_ns`, `net_ns`}\] (inode numbers, null where unreadable), `gone`, `refused` |
 //! | `act` | `action`, `pid`, `start_ticks`, `fd`?, `inode`? (both for socket actions), `agent`?, `params`? | what the action did (its own JSON object); `signal` answers after SIGTERM (see below) |
 //!
 //! `pids` is a list of at most [`MAX_PIDS`] process ids (> 0). A pid the
@@ -140,8 +144,9 @@ mod snapshot;
 
 pub use self::act::{Act, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
-    AttemptWire, Caller, EbpfStatus, HelloResult, IterateResult, IteratedProcess, Limits, Response,
-    UnwatchResult, WatchResult, WatchedPid, WireError,
+    AttemptWire, Caller, CollectResult, CollectedProcess, EbpfStatus, HelloResult, IterateResult,
+    IteratedProcess, Limits, NamespacesResult, ProcessNamespaces, Response, UnwatchResult,
+    WatchResult, WatchedPid, WireError,
 };
 pub use self::snapshot::{BlockedWire, SnapshotWire, filter_snapshot};
 
@@ -153,6 +158,14 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// The most pids one request may name.
 pub const MAX_PIDS: usize = 4096;
+
+/// The most pids one `collect` asks for: its answer holds every thread of
+/// each.
+pub const MAX_COLLECT_PIDS: usize = 256;
+
+/// The longest budget one `collect` may have: its answer comes well within
+/// a client's request timeout.
+pub const MAX_COLLECT_BUDGET_MS: u64 = 8_000;
 
 /// The longest agent name accepted in `act`.
 pub const MAX_AGENT_NAME: usize = 64;
@@ -245,6 +258,12 @@ pub enum Op {
     Iterate {
         pids: Vec<u32>,
     },
+    /// Each pid read as a check reads it.
+    Collect(CollectRequest),
+    /// Each pid's namespaces.
+    Namespaces {
+        pids: Vec<u32>,
+    },
     Act(ActRequest),
 }
 
@@ -257,6 +276,8 @@ impl Op {
             Op::Unwatch { .. } => "unwatch",
             Op::EbpfSnapshot { .. } => "ebpf_snapshot",
             Op::Iterate { .. } => "iterate",
+            Op::Collect(_) => "collect",
+            Op::Namespaces { .. } => "namespaces",
             Op::Act(_) => "act",
         }
     }
@@ -412,6 +433,17 @@ struct PidsFields {
 #[serde(deny_unknown_fields)]
 struct NoFields {}
 
+/// A `collect` request's fields.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectRequest {
+    /// Sorted, without duplicates.
+    pub pids: Vec<u32>,
+    pub detail: crate::proc::Detail,
+    /// How long the whole read may take, ms.
+    pub budget_ms: u64,
+}
+
 /// Parses and validates one request line (without or with its `\n`). Pure;
 /// never panics.
 pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
@@ -478,6 +510,20 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
         "iterate" => Op::Iterate {
             pids: pids(fields, id, "iterate")?,
         },
+        "collect" => {
+            let mut c: CollectRequest = fields_of(fields, id, "collect")?;
+            c.pids = checked_pids(c.pids, MAX_COLLECT_PIDS, id, "collect")?;
+            if c.budget_ms == 0 || c.budget_ms > MAX_COLLECT_BUDGET_MS {
+                return Err(ProtoError::bad(
+                    some,
+                    format!("collect: budget_ms must be from 1 to {MAX_COLLECT_BUDGET_MS}"),
+                ));
+            }
+            Op::Collect(c)
+        }
+        "namespaces" => Op::Namespaces {
+            pids: pids(fields, id, "namespaces")?,
+        },
         "act" => {
             let act: ActRequest = fields_of(fields, id, "act")?;
             act.validate(id)?;
@@ -487,7 +533,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, ProtoError> {
             return Err(ProtoError::bad(
                 some,
                 format!(
-                    "unknown op {:?} (expected hello, watch, unwatch, ebpf_snapshot, iterate, act)",
+                    "unknown op {:?} (expected hello, watch, unwatch, ebpf_snapshot, iterate, collect, namespaces, act)",
                     truncate(other, 40)
                 ),
             ));
@@ -505,11 +551,17 @@ fn fields_of<T: serde::de::DeserializeOwned>(
 }
 
 fn pids(fields: Value, id: u64, op: &str) -> Result<Vec<u32>, ProtoError> {
-    let PidsFields { mut pids } = fields_of(fields, id, op)?;
-    if pids.len() > MAX_PIDS {
+    let PidsFields { pids } = fields_of(fields, id, op)?;
+    checked_pids(pids, MAX_PIDS, id, op)
+}
+
+/// `pids` sorted and without duplicates, or why they are not a request's:
+/// more than `max`, or a pid 0.
+fn checked_pids(mut pids: Vec<u32>, max: usize, id: u64, op: &str) -> Result<Vec<u32>, ProtoError> {
+    if pids.len() > max {
         return Err(ProtoError::bad(
             Some(id),
-            format!("{op}: more than {MAX_PIDS} pids"),
+            format!("{op}: more than {max} pids"),
         ));
     }
     if pids.contains(&0) {
@@ -547,8 +599,14 @@ impl Request {
             Op::Watch { pids }
             | Op::Unwatch { pids }
             | Op::EbpfSnapshot { pids }
-            | Op::Iterate { pids } => {
+            | Op::Iterate { pids }
+            | Op::Namespaces { pids } => {
                 obj.insert("pids".into(), pids.clone().into());
+            }
+            Op::Collect(c) => {
+                if let Ok(Value::Object(fields)) = serde_json::to_value(c) {
+                    obj.extend(fields);
+                }
             }
             Op::Act(act) => {
                 if let Ok(Value::Object(fields)) = serde_json::to_value(act) {

@@ -168,6 +168,58 @@ pub struct IteratedProcess {
     pub pass: crate::ebpf::iter::IterProcess,
 }
 
+/// The result of `collect`: each pid the caller may query, read as a check
+/// reads it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectResult {
+    pub processes: Vec<CollectedProcess>,
+    /// As in [`IterateResult::gone`].
+    pub gone: Vec<u32>,
+    /// As in [`IterateResult::refused`].
+    pub refused: Vec<u32>,
+    /// The pids not read because the budget was spent first.
+    pub over_budget: Vec<u32>,
+}
+
+/// One process as the helper read it, and which process it was.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectedProcess {
+    pub pid: u32,
+    /// The start time of the process the authorization pinned (clock
+    /// ticks after boot); the read is of that process.
+    pub start_ticks: u64,
+    pub process: crate::proc::ProcessInfo,
+    /// `iterators` when the task iterators read it, else why procfs did.
+    pub read_by: String,
+    /// Its network namespace (the inode of `/proc/PID/ns/net`), where
+    /// readable.
+    pub net_ns: Option<u64>,
+    /// Its TCP sockets, from its network namespace's sock_diag dump, in
+    /// the dump's order; `None` when the dump failed (`tcp_error` says why)
+    /// or it holds no socket.
+    pub tcp: Option<Vec<crate::sockdiag::TcpSocket>>,
+    pub tcp_error: Option<String>,
+}
+
+/// The result of `namespaces`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespacesResult {
+    pub processes: Vec<ProcessNamespaces>,
+    /// As in [`IterateResult::gone`].
+    pub gone: Vec<u32>,
+    /// As in [`IterateResult::refused`].
+    pub refused: Vec<u32>,
+}
+
+/// One process's namespaces, as the inode numbers of its `/proc/PID/ns/*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessNamespaces {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub pid_ns: Option<u64>,
+    pub net_ns: Option<u64>,
+}
+
 /// The result of `unwatch`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnwatchResult {

@@ -56,6 +56,12 @@ fn requests_round_trip_through_to_line() {
         Op::Unwatch { pids: vec![] },
         Op::EbpfSnapshot { pids: vec![5] },
         Op::Iterate { pids: vec![7, 9] },
+        Op::Collect(CollectRequest {
+            pids: vec![7, 9],
+            detail: crate::proc::Detail::Full,
+            budget_ms: MAX_COLLECT_BUDGET_MS,
+        }),
+        Op::Namespaces { pids: vec![3] },
         Op::Act(act),
     ] {
         let req = Request { id: u64::MAX, op };
@@ -403,4 +409,105 @@ fn snapshots_survive_the_wire() {
     assert!(only_30.blocked.is_empty());
     assert_eq!(only_30.overflow.over_share, 900);
     assert_eq!(filter_snapshot(shared, &[10, 20]).overflow.over_share, 907);
+}
+
+#[test]
+fn a_collect_result_round_trips_with_its_waits_timers_and_tcp_info() {
+    use crate::proc::{ProcRecv, ProcWait, ProcessInfo, SyscallInfo, ThreadInfo};
+    use crate::sockdiag::{TcpInfo, TcpSocket, TimerInfo};
+    let thread = |tid: u32, nr: i64| ThreadInfo {
+        tid,
+        name: "agent \u{1b}[31m".into(),
+        state: 'S',
+        wchan: None,
+        cpu_ticks: 3,
+        syscall: Some(SyscallInfo {
+            nr,
+            name: crate::proc::syscall_name(nr),
+            arg0: 7,
+        }),
+        idle_ms: Some(1500),
+        kstack: vec![],
+        recv: (nr == 45).then_some(ProcRecv {
+            syscall: "recvfrom",
+            fd: 7,
+            inode: 4242,
+            idle_ms: Some(1500),
+        }),
+        wait: (nr == 7).then(|| ProcWait {
+            syscall: "poll",
+            sockets: vec![(7, 4242)],
+            epoll_fd: None,
+            idle_ms: Some(1500),
+        }),
+    };
+    let socket = TcpSocket {
+        inode: 4242,
+        cookie: 1,
+        local: "127.0.0.1:40000".parse().unwrap(),
+        remote: "127.0.0.1:443".parse().unwrap(),
+        state: crate::model::TcpState::Established,
+        uid: 65534,
+        recv_queue: 0,
+        send_queue: 0,
+        timer: Some(TimerInfo {
+            kind: "keepalive",
+            expires_ms: 900,
+            retransmits: 0,
+        }),
+        tcp_info: Some(TcpInfo {
+            rtt_us: 30,
+            rto_us: 201_000,
+            unacked: 0,
+            retransmits: 0,
+            backoff: 0,
+            probes: 2,
+            last_data_recv_ms: 1500,
+            last_data_sent_ms: 1500,
+            last_ack_recv_ms: 1500,
+            bytes_received: 0,
+            bytes_acked: 30,
+        }),
+    };
+    let result = CollectResult {
+        processes: vec![CollectedProcess {
+            pid: 42,
+            start_ticks: 5170,
+            process: ProcessInfo {
+                pid: 42,
+                ppid: 1,
+                name: "agent".into(),
+                state: 'S',
+                start_ticks: 5170,
+                uid: Some(65534),
+                pid_ns_init: false,
+                threads: vec![thread(42, 45), thread(43, 7), thread(44, 202)],
+                sockets: vec![(7, 4242)],
+                gaps: vec![],
+            },
+            read_by: "iterators".into(),
+            net_ns: Some(4026531840),
+            tcp: Some(vec![socket]),
+            tcp_error: None,
+        }],
+        gone: vec![],
+        refused: vec![9],
+        over_budget: vec![11],
+    };
+    let wire = serde_json::to_string(&result).unwrap();
+    assert_eq!(
+        serde_json::from_str::<CollectResult>(&wire).unwrap(),
+        result
+    );
+    // A name outside the tables is refused, not taken for text.
+    for (known, unknown) in [
+        (r#""poll""#, r#""reboot""#),
+        (r#""keepalive""#, r#""forever""#),
+    ] {
+        let bad = wire.replace(known, unknown);
+        assert!(
+            serde_json::from_str::<CollectResult>(&bad).is_err(),
+            "{unknown}"
+        );
+    }
 }

@@ -449,6 +449,8 @@ fn handle_verified(
         Op::Unwatch { pids } => shared.unwatch(&caller, pids),
         Op::EbpfSnapshot { pids } => shared.snapshot(&caller, same_ns, pids),
         Op::Iterate { pids } => shared.iterate(&caller, same_ns, pids),
+        Op::Collect(req) => shared.collect(&caller, same_ns, req),
+        Op::Namespaces { pids } => shared.namespaces(&caller, same_ns, pids),
         Op::Act(act) => {
             let r = shared.act(&caller, account, same_ns, act);
             shared.audit(&caller, act, r.as_ref().err(), false);

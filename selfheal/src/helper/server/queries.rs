@@ -304,16 +304,7 @@ impl Shared {
                 }
             }
         }
-        // A caller that may not see every process is not told which of
-        // its pids are gone: as `refused`, like one it may not query.
-        let (gone, refused) = if caller.uid == 0 {
-            (gone, refused)
-        } else {
-            let mut r = refused;
-            r.append(&mut gone);
-            r.sort_unstable();
-            (Vec::new(), r)
-        };
+        let (gone, refused) = super::collect::masked(caller, gone, refused);
         let result = IterateResult {
             processes,
             gone,

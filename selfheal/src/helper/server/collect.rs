@@ -1,0 +1,223 @@
+//! The reads of a check, made by the helper for a check that may not make
+//! them itself (a `watch` holding no capability to read other users'
+//! processes): `collect` reads each pid as the check would (the task
+//! iterators' pass where they are pinned, else procfs; each thread's wait
+//! and its set; the process's TCP sockets from its network namespace's
+//! sock_diag dump), and `namespaces` tells each pid's pid and network
+//! namespace. Each pid is authorized first and read on the pidfd the
+//! authorization pinned; a read whose start time is not that process's is
+//! of a reused pid, and the pid is gone. Memory is read by an abandonable
+//! reader child within the request's budget, as in a check.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::{fd::AsFd as _, unix::fs::MetadataExt as _},
+    time::{Duration, Instant},
+};
+
+use selfheal_core::{
+    proc::{Detail, TaskClocks},
+    protocol::{
+        Caller, CollectRequest, CollectResult, CollectedProcess, NamespacesResult,
+        ProcessNamespaces, WireError,
+    },
+    sockdiag::TcpSocket,
+};
+use serde_json::Value;
+
+use super::{Shared, lock};
+use crate::{
+    ebpf::{chain, iter::IterError},
+    proc::{self, MemAccess},
+    sys::{memread::Reader, procfs::ProcRoot, sockdiag},
+};
+
+/// Why a full read is procfs's: the iterators read no kernel stacks.
+pub const FULL_IS_PROCFS: &str = "a full read (kernel stacks, wait channels) is procfs's";
+
+/// What `read_by` says of a process the task iterators read.
+pub const BY_ITERATORS: &str = "iterators";
+
+impl Shared {
+    /// Reads each pid the caller may query as a check reads it, within
+    /// `req.budget_ms` for all of them.
+    pub(super) fn collect(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        req: &CollectRequest,
+    ) -> Result<Value, WireError> {
+        let deadline = Instant::now() + Duration::from_millis(req.budget_ms);
+        let clocks = if req.detail == Detail::Minimal {
+            TaskClocks::default()
+        } else {
+            proc::task_clocks()
+        };
+        let root = ProcRoot::default();
+        let mut reader = Reader::default();
+        let mut dumps: BTreeMap<u64, Result<Vec<TcpSocket>, String>> = BTreeMap::new();
+        let mut result = CollectResult {
+            processes: Vec::new(),
+            gone: Vec::new(),
+            refused: Vec::new(),
+            over_budget: Vec::new(),
+        };
+        for (i, &pid) in req.pids.iter().enumerate() {
+            if Instant::now() >= deadline {
+                result.over_budget.extend_from_slice(&req.pids[i..]);
+                break;
+            }
+            let mut one = self.authorize_query_pinned(caller, same_ns, &[pid])?;
+            result.gone.append(&mut one.gone);
+            result.refused.append(&mut one.refused);
+            let Some(fd) = one.ok.pop() else {
+                continue;
+            };
+            // The pass under the iterators' lock; the reads after it without.
+            let pass = if req.detail == Detail::Full {
+                Err(FULL_IS_PROCFS.to_string())
+            } else {
+                match &mut *lock(&self.iterators) {
+                    Ok(it) => match it.process(fd.as_fd()) {
+                        Ok(pass) => Ok(pass),
+                        Err(IterError::Gone) => {
+                            result.gone.push(pid);
+                            continue;
+                        }
+                        Err(e) => Err(format!("the helper's task iterators: {}", chain(&e))),
+                    },
+                    Err(why) => Err(format!("the helper has no task iterators: {why}")),
+                }
+            };
+            let mut access = MemAccess {
+                reader: &mut reader,
+                deadline,
+                over: false,
+            };
+            let (read, read_by) = match pass {
+                Ok(pass) => (
+                    proc::process_iterated(&root, pid, &pass, req.detail, &clocks, &mut access),
+                    BY_ITERATORS.to_string(),
+                ),
+                Err(why) => (
+                    proc::process_in(&root, pid, req.detail, &clocks, &mut access),
+                    why,
+                ),
+            };
+            let over = access.over;
+            let net_ns = namespace(&root, pid, "ns/net");
+            match read {
+                Ok(process) if process.start_ticks == fd.start_ticks() && fd.is_alive() => {
+                    if over {
+                        result.over_budget.push(pid);
+                    }
+                    let (tcp, tcp_error) = match (net_ns, process.sockets.is_empty()) {
+                        (Some(ns), false) => {
+                            let dump = dumps.entry(ns).or_insert_with(|| {
+                                sockdiag::dump_tcp_in_netns_of(pid).map_err(|e| e.to_string())
+                            });
+                            held(dump, &process.sockets)
+                        }
+                        (None, false) => (
+                            None,
+                            Some(format!("cannot read pid {pid}'s network namespace")),
+                        ),
+                        (_, true) => (None, None),
+                    };
+                    result.processes.push(CollectedProcess {
+                        pid,
+                        start_ticks: fd.start_ticks(),
+                        process,
+                        read_by,
+                        net_ns,
+                        tcp,
+                        tcp_error,
+                    });
+                }
+                // Exited, or a reused pid read by its path: gone.
+                _ => result.gone.push(pid),
+            }
+        }
+        let (gone, refused) = masked(caller, result.gone, result.refused);
+        result.gone = gone;
+        result.refused = refused;
+        Ok(serde_json::to_value(result).unwrap_or(Value::Null))
+    }
+
+    /// Each pid's pid and network namespace, for each pid the caller may
+    /// query.
+    pub(super) fn namespaces(
+        &self,
+        caller: &Caller,
+        same_ns: bool,
+        pids: &[u32],
+    ) -> Result<Value, WireError> {
+        let root = ProcRoot::default();
+        let authorized = self.authorize_query_pinned(caller, same_ns, pids)?;
+        let mut gone = authorized.gone;
+        let mut processes = Vec::new();
+        for fd in authorized.ok {
+            let pid = fd.pid();
+            let read = ProcessNamespaces {
+                pid,
+                start_ticks: fd.start_ticks(),
+                pid_ns: namespace(&root, pid, "ns/pid"),
+                net_ns: namespace(&root, pid, "ns/net"),
+            };
+            // Read by the pid's path: only while the pinned process lives
+            // is it that process's.
+            if fd.is_alive() && crate::sys::pidfd::start_ticks(pid) == Some(fd.start_ticks()) {
+                processes.push(read);
+            } else {
+                gone.push(pid);
+            }
+        }
+        let (gone, refused) = masked(caller, gone, authorized.refused);
+        let result = NamespacesResult {
+            processes,
+            gone,
+            refused,
+        };
+        Ok(serde_json::to_value(result).unwrap_or(Value::Null))
+    }
+}
+
+/// The inode of `/proc/PID/<link>` (a namespace), where readable.
+fn namespace(root: &ProcRoot, pid: u32, link: &str) -> Option<u64> {
+    std::fs::metadata(root.of_pid(pid, link))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The sockets of `dump` among `sockets` (`(fd, inode)`), in the dump's
+/// order; or why the dump failed.
+fn held(
+    dump: &Result<Vec<TcpSocket>, String>,
+    sockets: &[(i32, u64)],
+) -> (Option<Vec<TcpSocket>>, Option<String>) {
+    match dump {
+        Ok(all) => {
+            let inodes: BTreeSet<u64> = sockets.iter().map(|(_, ino)| *ino).collect();
+            let mine = all
+                .iter()
+                .filter(|s| inodes.contains(&s.inode))
+                .cloned()
+                .collect();
+            (Some(mine), None)
+        }
+        Err(why) => (None, Some(why.clone())),
+    }
+}
+
+/// `(gone, refused)` as a caller may be told them: a caller that may not
+/// see every process (any but root) is not told which of its pids are
+/// gone, only that they are refused, like one it may not query.
+pub(super) fn masked(caller: &Caller, gone: Vec<u32>, refused: Vec<u32>) -> (Vec<u32>, Vec<u32>) {
+    if caller.uid == 0 {
+        return (gone, refused);
+    }
+    let mut r = refused;
+    r.extend(gone);
+    r.sort_unstable();
+    (Vec::new(), r)
+}
