@@ -235,6 +235,7 @@ impl Drop for NamespaceOf {
 /// `watch`), with `places`' arguments.
 fn check_with_kill_only(config: &Path, places: &tests::fixtures::Places) -> serde_json::Value {
     let set = "-all,+kill";
+    let started = std::time::Instant::now();
     let out = Command::new("setpriv")
         .arg(format!("--inh-caps={set}"))
         .arg(format!("--ambient-caps={set}"))
@@ -246,6 +247,7 @@ fn check_with_kill_only(config: &Path, places: &tests::fixtures::Places) -> serd
         .args(places.args())
         .output()
         .expect("run check under setpriv");
+    eprintln!("check holding only CAP_KILL: {:?}", started.elapsed());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().next().unwrap_or_default();
     serde_json::from_str(line).unwrap_or_else(|e| {
@@ -390,9 +392,11 @@ fn a_watch_holding_only_kill_reads_other_users_agents_through_the_helper() {
     assert!(armed, "the proof is armed on it: {through:#}");
 
     // Every capability: the same socket, the same verdict.
+    let started = std::time::Instant::now();
     let full = tests::fixtures::check_cmd(&config, &Places::under(dir.join("full")).helper(&sock))
         .output()
         .expect("run check");
+    eprintln!("check holding every capability: {:?}", started.elapsed());
     let full: serde_json::Value = serde_json::from_slice(
         full.stdout
             .split(|b| *b == b'\n')
