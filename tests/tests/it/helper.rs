@@ -1096,8 +1096,8 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
 /// root's agent from procfs, saying why. `collect` and `namespaces` answer
 /// the same pids the same way: nobody's agent read whole by the helper
 /// (equal to procfs's, with its TCP sockets from the namespace's dump) and
-/// its namespaces; a collector reading through `collect` gives the same
-/// evidence.
+/// its namespaces, but no kernel stacks (root's); a collector reading
+/// through `collect` gives the same evidence.
 #[test]
 fn iterate_passes_only_what_the_caller_may_query() {
     let _area = tests::area(module_path!());
@@ -1265,6 +1265,32 @@ fn iterate_passes_only_what_the_caller_may_query() {
             .any(|w| w.contains("may not query")),
         "root's agent read here, saying why: {:?}",
         through.collection
+    );
+    // Kernel stacks: the kernel shows them to CAP_SYS_ADMIN only, so the
+    // helper gives them to root and to no one else.
+    let full = selfheal_core::protocol::CollectRequest {
+        pids: vec![mine],
+        detail: Detail::Full,
+        budget_ms: 5_000,
+    };
+    let theirs_full = as_uid(NOBODY, || client(&path).collect(&full).unwrap());
+    let p = &theirs_full.processes[0].process;
+    assert!(p.threads.iter().all(|t| t.kstack.is_empty()), "{p:?}");
+    assert!(
+        p.gaps
+            .iter()
+            .any(|g| g.contains("kernel stacks are root's")),
+        "{:?}",
+        p.gaps
+    );
+    let root_full = client(&path).collect(&full).unwrap();
+    assert!(
+        root_full.processes[0]
+            .process
+            .threads
+            .iter()
+            .any(|t| !t.kstack.is_empty()),
+        "{root_full:?}"
     );
     let root_collected = client(&path).collect(&req).unwrap();
     let pids: Vec<u32> = root_collected.processes.iter().map(|p| p.pid).collect();

@@ -7,7 +7,9 @@
 //! namespace. Each pid is authorized first and read on the pidfd the
 //! authorization pinned; a read whose start time is not that process's is
 //! of a reused pid, and the pid is gone. Memory is read by an abandonable
-//! reader child within the request's budget, as in a check.
+//! reader child within the request's budget, as in a check. A caller other
+//! than root gets no kernel stacks (the kernel shows them to
+//! `CAP_SYS_ADMIN` only).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -107,7 +109,10 @@ impl Shared {
             let over = access.over;
             let net_ns = namespace(&root, pid, "ns/net");
             match read {
-                Ok(process) if process.start_ticks == fd.start_ticks() && fd.is_alive() => {
+                Ok(mut process) if process.start_ticks == fd.start_ticks() && fd.is_alive() => {
+                    if caller.uid != 0 {
+                        withhold_kernel_stacks(&mut process);
+                    }
                     if over {
                         result.over_budget.push(pid);
                     }
@@ -179,6 +184,22 @@ impl Shared {
             refused,
         };
         Ok(serde_json::to_value(result).unwrap_or(Value::Null))
+    }
+}
+
+/// What the kernel shows no caller without `CAP_SYS_ADMIN`, even of its
+/// own processes: their kernel stacks (`/proc/PID/stack`). Taken out of a
+/// read for a caller other than root, with a gap that says so.
+fn withhold_kernel_stacks(process: &mut selfheal_core::proc::ProcessInfo) {
+    let mut had = false;
+    for t in &mut process.threads {
+        had |= !t.kstack.is_empty();
+        t.kstack.clear();
+    }
+    if had {
+        process
+            .gaps
+            .push("kernel stacks are root's to read (the kernel asks CAP_SYS_ADMIN)".into());
     }
 }
 
