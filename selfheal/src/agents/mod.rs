@@ -311,7 +311,7 @@ impl ProcessTable {
     /// The pid namespaces this process could not read itself, of the
     /// processes whose cgroup names a container, as `ask` (the helper)
     /// tells them; then each process's container confirmed again
-    /// ([`ProcessTable::verify`]). Where `ask` fails they stay unread (and
+    /// (as `ProcessTable::verify` does). Where `ask` fails they stay unread (and
     /// such a process is not taken for its container).
     pub fn with_pid_namespaces(
         mut self,

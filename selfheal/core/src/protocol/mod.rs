@@ -145,7 +145,7 @@ mod snapshot;
 pub use self::act::{Act, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
     AttemptWire, Caller, CollectResult, CollectedProcess, EbpfStatus, HelloResult, IterateResult,
-    IteratedProcess, Limits, NamespacesResult, ProcessNamespaces, Response, UnwatchResult,
+    IteratedProcess, Limits, NamespacesResult, PerPid, ProcessNamespaces, Response, UnwatchResult,
     WatchResult, WatchedPid, WireError,
 };
 pub use self::snapshot::{BlockedWire, SnapshotWire, filter_snapshot};

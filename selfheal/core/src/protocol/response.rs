@@ -145,11 +145,11 @@ pub struct WatchedPid {
     pub since_ns: u64,
 }
 
-/// The result of `iterate`: one pass of the task iterators over each pid
-/// the caller may query.
+/// An answer about each requested pid the caller may query: what was
+/// read of each (`T`), and the pids that were not.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IterateResult {
-    pub processes: Vec<IteratedProcess>,
+pub struct PerPid<T> {
+    pub processes: Vec<T>,
     /// Requested pids that do not exist (told only to callers that may
     /// see every process).
     pub gone: Vec<u32>,
@@ -157,6 +157,13 @@ pub struct IterateResult {
     /// caller that may not see every process is not told which).
     pub refused: Vec<u32>,
 }
+
+/// The result of `iterate`: one pass of the task iterators over each pid
+/// the caller may query.
+pub type IterateResult = PerPid<IteratedProcess>;
+
+/// The result of `namespaces`.
+pub type NamespacesResult = PerPid<ProcessNamespaces>;
 
 /// One process's pass, and which process it was: the pid and its start
 /// time (clock ticks after boot), so a reader can tell a reused pid.
@@ -173,9 +180,9 @@ pub struct IteratedProcess {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CollectResult {
     pub processes: Vec<CollectedProcess>,
-    /// As in [`IterateResult::gone`].
+    /// As in [`PerPid::gone`].
     pub gone: Vec<u32>,
-    /// As in [`IterateResult::refused`].
+    /// As in [`PerPid::refused`].
     pub refused: Vec<u32>,
     /// The pids not read because the budget was spent first.
     pub over_budget: Vec<u32>,
@@ -199,16 +206,6 @@ pub struct CollectedProcess {
     /// or it holds no socket.
     pub tcp: Option<Vec<crate::sockdiag::TcpSocket>>,
     pub tcp_error: Option<String>,
-}
-
-/// The result of `namespaces`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NamespacesResult {
-    pub processes: Vec<ProcessNamespaces>,
-    /// As in [`IterateResult::gone`].
-    pub gone: Vec<u32>,
-    /// As in [`IterateResult::refused`].
-    pub refused: Vec<u32>,
 }
 
 /// One process's namespaces, as the inode numbers of its `/proc/PID/ns/*`.
