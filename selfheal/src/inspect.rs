@@ -16,7 +16,7 @@ use selfheal_core::inspect::{
     Collection, EbpfEvidence, Evidence, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
 };
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::SocketAddr,
     time::Duration,
 };
@@ -30,6 +30,7 @@ use selfheal_core::{
         MAX_PIDS, NamespacesResult,
     },
     runtime::Identity,
+    sockdiag::TcpSocket,
 };
 
 use crate::{
@@ -496,11 +497,16 @@ impl Collector {
         let mut tcp: Vec<NetnsSockets> = Vec::new();
         let mut seen_ns = BTreeSet::new();
         for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
-            let Ok(ns) = std::fs::metadata(self.proc.of_pid(p.pid, "ns/net")).map(|m| {
-                use std::os::unix::fs::MetadataExt as _;
-                (m.dev(), m.ino())
-            }) else {
-                continue;
+            let ns = match std::fs::metadata(self.proc.of_pid(p.pid, "ns/net")) {
+                Ok(m) => {
+                    use std::os::unix::fs::MetadataExt as _;
+                    (m.dev(), m.ino())
+                }
+                // Its sockets are unread, and the report says why.
+                Err(e) => {
+                    tcp.push((p.pid, Err(format!("cannot read it ({e})"))));
+                    continue;
+                }
             };
             if !seen_ns.insert(ns) {
                 continue;
@@ -607,9 +613,7 @@ fn read_through(
         }
         read.over |= access.over;
     };
-    // Sockets by network namespace, in the order the namespaces are met;
-    // each process's in its dump's order, a socket shared by two once.
-    let mut tcp: Vec<(Option<u64>, NetnsSockets)> = Vec::new();
+    let mut tcp = ByNamespace::default();
     for (i, chunk) in wanted.chunks(MAX_COLLECT_PIDS).enumerate() {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
@@ -660,32 +664,46 @@ fn read_through(
                     (Some(tcp), _) => Ok(tcp),
                     (None, why) => Err(why.unwrap_or_else(|| "no sockets".into())),
                 };
-                match tcp
-                    .iter_mut()
-                    .find(|(ns, _)| c.net_ns.is_some() && *ns == c.net_ns)
-                {
-                    Some((_, (_, Ok(all)))) => {
-                        if let Ok(mine) = found {
-                            for s in mine {
-                                if !all.iter().any(|a| a.inode == s.inode) {
-                                    all.push(s);
-                                }
-                            }
-                        }
-                    }
-                    Some((_, slot @ (_, Err(_)))) => {
-                        if found.is_ok() {
-                            *slot = (c.pid, found);
-                        }
-                    }
-                    None => tcp.push((c.net_ns, (c.pid, found))),
-                }
+                tcp.add(c.net_ns, c.pid, found);
             }
             read.processes.push(c.process);
         }
     }
-    read.tcp = Some(tcp.into_iter().map(|(_, t)| t).collect());
+    read.tcp = Some(tcp.sockets.into_iter().map(|(_, t, _)| t).collect());
     read
+}
+
+/// Sockets by network namespace, in the order the namespaces are met
+/// (one unreadable namespace, `None`, apiece); in each, every process's
+/// in its dump's order, a socket two processes share once.
+#[derive(Default)]
+struct ByNamespace {
+    sockets: Vec<(Option<u64>, NetnsSockets, HashSet<u64>)>,
+}
+
+impl ByNamespace {
+    /// Adds process `pid`'s sockets in namespace `ns`, or why they could
+    /// not be read (kept only while nothing of that namespace was read).
+    fn add(&mut self, ns: Option<u64>, pid: u32, found: Result<Vec<TcpSocket>, String>) {
+        let slot = self
+            .sockets
+            .iter_mut()
+            .find(|(n, _, _)| ns.is_some() && *n == ns);
+        match (slot, found) {
+            (Some((_, (_, Ok(all)), seen)), Ok(mine)) => {
+                all.extend(mine.into_iter().filter(|s| seen.insert(s.inode)));
+            }
+            (Some((_, got @ (_, Err(_)), seen)), Ok(mine)) => {
+                seen.extend(mine.iter().map(|s| s.inode));
+                *got = (pid, Ok(mine));
+            }
+            (Some(_), Err(_)) => {}
+            (None, found) => {
+                let seen = found.iter().flatten().map(|s| s.inode).collect();
+                self.sockets.push((ns, (pid, found), seen));
+            }
+        }
+    }
 }
 
 /// Why the task iterators are not tried: `off` if given, else when this

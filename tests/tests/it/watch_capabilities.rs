@@ -378,11 +378,18 @@ fn a_watch_holding_only_kill_reads_other_users_agents_through_the_helper() {
     )
     .unwrap();
     use tests::fixtures::Places;
-    // Without a helper: the agent's fd table is out of this check's reach.
+    // Without a helper: the agent's sockets are out of this check's reach.
     let alone = check_with_kill_only(&config, &Places::without_helper(dir.join("alone")));
-    eprintln!("alone: {:#}", alone["reasons"]);
+    eprintln!("alone: {:#} gaps {:#}", alone["reasons"], alone["gaps"]);
     let (inode, waiting, armed) = seen(&alone);
     assert!(inode.is_none() && !waiting && !armed, "{alone:#}");
+    // It says what it could not see.
+    assert!(
+        alone["gaps"].as_array().is_some_and(|g| g.iter().any(|g| g
+            .as_str()
+            .is_some_and(|g| g.contains("network namespace unavailable")))),
+        "{alone:#}"
+    );
 
     let through = check_with_kill_only(&config, &Places::under(dir.join("through")).helper(&sock));
     eprintln!("through the helper: {:#}", through["reasons"]);
