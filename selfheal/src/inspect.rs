@@ -13,7 +13,7 @@
 //! why procfs did where it did.
 
 use selfheal_core::inspect::{
-    Collection, EbpfEvidence, Evidence, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
+    Collection, EbpfEvidence, Evidence, FULL_IS_PROCFS, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
 };
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -35,7 +35,6 @@ use selfheal_core::{
 
 use crate::{
     ebpf::{self, Tracer, TracerOptions},
-    helper::server::collect::FULL_IS_PROCFS,
     proc,
     sys::{procfs::ProcRoot, sockdiag},
 };
@@ -49,16 +48,10 @@ pub trait HelperReads {
     fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, String>;
 
     /// Each of `req.pids` that may be read, read as a check reads it.
-    fn collect(&mut self, req: &CollectRequest) -> Result<CollectResult, String> {
-        let _ = req;
-        Err("this source reads no processes".into())
-    }
+    fn collect(&mut self, req: &CollectRequest) -> Result<CollectResult, String>;
 
     /// The namespaces of each of `pids` that may be read.
-    fn namespaces(&mut self, pids: &[u32]) -> Result<NamespacesResult, String> {
-        let _ = pids;
-        Err("this source reads no namespaces".into())
-    }
+    fn namespaces(&mut self, pids: &[u32]) -> Result<NamespacesResult, String>;
 }
 
 /// What to inspect: an agent's processes, or one process and its descendants.
@@ -652,7 +645,7 @@ fn read_through(
             .count();
         read.over |= !answer.over_budget.is_empty();
         for c in answer.processes {
-            if c.read_by == crate::helper::server::collect::BY_ITERATORS {
+            if c.read_by == selfheal_core::protocol::READ_BY_ITERATORS {
                 read.collection.iterators += 1;
                 read.collection.iterators_from = Some("helper".into());
             } else {

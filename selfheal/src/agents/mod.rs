@@ -495,12 +495,9 @@ fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
         .as_deref()
         .map(|t| containers_for(t, crate::sys::creds::euid()))
         .unwrap_or_default();
-    let pidns = {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/pid"))
-            .ok()
-            .map(|m| m.ino())
-    };
+    let pidns = crate::sys::procfs::ProcRoot::default()
+        .namespace(pid, "pid")
+        .ok();
     // Kernel threads have no user memory, zombies none left.
     const PF_KTHREAD: u32 = 0x0020_0000;
     let has_argv = stat.flags & PF_KTHREAD == 0 && !matches!(stat.state, 'Z' | 'X');

@@ -162,9 +162,8 @@ fn in_namespace_of(
 /// The pid namespace of `pid` as this process reads it (the inode of
 /// `/proc/PID/ns/pid`; another user's needs `CAP_SYS_PTRACE`).
 pub fn pid_namespace_here(pid: u32) -> Result<u64, String> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/pid"))
-        .map(|m| m.ino())
+    crate::sys::procfs::ProcRoot::default()
+        .namespace(pid, "pid")
         .map_err(|e| format!("cannot read pid {pid}'s pid namespace ({e})"))
 }
 

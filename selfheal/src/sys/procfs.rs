@@ -45,6 +45,13 @@ impl ProcRoot {
         self.pid(pid).join(name)
     }
 
+    /// The inode of `ROOT/PID/ns/KIND` (`pid`, `net`): which namespace of
+    /// that kind the process is in. Another user's needs `CAP_SYS_PTRACE`.
+    pub fn namespace(&self, pid: u32, kind: &str) -> std::io::Result<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(self.of_pid(pid, &format!("ns/{kind}"))).map(|m| m.ino())
+    }
+
     /// `ROOT/self/NAME`: a file of this process.
     pub fn of_self(&self, name: &str) -> PathBuf {
         self.root.join("self").join(name)

@@ -54,6 +54,10 @@ pub struct Report {
     pub left_out: LeftOut,
 }
 
+/// Why a full read is procfs's, not the task iterators': they read no
+/// kernel stacks or wait channels.
+pub const FULL_IS_PROCFS: &str = "a full read (kernel stacks, wait channels) is procfs's";
+
 /// The most processes (zombies apart) an agent's report holds; the
 /// collector reads no more than these ([`Evidence::unread_processes`]).
 pub const MAX_PROCESSES: usize = 512;

@@ -145,8 +145,8 @@ mod snapshot;
 pub use self::act::{Act, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
     AttemptWire, Caller, CollectResult, CollectedProcess, EbpfStatus, HelloResult, IterateResult,
-    IteratedProcess, Limits, NamespacesResult, PerPid, ProcessNamespaces, Response, UnwatchResult,
-    WatchResult, WatchedPid, WireError,
+    IteratedProcess, Limits, NamespacesResult, PerPid, ProcessNamespaces, READ_BY_ITERATORS,
+    Response, UnwatchResult, WatchResult, WatchedPid, WireError,
 };
 pub use self::snapshot::{BlockedWire, SnapshotWire, filter_snapshot};
 

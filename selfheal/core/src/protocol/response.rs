@@ -188,6 +188,10 @@ pub struct CollectResult {
     pub over_budget: Vec<u32>,
 }
 
+/// What [`CollectedProcess::read_by`] says of a process the task iterators
+/// read.
+pub const READ_BY_ITERATORS: &str = "iterators";
+
 /// One process as the helper read it, and which process it was.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CollectedProcess {

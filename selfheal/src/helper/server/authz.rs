@@ -66,6 +66,19 @@ pub(super) fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
         .map(|md| (md.dev(), md.ino()))
 }
 
+/// `(gone, refused)` as a caller may be told them: a caller that may not
+/// see every process (any but root) is not told which of its pids are
+/// gone, only that they are refused, like one it may not query.
+pub(super) fn masked(caller: &Caller, gone: Vec<u32>, refused: Vec<u32>) -> (Vec<u32>, Vec<u32>) {
+    if caller.uid == 0 {
+        return (gone, refused);
+    }
+    let mut r = refused;
+    r.extend(gone);
+    r.sort_unstable();
+    (Vec::new(), r)
+}
+
 /// What `/proc/self/fdinfo/N` of a pidfd says of its process (pure): its
 /// pid in our pid namespace (`Pid:`; -1 once reaped, 0 when not visible
 /// here) and how many pid namespaces deep it is, counted from ours

@@ -13,32 +13,27 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::{fd::AsFd as _, unix::fs::MetadataExt as _},
+    os::fd::AsFd as _,
     time::{Duration, Instant},
 };
 
 use selfheal_core::{
+    inspect::FULL_IS_PROCFS,
     proc::{Detail, TaskClocks},
     protocol::{
         Caller, CollectRequest, CollectResult, CollectedProcess, NamespacesResult,
-        ProcessNamespaces, WireError,
+        ProcessNamespaces, READ_BY_ITERATORS, WireError,
     },
     sockdiag::TcpSocket,
 };
 use serde_json::Value;
 
-use super::{Shared, lock};
+use super::{Shared, authz::masked, lock};
 use crate::{
     ebpf::{chain, iter::IterError},
     proc::{self, MemAccess},
     sys::{memread::Reader, procfs::ProcRoot, sockdiag},
 };
-
-/// Why a full read is procfs's: the iterators read no kernel stacks.
-pub const FULL_IS_PROCFS: &str = "a full read (kernel stacks, wait channels) is procfs's";
-
-/// What `read_by` says of a process the task iterators read.
-pub const BY_ITERATORS: &str = "iterators";
 
 impl Shared {
     /// Reads each pid the caller may query as a check reads it, within
@@ -99,7 +94,7 @@ impl Shared {
             let (read, read_by) = match pass {
                 Ok(pass) => (
                     proc::process_iterated(&root, pid, &pass, req.detail, &clocks, &mut access),
-                    BY_ITERATORS.to_string(),
+                    READ_BY_ITERATORS.to_string(),
                 ),
                 Err(why) => (
                     proc::process_in(&root, pid, req.detail, &clocks, &mut access),
@@ -107,7 +102,7 @@ impl Shared {
                 ),
             };
             let over = access.over;
-            let net_ns = namespace(&root, pid, "ns/net");
+            let net_ns = root.namespace(pid, "net").ok();
             match read {
                 Ok(mut process) if process.start_ticks == fd.start_ticks() && fd.is_alive() => {
                     if caller.uid != 0 {
@@ -166,8 +161,8 @@ impl Shared {
             let read = ProcessNamespaces {
                 pid,
                 start_ticks: fd.start_ticks(),
-                pid_ns: namespace(&root, pid, "ns/pid"),
-                net_ns: namespace(&root, pid, "ns/net"),
+                pid_ns: root.namespace(pid, "pid").ok(),
+                net_ns: root.namespace(pid, "net").ok(),
             };
             // Read by the pid's path: only while the pinned process lives
             // is it that process's.
@@ -203,13 +198,6 @@ fn withhold_kernel_stacks(process: &mut selfheal_core::proc::ProcessInfo) {
     }
 }
 
-/// The inode of `/proc/PID/<link>` (a namespace), where readable.
-fn namespace(root: &ProcRoot, pid: u32, link: &str) -> Option<u64> {
-    std::fs::metadata(root.of_pid(pid, link))
-        .ok()
-        .map(|m| m.ino())
-}
-
 /// The sockets of `dump` among `sockets` (`(fd, inode)`), in the dump's
 /// order; or why the dump failed.
 fn held(
@@ -228,17 +216,4 @@ fn held(
         }
         Err(why) => (None, Some(why.clone())),
     }
-}
-
-/// `(gone, refused)` as a caller may be told them: a caller that may not
-/// see every process (any but root) is not told which of its pids are
-/// gone, only that they are refused, like one it may not query.
-pub(super) fn masked(caller: &Caller, gone: Vec<u32>, refused: Vec<u32>) -> (Vec<u32>, Vec<u32>) {
-    if caller.uid == 0 {
-        return (gone, refused);
-    }
-    let mut r = refused;
-    r.extend(gone);
-    r.sort_unstable();
-    (Vec::new(), r)
 }

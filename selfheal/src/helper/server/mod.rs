@@ -48,7 +48,7 @@
 pub mod acts;
 pub mod audit;
 pub(super) mod authz;
-pub mod collect;
+mod collect;
 mod conn;
 mod escalation;
 pub mod listen;

@@ -304,7 +304,7 @@ impl Shared {
                 }
             }
         }
-        let (gone, refused) = super::collect::masked(caller, gone, refused);
+        let (gone, refused) = super::authz::masked(caller, gone, refused);
         let result = IterateResult {
             processes,
             gone,
