@@ -642,20 +642,21 @@ impl crate::inspect::HelperReads for ThroughHelper {
     }
 }
 
-impl crate::check::TracerSource for HelperTracer {
-    fn snapshot(
+impl HelperTracer {
+    /// Watches `pids` and reads the tracer's evidence of them, with the
+    /// helper's error as it came (a refusal means the helper answered).
+    pub fn read(
         &mut self,
         pids: &[u32],
-    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
-        let mut client = self
-            .0
-            .lock()
-            .map_err(|_| "helper client poisoned".to_string())?;
-        let watched = client.watch(pids).map_err(|e| e.to_string())?;
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), crate::helper::ClientError>
+    {
+        let mut client = self.0.lock().map_err(|_| crate::helper::ClientError::Broken {
+            path: std::path::PathBuf::new(),
+            reason: "helper client poisoned".into(),
+        })?;
+        let watched = client.watch(pids)?;
         let since = watched.watched.iter().map(|w| w.since_ns).max();
-        let got = client
-            .ebpf_snapshot_with_gaps(pids)
-            .map_err(|e| e.to_string())?;
+        let got = client.ebpf_snapshot_with_gaps(pids)?;
         // The helper answers the pids this user may query; the others are
         // gaps in the evidence, not a reason to lose all of it.
         let mut refused = got.refused;
@@ -666,6 +667,15 @@ impl crate::check::TracerSource for HelperTracer {
         // A gap in the report of the agent whose pid it is.
         snapshot.refused = refused;
         Ok((snapshot, since))
+    }
+}
+
+impl crate::check::TracerSource for HelperTracer {
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
+        self.read(pids).map_err(|e| e.to_string())
     }
 
     fn passes(&self) -> Option<Box<dyn crate::inspect::HelperReads>> {

@@ -364,8 +364,9 @@ impl Session {
     }
 }
 
-/// The helper's tracer, noting whether it answered this check (the
-/// `selfheal_helper_up` metric).
+/// The helper's tracer, noting whether the helper answered this check
+/// (the `selfheal_helper_up` metric): a refusal is an answer, as from a
+/// helper running no tracer.
 struct Answered<'a> {
     inner: &'a mut selfheal::healer::HelperTracer,
     ok: bool,
@@ -376,9 +377,12 @@ impl check::TracerSource for Answered<'_> {
         &mut self,
         pids: &[u32],
     ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
-        let got = self.inner.snapshot(pids);
-        self.ok = got.is_ok();
-        got
+        let got = self.inner.read(pids);
+        self.ok = match &got {
+            Ok(_) => true,
+            Err(e) => e.code().is_some(),
+        };
+        got.map_err(|e| e.to_string())
     }
 
     fn passes(&self) -> Option<Box<dyn selfheal::inspect::HelperReads>> {
