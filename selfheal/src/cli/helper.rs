@@ -15,18 +15,18 @@ use selfheal::{
     },
 };
 
-/// Run the privileged helper that holds the eBPF tracer and heals for
-/// authorized callers.
+/// Run the privileged helper that reads and heals for authorized callers.
 ///
-/// It keeps the eBPF tracer loaded, pins the kernel's task iterators (in
-/// /sys/fs/bpf/selfheal where the system mounts a bpffs, else in its own
-/// at /run/selfheal/bpf; they stay pinned after it exits; pins of this
-/// build already there are used as they are) for root's checks and runs
-/// them for others', answers queries and performs healing
-/// actions for the callers its policy authorizes (each request by the
-/// caller's uid), on a unix socket speaking JSON lines (protocol version 1).
-/// Socket-activated by systemd (LISTEN_FDS), it exits after --idle-timeout
-/// without connections; otherwise it runs until SIGTERM or SIGINT.
+/// It pins the kernel's task iterators (in /sys/fs/bpf/selfheal where the
+/// system mounts a bpffs, else in its own at /run/selfheal/bpf; they stay
+/// pinned after it exits; pins of this build already there are used as
+/// they are) for root's checks and runs them for others', answers queries
+/// and performs healing actions for the callers its policy authorizes
+/// (each request by the caller's uid), on a unix socket speaking JSON
+/// lines (protocol version 1). It attaches no hook that runs while nobody
+/// asks, unless started with --tracer. Socket-activated by systemd
+/// (LISTEN_FDS), it exits after --idle-timeout without connections;
+/// otherwise it runs until SIGTERM or SIGINT.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The unix socket to listen on (created mode 0666: every request is
@@ -49,11 +49,20 @@ pub struct Args {
     /// (e.g. 60s, 5m).
     #[arg(long, value_name = "DUR", value_parser = super::parse_duration, default_value = "60s")]
     idle_timeout: Duration,
-    /// Do not load the eBPF tracer (eBPF queries are answered
-    /// `unavailable`), nor pin the task iterators root's checks read
-    /// threads and sockets with.
+    /// Load no eBPF at all: no task iterators (root's checks read threads
+    /// and sockets from procfs, others' `iterate` and `collect` do too) and
+    /// no tracer.
     #[arg(long)]
     no_ebpf: bool,
+    /// Keep the eBPF receive tracer attached, for `watch` and
+    /// `ebpf_snapshot`. It sees what a check cannot read from a task: when
+    /// a receive began across spurious wake-ups, and each socket's
+    /// receives and sends by the process (counts, empty receives, the last
+    /// read and write). Its hooks run on every context switch and socket
+    /// read and write of the host, watched or not: recv-bench measures that
+    /// tax. Without it, checks time a receive from when its thread last ran.
+    #[arg(long, conflicts_with = "no_ebpf")]
+    tracer: bool,
     /// Pin the task iterators, as the helper does at start, and exit (root
     /// only). The packaged unit runs this before the helper, outside its
     /// sandbox (`ExecStartPre=-+`), where the sandbox keeps the bpffs
@@ -106,7 +115,8 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     if let Some(p) = args.subuid {
         opts.subuid = p;
     }
-    opts.ebpf = (!args.no_ebpf).then(TracerOptions::default);
+    opts.iterators = !args.no_ebpf;
+    opts.ebpf = args.tracer.then(TracerOptions::default);
 
     // SIGTERM and SIGINT are taken by one thread with sigwait; blocked here,
     // before any thread starts, so that every thread inherits the mask.
@@ -121,6 +131,10 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     let handle = serve(opts, executor)?;
     match &handle.ebpf().strategy {
         Some(s) => tracing::info!("helper: eBPF tracer attached ({s})"),
+        None if !args.tracer => tracing::info!(
+            "helper: no eBPF tracer: {}",
+            handle.ebpf().error.as_deref().unwrap_or("not asked for")
+        ),
         None => tracing::warn!(
             "helper: no eBPF tracer: {}",
             handle.ebpf().error.as_deref().unwrap_or("unknown reason")

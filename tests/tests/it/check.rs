@@ -388,7 +388,7 @@ fn heal_flow(tag: &str, through_helper: bool) {
     let config = dirs.0.join("config.toml");
     let helper = through_helper.then(|| {
         let mut h = Command::new(selfheal_bin())
-            .args(["helper", "--socket"])
+            .args(["helper", "--tracer", "--socket"])
             .arg(dirs.0.join("helper.sock"))
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -271,7 +271,7 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
     std::fs::create_dir_all(&dir).expect("dir");
     let sock = dir.join("helper.sock");
     let mut helper = Command::new(selfheal_bin())
-        .args(["helper", "--socket"])
+        .args(["helper", "--tracer", "--socket"])
         .arg(&sock)
         .stderr(Stdio::null())
         .spawn()

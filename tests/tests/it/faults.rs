@@ -377,7 +377,7 @@ fn a_helper_killed_mid_request_is_retried_and_leaks_no_bpf_programs() {
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
     let before = tests::kernel_bpf_ids(false).expect("the kernel's program list");
 
-    let a = ActivatedHelper::start(&listener, &[]);
+    let a = ActivatedHelper::start(&listener, &["--tracer"]);
     let opts = ClientOptions {
         connect_timeout: 3 * SEC,
         timeout: 15 * SEC,
@@ -449,7 +449,7 @@ fn a_helper_killed_mid_request_is_retried_and_leaks_no_bpf_programs() {
     );
 
     // The restart, on the same socket.
-    let b = ActivatedHelper::start(&listener, &[]);
+    let b = ActivatedHelper::start(&listener, &["--tracer"]);
     let (mut client, answer) = asker.join().expect("the asking thread");
     let waited = rx.recv().unwrap();
     let watched = answer.expect("the watch is answered after the retry");

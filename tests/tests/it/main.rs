@@ -27,6 +27,7 @@ mod foreign_memory;
 mod helper;
 mod helper_attacks;
 mod helper_owners;
+mod hooks;
 mod identity;
 mod image;
 mod incident;

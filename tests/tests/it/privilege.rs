@@ -505,7 +505,7 @@ fn an_unprivileged_uid_gets_nothing_of_another_uids_agent() {
     let ebpf = selfheal::ebpf::BUILT_IN;
     let helper = RealHelper::start(
         &dir.join("helper.sock"),
-        if ebpf { &[] } else { &["--no-ebpf"] },
+        if ebpf { &["--tracer"] } else { &["--no-ebpf"] },
     );
     let l = tests::listener();
     let addr = l.local_addr().unwrap().to_string();

@@ -174,8 +174,13 @@ pub struct RateLimit {
 pub struct ServerOptions {
     pub listen: Listen,
     pub policy: Policy,
-    /// How to attach the tracer; `None` runs without eBPF.
+    /// How to attach the receive tracer; `None` attaches none (its hooks
+    /// run on every context switch and socket read of the host, watched
+    /// or not).
     pub ebpf: Option<TracerOptions>,
+    /// Pin the task iterators and answer `iterate` and `collect` with
+    /// them (they also pin with a tracer attached).
+    pub iterators: bool,
     /// Exit after this long with no connection (socket activation).
     pub idle_timeout: Option<Duration>,
     /// A request must arrive completely within this long.
@@ -232,6 +237,7 @@ impl ServerOptions {
             listen,
             policy: Policy::default(),
             ebpf: None,
+            iterators: false,
             idle_timeout: None,
             request_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(5),
@@ -396,8 +402,9 @@ pub fn serve(
             action: "make the listener non-blocking",
             source,
         })?;
-    let (tracer, ebpf) = attach(opts.ebpf.as_ref());
-    let (iterators, iterators_at) = queries::pin_iterators(opts.ebpf.is_some());
+    let (tracer, ebpf) = attach(opts.ebpf.as_ref(), opts.iterators);
+    let (iterators, iterators_at) =
+        queries::pin_iterators(opts.iterators || opts.ebpf.is_some());
     let (wake_tx, wake_rx) = UnixStream::pair().map_err(|source| ServerError::Sys {
         action: "create the wake-up pipe",
         source,

@@ -24,14 +24,27 @@ use crate::{
     sys::pidfd::start_ticks,
 };
 
-pub(super) fn attach(opts: Option<&TracerOptions>) -> (Option<Tracer>, EbpfStatus) {
+/// Why a helper started without `--tracer` has no tracer evidence.
+pub(super) const TRACER_OFF: &str = "the receive tracer is off (the helper attaches it with --tracer)";
+
+/// Attaches the receive tracer where asked; `iterators` tells, for the
+/// status of a helper without it, whether eBPF is off altogether.
+pub(super) fn attach(
+    opts: Option<&TracerOptions>,
+    iterators: bool,
+) -> (Option<Tracer>, EbpfStatus) {
     let Some(opts) = opts else {
+        let why = if iterators {
+            TRACER_OFF
+        } else {
+            "eBPF is disabled (--no-ebpf)"
+        };
         return (
             None,
             EbpfStatus {
                 strategy: None,
                 attempts: Vec::new(),
-                error: Some("eBPF is disabled (--no-ebpf)".into()),
+                error: Some(why.into()),
             },
         );
     };
