@@ -18,7 +18,10 @@
 //! A second benchmark, ping-pong, sends one byte back and forth with an echo
 //! process whose every receive blocks: each round trip is two sleeps in a
 //! receive and two context switches, the path the blocked-receive hooks
-//! (and `sched_switch`, for the tp_btf strategy) pay on. Needs root.
+//! (and `sched_switch`, for the tp_btf strategy) pay on. It runs first
+//! against `selfheal helper` as it ships (task iterators pinned, no
+//! tracer), started anew for each round, alternated with no helper. Needs
+//! root.
 
 use std::{
     io::{Read as _, Write as _},
@@ -72,6 +75,7 @@ fn main() {
         bytes >> 20,
         READ_SIZE
     );
+    bench_shipped_helper(rounds);
     // Keep an idle process around for the `unwatched` mode's pid filter.
     let mut idle = Command::new("sleep")
         .arg("3600")
@@ -298,6 +302,17 @@ fn pingpong_run(strategy: Strategy, mode: Mode, idle_pid: u32) -> f64 {
         })
         .expect("attach")
     });
+    round_trips(|echo| {
+        if let Some(t) = tracer.as_mut() {
+            let pid = if mode == Mode::Watched { echo } else { idle_pid };
+            t.watch(pid, 0).expect("watch");
+        }
+    })
+}
+
+/// `PINGS` round trips with an echo process (`started` is given its pid
+/// before the first); microseconds per round trip.
+fn round_trips(started: impl FnOnce(u32)) -> f64 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().unwrap().to_string();
     let exe = std::env::current_exe().expect("current_exe");
@@ -305,17 +320,7 @@ fn pingpong_run(strategy: Strategy, mode: Mode, idle_pid: u32) -> f64 {
         .args(["echo", &addr])
         .spawn()
         .expect("spawn echo");
-    if let Some(t) = tracer.as_mut() {
-        t.watch(
-            if mode == Mode::Watched {
-                child.id()
-            } else {
-                idle_pid
-            },
-            0,
-        )
-        .expect("watch");
-    }
+    started(child.id());
     let (mut s, _) = l.accept().expect("accept");
     s.set_nodelay(true).expect("nodelay");
     pin(0);
@@ -329,6 +334,56 @@ fn pingpong_run(strategy: Strategy, mode: Mode, idle_pid: u32) -> f64 {
     drop(s);
     let _ = child.wait();
     us
+}
+
+/// The tax of `selfheal helper` as it ships (task iterators pinned, no
+/// tracer) on every process of the host: ping-pong with no helper and
+/// with one running, alternated, each round a helper started anew.
+fn bench_shipped_helper(rounds: usize) {
+    let bench::Bins { selfheal, .. } = bench::Bins::find();
+    let dir = std::env::temp_dir().join(format!("selfheal-recv-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("work dir");
+    let sock = dir.join("helper.sock");
+    let mut us: [Vec<f64>; 2] = Default::default();
+    for _ in 0..rounds {
+        us[0].push(round_trips(|_| {}));
+        let mut helper = Command::new(&selfheal)
+            .args(["helper", "--socket"])
+            .arg(&sock)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start selfheal helper");
+        let up = (0..400).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        });
+        if !up {
+            let _ = helper.kill();
+            let _ = helper.wait();
+            println!("
+selfheal helper (as shipped): did not answer in 10 s; not measured");
+            return;
+        }
+        us[1].push(round_trips(|_| {}));
+        let _ = helper.kill();
+        let _ = helper.wait();
+        let _ = std::fs::remove_file(&sock);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let med: Vec<f64> = us.iter_mut().map(|v| median(v)).collect();
+    println!(
+        "
+selfheal helper as shipped (task iterators, no tracer): ping-pong, {PINGS} one-byte round trips"
+    );
+    for (i, name) in ["no helper", "helper"].iter().enumerate() {
+        println!("  {name:<10} {:>8.2} us/round trip", med[i]);
+    }
+    println!(
+        "  tax of the helper: {:+.2}% per round trip, {:+.0} ns (goal <= 0.5%)",
+        (med[1] / med[0] - 1.0) * 100.0,
+        (med[1] - med[0]) * 1000.0
+    );
 }
 
 /// The echo process: returns every byte until the peer closes.
