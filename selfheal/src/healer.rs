@@ -650,10 +650,13 @@ impl HelperTracer {
         pids: &[u32],
     ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), crate::helper::ClientError>
     {
-        let mut client = self.0.lock().map_err(|_| crate::helper::ClientError::Broken {
-            path: std::path::PathBuf::new(),
-            reason: "helper client poisoned".into(),
-        })?;
+        let mut client = self
+            .0
+            .lock()
+            .map_err(|_| crate::helper::ClientError::Broken {
+                path: std::path::PathBuf::new(),
+                reason: "helper client poisoned".into(),
+            })?;
         let watched = client.watch(pids)?;
         let since = watched.watched.iter().map(|w| w.since_ns).max();
         let got = client.ebpf_snapshot_with_gaps(pids)?;

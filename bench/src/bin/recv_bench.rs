@@ -304,7 +304,11 @@ fn pingpong_run(strategy: Strategy, mode: Mode, idle_pid: u32) -> f64 {
     });
     round_trips(|echo| {
         if let Some(t) = tracer.as_mut() {
-            let pid = if mode == Mode::Watched { echo } else { idle_pid };
+            let pid = if mode == Mode::Watched {
+                echo
+            } else {
+                idle_pid
+            };
             t.watch(pid, 0).expect("watch");
         }
     })
@@ -361,8 +365,10 @@ fn bench_shipped_helper(rounds: usize) {
         if !up {
             let _ = helper.kill();
             let _ = helper.wait();
-            println!("
-selfheal helper (as shipped): did not answer in 10 s; not measured");
+            println!(
+                "
+selfheal helper (as shipped): did not answer in 10 s; not measured"
+            );
             return;
         }
         us[1].push(round_trips(|_| {}));

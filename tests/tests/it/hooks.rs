@@ -76,13 +76,9 @@ fn the_shipped_helper_attaches_no_hook() {
     let out = tests::fixtures::check_cmd(&config, &places)
         .output()
         .expect("run check");
-    let line: serde_json::Value = serde_json::from_slice(
-        out.stdout
-            .split(|b| *b == b'\n')
-            .next()
-            .unwrap_or_default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let line: serde_json::Value =
+        serde_json::from_slice(out.stdout.split(|b| *b == b'\n').next().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
     assert_eq!(line["verdict"], "healthy", "{line:#}");
     let gaps = line["gaps"].to_string();
     assert!(gaps.contains("the receive tracer is off"), "{gaps}");

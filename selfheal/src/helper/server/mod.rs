@@ -403,8 +403,7 @@ pub fn serve(
             source,
         })?;
     let (tracer, ebpf) = attach(opts.ebpf.as_ref(), opts.iterators);
-    let (iterators, iterators_at) =
-        queries::pin_iterators(opts.iterators || opts.ebpf.is_some());
+    let (iterators, iterators_at) = queries::pin_iterators(opts.iterators || opts.ebpf.is_some());
     let (wake_tx, wake_rx) = UnixStream::pair().map_err(|source| ServerError::Sys {
         action: "create the wake-up pipe",
         source,

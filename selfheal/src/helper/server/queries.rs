@@ -25,7 +25,8 @@ use crate::{
 };
 
 /// Why a helper started without `--tracer` has no tracer evidence.
-pub(super) const TRACER_OFF: &str = "the receive tracer is off (the helper attaches it with --tracer)";
+pub(super) const TRACER_OFF: &str =
+    "the receive tracer is off (the helper attaches it with --tracer)";
 
 /// Attaches the receive tracer where asked; `iterators` tells, for the
 /// status of a helper without it, whether eBPF is off altogether.
