@@ -38,16 +38,20 @@ struct Case {
     /// The case's own test filter, run whatever `--filter` says; `None`:
     /// the run's filter.
     filter: Option<&'static str>,
+    /// Shell commands `/init` runs just before the case (the cases after
+    /// it see what they change).
+    before: &'static str,
 }
 
-/// Every case runs in the same boot, in this order. Adding a strategy is one
-/// line here.
+/// Every case runs in the same boot, in this order (a lockdown cannot be
+/// lifted: its case is last). Adding a strategy is one line here.
 const CASES: &[Case] = &[
     // Unforced: the loader must pick kprobe on a stock kernel.
     Case {
         name: "kprobe",
         env: &[("SELFHEAL_EXPECT_STRATEGY", "kprobe")],
         filter: None,
+        before: "",
     },
     Case {
         name: "fentry",
@@ -56,6 +60,7 @@ const CASES: &[Case] = &[
             ("SELFHEAL_EXPECT_STRATEGY", "fentry"),
         ],
         filter: None,
+        before: "",
     },
     // The task iterators (`iter/task` linked per process by pidfd, and
     // `iter/task_file`) on the oldest kernel they need: against procfs,
@@ -64,6 +69,19 @@ const CASES: &[Case] = &[
         name: "iterators",
         env: &[],
         filter: Some("iter::"),
+        before: "",
+    },
+    // A kernel that refuses the iterators (locked down: no program may read
+    // kernel memory), with no pins left by the cases above: the collector
+    // falls back to procfs and says why.
+    Case {
+        name: "fallback",
+        env: &[("SELFHEAL_EXPECT_LOCKDOWN", "confidentiality")],
+        filter: Some("fallback::"),
+        before: "mount -t securityfs securityfs /sys/kernel/security 2>/dev/null\n\
+                 rm -rf /sys/fs/bpf/selfheal /run/selfheal/bpf\n\
+                 echo confidentiality > /sys/kernel/security/lockdown \
+                 || echo \"SELFHEAL-VM-WARN cannot lock the kernel down\"\n",
     },
 ];
 
@@ -664,6 +682,7 @@ has() { if [ -e "$1" ]; then echo yes; else echo no; fi; }
             ])
             .chain(["--test-threads=1".to_owned(), "--nocapture".to_owned()])
             .collect();
+        s += case.before;
         s += &format!("run_case {} {}\n", sh_quote(case.name), cmd.join(" "));
     }
     s += &format!("echo \"{DONE_MARKER} uptime=$(secs $(now))\"\npoweroff -f\n");

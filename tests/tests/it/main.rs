@@ -21,6 +21,7 @@ mod deployment;
 mod ebpf;
 mod ebpf_limits;
 mod evidence;
+mod fallback;
 mod faults;
 mod fd_reuse;
 mod foreign_memory;

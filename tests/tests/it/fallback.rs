@@ -1,0 +1,149 @@
+//! A kernel that refuses the task iterators: the collector falls back to
+//! procfs, says why in its collection, and the evidence and the judgement
+//! are those of procfs read on purpose.
+//!
+//! `cargo xtask vm-test` runs this last in its VM, after locking the kernel
+//! down (`lockdown=confidentiality`, as Secure Boot machines may run: no
+//! program may read kernel memory, so the iterators do not load) and
+//! removing the pins earlier cases left. A kernel that is not locked down
+//! cannot be made to refuse them and let go again, so there it is skipped.
+//!
+//! Needs root and the eBPF object.
+
+use std::time::Duration;
+
+use tests::{Peer, listener, need_ebpf, wait_for};
+
+/// What the lockdown LSM says is in force (`[confidentiality]`), if any.
+fn lockdown() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/security/lockdown").ok()?;
+    let on = text.split_once('[')?.1.split_once(']')?.0;
+    Some(on.to_owned())
+}
+
+#[test]
+fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
+    let _area = tests::area(module_path!());
+    use selfheal::inspect::{CollectOptions, Collector, Target};
+    use selfheal_core::{
+        config::Config,
+        inspect,
+        judge::{self, AgentHistory},
+        model::SocketRole,
+        proc::Detail,
+    };
+    let name = "fallback::a_kernel_that_refuses_the_iterators_is_read_by_procfs";
+    if !need_ebpf(name) {
+        return;
+    }
+    let expected = std::env::var("SELFHEAL_EXPECT_LOCKDOWN").ok();
+    let level = lockdown();
+    if let Some(want) = &expected {
+        assert_eq!(level.as_deref(), Some(want.as_str()), "the VM's lockdown");
+    } else if level.as_deref() != Some("confidentiality") {
+        tests::skip(
+            name,
+            "this kernel is not locked down and runs the iterators; `cargo xtask vm-test` \
+             runs this in a VM it locks down",
+        );
+        return;
+    }
+    let refused = match selfheal::ebpf::iter::load() {
+        Ok(_) => panic!("the task iterators loaded under lockdown={level:?}"),
+        Err(e) => selfheal::ebpf::chain(&e),
+    };
+    eprintln!("{name}: loading the iterators: {refused}");
+
+    let l = listener();
+    let provider = l.local_addr().unwrap();
+    let addr = provider.to_string();
+    let fat = Peer::recv_peer(&["fat", &addr, "4", "3"]);
+    fat.expect("ready ", Duration::from_secs(10));
+    let pids = vec![fat.pid()];
+    let cfg = Config::parse(
+        &format!(
+            "[[agent]]\nname = \"locked\"\nmatch = {{ pid = {} }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\n",
+            fat.pid()
+        ),
+        std::path::Path::new("locked.toml"),
+    )
+    .expect("config");
+    let agent = &cfg.agents[0];
+    let target = || Target {
+        agent: Some("locked".into()),
+        rule: format!("pid={}", fat.pid()),
+        roots: pids.clone(),
+        pids: pids.clone(),
+        problem: None,
+        upstream_of: Box::new(move |a| (a == provider).then_some((SocketRole::Provider, 0))),
+        upstreams: vec![addr.clone()],
+        containers: Vec::new(),
+        container_gaps: Vec::new(),
+    };
+    // Every thread asleep in its receive, and silent past suspect_after.
+    let asleep = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", fat.pid())).ok()?;
+        tasks
+            .flatten()
+            .all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                stat.rsplit_once(')')
+                    .and_then(|(_, r)| r.trim().chars().next())
+                    == Some('S')
+            })
+            .then_some(())
+    });
+    assert!(asleep.is_some(), "the agent never settled asleep");
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let opts = CollectOptions {
+        no_ebpf: true,
+        detail: Detail::Light,
+        load_iterators: true,
+        ..CollectOptions::default()
+    };
+    let fallen = Collector::new(&opts, &pids).collect(&target());
+    let mut on_purpose = Collector::new(&opts, &pids);
+    on_purpose.without_iterators("the procfs side of the comparison");
+    let on_purpose = on_purpose.collect(&target());
+
+    let c = &fallen.collection;
+    assert_eq!((c.iterators, c.procfs), (0, 1), "{c:?}");
+    assert!(
+        c.why_procfs
+            .iter()
+            .any(|w| w.contains("the kernel's task iterators") && w.contains(&refused)),
+        "the collection does not say the kernel refused the iterators: {c:?}"
+    );
+    assert_eq!(fallen.gone, on_purpose.gone);
+    assert_eq!(fallen.processes.len(), 1);
+    assert_eq!(
+        tests::steady(&fallen.processes[0]),
+        tests::steady(&on_purpose.processes[0]),
+        "fallen back (left) against procfs on purpose (right)"
+    );
+    let receiving = fallen.processes[0]
+        .threads
+        .iter()
+        .filter(|t| t.recv.is_some())
+        .count();
+    assert!(receiving >= 4, "{receiving} threads seen in a receive");
+
+    let now_ms = selfheal::sys::clock::boot_ns() / 1_000_000;
+    let verdict = |ev: &selfheal_core::inspect::Evidence| {
+        let (j, _) = judge::judge(
+            agent,
+            &inspect::build(ev),
+            &[],
+            &AgentHistory::default(),
+            now_ms,
+        );
+        let codes: Vec<_> = j.reasons.iter().map(|r| (r.code, r.verdict)).collect();
+        (j.verdict, codes)
+    };
+    let (v, codes) = verdict(&fallen);
+    assert_ne!(v, judge::Verdict::Healthy, "{codes:?}");
+    assert_eq!((v, codes), verdict(&on_purpose));
+}
