@@ -111,16 +111,9 @@ pub fn process_in(
                 .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
                 .collect();
             let task = std::os::fd::AsFd::as_fd(&dir);
-            let mut mem = Mem {
-                root,
-                pid,
-                access,
-                maps: None,
-                read: Vec::new(),
-            };
+            let mut mem = Mem::new(root, pid, access);
             for tid in tids {
-                if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
-                    mem.access.over = true;
+                if mem.out_of_time() {
                     break;
                 }
                 if let Some(t) = thread(
@@ -153,16 +146,9 @@ pub fn process_iterated(
     let head = Head::read(root, pid, &mut buf)?;
     let mut gaps = Vec::new();
     let mut threads = Vec::with_capacity(pass.threads.len());
-    let mut mem = Mem {
-        root,
-        pid,
-        access,
-        maps: None,
-        read: Vec::new(),
-    };
+    let mut mem = Mem::new(root, pid, access);
     for t in &pass.threads {
-        if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
-            mem.access.over = true;
+        if mem.out_of_time() {
             break;
         }
         threads.push(iterated(
@@ -334,13 +320,7 @@ mod tests {
             over: false,
         };
         let root = ProcRoot::default();
-        let mut mem = Mem {
-            root: &root,
-            pid,
-            access: &mut access,
-            maps: None,
-            read: Vec::new(),
-        };
+        let mut mem = Mem::new(&root, pid, &mut access);
         read_wait(&mut mem, tid, syscall, kind, arg0, arg1, sockets, buf, gaps)
     }
 

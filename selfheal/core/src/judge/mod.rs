@@ -71,6 +71,17 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, best first (in [`Verdict::rank`] order).
+    pub const ALL: [Verdict; 7] = [
+        Self::Healthy,
+        Self::Idle,
+        Self::Busy,
+        Self::Degraded,
+        Self::Unresponsive,
+        Self::Wedged,
+        Self::Down,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Healthy => "healthy",
