@@ -116,26 +116,8 @@ pub(super) fn agent<'a>(
     };
     let (rule, match_uid) = match_rule(&f, &m)?;
 
-    let mut upstreams = Vec::new();
-    for (i, (t, span)) in f
-        .tables("upstream", "agent.upstream")?
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-    {
-        let u = Fields::new(cx, t, span, format!("{scope} upstream {}", i + 1));
-        upstreams.push(upstream(&u)?);
-    }
-    let mut probes = Vec::new();
-    for (i, (t, span)) in f
-        .tables("probe", "agent.probe")?
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-    {
-        let p = Fields::new(cx, t, span, format!("{scope} probe {}", i + 1));
-        probes.push(probe(&p)?);
-    }
+    let upstreams = each_table(&f, "upstream", upstream)?;
+    let probes = each_table(&f, "probe", probe)?;
     let thresholds = match f.table("thresholds", format!("{scope} thresholds"))? {
         Some(t) => thresholds(&t)?,
         None => Thresholds::default(),
@@ -158,6 +140,28 @@ pub(super) fn agent<'a>(
         heal,
         proof,
     })
+}
+
+/// Each table of the agent's array `[[agent.KEY]]`, parsed by `parse`;
+/// the first is named "agent \"NAME\" KEY 1" in messages.
+fn each_table<T>(
+    f: &Fields<'_, '_>,
+    key: &str,
+    parse: fn(&Fields<'_, '_>) -> Result<T, ConfigError>,
+) -> Result<Vec<T>, ConfigError> {
+    f.tables(key, &format!("agent.{key}"))?
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (t, span))| {
+            parse(&Fields::new(
+                f.cx,
+                t,
+                span,
+                format!("{} {key} {}", f.scope, i + 1),
+            ))
+        })
+        .collect()
 }
 
 fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
@@ -500,14 +504,17 @@ mod tests {
     use super::*;
     use crate::config::{Config, DEFAULT_COLLECT_BUDGET};
 
+    /// The one agent of a config `c.toml` whose agent `a` (pid 1) has
+    /// `tail` (lines 4 on) after its `match`.
+    fn agent_with(tail: &str) -> Result<AgentConfig, ConfigError> {
+        let text = format!("[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n{tail}\n");
+        Config::parse(&text, Path::new("c.toml")).map(|mut c| c.agents.remove(0))
+    }
+
     #[test]
     fn collect_budget_is_a_duration_with_a_default() {
-        let parse = |line: &str| {
-            let text = format!(
-                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.thresholds]\n{line}\n"
-            );
-            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].thresholds.clone())
-        };
+        let parse =
+            |line: &str| agent_with(&format!("[agent.thresholds]\n{line}")).map(|a| a.thresholds);
         assert_eq!(parse("").unwrap().collect_budget, DEFAULT_COLLECT_BUDGET);
         assert_eq!(DEFAULT_COLLECT_BUDGET, Duration::from_secs(5));
         assert_eq!(
@@ -530,10 +537,7 @@ mod tests {
     #[test]
     fn restart_is_an_argv_or_the_runtime() {
         let parse = |restart: &str| {
-            let text = format!(
-                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.heal]\nrestart = {restart}\n"
-            );
-            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].heal.clone())
+            agent_with(&format!("[agent.heal]\nrestart = {restart}")).map(|a| a.heal)
         };
         let h = parse("{ runtime = true }").unwrap();
         assert!(h.restart_runtime && h.restart.is_none());

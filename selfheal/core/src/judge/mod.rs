@@ -113,11 +113,7 @@ impl Verdict {
     }
 }
 
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Verdict);
 
 /// One reason behind a verdict: a stable code, words for a person, and the
 /// evidence (socket, thread, ages) it rests on.
