@@ -206,18 +206,33 @@ fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
     })
 }
 
+/// The count `key`, else `default`; 0 is refused when `positive`.
+fn read_count(
+    f: &Fields<'_, '_>,
+    key: &str,
+    default: u32,
+    positive: bool,
+) -> Result<u32, ConfigError> {
+    let Some((n, span)) = f.integer(key)? else {
+        return Ok(default);
+    };
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n > 0 || !positive)
+        .ok_or_else(|| {
+            let what = if positive {
+                "a positive count"
+            } else {
+                "a count"
+            };
+            f.key_error(key, span, format!("{n} is not {what}"))
+        })
+}
+
 fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
     t.only(THRESHOLD_KEYS)?;
     let d = Thresholds::default();
-    let count = |key: &str, default: u32| -> Result<u32, ConfigError> {
-        match t.integer(key)? {
-            None => Ok(default),
-            Some((n, span)) => u32::try_from(n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| t.key_error(key, span, format!("{n} is not a positive count"))),
-        }
-    };
+    let count = |key: &str, default: u32| read_count(t, key, default, true);
     Ok(Thresholds {
         suspect_after: t.duration("suspect_after")?.unwrap_or(d.suspect_after),
         dead_probes: count("dead_probes", d.dead_probes)?,
@@ -236,14 +251,7 @@ fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
 fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
     h.only(HEAL_KEYS)?;
     let d = HealConfig::default();
-    let count = |key: &str, default: u32| -> Result<u32, ConfigError> {
-        match h.integer(key)? {
-            None => Ok(default),
-            Some((n, span)) => {
-                u32::try_from(n).map_err(|_| h.key_error(key, span, format!("{n} is not a count")))
-            }
-        }
-    };
+    let count = |key: &str, default: u32| read_count(h, key, default, false);
     // `restart` is an argv, or `{ runtime = true }`.
     let runtime_table = match h.get("restart") {
         Some((_, v)) => match v.get_ref() {
