@@ -399,42 +399,20 @@ mod tests {
         assert_eq!(id.pod.as_deref(), Some("runner-0"));
         let g = |s: &str| Some(Glob(s.into()));
         let lab = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let by_container = |s: &str| ContainerRule {
+            container: g(s),
+            ..Default::default()
+        };
+        let by_labels = |labels: Vec<(String, String)>| ContainerRule {
+            labels,
+            ..Default::default()
+        };
         for (rule, want) in [
-            (
-                ContainerRule {
-                    container: g("runner-*"),
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    container: g("other*"),
-                    ..Default::default()
-                },
-                false,
-            ),
-            (
-                ContainerRule {
-                    container: g(&"a".repeat(12)),
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    container: g(&"A".repeat(12)),
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    container: g(&"a".repeat(11)),
-                    ..Default::default()
-                },
-                false,
-            ),
+            (by_container("runner-*"), true),
+            (by_container("other*"), false),
+            (by_container(&"a".repeat(12)), true),
+            (by_container(&"A".repeat(12)), true),
+            (by_container(&"a".repeat(11)), false),
             (
                 ContainerRule {
                     image: g("shtest:*"),
@@ -442,32 +420,11 @@ mod tests {
                 },
                 true,
             ),
+            (by_labels(vec![lab("app", "runner")]), true),
+            (by_labels(vec![lab("app", "run")]), false),
+            (by_labels(vec![lab("quoted", "a\"b\nc")]), true),
             (
-                ContainerRule {
-                    labels: vec![lab("app", "runner")],
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    labels: vec![lab("app", "run")],
-                    ..Default::default()
-                },
-                false,
-            ),
-            (
-                ContainerRule {
-                    labels: vec![lab("quoted", "a\"b\nc")],
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    labels: vec![lab("app", "runner"), lab("tier", "x")],
-                    ..Default::default()
-                },
+                by_labels(vec![lab("app", "runner"), lab("tier", "x")]),
                 false,
             ),
             (
@@ -499,27 +456,9 @@ mod tests {
             }])
             .unwrap();
         assert!(!bare.resolved);
-        assert!(
-            ContainerRule {
-                container: g(&"a".repeat(12)),
-                ..Default::default()
-            }
-            .matches(&bare)
-        );
-        assert!(
-            !ContainerRule {
-                container: g("runner-*"),
-                ..Default::default()
-            }
-            .matches(&bare)
-        );
-        assert!(
-            !ContainerRule {
-                labels: vec![lab("app", "runner")],
-                ..Default::default()
-            }
-            .matches(&bare)
-        );
+        assert!(by_container(&"a".repeat(12)).matches(&bare));
+        assert!(!by_container("runner-*").matches(&bare));
+        assert!(!by_labels(vec![lab("app", "runner")]).matches(&bare));
     }
 
     /// Container rules over a process table: a container's processes and
