@@ -27,7 +27,7 @@ mod thread;
 mod wait;
 
 pub use self::thread::task_clocks;
-use self::thread::{iterated, parse_status, thread};
+use self::thread::{Threads, iterated, parse_status, thread};
 use self::wait::{Mem, read_wait, recv_syscall, wait_syscall};
 
 /// Reads one process. `Err` only when the process itself is gone or its
@@ -112,13 +112,19 @@ pub fn process_in(
                 .collect();
             let task = std::os::fd::AsFd::as_fd(&dir);
             let mut mem = Mem::new(root, pid, access);
+            let mut cx = Threads {
+                sockets: &sockets,
+                clocks,
+                detail,
+                buf: &mut buf,
+                mem: &mut mem,
+                gaps: &mut gaps,
+            };
             for tid in tids {
-                if mem.out_of_time() {
+                if cx.mem.out_of_time() {
                     break;
                 }
-                if let Some(t) = thread(
-                    task, tid, &sockets, clocks, detail, &mut buf, &mut mem, &mut gaps,
-                ) {
+                if let Some(t) = thread(task, tid, &mut cx) {
                     threads.push(t);
                 }
             }
@@ -147,19 +153,19 @@ pub fn process_iterated(
     let mut gaps = Vec::new();
     let mut threads = Vec::with_capacity(pass.threads.len());
     let mut mem = Mem::new(root, pid, access);
+    let mut cx = Threads {
+        sockets: &pass.sockets,
+        clocks,
+        detail,
+        buf: &mut buf,
+        mem: &mut mem,
+        gaps: &mut gaps,
+    };
     for t in &pass.threads {
-        if mem.out_of_time() {
+        if cx.mem.out_of_time() {
             break;
         }
-        threads.push(iterated(
-            t,
-            &pass.sockets,
-            clocks,
-            detail,
-            &mut buf,
-            &mut mem,
-            &mut gaps,
-        ));
+        threads.push(iterated(t, &mut cx));
     }
     mem.recheck(&mut threads, &mut gaps);
     Ok(head.process(threads, pass.sockets.clone(), gaps))
@@ -298,21 +304,10 @@ mod tests {
         thread::{ThreadStat, parse_thread_stat},
         wait::WaitKind,
     };
-    use selfheal_core::proc::{ProcWait, syscall_name};
+    use selfheal_core::proc::syscall_name;
 
-    /// [`read_wait`] of `pid` through a reader of its own.
-    #[allow(clippy::too_many_arguments)]
-    fn wait_of(
-        pid: u32,
-        tid: u32,
-        syscall: &'static str,
-        kind: WaitKind,
-        arg0: u64,
-        arg1: u64,
-        sockets: &[(i32, u64)],
-        buf: &mut [u8],
-        gaps: &mut Vec<String>,
-    ) -> Option<ProcWait> {
+    /// `read` on the memory of `pid`, through a reader of its own.
+    fn with_mem<T>(pid: u32, read: impl FnOnce(&mut Mem<'_, '_>) -> T) -> T {
         let mut reader = crate::sys::memread::Reader::default();
         let mut access = MemAccess {
             reader: &mut reader,
@@ -320,8 +315,7 @@ mod tests {
             over: false,
         };
         let root = ProcRoot::default();
-        let mut mem = Mem::new(&root, pid, &mut access);
-        read_wait(&mut mem, tid, syscall, kind, arg0, arg1, sockets, buf, gaps)
+        read(&mut Mem::new(&root, pid, &mut access))
     }
 
     /// The three fields read by hand are what procfs's full parse gives, on
@@ -445,19 +439,24 @@ mod tests {
         let mut buf = vec![0u8; 64 << 10];
         let mut gaps = Vec::new();
         let sockets = [(3, 42)];
+        // Thread `tid` of `pid` waiting in `syscall` (of `kind`) with
+        // arguments `arg0` and `arg1`, its gaps put in `gaps`.
+        let mut wait = |pid: u32,
+                        tid: u32,
+                        syscall: &'static str,
+                        kind: WaitKind,
+                        arg0: u64,
+                        arg1: u64,
+                        gaps: &mut Vec<String>| {
+            with_mem(pid, |mem| {
+                read_wait(
+                    mem, tid, syscall, kind, arg0, arg1, &sockets, &mut buf, gaps,
+                )
+            })
+        };
         // Address 8: unmapped (EFAULT), twice: one gap.
         for _ in 0..2 {
-            let w = wait_of(
-                me,
-                me,
-                "poll",
-                WaitKind::Poll,
-                8,
-                2,
-                &sockets,
-                &mut buf,
-                &mut gaps,
-            );
+            let w = wait(me, me, "poll", WaitKind::Poll, 8, 2, &mut gaps);
             assert_eq!(w, None);
         }
         assert_eq!(gaps.len(), 1, "{gaps:?}");
@@ -470,28 +469,8 @@ mod tests {
         );
         // A huge nfds is cut at MAX_POLLFDS (and said so); a huge select
         // nfds at FD_SETSIZE.
-        let _ = wait_of(
-            me,
-            me,
-            "poll",
-            WaitKind::Poll,
-            8,
-            u64::MAX,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
-        let _ = wait_of(
-            me,
-            me,
-            "select",
-            WaitKind::Select,
-            u64::MAX,
-            8,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
+        let _ = wait(me, me, "poll", WaitKind::Poll, 8, u64::MAX, &mut gaps);
+        let _ = wait(me, me, "select", WaitKind::Select, u64::MAX, 8, &mut gaps);
         assert!(
             gaps.iter().any(|g| g.contains("only the first 4096")),
             "{gaps:?}"
@@ -501,28 +480,8 @@ mod tests {
             "{gaps:?}"
         );
         // A vanished process (ESRCH) and a closed epoll fd.
-        let _ = wait_of(
-            u32::MAX - 1,
-            1,
-            "ppoll",
-            WaitKind::Poll,
-            8,
-            1,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
-        let _ = wait_of(
-            me,
-            me,
-            "epoll_wait",
-            WaitKind::Epoll,
-            99_999,
-            0,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
+        let _ = wait(u32::MAX - 1, 1, "ppoll", WaitKind::Poll, 8, 1, &mut gaps);
+        let _ = wait(me, me, "epoll_wait", WaitKind::Epoll, 99_999, 0, &mut gaps);
         assert!(
             gaps.iter().any(|g| g.contains("cannot read its epoll set")),
             "{gaps:?}"
@@ -542,17 +501,19 @@ mod tests {
         let me = std::process::id();
         let mut buf = vec![0u8; 64 << 10];
         let mut gaps = Vec::new();
-        let w = wait_of(
-            me,
-            me,
-            "poll",
-            WaitKind::Poll,
-            set.as_ptr() as u64,
-            2,
-            &[(3, 42), (4, 43)],
-            &mut buf,
-            &mut gaps,
-        )
+        let w = with_mem(me, |mem| {
+            read_wait(
+                mem,
+                me,
+                "poll",
+                WaitKind::Poll,
+                set.as_ptr() as u64,
+                2,
+                &[(3, 42), (4, 43)],
+                &mut buf,
+                &mut gaps,
+            )
+        })
         .expect("a wait on socket 42");
         assert_eq!(
             (w.syscall, w.sockets, w.epoll_fd),
