@@ -16,7 +16,7 @@
 //! in the clock of the CPU it last ran on, never across CPUs.
 
 use procfs::process::FDTarget;
-use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks};
+use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks, ThreadInfo};
 
 use crate::sys::procfs::ProcRoot;
 
@@ -86,53 +86,42 @@ pub fn process_in(
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let mut buf = vec![0u8; 64 << 10];
-    let head = Head::read(root, pid, &mut buf)?;
-    let mut gaps = Vec::new();
-    let sockets = match socket_fds(root, pid) {
+    let sockets_of = |gaps: &mut Vec<String>| match socket_fds(root, pid) {
         Ok(v) => v,
         Err(e) => {
             gaps.push(format!("pid {pid}: cannot list fds: {e}"));
             Vec::new()
         }
     };
-    let mut threads = Vec::new();
     // The task directory is opened once; each thread's files are opened
     // relative to it (`TID/stat`), not by a full path walked from `/`.
-    match nix::dir::Dir::open(
-        &root.of_pid(pid, "task"),
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(mut dir) => {
-            let tids: Vec<u32> = dir
-                .iter()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
-                .collect();
-            let task = std::os::fd::AsFd::as_fd(&dir);
-            let mut mem = Mem::new(root, pid, access);
-            let mut cx = Threads {
-                sockets: &sockets,
-                clocks,
-                detail,
-                buf: &mut buf,
-                mem: &mut mem,
-                gaps: &mut gaps,
-            };
-            for tid in tids {
-                if cx.mem.out_of_time() {
-                    break;
-                }
-                if let Some(t) = thread(task, tid, &mut cx) {
-                    threads.push(t);
+    let read_threads =
+        |cx: &mut Threads<'_, '_, '_>, threads: &mut Vec<ThreadInfo>| match nix::dir::Dir::open(
+            &root.of_pid(pid, "task"),
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            Ok(mut dir) => {
+                let tids: Vec<u32> = dir
+                    .iter()
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
+                    .collect();
+                let task = std::os::fd::AsFd::as_fd(&dir);
+                for tid in tids {
+                    if cx.mem.out_of_time() {
+                        break;
+                    }
+                    if let Some(t) = thread(task, tid, cx) {
+                        threads.push(t);
+                    }
                 }
             }
-            mem.recheck(&mut threads, &mut gaps);
-        }
-        Err(e) => gaps.push(format!("pid {pid}: cannot list threads: {e}")),
-    }
-    Ok(head.process(threads, sockets, gaps))
+            Err(e) => cx.gaps.push(format!("pid {pid}: cannot list threads: {e}")),
+        };
+    read_process(root, pid, detail, clocks, access, sockets_of, read_threads)
 }
 
 /// [`process_in`] with the threads and socket fds from one pass of the
@@ -148,27 +137,51 @@ pub fn process_iterated(
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
+    let sockets_of = |_: &mut Vec<String>| pass.sockets.clone();
+    let read_threads = |cx: &mut Threads<'_, '_, '_>, threads: &mut Vec<ThreadInfo>| {
+        threads.reserve(pass.threads.len());
+        for t in &pass.threads {
+            if cx.mem.out_of_time() {
+                break;
+            }
+            threads.push(iterated(t, cx));
+        }
+    };
+    read_process(root, pid, detail, clocks, access, sockets_of, read_threads)
+}
+
+/// Process `pid` under `root`: its own `stat` and `status`, its socket
+/// fds (`sockets_of`, which may add gaps), and the threads `read_threads`
+/// reads with what reading them shares (until `access`'s deadline); the
+/// wait sets read from its memory are checked again after.
+fn read_process(
+    root: &ProcRoot,
+    pid: u32,
+    detail: Detail,
+    clocks: &TaskClocks,
+    access: &mut MemAccess<'_>,
+    sockets_of: impl FnOnce(&mut Vec<String>) -> Vec<(i32, u64)>,
+    read_threads: impl FnOnce(&mut Threads<'_, '_, '_>, &mut Vec<ThreadInfo>),
+) -> procfs::ProcResult<ProcessInfo> {
     let mut buf = vec![0u8; 64 << 10];
     let head = Head::read(root, pid, &mut buf)?;
     let mut gaps = Vec::new();
-    let mut threads = Vec::with_capacity(pass.threads.len());
+    let sockets = sockets_of(&mut gaps);
+    let mut threads = Vec::new();
     let mut mem = Mem::new(root, pid, access);
-    let mut cx = Threads {
-        sockets: &pass.sockets,
-        clocks,
-        detail,
-        buf: &mut buf,
-        mem: &mut mem,
-        gaps: &mut gaps,
-    };
-    for t in &pass.threads {
-        if cx.mem.out_of_time() {
-            break;
-        }
-        threads.push(iterated(t, &mut cx));
-    }
+    read_threads(
+        &mut Threads {
+            sockets: &sockets,
+            clocks,
+            detail,
+            buf: &mut buf,
+            mem: &mut mem,
+            gaps: &mut gaps,
+        },
+        &mut threads,
+    );
     mem.recheck(&mut threads, &mut gaps);
-    Ok(head.process(threads, pass.sockets.clone(), gaps))
+    Ok(head.process(threads, sockets, gaps))
 }
 
 /// What a check reads of the process itself: its `stat` and `status`.
