@@ -364,27 +364,32 @@ mod tests {
         assert!(!Glob(p).matches(&t));
     }
 
+    /// The identity of the one container `info` of `runtime`, found from
+    /// a cgroup that names it as `seen` (by id alone).
+    fn identity_of(runtime: Runtime, info: ContainerInfo, seen: Runtime) -> Identity {
+        let id = info.id.clone();
+        Inventory::from_containers(vec![(runtime, info)])
+            .identity(&[CgroupContainer {
+                runtime: seen,
+                id,
+                pod_uid: None,
+                user: None,
+            }])
+            .unwrap()
+    }
+
     fn ident(labels: &[(&str, &str)]) -> Identity {
-        let inv = Inventory::from_containers(vec![(
-            Runtime::Docker,
-            ContainerInfo {
-                id: "a".repeat(64),
-                name: Some("runner-1".into()),
-                image: Some("shtest:1".into()),
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                init_pid: None,
-            },
-        )]);
-        inv.identity(&[CgroupContainer {
-            runtime: Runtime::Unknown,
+        let info = ContainerInfo {
             id: "a".repeat(64),
-            pod_uid: None,
-            user: None,
-        }])
-        .unwrap()
+            name: Some("runner-1".into()),
+            image: Some("shtest:1".into()),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            init_pid: None,
+        };
+        identity_of(Runtime::Docker, info, Runtime::Unknown)
     }
 
     #[test]
@@ -637,28 +642,18 @@ mod tests {
 
     #[test]
     fn describe_escapes_what_a_runtime_said() {
-        let inv = Inventory::from_containers(vec![(
-            Runtime::Containerd,
-            ContainerInfo {
-                id: "c".repeat(64),
-                name: Some("run\u{1b}[31mner".into()),
-                image: Some("img\n:1".into()),
-                labels: [
-                    ("io.kubernetes.pod.name".to_string(), "p\rod".to_string()),
-                    ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
-                ]
-                .into(),
-                init_pid: None,
-            },
-        )]);
-        let id = inv
-            .identity(&[CgroupContainer {
-                runtime: Runtime::Cri,
-                id: "c".repeat(64),
-                pod_uid: None,
-                user: None,
-            }])
-            .unwrap();
+        let info = ContainerInfo {
+            id: "c".repeat(64),
+            name: Some("run\u{1b}[31mner".into()),
+            image: Some("img\n:1".into()),
+            labels: [
+                ("io.kubernetes.pod.name".to_string(), "p\rod".to_string()),
+                ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
+            ]
+            .into(),
+            init_pid: None,
+        };
+        let id = identity_of(Runtime::Containerd, info, Runtime::Cri);
         assert_eq!(
             id.describe(),
             "run\\u{1b}[31mner (cccccccccccc, containerd, image img\\n:1, pod ns/p\\rod)"
