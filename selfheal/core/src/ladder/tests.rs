@@ -34,6 +34,32 @@ fn wedged(code: ReasonCode, inode: Option<u64>) -> Judgement {
     fixture::wedged_by(code, inode)
 }
 
+/// A history holding one action, a keepalive armed on a socket of pid 1,
+/// taken at `at_ms`.
+fn one_action_at(at_ms: u64) -> HealHistory {
+    let mut h = HealHistory::default();
+    h.record(
+        at_ms,
+        Step::ArmKeepalive {
+            pid: 1,
+            start_ticks: 1,
+            fd: 1,
+            inode: 1,
+        },
+        true,
+        String::new(),
+    );
+    h
+}
+
+/// The steps of `d`, which must act.
+fn acts(d: Decision) -> Vec<Step> {
+    let Decision::Act { steps } = d else {
+        panic!("{d:?}")
+    };
+    steps
+}
+
 fn busy() -> Judgement {
     Judgement {
         verdict: Verdict::Busy,
@@ -239,18 +265,7 @@ fn budgets_open_the_breaker() {
         max_actions_per_hour: 1,
         ..heal(false, false)
     };
-    let mut h = HealHistory::default();
-    h.record(
-        0,
-        Step::ArmKeepalive {
-            pid: 1,
-            start_ticks: 1,
-            fd: 1,
-            inode: 1,
-        },
-        true,
-        String::new(),
-    );
+    let mut h = one_action_at(0);
     h.rung = None;
     let d = decide(
         &cfg,
@@ -285,15 +300,13 @@ fn a_stopped_process_is_left_alone() {
 #[test]
 fn steps_carry_the_process_identity() {
     let mut h = HealHistory::default();
-    let Decision::Act { steps } = decide(
+    let steps = acts(decide(
         &heal(false, false),
         &wedged(ReasonCode::PeerUnresponsive, Some(42)),
         &report('S', true),
         &mut h,
         0,
-    ) else {
-        panic!("acts")
-    };
+    ));
     assert_eq!(
         steps,
         [Step::ArmKeepalive {
@@ -317,18 +330,7 @@ fn steps_carry_the_process_identity() {
 
 #[test]
 fn old_actions_leave_the_hour() {
-    let mut h = HealHistory::default();
-    h.record(
-        0,
-        Step::ArmKeepalive {
-            pid: 1,
-            start_ticks: 1,
-            fd: 1,
-            inode: 1,
-        },
-        true,
-        String::new(),
-    );
+    let mut h = one_action_at(0);
     let _ = decide(
         &HealConfig::default(),
         &busy(),
@@ -498,9 +500,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
         &mut h,
         100 * SEC,
     );
-    let Decision::Act { steps } = d else {
-        panic!("{d:?}")
-    };
+    let steps = acts(d);
     assert_eq!(
         steps,
         vec![Step::RestartContainer {
@@ -618,15 +618,13 @@ fn socket_steps_come_from_findings_not_from_reason_evidence() {
     // The finding addresses the socket as the (fresher) evidence has it now.
     let mut moved = report('S', true);
     moved.sockets[0].fd = Some(11);
-    let Decision::Act { steps } = decide(
+    let steps = acts(decide(
         &heal(false, false),
         &wedged(ReasonCode::PeerUnresponsive, Some(42)),
         &moved,
         &mut HealHistory::default(),
         0,
-    ) else {
-        panic!("acts")
-    };
+    ));
     assert_eq!(
         steps,
         [Step::ArmKeepalive {
@@ -711,17 +709,13 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
         j
     };
     let r = report('S', true);
-    let mut h = HealHistory::default();
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
-        &mut h,
-        1_000 * SEC,
-    );
-    let Decision::Act { steps } = d else {
-        panic!("{d:?}")
+    // `j` decided on `r` under `cfg`, with `h`, at `now_ms`.
+    let on_r = |cfg: &HealConfig, j: &Judgement, h: &mut HealHistory, now_ms: u64| {
+        decide(cfg, j, &r, h, now_ms)
     };
+    let proven_idle = finding(DeadKind::Idle, true, Verdict::Degraded);
+    let mut h = HealHistory::default();
+    let steps = acts(on_r(&cfg, &proven_idle, &mut h, 1_000 * SEC));
     assert_eq!(
         steps.iter().map(Step::name).collect::<Vec<_>>(),
         ["expire_keepalive"]
@@ -730,13 +724,7 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
     h.record_ending(1_000 * SEC, steps[0].clone(), true, String::new());
     assert_eq!((h.rung, h.steps_this_wedge), (None, 0));
     // Within the step window: given its time.
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
-        &mut h,
-        1_010 * SEC,
-    );
+    let d = on_r(&cfg, &proven_idle, &mut h, 1_010 * SEC);
     assert_eq!(
         d,
         Decision::Wait {
@@ -745,56 +733,34 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
         }
     );
     // Past it, still there: ended again.
-    let again = finding(DeadKind::Idle, true, Verdict::Degraded);
-    let d = decide(&cfg, &again, &r, &mut h, 1_031 * SEC);
+    let d = on_r(&cfg, &proven_idle, &mut h, 1_031 * SEC);
     assert!(matches!(d, Decision::Act { .. }), "{d:?}");
     // A hung connect: destroyed.
-    let mut h = HealHistory::default();
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Connecting, false, Verdict::Unresponsive),
-        &r,
-        &mut h,
-        1_000 * SEC,
-    );
-    let Decision::Act { steps } = d else {
-        panic!("{d:?}")
-    };
+    let hung = finding(DeadKind::Connecting, false, Verdict::Unresponsive);
+    let steps = acts(on_r(&cfg, &hung, &mut HealHistory::default(), 1_000 * SEC));
     assert_eq!(
         steps.iter().map(Step::name).collect::<Vec<_>>(),
         ["destroy_socket"]
     );
     // An awaited dead socket in an agent that is not wedged (impossible from
     // the judge, but the rule is the verdict's): nothing.
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Awaited, true, Verdict::Degraded),
-        &r,
-        &mut HealHistory::default(),
-        1_000 * SEC,
-    );
+    let awaited = finding(DeadKind::Awaited, true, Verdict::Degraded);
+    let d = on_r(&cfg, &awaited, &mut HealHistory::default(), 1_000 * SEC);
     assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
     // Socket steps off, or the budget spent: left open, and said.
     let off = HealConfig {
         sockets: false,
         ..heal(true, true)
     };
-    let d = decide(
-        &off,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
-        &mut HealHistory::default(),
-        1_000 * SEC,
-    );
+    let d = on_r(&off, &proven_idle, &mut HealHistory::default(), 1_000 * SEC);
     assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
     let spent = HealConfig {
         max_actions_per_hour: 0,
         ..heal(true, true)
     };
-    let d = decide(
+    let d = on_r(
         &spent,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
+        &proven_idle,
         &mut HealHistory::default(),
         1_000 * SEC,
     );
