@@ -60,6 +60,28 @@ fn acts(d: Decision) -> Vec<Step> {
     steps
 }
 
+/// The decision at time 0 on a fresh history, under `cfg`, on a wedge by
+/// `code` (on socket `inode`) of the process in `state`; and the history
+/// after it.
+fn first_decision(
+    cfg: &HealConfig,
+    code: ReasonCode,
+    inode: Option<u64>,
+    state: char,
+) -> (Decision, HealHistory) {
+    let mut h = HealHistory::default();
+    let d = decide(cfg, &wedged(code, inode), &report(state, true), &mut h, 0);
+    (d, h)
+}
+
+/// Asserts that `d` gave up, saying `what`.
+fn assert_gave_up(d: &Decision, what: &str) {
+    assert!(
+        matches!(d, Decision::GaveUp { why } if why.contains(what)),
+        "{d:?}"
+    );
+}
+
 fn busy() -> Judgement {
     Judgement {
         verdict: Verdict::Busy,
@@ -151,10 +173,7 @@ fn defaults_act_only_on_sockets() {
         &mut h,
         0,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("no step fits")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "no step fits");
 }
 
 #[test]
@@ -239,10 +258,7 @@ fn budgets_open_the_breaker() {
         &mut h,
         100 * SEC,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("restart budget")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "restart budget");
     // The breaker stays open while the agent stays wedged...
     assert!(matches!(
         decide(
@@ -274,22 +290,12 @@ fn budgets_open_the_breaker() {
         &mut h,
         100 * SEC,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("action budget")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "action budget");
 }
 
 #[test]
 fn a_stopped_process_is_left_alone() {
-    let mut h = HealHistory::default();
-    let d = decide(
-        &heal(true, true),
-        &wedged(ReasonCode::ControlSilent, Some(42)),
-        &report('T', true),
-        &mut h,
-        0,
-    );
+    let (d, h) = first_decision(&heal(true, true), ReasonCode::ControlSilent, Some(42), 'T');
     assert!(
         matches!(&d, Decision::Nothing { why } if why.contains("stopped")),
         "{d:?}"
@@ -299,14 +305,13 @@ fn a_stopped_process_is_left_alone() {
 
 #[test]
 fn steps_carry_the_process_identity() {
-    let mut h = HealHistory::default();
-    let steps = acts(decide(
+    let (d, _) = first_decision(
         &heal(false, false),
-        &wedged(ReasonCode::PeerUnresponsive, Some(42)),
-        &report('S', true),
-        &mut h,
-        0,
-    ));
+        ReasonCode::PeerUnresponsive,
+        Some(42),
+        'S',
+    );
+    let steps = acts(d);
     assert_eq!(
         steps,
         [Step::ArmKeepalive {
@@ -317,13 +322,11 @@ fn steps_carry_the_process_identity() {
         }]
     );
     // A socket the judgement names but the evidence no longer has is skipped.
-    let mut h = HealHistory::default();
-    let d = decide(
+    let (d, _) = first_decision(
         &heal(false, false),
-        &wedged(ReasonCode::PeerUnresponsive, Some(4242)),
-        &report('S', true),
-        &mut h,
-        0,
+        ReasonCode::PeerUnresponsive,
+        Some(4242),
+        'S',
     );
     assert!(matches!(d, Decision::GaveUp { .. }), "{d:?}");
 }
@@ -546,10 +549,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
         &mut h,
         200 * SEC,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("restart budget")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "restart budget");
 }
 
 /// A control stream proven dead by its heartbeat, with nothing in
