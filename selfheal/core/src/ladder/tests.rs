@@ -74,6 +74,14 @@ fn first_decision(
     (d, h)
 }
 
+/// The same wedge by `code` on socket 42 of a sleeping process, at each
+/// of `secs`.
+fn wedged_at(code: ReasonCode, secs: &[u64]) -> Vec<(u64, Judgement, Report)> {
+    secs.iter()
+        .map(|t| (t * SEC, wedged(code, Some(42)), report('S', true)))
+        .collect()
+}
+
 /// Asserts that `d` gave up, saying `what`.
 fn assert_gave_up(d: &Decision, what: &str) {
     assert!(
@@ -116,19 +124,10 @@ fn timeline(cfg: &HealConfig, events: &[(u64, Judgement, Report)]) -> Vec<String
 #[test]
 fn a_dead_socket_climbs_the_socket_rungs_then_the_process_rungs() {
     let cfg = heal(true, true);
-    let w = || {
-        (
-            wedged(ReasonCode::ControlSilent, Some(42)),
-            report('S', true),
-        )
-    };
-    let events: Vec<_> = [0, 5, 31, 40, 62, 105, 140, 190, 200]
-        .iter()
-        .map(|t| {
-            let (j, r) = w();
-            (t * SEC, j, r)
-        })
-        .collect();
+    let events = wedged_at(
+        ReasonCode::ControlSilent,
+        &[0, 5, 31, 40, 62, 105, 140, 190, 200],
+    );
     assert_eq!(
         timeline(&cfg, &events),
         [
@@ -149,16 +148,7 @@ fn a_dead_socket_climbs_the_socket_rungs_then_the_process_rungs() {
 fn defaults_act_only_on_sockets() {
     // No signal, no restart configured: after the socket rungs, give up.
     let cfg = HealConfig::default();
-    let events: Vec<_> = [0, 31, 70]
-        .iter()
-        .map(|t| {
-            (
-                t * SEC,
-                wedged(ReasonCode::PeerUnresponsive, Some(42)),
-                report('S', true),
-            )
-        })
-        .collect();
+    let events = wedged_at(ReasonCode::PeerUnresponsive, &[0, 31, 70]);
     assert_eq!(
         timeline(&cfg, &events),
         ["arm_keepalive", "destroy_socket", "gave_up"]
@@ -207,16 +197,7 @@ fn backoff_doubles_with_every_step_that_did_not_help() {
         step_window: Duration::from_secs(30),
         ..heal(true, true)
     };
-    let events: Vec<_> = [0, 31, 41, 70, 121, 200, 281]
-        .iter()
-        .map(|t| {
-            (
-                t * SEC,
-                wedged(ReasonCode::ControlSilent, Some(42)),
-                report('S', true),
-            )
-        })
-        .collect();
+    let events = wedged_at(ReasonCode::ControlSilent, &[0, 31, 41, 70, 121, 200, 281]);
     // Window 30 s; backoff 40 s, then 80 s, then 160 s.
     let got = timeline(&cfg, &events);
     assert_eq!(
