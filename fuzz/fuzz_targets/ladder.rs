@@ -18,7 +18,7 @@ use libfuzzer_sys::{
 use selfheal_core::{
     config::{AgentConfig, Config, HealConfig, Thresholds},
     judge::{self, AgentHistory, ProbeView, Verdict},
-    ladder::{self, ActionRecord, HealHistory, Step},
+    ladder::{self, ActionRecord, HealHistory, SocketStep, Step},
 };
 use selfheal_fuzz::{report, wedged};
 
@@ -28,16 +28,6 @@ name = "sol"
 match = { pid = 100 }
 upstream = [{ role = "control", addr = "10.0.0.1:7443" }]
 "#;
-
-const VERDICTS: [Verdict; 7] = [
-    Verdict::Healthy,
-    Verdict::Idle,
-    Verdict::Busy,
-    Verdict::Degraded,
-    Verdict::Unresponsive,
-    Verdict::Wedged,
-    Verdict::Down,
-];
 
 fn base() -> &'static AgentConfig {
     static AGENT: OnceLock<AgentConfig> = OnceLock::new();
@@ -104,24 +94,9 @@ fn step(u: &mut Unstructured<'_>) -> Result<Step> {
             grace_ms: u.arbitrary()?,
             timeout_ms: u.arbitrary()?,
         },
-        0 => Step::ArmKeepalive {
-            pid,
-            start_ticks,
-            fd,
-            inode,
-        },
-        4 => Step::ExpireKeepalive {
-            pid,
-            start_ticks,
-            fd,
-            inode,
-        },
-        1 => Step::DestroySocket {
-            pid,
-            start_ticks,
-            fd,
-            inode,
-        },
+        0 => Step::on_socket(SocketStep::ArmKeepalive, pid, start_ticks, fd, inode),
+        4 => Step::on_socket(SocketStep::ExpireKeepalive, pid, start_ticks, fd, inode),
+        1 => Step::on_socket(SocketStep::Destroy, pid, start_ticks, fd, inode),
         2 => Step::Signal {
             pid,
             start_ticks,
@@ -154,9 +129,9 @@ fn heal_history(u: &mut Unstructured<'_>) -> Result<HealHistory> {
 }
 
 fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
-    let verdict = match u.int_in_range(0..=VERDICTS.len())? {
+    let verdict = match u.int_in_range(0..=Verdict::ALL.len())? {
         0 => None,
-        i => Some(VERDICTS[i - 1]),
+        i => Some(Verdict::ALL[i - 1]),
     };
     Ok(AgentHistory {
         verdict,

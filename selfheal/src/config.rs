@@ -5,13 +5,12 @@
 //! ([`selfheal_core::config`]).
 
 use std::{
-    io::Read as _,
     net::ToSocketAddrs as _,
     path::{Path, PathBuf},
 };
 
 use selfheal_core::config::{
-    AgentConfig, Config, ConfigError, MAX_CONFIG_BYTES, ResolvedUpstreams, candidates, line_col,
+    AgentConfig, Config, ConfigError, MAX_CONFIG_BYTES, ResolvedUpstreams, candidates,
 };
 
 /// The config file to load: `cli` (the `--config` argument) when given, which
@@ -48,48 +47,13 @@ pub fn locate_among(cli: Option<&Path>, candidates: Vec<PathBuf>) -> Result<Path
 /// Reads and validates the config at `path`, after checking that only
 /// root or we could have written it ([`crate::trust::open_trusted`]).
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let read_err = |error| ConfigError::Read {
-        path: path.to_path_buf(),
-        error,
-    };
-    let file = crate::trust::open_trusted(
+    let text = crate::trust::read_trusted_text(
         path,
         crate::sys::creds::euid(),
         crate::trust::Sticky::AlsoItsOwn,
-    )
-    .map_err(|e| match e {
-        crate::trust::TrustError::Read { path, error } => ConfigError::Read { path, error },
-        crate::trust::TrustError::Untrusted { reason } => ConfigError::Untrusted {
-            path: path.to_path_buf(),
-            reason,
-        },
-    })?;
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(ConfigError::Invalid {
-            path: path.to_path_buf(),
-            line: 1,
-            column: 1,
-            message: format!("file larger than {} MiB", MAX_CONFIG_BYTES >> 20),
-        });
-    }
-    match String::from_utf8(bytes) {
-        Ok(text) => Config::parse(&text, path),
-        Err(e) => {
-            let valid = e.utf8_error().valid_up_to();
-            let text = String::from_utf8_lossy(&e.as_bytes()[..valid]);
-            let (line, column) = line_col(&text, valid);
-            Err(ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line,
-                column,
-                message: "not UTF-8 text".into(),
-            })
-        }
-    }
+        MAX_CONFIG_BYTES,
+    )?;
+    Config::parse(&text, path)
 }
 
 /// Resolves the upstreams' host names (once each, with the system

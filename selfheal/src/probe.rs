@@ -471,50 +471,48 @@ async fn run_http(req: &HttpRequest<'_>, client: &reqwest::Client) -> ProbeResul
     }
 
     let mut body: Vec<u8> = Vec::new();
-    loop {
+    // Why the body was not read to its end, if it was not.
+    let cut: Option<(ProbeError, String)> = loop {
         match tokio::time::timeout_at(deadline, response.chunk()).await {
             Err(_) => {
-                result.latency_ms = Some(elapsed_ms(start));
-                result.body_excerpt = excerpt(&body);
-                result.fail(
+                break Some((
                     ProbeError::Timeout,
                     format!(
                         "body of {} not complete within {timeout_text} ({} bytes read)",
                         shown_url,
                         body.len()
                     ),
-                );
-                return result;
+                ));
             }
             Ok(Err(e)) => {
-                result.latency_ms = Some(elapsed_ms(start));
-                result.body_excerpt = excerpt(&body);
-                result.fail(
+                break Some((
                     classify(failure_of(&e)),
                     format!("reading the body: {}", error_chain(&e)),
-                );
-                return result;
+                ));
             }
-            Ok(Ok(None)) => break,
+            Ok(Ok(None)) => break None,
             Ok(Ok(Some(chunk))) => {
                 let room = MAX_BODY_BYTES - body.len();
                 if chunk.len() > room {
                     body.extend_from_slice(&chunk[..room]);
-                    result.latency_ms = Some(elapsed_ms(start));
-                    result.body_excerpt = excerpt(&body);
-                    result.fail(
+                    break Some((
                         ProbeError::TooLarge,
                         format!(
                             "body of {} is over the {} limit (stopped reading)",
                             shown_url,
                             size_text(MAX_BODY_BYTES)
                         ),
-                    );
-                    return result;
+                    ));
                 }
                 body.extend_from_slice(&chunk);
             }
         }
+    };
+    if let Some((error, detail)) = cut {
+        result.latency_ms = Some(elapsed_ms(start));
+        result.body_excerpt = excerpt(&body);
+        result.fail(error, detail);
+        return result;
     }
     // Dropping the response here (body fully read) closes the connection.
     drop(response);

@@ -1,9 +1,9 @@
 //! Whether a file that decides what selfheal does with its privileges — the
 //! config (which processes to signal, which restart command to run) and the
 //! helper's policy (who may act on whom) — could have been written by
-//! someone selfheal must not trust. This module owns that one rule and
-//! opening such a file by it ([`open_trusted`]); the callers own their
-//! errors' wording.
+//! someone selfheal must not trust. This module owns that one rule,
+//! opening such a file by it ([`open_trusted`]) and reading it as text
+//! ([`read_trusted_text`]); the callers own their errors' types.
 //!
 //! Trusted are root and the user selfheal runs as. The file and every
 //! directory above it (along its real path) must be owned by a trusted
@@ -15,8 +15,14 @@
 
 use std::{
     fs::File,
+    io::Read as _,
     os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
+};
+
+use selfheal_core::{
+    config::{ConfigError, line_col, walk::Invalid},
+    policy::PolicyError,
 };
 
 /// Why a file was not opened.
@@ -40,6 +46,60 @@ pub enum Sticky {
     AboveItsOwn,
     /// As the file's own directory too (a config in `/tmp`).
     AlsoItsOwn,
+}
+
+/// The error type of a file read by [`read_trusted_text`]: how it says
+/// that the file could not be read, could not be trusted, or is not valid.
+pub trait FileError: Invalid {
+    fn read(path: PathBuf, error: std::io::Error) -> Self;
+    fn untrusted(path: &Path, reason: String) -> Self;
+}
+
+/// The config's and the policy's errors, whose `Read` and `Untrusted`
+/// variants are the same.
+macro_rules! file_error {
+    ($($t:ident),+) => {$(
+        impl FileError for $t {
+            fn read(path: PathBuf, error: std::io::Error) -> Self {
+                $t::Read { path, error }
+            }
+            fn untrusted(path: &Path, reason: String) -> Self {
+                $t::Untrusted {
+                    path: path.to_path_buf(),
+                    reason,
+                }
+            }
+        }
+    )+};
+}
+file_error!(ConfigError, PolicyError);
+
+/// Reads `path` as UTF-8 text of at most `max_bytes` after
+/// [`open_trusted`] opened it.
+pub fn read_trusted_text<E: FileError>(
+    path: &Path,
+    euid: u32,
+    sticky: Sticky,
+    max_bytes: u64,
+) -> Result<String, E> {
+    let file = open_trusted(path, euid, sticky).map_err(|e| match e {
+        TrustError::Read { path, error } => E::read(path, error),
+        TrustError::Untrusted { reason } => E::untrusted(path, reason),
+    })?;
+    let mut bytes = Vec::new();
+    file.take(max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| E::read(path.to_path_buf(), error))?;
+    if bytes.len() as u64 > max_bytes {
+        let message = format!("file larger than {} MiB", max_bytes >> 20);
+        return Err(E::invalid(path, 1, 1, message));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        let text = String::from_utf8_lossy(&e.as_bytes()[..valid]);
+        let (line, column) = line_col(&text, valid);
+        E::invalid(path, line, column, "not UTF-8 text".into())
+    })
 }
 
 /// Opens `path` for reading after checking that only root or `euid` could

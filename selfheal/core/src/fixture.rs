@@ -155,3 +155,18 @@ pub fn after_first_step(at_ms: u64) -> HealHistory {
     );
     h
 }
+
+/// Asserts that `parse` rejects each of `inputs`; one it accepts is named
+/// in the failure (as lossy UTF-8).
+pub fn assert_all_rejected<'a, T, E>(
+    inputs: &[&'a [u8]],
+    parse: impl Fn(&'a [u8]) -> Result<T, E>,
+) {
+    for input in inputs {
+        assert!(
+            parse(input).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
+    }
+}

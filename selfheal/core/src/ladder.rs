@@ -83,7 +83,40 @@ pub enum Step {
     },
 }
 
+/// The steps that act on one socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketStep {
+    ArmKeepalive,
+    ExpireKeepalive,
+    Destroy,
+}
+
 impl Step {
+    /// The socket step `kind` on socket `fd` (inode `inode`) of process
+    /// `pid`.
+    pub fn on_socket(kind: SocketStep, pid: u32, start_ticks: u64, fd: i32, inode: u64) -> Step {
+        match kind {
+            SocketStep::ArmKeepalive => Step::ArmKeepalive {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            },
+            SocketStep::ExpireKeepalive => Step::ExpireKeepalive {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            },
+            SocketStep::Destroy => Step::DestroySocket {
+                pid,
+                start_ticks,
+                fd,
+                inode,
+            },
+        }
+    }
+
     /// The act this step is.
     pub fn act(&self) -> Act {
         match self {
@@ -385,24 +418,7 @@ fn end_unawaited(
     }
     let steps: Vec<Step> = fresh
         .into_iter()
-        .map(|d| {
-            let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
-            if d.by_proof {
-                Step::ExpireKeepalive {
-                    pid,
-                    start_ticks,
-                    fd,
-                    inode,
-                }
-            } else {
-                Step::DestroySocket {
-                    pid,
-                    start_ticks,
-                    fd,
-                    inode,
-                }
-            }
-        })
+        .map(|d| expire_or(&d, SocketStep::Destroy))
         .collect();
     if steps.is_empty() {
         return None;
@@ -526,6 +542,22 @@ fn signal_targets(j: &Judgement, report: &Report) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// The socket step `kind` on the dead socket `d`.
+fn socket_step(d: &DeadSocket, kind: SocketStep) -> Step {
+    Step::on_socket(kind, d.pid, d.start_ticks, d.fd, d.inode)
+}
+
+/// On the dead socket `d`: ending it as a keepalive timeout when a proof
+/// keepalive went unanswered on it, else `unproven`.
+fn expire_or(d: &DeadSocket, unproven: SocketStep) -> Step {
+    let kind = if d.by_proof {
+        SocketStep::ExpireKeepalive
+    } else {
+        unproven
+    };
+    socket_step(d, kind)
+}
+
 /// The steps rung `rung` would take now (none when it does not apply).
 fn rung_steps(
     rung: u8,
@@ -543,33 +575,11 @@ fn rung_steps(
         // in flight goes straight to the next rung.
         0 if sockets.iter().all(|d| d.by_proof || d.unacked == 0) => sockets
             .iter()
-            .map(|d| {
-                let (pid, start_ticks, fd, inode) = (d.pid, d.start_ticks, d.fd, d.inode);
-                if d.by_proof {
-                    Step::ExpireKeepalive {
-                        pid,
-                        start_ticks,
-                        fd,
-                        inode,
-                    }
-                } else {
-                    Step::ArmKeepalive {
-                        pid,
-                        start_ticks,
-                        fd,
-                        inode,
-                    }
-                }
-            })
+            .map(|d| expire_or(d, SocketStep::ArmKeepalive))
             .collect(),
         1 => sockets
             .iter()
-            .map(|d| Step::DestroySocket {
-                pid: d.pid,
-                start_ticks: d.start_ticks,
-                fd: d.fd,
-                inode: d.inode,
-            })
+            .map(|d| socket_step(d, SocketStep::Destroy))
             .collect(),
         2 if cfg.signal => targets
             .iter()

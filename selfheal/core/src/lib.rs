@@ -35,6 +35,17 @@
 //!   itself);
 //! - **keep**: [`state`] (the state file's envelope and its decoding).
 
+/// `Display` for each of the types named: each prints its `as_str()`.
+macro_rules! display_as_str {
+    ($($t:ty),+ $(,)?) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )+};
+}
+
 pub mod authority;
 pub mod cgroup;
 pub mod clock;

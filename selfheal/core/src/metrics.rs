@@ -26,17 +26,6 @@ use crate::{
     probe::ProbeKind,
 };
 
-/// Every verdict, in the order the state-set lists them.
-pub const VERDICTS: [Verdict; 7] = [
-    Verdict::Healthy,
-    Verdict::Idle,
-    Verdict::Busy,
-    Verdict::Degraded,
-    Verdict::Unresponsive,
-    Verdict::Wedged,
-    Verdict::Down,
-];
-
 /// The eBPF strategies a host can report, `none` last.
 pub const STRATEGIES: [&str; 5] = ["tp_btf", "fentry", "kprobe", "tracepoint", "none"];
 
@@ -158,7 +147,7 @@ pub fn render(outcomes: &[Outcome], history: &History, info: &CheckInfo) -> Stri
         "1 for the agent's current verdict, 0 for the others (a state-set).",
     );
     for a in outcomes {
-        for v in VERDICTS {
+        for v in Verdict::ALL {
             let _ = writeln!(
                 o,
                 "selfheal_agent_verdict{{agent=\"{}\",verdict=\"{v}\"}} {}",

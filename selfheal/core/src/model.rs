@@ -40,11 +40,7 @@ impl SocketRole {
     }
 }
 
-impl fmt::Display for SocketRole {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(SocketRole);
 
 /// A TCP state, named as `ss` names it (the kernel's `TCP_*` numbering).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -114,11 +110,7 @@ impl TcpState {
     }
 }
 
-impl fmt::Display for TcpState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(TcpState);
 
 /// Where a blocked receive's timing came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -139,11 +131,7 @@ impl RecvSource {
     }
 }
 
-impl fmt::Display for RecvSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(RecvSource);
 
 /// The stable code of a verdict's reason: the `reasons[].code` of
 /// `check --json`, which scripts and alert rules match on. Every code the
@@ -256,11 +244,7 @@ impl ReasonCode {
     }
 }
 
-impl fmt::Display for ReasonCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(ReasonCode);
 
 /// What kind of thing could not be seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

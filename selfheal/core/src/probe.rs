@@ -647,31 +647,27 @@ mod tests {
     #[test]
     fn classification() {
         use io::ErrorKind as K;
-        assert_eq!(classify(Failure::Timeout), ProbeError::Timeout);
-        assert_eq!(
-            classify(Failure::Connect(Some(K::ConnectionRefused))),
-            ProbeError::Refused
-        );
-        assert_eq!(
-            classify(Failure::Connect(Some(K::TimedOut))),
-            ProbeError::Timeout
-        );
-        assert_eq!(
-            classify(Failure::Connect(Some(K::HostUnreachable))),
-            ProbeError::Connect
-        );
-        assert_eq!(classify(Failure::Connect(None)), ProbeError::Connect);
-        assert_eq!(classify(Failure::Redirect), ProbeError::RedirectLoop);
-        assert_eq!(classify(Failure::Builder), ProbeError::Invalid);
-        assert_eq!(
-            classify(Failure::Other(Some(K::ConnectionReset))),
-            ProbeError::Io
-        );
-        assert_eq!(
-            classify(Failure::Other(Some(K::TimedOut))),
-            ProbeError::Timeout
-        );
-        assert_eq!(classify(Failure::Other(None)), ProbeError::Io);
+        let cases = [
+            (Failure::Timeout, ProbeError::Timeout),
+            (
+                Failure::Connect(Some(K::ConnectionRefused)),
+                ProbeError::Refused,
+            ),
+            (Failure::Connect(Some(K::TimedOut)), ProbeError::Timeout),
+            (
+                Failure::Connect(Some(K::HostUnreachable)),
+                ProbeError::Connect,
+            ),
+            (Failure::Connect(None), ProbeError::Connect),
+            (Failure::Redirect, ProbeError::RedirectLoop),
+            (Failure::Builder, ProbeError::Invalid),
+            (Failure::Other(Some(K::ConnectionReset)), ProbeError::Io),
+            (Failure::Other(Some(K::TimedOut)), ProbeError::Timeout),
+            (Failure::Other(None), ProbeError::Io),
+        ];
+        for (failure, want) in cases {
+            assert_eq!(classify(failure), want, "{failure:?}");
+        }
     }
 
     #[test]
@@ -694,41 +690,32 @@ mod tests {
     fn health_file_rules() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let max = Duration::from_secs(30);
-        let fresh = health_file_result("/h".into(), max, Ok(now - Duration::from_secs(5)), now);
+        let result = |modified| health_file_result("/h".into(), max, modified, now);
+        let fresh = result(Ok(now - Duration::from_secs(5)));
         assert!(fresh.ok);
         assert_eq!(fresh.age_ms, Some(5_000));
         assert_eq!(fresh.kind, ProbeKind::HealthFile);
         assert_eq!(fresh.error, None);
 
-        let edge = health_file_result("/h".into(), max, Ok(now - max), now);
+        let edge = result(Ok(now - max));
         assert!(edge.ok, "exactly max_age is not stale");
 
-        let stale = health_file_result("/h".into(), max, Ok(now - Duration::from_secs(31)), now);
+        let stale = result(Ok(now - Duration::from_secs(31)));
         assert_eq!(stale.error, Some(ProbeError::Stale));
         assert!(!stale.ok);
         assert_eq!(stale.age_ms, Some(31_000));
         assert!(stale.detail.unwrap().contains("31s ago"));
 
-        let future = health_file_result("/h".into(), max, Ok(now + Duration::from_secs(9)), now);
+        let future = result(Ok(now + Duration::from_secs(9)));
         assert!(future.ok);
         assert_eq!(future.age_ms, Some(0));
         assert!(future.detail.unwrap().contains("future"));
 
-        let missing = health_file_result(
-            "/h".into(),
-            max,
-            Err(io::Error::from(io::ErrorKind::NotFound)),
-            now,
-        );
+        let missing = result(Err(io::Error::from(io::ErrorKind::NotFound)));
         assert_eq!(missing.error, Some(ProbeError::Missing));
         assert_eq!(missing.age_ms, None);
 
-        let denied = health_file_result(
-            "/h".into(),
-            max,
-            Err(io::Error::from(io::ErrorKind::PermissionDenied)),
-            now,
-        );
+        let denied = result(Err(io::Error::from(io::ErrorKind::PermissionDenied)));
         assert_eq!(denied.error, Some(ProbeError::Io));
     }
 

@@ -39,11 +39,7 @@ impl Runtime {
     }
 }
 
-impl std::fmt::Display for Runtime {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Runtime);
 
 /// A process's container as every output shows it: what the cgroup gives,
 /// and what a runtime added (`None` where no runtime answered).

@@ -540,6 +540,20 @@ mod tests {
         )
     }
 
+    /// A table of `(pid, ppid, argv0, cgroup)`.
+    fn table_in_cgroups(entries: &[(u32, u32, &str, &str)]) -> ProcessTable {
+        ProcessTable::from_entries(
+            entries
+                .iter()
+                .map(|&(pid, ppid, argv0, cgroup)| {
+                    let mut e = ProcEntry::new(pid, ppid, &[argv0]);
+                    e.cgroup = Some(cgroup.into());
+                    e
+                })
+                .collect(),
+        )
+    }
+
     fn cmdline(re: &str) -> MatchRule {
         MatchRule::Cmdline(regex::Regex::new(re).unwrap())
     }
@@ -748,28 +762,15 @@ mod tests {
 
     #[test]
     fn unit_rule_uses_the_cgroup() {
-        let mut entries = vec![
-            ProcEntry::new(1, 0, &["/sbin/init"]),
-            ProcEntry::new(10, 1, &["sol"]),
-            ProcEntry::new(11, 10, &["sol-worker"]),
-            ProcEntry::new(12, 10, &["moved-out"]),
-            ProcEntry::new(13, 12, &["grandchild"]),
-            ProcEntry::new(14, 1, &["delegated"]),
-            ProcEntry::new(15, 1, &["other"]),
-        ];
-        let cg = [
-            "/init.scope",
-            "/system.slice/sol.service",
-            "/system.slice/sol.service",
-            "/system.slice/sol-helper.service",
-            "/system.slice/sol.service",
-            "/system.slice/sol.service/payload",
-            "/system.slice/sol.service.other",
-        ];
-        for (e, c) in entries.iter_mut().zip(cg) {
-            e.cgroup = Some(c.into());
-        }
-        let t = ProcessTable::from_entries(entries);
+        let t = table_in_cgroups(&[
+            (1, 0, "/sbin/init", "/init.scope"),
+            (10, 1, "sol", "/system.slice/sol.service"),
+            (11, 10, "sol-worker", "/system.slice/sol.service"),
+            (12, 10, "moved-out", "/system.slice/sol-helper.service"),
+            (13, 12, "grandchild", "/system.slice/sol.service"),
+            (14, 1, "delegated", "/system.slice/sol.service/payload"),
+            (15, 1, "other", "/system.slice/sol.service.other"),
+        ]);
         let m = find(&MatchRule::Unit("sol.service".into()), &t);
         // 13's parent (12) is in another unit: it is a root of its own.
         assert_eq!(m.roots, [10, 13, 14]);
@@ -848,15 +849,11 @@ mod tests {
     /// container's cgroup), units are anchored there.
     #[test]
     fn units_under_a_contained_systemd() {
-        let mut entries = vec![
-            ProcEntry::new(1, 0, &["/sbin/init"]),
-            ProcEntry::new(2, 1, &["runner"]),
-            ProcEntry::new(3, 1, &["runner"]),
-        ];
-        entries[0].cgroup = Some("/docker/abc/init.scope".into());
-        entries[1].cgroup = Some("/docker/abc/system.slice/runner.service".into());
-        entries[2].cgroup = Some("/system.slice/runner.service".into());
-        let t = ProcessTable::from_entries(entries);
+        let t = table_in_cgroups(&[
+            (1, 0, "/sbin/init", "/docker/abc/init.scope"),
+            (2, 1, "runner", "/docker/abc/system.slice/runner.service"),
+            (3, 1, "runner", "/system.slice/runner.service"),
+        ]);
         assert_eq!(t.manager_root(), "/docker/abc");
         assert_eq!(
             find(&MatchRule::Unit("runner.service".into()), &t).roots,

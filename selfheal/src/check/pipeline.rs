@@ -60,12 +60,7 @@ pub(super) fn check_agent(
     if let Some(why) = &evidence.over_budget {
         return over_budget(agent, target, &report, why, probes, record, now_ms);
     }
-    let views: Vec<ProbeView> = agent
-        .probes
-        .iter()
-        .zip(&probes)
-        .map(|(c, r)| view(c, r))
-        .collect();
+    let views = views(agent, &probes);
     let before = record.judge.clone();
     let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
     let transition = before.verdict != Some(judgement.verdict);
@@ -377,12 +372,7 @@ pub fn diagnose(
 ) -> Diagnosis {
     let configs: Vec<_> = agent.probes.iter().collect();
     let results = probe::run_all(&configs);
-    let views: Vec<ProbeView> = agent
-        .probes
-        .iter()
-        .zip(&results)
-        .map(|(c, r)| view(c, r))
-        .collect();
+    let views = views(agent, &results);
     let (j, _) = judge::judge(agent, report, &views, history, now_ms);
     let mut proofs = Vec::new();
     for s in &report.sockets {
@@ -430,6 +420,16 @@ pub fn diagnose(
         proofs,
         proof_work: j.work,
     }
+}
+
+/// What the judge needs of the agent's probe results, one per probe.
+fn views(agent: &AgentConfig, results: &[ProbeResult]) -> Vec<ProbeView> {
+    agent
+        .probes
+        .iter()
+        .zip(results)
+        .map(|(c, r)| view(c, r))
+        .collect()
 }
 
 /// What the judge needs of a probe result.

@@ -175,12 +175,7 @@ impl Tracer {
         } else {
             share
         };
-        let map = self.ebpf.map_mut("SOCKS_SHARE").ok_or(TracerError::Map {
-            map: "SOCKS_SHARE",
-            reason: "missing from the object".into(),
-        })?;
-        let mut map: Array<&mut MapData, u64> =
-            Array::try_from(map).map_err(|e| map_err("SOCKS_SHARE", &e))?;
+        let mut map: Array<&mut MapData, u64> = array_mut(&mut self.ebpf, "SOCKS_SHARE")?;
         map.set(0, share, 0).map_err(|e| map_err("SOCKS_SHARE", &e))
     }
 
@@ -192,12 +187,7 @@ impl Tracer {
                 reason: format!("pid {tgid} is above the largest pid_max"),
             });
         }
-        let map = self.ebpf.map_mut("WATCHED").ok_or(TracerError::Map {
-            map: "WATCHED",
-            reason: "missing from the object".into(),
-        })?;
-        let mut bits: Array<&mut MapData, u64> =
-            Array::try_from(map).map_err(|e| map_err("WATCHED", &e))?;
+        let mut bits: Array<&mut MapData, u64> = array_mut(&mut self.ebpf, "WATCHED")?;
         let (index, bit) = (tgid / 64, 1u64 << (tgid % 64));
         let word = bits.get(&index, 0).map_err(|e| map_err("WATCHED", &e))?;
         let word = if on { word | bit } else { word & !bit };
@@ -211,25 +201,9 @@ impl Tracer {
         self.forget_owner(tgid);
         self.set_share()?;
         let mut recv: HashMap<&mut MapData, u32, InRecv> = map_mut(&mut self.ebpf, "IN_RECV")?;
-        let stale: Vec<u32> = recv
-            .iter()
-            .flatten()
-            .filter(|(_, r)| r.tgid == tgid)
-            .map(|(k, _)| k)
-            .collect();
-        for tid in stale {
-            let _ = recv.remove(&tid);
-        }
+        remove_where(&mut recv, |r| r.tgid == tgid);
         let mut socks: HashMap<&mut MapData, u64, SockActivity> = map_mut(&mut self.ebpf, "SOCKS")?;
-        let stale: Vec<u64> = socks
-            .iter()
-            .flatten()
-            .filter(|(_, a)| a.tgid == tgid)
-            .map(|(k, _)| k)
-            .collect();
-        for inode in stale {
-            let _ = socks.remove(&inode);
-        }
+        remove_where(&mut socks, |a| a.tgid == tgid);
         Ok(())
     }
 
@@ -268,10 +242,7 @@ impl Tracer {
         let counters: Array<&MapData, u64> = self
             .ebpf
             .map("COUNTERS")
-            .ok_or(TracerError::Map {
-                map: "COUNTERS",
-                reason: "missing from the object".into(),
-            })
+            .ok_or_else(|| missing("COUNTERS"))
             .and_then(|m| Array::try_from(m).map_err(|e| map_err("COUNTERS", &e)))?;
         let c = |i| counters.get(&i, 0).unwrap_or(0);
         Ok(TracerSnapshot {
@@ -392,14 +363,19 @@ fn map_err(map: &'static str, e: &dyn std::error::Error) -> TracerError {
     }
 }
 
+/// The map `name` is not in the object.
+fn missing(name: &'static str) -> TracerError {
+    TracerError::Map {
+        map: name,
+        reason: "missing from the object".into(),
+    }
+}
+
 fn map_ref<'a, K: aya::Pod, V: aya::Pod>(
     ebpf: &'a Ebpf,
     name: &'static str,
 ) -> Result<HashMap<&'a MapData, K, V>, TracerError> {
-    let map = ebpf.map(name).ok_or(TracerError::Map {
-        map: name,
-        reason: "missing from the object".into(),
-    })?;
+    let map = ebpf.map(name).ok_or_else(|| missing(name))?;
     HashMap::try_from(map).map_err(|e| map_err(name, &e))
 }
 
@@ -407,11 +383,32 @@ fn map_mut<'a, K: aya::Pod, V: aya::Pod>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
 ) -> Result<HashMap<&'a mut MapData, K, V>, TracerError> {
-    let map = ebpf.map_mut(name).ok_or(TracerError::Map {
-        map: name,
-        reason: "missing from the object".into(),
-    })?;
+    let map = ebpf.map_mut(name).ok_or_else(|| missing(name))?;
     HashMap::try_from(map).map_err(|e| map_err(name, &e))
+}
+
+fn array_mut<'a, V: aya::Pod>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<Array<&'a mut MapData, V>, TracerError> {
+    let map = ebpf.map_mut(name).ok_or_else(|| missing(name))?;
+    Array::try_from(map).map_err(|e| map_err(name, &e))
+}
+
+/// Removes the entries of `map` whose value `stale` picks.
+fn remove_where<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<&mut MapData, K, V>,
+    stale: impl Fn(&V) -> bool,
+) {
+    let keys: Vec<K> = map
+        .iter()
+        .flatten()
+        .filter(|(_, v)| stale(v))
+        .map(|(k, _)| k)
+        .collect();
+    for k in keys {
+        let _ = map.remove(&k);
+    }
 }
 
 /// The socket inodes `tgid` holds open now (`/proc/PID/fd`), or `None` when

@@ -200,17 +200,21 @@ impl SafeDir {
     }
 }
 
+/// `path`, made absolute against the current directory when it is not.
+fn absolute(path: &Path) -> Result<PathBuf, StoreError> {
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .map_err(io_err("find the current directory for", path))?
+        .join(path))
+}
+
 /// Walks `path` by the rule, every directory on the way checked as an
 /// ancestor; returns the last one held (unchecked: the caller's rule), or
 /// `None` when a component is missing and `missing_ok`.
 fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<OwnedFd>, StoreError> {
-    let absolute = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(io_err("find the current directory for", path))?
-            .join(path)
-    };
+    let absolute = absolute(path)?;
     let me = euid();
     let root_name = CString::new("/").expect("no NUL");
     let io = io_err;
@@ -351,13 +355,7 @@ fn walk(path: &Path, create: Option<u32>, missing_ok: bool) -> Result<Option<Own
 /// rule of this module, as far as they exist: for a directory that is not
 /// ours to hold (the helper's socket directory may be a sticky `/tmp`).
 pub fn check_above(dir: &Path) -> Result<(), StoreError> {
-    let absolute = if dir.is_absolute() {
-        dir.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map_err(io_err("find the current directory for", dir))?
-            .join(dir)
-    };
+    let absolute = absolute(dir)?;
     let Some(parent) = absolute.parent() else {
         return Ok(());
     };

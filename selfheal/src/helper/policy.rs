@@ -12,12 +12,9 @@
 //! default policy: the helper refuses to start, since a silently ignored
 //! policy would hide the attack or the mistake.
 
-use std::{io::Read as _, path::Path};
+use std::path::Path;
 
-use selfheal_core::{
-    config::line_col,
-    policy::{Policy, PolicyError, Target},
-};
+use selfheal_core::policy::{Policy, PolicyError, Target};
 
 /// The policy file read when no `--policy` is given (if it exists).
 pub const DEFAULT_POLICY: &str = "/etc/selfheal/helper.toml";
@@ -67,43 +64,12 @@ pub fn read_target(pid: u32) -> Option<Target> {
 /// Reads `path` after checking that only trusted users (root, and `euid`)
 /// could have written it or replaced it.
 fn read_trusted(path: &Path, euid: u32) -> Result<String, PolicyError> {
-    let read_err = |error| PolicyError::Read {
-        path: path.to_path_buf(),
-        error,
-    };
-    let file =
-        crate::trust::open_trusted(path, euid, crate::trust::Sticky::AboveItsOwn).map_err(|e| {
-            match e {
-                crate::trust::TrustError::Read { path, error } => PolicyError::Read { path, error },
-                crate::trust::TrustError::Untrusted { reason } => PolicyError::Untrusted {
-                    path: path.to_path_buf(),
-                    reason,
-                },
-            }
-        })?;
-    let mut bytes = Vec::new();
-    file.take(MAX_POLICY_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_POLICY_BYTES {
-        return Err(PolicyError::Invalid {
-            path: path.to_path_buf(),
-            line: 1,
-            column: 1,
-            message: format!("file larger than {} MiB", MAX_POLICY_BYTES >> 20),
-        });
-    }
-    String::from_utf8(bytes).map_err(|e| {
-        let valid = e.utf8_error().valid_up_to();
-        let text = String::from_utf8_lossy(&e.as_bytes()[..valid]);
-        let (line, column) = line_col(&text, valid);
-        PolicyError::Invalid {
-            path: path.to_path_buf(),
-            line,
-            column,
-            message: "not UTF-8 text".into(),
-        }
-    })
+    crate::trust::read_trusted_text(
+        path,
+        euid,
+        crate::trust::Sticky::AboveItsOwn,
+        MAX_POLICY_BYTES,
+    )
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! in the clock of the CPU it last ran on, never across CPUs.
 
 use procfs::process::FDTarget;
-use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks};
+use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks, ThreadInfo};
 
 use crate::sys::procfs::ProcRoot;
 
@@ -27,7 +27,7 @@ mod thread;
 mod wait;
 
 pub use self::thread::task_clocks;
-use self::thread::{iterated, parse_status, thread};
+use self::thread::{Threads, iterated, parse_status, thread};
 use self::wait::{Mem, read_wait, recv_syscall, wait_syscall};
 
 /// Reads one process. `Err` only when the process itself is gone or its
@@ -86,54 +86,42 @@ pub fn process_in(
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let mut buf = vec![0u8; 64 << 10];
-    let head = Head::read(root, pid, &mut buf)?;
-    let mut gaps = Vec::new();
-    let sockets = match socket_fds(root, pid) {
+    let sockets_of = |gaps: &mut Vec<String>| match socket_fds(root, pid) {
         Ok(v) => v,
         Err(e) => {
             gaps.push(format!("pid {pid}: cannot list fds: {e}"));
             Vec::new()
         }
     };
-    let mut threads = Vec::new();
     // The task directory is opened once; each thread's files are opened
     // relative to it (`TID/stat`), not by a full path walked from `/`.
-    match nix::dir::Dir::open(
-        &root.of_pid(pid, "task"),
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(mut dir) => {
-            let tids: Vec<u32> = dir
-                .iter()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
-                .collect();
-            let task = std::os::fd::AsFd::as_fd(&dir);
-            let mut mem = Mem {
-                root,
-                pid,
-                access,
-                maps: None,
-                read: Vec::new(),
-            };
-            for tid in tids {
-                if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
-                    mem.access.over = true;
-                    break;
-                }
-                if let Some(t) = thread(
-                    task, tid, &sockets, clocks, detail, &mut buf, &mut mem, &mut gaps,
-                ) {
-                    threads.push(t);
+    let read_threads =
+        |cx: &mut Threads<'_, '_, '_>, threads: &mut Vec<ThreadInfo>| match nix::dir::Dir::open(
+            &root.of_pid(pid, "task"),
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            Ok(mut dir) => {
+                let tids: Vec<u32> = dir
+                    .iter()
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().ok()?.parse::<u32>().ok())
+                    .collect();
+                let task = std::os::fd::AsFd::as_fd(&dir);
+                for tid in tids {
+                    if cx.mem.out_of_time() {
+                        break;
+                    }
+                    if let Some(t) = thread(task, tid, cx) {
+                        threads.push(t);
+                    }
                 }
             }
-            mem.recheck(&mut threads, &mut gaps);
-        }
-        Err(e) => gaps.push(format!("pid {pid}: cannot list threads: {e}")),
-    }
-    Ok(head.process(threads, sockets, gaps))
+            Err(e) => cx.gaps.push(format!("pid {pid}: cannot list threads: {e}")),
+        };
+    read_process(root, pid, detail, clocks, access, sockets_of, read_threads)
 }
 
 /// [`process_in`] with the threads and socket fds from one pass of the
@@ -149,34 +137,51 @@ pub fn process_iterated(
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
+    let sockets_of = |_: &mut Vec<String>| pass.sockets.clone();
+    let read_threads = |cx: &mut Threads<'_, '_, '_>, threads: &mut Vec<ThreadInfo>| {
+        threads.reserve(pass.threads.len());
+        for t in &pass.threads {
+            if cx.mem.out_of_time() {
+                break;
+            }
+            threads.push(iterated(t, cx));
+        }
+    };
+    read_process(root, pid, detail, clocks, access, sockets_of, read_threads)
+}
+
+/// Process `pid` under `root`: its own `stat` and `status`, its socket
+/// fds (`sockets_of`, which may add gaps), and the threads `read_threads`
+/// reads with what reading them shares (until `access`'s deadline); the
+/// wait sets read from its memory are checked again after.
+fn read_process(
+    root: &ProcRoot,
+    pid: u32,
+    detail: Detail,
+    clocks: &TaskClocks,
+    access: &mut MemAccess<'_>,
+    sockets_of: impl FnOnce(&mut Vec<String>) -> Vec<(i32, u64)>,
+    read_threads: impl FnOnce(&mut Threads<'_, '_, '_>, &mut Vec<ThreadInfo>),
+) -> procfs::ProcResult<ProcessInfo> {
     let mut buf = vec![0u8; 64 << 10];
     let head = Head::read(root, pid, &mut buf)?;
     let mut gaps = Vec::new();
-    let mut threads = Vec::with_capacity(pass.threads.len());
-    let mut mem = Mem {
-        root,
-        pid,
-        access,
-        maps: None,
-        read: Vec::new(),
-    };
-    for t in &pass.threads {
-        if mem.access.over || std::time::Instant::now() >= mem.access.deadline {
-            mem.access.over = true;
-            break;
-        }
-        threads.push(iterated(
-            t,
-            &pass.sockets,
+    let sockets = sockets_of(&mut gaps);
+    let mut threads = Vec::new();
+    let mut mem = Mem::new(root, pid, access);
+    read_threads(
+        &mut Threads {
+            sockets: &sockets,
             clocks,
             detail,
-            &mut buf,
-            &mut mem,
-            &mut gaps,
-        ));
-    }
+            buf: &mut buf,
+            mem: &mut mem,
+            gaps: &mut gaps,
+        },
+        &mut threads,
+    );
     mem.recheck(&mut threads, &mut gaps);
-    Ok(head.process(threads, pass.sockets.clone(), gaps))
+    Ok(head.process(threads, sockets, gaps))
 }
 
 /// What a check reads of the process itself: its `stat` and `status`.
@@ -312,21 +317,10 @@ mod tests {
         thread::{ThreadStat, parse_thread_stat},
         wait::WaitKind,
     };
-    use selfheal_core::proc::{ProcWait, syscall_name};
+    use selfheal_core::proc::syscall_name;
 
-    /// [`read_wait`] of `pid` through a reader of its own.
-    #[allow(clippy::too_many_arguments)]
-    fn wait_of(
-        pid: u32,
-        tid: u32,
-        syscall: &'static str,
-        kind: WaitKind,
-        arg0: u64,
-        arg1: u64,
-        sockets: &[(i32, u64)],
-        buf: &mut [u8],
-        gaps: &mut Vec<String>,
-    ) -> Option<ProcWait> {
+    /// `read` on the memory of `pid`, through a reader of its own.
+    fn with_mem<T>(pid: u32, read: impl FnOnce(&mut Mem<'_, '_>) -> T) -> T {
         let mut reader = crate::sys::memread::Reader::default();
         let mut access = MemAccess {
             reader: &mut reader,
@@ -334,14 +328,7 @@ mod tests {
             over: false,
         };
         let root = ProcRoot::default();
-        let mut mem = Mem {
-            root: &root,
-            pid,
-            access: &mut access,
-            maps: None,
-            read: Vec::new(),
-        };
-        read_wait(&mut mem, tid, syscall, kind, arg0, arg1, sockets, buf, gaps)
+        read(&mut Mem::new(&root, pid, &mut access))
     }
 
     /// The three fields read by hand are what procfs's full parse gives, on
@@ -465,19 +452,24 @@ mod tests {
         let mut buf = vec![0u8; 64 << 10];
         let mut gaps = Vec::new();
         let sockets = [(3, 42)];
+        // Thread `tid` of `pid` waiting in `syscall` (of `kind`) with
+        // arguments `arg0` and `arg1`, its gaps put in `gaps`.
+        let mut wait = |pid: u32,
+                        tid: u32,
+                        syscall: &'static str,
+                        kind: WaitKind,
+                        arg0: u64,
+                        arg1: u64,
+                        gaps: &mut Vec<String>| {
+            with_mem(pid, |mem| {
+                read_wait(
+                    mem, tid, syscall, kind, arg0, arg1, &sockets, &mut buf, gaps,
+                )
+            })
+        };
         // Address 8: unmapped (EFAULT), twice: one gap.
         for _ in 0..2 {
-            let w = wait_of(
-                me,
-                me,
-                "poll",
-                WaitKind::Poll,
-                8,
-                2,
-                &sockets,
-                &mut buf,
-                &mut gaps,
-            );
+            let w = wait(me, me, "poll", WaitKind::Poll, 8, 2, &mut gaps);
             assert_eq!(w, None);
         }
         assert_eq!(gaps.len(), 1, "{gaps:?}");
@@ -490,28 +482,8 @@ mod tests {
         );
         // A huge nfds is cut at MAX_POLLFDS (and said so); a huge select
         // nfds at FD_SETSIZE.
-        let _ = wait_of(
-            me,
-            me,
-            "poll",
-            WaitKind::Poll,
-            8,
-            u64::MAX,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
-        let _ = wait_of(
-            me,
-            me,
-            "select",
-            WaitKind::Select,
-            u64::MAX,
-            8,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
+        let _ = wait(me, me, "poll", WaitKind::Poll, 8, u64::MAX, &mut gaps);
+        let _ = wait(me, me, "select", WaitKind::Select, u64::MAX, 8, &mut gaps);
         assert!(
             gaps.iter().any(|g| g.contains("only the first 4096")),
             "{gaps:?}"
@@ -521,28 +493,8 @@ mod tests {
             "{gaps:?}"
         );
         // A vanished process (ESRCH) and a closed epoll fd.
-        let _ = wait_of(
-            u32::MAX - 1,
-            1,
-            "ppoll",
-            WaitKind::Poll,
-            8,
-            1,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
-        let _ = wait_of(
-            me,
-            me,
-            "epoll_wait",
-            WaitKind::Epoll,
-            99_999,
-            0,
-            &sockets,
-            &mut buf,
-            &mut gaps,
-        );
+        let _ = wait(u32::MAX - 1, 1, "ppoll", WaitKind::Poll, 8, 1, &mut gaps);
+        let _ = wait(me, me, "epoll_wait", WaitKind::Epoll, 99_999, 0, &mut gaps);
         assert!(
             gaps.iter().any(|g| g.contains("cannot read its epoll set")),
             "{gaps:?}"
@@ -562,17 +514,19 @@ mod tests {
         let me = std::process::id();
         let mut buf = vec![0u8; 64 << 10];
         let mut gaps = Vec::new();
-        let w = wait_of(
-            me,
-            me,
-            "poll",
-            WaitKind::Poll,
-            set.as_ptr() as u64,
-            2,
-            &[(3, 42), (4, 43)],
-            &mut buf,
-            &mut gaps,
-        )
+        let w = with_mem(me, |mem| {
+            read_wait(
+                mem,
+                me,
+                "poll",
+                WaitKind::Poll,
+                set.as_ptr() as u64,
+                2,
+                &[(3, 42), (4, 43)],
+                &mut buf,
+                &mut gaps,
+            )
+        })
         .expect("a wait on socket 42");
         assert_eq!(
             (w.syscall, w.sockets, w.epoll_fd),

@@ -125,19 +125,27 @@ fn syscall_info(nr: i64, arg0: u64) -> Option<SyscallInfo> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What reading each thread of a process shares: the process's socket
+/// fds, the CPUs' task clocks, the detail asked for, a read buffer, the
+/// process's memory and the gaps found so far.
+pub(super) struct Threads<'t, 'a, 'r> {
+    pub(super) sockets: &'t [(i32, u64)],
+    pub(super) clocks: &'t TaskClocks,
+    pub(super) detail: Detail,
+    pub(super) buf: &'t mut [u8],
+    pub(super) mem: &'t mut Mem<'a, 'r>,
+    pub(super) gaps: &'t mut Vec<String>,
+}
+
 pub(super) fn thread(
     task: std::os::fd::BorrowedFd<'_>,
     tid: u32,
-    sockets: &[(i32, u64)],
-    clocks: &TaskClocks,
-    detail: Detail,
-    buf: &mut [u8],
-    mem: &mut Mem<'_, '_>,
-    gaps: &mut Vec<String>,
+    cx: &mut Threads<'_, '_, '_>,
 ) -> Option<ThreadInfo> {
     use procfs::FromRead as _;
     use std::os::fd::AsFd as _;
+    let detail = cx.detail;
+    let Threads { buf, gaps, .. } = &mut *cx;
     if detail == Detail::Minimal {
         // One file: open it relative to the task directory.
         let stat = parse_thread_stat(read_at(task, format!("{tid}/stat").as_str(), buf)?)?;
@@ -212,32 +220,18 @@ pub(super) fn thread(
         blocked,
         kstack,
     };
-    Some(interpret(
-        facts,
-        &mut ThreadDir(dir),
-        sockets,
-        clocks,
-        detail,
-        buf,
-        mem,
-        gaps,
-    ))
+    Some(interpret(facts, &mut ThreadDir(dir), cx))
 }
 
 /// A thread as the task iterator read it, with the same reading of its
 /// wait as [`thread`]'s at `detail` (minimal or light: a full read is
 /// procfs's). `wchan`, which the iterator does not read, comes from procfs
 /// for the D-state threads that need it.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn iterated(
     t: &selfheal_core::ebpf::iter::IterThread,
-    sockets: &[(i32, u64)],
-    clocks: &TaskClocks,
-    detail: Detail,
-    buf: &mut [u8],
-    mem: &mut Mem<'_, '_>,
-    gaps: &mut Vec<String>,
+    cx: &mut Threads<'_, '_, '_>,
 ) -> ThreadInfo {
+    let detail = cx.detail;
     let state = t.state_letter();
     let sleeping = matches!(state, 'S' | 'D' | 'I');
     if detail == Detail::Minimal {
@@ -271,10 +265,13 @@ pub(super) fn iterated(
         kstack: Vec::new(),
     };
     let mut more = Iterated {
-        wchan: mem.root.of_pid(mem.pid, &format!("task/{}/wchan", t.tid)),
+        wchan: cx
+            .mem
+            .root
+            .of_pid(cx.mem.pid, &format!("task/{}/wchan", t.tid)),
         exec_start_ms: t.exec_start_ms(),
     };
-    interpret(facts, &mut more, sockets, clocks, detail, buf, mem, gaps)
+    interpret(facts, &mut more, cx)
 }
 
 /// The rest of an iterated thread: `exec_start` read already, `wchan` by
@@ -298,17 +295,9 @@ impl More for Iterated {
 /// What a thread waits in, from what was read of it: its wait channel,
 /// the receive or readiness wait its syscall is (reading the wait's set
 /// through `mem`), and how long it has slept, in its own CPU's clock.
-#[allow(clippy::too_many_arguments)]
-fn interpret(
-    facts: Facts,
-    more: &mut dyn More,
-    sockets: &[(i32, u64)],
-    clocks: &TaskClocks,
-    detail: Detail,
-    buf: &mut [u8],
-    mem: &mut Mem<'_, '_>,
-    gaps: &mut Vec<String>,
-) -> ThreadInfo {
+fn interpret(facts: Facts, more: &mut dyn More, cx: &mut Threads<'_, '_, '_>) -> ThreadInfo {
+    let (sockets, clocks, detail) = (cx.sockets, cx.clocks, cx.detail);
+    let Threads { buf, mem, gaps, .. } = &mut *cx;
     let Facts {
         tid,
         comm,

@@ -182,7 +182,32 @@ pub(super) struct Mem<'a, 'r> {
     pub(super) read: Vec<(u32, &'static str, u64, u64)>,
 }
 
-impl Mem<'_, '_> {
+impl<'a, 'r> Mem<'a, 'r> {
+    /// Memory of process `pid` (under `root`), read through `access`;
+    /// nothing read yet.
+    pub(super) fn new(
+        root: &'a crate::sys::procfs::ProcRoot,
+        pid: u32,
+        access: &'a mut MemAccess<'r>,
+    ) -> Self {
+        Mem {
+            root,
+            pid,
+            access,
+            maps: None,
+            read: Vec::new(),
+        }
+    }
+
+    /// Whether the read's deadline has passed (then, from now on,
+    /// `access.over` says so).
+    pub(super) fn out_of_time(&mut self) -> bool {
+        if self.access.over || std::time::Instant::now() >= self.access.deadline {
+            self.access.over = true;
+        }
+        self.access.over
+    }
+
     /// Reads `buf.len()` bytes at `addr`, the `what` set of thread `tid`,
     /// if they lie in private anonymous memory; `Err` is the gap.
     pub(super) fn read<'b>(

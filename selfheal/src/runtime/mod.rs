@@ -364,27 +364,32 @@ mod tests {
         assert!(!Glob(p).matches(&t));
     }
 
+    /// The identity of the one container `info` of `runtime`, found from
+    /// a cgroup that names it as `seen` (by id alone).
+    fn identity_of(runtime: Runtime, info: ContainerInfo, seen: Runtime) -> Identity {
+        let id = info.id.clone();
+        Inventory::from_containers(vec![(runtime, info)])
+            .identity(&[CgroupContainer {
+                runtime: seen,
+                id,
+                pod_uid: None,
+                user: None,
+            }])
+            .unwrap()
+    }
+
     fn ident(labels: &[(&str, &str)]) -> Identity {
-        let inv = Inventory::from_containers(vec![(
-            Runtime::Docker,
-            ContainerInfo {
-                id: "a".repeat(64),
-                name: Some("runner-1".into()),
-                image: Some("shtest:1".into()),
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                init_pid: None,
-            },
-        )]);
-        inv.identity(&[CgroupContainer {
-            runtime: Runtime::Unknown,
+        let info = ContainerInfo {
             id: "a".repeat(64),
-            pod_uid: None,
-            user: None,
-        }])
-        .unwrap()
+            name: Some("runner-1".into()),
+            image: Some("shtest:1".into()),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            init_pid: None,
+        };
+        identity_of(Runtime::Docker, info, Runtime::Unknown)
     }
 
     #[test]
@@ -399,42 +404,20 @@ mod tests {
         assert_eq!(id.pod.as_deref(), Some("runner-0"));
         let g = |s: &str| Some(Glob(s.into()));
         let lab = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let by_container = |s: &str| ContainerRule {
+            container: g(s),
+            ..Default::default()
+        };
+        let by_labels = |labels: Vec<(String, String)>| ContainerRule {
+            labels,
+            ..Default::default()
+        };
         for (rule, want) in [
-            (
-                ContainerRule {
-                    container: g("runner-*"),
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    container: g("other*"),
-                    ..Default::default()
-                },
-                false,
-            ),
-            (
-                ContainerRule {
-                    container: g(&"a".repeat(12)),
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    container: g(&"A".repeat(12)),
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    container: g(&"a".repeat(11)),
-                    ..Default::default()
-                },
-                false,
-            ),
+            (by_container("runner-*"), true),
+            (by_container("other*"), false),
+            (by_container(&"a".repeat(12)), true),
+            (by_container(&"A".repeat(12)), true),
+            (by_container(&"a".repeat(11)), false),
             (
                 ContainerRule {
                     image: g("shtest:*"),
@@ -442,32 +425,11 @@ mod tests {
                 },
                 true,
             ),
+            (by_labels(vec![lab("app", "runner")]), true),
+            (by_labels(vec![lab("app", "run")]), false),
+            (by_labels(vec![lab("quoted", "a\"b\nc")]), true),
             (
-                ContainerRule {
-                    labels: vec![lab("app", "runner")],
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    labels: vec![lab("app", "run")],
-                    ..Default::default()
-                },
-                false,
-            ),
-            (
-                ContainerRule {
-                    labels: vec![lab("quoted", "a\"b\nc")],
-                    ..Default::default()
-                },
-                true,
-            ),
-            (
-                ContainerRule {
-                    labels: vec![lab("app", "runner"), lab("tier", "x")],
-                    ..Default::default()
-                },
+                by_labels(vec![lab("app", "runner"), lab("tier", "x")]),
                 false,
             ),
             (
@@ -499,27 +461,9 @@ mod tests {
             }])
             .unwrap();
         assert!(!bare.resolved);
-        assert!(
-            ContainerRule {
-                container: g(&"a".repeat(12)),
-                ..Default::default()
-            }
-            .matches(&bare)
-        );
-        assert!(
-            !ContainerRule {
-                container: g("runner-*"),
-                ..Default::default()
-            }
-            .matches(&bare)
-        );
-        assert!(
-            !ContainerRule {
-                labels: vec![lab("app", "runner")],
-                ..Default::default()
-            }
-            .matches(&bare)
-        );
+        assert!(by_container(&"a".repeat(12)).matches(&bare));
+        assert!(!by_container("runner-*").matches(&bare));
+        assert!(!by_labels(vec![lab("app", "runner")]).matches(&bare));
     }
 
     /// Container rules over a process table: a container's processes and
@@ -698,28 +642,18 @@ mod tests {
 
     #[test]
     fn describe_escapes_what_a_runtime_said() {
-        let inv = Inventory::from_containers(vec![(
-            Runtime::Containerd,
-            ContainerInfo {
-                id: "c".repeat(64),
-                name: Some("run\u{1b}[31mner".into()),
-                image: Some("img\n:1".into()),
-                labels: [
-                    ("io.kubernetes.pod.name".to_string(), "p\rod".to_string()),
-                    ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
-                ]
-                .into(),
-                init_pid: None,
-            },
-        )]);
-        let id = inv
-            .identity(&[CgroupContainer {
-                runtime: Runtime::Cri,
-                id: "c".repeat(64),
-                pod_uid: None,
-                user: None,
-            }])
-            .unwrap();
+        let info = ContainerInfo {
+            id: "c".repeat(64),
+            name: Some("run\u{1b}[31mner".into()),
+            image: Some("img\n:1".into()),
+            labels: [
+                ("io.kubernetes.pod.name".to_string(), "p\rod".to_string()),
+                ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
+            ]
+            .into(),
+            init_pid: None,
+        };
+        let id = identity_of(Runtime::Containerd, info, Runtime::Cri);
         assert_eq!(
             id.describe(),
             "run\\u{1b}[31mner (cccccccccccc, containerd, image img\\n:1, pod ns/p\\rod)"

@@ -116,26 +116,8 @@ pub(super) fn agent<'a>(
     };
     let (rule, match_uid) = match_rule(&f, &m)?;
 
-    let mut upstreams = Vec::new();
-    for (i, (t, span)) in f
-        .tables("upstream", "agent.upstream")?
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-    {
-        let u = Fields::new(cx, t, span, format!("{scope} upstream {}", i + 1));
-        upstreams.push(upstream(&u)?);
-    }
-    let mut probes = Vec::new();
-    for (i, (t, span)) in f
-        .tables("probe", "agent.probe")?
-        .unwrap_or_default()
-        .into_iter()
-        .enumerate()
-    {
-        let p = Fields::new(cx, t, span, format!("{scope} probe {}", i + 1));
-        probes.push(probe(&p)?);
-    }
+    let upstreams = each_table(&f, "upstream", upstream)?;
+    let probes = each_table(&f, "probe", probe)?;
     let thresholds = match f.table("thresholds", format!("{scope} thresholds"))? {
         Some(t) => thresholds(&t)?,
         None => Thresholds::default(),
@@ -158,6 +140,28 @@ pub(super) fn agent<'a>(
         heal,
         proof,
     })
+}
+
+/// Each table of the agent's array `[[agent.KEY]]`, parsed by `parse`;
+/// the first is named "agent \"NAME\" KEY 1" in messages.
+fn each_table<T>(
+    f: &Fields<'_, '_>,
+    key: &str,
+    parse: fn(&Fields<'_, '_>) -> Result<T, ConfigError>,
+) -> Result<Vec<T>, ConfigError> {
+    f.tables(key, &format!("agent.{key}"))?
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (t, span))| {
+            parse(&Fields::new(
+                f.cx,
+                t,
+                span,
+                format!("{} {key} {}", f.scope, i + 1),
+            ))
+        })
+        .collect()
 }
 
 fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
@@ -202,18 +206,33 @@ fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
     })
 }
 
+/// The count `key`, else `default`; 0 is refused when `positive`.
+fn read_count(
+    f: &Fields<'_, '_>,
+    key: &str,
+    default: u32,
+    positive: bool,
+) -> Result<u32, ConfigError> {
+    let Some((n, span)) = f.integer(key)? else {
+        return Ok(default);
+    };
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n > 0 || !positive)
+        .ok_or_else(|| {
+            let what = if positive {
+                "a positive count"
+            } else {
+                "a count"
+            };
+            f.key_error(key, span, format!("{n} is not {what}"))
+        })
+}
+
 fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
     t.only(THRESHOLD_KEYS)?;
     let d = Thresholds::default();
-    let count = |key: &str, default: u32| -> Result<u32, ConfigError> {
-        match t.integer(key)? {
-            None => Ok(default),
-            Some((n, span)) => u32::try_from(n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| t.key_error(key, span, format!("{n} is not a positive count"))),
-        }
-    };
+    let count = |key: &str, default: u32| read_count(t, key, default, true);
     Ok(Thresholds {
         suspect_after: t.duration("suspect_after")?.unwrap_or(d.suspect_after),
         dead_probes: count("dead_probes", d.dead_probes)?,
@@ -232,14 +251,7 @@ fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
 fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
     h.only(HEAL_KEYS)?;
     let d = HealConfig::default();
-    let count = |key: &str, default: u32| -> Result<u32, ConfigError> {
-        match h.integer(key)? {
-            None => Ok(default),
-            Some((n, span)) => {
-                u32::try_from(n).map_err(|_| h.key_error(key, span, format!("{n} is not a count")))
-            }
-        }
-    };
+    let count = |key: &str, default: u32| read_count(h, key, default, false);
     // `restart` is an argv, or `{ runtime = true }`.
     let runtime_table = match h.get("restart") {
         Some((_, v)) => match v.get_ref() {
@@ -500,14 +512,17 @@ mod tests {
     use super::*;
     use crate::config::{Config, DEFAULT_COLLECT_BUDGET};
 
+    /// The one agent of a config `c.toml` whose agent `a` (pid 1) has
+    /// `tail` (lines 4 on) after its `match`.
+    fn agent_with(tail: &str) -> Result<AgentConfig, ConfigError> {
+        let text = format!("[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n{tail}\n");
+        Config::parse(&text, Path::new("c.toml")).map(|mut c| c.agents.remove(0))
+    }
+
     #[test]
     fn collect_budget_is_a_duration_with_a_default() {
-        let parse = |line: &str| {
-            let text = format!(
-                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.thresholds]\n{line}\n"
-            );
-            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].thresholds.clone())
-        };
+        let parse =
+            |line: &str| agent_with(&format!("[agent.thresholds]\n{line}")).map(|a| a.thresholds);
         assert_eq!(parse("").unwrap().collect_budget, DEFAULT_COLLECT_BUDGET);
         assert_eq!(DEFAULT_COLLECT_BUDGET, Duration::from_secs(5));
         assert_eq!(
@@ -530,10 +545,7 @@ mod tests {
     #[test]
     fn restart_is_an_argv_or_the_runtime() {
         let parse = |restart: &str| {
-            let text = format!(
-                "[[agent]]\nname = \"a\"\nmatch = {{ pid = 1 }}\n[agent.heal]\nrestart = {restart}\n"
-            );
-            Config::parse(&text, Path::new("c.toml")).map(|c| c.agents[0].heal.clone())
+            agent_with(&format!("[agent.heal]\nrestart = {restart}")).map(|a| a.heal)
         };
         let h = parse("{ runtime = true }").unwrap();
         assert!(h.restart_runtime && h.restart.is_none());

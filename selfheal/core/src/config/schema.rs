@@ -329,11 +329,7 @@ impl Role {
     }
 }
 
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Role);
 
 /// One `[[agent.upstream]]`.
 #[derive(Clone, Debug, PartialEq, Eq)]

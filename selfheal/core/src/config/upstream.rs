@@ -147,17 +147,12 @@ fn valid_host(host: &str) -> bool {
 /// One `[[agent.upstream]]` table.
 pub(super) fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
     u.only(UPSTREAM_KEYS)?;
-    let role = match u.string("role")? {
-        None => return Err(u.table_error("key `role`: missing (control or provider)")),
-        Some(("control", _)) => Role::Control,
-        Some(("provider", _)) => Role::Provider,
-        Some((other, span)) => {
-            return Err(u.key_error(
-                "role",
-                span,
-                format!("bad role {other:?} (expected control or provider)"),
-            ));
-        }
+    let roles = [("control", Role::Control), ("provider", Role::Provider)];
+    let Some(role) = choice(u, "role", &roles, |other| {
+        format!("bad role {other:?} (expected control or provider)")
+    })?
+    else {
+        return Err(u.table_error("key `role`: missing (control or provider)"));
     };
     let addr = match u.string("addr")? {
         None => {
@@ -278,18 +273,14 @@ pub(super) fn probe(p: &Fields<'_, '_>) -> Result<ProbeConfig, ConfigError> {
                 None => None,
                 Some(a) => Some(probe_auth(&a)?),
             };
-            let redirects = match p.string("redirects")? {
-                None => Redirects::default(),
-                Some(("same-origin", _)) => Redirects::SameOrigin,
-                Some(("none", _)) => Redirects::None,
-                Some((other, span)) => {
-                    return Err(p.key_error(
-                        "redirects",
-                        span,
-                        format!("bad value {other:?} (expected \"same-origin\" or \"none\")"),
-                    ));
-                }
-            };
+            let choices = [
+                ("same-origin", Redirects::SameOrigin),
+                ("none", Redirects::None),
+            ];
+            let redirects = choice(p, "redirects", &choices, |other| {
+                format!("bad value {other:?} (expected \"same-origin\" or \"none\")")
+            })?
+            .unwrap_or_default();
             let body_excerpt = p.boolean("body_excerpt")?.unwrap_or(true);
             Ok(ProbeConfig::Http {
                 url: url.to_string(),
@@ -303,6 +294,23 @@ pub(super) fn probe(p: &Fields<'_, '_>) -> Result<ProbeConfig, ConfigError> {
                 body_excerpt,
             })
         }
+    }
+}
+
+/// The value named by the string `key` among `choices`, or `None` when
+/// `key` is not set; another name is an error worded by `bad`.
+fn choice<T: Copy>(
+    f: &Fields<'_, '_>,
+    key: &str,
+    choices: &[(&str, T)],
+    bad: impl FnOnce(&str) -> String,
+) -> Result<Option<T>, ConfigError> {
+    let Some((name, span)) = f.string(key)? else {
+        return Ok(None);
+    };
+    match choices.iter().find(|(n, _)| *n == name) {
+        Some((_, value)) => Ok(Some(*value)),
+        None => Err(f.key_error(key, span, bad(name))),
     }
 }
 

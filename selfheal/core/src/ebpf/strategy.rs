@@ -42,42 +42,23 @@ const fn p(program: &'static str, hook: Hook) -> ProgramSpec {
     ProgramSpec { program, hook }
 }
 
+/// A program on the `syscalls` tracepoint of its own name.
+const fn syscall(tracepoint: &'static str) -> ProgramSpec {
+    p(tracepoint, Hook::Tracepoint("syscalls", tracepoint))
+}
+
 /// Receive entry/exit by syscall, for the classic-tracepoint strategy. Costly:
 /// any enabled syscall tracepoint sends every syscall of every process down
 /// the kernel's slow path.
 const SYSCALL_HOOKS: [ProgramSpec; 8] = [
-    p(
-        "sys_enter_recvfrom",
-        Hook::Tracepoint("syscalls", "sys_enter_recvfrom"),
-    ),
-    p(
-        "sys_enter_recvmsg",
-        Hook::Tracepoint("syscalls", "sys_enter_recvmsg"),
-    ),
-    p(
-        "sys_enter_read",
-        Hook::Tracepoint("syscalls", "sys_enter_read"),
-    ),
-    p(
-        "sys_enter_readv",
-        Hook::Tracepoint("syscalls", "sys_enter_readv"),
-    ),
-    p(
-        "sys_exit_recvfrom",
-        Hook::Tracepoint("syscalls", "sys_exit_recvfrom"),
-    ),
-    p(
-        "sys_exit_recvmsg",
-        Hook::Tracepoint("syscalls", "sys_exit_recvmsg"),
-    ),
-    p(
-        "sys_exit_read",
-        Hook::Tracepoint("syscalls", "sys_exit_read"),
-    ),
-    p(
-        "sys_exit_readv",
-        Hook::Tracepoint("syscalls", "sys_exit_readv"),
-    ),
+    syscall("sys_enter_recvfrom"),
+    syscall("sys_enter_recvmsg"),
+    syscall("sys_enter_read"),
+    syscall("sys_enter_readv"),
+    syscall("sys_exit_recvfrom"),
+    syscall("sys_exit_recvmsg"),
+    syscall("sys_exit_read"),
+    syscall("sys_exit_readv"),
 ];
 
 const KPROBE: [ProgramSpec; 4] = [

@@ -71,6 +71,17 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, best first (in [`Verdict::rank`] order).
+    pub const ALL: [Verdict; 7] = [
+        Self::Healthy,
+        Self::Idle,
+        Self::Busy,
+        Self::Degraded,
+        Self::Unresponsive,
+        Self::Wedged,
+        Self::Down,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Healthy => "healthy",
@@ -102,11 +113,7 @@ impl Verdict {
     }
 }
 
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Verdict);
 
 /// One reason behind a verdict: a stable code, words for a person, and the
 /// evidence (socket, thread, ages) it rests on.

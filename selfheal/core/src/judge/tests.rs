@@ -135,6 +135,27 @@ struct Case {
     codes: &'static [&'static str],
 }
 
+impl Case {
+    /// `report` judged under the fixture config, with no probe and no
+    /// history.
+    fn new(
+        name: &'static str,
+        report: Report,
+        verdict: Verdict,
+        codes: &'static [&'static str],
+    ) -> Case {
+        Case {
+            name,
+            config: "",
+            report,
+            probes: vec![],
+            history: AgentHistory::default(),
+            verdict,
+            codes,
+        }
+    }
+}
+
 fn check(case: Case) {
     let cfg = agent(case.config);
     let (j, _) = judge(&cfg, &case.report, &case.probes, &case.history, 100 * MIN);
@@ -202,190 +223,161 @@ fn verdicts_on_fixtures() {
     d_state.idle_ms = Some(30_000);
 
     let cases = vec![
-        Case {
-            name: "provider silent 10 min, peer ACKs keepalives: busy",
-            config: "",
-            report: report(
+        Case::new(
+            "provider silent 10 min, peer ACKs keepalives: busy",
+            report(
                 vec![thread(101, 'S', Some((2, 10 * MIN)))],
                 vec![
                     alive_control(),
                     socket(2, "provider", info(10 * MIN, 500, 10 * MIN)),
                 ],
             ),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Busy,
-            codes: &["call_in_flight"],
-        },
-        Case {
-            name: "the same with keepalive probes unanswered: wedged",
-            config: "",
-            report: report(
+            Verdict::Busy,
+            &["call_in_flight"],
+        ),
+        Case::new(
+            "the same with keepalive probes unanswered: wedged",
+            report(
                 vec![thread(101, 'S', Some((2, 10 * MIN)))],
                 vec![alive_control(), socket(2, "provider", dead_keepalive)],
             ),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Wedged,
-            codes: &["peer_unresponsive", "recv_blocked"],
-        },
-        Case {
-            name: "retransmission backoff on unacknowledged data: wedged",
-            config: "",
-            report: report(
+            Verdict::Wedged,
+            &["peer_unresponsive", "recv_blocked"],
+        ),
+        Case::new(
+            "retransmission backoff on unacknowledged data: wedged",
+            report(
                 vec![],
                 vec![alive_control(), socket(2, "provider", backoff)],
             ),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Wedged,
-            codes: &["peer_unresponsive"],
-        },
-        Case {
-            name: "control silent 4 × heartbeat: wedged",
-            config: "",
-            report: report(
+            Verdict::Wedged,
+            &["peer_unresponsive"],
+        ),
+        Case::new(
+            "control silent 4 × heartbeat: wedged",
+            report(
                 vec![thread(101, 'S', Some((1, 40_000)))],
                 vec![socket(1, "control", info(40_000, 40_000, 40_000))],
             ),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Wedged,
-            codes: &["control_silent"],
-        },
-        Case {
-            name: "control silent 2 × heartbeat: not yet",
-            config: "",
-            report: report(
+            Verdict::Wedged,
+            &["control_silent"],
+        ),
+        Case::new(
+            "control silent 2 × heartbeat: not yet",
+            report(
                 vec![thread(101, 'S', Some((1, 20_000)))],
                 vec![socket(1, "control", info(20_000, 20_000, 20_000))],
             ),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Idle,
-            codes: &["idle"],
-        },
+            Verdict::Idle,
+            &["idle"],
+        ),
         Case {
-            name: "status says connected while the control socket is gone: wedged",
-            config: "",
-            report: report(vec![thread(100, 'S', None)], vec![]),
             probes: vec![ok_probe(true)],
             history: AgentHistory {
                 control_absent_since_ms: Some(100 * MIN - 5 * MIN),
                 ..AgentHistory::default()
             },
-            verdict: Verdict::Wedged,
-            codes: &["status_contradicts_kernel", "control_absent"],
+            ..Case::new(
+                "status says connected while the control socket is gone: wedged",
+                report(vec![thread(100, 'S', None)], vec![]),
+                Verdict::Wedged,
+                &["status_contradicts_kernel", "control_absent"],
+            )
         },
+        Case::new(
+            "peer closed, the agent did not: wedged",
+            report(vec![], vec![alive_control(), close_wait]),
+            Verdict::Wedged,
+            &["peer_closed"],
+        ),
+        Case::new(
+            "zombies over threshold under PID 1: degraded, missing init",
+            zombies,
+            Verdict::Degraded,
+            &["zombies"],
+        ),
         Case {
-            name: "peer closed, the agent did not: wedged",
-            config: "",
-            report: report(vec![], vec![alive_control(), close_wait]),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Wedged,
-            codes: &["peer_closed"],
-        },
-        Case {
-            name: "zombies over threshold under PID 1: degraded, missing init",
-            config: "",
-            report: zombies,
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Degraded,
-            codes: &["zombies"],
-        },
-        Case {
-            name: "probe timeout on a live process: unresponsive",
-            config: "",
-            report: report(vec![thread(100, 'S', None)], vec![alive_control()]),
             probes: vec![timeout],
-            history: AgentHistory::default(),
-            verdict: Verdict::Unresponsive,
-            codes: &["probe_failed"],
+            ..Case::new(
+                "probe timeout on a live process: unresponsive",
+                report(vec![thread(100, 'S', None)], vec![alive_control()]),
+                Verdict::Unresponsive,
+                &["probe_failed"],
+            )
         },
         Case {
-            name: "the agent's status answers, but says something unexpected: degraded",
-            config: "",
-            report: report(vec![thread(100, 'S', None)], vec![alive_control()]),
             probes: vec![said_disconnected],
-            history: AgentHistory::default(),
-            verdict: Verdict::Degraded,
-            codes: &["probe_unexpected"],
+            ..Case::new(
+                "the agent's status answers, but says something unexpected: degraded",
+                report(vec![thread(100, 'S', None)], vec![alive_control()]),
+                Verdict::Degraded,
+                &["probe_unexpected"],
+            )
         },
         Case {
-            name: "slow probe: degraded",
-            config: "",
-            report: report(vec![thread(100, 'S', None)], vec![alive_control()]),
             probes: vec![slow],
-            history: AgentHistory::default(),
-            verdict: Verdict::Degraded,
-            codes: &["probe_slow"],
+            ..Case::new(
+                "slow probe: degraded",
+                report(vec![thread(100, 'S', None)], vec![alive_control()]),
+                Verdict::Degraded,
+                &["probe_slow"],
+            )
         },
+        Case::new(
+            "thread in D state for 30 s: degraded",
+            report(vec![d_state], vec![alive_control()]),
+            Verdict::Degraded,
+            &["d_state"],
+        ),
+        Case::new(
+            "no process: down",
+            no_process,
+            Verdict::Down,
+            &["no_process"],
+        ),
         Case {
-            name: "thread in D state for 30 s: degraded",
-            config: "",
-            report: report(vec![d_state], vec![alive_control()]),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Degraded,
-            codes: &["d_state"],
-        },
-        Case {
-            name: "no process: down",
-            config: "",
-            report: no_process,
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Down,
-            codes: &["no_process"],
-        },
-        Case {
-            name: "control alive, nothing in flight: idle",
-            config: "",
-            report: report(
-                vec![thread(101, 'S', Some((1, 2_000)))],
-                vec![
-                    alive_control(),
-                    // The answer came after the request: nothing is out.
-                    socket(2, "provider", info(30 * MIN, 30 * MIN, 30 * MIN + 40)),
-                ],
-            ),
             probes: vec![ok_probe(true)],
-            history: AgentHistory::default(),
-            verdict: Verdict::Idle,
-            codes: &["idle"],
+            ..Case::new(
+                "control alive, nothing in flight: idle",
+                report(
+                    vec![thread(101, 'S', Some((1, 2_000)))],
+                    vec![
+                        alive_control(),
+                        // The answer came after the request: nothing is out.
+                        socket(2, "provider", info(30 * MIN, 30 * MIN, 30 * MIN + 40)),
+                    ],
+                ),
+                Verdict::Idle,
+                &["idle"],
+            )
         },
-        Case {
-            name: "a provider thinking silently, no proof either way: busy, suspect",
-            config: "",
-            report: report(
+        Case::new(
+            "a provider thinking silently, no proof either way: busy, suspect",
+            report(
                 vec![thread(101, 'S', Some((2, 5 * MIN)))],
                 vec![
                     alive_control(),
                     socket(2, "provider", info(5 * MIN, 5 * MIN, 5 * MIN)),
                 ],
             ),
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Busy,
-            codes: &["suspect"],
-        },
+            Verdict::Busy,
+            &["suspect"],
+        ),
         Case {
-            name: "a per-upstream suspect_after keeps a slow provider out of suspicion",
             config: "[[agent.upstream]]\nrole = \"provider\"\naddr = \":8443\"\nsuspect_after = \"10m\"\n",
-            report: {
-                let mut s = socket(3, "provider", info(5 * MIN, 5 * MIN, 5 * MIN));
-                s.upstream = Some(2);
-                report(
-                    vec![thread(101, 'S', Some((3, 5 * MIN)))],
-                    vec![alive_control(), s],
-                )
-            },
-            probes: vec![],
-            history: AgentHistory::default(),
-            verdict: Verdict::Busy,
-            codes: &["call_in_flight"],
+            ..Case::new(
+                "a per-upstream suspect_after keeps a slow provider out of suspicion",
+                {
+                    let mut s = socket(3, "provider", info(5 * MIN, 5 * MIN, 5 * MIN));
+                    s.upstream = Some(2);
+                    report(
+                        vec![thread(101, 'S', Some((3, 5 * MIN)))],
+                        vec![alive_control(), s],
+                    )
+                },
+                Verdict::Busy,
+                &["call_in_flight"],
+            )
         },
     ];
     for case in cases {

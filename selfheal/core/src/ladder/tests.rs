@@ -34,6 +34,62 @@ fn wedged(code: ReasonCode, inode: Option<u64>) -> Judgement {
     fixture::wedged_by(code, inode)
 }
 
+/// A history holding one action, a keepalive armed on a socket of pid 1,
+/// taken at `at_ms`.
+fn one_action_at(at_ms: u64) -> HealHistory {
+    let mut h = HealHistory::default();
+    h.record(
+        at_ms,
+        Step::ArmKeepalive {
+            pid: 1,
+            start_ticks: 1,
+            fd: 1,
+            inode: 1,
+        },
+        true,
+        String::new(),
+    );
+    h
+}
+
+/// The steps of `d`, which must act.
+fn acts(d: Decision) -> Vec<Step> {
+    let Decision::Act { steps } = d else {
+        panic!("{d:?}")
+    };
+    steps
+}
+
+/// The decision at time 0 on a fresh history, under `cfg`, on a wedge by
+/// `code` (on socket `inode`) of the process in `state`; and the history
+/// after it.
+fn first_decision(
+    cfg: &HealConfig,
+    code: ReasonCode,
+    inode: Option<u64>,
+    state: char,
+) -> (Decision, HealHistory) {
+    let mut h = HealHistory::default();
+    let d = decide(cfg, &wedged(code, inode), &report(state, true), &mut h, 0);
+    (d, h)
+}
+
+/// The same wedge by `code` on socket 42 of a sleeping process, at each
+/// of `secs`.
+fn wedged_at(code: ReasonCode, secs: &[u64]) -> Vec<(u64, Judgement, Report)> {
+    secs.iter()
+        .map(|t| (t * SEC, wedged(code, Some(42)), report('S', true)))
+        .collect()
+}
+
+/// Asserts that `d` gave up, saying `what`.
+fn assert_gave_up(d: &Decision, what: &str) {
+    assert!(
+        matches!(d, Decision::GaveUp { why } if why.contains(what)),
+        "{d:?}"
+    );
+}
+
 fn busy() -> Judgement {
     Judgement {
         verdict: Verdict::Busy,
@@ -68,19 +124,10 @@ fn timeline(cfg: &HealConfig, events: &[(u64, Judgement, Report)]) -> Vec<String
 #[test]
 fn a_dead_socket_climbs_the_socket_rungs_then_the_process_rungs() {
     let cfg = heal(true, true);
-    let w = || {
-        (
-            wedged(ReasonCode::ControlSilent, Some(42)),
-            report('S', true),
-        )
-    };
-    let events: Vec<_> = [0, 5, 31, 40, 62, 105, 140, 190, 200]
-        .iter()
-        .map(|t| {
-            let (j, r) = w();
-            (t * SEC, j, r)
-        })
-        .collect();
+    let events = wedged_at(
+        ReasonCode::ControlSilent,
+        &[0, 5, 31, 40, 62, 105, 140, 190, 200],
+    );
     assert_eq!(
         timeline(&cfg, &events),
         [
@@ -101,16 +148,7 @@ fn a_dead_socket_climbs_the_socket_rungs_then_the_process_rungs() {
 fn defaults_act_only_on_sockets() {
     // No signal, no restart configured: after the socket rungs, give up.
     let cfg = HealConfig::default();
-    let events: Vec<_> = [0, 31, 70]
-        .iter()
-        .map(|t| {
-            (
-                t * SEC,
-                wedged(ReasonCode::PeerUnresponsive, Some(42)),
-                report('S', true),
-            )
-        })
-        .collect();
+    let events = wedged_at(ReasonCode::PeerUnresponsive, &[0, 31, 70]);
     assert_eq!(
         timeline(&cfg, &events),
         ["arm_keepalive", "destroy_socket", "gave_up"]
@@ -125,10 +163,7 @@ fn defaults_act_only_on_sockets() {
         &mut h,
         0,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("no step fits")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "no step fits");
 }
 
 #[test]
@@ -162,16 +197,7 @@ fn backoff_doubles_with_every_step_that_did_not_help() {
         step_window: Duration::from_secs(30),
         ..heal(true, true)
     };
-    let events: Vec<_> = [0, 31, 41, 70, 121, 200, 281]
-        .iter()
-        .map(|t| {
-            (
-                t * SEC,
-                wedged(ReasonCode::ControlSilent, Some(42)),
-                report('S', true),
-            )
-        })
-        .collect();
+    let events = wedged_at(ReasonCode::ControlSilent, &[0, 31, 41, 70, 121, 200, 281]);
     // Window 30 s; backoff 40 s, then 80 s, then 160 s.
     let got = timeline(&cfg, &events);
     assert_eq!(
@@ -213,10 +239,7 @@ fn budgets_open_the_breaker() {
         &mut h,
         100 * SEC,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("restart budget")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "restart budget");
     // The breaker stays open while the agent stays wedged...
     assert!(matches!(
         decide(
@@ -239,18 +262,7 @@ fn budgets_open_the_breaker() {
         max_actions_per_hour: 1,
         ..heal(false, false)
     };
-    let mut h = HealHistory::default();
-    h.record(
-        0,
-        Step::ArmKeepalive {
-            pid: 1,
-            start_ticks: 1,
-            fd: 1,
-            inode: 1,
-        },
-        true,
-        String::new(),
-    );
+    let mut h = one_action_at(0);
     h.rung = None;
     let d = decide(
         &cfg,
@@ -259,22 +271,12 @@ fn budgets_open_the_breaker() {
         &mut h,
         100 * SEC,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("action budget")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "action budget");
 }
 
 #[test]
 fn a_stopped_process_is_left_alone() {
-    let mut h = HealHistory::default();
-    let d = decide(
-        &heal(true, true),
-        &wedged(ReasonCode::ControlSilent, Some(42)),
-        &report('T', true),
-        &mut h,
-        0,
-    );
+    let (d, h) = first_decision(&heal(true, true), ReasonCode::ControlSilent, Some(42), 'T');
     assert!(
         matches!(&d, Decision::Nothing { why } if why.contains("stopped")),
         "{d:?}"
@@ -284,16 +286,13 @@ fn a_stopped_process_is_left_alone() {
 
 #[test]
 fn steps_carry_the_process_identity() {
-    let mut h = HealHistory::default();
-    let Decision::Act { steps } = decide(
+    let (d, _) = first_decision(
         &heal(false, false),
-        &wedged(ReasonCode::PeerUnresponsive, Some(42)),
-        &report('S', true),
-        &mut h,
-        0,
-    ) else {
-        panic!("acts")
-    };
+        ReasonCode::PeerUnresponsive,
+        Some(42),
+        'S',
+    );
+    let steps = acts(d);
     assert_eq!(
         steps,
         [Step::ArmKeepalive {
@@ -304,31 +303,18 @@ fn steps_carry_the_process_identity() {
         }]
     );
     // A socket the judgement names but the evidence no longer has is skipped.
-    let mut h = HealHistory::default();
-    let d = decide(
+    let (d, _) = first_decision(
         &heal(false, false),
-        &wedged(ReasonCode::PeerUnresponsive, Some(4242)),
-        &report('S', true),
-        &mut h,
-        0,
+        ReasonCode::PeerUnresponsive,
+        Some(4242),
+        'S',
     );
     assert!(matches!(d, Decision::GaveUp { .. }), "{d:?}");
 }
 
 #[test]
 fn old_actions_leave_the_hour() {
-    let mut h = HealHistory::default();
-    h.record(
-        0,
-        Step::ArmKeepalive {
-            pid: 1,
-            start_ticks: 1,
-            fd: 1,
-            inode: 1,
-        },
-        true,
-        String::new(),
-    );
+    let mut h = one_action_at(0);
     let _ = decide(
         &HealConfig::default(),
         &busy(),
@@ -498,9 +484,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
         &mut h,
         100 * SEC,
     );
-    let Decision::Act { steps } = d else {
-        panic!("{d:?}")
-    };
+    let steps = acts(d);
     assert_eq!(
         steps,
         vec![Step::RestartContainer {
@@ -546,10 +530,7 @@ fn runtime_restart_names_the_one_container_and_its_root() {
         &mut h,
         200 * SEC,
     );
-    assert!(
-        matches!(&d, Decision::GaveUp { why } if why.contains("restart budget")),
-        "{d:?}"
-    );
+    assert_gave_up(&d, "restart budget");
 }
 
 /// A control stream proven dead by its heartbeat, with nothing in
@@ -618,15 +599,13 @@ fn socket_steps_come_from_findings_not_from_reason_evidence() {
     // The finding addresses the socket as the (fresher) evidence has it now.
     let mut moved = report('S', true);
     moved.sockets[0].fd = Some(11);
-    let Decision::Act { steps } = decide(
+    let steps = acts(decide(
         &heal(false, false),
         &wedged(ReasonCode::PeerUnresponsive, Some(42)),
         &moved,
         &mut HealHistory::default(),
         0,
-    ) else {
-        panic!("acts")
-    };
+    ));
     assert_eq!(
         steps,
         [Step::ArmKeepalive {
@@ -711,17 +690,13 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
         j
     };
     let r = report('S', true);
-    let mut h = HealHistory::default();
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
-        &mut h,
-        1_000 * SEC,
-    );
-    let Decision::Act { steps } = d else {
-        panic!("{d:?}")
+    // `j` decided on `r` under `cfg`, with `h`, at `now_ms`.
+    let on_r = |cfg: &HealConfig, j: &Judgement, h: &mut HealHistory, now_ms: u64| {
+        decide(cfg, j, &r, h, now_ms)
     };
+    let proven_idle = finding(DeadKind::Idle, true, Verdict::Degraded);
+    let mut h = HealHistory::default();
+    let steps = acts(on_r(&cfg, &proven_idle, &mut h, 1_000 * SEC));
     assert_eq!(
         steps.iter().map(Step::name).collect::<Vec<_>>(),
         ["expire_keepalive"]
@@ -730,13 +705,7 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
     h.record_ending(1_000 * SEC, steps[0].clone(), true, String::new());
     assert_eq!((h.rung, h.steps_this_wedge), (None, 0));
     // Within the step window: given its time.
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
-        &mut h,
-        1_010 * SEC,
-    );
+    let d = on_r(&cfg, &proven_idle, &mut h, 1_010 * SEC);
     assert_eq!(
         d,
         Decision::Wait {
@@ -745,56 +714,34 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
         }
     );
     // Past it, still there: ended again.
-    let again = finding(DeadKind::Idle, true, Verdict::Degraded);
-    let d = decide(&cfg, &again, &r, &mut h, 1_031 * SEC);
+    let d = on_r(&cfg, &proven_idle, &mut h, 1_031 * SEC);
     assert!(matches!(d, Decision::Act { .. }), "{d:?}");
     // A hung connect: destroyed.
-    let mut h = HealHistory::default();
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Connecting, false, Verdict::Unresponsive),
-        &r,
-        &mut h,
-        1_000 * SEC,
-    );
-    let Decision::Act { steps } = d else {
-        panic!("{d:?}")
-    };
+    let hung = finding(DeadKind::Connecting, false, Verdict::Unresponsive);
+    let steps = acts(on_r(&cfg, &hung, &mut HealHistory::default(), 1_000 * SEC));
     assert_eq!(
         steps.iter().map(Step::name).collect::<Vec<_>>(),
         ["destroy_socket"]
     );
     // An awaited dead socket in an agent that is not wedged (impossible from
     // the judge, but the rule is the verdict's): nothing.
-    let d = decide(
-        &cfg,
-        &finding(DeadKind::Awaited, true, Verdict::Degraded),
-        &r,
-        &mut HealHistory::default(),
-        1_000 * SEC,
-    );
+    let awaited = finding(DeadKind::Awaited, true, Verdict::Degraded);
+    let d = on_r(&cfg, &awaited, &mut HealHistory::default(), 1_000 * SEC);
     assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
     // Socket steps off, or the budget spent: left open, and said.
     let off = HealConfig {
         sockets: false,
         ..heal(true, true)
     };
-    let d = decide(
-        &off,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
-        &mut HealHistory::default(),
-        1_000 * SEC,
-    );
+    let d = on_r(&off, &proven_idle, &mut HealHistory::default(), 1_000 * SEC);
     assert!(matches!(d, Decision::Nothing { .. }), "{d:?}");
     let spent = HealConfig {
         max_actions_per_hour: 0,
         ..heal(true, true)
     };
-    let d = decide(
+    let d = on_r(
         &spent,
-        &finding(DeadKind::Idle, true, Verdict::Degraded),
-        &r,
+        &proven_idle,
         &mut HealHistory::default(),
         1_000 * SEC,
     );

@@ -296,24 +296,15 @@ fn connections_are_shared_fairly() {
             share: 12
         }
     );
-    let open = conns(&[(3000, 16, None), (3001, 16, None), (3002, 16, None)]);
+    // Three owners holding 16 each: the pool is full.
+    let full = [(3000, 16, None), (3001, 16, None), (3002, 16, None)];
+    let open = conns(&full);
     assert!(matches!(admit(&open, &me, &DEFAULTS), Admission::Busy(_)));
     // Root: its reserve, whatever the others hold.
-    let open = conns(&[(3000, 16, None), (3001, 16, None), (3002, 16, None)]);
     assert_eq!(admit(&open, &root, &DEFAULTS), Admission::Admit);
-    let open = conns(&[
-        (3000, 16, None),
-        (3001, 16, None),
-        (3002, 16, None),
-        (0, 15, None),
-    ]);
+    let open = conns(&[&full[..], &[(0, 15, None)]].concat());
     assert_eq!(admit(&open, &root, &DEFAULTS), Admission::Admit);
-    let open = conns(&[
-        (3000, 16, None),
-        (3001, 16, None),
-        (3002, 16, None),
-        (0, 16, None),
-    ]);
+    let open = conns(&[&full[..], &[(0, 16, None)]].concat());
     let Admission::Busy(m) = admit(&open, &root, &DEFAULTS) else {
         panic!()
     };

@@ -203,11 +203,7 @@ impl ErrorCode {
     }
 }
 
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(ErrorCode);
 
 /// A request that is refused, with the code and message of its response.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -331,11 +327,7 @@ impl Action {
     }
 }
 
-impl std::fmt::Display for Action {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+display_as_str!(Action);
 
 /// The fields of an `act` request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

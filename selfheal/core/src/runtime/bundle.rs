@@ -50,6 +50,7 @@ pub fn parse_config(id: &str, bytes: &[u8]) -> Result<ContainerInfo, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixture::assert_all_rejected;
 
     #[test]
     fn annotations() {
@@ -62,17 +63,14 @@ mod tests {
         assert_eq!(c.image.as_deref(), Some("reg/runner:1"));
         assert_eq!(c.labels.len(), 3);
         assert!(parse_config("x", b"{}").unwrap().labels.is_empty());
-        for bad in [
-            &b""[..],
-            b"[]",
-            b"{\"annotations\":5}",
-            b"{\"annotations\":{\"a\":1}}",
-        ] {
-            assert!(
-                parse_config("x", bad).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
+        assert_all_rejected(
+            &[
+                b"",
+                b"[]",
+                b"{\"annotations\":5}",
+                b"{\"annotations\":{\"a\":1}}",
+            ],
+            |bad| parse_config("x", bad),
+        );
     }
 }

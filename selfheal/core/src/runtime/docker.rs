@@ -173,6 +173,7 @@ pub fn parse_list(body: &[u8]) -> Result<Vec<ContainerInfo>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixture::assert_all_rejected;
 
     const ID: &str = "ac71a600e8e6906ba7b18907acbb0c3d42386de3f68e5e60267627c2157e58e4";
 
@@ -204,33 +205,31 @@ mod tests {
 
     #[test]
     fn garbage() {
-        for answer in [
-            &b""[..],
-            b"garbage",
-            b"HTTP/1.0 200 OK\r\n",
-            b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"message\":\"boom\"}",
-            b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n[]",
-            b"HTTP/1.0 200 OK\r\nContent-Length: x\r\n\r\n[]",
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n[]\r\n0\r\n\r\n",
-        ] {
-            assert!(
-                parse_response(answer).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(answer)
-            );
-        }
-        for body in [
-            &b""[..],
-            b"{}",
-            b"[{}]",
-            b"[{\"Id\":\"short\"}]",
-            b"[{\"Id\":5}]",
-            b"[{\"Id\":\"../../etc\"}]",
-            b"\xff\xfe",
-            b"[{\"Id\":\"ac71a600e8e6906ba7b18907acbb0c3d42386de3f68e5e60267627c2157e58e4\",\"Labels\":{\"a\":1}}]",
-        ] {
-            assert!(parse_list(body).is_err(), "{:?}", String::from_utf8_lossy(body));
-        }
+        assert_all_rejected(
+            &[
+                b"",
+                b"garbage",
+                b"HTTP/1.0 200 OK\r\n",
+                b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"message\":\"boom\"}",
+                b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n[]",
+                b"HTTP/1.0 200 OK\r\nContent-Length: x\r\n\r\n[]",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n[]\r\n0\r\n\r\n",
+            ],
+            parse_response,
+        );
+        assert_all_rejected(
+            &[
+                b"",
+                b"{}",
+                b"[{}]",
+                b"[{\"Id\":\"short\"}]",
+                b"[{\"Id\":5}]",
+                b"[{\"Id\":\"../../etc\"}]",
+                b"\xff\xfe",
+                b"[{\"Id\":\"ac71a600e8e6906ba7b18907acbb0c3d42386de3f68e5e60267627c2157e58e4\",\"Labels\":{\"a\":1}}]",
+            ],
+            parse_list,
+        );
         let e = parse_response(b"HTTP/1.0 403 Forbidden\r\n\r\nno\x1b[31m").unwrap_err();
         assert_eq!(e.to_string(), "bad answer: status 403: no [31m");
     }

@@ -52,32 +52,29 @@ impl Shared {
         let inode = req.inode.map_or_else(|| "-".to_string(), |i| i.to_string());
         let agent = req.agent.as_deref().unwrap_or("-");
         let stage = if escalation { "escalation" } else { "act" };
+        // One line, at `$level`, with the fields every audit line has
+        // and then `$rest`.
+        macro_rules! audit_line {
+            ($level:ident, $($rest:tt)*) => {
+                tracing::$level!(
+                    target: "selfheal::audit",
+                    caller_uid = caller.uid,
+                    caller_pid = caller.pid,
+                    action = %req.action,
+                    stage = %stage,
+                    pid = req.pid,
+                    start_ticks = req.start_ticks,
+                    fd = %fd,
+                    inode = %inode,
+                    agent = %agent,
+                    $($rest)*
+                )
+            };
+        }
         match error {
-            None => tracing::info!(
-                target: "selfheal::audit",
-                caller_uid = caller.uid,
-                caller_pid = caller.pid,
-                action = %req.action,
-                stage = %stage,
-                pid = req.pid,
-                start_ticks = req.start_ticks,
-                fd = %fd,
-                inode = %inode,
-                agent = %agent,
-                outcome = %"ok",
-                "act performed"
-            ),
-            Some(e) => tracing::warn!(
-                target: "selfheal::audit",
-                caller_uid = caller.uid,
-                caller_pid = caller.pid,
-                action = %req.action,
-                stage = %stage,
-                pid = req.pid,
-                start_ticks = req.start_ticks,
-                fd = %fd,
-                inode = %inode,
-                agent = %agent,
+            None => audit_line!(info, outcome = %"ok", "act performed"),
+            Some(e) => audit_line!(
+                warn,
                 outcome = %e.code,
                 reason = ?e.message,
                 "act refused"

@@ -158,6 +158,14 @@ impl Shared {
         serde_json::to_value(hello).unwrap_or(Value::Null)
     }
 
+    /// `Err` of [`Self::no_tracer`] when no tracer is attached.
+    fn need_tracer(&self) -> Result<(), WireError> {
+        if lock(&self.tracer).tracer.is_none() {
+            return Err(self.no_tracer());
+        }
+        Ok(())
+    }
+
     fn no_tracer(&self) -> WireError {
         refusal(
             ErrorCode::Unavailable,
@@ -175,9 +183,7 @@ impl Shared {
         same_ns: bool,
         pids: &[u32],
     ) -> Result<Value, WireError> {
-        if lock(&self.tracer).tracer.is_none() {
-            return Err(self.no_tracer());
-        }
+        self.need_tracer()?;
         let Authorized { ok, gone, refused } = self.authorize_query(caller, same_ns, pids)?;
         let mut st = lock(&self.tracer);
         st.prune();
@@ -333,9 +339,7 @@ impl Shared {
         same_ns: bool,
         pids: &[u32],
     ) -> Result<Value, WireError> {
-        if lock(&self.tracer).tracer.is_none() {
-            return Err(self.no_tracer());
-        }
+        self.need_tracer()?;
         let Authorized { ok, refused, .. } = self.authorize_query(caller, same_ns, pids)?;
         let allowed: Vec<u32> = ok.iter().map(|(pid, _)| *pid).collect();
         let mut st = lock(&self.tracer);
