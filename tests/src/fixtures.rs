@@ -1,8 +1,8 @@
 //! Set-ups that many areas share: where a test's `selfheal` commands keep
 //! their state, snapshots, metrics file and helper socket ([`Places`]), and
 //! the `selfheal check --json` command on them ([`check_cmd`]); an
-//! in-process helper ([`serve_helper`]) and the processes of other uids it
-//! acts on ([`Procs`]).
+//! in-process helper ([`serve_helper`]), the processes of other uids it
+//! acts on ([`Procs`]), and a child killed with its test ([`Reaped`]).
 
 use std::{
     ffi::OsString,
@@ -197,6 +197,33 @@ impl Drop for Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A child killed (SIGKILL) and reaped when dropped.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Its stderr, read to its end (empty unless it was piped, or once
+    /// read).
+    pub fn stderr(&mut self) -> String {
+        use std::io::Read as _;
+        let mut s = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

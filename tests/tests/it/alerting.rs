@@ -12,12 +12,12 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
-use tests::fixtures::{Places, check_cmd};
+use tests::fixtures::{Places, Reaped, check_cmd};
 use tests::{need_root, selfheal_bin};
 
 fn repo() -> PathBuf {
@@ -322,16 +322,6 @@ fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
     assert_ne!(std::fs::read_to_string(&prom).unwrap(), good);
 }
 
-/// A child killed (and reaped) when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A free port on the loopback of the namespace `ns`.
 fn free_port(ns: &selfheal_testbed::topology::Netns) -> u16 {
     ns.enter(|| {
@@ -532,7 +522,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         if dry_run {
             cmd.arg("--dry-run");
         }
-        Killed(cmd.spawn().expect("run selfheal watch"))
+        Reaped(cmd.spawn().expect("run selfheal watch"))
     };
     let mut watching = watch(true, "dry");
 
@@ -558,7 +548,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     .arg("--cluster.listen-address=")
     .stdout(Stdio::null())
     .stderr(std::fs::File::create(s.0.join("alertmanager.log")).unwrap());
-    let _am = Killed(cmd.spawn().expect("run alertmanager"));
+    let _am = Reaped(cmd.spawn().expect("run alertmanager"));
 
     let prom_dir = s.0.join("prometheus");
     std::fs::create_dir_all(&prom_dir).unwrap();
@@ -594,7 +584,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     .arg("--rules.alert.resend-delay=1s")
     .stdout(Stdio::null())
     .stderr(std::fs::File::create(s.0.join("prometheus.log")).unwrap());
-    let mut prom_child = Killed(cmd.spawn().expect("run prometheus"));
+    let mut prom_child = Reaped(cmd.spawn().expect("run prometheus"));
     let prom = SocketAddr::from(([127, 0, 0, 1], prom_port));
     let logs = || {
         ["watch-dry.log", "prometheus.log", "alertmanager.log"]
@@ -839,7 +829,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     // Prometheus down: selfheal does not care.
     drop(std::mem::replace(
         &mut prom_child,
-        Killed(Command::new("true").spawn().unwrap()),
+        Reaped(Command::new("true").spawn().unwrap()),
     ));
     std::thread::sleep(Duration::from_secs(2));
     assert!(
@@ -917,7 +907,7 @@ fn a_scrape_during_a_check_gets_the_last_complete_one() {
         .stderr(Stdio::null())
         .spawn()
         .expect("run selfheal watch");
-    let mut watch = Killed(child);
+    let mut watch = Reaped(child);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let (mut complete, mut empty, mut stamps) = (0, 0, Vec::new());
     let deadline = Instant::now() + Duration::from_secs(20);

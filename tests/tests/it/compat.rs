@@ -29,10 +29,11 @@ use std::{
     net::{TcpListener, TcpStream},
     os::unix::{fs::PermissionsExt as _, net::UnixStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
+use tests::fixtures::Reaped;
 use tests::{Peer, Ready, Scratch, need_root, selfheal_bin, status_server, wait_for};
 
 const RECORD: &str = "SELFHEAL_RECORD_GOLDEN";
@@ -506,16 +507,6 @@ impl Silent {
         self.held.push(s);
         peer.tell("go");
         (peer, ready)
-    }
-}
-
-/// A child killed and reaped on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::helper_cmd;
+use tests::fixtures::{Reaped, helper_cmd};
 use tests::{
     CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
     selfheal_bin, socket_fd_of, wait_for,
@@ -274,7 +274,7 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
 /// systemd's socket unit would: the socket outlives the helper), killed on
 /// drop.
 struct ActivatedHelper {
-    child: std::process::Child,
+    child: Reaped,
 }
 
 impl ActivatedHelper {
@@ -302,12 +302,12 @@ impl ActivatedHelper {
             });
         }
         ActivatedHelper {
-            child: cmd.spawn().expect("start selfheal helper"),
+            child: Reaped(cmd.spawn().expect("start selfheal helper")),
         }
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     fn signal(&self, sig: libc::c_int) {
@@ -318,38 +318,25 @@ impl ActivatedHelper {
     /// SIGKILL, reaped.
     fn kill(mut self) -> String {
         self.signal(libc::SIGKILL);
-        let _ = self.child.wait();
-        self.stderr()
+        let _ = self.child.0.wait();
+        self.child.stderr()
     }
 
     /// SIGTERM, reaped within 10 s.
     fn stop(mut self) -> String {
         self.signal(libc::SIGTERM);
         let exited = wait_for(10 * SEC, Duration::from_millis(20), || {
-            self.child.try_wait().ok().flatten()
+            self.child.0.try_wait().ok().flatten()
         });
         if exited.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            panic!("the helper did not stop on SIGTERM: {}", self.stderr());
+            let _ = self.child.0.kill();
+            let _ = self.child.0.wait();
+            panic!(
+                "the helper did not stop on SIGTERM: {}",
+                self.child.stderr()
+            );
         }
-        self.stderr()
-    }
-
-    fn stderr(&mut self) -> String {
-        use std::io::Read as _;
-        let mut s = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
-}
-
-impl Drop for ActivatedHelper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stderr()
     }
 }
 

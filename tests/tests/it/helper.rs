@@ -42,6 +42,7 @@ use selfheal_core::protocol::Caller;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
 use serde_json::{Value, json};
+use tests::fixtures::Reaped;
 use tests::{
     Peer, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf, need_root,
     skip, wait_for,
@@ -76,7 +77,7 @@ impl Drop for TempDir {
 }
 
 /// A `sleep` process (optionally as another uid), killed on drop.
-struct Sleeper(Child);
+struct Sleeper(Reaped);
 
 impl Sleeper {
     fn new(uid: Option<u32>) -> Sleeper {
@@ -99,24 +100,17 @@ impl Sleeper {
                 .filter(|c| c.trim() == "sleep")
         })
         .expect("sleep started");
-        Sleeper(child)
+        Sleeper(Reaped(child))
     }
 
     fn pid(&self) -> u32 {
-        self.0.id()
+        self.0.pid()
     }
 
     fn act(&self, action: Action) -> ActRequest {
         let mut r = ActRequest::new(action, self.pid(), start_ticks(self.pid()).unwrap());
         r.agent = Some("sleeper".into());
         r
-    }
-}
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

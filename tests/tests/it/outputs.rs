@@ -16,7 +16,7 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::Places;
+use tests::fixtures::{Places, Reaped};
 use tests::{Scratch, selfheal_bin};
 
 /// Longest a test server lives, whatever the test does.
@@ -124,16 +124,6 @@ fn read_head(s: &TcpStream) -> String {
         }
     }
     String::from_utf8_lossy(&head).into_owned()
-}
-
-/// A child killed and reaped on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {

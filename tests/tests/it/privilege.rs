@@ -22,8 +22,7 @@ use selfheal::{
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
-use tests::fixtures::Places;
-use tests::fixtures::helper_cmd;
+use tests::fixtures::{Places, Reaped, helper_cmd};
 use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -405,7 +404,7 @@ fn configs_and_policies_others_could_write_are_refused() {
 /// `selfheal helper --socket PATH ARGS…` (the real binary, real executor),
 /// up and answering; killed on drop.
 struct RealHelper {
-    child: std::process::Child,
+    child: Reaped,
     path: std::path::PathBuf,
 }
 
@@ -420,7 +419,7 @@ impl RealHelper {
             .spawn()
             .expect("start selfheal helper");
         let h = RealHelper {
-            child,
+            child: Reaped(child),
             path: path.to_path_buf(),
         };
         tests::fixtures::wait_answering(path);
@@ -434,25 +433,13 @@ impl RealHelper {
 
     /// SIGTERM; its log (stderr).
     fn stop(mut self) -> String {
-        use std::io::Read as _;
         // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.pid() as libc::pid_t, libc::SIGTERM) };
         let done = tests::wait_for(10 * SEC, Duration::from_millis(20), || {
-            self.child.try_wait().ok().flatten()
+            self.child.0.try_wait().ok().flatten()
         });
         assert!(done.is_some(), "the helper stops on SIGTERM");
-        let mut s = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
-}
-
-impl Drop for RealHelper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stderr()
     }
 }
 
