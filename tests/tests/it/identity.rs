@@ -85,7 +85,7 @@ fn user_tree(uid: u32) -> String {
     format!("user.slice/user-{uid}.slice/user@{uid}.service")
 }
 
-/// `selfheal config check` of `config` with `env`: its report.
+/// `selfheal config check` of `config` with `env`: its report (printed).
 fn config_check(config: &Path, env: &[(&str, String)]) -> String {
     let out = config_check_output(config, env);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -95,7 +95,14 @@ fn config_check(config: &Path, env: &[(&str, String)]) -> String {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("{text}");
     text
+}
+
+/// [`config_check`] of `text`, written to `config`.
+fn check_config_text(config: &Path, text: &str, env: &[(&str, String)]) -> String {
+    std::fs::write(config, text).unwrap();
+    config_check(config, env)
 }
 
 /// Agent `agent`'s section of a `config check` report.
@@ -159,13 +166,11 @@ fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
     .unwrap_or_else(|e| panic!("{e}"));
     let scratch = Scratch::new("ident-unit");
     let config = scratch.join("config.toml");
-    std::fs::write(
+    let report = check_config_text(
         &config,
-        format!("[[agent]]\nname = \"runner\"\nmatch = {{ unit = \"{unit}\" }}\n"),
-    )
-    .unwrap();
-    let report = config_check(&config, &[]);
-    eprintln!("{report}");
+        &format!("[[agent]]\nname = \"runner\"\nmatch = {{ unit = \"{unit}\" }}\n"),
+        &[],
+    );
     assert_eq!(
         roots(&report, "runner"),
         [system.pid()],
@@ -177,13 +182,11 @@ fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
         section(&report, "runner").contains("(a system unit)"),
         "{report}"
     );
-    std::fs::write(
+    let report = check_config_text(
         &config,
-        format!("[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"),
-    )
-    .unwrap();
-    let report = config_check(&config, &[]);
-    eprintln!("{report}");
+        &format!("[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"),
+        &[],
+    );
     assert_eq!(roots(&report, "users"), [forged.pid()], "{report}");
 }
 
@@ -243,9 +246,7 @@ fn impostors_are_not_the_container(
             o.pid()
         ));
     }
-    std::fs::write(&config, text).unwrap();
-    let report = config_check(&config, env);
-    eprintln!("{report}");
+    let report = check_config_text(&config, &text, env);
     assert_eq!(roots(&report, "byname"), [init], "{report}");
     assert!(
         !section(&report, "forged").contains("container  "),
@@ -446,7 +447,6 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
         ("SELFHEAL_RUNTIME_TIMEOUT", "2s".to_string()),
     ];
     let report = config_check(&config, &env);
-    eprintln!("{report}");
     assert_eq!(roots(&report, "pods"), Vec::<u32>::new(), "{report}");
     assert!(
         !section(&report, "forged").contains("container  "),
