@@ -287,6 +287,67 @@ pub fn check_json_args(
     (line, log)
 }
 
+/// `cargo xtask TASK --debug --out OUT` (`package` or `image`) of this
+/// tree (the debug build the tests use): the file it wrote in `out`, the
+/// one named `*.EXT`.
+pub fn xtask_build(task: &str, out: &Path, ext: &str) -> PathBuf {
+    run_ok(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .args(["run", "-q", "-p", "xtask", "--", task, "--debug", "--out"])
+            .arg(out),
+    )
+    .unwrap_or_else(|e| panic!("cargo xtask {task}: {e}"));
+    std::fs::read_dir(out)
+        .unwrap_or_else(|e| panic!("{}: {e}", out.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == ext))
+        .unwrap_or_else(|| panic!("no *.{ext} in {}", out.display()))
+}
+
+/// Writes to `path` the config of agent `name`, matched by `rule` (the
+/// inside of `match = { … }`), whose control upstream (192.0.2.1:443, a
+/// documentation address) never answers: past a 1 s `suspect_after` it is
+/// wedged, and the one rung it may take is a restart through its runtime
+/// (grace 1 s). `heal_extra` ends its `[agent.heal]` table.
+pub fn runtime_restart_config(path: &Path, name: &str, rule: &str, heal_extra: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "[[agent]]\nname = \"{name}\"\nmatch = {{ {rule} }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\n\
+             [agent.heal]\nsockets = false\nrestart = {{ runtime = true }}\ngrace = \"1s\"\n\
+             {heal_extra}"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// The runtime restart rung of [`runtime_restart_config`]'s agent: a first
+/// check of `agent` starts its silence; a second, 1.2 s later, finds it
+/// `wedged` and restarts its container through its runtime, its first
+/// action, done. Both checks' lines and the second one's log (printed, with
+/// how long it took).
+pub fn restarted_by_runtime(
+    config: &Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    agent: &str,
+) -> (serde_json::Value, serde_json::Value, String) {
+    let (first, _) = check_acting(config, scratch, env, agent);
+    std::thread::sleep(Duration::from_millis(1_200));
+    let t = std::time::Instant::now();
+    let (line, log) = check_acting(config, scratch, env, agent);
+    eprintln!("{log}the healing check took {:?}", t.elapsed());
+    assert_eq!(line["verdict"], "wedged", "{line}");
+    let action = &line["heal"]["actions"][0];
+    assert_eq!(action["step"]["action"], "restart_container", "{line}");
+    assert_eq!(action["ok"], true, "{line}");
+    (first, line, log)
+}
+
 /// A Podman container (storage in `scratch`) and the compatible API service
 /// on a socket of its own.
 pub struct Podman {
