@@ -18,7 +18,7 @@ use std::{
 };
 
 use tests::fixtures::{Places, Reaped, check_cmd};
-use tests::{need_root, selfheal_bin};
+use tests::{Scratch, need_root, selfheal_bin};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -52,24 +52,6 @@ fn run_ok(cmd: &mut Command) -> String {
     );
     assert!(out.status.success(), "{cmd:?} failed:\n{text}");
     text
-}
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d =
-            std::env::temp_dir().join(format!("selfheal-alerting-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("scratch dir");
-        Scratch(d)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// One `selfheal check` writing `metrics`: its exit code and stderr.
@@ -139,7 +121,7 @@ fn the_rules_pass_promtool_check_and_their_unit_tests() {
 #[test]
 fn the_metrics_pass_promtool_and_the_dashboard_names_only_them() {
     let _area = tests::area(module_path!());
-    let s = Scratch::new("lint");
+    let s = Scratch::new("alerting-lint");
     let config = two_agents(&s.0);
     let prom = s.0.join("selfheal.prom");
     // Twice: the second check's counters come from the history.
@@ -256,7 +238,7 @@ fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
     if !need_root("metrics_full_disk") {
         return;
     }
-    let s = Scratch::new("full");
+    let s = Scratch::new("alerting-full");
     let mnt = s.0.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     std::fs::set_permissions(&mnt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -482,7 +464,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         }
     }
     let started = Instant::now();
-    let s = Scratch::new("e2e");
+    let s = Scratch::new("alerting-e2e");
     let opts = scenario::Options {
         selfheal: selfheal_bin(),
         testbed: tests::testbed_bin(),
@@ -861,7 +843,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
 #[test]
 fn a_scrape_during_a_check_gets_the_last_complete_one() {
     let _area = tests::area(module_path!());
-    let s = Scratch::new("during");
+    let s = Scratch::new("alerting-during");
     let slow = TcpListener::bind("127.0.0.1:0").expect("bind");
     let slow_addr = slow.local_addr().unwrap();
     std::thread::spawn(move || {
