@@ -59,13 +59,57 @@ static struct fuse_in_header *next_request(char *buf, size_t size) {
     }
 }
 
+/* INIT: with `max_readahead`, or the kernel's own when 0. */
 static void reply_init(uint64_t unique, const struct fuse_init_in *ii, uint32_t max_readahead) {
     struct fuse_init_out o = {0};
     o.major = FUSE_KERNEL_VERSION;
     o.minor = ii->minor < 31 ? ii->minor : 31;
-    o.max_readahead = max_readahead;
+    o.max_readahead = max_readahead ? max_readahead : ii->max_readahead;
     o.max_write = 4096;
     o.max_background = 16;
     o.congestion_threshold = 12;
     reply(unique, 0, &o, sizeof o);
+}
+
+/* How a server fills in the attributes of a node. */
+typedef void attr_fn(struct fuse_attr *a, uint64_t node);
+
+/* GETATTR: `attr` of the node asked, valid for `valid` seconds. */
+static void reply_getattr(const struct fuse_in_header *in, attr_fn *attr, uint64_t valid) {
+    struct fuse_attr_out o = {0};
+    o.attr_valid = valid;
+    attr(&o.attr, in->nodeid);
+    reply(in->unique, 0, &o, sizeof o);
+}
+
+/* LOOKUP of `asked` in the root: the file `name`, node 2 (entry and
+ * attributes valid for `valid` seconds), or ENOENT. */
+static void reply_lookup(const struct fuse_in_header *in, const char *asked, const char *name,
+                         attr_fn *attr, uint64_t valid) {
+    if (strcmp(asked, name)) { reply(in->unique, -ENOENT, 0, 0); return; }
+    struct fuse_entry_out o = {0};
+    o.nodeid = 2;
+    o.entry_valid = valid;
+    o.attr_valid = valid;
+    attr(&o.attr, 2);
+    reply(in->unique, 0, &o, sizeof o);
+}
+
+/* Answers the requests both servers answer alike: INIT (`max_readahead`,
+ * or the kernel's when 0),
+ * GETATTR and LOOKUP of the file `name` (valid for `valid` seconds),
+ * FORGET (no answer), FLUSH and RELEASE. Returns 1 when `in` was one of
+ * them, 0 for the server to answer. */
+static int answer_common(const struct fuse_in_header *in, void *arg, const char *name,
+                         attr_fn *attr, uint64_t valid, uint32_t max_readahead) {
+    switch (in->opcode) {
+    case FUSE_INIT: reply_init(in->unique, arg, max_readahead); return 1;
+    case FUSE_GETATTR: reply_getattr(in, attr, valid); return 1;
+    case FUSE_LOOKUP: reply_lookup(in, arg, name, attr, valid); return 1;
+    case FUSE_FORGET: case FUSE_BATCH_FORGET: return 1;
+    case FUSE_FLUSH: case FUSE_RELEASE: case FUSE_RELEASEDIR:
+        reply(in->unique, 0, 0, 0);
+        return 1;
+    default: return 0;
+    }
 }

@@ -34,27 +34,8 @@ int main(int argc, char **argv) {
         struct fuse_in_header *in = next_request(buf, sizeof buf);
         if (!in) return 0;
         void *arg = buf + sizeof *in;
+        if (answer_common(in, arg, "p", attr, 3600, 4096)) continue;
         switch (in->opcode) {
-        case FUSE_INIT:
-            reply_init(in->unique, arg, 4096);
-            break;
-        case FUSE_GETATTR: {
-            struct fuse_attr_out o = {0};
-            o.attr_valid = 3600;
-            attr(&o.attr, in->nodeid);
-            reply(in->unique, 0, &o, sizeof o);
-            break;
-        }
-        case FUSE_LOOKUP: {
-            if (strcmp(arg, "p")) { reply(in->unique, -ENOENT, 0, 0); break; }
-            struct fuse_entry_out o = {0};
-            o.nodeid = 2;
-            o.entry_valid = 3600;
-            o.attr_valid = 3600;
-            attr(&o.attr, 2);
-            reply(in->unique, 0, &o, sizeof o);
-            break;
-        }
         case FUSE_OPEN: case FUSE_OPENDIR: {
             struct fuse_open_out o = {0};
             if (in->opcode == FUSE_OPEN && direct && opens++ > 0) {
@@ -80,10 +61,7 @@ int main(int argc, char **argv) {
             reply(in->unique, 0, page + off, len);
             break;
         }
-        case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_INTERRUPT: break;
-        case FUSE_FLUSH: case FUSE_RELEASE: case FUSE_RELEASEDIR:
-            reply(in->unique, 0, 0, 0);
-            break;
+        case FUSE_INTERRUPT: break;
         default:
             reply(in->unique, -ENOSYS, 0, 0);
         }
