@@ -782,13 +782,13 @@ pub fn run_check(
     helper: &std::path::Path,
     extra: &[&str],
 ) -> CheckRun {
-    let places = fixtures::Places {
-        state: state.to_path_buf(),
-        snapshots: snapshots.to_path_buf(),
-        metrics: None,
-        helper: Some(helper.to_path_buf()),
-    };
-    let out = fixtures::check_cmd(config, &places)
+    let places = fixtures::Places::new(state, snapshots).helper(helper);
+    run_check_at(config, &places, extra)
+}
+
+/// [`run_check`] on `places` (`Places::without_helper(dir)`, mostly).
+pub fn run_check_at(config: &std::path::Path, places: &fixtures::Places, extra: &[&str]) -> CheckRun {
+    let out = fixtures::check_cmd(config, places)
         .args(extra)
         .output()
         .expect("run selfheal check");

@@ -19,7 +19,7 @@ use std::{
 
 use selfheal::snapshots::{self, SnapshotLog};
 use tests::fixtures::{Places, check_cmd};
-use tests::{Netns, Peer, Scratch, Usage, need_root, run_check, selfheal_bin};
+use tests::{Netns, Peer, Scratch, Usage, need_root, run_check_at, selfheal_bin};
 
 const SEC: Duration = Duration::from_secs(1);
 /// The check's peak RSS must stay under this, whatever the load.
@@ -55,13 +55,7 @@ fn timed_check(config: &Path, dir: &Scratch) -> Usage {
 }
 
 fn check(config: &Path, dir: &Scratch) -> tests::CheckRun {
-    run_check(
-        config,
-        &dir.join("state"),
-        &dir.join("snaps"),
-        &dir.join("no-helper.sock"),
-        &[],
-    )
+    run_check_at(config, &Places::without_helper(&dir), &[])
 }
 
 fn print_usage(what: &str, u: &Usage) {
