@@ -200,6 +200,45 @@ impl Drop for Procs {
     }
 }
 
+/// The config text of agent `runner`, the `recv-peer MODE B:7443` process
+/// (`client` or `reconnecting`), whose control upstream `B:7443` beats
+/// every second; suspected after 2 s. A caller appends its agent's other
+/// tables (`[agent.heal]`, …) and agents.
+pub fn control_runner(mode: &str, b: &str) -> String {
+    format!(
+        "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer {mode} {b}:7443$\" }}\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
+         [agent.thresholds]\nsuspect_after = \"2s\"\n"
+    )
+}
+
+/// A raw connection to a helper's socket, read line by line (10 s read
+/// timeout): for requests `HelperClient` would never send.
+pub struct LineConn {
+    pub stream: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl LineConn {
+    pub fn connect(path: &Path) -> LineConn {
+        let stream = UnixStream::connect(path).expect("connect to the helper");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("set a read timeout");
+        let reader = BufReader::new(stream.try_clone().expect("clone the connection"));
+        LineConn { stream, reader }
+    }
+
+    /// The next line (with its `\n`); `Ok(None)` once the helper closed.
+    pub fn read_line(&mut self) -> std::io::Result<Option<String>> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line)? {
+            0 => Ok(None),
+            _ => Ok(Some(line)),
+        }
+    }
+}
+
 /// A child killed (SIGKILL) and reaped when dropped.
 pub struct Reaped(pub Child);
 

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::{Places, check_cmd};
+use tests::fixtures::{Places, check_cmd, control_runner};
 use tests::{NetnsPair, Peer, Scratch, need_root, selfheal_bin};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -385,10 +385,8 @@ fn heal_flow(test: &str, tag: &str, through_helper: bool) {
     std::fs::write(
         &config,
         format!(
-            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer reconnecting {b}:7443$\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\n\
-             [agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n"
+            "{}[agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n",
+            control_runner("reconnecting", &b)
         ),
     )
     .unwrap();

@@ -13,9 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::{Reaped, helper_cmd};
+use tests::fixtures::{Places, Reaped, control_runner, helper_cmd};
 use tests::{
-    CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
+    CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check, run_check_at,
     selfheal_bin, socket_fd_of, wait_for,
 };
 
@@ -55,10 +55,8 @@ impl Runner {
         std::fs::write(
             path,
             format!(
-                "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
-                 [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-                 [agent.thresholds]\nsuspect_after = \"2s\"\n\
-                 [agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n"
+                "{}[agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n",
+                control_runner("client", b)
             ),
         )
         .expect("write config");
@@ -167,13 +165,7 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
         }
     };
     let check = || {
-        run_check(
-            &config,
-            &dirs.join("state"),
-            &snaps,
-            &dirs.join("no-helper.sock"),
-            &[],
-        )
+        run_check_at(&config, &Places::without_helper(&dirs).snapshots(&snaps), &[])
     };
     std::thread::sleep(SEC);
     let warm = check();
@@ -893,13 +885,7 @@ fn a_churn_of_matching_processes_never_upsets_check() {
     let mut checks = 0u32;
     let mut verdicts = std::collections::BTreeMap::<String, u32>::new();
     while !done.load(std::sync::atomic::Ordering::SeqCst) && began.elapsed() < 30 * SEC {
-        let r = run_check(
-            &config,
-            &dir.join("state"),
-            &dir.join("snaps"),
-            &dir.join("no-helper.sock"),
-            &[],
-        );
+        let r = run_check_at(&config, &Places::without_helper(&dir), &[]);
         checks += 1;
         assert!(!r.stderr.contains("panicked"), "{r:#?}");
         assert_eq!(r.results.len(), 1, "{r:#?}");
@@ -1034,15 +1020,13 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     std::fs::write(
         &config,
         format!(
-            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\n\
-             [[agent]]\nname = \"thinking\"\nmatch = {{ cmdline = \"recv-peer client {b}:9443$\" }}\n\
+            "{}[[agent]]\nname = \"thinking\"\nmatch = {{ cmdline = \"recv-peer client {b}:9443$\" }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:9443\"\n\
              [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
              fields = {{ current_task = \"/current_task\" }}\n\
              [agent.thresholds]\nsuspect_after = \"1s\"\ncurrent_task_stale = \"10m\"\n\
-             [agent.proof]\nkeepalive = false\n"
+             [agent.proof]\nkeepalive = false\n",
+            control_runner("client", &b)
         ),
     )
     .unwrap();
@@ -1052,13 +1036,7 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     // is not the clock's doing. This test is about the clock.
     let state = dir.join("state");
     let check = || {
-        run_check(
-            &config,
-            &state,
-            &dir.join("snaps"),
-            &dir.join("no-helper.sock"),
-            &[],
-        )
+        run_check_at(&config, &Places::without_helper(&dir), &[])
     };
     // Settle: the silent provider turns suspect (busy) after 1 s.
     std::thread::sleep(2 * SEC);

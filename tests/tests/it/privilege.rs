@@ -22,8 +22,8 @@ use selfheal::{
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
-use tests::fixtures::{Places, Reaped, helper_cmd};
-use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
+use tests::fixtures::{Places, Reaped, control_runner, helper_cmd};
+use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check, run_check_at};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -928,21 +928,13 @@ fn check_runs_the_restart_argv_literally() {
     std::fs::write(
         &config,
         format!(
-            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\n\
-             [agent.heal]\nsockets = false\nsignal = false\nrestart = {argv}\n"
+            "{}[agent.heal]\nsockets = false\nsignal = false\nrestart = {argv}\n",
+            control_runner("client", &b)
         ),
     )
     .unwrap();
     let check = || {
-        run_check(
-            &config,
-            &dir.join("state"),
-            &dir.join("snaps"),
-            &dir.join("no-helper.sock"),
-            &[],
-        )
+        run_check_at(&config, &Places::without_helper(&dir), &[])
     };
     std::thread::sleep(SEC);
     assert_eq!(check().agent("runner")["verdict"], "idle");
@@ -1206,20 +1198,16 @@ fn a_root_parent_writable_by_a_system_group_is_accepted() {
     std::fs::create_dir(&log).unwrap();
     std::os::unix::fs::chown(&log, Some(0), Some(4)).unwrap(); // adm, say
     chmod(&log, 0o775);
-    let r = run_check(
+    let r = run_check_at(
         &config,
-        &dir.join("state"),
-        &log.join("selfheal"),
-        &dir.join("no-helper.sock"),
+        &Places::without_helper(&dir).snapshots(log.join("selfheal")),
         &[],
     );
     assert!(r.agent("ghost")["snapshot"].is_string(), "{r:#?}");
     std::os::unix::fs::chown(&log, Some(0), Some(1000)).unwrap();
-    let r = run_check(
+    let r = run_check_at(
         &config,
-        &dir.join("state"),
-        &log.join("selfheal2"),
-        &dir.join("no-helper.sock"),
+        &Places::without_helper(&dir).snapshots(log.join("selfheal2")),
         &[],
     );
     assert!(r.agent("ghost")["snapshot"].is_null(), "{r:#?}");
