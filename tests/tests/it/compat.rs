@@ -25,7 +25,7 @@
 //! processes and masking, and only `tests::` fixtures.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     net::{TcpListener, TcpStream},
     os::unix::{fs::PermissionsExt as _, net::UnixStream},
     path::{Path, PathBuf},
@@ -33,7 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::Reaped;
+use tests::fixtures::{LineConn, Reaped};
 use tests::{Peer, Ready, Scratch, need_root, selfheal_bin, status_server, wait_for};
 
 const RECORD: &str = "SELFHEAL_RECORD_GOLDEN";
@@ -809,30 +809,23 @@ fn start_helper(scratch: &Scratch) -> (Reaped, PathBuf) {
 }
 
 /// A line-level helper client.
-struct Raw {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-}
+struct Raw(LineConn);
 
 impl Raw {
     fn connect(path: &Path) -> Raw {
-        let stream = UnixStream::connect(path).expect("connect to the helper");
-        stream.set_read_timeout(Some(10 * SEC)).expect("timeout");
-        let reader = BufReader::new(stream.try_clone().expect("clone"));
-        Raw { stream, reader }
+        Raw(LineConn::connect(path))
     }
 
     /// Sends `line` (and `\n`); the answer line, or `(closed)`.
     fn ask(&mut self, line: &str) -> String {
-        let _ = self.stream.write_all(format!("{line}\n").as_bytes());
+        let _ = self.0.stream.write_all(format!("{line}\n").as_bytes());
         self.recv()
     }
 
     fn recv(&mut self) -> String {
-        let mut answer = String::new();
-        match self.reader.read_line(&mut answer) {
-            Ok(0) | Err(_) => "(closed)\n".to_string(),
-            Ok(_) => answer,
+        match self.0.read_line() {
+            Ok(Some(answer)) => answer,
+            Ok(None) | Err(_) => "(closed)\n".to_string(),
         }
     }
 }

@@ -42,7 +42,7 @@ use selfheal_core::protocol::Caller;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
 use serde_json::{Value, json};
-use tests::fixtures::Reaped;
+use tests::fixtures::{LineConn, Reaped};
 use tests::{
     Peer, Scratch, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf, need_root,
     skip, wait_for,
@@ -111,31 +111,24 @@ fn wait_stopped(h: ServerHandle, within: Duration) -> StopReason {
 }
 
 /// A line-level client for what `HelperClient` would never send.
-struct Raw {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-}
+struct Raw(LineConn);
 
 impl Raw {
     fn connect(path: &Path) -> Raw {
-        let stream = UnixStream::connect(path).expect("connect");
-        stream.set_read_timeout(Some(10 * SEC)).unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        Raw { stream, reader }
+        Raw(LineConn::connect(path))
     }
 
     fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("send");
+        self.0.stream.write_all(bytes).expect("send");
     }
 
     /// The next response, or `None` when the helper closed the connection
     /// (a reset when it closed with our unread request in its queue).
     fn recv(&mut self) -> Option<Response> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => None,
+        match self.0.read_line() {
+            Ok(None) => None,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
-            Ok(_) => Some(Response::parse(line.as_bytes()).expect("a valid response")),
+            Ok(Some(line)) => Some(Response::parse(line.as_bytes()).expect("a valid response")),
             Err(e) => panic!("read a response: {e}"),
         }
     }
@@ -487,7 +480,7 @@ fn an_oversized_request_is_too_large_and_closes_the_connection() {
     big.extend_from_slice(b"\"}\n");
     // The helper stops reading after the limit and closes: the rest of the
     // write may fail, which is the point.
-    let _ = raw.stream.write_all(&big);
+    let _ = raw.0.stream.write_all(&big);
     let r = raw.recv().expect("a too_large response");
     assert_eq!((r.id, code(&r)), (None, Some(ErrorCode::TooLarge)), "{r:?}");
     assert!(raw.recv().is_none(), "the connection is closed");
@@ -563,7 +556,7 @@ fn a_flood_from_one_uid_is_busy_while_another_uid_is_served() {
                         format!("{{\"v\":1,\"id\":{id},\"op\":\"hello\"}}\n").as_bytes(),
                     );
                 }
-                let writer = raw.stream.try_clone().unwrap();
+                let writer = raw.0.stream.try_clone().unwrap();
                 let w = std::thread::spawn(move || (&writer).write_all(&all).is_ok());
                 let mut busy = 0;
                 let mut ok = 0;
