@@ -112,6 +112,14 @@ pub fn helper_cmd(socket: &Path) -> Command {
     cmd
 }
 
+/// [`helper_cmd`] started, its stderr dropped.
+pub fn quiet_helper(socket: &Path) -> Child {
+    helper_cmd(socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start selfheal helper")
+}
+
 /// Waits (at most 15 s) until a helper answers `hello` on `socket`.
 pub fn wait_answering(socket: &Path) {
     crate::wait_for(Duration::from_secs(15), Duration::from_millis(20), || {

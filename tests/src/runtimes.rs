@@ -235,6 +235,27 @@ pub fn docker_with_image(
     })
 }
 
+/// What a Podman test needs before it starts Podman: root, `podman`, the
+/// scratch directory `scratch_tag` and the busybox root filesystem in it.
+/// `None`, with `test` skipped, where one is missing.
+pub fn podman_ready(test: &str, scratch_tag: &str) -> Option<(Scratch, PathBuf)> {
+    if !crate::need_root(test) {
+        return None;
+    }
+    if !have("podman") {
+        crate::skip(test, "no podman (run `cargo xtask setup`: Debian podman)");
+        return None;
+    }
+    let scratch = Scratch::new(scratch_tag);
+    match rootfs_tar(&scratch) {
+        Ok(tar) => Some((scratch, tar)),
+        Err(e) => {
+            crate::skip(test, &e);
+            None
+        }
+    }
+}
+
 /// `docker run -d --name NAME --label L… IMAGE /bin/sleep 600`: the new
 /// container's id (with its newline).
 pub fn run_sleeper(sock: &Path, name: &str, labels: &[&str], image: &str) -> String {
@@ -292,8 +313,7 @@ pub fn check_json_args(
 /// one named `*.EXT`.
 pub fn xtask_build(task: &str, out: &Path, ext: &str) -> PathBuf {
     run_ok(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        crate::cargo()
             .args(["run", "-q", "-p", "xtask", "--", task, "--debug", "--out"])
             .arg(out),
     )

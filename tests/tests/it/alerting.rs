@@ -73,17 +73,14 @@ fn check_writing(dir: &Path, config: &Path, metrics: &Path) -> (i32, String) {
 /// A config of two agents: this test process (healthy) and one that is
 /// down, names with the characters a name may have beside letters.
 fn two_agents(dir: &Path) -> PathBuf {
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    tests::config_in(
+        dir,
         format!(
             "[[agent]]\nname = \"my.agent-1_x\"\nmatch = {{ pid = {} }}\n\
              [[agent]]\nname = \"gone\"\nmatch = {{ cmdline = \"no-such-program-selfheal-alerting\" }}\n",
             std::process::id()
         ),
     )
-    .expect("write config");
-    config
 }
 
 /// The metric families a text names in its `# TYPE` lines.
@@ -859,15 +856,13 @@ fn a_scrape_during_a_check_gets_the_last_complete_one() {
             );
         }
     });
-    let config = s.0.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &s.0,
         format!(
             "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n[[agent.probe]]\nurl = \"http://{slow_addr}/status\"\ntimeout = \"2s\"\n",
             std::process::id()
         ),
-    )
-    .unwrap();
+    );
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap()

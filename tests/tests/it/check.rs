@@ -79,9 +79,8 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
     // as the incident's did.
     let status = tests::status_server(r#"{"status": "connected", "current_task": "WI-7"}"#, 200);
     let dirs = Scratch::new("check-e2e");
-    let config = dirs.0.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dirs.0,
         format!(
             "[[agent]]\nname = \"wedging\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
              [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
@@ -96,8 +95,7 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:9443\"\n\
              [agent.thresholds]\nsuspect_after = \"2s\"\n"
         ),
-    )
-    .unwrap();
+    );
 
     // Warm up: everyone is fine while the control server beats.
     std::thread::sleep(SEC);
@@ -150,12 +148,8 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
     eprintln!("detected the half-open control connection {after:?} after the peer vanished");
 
     // The snapshot reads back, with the evidence.
-    let out = tests::output_ok(
-        Command::new(selfheal_bin())
-            .args(["snapshots", "show", &id, "--json", "--dir"])
-            .arg(dirs.0.join("snapshots")),
-    );
-    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown = tests::show_snapshot(&id, &dirs.join("snapshots"));
+    let snap: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(snap["agent"], "wedging");
     assert_eq!(snap["snapshot"]["verdict"], "wedged");
     assert!(
@@ -472,7 +466,7 @@ fn heal_flow(test: &str, tag: &str, through_helper: bool) {
 
 /// `watch --metrics-addr` on a free loopback port; the child and the port.
 fn watch_with_metrics(dirs: &Scratch, addr_ip: &str, count: &str) -> (std::process::Child, u16) {
-    let config = own_agent_config(&dirs);
+    let config = own_agent_config(dirs);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()

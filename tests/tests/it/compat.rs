@@ -594,9 +594,8 @@ fn check_situation(run_no: usize) -> Vec<(String, String)> {
     }
     masks.value(scratch.0.display(), "scratch");
 
-    let config = scratch.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &scratch,
         format!(
             "[[agent]]\nname = \"wedging\"\nmatch = {{ pid = {wp} }}\n\
              [[agent.upstream]]\nrole = \"control\"\naddr = \"{control}\"\nheartbeat = \"1s\"\n\
@@ -614,8 +613,7 @@ fn check_situation(run_no: usize) -> Vec<(String, String)> {
             control = control.addr(),
             provider = provider.addr(),
         ),
-    )
-    .expect("write config");
+    );
     if let Some(left) = SILENCE.checked_sub(began.elapsed()) {
         std::thread::sleep(left);
     }

@@ -11,13 +11,12 @@ use std::{process::Command, time::Duration};
 
 use tests::fixtures::rethrow;
 use tests::{
-    Scratch, need_root,
+    Scratch,
     runtimes::{
-        check_acting, docker, docker_with_image, have, need_docker, only_docker,
-        restarted_by_runtime, rootfs_tar, run_ok, run_sleeper, runtime_restart_config,
-        start_podman,
+        check_acting, docker, docker_with_image, need_docker, only_docker, podman_ready,
+        restarted_by_runtime, run_ok, run_sleeper, runtime_restart_config, start_podman,
     },
-    selfheal_bin, skip,
+    skip,
 };
 
 #[test]
@@ -63,12 +62,7 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
         let actions = &line["heal"]["actions"];
         assert_eq!(actions[0]["step"]["id"], id.as_str(), "{line}");
         // Snapshot first: the snapshot names the container.
-        let shown = Command::new(selfheal_bin())
-            .args(["snapshots", "show", snapshot, "--json", "--dir"])
-            .arg(scratch.join("snaps"))
-            .output()
-            .expect("snapshots show");
-        let text = String::from_utf8_lossy(&shown.stdout);
+        let text = tests::show_snapshot(snapshot, &scratch.join("snaps"));
         assert!(text.contains(&id), "{text}");
         assert!(log.contains("restart docker container"), "{log}");
 
@@ -128,16 +122,8 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
 fn a_wedged_podman_container_is_restarted_through_its_api() {
     let _area = tests::area(module_path!());
     const TEST: &str = "a_wedged_podman_container_is_restarted_through_its_api";
-    if !need_root(TEST) {
+    let Some((scratch, tar)) = podman_ready(TEST, "ci-podman") else {
         return;
-    }
-    if !have("podman") {
-        return skip(TEST, "no podman (run `cargo xtask setup`: Debian podman)");
-    }
-    let scratch = Scratch::new("ci-podman");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
     };
     let tag = format!("selfheal-p{}", std::process::id());
     let podman = match start_podman(&scratch, &tar, &tag) {

@@ -3,7 +3,6 @@
 //! the crates that reach the kernel or the network; `selfheal`'s does (so
 //! the check itself can fail).
 
-use std::process::Command;
 
 /// Crates that do I/O the core must never reach.
 const IO_CRATES: &[&str] = &[
@@ -21,9 +20,7 @@ const IO_CRATES: &[&str] = &[
 /// The names of every crate in `package`'s normal dependency tree.
 fn tree(package: &str) -> Vec<String> {
     let out = tests::output_ok(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args([
+        tests::cargo().args([
                 "tree",
                 "--offline",
                 "-p",

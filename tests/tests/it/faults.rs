@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::{Places, Reaped, control_runner, helper_cmd};
+use tests::fixtures::{Places, Reaped, control_runner, quiet_helper};
 use tests::{
     CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check, run_check_at,
     selfheal_bin, socket_fd_of, wait_for,
@@ -476,10 +476,7 @@ fn check_reports_a_dead_helper_and_goes_on_without_it() {
     }
     let dir = Scratch::new("faults-dead-helper");
     let path = dir.join("helper.sock");
-    let mut helper = helper_cmd(&path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start the helper");
+    let mut helper = quiet_helper(&path);
     let up = wait_for(10 * SEC, Duration::from_millis(20), || {
         selfheal::helper::HelperClient::connect(&path).ok()
     });
@@ -516,12 +513,7 @@ fn the_retry_waits_for_a_helper_restarted_on_its_path() {
     }
     let dir = Scratch::new("faults-restart-path");
     let path = dir.join("helper.sock");
-    let start = || {
-        helper_cmd(&path)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the helper")
-    };
+    let start = || quiet_helper(&path);
     let mut a = start();
     let opts = tests::patient_client_opts();
     let mut client = wait_for(10 * SEC, Duration::from_millis(20), || {
@@ -819,14 +811,12 @@ fn a_churn_of_matching_processes_never_upsets_check() {
         .args(["-c", "sleep 120; true", &marker])
         .spawn()
         .unwrap();
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"churn\"\nmatch = {{ cmdline = \"{marker}|recv-peer client {addr}$\" }}\n"
         ),
-    )
-    .unwrap();
+    );
     let peer = tests::helper_bin("recv-peer");
     let began = Instant::now();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1016,9 +1006,8 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     // clock age would make it stale, and the runner wedged, at once).
     let status = tests::status_server(r#"{"current_task": "WI-7"}"#, 200);
     let dir = Scratch::new("faults-clock");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "{}[[agent]]\nname = \"thinking\"\nmatch = {{ cmdline = \"recv-peer client {b}:9443$\" }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:9443\"\n\
@@ -1028,8 +1017,7 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
              [agent.proof]\nkeepalive = false\n",
             control_runner("client", &b)
         ),
-    )
-    .unwrap();
+    );
     // No proof keepalive on the silent provider: its answer (about 5 s in,
     // sooner or later in the loop below depending on the machine's load)
     // proves the socket alive and so rightly restarts its suspicion, which
@@ -1161,10 +1149,7 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     }
     let dir = Scratch::new("faults-gone-act");
     let path = dir.join("helper.sock");
-    let mut helper = helper_cmd(&path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut helper = quiet_helper(&path);
     let client = wait_for(10 * SEC, Duration::from_millis(20), || {
         HelperClient::connect(&path).ok()
     });

@@ -22,7 +22,7 @@ use tests::runtimes::config_check_output;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        docker, docker_with_image, have, need_docker, only_docker, rootfs_tar, run_ok, run_sleeper,
+        docker, docker_with_image, need_docker, only_docker, podman_ready, run_ok, run_sleeper,
     },
     skip, wait_for,
 };
@@ -425,15 +425,13 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
         .expect("the ConfigMap's match rule")
         .trim()
         .to_string();
-    let config = scratch.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &scratch,
         format!(
             "[[agent]]\nname = \"pods\"\n{rule}\n\n[[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
             forged.pid()
         ),
-    )
-    .unwrap();
+    );
     let env = vec![
         (
             "DOCKER_HOST",
@@ -562,16 +560,8 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
     let _area = tests::area(module_path!());
     use tests::runtimes::start_podman;
     const TEST: &str = "a_podman_container_is_a_processs_only_where_the_runtime_says";
-    if !need_root(TEST) {
+    let Some((scratch, tar)) = podman_ready(TEST, "ident-podman") else {
         return;
-    }
-    if !have("podman") {
-        return skip(TEST, "no podman (run `cargo xtask setup`: Debian podman)");
-    }
-    let scratch = Scratch::new("ident-podman");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
     };
     let tag = format!("selfheal-identp{}", std::process::id());
     let podman = start_podman(&scratch, &tar, &tag).unwrap_or_else(|e| panic!("podman: {e}"));

@@ -235,9 +235,8 @@ fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
     let dir = std::env::temp_dir().join(format!("selfheal-inspect-name-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"caller\"\nmatch = {{ pid = {} }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
@@ -245,8 +244,7 @@ fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
              [agent.proof]\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n",
             child.id()
         ),
-    )
-    .unwrap();
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let state = dir.join("state");
     let check = check_cmd(&config, &Places::under(&dir)).output().unwrap();

@@ -556,9 +556,8 @@ fn no_control_character_reaches_a_terminal() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"esc\"\nmatch = {{ pid = {pid} }}\n\
              [[agent.probe]]\nurl = \"http://{}/status\"\ntimeout = \"1s\"\n\
@@ -566,8 +565,7 @@ fn no_control_character_reaches_a_terminal() {
              expect = {{ status = \"ok\" }}\n",
             server.addr
         ),
-    )
-    .unwrap();
+    );
     let state = dir.join("state");
     let snaps = dir.join("snaps");
     let cfg = config.as_os_str();

@@ -72,13 +72,7 @@ fn exit_and_stderr(
 /// A config whose one agent is `down` (no such pid): every check writes a
 /// snapshot, so the snapshot log's files exist.
 fn down_config(dir: &Scratch) -> std::path::PathBuf {
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n",
-    )
-    .unwrap();
-    config
+    tests::config_in(dir, "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n")
 }
 
 /// State and snapshot directories are created 0700 (and the parents we
@@ -274,8 +268,7 @@ fn configs_and_policies_others_could_write_are_refused() {
             ],
         )
     };
-    let config = dir.join("config.toml");
-    std::fs::write(&config, &text).unwrap();
+    let config = tests::config_in(&dir, &text);
     chmod(&config, 0o644);
     let (code, err) = check(&config);
     assert_eq!(code, 0, "root's closed config is used: {err}");
