@@ -825,7 +825,11 @@ pub fn run_check(
 }
 
 /// [`run_check`] on `places` (`Places::without_helper(dir)`, mostly).
-pub fn run_check_at(config: &std::path::Path, places: &fixtures::Places, extra: &[&str]) -> CheckRun {
+pub fn run_check_at(
+    config: &std::path::Path,
+    places: &fixtures::Places,
+    extra: &[&str],
+) -> CheckRun {
     let out = fixtures::check_cmd(config, places)
         .args(extra)
         .output()

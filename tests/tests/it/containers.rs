@@ -24,9 +24,9 @@ use tests::runtimes::config_check_output;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        Daemon, check_json_args, docker, docker_with_image, have, need_docker,
-        need_root_and, only_docker, restarted_by_runtime, rootfs_tar, run_ok, run_sleeper,
-        runtime_restart_config, start_podman,
+        Daemon, check_json_args, docker, docker_with_image, have, need_docker, need_root_and,
+        only_docker, restarted_by_runtime, rootfs_tar, run_ok, run_sleeper, runtime_restart_config,
+        start_podman,
     },
     selfheal_bin, skip, wait_for,
 };

@@ -3,7 +3,6 @@
 //! the crates that reach the kernel or the network; `selfheal`'s does (so
 //! the check itself can fail).
 
-
 /// Crates that do I/O the core must never reach.
 const IO_CRATES: &[&str] = &[
     "aya",
@@ -19,20 +18,18 @@ const IO_CRATES: &[&str] = &[
 
 /// The names of every crate in `package`'s normal dependency tree.
 fn tree(package: &str) -> Vec<String> {
-    let out = tests::output_ok(
-        tests::cargo().args([
-                "tree",
-                "--offline",
-                "-p",
-                package,
-                "-e",
-                "normal",
-                "--prefix",
-                "none",
-                "--format",
-                "{p}",
-            ]),
-    );
+    let out = tests::output_ok(tests::cargo().args([
+        "tree",
+        "--offline",
+        "-p",
+        package,
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ]));
     let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))

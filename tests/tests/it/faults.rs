@@ -15,8 +15,8 @@ use std::{
 
 use tests::fixtures::{Places, Reaped, control_runner, quiet_helper};
 use tests::{
-    CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check, run_check_at,
-    selfheal_bin, socket_fd_of, wait_for,
+    CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
+    run_check_at, selfheal_bin, socket_fd_of, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -165,7 +165,11 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
         }
     };
     let check = || {
-        run_check_at(&config, &Places::without_helper(&dirs).snapshots(&snaps), &[])
+        run_check_at(
+            &config,
+            &Places::without_helper(&dirs).snapshots(&snaps),
+            &[],
+        )
     };
     std::thread::sleep(SEC);
     let warm = check();
@@ -1023,9 +1027,7 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     // proves the socket alive and so rightly restarts its suspicion, which
     // is not the clock's doing. This test is about the clock.
     let state = dir.join("state");
-    let check = || {
-        run_check_at(&config, &Places::without_helper(&dir), &[])
-    };
+    let check = || run_check_at(&config, &Places::without_helper(&dir), &[]);
     // Settle: the silent provider turns suspect (busy) after 1 s.
     std::thread::sleep(2 * SEC);
     check();

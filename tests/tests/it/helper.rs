@@ -44,8 +44,8 @@ use selfheal_core::protocol::Response;
 use serde_json::{Value, json};
 use tests::fixtures::{LineConn, Reaped};
 use tests::{
-    Peer, Scratch, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf, need_root,
-    skip, wait_for,
+    Peer, Scratch, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf,
+    need_root, skip, wait_for,
 };
 
 const NOBODY: u32 = 65534;

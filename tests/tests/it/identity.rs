@@ -184,7 +184,9 @@ fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
     );
     let report = check_config_text(
         &config,
-        &format!("[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"),
+        &format!(
+            "[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"
+        ),
         &[],
     );
     assert_eq!(roots(&report, "users"), [forged.pid()], "{report}");

@@ -23,7 +23,9 @@ use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
 use tests::fixtures::{Places, Reaped, control_runner, helper_cmd};
-use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check, run_check_at};
+use tests::{
+    Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check, run_check_at,
+};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -72,7 +74,10 @@ fn exit_and_stderr(
 /// A config whose one agent is `down` (no such pid): every check writes a
 /// snapshot, so the snapshot log's files exist.
 fn down_config(dir: &Scratch) -> std::path::PathBuf {
-    tests::config_in(dir, "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n")
+    tests::config_in(
+        dir,
+        "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n",
+    )
 }
 
 /// State and snapshot directories are created 0700 (and the parents we
@@ -926,9 +931,7 @@ fn check_runs_the_restart_argv_literally() {
         ),
     )
     .unwrap();
-    let check = || {
-        run_check_at(&config, &Places::without_helper(&dir), &[])
-    };
+    let check = || run_check_at(&config, &Places::without_helper(&dir), &[]);
     std::thread::sleep(SEC);
     assert_eq!(check().agent("runner")["verdict"], "idle");
     pair.drop_port_into_b(7443).expect("nft");

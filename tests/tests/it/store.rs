@@ -220,7 +220,13 @@ fn default_directories_follow_uid_and_xdg() {
         (state, 1000, xdg, home, "/x/state/selfheal"),
         (snaps, 1000, xdg, home, "/x/state/selfheal"),
         // Relative XDG values are ignored, as the spec says.
-        (state, 1000, Some(OsStr::new("rel")), home, "/home/u/.local/state/selfheal"),
+        (
+            state,
+            1000,
+            Some(OsStr::new("rel")),
+            home,
+            "/home/u/.local/state/selfheal",
+        ),
         (state, 1000, None, None, "/tmp/selfheal-1000/selfheal"),
     ] {
         assert_eq!(
