@@ -1,10 +1,14 @@
 //! What the benchmarks and the soak share: where the programs they run
-//! are, the open-file limit their agents need, and starting an agent.
+//! are, the open-file limit their agents need, starting agents, the
+//! listener they connect to and a status endpoint.
 
 use std::{
-    io::{BufRead as _, BufReader},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    thread::JoinHandle,
+    time::Duration,
 };
 
 /// The programs a benchmark runs: `selfheal` (`SELFHEAL_BIN`, or the one
@@ -57,5 +61,42 @@ pub fn fat_agent(peer: &Path, addr: &str, threads: usize, sockets: usize) -> Chi
     BufReader::new(c.stdout.take().expect("piped stdout"))
         .read_line(&mut line)
         .expect("ready");
+    assert!(line.starts_with("ready"), "agent: {line:?}");
     c
+}
+
+/// A listener on a free local port that accepts `n` connections, on a
+/// thread: its address, and the thread that returns the server ends.
+pub fn accept_n(n: usize) -> (SocketAddr, JoinHandle<Vec<TcpStream>>) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let accepter = std::thread::spawn(move || {
+        (0..n)
+            .map(|_| l.accept().expect("accept").0)
+            .collect::<Vec<_>>()
+    });
+    (addr, accepter)
+}
+
+/// A local status endpoint: `{"current_task": null}` for every request.
+pub fn status_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut buf = [0u8; 2048];
+                let _ = s.read(&mut buf);
+                let body = "{\"current_task\": null}";
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    addr
 }

@@ -159,45 +159,49 @@ def begin(index):
     return n
 
 
-def end(n, outcome):
+def end(n, tokens=None, error=None):
+    """Says how call `n` ended (its tokens, or the error it failed with)
+    and counts it."""
+    if error is None:
+        say(f"call {n} done tokens={tokens}")
+        outcome = "done"
+    else:
+        say(f"call {n} failed: {type(error).__name__}: {one_line(error)}")
+        outcome = "failed"
     with STATE:
         IN_FLIGHT.pop(n, None)
         COUNTS[outcome] += 1
 
 
-def worker(index, args, client, call):
+def turns(index, args):
+    """The calls worker `index` makes, each begun: its number and model."""
     model = args.model[index % len(args.model)]
     made = 0
     while args.calls == 0 or made < args.calls:
-        n = begin(index)
-        try:
-            tokens = call(client, model)
-            say(f"call {n} done tokens={tokens}")
-            outcome = "done"
-        except Exception as e:  # every failure is reported, none is fatal
-            say(f"call {n} failed: {type(e).__name__}: {one_line(e)}")
-            outcome = "failed"
-        end(n, outcome)
+        yield begin(index), model
         made += 1
         model = args.then_model or model
+
+
+def worker(index, args, client, call):
+    for n, model in turns(index, args):
+        try:
+            tokens = call(client, model)
+        except Exception as e:  # every failure is reported, none is fatal
+            end(n, error=e)
+        else:
+            end(n, tokens=tokens)
         time.sleep(args.pause_ms / 1000)
 
 
 async def aworker(index, args, client, call):
-    model = args.model[index % len(args.model)]
-    made = 0
-    while args.calls == 0 or made < args.calls:
-        n = begin(index)
+    for n, model in turns(index, args):
         try:
             tokens = await call(client, model)
-            say(f"call {n} done tokens={tokens}")
-            outcome = "done"
         except Exception as e:  # every failure is reported, none is fatal
-            say(f"call {n} failed: {type(e).__name__}: {one_line(e)}")
-            outcome = "failed"
-        end(n, outcome)
-        made += 1
-        model = args.then_model or model
+            end(n, error=e)
+        else:
+            end(n, tokens=tokens)
         await asyncio.sleep(args.pause_ms / 1000)
 
 

@@ -1,8 +1,8 @@
 //! Set-ups that many areas share: where a test's `selfheal` commands keep
 //! their state, snapshots, metrics file and helper socket ([`Places`]), and
 //! the `selfheal check --json` command on them ([`check_cmd`]); an
-//! in-process helper ([`serve_helper`]) and the processes of other uids it
-//! acts on ([`Procs`]).
+//! in-process helper ([`serve_helper`]), the processes of other uids it
+//! acts on ([`Procs`]), and a child killed with its test ([`Reaped`]).
 
 use std::{
     ffi::OsString,
@@ -112,6 +112,14 @@ pub fn helper_cmd(socket: &Path) -> Command {
     cmd
 }
 
+/// [`helper_cmd`] started, its stderr dropped.
+pub fn quiet_helper(socket: &Path) -> Child {
+    helper_cmd(socket)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start selfheal helper")
+}
+
 /// Waits (at most 15 s) until a helper answers `hello` on `socket`.
 pub fn wait_answering(socket: &Path) {
     crate::wait_for(Duration::from_secs(15), Duration::from_millis(20), || {
@@ -197,6 +205,72 @@ impl Drop for Procs {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// The config text of agent `runner`, the `recv-peer MODE B:7443` process
+/// (`client` or `reconnecting`), whose control upstream `B:7443` beats
+/// every second; suspected after 2 s. A caller appends its agent's other
+/// tables (`[agent.heal]`, …) and agents.
+pub fn control_runner(mode: &str, b: &str) -> String {
+    format!(
+        "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer {mode} {b}:7443$\" }}\n\
+         [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
+         [agent.thresholds]\nsuspect_after = \"2s\"\n"
+    )
+}
+
+/// A raw connection to a helper's socket, read line by line (10 s read
+/// timeout): for requests `HelperClient` would never send.
+pub struct LineConn {
+    pub stream: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl LineConn {
+    pub fn connect(path: &Path) -> LineConn {
+        let stream = UnixStream::connect(path).expect("connect to the helper");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("set a read timeout");
+        let reader = BufReader::new(stream.try_clone().expect("clone the connection"));
+        LineConn { stream, reader }
+    }
+
+    /// The next line (with its `\n`); `Ok(None)` once the helper closed.
+    pub fn read_line(&mut self) -> std::io::Result<Option<String>> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line)? {
+            0 => Ok(None),
+            _ => Ok(Some(line)),
+        }
+    }
+}
+
+/// A child killed (SIGKILL) and reaped when dropped.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Its stderr, read to its end (empty unless it was piped, or once
+    /// read).
+    pub fn stderr(&mut self) -> String {
+        use std::io::Read as _;
+        let mut s = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

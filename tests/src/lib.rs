@@ -65,11 +65,19 @@ pub fn testbed_bin() -> std::path::PathBuf {
     built_bin(&BUILD, "selfheal-testbed", "selfheal-testbed")
 }
 
+/// The cargo that runs the tests (`CARGO`, or `cargo` on PATH), in the
+/// workspace's root directory.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    cmd
+}
+
 /// Binary `bin` of package `package` in this build's profile, built by
 /// cargo the first time `once` runs.
 fn built_bin(once: &std::sync::Once, package: &str, bin: &str) -> std::path::PathBuf {
     once.call_once(|| {
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let status = cargo()
             .args(["build", "--quiet", "-p", package, "--bin", bin])
             .status()
             .expect("run cargo");
@@ -161,6 +169,24 @@ pub fn output_ok(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// Writes `DIR/config.toml` with `text`: its path.
+pub fn config_in(dir: impl AsRef<std::path::Path>, text: impl AsRef<[u8]>) -> std::path::PathBuf {
+    let path = dir.as_ref().join("config.toml");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+    path
+}
+
+/// `selfheal snapshots show ID --json --dir DIR`, which succeeds: the
+/// snapshot record it prints.
+pub fn show_snapshot(id: &str, dir: &std::path::Path) -> String {
+    let out = output_ok(
+        Command::new(selfheal_bin())
+            .args(["snapshots", "show", id, "--json", "--dir"])
+            .arg(dir),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Writes `path`: a config with one agent, "me", matching this test process
 /// by pid.
 pub fn own_agent_config(path: &std::path::Path) {
@@ -195,6 +221,18 @@ pub fn compile_fuse_server(
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).map_err(|e| e.to_string())?;
     Ok((bin, mnt))
+}
+
+/// The control socket in a shown snapshot's kernel evidence (its
+/// `snapshot.evidence.sockets` entry of role `control`); fails the test
+/// when there is none.
+pub fn control_socket(shown: &serde_json::Value) -> &serde_json::Value {
+    shown["snapshot"]["evidence"]["sockets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["role"] == "control")
+        .unwrap_or_else(|| panic!("no control socket in the snapshot: {shown:#}"))
 }
 
 /// The port of `addr` (`HOST:PORT`).
@@ -782,13 +820,17 @@ pub fn run_check(
     helper: &std::path::Path,
     extra: &[&str],
 ) -> CheckRun {
-    let places = fixtures::Places {
-        state: state.to_path_buf(),
-        snapshots: snapshots.to_path_buf(),
-        metrics: None,
-        helper: Some(helper.to_path_buf()),
-    };
-    let out = fixtures::check_cmd(config, &places)
+    let places = fixtures::Places::new(state, snapshots).helper(helper);
+    run_check_at(config, &places, extra)
+}
+
+/// [`run_check`] on `places` (`Places::without_helper(dir)`, mostly).
+pub fn run_check_at(
+    config: &std::path::Path,
+    places: &fixtures::Places,
+    extra: &[&str],
+) -> CheckRun {
+    let out = fixtures::check_cmd(config, places)
         .args(extra)
         .output()
         .expect("run selfheal check");

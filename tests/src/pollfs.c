@@ -7,37 +7,14 @@
  * FOPEN_KEEP_CACHE: an mmap of such an open invalidates the file's pages
  * first, and waits, holding its process's mmap_lock for writing, on a page
  * whose READ is held. */
-#include <errno.h>
-#include <fcntl.h>
-#include <linux/fuse.h>
 #include <poll.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mount.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-static int dev;
-
-static void reply(uint64_t unique, int error, const void *body, size_t len) {
-    static char buf[8192];
-    struct fuse_out_header *h = (void *)buf;
-    h->len = sizeof *h + len;
-    h->error = error;
-    h->unique = unique;
-    if (len) memcpy(buf + sizeof *h, body, len);
-    if (write(dev, buf, h->len) < 0) { /* the kernel forgot the request */ }
-}
+#include "fuse_server.h"
 
 static void attr(struct fuse_attr *a, uint64_t node) {
-    memset(a, 0, sizeof *a);
-    a->ino = node;
-    a->mode = node == FUSE_ROOT_ID ? (S_IFDIR | 0755) : (S_IFREG | 0444);
+    base_attr(a, node, 0444);
     a->size = node == FUSE_ROOT_ID ? 0 : 4096;
     a->blocks = 8;
-    a->nlink = 1;
-    a->blksize = 4096;
 }
 
 int main(int argc, char **argv) {
@@ -45,15 +22,7 @@ int main(int argc, char **argv) {
     int answer = atoi(argv[2]);
     int direct = argc == 4 && !strcmp(argv[3], "direct");
     int opens = 0;
-    dev = open("/dev/fuse", O_RDWR | O_CLOEXEC);
-    if (dev < 0) { perror("/dev/fuse"); return 1; }
-    char opts[128];
-    snprintf(opts, sizeof opts, "fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", dev);
-    if (mount("selfheal-pollfs", argv[1], "fuse.selfheal-pollfs", MS_NOSUID | MS_NODEV, opts)) {
-        perror("mount"); return 1;
-    }
-    printf("mounted\n");
-    fflush(stdout);
+    if (mount_fuse(argv[1], "selfheal-pollfs", ",allow_other")) return 1;
     static char page[4096];
     for (int i = 0; i < 4; i++) {
         struct pollfd p = { .fd = 100, .events = POLLIN };
@@ -62,40 +31,11 @@ int main(int argc, char **argv) {
     static char buf[1 << 20];
     int reads = 0;
     for (;;) {
-        ssize_t n = read(dev, buf, sizeof buf);
-        if (n < 0) { if (errno == EINTR || errno == ENOENT) continue; return 0; }
-        struct fuse_in_header *in = (void *)buf;
+        struct fuse_in_header *in = next_request(buf, sizeof buf);
+        if (!in) return 0;
         void *arg = buf + sizeof *in;
+        if (answer_common(in, arg, "p", attr, 3600, 4096)) continue;
         switch (in->opcode) {
-        case FUSE_INIT: {
-            struct fuse_init_in *ii = arg;
-            struct fuse_init_out o = {0};
-            o.major = FUSE_KERNEL_VERSION;
-            o.minor = ii->minor < 31 ? ii->minor : 31;
-            o.max_readahead = 4096;
-            o.max_write = 4096;
-            o.max_background = 16;
-            o.congestion_threshold = 12;
-            reply(in->unique, 0, &o, sizeof o);
-            break;
-        }
-        case FUSE_GETATTR: {
-            struct fuse_attr_out o = {0};
-            o.attr_valid = 3600;
-            attr(&o.attr, in->nodeid);
-            reply(in->unique, 0, &o, sizeof o);
-            break;
-        }
-        case FUSE_LOOKUP: {
-            if (strcmp(arg, "p")) { reply(in->unique, -ENOENT, 0, 0); break; }
-            struct fuse_entry_out o = {0};
-            o.nodeid = 2;
-            o.entry_valid = 3600;
-            o.attr_valid = 3600;
-            attr(&o.attr, 2);
-            reply(in->unique, 0, &o, sizeof o);
-            break;
-        }
         case FUSE_OPEN: case FUSE_OPENDIR: {
             struct fuse_open_out o = {0};
             if (in->opcode == FUSE_OPEN && direct && opens++ > 0) {
@@ -121,10 +61,7 @@ int main(int argc, char **argv) {
             reply(in->unique, 0, page + off, len);
             break;
         }
-        case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_INTERRUPT: break;
-        case FUSE_FLUSH: case FUSE_RELEASE: case FUSE_RELEASEDIR:
-            reply(in->unique, 0, 0, 0);
-            break;
+        case FUSE_INTERRUPT: break;
         default:
             reply(in->unique, -ENOSYS, 0, 0);
         }

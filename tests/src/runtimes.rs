@@ -235,6 +235,27 @@ pub fn docker_with_image(
     })
 }
 
+/// What a Podman test needs before it starts Podman: root, `podman`, the
+/// scratch directory `scratch_tag` and the busybox root filesystem in it.
+/// `None`, with `test` skipped, where one is missing.
+pub fn podman_ready(test: &str, scratch_tag: &str) -> Option<(Scratch, PathBuf)> {
+    if !crate::need_root(test) {
+        return None;
+    }
+    if !have("podman") {
+        crate::skip(test, "no podman (run `cargo xtask setup`: Debian podman)");
+        return None;
+    }
+    let scratch = Scratch::new(scratch_tag);
+    match rootfs_tar(&scratch) {
+        Ok(tar) => Some((scratch, tar)),
+        Err(e) => {
+            crate::skip(test, &e);
+            None
+        }
+    }
+}
+
 /// `docker run -d --name NAME --label L… IMAGE /bin/sleep 600`: the new
 /// container's id (with its newline).
 pub fn run_sleeper(sock: &Path, name: &str, labels: &[&str], image: &str) -> String {
@@ -285,6 +306,66 @@ pub fn check_json_args(
     let line = serde_json::from_str(text.lines().next().unwrap_or(""))
         .unwrap_or_else(|e| panic!("{e}: {text:?} {log}"));
     (line, log)
+}
+
+/// `cargo xtask TASK --debug --out OUT` (`package` or `image`) of this
+/// tree (the debug build the tests use): the file it wrote in `out`, the
+/// one named `*.EXT`.
+pub fn xtask_build(task: &str, out: &Path, ext: &str) -> PathBuf {
+    run_ok(
+        crate::cargo()
+            .args(["run", "-q", "-p", "xtask", "--", task, "--debug", "--out"])
+            .arg(out),
+    )
+    .unwrap_or_else(|e| panic!("cargo xtask {task}: {e}"));
+    std::fs::read_dir(out)
+        .unwrap_or_else(|e| panic!("{}: {e}", out.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == ext))
+        .unwrap_or_else(|| panic!("no *.{ext} in {}", out.display()))
+}
+
+/// Writes to `path` the config of agent `name`, matched by `rule` (the
+/// inside of `match = { … }`), whose control upstream (192.0.2.1:443, a
+/// documentation address) never answers: past a 1 s `suspect_after` it is
+/// wedged, and the one rung it may take is a restart through its runtime
+/// (grace 1 s). `heal_extra` ends its `[agent.heal]` table.
+pub fn runtime_restart_config(path: &Path, name: &str, rule: &str, heal_extra: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "[[agent]]\nname = \"{name}\"\nmatch = {{ {rule} }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"192.0.2.1:443\"\n\
+             [agent.thresholds]\nsuspect_after = \"1s\"\n\
+             [agent.heal]\nsockets = false\nrestart = {{ runtime = true }}\ngrace = \"1s\"\n\
+             {heal_extra}"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+}
+
+/// The runtime restart rung of [`runtime_restart_config`]'s agent: a first
+/// check of `agent` starts its silence; a second, 1.2 s later, finds it
+/// `wedged` and restarts its container through its runtime, its first
+/// action, done. Both checks' lines and the second one's log (printed, with
+/// how long it took).
+pub fn restarted_by_runtime(
+    config: &Path,
+    scratch: &Scratch,
+    env: &[(&str, String)],
+    agent: &str,
+) -> (serde_json::Value, serde_json::Value, String) {
+    let (first, _) = check_acting(config, scratch, env, agent);
+    std::thread::sleep(Duration::from_millis(1_200));
+    let t = std::time::Instant::now();
+    let (line, log) = check_acting(config, scratch, env, agent);
+    eprintln!("{log}the healing check took {:?}", t.elapsed());
+    assert_eq!(line["verdict"], "wedged", "{line}");
+    let action = &line["heal"]["actions"][0];
+    assert_eq!(action["step"]["action"], "restart_container", "{line}");
+    assert_eq!(action["ok"], true, "{line}");
+    (first, line, log)
 }
 
 /// A Podman container (storage in `scratch`) and the compatible API service

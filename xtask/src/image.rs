@@ -33,33 +33,13 @@ use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
 use crate::{
-    cargo_env,
-    package::{copy, output, version, write},
+    package::{BIN, BuildArgs, copy, output, version, write},
     run,
 };
 
-#[derive(clap::Args, Default)]
-pub struct ImageArgs {
-    /// Put the debug build (`target/debug/selfheal`, which the tests
-    /// already built) in the image instead of building the release one.
-    #[arg(long)]
-    pub debug: bool,
-    /// Where to write the tarball (default `target/image`).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
-const BIN: &str = "/usr/bin/selfheal";
-
 /// Builds the image tarball; returns its path and the image's name.
-pub fn image(args: &ImageArgs) -> Result<(PathBuf, String)> {
-    let profile = if args.debug { "debug" } else { "release" };
-    let mut build = vec!["build", "-p", "selfheal", "--bin", "selfheal"];
-    if !args.debug {
-        build.push("--release");
-    }
-    cargo_env(&build, &[("SELFHEAL_REQUIRE_EBPF", "1")])?;
-    let bin = Path::new("target").join(profile).join("selfheal");
+pub fn image(args: &BuildArgs) -> Result<(PathBuf, String)> {
+    let (profile, bin) = args.selfheal()?;
     let version = version()?;
     let arch = oci_arch(std::env::consts::ARCH)?;
     let name = format!("selfheal:{version}");
@@ -161,10 +141,7 @@ pub fn image(args: &ImageArgs) -> Result<(PathBuf, String)> {
         }]),
     )?;
 
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/image"));
+    let out = args.out_or("target/image");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let tarball = out.join(format!("selfheal_{version}_{arch}.oci.tar"));
     tar(&archive, &tarball)?;

@@ -48,13 +48,13 @@ enum Task {
     /// commented /etc/selfheal/config.toml (a conffile), the docs, and
     /// scripts that enable the helper socket on install and stop it on
     /// removal. Install it with `apt install ./target/debian/selfheal_*.deb`.
-    Package(package::PackageArgs),
+    Package(package::BuildArgs),
     /// Build the DaemonSet's container image locally, pushed nowhere
     /// (`target/image/selfheal_VERSION_ARCH.oci.tar`, image
     /// `selfheal:VERSION`, entrypoint `/usr/bin/selfheal`): the binary, the
     /// libraries it links and a commented config, as a tarball that
     /// `docker load -i` accepts (docker-archive and OCI layout in one).
-    Image(image::ImageArgs),
+    Image(package::BuildArgs),
     /// Boot Debian's stock kernel under qemu (TCG) and run the eBPF
     /// integration tests there, once per attach strategy it should support.
     VmTest(vm::VmArgs),

@@ -28,18 +28,41 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{cargo_env, run};
 
+/// Which build of `selfheal` the package (or the image) holds, and where
+/// it is written.
 #[derive(clap::Args, Default)]
-pub struct PackageArgs {
-    /// Package the debug build (`target/debug/selfheal`, which the tests
+pub struct BuildArgs {
+    /// Take the debug build (`target/debug/selfheal`, which the tests
     /// already built) instead of building the release one.
     #[arg(long)]
     pub debug: bool,
-    /// Where to write the `.deb` (default `target/debian`).
+    /// Where to write the `.deb` (default `target/debian`) or the image
+    /// tarball (default `target/image`).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-const BIN: &str = "/usr/bin/selfheal";
+impl BuildArgs {
+    /// Builds `selfheal` (the release build unless `--debug`, with the eBPF
+    /// object required): the profile's name and the binary's path.
+    pub fn selfheal(&self) -> Result<(&'static str, PathBuf)> {
+        let profile = if self.debug { "debug" } else { "release" };
+        let mut build = vec!["build", "-p", "selfheal", "--bin", "selfheal"];
+        if !self.debug {
+            build.push("--release");
+        }
+        cargo_env(&build, &[("SELFHEAL_REQUIRE_EBPF", "1")])?;
+        Ok((profile, Path::new("target").join(profile).join("selfheal")))
+    }
+
+    /// `--out`, or `default`.
+    pub fn out_or(&self, default: &str) -> PathBuf {
+        self.out.clone().unwrap_or_else(|| PathBuf::from(default))
+    }
+}
+
+/// Where the binary goes, in the package and in the image.
+pub const BIN: &str = "/usr/bin/selfheal";
 
 /// The docs shipped in `/usr/share/doc/selfheal`.
 const DOCS: &[(&str, &str)] = &[
@@ -59,22 +82,13 @@ const UNITS: &[(&str, &str)] = &[
 ];
 
 /// Builds the package; returns its path.
-pub fn package(args: &PackageArgs) -> Result<PathBuf> {
-    let profile = if args.debug { "debug" } else { "release" };
-    let mut build = vec!["build", "-p", "selfheal", "--bin", "selfheal"];
-    if !args.debug {
-        build.push("--release");
-    }
-    cargo_env(&build, &[("SELFHEAL_REQUIRE_EBPF", "1")])?;
-    let bin = Path::new("target").join(profile).join("selfheal");
+pub fn package(args: &BuildArgs) -> Result<PathBuf> {
+    let (profile, bin) = args.selfheal()?;
 
     let version = version()?;
     let arch = output(Command::new("dpkg").arg("--print-architecture"))?;
     let name = format!("selfheal_{version}_{arch}");
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/debian"));
+    let out = args.out_or("target/debian");
     let stage = Path::new("target/debian-stage").join(&name);
     let _ = std::fs::remove_dir_all(&stage);
 

@@ -18,13 +18,11 @@
 //! rusage).
 
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
 };
 
-use bench::{Bins, set_nofile};
+use bench::{Bins, accept_n, fat_agent, set_nofile, status_server};
 use tests::{Usage, timed, timed_usage};
 
 /// `check` over agents that each hold threads blocked in `recvfrom` and
@@ -60,27 +58,10 @@ fn main() {
 
     let total_sockets = agents * sockets;
     let _ = set_nofile(total_sockets as u64 + 512);
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
-    let accepter = std::thread::spawn(move || {
-        (0..total_sockets)
-            .map(|_| l.accept().expect("accept").0)
-            .collect::<Vec<_>>()
-    });
+    let (addr, accepter) = accept_n(total_sockets);
+    let addr = addr.to_string();
     let mut children: Vec<Child> = (0..agents)
-        .map(|_| {
-            let mut c = Command::new(&peer)
-                .args(["fat", &addr, &threads.to_string(), &sockets.to_string()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn an agent");
-            let mut line = String::new();
-            BufReader::new(c.stdout.take().unwrap())
-                .read_line(&mut line)
-                .expect("ready");
-            c
-        })
+        .map(|_| fat_agent(&peer, &addr, threads, sockets))
         .collect();
     let _server_ends = accepter.join().expect("accepter");
     let status = status_server();
@@ -222,28 +203,6 @@ fn write_config(work: &Path, pids: &[u32], status: Option<std::net::SocketAddr>)
     let path = work.join(format!("config-{}-{}.toml", pids.len(), status.is_some()));
     std::fs::write(&path, text).expect("write config");
     path
-}
-
-/// A local status endpoint: `{"current_task": null}` for every request.
-fn status_server() -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut buf = [0u8; 2048];
-                let _ = s.read(&mut buf);
-                let body = "{\"current_task\": null}";
-                let _ = write!(
-                    s,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    addr
 }
 
 /// The C floor (`bench/src/diag_floor.c`), compiled into `work`; `None`

@@ -7,13 +7,9 @@
 //! many). Prints medians of `--runs` runs, the ratio, and selfheal's peak RSS
 //! (from `wait4`). Needs root for the kernel stacks and eBPF.
 
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    net::TcpListener,
-    process::{Command, Stdio},
-};
+use std::{io::Write as _, process::Command};
 
-use bench::{Bins, set_nofile};
+use bench::{Bins, accept_n, fat_agent, set_nofile};
 use tests::timed;
 
 /// `inspect` of one agent with many threads and connections, against
@@ -41,23 +37,8 @@ fn main() {
     let Bins { selfheal, peer } = Bins::find();
 
     let _ = set_nofile(sockets as u64 + 256);
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
-    let accepter = std::thread::spawn(move || {
-        (0..sockets)
-            .map(|_| l.accept().expect("accept").0)
-            .collect::<Vec<_>>()
-    });
-    let mut agent = Command::new(&peer)
-        .args(["fat", &addr, &threads.to_string(), &sockets.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn the agent");
-    let mut line = String::new();
-    BufReader::new(agent.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("ready");
+    let (addr, accepter) = accept_n(sockets);
+    let mut agent = fat_agent(&peer, &addr.to_string(), threads, sockets);
     let _server_ends = accepter.join().expect("accepter");
     let pid = agent.id().to_string();
     std::thread::sleep(std::time::Duration::from_millis(500));

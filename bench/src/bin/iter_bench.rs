@@ -9,13 +9,12 @@
 
 use std::{
     io::Read as _,
-    net::TcpListener,
     os::fd::{AsFd as _, OwnedFd},
     process::Child,
     time::Instant,
 };
 
-use bench::{Bins, fat_agent};
+use bench::{Bins, accept_n, fat_agent};
 use selfheal::ebpf::iter;
 
 /// One task-iterator pass against each thread's procfs reads, over agents
@@ -43,13 +42,8 @@ fn main() {
     let Bins { peer, .. } = Bins::find();
 
     // One connection per agent; its threads all read it.
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().unwrap().to_string();
-    let accepter = std::thread::spawn(move || {
-        (0..agents)
-            .map(|_| l.accept().expect("accept").0)
-            .collect::<Vec<_>>()
-    });
+    let (addr, accepter) = accept_n(agents);
+    let addr = addr.to_string();
     let mut children: Vec<Child> = (0..agents)
         .map(|_| fat_agent(&peer, &addr, threads, 1))
         .collect();

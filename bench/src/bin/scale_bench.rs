@@ -53,14 +53,12 @@
 //! proof sections (`pidfd_getfd` on the agents' sockets).
 
 use std::{
-    io::{BufRead as _, BufReader},
-    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use bench::{Bins, set_nofile};
+use bench::{Bins, accept_n, fat_agent, set_nofile};
 use tests::timed;
 
 /// Agents of the socket series.
@@ -207,34 +205,9 @@ impl Bench {
     /// Starts `agents` × `recv-peer fat` with `threads` blocked threads and
     /// `sockets` connections each, all to one listener here.
     fn agents(&self, agents: usize, threads: usize, sockets: usize) -> Agents {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let listen = l.local_addr().expect("addr");
-        let total = agents * sockets;
-        let accepter = std::thread::spawn(move || {
-            (0..total)
-                .map(|_| l.accept().expect("accept").0)
-                .collect::<Vec<_>>()
-        });
+        let (listen, accepter) = accept_n(agents * sockets);
         let children = (0..agents)
-            .map(|_| {
-                let mut c = Command::new(&self.peer)
-                    .args([
-                        "fat",
-                        &listen.to_string(),
-                        &threads.to_string(),
-                        &sockets.to_string(),
-                    ])
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .spawn()
-                    .expect("spawn an agent");
-                let mut line = String::new();
-                BufReader::new(c.stdout.take().expect("stdout"))
-                    .read_line(&mut line)
-                    .expect("ready");
-                assert!(line.starts_with("ready"), "agent: {line:?}");
-                c
-            })
+            .map(|_| fat_agent(&self.peer, &listen.to_string(), threads, sockets))
             .collect();
         let ends = accepter.join().expect("accepter");
         // Let every reader reach its read.

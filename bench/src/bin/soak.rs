@@ -31,14 +31,14 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::TcpListener,
+    io::{BufRead as _, BufReader},
     path::Path,
     process::{Command, Stdio},
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
 
+use bench::status_server;
 use serde_json::Value;
 use tests::{NetnsPair, Peer, is_root, open_fds, rss_kib};
 
@@ -777,25 +777,4 @@ fn report(
         println!("FAILED: {f}");
     }
     failures.is_empty()
-}
-
-/// A local status endpoint: `{"current_task": null}` for every request.
-fn status_server() -> std::net::SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            let mut s = s;
-            let _ = s.set_read_timeout(Some(2 * SEC));
-            let mut buf = [0u8; 2048];
-            let _ = s.read(&mut buf);
-            let body = "{\"current_task\": null}";
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    addr
 }

@@ -90,7 +90,13 @@ fn inode_of(fd: i32) -> u64 {
 /// Announces the connection, then waits for the test's go-ahead on stdin
 /// (a line `go`; other lines are read and ignored, so a test can make the
 /// thread block in a pipe read more than once first).
-fn ready(fd: i32, local: std::net::SocketAddr, remote: std::net::SocketAddr) {
+fn ready(
+    fd: i32,
+    local: std::io::Result<std::net::SocketAddr>,
+    remote: std::io::Result<std::net::SocketAddr>,
+) -> Result<()> {
+    let local = local.map_err(|e| e.to_string())?;
+    let remote = remote.map_err(|e| e.to_string())?;
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     say(&format!(
@@ -103,23 +109,24 @@ fn ready(fd: i32, local: std::net::SocketAddr, remote: std::net::SocketAddr) {
         let mut line = String::new();
         match stdin.read_line(&mut line) {
             Ok(n) if n > 0 && line.trim() != "go" => continue,
-            _ => return,
+            _ => return Ok(()),
         }
     }
 }
 
+/// Says a read's byte count: whether it was the end (0).
+fn got(n: usize) -> bool {
+    say(&format!("got {n}"));
+    n == 0
+}
+
 fn client(addr: &str, once: bool) -> Result<()> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    ready(
-        s.as_raw_fd(),
-        s.local_addr().map_err(|e| e.to_string())?,
-        s.peer_addr().map_err(|e| e.to_string())?,
-    );
+    ready(s.as_raw_fd(), s.local_addr(), s.peer_addr())?;
     let mut buf = [0u8; 4096];
     loop {
         let n = s.read(&mut buf).map_err(|e| format!("read: {e}"))?;
-        say(&format!("got {n}"));
-        if n == 0 {
+        if got(n) {
             return Ok(());
         }
         if once {
@@ -140,16 +147,11 @@ fn tokio_client(addr: &str) -> Result<()> {
         let mut s = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
-        ready(
-            s.as_raw_fd(),
-            s.local_addr().map_err(|e| e.to_string())?,
-            s.peer_addr().map_err(|e| e.to_string())?,
-        );
+        ready(s.as_raw_fd(), s.local_addr(), s.peer_addr())?;
         let mut buf = [0u8; 4096];
         loop {
             let n = s.read(&mut buf).await.map_err(|e| format!("read: {e}"))?;
-            say(&format!("got {n}"));
-            if n == 0 {
+            if got(n) {
                 return Ok(());
             }
         }

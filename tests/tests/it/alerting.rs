@@ -12,13 +12,13 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
-use tests::fixtures::{Places, check_cmd};
-use tests::{need_root, selfheal_bin};
+use tests::fixtures::{Places, Reaped, check_cmd};
+use tests::{Scratch, need_root, selfheal_bin};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -54,24 +54,6 @@ fn run_ok(cmd: &mut Command) -> String {
     text
 }
 
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d =
-            std::env::temp_dir().join(format!("selfheal-alerting-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("scratch dir");
-        Scratch(d)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// One `selfheal check` writing `metrics`: its exit code and stderr.
 fn check_writing(dir: &Path, config: &Path, metrics: &Path) -> (i32, String) {
     let out = check_cmd(
@@ -91,17 +73,14 @@ fn check_writing(dir: &Path, config: &Path, metrics: &Path) -> (i32, String) {
 /// A config of two agents: this test process (healthy) and one that is
 /// down, names with the characters a name may have beside letters.
 fn two_agents(dir: &Path) -> PathBuf {
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    tests::config_in(
+        dir,
         format!(
             "[[agent]]\nname = \"my.agent-1_x\"\nmatch = {{ pid = {} }}\n\
              [[agent]]\nname = \"gone\"\nmatch = {{ cmdline = \"no-such-program-selfheal-alerting\" }}\n",
             std::process::id()
         ),
     )
-    .expect("write config");
-    config
 }
 
 /// The metric families a text names in its `# TYPE` lines.
@@ -139,7 +118,7 @@ fn the_rules_pass_promtool_check_and_their_unit_tests() {
 #[test]
 fn the_metrics_pass_promtool_and_the_dashboard_names_only_them() {
     let _area = tests::area(module_path!());
-    let s = Scratch::new("lint");
+    let s = Scratch::new("alerting-lint");
     let config = two_agents(&s.0);
     let prom = s.0.join("selfheal.prom");
     // Twice: the second check's counters come from the history.
@@ -256,7 +235,7 @@ fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
     if !need_root("metrics_full_disk") {
         return;
     }
-    let s = Scratch::new("full");
+    let s = Scratch::new("alerting-full");
     let mnt = s.0.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     std::fs::set_permissions(&mnt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -320,16 +299,6 @@ fn a_metrics_file_on_a_full_disk_keeps_its_last_good_content() {
     let (code, err) = check_writing(&s.0, &me, &prom);
     assert_eq!(code, 0, "{err}");
     assert_ne!(std::fs::read_to_string(&prom).unwrap(), good);
-}
-
-/// A child killed (and reaped) when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A free port on the loopback of the namespace `ns`.
@@ -492,7 +461,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         }
     }
     let started = Instant::now();
-    let s = Scratch::new("e2e");
+    let s = Scratch::new("alerting-e2e");
     let opts = scenario::Options {
         selfheal: selfheal_bin(),
         testbed: tests::testbed_bin(),
@@ -532,7 +501,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         if dry_run {
             cmd.arg("--dry-run");
         }
-        Killed(cmd.spawn().expect("run selfheal watch"))
+        Reaped(cmd.spawn().expect("run selfheal watch"))
     };
     let mut watching = watch(true, "dry");
 
@@ -558,7 +527,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     .arg("--cluster.listen-address=")
     .stdout(Stdio::null())
     .stderr(std::fs::File::create(s.0.join("alertmanager.log")).unwrap());
-    let _am = Killed(cmd.spawn().expect("run alertmanager"));
+    let _am = Reaped(cmd.spawn().expect("run alertmanager"));
 
     let prom_dir = s.0.join("prometheus");
     std::fs::create_dir_all(&prom_dir).unwrap();
@@ -594,7 +563,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     .arg("--rules.alert.resend-delay=1s")
     .stdout(Stdio::null())
     .stderr(std::fs::File::create(s.0.join("prometheus.log")).unwrap());
-    let mut prom_child = Killed(cmd.spawn().expect("run prometheus"));
+    let mut prom_child = Reaped(cmd.spawn().expect("run prometheus"));
     let prom = SocketAddr::from(([127, 0, 0, 1], prom_port));
     let logs = || {
         ["watch-dry.log", "prometheus.log", "alertmanager.log"]
@@ -839,7 +808,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     // Prometheus down: selfheal does not care.
     drop(std::mem::replace(
         &mut prom_child,
-        Killed(Command::new("true").spawn().unwrap()),
+        Reaped(Command::new("true").spawn().unwrap()),
     ));
     std::thread::sleep(Duration::from_secs(2));
     assert!(
@@ -871,7 +840,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
 #[test]
 fn a_scrape_during_a_check_gets_the_last_complete_one() {
     let _area = tests::area(module_path!());
-    let s = Scratch::new("during");
+    let s = Scratch::new("alerting-during");
     let slow = TcpListener::bind("127.0.0.1:0").expect("bind");
     let slow_addr = slow.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -887,15 +856,13 @@ fn a_scrape_during_a_check_gets_the_last_complete_one() {
             );
         }
     });
-    let config = s.0.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &s.0,
         format!(
             "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n[[agent.probe]]\nurl = \"http://{slow_addr}/status\"\ntimeout = \"2s\"\n",
             std::process::id()
         ),
-    )
-    .unwrap();
+    );
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap()
@@ -917,7 +884,7 @@ fn a_scrape_during_a_check_gets_the_last_complete_one() {
         .stderr(Stdio::null())
         .spawn()
         .expect("run selfheal watch");
-    let mut watch = Killed(child);
+    let mut watch = Reaped(child);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let (mut complete, mut empty, mut stamps) = (0, 0, Vec::new());
     let deadline = Instant::now() + Duration::from_secs(20);

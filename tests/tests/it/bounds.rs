@@ -19,7 +19,7 @@ use std::{
 
 use selfheal::snapshots::{self, SnapshotLog};
 use tests::fixtures::{Places, check_cmd};
-use tests::{Netns, Peer, Scratch, Usage, need_root, run_check, selfheal_bin};
+use tests::{Netns, Peer, Scratch, Usage, need_root, run_check_at, selfheal_bin};
 
 const SEC: Duration = Duration::from_secs(1);
 /// The check's peak RSS must stay under this, whatever the load.
@@ -55,13 +55,7 @@ fn timed_check(config: &Path, dir: &Scratch) -> Usage {
 }
 
 fn check(config: &Path, dir: &Scratch) -> tests::CheckRun {
-    run_check(
-        config,
-        &dir.join("state"),
-        &dir.join("snaps"),
-        &dir.join("no-helper.sock"),
-        &[],
-    )
+    run_check_at(config, &Places::without_helper(dir), &[])
 }
 
 fn print_usage(what: &str, u: &Usage) {
@@ -92,12 +86,10 @@ fn a_shared_multi_mib_argv_does_not_amplify_the_checks_memory() {
         return;
     }
     let dir = Scratch::new("bounds-argv");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         "[[agent]]\nname = \"argv\"\nmatch = { cmdline = \"selfheal-bounds-argv\", uid = \"any\" }\n",
-    )
-    .unwrap();
+    );
     let peer = tests::helper_bin("recv-peer");
     let agent = Peer::spawn({
         let mut c = Command::new(&peer);
@@ -232,14 +224,9 @@ fn an_agent_at_its_limits_gets_a_capped_report_and_snapshot() {
     let id = out["snapshot"]
         .as_str()
         .expect("a snapshot of the degraded agent");
-    let shown = Command::new(selfheal_bin())
-        .args(["snapshots", "show", id, "--json", "--dir"])
-        .arg(dir.join("snaps"))
-        .output()
-        .expect("snapshots show");
-    let record: serde_json::Value =
-        serde_json::from_slice(&shown.stdout).expect("the snapshot as JSON");
-    let bytes = shown.stdout.len();
+    let shown = tests::show_snapshot(id, &dir.join("snaps"));
+    let record: serde_json::Value = serde_json::from_str(&shown).expect("the snapshot as JSON");
+    let bytes = shown.len();
     let ev = &record["snapshot"]["evidence"];
     let n = |v: &serde_json::Value| v.as_array().map_or(0, Vec::len);
     println!(
@@ -529,12 +516,10 @@ fn an_agent_exiting_mid_collection_is_reported_not_a_crash() {
         return;
     }
     let dir = Scratch::new("bounds-exit");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         "[[agent]]\nname = \"exiting\"\nmatch = { cmdline = \"selfheal-bounds-exit\", uid = \"any\" }\n",
-    )
-    .unwrap();
+    );
     let peer = tests::helper_bin("recv-peer");
     let mut seen_vanish = 0;
     for delay_ms in [0, 20, 50, 100, 200] {
@@ -618,12 +603,10 @@ fn an_agent_stuck_not_ok_writes_one_snapshot_then_rate_limited_repeats() {
         .find_map(|w| w.strip_prefix("pid="))
         .and_then(|p| p.parse().ok())
         .expect("the agent's pid");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!("[[agent]]\nname = \"stuck\"\nmatch = {{ pid = {pid} }}\n"),
-    )
-    .unwrap();
+    );
     let mut ids = Vec::new();
     for _ in 0..5 {
         let r = check(&config, &dir);

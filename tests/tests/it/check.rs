@@ -11,35 +11,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::{Places, check_cmd};
-use tests::{NetnsPair, Peer, need_root, selfheal_bin};
+use tests::fixtures::{Places, check_cmd, control_runner};
+use tests::{NetnsPair, Peer, Scratch, need_root, selfheal_bin};
 
 const SEC: Duration = Duration::from_secs(1);
 
-struct Dirs(PathBuf);
-
-impl Dirs {
-    fn new(tag: &str) -> Dirs {
-        let d = std::env::temp_dir().join(format!("selfheal-check-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dirs(d)
-    }
-}
-
-impl Dirs {
-    /// A config with one agent, "me": this test process.
-    fn own_agent_config(&self) -> PathBuf {
-        let config = self.0.join("config.toml");
-        tests::own_agent_config(&config);
-        config
-    }
-}
-
-impl Drop for Dirs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A config in `dirs` with one agent, "me": this test process.
+fn own_agent_config(dirs: &Scratch) -> PathBuf {
+    let config = dirs.join("config.toml");
+    tests::own_agent_config(&config);
+    config
 }
 
 /// `selfheal check --json` with the test's state and snapshot dirs: exit
@@ -97,10 +78,9 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
     // The wedging runner's own status endpoint keeps saying it is connected,
     // as the incident's did.
     let status = tests::status_server(r#"{"status": "connected", "current_task": "WI-7"}"#, 200);
-    let dirs = Dirs::new("e2e");
-    let config = dirs.0.join("config.toml");
-    std::fs::write(
-        &config,
+    let dirs = Scratch::new("check-e2e");
+    let config = tests::config_in(
+        &dirs.0,
         format!(
             "[[agent]]\nname = \"wedging\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
              [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
@@ -115,8 +95,7 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:9443\"\n\
              [agent.thresholds]\nsuspect_after = \"2s\"\n"
         ),
-    )
-    .unwrap();
+    );
 
     // Warm up: everyone is fine while the control server beats.
     std::thread::sleep(SEC);
@@ -169,12 +148,8 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
     eprintln!("detected the half-open control connection {after:?} after the peer vanished");
 
     // The snapshot reads back, with the evidence.
-    let out = tests::output_ok(
-        Command::new(selfheal_bin())
-            .args(["snapshots", "show", &id, "--json", "--dir"])
-            .arg(dirs.0.join("snapshots")),
-    );
-    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shown = tests::show_snapshot(&id, &dirs.join("snapshots"));
+    let snap: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(snap["agent"], "wedging");
     assert_eq!(snap["snapshot"]["verdict"], "wedged");
     assert!(
@@ -200,8 +175,8 @@ fn a_half_open_control_connection_turns_wedged_while_busy_runners_stay_busy() {
 #[test]
 fn concurrent_checks_leave_a_sound_state_file() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("concurrent");
-    let config = dirs.own_agent_config();
+    let dirs = Scratch::new("check-concurrent");
+    let config = own_agent_config(&dirs);
     let runs: Vec<_> = (0..4)
         .map(|_| check_cmd(&config, &Places::under(&dirs.0)).output())
         .collect();
@@ -221,8 +196,8 @@ fn concurrent_checks_leave_a_sound_state_file() {
 #[test]
 fn a_garbage_state_file_is_replaced_and_reported() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("garbage");
-    let config = dirs.own_agent_config();
+    let dirs = Scratch::new("check-garbage");
+    let config = own_agent_config(&dirs);
     std::fs::create_dir_all(dirs.0.join("state")).unwrap();
     std::fs::write(
         dirs.0.join("state/state.json"),
@@ -247,8 +222,8 @@ fn a_garbage_state_file_is_replaced_and_reported() {
 #[test]
 fn watch_logs_transitions_not_every_check() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("watch");
-    let config = dirs.own_agent_config();
+    let dirs = Scratch::new("check-watch");
+    let config = own_agent_config(&dirs);
     let out = Command::new(selfheal_bin())
         .args(["watch", "--interval", "100ms", "--count", "10", "--config"])
         .arg(&config)
@@ -283,7 +258,7 @@ fn watch_logs_transitions_not_every_check() {
 #[test]
 fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("nosnap");
+    let dirs = Scratch::new("check-nosnap");
     let config = dirs.0.join("config.toml");
     // A down agent needs a snapshot; its directory is a plain file.
     std::fs::write(
@@ -309,8 +284,8 @@ fn an_unwritable_snapshot_dir_is_reported_and_the_check_still_runs() {
 #[test]
 fn watch_serves_metrics() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("metrics");
-    let config = dirs.own_agent_config();
+    let dirs = Scratch::new("check-metrics");
+    let config = own_agent_config(&dirs);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -357,10 +332,7 @@ fn watch_serves_metrics() {
 #[test]
 fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
     let _area = tests::area(module_path!());
-    if !need_root("check_heals") {
-        return;
-    }
-    heal_flow("direct", false);
+    heal_flow("check_heals", "direct", false);
 }
 
 /// The same timer flow, healing through a running `selfheal helper`: the
@@ -368,13 +340,15 @@ fn check_heals_a_half_open_control_connection_and_sees_the_runner_recover() {
 #[test]
 fn check_heals_through_the_helper() {
     let _area = tests::area(module_path!());
-    if !need_root("check_heals_helper") {
-        return;
-    }
-    heal_flow("helper", true);
+    heal_flow("check_heals_helper", "helper", true);
 }
 
-fn heal_flow(tag: &str, through_helper: bool) {
+/// The timer flow of the two tests above (`test` says which, when it is
+/// skipped: it needs root).
+fn heal_flow(test: &str, tag: &str, through_helper: bool) {
+    if !need_root(test) {
+        return;
+    }
     let pair = NetnsPair::new(&format!("h{}", &tag[..1])).expect("netns pair");
     let peer = tests::helper_bin("recv-peer");
     let b = pair.b_addr.clone();
@@ -384,7 +358,7 @@ fn heal_flow(tag: &str, through_helper: bool) {
     cmd.args(["reconnecting", &format!("{b}:7443")]);
     let runner = Peer::spawn(cmd);
     let first = runner.ready();
-    let dirs = Dirs::new(tag);
+    let dirs = Scratch::new(&format!("check-{tag}"));
     let config = dirs.0.join("config.toml");
     let helper = through_helper.then(|| {
         let mut h = Command::new(selfheal_bin())
@@ -405,10 +379,8 @@ fn heal_flow(tag: &str, through_helper: bool) {
     std::fs::write(
         &config,
         format!(
-            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer reconnecting {b}:7443$\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\n\
-             [agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n"
+            "{}[agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n",
+            control_runner("reconnecting", &b)
         ),
     )
     .unwrap();
@@ -493,8 +465,8 @@ fn heal_flow(tag: &str, through_helper: bool) {
 }
 
 /// `watch --metrics-addr` on a free loopback port; the child and the port.
-fn watch_with_metrics(dirs: &Dirs, addr_ip: &str, count: &str) -> (std::process::Child, u16) {
-    let config = dirs.own_agent_config();
+fn watch_with_metrics(dirs: &Scratch, addr_ip: &str, count: &str) -> (std::process::Child, u16) {
+    let config = own_agent_config(dirs);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -546,7 +518,7 @@ fn scrape(port: u16, limit: Duration) -> Result<String, String> {
 #[test]
 fn a_scrape_is_not_delayed_by_idle_connections() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("idle-scrape");
+    let dirs = Scratch::new("check-idle-scrape");
     let (mut child, port) = watch_with_metrics(&dirs, "127.0.0.1", "200");
     let first = tests::wait_for(10 * SEC, Duration::from_millis(100), || {
         scrape(port, SEC)
@@ -596,7 +568,7 @@ fn a_scrape_is_not_delayed_by_idle_connections() {
 fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
     let _area = tests::area(module_path!());
     use std::io::Read as _;
-    let dirs = Dirs::new("any-addr");
+    let dirs = Scratch::new("check-any-addr");
     let (mut child, _) = watch_with_metrics(&dirs, "0.0.0.0", "1");
     let done = tests::wait_for(20 * SEC, Duration::from_millis(50), || {
         child.try_wait().ok().flatten()
@@ -624,8 +596,8 @@ fn a_metrics_endpoint_on_all_addresses_is_said_in_the_log() {
 fn the_metrics_file_is_not_world_readable() {
     let _area = tests::area(module_path!());
     use std::os::unix::fs::MetadataExt as _;
-    let dirs = Dirs::new("prom-mode");
-    let config = dirs.own_agent_config();
+    let dirs = Scratch::new("check-prom-mode");
+    let config = own_agent_config(&dirs);
     let (code, _) = check(&dirs.0, &config);
     assert_eq!(code, 0);
     let md = std::fs::metadata(dirs.0.join("selfheal.prom")).expect("metrics written");
@@ -640,8 +612,8 @@ fn the_metrics_file_is_not_world_readable() {
 #[test]
 fn no_snapshot_dir_is_a_gap_on_every_check() {
     let _area = tests::area(module_path!());
-    let dirs = Dirs::new("nosnap-gap");
-    let config = dirs.own_agent_config();
+    let dirs = Scratch::new("check-nosnap-gap");
+    let config = own_agent_config(&dirs);
     let not_a_dir = dirs.0.join("snapshots");
     std::fs::write(&not_a_dir, b"not a directory").unwrap();
     let out = Command::new(selfheal_bin())

@@ -25,14 +25,15 @@
 //! processes and masking, and only `tests::` fixtures.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::Write as _,
     net::{TcpListener, TcpStream},
     os::unix::{fs::PermissionsExt as _, net::UnixStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
+use tests::fixtures::{LineConn, Reaped};
 use tests::{Peer, Ready, Scratch, need_root, selfheal_bin, status_server, wait_for};
 
 const RECORD: &str = "SELFHEAL_RECORD_GOLDEN";
@@ -509,16 +510,6 @@ impl Silent {
     }
 }
 
-/// A child killed and reaped on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `sleep 3600` (ignoring SIGTERM when `stubborn`), started.
 fn sleeper(stubborn: bool) -> Reaped {
     let script = if stubborn {
@@ -603,9 +594,8 @@ fn check_situation(run_no: usize) -> Vec<(String, String)> {
     }
     masks.value(scratch.0.display(), "scratch");
 
-    let config = scratch.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &scratch,
         format!(
             "[[agent]]\nname = \"wedging\"\nmatch = {{ pid = {wp} }}\n\
              [[agent.upstream]]\nrole = \"control\"\naddr = \"{control}\"\nheartbeat = \"1s\"\n\
@@ -623,8 +613,7 @@ fn check_situation(run_no: usize) -> Vec<(String, String)> {
             control = control.addr(),
             provider = provider.addr(),
         ),
-    )
-    .expect("write config");
+    );
     if let Some(left) = SILENCE.checked_sub(began.elapsed()) {
         std::thread::sleep(left);
     }
@@ -818,30 +807,23 @@ fn start_helper(scratch: &Scratch) -> (Reaped, PathBuf) {
 }
 
 /// A line-level helper client.
-struct Raw {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-}
+struct Raw(LineConn);
 
 impl Raw {
     fn connect(path: &Path) -> Raw {
-        let stream = UnixStream::connect(path).expect("connect to the helper");
-        stream.set_read_timeout(Some(10 * SEC)).expect("timeout");
-        let reader = BufReader::new(stream.try_clone().expect("clone"));
-        Raw { stream, reader }
+        Raw(LineConn::connect(path))
     }
 
     /// Sends `line` (and `\n`); the answer line, or `(closed)`.
     fn ask(&mut self, line: &str) -> String {
-        let _ = self.stream.write_all(format!("{line}\n").as_bytes());
+        let _ = self.0.stream.write_all(format!("{line}\n").as_bytes());
         self.recv()
     }
 
     fn recv(&mut self) -> String {
-        let mut answer = String::new();
-        match self.reader.read_line(&mut answer) {
-            Ok(0) | Err(_) => "(closed)\n".to_string(),
-            Ok(_) => answer,
+        match self.0.read_line() {
+            Ok(Some(answer)) => answer,
+            Ok(None) | Err(_) => "(closed)\n".to_string(),
         }
     }
 }

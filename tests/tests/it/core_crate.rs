@@ -3,8 +3,6 @@
 //! the crates that reach the kernel or the network; `selfheal`'s does (so
 //! the check itself can fail).
 
-use std::process::Command;
-
 /// Crates that do I/O the core must never reach.
 const IO_CRATES: &[&str] = &[
     "aya",
@@ -20,22 +18,18 @@ const IO_CRATES: &[&str] = &[
 
 /// The names of every crate in `package`'s normal dependency tree.
 fn tree(package: &str) -> Vec<String> {
-    let out = tests::output_ok(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args([
-                "tree",
-                "--offline",
-                "-p",
-                package,
-                "-e",
-                "normal",
-                "--prefix",
-                "none",
-                "--format",
-                "{p}",
-            ]),
-    );
+    let out = tests::output_ok(tests::cargo().args([
+        "tree",
+        "--offline",
+        "-p",
+        package,
+        "-e",
+        "normal",
+        "--prefix",
+        "none",
+        "--format",
+        "{p}",
+    ]));
     let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))

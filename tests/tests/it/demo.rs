@@ -58,7 +58,7 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
     let keep = std::env::temp_dir().join(format!("selfheal-demo-keep-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&keep);
     // Built, so that the demo finds it beside itself.
-    let selfheal = selfheal_bin();
+    selfheal_bin();
     let child = Command::new(testbed_bin())
         .args(["demo", "--json", "--keep-snapshots"])
         .arg(&keep)
@@ -103,20 +103,11 @@ fn the_json_demo_heals_the_incident_and_leaves_the_busy_runner_alone() {
         .find(|e| e["verdict"] == "wedged" && e["snapshot"].is_string())
         .and_then(|e| e["snapshot"].as_str())
         .unwrap_or_else(|| panic!("no wedged verdict with a snapshot: {stdout}"));
-    let shown = tests::output_ok(
-        Command::new(&selfheal)
-            .args(["snapshots", "show", id, "--json", "--dir"])
-            .arg(&keep),
-    );
-    let snap: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("snapshot JSON");
+    let shown = tests::show_snapshot(id, &keep);
+    let snap: serde_json::Value = serde_json::from_str(&shown).expect("snapshot JSON");
     assert_eq!(snap["agent"], "runner");
     assert_eq!(snap["snapshot"]["verdict"], "wedged");
-    let control = snap["snapshot"]["evidence"]["sockets"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|s| s["role"] == "control")
-        .unwrap_or_else(|| panic!("no control socket: {snap:#}"));
+    let control = tests::control_socket(&snap);
     assert!(
         control["tcp_info"]["unacked"].as_u64() > Some(0),
         "{control:#}"

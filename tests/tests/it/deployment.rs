@@ -18,7 +18,7 @@ use std::{
 use selfheal::actions::{self, keepalive::Keepalive};
 use tests::{
     Scratch, need_root, port_of,
-    runtimes::{docker, need_root_and, run_ok, start_dockerd},
+    runtimes::{docker, need_root_and, run_ok, start_dockerd, xtask_build},
     silent_pair, testbed_bin, wait_for,
 };
 
@@ -386,22 +386,7 @@ fn the_package_under_systemd_heals_a_cut_stream_within_the_timers_beat() {
     let mut phases = Phases::new();
     let scratch = Scratch::new("deployment");
 
-    // The package, from this tree (the debug build the tests use).
-    run_ok(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args([
-                "run", "-q", "-p", "xtask", "--", "package", "--debug", "--out",
-            ])
-            .arg(scratch.join("deb")),
-    )
-    .unwrap_or_else(|e| panic!("cargo xtask package: {e}"));
-    let deb = std::fs::read_dir(scratch.join("deb"))
-        .expect("package dir")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .expect("a .deb");
+    let deb = xtask_build("package", &scratch.join("deb"), "deb");
     phases.done("package");
 
     let tar = rootfs_tar().unwrap_or_else(|e| panic!("debootstrap: {e}"));

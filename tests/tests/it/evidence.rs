@@ -83,13 +83,15 @@ fn three_threads_in_three_waits() {
 }
 
 /// `recv-peer zombies N` as PID 1 of a new pid namespace: it leaks `n`
-/// zombies and never reaps them.
-fn leaking_pid_1(n: u32) -> Peer {
+/// zombies and never reaps them. Once it is ready: it, and its ready line.
+fn leaking_pid_1(n: u32) -> (Peer, String) {
     let mut cmd = Command::new("unshare");
     cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
         .arg(tests::helper_bin("recv-peer"))
         .args(["zombies", &n.to_string()]);
-    Peer::spawn(cmd)
+    let peer = Peer::spawn(cmd);
+    let line = peer.expect("ready ", 10 * SEC);
+    (peer, line)
 }
 
 #[test]
@@ -99,8 +101,7 @@ fn zombies_under_their_own_pid_1() {
         return;
     }
     // The peer as PID 1 of a new pid namespace, leaking 5 zombies.
-    let peer = leaking_pid_1(5);
-    let line = peer.expect("ready ", 10 * SEC);
+    let (peer, line) = leaking_pid_1(5);
     assert_eq!(
         field(&line, "pid"),
         1,
@@ -237,19 +238,9 @@ fn half_open_connection_then_keepalive_probes() {
             .find(|s| s.inode == inode)
             .expect("the socket")
     };
-    let inspect_json = |pid: u32| -> serde_json::Value {
-        let out = tests::output_ok(Command::new(selfheal_bin()).args([
-            "inspect",
-            "--no-ebpf",
-            "--json",
-            "--pid",
-            &pid.to_string(),
-        ]));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let before = inspect_json(ready.pid);
+    let before = inspect_pid(ready.pid);
     std::thread::sleep(2 * SEC);
-    let after = inspect_json(ready.pid);
+    let after = inspect_pid(ready.pid);
     let sock = |v: &serde_json::Value| {
         v["sockets"]
             .as_array()
@@ -296,7 +287,7 @@ fn half_open_connection_then_keepalive_probes() {
         Some("keepalive"),
         "{probed:?}"
     );
-    let v = inspect_json(ready.pid);
+    let v = inspect_pid(ready.pid);
     assert!(
         sock(&v)["tcp_info"]["probes"]
             .as_u64()
@@ -383,8 +374,7 @@ fn inspect_by_name_diagnoses_the_missing_init() {
     if !need_root("missing_init") {
         return;
     }
-    let peer = leaking_pid_1(7);
-    peer.expect("ready ", 10 * SEC);
+    let (_peer, _) = leaking_pid_1(7);
     let config = config_file(
         "init",
         "[[agent]]\nname = \"leaky\"\nmatch = { cmdline = '^/\\S*recv-peer zombies 7$' }\n",

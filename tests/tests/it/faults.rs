@@ -13,10 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::helper_cmd;
+use tests::fixtures::{Places, Reaped, control_runner, quiet_helper};
 use tests::{
     CheckRun, NetnsPair, Peer, Ready, Scratch, keepalive_enabled, need_root, run_check,
-    selfheal_bin, socket_fd_of, wait_for,
+    run_check_at, selfheal_bin, socket_fd_of, wait_for,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -55,10 +55,8 @@ impl Runner {
         std::fs::write(
             path,
             format!(
-                "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
-                 [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-                 [agent.thresholds]\nsuspect_after = \"2s\"\n\
-                 [agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n"
+                "{}[agent.heal]\nstep_window = \"20s\"\nbackoff = \"1s\"\n",
+                control_runner("client", b)
             ),
         )
         .expect("write config");
@@ -167,11 +165,9 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
         }
     };
     let check = || {
-        run_check(
+        run_check_at(
             &config,
-            &dirs.join("state"),
-            &snaps,
-            &dirs.join("no-helper.sock"),
+            &Places::without_helper(&dirs).snapshots(&snaps),
             &[],
         )
     };
@@ -274,7 +270,7 @@ fn a_full_snapshot_dir_means_no_heal_until_space_returns() {
 /// systemd's socket unit would: the socket outlives the helper), killed on
 /// drop.
 struct ActivatedHelper {
-    child: std::process::Child,
+    child: Reaped,
 }
 
 impl ActivatedHelper {
@@ -302,12 +298,12 @@ impl ActivatedHelper {
             });
         }
         ActivatedHelper {
-            child: cmd.spawn().expect("start selfheal helper"),
+            child: Reaped(cmd.spawn().expect("start selfheal helper")),
         }
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     fn signal(&self, sig: libc::c_int) {
@@ -318,38 +314,25 @@ impl ActivatedHelper {
     /// SIGKILL, reaped.
     fn kill(mut self) -> String {
         self.signal(libc::SIGKILL);
-        let _ = self.child.wait();
-        self.stderr()
+        let _ = self.child.0.wait();
+        self.child.stderr()
     }
 
     /// SIGTERM, reaped within 10 s.
     fn stop(mut self) -> String {
         self.signal(libc::SIGTERM);
         let exited = wait_for(10 * SEC, Duration::from_millis(20), || {
-            self.child.try_wait().ok().flatten()
+            self.child.0.try_wait().ok().flatten()
         });
         if exited.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            panic!("the helper did not stop on SIGTERM: {}", self.stderr());
+            let _ = self.child.0.kill();
+            let _ = self.child.0.wait();
+            panic!(
+                "the helper did not stop on SIGTERM: {}",
+                self.child.stderr()
+            );
         }
-        self.stderr()
-    }
-
-    fn stderr(&mut self) -> String {
-        use std::io::Read as _;
-        let mut s = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
-}
-
-impl Drop for ActivatedHelper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stderr()
     }
 }
 
@@ -497,10 +480,7 @@ fn check_reports_a_dead_helper_and_goes_on_without_it() {
     }
     let dir = Scratch::new("faults-dead-helper");
     let path = dir.join("helper.sock");
-    let mut helper = helper_cmd(&path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start the helper");
+    let mut helper = quiet_helper(&path);
     let up = wait_for(10 * SEC, Duration::from_millis(20), || {
         selfheal::helper::HelperClient::connect(&path).ok()
     });
@@ -537,12 +517,7 @@ fn the_retry_waits_for_a_helper_restarted_on_its_path() {
     }
     let dir = Scratch::new("faults-restart-path");
     let path = dir.join("helper.sock");
-    let start = || {
-        helper_cmd(&path)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start the helper")
-    };
+    let start = || quiet_helper(&path);
     let mut a = start();
     let opts = tests::patient_client_opts();
     let mut client = wait_for(10 * SEC, Duration::from_millis(20), || {
@@ -840,14 +815,12 @@ fn a_churn_of_matching_processes_never_upsets_check() {
         .args(["-c", "sleep 120; true", &marker])
         .spawn()
         .unwrap();
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"churn\"\nmatch = {{ cmdline = \"{marker}|recv-peer client {addr}$\" }}\n"
         ),
-    )
-    .unwrap();
+    );
     let peer = tests::helper_bin("recv-peer");
     let began = Instant::now();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -906,13 +879,7 @@ fn a_churn_of_matching_processes_never_upsets_check() {
     let mut checks = 0u32;
     let mut verdicts = std::collections::BTreeMap::<String, u32>::new();
     while !done.load(std::sync::atomic::Ordering::SeqCst) && began.elapsed() < 30 * SEC {
-        let r = run_check(
-            &config,
-            &dir.join("state"),
-            &dir.join("snaps"),
-            &dir.join("no-helper.sock"),
-            &[],
-        );
+        let r = run_check_at(&config, &Places::without_helper(&dir), &[]);
         checks += 1;
         assert!(!r.stderr.contains("panicked"), "{r:#?}");
         assert_eq!(r.results.len(), 1, "{r:#?}");
@@ -1043,36 +1010,24 @@ fn a_wall_clock_jump_moves_no_verdict_and_no_age() {
     // clock age would make it stale, and the runner wedged, at once).
     let status = tests::status_server(r#"{"current_task": "WI-7"}"#, 200);
     let dir = Scratch::new("faults-clock");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
-            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\n\
-             [[agent]]\nname = \"thinking\"\nmatch = {{ cmdline = \"recv-peer client {b}:9443$\" }}\n\
+            "{}[[agent]]\nname = \"thinking\"\nmatch = {{ cmdline = \"recv-peer client {b}:9443$\" }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:9443\"\n\
              [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
              fields = {{ current_task = \"/current_task\" }}\n\
              [agent.thresholds]\nsuspect_after = \"1s\"\ncurrent_task_stale = \"10m\"\n\
-             [agent.proof]\nkeepalive = false\n"
+             [agent.proof]\nkeepalive = false\n",
+            control_runner("client", &b)
         ),
-    )
-    .unwrap();
+    );
     // No proof keepalive on the silent provider: its answer (about 5 s in,
     // sooner or later in the loop below depending on the machine's load)
     // proves the socket alive and so rightly restarts its suspicion, which
     // is not the clock's doing. This test is about the clock.
     let state = dir.join("state");
-    let check = || {
-        run_check(
-            &config,
-            &state,
-            &dir.join("snaps"),
-            &dir.join("no-helper.sock"),
-            &[],
-        )
-    };
+    let check = || run_check_at(&config, &Places::without_helper(&dir), &[]);
     // Settle: the silent provider turns suspect (busy) after 1 s.
     std::thread::sleep(2 * SEC);
     check();
@@ -1196,10 +1151,7 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     }
     let dir = Scratch::new("faults-gone-act");
     let path = dir.join("helper.sock");
-    let mut helper = helper_cmd(&path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut helper = quiet_helper(&path);
     let client = wait_for(10 * SEC, Duration::from_millis(20), || {
         HelperClient::connect(&path).ok()
     });

@@ -20,26 +20,13 @@ use selfheal::{helper::HelperClient, sys::pidfd::start_ticks};
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
-use tests::fixtures::helper_cmd;
+use tests::fixtures::{Reaped, quiet_helper};
 use tests::{Peer, Scratch, need_root, patient_client_opts, socket_fd_of};
 
 const SEC: Duration = Duration::from_secs(1);
 
-struct Helper(std::process::Child);
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_helper(path: &Path) -> Helper {
-    let child = helper_cmd(path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start selfheal helper");
-    let h = Helper(child);
+fn start_helper(path: &Path) -> Reaped {
+    let h = Reaped(quiet_helper(path));
     tests::fixtures::wait_answering(path);
     h
 }

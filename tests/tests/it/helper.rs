@@ -42,41 +42,18 @@ use selfheal_core::protocol::Caller;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
 use serde_json::{Value, json};
+use tests::fixtures::{LineConn, Reaped};
 use tests::{
-    Peer, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf, need_root,
-    skip, wait_for,
+    Peer, Scratch, as_uid, client_opts, expected_strategy, forced_strategy, listener, need_ebpf,
+    need_root, skip, wait_for,
 };
 
 const NOBODY: u32 = 65534;
 const SEC: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(20);
 
-/// A directory under /tmp (mode 0755, so `nobody` may reach a socket in
-/// it), removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("selfheal-helper-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        TempDir(p)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("helper.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A `sleep` process (optionally as another uid), killed on drop.
-struct Sleeper(Child);
+struct Sleeper(Reaped);
 
 impl Sleeper {
     fn new(uid: Option<u32>) -> Sleeper {
@@ -99,11 +76,11 @@ impl Sleeper {
                 .filter(|c| c.trim() == "sleep")
         })
         .expect("sleep started");
-        Sleeper(child)
+        Sleeper(Reaped(child))
     }
 
     fn pid(&self) -> u32 {
-        self.0.id()
+        self.0.pid()
     }
 
     fn act(&self, action: Action) -> ActRequest {
@@ -113,24 +90,17 @@ impl Sleeper {
     }
 }
 
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn client(path: &Path) -> HelperClient {
     HelperClient::connect_with(path, client_opts()).expect("connect to the helper")
 }
 
 /// An in-process helper on `dir`'s socket with a recording executor.
 fn start(
-    dir: &TempDir,
+    dir: &Scratch,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> (ServerHandle, Arc<DryExecutor>) {
     let exec = Arc::new(DryExecutor::new());
-    let handle = tests::fixtures::serve_helper(dir.socket(), exec.clone(), tweak);
+    let handle = tests::fixtures::serve_helper(dir.join("helper.sock"), exec.clone(), tweak);
     (handle, exec)
 }
 
@@ -141,31 +111,24 @@ fn wait_stopped(h: ServerHandle, within: Duration) -> StopReason {
 }
 
 /// A line-level client for what `HelperClient` would never send.
-struct Raw {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-}
+struct Raw(LineConn);
 
 impl Raw {
     fn connect(path: &Path) -> Raw {
-        let stream = UnixStream::connect(path).expect("connect");
-        stream.set_read_timeout(Some(10 * SEC)).unwrap();
-        let reader = BufReader::new(stream.try_clone().unwrap());
-        Raw { stream, reader }
+        Raw(LineConn::connect(path))
     }
 
     fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("send");
+        self.0.stream.write_all(bytes).expect("send");
     }
 
     /// The next response, or `None` when the helper closed the connection
     /// (a reset when it closed with our unread request in its queue).
     fn recv(&mut self) -> Option<Response> {
-        let mut line = String::new();
-        match self.reader.read_line(&mut line) {
-            Ok(0) => None,
+        match self.0.read_line() {
+            Ok(None) => None,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
-            Ok(_) => Some(Response::parse(line.as_bytes()).expect("a valid response")),
+            Ok(Some(line)) => Some(Response::parse(line.as_bytes()).expect("a valid response")),
             Err(e) => panic!("read a response: {e}"),
         }
     }
@@ -186,14 +149,14 @@ fn hello_watch_and_snapshot_round_trip_with_the_tracer() {
     if !need_ebpf("helper round trip") {
         return;
     }
-    let dir = TempDir::new("ebpf");
+    let dir = Scratch::new("helper-ebpf");
     let (h, _) = start(&dir, |o| {
         o.ebpf = Some(TracerOptions {
             strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
             ..TracerOptions::default()
         });
     });
-    let mut c = client(&dir.socket());
+    let mut c = client(&dir.join("helper.sock"));
     let hello = c.hello().unwrap();
     assert_eq!(hello.protocol, 1);
     assert_eq!(hello.helper_version, env!("CARGO_PKG_VERSION"));
@@ -250,7 +213,7 @@ fn hello_watch_and_snapshot_round_trip_with_the_tracer() {
 
     // nobody may neither watch nor read root's processes: each is a
     // refused pid (a gap), nothing of it is shown.
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let (w, s) = as_uid(NOBODY, || {
         let mut c = client(&path);
         (
@@ -285,9 +248,9 @@ fn without_ebpf_the_tracer_ops_are_unavailable() {
     if !need_root("helper without eBPF") {
         return;
     }
-    let dir = TempDir::new("noebpf");
+    let dir = Scratch::new("helper-noebpf");
     let (_h, _) = start(&dir, |_| {});
-    let mut c = client(&dir.socket());
+    let mut c = client(&dir.join("helper.sock"));
     let hello = c.hello().unwrap();
     assert_eq!(hello.ebpf.strategy, None);
     assert!(
@@ -312,9 +275,9 @@ fn callers_act_only_on_what_they_may_and_every_act_is_audited() {
     if !need_root("helper authorization") {
         return;
     }
-    let dir = TempDir::new("authz");
+    let dir = Scratch::new("helper-authz");
     let (h, exec) = start(&dir, |_| {});
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     // Its fd 0 is a socket: socket actions are refused on anything else.
     let (sock, _peer) = UnixStream::pair().unwrap();
     let roots = Sleeper::with_stdin(None, Stdio::from(std::os::fd::OwnedFd::from(sock)));
@@ -428,7 +391,7 @@ fn a_policy_grant_lets_a_uid_act_on_another_uids_processes() {
     if !need_root("helper policy grant") {
         return;
     }
-    let dir = TempDir::new("grant");
+    let dir = Scratch::new("helper-grant");
     let policy_path = dir.0.join("helper.toml");
     std::fs::write(
         &policy_path,
@@ -439,7 +402,7 @@ fn a_policy_grant_lets_a_uid_act_on_another_uids_processes() {
     let policy = policy::load(Some(&policy_path), 0).unwrap();
     let (_h, exec) = start(&dir, |o| o.policy = policy);
     let roots = Sleeper::new(None);
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let r = as_uid(NOBODY, || client(&path).act(&roots.act(Action::Signal)));
     r.expect("granted");
     assert_eq!(exec.calls().len(), 1);
@@ -456,9 +419,9 @@ fn malformed_requests_are_bad_requests_and_the_connection_goes_on() {
     if !need_root("helper malformed requests") {
         return;
     }
-    let dir = TempDir::new("malformed");
+    let dir = Scratch::new("helper-malformed");
     let (_h, exec) = start(&dir, |_| {});
-    let mut raw = Raw::connect(&dir.socket());
+    let mut raw = Raw::connect(&dir.join("helper.sock"));
     let cases: &[(&str, Option<u64>, &str)] = &[
         ("{not json", None, "malformed JSON"),
         ("[]", None, "not a JSON object"),
@@ -509,20 +472,20 @@ fn an_oversized_request_is_too_large_and_closes_the_connection() {
     if !need_root("helper oversized request") {
         return;
     }
-    let dir = TempDir::new("large");
+    let dir = Scratch::new("helper-large");
     let (_h, _) = start(&dir, |_| {});
-    let mut raw = Raw::connect(&dir.socket());
+    let mut raw = Raw::connect(&dir.join("helper.sock"));
     let mut big = br#"{"v":1,"id":1,"op":"hello","pad":""#.to_vec();
     big.resize(200 * 1024, b'x');
     big.extend_from_slice(b"\"}\n");
     // The helper stops reading after the limit and closes: the rest of the
     // write may fail, which is the point.
-    let _ = raw.stream.write_all(&big);
+    let _ = raw.0.stream.write_all(&big);
     let r = raw.recv().expect("a too_large response");
     assert_eq!((r.id, code(&r)), (None, Some(ErrorCode::TooLarge)), "{r:?}");
     assert!(raw.recv().is_none(), "the connection is closed");
     // Others are served.
-    client(&dir.socket()).hello().unwrap();
+    client(&dir.join("helper.sock")).hello().unwrap();
 }
 
 #[test]
@@ -531,12 +494,12 @@ fn a_slow_client_is_dropped_while_others_are_served() {
     if !need_root("helper slow client") {
         return;
     }
-    let dir = TempDir::new("slow");
+    let dir = Scratch::new("helper-slow");
     let (_h, _) = start(&dir, |o| o.request_timeout = SEC);
-    let mut slow = Raw::connect(&dir.socket());
+    let mut slow = Raw::connect(&dir.join("helper.sock"));
     slow.send(br#"{"v":1,"id":1,"op":"#);
     let began = Instant::now();
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let served = std::thread::spawn(move || {
         let mut worst = Duration::ZERO;
         let mut n = 0;
@@ -573,7 +536,7 @@ fn a_flood_from_one_uid_is_busy_while_another_uid_is_served() {
     if !need_root("helper flood") {
         return;
     }
-    let dir = TempDir::new("flood");
+    let dir = Scratch::new("helper-flood");
     let (_h, _) = start(&dir, |o| {
         o.rate = RateLimit {
             burst: 20,
@@ -581,7 +544,7 @@ fn a_flood_from_one_uid_is_busy_while_another_uid_is_served() {
         }
     });
     const FLOOD: usize = 400;
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let others_ok = Arc::new(AtomicUsize::new(0));
     let flood = std::thread::scope(|s| {
         let flood = s.spawn(|| {
@@ -593,7 +556,7 @@ fn a_flood_from_one_uid_is_busy_while_another_uid_is_served() {
                         format!("{{\"v\":1,\"id\":{id},\"op\":\"hello\"}}\n").as_bytes(),
                     );
                 }
-                let writer = raw.stream.try_clone().unwrap();
+                let writer = raw.0.stream.try_clone().unwrap();
                 let w = std::thread::spawn(move || (&writer).write_all(&all).is_ok());
                 let mut busy = 0;
                 let mut ok = 0;
@@ -647,12 +610,12 @@ fn connections_beyond_the_caps_are_busy() {
     if !need_root("helper connection cap") {
         return;
     }
-    let dir = TempDir::new("cap");
+    let dir = Scratch::new("helper-cap");
     let (_h, _) = start(&dir, |o| {
         o.max_connections = 3;
         o.max_connections_per_uid = 2;
     });
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let held: Vec<Raw> = (0..2)
         .map(|i| {
             let mut r = Raw::connect(&path);
@@ -691,8 +654,8 @@ fn a_socket_activated_server_serves_then_exits_when_idle() {
     if !need_root("helper socket activation") {
         return;
     }
-    let dir = TempDir::new("activated");
-    let path = dir.socket();
+    let dir = Scratch::new("helper-activated");
+    let path = dir.join("helper.sock");
     // What systemd would hand over: a bound, listening socket.
     let l = UnixListener::bind(&path).unwrap();
     let mut opts = ServerOptions::new(Listen::Fd(l.into()));
@@ -739,8 +702,8 @@ fn shutdown_finishes_the_action_in_flight_then_stops() {
     if !need_root("helper graceful shutdown") {
         return;
     }
-    let dir = TempDir::new("graceful");
-    let mut opts = ServerOptions::new(Listen::Path(dir.socket()));
+    let dir = Scratch::new("helper-graceful");
+    let mut opts = ServerOptions::new(Listen::Path(dir.join("helper.sock")));
     opts.shutdown_grace = 5 * SEC;
     let (tx, entered) = std::sync::mpsc::channel();
     let gate = Arc::new(Gate {
@@ -750,7 +713,7 @@ fn shutdown_finishes_the_action_in_flight_then_stops() {
     let h = serve(opts, gate.clone()).unwrap();
     let target = Sleeper::new(None);
     let req = target.act(Action::Signal);
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let in_flight = std::thread::spawn(move || client(&path).act(&req));
     entered.recv_timeout(5 * SEC).expect("the action began");
     h.shutdown();
@@ -760,8 +723,8 @@ fn shutdown_finishes_the_action_in_flight_then_stops() {
         target.pid()
     );
     assert_eq!(wait_stopped(h, 10 * SEC), StopReason::Shutdown);
-    assert!(!dir.socket().exists(), "the socket is removed");
-    let e = HelperClient::connect_with(dir.socket(), client_opts())
+    assert!(!dir.join("helper.sock").exists(), "the socket is removed");
+    let e = HelperClient::connect_with(dir.join("helper.sock"), client_opts())
         .err()
         .unwrap();
     assert!(matches!(e, ClientError::Unavailable { .. }), "{e}");
@@ -771,16 +734,16 @@ fn shutdown_finishes_the_action_in_flight_then_stops() {
 #[test]
 fn a_helper_that_is_down_is_unavailable_quickly() {
     let _area = tests::area(module_path!());
-    let dir = TempDir::new("down");
+    let dir = Scratch::new("helper-down");
     let t = Instant::now();
-    let e = HelperClient::connect_with(dir.socket(), client_opts())
+    let e = HelperClient::connect_with(dir.join("helper.sock"), client_opts())
         .err()
         .unwrap();
     assert!(matches!(e, ClientError::Unavailable { .. }), "{e}");
     assert!(e.to_string().contains("no socket there"), "{e}");
     // A socket file nobody listens on (a helper that died).
-    drop(UnixListener::bind(dir.socket()).unwrap());
-    let e = HelperClient::connect_with(dir.socket(), client_opts())
+    drop(UnixListener::bind(dir.join("helper.sock")).unwrap());
+    let e = HelperClient::connect_with(dir.join("helper.sock"), client_opts())
         .err()
         .unwrap();
     assert!(matches!(e, ClientError::Unavailable { .. }), "{e}");
@@ -847,8 +810,8 @@ fn fake_helper(path: &Path, script: Vec<bool>) -> std::thread::JoinHandle<Vec<Va
 #[test]
 fn a_helper_killed_mid_request_is_retried_once_for_queries_never_for_act() {
     let _area = tests::area(module_path!());
-    let dir = TempDir::new("killed");
-    let path = dir.socket();
+    let dir = Scratch::new("helper-killed");
+    let path = dir.join("helper.sock");
     // hello: the first connection dies, the retry is answered.
     let fake = fake_helper(&path, vec![false, true]);
     let mut c = client(&path);
@@ -925,8 +888,8 @@ fn the_command_is_socket_activated_and_exits_when_idle() {
     let Some(bin) = selfheal_with_helper("selfheal helper activation") else {
         return;
     };
-    let dir = TempDir::new("cli-activated");
-    let path = dir.socket();
+    let dir = Scratch::new("helper-cli-activated");
+    let path = dir.join("helper.sock");
     let l = UnixListener::bind(&path).unwrap();
     let fd = l.as_raw_fd();
     let mut cmd = Command::new("sh");
@@ -972,8 +935,8 @@ fn the_command_stops_on_sigterm_and_refuses_non_root_without_socket() {
     let Some(bin) = selfheal_with_helper("selfheal helper signals") else {
         return;
     };
-    let dir = TempDir::new("cli-term");
-    let path = dir.socket();
+    let dir = Scratch::new("helper-cli-term");
+    let path = dir.join("helper.sock");
     let mut child = Command::new(&bin)
         .args(["helper", "--no-ebpf", "--socket"])
         .arg(&path)
@@ -1046,7 +1009,7 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
         skip("helper pid namespaces", "unshare is not installed");
         return;
     }
-    let dir = TempDir::new("pidns");
+    let dir = Scratch::new("helper-pidns");
     let (h, exec) = start(&dir, |_| {});
     let target = Sleeper::new(None);
     let out = Command::new("unshare")
@@ -1057,7 +1020,7 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
             "helper::pid_namespace_client_mode",
             "--nocapture",
         ])
-        .env(PIDNS_CLIENT, dir.socket())
+        .env(PIDNS_CLIENT, dir.join("helper.sock"))
         .env("TARGET_PID", target.pid().to_string())
         .env(
             "TARGET_START",
@@ -1110,7 +1073,7 @@ fn iterate_passes_only_what_the_caller_may_query() {
         return;
     }
     const MISSING: u32 = 999_999_999;
-    let dir = TempDir::new("iterate");
+    let dir = Scratch::new("helper-iterate");
     let (h, _) = start(&dir, |o| {
         o.ebpf = Some(TracerOptions {
             strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
@@ -1143,7 +1106,7 @@ fn iterate_passes_only_what_the_caller_may_query() {
     };
     assert!(asleep(mine, 3) && asleep(rootp, 2), "readers never settled");
 
-    let path = dir.socket();
+    let path = dir.join("helper.sock");
     let theirs_seen = as_uid(NOBODY, || {
         client(&path).iterate(&[mine, rootp, MISSING]).unwrap()
     });

@@ -25,7 +25,7 @@ use std::{
     io::{Read as _, Write as _},
     os::unix::{net::UnixStream, process::CommandExt as _},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -43,7 +43,7 @@ use selfheal_core::ebpf::strategy::Strategy;
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::Response;
-use tests::fixtures::{Procs, ask, outcome, serve_helper};
+use tests::fixtures::{Procs, Reaped, ask, outcome, serve_helper};
 use tests::{
     Peer, Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for,
 };
@@ -527,17 +527,6 @@ fn a_huge_garbage_subuid_file_is_bounded() {
     assert_eq!(timer_hello(&path, BYSTANDER), Ok(BYSTANDER));
 }
 
-/// A process that stays in a user namespace: `sleep` as `uid`, through
-/// `pre` (namespaces made before exec). Killed on drop.
-struct Sleeper(Child);
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Waits until `pid` runs `sleep`.
 fn exec_sleep(pid: u32) {
     wait_for(5 * SEC, TICK, || {
@@ -588,9 +577,9 @@ fn the_owner_of_a_namespace_is_its_outermost_creator() {
         }
         let child = cmd.spawn().expect("spawn sleep");
         exec_sleep(child.id());
-        Sleeper(child)
+        Reaped(child)
     };
-    let read = |s: &Sleeper, uid: u32| {
+    let read = |s: &Reaped, uid: u32| {
         let pid = s.0.id();
         let fd = selfheal::sys::pidfd::Pidfd::open(pid, None).unwrap();
         owners.account(uid, Some(std::os::fd::AsFd::as_fd(&fd)), pid)
@@ -637,7 +626,7 @@ fn the_owner_of_a_namespace_is_its_outermost_creator() {
         .stdin(Stdio::null())
         .spawn()
         .expect("nsenter");
-    let inner = Sleeper(inner);
+    let inner = Reaped(inner);
     exec_sleep(inner.0.id());
     let ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/user")).unwrap();
     assert_ne!(ns(inner.0.id()), ns(pid), "the inner namespace is its own");

@@ -22,7 +22,7 @@ use tests::runtimes::config_check_output;
 use tests::{
     Scratch, need_root,
     runtimes::{
-        docker, docker_with_image, have, need_docker, only_docker, rootfs_tar, run_ok, run_sleeper,
+        docker, docker_with_image, need_docker, only_docker, podman_ready, run_ok, run_sleeper,
     },
     skip, wait_for,
 };
@@ -85,7 +85,7 @@ fn user_tree(uid: u32) -> String {
     format!("user.slice/user-{uid}.slice/user@{uid}.service")
 }
 
-/// `selfheal config check` of `config` with `env`: its report.
+/// `selfheal config check` of `config` with `env`: its report (printed).
 fn config_check(config: &Path, env: &[(&str, String)]) -> String {
     let out = config_check_output(config, env);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -95,7 +95,14 @@ fn config_check(config: &Path, env: &[(&str, String)]) -> String {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("{text}");
     text
+}
+
+/// [`config_check`] of `text`, written to `config`.
+fn check_config_text(config: &Path, text: &str, env: &[(&str, String)]) -> String {
+    std::fs::write(config, text).unwrap();
+    config_check(config, env)
 }
 
 /// Agent `agent`'s section of a `config check` report.
@@ -159,13 +166,11 @@ fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
     .unwrap_or_else(|e| panic!("{e}"));
     let scratch = Scratch::new("ident-unit");
     let config = scratch.join("config.toml");
-    std::fs::write(
+    let report = check_config_text(
         &config,
-        format!("[[agent]]\nname = \"runner\"\nmatch = {{ unit = \"{unit}\" }}\n"),
-    )
-    .unwrap();
-    let report = config_check(&config, &[]);
-    eprintln!("{report}");
+        &format!("[[agent]]\nname = \"runner\"\nmatch = {{ unit = \"{unit}\" }}\n"),
+        &[],
+    );
     assert_eq!(
         roots(&report, "runner"),
         [system.pid()],
@@ -177,13 +182,13 @@ fn a_unit_a_user_made_in_their_own_tree_is_not_roots_unit() {
         section(&report, "runner").contains("(a system unit)"),
         "{report}"
     );
-    std::fs::write(
+    let report = check_config_text(
         &config,
-        format!("[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"),
-    )
-    .unwrap();
-    let report = config_check(&config, &[]);
-    eprintln!("{report}");
+        &format!(
+            "[[agent]]\nname = \"users\"\nmatch = {{ unit = \"{unit}\", uid = {ATTACKER} }}\n"
+        ),
+        &[],
+    );
     assert_eq!(roots(&report, "users"), [forged.pid()], "{report}");
 }
 
@@ -243,9 +248,7 @@ fn impostors_are_not_the_container(
             o.pid()
         ));
     }
-    std::fs::write(&config, text).unwrap();
-    let report = config_check(&config, env);
-    eprintln!("{report}");
+    let report = check_config_text(&config, &text, env);
     assert_eq!(roots(&report, "byname"), [init], "{report}");
     assert!(
         !section(&report, "forged").contains("container  "),
@@ -424,15 +427,13 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
         .expect("the ConfigMap's match rule")
         .trim()
         .to_string();
-    let config = scratch.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &scratch,
         format!(
             "[[agent]]\nname = \"pods\"\n{rule}\n\n[[agent]]\nname = \"forged\"\nmatch = {{ pid = {} }}\n",
             forged.pid()
         ),
-    )
-    .unwrap();
+    );
     let env = vec![
         (
             "DOCKER_HOST",
@@ -446,7 +447,6 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
         ("SELFHEAL_RUNTIME_TIMEOUT", "2s".to_string()),
     ];
     let report = config_check(&config, &env);
-    eprintln!("{report}");
     assert_eq!(roots(&report, "pods"), Vec::<u32>::new(), "{report}");
     assert!(
         !section(&report, "forged").contains("container  "),
@@ -562,16 +562,8 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
     let _area = tests::area(module_path!());
     use tests::runtimes::start_podman;
     const TEST: &str = "a_podman_container_is_a_processs_only_where_the_runtime_says";
-    if !need_root(TEST) {
+    let Some((scratch, tar)) = podman_ready(TEST, "ident-podman") else {
         return;
-    }
-    if !have("podman") {
-        return skip(TEST, "no podman (run `cargo xtask setup`: Debian podman)");
-    }
-    let scratch = Scratch::new("ident-podman");
-    let tar = match rootfs_tar(&scratch) {
-        Ok(t) => t,
-        Err(e) => return skip(TEST, &e),
     };
     let tag = format!("selfheal-identp{}", std::process::id());
     let podman = start_podman(&scratch, &tar, &tag).unwrap_or_else(|e| panic!("podman: {e}"));

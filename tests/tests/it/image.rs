@@ -8,7 +8,7 @@ use std::{process::Command, time::Instant};
 
 use tests::{
     Scratch,
-    runtimes::{docker, need_root_and, run_ok, start_dockerd},
+    runtimes::{docker, need_root_and, run_ok, start_dockerd, xtask_build},
 };
 
 #[test]
@@ -24,22 +24,7 @@ fn the_image_tarball_loads_into_docker_and_the_binary_runs_in_it() {
     }
     let scratch = Scratch::new("image");
     let t0 = Instant::now();
-    // The image, from this tree (the debug build the tests use).
-    run_ok(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args([
-                "run", "-q", "-p", "xtask", "--", "image", "--debug", "--out",
-            ])
-            .arg(scratch.join("image")),
-    )
-    .unwrap_or_else(|e| panic!("cargo xtask image: {e}"));
-    let tarball = std::fs::read_dir(scratch.join("image"))
-        .expect("image dir")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "tar"))
-        .expect("an image tarball");
+    let tarball = xtask_build("image", &scratch.join("image"), "tar");
     let build_s = t0.elapsed().as_secs_f64();
 
     // Both layouts in one archive.

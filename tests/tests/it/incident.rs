@@ -161,12 +161,7 @@ fn a_stopped_server_whose_kernel_still_acks_is_told_apart_from_a_vanished_one() 
     assert!(!w.to_string().contains("peer_unresponsive"), "{w:#}");
     // The snapshot's kernel evidence: the control socket was ACKed recently.
     let snap = &r.facts["snapshot"];
-    let control = snap["snapshot"]["evidence"]["sockets"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|s| s["role"] == "control")
-        .unwrap_or_else(|| panic!("no control socket in the snapshot: {snap:#}"));
+    let control = tests::control_socket(snap);
     let ack = control["tcp_info"]["last_ack_recv_ms"].as_u64().unwrap();
     let data = control["tcp_info"]["last_data_recv_ms"].as_u64().unwrap();
     assert!(

@@ -4,7 +4,7 @@
 
 use std::{process::Command, time::Duration};
 
-use tests::fixtures::{Places, check_cmd};
+use tests::fixtures::{Places, Reaped, check_cmd};
 use tests::{Peer, listener, need_ebpf, selfheal_bin};
 
 fn inspect(args: &[&str]) -> std::process::Output {
@@ -28,6 +28,23 @@ fn selfheal_as_nobody(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run selfheal as nobody")
+}
+
+/// `selfheal inspect ARGS… --json --pid PID` as nobody on `target`, which
+/// is killed once it answered; the command succeeds: its report.
+fn inspect_as_nobody(target: Reaped, args: &[&str]) -> serde_json::Value {
+    let pid = target.pid().to_string();
+    let mut all = vec!["inspect"];
+    all.extend_from_slice(args);
+    all.extend(["--json", "--pid", &pid]);
+    let out = selfheal_as_nobody(&all);
+    drop(target);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 #[test]
@@ -142,7 +159,7 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
         return;
     }
     // Drop to nobody for the run; inspect a process of nobody's own.
-    let mut sleeper = Command::new("setpriv")
+    let sleeper = Command::new("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
@@ -153,15 +170,7 @@ fn without_privilege_ebpf_fails_with_a_reason_and_procfs_still_answers() {
         .spawn()
         .expect("setpriv");
     std::thread::sleep(Duration::from_millis(200));
-    let out = selfheal_as_nobody(&["inspect", "--pid", &sleeper.id().to_string(), "--json"]);
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = inspect_as_nobody(Reaped(sleeper), &[]);
     assert!(v["ebpf"]["strategy"].is_null());
     let why = v["ebpf"]["error"].as_str().expect("a reason");
     assert!(
@@ -179,23 +188,10 @@ fn another_users_process_is_a_gap_not_an_error() {
     }
     // A root-owned process inspected by nobody: stat is readable, its fds,
     // syscalls and stacks are not. The report says so and still prints.
-    let mut sleeper = Command::new("sleep").arg("30").spawn().expect("sleep");
-    let out = selfheal_as_nobody(&[
-        "inspect",
-        "--no-ebpf",
-        "--json",
-        "--pid",
-        &sleeper.id().to_string(),
-    ]);
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(v["processes"][0]["pid"], sleeper.id());
+    let sleeper = Reaped(Command::new("sleep").arg("30").spawn().expect("sleep"));
+    let pid = sleeper.pid();
+    let v = inspect_as_nobody(sleeper, &["--no-ebpf"]);
+    assert_eq!(v["processes"][0]["pid"], pid);
     let gaps: Vec<&str> = v["gaps"]
         .as_array()
         .unwrap()
@@ -239,9 +235,8 @@ fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
     let dir = std::env::temp_dir().join(format!("selfheal-inspect-name-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"caller\"\nmatch = {{ pid = {} }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
@@ -249,8 +244,7 @@ fn inspect_name_shows_the_verdict_reasons_and_the_proof() {
              [agent.proof]\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n",
             child.id()
         ),
-    )
-    .unwrap();
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let state = dir.join("state");
     let check = check_cmd(&config, &Places::under(&dir)).output().unwrap();

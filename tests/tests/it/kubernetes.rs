@@ -109,8 +109,7 @@ fn the_service_monitor_selects_the_metrics_port_and_the_config_checks() {
         .collect();
     assert!(!block.is_empty(), "{cm}");
     let scratch = Scratch::new("kubernetes-config");
-    let config = scratch.join("config.toml");
-    std::fs::write(&config, block.join("\n")).unwrap();
+    let config = tests::config_in(&scratch, block.join("\n"));
     let out = Command::new(selfheal_bin())
         .args(["config", "check", "--config"])
         .arg(&config)

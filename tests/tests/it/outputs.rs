@@ -16,7 +16,7 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::Path,
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Output, Stdio},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::fixtures::Places;
+use tests::fixtures::{Places, Reaped};
 use tests::{Scratch, selfheal_bin};
 
 /// Longest a test server lives, whatever the test does.
@@ -124,16 +124,6 @@ fn read_head(s: &TcpStream) -> String {
         }
     }
     String::from_utf8_lossy(&head).into_owned()
-}
-
-/// A child killed and reaped on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
@@ -566,9 +556,8 @@ fn no_control_character_reaches_a_terminal() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"esc\"\nmatch = {{ pid = {pid} }}\n\
              [[agent.probe]]\nurl = \"http://{}/status\"\ntimeout = \"1s\"\n\
@@ -576,8 +565,7 @@ fn no_control_character_reaches_a_terminal() {
              expect = {{ status = \"ok\" }}\n",
             server.addr
         ),
-    )
-    .unwrap();
+    );
     let state = dir.join("state");
     let snaps = dir.join("snaps");
     let cfg = config.as_os_str();

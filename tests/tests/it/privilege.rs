@@ -22,9 +22,10 @@ use selfheal::{
 use selfheal_core::protocol::ActRequest;
 use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
-use tests::fixtures::Places;
-use tests::fixtures::helper_cmd;
-use tests::{Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check};
+use tests::fixtures::{Places, Reaped, control_runner, helper_cmd};
+use tests::{
+    Peer, Ready, Scratch, as_uid, need_root, patient_client_opts, run_check, run_check_at,
+};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -73,13 +74,10 @@ fn exit_and_stderr(
 /// A config whose one agent is `down` (no such pid): every check writes a
 /// snapshot, so the snapshot log's files exist.
 fn down_config(dir: &Scratch) -> std::path::PathBuf {
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    tests::config_in(
+        dir,
         "[[agent]]\nname = \"ghost\"\nmatch = { pid = 4194000 }\n",
     )
-    .unwrap();
-    config
 }
 
 /// State and snapshot directories are created 0700 (and the parents we
@@ -275,8 +273,7 @@ fn configs_and_policies_others_could_write_are_refused() {
             ],
         )
     };
-    let config = dir.join("config.toml");
-    std::fs::write(&config, &text).unwrap();
+    let config = tests::config_in(&dir, &text);
     chmod(&config, 0o644);
     let (code, err) = check(&config);
     assert_eq!(code, 0, "root's closed config is used: {err}");
@@ -405,7 +402,7 @@ fn configs_and_policies_others_could_write_are_refused() {
 /// `selfheal helper --socket PATH ARGS…` (the real binary, real executor),
 /// up and answering; killed on drop.
 struct RealHelper {
-    child: std::process::Child,
+    child: Reaped,
     path: std::path::PathBuf,
 }
 
@@ -420,7 +417,7 @@ impl RealHelper {
             .spawn()
             .expect("start selfheal helper");
         let h = RealHelper {
-            child,
+            child: Reaped(child),
             path: path.to_path_buf(),
         };
         tests::fixtures::wait_answering(path);
@@ -434,25 +431,13 @@ impl RealHelper {
 
     /// SIGTERM; its log (stderr).
     fn stop(mut self) -> String {
-        use std::io::Read as _;
         // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.pid() as libc::pid_t, libc::SIGTERM) };
         let done = tests::wait_for(10 * SEC, Duration::from_millis(20), || {
-            self.child.try_wait().ok().flatten()
+            self.child.0.try_wait().ok().flatten()
         });
         assert!(done.is_some(), "the helper stops on SIGTERM");
-        let mut s = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
-}
-
-impl Drop for RealHelper {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.stderr()
     }
 }
 
@@ -941,22 +926,12 @@ fn check_runs_the_restart_argv_literally() {
     std::fs::write(
         &config,
         format!(
-            "[[agent]]\nname = \"runner\"\nmatch = {{ cmdline = \"recv-peer client {b}:7443$\" }}\n\
-             [[agent.upstream]]\nrole = \"control\"\naddr = \"{b}:7443\"\nheartbeat = \"1s\"\n\
-             [agent.thresholds]\nsuspect_after = \"2s\"\n\
-             [agent.heal]\nsockets = false\nsignal = false\nrestart = {argv}\n"
+            "{}[agent.heal]\nsockets = false\nsignal = false\nrestart = {argv}\n",
+            control_runner("client", &b)
         ),
     )
     .unwrap();
-    let check = || {
-        run_check(
-            &config,
-            &dir.join("state"),
-            &dir.join("snaps"),
-            &dir.join("no-helper.sock"),
-            &[],
-        )
-    };
+    let check = || run_check_at(&config, &Places::without_helper(&dir), &[]);
     std::thread::sleep(SEC);
     assert_eq!(check().agent("runner")["verdict"], "idle");
     pair.drop_port_into_b(7443).expect("nft");
@@ -1219,20 +1194,16 @@ fn a_root_parent_writable_by_a_system_group_is_accepted() {
     std::fs::create_dir(&log).unwrap();
     std::os::unix::fs::chown(&log, Some(0), Some(4)).unwrap(); // adm, say
     chmod(&log, 0o775);
-    let r = run_check(
+    let r = run_check_at(
         &config,
-        &dir.join("state"),
-        &log.join("selfheal"),
-        &dir.join("no-helper.sock"),
+        &Places::without_helper(&dir).snapshots(log.join("selfheal")),
         &[],
     );
     assert!(r.agent("ghost")["snapshot"].is_string(), "{r:#?}");
     std::os::unix::fs::chown(&log, Some(0), Some(1000)).unwrap();
-    let r = run_check(
+    let r = run_check_at(
         &config,
-        &dir.join("state"),
-        &log.join("selfheal2"),
-        &dir.join("no-helper.sock"),
+        &Places::without_helper(&dir).snapshots(log.join("selfheal2")),
         &[],
     );
     assert!(r.agent("ghost")["snapshot"].is_null(), "{r:#?}");

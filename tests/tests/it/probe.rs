@@ -7,7 +7,6 @@ use std::{
     collections::BTreeMap,
     io::{Read as _, Write as _},
     net::{Shutdown, SocketAddr, TcpListener, TcpStream},
-    path::PathBuf,
     sync::{
         Arc, RwLock,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -801,8 +800,8 @@ fn ten_probes_run_concurrently_in_about_one_timeout() {
     let _g = shared();
     let silent = Server::start(|_| Reply::Silent);
     let timeout = Duration::from_millis(400);
-    let dir = TempDir::new("concurrent");
-    let fresh = dir.path.join("alive");
+    let dir = tests::Scratch::new("probe-concurrent");
+    let fresh = dir.join("alive");
     std::fs::write(&fresh, b"").expect("write health file");
 
     let mut probes: Vec<ProbeConfig> = (0..10)
@@ -844,41 +843,20 @@ fn ten_probes_run_concurrently_in_about_one_timeout() {
     assert!(probe::run_all(&[]).is_empty());
 }
 
-/// A directory removed when dropped.
-struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let path =
-            std::env::temp_dir().join(format!("selfheal-probe-test-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir { path }
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
 #[test]
 fn health_file_fresh_stale_missing() {
     let _area = tests::area(module_path!());
     let _g = shared();
-    let dir = TempDir::new("health");
+    let dir = tests::Scratch::new("probe-health");
     let max_age = Duration::from_secs(30);
-    let fresh = dir.path.join("fresh");
+    let fresh = dir.join("fresh");
     std::fs::write(&fresh, b"").expect("write");
-    let stale = dir.path.join("stale");
+    let stale = dir.join("stale");
     let f = std::fs::File::create(&stale).expect("create");
     f.set_modified(SystemTime::now() - Duration::from_secs(120))
         .expect("set mtime");
     drop(f);
-    let missing = dir.path.join("missing");
+    let missing = dir.join("missing");
 
     let probes: Vec<ProbeConfig> = [&fresh, &stale, &missing]
         .into_iter()

@@ -88,17 +88,13 @@ fn the_testbeds_servers_are_compiled_into_selfheal_testbed_not_into_selfheal() {
 #[test]
 fn selfheal_no_longer_depends_on_form_urlencoded() {
     let _area = tests::area(module_path!());
-    let out = tests::output_ok(
-        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args([
-                "metadata",
-                "--no-deps",
-                "--offline",
-                "--format-version",
-                "1",
-            ]),
-    );
+    let out = tests::output_ok(tests::cargo().args([
+        "metadata",
+        "--no-deps",
+        "--offline",
+        "--format-version",
+        "1",
+    ]));
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
     let deps = |package: &str| -> Vec<String> {
         meta["packages"]

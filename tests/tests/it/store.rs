@@ -211,33 +211,30 @@ fn child_process_entry() {
 #[test]
 fn default_directories_follow_uid_and_xdg() {
     let _area = tests::area(module_path!());
-    let s = |v: &str| Some(OsStr::new(v).to_owned());
-    let (xdg, home) = (s("/x/state"), s("/home/u"));
-    assert_eq!(
-        store::state_dir_for(0, xdg.as_deref(), home.as_deref()),
-        Path::new("/var/lib/selfheal")
-    );
-    assert_eq!(
-        snapshots::snapshot_dir_for(0, xdg.as_deref(), home.as_deref()),
-        Path::new("/var/log/selfheal")
-    );
-    assert_eq!(
-        store::state_dir_for(1000, xdg.as_deref(), home.as_deref()),
-        Path::new("/x/state/selfheal")
-    );
-    assert_eq!(
-        snapshots::snapshot_dir_for(1000, xdg.as_deref(), home.as_deref()),
-        Path::new("/x/state/selfheal")
-    );
-    // Relative XDG values are ignored, as the spec says.
-    assert_eq!(
-        store::state_dir_for(1000, s("rel").as_deref(), home.as_deref()),
-        Path::new("/home/u/.local/state/selfheal")
-    );
-    assert_eq!(
-        store::state_dir_for(1000, None, None),
-        Path::new("/tmp/selfheal-1000/selfheal")
-    );
+    type DirFor = fn(u32, Option<&OsStr>, Option<&OsStr>) -> PathBuf;
+    let (state, snaps): (DirFor, DirFor) = (store::state_dir_for, snapshots::snapshot_dir_for);
+    let (xdg, home) = (Some(OsStr::new("/x/state")), Some(OsStr::new("/home/u")));
+    for (dir_for, uid, xdg, home, want) in [
+        (state, 0, xdg, home, "/var/lib/selfheal"),
+        (snaps, 0, xdg, home, "/var/log/selfheal"),
+        (state, 1000, xdg, home, "/x/state/selfheal"),
+        (snaps, 1000, xdg, home, "/x/state/selfheal"),
+        // Relative XDG values are ignored, as the spec says.
+        (
+            state,
+            1000,
+            Some(OsStr::new("rel")),
+            home,
+            "/home/u/.local/state/selfheal",
+        ),
+        (state, 1000, None, None, "/tmp/selfheal-1000/selfheal"),
+    ] {
+        assert_eq!(
+            dir_for(uid, xdg, home),
+            Path::new(want),
+            "uid {uid}, XDG_STATE_HOME {xdg:?}, HOME {home:?}"
+        );
+    }
     let want = if is_root() {
         PathBuf::from("/var/lib/selfheal")
     } else {
@@ -817,6 +814,18 @@ fn malformed_lines_are_skipped_and_counted() {
     assert_eq!(log.list(Some("luna"), None).expect("list").skipped, 0);
 }
 
+/// An append to `log` (in `dir`) fails with `errno`, and says `dir`.
+fn append_refused(log: &SnapshotLog, dir: &Path, errno: i32) {
+    let err = log
+        .append("sol", "wedged", &body(1))
+        .expect_err("an unwritable directory");
+    assert_eq!(err.os_error(), Some(errno), "{err}");
+    assert!(
+        err.to_string().contains(&dir.display().to_string()),
+        "{err}"
+    );
+}
+
 #[test]
 fn an_unwritable_directory_is_an_error_not_a_panic() {
     let _area = tests::area(module_path!());
@@ -825,14 +834,7 @@ fn an_unwritable_directory_is_an_error_not_a_panic() {
         let tmp = TempDir::new("ro");
         let log = SnapshotLog::open(tmp.path(), 1 << 20, 2).expect("open");
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o500)).expect("chmod");
-        let err = log
-            .append("sol", "wedged", &body(1))
-            .expect_err("read-only dir");
-        assert_eq!(err.os_error(), Some(libc::EACCES), "{err}");
-        assert!(
-            err.to_string().contains(&tmp.path().display().to_string()),
-            "{err}"
-        );
+        append_refused(&log, tmp.path(), libc::EACCES);
         skip(
             "an_unwritable_directory_is_an_error_not_a_panic (full disk part)",
             "mounting a full tmpfs needs root",
@@ -844,14 +846,7 @@ fn an_unwritable_directory_is_an_error_not_a_panic() {
         Err(why) => skip("an_unwritable_directory_is_an_error_not_a_panic", &why),
         Ok(ro) => {
             let log = SnapshotLog::open(ro.path(), 1 << 20, 2).expect("open an existing dir");
-            let err = log
-                .append("sol", "wedged", &body(1))
-                .expect_err("read-only fs");
-            assert_eq!(err.os_error(), Some(libc::EROFS), "{err}");
-            assert!(
-                err.to_string().contains(&ro.path().display().to_string()),
-                "{err}"
-            );
+            append_refused(&log, ro.path(), libc::EROFS);
             let err = StateStore::open(ro.path()).expect_err("read-only fs");
             assert_eq!(err.os_error(), Some(libc::EROFS), "{err}");
         }
@@ -942,6 +937,13 @@ fn selfheal(args: &[&str]) -> Output {
         .expect("run selfheal")
 }
 
+/// `selfheal snapshots list --dir DIR ARGS…`.
+fn list(dir: &str, args: &[&str]) -> Output {
+    let mut all = vec!["snapshots", "list", "--dir", dir];
+    all.extend_from_slice(args);
+    selfheal(&all)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -963,7 +965,7 @@ fn snapshots_command_lists_and_shows() {
     let a = log.append("sol", "wedged", &body(1)).expect("append");
     let b = log.append("luna", "degraded", &body(2)).expect("append");
 
-    let out = selfheal(&["snapshots", "list", "--dir", &dir]);
+    let out = list(&dir, &[]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let table = text(&out.stdout);
     let lines: Vec<&str> = table.lines().collect();
@@ -981,17 +983,7 @@ fn snapshots_command_lists_and_shows() {
         "{table}"
     );
 
-    let out = selfheal(&[
-        "snapshots",
-        "list",
-        "--dir",
-        &dir,
-        "--agent",
-        "luna",
-        "--since",
-        "1h",
-        "--json",
-    ]);
+    let out = list(&dir, &["--agent", "luna", "--since", "1h", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let metas: Vec<Value> = text(&out.stdout)
         .lines()
@@ -1002,14 +994,7 @@ fn snapshots_command_lists_and_shows() {
     assert_eq!(metas[0]["verdict"], "degraded");
     assert!(metas[0]["unix_ms"].is_u64() && metas[0]["file"].is_string());
 
-    let out = selfheal(&[
-        "snapshots",
-        "list",
-        "--dir",
-        &dir,
-        "--since",
-        "2999-01-01T00:00:00Z",
-    ]);
+    let out = list(&dir, &["--since", "2999-01-01T00:00:00Z"]);
     assert!(out.status.success());
     assert!(out.stdout.is_empty());
     assert!(
@@ -1040,14 +1025,7 @@ fn snapshots_command_lists_and_shows() {
     let err = text(&out.stderr);
     assert!(err.contains("no-such-id") && err.contains(&dir), "{err}");
 
-    let out = selfheal(&[
-        "snapshots",
-        "list",
-        "--dir",
-        &dir,
-        "--since",
-        "yesterday-ish",
-    ]);
+    let out = list(&dir, &["--since", "yesterday-ish"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("bad time"));
 
@@ -1057,7 +1035,7 @@ fn snapshots_command_lists_and_shows() {
         .open(log.path_for("sol"))
         .and_then(|mut f| f.write_all(b"garbage\n"))
         .expect("append by hand");
-    let out = selfheal(&["snapshots", "list", "--dir", &dir]);
+    let out = list(&dir, &[]);
     assert!(out.status.success());
     assert_eq!(text(&out.stdout).lines().count(), 3);
     assert!(

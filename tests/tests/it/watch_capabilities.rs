@@ -366,17 +366,15 @@ fn a_watch_holding_only_kill_reads_other_users_agents_through_the_helper() {
     let _provider = NamespaceOf(pid, ns);
     std::thread::sleep(std::time::Duration::from_millis(1500));
 
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
+    let config = tests::config_in(
+        &dir,
         format!(
             "[[agent]]\nname = \"caller\"\nmatch = {{ pid = {pid} }}\n\
              [[agent.upstream]]\nrole = \"provider\"\naddr = \"127.0.0.1:{PORT}\"\n\
              [agent.thresholds]\nsuspect_after = \"1s\"\n\
              [agent.proof]\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n"
         ),
-    )
-    .unwrap();
+    );
     use tests::fixtures::Places;
     // Without a helper: the agent's sockets are out of this check's reach.
     let alone = check_with_kill_only(&config, &Places::without_helper(dir.join("alone")));
