@@ -310,3 +310,111 @@ pub fn outcome(r: &Option<Response>) -> String {
         Some(r) => r.error.as_ref().map_or("?".into(), |e| e.code.to_string()),
     }
 }
+
+/// An agent matched by one pid whose one upstream is a provider, suspect
+/// after 1 s of silence: its config, the target a collector reads, and the
+/// judge's verdict on what was collected. For comparing the readers of
+/// the same agents.
+pub struct ProviderAgent {
+    pub config: selfheal_core::config::Config,
+    name: String,
+    pid: u32,
+    provider: std::net::SocketAddr,
+    roots: Vec<u32>,
+    pids: Vec<u32>,
+}
+
+impl ProviderAgent {
+    /// `name`, matched by `pid`, reading `roots` and every pid of their
+    /// trees (`pids`), silent on `provider`.
+    pub fn new(
+        name: &str,
+        pid: u32,
+        provider: std::net::SocketAddr,
+        roots: Vec<u32>,
+        pids: Vec<u32>,
+    ) -> ProviderAgent {
+        let config = selfheal_core::config::Config::parse(
+            &format!(
+                "[[agent]]\nname = \"{name}\"\nmatch = {{ pid = {pid} }}\n\
+                 [[agent.upstream]]\nrole = \"provider\"\naddr = \"{provider}\"\n\
+                 [agent.thresholds]\nsuspect_after = \"1s\"\n"
+            ),
+            Path::new(&format!("{name}.toml")),
+        )
+        .expect("config");
+        ProviderAgent {
+            config,
+            name: name.to_owned(),
+            pid,
+            provider,
+            roots,
+            pids,
+        }
+    }
+
+    /// What a collector reads of the agent.
+    pub fn target(&self) -> selfheal::inspect::Target {
+        let provider = self.provider;
+        selfheal::inspect::Target {
+            agent: Some(self.name.clone()),
+            rule: format!("pid={}", self.pid),
+            roots: self.roots.clone(),
+            pids: self.pids.clone(),
+            problem: None,
+            upstream_of: Box::new(move |a| {
+                (a == provider).then_some((selfheal_core::model::SocketRole::Provider, 0))
+            }),
+            upstreams: vec![provider.to_string()],
+            containers: Vec::new(),
+            container_gaps: Vec::new(),
+        }
+    }
+
+    /// The judge's verdict on `ev` and each reason's code and verdict.
+    pub fn verdict(
+        &self,
+        ev: &selfheal_core::inspect::Evidence,
+    ) -> (
+        selfheal_core::judge::Verdict,
+        Vec<(
+            selfheal_core::judge::ReasonCode,
+            selfheal_core::judge::Verdict,
+        )>,
+    ) {
+        let now_ms = selfheal::sys::clock::boot_ns() / 1_000_000;
+        let (j, _) = selfheal_core::judge::judge(
+            &self.config.agents[0],
+            &selfheal_core::inspect::build(ev),
+            &[],
+            &selfheal_core::judge::AgentHistory::default(),
+            now_ms,
+        );
+        let codes = j.reasons.iter().map(|r| (r.code, r.verdict)).collect();
+        (j.verdict, codes)
+    }
+}
+
+/// Waits up to 10 s until every thread of `pids` sleeps (or is a zombie);
+/// whether they all did.
+pub fn all_asleep(pids: &[u32]) -> bool {
+    crate::wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        pids.iter()
+            .all(|&p| {
+                std::fs::read_dir(format!("/proc/{p}/task"))
+                    .map(|ts| {
+                        ts.flatten().all(|t| {
+                            let stat =
+                                std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                            let state = stat
+                                .rsplit_once(')')
+                                .and_then(|(_, r)| r.trim().chars().next());
+                            matches!(state, Some('S' | 'Z'))
+                        })
+                    })
+                    .unwrap_or(false)
+            })
+            .then_some(())
+    })
+    .is_some()
+}

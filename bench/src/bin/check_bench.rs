@@ -57,7 +57,11 @@ fn main() {
     std::fs::create_dir_all(&work).expect("work dir");
 
     let total_sockets = agents * sockets;
-    let _ = set_nofile(total_sockets as u64 + 512);
+    // The accepted ends, two pipes to each agent, and room for the rest.
+    let nofile = (total_sockets + 2 * agents) as u64 + 512;
+    if let Err(e) = set_nofile(nofile) {
+        eprintln!("check-bench: cannot set the open-file limit to {nofile}: {e}");
+    }
     let (addr, accepter) = accept_n(total_sockets);
     let addr = addr.to_string();
     let mut children: Vec<Child> = (0..agents)

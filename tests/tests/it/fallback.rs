@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tests::{Peer, listener, need_ebpf, wait_for};
+use tests::{Peer, listener, need_ebpf};
 
 /// What the lockdown LSM says is in force (`[confidentiality]`), if any.
 fn lockdown() -> Option<String> {
@@ -24,14 +24,9 @@ fn lockdown() -> Option<String> {
 #[test]
 fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
     let _area = tests::area(module_path!());
-    use selfheal::inspect::{CollectOptions, Collector, Target};
-    use selfheal_core::{
-        config::Config,
-        inspect,
-        judge::{self, AgentHistory},
-        model::SocketRole,
-        proc::Detail,
-    };
+    use selfheal::inspect::{CollectOptions, Collector};
+    use selfheal_core::{judge::Verdict, proc::Detail};
+    use tests::fixtures::{ProviderAgent, all_asleep};
     let name = "fallback::a_kernel_that_refuses_the_iterators_is_read_by_procfs";
     if !need_ebpf(name) {
         return;
@@ -60,42 +55,9 @@ fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
     let fat = Peer::recv_peer(&["fat", &addr, "4", "3"]);
     fat.expect("ready ", Duration::from_secs(10));
     let pids = vec![fat.pid()];
-    let cfg = Config::parse(
-        &format!(
-            "[[agent]]\nname = \"locked\"\nmatch = {{ pid = {} }}\n\
-             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
-             [agent.thresholds]\nsuspect_after = \"1s\"\n",
-            fat.pid()
-        ),
-        std::path::Path::new("locked.toml"),
-    )
-    .expect("config");
-    let agent = &cfg.agents[0];
-    let target = || Target {
-        agent: Some("locked".into()),
-        rule: format!("pid={}", fat.pid()),
-        roots: pids.clone(),
-        pids: pids.clone(),
-        problem: None,
-        upstream_of: Box::new(move |a| (a == provider).then_some((SocketRole::Provider, 0))),
-        upstreams: vec![addr.clone()],
-        containers: Vec::new(),
-        container_gaps: Vec::new(),
-    };
+    let agent = ProviderAgent::new("locked", fat.pid(), provider, pids.clone(), pids.clone());
     // Every thread asleep in its receive, and silent past suspect_after.
-    let asleep = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", fat.pid())).ok()?;
-        tasks
-            .flatten()
-            .all(|t| {
-                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                stat.rsplit_once(')')
-                    .and_then(|(_, r)| r.trim().chars().next())
-                    == Some('S')
-            })
-            .then_some(())
-    });
-    assert!(asleep.is_some(), "the agent never settled asleep");
+    assert!(all_asleep(&pids), "the agent never settled asleep");
     std::thread::sleep(Duration::from_millis(1500));
 
     let opts = CollectOptions {
@@ -104,10 +66,10 @@ fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
         load_iterators: true,
         ..CollectOptions::default()
     };
-    let fallen = Collector::new(&opts, &pids).collect(&target());
+    let fallen = Collector::new(&opts, &pids).collect(&agent.target());
     let mut on_purpose = Collector::new(&opts, &pids);
     on_purpose.without_iterators("the procfs side of the comparison");
-    let on_purpose = on_purpose.collect(&target());
+    let on_purpose = on_purpose.collect(&agent.target());
 
     let c = &fallen.collection;
     assert_eq!((c.iterators, c.procfs), (0, 1), "{c:?}");
@@ -131,19 +93,7 @@ fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
         .count();
     assert!(receiving >= 4, "{receiving} threads seen in a receive");
 
-    let now_ms = selfheal::sys::clock::boot_ns() / 1_000_000;
-    let verdict = |ev: &selfheal_core::inspect::Evidence| {
-        let (j, _) = judge::judge(
-            agent,
-            &inspect::build(ev),
-            &[],
-            &AgentHistory::default(),
-            now_ms,
-        );
-        let codes: Vec<_> = j.reasons.iter().map(|r| (r.code, r.verdict)).collect();
-        (j.verdict, codes)
-    };
-    let (v, codes) = verdict(&fallen);
-    assert_ne!(v, judge::Verdict::Healthy, "{codes:?}");
-    assert_eq!((v, codes), verdict(&on_purpose));
+    let (v, codes) = agent.verdict(&fallen);
+    assert_ne!(v, Verdict::Healthy, "{codes:?}");
+    assert_eq!((v, codes), agent.verdict(&on_purpose));
 }

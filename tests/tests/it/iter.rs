@@ -386,14 +386,9 @@ fn tree(root: u32) -> Vec<u32> {
 #[test]
 fn both_readers_give_the_same_evidence_and_judgement() {
     let _area = tests::area(module_path!());
-    use selfheal::inspect::{CollectOptions, Collector, Target};
-    use selfheal_core::{
-        config::Config,
-        inspect,
-        judge::{self, AgentHistory},
-        model::SocketRole,
-        proc::Detail,
-    };
+    use selfheal::inspect::{CollectOptions, Collector};
+    use selfheal_core::proc::Detail;
+    use tests::fixtures::{ProviderAgent, all_asleep};
     if !need_ebpf("iter::both_readers_give_the_same_evidence_and_judgement") {
         return;
     }
@@ -410,47 +405,9 @@ fn both_readers_give_the_same_evidence_and_judgement() {
     let agents = [fat.pid(), event_loop.pid(), limits.pid()];
     let pids: Vec<u32> = agents.iter().flat_map(|&p| tree(p)).collect();
 
-    let cfg = Config::parse(
-        &format!(
-            "[[agent]]\nname = \"both\"\nmatch = {{ pid = {} }}\n\
-             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
-             [agent.thresholds]\nsuspect_after = \"1s\"\n",
-            fat.pid()
-        ),
-        std::path::Path::new("both.toml"),
-    )
-    .expect("config");
-    let agent = &cfg.agents[0];
-    let target = || Target {
-        agent: Some("both".into()),
-        rule: format!("pid={}", fat.pid()),
-        roots: agents.to_vec(),
-        pids: pids.clone(),
-        problem: None,
-        upstream_of: Box::new(move |a| (a == provider).then_some((SocketRole::Provider, 0))),
-        upstreams: vec![addr.clone()],
-        containers: Vec::new(),
-        container_gaps: Vec::new(),
-    };
+    let agent = ProviderAgent::new("both", fat.pid(), provider, agents.to_vec(), pids.clone());
     // Every thread asleep, and silent past the provider's suspect_after.
-    let settled = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        let all_asleep = pids.iter().all(|&p| {
-            std::fs::read_dir(format!("/proc/{p}/task"))
-                .map(|ts| {
-                    ts.flatten().all(|t| {
-                        let stat =
-                            std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                        let state = stat
-                            .rsplit_once(')')
-                            .and_then(|(_, r)| r.trim().chars().next());
-                        matches!(state, Some('S' | 'Z'))
-                    })
-                })
-                .unwrap_or(false)
-        });
-        all_asleep.then_some(())
-    });
-    assert!(settled.is_some(), "the agents never settled asleep");
+    assert!(all_asleep(&pids), "the agents never settled asleep");
     std::thread::sleep(Duration::from_millis(1500));
 
     let opts = CollectOptions {
@@ -465,7 +422,7 @@ fn both_readers_give_the_same_evidence_and_judgement() {
             c.without_iterators("the procfs side of the comparison");
         }
         let began = std::time::Instant::now();
-        let ev = c.collect(&target());
+        let ev = c.collect(&agent.target());
         (ev, began)
     };
     let (by_iter, t0) = read(true);
@@ -522,17 +479,5 @@ fn both_readers_give_the_same_evidence_and_judgement() {
     };
     assert!(waiting(&by_iter) >= 6, "too few waits to compare");
 
-    let now_ms = selfheal::sys::clock::boot_ns() / 1_000_000;
-    let verdict = |ev: &selfheal_core::inspect::Evidence| {
-        let (j, _) = judge::judge(
-            agent,
-            &inspect::build(ev),
-            &[],
-            &AgentHistory::default(),
-            now_ms,
-        );
-        let codes: Vec<_> = j.reasons.iter().map(|r| (r.code, r.verdict)).collect();
-        (j.verdict, codes)
-    };
-    assert_eq!(verdict(&by_iter), verdict(&by_procfs));
+    assert_eq!(agent.verdict(&by_iter), agent.verdict(&by_procfs));
 }
