@@ -371,6 +371,30 @@ impl ProviderAgent {
         }
     }
 
+    /// Waits until every thread of the agent sleeps, then past its
+    /// `suspect_after`.
+    pub fn settle(&self) {
+        assert!(all_asleep(&self.pids), "the agents never settled asleep");
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+
+    /// Collects the agent at light detail without the tracer, by the task
+    /// iterators (loaded where none are pinned) or, given a reason, by
+    /// procfs on purpose.
+    pub fn collect(&self, procfs_because: Option<&str>) -> selfheal_core::inspect::Evidence {
+        let opts = selfheal::inspect::CollectOptions {
+            no_ebpf: true,
+            detail: selfheal_core::proc::Detail::Light,
+            load_iterators: true,
+            ..selfheal::inspect::CollectOptions::default()
+        };
+        let mut c = selfheal::inspect::Collector::new(&opts, &self.pids);
+        if let Some(why) = procfs_because {
+            c.without_iterators(why);
+        }
+        c.collect(&self.target())
+    }
+
     /// The judge's verdict on `ev` and each reason's code and verdict.
     pub fn verdict(
         &self,

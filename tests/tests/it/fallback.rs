@@ -24,9 +24,8 @@ fn lockdown() -> Option<String> {
 #[test]
 fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
     let _area = tests::area(module_path!());
-    use selfheal::inspect::{CollectOptions, Collector};
-    use selfheal_core::{judge::Verdict, proc::Detail};
-    use tests::fixtures::{ProviderAgent, all_asleep};
+    use selfheal_core::judge::Verdict;
+    use tests::fixtures::ProviderAgent;
     let name = "fallback::a_kernel_that_refuses_the_iterators_is_read_by_procfs";
     if !need_ebpf(name) {
         return;
@@ -57,19 +56,9 @@ fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
     let pids = vec![fat.pid()];
     let agent = ProviderAgent::new("locked", fat.pid(), provider, pids.clone(), pids.clone());
     // Every thread asleep in its receive, and silent past suspect_after.
-    assert!(all_asleep(&pids), "the agent never settled asleep");
-    std::thread::sleep(Duration::from_millis(1500));
-
-    let opts = CollectOptions {
-        no_ebpf: true,
-        detail: Detail::Light,
-        load_iterators: true,
-        ..CollectOptions::default()
-    };
-    let fallen = Collector::new(&opts, &pids).collect(&agent.target());
-    let mut on_purpose = Collector::new(&opts, &pids);
-    on_purpose.without_iterators("the procfs side of the comparison");
-    let on_purpose = on_purpose.collect(&agent.target());
+    agent.settle();
+    let fallen = agent.collect(None);
+    let on_purpose = agent.collect(Some("the procfs side of the comparison"));
 
     let c = &fallen.collection;
     assert_eq!((c.iterators, c.procfs), (0, 1), "{c:?}");

@@ -386,9 +386,7 @@ fn tree(root: u32) -> Vec<u32> {
 #[test]
 fn both_readers_give_the_same_evidence_and_judgement() {
     let _area = tests::area(module_path!());
-    use selfheal::inspect::{CollectOptions, Collector};
-    use selfheal_core::proc::Detail;
-    use tests::fixtures::{ProviderAgent, all_asleep};
+    use tests::fixtures::ProviderAgent;
     if !need_ebpf("iter::both_readers_give_the_same_evidence_and_judgement") {
         return;
     }
@@ -407,26 +405,13 @@ fn both_readers_give_the_same_evidence_and_judgement() {
 
     let agent = ProviderAgent::new("both", fat.pid(), provider, agents.to_vec(), pids.clone());
     // Every thread asleep, and silent past the provider's suspect_after.
-    assert!(all_asleep(&pids), "the agents never settled asleep");
-    std::thread::sleep(Duration::from_millis(1500));
-
-    let opts = CollectOptions {
-        no_ebpf: true,
-        detail: Detail::Light,
-        load_iterators: true,
-        ..CollectOptions::default()
-    };
-    let read = |iterators: bool| {
-        let mut c = Collector::new(&opts, &pids);
-        if !iterators {
-            c.without_iterators("the procfs side of the comparison");
-        }
+    agent.settle();
+    let read = |procfs_because| {
         let began = std::time::Instant::now();
-        let ev = c.collect(&agent.target());
-        (ev, began)
+        (agent.collect(procfs_because), began)
     };
-    let (by_iter, t0) = read(true);
-    let (by_procfs, t1) = read(false);
+    let (by_iter, t0) = read(None);
+    let (by_procfs, t1) = read(Some("the procfs side of the comparison"));
     let between = t1.duration_since(t0).as_millis() as u64 + 50;
 
     assert_eq!(by_iter.over_budget, None);
