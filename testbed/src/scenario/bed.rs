@@ -47,6 +47,9 @@ pub struct Options {
     /// snapshots) gets on top of this process's: which container runtimes
     /// it asks, for one.
     pub env: Vec<(&'static str, String)>,
+    /// Arguments every `selfheal check` the bed runs gets after its own:
+    /// `--no-iterators`, to run a scenario on the procfs reader.
+    pub check_args: Vec<&'static str>,
 }
 
 /// A testbed program, killed on drop.
@@ -418,7 +421,8 @@ impl Bed {
             .arg("--snapshot-dir")
             .arg(self.snapshot_dir())
             .arg("--helper")
-            .arg(self.helper_socket());
+            .arg(self.helper_socket())
+            .args(&self.opts.check_args);
         let out = cmd.output().context("cannot run selfheal check")?;
         let mut outcomes = Vec::new();
         for line in String::from_utf8_lossy(&out.stdout).lines() {

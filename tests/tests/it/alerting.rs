@@ -470,6 +470,7 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
         net: ((std::process::id() % 25) as u8) * 10 + 10,
         keep_snapshots: None,
         env: Vec::new(),
+        check_args: Vec::new(),
     };
     let mut bed = scenario::Bed::new(&opts, "alrt", Duration::from_secs(1)).expect("the testbed");
     bed.add_runner(scenario::RunnerSpec::new("runner", Mode::Blocking))

@@ -180,6 +180,7 @@ fn the_incident_in_a_docker_container_is_healed_by_the_socket_rung_same_containe
         net: n,
         keep_snapshots: None,
         env: only_docker(&scratch, &sock, "5s"),
+        check_args: Vec::new(),
     };
     let flag = scratch.join("flag");
     std::fs::create_dir_all(&flag).unwrap();

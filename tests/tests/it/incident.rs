@@ -28,6 +28,7 @@ fn options() -> Options {
         net: ((std::process::id() % 5) as u8) * 50 + k % 50 + 1,
         keep_snapshots: None,
         env: Vec::new(),
+        check_args: Vec::new(),
     }
 }
 
@@ -51,10 +52,13 @@ fn summary(r: &Report, name: &str) {
 }
 
 fn incident(mode: Mode, name: &'static str) {
+    incident_with(options(), mode, name);
+}
+
+fn incident_with(opts: Options, mode: Mode, name: &'static str) {
     if !need_root(name) {
         return;
     }
-    let opts = options();
     let r = scenario::incident(&opts, mode, true, &mut log(name)).expect("the scenario ran");
     summary(&r, name);
     let detect = r.detect_ms.expect("the half-open runner was found wedged");
@@ -259,15 +263,19 @@ fn fact_ms(r: &Report, key: &str) -> Option<u64> {
 /// keepalive goes unanswered, so `wedged`; the heal fails the caller's own
 /// call (same process) and its next call starts and completes.
 fn silent_cut(caller: Caller, name: &'static str) {
-    silent_cut_of(caller, None, name);
+    silent_cut_with(options(), caller, None, name);
 }
 
 fn silent_cut_of(caller: Caller, model: Option<&str>, name: &'static str) {
+    silent_cut_with(options(), caller, model, name);
+}
+
+fn silent_cut_with(opts: Options, caller: Caller, model: Option<&str>, name: &'static str) {
     if !need_root(name) {
         return;
     }
-    let r = scenario::silent_cut_of(&options(), caller, model, &mut log(name))
-        .expect("the scenario ran");
+    let r =
+        scenario::silent_cut_of(&opts, caller, model, &mut log(name)).expect("the scenario ran");
     summary(&r, name);
     eprintln!(
         "{name}: facts {}",
@@ -331,6 +339,35 @@ fn silent_cut_of(caller: Caller, model: Option<&str>, name: &'static str) {
 fn a_blocking_call_on_a_cut_provider_flow_is_proven_dead_and_fails() {
     let _area = tests::area(module_path!());
     silent_cut(Caller::Blocking, "silent_cut_blocking");
+}
+
+/// Options whose checks read every process from procfs (`check
+/// --no-iterators`), the reader of a kernel that refuses the task
+/// iterators: the scenarios below must end as on the iterators. (A
+/// check's outputs do not say which reader ran: its snapshots are full
+/// reads, which are procfs's either way.)
+fn on_procfs() -> Options {
+    Options {
+        check_args: vec!["--no-iterators"],
+        ..options()
+    }
+}
+
+#[test]
+fn the_incident_read_by_procfs_is_detected_and_healed_alike() {
+    let _area = tests::area(module_path!());
+    incident_with(on_procfs(), Mode::Blocking, "incident_blocking_procfs");
+}
+
+#[test]
+fn an_async_openai_call_read_by_procfs_is_proven_dead_and_fails_alike() {
+    let _area = tests::area(module_path!());
+    silent_cut_with(
+        on_procfs(),
+        Caller::AsyncOpenAi,
+        None,
+        "silent_cut_openai_async_procfs",
+    );
 }
 
 #[test]

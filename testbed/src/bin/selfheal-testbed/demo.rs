@@ -82,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         net: (std::process::id() % 250 + 1) as u8,
         keep_snapshots: args.keep_snapshots.clone(),
         env: Vec::new(),
+        check_args: Vec::new(),
     };
     let json = args.json;
     if !json {
@@ -120,6 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         testbed: opts.testbed.clone(),
         keep_snapshots: opts.keep_snapshots.as_ref().map(|d| d.join("event-loop")),
         env: opts.env.clone(),
+        check_args: opts.check_args.clone(),
         ..opts
     };
     let scene = match scenario::silent_cut(&scene_opts, Caller::AsyncOpenAi, &mut say) {
