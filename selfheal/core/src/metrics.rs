@@ -69,6 +69,10 @@ pub fn observe(c: &mut Counters, o: &Outcome) {
     }
 }
 
+/// The strategy label of eBPF evidence that came from the kernel's task
+/// iterators alone, with no receive tracer.
+pub const ITERATORS: &str = "iterators";
+
 /// Why a host has no eBPF evidence: a bounded set of label values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoEbpf {
@@ -121,6 +125,9 @@ impl CheckInfo {
         let strategy = outcomes.iter().find_map(|o| o.evidence.strategy);
         let ebpf = match strategy {
             Some(s) => Ok(s),
+            // No tracer (the helper as shipped runs none), but the kernel's
+            // task iterators read the threads and sockets.
+            None if outcomes.iter().any(|o| o.evidence.iterated > 0) => Ok(ITERATORS),
             None if !ebpf_built_in => Err(NoEbpf::NotBuiltIn),
             None if !helper_up => Err(NoEbpf::NoHelper),
             None if outcomes.iter().all(|o| o.evidence.processes == 0) => Err(NoEbpf::NoProcesses),

@@ -60,6 +60,8 @@ pub struct Evidence {
     pub strategy: Option<&'static str>,
     /// The agent's processes (0: none found).
     pub processes: usize,
+    /// Of those, the processes the kernel's task iterators read.
+    pub iterated: usize,
     /// Zombies in its tree.
     pub zombies: usize,
 }

@@ -100,6 +100,7 @@ pub(super) fn check_agent(
         evidence: Evidence {
             strategy: report.ebpf.strategy.map(|s| s.name()),
             processes: report.processes.len(),
+            iterated: report.collection.iterators,
             zombies: report.init.zombies,
         },
     };
@@ -178,6 +179,7 @@ fn over_budget(
         evidence: Evidence {
             strategy: partial.ebpf.strategy.map(|s| s.name()),
             processes: partial.processes.len(),
+            iterated: partial.collection.iterators,
             zombies: partial.init.zombies,
         },
     };

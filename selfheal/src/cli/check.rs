@@ -244,8 +244,9 @@ impl Session {
             dry_run: c.dry_run,
             only: c.agents.clone(),
             // A one-shot check attaches no tracer: receives that began before
-            // it would be invisible, and procfs times them. eBPF evidence
-            // arrives with the long-running helper.
+            // it would be invisible, and their threads' last run times them.
+            // The tracer's evidence comes from a helper started with
+            // --tracer.
             collect: selfheal::inspect::CollectOptions {
                 no_ebpf: true,
                 no_ebpf_why: Some(

@@ -84,4 +84,11 @@ fn the_shipped_helper_attaches_no_hook() {
     assert!(gaps.contains("the receive tracer is off"), "{gaps}");
     let text = std::fs::read_to_string(&metrics).expect("metrics written");
     assert!(text.contains("selfheal_helper_up 1\n"), "{text}");
+    // The task iterators read it (root links the pins): eBPF evidence,
+    // so the fleet's evidence alert does not fire for the shipped helper.
+    assert!(text.contains("selfheal_ebpf_up 1\n"), "{text}");
+    assert!(
+        text.contains("selfheal_ebpf_strategy_info{strategy=\"iterators\""),
+        "{text}"
+    );
 }

@@ -35,6 +35,7 @@ fn outcome(agent: &str, verdict: Verdict, reasons: &[&str]) -> Outcome {
         evidence: Evidence {
             strategy: None,
             processes: 1,
+            iterated: 0,
             zombies: 0,
         },
     }
@@ -312,6 +313,19 @@ fn no_ebpf_says_why_with_a_bounded_value() {
         assert!(t.contains("selfheal_ebpf_up 0\n"));
         assert!(t.contains("selfheal_helper_up 0\n"));
     }
+    // The helper as shipped runs no tracer: the task iterators' reads are
+    // the eBPF evidence, and the host is not degraded.
+    let mut iterated = outcome("a", Verdict::Healthy, &[]);
+    iterated.evidence.iterated = 1;
+    let i = CheckInfo::from_outcomes(std::slice::from_ref(&iterated), true, true, 1.0, 0.1);
+    assert_eq!(i.ebpf, Ok(ITERATORS));
+    let t = render(
+        std::slice::from_ref(&iterated),
+        &history_of(&[iterated.clone()]),
+        &i,
+    );
+    assert!(t.contains("selfheal_ebpf_strategy_info{strategy=\"iterators\",why_none=\"\"} 1\n"));
+    assert!(t.contains("selfheal_ebpf_up 1\n"));
     let mut with = outcome("a", Verdict::Healthy, &[]);
     with.evidence.strategy = Some("kprobe");
     assert_eq!(
