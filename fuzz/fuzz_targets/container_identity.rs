@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use selfheal_core::{
     cgroup::{self, containers_in_path, containers_in_proc_cgroup},
-    runtime::{Glob, bundle, docker},
+    runtime::{self, Glob, bundle, docker},
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -21,7 +21,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(c.id.len(), 64, "{c:?}");
         assert!(c.id.bytes().all(|b| b.is_ascii_hexdigit()), "{c:?}");
         if let Some(uid) = &c.pod_uid {
-            assert_eq!(uid.len(), 36, "{c:?}");
+            // A UUID, or a static pod's 32-hex hash.
+            assert!(matches!(uid.len(), 32 | 36), "{c:?}");
         }
     }
     // Units and their managers, from the root and from PID 1's path.
@@ -43,7 +44,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = docker::parse_state(body);
     let _ = docker::parse_answer(data, &[200, 204]);
-    let _ = bundle::parse_config(&"a".repeat(64), data);
+    if let Ok(c) = bundle::parse_config(&"a".repeat(64), data) {
+        // Only the CRI's pod, and taken only where the cgroup's uid is its.
+        let _ = runtime::confirm_pod(&c.pod, text.lines().next());
+    }
     // The first line as a pattern over the rest.
     if let Some((pattern, rest)) = text.split_once('\n') {
         let _ = Glob(pattern.to_string()).matches(rest);

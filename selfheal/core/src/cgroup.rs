@@ -367,14 +367,16 @@ pub fn is_id(s: &str) -> bool {
 }
 
 /// The pod uid of `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid_>.slice`
-/// (systemd, where the uid's dashes are underscores).
+/// (systemd, where the uid's dashes are underscores): a UUID, or the 32 hex
+/// digits of a static pod's (the kubelet's hash of its manifest), in lower
+/// case.
 fn pod_uid_of(c: &str) -> Option<String> {
     let rest = match c.strip_suffix(".slice") {
         Some(slice) => &slice[slice.rfind("-pod")? + 4..],
         None => c.strip_prefix("pod")?,
     };
     let uid = rest.replace('_', "-");
-    let ok = uid.len() == 36
+    let uuid = uid.len() == 36
         && uid.bytes().enumerate().all(|(i, b)| {
             if matches!(i, 8 | 13 | 18 | 23) {
                 b == b'-'
@@ -382,7 +384,8 @@ fn pod_uid_of(c: &str) -> Option<String> {
                 b.is_ascii_hexdigit()
             }
         });
-    ok.then(|| uid.to_ascii_lowercase())
+    let hash = uid.len() == 32 && uid.bytes().all(|b| b.is_ascii_hexdigit());
+    (uuid || hash).then(|| uid.to_ascii_lowercase())
 }
 
 /// The cgroup path in the text of `/proc/PID/cgroup`: the unified (v2)
@@ -416,8 +419,20 @@ pub fn in_unit(path: &str, unit: &str) -> bool {
 pub fn containers_for(text: &str, euid: u32) -> Vec<CgroupContainer> {
     containers_in_proc_cgroup(text)
         .into_iter()
-        .take_while(|c| c.user.is_none() || (euid != 0 && c.user == Some(euid)))
+        .take_while(|c| c.speaks_for(euid))
         .collect()
+}
+
+impl CgroupContainer {
+    /// Whether `euid`'s runtimes may speak for this container: a system
+    /// container (no [`CgroupContainer::user`]) root's or any user's; one
+    /// in a user's delegated tree only that user's own, never root's.
+    pub fn speaks_for(&self, euid: u32) -> bool {
+        match self.user {
+            None => true,
+            Some(user) => euid != 0 && user == euid,
+        }
+    }
 }
 
 #[cfg(test)]

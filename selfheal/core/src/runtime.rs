@@ -60,6 +60,10 @@ pub struct Identity {
     /// Whether a runtime answered for it (else only the cgroup spoke).
     #[serde(skip)]
     pub resolved: bool,
+    /// Why the pod its runtime named is not taken ([`confirm_pod`]): the
+    /// container then has no `pod` or `namespace`.
+    #[serde(skip)]
+    pub pod_refused: Option<String>,
 }
 
 impl Identity {
@@ -91,6 +95,9 @@ impl Identity {
             )),
             (None, Some(p)) => s.push_str(&format!(", pod {}", crate::text::escape(p))),
             _ => {}
+        }
+        if let Some(why) = &self.pod_refused {
+            s.push_str(&format!(", no pod: {why}"));
         }
         if !self.resolved {
             s.push_str(", no runtime answered for it");
@@ -216,10 +223,159 @@ pub struct ContainerInfo {
     /// Without Docker's leading `/`.
     pub name: Option<String>,
     pub image: Option<String>,
-    /// Labels (Docker, Podman) or OCI annotations (containerd bundles).
+    /// Labels (Docker, Podman), or the OCI annotations of a containerd
+    /// bundle that its maker wrote (for a bundle the CRI made, only the
+    /// CRI's own keys: [`bundle`]).
     pub labels: BTreeMap<String, String>,
+    /// The pod the runtime says the container is in, from the keys that
+    /// runtime itself writes (not yet confirmed: [`confirm_pod`]).
+    pub pod: PodClaim,
     /// The container's init process as the runtime reports it (`State.Pid`
     /// for Docker and Podman, the task's `init.pid` for containerd), in the
     /// runtime's pid namespace; `None` where it reported none.
     pub init_pid: Option<u32>,
+}
+
+/// A container's pod as its runtime wrote it: for containerd's CRI its
+/// `io.kubernetes.cri.sandbox-*` annotations, for the kubelet through
+/// Docker (cri-dockerd) its `io.kubernetes.pod.*` labels. Not yet a pod:
+/// [`confirm_pod`] holds it against the container's cgroup.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodClaim {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub uid: Option<String>,
+}
+
+impl PodClaim {
+    /// From `labels`, under the keys `namespace`, `name`, `uid` (an empty
+    /// value is none).
+    pub fn from_labels(
+        labels: &BTreeMap<String, String>,
+        [namespace, name, uid]: [&str; 3],
+    ) -> PodClaim {
+        let get = |k: &str| labels.get(k).filter(|v| !v.is_empty()).cloned();
+        PodClaim {
+            namespace: get(namespace),
+            name: get(name),
+            uid: get(uid),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.namespace.is_none() && self.name.is_none() && self.uid.is_none()
+    }
+
+    /// `NS/NAME` (`?` for what is missing), escaped, for messages.
+    fn describe(&self) -> String {
+        let part = |v: &Option<String>| v.as_deref().map_or("?".into(), crate::text::escape);
+        format!("{}/{}", part(&self.namespace), part(&self.name))
+    }
+}
+
+/// The pod a container is taken for: its runtime's `claim` where the uid it
+/// names is the pod of the container's own cgroup (`cgroup_uid`, from the
+/// kubelet's `pod<uid>` cgroup that only root makes,
+/// [`crate::cgroup::CgroupContainer::pod_uid`]); `Ok(None)` where the
+/// runtime names no pod; an error saying why where the two disagree or
+/// either is missing (the container then has no pod).
+pub fn confirm_pod(claim: &PodClaim, cgroup_uid: Option<&str>) -> Result<Option<PodClaim>, String> {
+    if claim.is_empty() {
+        return Ok(None);
+    }
+    let pod = claim.describe();
+    let Some(uid) = &claim.uid else {
+        return Err(format!(
+            "its runtime names pod {pod} without its uid, so its cgroup cannot confirm it"
+        ));
+    };
+    let Some(cgroup_uid) = cgroup_uid else {
+        return Err(format!(
+            "its runtime names pod {pod} (uid {}), but its cgroup is in no pod's",
+            crate::text::escape(uid)
+        ));
+    };
+    if !uid.eq_ignore_ascii_case(cgroup_uid) {
+        return Err(format!(
+            "its runtime names pod {pod} with uid {}, but its cgroup is pod {cgroup_uid}'s",
+            crate::text::escape(uid)
+        ));
+    }
+    Ok(Some(claim.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "5c1b4b8e-2f0e-4a57-9d7a-0d6a1c3e9b11";
+    const OTHER: &str = "0d6a1c3e-9b11-4a57-9d7a-5c1b4b8e2f0e";
+
+    fn claim(ns: Option<&str>, name: Option<&str>, uid: Option<&str>) -> PodClaim {
+        PodClaim {
+            namespace: ns.map(str::to_string),
+            name: name.map(str::to_string),
+            uid: uid.map(str::to_string),
+        }
+    }
+
+    /// A runtime's pod is taken only where its uid is the pod of the
+    /// container's own cgroup; every other case says why it is not.
+    #[test]
+    fn a_pod_is_confirmed_by_its_cgroup() {
+        let honest = claim(Some("agents"), Some("runner-0"), Some(UID));
+        assert_eq!(confirm_pod(&honest, Some(UID)), Ok(Some(honest.clone())));
+        // Runtimes write the uid as the API server gave it; the cgroup's is
+        // lower case.
+        let upper = claim(Some("agents"), Some("runner-0"), Some(&UID.to_uppercase()));
+        assert!(confirm_pod(&upper, Some(UID)).unwrap().is_some());
+        // Static pods' uids are 32 hex digits.
+        let hash = "0123456789abcdef0123456789abcdef";
+        let static_pod = claim(Some("kube-system"), Some("runner-node1"), Some(hash));
+        assert!(confirm_pod(&static_pod, Some(hash)).unwrap().is_some());
+        assert_eq!(confirm_pod(&PodClaim::default(), Some(UID)), Ok(None));
+        assert_eq!(confirm_pod(&PodClaim::default(), None), Ok(None));
+        for (c, cgroup, why) in [
+            (
+                claim(Some("agents"), Some("runner-1"), Some(OTHER)),
+                Some(UID),
+                format!(
+                    "its runtime names pod agents/runner-1 with uid {OTHER}, but its cgroup is pod {UID}'s"
+                ),
+            ),
+            (
+                claim(Some("agents"), Some("runner-1"), Some(UID)),
+                None,
+                format!("its runtime names pod agents/runner-1 (uid {UID}), but its cgroup is in no pod's"),
+            ),
+            (
+                claim(Some("agents"), Some("runner-1"), None),
+                Some(UID),
+                "its runtime names pod agents/runner-1 without its uid, so its cgroup cannot confirm it"
+                    .to_string(),
+            ),
+            (
+                claim(None, Some("run\u{1b}ner"), Some(UID)),
+                Some(OTHER),
+                format!(
+                    "its runtime names pod ?/run\\u{{1b}}ner with uid {UID}, but its cgroup is pod {OTHER}'s"
+                ),
+            ),
+        ] {
+            assert_eq!(confirm_pod(&c, cgroup), Err(why), "{c:?} in {cgroup:?}");
+        }
+    }
+
+    #[test]
+    fn a_claim_from_labels_skips_empty_values() {
+        let labels: BTreeMap<String, String> = [
+            ("ns".to_string(), "agents".to_string()),
+            ("name".to_string(), String::new()),
+        ]
+        .into();
+        assert_eq!(
+            PodClaim::from_labels(&labels, ["ns", "name", "uid"]),
+            claim(Some("agents"), None, None)
+        );
+    }
 }

@@ -243,6 +243,16 @@ pub(super) fn by_container(table: &ProcessTable, rule: &ContainerRule) -> Matche
                 }
             }
             p.push(')');
+            let no_pod: Vec<&Identity> = ids.iter().filter(|i| i.pod_refused.is_some()).collect();
+            if let Some(first) = no_pod.first() {
+                p.push_str(&format!(
+                    "; {} container(s) are in no pod, though their runtime names one \
+                     (container {}: {})",
+                    no_pod.len(),
+                    first.short_id(),
+                    first.pod_refused.as_deref().unwrap_or_default()
+                ));
+            }
         }
         if let Some(first) = table.refused.values().next() {
             p.push_str(&format!(

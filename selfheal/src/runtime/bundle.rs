@@ -1,8 +1,10 @@
 //! containerd's tasks, from their OCI bundles: `config.json` under
 //! `STATE/io.containerd.runtime.v2.task/NAMESPACE/ID/`, whose annotations
-//! hold what the kubelet (through CRI) or `ctr --label/--annotation` gave
-//! the container: `io.kubernetes.pod.name`, `…pod.namespace`, `…pod.uid`,
-//! `io.kubernetes.cri.sandbox-name`, `…container-name`, `…image-name`.
+//! hold what containerd's CRI (`io.kubernetes.cri.sandbox-name`,
+//! `…sandbox-namespace`, `…sandbox-uid`, `…container-name`, `…image-name`)
+//! or `ctr --label/--annotation` gave the container. Of a bundle the CRI
+//! made only the CRI's own keys are read: the rest may be its pod's
+//! author's ([`selfheal_core::runtime::bundle`] says why).
 //!
 //! Files on the runtime's state tmpfs, read without the containerd API
 //! (gRPC): what a node agent needs is there, read-only, and a containerd

@@ -11,7 +11,10 @@
 //!   `GET /containers/json` each ([`docker`]);
 //! - containerd: the OCI bundle of each task (`config.json` under
 //!   `SELFHEAL_CONTAINERD_STATE`, else `/run/containerd`), whose annotations
-//!   carry the kubelet's `io.kubernetes.*` identity ([`bundle`]).
+//!   carry the CRI's `io.kubernetes.cri.*` identity ([`bundle`]).
+//!
+//! A pod is only what the runtime itself wrote, and only where its uid is
+//! the pod of the container's own cgroup ([`Inventory::identity`]).
 //!
 //! Architecture invariant: a runtime that is absent, hangs, refuses or
 //! answers garbage is a gap in words, never an error or a wait past
@@ -22,7 +25,7 @@ pub mod docker;
 pub mod restart;
 
 use selfheal_core::cgroup::CgroupContainer;
-use selfheal_core::runtime::{Identity, Runtime};
+use selfheal_core::runtime::{Identity, Runtime, confirm_pod};
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
@@ -30,14 +33,6 @@ use std::{
 };
 
 use selfheal_core::runtime::ContainerInfo;
-
-/// The Kubernetes label (or CRI annotation) names of a pod's identity.
-const POD_NAME: &[&str] = &["io.kubernetes.pod.name", "io.kubernetes.cri.sandbox-name"];
-const POD_NAMESPACE: &[&str] = &[
-    "io.kubernetes.pod.namespace",
-    "io.kubernetes.cri.sandbox-namespace",
-];
-const POD_UID: &[&str] = &["io.kubernetes.pod.uid", "io.kubernetes.cri.sandbox-uid"];
 
 /// Where the runtimes are, and how long each may take.
 #[derive(Clone, Debug)]
@@ -115,6 +110,10 @@ pub struct SourceError {
 pub struct Inventory {
     by_id: HashMap<String, (Runtime, ContainerInfo)>,
     pub errors: Vec<SourceError>,
+    /// Whose runtimes were asked: 0 the system's (root's check), else that
+    /// user's own (rootless Podman): which containers they speak for
+    /// ([`CgroupContainer::speaks_for`]).
+    euid: u32,
 }
 
 impl Inventory {
@@ -122,7 +121,7 @@ impl Inventory {
     /// `sources.timeout`) for their running containers, and containerd's
     /// bundles for the ids in `wanted` no API answered for.
     pub fn read(sources: &Sources, wanted: &[CgroupContainer]) -> Inventory {
-        let mut inv = Inventory::default();
+        let mut inv = Inventory::default().for_user(crate::sys::creds::euid());
         let apis = [
             (Runtime::Docker, &sources.docker),
             (Runtime::Podman, &sources.podman),
@@ -234,7 +233,8 @@ impl Inventory {
         }
     }
 
-    /// An inventory of the given containers (for fixtures).
+    /// An inventory of the given containers (for fixtures), from the
+    /// system's runtimes.
     pub fn from_containers(containers: Vec<(Runtime, ContainerInfo)>) -> Inventory {
         Inventory {
             by_id: containers
@@ -242,7 +242,14 @@ impl Inventory {
                 .map(|(rt, c)| (c.id.clone(), (rt, c)))
                 .collect(),
             errors: Vec::new(),
+            euid: 0,
         }
+    }
+
+    /// The same answers, as `euid`'s runtimes gave them (0: the system's).
+    pub fn for_user(mut self, euid: u32) -> Inventory {
+        self.euid = euid;
+        self
     }
 
     /// The init pid the runtime reported for container `id`: `None` when no
@@ -252,9 +259,20 @@ impl Inventory {
     }
 
     /// The identity of a process in the containers `chain` (outermost
-    /// first): the innermost one a runtime knows, else the innermost.
-    /// `None` for an empty chain.
+    /// first) that these runtimes speak for (the chain up to the first
+    /// container in a user's delegated tree other than their own user's:
+    /// for the system's runtimes, up to any user's): the innermost of those
+    /// a runtime knows, else the innermost. `None` when there is none.
+    ///
+    /// Its pod is the one its runtime names only where the uid is its
+    /// cgroup's pod ([`confirm_pod`]); else it has none, and says why
+    /// ([`Identity::pod_refused`]).
     pub fn identity(&self, chain: &[CgroupContainer]) -> Option<Identity> {
+        let ours = chain
+            .iter()
+            .position(|c| !c.speaks_for(self.euid))
+            .unwrap_or(chain.len());
+        let chain = &chain[..ours];
         let known = chain.iter().rev().find(|c| self.by_id.contains_key(&c.id));
         let c = known.or_else(|| chain.last())?;
         let mut id = Identity {
@@ -267,20 +285,19 @@ impl Inventory {
             pod_uid: c.pod_uid.clone(),
             labels: BTreeMap::new(),
             resolved: false,
+            pod_refused: None,
         };
         if let Some((rt, info)) = self.by_id.get(&c.id) {
-            let label = |keys: &[&str]| {
-                keys.iter()
-                    .find_map(|k| info.labels.get(*k))
-                    .filter(|v| !v.is_empty())
-                    .cloned()
-            };
             id.runtime = *rt;
             id.name = info.name.clone();
             id.image = info.image.clone();
-            id.pod = label(POD_NAME);
-            id.namespace = label(POD_NAMESPACE);
-            id.pod_uid = label(POD_UID).or(id.pod_uid);
+            match confirm_pod(&info.pod, c.pod_uid.as_deref()) {
+                Ok(pod) => {
+                    id.pod = pod.as_ref().and_then(|p| p.name.clone());
+                    id.namespace = pod.and_then(|p| p.namespace);
+                }
+                Err(why) => id.pod_refused = Some(why),
+            }
             id.labels = info.labels.clone();
             id.resolved = true;
         }
@@ -337,7 +354,7 @@ impl Inventory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use selfheal_core::runtime::{ContainerRule, Glob};
+    use selfheal_core::runtime::{ContainerRule, Glob, PodClaim};
 
     #[test]
     fn globs() {
@@ -365,31 +382,41 @@ mod tests {
     }
 
     /// The identity of the one container `info` of `runtime`, found from
-    /// a cgroup that names it as `seen` (by id alone).
-    fn identity_of(runtime: Runtime, info: ContainerInfo, seen: Runtime) -> Identity {
+    /// a cgroup that names it as `seen` (by id alone), in pod `pod_uid`'s
+    /// cgroup where given.
+    fn identity_of(
+        runtime: Runtime,
+        info: ContainerInfo,
+        seen: Runtime,
+        pod_uid: Option<&str>,
+    ) -> Identity {
         let id = info.id.clone();
         Inventory::from_containers(vec![(runtime, info)])
             .identity(&[CgroupContainer {
                 runtime: seen,
                 id,
-                pod_uid: None,
+                pod_uid: pod_uid.map(str::to_string),
                 user: None,
             }])
             .unwrap()
     }
 
+    const POD_UID: &str = "5c1b4b8e-2f0e-4a57-9d7a-0d6a1c3e9b11";
+
     fn ident(labels: &[(&str, &str)]) -> Identity {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let info = ContainerInfo {
             id: "a".repeat(64),
             name: Some("runner-1".into()),
             image: Some("shtest:1".into()),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            pod: PodClaim::from_labels(&labels, selfheal_core::runtime::docker::KUBELET_POD),
+            labels,
             init_pid: None,
         };
-        identity_of(Runtime::Docker, info, Runtime::Unknown)
+        identity_of(Runtime::Docker, info, Runtime::Unknown, Some(POD_UID))
     }
 
     #[test]
@@ -398,6 +425,7 @@ mod tests {
             ("app", "runner"),
             ("io.kubernetes.pod.name", "runner-0"),
             ("io.kubernetes.pod.namespace", "agents"),
+            ("io.kubernetes.pod.uid", POD_UID),
             ("quoted", "a\"b\nc"),
         ]);
         assert_eq!(id.runtime, Runtime::Docker);
@@ -512,6 +540,7 @@ mod tests {
                     image: Some("img:1".into()),
                     labels: [("app".to_string(), "runner".to_string())].into(),
                     init_pid: Some(11),
+                    ..Default::default()
                 },
             ),
             (
@@ -522,6 +551,7 @@ mod tests {
                     image: None,
                     labels: BTreeMap::new(),
                     init_pid: Some(21),
+                    ..Default::default()
                 },
             ),
         ]));
@@ -640,20 +670,169 @@ mod tests {
         assert!(t.refusals(&[11]).is_empty());
     }
 
+    /// The shipped ConfigMap's rule.
+    fn runners() -> ContainerRule {
+        ContainerRule {
+            namespace: Some(Glob("agents".into())),
+            pod: Some(Glob("runner-*".into())),
+            ..Default::default()
+        }
+    }
+
+    /// A pod's container bundle as containerd's CRI writes it: the pod's
+    /// passed-through annotations `extra`, then its own keys.
+    fn cri_bundle(id: &str, ns: &str, pod: &str, uid: &str, extra: &str) -> ContainerInfo {
+        let json = format!(
+            r#"{{"annotations":{{{extra}"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-namespace":"{ns}","io.kubernetes.cri.sandbox-name":"{pod}","io.kubernetes.cri.sandbox-uid":"{uid}","io.kubernetes.cri.container-name":"runner"}}}}"#
+        );
+        selfheal_core::runtime::bundle::parse_config(id, json.as_bytes()).unwrap()
+    }
+
+    fn in_pod(id: &str, uid: &str) -> CgroupContainer {
+        CgroupContainer {
+            runtime: Runtime::Containerd,
+            id: id.to_string(),
+            pod_uid: Some(uid.to_string()),
+            user: None,
+        }
+    }
+
+    /// A tenant's pod `tenant/evil-0` whose own annotations (passed into
+    /// its bundle) say `agents/runner-1` is `tenant/evil-0`, and never
+    /// the ConfigMap's runner; the honest runner is.
+    #[test]
+    fn a_pod_is_what_the_cri_wrote_not_its_authors_annotations() {
+        let (evil, honest) = ("e".repeat(64), "a".repeat(64));
+        let other_uid = "0d6a1c3e-9b11-4a57-9d7a-5c1b4b8e2f0e";
+        let inv = Inventory::from_containers(vec![
+            (
+                Runtime::Containerd,
+                cri_bundle(
+                    &evil,
+                    "tenant",
+                    "evil-0",
+                    POD_UID,
+                    r#""io.kubernetes.pod.namespace":"agents","io.kubernetes.pod.name":"runner-1","io.kubernetes.pod.uid":"0d6a1c3e-9b11-4a57-9d7a-5c1b4b8e2f0e","#,
+                ),
+            ),
+            (
+                Runtime::Containerd,
+                cri_bundle(&honest, "agents", "runner-0", other_uid, ""),
+            ),
+        ]);
+        let e = inv.identity(&[in_pod(&evil, POD_UID)]).unwrap();
+        assert_eq!(
+            (
+                e.namespace.as_deref(),
+                e.pod.as_deref(),
+                e.pod_refused.as_deref()
+            ),
+            (Some("tenant"), Some("evil-0"), None)
+        );
+        assert!(!runners().matches(&e));
+        assert!(!e.labels.contains_key("io.kubernetes.pod.name"), "{e:?}");
+        let h = inv.identity(&[in_pod(&honest, other_uid)]).unwrap();
+        assert!(runners().matches(&h), "{h:?}");
+    }
+
+    /// A bundle whose sandbox uid is not its cgroup's pod (or whose cgroup
+    /// is in no pod) has no pod, and says why.
+    #[test]
+    fn a_pod_its_cgroup_does_not_confirm_is_none() {
+        let id = "a".repeat(64);
+        let other_uid = "0d6a1c3e-9b11-4a57-9d7a-5c1b4b8e2f0e";
+        let inv = Inventory::from_containers(vec![(
+            Runtime::Containerd,
+            cri_bundle(&id, "agents", "runner-0", POD_UID, ""),
+        )]);
+        let mut in_no_pod = in_pod(&id, POD_UID);
+        in_no_pod.pod_uid = None;
+        for (c, why) in [
+            (
+                in_pod(&id, other_uid),
+                format!(
+                    "its runtime names pod agents/runner-0 with uid {POD_UID}, but its cgroup is pod {other_uid}'s"
+                ),
+            ),
+            (
+                in_no_pod,
+                format!(
+                    "its runtime names pod agents/runner-0 (uid {POD_UID}), but its cgroup is in no pod's"
+                ),
+            ),
+        ] {
+            let i = inv.identity(std::slice::from_ref(&c)).unwrap();
+            assert_eq!((i.pod.as_deref(), i.namespace.as_deref()), (None, None));
+            assert_eq!(i.pod_refused.as_deref(), Some(why.as_str()));
+            assert!(!runners().matches(&i));
+            assert!(
+                i.describe().ends_with(&format!(", no pod: {why})")),
+                "{}",
+                i.describe()
+            );
+            // Still the runtime's container, by name.
+            assert_eq!(i.name.as_deref(), Some("runner"));
+        }
+    }
+
+    /// A container in a user's delegated tree is never the system runtime's,
+    /// whatever the system runtime lists under its id (a host-pid
+    /// container's, say): `identity` itself refuses it, and what is nested
+    /// in it, to root's inventory; the user's own inventory takes it.
+    #[test]
+    fn a_users_container_has_no_identity_from_the_systems_runtimes() {
+        let a = "a".repeat(64);
+        let b = "b".repeat(64);
+        let listed = |id: &str| {
+            (
+                Runtime::Docker,
+                ContainerInfo {
+                    id: id.to_string(),
+                    name: Some("host-pid".into()),
+                    init_pid: Some(1),
+                    ..Default::default()
+                },
+            )
+        };
+        let rootless = |id: &str, user| CgroupContainer {
+            runtime: Runtime::Docker,
+            id: id.to_string(),
+            pod_uid: None,
+            user,
+        };
+        let system = Inventory::from_containers(vec![listed(&a), listed(&b)]);
+        assert_eq!(system.identity(&[rootless(&a, Some(1000))]), None);
+        assert_eq!(
+            system.identity(&[rootless(&a, Some(1000)), rootless(&b, Some(1000))]),
+            None
+        );
+        assert!(system.identities_of(&[rootless(&a, Some(1000))]).is_empty());
+        // A system container with a user's nested in it: the system one.
+        let outer = system
+            .identity(&[rootless(&b, None), rootless(&a, Some(1000))])
+            .unwrap();
+        assert_eq!(outer.id, b);
+        // Another user's runtimes: not theirs either; their own: theirs.
+        let users = |uid| Inventory::from_containers(vec![listed(&a)]).for_user(uid);
+        assert_eq!(users(1001).identity(&[rootless(&a, Some(1000))]), None);
+        let own = users(1000).identity(&[rootless(&a, Some(1000))]).unwrap();
+        assert!(own.resolved && own.name.as_deref() == Some("host-pid"));
+    }
+
     #[test]
     fn describe_escapes_what_a_runtime_said() {
         let info = ContainerInfo {
             id: "c".repeat(64),
             name: Some("run\u{1b}[31mner".into()),
             image: Some("img\n:1".into()),
-            labels: [
-                ("io.kubernetes.pod.name".to_string(), "p\rod".to_string()),
-                ("io.kubernetes.pod.namespace".to_string(), "ns".to_string()),
-            ]
-            .into(),
-            init_pid: None,
+            pod: PodClaim {
+                namespace: Some("ns".into()),
+                name: Some("p\rod".into()),
+                uid: Some(POD_UID.into()),
+            },
+            ..Default::default()
         };
-        let id = identity_of(Runtime::Containerd, info, Runtime::Cri);
+        let id = identity_of(Runtime::Containerd, info, Runtime::Cri, Some(POD_UID));
         assert_eq!(
             id.describe(),
             "run\\u{1b}[31mner (cccccccccccc, containerd, image img\\n:1, pod ns/p\\rod)"

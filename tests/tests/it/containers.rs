@@ -516,16 +516,20 @@ fn a_containerd_task_with_kubelet_labels_is_matched_by_pod_and_namespace() {
     let pod_uid = format!("5e1f0000-0000-4000-8000-{:012x}", std::process::id());
     let pod_cgroup = format!("/kubepods/besteffort/pod{pod_uid}");
     let pod = format!("runner-{}", std::process::id());
-    // What the kubelet gives a pod's container (here through ctr, with the
-    // cgroup path the kubelet's cgroupfs driver would choose).
+    // What containerd's CRI writes in a pod's container's bundle (here
+    // through ctr, with the cgroup path the kubelet's cgroupfs driver would
+    // choose).
     let started = run_ok(
         ctr()
             .args(["run", "-d", "--cgroup"])
             .arg(format!("{pod_cgroup}/{id}"))
-            .args(["--label", &format!("io.kubernetes.pod.name={pod}")])
-            .args(["--label", "io.kubernetes.pod.namespace=agents"])
-            .args(["--label", &format!("io.kubernetes.pod.uid={pod_uid}")])
-            .args(["--label", "io.kubernetes.container.name=runner"])
+            .args(["--label", &format!("io.kubernetes.cri.sandbox-name={pod}")])
+            .args(["--label", "io.kubernetes.cri.sandbox-namespace=agents"])
+            .args([
+                "--label",
+                &format!("io.kubernetes.cri.sandbox-uid={pod_uid}"),
+            ])
+            .args(["--label", "io.kubernetes.cri.container-name=runner"])
             .arg("--rootfs")
             .arg(scratch.join("rootfs"))
             .arg(&id)

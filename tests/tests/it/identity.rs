@@ -379,6 +379,37 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
     rethrow(result);
 }
 
+/// The shipped ConfigMap's `match` line.
+fn configmap_rule() -> String {
+    let configmap = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/kubernetes/configmap.yaml"),
+    )
+    .unwrap();
+    configmap
+        .lines()
+        .find(|l| l.trim_start().starts_with("match = {"))
+        .expect("the ConfigMap's match rule")
+        .trim()
+        .to_string()
+}
+
+/// The environment of a check whose only runtime is containerd's state
+/// directory `state` (Docker's and Podman's sockets absent).
+fn containerd_only(scratch: &Scratch, state: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "DOCKER_HOST",
+            format!("unix://{}", scratch.join("no-docker.sock").display()),
+        ),
+        (
+            "CONTAINER_HOST",
+            format!("unix://{}", scratch.join("no-podman.sock").display()),
+        ),
+        ("SELFHEAL_CONTAINERD_STATE", state.display().to_string()),
+        ("SELFHEAL_RUNTIME_TIMEOUT", "2s".to_string()),
+    ]
+}
+
 /// A pod's cgroup shape (`kubepods-besteffort-pod<uid>.slice/
 /// cri-containerd-<id>.scope`) in a user's tree, for a task containerd
 /// knows (its OCI bundle with the kubelet's labels, as the shipped
@@ -417,16 +448,7 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
     // The task's init as containerd would record it: the forged process
     // itself (the most an attacker could hope for).
     std::fs::write(task.join("init.pid"), forged.pid().to_string()).unwrap();
-    let configmap = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/kubernetes/configmap.yaml"),
-    )
-    .unwrap();
-    let rule = configmap
-        .lines()
-        .find(|l| l.trim_start().starts_with("match = {"))
-        .expect("the ConfigMap's match rule")
-        .trim()
-        .to_string();
+    let rule = configmap_rule();
     let config = tests::config_in(
         &scratch,
         format!(
@@ -434,23 +456,109 @@ fn a_pod_a_user_made_in_their_own_tree_is_not_the_pod() {
             forged.pid()
         ),
     );
-    let env = vec![
-        (
-            "DOCKER_HOST",
-            format!("unix://{}", scratch.join("no-docker.sock").display()),
-        ),
-        (
-            "CONTAINER_HOST",
-            format!("unix://{}", scratch.join("no-podman.sock").display()),
-        ),
-        ("SELFHEAL_CONTAINERD_STATE", state.display().to_string()),
-        ("SELFHEAL_RUNTIME_TIMEOUT", "2s".to_string()),
-    ];
+    let env = containerd_only(&scratch, &state);
     let report = config_check(&config, &env);
     assert_eq!(roots(&report, "pods"), Vec::<u32>::new(), "{report}");
     assert!(
         !section(&report, "forged").contains("container  "),
         "{report}"
+    );
+}
+
+/// A tenant's pod whose own annotations claim the runner's pod, as a
+/// runtime handler that passes pod annotations into the bundle
+/// (containerd's `pod_annotations`) writes them: its container is
+/// `tenant/evil-0`, as the CRI's keys say, and never joins the shipped
+/// ConfigMap's agent, while the honest runner beside it does. A bundle
+/// whose sandbox uid is not its cgroup's pod has no pod, and says why.
+/// Each in a pod cgroup root made, in the kubelet's systemd shape.
+#[test]
+fn a_pods_own_annotations_do_not_make_it_the_runners_pod() {
+    let _area = tests::area(module_path!());
+    const TEST: &str = "a_pods_own_annotations_do_not_make_it_the_runners_pod";
+    if !need_root(TEST) {
+        return;
+    }
+    let scratch = Scratch::new("ident-podann");
+    let state = scratch.join("containerd");
+    let tasks = state.join("io.containerd.runtime.v2.task/k8s.io");
+    let pid = std::process::id();
+    // (pod namespace/name, sandbox uid in the bundle, the pod cgroup's
+    // uid, the pod's own passed-through annotations)
+    let evil_uid = format!("e7e70000-0000-4000-8000-{pid:012x}");
+    let runner_uid = format!("a9e70000-0000-4000-8000-{pid:012x}");
+    let other_uid = format!("0c4e0000-0000-4000-8000-{pid:012x}");
+    let passed = r#""io.kubernetes.pod.namespace":"agents","io.kubernetes.pod.name":"runner-1","io.kubernetes.container.name":"runner","#;
+    let pods = [
+        ("tenant", "evil-0", &evil_uid, &evil_uid, passed),
+        ("agents", "runner-0", &runner_uid, &runner_uid, ""),
+        ("agents", "runner-2", &runner_uid, &other_uid, ""),
+    ];
+    let mut placed = Vec::new();
+    for (i, (ns, name, uid, cgroup_uid, extra)) in pods.iter().enumerate() {
+        let id = format!("{:0>64}", format!("1dea{i}{pid:x}"));
+        let task = tasks.join(&id);
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(
+            task.join("config.json"),
+            format!(
+                r#"{{"ociVersion":"1.0.2","annotations":{{{extra}"io.kubernetes.cri.container-type":"container","io.kubernetes.cri.sandbox-id":"{}","io.kubernetes.cri.sandbox-namespace":"{ns}","io.kubernetes.cri.sandbox-name":"{name}","io.kubernetes.cri.sandbox-uid":"{uid}","io.kubernetes.cri.container-name":"runner","io.kubernetes.cri.image-name":"reg/runner:1"}}}}"#,
+                "5".repeat(64)
+            ),
+        )
+        .unwrap();
+        // Each its own kubepods root, so each removes all it made.
+        let kubepods = format!("selfheal-ident-{pid}-{i}-kubepods");
+        let p = match Placed::start(
+            &format!(
+                "{kubepods}.slice/{kubepods}-besteffort.slice/{kubepods}-besteffort-pod{}.slice/cri-containerd-{id}.scope",
+                cgroup_uid.replace('-', "_")
+            ),
+            Some(ATTACKER),
+        ) {
+            Ok(p) => p,
+            Err(e) => return skip(TEST, &format!("cannot make the pod's cgroup: {e}")),
+        };
+        std::fs::write(task.join("init.pid"), p.pid().to_string()).unwrap();
+        placed.push((id, p));
+    }
+    let rule = configmap_rule();
+    assert_eq!(
+        rule,
+        r#"match = { namespace = "agents", pod = "runner-*" }"#
+    );
+    let mut text = format!("[[agent]]\nname = \"pods\"\n{rule}\n");
+    for (i, (_, p)) in placed.iter().enumerate() {
+        text.push_str(&format!(
+            "\n[[agent]]\nname = \"p{i}\"\nmatch = {{ pid = {} }}\n",
+            p.pid()
+        ));
+    }
+    let env = containerd_only(&scratch, &state);
+    let report = check_config_text(&scratch.join("config.toml"), &text, &env);
+    assert_eq!(roots(&report, "pods"), [placed[1].1.pid()], "{report}");
+    let container = |i: usize| {
+        section(&report, &format!("p{i}"))
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("container  "))
+            .unwrap_or_else(|| panic!("p{i} has no container line: {report}"))
+            .to_string()
+    };
+    let short = |i: usize| placed[i].0[..12].to_string();
+    assert_eq!(
+        container(0),
+        format!(
+            "runner ({}, containerd, image reg/runner:1, pod tenant/evil-0)",
+            short(0)
+        )
+    );
+    assert_eq!(
+        container(2),
+        format!(
+            "runner ({}, containerd, image reg/runner:1, no pod: its runtime names pod \
+             agents/runner-2 with uid {runner_uid}, but its cgroup is pod {other_uid}'s)",
+            short(2)
+        )
     );
 }
 

@@ -126,6 +126,18 @@ fn shapes() {
         &[(Cri, A, Some(UID))],
     );
     check(&format!("/kubepods/pod{UID}/{A}"), &[(Cri, A, Some(UID))]);
+    // A static pod's uid: the kubelet's 32-hex hash of its manifest.
+    const HASH: &str = "0123456789abcdef0123456789abcdef";
+    check(
+        &format!("/kubepods/burstable/pod{HASH}/{A}"),
+        &[(Cri, A, Some(HASH))],
+    );
+    check(
+        &format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{HASH}.slice/cri-containerd-{A}.scope"
+        ),
+        &[(Containerd, A, Some(HASH))],
+    );
     check(
         &format!("/kubepods/burstable/pod{UID}/docker-{A}.scope"),
         &[(Docker, A, Some(UID))],
@@ -321,6 +333,9 @@ fn not_containers() {
         &format!("/docker/{}", A.to_ascii_uppercase()),
         &format!("/system.slice/docker-{A}.scopex"),
         "/kubepods/besteffort/podnotauid",
+        // 31 and 33 hex digits: neither a UUID nor a static pod's hash.
+        &format!("/kubepods/besteffort/pod{}/{A}", &A[..31]),
+        &format!("/kubepods/besteffort/pod{}/{A}", &A[..33]),
         "/kubepods.slice/kubepods-besteffort.slice",
         "//////",
         "/docker-\u{0}/\u{ffff}",
@@ -474,4 +489,10 @@ fn a_users_containers_are_that_users() {
     let text = format!("0::/system.slice/docker-{a}.scope\n");
     assert_eq!(containers_for(&text, 0).len(), 1);
     assert_eq!(containers_for(&text, 1000).len(), 1);
+    let system = &containers_in_path(&format!("/system.slice/docker-{a}.scope"))[0];
+    assert!(system.speaks_for(0) && system.speaks_for(1000));
+    let users = &containers_in_path(&format!(
+        "/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{a}.scope"
+    ))[0];
+    assert!(!users.speaks_for(0) && !users.speaks_for(1001) && users.speaks_for(1000));
 }

@@ -462,6 +462,7 @@ fn container(id: &str) -> crate::runtime::Identity {
         pod_uid: None,
         labels: BTreeMap::new(),
         resolved: true,
+        pod_refused: None,
     }
 }
 

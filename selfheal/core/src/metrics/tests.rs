@@ -151,6 +151,7 @@ fn hostile_label_values_keep_the_exposition_valid_for_promtool() {
         pod_uid: None,
         labels: Default::default(),
         resolved: true,
+        pod_refused: None,
     }];
     let outs = [o];
     let t = render(&outs, &history_of(&outs), &info());

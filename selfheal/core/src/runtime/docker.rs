@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use serde::Deserialize;
 
-use super::ContainerInfo;
+use super::{ContainerInfo, PodClaim};
 
 /// Largest answer read: a list of a few thousand containers.
 pub const MAX_ANSWER_BYTES: usize = 16 << 20;
@@ -126,6 +126,18 @@ pub fn parse_answer<'a>(answer: &'a [u8], ok: &[u16]) -> Result<&'a [u8], Error>
     Ok(body)
 }
 
+/// A pod's namespace, name and uid as the kubelet labels a pod's Docker
+/// container (through cri-dockerd). The labels of a Docker or Podman
+/// container are whoever created it through the API's (root, or the
+/// kubelet): cri-dockerd keeps a pod's annotations, the pod author's, under
+/// `annotation.<key>`, and the kubelet writes these keys after the pod's
+/// own labels, so a pod's author cannot write them.
+pub const KUBELET_POD: [&str; 3] = [
+    "io.kubernetes.pod.namespace",
+    "io.kubernetes.pod.name",
+    "io.kubernetes.pod.uid",
+];
+
 #[derive(Deserialize)]
 struct Listed {
     #[serde(rename = "Id")]
@@ -163,6 +175,11 @@ pub fn parse_list(body: &[u8]) -> Result<Vec<ContainerInfo>, Error> {
                     .next()
                     .map(|n| n.strip_prefix('/').unwrap_or(&n).to_string()),
                 image: l.image.filter(|i| !i.is_empty()),
+                pod: l
+                    .labels
+                    .as_ref()
+                    .map(|labels| PodClaim::from_labels(labels, KUBELET_POD))
+                    .unwrap_or_default(),
                 labels: l.labels.unwrap_or_default(),
                 init_pid: None,
             })
@@ -176,6 +193,27 @@ mod tests {
     use crate::fixture::assert_all_rejected;
 
     const ID: &str = "ac71a600e8e6906ba7b18907acbb0c3d42386de3f68e5e60267627c2157e58e4";
+
+    /// A pod's container as cri-dockerd labels it: the kubelet's
+    /// `io.kubernetes.pod.*` are its pod; the pod's annotations, under
+    /// `annotation.`, are not.
+    #[test]
+    fn a_pods_docker_container() {
+        let body = format!(
+            r#"[{{"Id":"{ID}","Names":["/k8s_app_evil-0_tenant_u_0"],"Labels":{{"annotation.io.kubernetes.pod.namespace":"agents","annotation.io.kubernetes.pod.name":"runner-1","io.kubernetes.pod.namespace":"tenant","io.kubernetes.pod.name":"evil-0","io.kubernetes.pod.uid":"5c1b4b8e-2f0e-4a57-9d7a-0d6a1c3e9b11"}}}}]"#
+        );
+        let list = parse_list(body.as_bytes()).unwrap();
+        assert_eq!(
+            list[0].pod,
+            PodClaim {
+                namespace: Some("tenant".into()),
+                name: Some("evil-0".into()),
+                uid: Some("5c1b4b8e-2f0e-4a57-9d7a-0d6a1c3e9b11".into()),
+            }
+        );
+        let plain = format!(r#"[{{"Id":"{ID}","Labels":{{"app":"runner"}}}}]"#);
+        assert!(parse_list(plain.as_bytes()).unwrap()[0].pod.is_empty());
+    }
 
     #[test]
     fn docker_answer() {
