@@ -28,7 +28,9 @@
 //! `idle_connection_dead`, and it is ended before a request is sent into it.
 //! A connection attempt the peer has not answered past the upstream's
 //! `connect_timeout` is `connect_timeout` (`unresponsive`), and it is ended
-//! so the caller's connect fails now.
+//! so the caller's connect fails now; its age is measured (first seen, or
+//! the SYN's retransmission timeouts that ran out), never inferred from an
+//! assumed schedule.
 
 use std::collections::{BTreeMap, BTreeSet};
 
