@@ -38,6 +38,12 @@ impl<'a> Judging<'a> {
             .as_millis() as u64;
         let control = s.role == SocketRole::Control;
         let proof = proof_of(s, self.history);
+        if s.state == TcpState::CloseWait {
+            let since = self.history.closed_since_ms.get(&s.cookie).copied();
+            self.next
+                .closed_since_ms
+                .insert(s.cookie, since.unwrap_or(self.now_ms));
+        }
         // A request out and nothing back: now, or since an earlier check
         // with no byte received since.
         let received = s.tcp_info.as_ref().map_or(0, |i| i.bytes_received);
@@ -56,8 +62,9 @@ impl<'a> Judging<'a> {
             || s.tcp_info
                 .as_ref()
                 .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms < i.last_data_recv_ms);
-        let liveness = liveness(s, self.cfg, proof, self.now_ms);
-        self.keep_proof(s, proof, &liveness);
+        let closed_seen = closed_seen_ms(s, self.history, self.now_ms);
+        let liveness = liveness(s, self.cfg, proof, closed_seen, self.now_ms);
+        self.keep_proof(s, proof_held(s, self.history), &liveness);
         if let Some(a) = self.history.answered.get(&s.cookie) {
             self.next.answered.insert(s.cookie, *a);
         }
@@ -126,7 +133,9 @@ impl<'a> Judging<'a> {
     }
 
     /// A proof keepalive armed on `s` is kept until the peer answers (then
-    /// its options are put back) or the socket goes.
+    /// its options are put back) or the socket goes. On a socket whose peer
+    /// closed (CLOSE-WAIT) it proves nothing more: its options are put back
+    /// at once, not as an answer.
     pub(super) fn keep_proof(
         &mut self,
         s: &SocketReport,
@@ -136,8 +145,9 @@ impl<'a> Judging<'a> {
         let Some(p) = proof else { return };
         self.next.proofs.insert(s.cookie, p.clone());
         let given_up = p.restore_failures >= crate::prove::MAX_RESTORE_FAILURES;
-        let alive = matches!(liveness, Liveness::Alive(_));
-        if (alive || !self.cfg.proof.keepalive) && !given_up {
+        let closed = s.state == TcpState::CloseWait;
+        let alive = matches!(liveness, Liveness::Alive(_)) && !closed;
+        if (alive || closed || !self.cfg.proof.keepalive) && !given_up {
             // Addressed as the socket is now (its fd, its holder).
             let target = ProofTarget {
                 pid: s.pid,

@@ -1395,3 +1395,79 @@ fn the_threads_waiting_on_one_dead_connection_are_counted() {
     );
     assert_eq!(w.evidence["waiters"], 1);
 }
+
+/// A peer that closed while a proof keepalive was armed on its silent
+/// call: its leftover FIN-WAIT-2 socket answers the probes (for up to 60 s),
+/// so the socket's last ACK stays fresh. The close is already the evidence:
+/// the proof is put back at once (not as an answer), no new one is armed,
+/// and the wait is `wedged` (`peer_closed`) once a check has seen it closed
+/// past the grace, however fresh the ACKs.
+#[test]
+fn a_peer_that_closed_under_a_proof_is_judged_without_waiting_for_it() {
+    let cfg = agent("");
+    let closed = |ack_ms: u64| {
+        let mut s = socket(2, "provider", info(2 * MIN, ack_ms, 2 * MIN + 1_000));
+        s.state = TcpState::CloseWait;
+        s
+    };
+    let threads = || vec![poll_thread(101, 2, 2 * MIN)];
+    // Just closed, the probe answered 300 ms ago: within the grace, the
+    // proof is put back (not an answer), nothing armed, nothing dead yet.
+    let (j, h) = judge(
+        &cfg,
+        &report(threads(), vec![alive_control(), closed(300)]),
+        &[],
+        &armed(10_000),
+        100 * MIN,
+    );
+    assert_eq!(work_of(&j), ["restore"], "{:?}", j.reasons);
+    assert!(
+        matches!(
+            j.work[0],
+            ProofWork::Restore {
+                answered: false,
+                ..
+            }
+        ),
+        "{:?}",
+        j.work
+    );
+    assert!(h.answered.is_empty(), "{:?}", h.answered);
+    assert!(j.dead.is_empty(), "{:?}", j.reasons);
+    assert_eq!(h.closed_since_ms.get(&5002), Some(&(100 * MIN)));
+    // 2.5 s later, still answered 300 ms ago: wedged by the close.
+    let mut h2 = h.clone();
+    h2.proofs.clear(); // put back
+    let (j, h3) = judge(
+        &cfg,
+        &report(threads(), vec![alive_control(), closed(300)]),
+        &[],
+        &h2,
+        100 * MIN + 2_500,
+    );
+    assert_eq!(j.verdict, Verdict::Wedged, "{:?}", j.reasons);
+    assert!(codes(&j).contains(&"peer_closed"), "{:?}", codes(&j));
+    assert!(work_of(&j).is_empty(), "{:?}", j.work);
+    assert_eq!(
+        j.dead
+            .iter()
+            .map(|d| (d.inode, d.by_proof))
+            .collect::<Vec<_>>(),
+        [(2, false)]
+    );
+    assert_eq!(h3.closed_since_ms.get(&5002), Some(&(100 * MIN)));
+    // The same with the proof still held (its restore failed): the same
+    // verdict, and its options put back again.
+    let (j, _) = judge(
+        &cfg,
+        &report(threads(), vec![alive_control(), closed(300)]),
+        &[],
+        &AgentHistory {
+            proofs: armed(12_500).proofs,
+            ..h.clone()
+        },
+        100 * MIN + 2_500,
+    );
+    assert_eq!(j.verdict, Verdict::Wedged, "{:?}", j.reasons);
+    assert_eq!(work_of(&j), ["restore"]);
+}
