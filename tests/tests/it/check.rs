@@ -738,3 +738,91 @@ fn a_connect_is_ended_no_earlier_than_its_connect_timeout() {
         );
     }
 }
+
+/// A silent call with a proof keepalive armed, whose server then closes
+/// (FIN) and exits: its kernel's leftover FIN-WAIT-2 socket answers the
+/// proof's probes for up to 60 s. The close is the evidence: `wedged`
+/// (`peer_closed`) within its 2 s grace, one check interval and two
+/// checks' time of the close, not when the lingering socket goes.
+#[test]
+fn a_peer_that_closes_under_a_proof_is_judged_within_its_grace() {
+    let _area = tests::area(module_path!());
+    if !need_root("close_under_proof") {
+        return;
+    }
+    const GRACE_MS: u64 = 2_000;
+    let pair = NetnsPair::new("cw").expect("netns pair");
+    let b = pair.b_addr.clone();
+    let addr = format!("{b}:7451");
+    let mut server = pair.listening_in_b(&["server", &addr]);
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["client", &addr, "--once"]);
+    let mut client = Peer::spawn(cmd);
+    let ready = client.ready();
+    client.tell("go");
+    server.tell("send 10");
+    client.expect("got 10", 10 * SEC);
+    let fd = tests::socket_fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let dirs = Scratch::new("check-close-under-proof");
+    let config = dirs.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"closer\"\nmatch = {{ cmdline = \"recv-peer client {addr} --once$\" }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\n\
+             [agent.proof]\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n"
+        ),
+    )
+    .expect("write config");
+    let places = Places::without_helper(&dirs);
+    let mut longest = 0u64;
+    let run = |longest: &mut u64| {
+        let start = tests::monotonic_ms();
+        let r = tests::run_check_at(&config, &places, &[]);
+        let end = tests::monotonic_ms();
+        *longest = (*longest).max(end - start);
+        std::thread::sleep(SEC);
+        (r, end)
+    };
+    // Checks until the silent call carries a proof keepalive (bounded).
+    let mut armed = false;
+    for _ in 0..15 {
+        run(&mut longest);
+        if tests::keepalive_enabled(ready.pid, fd).expect("read SO_KEEPALIVE") {
+            armed = true;
+            break;
+        }
+    }
+    assert!(armed, "no proof keepalive was armed on the silent call");
+    server.tell("close");
+    let closed = tests::monotonic_ms();
+    // The bound counts the checks after the close only.
+    longest = 0;
+    let mut found = None;
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let (r, end) = run(&mut longest);
+        let a = r.agent("closer");
+        let codes: Vec<String> = a["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["code"].as_str().map(String::from))
+            .collect();
+        seen.push((end - closed, a["verdict"].to_string(), codes.clone()));
+        if a["verdict"] == "wedged" && codes.iter().any(|c| c == "peer_closed") {
+            found = Some(end - closed);
+            break;
+        }
+    }
+    let found = found.unwrap_or_else(|| panic!("never peer_closed: {seen:?}"));
+    let bound = GRACE_MS + 1_000 + 2 * longest;
+    eprintln!(
+        "close_under_proof: wedged (peer_closed) {found} ms after the close (bound {bound} ms, longest check {longest} ms): {seen:?}"
+    );
+    assert!(
+        found <= bound,
+        "wedged {found} ms after the close (bound {bound}): {seen:?}"
+    );
+}
