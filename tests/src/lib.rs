@@ -527,6 +527,18 @@ fn selfheal_error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// `CLOCK_MONOTONIC` in milliseconds (the clock `recv-peer connect`
+/// reports its times in).
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// A loopback listener the test drives directly.
 pub fn listener() -> std::net::TcpListener {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback")

@@ -6,6 +6,9 @@
 //! ```text
 //! recv-peer client ADDR [--once]   blocking reads; --once: read once, then sleep (not in a read)
 //! recv-peer tokio-client ADDR      event-loop reads
+//! recv-peer connect ADDR           one blocking connect: `connecting at_ms=M`, then
+//!                                  `connected at_ms=M` or `failed at_ms=M error=E`
+//!                                  (M: CLOCK_MONOTONIC ms); then waits for stdin to close
 //!
 //! Clients connect, print `ready`, then wait for one line on stdin before
 //! their first read, so the test can start watching them first.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         ["client", addr] => client(addr, false),
         ["client", addr, "--once"] => client(addr, true),
         ["tokio-client", addr] => tokio_client(addr),
+        ["connect", addr] => connect(addr),
         ["server", addr] => server(addr),
         ["threads", addr] => threads(addr),
         ["zombies", n] => zombies(n),
@@ -112,6 +116,27 @@ fn ready(
             _ => return Ok(()),
         }
     }
+}
+
+/// One blocking connect, timed on both ends; then held until stdin closes.
+fn connect(addr: &str) -> Result<()> {
+    say(&format!("connecting at_ms={}", tests::monotonic_ms()));
+    let held = match TcpStream::connect(addr) {
+        Ok(s) => {
+            say(&format!("connected at_ms={}", tests::monotonic_ms()));
+            Some(s)
+        }
+        Err(e) => {
+            say(&format!("failed at_ms={} error={e}", tests::monotonic_ms()));
+            None
+        }
+    };
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+        line.clear();
+    }
+    drop(held);
+    Ok(())
 }
 
 /// Says a read's byte count: whether it was the end (0).

@@ -644,3 +644,185 @@ fn no_snapshot_dir_is_a_gap_on_every_check() {
         );
     }
 }
+
+/// The `at_ms=` of a `recv-peer connect` line.
+fn at_ms(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix("at_ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no at_ms in {line:?}"))
+}
+
+/// A connect whose SYNs are dropped, on this kernel's own SYN schedule
+/// (since Linux 6.5 the first resends are 1 s apart: 5 resent 5 s in),
+/// with `connect_timeout = "8s"` and `check` run every second: the attempt
+/// is ended no earlier than 8 s after the connect began, within a check of
+/// that, and the age its reason claims is never more than the connect's
+/// real age when the check ended. (Read as 1, 2, 4 … s apart, 5 resends
+/// were called 31 s and the connect ended about 5 s in.)
+#[test]
+fn a_connect_is_ended_no_earlier_than_its_connect_timeout() {
+    let _area = tests::area(module_path!());
+    if !need_root("connect_timeout") {
+        return;
+    }
+    const TIMEOUT_MS: u64 = 8_000;
+    let pair = NetnsPair::new("ct").expect("netns pair");
+    let b = pair.b_addr.clone();
+    let port = 7450;
+    pair.drop_port_into_b(port).expect("nft");
+    let dirs = Scratch::new("check-connect-timeout");
+    let config = dirs.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"connector\"\nmatch = {{ cmdline = \"recv-peer connect {b}:{port}$\" }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{b}:{port}\"\nconnect_timeout = \"{}s\"\n",
+            TIMEOUT_MS / 1000
+        ),
+    )
+    .expect("write config");
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["connect", &format!("{b}:{port}")]);
+    let client = Peer::spawn(cmd);
+    let began = at_ms(&client.expect("connecting ", 10 * SEC));
+    let places = Places::without_helper(&dirs);
+    let (mut first_check, mut longest, mut failed) = (None, 0u64, None);
+    let mut claims: Vec<(u64, u64, String)> = Vec::new();
+    // Bounded: 40 checks, 60 s (the kernel itself gives up after ~130 s).
+    let deadline = Instant::now() + 60 * SEC;
+    for _ in 0..40 {
+        if Instant::now() > deadline {
+            break;
+        }
+        let start = tests::monotonic_ms();
+        first_check.get_or_insert(start);
+        let run = tests::run_check_at(&config, &places, &[]);
+        let end = tests::monotonic_ms();
+        longest = longest.max(end - start);
+        for r in run.agent("connector")["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if r["code"] == "connect_timeout" {
+                let waited = r["evidence"]["waited_ms"].as_u64().expect("waited_ms");
+                let message = r["message"].as_str().unwrap_or_default().to_string();
+                claims.push((waited, end - began, message));
+            }
+        }
+        if let Some(line) = client.try_expect("failed ", SEC) {
+            failed = Some(line);
+            break;
+        }
+    }
+    let failed = failed.unwrap_or_else(|| panic!("the connect was never ended: {claims:?}"));
+    let ended = at_ms(&failed) - began;
+    let first = first_check.expect("a check ran") - began;
+    eprintln!(
+        "connect_timeout: ended {ended} ms after the connect began (first check at {first} ms, longest check {longest} ms): {failed}; claims {claims:?}"
+    );
+    assert!(
+        ended >= TIMEOUT_MS,
+        "ended {ended} ms in, before its connect_timeout of {TIMEOUT_MS} ms: {claims:?}"
+    );
+    // The check after the first sight's timeout starts within one interval
+    // (1 s between checks) and a check's time, and then runs one.
+    let bound = first + TIMEOUT_MS + 1_000 + 2 * longest;
+    assert!(ended <= bound, "ended {ended} ms in (bound {bound} ms)");
+    assert!(!claims.is_empty(), "no connect_timeout reason");
+    for (waited, real, message) in &claims {
+        assert!(
+            waited <= real,
+            "claimed {waited} ms at a real age of {real} ms: {message}"
+        );
+    }
+}
+
+/// A silent call with a proof keepalive armed, whose server then closes
+/// (FIN) and exits: its kernel's leftover FIN-WAIT-2 socket answers the
+/// proof's probes for up to 60 s. The close is the evidence: `wedged`
+/// (`peer_closed`) within its 2 s grace, one check interval and two
+/// checks' time of the close, not when the lingering socket goes.
+#[test]
+fn a_peer_that_closes_under_a_proof_is_judged_within_its_grace() {
+    let _area = tests::area(module_path!());
+    if !need_root("close_under_proof") {
+        return;
+    }
+    const GRACE_MS: u64 = 2_000;
+    let pair = NetnsPair::new("cw").expect("netns pair");
+    let b = pair.b_addr.clone();
+    let addr = format!("{b}:7451");
+    let mut server = pair.listening_in_b(&["server", &addr]);
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["client", &addr, "--once"]);
+    let mut client = Peer::spawn(cmd);
+    let ready = client.ready();
+    client.tell("go");
+    server.tell("send 10");
+    client.expect("got 10", 10 * SEC);
+    let fd = tests::socket_fd_of(ready.pid, ready.inode).expect("the client's socket fd");
+    let dirs = Scratch::new("check-close-under-proof");
+    let config = dirs.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"closer\"\nmatch = {{ cmdline = \"recv-peer client {addr} --once$\" }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n\
+             [agent.thresholds]\nsuspect_after = \"2s\"\n\
+             [agent.proof]\nidle = \"1s\"\ninterval = \"1s\"\ncount = 3\n"
+        ),
+    )
+    .expect("write config");
+    let places = Places::without_helper(&dirs);
+    let mut longest = 0u64;
+    let run = |longest: &mut u64| {
+        let start = tests::monotonic_ms();
+        let r = tests::run_check_at(&config, &places, &[]);
+        let end = tests::monotonic_ms();
+        *longest = (*longest).max(end - start);
+        std::thread::sleep(SEC);
+        (r, end)
+    };
+    // Checks until the silent call carries a proof keepalive (bounded).
+    let mut armed = false;
+    for _ in 0..15 {
+        run(&mut longest);
+        if tests::keepalive_enabled(ready.pid, fd).expect("read SO_KEEPALIVE") {
+            armed = true;
+            break;
+        }
+    }
+    assert!(armed, "no proof keepalive was armed on the silent call");
+    server.tell("close");
+    let closed = tests::monotonic_ms();
+    // The bound counts the checks after the close only.
+    longest = 0;
+    let mut found = None;
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let (r, end) = run(&mut longest);
+        let a = r.agent("closer");
+        let codes: Vec<String> = a["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["code"].as_str().map(String::from))
+            .collect();
+        seen.push((end - closed, a["verdict"].to_string(), codes.clone()));
+        if a["verdict"] == "wedged" && codes.iter().any(|c| c == "peer_closed") {
+            found = Some(end - closed);
+            break;
+        }
+    }
+    let found = found.unwrap_or_else(|| panic!("never peer_closed: {seen:?}"));
+    let bound = GRACE_MS + 1_000 + 2 * longest;
+    eprintln!(
+        "close_under_proof: wedged (peer_closed) {found} ms after the close (bound {bound} ms, longest check {longest} ms): {seen:?}"
+    );
+    assert!(
+        found <= bound,
+        "wedged {found} ms after the close (bound {bound}): {seen:?}"
+    );
+}

@@ -18,9 +18,27 @@ pub(super) enum Liveness {
     },
 }
 
-/// The proof keepalive history holds for this socket, if it is this socket.
-pub(super) fn proof_of<'h>(s: &SocketReport, history: &'h AgentHistory) -> Option<&'h Proof> {
+/// The proof keepalive history holds for this socket, if it is this socket
+/// (armed or not, for putting its options back).
+pub(super) fn proof_held<'h>(s: &SocketReport, history: &'h AgentHistory) -> Option<&'h Proof> {
     history.proofs.get(&s.cookie).filter(|p| p.inode == s.inode)
+}
+
+/// The proof that counts as evidence on this socket: none in CLOSE-WAIT,
+/// where the peer already closed and its leftover FIN-WAIT-2 socket answers
+/// the probes (for up to `tcp_fin_timeout`, 60 s) for a process that is gone
+/// or done.
+pub(super) fn proof_of<'h>(s: &SocketReport, history: &'h AgentHistory) -> Option<&'h Proof> {
+    proof_held(s, history).filter(|_| s.state != TcpState::CloseWait)
+}
+
+/// How long checks have seen socket `s` in CLOSE-WAIT (0 when not so).
+pub(super) fn closed_seen_ms(s: &SocketReport, history: &AgentHistory, now_ms: u64) -> u64 {
+    history
+        .closed_since_ms
+        .get(&s.cookie)
+        .filter(|_| s.state == TcpState::CloseWait)
+        .map_or(0, |since| now_ms.saturating_sub(*since))
 }
 
 /// How long a call on this socket has been silent: since the last data
@@ -39,6 +57,7 @@ pub(super) fn liveness(
     s: &SocketReport,
     cfg: &AgentConfig,
     proof: Option<&Proof>,
+    closed_seen_ms: u64,
     now_ms: u64,
 ) -> Liveness {
     let th = &cfg.thresholds;
@@ -50,10 +69,13 @@ pub(super) fn liveness(
     // The peer closed and the agent has not, for longer than an agent
     // takes to notice a closed stream (the FIN is the last thing received:
     // a response ending with `Connection: close` is caught in that instant).
+    // Since the FIN at least: its last ACK (unless keepalive probes were
+    // answered since), or since a check first saw it closed.
     let closed_for = s
         .tcp_info
         .as_ref()
-        .map_or(u64::MAX, |i| u64::from(i.last_ack_recv_ms));
+        .map_or(u64::MAX, |i| u64::from(i.last_ack_recv_ms))
+        .max(closed_seen_ms);
     if s.state == TcpState::CloseWait && closed_for >= CLOSE_WAIT_GRACE_MS {
         return Liveness::Dead {
             code: ReasonCode::PeerClosed,

@@ -28,7 +28,9 @@
 //! `idle_connection_dead`, and it is ended before a request is sent into it.
 //! A connection attempt the peer has not answered past the upstream's
 //! `connect_timeout` is `connect_timeout` (`unresponsive`), and it is ended
-//! so the caller's connect fails now.
+//! so the caller's connect fails now; its age is measured (first seen, or
+//! the SYN's retransmission timeouts that ran out), never inferred from an
+//! assumed schedule.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,8 +48,8 @@ mod liveness;
 mod sockets;
 
 use self::liveness::{
-    Liveness, Waiter, call_silence, connecting, event_loop_sockets, in_flight, liveness, others,
-    proof_of, request_out, waiters,
+    Liveness, Waiter, call_silence, closed_seen_ms, connecting, event_loop_sockets, in_flight,
+    liveness, others, proof_held, proof_of, request_out, waiters,
 };
 
 /// What is concluded about an agent.
@@ -188,6 +190,12 @@ pub struct AgentHistory {
     /// when they were first seen.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub connecting_since_ms: BTreeMap<u64, u64>,
+    /// Upstream sockets in CLOSE-WAIT (the peer closed), by cookie: since
+    /// when they were first seen so. Keepalive probes on such a socket are
+    /// answered by the peer's leftover FIN-WAIT-2 socket, so its last ACK
+    /// does not date the close.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub closed_since_ms: BTreeMap<u64, u64>,
 }
 
 /// The field a probe names `current_task` (design: the agent's own story of
@@ -268,7 +276,13 @@ pub fn needs_thread_detail(
             history.proofs.contains_key(&s.cookie)
                 || history.answered.contains_key(&s.cookie)
                 || !matches!(
-                    liveness(s, cfg, proof_of(s, history), now_ms),
+                    liveness(
+                        s,
+                        cfg,
+                        proof_of(s, history),
+                        closed_seen_ms(s, history, now_ms),
+                        now_ms
+                    ),
                     Liveness::Alive(_)
                 )
         })

@@ -38,6 +38,12 @@ impl<'a> Judging<'a> {
             .as_millis() as u64;
         let control = s.role == SocketRole::Control;
         let proof = proof_of(s, self.history);
+        if s.state == TcpState::CloseWait {
+            let since = self.history.closed_since_ms.get(&s.cookie).copied();
+            self.next
+                .closed_since_ms
+                .insert(s.cookie, since.unwrap_or(self.now_ms));
+        }
         // A request out and nothing back: now, or since an earlier check
         // with no byte received since.
         let received = s.tcp_info.as_ref().map_or(0, |i| i.bytes_received);
@@ -56,8 +62,9 @@ impl<'a> Judging<'a> {
             || s.tcp_info
                 .as_ref()
                 .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms < i.last_data_recv_ms);
-        let liveness = liveness(s, self.cfg, proof, self.now_ms);
-        self.keep_proof(s, proof, &liveness);
+        let closed_seen = closed_seen_ms(s, self.history, self.now_ms);
+        let liveness = liveness(s, self.cfg, proof, closed_seen, self.now_ms);
+        self.keep_proof(s, proof_held(s, self.history), &liveness);
         if let Some(a) = self.history.answered.get(&s.cookie) {
             self.next.answered.insert(s.cookie, *a);
         }
@@ -126,7 +133,9 @@ impl<'a> Judging<'a> {
     }
 
     /// A proof keepalive armed on `s` is kept until the peer answers (then
-    /// its options are put back) or the socket goes.
+    /// its options are put back) or the socket goes. On a socket whose peer
+    /// closed (CLOSE-WAIT) it proves nothing more: its options are put back
+    /// at once, not as an answer.
     pub(super) fn keep_proof(
         &mut self,
         s: &SocketReport,
@@ -136,8 +145,9 @@ impl<'a> Judging<'a> {
         let Some(p) = proof else { return };
         self.next.proofs.insert(s.cookie, p.clone());
         let given_up = p.restore_failures >= crate::prove::MAX_RESTORE_FAILURES;
-        let alive = matches!(liveness, Liveness::Alive(_));
-        if (alive || !self.cfg.proof.keepalive) && !given_up {
+        let closed = s.state == TcpState::CloseWait;
+        let alive = matches!(liveness, Liveness::Alive(_)) && !closed;
+        if (alive || closed || !self.cfg.proof.keepalive) && !given_up {
             // Addressed as the socket is now (its fd, its holder).
             let target = ProofTarget {
                 pid: s.pid,
@@ -364,10 +374,11 @@ impl<'a> Judging<'a> {
     }
 
     /// A connection attempt to an upstream: how long its SYN has gone
-    /// unanswered (since it was first seen, or at least the kernel's own
-    /// retransmission schedule: `retransmits` SYNs resent 1 s, 2 s, 4 s …
-    /// apart), and past the upstream's `connect_timeout`, a finding the
-    /// ladder ends so the caller's connect fails now.
+    /// unanswered, from evidence that assumes no schedule (since a check
+    /// first saw it, and the sum of the socket's own retransmission
+    /// timeouts, [`syn_waited_ms`]), and past the upstream's
+    /// `connect_timeout`, a finding the ladder ends so the caller's connect
+    /// fails now. The message says which evidence measured the age.
     pub(super) fn connect_attempt(&mut self, s: &SocketReport) {
         let since = self
             .history
@@ -376,9 +387,9 @@ impl<'a> Judging<'a> {
             .copied()
             .unwrap_or(self.now_ms);
         self.next.connecting_since_ms.insert(s.cookie, since);
-        let resent = s.tcp_info.as_ref().map_or(0, |i| i.retransmits);
-        let by_schedule = ((1u64 << resent.min(20)) - 1).saturating_mul(1_000);
-        let waited = self.now_ms.saturating_sub(since).max(by_schedule);
+        let seen = self.now_ms.saturating_sub(since);
+        let by_timers = s.tcp_info.as_ref().map_or(0, syn_waited_ms);
+        let waited = seen.max(by_timers);
         let limit = s
             .upstream
             .and_then(|i| self.cfg.upstreams.get(i))
@@ -389,15 +400,27 @@ impl<'a> Judging<'a> {
         if waited <= limit {
             return;
         }
+        let resent = s.tcp_info.as_ref().map_or(0, |i| i.retransmits);
+        let measured = if seen >= by_timers {
+            format!("first seen {} ago", human_ms(seen))
+        } else {
+            let rto = s
+                .tcp_info
+                .as_ref()
+                .map_or(0, |i| u64::from(i.rto_us) / 1000);
+            format!(
+                "at least {} by its own retransmission timeouts (RTO now {})",
+                human_ms(by_timers),
+                human_ms(rto)
+            )
+        };
         let r = reason(
             ReasonCode::ConnectTimeout,
             Verdict::Unresponsive,
             format!(
-                "{} connection to {}: the peer never answered the handshake ({} SYN(s) resent over at least {}, past its connect_timeout of {}); ending the attempt so the connect fails now",
+                "{} connection to {}: the peer never answered the handshake ({measured}; {resent} SYN(s) resent), past its connect_timeout of {}; ending the attempt so the connect fails now",
                 s.role,
                 s.remote,
-                resent,
-                human_ms(waited),
                 human_ms(limit)
             ),
         );
@@ -466,4 +489,30 @@ impl<'a> Judging<'a> {
     pub(super) fn wants_control(&self) -> bool {
         self.cfg.upstreams.iter().any(|u| u.role == Role::Control)
     }
+}
+
+/// How long a SYN-SENT socket has waited at least, from its own `tcp_info`:
+/// the sum of the retransmission timeouts that have run out, rebuilt from
+/// what the kernel keeps (`retransmits` SYNs resent, `backoff` doublings,
+/// the RTO now), whatever schedule the socket's namespace uses. Linux
+/// resends a SYN when its RTO runs out; the first
+/// `net.ipv4.tcp_syn_linear_timeouts` resends (4 by default since 6.5, none
+/// before) keep the RTO, each later one doubles it (`backoff` + 1). So with
+/// `n` resent and backoff `b`, the timeouts that ran out are
+/// `n - b + 1` of the first RTO and one each of 2, 4 … 2^(b-1) times it
+/// (`n` of it when `b` is 0); the first RTO is the RTO now halved `b`
+/// times, which only understates it where the RTO reached its ceiling.
+/// Measured on 6.18 (linear 4): 5 resent, backoff 1 at 5 s; 8 resent,
+/// backoff 4 at 19 s. The time since the last resend is not counted.
+pub(super) fn syn_waited_ms(i: &crate::sockdiag::TcpInfo) -> u64 {
+    let n = u64::from(i.retransmits);
+    let b = u64::from(i.backoff).min(n);
+    let first_us = u64::from(i.rto_us) >> b.min(63);
+    let timeouts = if b == 0 {
+        n
+    } else {
+        // n - b + 1 of the first RTO, then 2 + 4 + … + 2^(b-1) of it.
+        (n - b + 1).saturating_add((1u64 << b.min(62)).saturating_sub(2))
+    };
+    first_us.saturating_mul(timeouts) / 1000
 }

@@ -1209,25 +1209,67 @@ fn an_idle_silent_connection_is_proven_without_changing_the_verdict() {
     assert!(work_of(&j).is_empty(), "{:?}", j.reasons);
 }
 
+/// A SYN-SENT socket with `retransmits` SYNs resent, `backoff` doublings
+/// and its RTO now (seconds), as `tcp_info` shows it.
+fn syn(retransmits: u8, backoff: u8, rto_s: u32) -> SocketReport {
+    let mut i = info(10_000_000, 10_000_000, 500);
+    i.retransmits = retransmits;
+    i.backoff = backoff;
+    i.rto_us = rto_s * 1_000_000;
+    i.unacked = 1;
+    let mut s = socket(2, "provider", i);
+    s.state = TcpState::SynSent;
+    s
+}
+
+/// The age a connect's own timers prove is never more than its real age,
+/// on both schedules: (resent, backoff, RTO now in s) as `tcp_info` showed
+/// them on 6.18 (`tcp_syn_linear_timeouts` 4: SYNs resent at 1, 2, 3, 4,
+/// 5, 7, 11, 19 s) and as a kernel before 6.5 shows them (1, 3, 7, 15, 31,
+/// 63, 127 s, the RTO capped at 120 s), each with the time of its last
+/// resend, which is what it proves.
+#[test]
+fn a_connects_age_by_its_own_timers_is_the_time_of_its_last_resend() {
+    let age = |n: u8, b: u8, rto_s: u32| {
+        sockets::syn_waited_ms(syn(n, b, rto_s).tcp_info.as_ref().unwrap())
+    };
+    let linear = [
+        (0, 0, 1, 0),
+        (1, 0, 1, 1),
+        (4, 0, 1, 4),
+        (5, 1, 2, 5),
+        (6, 2, 4, 7),
+        (7, 3, 8, 11),
+        (8, 4, 16, 19),
+    ];
+    let exponential = [(1, 1, 2, 1), (2, 2, 4, 3), (5, 5, 32, 31), (6, 6, 64, 63)];
+    for (n, b, rto, resent_at) in linear.into_iter().chain(exponential) {
+        assert_eq!(
+            age(n, b, rto),
+            resent_at * 1000,
+            "{n} resent, backoff {b}, rto {rto} s"
+        );
+    }
+    // The RTO at its 120 s ceiling: understated, never overstated (127 s).
+    let capped = age(7, 7, 120);
+    assert!((100_000..=127_000).contains(&capped), "{capped}");
+    // A backoff past the resends (never from the kernel) is no lever.
+    assert!(age(2, 200, 1) <= 2_000);
+    assert!(age(255, 255, u32::MAX / 1_000_000) <= u64::from(u32::MAX / 1000) * 255);
+}
+
 /// A connection attempt the peer never answers is `unresponsive` past its
-/// upstream's `connect_timeout`, by the time first seen or by the kernel's
-/// own SYN schedule, and is a finding the ladder ends.
+/// upstream's `connect_timeout`, by the time first seen or by its own
+/// retransmission timeouts, never by an assumed schedule, and is a finding
+/// the ladder ends.
 #[test]
 fn a_connect_that_hangs_is_unresponsive_past_its_connect_timeout() {
     let cfg = agent("");
-    let syn = |retransmits: u8| {
-        let mut i = info(10_000_000, 10_000_000, 500);
-        i.retransmits = retransmits;
-        i.unacked = 1;
-        let mut s = socket(2, "provider", i);
-        s.state = TcpState::SynSent;
-        s
-    };
     let at = 100 * MIN;
-    // First seen, 2 SYNs resent (3 s at least): nothing yet.
+    // First seen, 2 SYNs resent (2 s at least): nothing yet.
     let (j, h) = judge(
         &cfg,
-        &report(vec![], vec![alive_control(), syn(2)]),
+        &report(vec![], vec![alive_control(), syn(2, 0, 1)]),
         &[],
         &AgentHistory::default(),
         at,
@@ -1237,7 +1279,7 @@ fn a_connect_that_hangs_is_unresponsive_past_its_connect_timeout() {
     // Seen 31 s later, still unanswered: past the 30 s default.
     let (j, _) = judge(
         &cfg,
-        &report(vec![], vec![alive_control(), syn(3)]),
+        &report(vec![], vec![alive_control(), syn(3, 0, 1)]),
         &[],
         &h,
         at + 31_000,
@@ -1246,31 +1288,59 @@ fn a_connect_that_hangs_is_unresponsive_past_its_connect_timeout() {
         (j.verdict, codes(&j)[0]),
         (Verdict::Unresponsive, "connect_timeout")
     );
-    assert!(
-        j.reasons[0]
-            .message
-            .contains("never answered the handshake"),
-        "{}",
-        j.reasons[0].message
+    assert_eq!(
+        j.reasons[0].message,
+        "provider connection to 10.9.9.9:443: the peer never answered the handshake (first seen 31.0s ago; 3 SYN(s) resent), past its connect_timeout of 30.0s; ending the attempt so the connect fails now"
     );
     assert_eq!(
         j.dead.iter().map(|d| (d.inode, d.kind)).collect::<Vec<_>>(),
         [(2, DeadKind::Connecting)]
     );
-    // First seen with 5 SYNs resent: at least 31 s by the kernel's schedule.
+    // First seen with 5 SYNs resent on the linear schedule (Linux 6.5 on):
+    // 5 s old, not 31 s: nothing.
     let (j, _) = judge(
         &cfg,
-        &report(vec![], vec![alive_control(), syn(5)]),
+        &report(vec![], vec![alive_control(), syn(5, 1, 2)]),
+        &[],
+        &AgentHistory::default(),
+        at,
+    );
+    assert!(j.dead.is_empty(), "{:?}", j.reasons);
+    // The same count on the exponential schedule (before 6.5): 31 s.
+    let (j, _) = judge(
+        &cfg,
+        &report(vec![], vec![alive_control(), syn(5, 5, 32)]),
         &[],
         &AgentHistory::default(),
         at,
     );
     assert_eq!(codes(&j)[0], "connect_timeout");
+    assert!(
+        j.reasons[0].message.contains(
+            "(at least 31.0s by its own retransmission timeouts (RTO now 32.0s); 5 SYN(s) resent)"
+        ),
+        "{}",
+        j.reasons[0].message
+    );
+    // Linear, 8 resent: 19 s, past a connect_timeout of 10 s.
+    let short = agent("connect_timeout = \"10s\"\n");
+    let (j, _) = judge(
+        &short,
+        &report(vec![], vec![alive_control(), syn(8, 4, 16)]),
+        &[],
+        &AgentHistory::default(),
+        at,
+    );
+    assert_eq!(codes(&j)[0], "connect_timeout");
+    assert_eq!(
+        j.reasons[0].evidence.get("waited_ms"),
+        Some(&serde_json::json!(19_000))
+    );
     // A longer connect_timeout on the upstream holds it.
     let patient = agent("connect_timeout = \"2m\"\n");
     let (j, _) = judge(
         &patient,
-        &report(vec![], vec![alive_control(), syn(5)]),
+        &report(vec![], vec![alive_control(), syn(5, 5, 32)]),
         &[],
         &AgentHistory::default(),
         at,
@@ -1324,4 +1394,80 @@ fn the_threads_waiting_on_one_dead_connection_are_counted() {
         w.message
     );
     assert_eq!(w.evidence["waiters"], 1);
+}
+
+/// A peer that closed while a proof keepalive was armed on its silent
+/// call: its leftover FIN-WAIT-2 socket answers the probes (for up to 60 s),
+/// so the socket's last ACK stays fresh. The close is already the evidence:
+/// the proof is put back at once (not as an answer), no new one is armed,
+/// and the wait is `wedged` (`peer_closed`) once a check has seen it closed
+/// past the grace, however fresh the ACKs.
+#[test]
+fn a_peer_that_closed_under_a_proof_is_judged_without_waiting_for_it() {
+    let cfg = agent("");
+    let closed = |ack_ms: u64| {
+        let mut s = socket(2, "provider", info(2 * MIN, ack_ms, 2 * MIN + 1_000));
+        s.state = TcpState::CloseWait;
+        s
+    };
+    let threads = || vec![poll_thread(101, 2, 2 * MIN)];
+    // Just closed, the probe answered 300 ms ago: within the grace, the
+    // proof is put back (not an answer), nothing armed, nothing dead yet.
+    let (j, h) = judge(
+        &cfg,
+        &report(threads(), vec![alive_control(), closed(300)]),
+        &[],
+        &armed(10_000),
+        100 * MIN,
+    );
+    assert_eq!(work_of(&j), ["restore"], "{:?}", j.reasons);
+    assert!(
+        matches!(
+            j.work[0],
+            ProofWork::Restore {
+                answered: false,
+                ..
+            }
+        ),
+        "{:?}",
+        j.work
+    );
+    assert!(h.answered.is_empty(), "{:?}", h.answered);
+    assert!(j.dead.is_empty(), "{:?}", j.reasons);
+    assert_eq!(h.closed_since_ms.get(&5002), Some(&(100 * MIN)));
+    // 2.5 s later, still answered 300 ms ago: wedged by the close.
+    let mut h2 = h.clone();
+    h2.proofs.clear(); // put back
+    let (j, h3) = judge(
+        &cfg,
+        &report(threads(), vec![alive_control(), closed(300)]),
+        &[],
+        &h2,
+        100 * MIN + 2_500,
+    );
+    assert_eq!(j.verdict, Verdict::Wedged, "{:?}", j.reasons);
+    assert!(codes(&j).contains(&"peer_closed"), "{:?}", codes(&j));
+    assert!(work_of(&j).is_empty(), "{:?}", j.work);
+    assert_eq!(
+        j.dead
+            .iter()
+            .map(|d| (d.inode, d.by_proof))
+            .collect::<Vec<_>>(),
+        [(2, false)]
+    );
+    assert_eq!(h3.closed_since_ms.get(&5002), Some(&(100 * MIN)));
+    // The same with the proof still held (its restore failed): the same
+    // verdict, and its options put back again.
+    let (j, _) = judge(
+        &cfg,
+        &report(threads(), vec![alive_control(), closed(300)]),
+        &[],
+        &AgentHistory {
+            proofs: armed(12_500).proofs,
+            ..h.clone()
+        },
+        100 * MIN + 2_500,
+    );
+    assert_eq!(j.verdict, Verdict::Wedged, "{:?}", j.reasons);
+    assert_eq!(work_of(&j), ["restore"]);
 }
