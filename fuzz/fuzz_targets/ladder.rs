@@ -184,6 +184,11 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
             .into_iter()
             .take(u.int_in_range(0..=1)?)
             .collect(),
+        // The fixture's socket seen in CLOSE-WAIT, since any time.
+        closed_since_ms: [(9, u.arbitrary()?)]
+            .into_iter()
+            .take(u.int_in_range(0..=1)?)
+            .collect(),
     })
 }
 
