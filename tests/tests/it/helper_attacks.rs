@@ -1976,11 +1976,11 @@ const CLOCK_NANOSLEEP: i64 = 230;
 
 /// `nobody` forks a shell that blocks on its stdin and then `exec`s a
 /// setuid-root `sleep`, and asks the helper about it while the exec
-/// happens (the request sent 0 to 3 ms after the shell is woken, so that
+/// happens (the request sent 0 to 6 ms after the shell is woken, so that
 /// some answers come before the exec, some after and some across it).
-/// Before, the helper authorized first and read after, and exec keeps the
-/// pid and start time: a few answers in 150 held the setuid program's own
-/// state. Now every read is authorized again after it, held to what was
+/// Exec keeps the pid and start time, so a helper that only authorized
+/// before its read answers a few rounds in 150 with the setuid program's
+/// own state. Every read is authorized again after it, held to what was
 /// seen before: no answer holds the setuid program. The race is shown to
 /// have run: answers of the shell and refusals both came.
 #[test]
@@ -1998,12 +1998,22 @@ fn a_read_across_a_setuid_exec_is_refused() {
         .expect("copy sleep");
     std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
     std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    let h = start(&dir, Arc::new(DryExecutor::default()), |_| {});
+    // With its task iterators where they load, so that a light collect
+    // and `iterate` walk the process with them.
+    let h = start(&dir, Arc::new(DryExecutor::default()), |o| {
+        if iterators {
+            o.ebpf = Some(TracerOptions {
+                strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+                ..TracerOptions::default()
+            });
+        }
+    });
     let path = dir.join("helper.sock");
     let script = format!("read x; exec {} 300", suid.display());
     let mut ops = vec!["collect (procfs)"];
     if iterators {
         ops.push("collect (iterators)");
+        ops.push("iterate");
     }
     const ROUNDS: u64 = 150;
     let cap = Instant::now() + Duration::from_secs(240);
@@ -2045,7 +2055,10 @@ fn a_read_across_a_setuid_exec_is_refused() {
                 });
                 let v = match *op {
                     "iterate" => {
-                        let a = c.iterate(&[pid]).expect("iterate answered");
+                        let a = match c.iterate(&[pid]) {
+                            Ok(a) => a,
+                            Err(e) => panic!("iterate: {e}"),
+                        };
                         match a.processes.first() {
                             None if a.refused == vec![pid] => "refused",
                             None => "other",
