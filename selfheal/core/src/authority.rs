@@ -26,6 +26,17 @@
 //! only) is not applied: it restricts *who may trace whom among equals*,
 //! and bridging that for a user's own processes is what the helper is for.
 //!
+//! # A read, checked again after it
+//!
+//! Exec keeps a process's pid and start time, so what the helper reads for
+//! a caller is held to the process it authorized by [`reread_refusal`]:
+//! its credentials, dumpable flag, capabilities, executable and address
+//! space seen before the read must be what they are after it, and neither
+//! side may be in the middle of an exec. An exec back to the same program
+//! with the same credentials inside one read shows only in the address
+//! space's layout, which the kernel randomizes where address randomization
+//! is on.
+//!
 //! # Sockets
 //!
 //! For a caller other than root, a socket act needs a connection in the
@@ -132,6 +143,87 @@ pub fn ptrace_refusal(
         UserNs::Same | UserNs::OwnedByCaller => None,
         UserNs::Other => Some("it is in a user namespace the caller does not own".into()),
     }
+}
+
+/// Where a process's address space lies, from `/proc/PID/stat`: the
+/// kernel makes a new one on every exec (at randomized addresses, where
+/// address randomization is on), and fills these in only once the new
+/// program is loaded — all zero in the middle of an exec, or with no
+/// address space at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// `startcode`, `endcode`, `startstack`, `start_data`, `end_data`,
+    /// `start_brk`, `arg_start`, `arg_end`, `env_start`, `env_end`.
+    pub fields: [u64; 10],
+}
+
+/// The fields of `/proc/PID/stat` (1-based) that make a [`Layout`].
+const LAYOUT_FIELDS: [usize; 10] = [26, 27, 28, 45, 46, 47, 48, 49, 50, 51];
+
+/// The [`Layout`] in a `/proc/PID/stat` line; `None` when it is too short
+/// or a field is bad.
+pub fn parse_layout(stat: &str) -> Option<Layout> {
+    // Field 3 on, after the command name (which may hold ") ").
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let rest: Vec<&str> = rest.split_whitespace().collect();
+    let mut fields = [0u64; 10];
+    for (f, n) in fields.iter_mut().zip(LAYOUT_FIELDS) {
+        *f = rest.get(n - 3)?.parse().ok()?;
+    }
+    Some(Layout { fields })
+}
+
+/// What the helper sees of a process, before a read it answers for a
+/// caller and again after it: who it is, which program it runs (the
+/// executable's device and inode) and its address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub creds: TaskCreds,
+    pub exe: Option<(u64, u64)>,
+    pub layout: Option<Layout>,
+}
+
+/// Why a read made between `before` and `after` may not be answered: the
+/// process changed (credentials, dumpable, capabilities, executable, or
+/// address space: an exec, of a setuid program or any other), or either
+/// side cannot tell (no executable, no address space, an exec under way).
+/// `None` when it is the same process running the same program.
+pub fn reread_refusal(before: &Seen, after: &Seen) -> Option<String> {
+    for (side, s) in [("before", before), ("after", after)] {
+        if s.exe.is_none() {
+            return Some(format!(
+                "its executable could not be identified {side} the read"
+            ));
+        }
+        match s.layout {
+            None => {
+                return Some(format!(
+                    "its address space could not be read {side} the read"
+                ));
+            }
+            Some(l) if l.fields[6] == 0 => {
+                return Some(format!("an exec was under way {side} the read"));
+            }
+            Some(_) => {}
+        }
+    }
+    let (b, a) = (&before.creds, &after.creds);
+    if b.uids != a.uids || b.gids != a.gids {
+        return Some("its credentials changed during the read".into());
+    }
+    if b.dump_owner != a.dump_owner {
+        return Some("its dumpable flag changed during the read".into());
+    }
+    if b.cap_permitted != a.cap_permitted {
+        return Some("its capabilities changed during the read".into());
+    }
+    if before.exe != after.exe {
+        return Some("it runs another program than before the read".into());
+    }
+    if before.layout != after.layout {
+        return Some("it exec'd during the read (a new address space)".into());
+    }
+    None
 }
 
 /// The states a non-root caller's `action` is for, or `None` when the
@@ -315,6 +407,131 @@ mod tests {
             ..task(0, 0)
         };
         assert_eq!(ptrace_refusal(&USER, 0, &t, UserNs::Same), None);
+    }
+
+    /// A `/proc/PID/stat` line of `comm` whose layout fields are `base`,
+    /// `base + 1`, … (all 0 for a `base` of 0; the other fields 0).
+    fn stat_line(comm: &str, base: u64) -> String {
+        let mut f: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
+        for (i, n) in LAYOUT_FIELDS.iter().enumerate() {
+            let v = if base == 0 { 0 } else { base + i as u64 };
+            f[n - 3] = v.to_string();
+        }
+        format!("4242 ({comm}) {}", f.join(" "))
+    }
+
+    #[test]
+    fn the_layout_is_parsed_from_stat() {
+        let l = parse_layout(&stat_line("a) b", 100)).unwrap();
+        assert_eq!(l.fields[0], 100);
+        assert_eq!(l.fields[6], 106);
+        assert_eq!(l.fields[9], 109);
+        // Short (an old kernel's) or bad: none.
+        assert_eq!(parse_layout("4242 (x) S 1 2 3"), None);
+        let bad = stat_line("x", 100).replace(" 106 ", " y ");
+        assert_eq!(parse_layout(&bad), None);
+        assert_eq!(parse_layout("no parenthesis"), None);
+    }
+
+    #[test]
+    fn a_read_across_a_change_is_refused() {
+        let seen = |creds: TaskCreds, exe: u64, base: u64| Seen {
+            creds,
+            exe: Some((8, exe)),
+            layout: parse_layout(&stat_line("p", base)),
+        };
+        let before = seen(task(1000, 1000), 77, 0x5000);
+        assert_eq!(reread_refusal(&before, &before), None);
+        let cases: [(&str, Seen, &str); 9] = [
+            (
+                "exec of a setuid-root program",
+                seen(
+                    TaskCreds {
+                        uids: [1000, 0, 0],
+                        dump_owner: 0,
+                        ..task(1000, 1000)
+                    },
+                    78,
+                    0x9000,
+                ),
+                "credentials changed",
+            ),
+            (
+                "a setgid exec",
+                seen(
+                    TaskCreds {
+                        gids: [1000, 5, 5],
+                        ..task(1000, 1000)
+                    },
+                    77,
+                    0x5000,
+                ),
+                "credentials changed",
+            ),
+            (
+                "made non-dumpable",
+                seen(
+                    TaskCreds {
+                        dump_owner: 0,
+                        ..task(1000, 1000)
+                    },
+                    77,
+                    0x5000,
+                ),
+                "dumpable",
+            ),
+            (
+                "file capabilities",
+                seen(
+                    TaskCreds {
+                        cap_permitted: 1 << 12,
+                        ..task(1000, 1000)
+                    },
+                    77,
+                    0x5000,
+                ),
+                "capabilities changed",
+            ),
+            (
+                "another program, same credentials",
+                seen(task(1000, 1000), 78, 0x5000),
+                "another program",
+            ),
+            (
+                "an exec of the same program",
+                seen(task(1000, 1000), 77, 0x7000),
+                "new address space",
+            ),
+            (
+                "an exec under way",
+                seen(task(1000, 1000), 77, 0),
+                "exec was under way after",
+            ),
+            (
+                "no executable",
+                Seen {
+                    exe: None,
+                    ..before
+                },
+                "executable could not be identified after",
+            ),
+            (
+                "no address space",
+                Seen {
+                    layout: None,
+                    ..before
+                },
+                "address space could not be read after",
+            ),
+        ];
+        for (what, after, needle) in cases {
+            let r = reread_refusal(&before, &after).unwrap_or_else(|| panic!("{what}: answered"));
+            assert!(r.contains(needle), "{what}: {r}");
+        }
+        // Seen mid-exec before the read: refused, whatever after says.
+        let mid = seen(task(1000, 1000), 78, 0);
+        let r = reread_refusal(&mid, &seen(task(1000, 1000), 78, 0x5000)).unwrap();
+        assert!(r.contains("under way before"), "{r}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ use std::{
 };
 
 use selfheal_core::{
-    authority::{self as rules, CallerCreds, TaskCreds, UserNs},
+    authority::{self as rules, CallerCreds, Seen, TaskCreds, UserNs},
     keepalive::KeepaliveSettings,
     policy::Policy,
 };
@@ -87,8 +87,19 @@ impl Authority {
     /// is a whole sentence naming only what the caller may read itself (no
     /// fd, no inode).
     pub fn check(caller: &Caller, target: &Pidfd, policy: &Policy) -> Result<Authority, String> {
+        Authority::check_seen(caller, target, policy).map(|(a, _)| a)
+    }
+
+    /// [`Authority::check`], and what it saw of `target` (`None` for
+    /// root's, which holds nothing): the process a read made under this
+    /// authority is held to ([`Authority::reauthorize`]).
+    pub fn check_seen(
+        caller: &Caller,
+        target: &Pidfd,
+        policy: &Policy,
+    ) -> Result<(Authority, Option<Seen>), String> {
         if caller.uid == 0 {
-            return Ok(Authority::root());
+            return Ok((Authority::root(), None));
         }
         let (caller_creds, caller_ns) = read_caller(caller);
         let t = read_task(target).map_err(|why| refused(caller.uid, target.pid(), &why))?;
@@ -109,7 +120,30 @@ impl Authority {
             }),
         };
         a.judge(target.pid(), &t)?;
-        Ok(a)
+        Ok((a, Some(t.seen())))
+    }
+
+    /// The check again after a read made for the caller: the process must
+    /// be what it was when `before` was seen (the same credentials,
+    /// dumpable flag, capabilities, executable and address space: no exec
+    /// between), and still one the caller could read itself. Root's
+    /// authority holds nothing.
+    pub fn reauthorize(&self, target: &Pidfd, before: Option<&Seen>) -> Result<(), String> {
+        if self.checked.is_none() {
+            return Ok(());
+        }
+        let Some(before) = before else {
+            return Err(refused(
+                self.uid,
+                target.pid(),
+                "nothing was seen of it before the read",
+            ));
+        };
+        let t = read_task(target).map_err(|why| refused(self.uid, target.pid(), &why))?;
+        if let Some(why) = rules::reread_refusal(before, &t.seen()) {
+            return Err(refused(self.uid, target.pid(), &why));
+        }
+        self.judge(target.pid(), &t)
     }
 
     /// Whether this is root's authority (nothing is checked).
@@ -193,6 +227,20 @@ struct Task {
     /// Device and inode of its user namespace, and that namespace as an fd.
     user_ns: Option<(u64, u64)>,
     user_ns_fd: Option<OwnedFd>,
+    /// Device and inode of its executable.
+    exe: Option<(u64, u64)>,
+    /// Its address space's layout (`/proc/PID/stat`).
+    layout: Option<rules::Layout>,
+}
+
+impl Task {
+    fn seen(&self) -> Seen {
+        Seen {
+            creds: self.creds,
+            exe: self.exe,
+            layout: self.layout,
+        }
+    }
 }
 
 /// Most bytes of `/proc/PID/status` read (it is a few KiB).
@@ -221,6 +269,12 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
         rules::parse_status(&text).ok_or("its /proc/PID/status cannot be read")?;
     let user_ns_fd = open_at(&dir, "ns/user").ok().map(OwnedFd::from);
     let user_ns = user_ns_fd.as_ref().and_then(ns_id);
+    let exe = crate::sys::fs::dev_ino_at(dir.as_raw_fd(), c"exe").ok();
+    let layout = open_at(&dir, "stat").ok().and_then(|f| {
+        let mut text = String::new();
+        f.take(MAX_STATUS).read_to_string(&mut text).ok()?;
+        rules::parse_layout(&text)
+    });
     if !target.is_alive() {
         return Err(gone());
     }
@@ -233,6 +287,8 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
         },
         user_ns,
         user_ns_fd,
+        exe,
+        layout,
     })
 }
 

@@ -1,4 +1,4 @@
-//! Directory-relative file calls (`openat`, `fstatat`, `readlinkat`,
+//! Directory-relative file calls (`openat`, `fstatat`, `statx`, `readlinkat`,
 //! `renameat`, `unlinkat`, `mkdirat`) and the mode, owner and sync of an
 //! open fd. `dir` is a directory fd or `AT_FDCWD`; names are single path
 //! components, NUL-terminated.
@@ -34,6 +34,32 @@ pub fn lstatat(dir: i32, name: &CStr) -> io::Result<libc::stat> {
         return Err(io::Error::last_os_error());
     }
     Ok(st)
+}
+
+/// Device and inode of what `name` (under `dir`) leads to, links
+/// followed (`/proc/PID/exe`: the executable), without asking the file's
+/// filesystem to refresh what it cached (`AT_STATX_DONT_SYNC`: a FUSE
+/// server is never called).
+pub fn dev_ino_at(dir: i32, name: &CStr) -> io::Result<(u64, u64)> {
+    // SAFETY: an all-zero statx is a valid value; statx fills it.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `name` is NUL-terminated, `st` valid.
+    let rc = unsafe {
+        libc::statx(
+            dir,
+            name.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_INO,
+            &mut st,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((
+        libc::makedev(st.stx_dev_major, st.stx_dev_minor),
+        st.stx_ino,
+    ))
 }
 
 /// `openat(dir, name, flags | O_CLOEXEC, mode)`.

@@ -1954,3 +1954,188 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
         "the new helper put nothing back"
     );
 }
+
+// ---------------------------------------------------------------------------
+// A read that outlives an exec.
+
+/// What one op answered about the child in one round.
+#[derive(Debug, Default)]
+struct ExecRace {
+    /// Answers holding the shell before its exec.
+    before: u32,
+    /// Answers holding the setuid program (its name, or its thread asleep
+    /// in `clock_nanosleep`, which the shell never calls).
+    held: u32,
+    refused: u32,
+    other: u32,
+}
+
+/// The syscall number of `clock_nanosleep`, where the setuid `sleep`
+/// waits (x86_64).
+const CLOCK_NANOSLEEP: i64 = 230;
+
+/// `nobody` forks a shell that blocks on its stdin and then `exec`s a
+/// setuid-root `sleep`, and asks the helper about it while the exec
+/// happens (the request sent 0 to 6 ms after the shell is woken, so that
+/// some answers come before the exec, some after and some across it).
+/// Exec keeps the pid and start time, so a helper that only authorized
+/// before its read answers a few rounds in 150 with the setuid program's
+/// own state. Every read is authorized again after it, held to what was
+/// seen before: no answer holds the setuid program. The race is shown to
+/// have run: answers of the shell and refusals both came.
+#[test]
+fn a_read_across_a_setuid_exec_is_refused() {
+    let _area = tests::area(module_path!());
+    let test = "helper attack: a read across a setuid exec";
+    if !need_root(test) {
+        return;
+    }
+    let iterators = need_ebpf(test);
+    let dir = Scratch::new("attack-exec-race");
+    let suid = dir.join("suid-sleep");
+    std::fs::copy("/usr/bin/sleep", &suid)
+        .or_else(|_| std::fs::copy("/bin/sleep", &suid))
+        .expect("copy sleep");
+    std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    // With its task iterators where they load, so that a light collect
+    // and `iterate` walk the process with them.
+    let h = start(&dir, Arc::new(DryExecutor::default()), |o| {
+        if iterators {
+            o.ebpf = Some(TracerOptions {
+                strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
+                ..TracerOptions::default()
+            });
+        }
+    });
+    let path = dir.join("helper.sock");
+    let script = format!("read x; exec {} 300", suid.display());
+    let mut ops = vec!["collect (procfs)"];
+    if iterators {
+        ops.push("collect (iterators)");
+        ops.push("iterate");
+    }
+    const ROUNDS: u64 = 150;
+    let cap = Instant::now() + Duration::from_secs(240);
+    let mut seen = Vec::new();
+    for op in &ops {
+        let mut r = ExecRace::default();
+        for round in 0..ROUNDS {
+            if Instant::now() >= cap {
+                break;
+            }
+            let mut child = Command::new("sh")
+                .args(["-c", &script])
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .stdin(Stdio::piped())
+                .spawn()
+                .expect("spawn sh");
+            let pid = child.id();
+            // Blocked in its read of stdin.
+            let waiting = wait_for(5 * SEC, Duration::from_millis(1), || {
+                std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+                    .ok()
+                    .filter(|s| s.starts_with("0 "))
+            });
+            assert!(waiting.is_some(), "the shell never read its stdin");
+            let mut stdin = child.stdin.take().unwrap();
+            let delay = Duration::from_micros((round % 30) * 200);
+            let name = |n: &str| n == "suid-sleep";
+            let round_start = Instant::now();
+            let verdict = as_uid(NOBODY, || {
+                let mut c = HelperClient::connect_with(&path, client_opts()).unwrap();
+                // The shell is woken `delay` after the request is sent.
+                let trigger = std::thread::spawn(move || {
+                    let t = Instant::now();
+                    while t.elapsed() < delay {
+                        std::hint::spin_loop();
+                    }
+                    stdin.write_all(b"\n").unwrap();
+                });
+                let v = match *op {
+                    "iterate" => {
+                        let a = match c.iterate(&[pid]) {
+                            Ok(a) => a,
+                            Err(e) => panic!("iterate: {e}"),
+                        };
+                        match a.processes.first() {
+                            None if a.refused == vec![pid] => "refused",
+                            None => "other",
+                            Some(p) => {
+                                let sys: Vec<Option<u64>> =
+                                    p.pass.threads.iter().map(|t| t.syscall).collect();
+                                if sys.contains(&Some(CLOCK_NANOSLEEP as u64)) {
+                                    "held"
+                                } else if sys.contains(&Some(0)) {
+                                    "before"
+                                } else {
+                                    "other"
+                                }
+                            }
+                        }
+                    }
+                    _ => {
+                        let detail = if *op == "collect (procfs)" {
+                            selfheal_core::proc::Detail::Full
+                        } else {
+                            selfheal_core::proc::Detail::Light
+                        };
+                        let req = selfheal_core::protocol::CollectRequest {
+                            pids: vec![pid],
+                            detail,
+                            budget_ms: 5000,
+                        };
+                        let a = c.collect(&req).expect("collect answered");
+                        match a.processes.first() {
+                            None if a.refused == vec![pid] => "refused",
+                            None => "other",
+                            Some(p) => {
+                                let held = name(&p.process.name)
+                                    || p.process.threads.iter().any(|t| {
+                                        name(&t.name)
+                                            || t.syscall.as_ref().map(|s| s.nr)
+                                                == Some(CLOCK_NANOSLEEP)
+                                    });
+                                if held {
+                                    "held"
+                                } else if p.process.name == "sh" || p.process.name == "dash" {
+                                    "before"
+                                } else {
+                                    "other"
+                                }
+                            }
+                        }
+                    }
+                };
+                trigger.join().unwrap();
+                v
+            });
+            // Under nobody's request rate (50 a second).
+            let pace = Duration::from_millis(25);
+            if let Some(rest) = pace.checked_sub(round_start.elapsed()) {
+                std::thread::sleep(rest);
+            }
+            match verdict {
+                "held" => r.held += 1,
+                "before" => r.before += 1,
+                "refused" => r.refused += 1,
+                _ => r.other += 1,
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        eprintln!("{test}: {op}: {r:?}");
+        seen.push((op, r));
+    }
+    drop(h);
+    for (op, r) in &seen {
+        assert_eq!(r.held, 0, "{op}: answers held the setuid program: {r:?}");
+        // The race ran: the shell was answered before its exec, and the
+        // setuid program refused after it.
+        assert!(
+            r.before >= 10 && r.refused >= 10,
+            "{op}: the race never ran: {r:?}"
+        );
+    }
+}

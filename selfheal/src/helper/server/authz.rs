@@ -245,6 +245,31 @@ pub(super) fn identity(target: &Pidfd) -> Option<Identity> {
     })
 }
 
+/// A process a query may read: pinned by its pidfd, with the authority
+/// that allowed it and what that authority saw of it. What is read of it
+/// is answered only once [`Pinned::still_readable`] says so.
+pub(super) struct Pinned {
+    pub(super) fd: Pidfd,
+    authority: Authority,
+    before: Option<selfheal_core::authority::Seen>,
+}
+
+impl Pinned {
+    /// Whether what was read of the process since it was authorized may
+    /// be answered: it still lives, and is the process that was
+    /// authorized, running the same program (an exec keeps the pid and
+    /// the start time: a setuid program's state read after its exec is
+    /// not the caller's to see), and the caller may still read it.
+    pub(super) fn still_readable(&self) -> bool {
+        self.fd.is_alive()
+            && self
+                .authority
+                .reauthorize(&self.fd, self.before.as_ref())
+                .is_ok()
+            && self.fd.is_alive()
+    }
+}
+
 /// Pids a query may name: (pid, start ticks) of those it may, those that
 /// do not exist (told apart only to callers that may see every process),
 /// and those it may not.
@@ -346,7 +371,10 @@ impl Shared {
         let Authorized { ok, gone, refused } =
             self.authorize_query_pinned(caller, same_ns, pids)?;
         Ok(Authorized {
-            ok: ok.iter().map(|fd| (fd.pid(), fd.start_ticks())).collect(),
+            ok: ok
+                .iter()
+                .map(|p| (p.fd.pid(), p.fd.start_ticks()))
+                .collect(),
             gone,
             refused,
         })
@@ -359,7 +387,7 @@ impl Shared {
         caller: &Caller,
         same_ns: bool,
         pids: &[u32],
-    ) -> Result<Authorized<Pidfd>, WireError> {
+    ) -> Result<Authorized<Pinned>, WireError> {
         self.check_pid_namespace(caller, same_ns)?;
         let mut out = Authorized {
             ok: Vec::new(),
@@ -376,9 +404,13 @@ impl Shared {
                     // Which thread waits on which socket is what the
                     // process's /proc/PID/fd tells: only for a caller the
                     // kernel would let read it (ptrace access).
-                    Authority::check(caller, &fd, &self.policy)
+                    let (authority, before) = Authority::check_seen(caller, &fd, &self.policy)
                         .map_err(|_| Self::out_of_reach(caller, "query", pid))?;
-                    Ok(fd)
+                    Ok(Pinned {
+                        fd,
+                        authority,
+                        before,
+                    })
                 });
             match pinned {
                 Ok(fd) => out.ok.push(fd),

@@ -6,7 +6,10 @@
 //! sock_diag dump), and `namespaces` tells each pid's pid and network
 //! namespace. Each pid is authorized first and read on the pidfd the
 //! authorization pinned; a read whose start time is not that process's is
-//! of a reused pid, and the pid is gone. Memory is read by an abandonable
+//! of a reused pid, and the pid is gone. After the reads each process is
+//! authorized again and held to what was seen of it before (credentials,
+//! dumpable, capabilities, executable, address space): one that exec'd
+//! in between is `refused`, as one the caller may not read. Memory is read by an abandonable
 //! reader child within the request's budget, as in a check. A caller other
 //! than root gets no kernel stacks (the kernel shows them to
 //! `CAP_SYS_ADMIN` only).
@@ -67,9 +70,10 @@ impl Shared {
             let mut one = self.authorize_query_pinned(caller, same_ns, &[pid])?;
             result.gone.append(&mut one.gone);
             result.refused.append(&mut one.refused);
-            let Some(fd) = one.ok.pop() else {
+            let Some(pinned) = one.ok.pop() else {
                 continue;
             };
+            let fd = &pinned.fd;
             // The pass under the iterators' lock; the reads after it without.
             let pass = if req.detail == Detail::Full {
                 Err(FULL_IS_PROCFS.to_string())
@@ -108,9 +112,6 @@ impl Shared {
                     if caller.uid != 0 {
                         withhold_kernel_stacks(&mut process);
                     }
-                    if over {
-                        result.over_budget.push(pid);
-                    }
                     let (tcp, tcp_error) = match (net_ns, process.sockets.is_empty()) {
                         (Some(ns), false) => {
                             let dump = dumps.entry(ns).or_insert_with(|| {
@@ -124,6 +125,16 @@ impl Shared {
                         ),
                         (_, true) => (None, None),
                     };
+                    // Authorized again after every read: an exec during
+                    // them (a setuid one keeps the pid and start time)
+                    // makes the whole answer another program's.
+                    if !pinned.still_readable() {
+                        result.refused.push(pid);
+                        continue;
+                    }
+                    if over {
+                        result.over_budget.push(pid);
+                    }
                     result.processes.push(CollectedProcess {
                         pid,
                         start_ticks: fd.start_ticks(),
@@ -155,8 +166,10 @@ impl Shared {
         let root = ProcRoot::default();
         let authorized = self.authorize_query_pinned(caller, same_ns, pids)?;
         let mut gone = authorized.gone;
+        let mut refused = authorized.refused;
         let mut processes = Vec::new();
-        for fd in authorized.ok {
+        for pinned in authorized.ok {
+            let fd = &pinned.fd;
             let pid = fd.pid();
             let read = ProcessNamespaces {
                 pid,
@@ -166,13 +179,15 @@ impl Shared {
             };
             // Read by the pid's path: only while the pinned process lives
             // is it that process's.
-            if fd.is_alive() && crate::sys::pidfd::start_ticks(pid) == Some(fd.start_ticks()) {
+            if !(fd.is_alive() && crate::sys::pidfd::start_ticks(pid) == Some(fd.start_ticks())) {
+                gone.push(pid);
+            } else if pinned.still_readable() {
                 processes.push(read);
             } else {
-                gone.push(pid);
+                refused.push(pid);
             }
         }
-        let (gone, refused) = masked(caller, gone, authorized.refused);
+        let (gone, refused) = masked(caller, gone, refused);
         let result = NamespacesResult {
             processes,
             gone,

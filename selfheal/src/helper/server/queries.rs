@@ -4,7 +4,8 @@
 //! each owner's share of the pid filter bounded, entries of a pid that
 //! exited or was reused dropped before anyone sees them, and a pass run
 //! on the pidfd the authorization pinned, so it is of the process that
-//! was authorized.
+//! was authorized, and answered only when that process is authorized
+//! again after it, unchanged (no exec between).
 
 use std::{collections::BTreeMap, os::fd::AsFd as _};
 
@@ -301,15 +302,18 @@ impl Shared {
             let mut one = self.authorize_query_pinned(caller, same_ns, &[pid])?;
             gone.append(&mut one.gone);
             refused.append(&mut one.refused);
-            let Some(fd) = one.ok.pop() else {
+            let Some(pinned) = one.ok.pop() else {
                 continue;
             };
-            let start_ticks = fd.start_ticks();
+            let start_ticks = pinned.fd.start_ticks();
             let walked = match &mut *lock(&self.iterators) {
-                Ok(it) => it.process(fd.as_fd()),
+                Ok(it) => it.process(pinned.fd.as_fd()),
                 Err(why) => return Err(unavailable(why)),
             };
             match walked {
+                // Authorized again after the pass: an exec during it makes
+                // it another program's.
+                Ok(_) if !pinned.still_readable() => refused.push(pid),
                 Ok(pass) => processes.push(IteratedProcess {
                     pid,
                     start_ticks,
