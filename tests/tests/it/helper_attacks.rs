@@ -1976,7 +1976,7 @@ const CLOCK_NANOSLEEP: i64 = 230;
 
 /// `nobody` forks a shell that blocks on its stdin and then `exec`s a
 /// setuid-root `sleep`, and asks the helper about it while the exec
-/// happens (the request sent 0 to 6 ms after the shell is woken, so that
+/// happens (the shell woken 0 to 6 ms after the request is sent, so that
 /// some answers come before the exec, some after and some across it).
 /// Exec keeps the pid and start time, so a helper that only authorized
 /// before its read answers a few rounds in 150 with the setuid program's
