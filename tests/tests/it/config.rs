@@ -608,6 +608,7 @@ fn provider(addr: UpstreamAddr) -> Upstream {
         suspect_after: None,
         max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
         connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
+        stall_after: Some(selfheal_core::config::DEFAULT_STALL_AFTER),
     }
 }
 
@@ -636,6 +637,7 @@ fn the_full_example_means_what_it_says() {
                 suspect_after: None,
                 max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
                 connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
+                stall_after: None,
             },
             provider(UpstreamAddr::Host {
                 host: "api.example.com".into(),
