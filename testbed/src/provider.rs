@@ -48,8 +48,9 @@ pub struct Args {
 /// every MS ms (at least 10), in the style of the API served: an SSE
 /// comment line `: ping` for OpenAI's stream, Anthropic's `event: ping`
 /// with `data: {"type": "ping"}` for the Messages stream; with `stamp`,
-/// each ping carries the time since the stream began, so the pings vary
-/// in size by a few bytes (a relay that stamps them). It pings for an
+/// each ping carries the time since the stream began and a relay's trace
+/// of 0, 6, 12 or 18 hex digits in turn, so the pings vary in size by up
+/// to about 20 bytes (a relay that stamps them). It pings for an
 /// hour and then closes without an answer (a stall), or with `for-MS`
 /// for MS and then answers as any call does (`gap`, `tokens`). Content
 /// that comes slowly is `first-early-think-0-gap-MS`: a word every MS.
@@ -383,25 +384,35 @@ async fn hold(api: Api, pace: &Pacing, s: &mut Body<'_>) -> std::io::Result<bool
     };
     let start = tokio::time::Instant::now();
     let until = start + pace.ping_for.unwrap_or(STALL_LIMIT);
-    loop {
+    for n in 0usize.. {
         let next = tokio::time::Instant::now() + every;
         if next > until {
             tokio::time::sleep_until(until).await;
-            return Ok(pace.ping_for.is_some());
+            break;
         }
         tokio::time::sleep_until(next).await;
-        let stamp = pace.stamp.then(|| start.elapsed().as_millis());
+        let stamp = pace.stamp.then(|| (start.elapsed().as_millis(), n));
         s.put(&ping(api, stamp)).await?;
     }
+    Ok(pace.ping_for.is_some())
 }
 
-/// One keepalive ping in `api`'s style, stamped with `ms` if given.
-fn ping(api: Api, ms: Option<u128>) -> Vec<u8> {
-    match (api, ms) {
-        (Api::OpenAi, None) => b": ping\n\n".to_vec(),
-        (Api::OpenAi, Some(ms)) => format!(": ping t={ms}\n\n").into_bytes(),
-        (Api::Anthropic, None) => sse(Some("ping"), &json!({"type": "ping"})),
-        (Api::Anthropic, Some(ms)) => sse(Some("ping"), &json!({"type": "ping", "t": ms})),
+/// One keepalive ping in `api`'s style; stamped, ping `n` at `ms` carries
+/// the time and a trace of `n % 4 * 6` hex digits.
+fn ping(api: Api, stamp: Option<(u128, usize)>) -> Vec<u8> {
+    let Some((ms, n)) = stamp else {
+        return match api {
+            Api::OpenAi => b": ping\n\n".to_vec(),
+            Api::Anthropic => sse(Some("ping"), &json!({"type": "ping"})),
+        };
+    };
+    let trace = "5e1f".repeat(5)[..n % 4 * 6].to_string();
+    match api {
+        Api::OpenAi => format!(": ping t={ms} trace={trace}\n\n").into_bytes(),
+        Api::Anthropic => sse(
+            Some("ping"),
+            &json!({"type": "ping", "t": ms, "trace": trace}),
+        ),
     }
 }
 
@@ -482,11 +493,16 @@ mod tests {
             ping(Api::Anthropic, None),
             b"event: ping\ndata: {\"type\":\"ping\"}\n\n"
         );
-        // Stamped: a few bytes more as the time grows, never content-sized.
-        let (a, b) = (ping(Api::OpenAi, Some(5)), ping(Api::OpenAi, Some(123_456)));
-        assert_eq!(b.len() - a.len(), 5);
-        let c = ping(Api::Anthropic, Some(123_456));
-        assert!(c.len() < 64, "{}", String::from_utf8_lossy(&c));
+        // Stamped: up to 18 bytes of trace more, and the time's digits,
+        // never content-sized.
+        let (a, b) = (
+            ping(Api::OpenAi, Some((5, 0))),
+            ping(Api::OpenAi, Some((5, 3))),
+        );
+        assert_eq!(b.len() - a.len(), 18);
+        assert_eq!(ping(Api::OpenAi, Some((5, 4))), a);
+        let c = ping(Api::Anthropic, Some((123_456, 7)));
+        assert!(c.len() < 80, "{}", String::from_utf8_lossy(&c));
         assert!(String::from_utf8_lossy(&c).starts_with("event: ping\n"));
     }
 }

@@ -91,10 +91,8 @@ fn check_ms(r: &Report) -> u64 {
 /// interval and the longest check's own run, plus one check's run for
 /// the check that finds it), ended by the socket rung without a proof
 /// keepalive, failed in the SDK, the next call done, same pid.
-fn stalled(caller: Caller, model: &str, name: &'static str) {
-    let Some(r) = run(caller, model, Some(stall_after()), limit(), name) else {
-        return;
-    };
+fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
+    let r = run(caller, model, Some(stall_after()), limit(), name)?;
     let took = check_ms(&r);
     let interval = (CHECK_EVERY.as_millis() as u64).max(took);
     let bound = stall_after().as_millis() as u64 + 2 * interval + took;
@@ -159,6 +157,7 @@ fn stalled(caller: Caller, model: &str, name: &'static str) {
         stall_after().as_millis(),
         r.facts["first_failed_error"]
     );
+    Some(r)
 }
 
 /// A call selfheal must leave alone: never wedged nor healed, its tokens
@@ -214,10 +213,24 @@ fn a_sync_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
 #[test]
 fn a_stream_stalled_behind_pings_of_varying_size_is_wedged_and_ended() {
     let _area = tests::area(module_path!());
-    stalled(
+    let Some(r) = stalled(
         Caller::AsyncAnthropic,
         "ping-1000-stamp-pool",
         "stall_anthropic_async_stamped",
+    ) else {
+        return;
+    };
+    // They did vary.
+    let e = r.facts["wedged"]["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["code"] == "stream_stalled")
+        .map(|r| r["evidence"].clone())
+        .unwrap_or_default();
+    assert!(
+        e["keepalive_bytes_max"].as_u64() > e["keepalive_bytes_min"].as_u64(),
+        "{e:#}"
     );
 }
 
