@@ -114,7 +114,8 @@ pub(super) fn tls_edge(bed: &mut Bed) -> anyhow::Result<SocketAddr> {
 /// for at most `limit`.
 ///
 /// Facts: `first_failed_ms` and `first_failed_error`, or `first_done_ms`
-/// and `first_tokens` (the first call, ms after its start); `next_call_done_ms`;
+/// and `first_tokens` (the first call, ms after its connection was first
+/// seen established, `connected_ms` after its start line); `next_call_done_ms`;
 /// `wedged` (the first wedged outcome; `detect_ms` when, after the start);
 /// `proofs_armed`; `same_pid`.
 pub fn stream(
@@ -155,7 +156,19 @@ pub fn stream(
     wait_calls(&bed, "the first call", name, &mut lines, say, |l| {
         l.iter().any(CallLine::is_start)
     })?;
+    // The call's connection up: its request and the first event follow
+    // at once (some clients, litellm, take seconds from their start line
+    // to their connect). Times are from here.
+    let said = Instant::now();
+    bed.wait_connections(
+        "the call's connection",
+        Duration::from_secs(30),
+        pid,
+        edge,
+        1,
+    )?;
     let start = Instant::now();
+    report.fact("connected_ms", ms_since(said));
     let first = lines.iter().find_map(|l| match l {
         CallLine::Start(id) => Some(id.clone()),
         _ => None,

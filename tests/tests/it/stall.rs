@@ -1,7 +1,8 @@
 //! Streams stalled behind keepalive pings, end to end as root, over TLS:
-//! the real Python SDKs (`openai`, `anthropic`, sync and async) call the
-//! testbed provider through a TLS edge whose CA they trust through
-//! `SSL_CERT_FILE`, with a real `selfheal helper` and `selfheal check` run
+//! the real SDKs (Python `openai` and `anthropic`, sync and async,
+//! `litellm`; Node `openai` and `@anthropic-ai/sdk`) call the testbed
+//! provider through a TLS edge whose CA they trust through their own
+//! environment (`SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`), with a real `selfheal helper` and `selfheal check` run
 //! every second as a timer would. A call whose provider sends the head and
 //! a first event and then only keepalive pings is `wedged`
 //! (`stream_stalled`) within `stall_after` plus two check intervals and
@@ -104,7 +105,7 @@ fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
     });
     assert!(
         detect <= bound,
-        "wedged {detect} ms after the call started (bound {bound} ms, checks took up to {took} ms)"
+        "wedged {detect} ms after its connection was up (bound {bound} ms, checks took up to {took} ms)"
     );
     // Not before the bound either: only keepalive for stall_after.
     assert!(
@@ -153,7 +154,7 @@ fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
     assert!(fact(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
     assert_eq!(r.facts["same_pid"], true, "{:?}", r.facts);
     eprintln!(
-        "{name}: wedged {detect} ms after the call started (stall_after {} ms, bound {bound} ms), the SDK failed it at {failed} ms with {}",
+        "{name}: wedged {detect} ms after its connection was up (stall_after {} ms, bound {bound} ms), the SDK failed it at {failed} ms with {}",
         stall_after().as_millis(),
         r.facts["first_failed_error"]
     );
@@ -207,6 +208,25 @@ fn a_sync_openai_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
 fn a_sync_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
     let _area = tests::area(module_path!());
     stalled(Caller::Anthropic, STALL, "stall_anthropic");
+}
+
+#[test]
+fn a_litellm_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::Litellm, STALL, "stall_litellm");
+}
+
+/// Node's SDKs trust the bed's CA through `NODE_EXTRA_CA_CERTS`.
+#[test]
+fn a_node_openai_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::NodeOpenAi, STALL, "stall_node_openai");
+}
+
+#[test]
+fn a_node_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::NodeAnthropic, STALL, "stall_node_anthropic");
 }
 
 /// A relay that stamps its pings with the time: their sizes vary.
