@@ -284,6 +284,42 @@ mod tests {
         );
     }
 
+    /// The progress records are the report's connections' and no others:
+    /// as many as the report's socket cap at most, and a connection gone
+    /// from the report is gone from the history at the next check.
+    #[test]
+    fn the_progress_history_holds_only_the_connections_in_the_report() {
+        let cfg = agent("stall_after = \"20s\"");
+        let one = report(counters(0, 0, 0, 2_000));
+        let many = |n: u64| {
+            let mut r = one.clone();
+            let s = r.sockets[0].clone();
+            r.sockets = (0..n)
+                .map(|i| SocketReport {
+                    inode: 1_000 + i,
+                    cookie: 5_000 + i,
+                    fd: Some(100 + i as i32),
+                    ..s.clone()
+                })
+                .collect();
+            r
+        };
+        let cap = crate::inspect::MAX_SOCKETS as u64;
+        let (_, next) = judge(&cfg, &many(cap), &[], &AgentHistory::default(), 2_000);
+        assert_eq!(next.progress.len() as u64, cap);
+        // Ten remain: the rest drop out.
+        let (_, next) = judge(&cfg, &many(10), &[], &next, 4_000);
+        assert_eq!(
+            next.progress.keys().copied().collect::<Vec<_>>(),
+            (5_000..5_010).collect::<Vec<u64>>()
+        );
+        // None remain: nothing is kept.
+        let mut gone = one.clone();
+        gone.sockets.clear();
+        let (_, next) = judge(&cfg, &gone, &[], &next, 6_000);
+        assert!(next.progress.is_empty());
+    }
+
     #[test]
     fn silence_past_stall_after_is_the_proofs_to_judge() {
         let cfg = agent("stall_after = \"20s\"");
