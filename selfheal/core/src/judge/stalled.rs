@@ -7,6 +7,12 @@ use crate::{
     progress::{Progress, Stall},
 };
 
+/// `stall_after` in ms, saturating: a bound too long to count in ms is
+/// forever, never a short one wrapped around.
+fn bound_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl<'a> Judging<'a> {
     /// Carries socket `s`'s progress record into the next history, and
     /// its stall past its upstream's `stall_after`, if any.
@@ -25,7 +31,7 @@ impl<'a> Judging<'a> {
         };
         let stall = upstream
             .and_then(|u| u.stall_after)
-            .and_then(|bound| p.stalled(self.now_ms, bound.as_millis() as u64));
+            .and_then(|bound| p.stalled(self.now_ms, bound_ms(bound)));
         self.next.progress.insert(s.cookie, p);
         stall
     }
@@ -39,9 +45,7 @@ impl<'a> Judging<'a> {
         upstream: Option<&Upstream>,
     ) {
         let s = v.s;
-        let bound = upstream
-            .and_then(|u| u.stall_after)
-            .map_or(0, |d| d.as_millis() as u64);
+        let bound = upstream.and_then(|u| u.stall_after).map_or(0, bound_ms);
         let sizes = if stall.smallest == stall.largest {
             format!("{} bytes", stall.smallest)
         } else {
@@ -277,6 +281,16 @@ mod tests {
         assert_eq!(first_stalled(&then_answer), None);
         // With the default bound (10 minutes), 80 s of pings is thinking.
         assert_eq!(first_stalled(&checks(&agent(""), 80, 5_000, |_| 42)), None);
+        // A bound past what ms can count is forever, not wrapped to 384 ms.
+        assert_eq!(
+            first_stalled(&checks(
+                &agent("stall_after = \"18446744073709552s\""),
+                80,
+                5_000,
+                |_| 42
+            )),
+            None
+        );
         // Off: never.
         assert_eq!(
             first_stalled(&checks(&agent("stall_after = \"off\""), 80, 5_000, |_| 42)),
