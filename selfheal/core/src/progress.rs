@@ -47,15 +47,17 @@ pub const KEEPALIVE_SIZE_SPREAD: u64 = 32;
 pub const MIN_KEEPALIVES: u32 = 2;
 
 /// One connection's progress record, kept in the history from check to
-/// check.
+/// check. Saved in the state file for every established upstream
+/// connection, so what is zero or none (a connection with no keepalive
+/// tally, the most) is left out of it and read back as such.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Progress {
     /// Since when (`CLOCK_BOOTTIME` ms, a check's time) nothing but
     /// keepalive has arrived: the check that first saw the connection, or
     /// that saw content or a request on it last.
     pub since_ms: u64,
     /// When the last check was.
-    #[serde(default)]
     pub checked_ms: u64,
     /// The counters at the last check.
     pub bytes_received: u64,
@@ -63,19 +65,25 @@ pub struct Progress {
     pub bytes_acked: u64,
     pub data_segs_out: u32,
     /// Keepalive-sized segments since `since_ms`, and their bytes.
+    #[serde(skip_serializing_if = "is_zero")]
     pub keepalives: u32,
+    #[serde(skip_serializing_if = "is_zero")]
     pub keepalive_bytes: u64,
     /// The smallest and largest mean keepalive size of an interval (bytes).
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub smallest: Option<u64>,
-    #[serde(default)]
+    #[serde(skip_serializing_if = "is_zero")]
     pub largest: u64,
     /// When the first and the last keepalive since `since_ms` arrived
     /// (ms, from each check's `last_data_recv_ms`).
-    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub first_at_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(skip_serializing_if = "is_zero")]
     pub last_at_ms: u64,
+}
+
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// What arrived between two checks.
@@ -267,6 +275,28 @@ mod tests {
                 (now, at(bytes, segs, 601, 1, (now - last) as u32))
             })
             .collect()
+    }
+
+    #[test]
+    fn a_record_is_saved_without_its_empty_tally_and_read_back_whole() {
+        let info = at(400, 1, 601, 1, 0);
+        let quiet = Progress::start(&info, 2_000);
+        let text = serde_json::to_string(&quiet).expect("serialize");
+        for field in [
+            "keepalives",
+            "smallest",
+            "largest",
+            "first_at_ms",
+            "last_at_ms",
+        ] {
+            assert!(!text.contains(field), "{field} in {text}");
+        }
+        assert_eq!(serde_json::from_str::<Progress>(&text).ok(), Some(quiet));
+        // A tally is saved and read back as it was.
+        let (p, _) = run(&pinging(|_| 42, 8));
+        assert!(p.keepalives > 0 && p.smallest.is_some(), "{p:?}");
+        let text = serde_json::to_string(&p).expect("serialize");
+        assert_eq!(serde_json::from_str::<Progress>(&text).ok(), Some(p));
     }
 
     #[test]
