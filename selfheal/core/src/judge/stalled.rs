@@ -15,12 +15,15 @@ fn bound_ms(d: std::time::Duration) -> u64 {
 
 impl<'a> Judging<'a> {
     /// Carries socket `s`'s progress record into the next history, and
-    /// its stall past its upstream's `stall_after`, if any.
+    /// its stall past its upstream's `stall_after`, if any. An upstream
+    /// whose `stall_after` is off (a control upstream's default) keeps no
+    /// record: nothing would read it.
     pub(super) fn progress(
         &mut self,
         s: &SocketReport,
         upstream: Option<&Upstream>,
     ) -> Option<Stall> {
+        let bound = upstream.and_then(|u| u.stall_after)?;
         let i = s.tcp_info.as_ref()?;
         if s.state != TcpState::Established {
             return None;
@@ -29,9 +32,7 @@ impl<'a> Judging<'a> {
             Some(p) => p.advance(i, self.now_ms).0,
             None => Progress::start(i, self.now_ms),
         };
-        let stall = upstream
-            .and_then(|u| u.stall_after)
-            .and_then(|bound| p.stalled(self.now_ms, bound_ms(bound)));
+        let stall = p.stalled(self.now_ms, bound_ms(bound));
         self.next.progress.insert(s.cookie, p);
         stall
     }
@@ -327,6 +328,10 @@ mod tests {
             next.progress.keys().copied().collect::<Vec<_>>(),
             (5_000..5_010).collect::<Vec<u64>>()
         );
+        // A bound off: no record at all.
+        let off = agent("stall_after = \"off\"");
+        let (_, none) = judge(&off, &many(cap), &[], &next, 6_000);
+        assert!(none.progress.is_empty());
         // None remain: nothing is kept.
         let mut gone = one.clone();
         gone.sockets.clear();
