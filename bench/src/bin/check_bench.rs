@@ -191,11 +191,14 @@ fn main() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
-/// What the progress evidence (a record per provider connection, kept in
-/// the state file from check to check) costs: the same agents with their
-/// connections as a provider upstream, `stall_after` at its default
-/// against `"off"` (no record), alternating, each with its own state
-/// directory warmed by one check first.
+/// What the progress evidence (a record per talking provider connection,
+/// kept in the state file from check to check) costs: the same agents
+/// with their connections as a provider upstream, `stall_after` at its
+/// default against `"off"` (no record), alternating, each with its own
+/// state directory warmed by one check first. Twice: the connections
+/// quiet for less than `suspect_after` (each keeps a record, as a talking
+/// one does), then past it (idle, as pooled connections mostly are: none
+/// does); the prove stage off in both, so that only the records differ.
 fn progress(selfheal: &Path, work: &Path, pids: &[u32], addr: &str, runs: usize) {
     let (on, off) = (work.join("progress-on"), work.join("progress-off"));
     let config = |dir: &Path, extra: &str| {
@@ -208,32 +211,38 @@ fn progress(selfheal: &Path, work: &Path, pids: &[u32], addr: &str, runs: usize)
         std::fs::write(&path, text).expect("write config");
         path
     };
-    let (c_on, c_off) = (config(&on, ""), config(&off, "stall_after = \"off\"\n"));
-    let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
-    for i in 0..=runs {
-        let a = timed_usage(&mut check_in(selfheal, &c_on, &on));
-        let b = timed_usage(&mut check_in(selfheal, &c_off, &off));
-        if i > 0 {
-            t_on.push(a);
-            t_off.push(b);
-        }
-    }
     let size =
         |dir: &Path| std::fs::metadata(dir.join("state").join("state.json")).map_or(0, |m| m.len());
-    let ((a, au, asys), (b, bu, bsys)) = (medians(&t_on), medians(&t_off));
-    println!(
-        "  progress evidence, {} agents x their connections as provider: stall_after on {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes) against off {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes): {:+.1} %",
-        pids.len(),
-        a * 1e3,
-        au * 1e3,
-        asys * 1e3,
-        size(&on),
-        b * 1e3,
-        bu * 1e3,
-        bsys * 1e3,
-        size(&off),
-        (a / b - 1.0) * 100.0
-    );
+    for (quiet, suspect_after) in [("talking", "10m"), ("idle", "1s")] {
+        let tail = format!(
+            "[agent.thresholds]\nsuspect_after = \"{suspect_after}\"\n[agent.proof]\nkeepalive = false\n"
+        );
+        let c_on = config(&on, &tail);
+        let c_off = config(&off, &format!("stall_after = \"off\"\n{tail}"));
+        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+        for i in 0..=runs {
+            let a = timed_usage(&mut check_in(selfheal, &c_on, &on));
+            let b = timed_usage(&mut check_in(selfheal, &c_off, &off));
+            if i > 0 {
+                t_on.push(a);
+                t_off.push(b);
+            }
+        }
+        let ((a, au, asys), (b, bu, bsys)) = (medians(&t_on), medians(&t_off));
+        println!(
+            "  progress evidence, {} agents x their connections as provider, {quiet} (suspect_after {suspect_after}): stall_after on {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes) against off {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes): {:+.1} %",
+            pids.len(),
+            a * 1e3,
+            au * 1e3,
+            asys * 1e3,
+            size(&on),
+            b * 1e3,
+            bu * 1e3,
+            bsys * 1e3,
+            size(&off),
+            (a / b - 1.0) * 100.0
+        );
+    }
 }
 
 /// `selfheal check --json` with `config`, its state and snapshots in `dir`.

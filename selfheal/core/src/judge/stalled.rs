@@ -17,11 +17,16 @@ impl<'a> Judging<'a> {
     /// Carries socket `s`'s progress record into the next history, and
     /// its stall past its upstream's `stall_after`, if any. An upstream
     /// whose `stall_after` is off (a control upstream's default) keeps no
-    /// record: nothing would read it.
+    /// record: nothing would read it. Nor does a connection quiet past
+    /// `suspect_after_ms` with no keepalive counted (an idle pooled
+    /// connection, a call thinking in silence: the proof's to judge, and
+    /// most of an agent's connections): when it talks again, its record
+    /// starts afresh.
     pub(super) fn progress(
         &mut self,
         s: &SocketReport,
         upstream: Option<&Upstream>,
+        suspect_after_ms: u64,
     ) -> Option<Stall> {
         let bound = upstream.and_then(|u| u.stall_after)?;
         let i = s.tcp_info.as_ref()?;
@@ -32,6 +37,9 @@ impl<'a> Judging<'a> {
             Some(p) => p.advance(i, self.now_ms).0,
             None => Progress::start(i, self.now_ms),
         };
+        if p.keepalives == 0 && u64::from(i.last_data_recv_ms) > suspect_after_ms {
+            return None;
+        }
         let stall = p.stalled(self.now_ms, bound_ms(bound));
         self.next.progress.insert(s.cookie, p);
         stall
@@ -328,6 +336,16 @@ mod tests {
             next.progress.keys().copied().collect::<Vec<_>>(),
             (5_000..5_010).collect::<Vec<u64>>()
         );
+        // Quiet past suspect_after (60 s) with no keepalive counted: no
+        // record either.
+        let mut quiet = many(cap);
+        for s in &mut quiet.sockets {
+            if let Some(i) = s.tcp_info.as_mut() {
+                i.last_data_recv_ms = 61_000;
+            }
+        }
+        let (_, none) = judge(&cfg, &quiet, &[], &next, 5_000);
+        assert!(none.progress.is_empty(), "{}", none.progress.len());
         // A bound off: no record at all.
         let off = agent("stall_after = \"off\"");
         let (_, none) = judge(&off, &many(cap), &[], &next, 6_000);
