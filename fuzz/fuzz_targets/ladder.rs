@@ -189,6 +189,30 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
             .into_iter()
             .take(u.int_in_range(0..=1)?)
             .collect(),
+        // The fixture's socket's progress record, any counters and times.
+        progress: if u.arbitrary::<bool>()? {
+            [(
+                9,
+                selfheal_core::progress::Progress {
+                    since_ms: u.arbitrary()?,
+                    checked_ms: u.arbitrary()?,
+                    bytes_received: u.arbitrary()?,
+                    data_segs_in: u.arbitrary()?,
+                    bytes_acked: u.arbitrary()?,
+                    data_segs_out: u.arbitrary()?,
+                    keepalives: u.arbitrary()?,
+                    keepalive_bytes: u.arbitrary()?,
+                    smallest: u.arbitrary()?,
+                    largest: u.arbitrary()?,
+                    first_at_ms: u.arbitrary()?,
+                    last_at_ms: u.arbitrary()?,
+                },
+            )]
+            .into_iter()
+            .collect()
+        } else {
+            Default::default()
+        },
     })
 }
 
@@ -199,6 +223,7 @@ fn one(u: &mut Unstructured<'_>) -> Result<()> {
     if let Some(up) = agent.upstreams.first_mut() {
         up.heartbeat = u.arbitrary::<bool>()?.then(|| duration(u)).transpose()?;
         up.suspect_after = u.arbitrary::<bool>()?.then(|| duration(u)).transpose()?;
+        up.stall_after = u.arbitrary::<bool>()?.then(|| duration(u)).transpose()?;
     }
     let judge_history = agent_history(u)?;
     let mut heal_history = heal_history(u)?;

@@ -42,6 +42,18 @@ pub struct Args {
 /// call, as real providers keep theirs, a streamed answer then in chunked
 /// encoding; default: `Connection: close`). Unknown words are ignored,
 /// so any model name works.
+///
+/// A stalled stream: `ping-MS` sends the head and the first event at once
+/// (as `first-early`), then instead of thinking only keepalive pings, one
+/// every MS ms (at least 10), in the style of the API served: an SSE
+/// comment line `: ping` for OpenAI's stream, Anthropic's `event: ping`
+/// with `data: {"type": "ping"}` for the Messages stream; with `stamp`,
+/// each ping carries the time since the stream began and a relay's trace
+/// of 0, 6, 12 or 18 hex digits in turn, so the pings vary in size by up
+/// to about 20 bytes (a relay that stamps them). It pings for an
+/// hour and then closes without an answer (a stall), or with `for-MS`
+/// for MS and then answers as any call does (`gap`, `tokens`). Content
+/// that comes slowly is `first-early-think-0-gap-MS`: a word every MS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
     pub think: Duration,
@@ -51,7 +63,16 @@ pub struct Pacing {
     pub first_early: bool,
     pub lag: Duration,
     pub pool: bool,
+    /// Keepalive pings this far apart instead of thinking.
+    pub ping: Option<Duration>,
+    /// How long the pings go on before the answer (None: a stall).
+    pub ping_for: Option<Duration>,
+    /// Pings carry a time stamp: their sizes vary.
+    pub stamp: bool,
 }
+
+/// How long a stalled stream pings before it closes.
+pub const STALL_LIMIT: Duration = Duration::from_secs(3600);
 
 impl Pacing {
     pub fn parse(model: &str) -> Pacing {
@@ -63,9 +84,13 @@ impl Pacing {
             first_early: false,
             lag: Duration::ZERO,
             pool: false,
+            ping: None,
+            ping_for: None,
+            stamp: false,
         };
         let words: Vec<&str> = model.split('-').collect();
         p.pool = words.contains(&"pool");
+        p.stamp = words.contains(&"stamp");
         for pair in words.windows(2) {
             let n = pair[1].parse::<u64>().ok();
             match (pair[0], n) {
@@ -75,8 +100,14 @@ impl Pacing {
                 ("head", _) => p.head_late = pair[1] == "late",
                 ("first", _) => p.first_early = pair[1] == "early",
                 ("lag", Some(ms)) => p.lag = Duration::from_millis(ms),
+                ("ping", Some(ms)) => p.ping = Some(Duration::from_millis(ms.max(10))),
+                ("for", Some(ms)) => p.ping_for = Some(Duration::from_millis(ms)),
                 _ => {}
             }
+        }
+        if p.ping.is_some() {
+            p.head_late = false;
+            p.first_early = true;
         }
         p
     }
@@ -289,8 +320,8 @@ async fn compatible(
                 Value::Null,
             ));
             s.put(&first).await?;
-            if first_early {
-                tokio::time::sleep(pace.think).await;
+            if first_early && !hold(api, &pace, &mut s).await? {
+                return s.end().await;
             }
             for _ in 0..pace.tokens {
                 s.put(&chunk(json!({"content": "tok "}), Value::Null))
@@ -317,8 +348,8 @@ async fn compatible(
                         "content_block": {"type": "text", "text": ""}}),
             ));
             s.put(&first).await?;
-            if first_early {
-                tokio::time::sleep(pace.think).await;
+            if first_early && !hold(api, &pace, &mut s).await? {
+                return s.end().await;
             }
             for _ in 0..pace.tokens {
                 let delta = json!({"type": "content_block_delta", "index": 0,
@@ -341,6 +372,48 @@ async fn compatible(
         }
     }
     s.end().await
+}
+
+/// After the first event: thinks (`think`), or pings every `ping` for
+/// `ping_for` (then `true`: the answer follows) or [`STALL_LIMIT`]
+/// (`false`: a stall, no answer).
+async fn hold(api: Api, pace: &Pacing, s: &mut Body<'_>) -> std::io::Result<bool> {
+    let Some(every) = pace.ping else {
+        tokio::time::sleep(pace.think).await;
+        return Ok(true);
+    };
+    let start = tokio::time::Instant::now();
+    let until = start + pace.ping_for.unwrap_or(STALL_LIMIT);
+    for n in 0usize.. {
+        let next = tokio::time::Instant::now() + every;
+        if next > until {
+            tokio::time::sleep_until(until).await;
+            break;
+        }
+        tokio::time::sleep_until(next).await;
+        let stamp = pace.stamp.then(|| (start.elapsed().as_millis(), n));
+        s.put(&ping(api, stamp)).await?;
+    }
+    Ok(pace.ping_for.is_some())
+}
+
+/// One keepalive ping in `api`'s style; stamped, ping `n` at `ms` carries
+/// the time and a trace of `n % 4 * 6` hex digits.
+fn ping(api: Api, stamp: Option<(u128, usize)>) -> Vec<u8> {
+    let Some((ms, n)) = stamp else {
+        return match api {
+            Api::OpenAi => b": ping\n\n".to_vec(),
+            Api::Anthropic => sse(Some("ping"), &json!({"type": "ping"})),
+        };
+    };
+    let trace = "5e1f".repeat(5)[..n % 4 * 6].to_string();
+    match api {
+        Api::OpenAi => format!(": ping t={ms} trace={trace}\n\n").into_bytes(),
+        Api::Anthropic => sse(
+            Some("ping"),
+            &json!({"type": "ping", "t": ms, "trace": trace}),
+        ),
+    }
 }
 
 /// One server-sent event.
@@ -379,5 +452,57 @@ mod tests {
         assert!(Pacing::parse("think-9-first-early").first_early);
         assert_eq!(Pacing::parse("lag-300").lag, Duration::from_millis(300));
         assert_eq!(Pacing::parse("tokens-999999999").tokens, 100_000);
+        assert_eq!(d.ping, None);
+    }
+
+    #[test]
+    fn pings_come_from_the_model_name() {
+        // A stall: the head and first event at once, then pings forever.
+        let p = Pacing::parse("ping-5000");
+        assert_eq!(p.ping, Some(Duration::from_millis(5000)));
+        assert_eq!(p.ping_for, None);
+        assert!(p.first_early && !p.head_late && !p.stamp);
+        // Pings then the answer; a late head is overruled by the pings.
+        let p = Pacing::parse("ping-2000-for-20000-tokens-3-head-late");
+        assert_eq!(p.ping, Some(Duration::from_millis(2000)));
+        assert_eq!(p.ping_for, Some(Duration::from_millis(20_000)));
+        assert_eq!(p.tokens, 3);
+        assert!(p.first_early && !p.head_late);
+        assert!(Pacing::parse("ping-1000-stamp").stamp);
+        // A ping every 0 ms would spin: at least 10.
+        assert_eq!(
+            Pacing::parse("ping-0").ping,
+            Some(Duration::from_millis(10))
+        );
+        // Not numbers: ignored, as any unknown word.
+        assert_eq!(Pacing::parse("ping-soon").ping, None);
+        assert_eq!(Pacing::parse("ping-1000-for-ever").ping_for, None);
+        // Slow content: a word every 3 s from the first event on.
+        let p = Pacing::parse("first-early-think-0-gap-3000-tokens-9");
+        assert_eq!(
+            (p.think, p.gap, p.tokens),
+            (Duration::ZERO, Duration::from_millis(3000), 9)
+        );
+        assert!(p.first_early && p.ping.is_none());
+    }
+
+    #[test]
+    fn pings_are_small_and_alike_in_the_api_style() {
+        assert_eq!(ping(Api::OpenAi, None), b": ping\n\n");
+        assert_eq!(
+            ping(Api::Anthropic, None),
+            b"event: ping\ndata: {\"type\":\"ping\"}\n\n"
+        );
+        // Stamped: up to 18 bytes of trace more, and the time's digits,
+        // never content-sized.
+        let (a, b) = (
+            ping(Api::OpenAi, Some((5, 0))),
+            ping(Api::OpenAi, Some((5, 3))),
+        );
+        assert_eq!(b.len() - a.len(), 18);
+        assert_eq!(ping(Api::OpenAi, Some((5, 4))), a);
+        let c = ping(Api::Anthropic, Some((123_456, 7)));
+        assert!(c.len() < 80, "{}", String::from_utf8_lossy(&c));
+        assert!(String::from_utf8_lossy(&c).starts_with("event: ping\n"));
     }
 }

@@ -8,6 +8,11 @@
 //! `--sockets` TCP connections each, at 10 and then the full count, so the
 //! growth shows. Prints medians of `--runs`, ratios and selfheal's peak RSS.
 //!
+//! The progress evidence: the same agents with their connections as a
+//! provider upstream, `check` with `stall_after` at its default against
+//! `"off"` (no progress records), alternating; the added time and the
+//! state file's size.
+//!
 //! Beside `check`, in alternation with it, `check --no-iterators` (every
 //! thread from procfs) and the C floor (`bench/src/diag_floor.c`, compiled
 //! here with `cc`): each agent thread's `stat` and `wchan` and one
@@ -102,9 +107,9 @@ fn main() {
         // The checks and the C floor alternate, so all see the same machine.
         let (mut iterated, mut procfs, mut floors) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
-            iterated.push(timed_usage(&mut check_cmd(&selfheal, &config, &work)));
+            iterated.push(timed_usage(&mut check_in(&selfheal, &config, &work)));
             procfs.push(timed_usage(
-                check_cmd(&selfheal, &config, &work).arg("--no-iterators"),
+                check_in(&selfheal, &config, &work).arg("--no-iterators"),
             ));
             if let Some(bin) = &floor {
                 let mut cmd = Command::new(bin);
@@ -162,10 +167,11 @@ fn main() {
             per(p0, p1),
         );
     }
+    progress(&selfheal, &work, &pids, &addr, runs);
     // One HTTP probe per agent, concurrently, against curl one at a time.
     for n in [10.min(agents), agents] {
         let config = write_config(&work, &pids[..n], Some(status));
-        let (t, rss) = median_rss(runs, || timed(&mut check_cmd(&selfheal, &config, &work)));
+        let (t, rss) = median_rss(runs, || timed(&mut check_in(&selfheal, &config, &work)));
         let script = format!(
             "for i in $(seq 1 {n}); do curl -s -m 2 -o /dev/null http://{status}/status/$i; done"
         );
@@ -185,14 +191,69 @@ fn main() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
-fn check_cmd(selfheal: &Path, config: &Path, work: &Path) -> Command {
+/// What the progress evidence (a record per talking provider connection,
+/// kept in the state file from check to check) costs: the same agents
+/// with their connections as a provider upstream, `stall_after` at its
+/// default against `"off"` (no record), alternating, each with its own
+/// state directory warmed by one check first. Twice: the connections
+/// quiet for less than `suspect_after` (each keeps a record, as a talking
+/// one does), then past it (idle, as pooled connections mostly are: none
+/// does); the prove stage off in both, so that only the records differ.
+fn progress(selfheal: &Path, work: &Path, pids: &[u32], addr: &str, runs: usize) {
+    let (on, off) = (work.join("progress-on"), work.join("progress-off"));
+    let config = |dir: &Path, extra: &str| {
+        let mut text = String::new();
+        for (i, pid) in pids.iter().enumerate() {
+            text.push_str(&format!("[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n[[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n{extra}"));
+        }
+        std::fs::create_dir_all(dir).expect("progress dir");
+        let path = dir.join("config.toml");
+        std::fs::write(&path, text).expect("write config");
+        path
+    };
+    let size =
+        |dir: &Path| std::fs::metadata(dir.join("state").join("state.json")).map_or(0, |m| m.len());
+    for (quiet, suspect_after) in [("talking", "10m"), ("idle", "1s")] {
+        let tail = format!(
+            "[agent.thresholds]\nsuspect_after = \"{suspect_after}\"\n[agent.proof]\nkeepalive = false\n"
+        );
+        let c_on = config(&on, &tail);
+        let c_off = config(&off, &format!("stall_after = \"off\"\n{tail}"));
+        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+        for i in 0..=runs {
+            let a = timed_usage(&mut check_in(selfheal, &c_on, &on));
+            let b = timed_usage(&mut check_in(selfheal, &c_off, &off));
+            if i > 0 {
+                t_on.push(a);
+                t_off.push(b);
+            }
+        }
+        let ((a, au, asys), (b, bu, bsys)) = (medians(&t_on), medians(&t_off));
+        println!(
+            "  progress evidence, {} agents x their connections as provider, {quiet} (suspect_after {suspect_after}): stall_after on {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes) against off {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes): {:+.1} %",
+            pids.len(),
+            a * 1e3,
+            au * 1e3,
+            asys * 1e3,
+            size(&on),
+            b * 1e3,
+            bu * 1e3,
+            bsys * 1e3,
+            size(&off),
+            (a / b - 1.0) * 100.0
+        );
+    }
+}
+
+/// `selfheal check --json` with `config`, its state and snapshots in `dir`.
+fn check_in(selfheal: &Path, config: &Path, dir: &Path) -> Command {
     let mut c = Command::new(selfheal);
     c.args(["check", "--json", "--config"])
         .arg(config)
         .arg("--state-dir")
-        .arg(work.join("state"))
+        .arg(dir.join("state"))
         .arg("--snapshot-dir")
-        .arg(work.join("snap"));
+        .arg(dir.join("snap"));
     c
 }
 

@@ -109,6 +109,7 @@ pub fn dead_socket(inode: u64) -> DeadSocket {
         cookie: 9,
         unacked: 0,
         by_proof: false,
+        peer_alive: false,
         kind: DeadKind::Awaited,
     }
 }

@@ -572,11 +572,17 @@ fn rung_steps(
     match rung {
         // Keepalive where it can work (a proof keepalive that went
         // unanswered is ended; elsewhere one is armed); a socket with data
-        // in flight goes straight to the next rung.
-        0 if sockets.iter().all(|d| d.by_proof || d.unacked == 0) => sockets
+        // in flight, or whose peer is alive (a stream stalled behind its
+        // pings), goes straight to the next rung.
+        0 if sockets
             .iter()
-            .map(|d| expire_or(d, SocketStep::ArmKeepalive))
-            .collect(),
+            .all(|d| !d.peer_alive && (d.by_proof || d.unacked == 0)) =>
+        {
+            sockets
+                .iter()
+                .map(|d| expire_or(d, SocketStep::ArmKeepalive))
+                .collect()
+        }
         1 => sockets
             .iter()
             .map(|d| socket_step(d, SocketStep::Destroy))

@@ -21,8 +21,9 @@
 //!   container a cgroup path anchors), [`probe`] (a probe's result and the
 //!   judgement of an answer), joined by [`inspect`] into a report;
 //! - **judge**: [`judge`] (evidence and history to a verdict), with
-//!   [`prove`] (the proof keepalive's model) and [`keepalive`] (a socket's
-//!   keepalive options);
+//!   [`prove`] (the proof keepalive's model), [`keepalive`] (a socket's
+//!   keepalive options) and [`progress`] (whether a talking call makes
+//!   progress);
 //! - **report**: [`outcome`] (one agent's check, and how it reads for
 //!   people), [`history`] (what `check` remembers between runs),
 //!   [`metrics`] (the Prometheus text);
@@ -65,6 +66,7 @@ pub mod owner;
 pub mod policy;
 pub mod probe;
 pub mod proc;
+pub mod progress;
 pub mod protocol;
 pub mod prove;
 pub mod runtime;

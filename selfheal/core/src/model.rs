@@ -163,6 +163,10 @@ pub enum ReasonCode {
     CallInFlight,
     /// A call silent past `max_silence` while its TCP peer still answers.
     SilenceExceeded,
+    /// A call whose connection has carried only keepalive (pings) for
+    /// longer than its upstream's `stall_after`: the peer is alive, the
+    /// call makes no progress.
+    StreamStalled,
     /// No connection to the configured control upstream.
     ControlAbsent,
     ProbeFailed,
@@ -188,7 +192,7 @@ pub enum ReasonCode {
 
 impl ReasonCode {
     /// Every code, for documentation and exhaustive tests.
-    pub const ALL: [ReasonCode; 23] = [
+    pub const ALL: [ReasonCode; 24] = [
         Self::Healthy,
         Self::Idle,
         Self::Busy,
@@ -201,6 +205,7 @@ impl ReasonCode {
         Self::Suspect,
         Self::CallInFlight,
         Self::SilenceExceeded,
+        Self::StreamStalled,
         Self::ControlAbsent,
         Self::ProbeFailed,
         Self::ProbeUnexpected,
@@ -229,6 +234,7 @@ impl ReasonCode {
             Self::Suspect => "suspect",
             Self::CallInFlight => "call_in_flight",
             Self::SilenceExceeded => "silence_exceeded",
+            Self::StreamStalled => "stream_stalled",
             Self::ControlAbsent => "control_absent",
             Self::ProbeFailed => "probe_failed",
             Self::ProbeUnexpected => "probe_unexpected",
@@ -315,6 +321,10 @@ pub struct DeadSocket {
     pub unacked: u32,
     /// Proven by the prove stage's own keepalive, which went unanswered.
     pub by_proof: bool,
+    /// The peer is alive (a stream stalled behind its keepalive): arming
+    /// keepalive cannot end the connection, so the ladder starts by
+    /// destroying it.
+    pub peer_alive: bool,
     /// What ending it is for: a connection a call is or may be waiting on
     /// (the agent is wedged), one nobody waits on (ended before a request
     /// is sent into it), or an attempt that never connected.

@@ -66,4 +66,11 @@ pub struct TcpInfo {
     pub last_ack_recv_ms: u32,
     pub bytes_received: u64,
     pub bytes_acked: u64,
+    /// Segments that carried data, received and sent (retransmissions
+    /// included): with the bytes, how large the arrivals between two checks
+    /// were ([`crate::progress`]). 0 where the kernel does not count them.
+    #[serde(default)]
+    pub data_segs_in: u32,
+    #[serde(default)]
+    pub data_segs_out: u32,
 }

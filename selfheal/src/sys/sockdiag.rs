@@ -285,6 +285,8 @@ fn convert(r: &InetResponse) -> TcpSocket {
             last_ack_recv_ms: i.last_ack_recv,
             bytes_received: i.bytes_received,
             bytes_acked: i.bytes_acked,
+            data_segs_in: i.data_segs_in,
+            data_segs_out: i.data_segs_out,
         }),
         _ => None,
     });

@@ -188,6 +188,9 @@ pub struct Bed {
     named: BTreeMap<String, usize>,
     /// `[[agent]]` blocks of agents that are not testbed runners.
     agents: Vec<String>,
+    /// The CA (PEM) that SDK callers started from now on trust, calling
+    /// their upstream over TLS (`https://`).
+    pub(super) tls_ca: Option<PathBuf>,
 }
 
 impl Bed {
@@ -211,6 +214,7 @@ impl Bed {
             runners: Vec::new(),
             named: BTreeMap::new(),
             agents: Vec::new(),
+            tls_ca: None,
         };
         let mut cmd = bed.topo.dispatch.command(&bed.opts.testbed);
         cmd.args(["dispatch", "--listen"])
@@ -361,6 +365,11 @@ impl Bed {
 
     pub fn provider(&self) -> SocketAddr {
         self.provider_addr()
+    }
+
+    /// A path for file `name` in the bed's own directory (removed with it).
+    pub(super) fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
     }
 
     pub(super) fn pidfile(&self, runner: &str) -> PathBuf {

@@ -378,13 +378,23 @@ pub(super) fn start_caller(
         sdk_runner()?
     };
     let status = SocketAddr::from(([127, 0, 0, 1], SDK_STATUS_PORT));
+    let scheme = if bed.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let base = match caller {
         Caller::Anthropic | Caller::AsyncAnthropic | Caller::NodeAnthropic => {
-            format!("http://{upstream}")
+            format!("{scheme}://{upstream}")
         }
-        _ => format!("http://{upstream}/v1"),
+        _ => format!("{scheme}://{upstream}/v1"),
     };
     let mut cmd = bed.topo.runners.command(&program);
+    // Over TLS, the client trusts the bed's CA through its own
+    // environment, as an operator's would: httpx's and Node's variables.
+    if let Some(ca) = &bed.tls_ca {
+        cmd.env("SSL_CERT_FILE", ca).env("NODE_EXTRA_CA_CERTS", ca);
+    }
     cmd.arg(&script)
         .args([
             "--name",

@@ -19,6 +19,8 @@
 //!   of one HTTP/2 connection.
 //! - `load`: many runners streaming, many callers thinking.
 //! - `sockets`: a process's TCP sockets and what its threads wait in.
+//! - `stalled`: streams over TLS kept alive by keepalive pings, stalled
+//!   or not, and the TLS edge before the provider.
 
 mod bed;
 mod callers;
@@ -28,6 +30,7 @@ mod incident;
 mod load;
 mod silent;
 mod sockets;
+mod stalled;
 
 pub use bed::{Bed, CheckRun, FAST, Options, RunnerSpec};
 pub use callers::{
@@ -40,3 +43,4 @@ pub use incident::{THINKING, busy_provider, incident, peer_stopped, table_lies, 
 pub use load::{load, many_thinking};
 pub use silent::{silent_cut, silent_cut_of, thinking};
 pub use sockets::{TcpSocket, tcp_sockets, waits};
+pub use stalled::{make_certs, stream};

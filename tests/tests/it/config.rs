@@ -302,12 +302,27 @@ fn bad_configs_name_file_line_and_key() {
         (
             upstream("role = \"control\"\nadr = \"127.0.0.1:1\"\n"),
             6,
-            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence, connect_timeout)",
+            "agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence, connect_timeout, stall_after)",
         ),
         (
             upstream("role = \"provider\"\naddr = \":443\"\nmax_silence = \"forever\"\n"),
             7,
             "key `max_silence`",
+        ),
+        (
+            upstream("role = \"provider\"\naddr = \":443\"\nstall_after = \"never\"\n"),
+            7,
+            "key `stall_after`: bad duration \"never\"",
+        ),
+        (
+            upstream("role = \"provider\"\naddr = \":443\"\nstall_after = \"0s\"\n"),
+            7,
+            "key `stall_after`: duration \"0s\" must be more than 0",
+        ),
+        (
+            upstream("role = \"provider\"\naddr = \":443\"\nstall_after = 600\n"),
+            7,
+            "key `stall_after`",
         ),
         // The prove stage.
         (
@@ -608,6 +623,7 @@ fn provider(addr: UpstreamAddr) -> Upstream {
         suspect_after: None,
         max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
         connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
+        stall_after: Some(selfheal_core::config::DEFAULT_STALL_AFTER),
     }
 }
 
@@ -636,6 +652,7 @@ fn the_full_example_means_what_it_says() {
                 suspect_after: None,
                 max_silence: selfheal_core::config::DEFAULT_MAX_SILENCE,
                 connect_timeout: selfheal_core::config::DEFAULT_CONNECT_TIMEOUT,
+                stall_after: None,
             },
             provider(UpstreamAddr::Host {
                 host: "api.example.com".into(),

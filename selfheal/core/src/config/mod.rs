@@ -37,8 +37,9 @@ pub use self::{
     resolve::{Resolution, ResolvedUpstream, ResolvedUpstreams},
     schema::{
         AgentConfig, Config, DEFAULT_COLLECT_BUDGET, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_SILENCE,
-        DEFAULT_PROBE_TIMEOUT, HealConfig, MatchRule, MatchUid, ProbeAuth, ProbeConfig,
-        ProofConfig, Redirects, Role, SecretSource, Thresholds, UnitOwner, Upstream, UpstreamAddr,
+        DEFAULT_PROBE_TIMEOUT, DEFAULT_STALL_AFTER, HealConfig, MatchRule, MatchUid, ProbeAuth,
+        ProbeConfig, ProofConfig, Redirects, Role, SecretSource, Thresholds, UnitOwner, Upstream,
+        UpstreamAddr,
     },
     upstream::check_json_pointer,
     walk::line_col,

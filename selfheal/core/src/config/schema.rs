@@ -351,6 +351,12 @@ pub struct Upstream {
     /// and the heal ends it so the caller's connect fails now. Default
     /// [`DEFAULT_CONNECT_TIMEOUT`].
     pub connect_timeout: Duration,
+    /// `stall_after`: a call in flight whose connection has carried only
+    /// keepalive (pings, no content, no new request) for longer than this
+    /// is `wedged` (`stream_stalled`), and the heal ends the connection.
+    /// `None` (`"off"`): never. Default [`DEFAULT_STALL_AFTER`] for a
+    /// provider, off for a control upstream.
+    pub stall_after: Option<Duration>,
 }
 
 /// The default `connect_timeout`: 30 s, longer than the official SDKs'
@@ -362,6 +368,14 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// openai and anthropic SDKs. A call silent longer than any SDK would wait
 /// is not thinking.
 pub const DEFAULT_MAX_SILENCE: Duration = Duration::from_secs(600);
+
+/// The default `stall_after` of a provider upstream: 10 minutes, the read
+/// timeout of the official openai and anthropic SDKs. Providers and
+/// gateways ping while a model thinks (a reasoning model may think for
+/// minutes before its first token); a call that has made no progress for
+/// as long as an SDK would wait for a silent one is not thinking, and only
+/// the pings keep the SDK's own timeout from ending it.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(600);
 
 /// An upstream's address as written.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

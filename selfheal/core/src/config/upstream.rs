@@ -12,8 +12,9 @@ use std::{
 use toml::de::DeValue;
 
 use super::{
-    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_SILENCE, DEFAULT_PROBE_TIMEOUT, ProbeAuth,
-    ProbeConfig, Redirects, Role, SecretSource, Upstream, UpstreamAddr, walk::Fields,
+    ConfigError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_SILENCE, DEFAULT_PROBE_TIMEOUT,
+    DEFAULT_STALL_AFTER, ProbeAuth, ProbeConfig, Redirects, Role, SecretSource, Upstream,
+    UpstreamAddr, walk::Fields,
 };
 
 const UPSTREAM_KEYS: &[&str] = &[
@@ -23,6 +24,7 @@ const UPSTREAM_KEYS: &[&str] = &[
     "suspect_after",
     "max_silence",
     "connect_timeout",
+    "stall_after",
 ];
 const PROBE_KEYS: &[&str] = &[
     "url",
@@ -180,6 +182,10 @@ pub(super) fn upstream(u: &Fields<'_, '_>) -> Result<Upstream, ConfigError> {
         connect_timeout: u
             .duration("connect_timeout")?
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        stall_after: u.duration_or_off("stall_after")?.unwrap_or(match role {
+            Role::Provider => Some(DEFAULT_STALL_AFTER),
+            Role::Control => None,
+        }),
     })
 }
 
@@ -529,6 +535,7 @@ mod tests {
             suspect_after: None,
             max_silence: DEFAULT_MAX_SILENCE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            stall_after: None,
         };
         assert_keys_are_fields(&format!("{upstream:?}"), UPSTREAM_KEYS, &[]);
         let http = ProbeConfig::Http {

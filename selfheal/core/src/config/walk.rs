@@ -241,6 +241,15 @@ impl<'a, 'i, E: Invalid> Fields<'a, 'i, E> {
         Ok(Some(d))
     }
 
+    /// A duration, or `"off"`: `Some(None)` for off, `None` when absent.
+    pub fn duration_or_off(&self, key: &str) -> Result<Option<Option<Duration>>, E> {
+        match self.string(key)? {
+            Some(("off", _)) => Ok(Some(None)),
+            Some(_) => self.duration(key).map(|d| d.map(Some)),
+            None => Ok(None),
+        }
+    }
+
     /// A table value (inline or not) as `Fields`.
     pub fn table(&self, key: &str, scope: String) -> Result<Option<Fields<'a, 'i, E>>, E> {
         match self.get(key) {

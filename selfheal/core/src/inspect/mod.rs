@@ -355,6 +355,8 @@ mod tests {
                 last_ack_recv_ms: last_ack,
                 bytes_received: 10,
                 bytes_acked: 10,
+                data_segs_in: 0,
+                data_segs_out: 0,
             }),
         }
     }

@@ -41,11 +41,13 @@ use crate::{
     config::{AgentConfig, Role, Thresholds},
     inspect::{Report, SocketReport, human_ms},
     model::{DeadKind, GapKind, SocketRole, TcpState},
+    progress::Progress,
     prove::{Answered, Proof, ProofTarget, ProofWork},
 };
 
 mod liveness;
 mod sockets;
+mod stalled;
 
 use self::liveness::{
     Liveness, Waiter, call_silence, closed_seen_ms, connecting, event_loop_sockets, in_flight,
@@ -196,6 +198,10 @@ pub struct AgentHistory {
     /// does not date the close.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub closed_since_ms: BTreeMap<u64, u64>,
+    /// What arrived on each established upstream connection, by cookie:
+    /// whether a call that is talking makes progress ([`Progress`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub progress: BTreeMap<u64, Progress>,
 }
 
 /// The field a probe names `current_task` (design: the agent's own story of

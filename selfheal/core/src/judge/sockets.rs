@@ -7,7 +7,12 @@ use super::*;
 impl<'a> Judging<'a> {
     /// The ladder's finding that socket `s` is dead, when the process that
     /// holds it and its fd are known (an act needs both).
-    fn finding(&self, s: &SocketReport, by_proof: bool, kind: DeadKind) -> Option<DeadSocket> {
+    pub(super) fn finding(
+        &self,
+        s: &SocketReport,
+        by_proof: bool,
+        kind: DeadKind,
+    ) -> Option<DeadSocket> {
         Some(DeadSocket {
             pid: s.pid,
             start_ticks: start_ticks(self.report, s.pid)?,
@@ -16,6 +21,7 @@ impl<'a> Judging<'a> {
             cookie: s.cookie,
             unacked: s.tcp_info.as_ref().map_or(0, |i| i.unacked),
             by_proof,
+            peer_alive: false,
             kind,
         })
     }
@@ -64,6 +70,7 @@ impl<'a> Judging<'a> {
                 .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms < i.last_data_recv_ms);
         let closed_seen = closed_seen_ms(s, self.history, self.now_ms);
         let liveness = liveness(s, self.cfg, proof, closed_seen, self.now_ms);
+        let stall = self.progress(s, upstream, suspect_after);
         self.keep_proof(s, proof_held(s, self.history), &liveness);
         if let Some(a) = self.history.answered.get(&s.cookie) {
             self.next.answered.insert(s.cookie, *a);
@@ -94,8 +101,15 @@ impl<'a> Judging<'a> {
             waiter: waiting.get(&s.inode).copied(),
             answered,
         };
-        let dead = matches!(liveness, Liveness::Dead { .. });
+        let stall =
+            stall.filter(|_| matches!(liveness, Liveness::Alive(_)) && (control || awaited));
+        let dead = matches!(liveness, Liveness::Dead { .. }) || stall.is_some();
+        if let Some(stall) = stall {
+            up.control_dead |= control;
+            self.stalled_socket(&view, stall, upstream);
+        }
         match liveness {
+            Liveness::Alive(_) if stall.is_some() => {}
             Liveness::Dead {
                 code,
                 why,

@@ -40,6 +40,8 @@ fn info(last_recv_ms: u64, last_ack_ms: u64, last_sent_ms: u64) -> TcpInfo {
         last_ack_recv_ms: last_ack_ms as u32,
         bytes_received: 1000,
         bytes_acked: 1000,
+        data_segs_in: 0,
+        data_segs_out: 0,
     }
 }
 

@@ -397,6 +397,8 @@ fn a_dead_socket_with_data_in_flight_skips_keepalive_for_destroy() {
         last_ack_recv_ms: 5_000,
         bytes_received: 10,
         bytes_acked: 10,
+        data_segs_in: 0,
+        data_segs_out: 0,
     });
     let events = [
         (0, wedged(ReasonCode::PeerUnresponsive, Some(42)), r.clone()),
@@ -575,6 +577,8 @@ fn a_proven_dead_stream_heals_on_the_first_rung_and_a_slow_live_one_is_never_cut
         last_ack_recv_ms: 4_000,
         bytes_received: 10,
         bytes_acked: 10,
+        data_segs_in: 0,
+        data_segs_out: 0,
     });
     let events: Vec<_> = (0..10)
         .map(|t| (t * 30 * SEC, busy(), slow.clone()))

@@ -404,6 +404,8 @@ fn a_collect_result_round_trips_with_its_waits_timers_and_tcp_info() {
             last_ack_recv_ms: 1500,
             bytes_received: 0,
             bytes_acked: 30,
+            data_segs_in: 0,
+            data_segs_out: 0,
         }),
     };
     let result = CollectResult {

@@ -1,0 +1,375 @@
+//! A call whose connection carries only keepalive: the peer is alive, the
+//! call makes no progress ([`crate::progress`]).
+
+use super::*;
+use crate::{
+    config::Upstream,
+    progress::{Progress, Stall},
+};
+
+/// `stall_after` in ms, saturating: a bound too long to count in ms is
+/// forever, never a short one wrapped around.
+fn bound_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl<'a> Judging<'a> {
+    /// Carries socket `s`'s progress record into the next history, and
+    /// its stall past its upstream's `stall_after`, if any. An upstream
+    /// whose `stall_after` is off (a control upstream's default) keeps no
+    /// record: nothing would read it. Nor does a connection quiet past
+    /// `suspect_after_ms` with no keepalive counted (an idle pooled
+    /// connection, a call thinking in silence: the proof's to judge, and
+    /// most of an agent's connections): when it talks again, its record
+    /// starts afresh.
+    pub(super) fn progress(
+        &mut self,
+        s: &SocketReport,
+        upstream: Option<&Upstream>,
+        suspect_after_ms: u64,
+    ) -> Option<Stall> {
+        let bound = upstream.and_then(|u| u.stall_after)?;
+        let i = s.tcp_info.as_ref()?;
+        if s.state != TcpState::Established {
+            return None;
+        }
+        let p = match self.history.progress.get(&s.cookie) {
+            Some(p) => p.advance(i, self.now_ms).0,
+            None => Progress::start(i, self.now_ms),
+        };
+        if p.keepalives == 0 && u64::from(i.last_data_recv_ms) > suspect_after_ms {
+            return None;
+        }
+        let stall = p.stalled(self.now_ms, bound_ms(bound));
+        self.next.progress.insert(s.cookie, p);
+        stall
+    }
+
+    /// A call stalled behind keepalive: `wedged`, and the connection is
+    /// the ladder's to end (no proof keepalive: the peer answers it).
+    pub(super) fn stalled_socket(
+        &mut self,
+        v: &SocketView<'_>,
+        stall: Stall,
+        upstream: Option<&Upstream>,
+    ) {
+        let s = v.s;
+        let bound = upstream.and_then(|u| u.stall_after).map_or(0, bound_ms);
+        let sizes = if stall.smallest == stall.largest {
+            format!("{} bytes", stall.smallest)
+        } else {
+            format!("{}-{} bytes", stall.smallest, stall.largest)
+        };
+        let spacing = stall.spacing_ms.map_or(String::new(), |ms| {
+            format!(", about {} apart", human_ms(ms))
+        });
+        let last = s.tcp_info.as_ref().map_or(String::new(), |i| {
+            format!(
+                ", the last {} ago",
+                human_ms(u64::from(i.last_data_recv_ms))
+            )
+        });
+        let r = reason(
+            ReasonCode::StreamStalled,
+            Verdict::Wedged,
+            format!(
+                "{} call to {}: only keepalive for at least {} ({} arrival(s) of {sizes}{spacing}{last}), past its stall_after of {}; the peer is alive, the call makes no progress",
+                s.role,
+                s.remote,
+                human_ms(stall.for_ms),
+                stall.keepalives,
+                human_ms(bound),
+            ),
+        );
+        let r = with(
+            with(
+                with(
+                    with(
+                        with(socket_reason(r, s), "stalled_ms", stall.for_ms),
+                        "keepalives",
+                        stall.keepalives,
+                    ),
+                    "keepalive_bytes_min",
+                    stall.smallest,
+                ),
+                "keepalive_bytes_max",
+                stall.largest,
+            ),
+            "stall_after_ms",
+            bound,
+        );
+        self.reasons.push(match stall.spacing_ms {
+            Some(ms) => with(r, "keepalive_spacing_ms", ms),
+            None => r,
+        });
+        if !self.dead.iter().any(|d| d.inode == s.inode)
+            && let Some(d) = self.finding(s, false, DeadKind::Awaited)
+        {
+            self.dead.push(DeadSocket {
+                peer_alive: true,
+                ..d
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::{Config, HealConfig},
+        fixture,
+        ladder::{Decision, HealHistory, Step, decide},
+        sockdiag::TcpInfo,
+    };
+
+    /// `sol` with one provider upstream at :443 and `extra` keys on it.
+    fn agent(extra: &str) -> AgentConfig {
+        let text = format!(
+            "[[agent]]\nname = \"sol\"\nmatch = {{ cmdline = \"sol\" }}\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \":443\"\n{extra}"
+        );
+        Config::parse(&text, std::path::Path::new("/test.toml"))
+            .expect("fixture config")
+            .agents
+            .remove(0)
+    }
+
+    /// Pid 100's provider socket 2 (fd 9) with `info`, in the epoll set of
+    /// its waiting event loop (as the async SDKs wait).
+    fn report(info: TcpInfo) -> Report {
+        let mut loop_thread = fixture::process('S', vec![], vec![]).threads;
+        loop_thread.push(crate::inspect::ThreadReport {
+            tid: 100,
+            name: "python3".into(),
+            state: 'S',
+            wchan: Some("ep_poll".into()),
+            cpu_ticks: 1,
+            syscall: Some("epoll_wait".into()),
+            idle_ms: Some(1_000),
+            kstack: vec![],
+            recv_blocked_ms: None,
+            recv_inode: None,
+            recv_syscall: None,
+            recv_source: None,
+            wait_syscall: Some("epoll_wait".into()),
+            wait_inodes: vec![2],
+            wait_event_loop: true,
+            anomalies: vec![],
+        });
+        let socket = SocketReport {
+            fd: Some(9),
+            inode: 2,
+            cookie: 77,
+            remote: "10.9.9.9:443".into(),
+            role: SocketRole::Provider,
+            tcp_info: Some(info),
+            ..fixture::control_socket()
+        };
+        fixture::report_of(fixture::process('S', loop_thread, vec![2]), vec![socket])
+    }
+
+    /// The counters of a call whose request (600 bytes) went out and whose
+    /// head and first event (500 bytes) came back at time 0, `bytes` and
+    /// `segs` more arrived since, the last `ago` ms before the check at
+    /// `now`.
+    fn counters(bytes: u64, segs: u32, ago: u64, now: u64) -> TcpInfo {
+        TcpInfo {
+            rtt_us: 100,
+            rto_us: 204_000,
+            unacked: 0,
+            retransmits: 0,
+            backoff: 0,
+            probes: 0,
+            last_data_recv_ms: ago as u32,
+            last_data_sent_ms: now as u32,
+            last_ack_recv_ms: ago as u32,
+            bytes_received: 500 + bytes,
+            bytes_acked: 601,
+            data_segs_in: 2 + segs,
+            data_segs_out: 1,
+        }
+    }
+
+    /// Checks every 2 s for `secs` s of a call on which `arrival(n)`
+    /// bytes arrive every `every` ms; the judgement of each, in order.
+    fn checks(
+        cfg: &AgentConfig,
+        secs: u64,
+        every: u64,
+        arrival: impl Fn(u32) -> u64,
+    ) -> Vec<Judgement> {
+        let mut history = AgentHistory::default();
+        let (mut bytes, mut segs, mut last) = (0, 0, 0);
+        (1..=secs / 2)
+            .map(|c| {
+                let now = c * 2_000;
+                while last + every <= now {
+                    last += every;
+                    segs += 1;
+                    bytes += arrival(segs);
+                }
+                let (j, next) = judge(
+                    cfg,
+                    &report(counters(bytes, segs, now - last, now)),
+                    &[],
+                    &history,
+                    now,
+                );
+                history = next;
+                j
+            })
+            .collect()
+    }
+
+    fn first_stalled(js: &[Judgement]) -> Option<usize> {
+        js.iter().position(|j| {
+            j.reasons
+                .iter()
+                .any(|r| r.code == ReasonCode::StreamStalled)
+        })
+    }
+
+    #[test]
+    fn a_stream_of_pings_alone_is_wedged_past_stall_after_and_ended_first() {
+        let cfg = agent("stall_after = \"20s\"");
+        let js = checks(&cfg, 40, 5_000, |_| 42);
+        let at = first_stalled(&js).expect("a stall");
+        // Check k is at 2(k+1) s; the call was first seen at 2 s: wedged
+        // at the first check 20 s after that.
+        assert_eq!(at, 10, "{:#?}", js[at].reasons);
+        assert!(js[..at].iter().all(|j| j.verdict == Verdict::Busy));
+        let j = &js[at];
+        assert_eq!(j.verdict, Verdict::Wedged);
+        let r = &j.reasons[0];
+        assert_eq!(r.code, ReasonCode::StreamStalled);
+        for words in [
+            "only keepalive for at least 20.0s",
+            "4 arrival(s) of 42 bytes",
+            "5.0s apart",
+            "the peer is alive",
+        ] {
+            assert!(r.message.contains(words), "{words:?} in {}", r.message);
+        }
+        assert_eq!(r.evidence["keepalives"], 4);
+        assert_eq!(r.evidence["keepalive_spacing_ms"], 5_000);
+        assert!(j.work.is_empty(), "no proof for a live peer: {:?}", j.work);
+        assert_eq!(j.dead.len(), 1);
+        assert!(j.dead[0].peer_alive && j.dead[0].kind == DeadKind::Awaited);
+        // The ladder destroys it at once: keepalive cannot end a live link.
+        let heal = HealConfig {
+            sockets: true,
+            ..HealConfig::default()
+        };
+        let d = decide(
+            &heal,
+            j,
+            &report(counters(0, 0, 0, 40_000)),
+            &mut HealHistory::default(),
+            40_000,
+        );
+        let Decision::Act { steps } = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(
+            steps.iter().map(Step::name).collect::<Vec<_>>(),
+            ["destroy_socket"]
+        );
+    }
+
+    #[test]
+    fn what_must_never_stall() {
+        let cfg = agent("stall_after = \"20s\"");
+        // A word (a 150-byte delta) every 3 s for 80 s.
+        let slow = checks(&cfg, 80, 3_000, |_| 150);
+        assert_eq!(first_stalled(&slow), None);
+        assert!(slow.iter().all(|j| j.verdict == Verdict::Busy));
+        // Pings every 5 s for 16 s, then an answer streams (a word every
+        // 500 ms): never past the bound.
+        let then_answer = checks(&cfg, 60, 500, |n| if n < 32 { 0 } else { 150 });
+        assert_eq!(first_stalled(&then_answer), None);
+        // With the default bound (10 minutes), 80 s of pings is thinking.
+        assert_eq!(first_stalled(&checks(&agent(""), 80, 5_000, |_| 42)), None);
+        // A bound past what ms can count is forever, not wrapped to 384 ms.
+        assert_eq!(
+            first_stalled(&checks(
+                &agent("stall_after = \"18446744073709552s\""),
+                80,
+                5_000,
+                |_| 42
+            )),
+            None
+        );
+        // Off: never.
+        assert_eq!(
+            first_stalled(&checks(&agent("stall_after = \"off\""), 80, 5_000, |_| 42)),
+            None
+        );
+    }
+
+    /// The progress records are the report's connections' and no others:
+    /// as many as the report's socket cap at most, and a connection gone
+    /// from the report is gone from the history at the next check.
+    #[test]
+    fn the_progress_history_holds_only_the_connections_in_the_report() {
+        let cfg = agent("stall_after = \"20s\"");
+        let one = report(counters(0, 0, 0, 2_000));
+        let many = |n: u64| {
+            let mut r = one.clone();
+            let s = r.sockets[0].clone();
+            r.sockets = (0..n)
+                .map(|i| SocketReport {
+                    inode: 1_000 + i,
+                    cookie: 5_000 + i,
+                    fd: Some(100 + i as i32),
+                    ..s.clone()
+                })
+                .collect();
+            r
+        };
+        let cap = crate::inspect::MAX_SOCKETS as u64;
+        let (_, next) = judge(&cfg, &many(cap), &[], &AgentHistory::default(), 2_000);
+        assert_eq!(next.progress.len() as u64, cap);
+        // Ten remain: the rest drop out.
+        let (_, next) = judge(&cfg, &many(10), &[], &next, 4_000);
+        assert_eq!(
+            next.progress.keys().copied().collect::<Vec<_>>(),
+            (5_000..5_010).collect::<Vec<u64>>()
+        );
+        // Quiet past suspect_after (60 s) with no keepalive counted: no
+        // record either.
+        let mut quiet = many(cap);
+        for s in &mut quiet.sockets {
+            if let Some(i) = s.tcp_info.as_mut() {
+                i.last_data_recv_ms = 61_000;
+            }
+        }
+        let (_, none) = judge(&cfg, &quiet, &[], &next, 5_000);
+        assert!(none.progress.is_empty(), "{}", none.progress.len());
+        // A bound off: no record at all.
+        let off = agent("stall_after = \"off\"");
+        let (_, none) = judge(&off, &many(cap), &[], &next, 6_000);
+        assert!(none.progress.is_empty());
+        // None remain: nothing is kept.
+        let mut gone = one.clone();
+        gone.sockets.clear();
+        let (_, next) = judge(&cfg, &gone, &[], &next, 6_000);
+        assert!(next.progress.is_empty());
+    }
+
+    #[test]
+    fn silence_past_stall_after_is_the_proofs_to_judge() {
+        let cfg = agent("stall_after = \"20s\"");
+        // Nothing arrives after the first event, for 80 s.
+        let js = checks(&cfg, 80, u64::MAX / 4, |_| 0);
+        assert_eq!(first_stalled(&js), None);
+        assert!(
+            js.iter().any(|j| j
+                .work
+                .iter()
+                .any(|w| matches!(w, crate::prove::ProofWork::Arm { .. }))),
+            "silence is proven as today: {:#?}",
+            js.last()
+        );
+    }
+}

@@ -1,0 +1,438 @@
+//! Whether a call in flight is making progress, judged from what the
+//! kernel counts on its connection between checks (`tcp_info`'s bytes and
+//! data segments, in and out), never from its content, which TLS hides.
+//!
+//! A provider whose backend stalled while its edge, a relay or a gateway
+//! keeps the stream open sends only keepalive: SSE comment lines
+//! (`: ping`), Anthropic's `ping` events, HTTP/2 PING frames. Each is one
+//! small record, one small segment: 13 to 80 bytes on the wire with TLS
+//! and HTTP framing, where the smallest event that carries content (a
+//! one-word delta of OpenAI's or Anthropic's stream) is over 130. So an
+//! interval between two checks in which data segments arrived carries
+//! only keepalive when
+//!
+//! - their mean size is at most [`KEEPALIVE_MAX_SEGMENT`] bytes, and
+//! - it is within [`KEEPALIVE_SIZE_SPREAD`] bytes of the smallest
+//!   keepalive seen on the connection (pings are alike: a relay that
+//!   stamps them with the time varies them by a few bytes; a word of
+//!   content mixed into an interval with a ping lifts its mean past this).
+//!
+//! Everything else is content and starts the count again, as does a
+//! request: more than keepalive-sized data sent (an HTTP/2 client answers
+//! each PING with a PING of its own, which is not a request). An interval
+//! where nothing arrived changes nothing: silence is the proof keepalive's
+//! to judge, and a call that goes silent is no longer "talking".
+//!
+//! Limits, by construction: the evidence is per check, so a stall is
+//! dated from the check that last saw content (at most one interval
+//! late), and a stream whose every content event is keepalive-sized (a
+//! custom protocol sending a few bytes per token) would look stalled; the
+//! bound (`stall_after`) is per upstream and can be `"off"`. An HTTP/2
+//! connection idle in a client's pool whose server sends PINGs looks the
+//! same as a stalled stream; ending it costs the client a reconnect.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sockdiag::TcpInfo;
+
+/// The largest mean data segment, in bytes, that counts as keepalive.
+pub const KEEPALIVE_MAX_SEGMENT: u64 = 128;
+
+/// How much larger than the smallest keepalive seen on a connection, in
+/// bytes per segment, later keepalives may be.
+pub const KEEPALIVE_SIZE_SPREAD: u64 = 32;
+
+/// Keepalive arrivals a stall needs: one could be a straggler of the
+/// content before it.
+pub const MIN_KEEPALIVES: u32 = 2;
+
+/// One connection's progress record, kept in the history from check to
+/// check. Saved in the state file for every established upstream
+/// connection, so what is zero or none (a connection with no keepalive
+/// tally, the most) is left out of it and read back as such.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Progress {
+    /// Since when (`CLOCK_BOOTTIME` ms, a check's time) nothing but
+    /// keepalive has arrived: the check that first saw the connection, or
+    /// that saw content or a request on it last.
+    pub since_ms: u64,
+    /// When the last check was.
+    pub checked_ms: u64,
+    /// The counters at the last check.
+    pub bytes_received: u64,
+    pub data_segs_in: u32,
+    pub bytes_acked: u64,
+    pub data_segs_out: u32,
+    /// Keepalive-sized segments since `since_ms`, and their bytes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub keepalives: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub keepalive_bytes: u64,
+    /// The smallest and largest mean keepalive size of an interval (bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub smallest: Option<u64>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub largest: u64,
+    /// When the first and the last keepalive since `since_ms` arrived
+    /// (ms, from each check's `last_data_recv_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub last_at_ms: u64,
+}
+
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
+}
+
+/// What arrived between two checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interval {
+    /// The first check of this connection: nothing to compare with.
+    First,
+    /// Nothing arrived, nothing was sent.
+    Silent,
+    /// Only keepalive-sized segments arrived: how many, how many bytes.
+    Keepalive { segments: u32, bytes: u64 },
+    /// Content arrived.
+    Content,
+    /// A request went out.
+    Request,
+}
+
+/// A stall, as [`Progress::stalled`] finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// How long only keepalive has arrived.
+    pub for_ms: u64,
+    pub keepalives: u32,
+    pub smallest: u64,
+    pub largest: u64,
+    /// The mean time between keepalives, where two or more were dated.
+    pub spacing_ms: Option<u64>,
+}
+
+impl Progress {
+    /// The record of a connection first seen at `now_ms`.
+    pub fn start(info: &TcpInfo, now_ms: u64) -> Self {
+        Self {
+            since_ms: now_ms,
+            checked_ms: now_ms,
+            bytes_received: info.bytes_received,
+            data_segs_in: info.data_segs_in,
+            bytes_acked: info.bytes_acked,
+            data_segs_out: info.data_segs_out,
+            ..Self::default()
+        }
+    }
+
+    /// The record after the check at `now_ms` read `info`, and what
+    /// arrived since the last. Counters that went backwards (another
+    /// connection under the same cookie, a kernel that does not count data
+    /// segments) or a clock that did start the record afresh.
+    pub fn advance(&self, info: &TcpInfo, now_ms: u64) -> (Self, Interval) {
+        let fresh = || (Self::start(info, now_ms), Interval::First);
+        if info.bytes_received < self.bytes_received
+            || info.bytes_acked < self.bytes_acked
+            || now_ms < self.checked_ms
+        {
+            return fresh();
+        }
+        let bytes_in = info.bytes_received - self.bytes_received;
+        let segs_in = u64::from(info.data_segs_in.wrapping_sub(self.data_segs_in));
+        let bytes_out = info.bytes_acked - self.bytes_acked;
+        let segs_out = u64::from(info.data_segs_out.wrapping_sub(self.data_segs_out));
+        let mut next = Self {
+            checked_ms: now_ms,
+            bytes_received: info.bytes_received,
+            data_segs_in: info.data_segs_in,
+            bytes_acked: info.bytes_acked,
+            data_segs_out: info.data_segs_out,
+            ..self.clone()
+        };
+        let restart = |mut n: Self, why| {
+            n.since_ms = now_ms;
+            n.keepalives = 0;
+            n.keepalive_bytes = 0;
+            n.first_at_ms = None;
+            n.last_at_ms = 0;
+            n.largest = 0;
+            (n, why)
+        };
+        // More sent than keepalive answers: a request (an acknowledged
+        // byte is one the peer took).
+        if bytes_out > segs_out.max(1) * KEEPALIVE_MAX_SEGMENT {
+            return restart(next, Interval::Request);
+        }
+        if bytes_in == 0 && segs_in == 0 {
+            return (next, Interval::Silent);
+        }
+        // Bytes with no data segment counted (a kernel that does not count
+        // them), or more segments than bytes (a counter that went back):
+        // never called keepalive.
+        if segs_in == 0 || segs_in > bytes_in {
+            return restart(next, Interval::Content);
+        }
+        let mean = bytes_in.div_ceil(segs_in);
+        let like_pings = next
+            .smallest
+            .is_none_or(|s| mean <= s + KEEPALIVE_SIZE_SPREAD);
+        if mean > KEEPALIVE_MAX_SEGMENT || !like_pings {
+            return restart(next, Interval::Content);
+        }
+        let arrived_at = now_ms.saturating_sub(u64::from(info.last_data_recv_ms));
+        next.keepalives = next.keepalives.saturating_add(segs_in as u32);
+        next.keepalive_bytes = next.keepalive_bytes.saturating_add(bytes_in);
+        next.smallest = Some(next.smallest.map_or(mean, |s| s.min(mean)));
+        next.largest = next.largest.max(mean);
+        next.first_at_ms.get_or_insert(arrived_at);
+        next.last_at_ms = arrived_at;
+        (
+            next,
+            Interval::Keepalive {
+                segments: segs_in as u32,
+                bytes: bytes_in,
+            },
+        )
+    }
+
+    /// The stall this record shows at `now_ms` against the bound
+    /// `stall_after_ms`: at least [`MIN_KEEPALIVES`] keepalives and
+    /// nothing else for at least that long.
+    pub fn stalled(&self, now_ms: u64, stall_after_ms: u64) -> Option<Stall> {
+        let for_ms = now_ms.checked_sub(self.since_ms)?;
+        if self.keepalives < MIN_KEEPALIVES || for_ms < stall_after_ms {
+            return None;
+        }
+        Some(Stall {
+            for_ms,
+            keepalives: self.keepalives,
+            smallest: self.smallest.unwrap_or(0),
+            largest: self.largest,
+            spacing_ms: self
+                .first_at_ms
+                .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
+                .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counters as a check reads them: bytes and data segments in, bytes
+    /// acknowledged and data segments out, ms since the last data arrived.
+    fn at(bytes_in: u64, segs_in: u32, bytes_out: u64, segs_out: u32, recv_ago: u32) -> TcpInfo {
+        TcpInfo {
+            rtt_us: 100,
+            rto_us: 200_000,
+            unacked: 0,
+            retransmits: 0,
+            backoff: 0,
+            probes: 0,
+            last_data_recv_ms: recv_ago,
+            last_data_sent_ms: 0,
+            last_ack_recv_ms: recv_ago,
+            bytes_received: bytes_in,
+            bytes_acked: bytes_out,
+            data_segs_in: segs_in,
+            data_segs_out: segs_out,
+        }
+    }
+
+    /// The record after checks `steps` (time, counters) from a request
+    /// of 600 bytes and a 400-byte head at time 0; the intervals seen.
+    fn run(steps: &[(u64, TcpInfo)]) -> (Progress, Vec<Interval>) {
+        run_from(at(400, 1, 601, 1, 0), steps)
+    }
+
+    fn run_from(start: TcpInfo, steps: &[(u64, TcpInfo)]) -> (Progress, Vec<Interval>) {
+        let mut p = Progress::start(&start, 0);
+        let mut seen = Vec::new();
+        for (now, info) in steps {
+            let (next, i) = p.advance(info, *now);
+            p = next;
+            seen.push(i);
+        }
+        (p, seen)
+    }
+
+    /// A stream that sends `ping` bytes every 5 s after its head, checked
+    /// every 2 s for `checks` checks.
+    fn pinging(ping: impl Fn(u32) -> u64, checks: u64) -> Vec<(u64, TcpInfo)> {
+        let (mut bytes, mut segs) = (400, 1);
+        let mut last = 0;
+        (1..=checks)
+            .map(|c| {
+                let now = c * 2_000;
+                while last + 5_000 <= now {
+                    last += 5_000;
+                    segs += 1;
+                    bytes += ping(segs);
+                }
+                (now, at(bytes, segs, 601, 1, (now - last) as u32))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_record_is_saved_without_its_empty_tally_and_read_back_whole() {
+        let info = at(400, 1, 601, 1, 0);
+        let quiet = Progress::start(&info, 2_000);
+        let text = serde_json::to_string(&quiet).expect("serialize");
+        for field in [
+            "keepalives",
+            "smallest",
+            "largest",
+            "first_at_ms",
+            "last_at_ms",
+        ] {
+            assert!(!text.contains(field), "{field} in {text}");
+        }
+        assert_eq!(serde_json::from_str::<Progress>(&text).ok(), Some(quiet));
+        // A tally is saved and read back as it was.
+        let (p, _) = run(&pinging(|_| 42, 8));
+        assert!(p.keepalives > 0 && p.smallest.is_some(), "{p:?}");
+        let text = serde_json::to_string(&p).expect("serialize");
+        assert_eq!(serde_json::from_str::<Progress>(&text).ok(), Some(p));
+    }
+
+    #[test]
+    fn pings_alone_stall_past_the_bound_with_their_size_and_spacing() {
+        for (style, size) in [("sse comment over tls", 42), ("anthropic ping", 76)] {
+            let (p, seen) = run(&pinging(|_| size, 16));
+            assert!(
+                seen.contains(&Interval::Keepalive {
+                    segments: 1,
+                    bytes: size
+                }),
+                "{style}"
+            );
+            assert!(!seen.contains(&Interval::Content), "{style}: {seen:?}");
+            assert_eq!(p.stalled(32_000, 60_000), None, "{style}: not yet");
+            let s = p.stalled(32_000, 30_000).expect(style);
+            assert_eq!(s.for_ms, 32_000, "{style}");
+            assert_eq!(s.keepalives, 6, "{style}");
+            assert_eq!((s.smallest, s.largest), (size, size), "{style}");
+            assert_eq!(s.spacing_ms, Some(5_000), "{style}");
+        }
+    }
+
+    #[test]
+    fn pings_whose_size_varies_by_a_timestamp_are_still_keepalive() {
+        let (p, seen) = run(&pinging(|n| 60 + u64::from(n * 7 % 20), 16));
+        assert!(!seen.contains(&Interval::Content), "{seen:?}");
+        assert!(p.stalled(32_000, 30_000).is_some());
+    }
+
+    #[test]
+    fn content_however_slow_restarts_the_count() {
+        // A word every 2 s (a 145-byte delta): each interval is content.
+        let steps: Vec<_> = (1..=40u32)
+            .map(|c| {
+                (
+                    u64::from(c) * 2_000,
+                    at(400 + u64::from(c) * 145, 1 + c, 601, 1, 10),
+                )
+            })
+            .collect();
+        let (p, seen) = run(&steps);
+        assert!(seen.iter().all(|i| *i == Interval::Content), "{seen:?}");
+        assert_eq!(p.stalled(80_000, 1), None);
+    }
+
+    #[test]
+    fn a_word_beside_a_ping_in_one_interval_is_content() {
+        // Pings of 42 bytes learned, then an interval with a 140-byte word
+        // and a ping: a mean of 91, under the keepalive maximum, but far
+        // from the pings' size.
+        let mut steps = pinging(|_| 42, 8);
+        let (_, last) = steps.last().cloned().unwrap();
+        steps.push((
+            18_000,
+            at(
+                last.bytes_received + 140 + 42,
+                last.data_segs_in + 2,
+                601,
+                1,
+                100,
+            ),
+        ));
+        let (p, seen) = run(&steps);
+        assert_eq!(seen.last(), Some(&Interval::Content));
+        assert_eq!((p.since_ms, p.keepalives), (18_000, 0));
+    }
+
+    #[test]
+    fn a_new_request_restarts_the_count_and_ping_answers_do_not() {
+        let mut steps = pinging(|_| 39, 8);
+        let (_, last) = steps.last().cloned().unwrap();
+        // An HTTP/2 client's PING answers: 39 bytes a segment out.
+        steps.push((
+            18_000,
+            at(
+                last.bytes_received + 39,
+                last.data_segs_in + 1,
+                601 + 78,
+                3,
+                100,
+            ),
+        ));
+        let (p, seen) = run(&steps);
+        assert!(matches!(seen.last(), Some(Interval::Keepalive { .. })));
+        assert!(p.stalled(18_000, 10_000).is_some());
+        // A 700-byte request on the same connection.
+        let (p, i) = p.advance(
+            &at(p.bytes_received, p.data_segs_in, 601 + 78 + 700, 4, 500),
+            20_000,
+        );
+        assert_eq!(i, Interval::Request);
+        assert_eq!((p.since_ms, p.keepalives), (20_000, 0));
+        assert_eq!(p.stalled(40_000, 10_000), None);
+    }
+
+    #[test]
+    fn silence_neither_stalls_nor_restarts() {
+        let (p, seen) = run(&[
+            (2_000, at(400, 1, 601, 1, 2_000)),
+            (600_000, at(400, 1, 601, 1, 600_000)),
+        ]);
+        assert_eq!(seen, [Interval::Silent, Interval::Silent]);
+        assert_eq!(p.since_ms, 0);
+        assert_eq!(
+            p.stalled(600_000, 1),
+            None,
+            "no keepalive: silence is the proof's"
+        );
+    }
+
+    #[test]
+    fn counters_that_go_back_or_a_clock_that_does_start_afresh() {
+        let (p, _) = run(&pinging(|_| 42, 16));
+        for (now, info) in [
+            (40_000, at(10, 1, 601, 1, 0)),
+            (40_000, at(p.bytes_received, p.data_segs_in, 5, 1, 0)),
+            (30_000, at(p.bytes_received, p.data_segs_in, 601, 1, 0)),
+        ] {
+            let (q, i) = p.advance(&info, now);
+            assert_eq!(i, Interval::First, "{info:?} at {now}");
+            assert_eq!((q.since_ms, q.keepalives), (now, 0));
+        }
+    }
+
+    #[test]
+    fn bytes_without_counted_segments_are_never_keepalive() {
+        // A kernel that reports no data segments (before Linux 4.6).
+        let (p, seen) = run_from(
+            at(400, 0, 601, 0, 0),
+            &[
+                (2_000, at(442, 0, 601, 0, 0)),
+                (7_000, at(484, 0, 601, 0, 0)),
+            ],
+        );
+        assert_eq!(seen, [Interval::Content, Interval::Content]);
+        assert_eq!(p.stalled(100_000, 1), None);
+    }
+}

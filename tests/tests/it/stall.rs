@@ -1,0 +1,346 @@
+//! Streams stalled behind keepalive pings, end to end as root, over TLS:
+//! the real SDKs (Python `openai` and `anthropic`, sync and async,
+//! `litellm`; Node `openai` and `@anthropic-ai/sdk`) call the testbed
+//! provider through a TLS edge whose CA they trust through their own
+//! environment (`SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`), with a real `selfheal helper` and `selfheal check` run
+//! every second as a timer would. A call whose provider sends the head and
+//! a first event and then only keepalive pings is `wedged`
+//! (`stream_stalled`) within `stall_after` plus two check intervals and
+//! ended by the socket rung, the SDK failing it in its own error path in
+//! the same process; a call that pings then answers within the bound,
+//! content that comes slowly past the bound and a silent thinking call
+//! past it are never touched.
+//!
+//! `stall_after` is five check intervals; the provider pings every second
+//! (a check interval: most intervals between two checks see one ping).
+
+use std::{sync::atomic::AtomicU8, time::Duration};
+
+use selfheal_testbed::scenario::{self, Caller, Event, Options, Report};
+use tests::{need_root, selfheal_bin, testbed_bin};
+
+/// How often `selfheal check` runs.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Options with subnets distinct for every scenario of this process.
+fn options() -> Options {
+    static NEXT: AtomicU8 = AtomicU8::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Options {
+        selfheal: selfheal_bin(),
+        testbed: testbed_bin(),
+        heartbeat: Duration::from_secs(1),
+        check_every: CHECK_EVERY,
+        net: ((std::process::id() % 5) as u8) * 50 + k % 50 + 1,
+        keep_snapshots: None,
+        env: Vec::new(),
+        check_args: Vec::new(),
+    }
+}
+
+/// The bound a stalled call is given: five check intervals.
+fn stall_after() -> Duration {
+    CHECK_EVERY * 5
+}
+
+fn log(name: &'static str) -> impl FnMut(Event) {
+    move |e| eprintln!("[{name}] {}", serde_json::to_string(&e).unwrap_or_default())
+}
+
+/// Checks run at most this long: long enough for the slowest case
+/// (content for twice the bound) and the next call after it.
+fn limit() -> Duration {
+    stall_after() * 3 + Duration::from_secs(30)
+}
+
+/// Runs [`scenario::stream`] for `caller` on `model` with `bound` as
+/// `stall_after`, checking for at most `limit`; None (skipped) unless root.
+fn run(
+    caller: Caller,
+    model: &str,
+    bound: Option<Duration>,
+    limit: Duration,
+    name: &'static str,
+) -> Option<Report> {
+    if !need_root(name) {
+        return None;
+    }
+    let r = scenario::stream(&options(), caller, model, bound, limit, &mut log(name))
+        .expect("the scenario ran");
+    eprintln!(
+        "SCENARIO {name}: detect {:?} ms, {} checks, heals {:?}, verdicts {:?}, facts {}",
+        r.detect_ms,
+        r.checks,
+        r.heals,
+        r.verdicts,
+        serde_json::to_string(&r.facts).unwrap_or_default()
+    );
+    Some(r)
+}
+
+fn fact(r: &Report, key: &str) -> Option<u64> {
+    r.facts.get(key).and_then(|v| v.as_u64())
+}
+
+/// The longest `selfheal check` run of a scenario.
+fn check_ms(r: &Report) -> u64 {
+    fact(r, "check_ms_max").unwrap_or(0)
+}
+
+/// A call stalled behind pings: wedged (`stream_stalled`) within
+/// `stall_after` plus two check intervals (each the longer of the timer's
+/// interval and the longest check's own run, plus one check's run for
+/// the check that finds it), ended by the socket rung without a proof
+/// keepalive, failed in the SDK, the next call done, same pid.
+fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
+    let r = run(caller, model, Some(stall_after()), limit(), name)?;
+    let took = check_ms(&r);
+    let interval = (CHECK_EVERY.as_millis() as u64).max(took);
+    let bound = stall_after().as_millis() as u64 + 2 * interval + took;
+    let detect = r.detect_ms.unwrap_or_else(|| {
+        panic!(
+            "never wedged: verdicts {:?}, reasons {:?}",
+            r.verdicts, r.reasons
+        )
+    });
+    assert!(
+        detect <= bound,
+        "wedged {detect} ms after its connection was up (bound {bound} ms, checks took up to {took} ms)"
+    );
+    // Not before the bound either: only keepalive for stall_after.
+    assert!(
+        detect >= stall_after().as_millis() as u64,
+        "wedged after {detect} ms, before stall_after"
+    );
+    let w = &r.facts["wedged"];
+    let stall = w["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["code"] == "stream_stalled")
+        .unwrap_or_else(|| panic!("no stream_stalled reason: {w:#}"));
+    let e = &stall["evidence"];
+    assert!(e["keepalives"].as_u64() >= Some(2), "{stall:#}");
+    assert!(
+        e["keepalive_bytes_max"].as_u64() <= Some(128),
+        "keepalive-sized: {stall:#}"
+    );
+    assert!(
+        e["stalled_ms"].as_u64() >= Some(stall_after().as_millis() as u64),
+        "{stall:#}"
+    );
+    let msg = stall["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("the peer is alive"), "{msg}");
+    // Healed by ending the connection: no proof keepalive (the peer
+    // answers it), never a signal or a restart.
+    assert!(
+        r.heals.iter().any(|h| h == "caller: destroy_socket"),
+        "{:?}",
+        r.heals
+    );
+    for h in &r.heals {
+        assert_eq!(
+            h, "caller: destroy_socket",
+            "unexpected step in {:?}",
+            r.heals
+        );
+    }
+    let failed = fact(&r, "first_failed_ms")
+        .unwrap_or_else(|| panic!("the stalled call never failed: {:?}", r.facts));
+    assert!(
+        failed >= detect,
+        "the call failed ({failed} ms) before it was found stalled ({detect} ms)"
+    );
+    assert!(fact(&r, "next_call_done_ms").is_some(), "{:?}", r.facts);
+    assert_eq!(r.facts["same_pid"], true, "{:?}", r.facts);
+    eprintln!(
+        "{name}: wedged {detect} ms after its connection was up (stall_after {} ms, bound {bound} ms), the SDK failed it at {failed} ms with {}",
+        stall_after().as_millis(),
+        r.facts["first_failed_error"]
+    );
+    Some(r)
+}
+
+/// A call selfheal must leave alone: never wedged nor healed, its tokens
+/// all in, no `stream_stalled` ever; it ran past `stall_after`.
+fn untouched(caller: Caller, model: &str, tokens: u64, name: &'static str) -> Option<Report> {
+    let r = run(caller, model, Some(stall_after()), limit(), name)?;
+    assert_eq!(
+        r.verdicts_outside("caller", &["busy", "idle", "healthy"]),
+        Vec::<String>::new(),
+        "{:?}",
+        r.reasons
+    );
+    assert!(!r.saw_reason("caller", "stream_stalled"), "{:?}", r.reasons);
+    assert_eq!(r.heals, Vec::<String>::new());
+    assert!(!r.facts.contains_key("first_failed_error"), "{:?}", r.facts);
+    assert_eq!(fact(&r, "first_tokens"), Some(tokens), "{:?}", r.facts);
+    assert_eq!(r.facts["same_pid"], true, "{:?}", r.facts);
+    Some(r)
+}
+
+/// Pings every second forever after the head and first event, in chunked
+/// encoding on a kept connection, as real providers send a stream. (With
+/// a body that ends at the connection's close instead, the sync SDKs over
+/// TLS take the ended connection for the end of the answer and return it
+/// empty: no error to fail in.)
+const STALL: &str = "ping-1000-pool";
+
+#[test]
+fn an_async_openai_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::AsyncOpenAi, STALL, "stall_openai_async");
+}
+
+#[test]
+fn an_async_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::AsyncAnthropic, STALL, "stall_anthropic_async");
+}
+
+#[test]
+fn a_sync_openai_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::OpenAi, STALL, "stall_openai");
+}
+
+#[test]
+fn a_sync_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::Anthropic, STALL, "stall_anthropic");
+}
+
+#[test]
+fn a_litellm_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::Litellm, STALL, "stall_litellm");
+}
+
+/// Node's SDKs trust the bed's CA through `NODE_EXTRA_CA_CERTS`.
+#[test]
+fn a_node_openai_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::NodeOpenAi, STALL, "stall_node_openai");
+}
+
+#[test]
+fn a_node_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    stalled(Caller::NodeAnthropic, STALL, "stall_node_anthropic");
+}
+
+/// A relay that stamps its pings with the time: their sizes vary.
+#[test]
+fn a_stream_stalled_behind_pings_of_varying_size_is_wedged_and_ended() {
+    let _area = tests::area(module_path!());
+    let Some(r) = stalled(
+        Caller::AsyncAnthropic,
+        "ping-1000-stamp-pool",
+        "stall_anthropic_async_stamped",
+    ) else {
+        return;
+    };
+    // They did vary.
+    let e = r.facts["wedged"]["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["code"] == "stream_stalled")
+        .map(|r| r["evidence"].clone())
+        .unwrap_or_default();
+    assert!(
+        e["keepalive_bytes_max"].as_u64() > e["keepalive_bytes_min"].as_u64(),
+        "{e:#}"
+    );
+}
+
+/// With `stall_after = "off"` a stalled call is what it was before the
+/// rule: `busy` for as long as it pings, never touched.
+#[test]
+fn a_stalled_stream_whose_bound_is_off_stays_busy() {
+    let _area = tests::area(module_path!());
+    // The bound the other tests are judged by, and as long again.
+    let watch = stall_after() * 2 + CHECK_EVERY * 2;
+    let name = "stall_off_openai_async";
+    let Some(r) = run(Caller::AsyncOpenAi, STALL, None, watch, name) else {
+        return;
+    };
+    assert!(
+        r.checks as u128 >= watch.as_millis() / CHECK_EVERY.as_millis() / 2,
+        "{} checks",
+        r.checks
+    );
+    assert_eq!(
+        r.verdicts_outside("caller", &["busy", "idle", "healthy"]),
+        Vec::<String>::new(),
+        "{:?}",
+        r.reasons
+    );
+    assert!(r.verdicts["caller"].iter().any(|v| v == "busy"));
+    assert_eq!(r.heals, Vec::<String>::new());
+    assert!(!r.facts.contains_key("first_done_ms"), "{:?}", r.facts);
+    assert!(!r.facts.contains_key("first_failed_ms"), "{:?}", r.facts);
+}
+
+/// Pings for three fifths of the bound, then the answer.
+fn ping_then_answer() -> String {
+    format!(
+        "ping-1000-for-{}-gap-100-tokens-5",
+        stall_after().as_millis() * 3 / 5
+    )
+}
+
+#[test]
+fn an_async_openai_call_that_pings_then_answers_within_the_bound_completes_untouched() {
+    let _area = tests::area(module_path!());
+    untouched(
+        Caller::AsyncOpenAi,
+        &ping_then_answer(),
+        5,
+        "ping_answer_openai_async",
+    );
+}
+
+#[test]
+fn an_async_anthropic_call_that_pings_then_answers_within_the_bound_completes_untouched() {
+    let _area = tests::area(module_path!());
+    untouched(
+        Caller::AsyncAnthropic,
+        &ping_then_answer(),
+        5,
+        "ping_answer_anthropic_async",
+    );
+}
+
+/// A word every 1.5 s, for twice the bound.
+#[test]
+fn a_stream_whose_content_comes_slowly_past_the_bound_is_never_stalled() {
+    let _area = tests::area(module_path!());
+    let gap = 1500;
+    let tokens = (stall_after().as_millis() as u64 * 2).div_ceil(gap);
+    let model = format!("first-early-think-0-gap-{gap}-tokens-{tokens}");
+    if let Some(r) = untouched(Caller::AsyncOpenAi, &model, tokens, "slow_openai_async") {
+        let ran = fact(&r, "first_done_ms").unwrap_or(0);
+        assert!(
+            ran > stall_after().as_millis() as u64,
+            "the content lasted {ran} ms, not past stall_after"
+        );
+    }
+}
+
+/// No traffic at all past the bound: silence is the proof keepalive's to
+/// judge, as before (the edge answers it): busy, never stalled.
+#[test]
+fn a_silent_thinking_call_past_the_bound_is_busy_and_asked_by_the_proof() {
+    let _area = tests::area(module_path!());
+    let think = stall_after().as_millis() as u64 * 2;
+    let model = format!("think-{think}-first-early-gap-100-tokens-5");
+    if let Some(r) = untouched(Caller::AsyncOpenAi, &model, 5, "thinking_openai_async") {
+        assert!(
+            fact(&r, "proofs_armed") >= Some(1),
+            "never asked: {:?}",
+            r.facts
+        );
+        assert!(r.verdicts["caller"].iter().any(|v| v == "busy"));
+    }
+}
