@@ -997,23 +997,29 @@ pub fn steady(p: &selfheal_core::proc::ProcessInfo) -> selfheal_core::proc::Proc
 /// The ids of the task iterator programs this build pinned (where checks
 /// look for them): programs meant to outlive the helper that pinned them.
 pub fn pinned_iterator_ids() -> std::collections::BTreeSet<u32> {
+    selfheal::ebpf::iter::pin_dirs()
+        .iter()
+        .flat_map(|dir| iterator_ids_in(dir))
+        .collect()
+}
+
+/// The ids of the task iterator programs pinned in `dir`.
+pub fn iterator_ids_in(dir: &std::path::Path) -> std::collections::BTreeSet<u32> {
     use std::os::fd::AsRawFd as _;
     let mut ids = std::collections::BTreeSet::new();
-    for dir in selfheal::ebpf::iter::pin_dirs() {
-        for name in [
-            selfheal::ebpf::iter::TASK_PROGRAM,
-            selfheal::ebpf::iter::FILE_PROGRAM,
-        ] {
-            let Ok(fd) = selfheal::sys::bpf::obj_get(&dir.join(name)) else {
-                continue;
-            };
-            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-                .unwrap_or_default();
-            ids.extend(
-                info.lines()
-                    .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u32>().ok()),
-            );
-        }
+    for name in [
+        selfheal::ebpf::iter::TASK_PROGRAM,
+        selfheal::ebpf::iter::FILE_PROGRAM,
+    ] {
+        let Ok(fd) = selfheal::sys::bpf::obj_get(&dir.join(name)) else {
+            continue;
+        };
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+            .unwrap_or_default();
+        ids.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u32>().ok()),
+        );
     }
     ids
 }
@@ -1105,4 +1111,149 @@ pub fn as_uid<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> T {
         .join()
         .expect("thread with dropped credentials")
     })
+}
+
+// ---- a helper behind mounts of its own ----------------------------------------
+
+/// A `selfheal helper` in a mount namespace of its own (`unshare --mount`,
+/// private propagation), laid out first by `setup` (shell commands run
+/// there as root: mounts over `/run` or `/sys/fs/bpf` that no other
+/// process sees). The namespace, its mounts and what is pinned in them go
+/// with the helper, which is killed on drop. Its log is in `log`.
+pub struct HelperInOwnMounts {
+    child: Option<std::process::Child>,
+    pub log: std::path::PathBuf,
+}
+
+impl HelperInOwnMounts {
+    /// Starts `selfheal ARGS…` after `setup`; waits (at most `within`) for
+    /// its log to say where its task iterators are, or that they are not
+    /// pinned.
+    pub fn start(
+        setup: &str,
+        args: &[String],
+        log: std::path::PathBuf,
+        within: std::time::Duration,
+    ) -> HelperInOwnMounts {
+        let script = format!("set -e\n{setup}\nexec \"$0\" \"$@\"");
+        let child = Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .arg(selfheal_bin())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("create the helper's log"))
+            .spawn()
+            .expect("start unshare");
+        let h = HelperInOwnMounts {
+            child: Some(child),
+            log,
+        };
+        let said = wait_for(within, std::time::Duration::from_millis(50), || {
+            let text = h.log_text();
+            text.contains("helper: task iterators").then_some(())
+        });
+        assert!(
+            said.is_some(),
+            "the helper said nothing of its iterators within {within:?}: {}",
+            h.log_text()
+        );
+        h
+    }
+
+    /// The helper's pid (unshare and sh exec it).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
+    /// `path` as the helper sees it, through `/proc/PID/root`.
+    pub fn inside(&self, path: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/proc/{}/root{path}", self.pid()))
+    }
+
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for HelperInOwnMounts {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Where `h` logged it pinned its task iterators (`helper: task iterators
+/// pinned in DIR`), as it sees the path; panics, with its log, where it
+/// did not pin them.
+pub fn pinned_by(h: &HelperInOwnMounts) -> String {
+    let log = h.log_text();
+    log.lines()
+        .find_map(|l| l.split("helper: task iterators pinned in ").nth(1))
+        .map(|d| d.trim().to_string())
+        .unwrap_or_else(|| panic!("the helper pinned no task iterators: {log}"))
+}
+
+/// Proves `h`'s pins in `dir` (its own view of the path) work: they open
+/// from outside its namespace under the rule every check applies (a
+/// root-only bpffs, the expected programs) and walk this process; the
+/// helper's own `iterate` passes this process too. The pinned programs'
+/// ids.
+pub fn pins_work(h: &HelperInOwnMounts, dir: &str) -> std::collections::BTreeSet<u32> {
+    use std::os::fd::AsFd as _;
+    let me = std::process::id();
+    let seen = h.inside(dir);
+    let (mut it, _) = selfheal::ebpf::iter::open_first(std::slice::from_ref(&seen))
+        .unwrap_or_else(|e| panic!("the pins in {} do not open: {e}", seen.display()));
+    let pidfd = selfheal::sys::pidfd::pidfd_open(me).expect("pidfd of this process");
+    let pass = it.process(pidfd.as_fd()).expect("a pass through the pins");
+    assert!(
+        !pass.threads.is_empty() && pass.threads.iter().all(|t| t.tgid == me),
+        "{:?}",
+        pass.threads
+    );
+    let sock = h.inside("/run/selfheal/helper.sock");
+    let mut client = selfheal::helper::client::HelperClient::connect_with(&sock, client_opts())
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display()));
+    let answer = client.iterate(&[me]).expect("iterate");
+    assert_eq!(
+        answer.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+        vec![me],
+        "{answer:?}"
+    );
+    let ids = iterator_ids_in(&seen);
+    assert_eq!(ids.len(), 2, "two programs pinned: {ids:?}");
+    ids
+}
+
+/// Stops `h` and waits (at most `within`) until the programs `ids` it
+/// pinned are gone from the kernel: its namespace, its bpffs and the pins
+/// in it went with it. The time that took.
+pub fn pins_go_with(
+    h: HelperInOwnMounts,
+    ids: &std::collections::BTreeSet<u32>,
+    within: std::time::Duration,
+) -> std::time::Duration {
+    let t0 = std::time::Instant::now();
+    drop(h);
+    let gone = wait_for(within, std::time::Duration::from_millis(100), || {
+        let live = kernel_bpf_ids(false).ok()?;
+        ids.iter().all(|id| !live.contains(id)).then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "programs {ids:?} still loaded {within:?} after the helper stopped"
+    );
+    t0.elapsed()
 }

@@ -97,8 +97,12 @@ pub struct WatchArgs {
     interval: Duration,
     /// Serve the metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
     /// last complete check's (never one half done); empty before the first
-    /// check ends. http://ADDR/healthz answers "ok" (no token, reads
-    /// nothing: for liveness probes). A request head must arrive within
+    /// check ends. It needs --metrics-token-file (the metrics name agents,
+    /// verdicts and reasons, which the metrics file keeps to its owner and
+    /// group; on 127.0.0.1 every local user could read them), or
+    /// --metrics-public to serve them to anyone who can connect: without
+    /// either, `watch` does not start (exit 3). http://ADDR/healthz
+    /// answers "ok" (no token, reads nothing: for liveness probes). A request head must arrive within
     /// 1 s; at most 256 connections wait for theirs (128 from one address,
     /// its oldest dropped for its newest), and at most 64 are answered at
     /// once (4 for one address). See dist/prometheus/ for alert rules.
@@ -114,6 +118,12 @@ pub struct WatchArgs {
     /// is logged and the last good token kept.
     #[arg(long, value_name = "PATH", requires = "metrics_addr")]
     metrics_token_file: Option<PathBuf>,
+    /// Serve /metrics without a token, to every local user (and, on an
+    /// address other hosts can reach, to them too): for a host where
+    /// everyone who can connect may read every agent's verdicts and
+    /// reasons.
+    #[arg(long, requires = "metrics_addr", conflicts_with = "metrics_token_file")]
+    metrics_public: bool,
     /// Stop after this many checks (default: run until killed).
     #[arg(long, value_name = "N")]
     count: Option<u64>,
@@ -448,7 +458,14 @@ pub fn check(args: CheckArgs) -> Result<Finished, Error> {
 }
 
 pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
-    // A bad token file is refused before anything else is opened.
+    // An endpoint nothing guards is refused unless asked for, and a bad
+    // token file, before anything else is opened.
+    if let Some(addr) = args.metrics_addr
+        && args.metrics_token_file.is_none()
+        && !args.metrics_public
+    {
+        return Err(Error::MetricsUnprotected { addr });
+    }
     let token = args
         .metrics_token_file
         .as_deref()
@@ -479,8 +496,8 @@ pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
 }
 
 /// Binds `addr` and serves the metrics there ([`selfheal::metrics_endpoint`]).
-/// Says in the log when the address is reachable from other hosts and no
-/// token guards it.
+/// Says in the log when no token guards it (`--metrics-public`): a warning
+/// where other hosts can reach it.
 fn serve_metrics(
     addr: std::net::SocketAddr,
     metrics: Arc<Mutex<String>>,
@@ -491,17 +508,16 @@ fn serve_metrics(
     let guarded = if token.is_some() {
         "a bearer token required"
     } else {
-        "no token required"
+        "no token required (--metrics-public): every local user may read them"
     };
     if addr.ip().is_loopback() || token.is_some() {
         tracing::info!("serving metrics at http://{bound}/metrics ({guarded})");
     } else {
         tracing::warn!(
             "serving metrics at http://{bound}/metrics, reachable from other hosts, with no \
-             authentication (anyone who can reach it reads agent names, verdicts and probe \
-             URLs): give --metrics-token-file, or bind 127.0.0.1 (e.g. --metrics-addr \
-             127.0.0.1:{}) unless a firewall or a NetworkPolicy guards it",
-            bound.port()
+             authentication (--metrics-public: anyone who can reach it reads agent names, \
+             verdicts and reasons): give --metrics-token-file instead unless a firewall or a \
+             NetworkPolicy guards it"
         );
     }
     selfheal::metrics_endpoint::serve(listener, metrics, token)

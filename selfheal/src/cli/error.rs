@@ -117,6 +117,16 @@ pub enum Error {
     /// The helper could not serve (its socket, socket activation, a thread).
     #[error(transparent)]
     Serve(#[from] ServerError),
+    /// `watch --metrics-addr` with neither a token nor `--metrics-public`.
+    #[error(
+        "refusing to serve /metrics on {addr} with no token: every local user (and every host \
+         that can reach the address) would read agent names, verdicts and reasons, which the \
+         metrics file keeps to its owner and group. Give --metrics-token-file PATH (a file \
+         only its owner and group may read; Prometheus sends it with `authorization: \
+         {{type: Bearer, credentials_file: ...}}`), or --metrics-public to serve them to \
+         anyone who can connect"
+    )]
+    MetricsUnprotected { addr: std::net::SocketAddr },
     /// `watch --metrics-token-file`: the token file is refused.
     #[error(transparent)]
     MetricsToken(#[from] selfheal::metrics_endpoint::TokenError),
@@ -150,6 +160,7 @@ impl Error {
             | Error::NoSuchAgent { .. }
             | Error::HelperNotRoot { .. }
             | Error::Policy(_)
+            | Error::MetricsUnprotected { .. }
             | Error::MetricsToken(_) => EXIT_USAGE,
             Error::Serve(_)
             | Error::NoSuchProcess { .. }

@@ -143,9 +143,13 @@ pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
     // Root's checks link the pinned task iterators, others' get their
     // passes from the helper, instead of reading each thread from procfs;
     // without them they read procfs (and say so).
-    match handle.iterators() {
-        Ok(dir) => tracing::info!("helper: task iterators pinned in {}", dir.display()),
-        Err(e) => tracing::warn!(
+    match (handle.iterators(), handle.has_iterators()) {
+        (Ok(dir), _) => tracing::info!("helper: task iterators pinned in {}", dir.display()),
+        (Err(e), true) => tracing::warn!(
+            "helper: task iterators not pinned: {e}; root's checks in other processes read \
+             threads from procfs (`watch` loads its own)"
+        ),
+        (Err(e), false) => tracing::warn!(
             "helper: task iterators not pinned: {e}; checks read threads from procfs"
         ),
     }

@@ -62,7 +62,8 @@ pub enum IterError {
 pub const SYSTEM_BPFFS: &str = "/sys/fs/bpf";
 
 /// The bpffs the helper mounts itself (root mode 0700) where the system
-/// has none.
+/// has none, or where its `selfheal/` is not root's alone (any user may
+/// make it in a bpffs mounted without `mode=`, whose root is 1777).
 pub const OWN_BPFFS: &str = "/run/selfheal/bpf";
 
 /// The directory of this build's pins under the bpffs directory `base`:
@@ -396,29 +397,71 @@ fn trusted(dir: &Path) -> Result<(), IterError> {
 }
 
 /// Loads the iterators and pins them where checks look first
-/// ([`pin_dirs`]): in the system's bpffs where it is mounted, else in a
-/// bpffs mounted (mode 0700) at [`OWN_BPFFS`]. Other builds' pins there
+/// ([`pin_dirs`]): in the system's bpffs where it is mounted and its
+/// `selfheal/` is root's alone, else in a bpffs mounted (mode 0700) at
+/// [`OWN_BPFFS`] (a `selfheal/` another user made is never used: the log
+/// says so, and where the pins went instead). Other builds' pins there
 /// are removed (they would never be opened, only keep their programs
 /// loaded); this build's, when they open, are kept as they are. The
 /// programs stay loaded while pinned, past the caller's exit. Root only.
 pub fn publish() -> Result<PathBuf, IterError> {
     let system = Path::new(SYSTEM_BPFFS);
-    let base = if crate::sys::bpf::is_bpffs(system).unwrap_or(false) {
-        let base = system.join("selfheal");
-        private_dir(&base, 0o700).map_err(|e| publish_err(&base, &e))?;
-        base
-    } else {
-        let own = Path::new(OWN_BPFFS);
-        if let Some(run) = own.parent() {
-            private_dir(run, 0o755).map_err(|e| publish_err(run, &e))?;
-        }
-        private_dir(own, 0o700).map_err(|e| publish_err(own, &e))?;
-        if !crate::sys::bpf::is_bpffs(own).map_err(|e| publish_err(own, &e))? {
-            crate::sys::bpf::mount_bpffs(own).map_err(|e| publish_err(own, &e))?;
-        }
-        own.to_path_buf()
+    if !crate::sys::bpf::is_bpffs(system).unwrap_or(false) {
+        return pin_in(&own_bpffs()?);
+    }
+    let base = system.join("selfheal");
+    let refused = match private_dir(&base, 0o700) {
+        Ok(()) => return pin_in(&base),
+        Err(e) => publish_err(&base, &e),
     };
-    pin_in(&base)
+    let own = own_bpffs().map_err(|e| IterError::Publish {
+        path: OWN_BPFFS.into(),
+        reason: format!("{e} (and {refused})"),
+    })?;
+    tracing::warn!(
+        "task iterators: not pinned in the system's bpffs: {refused}; pinned in selfheal's own \
+         bpffs at {} instead (root mode 0700)",
+        own.display()
+    );
+    pin_in(&own)
+}
+
+/// selfheal's own bpffs at [`OWN_BPFFS`], mounted (root mode 0700) where
+/// it is not yet. Its parent (`/run/selfheal`) is made 0755 where missing
+/// and may be a directory others can write (a Kubernetes `emptyDir` is
+/// 0777): the mount point is made, opened without following a symlink,
+/// checked (root's, writable by root alone) and mounted on through that
+/// descriptor, so a directory or symlink another user puts in its place
+/// meanwhile is never mounted on; the path must then lead to a root-only
+/// bpffs.
+fn own_bpffs() -> Result<PathBuf, IterError> {
+    use crate::sys::bpf;
+    let own = Path::new(OWN_BPFFS);
+    if let Some(run) = own.parent() {
+        match std::fs::DirBuilder::new().mode(0o755).create(run) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(publish_err(run, &e)),
+        }
+    }
+    let err = |e: &dyn std::fmt::Display| publish_err(own, e);
+    match std::fs::DirBuilder::new().mode(0o700).create(own) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(&e)),
+    }
+    let fd = bpf::open_dir_nofollow(own).map_err(|e| err(&e))?;
+    let (uid, mode) = bpf::dir_fd_metadata(std::os::fd::AsFd::as_fd(&fd)).map_err(|e| err(&e))?;
+    root_only(uid, mode).map_err(|why| err(&format!("exists, but {why}")))?;
+    if !bpf::is_bpffs_fd(std::os::fd::AsFd::as_fd(&fd)).map_err(|e| err(&e))? {
+        bpf::mount_bpffs_on(std::os::fd::AsFd::as_fd(&fd)).map_err(|e| err(&e))?;
+    }
+    let m = std::fs::symlink_metadata(own).map_err(|e| err(&e))?;
+    root_only_dir(&m).map_err(|why| err(&why))?;
+    if !bpf::is_bpffs(own).map_err(|e| err(&e))? {
+        return Err(err(&"not on a bpffs after mounting one there"));
+    }
+    Ok(own.to_path_buf())
 }
 
 /// Pins this build's iterators in `base/iter-<object hash>` and returns
@@ -426,6 +469,11 @@ pub fn publish() -> Result<PathBuf, IterError> {
 /// builds' `iter-*` there are removed; this build's, when trusted and
 /// they open, are kept. Root only.
 pub fn pin_in(base: &Path) -> Result<PathBuf, IterError> {
+    let m = std::fs::symlink_metadata(base).map_err(|e| publish_err(base, &e))?;
+    root_only_dir(&m).map_err(|why| publish_err(base, &why))?;
+    if !crate::sys::bpf::is_bpffs(base).map_err(|e| publish_err(base, &e))? {
+        return Err(publish_err(base, &"not on a bpffs"));
+    }
     let dir = pins_under(base);
     let entries = std::fs::read_dir(base).map_err(|e| publish_err(base, &e))?;
     for e in entries.flatten() {
@@ -473,11 +521,15 @@ fn root_only_dir(m: &std::fs::Metadata) -> Result<(), String> {
     if !m.is_dir() {
         return Err("is not a directory".into());
     }
-    if m.uid() != 0 || m.mode() & 0o022 != 0 {
+    root_only(m.uid(), m.mode())
+}
+
+/// Whether a directory of owner `uid` and `mode` is root's alone to write.
+fn root_only(uid: u32, mode: u32) -> Result<(), String> {
+    if uid != 0 || mode & 0o022 != 0 {
         return Err(format!(
-            "is owned by uid {} with mode {:04o}: only root may write where pins live",
-            m.uid(),
-            m.mode() & 0o7777
+            "is owned by uid {uid} with mode {:04o}: only root may write where pins live",
+            mode & 0o7777
         ));
     }
     Ok(())

@@ -158,3 +158,38 @@ pub fn mount_bpffs(path: &Path) -> std::io::Result<()> {
     )
     .map_err(std::io::Error::from)
 }
+
+/// The directory at `path` itself, opened `O_PATH` (its last component
+/// never followed as a symlink: a symlink there is `ENOTDIR`), for
+/// [`dir_fd_metadata`], [`is_bpffs_fd`] and [`mount_bpffs_on`]: what is
+/// checked is what is mounted on, whatever `path` leads to later.
+pub fn open_dir_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_PATH
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// The owner and mode bits of the file `fd` is open on.
+pub fn dir_fd_metadata(fd: BorrowedFd<'_>) -> std::io::Result<(u32, u32)> {
+    let st = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
+    Ok((st.st_uid, st.st_mode))
+}
+
+/// Whether the file `fd` is open on lies in a bpffs.
+pub fn is_bpffs_fd(fd: BorrowedFd<'_>) -> std::io::Result<bool> {
+    let s = nix::sys::statfs::fstatfs(fd).map_err(std::io::Error::from)?;
+    Ok(s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// Mounts a bpffs (root mode 0700) on the directory `dir` is open on,
+/// through `/proc/self/fd/N`: on that very directory, even where another
+/// user may rename it or put a symlink in its place.
+pub fn mount_bpffs_on(dir: BorrowedFd<'_>) -> std::io::Result<()> {
+    mount_bpffs(Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())))
+}

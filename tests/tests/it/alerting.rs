@@ -496,13 +496,19 @@ fn the_wedge_pages_through_prometheus_and_alertmanager_and_resolves_after_the_he
     // RELIABILITY.md).
     let watch = |dry_run: bool, tag: &str| {
         let mut cmd = ns.command(&opts.selfheal);
-        cmd.args(["watch", "--interval", "1s", "--metrics-addr"])
-            .arg(format!("127.0.0.1:{metrics_port}"))
-            .arg("--config")
-            .arg(bed.config_file())
-            .args(Places::under(&s.0).helper(bed.helper_socket_path()).args())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(s.0.join(format!("watch-{tag}.log"))).unwrap());
+        cmd.args([
+            "watch",
+            "--interval",
+            "1s",
+            "--metrics-public",
+            "--metrics-addr",
+        ])
+        .arg(format!("127.0.0.1:{metrics_port}"))
+        .arg("--config")
+        .arg(bed.config_file())
+        .args(Places::under(&s.0).helper(bed.helper_socket_path()).args())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(s.0.join(format!("watch-{tag}.log"))).unwrap());
         if dry_run {
             cmd.arg("--dry-run");
         }
@@ -879,6 +885,7 @@ fn a_scrape_during_a_check_gets_the_last_complete_one() {
             "50ms",
             "--count",
             "8",
+            "--metrics-public",
             "--metrics-addr",
         ])
         .arg(format!("127.0.0.1:{port}"))

@@ -466,3 +466,55 @@ fn both_readers_give_the_same_evidence_and_judgement() {
 
     assert_eq!(agent.verdict(&by_iter), agent.verdict(&by_procfs));
 }
+
+/// The attack on a system bpffs mounted without `mode=` (the kernel's
+/// 1777): before the helper starts, an unprivileged user (nobody) makes
+/// `/sys/fs/bpf/selfheal`. The helper never pins in it; it pins in its own
+/// 0700 bpffs at `/run/selfheal/bpf` instead, its log says why and where,
+/// and the pins there open under a check's rule and walk a process, as
+/// does the helper's `iterate`. Staged in a mount namespace of the
+/// helper's own (a fresh bpffs over `/sys/fs/bpf`, a tmpfs over `/run`),
+/// gone with it: the programs it pinned are unloaded after it stops.
+#[test]
+fn a_squatted_system_bpffs_leaves_the_helper_its_own() {
+    let _area = tests::area(module_path!());
+    const TEST: &str = "iter::a_squatted_system_bpffs_leaves_the_helper_its_own";
+    if !need_ebpf(TEST) {
+        return;
+    }
+    let scratch = tests::Scratch::new("bpffs-squat");
+    let setup = "mount -t tmpfs -o mode=0755 tmpfs /run\n\
+                 mount -t bpf bpf /sys/fs/bpf\n\
+                 stat -c 'bpffs root: %a %U' /sys/fs/bpf >&2\n\
+                 setpriv --reuid 65534 --regid 65534 --clear-groups mkdir -m 0755 /sys/fs/bpf/selfheal\n\
+                 stat -c 'squat: %a %U' /sys/fs/bpf/selfheal >&2";
+    let h = tests::HelperInOwnMounts::start(
+        setup,
+        &["helper".into()],
+        scratch.join("helper.log"),
+        Duration::from_secs(60),
+    );
+    let log = h.log_text();
+    eprintln!("the helper's log:\n{log}");
+    assert!(log.contains("bpffs root: 1777 root"), "{log}");
+    assert!(log.contains("squat: 755 nobody"), "{log}");
+    assert!(
+        log.contains(
+            "not pinned in the system's bpffs: cannot prepare /sys/fs/bpf/selfheal for the \
+             pins: exists, but is owned by uid 65534"
+        ) && log.contains("pinned in selfheal's own bpffs at /run/selfheal/bpf instead"),
+        "{log}"
+    );
+    let dir = tests::pinned_by(&h);
+    assert!(dir.starts_with("/run/selfheal/bpf/iter-"), "{dir}");
+    // The squat holds nothing of the helper's.
+    let squat: Vec<_> = std::fs::read_dir(h.inside("/sys/fs/bpf/selfheal"))
+        .expect("read the squat")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(squat.is_empty(), "the helper wrote in the squat: {squat:?}");
+    let ids = tests::pins_work(&h, &dir);
+    let took = tests::pins_go_with(h, &ids, Duration::from_secs(20));
+    eprintln!("pins in {dir} work (programs {ids:?}); gone {took:?} after the helper stopped");
+}

@@ -293,6 +293,10 @@ fn each_container_holds_only_the_documented_privileges() {
         .iter()
         .find_map(|a| a.strip_prefix("--metrics-token-file="))
         .expect("watch requires a metrics token");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--metrics-public")),
+        "the DaemonSet serves /metrics to anyone: {args:?}"
+    );
     let token_mount = watch["volumeMounts"]
         .as_array()
         .unwrap()

@@ -3,7 +3,9 @@
 //! address does not keep a scraper at another address from its scrapes
 //! (answered-within-1 s counts printed before, during and after), the
 //! bearer token is required and never logged, bad token files are refused
-//! at start, and `/healthz` answers without one.
+//! at start, and `/healthz` answers without one. An endpoint with neither a
+//! token nor `--metrics-public` does not start, and an unprivileged local
+//! user is refused the metrics the 0640 metrics file keeps from it.
 
 use std::{
     io::{Read as _, Write as _},
@@ -254,7 +256,7 @@ fn a_flood_from_the_scrapers_own_address_still_lets_it_scrape() {
 /// least `1/min_share_during` of those tried.
 fn flood_against_scraper(tag: &str, flood_from: Ipv4Addr, min_share_during: usize) {
     let scratch = Scratch::new(tag);
-    let watch = Watch::start(&scratch, &[]);
+    let watch = Watch::start(&scratch, &["--metrics-public"]);
     let addr = watch.addr();
     assert!(
         wait_for(20 * SEC, Duration::from_millis(100), || scraped(addr)
@@ -452,4 +454,123 @@ fn run_watch_once(scratch: &Scratch, token_file: &Path) -> std::process::Output 
         .arg(scratch.join("state"))
         .output()
         .expect("run selfheal watch")
+}
+
+/// The user every unprivileged attempt runs as.
+const NOBODY: u32 = 65534;
+
+/// `--metrics-addr` with neither a token nor `--metrics-public` does not
+/// start (exit 3), on loopback as on every address, and says both ways out;
+/// nothing listens on the port it was given.
+#[test]
+fn an_endpoint_without_a_token_is_refused_at_start() {
+    let _area = tests::area(module_path!());
+    let scratch = Scratch::new("metrics-unguarded");
+    let config = scratch.join("config.toml");
+    tests::own_agent_config(&config);
+    for ip in ["127.0.0.1", "0.0.0.0"] {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let out = Command::new(selfheal_bin())
+            .args(["watch", "--count", "1", "--metrics-addr"])
+            .arg(format!("{ip}:{port}"))
+            .arg("--config")
+            .arg(&config)
+            .args(
+                Places::under(&scratch)
+                    .helper(scratch.join("no-helper.sock"))
+                    .args(),
+            )
+            .stdout(Stdio::null())
+            .output()
+            .expect("run selfheal watch");
+        let said = String::from_utf8_lossy(&out.stderr);
+        eprintln!("{ip}: exit {:?}: {}", out.status.code(), said.trim());
+        assert_eq!(out.status.code(), Some(3), "{said}");
+        for want in [
+            &format!("refusing to serve /metrics on {ip}:{port} with no token")[..],
+            "every local user",
+            "--metrics-token-file PATH",
+            "--metrics-public",
+        ] {
+            assert!(said.contains(want), "{want:?} not in {said}");
+        }
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "something listens on {port} after the refusal"
+        );
+    }
+}
+
+/// The attack: an unprivileged local user scrapes the loopback endpoint.
+/// Behind a token (0600, root's) it gets `401` and no metric, and cannot
+/// read the token file; root, holding the token, gets the metrics. The
+/// same user on an endpoint started with `--metrics-public` gets them:
+/// the refusal is the token's doing.
+#[test]
+fn an_unprivileged_user_is_refused_what_the_token_holder_reads() {
+    let _area = tests::area(module_path!());
+    if !tests::need_root(
+        "metrics_endpoint::an_unprivileged_user_is_refused_what_the_token_holder_reads",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new("metrics-nobody");
+    let token = "tok-3c9e1a7b5d2f4608a1c3e5f7b9d1a3c5";
+    let file = scratch.join("token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let bearer = format!("Bearer {token}");
+    let metric = "selfheal_agent_verdict{agent=\"me\"";
+    let ask = |addr: SocketAddr, auth: Option<&str>| {
+        request(SCRAPER_FROM, addr, &get("/metrics", auth), 2 * SEC).unwrap_or_else(|e| e)
+    };
+    let served = |addr: SocketAddr, auth: Option<&str>| {
+        wait_for(20 * SEC, Duration::from_millis(100), || {
+            let t = ask(addr, auth);
+            t.contains(metric).then_some(t)
+        })
+    };
+
+    let guarded = Watch::start(&scratch, &["--metrics-token-file", file.to_str().unwrap()]);
+    let by_root = served(guarded.addr(), Some(&bearer));
+    let by_root = by_root.expect("root with the token is served the metrics within 20 s");
+    assert!(by_root.starts_with("HTTP/1.1 200 OK\r\n"), "{by_root}");
+    let (reads_token, answers) = tests::as_uid(NOBODY, || {
+        let reads = std::fs::read(&file).map_err(|e| e.kind());
+        let answers: Vec<String> = (0..20).map(|_| ask(guarded.addr(), None)).collect();
+        (reads, answers)
+    });
+    assert_eq!(
+        reads_token,
+        Err(std::io::ErrorKind::PermissionDenied),
+        "nobody reads the token file"
+    );
+    let refused = answers
+        .iter()
+        .filter(|t| t.starts_with("HTTP/1.1 401 Unauthorized\r\n") && !t.contains("selfheal_"))
+        .count();
+    eprintln!(
+        "nobody without the token: {refused} of {} scrapes refused (401)",
+        answers.len()
+    );
+    assert_eq!(refused, answers.len(), "{answers:?}");
+    drop(guarded);
+
+    let public = Watch::start(&scratch, &["--metrics-public"]);
+    let addr = public.addr();
+    // Wait as root for the first check, then scrape as nobody.
+    served(addr, None).expect("the public endpoint serves within 20 s");
+    let by_nobody = tests::as_uid(NOBODY, || ask(addr, None));
+    assert!(
+        by_nobody.starts_with("HTTP/1.1 200 OK\r\n") && by_nobody.contains(metric),
+        "--metrics-public serves nobody: {by_nobody}"
+    );
+    let log = public.stop();
+    assert!(
+        log.contains("no token required (--metrics-public)"),
+        "{log}"
+    );
 }

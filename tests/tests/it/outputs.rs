@@ -229,6 +229,7 @@ fn every_output(
         "1s".as_ref(),
         "--count".as_ref(),
         "3".as_ref(),
+        "--metrics-public".as_ref(),
         "--metrics-addr".as_ref(),
         addr.as_ref(),
     ];

@@ -372,6 +372,12 @@ impl ServerHandle {
             Err(e) => Err(e),
         }
     }
+
+    /// Whether the helper has task iterators for its own passes (pinned,
+    /// or loaded unpinned where they could not be pinned).
+    pub fn has_iterators(&self) -> bool {
+        lock(&self.stopper.shared.iterators).is_ok()
+    }
 }
 
 impl Drop for ServerHandle {
@@ -516,8 +522,9 @@ struct Shared {
     executor: Arc<dyn Executor>,
     tracer: Mutex<TracerState>,
     ebpf: EbpfStatus,
-    /// The task iterators the helper pinned, opened from their pins, for
-    /// `iterate`; or why there are none.
+    /// The task iterators the helper pinned, opened from their pins (or
+    /// loaded unpinned where they could not be pinned), for `iterate` and
+    /// `collect`; or why there are none.
     iterators: Mutex<Result<crate::ebpf::iter::TaskIter, String>>,
     /// Where they are pinned, or why they are not.
     iterators_at: Result<std::path::PathBuf, String>,

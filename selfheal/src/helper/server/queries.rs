@@ -107,7 +107,21 @@ pub(super) fn pin_iterators(
     });
     match opened {
         Ok((it, dir)) => (Ok(it), Ok(dir)),
-        Err(why) => (Err(why.clone()), Err(why)),
+        // Nowhere to pin them (no mount allowed, as under a container
+        // runtime's default AppArmor profile): loaded for the helper's own
+        // passes, which need no pin.
+        Err(why) => match iter::load() {
+            Ok(it) => (
+                Ok(it),
+                Err(format!(
+                    "{why}; loaded unpinned for the helper's own passes (`iterate`, `collect`)"
+                )),
+            ),
+            Err(e) => {
+                let why = format!("{} (and {why})", chain(&e));
+                (Err(why.clone()), Err(why))
+            }
+        },
     }
 }
 
