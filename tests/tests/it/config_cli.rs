@@ -101,7 +101,7 @@ fn a_bad_config_exits_3_naming_file_line_and_key() {
     assert_eq!(
         err.trim_end(),
         format!(
-            "selfheal: {}:6: agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence, connect_timeout)",
+            "selfheal: {}:6: agent \"sol\" upstream 1: key `adr`: unknown key (expected role, addr, heartbeat, suspect_after, max_silence, connect_timeout, stall_after)",
             config.display()
         )
     );
