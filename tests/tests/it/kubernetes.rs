@@ -344,3 +344,82 @@ fn each_container_holds_only_the_documented_privileges() {
         );
     }
 }
+
+/// The DaemonSet's helper gets its task iterators with the manifests' own
+/// settings: its args as `daemonset.yaml` gives them, its `run` volume an
+/// `emptyDir` of medium Memory (a tmpfs whose root is 0777, as the kubelet
+/// makes it) at the mountPath the manifest gives, and no bpffs at
+/// `/sys/fs/bpf` (a container's read-only sysfs has none). The helper pins
+/// them in a 0700 bpffs it mounts at `/run/selfheal/bpf` inside that 0777
+/// directory; they open under a check's rule and walk a process, and its
+/// `iterate` (what the `watch` container asks for) answers. Staged in a
+/// mount namespace of the helper's own, gone with it.
+#[test]
+fn the_daemonsets_helper_pins_its_iterators() {
+    let _area = tests::area(module_path!());
+    const TEST: &str = "kubernetes::the_daemonsets_helper_pins_its_iterators";
+    if !tests::need_ebpf(TEST) {
+        return;
+    }
+    let Some(docs) = yaml("daemonset.yaml") else {
+        return skip(
+            TEST,
+            "no python3 with PyYAML (kubernetes-validate's parser)",
+        );
+    };
+    let pod = &docs[0]["spec"]["template"]["spec"];
+    let helper = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "helper")
+        .expect("a helper container");
+    let args: Vec<String> = helper["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let run_mount = helper["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/run/selfheal")
+        .expect("the helper mounts a volume at /run/selfheal");
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == run_mount["name"])
+        .expect("the volume exists");
+    assert_eq!(volume["emptyDir"]["medium"], "Memory", "{volume}");
+    assert!(
+        !helper["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"].as_str().unwrap().starts_with("/sys/fs/bpf")),
+        "the test stages no bpffs: the manifest must mount none"
+    );
+    let scratch = Scratch::new("daemonset-helper");
+    let setup = "mount -t tmpfs -o mode=0755 tmpfs /run\n\
+                 mkdir /run/selfheal\n\
+                 mount -t tmpfs -o mode=0777 tmpfs /run/selfheal\n\
+                 mount -t tmpfs -o ro,mode=0555 tmpfs /sys/fs/bpf\n\
+                 stat -c 'emptyDir: %a %U' /run/selfheal >&2";
+    eprintln!("the manifest's helper: {args:?}, /run/selfheal: {volume}");
+    let h = tests::HelperInOwnMounts::start(
+        setup,
+        &args,
+        scratch.join("helper.log"),
+        std::time::Duration::from_secs(60),
+    );
+    let log = h.log_text();
+    eprintln!("the helper's log:\n{log}");
+    assert!(log.contains("emptyDir: 777 root"), "{log}");
+    let dir = tests::pinned_by(&h);
+    assert!(dir.starts_with("/run/selfheal/bpf/iter-"), "{dir}");
+    let ids = tests::pins_work(&h, &dir);
+    let took = tests::pins_go_with(h, &ids, std::time::Duration::from_secs(20));
+    eprintln!("pins in {dir} work (programs {ids:?}); gone {took:?} after the helper stopped");
+}

@@ -734,7 +734,8 @@ fn unit_value(unit: &str, key: &str) -> Option<String> {
 /// authorized by SO_PEERCRED), owned by the helper's uid, in a directory it
 /// creates 0755 — so `nobody` connects and is known as itself. It refuses
 /// a socket directory another user could change (owned by another uid,
-/// group/other-writable and not sticky, a symlink), a path that is not a
+/// a symlink, one of root's others could write that holds another user's
+/// entry; an empty one it closes and uses), a path that is not a
 /// socket, and a path a live helper serves; it removes its socket on exit.
 #[test]
 fn the_helper_socket_has_the_documented_mode_and_owner() {
@@ -819,12 +820,29 @@ fn the_helper_socket_has_the_documented_mode_and_owner() {
             theirs.display()
         ),
     );
+    // A directory of root's others could write (a Kubernetes emptyDir is
+    // 0777): something another user put in it while it was open refuses
+    // it, naming the entry; an empty one is closed (0755) and used.
     let open = dir.join("open");
     dir_with_mode(&open, 0o777);
+    nobodys_dir(&open.join("planted"));
     refuse(
         &open.join("helper.sock"),
-        "writable by group or others (mode 0777)",
+        &format!(
+            "it was writable by group or others (mode 0777) and holds \"planted\" of uid {NOBODY}"
+        ),
     );
+    let emptied = dir.join("emptydir");
+    dir_with_mode(&emptied, 0o777);
+    let taken = RealHelper::start(&emptied.join("helper.sock"), &["--no-ebpf"]);
+    assert_eq!(
+        std::fs::metadata(&emptied).unwrap().mode() & 0o7777,
+        0o755,
+        "the open directory was closed to others"
+    );
+    let who = as_uid(NOBODY, || taken.client().hello().map(|h| h.caller.uid));
+    assert_eq!(who.unwrap(), NOBODY, "the helper serves from it");
+    taken.stop();
     let link = dir.join("link");
     std::os::unix::fs::symlink(&run, &link).unwrap();
     refuse(&link.join("helper.sock"), "it is a symlink");

@@ -154,11 +154,69 @@ fn prepare_socket_dir(dir: &Path) -> Result<(), ServerError> {
             )));
         }
         if mode & 0o022 != 0 {
+            if md.uid() != me {
+                return Err(unsafe_dir(format!(
+                    "writable by group or others (mode {mode:04o}) and not this user's to close"
+                )));
+            }
+            return take_over(dir, &md, me);
+        }
+    }
+    Ok(())
+}
+
+/// Takes over a directory of the helper's own user that others may
+/// write, as the kubelet makes every `emptyDir` (0777): its group and
+/// other write bits are dropped through an fd of it (the one examined, not
+/// whatever the path names by then), and only then is it read: anything in
+/// it that is neither root's nor this user's was put there by someone else
+/// before it was closed to them (a socket of theirs, a directory for the
+/// helper's pins) and the directory is refused, naming it.
+fn take_over(dir: &Path, md: &std::fs::Metadata, me: u32) -> Result<(), ServerError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let unsafe_dir = |reason: String| ServerError::UnsafeDir {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let io_err = |action| {
+        move |source| ServerError::Io {
+            action,
+            path: dir.to_path_buf(),
+            source,
+        }
+    };
+    let was = md.mode() & 0o7777;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .map_err(io_err("open"))?;
+    let held = f.metadata().map_err(io_err("examine"))?;
+    if (held.dev(), held.ino()) != (md.dev(), md.ino()) || held.uid() != md.uid() {
+        return Err(unsafe_dir("it was replaced while being examined".into()));
+    }
+    let now = was & !0o022;
+    f.set_permissions(std::fs::Permissions::from_mode(now))
+        .map_err(io_err("set the mode of"))?;
+    // Listed through the fd examined, not the path.
+    let listed = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+    for entry in std::fs::read_dir(&listed).map_err(io_err("list"))? {
+        let entry = entry.map_err(io_err("list"))?;
+        let owner = entry
+            .metadata()
+            .map_err(io_err("examine an entry of"))?
+            .uid();
+        if owner != 0 && owner != me {
             return Err(unsafe_dir(format!(
-                "writable by group or others (mode {mode:04o})"
+                "it was writable by group or others (mode {was:04o}) and holds {:?} of uid {owner}",
+                entry.file_name()
             )));
         }
     }
+    tracing::warn!(
+        dir = %dir.display(),
+        "the socket directory was writable by group or others (mode {was:04o}); now {now:04o}"
+    );
     Ok(())
 }
 
@@ -283,5 +341,39 @@ mod tests {
             bind_path(&path),
             Err(ServerError::NotASocket { .. })
         ));
+    }
+
+    /// A directory of ours others may write (an `emptyDir`, 0777) is
+    /// closed to them before the socket is made in it; one that already
+    /// holds something of another user's is refused, naming it.
+    #[test]
+    fn a_world_writable_directory_of_ours_is_closed_or_refused() {
+        use std::os::unix::fs::{PermissionsExt as _, chown};
+        let dir = std::env::temp_dir().join(format!("selfheal-helper-open-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let open =
+            |d: &Path| std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        open(&dir);
+        let (_l, b) = bind_path(&dir.join("helper.sock")).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o7777, 0o755);
+        b.remove();
+        // Another user's entry, made while others could write (only root
+        // can give a file away, so only as root).
+        if crate::sys::creds::euid() == 0 {
+            open(&dir);
+            let planted = dir.join("bpf");
+            std::fs::create_dir(&planted).unwrap();
+            chown(&planted, Some(65534), Some(65534)).unwrap();
+            match bind_path(&dir.join("helper.sock")) {
+                Err(ServerError::UnsafeDir { reason, .. }) => {
+                    assert!(reason.contains("\"bpf\" of uid 65534"), "{reason}")
+                }
+                Err(other) => panic!("{other}"),
+                Ok(_) => panic!("a planted directory was taken over"),
+            }
+            assert!(!dir.join("helper.sock").exists());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
