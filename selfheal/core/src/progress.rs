@@ -113,6 +113,31 @@ pub struct Stall {
     pub spacing_ms: Option<u64>,
 }
 
+/// How close a connection is to its bound, as `inspect` shows it: the
+/// keepalive-only arrivals counted since content or a request last came,
+/// against its upstream's `stall_after`. Only numbers: nothing a peer
+/// sends is in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Closeness {
+    /// How long only keepalive has arrived (since `since_ms`).
+    pub only_keepalive_ms: u64,
+    pub keepalives: u32,
+    pub keepalive_bytes: u64,
+    /// The smallest and largest mean keepalive size (bytes).
+    pub keepalive_bytes_min: u64,
+    pub keepalive_bytes_max: u64,
+    /// The mean time between keepalives, where two or more were dated.
+    pub keepalive_spacing_ms: Option<u64>,
+    /// How long ago the last keepalive arrived.
+    pub last_keepalive_ago_ms: u64,
+    pub stall_after_ms: u64,
+    /// What remains of `stall_after` (0 once past it).
+    pub left_ms: u64,
+    /// Whether the judge finds it stalled now: past the bound with at
+    /// least [`MIN_KEEPALIVES`] keepalives.
+    pub stalled: bool,
+}
+
 impl Progress {
     /// The record of a connection first seen at `now_ms`.
     pub fn start(info: &TcpInfo, now_ms: u64) -> Self {
@@ -210,10 +235,37 @@ impl Progress {
             keepalives: self.keepalives,
             smallest: self.smallest.unwrap_or(0),
             largest: self.largest,
-            spacing_ms: self
-                .first_at_ms
-                .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
-                .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1)),
+            spacing_ms: self.spacing_ms(),
+        })
+    }
+
+    /// The mean time between the keepalives counted, where two or more
+    /// were dated apart.
+    fn spacing_ms(&self) -> Option<u64> {
+        self.first_at_ms
+            .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
+            .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1))
+    }
+
+    /// How close this record is at `now_ms` to the bound `stall_after_ms`;
+    /// none when no keepalive has been counted since content or a request
+    /// (a connection that talks, or one that is silent: nothing to show).
+    pub fn closeness(&self, now_ms: u64, stall_after_ms: u64) -> Option<Closeness> {
+        if self.keepalives == 0 {
+            return None;
+        }
+        let only_keepalive_ms = now_ms.saturating_sub(self.since_ms);
+        Some(Closeness {
+            only_keepalive_ms,
+            keepalives: self.keepalives,
+            keepalive_bytes: self.keepalive_bytes,
+            keepalive_bytes_min: self.smallest.unwrap_or(0),
+            keepalive_bytes_max: self.largest,
+            keepalive_spacing_ms: self.spacing_ms(),
+            last_keepalive_ago_ms: now_ms.saturating_sub(self.last_at_ms),
+            stall_after_ms,
+            left_ms: stall_after_ms.saturating_sub(only_keepalive_ms),
+            stalled: self.stalled(now_ms, stall_after_ms).is_some(),
         })
     }
 }
@@ -318,6 +370,39 @@ mod tests {
             assert_eq!((s.smallest, s.largest), (size, size), "{style}");
             assert_eq!(s.spacing_ms, Some(5_000), "{style}");
         }
+    }
+
+    #[test]
+    fn closeness_counts_down_to_the_bound_and_is_none_without_keepalive() {
+        let (p, _) = run(&pinging(|_| 42, 8));
+        // 16 s of pings every 5 s from 0: three counted, the last at 15 s.
+        let c = p.closeness(16_000, 30_000).expect("pings counted");
+        assert_eq!(
+            c,
+            Closeness {
+                only_keepalive_ms: 16_000,
+                keepalives: 3,
+                keepalive_bytes: 126,
+                keepalive_bytes_min: 42,
+                keepalive_bytes_max: 42,
+                keepalive_spacing_ms: Some(5_000),
+                last_keepalive_ago_ms: 1_000,
+                stall_after_ms: 30_000,
+                left_ms: 14_000,
+                stalled: false,
+            }
+        );
+        // Past the bound: nothing left, stalled as the judge finds it.
+        let c = p.closeness(40_000, 30_000).expect("pings counted");
+        assert_eq!((c.left_ms, c.stalled), (0, true));
+        assert_eq!(p.stalled(40_000, 30_000).map(|s| s.for_ms), Some(40_000));
+        // A clock before the record's start: no underflow.
+        assert_eq!(p.closeness(0, 30_000).map(|c| c.left_ms), Some(30_000));
+        // Silence, or content: nothing to show.
+        let (quiet, _) = run(&[(2_000, at(400, 1, 601, 1, 2_000))]);
+        assert_eq!(quiet.closeness(2_000, 30_000), None);
+        let (talking, _) = run(&[(2_000, at(700, 2, 601, 1, 10))]);
+        assert_eq!(talking.closeness(2_000, 30_000), None);
     }
 
     #[test]

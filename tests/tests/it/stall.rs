@@ -344,3 +344,137 @@ fn a_silent_thinking_call_past_the_bound_is_busy_and_asked_by_the_proof() {
         assert!(r.verdicts["caller"].iter().any(|v| v == "busy"));
     }
 }
+
+/// Runs [`scenario::stream_inspected`] with `inspect` at `at` after the
+/// call's connection was up; None (skipped) unless root.
+fn inspected(
+    model: &str,
+    limit: Duration,
+    at: Duration,
+    name: &'static str,
+) -> Option<(Report, serde_json::Value, String)> {
+    if !need_root(name) {
+        return None;
+    }
+    let r = scenario::stream_inspected(
+        &options(),
+        Caller::AsyncOpenAi,
+        model,
+        Some(stall_after()),
+        limit,
+        Some(at),
+        &mut log(name),
+    )
+    .expect("the scenario ran");
+    let doc = r
+        .facts
+        .get("inspect_json")
+        .cloned()
+        .unwrap_or_else(|| panic!("inspect never ran: {:?}", r.facts.keys()));
+    let text = r.facts["inspect_text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    eprintln!(
+        "SCENARIO {name}: inspect at {:?} ms: progress {:#}\n{text}",
+        fact(&r, "inspect_ms"),
+        doc["progress"]
+    );
+    Some((r, doc, text))
+}
+
+/// `inspect` of a call stalled behind pings, before the bound: its
+/// connection's keepalive-only arrivals (how many, their size and
+/// spacing, since when) and the time left of `stall_after`, in the text
+/// and in `--json`; the check after the bound then finds it stalled.
+#[test]
+fn inspect_shows_a_stalled_streams_keepalives_counting_down_to_its_bound() {
+    let _area = tests::area(module_path!());
+    let at = stall_after() * 3 / 5;
+    let Some((r, doc, text)) = inspected(STALL, limit(), at, "inspect_stalled_openai_async") else {
+        return;
+    };
+    let progress = doc["progress"].as_array().cloned().unwrap_or_default();
+    assert_eq!(progress.len(), 1, "one pinging connection: {doc:#}");
+    let p = &progress[0];
+    assert_eq!(p["role"], "provider", "{p:#}");
+    let n = p["keepalives"].as_u64().unwrap_or(0);
+    assert!(n >= 2, "pings every second, counted for {at:?}: {p:#}");
+    assert!(p["keepalive_bytes_max"].as_u64() <= Some(128), "{p:#}");
+    assert!(p["keepalive_bytes_min"].as_u64() >= Some(1), "{p:#}");
+    // Sizes and spacing as the kernel dated them: one ping a second,
+    // each dated within a check's own run.
+    let took = check_ms(&r);
+    let spacing = p["keepalive_spacing_ms"].as_u64().expect("spacing");
+    assert!(
+        spacing.abs_diff(1_000) <= 2 * took + 20,
+        "spacing {spacing} ms, checks took up to {took} ms: {p:#}"
+    );
+    let bound = stall_after().as_millis() as u64;
+    assert_eq!(p["stall_after_ms"], bound, "{p:#}");
+    let only = p["only_keepalive_ms"].as_u64().unwrap_or(0);
+    assert!(only > 0 && only < bound, "{p:#}");
+    assert_eq!(p["left_ms"].as_u64(), Some(bound - only), "{p:#}");
+    assert_eq!(p["stalled"], false, "{p:#}");
+    // The words for a person (printed by a run of its own, a moment
+    // apart: the counts may have moved on, the bound not).
+    let line = text
+        .lines()
+        .skip_while(|l| *l != "progress:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no progress in the text:\n{text}"));
+    for words in [
+        "only keepalive for ".to_string(),
+        " arrival(s) of ".to_string(),
+        " apart, the last ".to_string(),
+        format!("stall_after {}, ", human(bound)),
+    ] {
+        assert!(line.contains(&words), "{words:?} in {line:?}");
+    }
+    // The check past the bound finds what inspect counted down to.
+    let detect = r.detect_ms.expect("wedged after the inspect");
+    assert!(detect >= bound, "{detect}");
+    let seen = r.facts["wedged"]["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["code"] == "stream_stalled")
+        .map(|r| r["evidence"]["keepalives"].as_u64().unwrap_or(0));
+    assert!(
+        seen >= Some(n),
+        "{seen:?} keepalives when stalled, {n} before"
+    );
+}
+
+/// `inspect` of a call thinking in silence past the bound: no progress
+/// evidence (nothing arrived to count), in the text or in `--json`.
+#[test]
+fn inspect_shows_no_progress_evidence_for_a_silent_call() {
+    let _area = tests::area(module_path!());
+    let think = stall_after().as_millis() as u64 * 2;
+    let model = format!("think-{think}-first-early-gap-100-tokens-5");
+    let at = stall_after() + CHECK_EVERY;
+    let Some((r, doc, text)) = inspected(&model, limit(), at, "inspect_silent_openai_async") else {
+        return;
+    };
+    assert!(
+        fact(&r, "inspect_ms") < Some(think),
+        "inspected after the thinking: {:?}",
+        r.facts
+    );
+    assert_eq!(doc["progress"], serde_json::json!([]), "{doc:#}");
+    assert!(!text.contains("progress:"), "{text}");
+    // The connection was there and inspected: its socket is in the report.
+    assert!(
+        doc["sockets"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["role"] == "provider")),
+        "{doc:#}"
+    );
+    assert!(!r.saw_reason("caller", "stream_stalled"), "{:?}", r.reasons);
+}
+
+/// Milliseconds as `inspect` words them.
+fn human(ms: u64) -> String {
+    selfheal_core::inspect::human_ms(ms)
+}

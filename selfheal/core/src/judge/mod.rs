@@ -49,6 +49,8 @@ mod liveness;
 mod sockets;
 mod stalled;
 
+pub use self::stalled::{ConnectionProgress, progress_of};
+
 use self::liveness::{
     Liveness, Waiter, call_silence, closed_seen_ms, connecting, event_loop_sockets, in_flight,
     liveness, others, proof_held, proof_of, request_out, waiters,

@@ -4,8 +4,54 @@
 use super::*;
 use crate::{
     config::Upstream,
-    progress::{Progress, Stall},
+    progress::{Closeness, Progress, Stall},
 };
+
+/// One connection's progress evidence and how close it is to its bound,
+/// as `inspect` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConnectionProgress {
+    pub pid: u32,
+    pub inode: u64,
+    /// The peer's address, as the kernel reports it.
+    pub remote: String,
+    pub role: SocketRole,
+    #[serde(flatten)]
+    pub closeness: Closeness,
+}
+
+/// The progress evidence of every connection of `report` that `history`
+/// (the one [`judge`] returned for `now_ms`) has counted keepalive on,
+/// against its upstream's `stall_after`: none for a connection that
+/// talks, is silent, or has no bound.
+pub fn progress_of(
+    cfg: &AgentConfig,
+    report: &Report,
+    history: &AgentHistory,
+    now_ms: u64,
+) -> Vec<ConnectionProgress> {
+    report
+        .sockets
+        .iter()
+        .filter_map(|s| {
+            let bound = s
+                .upstream
+                .and_then(|i| cfg.upstreams.get(i))
+                .and_then(|u| u.stall_after)?;
+            let closeness = history
+                .progress
+                .get(&s.cookie)?
+                .closeness(now_ms, bound_ms(bound))?;
+            Some(ConnectionProgress {
+                pid: s.pid,
+                inode: s.inode,
+                remote: s.remote.clone(),
+                role: s.role,
+                closeness,
+            })
+        })
+        .collect()
+}
 
 /// `stall_after` in ms, saturating: a bound too long to count in ms is
 /// forever, never a short one wrapped around.
@@ -274,6 +320,76 @@ mod tests {
         assert_eq!(
             steps.iter().map(Step::name).collect::<Vec<_>>(),
             ["destroy_socket"]
+        );
+    }
+
+    /// What `inspect` shows of a pinging call: its pings counted down to
+    /// the bound, the same numbers the stall's reason gives once past it;
+    /// nothing for a silent call, content, or a bound that is off.
+    #[test]
+    fn progress_of_a_pinging_call_counts_down_to_its_bound() {
+        let cfg = agent("stall_after = \"20s\"");
+        let mut history = AgentHistory::default();
+        let (mut bytes, mut segs, mut last) = (0, 0, 0);
+        let mut shown = Vec::new();
+        for c in 1..=12u64 {
+            let now = c * 2_000;
+            while last + 5_000 <= now {
+                last += 5_000;
+                segs += 1;
+                bytes += 42;
+            }
+            let r = report(counters(bytes, segs, now - last, now));
+            let (j, next) = judge(&cfg, &r, &[], &history, now);
+            let p = progress_of(&cfg, &r, &next, now);
+            shown.push((p.clone(), j));
+            history = next;
+        }
+        // Nothing before the second ping is counted (the first check saw
+        // the connection first; one ping may be the content's straggler).
+        assert!(shown[0].0.is_empty(), "{:?}", shown[0].0);
+        let (p, _) = &shown[5];
+        assert_eq!(p.len(), 1, "{p:?}");
+        let c = &p[0];
+        assert_eq!((c.inode, c.remote.as_str()), (2, "10.9.9.9:443"));
+        assert_eq!(c.closeness.only_keepalive_ms, 10_000);
+        assert_eq!(c.closeness.keepalives, 2);
+        assert_eq!(c.closeness.keepalive_bytes_max, 42);
+        assert_eq!(c.closeness.stall_after_ms, 20_000);
+        assert_eq!(c.closeness.left_ms, 10_000);
+        assert!(!c.closeness.stalled);
+        // Past the bound: what the reason says, nothing left.
+        let (p, j) = &shown[10];
+        let r = j
+            .reasons
+            .iter()
+            .find(|r| r.code == ReasonCode::StreamStalled)
+            .expect("stalled");
+        let c = &p[0].closeness;
+        assert!(c.stalled && c.left_ms == 0, "{c:?}");
+        assert_eq!(r.evidence["keepalives"], c.keepalives);
+        assert_eq!(r.evidence["stalled_ms"], c.only_keepalive_ms);
+        assert_eq!(r.evidence["keepalive_spacing_ms"], 5_000);
+        assert_eq!(c.keepalive_spacing_ms, Some(5_000));
+        // In JSON, flat beside the connection's address.
+        let v = serde_json::to_value(&p[0]).expect("json");
+        assert_eq!(v["left_ms"], 0);
+        assert_eq!(v["remote"], "10.9.9.9:443");
+        // Silent after its first event: nothing to show.
+        let r = report(counters(0, 0, 30_000, 30_000));
+        let (_, quiet) = judge(&cfg, &r, &[], &AgentHistory::default(), 2_000);
+        let (_, quiet) = judge(&cfg, &r, &[], &quiet, 30_000);
+        assert_eq!(progress_of(&cfg, &r, &quiet, 30_000), []);
+        // A bound that is off: nothing either, whatever the history holds.
+        let off = agent("stall_after = \"off\"");
+        assert_eq!(
+            progress_of(
+                &off,
+                &report(counters(bytes, segs, 0, 24_000)),
+                &history,
+                24_000
+            ),
+            []
         );
     }
 
