@@ -23,6 +23,12 @@
 //! where nothing arrived changes nothing: silence is the proof keepalive's
 //! to judge, and a call that goes silent is no longer "talking".
 //!
+//! A control stream (gRPC, HTTP/2) with an application heartbeat is told
+//! by [`Rule::Mirrored`] instead: its transport's keepalive is a PING
+//! answered by an ACK of the same size, so an interval carries only
+//! keepalive when what arrived mirrors what went out; its application
+//! heartbeats are small too, and alike, and would pass the stream rule.
+//!
 //! Limits, by construction: the evidence is per check, so a stall is
 //! dated from the check that last saw content (at most one interval
 //! late), and a stream whose every content event is keepalive-sized (a
@@ -101,6 +107,18 @@ pub enum Interval {
     Request,
 }
 
+/// How an interval's arrivals are told keepalive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// A provider's stream: small arrivals alike in size, the count
+    /// started again by a request.
+    Stream,
+    /// A control stream (gRPC, HTTP/2) with an application heartbeat:
+    /// small arrivals that mirror what went out (PINGs and their ACKs);
+    /// what the agent sends starts nothing again.
+    Mirrored,
+}
+
 /// A stall, as [`Progress::stalled`] finds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stall {
@@ -157,6 +175,11 @@ impl Progress {
     /// connection under the same cookie, a kernel that does not count data
     /// segments) or a clock that did start the record afresh.
     pub fn advance(&self, info: &TcpInfo, now_ms: u64) -> (Self, Interval) {
+        self.advance_as(info, now_ms, Rule::Stream)
+    }
+
+    /// [`Progress::advance`] by `rule`.
+    pub fn advance_as(&self, info: &TcpInfo, now_ms: u64, rule: Rule) -> (Self, Interval) {
         let fresh = || (Self::start(info, now_ms), Interval::First);
         if info.bytes_received < self.bytes_received
             || info.bytes_acked < self.bytes_acked
@@ -186,12 +209,21 @@ impl Progress {
             (n, why)
         };
         // More sent than keepalive answers: a request (an acknowledged
-        // byte is one the peer took).
-        if bytes_out > segs_out.max(1) * KEEPALIVE_MAX_SEGMENT {
+        // byte is one the peer took). On a control stream what the agent
+        // sends says nothing of the peer's application.
+        if rule == Rule::Stream && bytes_out > segs_out.max(1) * KEEPALIVE_MAX_SEGMENT {
             return restart(next, Interval::Request);
         }
         if bytes_in == 0 && segs_in == 0 {
             return (next, Interval::Silent);
+        }
+        // A control stream's keepalive is mirrored: every PING is answered
+        // by an ACK of its size, whichever side pings, so what arrived is
+        // what went out, byte for byte and segment for segment. An
+        // application message is answered, if at all, by frames of other
+        // sizes (a WINDOW_UPDATE, a BDP PING).
+        if rule == Rule::Mirrored && (bytes_in != bytes_out || segs_in != segs_out) {
+            return restart(next, Interval::Content);
         }
         // Bytes with no data segment counted (a kernel that does not count
         // them), or more segments than bytes (a counter that went back):
@@ -237,6 +269,13 @@ impl Progress {
             largest: self.largest,
             spacing_ms: self.spacing_ms(),
         })
+    }
+
+    /// How long only keepalive has arrived at `now_ms`, once at least
+    /// [`MIN_KEEPALIVES`] were counted: the application has sent nothing
+    /// since at least then.
+    pub fn keepalive_only_ms(&self, now_ms: u64) -> Option<u64> {
+        (self.keepalives >= MIN_KEEPALIVES).then(|| now_ms.saturating_sub(self.since_ms))
     }
 
     /// The mean time between the keepalives counted, where two or more
@@ -403,6 +442,108 @@ mod tests {
         assert_eq!(quiet.closeness(2_000, 30_000), None);
         let (talking, _) = run(&[(2_000, at(700, 2, 601, 1, 10))]);
         assert_eq!(talking.closeness(2_000, 30_000), None);
+    }
+
+    /// Measured on loopback with grpcio 1.85.1, a server-streaming call
+    /// with channel keepalive (`ss -ti` once a second): while the server's
+    /// application sends a heartbeat a second, 47 bytes in 2 segments
+    /// arrive and 69 in 2 go out (its DATA frame and a PING ACK; the
+    /// client's WINDOW_UPDATE, BDP PING and keepalive PING); once it
+    /// stopped, 17 in 1 and 17 out 1 (a PING and its ACK).
+    fn grpc(beats: u32, stuck: u32) -> Vec<(u64, TcpInfo)> {
+        let (mut bin, mut sin, mut bout, mut sout) = (219, 5, 445, 6);
+        (1..=beats + stuck)
+            .map(|c| {
+                if c <= beats {
+                    (bin, sin, bout, sout) = (bin + 47, sin + 2, bout + 69, sout + 2);
+                } else {
+                    (bin, sin, bout, sout) = (bin + 17, sin + 1, bout + 17, sout + 1);
+                }
+                (u64::from(c) * 1_000, at(bin, sin, bout, sout, 800))
+            })
+            .collect()
+    }
+
+    fn run_as(rule: Rule, steps: &[(u64, TcpInfo)]) -> (Progress, Vec<Interval>) {
+        let mut p = Progress::start(&at(219, 5, 445, 6, 0), 0);
+        let mut seen = Vec::new();
+        for (now, info) in steps {
+            let (next, i) = p.advance_as(info, *now, rule);
+            p = next;
+            seen.push(i);
+        }
+        (p, seen)
+    }
+
+    #[test]
+    fn a_control_streams_heartbeats_are_content_and_its_mirrored_pings_keepalive() {
+        // Heartbeats a second for 20 s: content every interval.
+        let (p, seen) = run_as(Rule::Mirrored, &grpc(20, 0));
+        assert!(seen.iter().all(|i| *i == Interval::Content), "{seen:?}");
+        assert_eq!(p.keepalive_only_ms(20_000), None);
+        // By the stream rule the same heartbeats are small and alike:
+        // keepalive, which is why a control stream has its own rule.
+        let (p, _) = run(&grpc(20, 0));
+        assert!(p.keepalives > 2, "{p:?}");
+        // Four beats, then only PINGs and their ACKs for 8 s.
+        let (p, seen) = run_as(Rule::Mirrored, &grpc(4, 8));
+        assert_eq!(seen[3], Interval::Content);
+        assert!(
+            seen[4..].iter().all(|i| *i
+                == Interval::Keepalive {
+                    segments: 1,
+                    bytes: 17
+                }),
+            "{seen:?}"
+        );
+        assert_eq!(p.since_ms, 4_000);
+        assert_eq!(p.keepalive_only_ms(12_000), Some(8_000));
+        assert_eq!(
+            p.keepalive_only_ms(1_000),
+            Some(0),
+            "a clock behind: none negative"
+        );
+        // A PING and its ACK split by a check: the ACK's interval is not
+        // mirrored and starts the count again (late, never early).
+        let mut split = grpc(4, 4);
+        let (_, last) = split.last().cloned().unwrap();
+        split.push((
+            9_000,
+            at(
+                last.bytes_received,
+                last.data_segs_in,
+                last.bytes_acked + 17,
+                last.data_segs_out + 1,
+                900,
+            ),
+        ));
+        split.push((
+            10_000,
+            at(
+                last.bytes_received + 17,
+                last.data_segs_in + 1,
+                last.bytes_acked + 17,
+                last.data_segs_out + 1,
+                10,
+            ),
+        ));
+        let (p, seen) = run_as(Rule::Mirrored, &split);
+        assert_eq!(seen[8], Interval::Silent);
+        assert_eq!(seen[9], Interval::Content);
+        assert_eq!(p.keepalive_only_ms(10_000), None);
+        // What the agent sends on its control stream restarts nothing.
+        let (q, i) = p.advance_as(
+            &at(
+                p.bytes_received,
+                p.data_segs_in,
+                p.bytes_acked + 4_000,
+                p.data_segs_out + 2,
+                10,
+            ),
+            11_000,
+            Rule::Mirrored,
+        );
+        assert_eq!((i, q.since_ms), (Interval::Silent, p.since_ms));
     }
 
     #[test]

@@ -478,3 +478,190 @@ fn inspect_shows_no_progress_evidence_for_a_silent_call() {
 fn human(ms: u64) -> String {
     selfheal_core::inspect::human_ms(ms)
 }
+
+// ---------------------------------------------------------------------------
+// A gRPC control stream: grpcio on both ends (tests/py/grpc_control.py),
+// on loopback, the client with channel keepalive, checked by a real
+// `selfheal check` every second.
+
+/// The configured heartbeat of the control stream.
+const BEAT: Duration = Duration::from_millis(500);
+
+/// A grpcio program of tests/py/grpc_control.py, killed on drop, with
+/// its stdout lines.
+struct Py {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Py {
+    fn start(args: &[String]) -> Py {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/grpc_control.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Py { child, lines }
+    }
+
+    /// Waits at most `limit` for a line equal to `want`.
+    fn expect(&self, want: &str, limit: Duration) {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l == want => return,
+                Ok(_) => {}
+                Err(e) => panic!("no {want:?} within {limit:?}: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Py {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the checks saw of a grpcio control stream whose server sends a
+/// heartbeat every `every_ms`, `beats` of them (0: forever): per check,
+/// when it ran (ms after the last heartbeat was received, or after the
+/// first when `beats` is 0), how long it took, and its outcome.
+fn grpc_control(
+    name: &str,
+    every_ms: u64,
+    beats: u32,
+    checks: u32,
+) -> Vec<(u64, u64, serde_json::Value)> {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        have,
+        "{name}: python3 has no grpcio (cargo xtask setup installs it)"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let server = Py::start(&[
+        "server".into(),
+        port.to_string(),
+        every_ms.to_string(),
+        beats.to_string(),
+    ]);
+    server.expect("listening", Duration::from_secs(20));
+    // Channel keepalive as often as grpcio pings (it waits at least 1 s).
+    let client = Py::start(&["client".into(), port.to_string(), "500".into()]);
+    let tag = format!("grpc_control.py client {port}");
+    let dir = tests::Scratch::new(name);
+    let config = dir.0.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"ctl\"\nmatch = {{ cmdline = \"{tag}\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"127.0.0.1:{port}\"\n\
+             heartbeat = \"{}ms\"\n",
+            BEAT.as_millis()
+        ),
+    )
+    .expect("write the config");
+    let last = if beats == 0 { 1 } else { beats };
+    client.expect(&format!("beat {last}"), Duration::from_secs(30));
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    for _ in 0..checks {
+        let tick = std::time::Instant::now();
+        let out = std::process::Command::new(tests::selfheal_bin())
+            .args(["check", "--json", "--dry-run", "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(dir.0.join("state"))
+            .arg("--snapshot-dir")
+            .arg(dir.0.join("snapshots"))
+            .output()
+            .expect("selfheal check runs");
+        let took = tick.elapsed().as_millis() as u64;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let o: serde_json::Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{name}: check printed {text:?}: {e}"));
+        eprintln!(
+            "[{name}] {} ms: {o}",
+            tick.duration_since(start).as_millis()
+        );
+        seen.push((tick.duration_since(start).as_millis() as u64, took, o));
+        std::thread::sleep(CHECK_EVERY.saturating_sub(tick.elapsed()));
+    }
+    seen
+}
+
+fn control_silent(o: &serde_json::Value) -> Option<&serde_json::Value> {
+    o["reasons"]
+        .as_array()?
+        .iter()
+        .find(|r| r["code"] == "control_silent")
+}
+
+/// The server's application stops after its heartbeats while its HTTP/2
+/// stack answers the client's keepalive PINGs: data keeps arriving on the
+/// connection (a PING ACK a second), yet the heartbeat rule counts only
+/// application data and finds it `control_silent` within 3 × the
+/// heartbeat plus two check intervals.
+#[test]
+fn a_grpc_control_stream_alive_only_by_keepalive_pings_is_control_silent() {
+    let _area = tests::area(module_path!());
+    let name = "grpc_control_stalled";
+    let seen = grpc_control(name, BEAT.as_millis() as u64, 4, 10);
+    let (at, took, o) = seen
+        .iter()
+        .find(|(_, _, o)| control_silent(o).is_some())
+        .unwrap_or_else(|| panic!("{name}: never control_silent: {seen:#?}"));
+    let longest = seen.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
+    let interval = (CHECK_EVERY.as_millis() as u64).max(longest);
+    let bound = 3 * BEAT.as_millis() as u64 + 2 * interval + took;
+    assert!(
+        at + took <= bound,
+        "{name}: found at {at} ms (+{took}), bound {bound} ms"
+    );
+    assert_eq!(o["verdict"], "wedged", "{o:#}");
+    let r = control_silent(o).expect("found");
+    let msg = r["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("no application data for"), "{msg}");
+    assert!(msg.contains("the peer's transport still answers"), "{msg}");
+    // The keepalive the rule saw through: data arrived within the
+    // heartbeat limit (a PING ACK), so counting any arrival would call it
+    // alive, as selfheal did before.
+    let recv = r["evidence"]["last_data_recv_ms"]
+        .as_u64()
+        .expect("evidence");
+    assert!(recv <= 3 * BEAT.as_millis() as u64, "{r:#}");
+}
+
+/// The hard variant: the server's heartbeats come slowly (twice the
+/// configured heartbeat apart, within its limit of 3 ×) but really, with
+/// the PINGs between them: never `control_silent`.
+#[test]
+fn a_grpc_control_streams_slow_real_heartbeats_are_never_control_silent() {
+    let _area = tests::area(module_path!());
+    let name = "grpc_control_slow";
+    let seen = grpc_control(name, 2 * BEAT.as_millis() as u64, 0, 12);
+    for (at, _, o) in &seen {
+        assert!(control_silent(o).is_none(), "{name}: at {at} ms: {o:#}");
+        assert_ne!(o["verdict"], "wedged", "{o:#}");
+    }
+}

@@ -289,6 +289,10 @@ pub fn needs_thread_detail(
                         cfg,
                         proof_of(s, history),
                         closed_seen_ms(s, history, now_ms),
+                        history
+                            .progress
+                            .get(&s.cookie)
+                            .and_then(|p| p.keepalive_only_ms(now_ms)),
                         now_ms
                     ),
                     Liveness::Alive(_)
