@@ -48,6 +48,13 @@ pub const KEEPALIVE_MAX_SEGMENT: u64 = 128;
 /// bytes per segment, later keepalives may be.
 pub const KEEPALIVE_SIZE_SPREAD: u64 = 32;
 
+/// The sizes of an HTTP/2 PING frame on the wire, in bytes: in the clear
+/// (a 9-byte frame header and 8 bytes of opaque data), in a TLS 1.3
+/// record (+22: header, content type, AEAD tag), in a TLS 1.2 AES-GCM
+/// record (+29: header, explicit nonce, tag). A mirrored interval of
+/// control keepalive carries a whole number of them.
+pub const HTTP2_PING_WIRE: [u64; 3] = [17, 39, 46];
+
 /// Keepalive arrivals a stall needs: one could be a straggler of the
 /// content before it.
 pub const MIN_KEEPALIVES: u32 = 2;
@@ -222,7 +229,11 @@ impl Progress {
         // what went out, byte for byte and segment for segment. An
         // application message is answered, if at all, by frames of other
         // sizes (a WINDOW_UPDATE, a BDP PING).
-        if rule == Rule::Mirrored && (bytes_in != bytes_out || segs_in != segs_out) {
+        // And what mirrors must be PINGs: an application whose own ping
+        // and pong are of one size (`{"type":"ping"}`, `{"type":"pong"}`)
+        // is alive, and says so.
+        let pings = HTTP2_PING_WIRE.iter().any(|p| bytes_in.is_multiple_of(*p));
+        if rule == Rule::Mirrored && (bytes_in != bytes_out || segs_in != segs_out || !pings) {
             return restart(next, Interval::Content);
         }
         // Bytes with no data segment counted (a kernel that does not count
@@ -531,6 +542,36 @@ mod tests {
         assert_eq!(seen[8], Interval::Silent);
         assert_eq!(seen[9], Interval::Content);
         assert_eq!(p.keepalive_only_ms(10_000), None);
+        // An application's own ping and pong of one size (30 bytes each
+        // way, not a PING frame's): alive, content.
+        let (p, _) = run_as(Rule::Mirrored, &grpc(4, 8));
+        let echo = at(
+            p.bytes_received + 30,
+            p.data_segs_in + 1,
+            p.bytes_acked + 30,
+            p.data_segs_out + 1,
+            10,
+        );
+        assert_eq!(
+            p.advance_as(&echo, 13_000, Rule::Mirrored).1,
+            Interval::Content
+        );
+        // PINGs over TLS 1.3 (39 bytes each way), two in an interval:
+        // keepalive.
+        let tls = at(
+            p.bytes_received + 78,
+            p.data_segs_in + 2,
+            p.bytes_acked + 78,
+            p.data_segs_out + 2,
+            10,
+        );
+        assert_eq!(
+            p.advance_as(&tls, 13_000, Rule::Mirrored).1,
+            Interval::Keepalive {
+                segments: 2,
+                bytes: 78
+            }
+        );
         // What the agent sends on its control stream restarts nothing.
         let (q, i) = p.advance_as(
             &at(
@@ -540,7 +581,7 @@ mod tests {
                 p.data_segs_out + 2,
                 10,
             ),
-            11_000,
+            14_000,
             Rule::Mirrored,
         );
         assert_eq!((i, q.since_ms), (Interval::Silent, p.since_ms));
