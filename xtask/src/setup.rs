@@ -41,8 +41,15 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The official LLM SDKs, and litellm (what OpenHands and aider call), the
 /// silent-call scenarios drive the testbed's provider with
 /// (`selfheal-testbed provider`, `testbed/`; the SDK side is
-/// `tests/py/sdk_runner.py`), at the versions verified against it.
-const PYTHON_SDKS: &[&str] = &["openai==3.57.0", "anthropic==2.14.0", "litellm==1.110.2"];
+/// `tests/py/sdk_runner.py`), at the versions verified against it; and
+/// `grpcio`, whose client and server hold the gRPC control stream of
+/// `tests/py/grpc_control.py`.
+const PYTHON_SDKS: &[&str] = &[
+    "openai==3.57.0",
+    "anthropic==2.14.0",
+    "litellm==1.110.2",
+    "grpcio==1.85.1",
+];
 
 pub fn all() -> Result<()> {
     debian_packages()?;
@@ -79,12 +86,12 @@ fn kubernetes_validate() -> Result<()> {
     run(pip().env("PIP_BREAK_SYSTEM_PACKAGES", "1"))
 }
 
-/// The `openai`, `anthropic` and `litellm` Python packages, for the
+/// The `openai`, `anthropic`, `litellm` and `grpcio` Python packages, for the
 /// `python3` on PATH (the one the scenarios run). Installed with pip only
 /// when one does not import.
 fn python_sdks() -> Result<()> {
     let have = Command::new("python3")
-        .args(["-c", "import openai, anthropic, litellm"])
+        .args(["-c", "import openai, anthropic, litellm, grpc"])
         .output()
         .map(|o| o.status.success())
         .context("cannot run python3 (Debian package python3)")?;

@@ -23,6 +23,12 @@
 //! where nothing arrived changes nothing: silence is the proof keepalive's
 //! to judge, and a call that goes silent is no longer "talking".
 //!
+//! A control stream (gRPC, HTTP/2) with an application heartbeat is told
+//! by [`Rule::Mirrored`] instead: its transport's keepalive is a PING
+//! answered by an ACK of the same size, so an interval carries only
+//! keepalive when what arrived mirrors what went out; its application
+//! heartbeats are small too, and alike, and would pass the stream rule.
+//!
 //! Limits, by construction: the evidence is per check, so a stall is
 //! dated from the check that last saw content (at most one interval
 //! late), and a stream whose every content event is keepalive-sized (a
@@ -41,6 +47,13 @@ pub const KEEPALIVE_MAX_SEGMENT: u64 = 128;
 /// How much larger than the smallest keepalive seen on a connection, in
 /// bytes per segment, later keepalives may be.
 pub const KEEPALIVE_SIZE_SPREAD: u64 = 32;
+
+/// The sizes of an HTTP/2 PING frame on the wire, in bytes: in the clear
+/// (a 9-byte frame header and 8 bytes of opaque data), in a TLS 1.3
+/// record (+22: header, content type, AEAD tag), in a TLS 1.2 AES-GCM
+/// record (+29: header, explicit nonce, tag). A mirrored interval of
+/// control keepalive carries a whole number of them.
+pub const HTTP2_PING_WIRE: [u64; 3] = [17, 39, 46];
 
 /// Keepalive arrivals a stall needs: one could be a straggler of the
 /// content before it.
@@ -101,6 +114,18 @@ pub enum Interval {
     Request,
 }
 
+/// How an interval's arrivals are told keepalive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// A provider's stream: small arrivals alike in size, the count
+    /// started again by a request.
+    Stream,
+    /// A control stream (gRPC, HTTP/2) with an application heartbeat:
+    /// small arrivals that mirror what went out (PINGs and their ACKs);
+    /// what the agent sends starts nothing again.
+    Mirrored,
+}
+
 /// A stall, as [`Progress::stalled`] finds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stall {
@@ -111,6 +136,31 @@ pub struct Stall {
     pub largest: u64,
     /// The mean time between keepalives, where two or more were dated.
     pub spacing_ms: Option<u64>,
+}
+
+/// How close a connection is to its bound, as `inspect` shows it: the
+/// keepalive-only arrivals counted since content or a request last came,
+/// against its upstream's `stall_after`. Only numbers: nothing a peer
+/// sends is in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Closeness {
+    /// How long only keepalive has arrived (since `since_ms`).
+    pub only_keepalive_ms: u64,
+    pub keepalives: u32,
+    pub keepalive_bytes: u64,
+    /// The smallest and largest mean keepalive size (bytes).
+    pub keepalive_bytes_min: u64,
+    pub keepalive_bytes_max: u64,
+    /// The mean time between keepalives, where two or more were dated.
+    pub keepalive_spacing_ms: Option<u64>,
+    /// How long ago the last keepalive arrived.
+    pub last_keepalive_ago_ms: u64,
+    pub stall_after_ms: u64,
+    /// What remains of `stall_after` (0 once past it).
+    pub left_ms: u64,
+    /// Whether the judge finds it stalled now: past the bound with at
+    /// least [`MIN_KEEPALIVES`] keepalives.
+    pub stalled: bool,
 }
 
 impl Progress {
@@ -132,6 +182,11 @@ impl Progress {
     /// connection under the same cookie, a kernel that does not count data
     /// segments) or a clock that did start the record afresh.
     pub fn advance(&self, info: &TcpInfo, now_ms: u64) -> (Self, Interval) {
+        self.advance_as(info, now_ms, Rule::Stream)
+    }
+
+    /// [`Progress::advance`] by `rule`.
+    pub fn advance_as(&self, info: &TcpInfo, now_ms: u64, rule: Rule) -> (Self, Interval) {
         let fresh = || (Self::start(info, now_ms), Interval::First);
         if info.bytes_received < self.bytes_received
             || info.bytes_acked < self.bytes_acked
@@ -161,12 +216,25 @@ impl Progress {
             (n, why)
         };
         // More sent than keepalive answers: a request (an acknowledged
-        // byte is one the peer took).
-        if bytes_out > segs_out.max(1) * KEEPALIVE_MAX_SEGMENT {
+        // byte is one the peer took). On a control stream what the agent
+        // sends says nothing of the peer's application.
+        if rule == Rule::Stream && bytes_out > segs_out.max(1) * KEEPALIVE_MAX_SEGMENT {
             return restart(next, Interval::Request);
         }
         if bytes_in == 0 && segs_in == 0 {
             return (next, Interval::Silent);
+        }
+        // A control stream's keepalive is mirrored: every PING is answered
+        // by an ACK of its size, whichever side pings, so what arrived is
+        // what went out, byte for byte and segment for segment. An
+        // application message is answered, if at all, by frames of other
+        // sizes (a WINDOW_UPDATE, a BDP PING).
+        // And what mirrors must be PINGs: an application whose own ping
+        // and pong are of one size (`{"type":"ping"}`, `{"type":"pong"}`)
+        // is alive, and says so.
+        let pings = HTTP2_PING_WIRE.iter().any(|p| bytes_in.is_multiple_of(*p));
+        if rule == Rule::Mirrored && (bytes_in != bytes_out || segs_in != segs_out || !pings) {
+            return restart(next, Interval::Content);
         }
         // Bytes with no data segment counted (a kernel that does not count
         // them), or more segments than bytes (a counter that went back):
@@ -210,10 +278,44 @@ impl Progress {
             keepalives: self.keepalives,
             smallest: self.smallest.unwrap_or(0),
             largest: self.largest,
-            spacing_ms: self
-                .first_at_ms
-                .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
-                .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1)),
+            spacing_ms: self.spacing_ms(),
+        })
+    }
+
+    /// How long only keepalive has arrived at `now_ms`, once at least
+    /// [`MIN_KEEPALIVES`] were counted: the application has sent nothing
+    /// since at least then.
+    pub fn keepalive_only_ms(&self, now_ms: u64) -> Option<u64> {
+        (self.keepalives >= MIN_KEEPALIVES).then(|| now_ms.saturating_sub(self.since_ms))
+    }
+
+    /// The mean time between the keepalives counted, where two or more
+    /// were dated apart.
+    fn spacing_ms(&self) -> Option<u64> {
+        self.first_at_ms
+            .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
+            .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1))
+    }
+
+    /// How close this record is at `now_ms` to the bound `stall_after_ms`;
+    /// none when no keepalive has been counted since content or a request
+    /// (a connection that talks, or one that is silent: nothing to show).
+    pub fn closeness(&self, now_ms: u64, stall_after_ms: u64) -> Option<Closeness> {
+        if self.keepalives == 0 {
+            return None;
+        }
+        let only_keepalive_ms = now_ms.saturating_sub(self.since_ms);
+        Some(Closeness {
+            only_keepalive_ms,
+            keepalives: self.keepalives,
+            keepalive_bytes: self.keepalive_bytes,
+            keepalive_bytes_min: self.smallest.unwrap_or(0),
+            keepalive_bytes_max: self.largest,
+            keepalive_spacing_ms: self.spacing_ms(),
+            last_keepalive_ago_ms: now_ms.saturating_sub(self.last_at_ms),
+            stall_after_ms,
+            left_ms: stall_after_ms.saturating_sub(only_keepalive_ms),
+            stalled: self.stalled(now_ms, stall_after_ms).is_some(),
         })
     }
 }
@@ -318,6 +420,171 @@ mod tests {
             assert_eq!((s.smallest, s.largest), (size, size), "{style}");
             assert_eq!(s.spacing_ms, Some(5_000), "{style}");
         }
+    }
+
+    #[test]
+    fn closeness_counts_down_to_the_bound_and_is_none_without_keepalive() {
+        let (p, _) = run(&pinging(|_| 42, 8));
+        // 16 s of pings every 5 s from 0: three counted, the last at 15 s.
+        let c = p.closeness(16_000, 30_000).expect("pings counted");
+        assert_eq!(
+            c,
+            Closeness {
+                only_keepalive_ms: 16_000,
+                keepalives: 3,
+                keepalive_bytes: 126,
+                keepalive_bytes_min: 42,
+                keepalive_bytes_max: 42,
+                keepalive_spacing_ms: Some(5_000),
+                last_keepalive_ago_ms: 1_000,
+                stall_after_ms: 30_000,
+                left_ms: 14_000,
+                stalled: false,
+            }
+        );
+        // Past the bound: nothing left, stalled as the judge finds it.
+        let c = p.closeness(40_000, 30_000).expect("pings counted");
+        assert_eq!((c.left_ms, c.stalled), (0, true));
+        assert_eq!(p.stalled(40_000, 30_000).map(|s| s.for_ms), Some(40_000));
+        // A clock before the record's start: no underflow.
+        assert_eq!(p.closeness(0, 30_000).map(|c| c.left_ms), Some(30_000));
+        // Silence, or content: nothing to show.
+        let (quiet, _) = run(&[(2_000, at(400, 1, 601, 1, 2_000))]);
+        assert_eq!(quiet.closeness(2_000, 30_000), None);
+        let (talking, _) = run(&[(2_000, at(700, 2, 601, 1, 10))]);
+        assert_eq!(talking.closeness(2_000, 30_000), None);
+    }
+
+    /// Measured on loopback with grpcio 1.85.1, a server-streaming call
+    /// with channel keepalive (`ss -ti` once a second): while the server's
+    /// application sends a heartbeat a second, 47 bytes in 2 segments
+    /// arrive and 69 in 2 go out (its DATA frame and a PING ACK; the
+    /// client's WINDOW_UPDATE, BDP PING and keepalive PING); once it
+    /// stopped, 17 in 1 and 17 out 1 (a PING and its ACK).
+    fn grpc(beats: u32, stuck: u32) -> Vec<(u64, TcpInfo)> {
+        let (mut bin, mut sin, mut bout, mut sout) = (219, 5, 445, 6);
+        (1..=beats + stuck)
+            .map(|c| {
+                if c <= beats {
+                    (bin, sin, bout, sout) = (bin + 47, sin + 2, bout + 69, sout + 2);
+                } else {
+                    (bin, sin, bout, sout) = (bin + 17, sin + 1, bout + 17, sout + 1);
+                }
+                (u64::from(c) * 1_000, at(bin, sin, bout, sout, 800))
+            })
+            .collect()
+    }
+
+    fn run_as(rule: Rule, steps: &[(u64, TcpInfo)]) -> (Progress, Vec<Interval>) {
+        let mut p = Progress::start(&at(219, 5, 445, 6, 0), 0);
+        let mut seen = Vec::new();
+        for (now, info) in steps {
+            let (next, i) = p.advance_as(info, *now, rule);
+            p = next;
+            seen.push(i);
+        }
+        (p, seen)
+    }
+
+    #[test]
+    fn a_control_streams_heartbeats_are_content_and_its_mirrored_pings_keepalive() {
+        // Heartbeats a second for 20 s: content every interval.
+        let (p, seen) = run_as(Rule::Mirrored, &grpc(20, 0));
+        assert!(seen.iter().all(|i| *i == Interval::Content), "{seen:?}");
+        assert_eq!(p.keepalive_only_ms(20_000), None);
+        // By the stream rule the same heartbeats are small and alike:
+        // keepalive, which is why a control stream has its own rule.
+        let (p, _) = run(&grpc(20, 0));
+        assert!(p.keepalives > 2, "{p:?}");
+        // Four beats, then only PINGs and their ACKs for 8 s.
+        let (p, seen) = run_as(Rule::Mirrored, &grpc(4, 8));
+        assert_eq!(seen[3], Interval::Content);
+        assert!(
+            seen[4..].iter().all(|i| *i
+                == Interval::Keepalive {
+                    segments: 1,
+                    bytes: 17
+                }),
+            "{seen:?}"
+        );
+        assert_eq!(p.since_ms, 4_000);
+        assert_eq!(p.keepalive_only_ms(12_000), Some(8_000));
+        assert_eq!(
+            p.keepalive_only_ms(1_000),
+            Some(0),
+            "a clock behind: none negative"
+        );
+        // A PING and its ACK split by a check: the ACK's interval is not
+        // mirrored and starts the count again (late, never early).
+        let mut split = grpc(4, 4);
+        let (_, last) = split.last().cloned().unwrap();
+        split.push((
+            9_000,
+            at(
+                last.bytes_received,
+                last.data_segs_in,
+                last.bytes_acked + 17,
+                last.data_segs_out + 1,
+                900,
+            ),
+        ));
+        split.push((
+            10_000,
+            at(
+                last.bytes_received + 17,
+                last.data_segs_in + 1,
+                last.bytes_acked + 17,
+                last.data_segs_out + 1,
+                10,
+            ),
+        ));
+        let (p, seen) = run_as(Rule::Mirrored, &split);
+        assert_eq!(seen[8], Interval::Silent);
+        assert_eq!(seen[9], Interval::Content);
+        assert_eq!(p.keepalive_only_ms(10_000), None);
+        // An application's own ping and pong of one size (30 bytes each
+        // way, not a PING frame's): alive, content.
+        let (p, _) = run_as(Rule::Mirrored, &grpc(4, 8));
+        let echo = at(
+            p.bytes_received + 30,
+            p.data_segs_in + 1,
+            p.bytes_acked + 30,
+            p.data_segs_out + 1,
+            10,
+        );
+        assert_eq!(
+            p.advance_as(&echo, 13_000, Rule::Mirrored).1,
+            Interval::Content
+        );
+        // PINGs over TLS 1.3 (39 bytes each way), two in an interval:
+        // keepalive.
+        let tls = at(
+            p.bytes_received + 78,
+            p.data_segs_in + 2,
+            p.bytes_acked + 78,
+            p.data_segs_out + 2,
+            10,
+        );
+        assert_eq!(
+            p.advance_as(&tls, 13_000, Rule::Mirrored).1,
+            Interval::Keepalive {
+                segments: 2,
+                bytes: 78
+            }
+        );
+        // What the agent sends on its control stream restarts nothing.
+        let (q, i) = p.advance_as(
+            &at(
+                p.bytes_received,
+                p.data_segs_in,
+                p.bytes_acked + 4_000,
+                p.data_segs_out + 2,
+                10,
+            ),
+            14_000,
+            Rule::Mirrored,
+        );
+        assert_eq!((i, q.since_ms), (Interval::Silent, p.since_ms));
     }
 
     #[test]

@@ -350,6 +350,9 @@ pub struct Diagnosis {
     pub proofs: Vec<ProofState>,
     /// What the next `check` would have the prove stage do.
     pub proof_work: Vec<ProofWork>,
+    /// The connections only keepalive has arrived on lately: their
+    /// progress evidence and how close it is to `stall_after`.
+    pub progress: Vec<judge::ConnectionProgress>,
 }
 
 /// One socket's proof, as `inspect` shows it.
@@ -375,7 +378,8 @@ pub fn diagnose(
     let configs: Vec<_> = agent.probes.iter().collect();
     let results = probe::run_all(&configs);
     let views = views(agent, &results);
-    let (j, _) = judge::judge(agent, report, &views, history, now_ms);
+    let (j, next) = judge::judge(agent, report, &views, history, now_ms);
+    let progress = judge::progress_of(agent, report, &next, now_ms);
     let mut proofs = Vec::new();
     for s in &report.sockets {
         let probes = s.tcp_info.as_ref().map_or(0, |i| i.probes);
@@ -421,6 +425,7 @@ pub fn diagnose(
         reasons: j.reasons,
         proofs,
         proof_work: j.work,
+        progress,
     }
 }
 

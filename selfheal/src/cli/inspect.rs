@@ -131,6 +131,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             map.insert("verdict".into(), value(serde_json::to_value(d.verdict))?);
             map.insert("reasons".into(), value(serde_json::to_value(&d.reasons))?);
             map.insert("proofs".into(), value(serde_json::to_value(&d.proofs))?);
+            map.insert("progress".into(), value(serde_json::to_value(&d.progress))?);
         }
         let text = serde_json::to_string_pretty(&doc).context("cannot write the report")?;
         // Still JSON, with DEL and C1 controls as \u escapes too.
@@ -196,5 +197,49 @@ fn render_diagnosis(d: &selfheal::check::pipeline::Diagnosis) -> String {
             );
         }
     }
+    if !d.progress.is_empty() {
+        let _ = writeln!(o, "progress:");
+        for p in &d.progress {
+            let _ = writeln!(
+                o,
+                "  socket {} to {}: {}",
+                p.inode,
+                esc(&p.remote),
+                closeness(&p.closeness)
+            );
+        }
+    }
     o
+}
+
+/// A connection's keepalive-only arrivals against its bound, in words:
+/// "only keepalive for 12.0s: 3 arrival(s) of 42 bytes about 5.0s apart,
+/// the last 1.0s ago; stall_after 20.0s, 8.0s left". Only numbers.
+fn closeness(c: &selfheal_core::progress::Closeness) -> String {
+    let human = selfheal_core::inspect::human_ms;
+    let sizes = if c.keepalive_bytes_min == c.keepalive_bytes_max {
+        format!("{} bytes", c.keepalive_bytes_min)
+    } else {
+        format!("{}-{} bytes", c.keepalive_bytes_min, c.keepalive_bytes_max)
+    };
+    let spacing = c
+        .keepalive_spacing_ms
+        .map_or(String::new(), |ms| format!(" about {} apart", human(ms)));
+    let left = if c.stalled {
+        "past it: stalled".to_string()
+    } else if c.left_ms == 0 {
+        format!(
+            "past it, but fewer than {} keepalives: not stalled yet",
+            selfheal_core::progress::MIN_KEEPALIVES
+        )
+    } else {
+        format!("{} left", human(c.left_ms))
+    };
+    format!(
+        "only keepalive for {}: {} arrival(s) of {sizes}{spacing}, the last {} ago; stall_after {}, {left}",
+        human(c.only_keepalive_ms),
+        c.keepalives,
+        human(c.last_keepalive_ago_ms),
+        human(c.stall_after_ms),
+    )
 }

@@ -447,6 +447,36 @@ impl Bed {
         })
     }
 
+    /// `selfheal inspect NAME` of runner `name` against the checks'
+    /// history (procfs and sock_diag only: no tracer of its own), as text
+    /// and as `--json`: (the text, the document).
+    pub fn inspect(&self, name: &str) -> anyhow::Result<(String, Value)> {
+        let run = |json: bool| -> anyhow::Result<String> {
+            let mut cmd = self.topo.runners.command(&self.opts.selfheal);
+            cmd.envs(self.opts.env.iter().map(|(k, v)| (*k, v)));
+            cmd.args(["inspect", name, "--no-ebpf", "--config"])
+                .arg(self.config_path())
+                .arg("--state-dir")
+                .arg(self.dir.join("state"));
+            if json {
+                cmd.arg("--json");
+            }
+            let out = cmd.output().context("cannot run selfheal inspect")?;
+            if !out.status.success() {
+                bail!(
+                    "selfheal inspect {name} failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        };
+        let text = run(false)?;
+        let json = run(true)?;
+        let doc = serde_json::from_str(&json)
+            .with_context(|| format!("inspect --json printed no JSON: {json:?}"))?;
+        Ok((text, doc))
+    }
+
     pub fn snapshot_dir(&self) -> PathBuf {
         self.dir.join("snapshots")
     }

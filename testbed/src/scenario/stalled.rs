@@ -126,6 +126,24 @@ pub fn stream(
     limit: Duration,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
+    stream_inspected(opts, caller, model, stall_after, limit, None, say)
+}
+
+/// [`stream`], with `selfheal inspect` of the caller run once, after the
+/// first check at least `inspect_at` after the call's connection was up
+/// and before any check found it wedged (never, when `None`).
+///
+/// Facts on top of [`stream`]'s: `inspect_ms` (when it ran),
+/// `inspect_text` and `inspect_json` (what it printed).
+pub fn stream_inspected(
+    opts: &Options,
+    caller: Caller,
+    model: &str,
+    stall_after: Option<Duration>,
+    limit: Duration,
+    inspect_at: Option<Duration>,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
     let name = "caller";
     let scenario = format!("stream_{}_{model}", caller.name());
     let (mut report, mut bed) = begin(opts, &scenario, "stl", Duration::from_millis(500))?;
@@ -179,6 +197,14 @@ pub fn stream(
     let mut next_done = false;
     checks(&bed, &mut report, say, limit, |bed, run, report, say| {
         report.detect(run, name, "wedged", ms_since(start), is_wedged);
+        let due = inspect_at.is_some_and(|at| start.elapsed() >= at);
+        if due && report.detect_ms.is_none() && !report.facts.contains_key("inspect_ms") {
+            let at = ms_since(start);
+            let (text, doc) = bed.inspect(name)?;
+            report.fact("inspect_ms", at);
+            report.fact("inspect_text", text);
+            report.fact("inspect_json", doc);
+        }
         armed += count_ok(&proofs(run, name), "arm");
         let seen = read_calls(bed, name, &mut lines, say);
         for l in &lines[seen..] {

@@ -344,3 +344,324 @@ fn a_silent_thinking_call_past_the_bound_is_busy_and_asked_by_the_proof() {
         assert!(r.verdicts["caller"].iter().any(|v| v == "busy"));
     }
 }
+
+/// Runs [`scenario::stream_inspected`] with `inspect` at `at` after the
+/// call's connection was up; None (skipped) unless root.
+fn inspected(
+    model: &str,
+    limit: Duration,
+    at: Duration,
+    name: &'static str,
+) -> Option<(Report, serde_json::Value, String)> {
+    if !need_root(name) {
+        return None;
+    }
+    let r = scenario::stream_inspected(
+        &options(),
+        Caller::AsyncOpenAi,
+        model,
+        Some(stall_after()),
+        limit,
+        Some(at),
+        &mut log(name),
+    )
+    .expect("the scenario ran");
+    let doc = r
+        .facts
+        .get("inspect_json")
+        .cloned()
+        .unwrap_or_else(|| panic!("inspect never ran: {:?}", r.facts.keys()));
+    let text = r.facts["inspect_text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    eprintln!(
+        "SCENARIO {name}: inspect at {:?} ms: progress {:#}\n{text}",
+        fact(&r, "inspect_ms"),
+        doc["progress"]
+    );
+    Some((r, doc, text))
+}
+
+/// `inspect` of a call stalled behind pings, before the bound: its
+/// connection's keepalive-only arrivals (how many, their size and
+/// spacing, since when) and the time left of `stall_after`, in the text
+/// and in `--json`; the check after the bound then finds it stalled.
+#[test]
+fn inspect_shows_a_stalled_streams_keepalives_counting_down_to_its_bound() {
+    let _area = tests::area(module_path!());
+    let at = stall_after() * 3 / 5;
+    let Some((r, doc, text)) = inspected(STALL, limit(), at, "inspect_stalled_openai_async") else {
+        return;
+    };
+    let progress = doc["progress"].as_array().cloned().unwrap_or_default();
+    assert_eq!(progress.len(), 1, "one pinging connection: {doc:#}");
+    let p = &progress[0];
+    assert_eq!(p["role"], "provider", "{p:#}");
+    let n = p["keepalives"].as_u64().unwrap_or(0);
+    assert!(n >= 2, "pings every second, counted for {at:?}: {p:#}");
+    assert!(p["keepalive_bytes_max"].as_u64() <= Some(128), "{p:#}");
+    assert!(p["keepalive_bytes_min"].as_u64() >= Some(1), "{p:#}");
+    // Sizes and spacing as the kernel dated them: one ping a second,
+    // each dated within a check's own run.
+    let took = check_ms(&r);
+    let spacing = p["keepalive_spacing_ms"].as_u64().expect("spacing");
+    assert!(
+        spacing.abs_diff(1_000) <= 2 * took + 20,
+        "spacing {spacing} ms, checks took up to {took} ms: {p:#}"
+    );
+    let bound = stall_after().as_millis() as u64;
+    assert_eq!(p["stall_after_ms"], bound, "{p:#}");
+    let only = p["only_keepalive_ms"].as_u64().unwrap_or(0);
+    assert!(only > 0 && only < bound, "{p:#}");
+    assert_eq!(p["left_ms"].as_u64(), Some(bound - only), "{p:#}");
+    assert_eq!(p["stalled"], false, "{p:#}");
+    // The words for a person (printed by a run of its own, a moment
+    // apart: the counts may have moved on, the bound not).
+    let line = text
+        .lines()
+        .skip_while(|l| *l != "progress:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no progress in the text:\n{text}"));
+    for words in [
+        "only keepalive for ".to_string(),
+        " arrival(s) of ".to_string(),
+        " apart, the last ".to_string(),
+        format!("stall_after {}, ", human(bound)),
+    ] {
+        assert!(line.contains(&words), "{words:?} in {line:?}");
+    }
+    // The check past the bound finds what inspect counted down to.
+    let detect = r.detect_ms.expect("wedged after the inspect");
+    assert!(detect >= bound, "{detect}");
+    let seen = r.facts["wedged"]["reasons"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["code"] == "stream_stalled")
+        .map(|r| r["evidence"]["keepalives"].as_u64().unwrap_or(0));
+    assert!(
+        seen >= Some(n),
+        "{seen:?} keepalives when stalled, {n} before"
+    );
+}
+
+/// `inspect` of a call thinking in silence past the bound: no progress
+/// evidence (nothing arrived to count), in the text or in `--json`.
+#[test]
+fn inspect_shows_no_progress_evidence_for_a_silent_call() {
+    let _area = tests::area(module_path!());
+    let think = stall_after().as_millis() as u64 * 2;
+    let model = format!("think-{think}-first-early-gap-100-tokens-5");
+    let at = stall_after() + CHECK_EVERY;
+    let Some((r, doc, text)) = inspected(&model, limit(), at, "inspect_silent_openai_async") else {
+        return;
+    };
+    assert!(
+        fact(&r, "inspect_ms") < Some(think),
+        "inspected after the thinking: {:?}",
+        r.facts
+    );
+    assert_eq!(doc["progress"], serde_json::json!([]), "{doc:#}");
+    assert!(!text.contains("progress:"), "{text}");
+    // The connection was there and inspected: its socket is in the report.
+    assert!(
+        doc["sockets"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["role"] == "provider")),
+        "{doc:#}"
+    );
+    assert!(!r.saw_reason("caller", "stream_stalled"), "{:?}", r.reasons);
+}
+
+/// Milliseconds as `inspect` words them.
+fn human(ms: u64) -> String {
+    selfheal_core::inspect::human_ms(ms)
+}
+
+// ---------------------------------------------------------------------------
+// A gRPC control stream: grpcio on both ends (tests/py/grpc_control.py),
+// on loopback, the client with channel keepalive, checked by a real
+// `selfheal check` every second.
+
+/// The configured heartbeat of the control stream.
+const BEAT: Duration = Duration::from_millis(500);
+
+/// A grpcio program of tests/py/grpc_control.py, killed on drop, with
+/// its stdout lines.
+struct Py {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Py {
+    fn start(args: &[String]) -> Py {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/grpc_control.py");
+        let mut child = std::process::Command::new("python3")
+            .arg(script)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Py { child, lines }
+    }
+
+    /// Waits at most `limit` for a line equal to `want`.
+    fn expect(&self, want: &str, limit: Duration) {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l == want => return,
+                Ok(_) => {}
+                Err(e) => panic!("no {want:?} within {limit:?}: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Py {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the checks saw of a grpcio control stream whose server sends a
+/// heartbeat every `every_ms`, `beats` of them (0: forever): per check,
+/// when it ran (ms after the last heartbeat was received, or after the
+/// first when `beats` is 0), how long it took, and its outcome.
+fn grpc_control(
+    name: &str,
+    every_ms: u64,
+    beats: u32,
+    checks: u32,
+) -> Vec<(u64, u64, serde_json::Value)> {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        have,
+        "{name}: python3 has no grpcio (cargo xtask setup installs it)"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let server = Py::start(&[
+        "server".into(),
+        port.to_string(),
+        every_ms.to_string(),
+        beats.to_string(),
+    ]);
+    server.expect("listening", Duration::from_secs(20));
+    // Channel keepalive as often as grpcio pings (it waits at least 1 s).
+    let client = Py::start(&["client".into(), port.to_string(), "500".into()]);
+    let tag = format!("grpc_control.py client {port}");
+    let dir = tests::Scratch::new(name);
+    let config = dir.0.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"ctl\"\nmatch = {{ cmdline = \"{tag}\" }}\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"127.0.0.1:{port}\"\n\
+             heartbeat = \"{}ms\"\n",
+            BEAT.as_millis()
+        ),
+    )
+    .expect("write the config");
+    let last = if beats == 0 { 1 } else { beats };
+    client.expect(&format!("beat {last}"), Duration::from_secs(30));
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    for _ in 0..checks {
+        let tick = std::time::Instant::now();
+        let out = std::process::Command::new(tests::selfheal_bin())
+            .args(["check", "--json", "--dry-run", "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(dir.0.join("state"))
+            .arg("--snapshot-dir")
+            .arg(dir.0.join("snapshots"))
+            .output()
+            .expect("selfheal check runs");
+        let took = tick.elapsed().as_millis() as u64;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let o: serde_json::Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{name}: check printed {text:?}: {e}"));
+        eprintln!(
+            "[{name}] {} ms: {o}",
+            tick.duration_since(start).as_millis()
+        );
+        seen.push((tick.duration_since(start).as_millis() as u64, took, o));
+        std::thread::sleep(CHECK_EVERY.saturating_sub(tick.elapsed()));
+    }
+    seen
+}
+
+fn control_silent(o: &serde_json::Value) -> Option<&serde_json::Value> {
+    o["reasons"]
+        .as_array()?
+        .iter()
+        .find(|r| r["code"] == "control_silent")
+}
+
+/// The server's application stops after its heartbeats while its HTTP/2
+/// stack answers the client's keepalive PINGs: data keeps arriving on the
+/// connection (a PING ACK a second), yet the heartbeat rule counts only
+/// application data and finds it `control_silent` within 3 × the
+/// heartbeat plus two check intervals.
+#[test]
+fn a_grpc_control_stream_alive_only_by_keepalive_pings_is_control_silent() {
+    let _area = tests::area(module_path!());
+    let name = "grpc_control_stalled";
+    let seen = grpc_control(name, BEAT.as_millis() as u64, 4, 10);
+    let (at, took, o) = seen
+        .iter()
+        .find(|(_, _, o)| control_silent(o).is_some())
+        .unwrap_or_else(|| panic!("{name}: never control_silent: {seen:#?}"));
+    let longest = seen.iter().map(|(_, t, _)| *t).max().unwrap_or(0);
+    let interval = (CHECK_EVERY.as_millis() as u64).max(longest);
+    let bound = 3 * BEAT.as_millis() as u64 + 2 * interval + took;
+    assert!(
+        at + took <= bound,
+        "{name}: found at {at} ms (+{took}), bound {bound} ms"
+    );
+    assert_eq!(o["verdict"], "wedged", "{o:#}");
+    let r = control_silent(o).expect("found");
+    let msg = r["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("no application data for"), "{msg}");
+    assert!(msg.contains("the peer's transport still answers"), "{msg}");
+    // The keepalive the rule saw through: data arrived within the
+    // heartbeat limit (a PING ACK), so counting any arrival would call it
+    // alive, as selfheal did before.
+    let recv = r["evidence"]["last_data_recv_ms"]
+        .as_u64()
+        .expect("evidence");
+    assert!(recv <= 3 * BEAT.as_millis() as u64, "{r:#}");
+}
+
+/// The hard variant: the server's heartbeats come slowly (twice the
+/// configured heartbeat apart, within its limit of 3 ×) but really, with
+/// the PINGs between them: never `control_silent`.
+#[test]
+fn a_grpc_control_streams_slow_real_heartbeats_are_never_control_silent() {
+    let _area = tests::area(module_path!());
+    let name = "grpc_control_slow";
+    let seen = grpc_control(name, 2 * BEAT.as_millis() as u64, 0, 12);
+    for (at, _, o) in &seen {
+        assert!(control_silent(o).is_none(), "{name}: at {at} ms: {o:#}");
+        assert_ne!(o["verdict"], "wedged", "{o:#}");
+    }
+}

@@ -58,6 +58,7 @@ pub(super) fn liveness(
     cfg: &AgentConfig,
     proof: Option<&Proof>,
     closed_seen_ms: u64,
+    keepalive_only_ms: Option<u64>,
     now_ms: u64,
 ) -> Liveness {
     let th = &cfg.thresholds;
@@ -137,11 +138,16 @@ pub(super) fn liveness(
         .and_then(|u| u.heartbeat)
     {
         let limit = (hb.as_millis() as u64).saturating_mul(3);
-        if silent > limit {
+        // The application's heartbeats, not the transport's keepalive:
+        // PINGs and their ACKs arriving are no heartbeat.
+        let app_silent = silent.max(keepalive_only_ms.unwrap_or(0));
+        if app_silent > limit {
             // Which kind of silence: a peer whose kernel still acknowledges
             // (the server process hung) or one that vanished.
             let ack = u64::from(i.last_ack_recv_ms);
-            let peer = if ack < silent && ack <= limit {
+            let peer = if app_silent > silent {
+                "the peer's transport still answers: its application is silent".to_string()
+            } else if ack < silent && ack <= limit {
                 format!(
                     "the peer's kernel still acknowledges (last ACK {} ago): its application is silent",
                     human_ms(ack)
@@ -149,11 +155,19 @@ pub(super) fn liveness(
             } else {
                 format!("nothing acknowledged for {} either", human_ms(ack))
             };
+            let what = if app_silent > silent {
+                format!(
+                    "no application data for {} (only transport keepalive, each answered in kind, the last {} ago)",
+                    human_ms(app_silent),
+                    human_ms(silent)
+                )
+            } else {
+                format!("no data for {}", human_ms(silent))
+            };
             return Liveness::Dead {
                 code: ReasonCode::ControlSilent,
                 why: format!(
-                    "no data for {} on a control connection with a {} heartbeat (limit 3×); {peer}",
-                    human_ms(silent),
+                    "{what} on a control connection with a {} heartbeat (limit 3×); {peer}",
                     human_ms(hb.as_millis() as u64)
                 ),
                 by_proof: false,

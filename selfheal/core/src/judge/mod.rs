@@ -49,6 +49,8 @@ mod liveness;
 mod sockets;
 mod stalled;
 
+pub use self::stalled::{ConnectionProgress, progress_of};
+
 use self::liveness::{
     Liveness, Waiter, call_silence, closed_seen_ms, connecting, event_loop_sockets, in_flight,
     liveness, others, proof_held, proof_of, request_out, waiters,
@@ -287,6 +289,10 @@ pub fn needs_thread_detail(
                         cfg,
                         proof_of(s, history),
                         closed_seen_ms(s, history, now_ms),
+                        history
+                            .progress
+                            .get(&s.cookie)
+                            .and_then(|p| p.keepalive_only_ms(now_ms)),
                         now_ms
                     ),
                     Liveness::Alive(_)

@@ -4,8 +4,54 @@
 use super::*;
 use crate::{
     config::Upstream,
-    progress::{Progress, Stall},
+    progress::{Closeness, Progress, Rule, Stall},
 };
+
+/// One connection's progress evidence and how close it is to its bound,
+/// as `inspect` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConnectionProgress {
+    pub pid: u32,
+    pub inode: u64,
+    /// The peer's address, as the kernel reports it.
+    pub remote: String,
+    pub role: SocketRole,
+    #[serde(flatten)]
+    pub closeness: Closeness,
+}
+
+/// The progress evidence of every connection of `report` that `history`
+/// (the one [`judge`] returned for `now_ms`) has counted keepalive on,
+/// against its upstream's `stall_after`: none for a connection that
+/// talks, is silent, or has no bound.
+pub fn progress_of(
+    cfg: &AgentConfig,
+    report: &Report,
+    history: &AgentHistory,
+    now_ms: u64,
+) -> Vec<ConnectionProgress> {
+    report
+        .sockets
+        .iter()
+        .filter_map(|s| {
+            let bound = s
+                .upstream
+                .and_then(|i| cfg.upstreams.get(i))
+                .and_then(|u| u.stall_after)?;
+            let closeness = history
+                .progress
+                .get(&s.cookie)?
+                .closeness(now_ms, bound_ms(bound))?;
+            Some(ConnectionProgress {
+                pid: s.pid,
+                inode: s.inode,
+                remote: s.remote.clone(),
+                role: s.role,
+                closeness,
+            })
+        })
+        .collect()
+}
 
 /// `stall_after` in ms, saturating: a bound too long to count in ms is
 /// forever, never a short one wrapped around.
@@ -15,34 +61,52 @@ fn bound_ms(d: std::time::Duration) -> u64 {
 
 impl<'a> Judging<'a> {
     /// Carries socket `s`'s progress record into the next history, and
-    /// its stall past its upstream's `stall_after`, if any. An upstream
-    /// whose `stall_after` is off (a control upstream's default) keeps no
-    /// record: nothing would read it. Nor does a connection quiet past
-    /// `suspect_after_ms` with no keepalive counted (an idle pooled
-    /// connection, a call thinking in silence: the proof's to judge, and
-    /// most of an agent's connections): when it talks again, its record
-    /// starts afresh.
+    /// its stall past its upstream's `stall_after`, if any, with how long
+    /// only keepalive has arrived (the control heartbeat rule's measure of
+    /// application silence). An upstream with neither a `stall_after` nor
+    /// a control `heartbeat` keeps no record: nothing would read it. Nor
+    /// does a connection quiet past `suspect_after_ms` with no keepalive
+    /// counted (an idle pooled connection, a call thinking in silence: the
+    /// proof's to judge, and most of an agent's connections): when it
+    /// talks again, its record starts afresh. A control stream's arrivals
+    /// are told keepalive by [`Rule::Mirrored`].
     pub(super) fn progress(
         &mut self,
         s: &SocketReport,
         upstream: Option<&Upstream>,
         suspect_after_ms: u64,
-    ) -> Option<Stall> {
-        let bound = upstream.and_then(|u| u.stall_after)?;
-        let i = s.tcp_info.as_ref()?;
-        if s.state != TcpState::Established {
-            return None;
+    ) -> (Option<Stall>, Option<u64>) {
+        let Some(u) = upstream else {
+            return (None, None);
+        };
+        let heartbeat = u.role == Role::Control && u.heartbeat.is_some();
+        if u.stall_after.is_none() && !heartbeat {
+            return (None, None);
         }
+        let Some(i) = s.tcp_info.as_ref() else {
+            return (None, None);
+        };
+        if s.state != TcpState::Established {
+            return (None, None);
+        }
+        let rule = if s.role == SocketRole::Control {
+            Rule::Mirrored
+        } else {
+            Rule::Stream
+        };
         let p = match self.history.progress.get(&s.cookie) {
-            Some(p) => p.advance(i, self.now_ms).0,
+            Some(p) => p.advance_as(i, self.now_ms, rule).0,
             None => Progress::start(i, self.now_ms),
         };
         if p.keepalives == 0 && u64::from(i.last_data_recv_ms) > suspect_after_ms {
-            return None;
+            return (None, None);
         }
-        let stall = p.stalled(self.now_ms, bound_ms(bound));
+        let stall = u
+            .stall_after
+            .and_then(|b| p.stalled(self.now_ms, bound_ms(b)));
+        let only = p.keepalive_only_ms(self.now_ms);
         self.next.progress.insert(s.cookie, p);
-        stall
+        (stall, only)
     }
 
     /// A call stalled behind keepalive: `wedged`, and the connection is
@@ -275,6 +339,149 @@ mod tests {
             steps.iter().map(Step::name).collect::<Vec<_>>(),
             ["destroy_socket"]
         );
+    }
+
+    /// What `inspect` shows of a pinging call: its pings counted down to
+    /// the bound, the same numbers the stall's reason gives once past it;
+    /// nothing for a silent call, content, or a bound that is off.
+    #[test]
+    fn progress_of_a_pinging_call_counts_down_to_its_bound() {
+        let cfg = agent("stall_after = \"20s\"");
+        let mut history = AgentHistory::default();
+        let (mut bytes, mut segs, mut last) = (0, 0, 0);
+        let mut shown = Vec::new();
+        for c in 1..=12u64 {
+            let now = c * 2_000;
+            while last + 5_000 <= now {
+                last += 5_000;
+                segs += 1;
+                bytes += 42;
+            }
+            let r = report(counters(bytes, segs, now - last, now));
+            let (j, next) = judge(&cfg, &r, &[], &history, now);
+            let p = progress_of(&cfg, &r, &next, now);
+            shown.push((p.clone(), j));
+            history = next;
+        }
+        // Nothing before the second ping is counted (the first check saw
+        // the connection first; one ping may be the content's straggler).
+        assert!(shown[0].0.is_empty(), "{:?}", shown[0].0);
+        let (p, _) = &shown[5];
+        assert_eq!(p.len(), 1, "{p:?}");
+        let c = &p[0];
+        assert_eq!((c.inode, c.remote.as_str()), (2, "10.9.9.9:443"));
+        assert_eq!(c.closeness.only_keepalive_ms, 10_000);
+        assert_eq!(c.closeness.keepalives, 2);
+        assert_eq!(c.closeness.keepalive_bytes_max, 42);
+        assert_eq!(c.closeness.stall_after_ms, 20_000);
+        assert_eq!(c.closeness.left_ms, 10_000);
+        assert!(!c.closeness.stalled);
+        // Past the bound: what the reason says, nothing left.
+        let (p, j) = &shown[10];
+        let r = j
+            .reasons
+            .iter()
+            .find(|r| r.code == ReasonCode::StreamStalled)
+            .expect("stalled");
+        let c = &p[0].closeness;
+        assert!(c.stalled && c.left_ms == 0, "{c:?}");
+        assert_eq!(r.evidence["keepalives"], c.keepalives);
+        assert_eq!(r.evidence["stalled_ms"], c.only_keepalive_ms);
+        assert_eq!(r.evidence["keepalive_spacing_ms"], 5_000);
+        assert_eq!(c.keepalive_spacing_ms, Some(5_000));
+        // In JSON, flat beside the connection's address.
+        let v = serde_json::to_value(&p[0]).expect("json");
+        assert_eq!(v["left_ms"], 0);
+        assert_eq!(v["remote"], "10.9.9.9:443");
+        // Silent after its first event: nothing to show.
+        let r = report(counters(0, 0, 30_000, 30_000));
+        let (_, quiet) = judge(&cfg, &r, &[], &AgentHistory::default(), 2_000);
+        let (_, quiet) = judge(&cfg, &r, &[], &quiet, 30_000);
+        assert_eq!(progress_of(&cfg, &r, &quiet, 30_000), []);
+        // A bound that is off: nothing either, whatever the history holds.
+        let off = agent("stall_after = \"off\"");
+        assert_eq!(
+            progress_of(
+                &off,
+                &report(counters(bytes, segs, 0, 24_000)),
+                &history,
+                24_000
+            ),
+            []
+        );
+    }
+
+    /// A gRPC control stream (heartbeat 1 s) checked every second, with
+    /// the counters measured of grpcio with channel keepalive: `beat(c)`
+    /// says whether the server's application sent a heartbeat before check
+    /// `c` (47 bytes in and 69 out in 2 segments each way), else only a
+    /// PING and its ACK went by (17 bytes, 1 segment, each way). The
+    /// control reasons of each check.
+    fn control_checks(secs: u32, beat: impl Fn(u32) -> bool) -> Vec<Vec<Reason>> {
+        let text = "[[agent]]\nname = \"sol\"\nmatch = { cmdline = \"sol\" }\n\
+                    [[agent.upstream]]\nrole = \"control\"\naddr = \"10.0.0.1:7443\"\nheartbeat = \"1s\"\n";
+        let cfg = Config::parse(text, std::path::Path::new("/test.toml"))
+            .expect("fixture config")
+            .agents
+            .remove(0);
+        let mut history = AgentHistory::default();
+        let (mut bin, mut sin, mut bout, mut sout) = (219u64, 5u32, 445u64, 6u32);
+        (1..=secs)
+            .map(|c| {
+                if beat(c) {
+                    (bin, sin, bout, sout) = (bin + 47, sin + 2, bout + 69, sout + 2);
+                } else {
+                    (bin, sin, bout, sout) = (bin + 17, sin + 1, bout + 17, sout + 1);
+                }
+                let mut i = counters(0, 0, 800, 800);
+                (
+                    i.bytes_received,
+                    i.data_segs_in,
+                    i.bytes_acked,
+                    i.data_segs_out,
+                ) = (bin, sin, bout, sout);
+                let socket = SocketReport {
+                    tcp_info: Some(i),
+                    ..fixture::control_socket()
+                };
+                let r = fixture::report_of(fixture::process('S', vec![], vec![42]), vec![socket]);
+                let (j, next) = judge(&cfg, &r, &[], &history, u64::from(c) * 1_000);
+                history = next;
+                j.reasons
+                    .into_iter()
+                    .filter(|r| r.code == ReasonCode::ControlSilent)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_control_stream_with_only_transport_keepalive_is_control_silent() {
+        // Beats for 5 s, then only PINGs: data "arrives" every second,
+        // yet no heartbeat after 5 s. Dead once 3 × 1 s passed since the
+        // check that last saw a beat (the first check past 3 s of pings
+        // counted: 9 s).
+        let js = control_checks(14, |c| c <= 5);
+        let first = js
+            .iter()
+            .position(|r| !r.is_empty())
+            .expect("control_silent");
+        assert_eq!(first + 1, 9, "{js:#?}");
+        let m = &js[first][0].message;
+        for words in [
+            "no application data for 4.0s",
+            "only transport keepalive",
+            "the peer's transport still answers",
+        ] {
+            assert!(m.contains(words), "{words:?} in {m}");
+        }
+        // Heartbeats slow but real, one every 2 s (within 3 × 1 s), with
+        // the PINGs between: never.
+        let slow = control_checks(30, |c| c % 2 == 0);
+        assert!(slow.iter().all(Vec::is_empty), "{slow:#?}");
+        // Every 3 s, at the limit: never either.
+        let slow = control_checks(30, |c| c % 3 == 0);
+        assert!(slow.iter().all(Vec::is_empty), "{slow:#?}");
     }
 
     #[test]
