@@ -217,6 +217,9 @@ pub struct Coverage {
     /// Processes left out because the caller may not read them (not root:
     /// other users'), counted only.
     pub not_yours: usize,
+    /// Processes of the caller's whose fds it may not read (not dumpable,
+    /// or read refused), counted only.
+    pub unreadable: usize,
     /// Processes that ended during the scan.
     pub gone: usize,
     /// Processes whose read ran past its budget (their threads are partly
@@ -332,6 +335,9 @@ pub fn render(findings: &[Finding], coverage: &Coverage, silent_for_ms: u64) -> 
             ", {} of other users not read (run as root to see them)",
             coverage.not_yours
         );
+    }
+    if coverage.unreadable > 0 {
+        let _ = write!(o, ", {} not readable", coverage.unreadable);
     }
     if coverage.gone > 0 {
         let _ = write!(o, ", {} ended during the scan", coverage.gone);
