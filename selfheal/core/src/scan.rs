@@ -125,19 +125,19 @@ pub fn silence_ms(s: &TcpSocket) -> Option<u64> {
 }
 
 /// How long a SYN-SENT socket has been connecting, at least, from its
-/// retransmit timer: each of the `backoff` retransmissions waited the RTO
-/// of its time (half the next one's, the RTO doubling each time), and the
-/// current wait has run `rto - expires` of the current RTO. A lower bound
-/// (the RTO's cap stops the doubling); `None` without `tcp_info` or an
-/// armed retransmit timer.
+/// retransmit timer and `tcp_info`: of its `retransmits` SYN
+/// retransmissions, the last `backoff` each doubled the RTO (so waited
+/// `rto >> k`), the others (the kernel's linear SYN timeouts) waited the
+/// base RTO `rto >> backoff`; the current wait has run `rto - expires`. A
+/// lower bound; `None` without `tcp_info` or an armed retransmit timer.
 pub fn connecting_ms(s: &TcpSocket) -> Option<u64> {
     let i = s.tcp_info.as_ref()?;
     let timer = s.timer.as_ref().filter(|t| t.kind == "retransmit")?;
     let rto_ms = u64::from(i.rto_us) / 1000;
-    let before: u64 = (1..=u32::from(i.backoff).min(63))
-        .map(|k| rto_ms >> k)
-        .sum();
-    Some(before + rto_ms.saturating_sub(timer.expires_ms))
+    let backoff = u32::from(i.backoff).min(63);
+    let doubled: u64 = (1..=backoff).map(|k| rto_ms >> k).sum();
+    let linear = u64::from(i.retransmits.saturating_sub(i.backoff)) * (rto_ms >> backoff);
+    Some(doubled + linear + rto_ms.saturating_sub(timer.expires_ms))
 }
 
 /// The verdict on `c` with the threshold `silent_for_ms`, and the age it
@@ -471,8 +471,13 @@ mod tests {
     }
 
     fn syn_sent(rto_ms: u32, backoff: u8, expires_ms: u64) -> Connection {
+        syn_sent_after(rto_ms, backoff, backoff, expires_ms)
+    }
+
+    fn syn_sent_after(rto_ms: u32, retransmits: u8, backoff: u8, expires_ms: u64) -> Connection {
         let mut i = info(0, 0);
         i.rto_us = rto_ms * 1000;
+        i.retransmits = retransmits;
         i.backoff = backoff;
         let mut c = conn(1, TcpState::SynSent, Some(i), vec![]);
         c.socket.timer = Some(TimerInfo {
@@ -489,6 +494,18 @@ mod tests {
         assert_eq!(connecting_ms(&syn_sent(1000, 0, 700).socket), Some(300));
         // Two retransmissions (1 s, 2 s waited), RTO now 4 s, 3 s left.
         assert_eq!(connecting_ms(&syn_sent(4000, 2, 3000).socket), Some(4000));
+        // Two linear SYN timeouts (6.5+: the RTO not doubled, no backoff)
+        // of 1 s, 648 ms left of the third (as `ss` showed one 2.5 s in).
+        assert_eq!(
+            connecting_ms(&syn_sent_after(1000, 2, 0, 648).socket),
+            Some(2352)
+        );
+        // Four linear, then two doubled: 4 × 1 s, then 2 s and 4 s waited,
+        // RTO now 4 s with 1 s left.
+        assert_eq!(
+            connecting_ms(&syn_sent_after(4000, 6, 2, 1000).socket),
+            Some(4000 + 3000 + 3000)
+        );
         // No timer: unknown.
         let mut c = syn_sent(1000, 0, 0);
         c.socket.timer = None;
