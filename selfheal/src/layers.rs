@@ -36,6 +36,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("inspect", 5),
     // Reporting, the check pipeline, and who carries out its steps.
     ("metrics", 6),
+    ("scan", 6),
     ("check", 7),
     ("healer", 8),
 ];

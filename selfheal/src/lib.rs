@@ -26,6 +26,8 @@
 //!   [`sys::netns`] (entering another network namespace), [`ebpf`] (the
 //!   receive tracer), [`probe`] (HTTP and health-file probes),
 //!   [`sys::clock`] (the one clock ages use), gathered by [`inspect`];
+//!   and, with no config, [`scan`] (every TCP connection of every process
+//!   the caller may read, with what waits on it);
 //! - **heal**: [`prove`] (the proof keepalive the config asks for),
 //!   [`healer`] (who carries a step out), [`actions`] (the privileged acts
 //!   themselves), [`helper`] (the root helper: server, client, policy);
@@ -49,6 +51,7 @@ pub mod probe;
 pub mod proc;
 pub mod prove;
 pub mod runtime;
+pub mod scan;
 pub mod snapshots;
 pub mod store;
 pub mod sys;

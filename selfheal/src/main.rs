@@ -21,6 +21,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    Scan(cli::scan::Args),
     Check(cli::check::CheckArgs),
     Watch(cli::check::WatchArgs),
     Inspect(cli::inspect::Args),
@@ -45,15 +46,22 @@ fn main() -> ExitCode {
     // Every log line passes through `text::redact_urls_in` and
     // `text::escape_lines` on its way out (`EscapedStderr`): a name or a body in a message cannot drive the
     // terminal. So no colours either: they are escape sequences too.
+    // `scan` prints nothing but its answer unless logs are asked for.
+    let default_level = if matches!(cli.command, Command::Scan(_)) {
+        "off"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_writer(|| EscapedStderr)
         .with_ansi(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .init();
     let result: Result<Finished, Error> = match cli.command {
+        Command::Scan(args) => cli::scan::run(args),
         Command::Check(args) => cli::check::check(args),
         Command::Watch(args) => cli::check::watch(args),
         Command::Inspect(args) => cli::inspect::run(args),

@@ -70,6 +70,7 @@ pub mod progress;
 pub mod protocol;
 pub mod prove;
 pub mod runtime;
+pub mod scan;
 pub mod sockdiag;
 pub mod state;
 pub mod text;

@@ -52,7 +52,7 @@ pub struct TimerInfo {
 }
 
 /// The `tcp_info` fields selfheal reasons with.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpInfo {
     pub rtt_us: u32,
     pub rto_us: u32,

@@ -40,7 +40,8 @@ pub const EXIT_CODES: [(u8, &str); 4] = [
     (
         EXIT_FAILED,
         "failed (e.g. no such process); check/watch: something degraded or healed, or a \
-         snapshot or the metrics file not written",
+         snapshot or the metrics file not written; scan: something suspect, connecting or \
+         peer-closed",
     ),
     (
         EXIT_WEDGED,

@@ -5,6 +5,7 @@ pub mod config;
 pub mod helper;
 pub mod inspect;
 pub mod install;
+pub mod scan;
 pub mod snapshots;
 
 pub mod error;

@@ -1,0 +1,281 @@
+//! `selfheal scan` end to end, as root, on connections in network
+//! namespaces made here: a receive on a cut connection is `suspect` once
+//! silent past `--silent-for`, a connect whose SYNs are dropped is
+//! `connecting`, a connection whose peer sends is `alive`, a held
+//! CLOSE-WAIT is `peer_closed`; an unprivileged user sees only their own
+//! processes; processes ending mid-scan are no error. Every wait is bound
+//! by `--silent-for` and the scans' own measured time.
+
+use std::{
+    os::unix::process::CommandExt as _,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tests::{NetnsPair, Peer, need_root, selfheal_bin};
+
+/// The threshold the tests scan with.
+const SILENT_FOR: Duration = Duration::from_secs(1);
+
+/// One `selfheal scan --json --silent-for 1s` (as `uid` when given): its
+/// findings, exit code, standard error and how long it took.
+struct Run {
+    findings: Vec<Value>,
+    code: i32,
+    stderr: String,
+    took: Duration,
+}
+
+fn scan_as(uid: Option<u32>) -> Run {
+    let mut cmd = Command::new(selfheal_bin());
+    cmd.args(["scan", "--json", "--silent-for", "1s"])
+        .env_remove("RUST_LOG");
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid); // std drops root's supplementary groups too
+    }
+    let started = Instant::now();
+    let out = cmd.output().expect("run selfheal scan");
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let findings = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    Run {
+        findings,
+        code: out.status.code().expect("exited"),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took,
+    }
+}
+
+fn scan() -> Run {
+    scan_as(None)
+}
+
+/// The finding on socket `inode`, if listed.
+fn on(run: &Run, inode: u64) -> Option<&Value> {
+    run.findings.iter().find(|f| f["inode"] == inode)
+}
+
+/// Scans until `want` holds of the finding on `inode`, at most `polls`
+/// times and for at most twice `SILENT_FOR` plus ten times the first
+/// scan's own time: the finding and the last run.
+fn until(inode: u64, polls: u32, want: impl Fn(&Value) -> bool) -> (Value, Run) {
+    let first = scan();
+    let limit = 2 * SILENT_FOR + 10 * first.took;
+    let started = Instant::now();
+    let mut run = first;
+    for _ in 0..polls {
+        if let Some(f) = on(&run, inode).filter(|f| want(f)) {
+            return (f.clone(), run);
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not as wanted within {limit:?}: {:?}",
+            on(&run, inode)
+        );
+        std::thread::sleep(SILENT_FOR / 4);
+        run = scan();
+    }
+    panic!("not as wanted after {polls} scans: {:?}", on(&run, inode));
+}
+
+#[test]
+fn a_receive_on_a_cut_connection_is_suspect_once_silent_past_the_threshold() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_suspect") {
+        return;
+    }
+    let pair = NetnsPair::new("scs").expect("netns pair");
+    let _server = pair.listening_in_b(&["server", &format!("{}:7100", pair.b_addr)]);
+    let before = Instant::now();
+    let (mut client, ready) = pair.client_in_a(7100);
+    client.tell("go");
+    pair.cut_port_in_b(7100).expect("cut the port");
+    let (f, run) = until(ready.inode, 40, |f| f["verdict"] == "suspect");
+    let silent = f["silent_ms"].as_u64().expect("silent_ms");
+    assert!(silent >= 1000, "{f}");
+    // Never longer than the connection has existed.
+    assert!(silent <= before.elapsed().as_millis() as u64, "{f}");
+    assert_eq!(f["pid"], ready.pid);
+    assert_eq!(f["state"], "ESTAB");
+    assert_eq!(f["remote"], ready.remote);
+    assert!(f["proof"].is_null(), "{f}");
+    let waiting = f["waiting"].as_array().expect("waiting");
+    assert!(
+        waiting.iter().any(|w| w["tid"] == ready.tid),
+        "the blocked thread waits on it: {f}"
+    );
+    assert_eq!(run.code, 1, "a suspect exits 1");
+    assert_eq!(run.stderr, "", "nothing but the answer");
+    // Every finding's verdict agrees with its silence.
+    for g in &run.findings {
+        if g["state"] == "ESTAB" {
+            let s = g["silent_ms"].as_u64().unwrap_or(0);
+            let v = if s >= 1000 { "suspect" } else { "alive" };
+            assert_eq!(g["verdict"], v, "{g}");
+        }
+    }
+}
+
+#[test]
+fn a_connect_whose_syns_are_dropped_is_connecting() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_connecting") {
+        return;
+    }
+    let pair = NetnsPair::new("scc").expect("netns pair");
+    pair.drop_port_into_b(7101).expect("drop SYNs");
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["connect", &format!("{}:7101", pair.b_addr)]);
+    let client = Peer::spawn(cmd);
+    let line = client.expect("connecting", Duration::from_secs(10));
+    let at: u64 = line
+        .split_once("at_ms=")
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .expect("at_ms");
+    // Its socket: the one connect() made, found by pid in the census.
+    let pid = client.pid();
+    let first = scan();
+    let limit = 3 * SILENT_FOR + 10 * first.took;
+    let started = Instant::now();
+    let mut run = first;
+    let f = loop {
+        if let Some(f) = run
+            .findings
+            .iter()
+            .find(|f| f["pid"] == pid && f["verdict"] == "connecting")
+        {
+            break f.clone();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no connecting finding within {limit:?}: {:?}",
+            run.findings
+        );
+        std::thread::sleep(SILENT_FOR / 4);
+        run = scan();
+    };
+    assert_eq!(f["state"], "SYN-SENT");
+    let age = f["silent_ms"].as_u64().expect("age");
+    let real = tests::monotonic_ms() - at;
+    assert!(age >= 1000, "{f}");
+    assert!(
+        age <= real,
+        "a lower bound: {age} ms > {real} ms since connect"
+    );
+    assert_eq!(run.code, 1);
+}
+
+#[test]
+fn a_connection_whose_peer_sends_is_alive_and_a_held_close_wait_is_peer_closed() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_alive") {
+        return;
+    }
+    let pair = NetnsPair::new("sca").expect("netns pair");
+    let _beat = pair.listening_in_b(&["beat", &format!("{}:7102", pair.b_addr), "100"]);
+    let (mut alive, alive_conn) = pair.client_in_a(7102);
+    alive.tell("go");
+    let mut server = pair.listening_in_b(&["server", &format!("{}:7103", pair.b_addr)]);
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["client", &format!("{}:7103", pair.b_addr), "--once"]);
+    let mut held = Peer::spawn(cmd);
+    let held_conn = held.ready();
+    held.tell("go");
+    server.tell("send 1");
+    held.expect("got 1", Duration::from_secs(10));
+    // The server ends: its FIN puts the client's socket in CLOSE-WAIT,
+    // which the client holds, out of any receive.
+    server.tell("close");
+    std::thread::sleep(SILENT_FOR);
+    let (f, run) = until(held_conn.inode, 20, |f| f["verdict"] == "peer_closed");
+    assert_eq!(f["state"], "CLOSE-WAIT");
+    let a = on(&run, alive_conn.inode).expect("the beating connection is listed");
+    assert_eq!(a["verdict"], "alive", "{a}");
+    assert!(a["silent_ms"].as_u64().expect("silent_ms") < 1000, "{a}");
+    // peer_closed sorts before alive.
+    let order: Vec<&Value> = run.findings.iter().map(|f| &f["verdict"]).collect();
+    let closed_at = order.iter().position(|v| *v == "peer_closed");
+    let alive_at = order.iter().position(|v| *v == "alive");
+    assert!(closed_at < alive_at, "{order:?}");
+}
+
+#[test]
+fn an_unprivileged_user_sees_only_their_own_processes() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_own_only") {
+        return;
+    }
+    // Both clients wait on a listener that never answers, on loopback of
+    // this namespace (the one an unprivileged scan can dump).
+    let listener = tests::listener();
+    let addr = listener.local_addr().expect("addr").to_string();
+    let mut roots = Peer::recv_peer(&["client", &addr]);
+    let root_conn = roots.ready();
+    roots.tell("go");
+    let mut cmd = Command::new(tests::helper_bin("recv-peer"));
+    cmd.args(["client", &addr]).uid(65534).gid(65534);
+    let mut nobodys = Peer::spawn(cmd);
+    let nobody_conn = nobodys.ready();
+    nobodys.tell("go");
+    std::thread::sleep(SILENT_FOR);
+    // Root sees both waiting; nobody, its own only.
+    let (_, as_root) = until(nobody_conn.inode, 20, |f| f["verdict"] == "suspect");
+    assert!(
+        on(&as_root, root_conn.inode).is_some(),
+        "{:?}",
+        as_root.findings
+    );
+    let mine = scan_as(Some(65534));
+    assert_eq!(mine.stderr, "", "nothing but the answer");
+    let f = on(&mine, nobody_conn.inode).expect("nobody's own connection is listed");
+    assert_eq!(f["verdict"], "suspect", "{f}");
+    assert_eq!(mine.code, 1);
+    for f in &mine.findings {
+        assert_eq!(
+            f["uid"], 65534,
+            "another user's process shown to nobody: {f}"
+        );
+    }
+    assert!(on(&mine, root_conn.inode).is_none());
+}
+
+#[test]
+fn processes_ending_mid_scan_are_no_error() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_churn") {
+        return;
+    }
+    let listener = tests::listener();
+    let addr = listener.local_addr().expect("addr").to_string();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let runs = std::thread::scope(|s| {
+        // Clients that connect, wait in a read and are killed, one after
+        // another (at most 100: the listener never accepts), while the scans run.
+        s.spawn(|| {
+            for _ in 0..100 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let mut c = Peer::recv_peer(&["client", &addr]);
+                c.ready();
+                c.tell("go");
+                drop(c);
+            }
+        });
+        let runs: Vec<Run> = (0..5).map(|_| scan()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        runs
+    });
+    for r in &runs {
+        assert!(r.code == 0 || r.code == 1, "exit {}: {}", r.code, r.stderr);
+        assert_eq!(r.stderr, "");
+    }
+    eprintln!(
+        "scan during churn: {:?}",
+        runs.iter().map(|r| r.took).collect::<Vec<_>>()
+    );
+}
