@@ -975,13 +975,11 @@ fn the_command_stops_on_sigterm_and_refuses_non_root_without_socket() {
 
 /// Set (to a socket path) when this test binary runs as a client inside
 /// another pid namespace, for the test below.
-const PIDNS_CLIENT: &str = "SELFHEAL_HELPER_TEST_PIDNS_CLIENT";
+pub(crate) const PIDNS_CLIENT: &str = "SELFHEAL_HELPER_TEST_PIDNS_CLIENT";
 
-/// Not a test of its own: the client half of the one below, run in a new
-/// pid namespace. Does nothing unless [`PIDNS_CLIENT`] is set.
-#[test]
-fn pid_namespace_client_mode() {
-    let _area = tests::area(module_path!());
+/// Not a test: the client half of the one below, run in a new pid
+/// namespace (this binary with [`PIDNS_CLIENT`] set: `crate::ROLES`).
+pub(crate) fn pid_namespace_client_mode() {
     let Ok(path) = std::env::var(PIDNS_CLIENT) else {
         return;
     };
@@ -1015,11 +1013,6 @@ fn a_caller_in_another_pid_namespace_may_name_no_pid() {
     let out = Command::new("unshare")
         .args(["--pid", "--fork", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "helper::pid_namespace_client_mode",
-            "--nocapture",
-        ])
         .env(PIDNS_CLIENT, dir.join("helper.sock"))
         .env("TARGET_PID", target.pid().to_string())
         .env(

@@ -66,7 +66,7 @@ const CONN_UIDS: u32 = 2_312_000;
 const BYSTANDER: u32 = 61105;
 
 /// Set when this test binary runs as the process inside a user namespace.
-const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
+pub(crate) const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
 
 /// An in-process helper on `dir`'s socket, with `dir`'s subuid file.
 fn start(
@@ -147,11 +147,9 @@ fn count(v: &[String], what: &str) -> usize {
     v.iter().filter(|o| *o == what).count()
 }
 
-/// Not a test of its own: the attacker's process inside the user namespace
-/// it made. Does nothing unless [`ROLE`] is set.
-#[test]
-fn owners_roles() {
-    let _area = tests::area(module_path!());
+/// Not a test: the attacker's process inside the user namespace it made
+/// (this binary with [`ROLE`] set: `crate::ROLES`).
+pub(crate) fn owners_roles() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
@@ -164,7 +162,6 @@ fn owners_roles() {
         let mut go = String::new();
         std::io::stdin().read_line(&mut go).unwrap();
         let e = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_owners::owners_roles", "--nocapture"])
             .env(ROLE, "mapped")
             .exec();
         panic!("exec: {e}");
@@ -237,8 +234,7 @@ fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
     let path = dir.join("helper.sock");
     let mut procs = Procs::default();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "helper_owners::owners_roles", "--nocapture"])
-        .env(ROLE, "userns")
+    cmd.env(ROLE, "userns")
         .env("HELPER_SOCKET", &path)
         .uid(NS_OWNER)
         .gid(NS_OWNER);
