@@ -41,6 +41,7 @@ mod outputs;
 mod privilege;
 mod probe;
 mod product_binary;
+mod reliability_map;
 mod stall;
 mod store;
 mod watch_capabilities;
