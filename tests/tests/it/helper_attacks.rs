@@ -287,6 +287,13 @@ fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
         "{result}"
     );
     assert!(result.contains("has exited"), "{result}");
+    // Caught by the mechanism under test, not the other one.
+    let how = if peer_pidfd {
+        "SO_PEERPIDFD"
+    } else {
+        "pidfd_open"
+    };
+    assert!(result.contains(&format!("checked by {how}")), "{result}");
     assert!(exec.calls().is_empty(), "acted: {:?}", exec.calls());
     let audit = h.audit();
     assert_eq!(audit.len(), 1, "{audit:#?}");
@@ -683,7 +690,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// What one flooding uid sent and got.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Flood {
     sent: u64,
     ok: u64,
@@ -796,7 +803,8 @@ fn flood_as_uid(path: &std::path::Path, pids: &[u32], end: Instant, stop: &Atomi
 /// once; meanwhile root opens a fresh connection every 25 ms and asks
 /// `hello`. A measurement, printed: root's latency p50/p99 beside the
 /// flood's numbers. Asserted: root is never answered `busy` (nor anything
-/// but its hello).
+/// but its hello), and the load was there: all 32 acts escalating, every
+/// connection's requests sent, most of the flood refused `busy`.
 #[test]
 fn eight_uids_flooding_leave_root_answered() {
     let _area = tests::area(module_path!());
@@ -863,6 +871,15 @@ fn eight_uids_flooding_leave_root_answered() {
         assert_eq!(r.as_ref().ok(), Some(&0), "root's hello: {r:?}");
     }
     assert!(root.len() >= 20, "root kept asking: {}", root.len());
+    // The load was there: every act sent and escalating (answered after
+    // SIGTERM), every connection's requests sent, and the flood refused.
+    let uids = uids.len() as u64;
+    assert_eq!(flood.acts_escalating, uids * 4, "{flood:?}");
+    assert!(flood.sent >= uids * (4 + 20 + 2 * 50), "{flood:?}");
+    assert!(
+        flood.busy > flood.ok && flood.ok + flood.busy <= flood.sent,
+        "{flood:?}"
+    );
     drop(h);
 }
 
