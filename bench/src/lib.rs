@@ -19,17 +19,32 @@ pub struct Bins {
 }
 
 impl Bins {
+    /// Both programs; one that is not built ends the benchmark (exit 2)
+    /// saying which, and the command that builds it.
     pub fn find() -> Bins {
         let dir = std::env::current_exe()
             .expect("current_exe")
             .parent()
             .expect("dir")
             .to_path_buf();
-        Bins {
+        let bins = Bins {
             selfheal: std::env::var("SELFHEAL_BIN")
                 .map_or_else(|_| dir.join("selfheal"), Into::into),
             peer: dir.join("recv-peer"),
+        };
+        for (path, build) in [
+            (&bins.selfheal, "cargo build --release -p selfheal"),
+            (&bins.peer, "cargo build --release -p tests --bins"),
+        ] {
+            if !path.exists() {
+                eprintln!(
+                    "{} is not built: run `{build}` (or `cargo xtask bench`, which builds everything)",
+                    path.display()
+                );
+                std::process::exit(2);
+            }
         }
+        bins
     }
 }
 

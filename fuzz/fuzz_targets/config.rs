@@ -1,5 +1,7 @@
 //! The config parser on any text: `Config::parse` returns a config or an
-//! error naming file, line and key; it must never panic. What a parsed
+//! error naming the file, a line of the text, a column and what is wrong
+//! (asserted: no other error kind, line in range, the message led by
+//! `file:line:`); it must never panic. What a parsed
 //! config is then used for by pure code (error and address rendering, the
 //! upstream matcher with a fake resolver, the address parser, the judge and
 //! the healing ladder on fixed evidence of a wedged agent) must not panic
@@ -15,7 +17,7 @@ use std::{
 
 use libfuzzer_sys::fuzz_target;
 use selfheal_core::{
-    config::{Config, UpstreamAddr, check_json_pointer, line_col},
+    config::{Config, ConfigError, UpstreamAddr, check_json_pointer, line_col},
     judge::{self, AgentHistory},
     ladder::{self, HealHistory},
 };
@@ -29,8 +31,32 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     match Config::parse(&text, Path::new("/fuzz.toml")) {
         Err(e) => {
-            let _ = e.to_string();
-            let _ = e.line();
+            // Parsing reads no file: every error is the text's, and names
+            // the file, a line of the text (one past the last for an
+            // unterminated one), a column and what is wrong.
+            let shown = e.to_string();
+            let ConfigError::Invalid {
+                path,
+                line,
+                column,
+                message,
+            } = &e
+            else {
+                panic!("parse gave a non-parse error: {shown}");
+            };
+            assert_eq!(path, Path::new("/fuzz.toml"), "{shown}");
+            assert_eq!(e.line(), Some(*line));
+            let lines = text.lines().count().max(1);
+            assert!(
+                (1..=lines + 1).contains(line),
+                "line {line} outside the text's {lines}: {shown}"
+            );
+            assert!(*column >= 1, "column 0: {shown}");
+            assert!(!message.trim().is_empty(), "no message: {shown}");
+            assert!(
+                shown.starts_with(&format!("/fuzz.toml:{line}: ")),
+                "the message leads with file and line: {shown}"
+            );
         }
         Ok(config) => {
             // Sockets to classify: a few fixed ones and one whose address and

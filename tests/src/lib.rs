@@ -1,7 +1,8 @@
 //! Helpers for selfheal's integration tests: spawning the peer programs and
 //! talking to them, network namespaces that clean up after themselves,
-//! bounded waiting, and skipping (with the reason on stderr) where the
-//! machine truly cannot run a test. The incident testbed the scenario
+//! bounded waiting, and skipping where the machine truly cannot run a
+//! test: each skip says its kind and reason on stderr and is recorded for
+//! `cargo xtask test`'s list ([`skip_as`]). The incident testbed the scenario
 //! tests drive is its own crate ([`selfheal_testbed`]) and binary
 //! (`selfheal-testbed`), kept out of the product binary.
 
@@ -287,15 +288,116 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Prints why a test is skipped, on stderr, in one recognizable form.
-pub fn skip(test: &str, why: &str) {
-    eprintln!("SKIPPED {test}: {why}");
+/// What a skip lacks, said by the test that skips, never read from its
+/// reason's words. CI (`SELFHEAL_CI=1`, which `cargo xtask test --ci`
+/// sets) runs as root, on a kernel with what the suite uses, after `cargo
+/// xtask setup` installed every tool: there a skip of a kind that
+/// [`Skip::ci_never_needs`] fails its test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// Not root.
+    Root,
+    /// A program, library or SDK that `cargo xtask setup` installs is
+    /// missing.
+    Tool,
+    /// The kernel lacks a feature or configuration the suite relies on.
+    Kernel,
+    /// The machine cannot do something a test needs (mount a tmpfs, make a
+    /// cgroup, raise a limit, an unprivileged user namespace).
+    Machine,
+    /// Runs only in `cargo xtask vm-test`'s VM, whose kernel it sets up
+    /// (locked down): expected on the host; `cargo xtask test --no-vm`
+    /// says it was dropped.
+    Vm,
+    /// Depends on this host in a way no set-up changes (what this pid
+    /// namespace shows): expected anywhere, CI included.
+    Host,
 }
 
-/// Skips (returns `false`) unless root.
+impl Skip {
+    /// The kind's name in the skip list.
+    pub fn name(self) -> &'static str {
+        match self {
+            Skip::Root => "root",
+            Skip::Tool => "tool",
+            Skip::Kernel => "kernel",
+            Skip::Machine => "machine",
+            Skip::Vm => "vm",
+            Skip::Host => "host",
+        }
+    }
+
+    /// Whether CI's machine must never skip for this (see [`Skip`]).
+    pub fn ci_never_needs(self) -> bool {
+        !matches!(self, Skip::Vm | Skip::Host)
+    }
+}
+
+/// Whether this run is CI's (`SELFHEAL_CI=1`).
+pub fn under_ci() -> bool {
+    std::env::var("SELFHEAL_CI").as_deref() == Ok("1")
+}
+
+/// Where skips are recorded, one file each, for `cargo xtask test` to list
+/// at the end (libtest hides a passing test's stderr): `target/tmp/skips`.
+pub fn skips_dir() -> std::path::PathBuf {
+    let target = bin_dir();
+    target.parent().unwrap_or(&target).join("tmp/skips")
+}
+
+/// Skips `test` for want of `kind`: says why on stderr, records it in
+/// [`skips_dir`], and under CI fails when CI's machine should never need
+/// this kind of skip.
+pub fn skip_as(kind: Skip, test: &str, why: &str) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    eprintln!("SKIPPED ({}) {test}: {why}", kind.name());
+    let dir = skips_dir();
+    let record = serde_json::json!({
+        "test": test,
+        "kind": kind.name(),
+        "why": why,
+        "ci_never_needs": kind.ci_never_needs(),
+        "vm_only": kind == Skip::Vm,
+    });
+    let file = dir.join(format!(
+        "{}-{}.json",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    if let Err(e) =
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, record.to_string()))
+    {
+        eprintln!("cannot record the skip in {}: {e}", file.display());
+    }
+    assert!(
+        !(under_ci() && kind.ci_never_needs()),
+        "SELFHEAL_CI=1: {test} skipped ({}) for what CI's machine has: {why}",
+        kind.name()
+    );
+}
+
+/// Skips `test` for something the machine cannot do ([`Skip::Machine`]).
+pub fn skip(test: &str, why: &str) {
+    skip_as(Skip::Machine, test, why);
+}
+
+/// Skips `test` because `tool` is missing; `hint` says what installs it
+/// ([`Skip::Tool`]).
+pub fn skip_tool_missing(test: &str, tool: &str, hint: &str) {
+    skip_as(Skip::Tool, test, &format!("no {tool} ({hint})"));
+}
+
+/// Skips `test` for a reason no set-up changes ([`Skip::Host`]): counted,
+/// never a failure.
+pub fn skip_expected(test: &str, why: &str) {
+    skip_as(Skip::Host, test, why);
+}
+
+/// Skips (returns `false`) unless root ([`Skip::Root`]).
 pub fn need_root(test: &str) -> bool {
     if !is_root() {
-        skip(test, "needs root (eBPF, network namespaces)");
+        skip_as(Skip::Root, test, "needs root (eBPF, network namespaces)");
         return false;
     }
     true
@@ -309,13 +411,23 @@ pub fn need_ebpf(test: &str) -> bool {
             std::env::var("SELFHEAL_REQUIRE_EBPF").as_deref() != Ok("1"),
             "SELFHEAL_REQUIRE_EBPF=1 but this build has no eBPF object"
         );
-        skip(
+        skip_as(
+            Skip::Tool,
             test,
             "eBPF is not built in (no eBPF toolchain: `cargo xtask setup`)",
         );
         return false;
     }
     need_root(test)
+}
+
+/// The bound on finding a wedged connection, in ms, from what the run
+/// measured: three missed heartbeats, one check interval, and the longest
+/// check's own run time (at least an interval: a check that ran late on a
+/// loaded machine moves the verdict by as much).
+pub fn wedge_bound_ms(heartbeat: Duration, check_every: Duration, longest_check_ms: u64) -> u64 {
+    let every = check_every.as_millis() as u64;
+    3 * heartbeat.as_millis() as u64 + every + longest_check_ms.max(every)
 }
 
 /// Polls `f` every `step` until it returns `Some` or `timeout` passes.

@@ -180,7 +180,7 @@ pub fn need_docker(test: &str) -> bool {
 pub fn need_programs(test: &str, programs: &[&str], hint: &str) -> bool {
     match programs.iter().find(|p| !have(p)) {
         Some(p) => {
-            crate::skip(test, &format!("no {p} ({hint})"));
+            crate::skip_tool_missing(test, p, hint);
             false
         }
         None => true,
@@ -243,7 +243,7 @@ pub fn podman_ready(test: &str, scratch_tag: &str) -> Option<(Scratch, PathBuf)>
         return None;
     }
     if !have("podman") {
-        crate::skip(test, "no podman (run `cargo xtask setup`: Debian podman)");
+        crate::skip_tool_missing(test, "podman", "run `cargo xtask setup`: Debian podman");
         return None;
     }
     let scratch = Scratch::new(scratch_tag);

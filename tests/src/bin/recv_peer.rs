@@ -31,7 +31,7 @@
 use std::{
     io::{BufRead as _, Read as _, Write as _},
     net::{TcpListener, TcpStream},
-    os::fd::AsRawFd as _,
+    os::fd::{AsRawFd as _, FromRawFd as _},
     process::ExitCode,
 };
 
@@ -517,8 +517,11 @@ fn beat(addr: &str, ms: &str) -> Result<()> {
 /// reads on a connection to ADDR; when a read fails it prints
 /// `error os=ERRNO MESSAGE` (or `eof` when it returns 0), reconnects (up to
 /// 50 attempts, 100 ms apart) and prints a new
-/// `ready pid=P tid=T inode=I local=A remote=B` line. It does not wait for
-/// stdin. Gives up after 100 reconnects.
+/// `ready pid=P tid=T inode=I local=A remote=B` line. Every connection
+/// holds the first one's fd number (moved there with `dup2` if the kernel
+/// gave another), as an agent that reconnects in place does: the fd a
+/// judgement named then holds a new socket. It does not wait for stdin.
+/// Gives up after 100 reconnects.
 fn reconnecting(addr: &str) -> Result<()> {
     let connect = || -> Result<TcpStream> {
         let mut last = String::new();
@@ -544,8 +547,29 @@ fn reconnecting(addr: &str) -> Result<()> {
         Ok(())
     };
     let mut buf = [0u8; 4096];
+    let mut first_fd = None;
     for _ in 0..100 {
         let mut s = connect()?;
+        let fd = s.as_raw_fd();
+        match first_fd {
+            None => first_fd = Some(fd),
+            Some(first) if first != fd => {
+                // SAFETY: `first` is closed (the previous connection was
+                // dropped) and `fd` is ours: dup2 makes `first` a second
+                // descriptor of this socket, which `s` then owns alone.
+                s = unsafe {
+                    if libc::dup2(fd, first) != first {
+                        return Err(format!(
+                            "dup2 {fd} onto {first}: {}",
+                            std::io::Error::last_os_error()
+                        ));
+                    }
+                    drop(s);
+                    TcpStream::from_raw_fd(first)
+                };
+            }
+            Some(_) => {}
+        }
         announce(&s)?;
         loop {
             match s.read(&mut buf) {

@@ -6,7 +6,8 @@
 //! down (`lockdown=confidentiality`, as Secure Boot machines may run: no
 //! program may read kernel memory, so the iterators do not load) and
 //! removing the pins earlier cases left. A kernel that is not locked down
-//! cannot be made to refuse them and let go again, so there it is skipped.
+//! cannot be made to refuse them and let go again, so there it is skipped
+//! as VM-only: `cargo xtask test --no-vm` lists it as dropped.
 //!
 //! Needs root and the eBPF object.
 
@@ -35,7 +36,8 @@ fn a_kernel_that_refuses_the_iterators_is_read_by_procfs() {
     if let Some(want) = &expected {
         assert_eq!(level.as_deref(), Some(want.as_str()), "the VM's lockdown");
     } else if level.as_deref() != Some("confidentiality") {
-        tests::skip(
+        tests::skip_as(
+            tests::Skip::Vm,
             name,
             "this kernel is not locked down and runs the iterators; `cargo xtask vm-test` \
              runs this in a VM it locks down",

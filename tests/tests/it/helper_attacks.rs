@@ -87,7 +87,7 @@ fn act_line(id: u64, req: &ActRequest) -> String {
 
 /// Set when this test binary runs as one of the attack's processes inside
 /// a new pid namespace: `holder` (its pid 1) or `connector` (its child).
-const NS_ROLE: &str = "SELFHEAL_ATTACK_NS_ROLE";
+pub(crate) const NS_ROLE: &str = "SELFHEAL_ATTACK_NS_ROLE";
 
 /// Sends `fd` with `data` over `sock` (`SCM_RIGHTS`).
 fn send_fd(sock: &UnixStream, fd: RawFd, data: &[u8]) -> std::io::Result<()> {
@@ -147,11 +147,9 @@ fn recv_fd(sock: &UnixStream) -> std::io::Result<(OwnedFd, Vec<u8>)> {
     }
 }
 
-/// Not a test of its own: the processes of the attack below, run inside a
-/// new pid namespace. Does nothing unless [`NS_ROLE`] is set.
-#[test]
-fn pid_namespace_attack_roles() {
-    let _area = tests::area(module_path!());
+/// Not a test: the processes of the attack below, run inside a new pid
+/// namespace (this binary with [`NS_ROLE`] set: `crate::ROLES`).
+pub(crate) fn pid_namespace_attack_roles() {
     let Ok(role) = std::env::var(NS_ROLE) else {
         return;
     };
@@ -174,11 +172,6 @@ fn pid_namespace_attack_roles() {
         "holder" => {
             let (mine, theirs) = UnixStream::pair().unwrap();
             let mut connector = Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "--exact",
-                    "helper_attacks::pid_namespace_attack_roles",
-                    "--nocapture",
-                ])
                 .env(NS_ROLE, "connector")
                 .stdin(Stdio::from(OwnedFd::from(theirs)))
                 .stdout(Stdio::null())
@@ -257,11 +250,6 @@ fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
     let mut ns = Command::new("unshare")
         .args(["--pid", "--fork", "--kill-child", "--"])
         .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "helper_attacks::pid_namespace_attack_roles",
-            "--nocapture",
-        ])
         .env(NS_ROLE, "holder")
         .env("HELPER_SOCKET", dir.join("helper.sock"))
         .env("GO_FILE", &go)
@@ -299,6 +287,13 @@ fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
         "{result}"
     );
     assert!(result.contains("has exited"), "{result}");
+    // Caught by the mechanism under test, not the other one.
+    let how = if peer_pidfd {
+        "SO_PEERPIDFD"
+    } else {
+        "pidfd_open"
+    };
+    assert!(result.contains(&format!("checked by {how}")), "{result}");
     assert!(exec.calls().is_empty(), "acted: {:?}", exec.calls());
     let audit = h.audit();
     assert_eq!(audit.len(), 1, "{audit:#?}");
@@ -695,7 +690,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// What one flooding uid sent and got.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Flood {
     sent: u64,
     ok: u64,
@@ -808,7 +803,8 @@ fn flood_as_uid(path: &std::path::Path, pids: &[u32], end: Instant, stop: &Atomi
 /// once; meanwhile root opens a fresh connection every 25 ms and asks
 /// `hello`. A measurement, printed: root's latency p50/p99 beside the
 /// flood's numbers. Asserted: root is never answered `busy` (nor anything
-/// but its hello).
+/// but its hello), and the load was there: all 32 acts escalating, every
+/// connection's requests sent, most of the flood refused `busy`.
 #[test]
 fn eight_uids_flooding_leave_root_answered() {
     let _area = tests::area(module_path!());
@@ -875,6 +871,15 @@ fn eight_uids_flooding_leave_root_answered() {
         assert_eq!(r.as_ref().ok(), Some(&0), "root's hello: {r:?}");
     }
     assert!(root.len() >= 20, "root kept asking: {}", root.len());
+    // The load was there: every act sent and escalating (answered after
+    // SIGTERM), every connection's requests sent, and the flood refused.
+    let uids = uids.len() as u64;
+    assert_eq!(flood.acts_escalating, uids * 4, "{flood:?}");
+    assert!(flood.sent >= uids * (4 + 20 + 2 * 50), "{flood:?}");
+    assert!(
+        flood.busy > flood.ok && flood.ok + flood.busy <= flood.sent,
+        "{flood:?}"
+    );
     drop(h);
 }
 
@@ -1073,18 +1078,16 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
 
 /// Set when this test binary runs as the root master of the attack below:
 /// `dumpable` or `undumpable`, the worker's dumpable flag.
-const MASTER_ROLE: &str = "SELFHEAL_ATTACK_MASTER";
+pub(crate) const MASTER_ROLE: &str = "SELFHEAL_ATTACK_MASTER";
 
-/// Not a test of its own: the root master of the nginx/postfix model, run
+/// Not a test (this binary with [`MASTER_ROLE`] set: `crate::ROLES`): the root master of the nginx/postfix model, run
 /// as its own process. It listens on 127.0.0.1, forks a worker that shares
 /// the listener and drops to `nobody` (not dumpable, or made dumpable
 /// again when the role says so), prints `MASTER port fd worker`, then
 /// accepts, printing each accepted connection's inherited
 /// `TCP_USER_TIMEOUT` and `SO_KEEPALIVE` (`ACCEPTED ut=… ka=…`), or the
-/// error (`ACCEPT_ERR …`). Does nothing unless [`MASTER_ROLE`] is set.
-#[test]
-fn master_worker_roles() {
-    let _area = tests::area(module_path!());
+/// error (`ACCEPT_ERR …`).
+pub(crate) fn master_worker_roles() {
     let Ok(role) = std::env::var(MASTER_ROLE) else {
         return;
     };
@@ -1164,11 +1167,6 @@ struct Master {
 impl Master {
     fn start(dumpable: bool) -> Master {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "helper_attacks::master_worker_roles",
-                "--nocapture",
-            ])
             .env(
                 MASTER_ROLE,
                 if dumpable { "dumpable" } else { "undumpable" },

@@ -19,7 +19,7 @@
 //! `setresuid` (that thread only), children started as that uid, or this
 //! test binary started as a user that made a user namespace (the `userns`
 //! role). Needs root; skips otherwise. The uids are in 61100..61120 and
-//! 2311000..2313000, the scratch directories named `limits-…`.
+//! 2311000..2466000, the scratch directories named `limits-…`.
 
 use std::{
     io::{Read as _, Write as _},
@@ -64,9 +64,12 @@ const CONN_OWNER: u32 = 61104;
 const CONN_UIDS: u32 = 2_312_000;
 /// Another ordinary user, whose timer asks during a flood.
 const BYSTANDER: u32 = 61105;
+/// Owns a range written past the first MiB of a huge subuid file.
+const LATE_OWNER: u32 = 61119;
+const LATE_UIDS: u32 = 2_400_000;
 
 /// Set when this test binary runs as the process inside a user namespace.
-const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
+pub(crate) const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
 
 /// An in-process helper on `dir`'s socket, with `dir`'s subuid file.
 fn start(
@@ -147,11 +150,9 @@ fn count(v: &[String], what: &str) -> usize {
     v.iter().filter(|o| *o == what).count()
 }
 
-/// Not a test of its own: the attacker's process inside the user namespace
-/// it made. Does nothing unless [`ROLE`] is set.
-#[test]
-fn owners_roles() {
-    let _area = tests::area(module_path!());
+/// Not a test: the attacker's process inside the user namespace it made
+/// (this binary with [`ROLE`] set: `crate::ROLES`).
+pub(crate) fn owners_roles() {
     let Ok(role) = std::env::var(ROLE) else {
         return;
     };
@@ -164,7 +165,6 @@ fn owners_roles() {
         let mut go = String::new();
         std::io::stdin().read_line(&mut go).unwrap();
         let e = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "helper_owners::owners_roles", "--nocapture"])
             .env(ROLE, "mapped")
             .exec();
         panic!("exec: {e}");
@@ -237,8 +237,7 @@ fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
     let path = dir.join("helper.sock");
     let mut procs = Procs::default();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "helper_owners::owners_roles", "--nocapture"])
-        .env(ROLE, "userns")
+    cmd.env(ROLE, "userns")
         .env("HELPER_SOCKET", &path)
         .uid(NS_OWNER)
         .gid(NS_OWNER);
@@ -500,8 +499,10 @@ fn three_owners_cannot_keep_a_fourth_out() {
 }
 
 /// A subuid file larger than the bound, full of garbage around one good
-/// line: the helper starts, serves, and counts the good range's uids to
-/// its owner (the file's first MiB is read).
+/// line, with another good line past its first MiB: the helper starts,
+/// serves, and counts the good range's uids to its owner; the range past
+/// the first MiB is not read (its uids count as their own), and the real
+/// `selfheal helper` logs the bound and how many lines it skipped.
 #[test]
 fn a_huge_garbage_subuid_file_is_bounded() {
     let _area = tests::area(module_path!());
@@ -514,6 +515,7 @@ fn a_huge_garbage_subuid_file_is_bounded() {
     while text.len() < 3 << 20 {
         text.push_str("x:y:z\n-1:-1:-1\nnosuchuser:100:100\n");
     }
+    text.push_str(&format!("{LATE_OWNER}:{LATE_UIDS}:65536\n"));
     subuid_file(&dir, &text);
     let _h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
         o.max_connections_per_uid = 2;
@@ -525,6 +527,54 @@ fn a_huge_garbage_subuid_file_is_bounded() {
     // The same owner: one more of its cap of 2.
     assert_eq!((held2.len(), refused2), (1, 1));
     assert_eq!(timer_hello(&path, BYSTANDER), Ok(BYSTANDER));
+    // Past the first MiB: two uids of the late range are each their own
+    // owner, both served their cap (one owner would refuse the second's).
+    let (late1, late_refused1) = hold(&path, LATE_UIDS + 1, 2);
+    let (late2, late_refused2) = hold(&path, LATE_UIDS + 2, 2);
+    assert_eq!(
+        (late1.len(), late_refused1, late2.len(), late_refused2),
+        (2, 0, 2, 0),
+        "the range past the first MiB was read"
+    );
+
+    // The real command logs what it left out: the bound, and every line
+    // of the first MiB but the good one skipped.
+    let first_mib = &text.as_bytes()[..1 << 20];
+    let lines = first_mib.iter().filter(|b| **b == b'\n').count();
+    let cli_sock = dir.join("cli.sock");
+    let mut child = Command::new(tests::selfheal_bin())
+        .args(["helper", "--no-ebpf", "--socket"])
+        .arg(&cli_sock)
+        .arg("--subuid")
+        .arg(dir.join("subuid"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn selfheal helper");
+    let answered = wait_for(10 * SEC, TICK, || {
+        timer_hello(&cli_sock, LATE_UIDS + 3).ok()
+    });
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let exited = wait_for(10 * SEC, TICK, || child.try_wait().ok().flatten());
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert_eq!(answered, Some(LATE_UIDS + 3), "{err}");
+    assert!(exited.is_some(), "selfheal helper exits on SIGTERM: {err}");
+    assert!(
+        err.contains("is larger than 1 MiB: only its first MiB is read"),
+        "{err}"
+    );
+    let skipped = format!(
+        "1 subordinate uid ranges; {} lines skipped (line 1: ",
+        lines - 1
+    );
+    assert!(err.contains(&skipped), "wanted {skipped:?} in {err}");
 }
 
 /// Waits until `pid` runs `sleep`.

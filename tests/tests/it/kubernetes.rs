@@ -11,7 +11,7 @@ use std::{
     process::Command,
 };
 
-use tests::{Scratch, runtimes::have, selfheal_bin, skip};
+use tests::{Scratch, runtimes::have, selfheal_bin, skip_tool_missing};
 
 fn dist() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/kubernetes")
@@ -39,9 +39,10 @@ fn the_manifests_validate_and_a_broken_one_does_not() {
     let _area = tests::area(module_path!());
     const TEST: &str = "the_manifests_validate_and_a_broken_one_does_not";
     if !have("kubernetes-validate") {
-        return skip(
+        return skip_tool_missing(
             TEST,
-            "no kubernetes-validate (run `cargo xtask setup`: pip kubernetes-validate)",
+            "kubernetes-validate",
+            "run `cargo xtask setup`: pip kubernetes-validate",
         );
     }
     let t = std::time::Instant::now();
@@ -203,9 +204,10 @@ fn each_container_holds_only_the_documented_privileges() {
     let _area = tests::area(module_path!());
     const TEST: &str = "each_container_holds_only_the_documented_privileges";
     let Some(docs) = yaml("daemonset.yaml") else {
-        return skip(
+        return skip_tool_missing(
             TEST,
-            "no python3 with PyYAML (kubernetes-validate's parser)",
+            "python3 with PyYAML",
+            "kubernetes-validate's parser: `cargo xtask setup`",
         );
     };
     let table = documented_capabilities();

@@ -41,10 +41,48 @@ mod outputs;
 mod privilege;
 mod probe;
 mod product_binary;
+mod reliability_map;
 mod scan;
 mod stall;
 mod store;
 mod watch_capabilities;
+
+/// The roles some tests' child processes play: this binary run again with
+/// one of these variables set plays that role and exits. A role is not a
+/// test (it is no entry in the test count, and passes nothing in a normal
+/// run): it runs before libtest's `main`, from [`PLAY_A_ROLE`].
+const ROLES: &[(&str, fn())] = &[
+    (helper::PIDNS_CLIENT, helper::pid_namespace_client_mode),
+    (
+        helper_attacks::NS_ROLE,
+        helper_attacks::pid_namespace_attack_roles,
+    ),
+    (
+        helper_attacks::MASTER_ROLE,
+        helper_attacks::master_worker_roles,
+    ),
+    (helper_owners::ROLE, helper_owners::owners_roles),
+    (store::CHILD_ENV, store::child_process_entry),
+];
+
+/// Runs at start-up, before `main` (an `.init_array` entry, as C
+/// constructors are): plays the role whose variable is set, exiting 0, or
+/// 101 when the role panicked (as a failed test exits); returns at once
+/// when none is.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static PLAY_A_ROLE: extern "C" fn() = play_a_role;
+
+extern "C" fn play_a_role() {
+    let Some(&(_, role)) = ROLES
+        .iter()
+        .find(|(var, _)| std::env::var_os(var).is_some())
+    else {
+        return;
+    };
+    let played = std::panic::catch_unwind(role);
+    std::process::exit(if played.is_ok() { 0 } else { 101 });
+}
 
 /// The tests in `source` whose body does not begin with their area's turn
 /// (`let _area = tests::area(module_path!());`).

@@ -26,8 +26,7 @@ use selfheal::{
 use serde_json::{Value, json};
 use tests::{Peer, is_root, selfheal_bin, skip};
 
-const CHILD_ENV: &str = "SELFHEAL_STORE_CHILD";
-const CHILD_TEST: &str = "store::child_process_entry";
+pub(crate) const CHILD_ENV: &str = "SELFHEAL_STORE_CHILD";
 
 /// A scratch directory removed on drop (permissions restored first).
 struct TempDir(PathBuf);
@@ -134,20 +133,18 @@ fn bad_files(dir: &Path) -> Vec<PathBuf> {
 /// This test binary, re-executed to run one child role.
 fn child(role: &str, dir: &Path, arg: &str) -> Peer {
     let mut cmd = Command::new(std::env::current_exe().expect("current_exe"));
-    cmd.args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{role}\n{}\n{arg}", dir.display()));
+    cmd.env(CHILD_ENV, format!("{role}\n{}\n{arg}", dir.display()));
     Peer::spawn(cmd)
 }
 
-/// Child roles (not a test of its own; passes at once without the variable):
+/// Child roles (not a test: this binary with [`CHILD_ENV`] set,
+/// `crate::ROLES`):
 /// - `hold-before-rename DIR VALUE`: saves `VALUE` but stops (for at most
 ///   60 s) after the temp file is written and fsynced, before the rename;
 /// - `increment DIR N`: N times open, load, add one, save, drop;
 /// - `save-loop DIR PAD`: saves ever larger counters with `PAD` bytes of
 ///   padding until killed (at most 60 s).
-#[test]
-fn child_process_entry() {
-    let _area = tests::area(module_path!());
+pub(crate) fn child_process_entry() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
@@ -159,8 +156,7 @@ fn child_process_entry() {
     );
     let say = |line: &str| {
         let mut out = std::io::stdout().lock();
-        // On a line of its own: the harness's `test … ` has no newline yet.
-        let _ = writeln!(out, "\n{line}");
+        let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
     match role {
