@@ -364,9 +364,10 @@ fn the_daemonsets_helper_pins_its_iterators() {
         return;
     }
     let Some(docs) = yaml("daemonset.yaml") else {
-        return skip(
+        return skip_tool_missing(
             TEST,
-            "no python3 with PyYAML (kubernetes-validate's parser)",
+            "python3 with PyYAML",
+            "kubernetes-validate's parser: `cargo xtask setup`",
         );
     };
     let pod = &docs[0]["spec"]["template"]["spec"];
