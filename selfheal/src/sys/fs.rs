@@ -120,3 +120,24 @@ pub fn fchown_group(fd: i32, gid: u32) -> io::Result<()> {
     // SAFETY: a plain syscall on an fd; -1 leaves the owner as it is.
     check(unsafe { libc::fchown(fd, u32::MAX, gid) })
 }
+
+/// The entries of the open directory `dir` and each one's owner (links not
+/// followed), listed through the descriptor (`/proc/self/fd/N`), never
+/// through a path another user could swap meanwhile.
+pub fn entry_owners(dir: std::os::fd::BorrowedFd<'_>) -> io::Result<Vec<(OsString, u32)>> {
+    use std::os::{fd::AsRawFd as _, unix::ffi::OsStrExt as _};
+    let fd = dir.as_raw_fd();
+    let mut owners = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/self/fd/{fd}"))? {
+        let name = entry?.file_name();
+        let c = std::ffi::CString::new(name.as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        match lstatat(fd, &c) {
+            Ok(st) => owners.push((name, st.st_uid)),
+            // Gone since it was listed: nothing of it is left to own.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(owners)
+}

@@ -199,19 +199,12 @@ fn take_over(dir: &Path, md: &std::fs::Metadata, me: u32) -> Result<(), ServerEr
     f.set_permissions(std::fs::Permissions::from_mode(now))
         .map_err(io_err("set the mode of"))?;
     // Listed through the fd examined, not the path.
-    let listed = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-    for entry in std::fs::read_dir(&listed).map_err(io_err("list"))? {
-        let entry = entry.map_err(io_err("list"))?;
-        let owner = entry
-            .metadata()
-            .map_err(io_err("examine an entry of"))?
-            .uid();
-        if owner != 0 && owner != me {
-            return Err(unsafe_dir(format!(
-                "it was writable by group or others (mode {was:04o}) and holds {:?} of uid {owner}",
-                entry.file_name()
-            )));
-        }
+    let owners =
+        crate::sys::fs::entry_owners(std::os::fd::AsFd::as_fd(&f)).map_err(io_err("list"))?;
+    if let Some((name, owner)) = owners.iter().find(|(_, uid)| *uid != 0 && *uid != me) {
+        return Err(unsafe_dir(format!(
+            "it was writable by group or others (mode {was:04o}) and holds {name:?} of uid {owner}"
+        )));
     }
     tracing::warn!(
         dir = %dir.display(),
