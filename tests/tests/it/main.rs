@@ -88,16 +88,24 @@ extern "C" fn play_a_role() {
 /// (`let _area = tests::area(module_path!());`).
 fn tests_without_a_turn(source: &str) -> Vec<String> {
     let mut missing = Vec::new();
-    let mut rest = source;
-    while let Some(at) = rest.find("#[test]") {
-        rest = &rest[at + "#[test]".len()..];
-        let Some(fn_at) = rest.find("fn ") else { break };
+    // An attribute on a line of its own, as rustfmt writes it: the words
+    // `#[test]` in a comment or a string are not a test.
+    let marks = source.match_indices('\n').map(|(at, _)| at + 1);
+    for start in std::iter::once(0).chain(marks) {
+        let line = source[start..].lines().next().unwrap_or_default().trim();
+        if line != "#[test]" && !line.starts_with("#[tokio::test") {
+            continue;
+        }
+        let rest = &source[start + source[start..].find(']').unwrap_or(0)..];
+        let Some(fn_at) = rest.find("fn ") else {
+            continue;
+        };
         let name: String = rest[fn_at + 3..]
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_')
             .collect();
         let Some(open) = rest[fn_at..].find('{') else {
-            break;
+            continue;
         };
         let body = rest[fn_at + open + 1..].trim_start();
         if !body.starts_with("let _area = tests::area(module_path!());") {
@@ -144,6 +152,7 @@ fn every_test_takes_its_areas_turn() {
 fn a_test_without_its_turn_is_found() {
     let _area = tests::area(module_path!());
     let src = "#[test]\nfn a() {\n    let _area = tests::area(module_path!());\n}\n\
-               #[test]\n#[allow(x)]\nfn b() -> Result<(), ()> {\n    let x = 1;\n}\n";
+               #[test]\n#[allow(x)]\nfn b() -> Result<(), ()> {\n    let x = 1;\n}\n\
+               // a #[test] in a comment\nlet s = \"#[test] fn c() {}\";\n";
     assert_eq!(tests_without_a_turn(src), ["b"]);
 }
