@@ -18,7 +18,8 @@ use libfuzzer_sys::{
 use selfheal_core::{
     config::{AgentConfig, Config, HealConfig, Thresholds},
     judge::{self, AgentHistory, ProbeView, Verdict},
-    ladder::{self, ActionRecord, HealHistory, SocketStep, Step},
+    ladder::{self, ActionRecord, HealHistory, SocketStep},
+    protocol::{Act, ContainerRestart, SocketRef},
 };
 use selfheal_fuzz::{report, wedged};
 
@@ -78,31 +79,33 @@ fn heal_config(u: &mut Unstructured<'_>) -> Result<HealConfig> {
     })
 }
 
-fn step(u: &mut Unstructured<'_>) -> Result<Step> {
-    let (pid, start_ticks, fd, inode) = (
+fn step(u: &mut Unstructured<'_>) -> Result<Act> {
+    let (pid, start_ticks, socket) = (
         u.arbitrary()?,
         u.arbitrary()?,
-        u.arbitrary()?,
-        u.arbitrary()?,
+        SocketRef {
+            fd: u.arbitrary()?,
+            inode: u.arbitrary()?,
+        },
     );
     Ok(match u.int_in_range(0..=5)? {
-        5 => Step::RestartContainer {
+        5 => Act::RestartContainer(ContainerRestart {
             runtime: selfheal_core::runtime::Runtime::Docker,
             id: "a".repeat(64),
             pid,
             start_ticks,
             grace_ms: u.arbitrary()?,
             timeout_ms: u.arbitrary()?,
-        },
-        0 => Step::on_socket(SocketStep::ArmKeepalive, pid, start_ticks, fd, inode),
-        4 => Step::on_socket(SocketStep::ExpireKeepalive, pid, start_ticks, fd, inode),
-        1 => Step::on_socket(SocketStep::Destroy, pid, start_ticks, fd, inode),
-        2 => Step::Signal {
+        }),
+        0 => SocketStep::ArmKeepalive.on(pid, start_ticks, socket),
+        4 => SocketStep::ExpireKeepalive.on(pid, start_ticks, socket),
+        1 => SocketStep::Destroy.on(pid, start_ticks, socket),
+        2 => Act::Signal {
             pid,
             start_ticks,
-            grace_ms: u.arbitrary()?,
+            grace_ms: Some(u.arbitrary()?),
         },
-        _ => Step::Restart {
+        _ => Act::Restart {
             argv: vec!["true".into()],
             timeout_ms: u.arbitrary()?,
         },

@@ -1,5 +1,5 @@
-//! Who carries out the ladder's steps: each step is its [`Act`], and every
-//! act goes through [`actions::act`]. [`DirectHealer`] acts from this
+//! Who carries out the ladder's acts: every act goes through
+//! [`actions::act`]. [`DirectHealer`] acts from this
 //! process (when it has the permission: same uid, or root) through
 //! [`run_step`], and [`ActionsExecutor`] is the helper's side: its hand
 //! pins the target, checks the caller's authority on each socket and keeps
@@ -16,7 +16,6 @@ use std::{cell::Cell, time::Duration};
 
 use selfheal_core::{
     keepalive::{KeepaliveSettings, ProofKeepalive},
-    ladder::Step,
     protocol::{Act, ActRequest, Caller, ContainerRestart, MAX_GRACE},
     prove::ProofTarget,
 };
@@ -93,9 +92,9 @@ fn act_here(
     actions::act(act, &Direct { keepalive, helper }).map_err(|e| e.to_string())
 }
 
-/// Runs a step here and now.
-pub fn run_step(step: &Step, keepalive: &Keepalive) -> Result<ActOutcome, String> {
-    act_here(&step.act(), keepalive, None)
+/// Runs an act here and now.
+pub fn run_step(act: &Act, keepalive: &Keepalive) -> Result<ActOutcome, String> {
+    act_here(act, keepalive, None)
 }
 
 /// An outcome that is not the one its act reports.
@@ -130,8 +129,8 @@ pub struct DirectHealer {
 }
 
 impl Healer for DirectHealer {
-    fn act(&self, _agent: &str, step: &Step) -> Result<ActOutcome, String> {
-        run_step(step, &self.keepalive)
+    fn act(&self, _agent: &str, act: &Act) -> Result<ActOutcome, String> {
+        run_step(act, &self.keepalive)
     }
 
     fn arm_proof(
@@ -465,20 +464,19 @@ impl HelperHealer {
 }
 
 impl Healer for HelperHealer {
-    fn act(&self, agent: &str, step: &Step) -> Result<ActOutcome, String> {
-        let act = step.act();
-        let direct = || act_here(&act, &self.keepalive, Some(&self.client));
+    fn act(&self, agent: &str, act: &Act) -> Result<ActOutcome, String> {
+        let direct = || act_here(act, &self.keepalive, Some(&self.client));
         // Restarts run here, as the caller: a command is the caller's
         // own, and the runtime's socket is the caller's to reach
         // (docs/capabilities.md: the helper is no runtime proxy).
-        let Some(req) = ActRequest::from_act(&act, agent) else {
+        let Some(req) = ActRequest::from_act(act, agent) else {
             return direct();
         };
         let v = self.request(&req, || direct().map(|out| out.to_json()))?;
         Ok(ActOutcome::Reported(match act {
             Act::Signal {
                 pid, start_ticks, ..
-            } if v["escalating"] == true => await_escalation(v, pid, start_ticks, act.grace()),
+            } if v["escalating"] == true => await_escalation(v, *pid, *start_ticks, act.grace()),
             _ => v,
         }))
     }

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use crate::{
     inspect::{EbpfStatus, InitDiagnosis, ProcessReport, Report, SocketReport, ThreadReport},
     judge::{Judgement, Reason, Verdict},
-    ladder::{HealHistory, Step},
+    ladder::HealHistory,
     model::{DeadKind, DeadSocket, ReasonCode, SocketRole, TcpState},
+    protocol::{Act, SocketRef},
 };
 
 /// The watched process: pid 100, `sol`, in `state`, holding `sockets`.
@@ -145,11 +146,10 @@ pub fn after_first_step(at_ms: u64) -> HealHistory {
     let mut h = HealHistory::default();
     h.record(
         at_ms,
-        Step::ArmKeepalive {
+        Act::ArmKeepalive {
             pid: 100,
             start_ticks: 777,
-            fd: 7,
-            inode: 42,
+            socket: SocketRef { fd: 7, inode: 42 },
         },
         true,
         String::new(),

@@ -35,55 +35,7 @@ use crate::{
     protocol::{Act, ContainerRestart, SocketRef},
 };
 
-/// One healing action, fully addressed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "action", rename_all = "snake_case")]
-pub enum Step {
-    ArmKeepalive {
-        pid: u32,
-        start_ticks: u64,
-        fd: i32,
-        inode: u64,
-    },
-    /// The prove stage's keepalive went unanswered: end the connection as a
-    /// keepalive timeout (`ETIMEDOUT` to the agent's read).
-    ExpireKeepalive {
-        pid: u32,
-        start_ticks: u64,
-        fd: i32,
-        inode: u64,
-    },
-    DestroySocket {
-        pid: u32,
-        start_ticks: u64,
-        fd: i32,
-        inode: u64,
-    },
-    Signal {
-        pid: u32,
-        start_ticks: u64,
-        grace_ms: u64,
-    },
-    Restart {
-        argv: Vec<String>,
-        timeout_ms: u64,
-    },
-    /// Restart the container `id` through its runtime (Docker/Podman: the
-    /// API's restart, stopping with `grace_ms`; containerd: its task is
-    /// killed, SIGTERM then SIGKILL after `grace_ms`, for its controller to
-    /// replace). `pid`/`start_ticks` is the agent's root process: the
-    /// container must still hold it when the step is taken.
-    RestartContainer {
-        runtime: crate::runtime::Runtime,
-        id: String,
-        pid: u32,
-        start_ticks: u64,
-        grace_ms: u64,
-        timeout_ms: u64,
-    },
-}
-
-/// The steps that act on one socket.
+/// The acts that end or probe one socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SocketStep {
     ArmKeepalive,
@@ -91,129 +43,26 @@ pub enum SocketStep {
     Destroy,
 }
 
-impl Step {
-    /// The socket step `kind` on socket `fd` (inode `inode`) of process
-    /// `pid`.
-    pub fn on_socket(kind: SocketStep, pid: u32, start_ticks: u64, fd: i32, inode: u64) -> Step {
-        match kind {
-            SocketStep::ArmKeepalive => Step::ArmKeepalive {
-                pid,
-                start_ticks,
-                fd,
-                inode,
-            },
-            SocketStep::ExpireKeepalive => Step::ExpireKeepalive {
-                pid,
-                start_ticks,
-                fd,
-                inode,
-            },
-            SocketStep::Destroy => Step::DestroySocket {
-                pid,
-                start_ticks,
-                fd,
-                inode,
-            },
-        }
-    }
-
-    /// The act this step is.
-    pub fn act(&self) -> Act {
+impl SocketStep {
+    /// This act on `socket` of process `pid`/`start_ticks`.
+    pub fn on(self, pid: u32, start_ticks: u64, socket: SocketRef) -> Act {
         match self {
-            Self::ArmKeepalive {
+            SocketStep::ArmKeepalive => Act::ArmKeepalive {
                 pid,
                 start_ticks,
-                fd,
-                inode,
-            } => Act::ArmKeepalive {
-                pid: *pid,
-                start_ticks: *start_ticks,
-                socket: SocketRef {
-                    fd: *fd,
-                    inode: *inode,
-                },
+                socket,
             },
-            Self::ExpireKeepalive {
+            SocketStep::ExpireKeepalive => Act::ExpireKeepalive {
                 pid,
                 start_ticks,
-                fd,
-                inode,
-            } => Act::ExpireKeepalive {
-                pid: *pid,
-                start_ticks: *start_ticks,
-                socket: SocketRef {
-                    fd: *fd,
-                    inode: *inode,
-                },
+                socket,
             },
-            Self::DestroySocket {
+            SocketStep::Destroy => Act::DestroySocket {
                 pid,
                 start_ticks,
-                fd,
-                inode,
-            } => Act::DestroySocket {
-                pid: *pid,
-                start_ticks: *start_ticks,
-                socket: SocketRef {
-                    fd: *fd,
-                    inode: *inode,
-                },
+                socket,
             },
-            Self::Signal {
-                pid,
-                start_ticks,
-                grace_ms,
-            } => Act::Signal {
-                pid: *pid,
-                start_ticks: *start_ticks,
-                grace_ms: Some(*grace_ms),
-            },
-            Self::Restart { argv, timeout_ms } => Act::Restart {
-                argv: argv.clone(),
-                timeout_ms: *timeout_ms,
-            },
-            Self::RestartContainer {
-                runtime,
-                id,
-                pid,
-                start_ticks,
-                grace_ms,
-                timeout_ms,
-            } => Act::RestartContainer(ContainerRestart {
-                runtime: *runtime,
-                id: id.clone(),
-                pid: *pid,
-                start_ticks: *start_ticks,
-                grace_ms: *grace_ms,
-                timeout_ms: *timeout_ms,
-            }),
         }
-    }
-
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::ArmKeepalive { .. } => "arm_keepalive",
-            Self::ExpireKeepalive { .. } => "expire_keepalive",
-            Self::DestroySocket { .. } => "destroy_socket",
-            Self::Signal { .. } => "signal",
-            Self::Restart { .. } => "restart",
-            Self::RestartContainer { .. } => "restart_container",
-        }
-    }
-
-    /// Which rung of the ladder this step is on (0 gentlest).
-    pub fn rung(&self) -> u8 {
-        match self {
-            Self::ArmKeepalive { .. } | Self::ExpireKeepalive { .. } => 0,
-            Self::DestroySocket { .. } => 1,
-            Self::Signal { .. } => 2,
-            Self::Restart { .. } | Self::RestartContainer { .. } => 3,
-        }
-    }
-
-    /// Whether the step ends the process (counted against the restart budget).
-    pub fn is_disruptive(&self) -> bool {
-        self.rung() >= 2
     }
 }
 
@@ -224,7 +73,7 @@ pub enum Decision {
     /// Nothing to heal (not wedged), or not allowed to.
     Nothing { why: String },
     /// Take these steps now (one rung; one step per dead socket).
-    Act { steps: Vec<Step> },
+    Act { steps: Vec<Act> },
     /// A step was taken; give it time, or respect the backoff.
     Wait { why: String, until_ms: u64 },
     /// Every allowed rung was tried, or the budget is spent: stop acting.
@@ -235,7 +84,7 @@ pub enum Decision {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionRecord {
     pub at_ms: u64,
-    pub step: Step,
+    pub step: Act,
     pub ok: bool,
     pub detail: String,
 }
@@ -262,7 +111,7 @@ const HOUR_MS: u64 = 3_600_000;
 
 impl HealHistory {
     /// Records a step taken at `now_ms`.
-    pub fn record(&mut self, now_ms: u64, step: Step, ok: bool, detail: String) {
+    pub fn record(&mut self, now_ms: u64, step: Act, ok: bool, detail: String) {
         self.rung = Some(self.rung.map_or(step.rung(), |r| r.max(step.rung())));
         self.steps_this_wedge = self.steps_this_wedge.saturating_add(1);
         self.actions.push(ActionRecord {
@@ -276,7 +125,7 @@ impl HealHistory {
     /// Records a step that ended a dead connection nobody waits on, or a
     /// hung connect, in an agent that is not wedged: in the hour's actions
     /// (budgets, the step window), but not as a rung of a wedge.
-    pub fn record_ending(&mut self, now_ms: u64, step: Step, ok: bool, detail: String) {
+    pub fn record_ending(&mut self, now_ms: u64, step: Act, ok: bool, detail: String) {
         self.actions.push(ActionRecord {
             at_ms: now_ms,
             step,
@@ -399,7 +248,7 @@ fn end_unawaited(
         hist.actions.iter().rev().find_map(|a| {
             (now_ms.saturating_sub(a.at_ms) < window
                 && matches!(a.step,
-                    Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode))
+                    Act::ExpireKeepalive { socket, .. } | Act::DestroySocket { socket, .. } if socket.inode == inode))
             .then_some(a.at_ms)
         })
     };
@@ -416,7 +265,7 @@ fn end_unawaited(
             until_ms: last.saturating_add(window),
         });
     }
-    let steps: Vec<Step> = fresh
+    let steps: Vec<Act> = fresh
         .into_iter()
         .map(|d| expire_or(&d, SocketStep::Destroy))
         .collect();
@@ -483,7 +332,7 @@ fn next_rung(
     j: &Judgement,
     report: &Report,
     hist: &HealHistory,
-) -> Option<Vec<Step>> {
+) -> Option<Vec<Act>> {
     let sockets = if cfg.sockets {
         dead_sockets(j, report)
     } else {
@@ -543,13 +392,20 @@ fn signal_targets(j: &Judgement, report: &Report) -> Vec<(u32, u64)> {
 }
 
 /// The socket step `kind` on the dead socket `d`.
-fn socket_step(d: &DeadSocket, kind: SocketStep) -> Step {
-    Step::on_socket(kind, d.pid, d.start_ticks, d.fd, d.inode)
+fn socket_step(d: &DeadSocket, kind: SocketStep) -> Act {
+    kind.on(
+        d.pid,
+        d.start_ticks,
+        SocketRef {
+            fd: d.fd,
+            inode: d.inode,
+        },
+    )
 }
 
 /// On the dead socket `d`: ending it as a keepalive timeout when a proof
 /// keepalive went unanswered on it, else `unproven`.
-fn expire_or(d: &DeadSocket, unproven: SocketStep) -> Step {
+fn expire_or(d: &DeadSocket, unproven: SocketStep) -> Act {
     let kind = if d.by_proof {
         SocketStep::ExpireKeepalive
     } else {
@@ -565,7 +421,7 @@ fn rung_steps(
     sockets: &[DeadSocket],
     targets: &[(u32, u64)],
     report: &Report,
-) -> Vec<Step> {
+) -> Vec<Act> {
     let root = targets.first().copied();
     let grace_ms = cfg.grace.as_millis() as u64;
     let timeout_ms = cfg.restart_timeout.as_millis() as u64;
@@ -589,28 +445,30 @@ fn rung_steps(
             .collect(),
         2 if cfg.signal => targets
             .iter()
-            .map(|&(pid, start_ticks)| Step::Signal {
+            .map(|&(pid, start_ticks)| Act::Signal {
                 pid,
                 start_ticks,
-                grace_ms,
+                grace_ms: Some(grace_ms),
             })
             .collect(),
         3 if cfg.restart_runtime => root
             .zip(the_container(report))
-            .map(|((pid, start_ticks), c)| Step::RestartContainer {
-                runtime: c.runtime,
-                id: c.id.clone(),
-                pid,
-                start_ticks,
-                grace_ms,
-                timeout_ms,
+            .map(|((pid, start_ticks), c)| {
+                Act::RestartContainer(ContainerRestart {
+                    runtime: c.runtime,
+                    id: c.id.clone(),
+                    pid,
+                    start_ticks,
+                    grace_ms,
+                    timeout_ms,
+                })
             })
             .into_iter()
             .collect(),
         3 => cfg
             .restart
             .clone()
-            .map(|argv| Step::Restart { argv, timeout_ms })
+            .map(|argv| Act::Restart { argv, timeout_ms })
             .into_iter()
             .collect(),
         _ => Vec::new(),
@@ -618,12 +476,7 @@ fn rung_steps(
 }
 
 /// Why taking `steps` now would spend more than this hour's budgets allow.
-fn over_budget(
-    cfg: &HealConfig,
-    steps: &[Step],
-    hist: &HealHistory,
-    now_ms: u64,
-) -> Option<String> {
+fn over_budget(cfg: &HealConfig, steps: &[Act], hist: &HealHistory, now_ms: u64) -> Option<String> {
     let this_hour = hist.within_hour(now_ms).count() as u32;
     if this_hour + steps.len() as u32 > cfg.max_actions_per_hour {
         return Some(format!(
@@ -631,7 +484,7 @@ fn over_budget(
             cfg.max_actions_per_hour
         ));
     }
-    if steps.iter().any(Step::is_disruptive) {
+    if steps.iter().any(Act::is_disruptive) {
         let disruptive = hist
             .within_hour(now_ms)
             .filter(|a| a.step.is_disruptive())

@@ -9,8 +9,9 @@ use serde::Serialize;
 
 use crate::{
     judge::{self, Verdict},
-    ladder::{Decision, Step},
+    ladder::Decision,
     probe::ProbeResult,
+    protocol::Act,
     prove::ProofEvent,
     runtime::Identity,
 };
@@ -81,7 +82,7 @@ pub struct HealReport {
 /// One step and how it went.
 #[derive(Clone, Debug, Serialize)]
 pub struct ActionOutcome {
-    pub step: Step,
+    pub step: Act,
     pub ok: bool,
     /// The executor's result, or the error.
     pub detail: String,

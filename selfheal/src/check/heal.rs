@@ -7,8 +7,9 @@ use selfheal_core::{
     config::AgentConfig,
     inspect::Report,
     judge::{Judgement, Verdict},
-    ladder::{self, Decision, HealHistory, Step},
+    ladder::{self, Decision, HealHistory},
     outcome::{ActionOutcome, HealReport, Outcome},
+    protocol::Act,
 };
 
 use super::Acting;
@@ -94,30 +95,16 @@ pub(super) fn heal(
 /// are still in the unit, as their cgroups say now
 /// ([`agents::still_in_unit`]). Other agents: nothing to re-check here
 /// (a container restart re-checks its container where it acts).
-fn unit_recheck(agent: &AgentConfig, step: &Step, report: &Report) -> Result<(), String> {
+fn unit_recheck(agent: &AgentConfig, step: &Act, report: &Report) -> Result<(), String> {
     let selfheal_core::config::MatchRule::Unit(unit) = &agent.rule else {
         return Ok(());
     };
     let owner = agent.unit_owner(crate::sys::creds::euid());
-    let pids: Vec<(u32, u64)> = match step {
-        Step::ArmKeepalive {
-            pid, start_ticks, ..
-        }
-        | Step::ExpireKeepalive {
-            pid, start_ticks, ..
-        }
-        | Step::DestroySocket {
-            pid, start_ticks, ..
-        }
-        | Step::Signal {
-            pid, start_ticks, ..
-        }
-        | Step::RestartContainer {
-            pid, start_ticks, ..
-        } => vec![(*pid, *start_ticks)],
+    let pids: Vec<(u32, u64)> = match step.process() {
+        Some(process) => vec![process],
         // The command names the unit, not a pid: a root that has exited
         // since is no reason to hold it back, one that moved is.
-        Step::Restart { .. } => report
+        None => report
             .processes
             .iter()
             .filter(|p| report.roots.contains(&p.pid))

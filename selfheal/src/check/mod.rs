@@ -25,9 +25,9 @@ use selfheal_core::{
     ebpf::TracerSnapshot,
     history::History,
     keepalive::{KeepaliveSettings, ProofKeepalive},
-    ladder::Step,
     outcome::Outcome,
     probe::ProbeResult,
+    protocol::Act,
     prove::ProofTarget,
 };
 
@@ -68,9 +68,9 @@ pub trait TracerSource {
 /// Who performs healing steps: the privileged helper, or this process
 /// directly where it has the permission.
 pub trait Healer {
-    /// Performs `step` for `agent`; the outcome's text, or the error's,
+    /// Performs `act` for `agent`; the outcome's text, or the error's,
     /// goes into the audit trail and the report.
-    fn act(&self, agent: &str, step: &Step) -> Result<ActOutcome, String>;
+    fn act(&self, agent: &str, act: &Act) -> Result<ActOutcome, String>;
 
     /// The prove stage: arms a proof keepalive on socket `t` of `agent`,
     /// returning the options it had and those set.

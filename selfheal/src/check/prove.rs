@@ -7,8 +7,9 @@ use selfheal_core::{
     inspect::Report,
     judge::{AgentHistory, Judgement},
     keepalive::KeepaliveSettings,
-    ladder::{Decision, Step},
+    ladder::Decision,
     outcome::HealReport,
+    protocol::Act,
     prove::{MAX_RESTORE_FAILURES, Proof, ProofEvent, ProofTarget, ProofWork},
 };
 
@@ -224,7 +225,7 @@ pub(super) fn unended_proofs(
     let ended = |inode: u64| {
         heal.is_some_and(|h| {
             h.actions.iter().any(|a| {
-                a.ok && matches!(a.step, Step::ExpireKeepalive { inode: i, .. } | Step::DestroySocket { inode: i, .. } if i == inode)
+                a.ok && matches!(a.step, Act::ExpireKeepalive { socket, .. } | Act::DestroySocket { socket, .. } if socket.inode == inode)
             })
         })
     };

@@ -95,14 +95,16 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
 
         // The rung's own re-check: a restart step for a container that is
         // stopped is refused (a state file of an older check may hold one).
-        let step = selfheal_core::ladder::Step::RestartContainer {
-            runtime: selfheal_core::runtime::Runtime::Docker,
-            id: id.clone(),
-            pid: pid2,
-            start_ticks: 0,
-            grace_ms: 1_000,
-            timeout_ms: 10_000,
-        };
+        let step = selfheal_core::protocol::Act::RestartContainer(
+            selfheal_core::protocol::ContainerRestart {
+                runtime: selfheal_core::runtime::Runtime::Docker,
+                id: id.clone(),
+                pid: pid2,
+                start_ticks: 0,
+                grace_ms: 1_000,
+                timeout_ms: 10_000,
+            },
+        );
         let e = selfheal::healer::run_step(&step, &Default::default()).unwrap_err();
         assert!(e.contains("left alone"), "{e}");
         assert_eq!(inspect("{{.State.Status}}"), "exited", "left alone");

@@ -674,10 +674,10 @@ fn a_reused_pid_is_never_acted_on() {
         helper::{ClientOptions, HelperClient},
         sys::pidfd::start_ticks,
     };
-    use selfheal_core::ladder::Step;
     use selfheal_core::protocol::ActRequest;
     use selfheal_core::protocol::Action;
     use selfheal_core::protocol::ErrorCode;
+    use selfheal_core::protocol::{Act, SocketRef};
     if !need_root("pid_reuse") {
         return;
     }
@@ -691,22 +691,20 @@ fn a_reused_pid_is_never_acted_on() {
     .expect("victim started");
     let judged = start_ticks(pid).unwrap();
     let steps = [
-        Step::Signal {
+        Act::Signal {
             pid,
             start_ticks: judged,
-            grace_ms: 100,
+            grace_ms: Some(100),
         },
-        Step::ArmKeepalive {
+        Act::ArmKeepalive {
             pid,
             start_ticks: judged,
-            fd: 0,
-            inode: 1,
+            socket: SocketRef { fd: 0, inode: 1 },
         },
-        Step::DestroySocket {
+        Act::DestroySocket {
             pid,
             start_ticks: judged,
-            fd: 0,
-            inode: 1,
+            socket: SocketRef { fd: 0, inode: 1 },
         },
     ];
     victim.kill().unwrap();
@@ -1145,7 +1143,7 @@ fn suspect_for_ms(o: &serde_json::Value) -> u64 {
 fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     let _area = tests::area(module_path!());
     use selfheal::{check::Healer as _, healer::HelperHealer, helper::HelperClient};
-    use selfheal_core::ladder::Step;
+    use selfheal_core::protocol::Act;
     if !need_root("helper_gone_before_act") {
         return;
     }
@@ -1167,10 +1165,10 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
             .and_then(|_| selfheal::sys::pidfd::start_ticks(pid))
     })
     .unwrap();
-    let step = Step::Signal {
+    let step = Act::Signal {
         pid,
         start_ticks: start,
-        grace_ms: 1000,
+        grace_ms: Some(1000),
     };
     let done = healer
         .act("sleeper", &step)

@@ -898,10 +898,10 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
     let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
     let mut procs = Procs::default();
     let pid = procs.deaf(NOBODY);
-    let step = selfheal_core::ladder::Step::Signal {
+    let step = selfheal_core::protocol::Act::Signal {
         pid,
         start_ticks: start_ticks(pid).unwrap(),
-        grace_ms: 1000,
+        grace_ms: Some(1000),
     };
     let path = dir.join("helper.sock");
     let t = Instant::now();

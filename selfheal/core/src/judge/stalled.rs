@@ -183,7 +183,8 @@ mod tests {
     use crate::{
         config::{Config, HealConfig},
         fixture,
-        ladder::{Decision, HealHistory, Step, decide},
+        ladder::{Decision, HealHistory, decide},
+        protocol::Act,
         sockdiag::TcpInfo,
     };
 
@@ -336,7 +337,7 @@ mod tests {
             panic!("{d:?}")
         };
         assert_eq!(
-            steps.iter().map(Step::name).collect::<Vec<_>>(),
+            steps.iter().map(Act::name).collect::<Vec<_>>(),
             ["destroy_socket"]
         );
     }

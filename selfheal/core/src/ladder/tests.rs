@@ -40,11 +40,10 @@ fn one_action_at(at_ms: u64) -> HealHistory {
     let mut h = HealHistory::default();
     h.record(
         at_ms,
-        Step::ArmKeepalive {
+        Act::ArmKeepalive {
             pid: 1,
             start_ticks: 1,
-            fd: 1,
-            inode: 1,
+            socket: SocketRef { fd: 1, inode: 1 },
         },
         true,
         String::new(),
@@ -53,7 +52,7 @@ fn one_action_at(at_ms: u64) -> HealHistory {
 }
 
 /// The steps of `d`, which must act.
-fn acts(d: Decision) -> Vec<Step> {
+fn acts(d: Decision) -> Vec<Act> {
     let Decision::Act { steps } = d else {
         panic!("{d:?}")
     };
@@ -111,7 +110,7 @@ fn timeline(cfg: &HealConfig, events: &[(u64, Judgement, Report)]) -> Vec<String
                 for s in steps {
                     h.record(*t, s.clone(), true, String::new());
                 }
-                steps.iter().map(Step::name).collect::<Vec<_>>().join("+")
+                steps.iter().map(Act::name).collect::<Vec<_>>().join("+")
             }
             Decision::Wait { .. } => "wait".into(),
             Decision::GaveUp { .. } => "gave_up".into(),
@@ -224,7 +223,7 @@ fn budgets_open_the_breaker() {
     // One restart already this hour, from an earlier wedge.
     h.record(
         0,
-        Step::Restart {
+        Act::Restart {
             argv: vec!["x".into()],
             timeout_ms: 1,
         },
@@ -295,11 +294,10 @@ fn steps_carry_the_process_identity() {
     let steps = acts(d);
     assert_eq!(
         steps,
-        [Step::ArmKeepalive {
+        [Act::ArmKeepalive {
             pid: 100,
             start_ticks: 777,
-            fd: 7,
-            inode: 42
+            socket: SocketRef { fd: 7, inode: 42 },
         }]
     );
     // A socket the judgement names but the evidence no longer has is skipped.
@@ -338,11 +336,10 @@ fn extreme_history_and_settings_do_not_overflow() {
     let mut h = HealHistory {
         actions: vec![ActionRecord {
             at_ms: u64::MAX,
-            step: Step::ArmKeepalive {
+            step: Act::ArmKeepalive {
                 pid: 1,
                 start_ticks: 1,
-                fd: 1,
-                inode: 1,
+                socket: SocketRef { fd: 1, inode: 1 },
             },
             ok: true,
             detail: String::new(),
@@ -369,7 +366,7 @@ fn extreme_history_and_settings_do_not_overflow() {
     }
     h.record(
         u64::MAX,
-        Step::Restart {
+        Act::Restart {
             argv: vec!["x".into()],
             timeout_ms: u64::MAX,
         },
@@ -443,11 +440,10 @@ fn an_unanswered_proof_keepalive_is_ended_first_then_the_ladder_goes_on() {
     assert_eq!(
         d,
         Decision::Act {
-            steps: vec![Step::ExpireKeepalive {
+            steps: vec![Act::ExpireKeepalive {
                 pid: 100,
                 start_ticks: 777,
-                fd: 7,
-                inode: 42
+                socket: SocketRef { fd: 7, inode: 42 },
             }]
         }
     );
@@ -490,20 +486,20 @@ fn runtime_restart_names_the_one_container_and_its_root() {
     let steps = acts(d);
     assert_eq!(
         steps,
-        vec![Step::RestartContainer {
+        vec![Act::RestartContainer(ContainerRestart {
             runtime: crate::runtime::Runtime::Docker,
             id: id.clone(),
             pid: 100,
             start_ticks: 777,
             grace_ms: 3_000,
             timeout_ms: 60_000,
-        }]
+        })]
     );
     assert!(steps[0].is_disruptive());
     assert_eq!(steps[0].name(), "restart_container");
     // The step survives the state file.
     let json = serde_json::to_string(&steps[0]).unwrap();
-    assert_eq!(serde_json::from_str::<Step>(&json).unwrap(), steps[0]);
+    assert_eq!(serde_json::from_str::<Act>(&json).unwrap(), steps[0]);
 
     // On the host, or across two containers, there is no container to
     // restart: no step fits.
@@ -613,11 +609,10 @@ fn socket_steps_come_from_findings_not_from_reason_evidence() {
     ));
     assert_eq!(
         steps,
-        [Step::ArmKeepalive {
+        [Act::ArmKeepalive {
             pid: 100,
             start_ticks: 777,
-            fd: 11,
-            inode: 42
+            socket: SocketRef { fd: 11, inode: 42 },
         }]
     );
 }
@@ -652,10 +647,10 @@ fn the_signal_goes_to_the_holder_of_the_dead_socket() {
     match decide(&cfg, &j, &r, &mut hist, 100 * SEC) {
         Decision::Act { steps } => assert_eq!(
             steps,
-            [Step::Signal {
+            [Act::Signal {
                 pid: 100,
                 start_ticks: 777,
-                grace_ms: cfg.grace.as_millis() as u64,
+                grace_ms: Some(cfg.grace.as_millis() as u64),
             }]
         ),
         d => panic!("{d:?}"),
@@ -670,7 +665,7 @@ fn the_signal_goes_to_the_holder_of_the_dead_socket() {
     match decide(&cfg, &j, &r, &mut hist, 100 * SEC) {
         Decision::Act { steps } => {
             assert!(
-                matches!(steps.as_slice(), [Step::Restart { .. }]),
+                matches!(steps.as_slice(), [Act::Restart { .. }]),
                 "{steps:?}"
             )
         }
@@ -703,7 +698,7 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
     let mut h = HealHistory::default();
     let steps = acts(on_r(&cfg, &proven_idle, &mut h, 1_000 * SEC));
     assert_eq!(
-        steps.iter().map(Step::name).collect::<Vec<_>>(),
+        steps.iter().map(Act::name).collect::<Vec<_>>(),
         ["expire_keepalive"]
     );
     assert_eq!(h.rung, None);
@@ -725,7 +720,7 @@ fn dead_connections_nobody_waits_on_are_ended_outside_the_ladder() {
     let hung = finding(DeadKind::Connecting, false, Verdict::Unresponsive);
     let steps = acts(on_r(&cfg, &hung, &mut HealHistory::default(), 1_000 * SEC));
     assert_eq!(
-        steps.iter().map(Step::name).collect::<Vec<_>>(),
+        steps.iter().map(Act::name).collect::<Vec<_>>(),
         ["destroy_socket"]
     );
     // An awaited dead socket in an agent that is not wedged (impossible from

@@ -4,8 +4,9 @@ use super::*;
 use crate::{
     history::AgentRecord,
     judge::Reason,
-    ladder::{Decision, Step},
+    ladder::Decision,
     outcome::{ActionOutcome, Evidence, HealReport},
+    protocol::{Act, SocketRef},
     prove::ProofEvent,
 };
 
@@ -204,20 +205,19 @@ fn heals_proofs_and_the_last_snapshot_are_counted_and_rendered() {
         dry_run: false,
         actions: vec![
             ActionOutcome {
-                step: Step::DestroySocket {
+                step: Act::DestroySocket {
                     pid: 1,
                     start_ticks: 1,
-                    fd: 3,
-                    inode: 9,
+                    socket: SocketRef { fd: 3, inode: 9 },
                 },
                 ok: true,
                 detail: String::new(),
             },
             ActionOutcome {
-                step: Step::Signal {
+                step: Act::Signal {
                     pid: 1,
                     start_ticks: 1,
-                    grace_ms: 100,
+                    grace_ms: Some(100),
                 },
                 ok: false,
                 detail: String::new(),
@@ -284,10 +284,10 @@ fn a_dry_run_heal_counts_nothing() {
         decision: Decision::Act { steps: vec![] },
         dry_run: true,
         actions: vec![ActionOutcome {
-            step: Step::Signal {
+            step: Act::Signal {
                 pid: 1,
                 start_ticks: 1,
-                grace_ms: 100,
+                grace_ms: Some(100),
             },
             ok: true,
             detail: String::new(),

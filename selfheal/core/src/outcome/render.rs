@@ -2,11 +2,7 @@
 //! line, a step in words, and the exit code.
 
 use super::{HealReport, Outcome};
-use crate::{
-    inspect,
-    judge::Verdict,
-    ladder::{Decision, Step},
-};
+use crate::{inspect, judge::Verdict, ladder::Decision, protocol::Act};
 
 /// The exit code of `check` for these outcomes: 0 all
 /// fine, 1 something degraded (or a snapshot could not be written), 2
@@ -88,26 +84,35 @@ fn heal_words(h: &HealReport) -> String {
 }
 
 /// A step as people say it.
-pub fn step_words(s: &Step) -> String {
+pub fn step_words(s: &Act) -> String {
     match s {
-        Step::ArmKeepalive { pid, fd, .. } => format!("arm keepalive on pid {pid} fd {fd}"),
-        Step::ExpireKeepalive { pid, fd, .. } => {
-            format!("end the unanswered keepalive on pid {pid} fd {fd} (ETIMEDOUT)")
+        Act::ArmKeepalive { pid, socket, .. } => {
+            format!("arm keepalive on pid {pid} fd {}", socket.fd)
         }
-        Step::DestroySocket { pid, fd, .. } => format!("destroy socket pid {pid} fd {fd}"),
-        Step::Signal { pid, grace_ms, .. } => {
-            format!("SIGTERM pid {pid} (SIGKILL after {grace_ms} ms)")
-        }
-        Step::Restart { argv, .. } => format!("restart: {}", argv.join(" ")),
-        Step::RestartContainer {
-            runtime,
-            id,
-            grace_ms,
-            ..
-        } => format!(
-            "restart {runtime} container {} (grace {grace_ms} ms)",
-            &id[..id.len().min(12)]
+        Act::ExpireKeepalive { pid, socket, .. } => format!(
+            "end the unanswered keepalive on pid {pid} fd {} (ETIMEDOUT)",
+            socket.fd
         ),
+        Act::DestroySocket { pid, socket, .. } => {
+            format!("destroy socket pid {pid} fd {}", socket.fd)
+        }
+        Act::Signal { pid, .. } => format!(
+            "SIGTERM pid {pid} (SIGKILL after {} ms)",
+            s.grace().as_millis()
+        ),
+        Act::Restart { argv, .. } => format!("restart: {}", argv.join(" ")),
+        Act::RestartContainer(c) => format!(
+            "restart {} container {} (grace {} ms)",
+            c.runtime,
+            &c.id[..c.id.len().min(12)],
+            c.grace_ms
+        ),
+        Act::ProveKeepalive { pid, socket, .. } => {
+            format!("arm a proof keepalive on pid {pid} fd {}", socket.fd)
+        }
+        Act::RestoreKeepalive { pid, socket, .. } => {
+            format!("restore the keepalive of pid {pid} fd {}", socket.fd)
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! The act contract: [`Act`] is what one act does to one process or socket,
-//! both the ladder's step ([`crate::ladder::Step::act`]) and the helper's
+//! both the ladder's step ([`crate::ladder::decide`]) and the helper's
 //! request. [`ActRequest`] is its wire form, and the one mapping between
 //! the two is here ([`ActRequest::from_act`], [`ActRequest::act`]): the
 //! `params` keys appear nowhere else.
@@ -26,7 +26,7 @@ pub struct SocketRef {
     pub inode: u64,
 }
 
-/// A container restart ([`crate::ladder::Step::RestartContainer`]):
+/// A container restart ([`Act::RestartContainer`]):
 /// container `id` of `runtime`, which must still hold the agent's root
 /// process `pid`/`start_ticks`, stopped with `grace_ms`, the whole bounded
 /// by `timeout_ms`.
@@ -107,6 +107,26 @@ impl Act {
             Some(a) => a.as_str(),
             None => "restart_container",
         }
+    }
+
+    /// Which rung of the ladder this act is on (0 gentlest): the prove
+    /// stage's keepalive acts are on the keepalive rung.
+    pub fn rung(&self) -> u8 {
+        match self {
+            Self::ArmKeepalive { .. }
+            | Self::ExpireKeepalive { .. }
+            | Self::ProveKeepalive { .. }
+            | Self::RestoreKeepalive { .. } => 0,
+            Self::DestroySocket { .. } => 1,
+            Self::Signal { .. } => 2,
+            Self::Restart { .. } | Self::RestartContainer(_) => 3,
+        }
+    }
+
+    /// Whether the act ends the process (counted against the restart
+    /// budget).
+    pub fn is_disruptive(&self) -> bool {
+        self.rung() >= 2
     }
 
     /// The wire's `action` for this act; `None` for one that has none
