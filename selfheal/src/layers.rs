@@ -34,9 +34,12 @@ const LAYERS: &[(&str, u8)] = &[
     // Discovery and collection.
     ("agents", 5),
     ("inspect", 5),
-    // Reporting, the check pipeline, and who carries out its steps.
+    // Reporting, who carries out an act, the check pipeline, and the
+    // helper's executor.
     ("metrics", 6),
     ("scan", 6),
+    // Who carries out an act: this process, or the helper for it.
+    ("heal", 6),
     ("check", 7),
     ("healer", 8),
 ];

@@ -1,7 +1,7 @@
 //! The prove stage's model: what a proof keepalive is, what history keeps
 //! of one, and the work the judge asks of the stage. Pure types; the judge
 //! decides ([`crate::judge`]), `check` carries the work out through its
-//! `Healer` (`selfheal::check::Healer`) and records it here.
+//! executor (`selfheal::heal::Executor`) and records it here.
 //!
 //! Why a stage of its own: an agent silently awaiting an LLM's first token
 //! sends nothing, so nothing but a question put to its peer can prove the

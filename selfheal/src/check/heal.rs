@@ -1,5 +1,5 @@
 //! The healing ladder's steps for one agent: the decision, the steps taken
-//! through the healer (only with a snapshot written), and for a unit agent
+//! through the executor (only with a snapshot written), and for a unit agent
 //! the checks made right before them (still in the unit, not stopped on
 //! purpose).
 
@@ -17,7 +17,7 @@ use crate::agents;
 
 /// Runs the ladder for a wedged agent (or one with dead connections to
 /// end): decides, and (unless the check only decides, and only with a
-/// snapshot written) takes the steps through the check's healer.
+/// snapshot written) takes the steps through the check's executor.
 pub(super) fn heal(
     acting: &Acting<'_>,
     agent: &AgentConfig,
@@ -27,7 +27,7 @@ pub(super) fn heal(
     outcome: &Outcome,
 ) -> HealReport {
     let &Acting {
-        healer,
+        executor,
         dry_run,
         now_ms,
         ..
@@ -57,8 +57,8 @@ pub(super) fn heal(
                 Err("not taken: its forensic snapshot could not be written".to_string())
             } else if let Err(why) = unit_recheck(agent, step, report) {
                 Err(format!("not taken: {why}"))
-            } else if let Some(h) = healer {
-                h.act(&agent.name, step)
+            } else if let Some(h) = executor {
+                h.act(&agent.name, step).map_err(|e| e.to_string())
             } else {
                 Err("not taken: no helper and no permission to act directly".to_string())
             };

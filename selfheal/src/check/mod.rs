@@ -17,6 +17,7 @@
 pub mod heal;
 pub mod pipeline;
 pub mod prove;
+pub mod through_helper;
 
 use std::collections::BTreeMap;
 
@@ -24,17 +25,14 @@ use selfheal_core::{
     config::{AgentConfig, Config},
     ebpf::TracerSnapshot,
     history::History,
-    keepalive::{KeepaliveSettings, ProofKeepalive},
     outcome::Outcome,
     probe::ProbeResult,
-    protocol::Act,
-    prove::ProofTarget,
 };
 
 use self::pipeline::{check_agent, target};
 use crate::{
-    actions::{ActOutcome, keepalive::KeepaliveOutcome},
     agents::ProcessTable,
+    heal::Executor,
     inspect::{CollectOptions, Collector, Target},
     probe,
     snapshots::SnapshotLog,
@@ -45,7 +43,7 @@ use crate::{
 /// of the check shares.
 struct Acting<'a> {
     snapshots: Option<&'a SnapshotLog>,
-    healer: Option<&'a dyn Healer>,
+    executor: Option<&'a dyn Executor>,
     /// Decide, but take no step.
     dry_run: bool,
     now_ms: u64,
@@ -62,38 +60,6 @@ pub trait TracerSource {
     /// not link them itself (the helper), if anywhere.
     fn passes(&self) -> Option<Box<dyn crate::inspect::HelperReads>> {
         None
-    }
-}
-
-/// Who performs healing steps: the privileged helper, or this process
-/// directly where it has the permission.
-pub trait Healer {
-    /// Performs `act` for `agent`; the outcome's text, or the error's,
-    /// goes into the audit trail and the report.
-    fn act(&self, agent: &str, act: &Act) -> Result<ActOutcome, String>;
-
-    /// The prove stage: arms a proof keepalive on socket `t` of `agent`,
-    /// returning the options it had and those set.
-    fn arm_proof(
-        &self,
-        agent: &str,
-        t: &ProofTarget,
-        ka: &ProofKeepalive,
-    ) -> Result<KeepaliveOutcome, String> {
-        let _ = (agent, t, ka);
-        Err("this healer cannot arm proof keepalives".into())
-    }
-
-    /// The prove stage: puts `previous` back on socket `t` of `agent`,
-    /// returning the options as read back.
-    fn restore_proof(
-        &self,
-        agent: &str,
-        t: &ProofTarget,
-        previous: &KeepaliveSettings,
-    ) -> Result<KeepaliveSettings, String> {
-        let _ = (agent, t, previous);
-        Err("this healer cannot restore keepalive options".into())
     }
 }
 
@@ -129,7 +95,7 @@ pub fn run(
     config: &Config,
     history: &mut History,
     snapshots: Option<&SnapshotLog>,
-    healer: Option<&dyn Healer>,
+    executor: Option<&dyn Executor>,
     tracer: Option<&mut dyn TracerSource>,
     opts: &Options,
     now_ms: u64,
@@ -183,7 +149,7 @@ pub fn run(
 
     let acting = Acting {
         snapshots,
-        healer,
+        executor,
         dry_run: opts.dry_run,
         now_ms,
     };

@@ -72,7 +72,7 @@ pub(super) fn check_agent(
         agent,
         &judgement.work,
         &mut record.judge,
-        acting.healer,
+        acting.executor,
         acting.dry_run,
         now_ms,
     );
@@ -286,7 +286,7 @@ impl Acting<'_> {
                 agent,
                 &work,
                 &mut record.judge,
-                self.healer,
+                self.executor,
                 self.dry_run,
                 self.now_ms,
             );

@@ -1,6 +1,6 @@
 //! The prove stage: the judge's proof work (arming a proof keepalive on a
 //! silent connection, putting a socket's own options back) carried out
-//! through the healer and recorded in the agent's history.
+//! through the executor and recorded in the agent's history.
 
 use selfheal_core::{
     config::AgentConfig,
@@ -13,11 +13,11 @@ use selfheal_core::{
     prove::{MAX_RESTORE_FAILURES, Proof, ProofEvent, ProofTarget, ProofWork},
 };
 
-use super::Healer;
+use crate::heal::Executor;
 use crate::prove;
 
 /// The prove stage: carries out the judge's proof work for one agent
-/// through `healer` (the helper, or this process for its own uid), and
+/// through `executor` (the helper, or this process for its own uid), and
 /// records it in the agent's history. Returns what was done, and what could
 /// not be (as gaps: a proof that could not be armed is evidence not seen).
 /// With `dry_run` nothing is touched: the work is only reported.
@@ -25,7 +25,7 @@ pub(super) fn prove_stage(
     agent: &AgentConfig,
     work: &[ProofWork],
     hist: &mut AgentHistory,
-    healer: Option<&dyn Healer>,
+    executor: Option<&dyn Executor>,
     dry_run: bool,
     now_ms: u64,
 ) -> (Vec<ProofEvent>, Vec<String>) {
@@ -44,7 +44,7 @@ pub(super) fn prove_stage(
                     "a proof keepalive on the connection to {remote} (fd {} of pid {})",
                     target.fd, target.pid
                 );
-                let result = match healer {
+                let result = match executor {
                     _ if dry_run => {
                         events.push(ProofEvent {
                             action: "arm",
@@ -55,7 +55,9 @@ pub(super) fn prove_stage(
                         });
                         continue;
                     }
-                    Some(h) => h.arm_proof(&agent.name, target, &ka),
+                    Some(h) => h
+                        .arm_proof(&agent.name, target, &ka)
+                        .map_err(|e| e.to_string()),
                     None => Err("no helper and no permission to act directly".into()),
                 };
                 match result {
@@ -127,9 +129,11 @@ pub(super) fn prove_stage(
                 let Some(p) = hist.proofs.get(cookie).cloned() else {
                     continue;
                 };
-                let result = match healer {
+                let result = match executor {
                     _ if dry_run => continue,
-                    Some(h) => h.restore_proof(&agent.name, target, &p.previous),
+                    Some(h) => h
+                        .restore_proof(&agent.name, target, &p.previous)
+                        .map_err(|e| e.to_string()),
                     None => Err("no helper and no permission to act directly".into()),
                 };
                 // Read back and compared: a live call keeps no trace.

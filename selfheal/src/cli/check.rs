@@ -132,28 +132,36 @@ pub struct WatchArgs {
 /// The helper if one answers at `path` (healing through it, and its
 /// tracer's evidence, on one connection), else this process itself and no
 /// eBPF evidence.
-fn healer(
+fn executor(
     path: &Path,
 ) -> (
-    Box<dyn check::Healer>,
-    Option<selfheal::healer::HelperTracer>,
+    Box<dyn selfheal::heal::Executor>,
+    Option<selfheal::check::through_helper::HelperTracer>,
 ) {
     match selfheal::helper::client::HelperClient::connect(path) {
         Ok(client) => {
             tracing::debug!("healing through the helper at {}", path.display());
             let shared = std::sync::Arc::new(std::sync::Mutex::new(client));
             (
-                Box::new(selfheal::healer::HelperHealer::shared(shared.clone())),
-                Some(selfheal::healer::HelperTracer(shared)),
+                Box::new(selfheal::heal::helper::HelperExecutor::shared(
+                    shared.clone(),
+                )),
+                Some(selfheal::check::through_helper::HelperTracer(shared)),
             )
         }
         Err(e @ selfheal::helper::client::ClientError::Untrusted { .. }) => {
             tracing::error!("{e}; acting directly where permitted");
-            (Box::new(selfheal::healer::DirectHealer::default()), None)
+            (
+                Box::new(selfheal::heal::direct::DirectExecutor::default()),
+                None,
+            )
         }
         Err(e) => {
             tracing::info!("{e}; acting directly where permitted");
-            (Box::new(selfheal::healer::DirectHealer::default()), None)
+            (
+                Box::new(selfheal::heal::direct::DirectExecutor::default()),
+                None,
+            )
         }
     }
 }
@@ -161,9 +169,9 @@ fn healer(
 /// Everything one check needs that outlives it.
 struct Session {
     config: Config,
-    healer: Box<dyn check::Healer>,
+    executor: Box<dyn selfheal::heal::Executor>,
     /// The helper's tracer, when a helper answers.
-    tracer: Option<selfheal::healer::HelperTracer>,
+    tracer: Option<selfheal::check::through_helper::HelperTracer>,
     store: Option<StateStore>,
     history: History,
     log: Option<SnapshotLog>,
@@ -268,9 +276,9 @@ impl Session {
                 ..Default::default()
             },
         };
-        let (healer, tracer) = healer(&c.helper);
+        let (executor, tracer) = executor(&c.helper);
         Ok(Session {
-            healer,
+            executor,
             tracer,
             config,
             store,
@@ -319,7 +327,7 @@ impl Session {
             &self.config,
             &mut self.history,
             self.log.as_ref(),
-            Some(self.healer.as_ref()),
+            Some(self.executor.as_ref()),
             tracer.as_mut().map(|t| t as &mut dyn check::TracerSource),
             &self.opts,
             clock::boot_ns() / 1_000_000,
@@ -379,7 +387,7 @@ impl Session {
 /// (the `selfheal_helper_up` metric): a refusal is an answer, as from a
 /// helper running no tracer.
 struct Answered<'a> {
-    inner: &'a mut selfheal::healer::HelperTracer,
+    inner: &'a mut selfheal::check::through_helper::HelperTracer,
     ok: bool,
 }
 

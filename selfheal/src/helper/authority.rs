@@ -36,27 +36,8 @@ use selfheal_core::{
     policy::Policy,
 };
 
-use crate::{actions::ActionError, sys::pidfd::Pidfd};
-use selfheal_core::protocol::{Action, Caller, ErrorCode};
-
-/// Why an act was not done: refused (the caller may not, or the target
-/// changed) or tried and failed. The server answers the first `forbidden`,
-/// the second `failed`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ActError {
-    Refused(String),
-    Failed(String),
-}
-
-impl From<ActionError> for ActError {
-    /// By the error's protocol code ([`ActionError::code`]).
-    fn from(e: ActionError) -> ActError {
-        match e.code() {
-            ErrorCode::Forbidden => ActError::Refused(e.to_string()),
-            _ => ActError::Failed(e.to_string()),
-        }
-    }
-}
+use crate::sys::pidfd::Pidfd;
+use selfheal_core::protocol::{Action, Caller};
 
 /// What the first check found, so that the re-check holds the target to
 /// the same principal; root's holds nothing and allows everything.

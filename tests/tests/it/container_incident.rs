@@ -105,7 +105,9 @@ fn a_wedged_container_is_restarted_through_docker_and_a_stopped_one_left_alone()
                 timeout_ms: 10_000,
             },
         );
-        let e = selfheal::healer::run_step(&step, &Default::default()).unwrap_err();
+        let e = selfheal::heal::direct::act_here(&step, &Default::default(), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("left alone"), "{e}");
         assert_eq!(inspect("{{.State.Status}}"), "exited", "left alone");
     });

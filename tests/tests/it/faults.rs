@@ -669,8 +669,12 @@ fn a_reused_pid_is_never_acted_on() {
     let _area = tests::area(module_path!());
     use selfheal::{
         actions::keepalive::Keepalive,
-        check::Healer as _,
-        healer::{ActionsExecutor, DirectHealer, HelperHealer, run_step},
+        heal::{
+            Executor as _,
+            direct::{DirectExecutor, act_here},
+            helper::HelperExecutor,
+        },
+        healer::ActionsExecutor,
         helper::{ClientOptions, HelperClient},
         sys::pidfd::start_ticks,
     };
@@ -728,11 +732,14 @@ fn a_reused_pid_is_never_acted_on() {
 
     // The direct healer (what `check` uses without a helper).
     for step in &steps {
-        let e = run_step(step, &Keepalive::default()).expect_err("refused");
+        let e = act_here(step, &Keepalive::default(), None)
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("no longer the process that was judged"), "{e}");
-        let e = DirectHealer::default()
+        let e = DirectExecutor::default()
             .act("victim", step)
-            .expect_err("refused");
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("no longer the process"), "{e}");
     }
 
@@ -758,9 +765,9 @@ fn a_reused_pid_is_never_acted_on() {
         assert!(e.to_string().contains("no longer the process"), "{e}");
     }
     let healer =
-        HelperHealer::new(HelperClient::connect_with(dir.join("helper.sock"), copts).unwrap());
+        HelperExecutor::new(HelperClient::connect_with(dir.join("helper.sock"), copts).unwrap());
     for step in &steps {
-        let e = healer.act("victim", step).expect_err("refused");
+        let e = healer.act("victim", step).expect_err("refused").to_string();
         assert!(e.contains("no longer the process"), "{e}");
     }
     let audit = server.audit();
@@ -1142,7 +1149,10 @@ fn suspect_for_ms(o: &serde_json::Value) -> u64 {
 #[test]
 fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     let _area = tests::area(module_path!());
-    use selfheal::{check::Healer as _, healer::HelperHealer, helper::HelperClient};
+    use selfheal::{
+        heal::{Executor as _, helper::HelperExecutor},
+        helper::HelperClient,
+    };
     use selfheal_core::protocol::Act;
     if !need_root("helper_gone_before_act") {
         return;
@@ -1155,7 +1165,7 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     });
     let _ = helper.kill();
     let _ = helper.wait();
-    let healer = HelperHealer::new(client.expect("the helper came up"));
+    let healer = HelperExecutor::new(client.expect("the helper came up"));
     let mut target = Command::new("sleep").arg("60").spawn().unwrap();
     let pid = target.id();
     let start = wait_for(5 * SEC, Duration::from_millis(5), || {
@@ -1186,7 +1196,8 @@ fn a_helper_gone_before_the_act_falls_back_to_acting_directly() {
     // Gone meanwhile: refused, with both reasons.
     let e = healer
         .act("sleeper", &step)
-        .expect_err("the target is gone");
+        .expect_err("the target is gone")
+        .to_string();
     assert!(
         e.contains("unavailable") && e.contains("acting directly") && e.contains("not running"),
         "{e}"

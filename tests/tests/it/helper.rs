@@ -1162,7 +1162,7 @@ fn iterate_passes_only_what_the_caller_may_query() {
     };
     let (by_helper, by_procfs) = as_uid(NOBODY, || {
         let shared = Arc::new(std::sync::Mutex::new(client(&path)));
-        let tracer = selfheal::healer::HelperTracer(shared);
+        let tracer = selfheal::check::through_helper::HelperTracer(shared);
         let mut c = Collector::from_snapshot(Err("no tracer in this test".into()), Detail::Light);
         let mut passes = tracer.passes().expect("the helper's passes");
         c.passes_from(passes.as_mut(), &[mine, rootp]);
@@ -1211,7 +1211,8 @@ fn iterate_passes_only_what_the_caller_may_query() {
         let mut c = client(&path);
         let collected = c.collect(&req).unwrap();
         let spaces = c.namespaces(&[mine, rootp, MISSING]).unwrap();
-        let tracer = selfheal::healer::HelperTracer(Arc::new(std::sync::Mutex::new(c)));
+        let tracer =
+            selfheal::check::through_helper::HelperTracer(Arc::new(std::sync::Mutex::new(c)));
         let mut col = Collector::from_snapshot(Err("no tracer in this test".into()), Detail::Light);
         col.reads_from(tracer.passes().expect("the helper's reads"));
         (collected, spaces, col.collect(&target()))

@@ -626,7 +626,7 @@ fn a_foreign_pid_is_a_gap_not_a_refusal() {
         let g = c.ebpf_snapshot_with_gaps(&[mine, roots]);
         // What `check` uses: the evidence of its own pid, root's a gap.
         let shared = Arc::new(std::sync::Mutex::new(c));
-        let mut t = selfheal::healer::HelperTracer(shared);
+        let mut t = selfheal::check::through_helper::HelperTracer(shared);
         let tracer = selfheal::check::TracerSource::snapshot(&mut t, &[mine, roots]);
         (w, g, tracer)
     });
@@ -885,12 +885,12 @@ fn eight_uids_flooding_leave_root_answered() {
 
 /// The other half of the asynchronous `signal`: a process that ignores
 /// SIGTERM gets SIGKILL from the helper's timer once the grace runs out,
-/// the escalation is audited, and `HelperHealer` (what `check` acts
+/// the escalation is audited, and `HelperExecutor` (what `check` acts
 /// through) still reports how it ended: it watches the exit itself.
 #[test]
 fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
     let _area = tests::area(module_path!());
-    use selfheal::check::Healer as _;
+    use selfheal::heal::Executor as _;
     if !need_root("helper: escalation on the timer") {
         return;
     }
@@ -907,7 +907,7 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
     let t = Instant::now();
     let detail = as_uid(NOBODY, || {
         let c = HelperClient::connect_with(&path, client_opts()).unwrap();
-        selfheal::healer::HelperHealer::new(c).act("deaf", &step)
+        selfheal::heal::helper::HelperExecutor::new(c).act("deaf", &step)
     });
     let took = t.elapsed();
     eprintln!("escalation: {took:?}: {detail:?}");
@@ -1472,8 +1472,10 @@ fn proof_target(pid: u32, fd: i32, inode: u64) -> selfheal_core::prove::ProofTar
 }
 
 /// A check's healer on a new connection to the helper on `path`.
-fn helper_healer(path: &std::path::Path) -> selfheal::healer::HelperHealer {
-    selfheal::healer::HelperHealer::new(HelperClient::connect_with(path, client_opts()).unwrap())
+fn helper_healer(path: &std::path::Path) -> selfheal::heal::helper::HelperExecutor {
+    selfheal::heal::helper::HelperExecutor::new(
+        HelperClient::connect_with(path, client_opts()).unwrap(),
+    )
 }
 
 /// The helper's audit, each act with its error code.
@@ -1594,7 +1596,7 @@ fn restore_puts_back_only_what_the_helper_recorded() {
 #[test]
 fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     let _area = tests::area(module_path!());
-    use selfheal::helper::authority::{ActError, Authority};
+    use selfheal::{actions::ActionError, helper::authority::Authority};
     use selfheal_core::protocol::Caller;
     let test = "helper bad input: setuid exec between check and act";
     if !need_root(test) {
@@ -1668,7 +1670,9 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     eprintln!("{test}: destroy: {r_destroy:?}\n  signal: {r_signal:?}");
     for r in [&r_destroy, &r_signal] {
         match r {
-            Err(ActError::Refused(m)) => assert!(m.contains("are not all uid 65534's"), "{m}"),
+            Err(e @ ActionError::Refused { .. }) => {
+                assert!(e.to_string().contains("are not all uid 65534's"), "{e}")
+            }
             other => panic!("acted on the setuid process: {other:?}"),
         }
     }
@@ -1688,7 +1692,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 }
 
 /// What an unprivileged `check` does through the helper in its prove
-/// stage (`HelperHealer`, as `nobody`): arm a proof keepalive on its own
+/// stage (`HelperExecutor`, as `nobody`): arm a proof keepalive on its own
 /// agent's silent connection, let the live peer answer the probes, and put
 /// the options back with the values from its state file. The helper puts
 /// back what it recorded, which is what the check compares with: equal.
@@ -1697,7 +1701,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
 #[test]
 fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
     let _area = tests::area(module_path!());
-    use selfheal::check::Healer as _;
+    use selfheal::heal::Executor as _;
     use selfheal_core::keepalive::ProofKeepalive;
     let test = "helper: an unprivileged check's proof and restore";
     if !need_root(test) {
@@ -1916,7 +1920,7 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
 #[test]
 fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     let _area = tests::area(module_path!());
-    use selfheal::check::Healer as _;
+    use selfheal::heal::Executor as _;
     use selfheal_core::keepalive::ProofKeepalive;
     let test = "helper: a proof armed by a helper since restarted";
     if !need_root(test) {

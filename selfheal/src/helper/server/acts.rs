@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     actions::{ActOutcome, ActionError, DryRun},
-    helper::authority::{ActError, Authority},
+    helper::authority::Authority,
     sys::pidfd::Pidfd,
 };
 
@@ -207,15 +207,16 @@ impl Shared {
         }));
         let mut value = match outcome {
             Ok(Ok(out)) => out.to_json(),
-            Ok(Err(ActError::Refused(_))) if !target.is_alive() => return Err(exited()),
-            Ok(Err(ActError::Refused(m))) => {
-                return Err(forbidden(format!("{}: {m}: nothing was done", req.action)));
-            }
-            Ok(Err(ActError::Failed(m))) => {
-                return Err(refusal(
-                    ErrorCode::Failed,
-                    format!("{}: {m}{}", req.action, still()),
-                ));
+            // Refused right before anything changed: said so, or that the
+            // process exited meanwhile; tried and failed: said how.
+            Ok(Err(e)) => {
+                return Err(match e.code() {
+                    ErrorCode::Forbidden if !target.is_alive() => exited(),
+                    ErrorCode::Forbidden => {
+                        forbidden(format!("{}: {e}: nothing was done", req.action))
+                    }
+                    code => refusal(code, format!("{}: {e}{}", req.action, still())),
+                });
             }
             Err(_) => {
                 return Err(refusal(

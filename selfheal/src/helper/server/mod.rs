@@ -86,7 +86,7 @@ use crate::{
     actions::{ActOutcome, ActionError},
     ebpf::TracerOptions,
     helper::{
-        authority::{ActError, Authority},
+        authority::Authority,
         owner::{ConnSet, Owners},
     },
     sys::pidfd::Pidfd,
@@ -115,7 +115,7 @@ pub trait Executor: Send + Sync {
     /// [`Executor::act`] under `authority`: the server calls this one.
     /// The executor re-checks the authority right before it changes
     /// anything (on the socket's duplicate, for a socket act); a refusal
-    /// is [`ActError::Refused`]. This default re-checks the target, then
+    /// is [`ActionError::Refused`]. This default re-checks the target, then
     /// acts.
     fn act_checked(
         &self,
@@ -123,9 +123,11 @@ pub trait Executor: Send + Sync {
         target: &Pidfd,
         act: &Act,
         authority: &Authority,
-    ) -> Result<ActOutcome, ActError> {
-        authority.recheck(target).map_err(ActError::Refused)?;
-        self.act(caller, target, act).map_err(ActError::from)
+    ) -> Result<ActOutcome, ActionError> {
+        authority
+            .recheck(target)
+            .map_err(|why| ActionError::Refused { why })?;
+        self.act(caller, target, act)
     }
 
     /// Whether the executor holds state an exit would lose (proofs it armed

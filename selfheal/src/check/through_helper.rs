@@ -1,0 +1,95 @@
+//! The helper's reads as the check's: its tracer's evidence
+//! ([`HelperTracer`]) and the reads a check may not make itself, on the
+//! connection the check's [`crate::heal::helper::HelperExecutor`] uses.
+
+use crate::heal::helper::SharedClient;
+
+/// The helper's tracer as `check`'s eBPF evidence, on the connection the
+/// check's executor uses.
+pub struct HelperTracer(pub SharedClient);
+
+/// The helper's reads, for a check that may not make them itself: on the
+/// check's connection (`iterate` once per check,
+/// [`crate::inspect::Collector::passes_from`]; `collect` per agent and
+/// `namespaces` per table, [`crate::inspect::Collector::reads_from`]).
+struct ThroughHelper(SharedClient);
+
+impl ThroughHelper {
+    fn call<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(
+            &mut crate::helper::client::HelperClient,
+        ) -> Result<T, crate::helper::ClientError>,
+    ) -> Result<T, String> {
+        let mut client = self
+            .0
+            .lock()
+            .map_err(|_| "helper client poisoned".to_string())?;
+        f(&mut client).map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+impl crate::inspect::HelperReads for ThroughHelper {
+    fn iterate(&mut self, pids: &[u32]) -> Result<selfheal_core::protocol::IterateResult, String> {
+        self.call("the helper's task iterators", |c| c.iterate(pids))
+    }
+
+    fn collect(
+        &mut self,
+        req: &selfheal_core::protocol::CollectRequest,
+    ) -> Result<selfheal_core::protocol::CollectResult, String> {
+        self.call("the helper's collection", |c| c.collect(req))
+    }
+
+    fn namespaces(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<selfheal_core::protocol::NamespacesResult, String> {
+        self.call("the helper's namespace reads", |c| c.namespaces(pids))
+    }
+}
+
+impl HelperTracer {
+    /// Watches `pids` and reads the tracer's evidence of them, with the
+    /// helper's error as it came (a refusal means the helper answered).
+    pub fn read(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), crate::helper::ClientError>
+    {
+        let mut client = self
+            .0
+            .lock()
+            .map_err(|_| crate::helper::ClientError::Broken {
+                path: std::path::PathBuf::new(),
+                reason: "helper client poisoned".into(),
+            })?;
+        let watched = client.watch(pids)?;
+        let since = watched.watched.iter().map(|w| w.since_ns).max();
+        let got = client.ebpf_snapshot_with_gaps(pids)?;
+        // The helper answers the pids this user may query; the others are
+        // gaps in the evidence, not a reason to lose all of it.
+        let mut refused = got.refused;
+        refused.extend(watched.refused);
+        refused.sort_unstable();
+        refused.dedup();
+        let mut snapshot = got.snapshot;
+        // A gap in the report of the agent whose pid it is.
+        snapshot.refused = refused;
+        Ok((snapshot, since))
+    }
+}
+
+impl crate::check::TracerSource for HelperTracer {
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
+        self.read(pids).map_err(|e| e.to_string())
+    }
+
+    fn passes(&self) -> Option<Box<dyn crate::inspect::HelperReads>> {
+        Some(Box::new(ThroughHelper(self.0.clone())))
+    }
+}

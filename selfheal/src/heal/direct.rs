@@ -1,0 +1,84 @@
+//! Acting from this process: every process opened here by pid and start
+//! time, every socket let through, a `signal` carried out to its end, and
+//! restarts run as this user.
+
+use std::time::Duration;
+
+use selfheal_core::protocol::{Act, ContainerRestart};
+
+use super::{Executor, HealError, helper::SharedClient};
+use crate::actions::{self, ActOutcome, ActionError, Hand, keepalive::Keepalive};
+
+/// This process's [`Hand`]. The helper, where there is one, tells the pid
+/// namespaces this process may not read itself.
+struct Direct<'a> {
+    keepalive: &'a Keepalive,
+    helper: Option<&'a SharedClient>,
+}
+
+impl Hand for Direct<'_> {
+    fn keepalive(&self) -> &Keepalive {
+        self.keepalive
+    }
+
+    fn restart_container(&self, c: &ContainerRestart) -> Result<ActOutcome, ActionError> {
+        let pid_ns = |pid: u32| pid_namespace(pid, self.helper);
+        crate::runtime::restart::restart_container(
+            &crate::runtime::Sources::from_env(),
+            c.runtime,
+            &c.id,
+            c.pid,
+            c.start_ticks,
+            Duration::from_millis(c.grace_ms),
+            Duration::from_millis(c.timeout_ms),
+            &pid_ns,
+        )
+        .map(ActOutcome::Reported)
+        .map_err(ActionError::Container)
+    }
+}
+
+/// The pid namespace of `pid` (the inode of `/proc/PID/ns/pid`): read
+/// here, or, where this process may not read it, asked of `helper`.
+fn pid_namespace(pid: u32, helper: Option<&SharedClient>) -> Result<u64, String> {
+    let here = crate::runtime::restart::pid_namespace_here(pid);
+    let Some(helper) = helper.filter(|_| here.is_err() && !crate::sys::creds::reads_others())
+    else {
+        return here;
+    };
+    let mut client = helper
+        .lock()
+        .map_err(|_| "helper client poisoned".to_string())?;
+    let got = client
+        .namespaces(&[pid])
+        .map_err(|e| format!("cannot read pid {pid}'s pid namespace: the helper: {e}"))?;
+    got.processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.pid_ns)
+        .ok_or_else(|| format!("cannot read pid {pid}'s pid namespace, nor can the helper"))
+}
+
+/// Carries out `act` from this process, with `keepalive` for its
+/// keepalive rung; `helper`, where there is one, reads the pid namespaces
+/// this process may not.
+pub fn act_here(
+    act: &Act,
+    keepalive: &Keepalive,
+    helper: Option<&SharedClient>,
+) -> Result<ActOutcome, ActionError> {
+    actions::act(act, &Direct { keepalive, helper })
+}
+
+/// Acts from this process: for agents of our own uid, or as root without a
+/// helper running.
+#[derive(Debug, Default)]
+pub struct DirectExecutor {
+    pub keepalive: Keepalive,
+}
+
+impl Executor for DirectExecutor {
+    fn act(&self, _agent: &str, act: &Act) -> Result<ActOutcome, HealError> {
+        Ok(act_here(act, &self.keepalive, None)?)
+    }
+}
