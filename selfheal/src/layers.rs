@@ -34,14 +34,12 @@ const LAYERS: &[(&str, u8)] = &[
     // Discovery and collection.
     ("agents", 5),
     ("inspect", 5),
-    // Reporting, who carries out an act, the check pipeline, and the
-    // helper's executor.
+    // Reporting, who carries out an act, and the check pipeline.
     ("metrics", 6),
     ("scan", 6),
     // Who carries out an act: this process, or the helper for it.
     ("heal", 6),
     ("check", 7),
-    ("healer", 8),
 ];
 
 /// The modules `code` names as `crate::x`, in `use crate::{x, y::z}`

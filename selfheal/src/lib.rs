@@ -29,8 +29,7 @@
 //!   and, with no config, [`scan`] (every TCP connection of every process
 //!   the caller may read, with what waits on it);
 //! - **heal**: [`prove`] (the proof keepalive the config asks for),
-//!   [`heal`] (who carries an act out: directly or through the helper),
-//!   [`healer`] (the helper's executor), [`actions`] (the privileged acts
+//!   [`heal`] (who carries an act out: directly or through the helper), [`actions`] (the privileged acts
 //!   themselves), [`helper`] (the root helper: server, client, policy);
 //! - **report and keep**: [`check`] (one check of every agent, the pipeline
 //!   behind `check` and `watch`), [`store`] (history between runs),
@@ -45,7 +44,6 @@ pub mod config;
 pub mod ebpf;
 pub mod fs;
 pub mod heal;
-pub mod healer;
 pub mod helper;
 pub mod inspect;
 pub mod metrics_endpoint;

@@ -70,7 +70,7 @@ fn main() -> ExitCode {
         Command::Install(args) => cli::install::run(args),
         Command::Helper(args) => cli::helper::run(
             args,
-            std::sync::Arc::new(selfheal::healer::ActionsExecutor::default()),
+            std::sync::Arc::new(selfheal::helper::server::executor::ActionsExecutor::default()),
         ),
     };
     exit(result)

@@ -24,7 +24,7 @@ use selfheal_core::{
 
 use crate::{
     actions::{ActOutcome, ActionError, keepalive::KeepaliveOutcome},
-    helper::{ClientError, authority::NO_PROOF},
+    helper::{ClientError, server::proofs::NO_PROOF},
 };
 
 /// Why an act through an [`Executor`] was not done.

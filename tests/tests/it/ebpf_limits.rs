@@ -532,7 +532,7 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
 
     use selfheal::{
         ebpf::TracerOptions,
-        healer::ActionsExecutor,
+        helper::server::executor::ActionsExecutor,
         helper::{ClientOptions, HelperClient},
     };
     use selfheal_core::ebpf::socks_share;

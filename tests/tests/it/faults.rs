@@ -674,7 +674,7 @@ fn a_reused_pid_is_never_acted_on() {
             direct::{DirectExecutor, act_here},
             helper::HelperExecutor,
         },
-        healer::ActionsExecutor,
+        helper::server::executor::ActionsExecutor,
         helper::{ClientOptions, HelperClient},
         sys::pidfd::start_ticks,
     };

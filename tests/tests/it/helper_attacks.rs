@@ -41,7 +41,7 @@ use std::{
 
 use selfheal::{
     ebpf::TracerOptions,
-    healer::ActionsExecutor,
+    helper::server::executor::ActionsExecutor,
     helper::{ClientOptions, DryExecutor, Executor, HelperClient, ServerHandle, ServerOptions},
     sys::pidfd::start_ticks,
 };

@@ -35,7 +35,7 @@ use std::{
 
 use selfheal::{
     ebpf::TracerOptions,
-    healer::ActionsExecutor,
+    helper::server::executor::ActionsExecutor,
     helper::{Executor, HelperClient, ServerHandle, ServerOptions},
     sys::pidfd::start_ticks,
 };

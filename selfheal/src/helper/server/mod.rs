@@ -20,15 +20,18 @@
 //! the executor holds state an exit would lose
 //! ([`Executor::holds_state`]). The actions themselves are the
 //! [`Executor`]'s: the server checks everything first and calls it last
-//! ([`acts`]).
+//! ([`acts`]); the real one is [`executor::ActionsExecutor`], which keeps
+//! the proofs it armed ([`proofs`]).
 //!
 //! Its rooms: `listen` (binding, the socket's directory, socket
 //! activation), `conn` (the accept loop, one connection's framing, and
 //! each request's dispatch), `ratelimit` (the per-owner token bucket),
 //! `authz` (who asks, and which processes and fds a request may touch),
 //! `queries` (`hello` and the eBPF tracer's watch, unwatch and snapshot),
-//! `acts` (an act, checked then handed to the executor), `escalation`
-//! (the SIGKILL timer) and `audit` (the record of every act).
+//! `acts` (an act, checked then handed to the executor), `executor` (the
+//! real actions, by the helper's hand), `proofs` (the proof keepalives it
+//! armed), `escalation` (the SIGKILL timer) and `audit` (the record of
+//! every act).
 //!
 //! # Invariants
 //!
@@ -51,7 +54,9 @@ pub(super) mod authz;
 mod collect;
 mod conn;
 mod escalation;
+pub mod executor;
 pub mod listen;
+pub mod proofs;
 mod queries;
 mod ratelimit;
 

@@ -1,7 +1,8 @@
 //! The helper's executor ([`ActionsExecutor`]): the real actions, for
-//! requests the helper has already parsed, authorized and pinned to a
-//! pidfd. Its hand pins the target, checks the caller's authority on each
-//! socket and keeps the proofs it armed.
+//! requests the server has already parsed, authorized and pinned to a
+//! pidfd, each through [`actions::act`] by the helper's [`Hand`]: it acts
+//! on the pinned process, checks the caller's authority on each socket's
+//! duplicate and keeps the proofs it armed ([`ProofBook`]).
 
 use std::{cell::Cell, time::Duration};
 
@@ -14,8 +15,13 @@ use crate::{
     actions::{
         self, ActOutcome, ActionError, Hand, Signalling, dup::SocketSeen, keepalive::Keepalive,
     },
-    helper::authority::{Authority, NO_PROOF, ProofBook, Recorded, no_proof, put_back},
+    helper::authority::Authority,
     sys::pidfd::Pidfd,
+};
+
+use super::{
+    Executor,
+    proofs::{NO_PROOF, ProofBook, Recorded, no_proof, put_back},
 };
 
 /// The helper's executor: the real actions, for requests the helper has
@@ -37,7 +43,7 @@ const MAX_PROOF_HOLD_MS: u32 = 600_000;
 
 impl ActionsExecutor {
     /// One that puts back a proof nobody restored after `ttl` (rather than
-    /// [`crate::helper::authority::PROOF_RECORD_TTL`]: tests).
+    /// [`super::proofs::PROOF_RECORD_TTL`]: tests).
     pub fn with_proof_ttl(ttl: Duration) -> ActionsExecutor {
         ActionsExecutor {
             proofs: std::sync::Arc::new(std::sync::Mutex::new(ProofBook::new(ttl))),
@@ -50,7 +56,7 @@ impl ActionsExecutor {
     }
 
     /// Starts the thread that puts back proofs nobody restored in time
-    /// ([`crate::helper::authority::PROOF_RECORD_TTL`]), unless it runs. It ends when no proof is left
+    /// ([`super::proofs::PROOF_RECORD_TTL`]), unless it runs. It ends when no proof is left
     /// (decided under the book's lock, so a proof recorded meanwhile starts
     /// a new one).
     fn watch_expiry(&self) {
@@ -266,7 +272,7 @@ impl ActionsExecutor {
     }
 }
 
-impl crate::helper::server::Executor for ActionsExecutor {
+impl Executor for ActionsExecutor {
     fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError> {
         // Root's authority: what an in-process caller (tests) asks.
         self.run(caller, target, act, &Authority::root())
