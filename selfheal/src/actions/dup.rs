@@ -26,13 +26,13 @@ pub struct SocketSeen<'a> {
 }
 
 /// Checked on the duplicate after `pidfd_getfd` and the inode comparison,
-/// right before an action changes anything: `Err` refuses it
-/// ([`ActionError::Refused`]). The helper's authority re-checks the
+/// right before an action changes anything: its `Err` refuses it, with
+/// nothing changed. The helper's authority re-checks the
 /// target's credentials and the socket's state here.
-pub type SocketGate<'g> = &'g dyn Fn(&SocketSeen<'_>) -> Result<(), String>;
+pub type SocketGate<'g> = &'g dyn Fn(&SocketSeen<'_>) -> Result<(), ActionError>;
 
 /// The gate that lets everything through (a caller acting for itself).
-pub fn open_gate(_: &SocketSeen<'_>) -> Result<(), String> {
+pub fn open_gate(_: &SocketSeen<'_>) -> Result<(), ActionError> {
     Ok(())
 }
 
@@ -43,7 +43,7 @@ pub(super) fn pass(gate: SocketGate<'_>, dup: &DupSocket) -> Result<(), ActionEr
         inode: dup.inode,
         cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
     };
-    gate(&seen).map_err(|why| ActionError::Refused { why })
+    gate(&seen)
 }
 
 /// Closes `fd` on a thread of its own: a file a caller chose may sit on a

@@ -308,13 +308,13 @@ pub fn restore_keepalive(
 
 /// [`restore_keepalive`] of the options `choose` picks for the socket seen
 /// on the duplicate (the helper: those it recorded under the socket's
-/// cookie when it armed the proof); an `Err` refuses
-/// ([`ActionError::Refused`]) with nothing changed.
+/// cookie when it armed the proof); its `Err` refuses with nothing
+/// changed.
 pub fn restore_keepalive_chosen(
     target: &Pidfd,
     fd: i32,
     inode: Option<u64>,
-    choose: &dyn Fn(&SocketSeen<'_>) -> Result<KeepaliveSettings, String>,
+    choose: &dyn Fn(&SocketSeen<'_>) -> Result<KeepaliveSettings, ActionError>,
 ) -> Result<KeepaliveSettings, ActionError> {
     check_target(target)?;
     let dup = dup_tcp_socket(target, fd, inode)?;
@@ -323,7 +323,7 @@ pub fn restore_keepalive_chosen(
         inode: dup.inode,
         cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
     };
-    let previous = choose(&seen).map_err(|why| ActionError::Refused { why })?;
+    let previous = choose(&seen)?;
     let what = format!("fd {fd} of pid {}", target.pid());
     write_settings(dup.fd.as_fd(), &previous, &what)?;
     read_settings(dup.fd.as_fd(), &what)

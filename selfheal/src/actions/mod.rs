@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use selfheal_core::{
     keepalive::KeepaliveSettings,
-    protocol::{Act, ContainerRestart, ErrorCode, MAX_GRACE},
+    protocol::{Act, Action, ContainerRestart, ErrorCode, MAX_GRACE},
 };
 use serde::Serialize;
 
@@ -97,6 +97,28 @@ pub enum ActionError {
     /// the action: nothing was done.
     #[error("{why}")]
     Refused { why: String },
+    /// The act is not one the helper carries out (it has no wire form).
+    #[error("{act} is not the helper's")]
+    NotTheHelpers { act: &'static str },
+    /// A proof keepalive would be armed on a socket whose cookie cannot be
+    /// read: one the helper could not put back.
+    #[error(
+        "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
+         the helper could not put back"
+    )]
+    NoCookie,
+    /// `action` (`restore_keepalive`, `expire_keepalive`) on a socket the
+    /// helper armed no proof keepalive on.
+    #[error("{}", no_proof_words(*.action))]
+    NoProof { action: Option<Action> },
+    /// A `restore_keepalive` that names no options, on a socket with none
+    /// recorded.
+    #[error("the act names no options to put back")]
+    NoOptions,
+    /// Root's `restore_keepalive` on a socket the helper armed no proof on,
+    /// naming no options to put back.
+    #[error("{NO_PROOF} and the request names no options to put back")]
+    NoProofNoOptions,
     #[error("invalid keepalive settings: {0}")]
     InvalidKeepalive(String),
     #[error("the restart command is empty")]
@@ -136,6 +158,21 @@ pub enum ActionError {
     NotHere { why: String },
 }
 
+/// What the refusal for a socket the helper armed no proof on says
+/// first (clients recognize it).
+pub const NO_PROOF: &str = "the helper armed no proof keepalive on this socket";
+
+/// [`ActionError::NoProof`]'s words.
+fn no_proof_words(action: Option<Action>) -> String {
+    match action {
+        Some(action) => format!(
+            "{NO_PROOF}: {action} is only for one it armed (it puts back what it recorded then, \
+             never values a caller sends)"
+        ),
+        None => NO_PROOF.to_string(),
+    }
+}
+
 impl ActionError {
     fn io(action: String, source: std::io::Error) -> ActionError {
         ActionError::Io { action, source }
@@ -146,7 +183,12 @@ impl ActionError {
     /// tried (or could not be) and failed.
     pub fn code(&self) -> ErrorCode {
         match self {
-            ActionError::Refused { .. } => ErrorCode::Forbidden,
+            ActionError::Refused { .. }
+            | ActionError::NotTheHelpers { .. }
+            | ActionError::NoCookie
+            | ActionError::NoProof { .. }
+            | ActionError::NoOptions
+            | ActionError::NoProofNoOptions => ErrorCode::Forbidden,
             ActionError::Forbidden { .. }
             | ActionError::Gone { .. }
             | ActionError::Reused { .. }
@@ -249,7 +291,7 @@ pub trait Hand {
 
     /// Checked on a socket's duplicate right before a socket act changes
     /// anything.
-    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), String> {
+    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), ActionError> {
         let _ = (act, seen);
         Ok(())
     }
@@ -261,10 +303,9 @@ pub trait Hand {
         act: &Act,
         sent: Option<&KeepaliveSettings>,
         seen: &SocketSeen<'_>,
-    ) -> Result<KeepaliveSettings, String> {
+    ) -> Result<KeepaliveSettings, ActionError> {
         let _ = (act, seen);
-        sent.cloned()
-            .ok_or_else(|| "the act names no options to put back".to_string())
+        sent.cloned().ok_or(ActionError::NoOptions)
     }
 
     fn signalling(&self) -> Signalling {
@@ -468,6 +509,14 @@ mod tests {
                 ErrorCode::Failed,
             ),
             (ActionError::Refused { why: why() }, ErrorCode::Forbidden),
+            (
+                ActionError::NotTheHelpers { act: "restart" },
+                ErrorCode::Forbidden,
+            ),
+            (ActionError::NoCookie, ErrorCode::Forbidden),
+            (ActionError::NoProof { action: None }, ErrorCode::Forbidden),
+            (ActionError::NoOptions, ErrorCode::Forbidden),
+            (ActionError::NoProofNoOptions, ErrorCode::Forbidden),
             (ActionError::InvalidKeepalive(why()), ErrorCode::Failed),
             (ActionError::EmptyCommand, ErrorCode::Failed),
             (
@@ -535,5 +584,111 @@ mod tests {
         let json = serde_json::to_string(&d).unwrap();
         assert!(json.contains(r#""method":"sock_destroy""#), "{json}");
         assert_eq!(serde_json::from_str::<DestroyOutcome>(&json).unwrap(), d);
+    }
+
+    /// The refusals a hand makes are typed, and their words are the
+    /// protocol's (clients recognize [`super::NO_PROOF`]).
+    #[test]
+    fn a_hands_refusals_say_what_was_refused() {
+        use selfheal_core::protocol::Action;
+
+        let cases = [
+            (
+                ActionError::NotTheHelpers { act: "restart" },
+                "restart is not the helper's",
+            ),
+            (
+                ActionError::NoCookie,
+                "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
+                 the helper could not put back",
+            ),
+            (
+                ActionError::NoProof {
+                    action: Some(Action::RestoreKeepalive),
+                },
+                "the helper armed no proof keepalive on this socket: restore_keepalive is \
+                 only for one it armed (it puts back what it recorded then, never values a \
+                 caller sends)",
+            ),
+            (
+                ActionError::NoProof { action: None },
+                "the helper armed no proof keepalive on this socket",
+            ),
+            (
+                ActionError::NoOptions,
+                "the act names no options to put back",
+            ),
+            (
+                ActionError::NoProofNoOptions,
+                "the helper armed no proof keepalive on this socket and the request names \
+                 no options to put back",
+            ),
+        ];
+        for (e, words) in cases {
+            assert_eq!(e.to_string(), words, "{e:?}");
+            assert!(
+                !matches!(e, ActionError::NoProof { .. }) || words.starts_with(super::NO_PROOF),
+                "{e:?}"
+            );
+            assert_eq!(e.code(), ErrorCode::Forbidden, "{e:?}");
+        }
+    }
+
+    /// A hand that checks nothing lets every socket through, and puts back
+    /// only the options the act names.
+    #[test]
+    fn the_default_hand_passes_sockets_and_puts_back_only_what_is_named() {
+        use std::os::fd::AsFd as _;
+
+        use selfheal_core::{
+            keepalive::KeepaliveSettings,
+            protocol::{Act, SocketRef},
+        };
+
+        use super::{Hand, dup::SocketSeen, keepalive::Keepalive};
+
+        struct Plain(Keepalive);
+        impl Hand for Plain {
+            fn keepalive(&self) -> &Keepalive {
+                &self.0
+            }
+        }
+        let hand = Plain(Keepalive::default());
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let seen = SocketSeen {
+            fd: l.as_fd(),
+            inode: 42,
+            cookie: None,
+        };
+        let act = Act::RestoreKeepalive {
+            pid: 5,
+            start_ticks: 9,
+            socket: SocketRef { fd: 7, inode: 42 },
+            previous: None,
+        };
+        assert!(hand.gate(&act, &seen).is_ok());
+        assert!(matches!(
+            hand.previous(&act, None, &seen),
+            Err(ActionError::NoOptions)
+        ));
+        let named = KeepaliveSettings {
+            enabled: true,
+            idle_s: 60,
+            interval_s: 10,
+            count: 5,
+            user_timeout_ms: 0,
+        };
+        assert_eq!(hand.previous(&act, Some(&named), &seen).unwrap(), named);
+        assert!(matches!(
+            hand.restart_container(&selfheal_core::protocol::ContainerRestart {
+                runtime: selfheal_core::runtime::Runtime::Docker,
+                id: "abc".into(),
+                pid: 5,
+                start_ticks: 9,
+                grace_ms: 1,
+                timeout_ms: 1,
+            }),
+            Err(ActionError::NotHere { .. })
+        ));
     }
 }

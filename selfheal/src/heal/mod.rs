@@ -23,8 +23,9 @@ use selfheal_core::{
 };
 
 use crate::{
+    actions::NO_PROOF,
     actions::{ActOutcome, ActionError, keepalive::KeepaliveOutcome},
-    helper::{ClientError, server::proofs::NO_PROOF},
+    helper::ClientError,
 };
 
 /// Why an act through an [`Executor`] was not done.

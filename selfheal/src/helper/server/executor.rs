@@ -21,7 +21,7 @@ use crate::{
 
 use super::{
     Executor,
-    proofs::{NO_PROOF, ProofBook, Recorded, no_proof, put_back},
+    proofs::{ProofBook, Recorded, put_back},
 };
 
 /// The helper's executor: the real actions, for requests the helper has
@@ -124,15 +124,13 @@ struct HelperHand<'a> {
 impl HelperHand<'_> {
     /// The caller's authority on the socket's duplicate: it may still act
     /// on the target, and the socket is in a state the act is for.
-    fn check_socket(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), String> {
+    fn check_socket(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), ActionError> {
         let action = act
             .action()
-            .ok_or_else(|| format!("{} is not the helper's", act.name()))?;
-        self.authority.check_socket(action, self.target, seen.fd)
-    }
-
-    fn no_proof(&self, act: &Act) -> String {
-        act.action().map_or_else(|| NO_PROOF.to_string(), no_proof)
+            .ok_or(ActionError::NotTheHelpers { act: act.name() })?;
+        self.authority
+            .check_socket(action, self.target, seen.fd)
+            .map_err(|why| ActionError::Refused { why })
     }
 }
 
@@ -168,24 +166,25 @@ impl Hand for HelperHand<'_> {
         }
     }
 
-    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), String> {
+    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), ActionError> {
         self.check_socket(act, seen)?;
         let book = || self.exec.book();
         match act {
             Act::ProveKeepalive { .. } => {
-                let c = seen.cookie.ok_or(
-                    "the socket's cookie (SO_COOKIE) cannot be read: no proof is armed that \
-                     the helper could not put back",
-                )?;
+                let c = seen.cookie.ok_or(ActionError::NoCookie)?;
                 if book().get(c).is_none() {
-                    book().room(self.caller.uid)?;
+                    book()
+                        .room(self.caller.uid)
+                        .map_err(|why| ActionError::Refused { why })?;
                 }
                 self.cookie.set(Some(c));
             }
             Act::ExpireKeepalive { .. } => {
                 let known = seen.cookie.is_some_and(|c| book().get(c).is_some());
                 if !known && !self.authority.is_root() {
-                    return Err(self.no_proof(act));
+                    return Err(ActionError::NoProof {
+                        action: act.action(),
+                    });
                 }
                 self.cookie.set(seen.cookie);
             }
@@ -204,18 +203,16 @@ impl Hand for HelperHand<'_> {
         act: &Act,
         sent: Option<&KeepaliveSettings>,
         seen: &SocketSeen<'_>,
-    ) -> Result<KeepaliveSettings, String> {
+    ) -> Result<KeepaliveSettings, ActionError> {
         self.check_socket(act, seen)?;
         let recorded = seen.cookie.and_then(|c| self.exec.book().get(c).cloned());
         self.cookie.set(seen.cookie);
         match recorded {
             Some(r) => Ok(r.previous),
-            None if self.authority.is_root() => sent.cloned().ok_or_else(|| {
-                "the helper armed no proof keepalive on this socket and the \
-                 request names no options to put back"
-                    .to_string()
+            None if self.authority.is_root() => sent.cloned().ok_or(ActionError::NoProofNoOptions),
+            None => Err(ActionError::NoProof {
+                action: act.action(),
             }),
-            None => Err(self.no_proof(act)),
         }
     }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use selfheal_core::{keepalive::KeepaliveSettings, protocol::Action};
+use selfheal_core::keepalive::KeepaliveSettings;
 
 use crate::sys::pidfd::Pidfd;
 
@@ -159,23 +159,13 @@ pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> 
         if seen.cookie == Some(cookie) {
             Ok(r.previous.clone())
         } else {
-            Err("the fd holds another socket now".to_string())
+            Err(crate::actions::ActionError::Refused {
+                why: "the fd holds another socket now".into(),
+            })
         }
     };
     crate::actions::keepalive::restore_keepalive_chosen(&target, r.fd, Some(r.inode), &choose)
         .map_err(|e| e.to_string())
-}
-
-/// What the refusal for a socket the helper armed no proof on says
-/// first (clients recognize it).
-pub const NO_PROOF: &str = "the helper armed no proof keepalive on this socket";
-
-/// The refusal for a socket the helper armed no proof on.
-pub fn no_proof(action: Action) -> String {
-    format!(
-        "{NO_PROOF}: {action} is only for one it armed (it puts back what it recorded then, \
-         never values a caller sends)"
-    )
 }
 
 #[cfg(test)]
