@@ -6,6 +6,12 @@
 //! with its bounds). The census is the core's
 //! ([`selfheal_core::scan::census`]).
 //!
+//! `scan --prove` ([`prove`]) asks each suspect's peer with a proof
+//! keepalive, through the same acting side as `check`'s (the helper, or
+//! this process where the kernel lets it), reads the answers from
+//! sock_diag until each is in or the bound is up, and puts every socket's
+//! own options back, read back and compared. It takes no other action.
+//!
 //! Containment: a process's threads are read only when it holds a TCP
 //! connection; each such read has its own deadline
 //! ([`PROCESS_BUDGET`], the memory reads of a poll set in a reader that
@@ -14,16 +20,22 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use selfheal_core::{
+    inspect::human_ms,
+    keepalive::{KeepaliveSettings, ProofKeepalive},
+    model::TcpState,
     proc::{Detail, ProcessInfo},
-    scan::{Connection, Coverage, Owner, Waiter},
+    prove::{Answer, Proof, ProofTarget},
+    scan::{self, Connection, Coverage, Finding, Owner, ProofResult, ProofVerdict, Waiter},
     sockdiag::TcpSocket,
 };
 
 use crate::{
+    actions::keepalive::KeepaliveOutcome,
     agents::ProcessTable,
     proc,
     sys::{procfs::ProcRoot, sockdiag},
@@ -153,6 +165,7 @@ fn owner_of(table: &ProcessTable, p: &ProcessInfo) -> Owner {
         unit: table.unit_of(p.pid).map(|u| u.unit.to_string()),
         container: container.map(|c| format!("{}:{}", c.runtime, &c.id[..c.id.len().min(12)])),
         pod_uid: container.and_then(|c| c.pod_uid.clone()),
+        start_ticks: Some(p.start_ticks),
     }
 }
 
@@ -195,4 +208,267 @@ fn waiters_of(p: &ProcessInfo) -> HashMap<u64, Vec<Waiter>> {
         }
     }
     out
+}
+
+// ---- --prove ---------------------------------------------------------------
+
+/// How often `--prove` reads its proofs' sockets.
+pub const PROOF_POLL: Duration = Duration::from_millis(250);
+
+/// Past a proof's own bound, how long `--prove` still waits for the
+/// kernel's last probe to be counted (its timer's slack, and one read).
+pub const PROOF_SLACK: Duration = Duration::from_secs(2);
+
+/// The acting side `--prove` goes through: arms a proof keepalive on a
+/// socket, and puts its own options back (returning them as read back).
+pub struct Prover<'a> {
+    pub arm: &'a dyn Fn(&ProofTarget, &ProofKeepalive) -> Result<KeepaliveOutcome, String>,
+    pub restore: &'a dyn Fn(&ProofTarget, &KeepaliveSettings) -> Result<KeepaliveSettings, String>,
+}
+
+/// One proof in flight.
+struct Asking {
+    inode: u64,
+    target: ProofTarget,
+    proof: Proof,
+}
+
+/// Asks the peer of every suspect in `findings` with the proof keepalive
+/// `ka`, through `prover`: each answer (data, an ACK of a probe) proves it
+/// alive, `count` probes unanswered within the proof's bound prove it
+/// dead; no answer by the bound (plus [`PROOF_SLACK`]), a connection that
+/// ended, or `stop` set leaves it unproven. `waiting` is told, once every
+/// proof is armed, how long the answers may take. Every armed socket gets
+/// its own options back as soon as its answer is in. The results, by
+/// socket inode.
+pub fn prove(
+    findings: &[Finding],
+    ka: &ProofKeepalive,
+    prover: &Prover<'_>,
+    stop: &AtomicBool,
+    waiting: impl FnOnce(Duration, usize),
+) -> Vec<(u64, ProofResult)> {
+    let mut results = Vec::new();
+    let mut asking = Vec::new();
+    for f in scan::suspects(findings) {
+        let Some(start_ticks) = f.owner.start_ticks else {
+            results.push((
+                f.inode,
+                unproven("not armed: its start time was not read".into()),
+            ));
+            continue;
+        };
+        let target = ProofTarget {
+            pid: f.owner.pid,
+            start_ticks,
+            fd: f.fd,
+            inode: f.inode,
+        };
+        // Before arming: an answer read after it is younger than this.
+        let now = boot_ms();
+        match (prover.arm)(&target, ka) {
+            // Armed over another prover's proof: the options read were
+            // that proof's, not the socket's. Put back at once, not asked
+            // twice (the other proof goes on).
+            Ok(out) if ka.is_armed_as(&out.previous) => {
+                let back = match (prover.restore)(&target, &out.previous) {
+                    Ok(back) if back == out.previous => String::new(),
+                    Ok(back) => format!(
+                        "; put back {}, but read back {}",
+                        out.previous.words(),
+                        back.words()
+                    ),
+                    Err(e) => format!("; could not put back {}: {e}", out.previous.words()),
+                };
+                results.push((
+                    f.inode,
+                    unproven(format!(
+                        "not asked: another proof keepalive (a check's or another scan's) is armed on it{back}"
+                    )),
+                ));
+            }
+            Ok(out) => {
+                let silent = out.silent_ms.map_or(f.silent_ms.unwrap_or(0), u64::from);
+                tracing::debug!(
+                    pid = target.pid,
+                    fd = target.fd,
+                    inode = target.inode,
+                    "proof keepalive armed; its own options were {}",
+                    out.previous.words()
+                );
+                asking.push(Asking {
+                    inode: f.inode,
+                    target,
+                    proof: Proof::armed(&target, ka, silent, out.previous, now),
+                });
+            }
+            Err(e) => results.push((f.inode, unproven(format!("not armed: {e}")))),
+        }
+    }
+    let bound = asking
+        .iter()
+        .map(|a| a.proof.bound_ms())
+        .max()
+        .map(|ms| Duration::from_millis(ms) + PROOF_SLACK);
+    let Some(bound) = bound else {
+        return results;
+    };
+    waiting(bound, asking.len());
+    let until = Instant::now() + bound;
+    let mut polls = 0u32;
+    while !asking.is_empty() {
+        let out_of_time = Instant::now() >= until || stop.load(Ordering::Relaxed);
+        let now = boot_ms();
+        let seen = sockets_of(asking.iter().map(|a| a.target.pid));
+        let mut pending = Vec::new();
+        for a in asking.drain(..) {
+            let answer = match seen.get(&a.inode) {
+                None => Some((
+                    ProofVerdict::Unproven,
+                    "the connection ended during the proof".to_string(),
+                )),
+                Some(s) if s.state == TcpState::CloseWait => Some((
+                    ProofVerdict::Alive,
+                    "the peer closed the connection (its kernel answered)".to_string(),
+                )),
+                Some(s) if s.state != TcpState::Established => Some((
+                    ProofVerdict::Unproven,
+                    format!("the connection left ESTAB ({}) during the proof", s.state),
+                )),
+                Some(s) => match s.tcp_info.as_ref().map(|i| a.proof.answer(i, now)) {
+                    Some(Answer::Data) => {
+                        Some((ProofVerdict::Alive, "data arrived from the peer".into()))
+                    }
+                    Some(Answer::Answered) => Some((
+                        ProofVerdict::Alive,
+                        "the peer acknowledged a keepalive probe".into(),
+                    )),
+                    Some(Answer::Dead { why }) => Some((ProofVerdict::Dead, why)),
+                    Some(Answer::Pending) | None if out_of_time => Some((
+                        ProofVerdict::Unproven,
+                        if stop.load(Ordering::Relaxed) {
+                            "interrupted before an answer".into()
+                        } else {
+                            format!(
+                                "no answer either way within {}",
+                                human_ms(duration_ms(bound))
+                            )
+                        },
+                    )),
+                    Some(Answer::Pending) | None => None,
+                },
+            };
+            match answer {
+                Some((result, detail)) => {
+                    let after = a.proof.armed_for(now);
+                    results.push((a.inode, finish(&a, prover, result, detail, after)));
+                }
+                None => pending.push(a),
+            }
+        }
+        asking = pending;
+        polls += 1;
+        // Bounded in count as in time: the clock may not be trusted alone.
+        let most = duration_ms(bound) / duration_ms(PROOF_POLL) + 8;
+        if asking.is_empty() || u64::from(polls) > most {
+            for a in asking.drain(..) {
+                let after = a.proof.armed_for(boot_ms());
+                let detail = "no answer either way within its polls".to_string();
+                results.push((
+                    a.inode,
+                    finish(&a, prover, ProofVerdict::Unproven, detail, after),
+                ));
+            }
+            break;
+        }
+        std::thread::sleep(PROOF_POLL);
+    }
+    results
+}
+
+/// A proof that was never armed: nothing to put back.
+fn unproven(detail: String) -> ProofResult {
+    ProofResult {
+        result: ProofVerdict::Unproven,
+        detail,
+        after_ms: None,
+        bound_ms: None,
+        restored: false,
+    }
+}
+
+/// Puts `a`'s socket's own options back (unless it is gone), read back and
+/// compared, and says what the proof found.
+fn finish(
+    a: &Asking,
+    prover: &Prover<'_>,
+    result: ProofVerdict,
+    mut detail: String,
+    after_ms: u64,
+) -> ProofResult {
+    let gone = detail.starts_with("the connection ended");
+    let restored = if gone {
+        false
+    } else {
+        match (prover.restore)(&a.target, &a.proof.previous) {
+            Ok(back) if back == a.proof.previous => true,
+            Ok(back) => {
+                detail.push_str(&format!(
+                    "; put back {}, but read back {}",
+                    a.proof.previous.words(),
+                    back.words()
+                ));
+                false
+            }
+            Err(e) => {
+                detail.push_str(&format!(
+                    "; could not put back its own options ({}): {e}",
+                    a.proof.previous.words()
+                ));
+                false
+            }
+        }
+    };
+    if !restored && !gone {
+        tracing::warn!(
+            pid = a.target.pid,
+            fd = a.target.fd,
+            "scan --prove: {detail}"
+        );
+    }
+    ProofResult {
+        result,
+        detail,
+        after_ms: Some(after_ms),
+        bound_ms: Some(a.proof.bound_ms()),
+        restored,
+    }
+}
+
+/// The TCP sockets of the network namespaces of `pids`, by inode (one
+/// dump per namespace; a namespace that cannot be dumped shows none).
+fn sockets_of(pids: impl Iterator<Item = u32>) -> HashMap<u64, TcpSocket> {
+    let root = ProcRoot::default();
+    let mut done = std::collections::BTreeSet::new();
+    let mut out = HashMap::new();
+    for pid in pids {
+        let Ok(ns) = root.namespace(pid, "net") else {
+            continue;
+        };
+        if !done.insert(ns) {
+            continue;
+        }
+        if let Ok(all) = sockdiag::dump_tcp_in_netns_of(pid) {
+            out.extend(all.into_iter().map(|s| (s.inode, s)));
+        }
+    }
+    out
+}
+
+fn boot_ms() -> u64 {
+    crate::sys::clock::boot_ns() / 1_000_000
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

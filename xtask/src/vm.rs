@@ -175,10 +175,11 @@ pub fn vm_test(args: VmArgs) -> Result<()> {
         Some(exe) => TestBinaries {
             test: absolute(exe)?,
             helpers: Vec::new(),
+            selfheal: None,
         },
         None => build_test_binaries(&root, args.package(), args.test_target())?,
     };
-    let init = init_script(&binaries.test, args.filter());
+    let init = init_script(&binaries.test, binaries.selfheal.as_deref(), args.filter());
     let initramfs = build_initramfs(&vm_dir, &binaries, &kernel.modules, &init)?;
 
     let log = vm_dir.join("serial.log");
@@ -355,7 +356,22 @@ struct TestBinaries {
     test: PathBuf,
     /// The package's `[[bin]]`s, which the test finds at their build paths.
     helpers: Vec<PathBuf>,
+    /// The `selfheal` binary, which tests that run a helper of their own
+    /// start (`SELFHEAL_TEST_BIN`: there is no cargo in the VM to build it).
+    selfheal: Option<PathBuf>,
 }
+
+/// Host programs the VM's tests run that busybox lacks or has in part
+/// (its `setpriv` has no `--reuid`), staged with their libraries over
+/// busybox's applets of the same name; and dash, which is `/bin/sh`:
+/// busybox's shell runs its own applet for a name before any on `PATH`.
+const HOST_TOOLS: &[&str] = &["/usr/bin/setpriv", "/usr/bin/unshare", "/bin/dash"];
+
+/// `/etc/passwd` and `/etc/group` of the VM: the names `stat -c %U` prints
+/// for the users the tests run as.
+const PASSWD: &str =
+    "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
+const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 
 /// One executable cargo reported building.
 /// The helper programs (binaries of the tests crate) the VM's tests use.
@@ -390,7 +406,16 @@ fn build_test_binaries(root: &Path, package: &str, test_target: &str) -> Result<
         })
         .map(|a| a.executable)
         .collect();
-    Ok(TestBinaries { test, helpers })
+    let selfheal = cargo_artifacts(root, &["build", "-p", "selfheal", "--bin", "selfheal"])?
+        .into_iter()
+        .find(|a| !a.test && a.name == "selfheal")
+        .map(|a| a.executable)
+        .context("cargo built no selfheal binary")?;
+    Ok(TestBinaries {
+        test,
+        helpers,
+        selfheal: Some(selfheal),
+    })
 }
 
 /// Runs `cargo <args> --message-format=json` with the eBPF object required,
@@ -448,7 +473,7 @@ fn build_initramfs(
             .with_context(|| format!("cannot remove {}", staging.display()))?;
     }
     for dir in [
-        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "root", "etc",
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "root", "etc", "run",
     ] {
         let d = staging.join(dir);
         fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
@@ -456,9 +481,14 @@ fn build_initramfs(
     install_busybox(&staging)?;
 
     let mut files = BTreeSet::new();
-    for exe in std::iter::once(&binaries.test).chain(&binaries.helpers) {
-        files.insert(exe.clone());
-        files.extend(shared_libraries(exe)?);
+    let tools = HOST_TOOLS.iter().map(PathBuf::from);
+    for exe in std::iter::once(binaries.test.clone())
+        .chain(binaries.helpers.iter().cloned())
+        .chain(binaries.selfheal.clone())
+        .chain(tools)
+    {
+        files.extend(shared_libraries(&exe)?);
+        files.insert(exe);
     }
     for file in &files {
         stage_file(&staging, file)?;
@@ -477,6 +507,13 @@ fn build_initramfs(
         fs::copy(&src, &dst)
             .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
     }
+
+    let sh = staging.join("bin/sh");
+    fs::remove_file(&sh).with_context(|| format!("cannot remove {}", sh.display()))?;
+    std::os::unix::fs::symlink("dash", &sh)
+        .with_context(|| format!("cannot link {} to dash", sh.display()))?;
+    fs::write(staging.join("etc/passwd"), PASSWD).context("cannot write /etc/passwd")?;
+    fs::write(staging.join("etc/group"), GROUP).context("cannot write /etc/group")?;
 
     let init_path = staging.join("init");
     write_executable(&init_path, init)?;
@@ -571,6 +608,11 @@ fn stage_file(staging: &Path, path: &Path) -> Result<()> {
         fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
+    // A busybox applet's link of the same name goes first: copying through
+    // it would overwrite busybox itself.
+    if fs::symlink_metadata(&dest).is_ok_and(|m| m.file_type().is_symlink()) {
+        fs::remove_file(&dest).with_context(|| format!("cannot remove {}", dest.display()))?;
+    }
     fs::copy(path, &dest)
         .with_context(|| format!("cannot copy {} to {}", path.display(), dest.display()))?;
     Ok(())
@@ -629,7 +671,7 @@ fn list_tree(base: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 
 /// `/init`: mounts what eBPF needs, runs every case between markers, powers
 /// off. Its first commands run with no console until devtmpfs is mounted.
-fn init_script(test: &Path, filter: &str) -> String {
+fn init_script(test: &Path, selfheal: Option<&Path>, filter: &str) -> String {
     let mut s = String::from(
         r#"#!/bin/sh
 # Generated by `cargo xtask vm-test` (xtask/src/vm.rs).
@@ -670,10 +712,13 @@ has() { if [ -e "$1" ]; then echo yes; else echo no; fi; }
 "#
     );
     for case in CASES {
+        let bin = selfheal.map(|b| ("SELFHEAL_TEST_BIN", b.to_string_lossy().into_owned()));
         let env = COMMON_ENV
             .iter()
             .chain(case.env)
-            .map(|(k, v)| format!("{k}={}", sh_quote(v)));
+            .map(|(k, v)| (*k, (*v).to_owned()))
+            .chain(bin)
+            .map(|(k, v)| format!("{k}={}", sh_quote(&v)));
         let cmd: Vec<String> = std::iter::once("env".to_owned())
             .chain(env)
             .chain([

@@ -21,6 +21,20 @@ pub struct KeepaliveSettings {
     pub user_timeout_ms: u32,
 }
 
+impl KeepaliveSettings {
+    /// The options in a few words, for a report.
+    pub fn words(&self) -> String {
+        format!(
+            "SO_KEEPALIVE {} idle {} s interval {} s count {} user timeout {} ms",
+            if self.enabled { "on" } else { "off" },
+            self.idle_s,
+            self.interval_s,
+            self.count,
+            self.user_timeout_ms
+        )
+    }
+}
+
 /// The kernel's limits (include/net/tcp.h).
 pub const MAX_TCP_KEEPIDLE: u32 = 32767;
 pub const MAX_TCP_KEEPINTVL: u32 = 32767;
@@ -84,5 +98,60 @@ impl ProofKeepalive {
             count: self.count,
             user_timeout_ms: timeout.min(i32::MAX as u64) as u32,
         })
+    }
+
+    /// Whether `s` are options this proof sets: another prover's proof of
+    /// the same probes (a check's, another scan's) is armed on the socket,
+    /// and `s` are not the socket's own.
+    pub fn is_armed_as(&self, s: &KeepaliveSettings) -> bool {
+        let least = 1000 * u64::from(self.idle_s)
+            + 1000 * u64::from(self.count) * u64::from(self.interval_s)
+            + u64::from(self.hold_ms);
+        s.enabled
+            && s.idle_s == self.idle_s
+            && s.interval_s == self.interval_s
+            && s.count == self.count
+            && u64::from(s.user_timeout_ms) >= least.min(i32::MAX as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proofs_options_are_told_from_a_sockets_own() {
+        let ka = ProofKeepalive {
+            idle_s: 5,
+            interval_s: 5,
+            count: 3,
+            hold_ms: 120_000,
+        };
+        for silent in [None, Some(0), Some(40_000)] {
+            assert!(ka.is_armed_as(&ka.settings(silent).unwrap()), "{silent:?}");
+        }
+        let system = KeepaliveSettings {
+            enabled: false,
+            idle_s: 7200,
+            interval_s: 75,
+            count: 9,
+            user_timeout_ms: 0,
+        };
+        assert!(!ka.is_armed_as(&system));
+        // An application's own keepalive of the same probes, no user timeout.
+        let own = KeepaliveSettings {
+            enabled: true,
+            idle_s: 5,
+            interval_s: 5,
+            count: 3,
+            user_timeout_ms: 0,
+        };
+        assert!(!ka.is_armed_as(&own));
+        // Another proof's probes.
+        let other = ProofKeepalive {
+            interval_s: 10,
+            ..ka.clone()
+        };
+        assert!(!ka.is_armed_as(&other.settings(None).unwrap()));
     }
 }

@@ -22,8 +22,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    inspect::human_ms,
     keepalive::{KeepaliveSettings, ProofKeepalive},
     protocol::{Act, SocketRef},
+    sockdiag::TcpInfo,
 };
 
 /// A proof keepalive armed on one socket; history keeps it by socket cookie
@@ -52,7 +54,88 @@ pub struct Proof {
     pub restore_error: Option<String>,
 }
 
+/// What a proof keepalive's socket says of its peer at one reading.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Data arrived since it was armed.
+    Data,
+    /// The peer acknowledged a probe since it was armed.
+    Answered,
+    /// `count` probes went unanswered, each given its whole interval.
+    Dead {
+        /// A sentence for the report.
+        why: String,
+    },
+    /// Neither yet.
+    Pending,
+}
+
+impl Answer {
+    /// Whether the peer showed itself (data or an answered probe).
+    pub fn alive(&self) -> bool {
+        matches!(self, Answer::Data | Answer::Answered)
+    }
+}
+
 impl Proof {
+    /// The proof armed at `now_ms` on `target` with `ka`, on a socket the
+    /// kernel's keepalive timer saw silent for `silent_ms` (so its first
+    /// probe goes that much sooner), whose own options were `previous`.
+    pub fn armed(
+        target: &ProofTarget,
+        ka: &ProofKeepalive,
+        silent_ms: u64,
+        previous: KeepaliveSettings,
+        now_ms: u64,
+    ) -> Proof {
+        Proof {
+            pid: target.pid,
+            start_ticks: target.start_ticks,
+            fd: target.fd,
+            inode: target.inode,
+            armed_at_ms: now_ms,
+            first_probe_ms: (u64::from(ka.idle_s) * 1000).saturating_sub(silent_ms),
+            interval_ms: u64::from(ka.interval_s) * 1000,
+            count: ka.count,
+            previous,
+            restore_failures: 0,
+            restore_error: None,
+        }
+    }
+
+    /// How long after arming the peer is proven dead at the latest, if it
+    /// answers nothing: the first probe, then `count` intervals.
+    pub fn bound_ms(&self) -> u64 {
+        self.first_probe_ms
+            .saturating_add(u64::from(self.count).saturating_mul(self.interval_ms))
+    }
+
+    /// What `info`, read at `now_ms`, says of the peer: the ages in
+    /// `tcp_info` are compared with the time since arming (an ACK or data
+    /// younger than that came after it).
+    pub fn answer(&self, info: &TcpInfo, now_ms: u64) -> Answer {
+        let armed_for = self.armed_for(now_ms);
+        let silent = u64::from(info.last_data_recv_ms);
+        if silent < armed_for {
+            return Answer::Data;
+        }
+        if u64::from(info.last_ack_recv_ms) < armed_for {
+            return Answer::Answered;
+        }
+        if info.unacked == 0 && self.proves_dead(info.probes, armed_for) {
+            return Answer::Dead {
+                why: format!(
+                    "proof keepalive armed {} ago: {} probe(s) unanswered, {} apart; nothing from the peer for {}",
+                    human_ms(armed_for),
+                    info.probes,
+                    human_ms(self.interval_ms),
+                    human_ms(silent)
+                ),
+            };
+        }
+        Answer::Pending
+    }
+
     /// How long it has been armed at `now_ms`.
     pub fn armed_for(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.armed_at_ms)
@@ -61,11 +144,7 @@ impl Proof {
     /// Whether `probes` unanswered probes, `armed_for` after arming, prove
     /// the peer dead: `count` of them, each given its whole interval.
     pub fn proves_dead(&self, probes: u8, armed_for: u64) -> bool {
-        u32::from(probes) >= self.count
-            && armed_for
-                >= self
-                    .first_probe_ms
-                    .saturating_add(u64::from(self.count).saturating_mul(self.interval_ms))
+        u32::from(probes) >= self.count && armed_for >= self.bound_ms()
     }
 }
 
@@ -155,4 +234,67 @@ pub struct ProofEvent {
     pub ok: bool,
     /// What was set or put back, or why not.
     pub detail: String,
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use super::*;
+
+    fn armed() -> Proof {
+        let ka = ProofKeepalive {
+            idle_s: 5,
+            interval_s: 5,
+            count: 3,
+            hold_ms: 120_000,
+        };
+        let t = ProofTarget {
+            pid: 7,
+            start_ticks: 1,
+            fd: 3,
+            inode: 9,
+        };
+        // Silent 2 s when armed at 100 s: the first probe 3 s later.
+        let off = KeepaliveSettings {
+            enabled: false,
+            idle_s: 7200,
+            interval_s: 75,
+            count: 9,
+            user_timeout_ms: 0,
+        };
+        Proof::armed(&t, &ka, 2_000, off, 100_000)
+    }
+
+    fn info(recv_ago: u32, ack_ago: u32, probes: u8) -> TcpInfo {
+        TcpInfo {
+            last_data_recv_ms: recv_ago,
+            last_ack_recv_ms: ack_ago,
+            probes,
+            ..TcpInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_proof_is_answered_by_data_or_an_ack_after_arming_and_dead_only_at_its_bound() {
+        let p = armed();
+        assert_eq!(p.first_probe_ms, 3_000);
+        assert_eq!(p.bound_ms(), 18_000);
+        // 4 s after arming: data 1 s ago, an ACK 1 s ago, or neither.
+        assert_eq!(p.answer(&info(1_000, 9_000, 0), 104_000), Answer::Data);
+        assert_eq!(p.answer(&info(9_000, 1_000, 0), 104_000), Answer::Answered);
+        assert_eq!(p.answer(&info(9_000, 9_000, 1), 104_000), Answer::Pending);
+        // An ACK from before arming is no answer.
+        assert_eq!(p.answer(&info(30_000, 5_000, 3), 104_000), Answer::Pending);
+        // Three probes unanswered, a moment before the bound, then at it.
+        assert_eq!(p.answer(&info(30_000, 30_000, 3), 117_999), Answer::Pending);
+        assert!(matches!(
+            p.answer(&info(30_000, 30_000, 3), 118_000),
+            Answer::Dead { .. }
+        ));
+        // Fewer probes than asked, however long: not dead.
+        assert_eq!(p.answer(&info(60_000, 60_000, 2), 160_000), Answer::Pending);
+        // Data in flight: its retransmissions, not probes, decide.
+        let mut i = info(30_000, 30_000, 3);
+        i.unacked = 1;
+        assert_eq!(p.answer(&i, 118_000), Answer::Pending);
+    }
 }

@@ -14,8 +14,10 @@
 //!   `peer_closed`.
 //!
 //! An established connection no thread waits on (an idle pooled one) is
-//! not listed. `dead` needs a proof, which the census does not make: it is
-//! never produced here.
+//! not listed. `dead` needs a proof: `scan --prove` asks each suspect's
+//! peer with a proof keepalive (the edge arms it and reads the answer,
+//! [`crate::prove::Proof::answer`] judges it) and [`with_proofs`] turns
+//! each suspect `dead` or `alive` by what the peer answered.
 
 use serde::Serialize;
 
@@ -80,6 +82,10 @@ pub struct Owner {
     /// The Kubernetes pod uid its cgroup names.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// Its start time (clock ticks after boot), which an act on it names
+    /// (a reused pid is another process).
+    #[serde(skip)]
+    pub start_ticks: Option<u64>,
 }
 
 /// One connection of one process, as read.
@@ -112,8 +118,37 @@ pub struct Finding {
     /// Retransmissions and unanswered keepalive probes, from `tcp_info`.
     pub retransmits: u8,
     pub probes: u8,
-    /// Always null: this census proves nothing.
-    pub proof: Option<String>,
+    /// What `--prove` learned of the peer; null without it, and for
+    /// connections that were not suspect.
+    pub proof: Option<ProofResult>,
+}
+
+/// What a proof keepalive said of a suspect's peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProofVerdict {
+    /// Its probes went unanswered: the peer is gone.
+    Dead,
+    /// It answered a probe, or sent data.
+    Alive,
+    /// No answer either way: the proof could not be armed, its connection
+    /// ended, or its time ran out.
+    Unproven,
+}
+
+/// One suspect's proof, as `scan --prove` ran it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProofResult {
+    pub result: ProofVerdict,
+    /// What showed it, or why there is no answer.
+    pub detail: String,
+    /// When the answer came, after arming (none where never armed).
+    pub after_ms: Option<u64>,
+    /// The latest a dead peer is proven dead, after arming.
+    pub bound_ms: Option<u64>,
+    /// Whether the socket's own keepalive options were put back and read
+    /// back equal (false where never armed: nothing to put back).
+    pub restored: bool,
 }
 
 /// How long `s` has carried no data, either way: the smaller of
@@ -168,7 +203,51 @@ pub fn judge(c: &Connection, silent_for_ms: u64) -> Option<(Verdict, Option<u64>
 /// The findings among `connections`, most severe first (then the longest
 /// silent, then by pid and inode).
 pub fn census(connections: &[Connection], silent_for_ms: u64) -> Vec<Finding> {
-    let mut out: Vec<Finding> = connections
+    let mut out = census_unsorted(connections, silent_for_ms);
+    sort(&mut out);
+    out
+}
+
+/// Most severe first, then the longest silent, then by pid and inode.
+fn sort(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        a.verdict
+            .cmp(&b.verdict)
+            .then(b.silent_ms.cmp(&a.silent_ms))
+            .then(a.owner.pid.cmp(&b.owner.pid))
+            .then(a.inode.cmp(&b.inode))
+    });
+}
+
+/// The suspects among `findings`: the connections `--prove` asks about.
+pub fn suspects(findings: &[Finding]) -> impl Iterator<Item = &Finding> {
+    findings.iter().filter(|f| f.verdict == Verdict::Suspect)
+}
+
+/// `findings` with each proof in `proofs` (by socket inode) on its
+/// suspect: `dead` or `alive` as the peer answered, `suspect` still where
+/// unproven; sorted again.
+pub fn with_proofs(mut findings: Vec<Finding>, proofs: Vec<(u64, ProofResult)>) -> Vec<Finding> {
+    for (inode, proof) in proofs {
+        let Some(f) = findings
+            .iter_mut()
+            .find(|f| f.inode == inode && f.verdict == Verdict::Suspect)
+        else {
+            continue;
+        };
+        f.verdict = match proof.result {
+            ProofVerdict::Dead => Verdict::Dead,
+            ProofVerdict::Alive => Verdict::Alive,
+            ProofVerdict::Unproven => Verdict::Suspect,
+        };
+        f.proof = Some(proof);
+    }
+    sort(&mut findings);
+    findings
+}
+
+fn census_unsorted(connections: &[Connection], silent_for_ms: u64) -> Vec<Finding> {
+    connections
         .iter()
         .filter_map(|c| {
             let (verdict, silent_ms) = judge(c, silent_for_ms)?;
@@ -188,15 +267,7 @@ pub fn census(connections: &[Connection], silent_for_ms: u64) -> Vec<Finding> {
                 proof: None,
             })
         })
-        .collect();
-    out.sort_by(|a, b| {
-        a.verdict
-            .cmp(&b.verdict)
-            .then(b.silent_ms.cmp(&a.silent_ms))
-            .then(a.owner.pid.cmp(&b.owner.pid))
-            .then(a.inode.cmp(&b.inode))
-    });
-    out
+        .collect()
 }
 
 /// The exit code of a census, as `check`'s: 2 when something is dead, 1
@@ -319,10 +390,43 @@ pub fn render(findings: &[Finding], coverage: &Coverage, silent_for_ms: u64) -> 
             line(&mut o, &cells);
         }
     }
+    let proved: Vec<&Finding> = findings.iter().filter(|f| f.proof.is_some()).collect();
+    if !proved.is_empty() {
+        let _ = writeln!(o, "\nproofs:");
+    }
+    for f in proved {
+        let Some(p) = &f.proof else { continue };
+        let when = match (p.after_ms, p.bound_ms) {
+            (Some(a), Some(b)) => format!(" after {} (bound {})", age(Some(a)), age(Some(b))),
+            _ => String::new(),
+        };
+        let back = match (p.after_ms, p.restored) {
+            (None, _) => "",
+            (Some(_), true) => "; its own options put back",
+            (Some(_), false) => "; its own options NOT put back",
+        };
+        let _ = writeln!(
+            o,
+            "  pid {} fd {} -> {}: {}{when}: {}{back}",
+            f.owner.pid,
+            f.fd,
+            f.remote,
+            match p.result {
+                ProofVerdict::Dead => "dead",
+                ProofVerdict::Alive => "alive",
+                ProofVerdict::Unproven => "unproven",
+            },
+            escape(&p.detail)
+        );
+    }
     let count = |v: Verdict| findings.iter().filter(|f| f.verdict == v).count();
+    let dead = match count(Verdict::Dead) {
+        0 => String::new(),
+        n => format!("{n} dead, "),
+    };
     let _ = write!(
         o,
-        "\n{} suspect, {} connecting, {} peer_closed, {} alive; {} processes read",
+        "\n{dead}{} suspect, {} connecting, {} peer_closed, {} alive; {} processes read",
         count(Verdict::Suspect),
         count(Verdict::Connecting),
         count(Verdict::PeerClosed),
@@ -627,5 +731,61 @@ mod tests {
         assert!(text.contains("1 suspect"), "{text}");
         let empty = render(&[], &Coverage::default(), 30_000);
         assert!(empty.starts_with("no connection"), "{empty}");
+    }
+
+    fn proof(result: ProofVerdict, detail: &str) -> ProofResult {
+        ProofResult {
+            result,
+            detail: detail.into(),
+            after_ms: Some(4_000),
+            bound_ms: Some(15_000),
+            restored: true,
+        }
+    }
+
+    #[test]
+    fn proofs_turn_suspects_dead_or_alive_and_leave_the_rest() {
+        let silent = || Some(info(40_000, 40_000));
+        let cs = [
+            conn(1, TcpState::Established, silent(), recv_waiter(1)),
+            conn(2, TcpState::Established, silent(), recv_waiter(1)),
+            conn(3, TcpState::Established, silent(), recv_waiter(1)),
+            conn(4, TcpState::CloseWait, silent(), Vec::new()),
+        ];
+        let f = census(&cs, 30_000);
+        assert_eq!(suspects(&f).count(), 3);
+        let f = with_proofs(
+            f,
+            vec![
+                (1002, proof(ProofVerdict::Alive, "the peer answered")),
+                (1003, proof(ProofVerdict::Dead, "3 probes unanswered")),
+                (1001, proof(ProofVerdict::Unproven, "the connection ended")),
+                // Not a suspect: its verdict and proof stay.
+                (1004, proof(ProofVerdict::Dead, "never asked")),
+            ],
+        );
+        let by_pid = |pid| f.iter().find(|x| x.owner.pid == pid).unwrap();
+        assert_eq!(by_pid(3).verdict, Verdict::Dead);
+        assert_eq!(by_pid(2).verdict, Verdict::Alive);
+        assert_eq!(by_pid(1).verdict, Verdict::Suspect);
+        assert_eq!(
+            by_pid(1).proof.as_ref().unwrap().detail,
+            "the connection ended"
+        );
+        assert_eq!(by_pid(4).verdict, Verdict::PeerClosed);
+        assert!(by_pid(4).proof.is_none());
+        // Sorted again: the dead first, and it sets the exit code.
+        assert_eq!(f[0].owner.pid, 3);
+        assert_eq!(exit_code(&f), 2);
+        let v = serde_json::to_value(&f[0]).unwrap();
+        assert_eq!(v["verdict"], "dead");
+        assert_eq!(v["proof"]["result"], "dead");
+        assert_eq!(v["proof"]["bound_ms"], 15_000);
+        let text = render(&f, &Coverage::default(), 30_000);
+        assert!(text.contains("1 dead, 1 suspect"), "{text}");
+        assert!(
+            text.contains("pid 3 fd 5 -> 10.0.0.2:443: dead after 4.0s (bound 15s): 3 probes unanswered; its own options put back"),
+            "{text}"
+        );
     }
 }

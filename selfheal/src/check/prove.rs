@@ -6,7 +6,6 @@ use selfheal_core::{
     config::AgentConfig,
     inspect::Report,
     judge::{AgentHistory, Judgement},
-    keepalive::KeepaliveSettings,
     ladder::Decision,
     outcome::HealReport,
     protocol::Act,
@@ -79,20 +78,13 @@ pub(super) fn prove_stage(
                         let kernel_silent = out.silent_ms.map_or(*silent_ms, u64::from);
                         hist.proofs.insert(
                             *cookie,
-                            Proof {
-                                pid: target.pid,
-                                start_ticks: target.start_ticks,
-                                fd: target.fd,
-                                inode: target.inode,
+                            Proof::armed(
+                                target,
+                                &ka,
+                                kernel_silent,
+                                out.previous.clone(),
                                 armed_at_ms,
-                                first_probe_ms: (u64::from(ka.idle_s) * 1000)
-                                    .saturating_sub(kernel_silent),
-                                interval_ms: u64::from(ka.interval_s) * 1000,
-                                count: ka.count,
-                                previous: out.previous.clone(),
-                                restore_failures: 0,
-                                restore_error: None,
-                            },
+                            ),
                         );
                         events.push(ProofEvent {
                             action: "arm",
@@ -104,7 +96,7 @@ pub(super) fn prove_stage(
                                 ka.count,
                                 ka.interval_s,
                                 out.applied.user_timeout_ms,
-                                settings_words(&out.previous)
+                                out.previous.words()
                             ),
                         });
                     }
@@ -143,8 +135,8 @@ pub(super) fn prove_stage(
                     } else {
                         Err(format!(
                             "put back {}, but read back {}",
-                            settings_words(&p.previous),
-                            settings_words(&back)
+                            p.previous.words(),
+                            back.words()
                         ))
                     }
                 });
@@ -163,7 +155,7 @@ pub(super) fn prove_stage(
                             agent = %agent.name, pid = p.pid, fd = p.fd, inode = p.inode,
                             remote = %remote,
                             "proof keepalive: {why}; options put back and read back: {}",
-                            settings_words(&back)
+                            back.words()
                         );
                         events.push(ProofEvent {
                             action: "restore",
@@ -172,7 +164,7 @@ pub(super) fn prove_stage(
                             ok: true,
                             detail: format!(
                                 "{why}; options put back and read back: {}",
-                                settings_words(&back)
+                                back.words()
                             ),
                         });
                     }
@@ -190,7 +182,7 @@ pub(super) fn prove_stage(
                                 "gave up putting back the keepalive options of the connection to {remote} (fd {} of pid {}) after {failures} attempts, {}: {e}",
                                 p.fd,
                                 p.pid,
-                                settings_words(&p.previous)
+                                p.previous.words()
                             )
                         } else {
                             format!(
@@ -257,16 +249,4 @@ pub(super) fn unended_proofs(
             })
         })
         .collect()
-}
-
-/// Keepalive options in a few words.
-fn settings_words(s: &KeepaliveSettings) -> String {
-    format!(
-        "SO_KEEPALIVE {} idle {} s interval {} s count {} user timeout {} ms",
-        if s.enabled { "on" } else { "off" },
-        s.idle_s,
-        s.interval_s,
-        s.count,
-        s.user_timeout_ms
-    )
 }

@@ -132,7 +132,7 @@ pub struct WatchArgs {
 /// The helper if one answers at `path` (healing through it, and its
 /// tracer's evidence, on one connection), else this process itself and no
 /// eBPF evidence.
-fn executor(
+pub(super) fn executor(
     path: &Path,
 ) -> (
     Box<dyn selfheal::heal::Executor>,

@@ -45,7 +45,8 @@ pub const EXIT_CODES: [(u8, &str); 4] = [
     ),
     (
         EXIT_WEDGED,
-        "check/watch: something wedged, unresponsive or down and not healed",
+        "check/watch: something wedged, unresponsive or down and not healed; scan --prove: \
+         a connection proven dead",
     ),
     (
         EXIT_USAGE,

@@ -7,15 +7,19 @@ use std::{io::Write as _, time::Duration};
 
 use super::{Error, Finished};
 use anyhow::Context as _;
-use selfheal_core::scan;
+use selfheal_core::{
+    keepalive::{KeepaliveSettings, ProofKeepalive},
+    prove::ProofTarget,
+    scan,
+};
 
 /// Census of every process on the host (root; else your own) waiting on a
 /// TCP peer: each connection a thread waits on, or that is connecting or
 /// peer-closed, with a verdict: suspect (no data either way for
 /// --silent-for while a thread waits on it), connecting (SYN-SENT that
-/// long), peer_closed (CLOSE-WAIT still held) or alive. Reads only; needs
-/// no config. Exit 0 when nothing is suspect, connecting or peer-closed,
-/// 1 when something is.
+/// long), peer_closed (CLOSE-WAIT still held) or alive. Reads only,
+/// unless --prove; needs no config. Exit 0 when nothing is dead, suspect,
+/// connecting or peer-closed, 2 when something is proven dead, else 1.
 #[derive(clap::Args)]
 pub struct Args {
     /// How long a waited-on connection may carry no data before it is
@@ -25,12 +29,59 @@ pub struct Args {
     /// Print one JSON object per finding, one per line, instead of a table.
     #[arg(long)]
     json: bool,
+    /// Ask each suspect's peer whether it is there: a proof keepalive
+    /// (probes 5 s apart, 3 unanswered prove it dead), through the helper
+    /// where one runs, else directly where the kernel lets this user (root,
+    /// or its own processes). Prints how long the answers may take (22 s at
+    /// most with these probes), reports each suspect dead or alive, and
+    /// puts every socket's own keepalive options back. Takes no other
+    /// action.
+    #[arg(long)]
+    prove: bool,
+    /// The privileged helper's socket, for --prove. Without a helper
+    /// there, proofs are armed directly where the kernel lets this user.
+    #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::listen::DEFAULT_SOCKET)]
+    helper: std::path::PathBuf,
 }
 
 pub fn run(args: Args) -> Result<Finished, Error> {
     let silent_for_ms = u64::try_from(args.silent_for.as_millis()).unwrap_or(u64::MAX);
     let read = selfheal::scan::scan(selfheal::sys::creds::euid());
-    let findings = scan::census(&read.connections, silent_for_ms);
+    let mut findings = scan::census(&read.connections, silent_for_ms);
+    if args.prove && scan::suspects(&findings).next().is_some() {
+        // SIGINT and SIGTERM end the proofs as unproven, every socket's
+        // options put back, instead of the process.
+        let stop = selfheal::sys::signal::catch_stop()
+            .context("cannot catch SIGINT and SIGTERM while proving")?;
+        let (executor, _) = super::check::executor(&args.helper);
+        let ka = selfheal::prove::keepalive(&selfheal_core::config::ProofConfig::default());
+        let arm = |t: &ProofTarget, ka: &ProofKeepalive| {
+            executor.arm_proof("scan", t, ka).map_err(|e| e.to_string())
+        };
+        let restore = |t: &ProofTarget, previous: &KeepaliveSettings| {
+            executor
+                .restore_proof("scan", t, previous)
+                .map_err(|e| e.to_string())
+        };
+        let prover = selfheal::scan::Prover {
+            arm: &arm,
+            restore: &restore,
+        };
+        let json = args.json;
+        let proofs = selfheal::scan::prove(&findings, &ka, &prover, stop, |bound, n| {
+            if !json {
+                // Progress for the person waiting, not an error: stdout
+                // holds the answer alone.
+                let took = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "proving {n} suspect connection(s): each answers within {}",
+                    selfheal_core::inspect::human_ms(took)
+                );
+            }
+        });
+        findings = scan::with_proofs(findings, proofs);
+    }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
         for f in &findings {

@@ -18,7 +18,8 @@
 //!   process, a pinned program, a program's info);
 //! - [`fs`]: directory-relative file calls, for `SafeDir`;
 //! - [`poll`], [`signal`], [`activation`]: `poll(2)`, killing a process
-//!   group, systemd socket activation;
+//!   group and catching SIGINT/SIGTERM as a flag, systemd socket
+//!   activation;
 //! - [`clock`] and [`creds`]: the clock ages are measured with; this
 //!   process's effective uid.
 

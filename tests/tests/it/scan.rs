@@ -3,8 +3,13 @@
 //! silent past `--silent-for`, a connect whose SYNs are dropped is
 //! `connecting`, a connection whose peer sends is `alive`, a held
 //! CLOSE-WAIT is `peer_closed`; an unprivileged user sees only their own
-//! processes; processes ending mid-scan are no error. Every wait is bound
-//! by `--silent-for` and the scans' own measured time.
+//! processes; processes ending mid-scan are no error. `--prove` proves a
+//! cut call dead and a thinking one alive within the bound it states, puts
+//! both sockets' options back and leaves both calls as they were (the
+//! thinking one then completes, same pid); interrupted, it still puts
+//! every option back; an unprivileged user proves their own. Every wait is
+//! bound by `--silent-for`, the proof's stated bound and the scans' own
+//! measured time.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -28,8 +33,16 @@ struct Run {
 }
 
 fn scan_as(uid: Option<u32>) -> Run {
+    run_scan(uid, &[])
+}
+
+/// `selfheal scan --json --silent-for 1s` and `extra` (as `uid` when given).
+fn run_scan(uid: Option<u32>, extra: &[&str]) -> Run {
     let mut cmd = Command::new(selfheal_bin());
     cmd.args(["scan", "--json", "--silent-for", "1s"])
+        .args(extra)
+        // No helper: proofs are armed by the scan itself.
+        .args(["--helper", "/nonexistent/helper.sock"])
         .env_remove("RUST_LOG");
     if let Some(uid) = uid {
         cmd.uid(uid).gid(uid); // std drops root's supplementary groups too
@@ -277,5 +290,275 @@ fn processes_ending_mid_scan_are_no_error() {
     eprintln!(
         "scan during churn: {:?}",
         runs.iter().map(|r| r.took).collect::<Vec<_>>()
+    );
+}
+
+/// The socket's keepalive options, read by root through a duplicate.
+fn options_of(pid: u32, fd: i32) -> selfheal_core::keepalive::KeepaliveSettings {
+    let t = selfheal::sys::pidfd::Pidfd::open(pid, None).expect("pidfd");
+    selfheal::actions::keepalive::read_keepalive(&t, fd).expect("read the options")
+}
+
+/// The fd a finding names.
+fn fd_of(f: &Value) -> i32 {
+    f["fd"].as_i64().expect("fd") as i32
+}
+
+/// A finding's proof: its result, when it came and its bound (ms).
+fn proof_of(f: &Value) -> (&str, u64, u64) {
+    let p = &f["proof"];
+    (
+        p["result"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no proof: {f}")),
+        p["after_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no after_ms: {f}")),
+        p["bound_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no bound_ms: {f}")),
+    )
+}
+
+/// One `--prove` test at a time: a scan proves every suspect on the host,
+/// another test's too (a second prover is told apart, and its own test
+/// shows how).
+static PROVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn proving() -> std::sync::MutexGuard<'static, ()> {
+    PROVING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The slack `scan --prove` gives the kernel's last probe past a proof's
+/// bound (`selfheal::scan::PROOF_SLACK`).
+const PROOF_SLACK: Duration = selfheal::scan::PROOF_SLACK;
+
+#[test]
+fn prove_tells_a_cut_call_dead_and_a_thinking_one_alive_and_leaves_both_as_they_were() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_prove") {
+        return;
+    }
+    let _one = proving();
+    let pair = NetnsPair::new("scp").expect("netns pair");
+    let _cut_server = pair.listening_in_b(&["server", &format!("{}:7104", pair.b_addr)]);
+    let mut thinking_server = pair.listening_in_b(&["server", &format!("{}:7105", pair.b_addr)]);
+    let (mut cut, cut_conn) = pair.client_in_a(7104);
+    cut.tell("go");
+    let (mut thinking, thinking_conn) = pair.client_in_a(7105);
+    thinking.tell("go");
+    pair.cut_port_in_b(7104).expect("cut the port");
+    until(cut_conn.inode, 40, |f| f["verdict"] == "suspect");
+    let (_, before) = until(thinking_conn.inode, 40, |f| f["verdict"] == "suspect");
+    let fd = |inode| fd_of(on(&before, inode).expect("listed"));
+    let (cut_fd, thinking_fd) = (fd(cut_conn.inode), fd(thinking_conn.inode));
+    let cut_options = options_of(cut_conn.pid, cut_fd);
+    let thinking_options = options_of(thinking_conn.pid, thinking_fd);
+
+    let run = run_scan(None, &["--prove"]);
+    eprintln!("scan --prove took {:?}: {:?}", run.took, run.findings);
+    assert_eq!(run.stderr, "", "nothing but the answer");
+    let dead = on(&run, cut_conn.inode).expect("the cut call is listed");
+    let alive = on(&run, thinking_conn.inode).expect("the thinking call is listed");
+    assert_eq!(dead["verdict"], "dead", "{dead}");
+    assert_eq!(alive["verdict"], "alive", "{alive}");
+    let (result, after, bound) = proof_of(dead);
+    assert_eq!(result, "dead");
+    // Never before its bound (count probes, each its whole interval), and
+    // at most the slack past it.
+    assert!(after >= bound, "proven dead early: {dead}");
+    assert!(
+        after <= bound + PROOF_SLACK.as_millis() as u64,
+        "proven dead late: {dead}"
+    );
+    let (result, after, bound) = proof_of(alive);
+    assert_eq!(result, "alive");
+    assert!(after < bound, "{alive}");
+    for f in [dead, alive] {
+        assert_eq!(f["proof"]["restored"], true, "{f}");
+    }
+    // The whole run within the stated bound, the slack and a plain scan's
+    // own time (ten of them: the proofs' reads and the puts back).
+    let plain = scan();
+    let limit = Duration::from_millis(bound) + PROOF_SLACK + 10 * plain.took;
+    assert!(run.took <= limit, "{:?} > {limit:?}", run.took);
+    assert_eq!(run.code, 2, "a dead connection exits 2");
+
+    // Nothing else was done: both sockets have their own options, both
+    // calls still wait, and the thinking one completes, same pid.
+    assert_eq!(options_of(cut_conn.pid, cut_fd), cut_options);
+    assert_eq!(options_of(thinking_conn.pid, thinking_fd), thinking_options);
+    let after_run = scan();
+    let still = on(&after_run, cut_conn.inode).expect("the cut call still waits");
+    assert_eq!(still["pid"], cut_conn.pid);
+    assert!(
+        still["proof"].is_null(),
+        "a plain scan proves nothing: {still}"
+    );
+    thinking_server.tell("send 1");
+    thinking.expect("got 1", Duration::from_secs(10));
+    assert_eq!(thinking.pid(), thinking_conn.pid);
+    drop(cut);
+}
+
+#[test]
+fn an_interrupted_prove_puts_every_option_back() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_prove_interrupted") {
+        return;
+    }
+    let _one = proving();
+    let pair = NetnsPair::new("spi").expect("netns pair");
+    let Cut {
+        conn,
+        fd,
+        options,
+        _server,
+        _client,
+    } = cut_suspect(&pair, 7106);
+    // The table's scan says on stderr when its proofs are out; SIGINT then.
+    let (child, _) = proving_table();
+    let started = Instant::now();
+    // Armed: the socket holds the proof's options now.
+    assert_ne!(options_of(conn.pid, fd), options, "the proof is armed");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let out = child.wait_with_output().expect("wait");
+    let stopped = started.elapsed();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("interrupted after {stopped:?}:\n{text}");
+    assert!(
+        text.contains("unproven") && text.contains("interrupted before an answer"),
+        "{text}"
+    );
+    assert!(text.contains("its own options put back"), "{text}");
+    assert_eq!(options_of(conn.pid, fd), options, "put back on SIGINT");
+    assert_eq!(out.status.code(), Some(1), "still a suspect");
+}
+
+#[test]
+fn an_unprivileged_user_proves_their_own_connection_alive() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_prove_own") {
+        return;
+    }
+    let _one = proving();
+    // A listener that never accepts: its kernel still answers probes.
+    let listener = tests::listener();
+    let addr = listener.local_addr().expect("addr").to_string();
+    let mut cmd = Command::new(tests::helper_bin("recv-peer"));
+    cmd.args(["client", &addr]).uid(65534).gid(65534);
+    let mut nobodys = Peer::spawn(cmd);
+    let conn = nobodys.ready();
+    nobodys.tell("go");
+    let (f, _) = until(conn.inode, 40, |f| f["verdict"] == "suspect");
+    let options = options_of(conn.pid, fd_of(&f));
+    let run = run_scan(Some(65534), &["--prove"]);
+    assert_eq!(run.stderr, "", "nothing but the answer");
+    let f = on(&run, conn.inode).expect("nobody's own connection is listed");
+    assert_eq!(f["verdict"], "alive", "{f}");
+    assert_eq!(f["proof"]["restored"], true, "{f}");
+    assert_eq!(options_of(conn.pid, fd_of(f)), options);
+    for f in &run.findings {
+        assert_eq!(
+            f["uid"], 65534,
+            "another user's process proven by nobody: {f}"
+        );
+    }
+}
+
+/// A call on a cut connection in `pair`, once `suspect`: its server and
+/// client (kept running), the connection, its fd and its own options.
+struct Cut {
+    _server: Peer,
+    _client: Peer,
+    conn: tests::Ready,
+    fd: i32,
+    options: selfheal_core::keepalive::KeepaliveSettings,
+}
+
+fn cut_suspect(pair: &NetnsPair, port: u16) -> Cut {
+    let server = pair.listening_in_b(&["server", &format!("{}:{port}", pair.b_addr)]);
+    let (mut client, conn) = pair.client_in_a(port);
+    client.tell("go");
+    pair.cut_port_in_b(port).expect("cut the port");
+    let (f, _) = until(conn.inode, 40, |f| f["verdict"] == "suspect");
+    let fd = fd_of(&f);
+    let options = options_of(conn.pid, fd);
+    Cut {
+        _server: server,
+        _client: client,
+        conn,
+        fd,
+        options,
+    }
+}
+
+/// `selfheal scan --silent-for 1s --prove` (a table), once it said on
+/// stderr that its proofs are out; and that line.
+fn proving_table() -> (std::process::Child, String) {
+    let mut child = Command::new(selfheal_bin())
+        .args(["scan", "--silent-for", "1s", "--prove"])
+        .args(["--helper", "/nonexistent/helper.sock"])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run selfheal scan --prove");
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut err, &mut line).expect("read stderr");
+    assert!(line.starts_with("proving "), "{line:?}");
+    (child, line)
+}
+
+#[test]
+fn a_second_prove_leaves_the_first_ones_proof_alone() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_prove_twice") {
+        return;
+    }
+    let _one = proving();
+    let pair = NetnsPair::new("sp2").expect("netns pair");
+    let Cut {
+        conn,
+        fd,
+        options,
+        _server,
+        _client,
+    } = cut_suspect(&pair, 7107);
+    let (first, said) = proving_table();
+    // A second scan while the first's proof is out: it reads the proof's
+    // options, not the socket's own, so it asks nothing and puts them back.
+    let second = run_scan(None, &["--prove"]);
+    let g = on(&second, conn.inode).expect("listed by the second scan");
+    assert_eq!(g["verdict"], "suspect", "{g}");
+    assert_eq!(g["proof"]["result"], "unproven", "{g}");
+    assert!(
+        g["proof"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("not asked: another proof keepalive")),
+        "{g}"
+    );
+    assert_ne!(
+        options_of(conn.pid, fd),
+        options,
+        "the first proof is still armed"
+    );
+    let out = first.wait_with_output().expect("wait for the first scan");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{said}{text}");
+    let row = format!("pid {} fd {fd} -> {}: dead", conn.pid, conn.remote);
+    assert!(
+        text.contains(&row),
+        "the first proof went on to its answer:\n{text}"
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        options_of(conn.pid, fd),
+        options,
+        "the socket's own options, in the end"
     );
 }

@@ -90,25 +90,19 @@ pub(super) fn liveness(
     let silent = u64::from(i.last_data_recv_ms);
     if let Some(p) = proof {
         // Our own probes: they govern, not the agent's keepalive threshold.
-        let armed_for = p.armed_for(now_ms);
-        if silent < armed_for {
-            return Liveness::Alive("data arriving");
-        }
-        if u64::from(i.last_ack_recv_ms) < armed_for {
-            return Liveness::Alive("the peer answered the proof keepalive");
-        }
-        if i.unacked == 0 && p.proves_dead(i.probes, armed_for) {
-            return Liveness::Dead {
-                code: ReasonCode::PeerUnresponsive,
-                why: format!(
-                    "proof keepalive armed {} ago: {} probe(s) unanswered, {} apart; nothing from the peer for {}",
-                    human_ms(armed_for),
-                    i.probes,
-                    human_ms(p.interval_ms),
-                    human_ms(silent)
-                ),
-                by_proof: true,
-            };
+        match p.answer(i, now_ms) {
+            Answer::Data => return Liveness::Alive("data arriving"),
+            Answer::Answered => {
+                return Liveness::Alive("the peer answered the proof keepalive");
+            }
+            Answer::Dead { why } => {
+                return Liveness::Dead {
+                    code: ReasonCode::PeerUnresponsive,
+                    why,
+                    by_proof: true,
+                };
+            }
+            Answer::Pending => {}
         }
     } else if u32::from(i.probes) >= th.dead_probes {
         return Liveness::Dead {

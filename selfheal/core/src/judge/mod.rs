@@ -42,7 +42,7 @@ use crate::{
     inspect::{Report, SocketReport, human_ms},
     model::{DeadKind, GapKind, SocketRole, TcpState},
     progress::Progress,
-    prove::{Answered, Proof, ProofTarget, ProofWork},
+    prove::{Answer, Answered, Proof, ProofTarget, ProofWork},
 };
 
 mod liveness;
