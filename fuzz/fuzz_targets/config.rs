@@ -5,7 +5,9 @@
 //! config is then used for by pure code (error and address rendering, the
 //! upstream matcher with a fake resolver, the address parser, the judge and
 //! the healing ladder on fixed evidence of a wedged agent) must not panic
-//! either: its durations, counts and commands are outside input too.
+//! either: its durations, counts and commands are outside input too; and
+//! every ladder decision under its heal settings keeps the ladder's
+//! promises (`selfheal_fuzz::check_decision`).
 
 #![no_main]
 
@@ -21,7 +23,7 @@ use selfheal_core::{
     judge::{self, AgentHistory},
     ladder::{self, HealHistory},
 };
-use selfheal_fuzz::{after_first_step, report, wedged};
+use selfheal_fuzz::{after_first_step, check_decision, report, wedged};
 
 /// `CLOCK_BOOTTIME` ms of the first ladder step, and of the checks after it.
 const FIRST_STEP_MS: u64 = 6_000;
@@ -107,8 +109,10 @@ fuzz_target!(|data: &[u8]| {
                         judge::judge(agent, &report, &[], &AgentHistory::default(), now_ms);
                     let _ = judge::judge(agent, &report, &[], &next, now_ms.saturating_add(1));
                     for j in [&j, &wedged()] {
-                        for mut h in [HealHistory::default(), after_first_step(FIRST_STEP_MS)] {
-                            let _ = ladder::decide(&agent.heal, j, &report, &mut h, now_ms);
+                        for h in [HealHistory::default(), after_first_step(FIRST_STEP_MS)] {
+                            let mut after = h.clone();
+                            let d = ladder::decide(&agent.heal, j, &report, &mut after, now_ms);
+                            check_decision(&agent.heal, j, &h, &after, &d, now_ms);
                         }
                     }
                 }

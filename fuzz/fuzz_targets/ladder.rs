@@ -5,7 +5,10 @@
 //! config accepts: up to `u64::MAX` seconds), and the judge's and the
 //! ladder's history as `check` saves it (times, rung, step counts). Fixed
 //! evidence: agent `sol` with its control socket (or without it, or
-//! stopped). Never a panic.
+//! stopped). Never a panic, and every decision keeps the ladder's promises
+//! (`selfheal_fuzz::check_decision`: allowed steps only, one rung at a
+//! time and only upward, never past the top, within the hour's budgets),
+//! again one millisecond after its steps are recorded.
 
 #![no_main]
 
@@ -21,7 +24,7 @@ use selfheal_core::{
     ladder::{self, ActionRecord, HealHistory, SocketStep},
     protocol::{Act, ContainerRestart, SocketRef},
 };
-use selfheal_fuzz::{report, wedged};
+use selfheal_fuzz::{check_decision, report, wedged};
 
 const CONFIG: &str = r#"
 [[agent]]
@@ -250,18 +253,20 @@ fn one(u: &mut Unstructured<'_>) -> Result<()> {
     let (j, next) = judge::judge(&agent, &report, probes, &judge_history, now_ms);
     let _ = judge::judge(&agent, &report, probes, &next, now_ms.saturating_add(1));
     let j = if u.arbitrary()? { j } else { wedged() };
+    let before = heal_history.clone();
     let decision = ladder::decide(&agent.heal, &j, &report, &mut heal_history, now_ms);
+    check_decision(&agent.heal, &j, &before, &heal_history, &decision, now_ms);
     if let ladder::Decision::Act { steps } = &decision {
         for s in steps {
             heal_history.record(now_ms, s.clone(), true, String::new());
         }
-        let _ = ladder::decide(
-            &agent.heal,
-            &j,
-            &report,
-            &mut heal_history,
-            now_ms.saturating_add(1),
-        );
+        if j.verdict == Verdict::Wedged {
+            assert_eq!(heal_history.rung, Some(steps[0].rung()), "the rung reached");
+        }
+        let before = heal_history.clone();
+        let later = now_ms.saturating_add(1);
+        let again = ladder::decide(&agent.heal, &j, &report, &mut heal_history, later);
+        check_decision(&agent.heal, &j, &before, &heal_history, &again, later);
     }
     let _ = serde_json::to_string(&decision);
     Ok(())

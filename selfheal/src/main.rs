@@ -46,11 +46,12 @@ fn main() -> ExitCode {
     // Every log line passes through `text::redact_urls_in` and
     // `text::escape_lines` on its way out (`EscapedStderr`): a name or a body in a message cannot drive the
     // terminal. So no colours either: they are escape sequences too.
-    // `scan` prints nothing but its answer unless logs are asked for.
-    let default_level = if matches!(cli.command, Command::Scan(_)) {
-        "off"
-    } else {
-        "info"
+    // `scan` prints nothing but its answer unless logs are asked for;
+    // `inspect`, a person's command too, only its warnings beside it.
+    let default_level = match cli.command {
+        Command::Scan(_) => "off",
+        Command::Inspect(_) => "warn",
+        _ => "info",
     };
     tracing_subscriber::fmt()
         .with_writer(|| EscapedStderr)

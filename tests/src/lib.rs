@@ -656,6 +656,15 @@ pub fn listener() -> std::net::TcpListener {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback")
 }
 
+/// The `n` of a test's own 10.251.`n`.0/24 (1 to 250), another for each
+/// of 250 calls in a row, even by concurrent tests in one process: their
+/// addresses appear in agents' command lines.
+pub fn subnet_251() -> u8 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ((std::process::id().wrapping_mul(7).wrapping_add(k * 13)) % 250 + 1) as u8
+}
+
 /// Two network namespaces joined by a veth pair: `a` at 10.251.`n`.1 and
 /// `b` at 10.251.`n`.2 (addresses that exist only inside these namespaces).
 /// Deleting the namespaces on drop removes the veth and any nft rules.
@@ -670,14 +679,10 @@ impl NetnsPair {
     pub fn new(tag: &str) -> Result<NetnsPair, String> {
         let a = Netns::new(&format!("{tag}a"))?;
         let b = Netns::new(&format!("{tag}b"))?;
-        // Distinct per pair, even for pairs of concurrent tests in one
-        // process: their addresses appear in agents' command lines.
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let n = (std::process::id().wrapping_mul(7).wrapping_add(k * 13)) % 250 + 1;
+        let n = subnet_251();
         let (a_ip, b_ip) = (
-            std::net::Ipv4Addr::new(10, 251, n as u8, 1),
-            std::net::Ipv4Addr::new(10, 251, n as u8, 2),
+            std::net::Ipv4Addr::new(10, 251, n, 1),
+            std::net::Ipv4Addr::new(10, 251, n, 2),
         );
         selfheal_testbed::topology::link(&a, &b, &format!("sh{n}"), a_ip, b_ip)
             .map_err(|e| format!("{e:#}"))?;

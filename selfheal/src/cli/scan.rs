@@ -38,6 +38,10 @@ pub struct Args {
     /// action.
     #[arg(long)]
     prove: bool,
+    /// Only these processes' connections (repeat for more): what is
+    /// listed, and so what --prove asks about.
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
     /// The privileged helper's socket, for --prove. Without a helper
     /// there, proofs are armed directly where the kernel lets this user.
     #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::listen::DEFAULT_SOCKET)]
@@ -47,7 +51,11 @@ pub struct Args {
 pub fn run(args: Args) -> Result<Finished, Error> {
     let silent_for_ms = u64::try_from(args.silent_for.as_millis()).unwrap_or(u64::MAX);
     let read = selfheal::scan::scan(selfheal::sys::creds::euid());
-    let mut findings = scan::census(&read.connections, silent_for_ms);
+    let mut connections = read.connections;
+    if !args.pids.is_empty() {
+        connections.retain(|c| args.pids.contains(&c.owner.pid));
+    }
+    let mut findings = scan::census(&connections, silent_for_ms);
     if args.prove && scan::suspects(&findings).next().is_some() {
         // SIGINT and SIGTERM end the proofs as unproven, every socket's
         // options put back, instead of the process.

@@ -124,6 +124,26 @@ fn json_report_has_the_contract_fields() {
 }
 
 #[test]
+fn a_person_sees_nothing_but_the_answer() {
+    let _area = tests::area(module_path!());
+    let me = std::process::id().to_string();
+    let out = Command::new(selfheal_bin())
+        .args(["inspect", "--pid", &me])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run selfheal");
+    assert_eq!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    // No INFO lines (an owner lookup's note on /etc/subuid, say): only a
+    // warning would be said beside the answer.
+    assert!(!err.contains(" INFO "), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("pid {me}")),
+        "the answer is on stdout"
+    );
+}
+
+#[test]
 fn missing_process_is_exit_1_with_the_pid_named() {
     let _area = tests::area(module_path!());
     let out = inspect(&["--pid", "4194303", "--no-ebpf"]);

@@ -320,8 +320,8 @@ fn proof_of(f: &Value) -> (&str, u64, u64) {
     )
 }
 
-/// One `--prove` test at a time: a scan proves every suspect on the host,
-/// another test's too (a second prover is told apart, and its own test
+/// One `--prove` test at a time (each proves only its own processes,
+/// `--pid`; a second prover on one socket is told apart, and its own test
 /// shows how).
 static PROVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -357,8 +357,10 @@ fn prove_tells_a_cut_call_dead_and_a_thinking_one_alive_and_leaves_both_as_they_
     let cut_options = options_of(cut_conn.pid, cut_fd);
     let thinking_options = options_of(thinking_conn.pid, thinking_fd);
 
-    let run = run_scan(None, &["--prove"]);
+    let (a, b) = (cut_conn.pid.to_string(), thinking_conn.pid.to_string());
+    let run = run_scan(None, &["--prove", "--pid", &a, "--pid", &b]);
     eprintln!("scan --prove took {:?}: {:?}", run.took, run.findings);
+    assert_eq!(run.findings.len(), 2, "only the processes asked for");
     assert_eq!(run.stderr, "", "nothing but the answer");
     let dead = on(&run, cut_conn.inode).expect("the cut call is listed");
     let alive = on(&run, thinking_conn.inode).expect("the thinking call is listed");
@@ -419,7 +421,7 @@ fn an_interrupted_prove_puts_every_option_back() {
         _client,
     } = cut_suspect(&pair, 7106);
     // The table's scan says on stderr when its proofs are out; SIGINT then.
-    let (child, _) = proving_table();
+    let (child, _) = proving_table(conn.pid);
     let started = Instant::now();
     // Armed: the socket holds the proof's options now.
     assert_ne!(options_of(conn.pid, fd), options, "the proof is armed");
@@ -453,20 +455,27 @@ fn an_unprivileged_user_proves_their_own_connection_alive() {
     let mut nobodys = Peer::spawn(cmd);
     let conn = nobodys.ready();
     nobodys.tell("go");
+    // Root's client of the same listener, which nobody names too.
+    let mut roots = Peer::recv_peer(&["client", &addr]);
+    let root_conn = roots.ready();
+    roots.tell("go");
     let (f, _) = until(conn.inode, 40, |f| f["verdict"] == "suspect");
+    let (g, _) = until(root_conn.inode, 40, |f| f["verdict"] == "suspect");
     let options = options_of(conn.pid, fd_of(&f));
-    let run = run_scan(Some(65534), &["--prove"]);
+    let root_options = options_of(root_conn.pid, fd_of(&g));
+    let (mine, roots_pid) = (conn.pid.to_string(), root_conn.pid.to_string());
+    let run = run_scan(
+        Some(65534),
+        &["--prove", "--pid", &mine, "--pid", &roots_pid],
+    );
     assert_eq!(run.stderr, "", "nothing but the answer");
     let f = on(&run, conn.inode).expect("nobody's own connection is listed");
     assert_eq!(f["verdict"], "alive", "{f}");
     assert_eq!(f["proof"]["restored"], true, "{f}");
     assert_eq!(options_of(conn.pid, fd_of(f)), options);
-    for f in &run.findings {
-        assert_eq!(
-            f["uid"], 65534,
-            "another user's process proven by nobody: {f}"
-        );
-    }
+    // Root's, named by pid: neither listed nor touched.
+    assert_eq!(run.findings.len(), 1, "{:?}", run.findings);
+    assert_eq!(options_of(root_conn.pid, fd_of(&g)), root_options);
 }
 
 /// A call on a cut connection in `pair`, once `suspect`: its server and
@@ -496,11 +505,18 @@ fn cut_suspect(pair: &NetnsPair, port: u16) -> Cut {
     }
 }
 
-/// `selfheal scan --silent-for 1s --prove` (a table), once it said on
+/// `selfheal scan --silent-for 1s --prove --pid PID` (a table), once it said on
 /// stderr that its proofs are out; and that line.
-fn proving_table() -> (std::process::Child, String) {
+fn proving_table(pid: u32) -> (std::process::Child, String) {
     let mut child = Command::new(selfheal_bin())
-        .args(["scan", "--silent-for", "1s", "--prove"])
+        .args([
+            "scan",
+            "--silent-for",
+            "1s",
+            "--prove",
+            "--pid",
+            &pid.to_string(),
+        ])
         .args(["--helper", "/nonexistent/helper.sock"])
         .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::piped())
@@ -529,10 +545,10 @@ fn a_second_prove_leaves_the_first_ones_proof_alone() {
         _server,
         _client,
     } = cut_suspect(&pair, 7107);
-    let (first, said) = proving_table();
+    let (first, said) = proving_table(conn.pid);
     // A second scan while the first's proof is out: it reads the proof's
     // options, not the socket's own, so it asks nothing and puts them back.
-    let second = run_scan(None, &["--prove"]);
+    let second = run_scan(None, &["--prove", "--pid", &conn.pid.to_string()]);
     let g = on(&second, conn.inode).expect("listed by the second scan");
     assert_eq!(g["verdict"], "suspect", "{g}");
     assert_eq!(g["proof"]["result"], "unproven", "{g}");
