@@ -566,7 +566,12 @@ fn read_through(
     clocks: &TaskClocks,
     budget: Duration,
 ) -> Read {
-    let deadline = std::time::Instant::now() + budget;
+    // A budget past what an `Instant` holds (`collect_budget = "500000000000y"`)
+    // is no deadline, not a panic.
+    let now = std::time::Instant::now();
+    let deadline = now
+        .checked_add(budget)
+        .unwrap_or_else(|| now + Duration::from_millis(u64::MAX));
     let mut read = Read {
         processes: Vec::new(),
         gone: Vec::new(),
