@@ -217,9 +217,12 @@ impl Collector {
     /// [`Collector::collect`] or [`Collector::collect_with`]): when it is
     /// spent the collection stops where it is, a read of another process's
     /// memory still waiting is abandoned, and the evidence says so
-    /// ([`Evidence::over_budget`]). Default `DEFAULT_COLLECT_BUDGET`.
+    /// ([`Evidence::over_budget`]). Default `DEFAULT_COLLECT_BUDGET`. A
+    /// budget too long to count in ms (`collect_budget =
+    /// "500000000000y"`) is `u64::MAX` ms, which a deadline on the
+    /// monotonic clock still holds: no budget, not a panic.
     pub fn set_budget(&mut self, budget: Duration) {
-        self.budget = budget;
+        self.budget = Duration::from_millis(selfheal_core::clock::ms(budget));
     }
 
     /// Reads every process from procfs, not the kernel's task iterators,

@@ -74,7 +74,8 @@ enum Task {
     /// `-- --bytes 268435456 --rounds 3`) and `inspect` of a big agent
     /// against `ps` + `ss` (`inspect-bench`), `check` over 100 agents
     /// against `ps -eLo` + `ss -tinp`, a C floor (each thread's stat and
-    /// wchan, one sock_diag dump) and a curl loop (`check-bench`), and
+    /// wchan, one sock_diag dump), a curl loop and the progress evidence
+    /// on against off (talking, idle, calls in flight) (`check-bench`), and
     /// how `check` grows with 1k-10k sockets and 200-2000 threads, and the
     /// prove stage's added cost on 1,000 suspect sockets (`scale-bench`),
     /// and one pass of the kernel's task iterator against each thread's

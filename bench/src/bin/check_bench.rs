@@ -11,7 +11,10 @@
 //! The progress evidence: the same agents with their connections as a
 //! provider upstream, `check` with `stall_after` at its default against
 //! `"off"` (no progress records), alternating; the added time and the
-//! state file's size.
+//! state file's size. Last, the same with calls in flight: a third of the
+//! agents streaming (their peers send a ping or a word on every
+//! connection every 250 ms), a third talking with nothing arriving, a
+//! third idle, compared on and off in the same run, with the ratio.
 //!
 //! The census: `selfheal scan --json` over the whole host (every process,
 //! every network namespace, the threads of each process holding a TCP
@@ -77,7 +80,7 @@ fn main() {
     let mut children: Vec<Child> = (0..agents)
         .map(|_| fat_agent(&peer, &addr, threads, sockets))
         .collect();
-    let _server_ends = accepter.join().expect("accepter");
+    let server_ends = accepter.join().expect("accepter");
     let status = status_server();
     std::thread::sleep(std::time::Duration::from_millis(500));
 
@@ -190,11 +193,163 @@ fn main() {
             t / curl
         );
     }
+    // Last: the peers' writes wake the agents' readers, which then exit.
+    in_flight(&selfheal, &work, &pids, &addr, &server_ends, sockets, runs);
     for c in &mut children {
         let _ = c.kill();
         let _ = c.wait();
     }
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// A config in `dir` of every agent in `pids` with its connections as a
+/// provider upstream at `addr`, agent `i`'s table ending with `tail(i)`.
+fn provider_config(
+    dir: &Path,
+    pids: &[u32],
+    addr: &str,
+    tail: impl Fn(usize) -> String,
+) -> PathBuf {
+    let mut text = String::new();
+    for (i, pid) in pids.iter().enumerate() {
+        text.push_str(&format!("[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n[[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n{}", tail(i)));
+    }
+    std::fs::create_dir_all(dir).expect("progress dir");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// `check` with `c_on` in `on` against `c_off` in `off`, alternating, each
+/// warmed by one check first: the medians (wall, user, sys) of `runs` each.
+fn on_off(
+    selfheal: &Path,
+    (c_on, on): (&Path, &Path),
+    (c_off, off): (&Path, &Path),
+    runs: usize,
+) -> ((f64, f64, f64), (f64, f64, f64)) {
+    let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
+    for i in 0..=runs {
+        let a = timed_usage(&mut check_in(selfheal, c_on, on));
+        let b = timed_usage(&mut check_in(selfheal, c_off, off));
+        if i > 0 {
+            t_on.push(a);
+            t_off.push(b);
+        }
+    }
+    (medians(&t_on), medians(&t_off))
+}
+
+/// Agent `i`'s part in [`in_flight`].
+#[derive(Clone, Copy, PartialEq)]
+enum Call {
+    /// Its peer sends on every connection every 250 ms: a 42-byte ping on
+    /// even ones (a stream stalled behind pings), a 300-byte word on odd
+    /// ones (a stream making progress).
+    Streaming,
+    /// Nothing arrives, quiet for less than `suspect_after` (10 minutes).
+    Talking,
+    /// Nothing arrives, quiet past `suspect_after` (1 s): no record.
+    Idle,
+}
+
+fn call_of(i: usize) -> Call {
+    [Call::Streaming, Call::Talking, Call::Idle][i % 3]
+}
+
+/// What the progress evidence costs with calls in flight, compared in one
+/// run: a third of the agents streaming, a third talking with nothing
+/// arriving, a third idle ([`Call`]), `check` with `stall_after` at its
+/// default against `"off"`, alternating, the prove stage off in both.
+/// `ends` are the server ends of the agents' connections, `sockets` per
+/// agent in `pids`' order (each agent connects all of its own before the
+/// next starts).
+fn in_flight(
+    selfheal: &Path,
+    work: &Path,
+    pids: &[u32],
+    addr: &str,
+    ends: &[std::net::TcpStream],
+    sockets: usize,
+    runs: usize,
+) {
+    use std::{
+        io::Write as _,
+        sync::atomic::{AtomicBool, Ordering},
+    };
+    let streams: Vec<(&std::net::TcpStream, usize)> = ends
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| sockets > 0 && call_of(k / sockets) == Call::Streaming)
+        .map(|(k, s)| (s, if k % 2 == 0 { 42 } else { 300 }))
+        .collect();
+    for (s, _) in &streams {
+        let _ = s.set_nonblocking(true);
+    }
+    let n = streams.len();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                for (mut s, size) in streams.iter().copied() {
+                    let _ = s.write(&[b'.'; 300][..size]);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+        });
+        let result = measure_in_flight(selfheal, work, pids, addr, runs);
+        stop.store(true, Ordering::Relaxed);
+        let ((a, au, asys), (b, bu, bsys)) = result;
+        // The records kept, and those that counted pings.
+        let state = |dir: &str| {
+            std::fs::read_to_string(work.join(dir).join("state").join("state.json"))
+                .unwrap_or_default()
+        };
+        let on = state("in-flight-on");
+        println!(
+            "  progress evidence with calls in flight, {} agents x {sockets} connections (a third streaming: {n} connections sent a ping or a word every 250 ms; a third talking, nothing arriving; a third idle): stall_after on {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes, {} records counting keepalive) against off {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes): ratio {:.2} ({:+.1} %)",
+            pids.len(),
+            a * 1e3,
+            au * 1e3,
+            asys * 1e3,
+            on.len(),
+            on.matches("\"keepalives\"").count(),
+            b * 1e3,
+            bu * 1e3,
+            bsys * 1e3,
+            state("in-flight-off").len(),
+            a / b,
+            (a / b - 1.0) * 100.0
+        );
+    });
+}
+
+/// [`in_flight`]'s checks, on and off, while the streams send.
+fn measure_in_flight(
+    selfheal: &Path,
+    work: &Path,
+    pids: &[u32],
+    addr: &str,
+    runs: usize,
+) -> ((f64, f64, f64), (f64, f64, f64)) {
+    let (on, off) = (work.join("in-flight-on"), work.join("in-flight-off"));
+    let tail = |i: usize| {
+        let suspect_after = if call_of(i) == Call::Idle {
+            "1s"
+        } else {
+            "10m"
+        };
+        format!(
+            "[agent.thresholds]\nsuspect_after = \"{suspect_after}\"\n[agent.proof]\nkeepalive = false\n"
+        )
+    };
+    let c_on = provider_config(&on, pids, addr, tail);
+    let c_off = provider_config(&off, pids, addr, |i| {
+        format!("stall_after = \"off\"\n{}", tail(i))
+    });
+    // The streams' first writes arrive before the first check.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    on_off(selfheal, (&c_on, &on), (&c_off, &off), runs)
 }
 
 /// What the progress evidence (a record per talking provider connection,
@@ -207,16 +362,7 @@ fn main() {
 /// does); the prove stage off in both, so that only the records differ.
 fn progress(selfheal: &Path, work: &Path, pids: &[u32], addr: &str, runs: usize) {
     let (on, off) = (work.join("progress-on"), work.join("progress-off"));
-    let config = |dir: &Path, extra: &str| {
-        let mut text = String::new();
-        for (i, pid) in pids.iter().enumerate() {
-            text.push_str(&format!("[[agent]]\nname = \"a{i}\"\nmatch = {{ pid = {pid} }}\n[[agent.upstream]]\nrole = \"provider\"\naddr = \"{addr}\"\n{extra}"));
-        }
-        std::fs::create_dir_all(dir).expect("progress dir");
-        let path = dir.join("config.toml");
-        std::fs::write(&path, text).expect("write config");
-        path
-    };
+    let config = |dir: &Path, extra: &str| provider_config(dir, pids, addr, |_| extra.to_string());
     let size =
         |dir: &Path| std::fs::metadata(dir.join("state").join("state.json")).map_or(0, |m| m.len());
     for (quiet, suspect_after) in [("talking", "10m"), ("idle", "1s")] {
@@ -225,16 +371,7 @@ fn progress(selfheal: &Path, work: &Path, pids: &[u32], addr: &str, runs: usize)
         );
         let c_on = config(&on, &tail);
         let c_off = config(&off, &format!("stall_after = \"off\"\n{tail}"));
-        let (mut t_on, mut t_off) = (Vec::new(), Vec::new());
-        for i in 0..=runs {
-            let a = timed_usage(&mut check_in(selfheal, &c_on, &on));
-            let b = timed_usage(&mut check_in(selfheal, &c_off, &off));
-            if i > 0 {
-                t_on.push(a);
-                t_off.push(b);
-            }
-        }
-        let ((a, au, asys), (b, bu, bsys)) = (medians(&t_on), medians(&t_off));
+        let ((a, au, asys), (b, bu, bsys)) = on_off(selfheal, (&c_on, &on), (&c_off, &off), runs);
         println!(
             "  progress evidence, {} agents x their connections as provider, {quiet} (suspect_after {suspect_after}): stall_after on {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes) against off {:.1} ms (user {:.1}, sys {:.1}; state file {} bytes): {:+.1} %",
             pids.len(),

@@ -242,7 +242,7 @@ fn end_unawaited(
     if !cfg.sockets {
         return None;
     }
-    let window = cfg.step_window.as_millis() as u64;
+    let window = crate::clock::ms(cfg.step_window);
     // When a step on this socket was taken within the window.
     let recent = |inode: u64| {
         hist.actions.iter().rev().find_map(|a| {
@@ -298,7 +298,7 @@ fn hold(cfg: &HealConfig, report: &Report, hist: &HealHistory, now_ms: u64) -> O
     }
     // Give the last step its window, and respect the backoff.
     if let (Some(rung), Some(last)) = (hist.rung, hist.last_action_ms()) {
-        let wait = cfg.step_window.as_millis() as u64;
+        let wait = crate::clock::ms(cfg.step_window);
         if now_ms < last.saturating_add(wait) {
             return Some(Decision::Wait {
                 why: format!("giving rung {rung} until its window ends"),
@@ -310,7 +310,7 @@ fn hold(cfg: &HealConfig, report: &Report, hist: &HealHistory, now_ms: u64) -> O
     // help, and each doubles the wait before the next.
     if let Some(last) = hist.last_action_ms() {
         let doublings = hist.steps_this_wedge.saturating_sub(1).min(20);
-        let backoff = (cfg.backoff.as_millis() as u64)
+        let backoff = crate::clock::ms(cfg.backoff)
             .saturating_mul(1 << doublings)
             .min(HOUR_MS);
         if now_ms < last.saturating_add(backoff) {
@@ -423,8 +423,8 @@ fn rung_steps(
     report: &Report,
 ) -> Vec<Act> {
     let root = targets.first().copied();
-    let grace_ms = cfg.grace.as_millis() as u64;
-    let timeout_ms = cfg.restart_timeout.as_millis() as u64;
+    let grace_ms = crate::clock::ms(cfg.grace);
+    let timeout_ms = crate::clock::ms(cfg.restart_timeout);
     match rung {
         // Keepalive where it can work (a proof keepalive that went
         // unanswered is ended; elsewhere one is armed); a socket with data

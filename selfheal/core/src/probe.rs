@@ -461,7 +461,7 @@ pub fn health_file_result(
             Duration::ZERO
         }
     };
-    r.age_ms = Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
+    r.age_ms = Some(crate::clock::ms(age));
     if age > max_age {
         let detail = format!(
             "health file {} last modified {} ago, more than its max age {}",
@@ -476,7 +476,7 @@ pub fn health_file_result(
 
 /// A duration cut to whole milliseconds (for messages).
 fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    Duration::from_millis(crate::clock::ms(d))
 }
 
 #[cfg(test)]

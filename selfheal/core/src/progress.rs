@@ -49,11 +49,13 @@ pub const KEEPALIVE_MAX_SEGMENT: u64 = 128;
 pub const KEEPALIVE_SIZE_SPREAD: u64 = 32;
 
 /// The sizes of an HTTP/2 PING frame on the wire, in bytes: in the clear
-/// (a 9-byte frame header and 8 bytes of opaque data), in a TLS 1.3
-/// record (+22: header, content type, AEAD tag), in a TLS 1.2 AES-GCM
-/// record (+29: header, explicit nonce, tag). A mirrored interval of
-/// control keepalive carries a whole number of them.
-pub const HTTP2_PING_WIRE: [u64; 3] = [17, 39, 46];
+/// (a 9-byte frame header and 8 bytes of opaque data), in a TLS 1.2
+/// ChaCha20-Poly1305 record (+21: header, tag; no explicit nonce), in a
+/// TLS 1.3 record of either AEAD (+22: header, content type, tag), in a
+/// TLS 1.2 AES-GCM record (+29: header, explicit nonce, tag); each
+/// measured with `openssl s_server`/`s_client` on a 17-byte write. A
+/// mirrored interval of control keepalive carries a whole number of them.
+pub const HTTP2_PING_WIRE: [u64; 4] = [17, 38, 39, 46];
 
 /// Keepalive arrivals a stall needs: one could be a straggler of the
 /// content before it.
@@ -585,6 +587,50 @@ mod tests {
             Rule::Mirrored,
         );
         assert_eq!((i, q.since_ms), (Interval::Silent, p.since_ms));
+    }
+
+    /// A PING and its ACK in each TLS a provider speaks, as measured on
+    /// the wire (a 17-byte write: 38 bytes in TLS 1.2 ChaCha20-Poly1305,
+    /// 39 in TLS 1.3, 46 in TLS 1.2 AES-GCM), one to three in an interval:
+    /// keepalive; a mirrored exchange of a size no PING has: content.
+    #[test]
+    fn mirrored_pings_are_keepalive_in_every_tls_record() {
+        for ping in HTTP2_PING_WIRE {
+            for n in 1..=3 {
+                let (p, _) = run_as(Rule::Mirrored, &grpc(4, 8));
+                let pings = at(
+                    p.bytes_received + n * ping,
+                    p.data_segs_in + n as u32,
+                    p.bytes_acked + n * ping,
+                    p.data_segs_out + n as u32,
+                    10,
+                );
+                assert_eq!(
+                    p.advance_as(&pings, 13_000, Rule::Mirrored).1,
+                    Interval::Keepalive {
+                        segments: n as u32,
+                        bytes: n * ping
+                    },
+                    "{n} x {ping} B"
+                );
+            }
+        }
+        assert!(HTTP2_PING_WIRE.contains(&38), "TLS 1.2 ChaCha20-Poly1305");
+        for other in [30, 37, 40, 45, 47] {
+            let (p, _) = run_as(Rule::Mirrored, &grpc(4, 8));
+            let echo = at(
+                p.bytes_received + other,
+                p.data_segs_in + 1,
+                p.bytes_acked + other,
+                p.data_segs_out + 1,
+                10,
+            );
+            assert_eq!(
+                p.advance_as(&echo, 13_000, Rule::Mirrored).1,
+                Interval::Content,
+                "{other} B"
+            );
+        }
     }
 
     #[test]

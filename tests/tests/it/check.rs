@@ -193,6 +193,37 @@ fn concurrent_checks_leave_a_sound_state_file() {
     assert!(v["data"]["agents"]["me"].is_object(), "{v:#}");
 }
 
+/// Durations at the edges of what the config takes: a `collect_budget`
+/// past what a deadline on the monotonic clock holds (it panicked adding
+/// it to an `Instant`), thresholds past what ms can count (they wrapped to
+/// 5.4 s): the check runs and judges this test process `healthy`, twice.
+#[test]
+fn durations_too_long_for_ms_neither_panic_nor_judge_early() {
+    let _area = tests::area(module_path!());
+    let dirs = Scratch::new("check-huge-durations");
+    let config = dirs.join("config.toml");
+    let huge = "18446744073709557s";
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"me\"\nmatch = {{ pid = {} }}\n\
+             [agent.thresholds]\ncollect_budget = \"500000000000y\"\nsuspect_after = \"{huge}\"\n\
+             recv_blocked = \"{huge}\"\nd_state = \"{huge}\"\n\
+             [agent.heal]\nstep_window = \"{huge}\"\nbackoff = \"{huge}\"\ngrace = \"{huge}\"\n\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \":443\"\n\
+             stall_after = \"{huge}\"\nmax_silence = \"{huge}\"\nconnect_timeout = \"{huge}\"\n",
+            std::process::id()
+        ),
+    )
+    .expect("write the config");
+    for _ in 0..2 {
+        let (code, results) = check(&dirs.0, &config);
+        let me = verdict_of(&results, "me");
+        assert_eq!(code, 0, "{me:#}");
+        assert_eq!(me["verdict"], "healthy", "{me:#}");
+    }
+}
+
 #[test]
 fn a_garbage_state_file_is_replaced_and_reported() {
     let _area = tests::area(module_path!());

@@ -482,7 +482,9 @@ fn human(ms: u64) -> String {
 // ---------------------------------------------------------------------------
 // A gRPC control stream: grpcio on both ends (tests/py/grpc_control.py),
 // on loopback, the client with channel keepalive, checked by a real
-// `selfheal check` every second.
+// `selfheal check` every second; in the clear, and over TLS as a provider
+// serves it (a CA made with the `openssl` command, which the client
+// trusts through `grpc.ssl_channel_credentials(root_certificates=...)`).
 
 /// The configured heartbeat of the control stream.
 const BEAT: Duration = Duration::from_millis(500);
@@ -538,14 +540,16 @@ impl Drop for Py {
 }
 
 /// What the checks saw of a grpcio control stream whose server sends a
-/// heartbeat every `every_ms`, `beats` of them (0: forever): per check,
-/// when it ran (ms after the last heartbeat was received, or after the
-/// first when `beats` is 0), how long it took, and its outcome.
+/// heartbeat every `every_ms`, `beats` of them (0: forever), over TLS if
+/// `tls`: per check, when it ran (ms after the last heartbeat was
+/// received, or after the first when `beats` is 0), how long it took, and
+/// its outcome.
 fn grpc_control(
     name: &str,
     every_ms: u64,
     beats: u32,
     checks: u32,
+    tls: bool,
 ) -> Vec<(u64, u64, serde_json::Value)> {
     let have = std::process::Command::new("python3")
         .args(["-c", "import grpc"])
@@ -559,17 +563,30 @@ fn grpc_control(
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let server = Py::start(&[
+    let dir = tests::Scratch::new(name);
+    let certs = tls.then(|| {
+        scenario::make_certs(&dir.0.join("ca"), &[std::net::Ipv4Addr::LOCALHOST.into()])
+            .expect("a CA and a certificate for 127.0.0.1")
+    });
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let mut args = vec![
         "server".into(),
         port.to_string(),
         every_ms.to_string(),
         beats.to_string(),
-    ]);
+    ];
+    args.extend(
+        certs
+            .iter()
+            .flat_map(|(_, leaf, key)| [path(leaf), path(key)]),
+    );
+    let server = Py::start(&args);
     server.expect("listening", Duration::from_secs(20));
     // Channel keepalive as often as grpcio pings (it waits at least 1 s).
-    let client = Py::start(&["client".into(), port.to_string(), "500".into()]);
+    let mut args = vec!["client".into(), port.to_string(), "500".into()];
+    args.extend(certs.iter().map(|(ca, _, _)| path(ca)));
+    let client = Py::start(&args);
     let tag = format!("grpc_control.py client {port}");
-    let dir = tests::Scratch::new(name);
     let config = dir.0.join("config.toml");
     std::fs::write(
         &config,
@@ -625,8 +642,19 @@ fn control_silent(o: &serde_json::Value) -> Option<&serde_json::Value> {
 #[test]
 fn a_grpc_control_stream_alive_only_by_keepalive_pings_is_control_silent() {
     let _area = tests::area(module_path!());
-    let name = "grpc_control_stalled";
-    let seen = grpc_control(name, BEAT.as_millis() as u64, 4, 10);
+    keepalive_only("grpc_control_stalled", false);
+}
+
+/// The same over TLS: each PING and its ACK a TLS record (39 bytes in TLS
+/// 1.3, grpcio's), still mirrored, still no heartbeat.
+#[test]
+fn a_grpc_control_stream_over_tls_alive_only_by_keepalive_pings_is_control_silent() {
+    let _area = tests::area(module_path!());
+    keepalive_only("grpc_control_stalled_tls", true);
+}
+
+fn keepalive_only(name: &str, tls: bool) {
+    let seen = grpc_control(name, BEAT.as_millis() as u64, 4, 10, tls);
     let (at, took, o) = seen
         .iter()
         .find(|(_, _, o)| control_silent(o).is_some())
@@ -658,8 +686,18 @@ fn a_grpc_control_stream_alive_only_by_keepalive_pings_is_control_silent() {
 #[test]
 fn a_grpc_control_streams_slow_real_heartbeats_are_never_control_silent() {
     let _area = tests::area(module_path!());
-    let name = "grpc_control_slow";
-    let seen = grpc_control(name, 2 * BEAT.as_millis() as u64, 0, 12);
+    slow_heartbeats("grpc_control_slow", false);
+}
+
+/// The same over TLS.
+#[test]
+fn a_grpc_control_streams_slow_real_heartbeats_over_tls_are_never_control_silent() {
+    let _area = tests::area(module_path!());
+    slow_heartbeats("grpc_control_slow_tls", true);
+}
+
+fn slow_heartbeats(name: &str, tls: bool) {
+    let seen = grpc_control(name, 2 * BEAT.as_millis() as u64, 0, 12, tls);
     for (at, _, o) in &seen {
         assert!(control_silent(o).is_none(), "{name}: at {at} ms: {o:#}");
         assert_ne!(o["verdict"], "wedged", "{o:#}");

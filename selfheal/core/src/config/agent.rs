@@ -542,6 +542,34 @@ mod tests {
         }
     }
 
+    /// A duration too long to count in ms parses, and is compared as
+    /// forever (`clock::ms` saturates); one too long for a `Duration` is a
+    /// clear error, never a panic.
+    #[test]
+    fn huge_durations_parse_or_are_refused_without_a_panic() {
+        let parse =
+            |line: &str| agent_with(&format!("[agent.thresholds]\n{line}")).map(|a| a.thresholds);
+        for huge in [
+            "18446744073709557s",
+            "500000000000y",
+            "18446744073709551615s",
+        ] {
+            let t = parse(&format!("suspect_after = \"{huge}\"")).expect(huge);
+            assert_eq!(crate::clock::ms(t.suspect_after), u64::MAX, "{huge}");
+        }
+        for (bad, says) in [
+            ("d_state = \"18446744073709551616s\"", "bad duration"),
+            ("d_state = \"600000000000y\"", "bad duration"),
+            (
+                "d_state = \"99999999999999999999999999999ms\"",
+                "bad duration",
+            ),
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("d_state") && e.contains(says), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn restart_is_an_argv_or_the_runtime() {
         let parse = |restart: &str| {

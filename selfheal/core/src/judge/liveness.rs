@@ -63,10 +63,11 @@ pub(super) fn liveness(
 ) -> Liveness {
     let th = &cfg.thresholds;
     let upstream = s.upstream.and_then(|i| cfg.upstreams.get(i));
-    let suspect_after = upstream
-        .and_then(|u| u.suspect_after)
-        .unwrap_or(th.suspect_after)
-        .as_millis() as u64;
+    let suspect_after = crate::clock::ms(
+        upstream
+            .and_then(|u| u.suspect_after)
+            .unwrap_or(th.suspect_after),
+    );
     // The peer closed and the agent has not, for longer than an agent
     // takes to notice a closed stream (the FIN is the last thing received:
     // a response ending with `Connection: close` is caught in that instant).
@@ -131,7 +132,7 @@ pub(super) fn liveness(
         .filter(|u| u.role == Role::Control)
         .and_then(|u| u.heartbeat)
     {
-        let limit = (hb.as_millis() as u64).saturating_mul(3);
+        let limit = crate::clock::ms(hb).saturating_mul(3);
         // The application's heartbeats, not the transport's keepalive:
         // PINGs and their ACKs arriving are no heartbeat.
         let app_silent = silent.max(keepalive_only_ms.unwrap_or(0));
@@ -162,7 +163,7 @@ pub(super) fn liveness(
                 code: ReasonCode::ControlSilent,
                 why: format!(
                     "{what} on a control connection with a {} heartbeat (limit 3×); {peer}",
-                    human_ms(hb.as_millis() as u64)
+                    human_ms(crate::clock::ms(hb))
                 ),
                 by_proof: false,
             };

@@ -431,7 +431,7 @@ impl<'a> Judging<'a> {
     /// Probes: failures, slowness, and an "all is well" against a control
     /// connection the kernel shows dead or absent.
     fn probes(&mut self, probes: &[ProbeView], control_dead: bool, control_absent: bool) {
-        let slow_ms = self.th().probe_slow.as_millis() as u64;
+        let slow_ms = crate::clock::ms(self.th().probe_slow);
         for p in probes {
             let r = match &p.error {
                 Some(kind) => Some(reason(
@@ -505,7 +505,7 @@ impl<'a> Judging<'a> {
         };
         self.next.current_task = Some((text.clone(), since));
         let unchanged = self.now_ms.saturating_sub(since);
-        let stale = self.th().current_task_stale.as_millis() as u64;
+        let stale = crate::clock::ms(self.th().current_task_stale);
         let moved_since = self
             .report
             .sockets
@@ -547,7 +547,7 @@ impl<'a> Judging<'a> {
                 zombies,
             ));
         }
-        let d_state_ms = th.d_state.as_millis() as u64;
+        let d_state_ms = crate::clock::ms(th.d_state);
         for t in report
             .processes
             .iter()

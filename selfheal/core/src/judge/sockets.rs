@@ -38,10 +38,11 @@ impl<'a> Judging<'a> {
         'a: 's,
     {
         let upstream = s.upstream.and_then(|i| self.cfg.upstreams.get(i));
-        let suspect_after = upstream
-            .and_then(|u| u.suspect_after)
-            .unwrap_or(self.th().suspect_after)
-            .as_millis() as u64;
+        let suspect_after = crate::clock::ms(
+            upstream
+                .and_then(|u| u.suspect_after)
+                .unwrap_or(self.th().suspect_after),
+        );
         let control = s.role == SocketRole::Control;
         let proof = proof_of(s, self.history);
         if s.state == TcpState::CloseWait {
@@ -218,7 +219,7 @@ impl<'a> Judging<'a> {
         {
             self.dead.push(d);
         }
-        let recv_blocked_ms = self.th().recv_blocked.as_millis() as u64;
+        let recv_blocked_ms = crate::clock::ms(self.th().recv_blocked);
         if let Some(w) = v.waiter.filter(|w| w.age_ms >= recv_blocked_ms) {
             let (code, what) = match w.syscall {
                 Wait::Recv => (ReasonCode::RecvBlocked, "in a receive"),
@@ -370,7 +371,7 @@ impl<'a> Judging<'a> {
     ) {
         let max_silence = upstream.map_or(crate::config::DEFAULT_MAX_SILENCE, |u| u.max_silence);
         let silent = s.tcp_info.as_ref().map_or(0, call_silence);
-        if silent <= max_silence.as_millis() as u64 {
+        if silent <= crate::clock::ms(max_silence) {
             return;
         }
         let r = reason(
@@ -381,7 +382,7 @@ impl<'a> Judging<'a> {
                 s.role,
                 s.remote,
                 human_ms(silent),
-                human_ms(max_silence.as_millis() as u64)
+                human_ms(crate::clock::ms(max_silence))
             ),
         );
         self.reasons.push(socket_reason(r, s));
@@ -404,13 +405,13 @@ impl<'a> Judging<'a> {
         let seen = self.now_ms.saturating_sub(since);
         let by_timers = s.tcp_info.as_ref().map_or(0, syn_waited_ms);
         let waited = seen.max(by_timers);
-        let limit = s
-            .upstream
-            .and_then(|i| self.cfg.upstreams.get(i))
-            .map_or(crate::config::DEFAULT_CONNECT_TIMEOUT, |u| {
-                u.connect_timeout
-            })
-            .as_millis() as u64;
+        let limit = crate::clock::ms(
+            s.upstream
+                .and_then(|i| self.cfg.upstreams.get(i))
+                .map_or(crate::config::DEFAULT_CONNECT_TIMEOUT, |u| {
+                    u.connect_timeout
+                }),
+        );
         if waited <= limit {
             return;
         }
@@ -481,7 +482,7 @@ impl<'a> Judging<'a> {
         let since = self.history.control_absent_since_ms.unwrap_or(self.now_ms);
         self.next.control_absent_since_ms = Some(since);
         let absent_ms = self.now_ms.saturating_sub(since);
-        if absent_ms < self.th().suspect_after.as_millis() as u64 {
+        if absent_ms < crate::clock::ms(self.th().suspect_after) {
             return false;
         }
         self.reasons.push(reason(

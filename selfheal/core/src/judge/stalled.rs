@@ -41,7 +41,7 @@ pub fn progress_of(
             let closeness = history
                 .progress
                 .get(&s.cookie)?
-                .closeness(now_ms, bound_ms(bound))?;
+                .closeness(now_ms, crate::clock::ms(bound))?;
             Some(ConnectionProgress {
                 pid: s.pid,
                 inode: s.inode,
@@ -51,12 +51,6 @@ pub fn progress_of(
             })
         })
         .collect()
-}
-
-/// `stall_after` in ms, saturating: a bound too long to count in ms is
-/// forever, never a short one wrapped around.
-fn bound_ms(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl<'a> Judging<'a> {
@@ -103,7 +97,7 @@ impl<'a> Judging<'a> {
         }
         let stall = u
             .stall_after
-            .and_then(|b| p.stalled(self.now_ms, bound_ms(b)));
+            .and_then(|b| p.stalled(self.now_ms, crate::clock::ms(b)));
         let only = p.keepalive_only_ms(self.now_ms);
         self.next.progress.insert(s.cookie, p);
         (stall, only)
@@ -118,7 +112,9 @@ impl<'a> Judging<'a> {
         upstream: Option<&Upstream>,
     ) {
         let s = v.s;
-        let bound = upstream.and_then(|u| u.stall_after).map_or(0, bound_ms);
+        let bound = upstream
+            .and_then(|u| u.stall_after)
+            .map_or(0, crate::clock::ms);
         let sizes = if stall.smallest == stall.largest {
             format!("{} bytes", stall.smallest)
         } else {

@@ -538,6 +538,99 @@ fn a_huge_heartbeat_does_not_overflow() {
     assert!(j.verdict.rank() >= Verdict::Idle.rank());
 }
 
+/// A config with every threshold, bound and timeout the judge compares
+/// set to `bound`, on the evidence of an agent stuck every way at once,
+/// judged every 10 minutes for a week with its history carried: under an
+/// ordinary bound it is wedged; under one too long to count in ms it never
+/// is, however long the history (`as u64` wrapped 18446744073709557 s to
+/// 5.4 s).
+#[test]
+fn huge_thresholds_never_judge_early() {
+    const STUCK: &[&str] = &[
+        "control_silent",
+        "stream_stalled",
+        "d_state",
+        "status_contradicts_kernel",
+        "silence_exceeded",
+        "probe_slow",
+        "recv_blocked",
+        "peer_unresponsive",
+    ];
+    let judged = |bound: &str| -> Vec<Judgement> {
+        let keys = format!(
+            "suspect_after = \"{bound}\"\nmax_silence = \"{bound}\"\n\
+             connect_timeout = \"{bound}\"\nstall_after = \"{bound}\"\n"
+        );
+        let text = format!(
+            "[[agent]]\nname = \"sol\"\nmatch = {{ cmdline = \"sol\" }}\n\
+             [agent.thresholds]\nsuspect_after = \"{bound}\"\nrecv_blocked = \"{bound}\"\n\
+             current_task_stale = \"{bound}\"\nd_state = \"{bound}\"\nprobe_slow = \"{bound}\"\n\
+             [[agent.upstream]]\nrole = \"control\"\naddr = \"10.0.0.1:7443\"\nheartbeat = \"{bound}\"\n{keys}\
+             [[agent.upstream]]\nrole = \"provider\"\naddr = \":443\"\n{keys}"
+        );
+        let cfg = Config::parse(&text, std::path::Path::new("/test.toml"))
+            .expect("a bound too long for ms still parses")
+            .agents
+            .remove(0);
+        let mut history = AgentHistory::default();
+        (1..=7 * 24 * 6u64)
+            .map(|c| {
+                let now = c * 10 * MIN;
+                let silent = now.min(u64::from(u32::MAX));
+                let mut stuck = thread(101, 'D', None);
+                stuck.idle_ms = Some(now);
+                // The provider call: its request at 0, a 42-byte ping
+                // arriving every 10 minutes since, the last 1 s ago.
+                let mut pings = info(1_000, 1_000, silent);
+                pings.bytes_received = 1_000 + 42 * c;
+                pings.data_segs_in = 2 + c as u32;
+                pings.data_segs_out = 1;
+                let r = report(
+                    vec![stuck, thread(102, 'S', Some((2, now)))],
+                    vec![
+                        socket(1, "control", info(silent, silent, 0)),
+                        socket(2, "provider", pings),
+                    ],
+                );
+                let mut probe = task_probe("thinking");
+                probe.latency_ms = Some(now);
+                let (j, next) = judge(&cfg, &r, &[probe], &history, now);
+                history = next;
+                j
+            })
+            .collect()
+    };
+    let stuck_codes = |js: &[Judgement]| -> BTreeSet<String> {
+        js.iter()
+            .flat_map(codes)
+            .filter(|c| STUCK.contains(c))
+            .map(str::to_string)
+            .collect()
+    };
+    // The evidence is stuck: an ordinary bound judges it.
+    let ordinary = judged("60s");
+    assert!(ordinary.iter().any(|j| j.verdict == Verdict::Wedged));
+    for code in ["control_silent", "stream_stalled", "d_state", "probe_slow"] {
+        assert!(stuck_codes(&ordinary).contains(code), "{code}");
+    }
+    // Past what ms can count: never, at any check of the week.
+    for bound in ["18446744073709557s", "18446744073709552s", "500000000000y"] {
+        let huge = judged(bound);
+        assert!(
+            huge.iter()
+                .all(|j| j.verdict.rank() < Verdict::Unresponsive.rank()),
+            "{bound}: {:#?}",
+            huge.iter()
+                .find(|j| j.verdict.rank() >= Verdict::Unresponsive.rank())
+        );
+        assert!(
+            stuck_codes(&huge).is_empty(),
+            "{bound}: {:?}",
+            stuck_codes(&huge)
+        );
+    }
+}
+
 #[test]
 fn control_silence_says_whether_the_peer_still_acknowledges() {
     let cfg = agent("");

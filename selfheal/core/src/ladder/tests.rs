@@ -376,6 +376,90 @@ fn extreme_history_and_settings_do_not_overflow() {
     assert_eq!(h.steps_this_wedge, u32::MAX);
 }
 
+/// A step window past what ms can count holds the ladder as long as the
+/// history keeps the step, its hour (`as u64` wrapped 18446744073709557 s
+/// to 5.4 s and stepped again at 6 s), and a grace or restart timeout as long goes into the step as `u64::MAX`
+/// ms, not wrapped short.
+#[test]
+fn huge_windows_hold_and_huge_timeouts_saturate() {
+    const HUGE: Duration = Duration::from_secs(18_446_744_073_709_557);
+    let held = HealConfig {
+        step_window: HUGE,
+        backoff: Duration::from_millis(1),
+        ..heal(true, true)
+    };
+    let hour = 3_599;
+    let events = wedged_at(ReasonCode::ControlSilent, &[0, 6, 60, hour]);
+    assert_eq!(
+        timeline(&held, &events),
+        ["arm_keepalive", "wait", "wait", "wait"]
+    );
+    let mut h = one_action_at(0);
+    h.rung = Some(0);
+    h.steps_this_wedge = 1;
+    match decide(
+        &held,
+        &wedged(ReasonCode::ControlSilent, Some(42)),
+        &report('S', true),
+        &mut h,
+        hour * SEC,
+    ) {
+        Decision::Wait { until_ms, .. } => assert_eq!(until_ms, u64::MAX),
+        d => panic!("{d:?}"),
+    }
+    // A huge backoff holds as long: capped at an hour, not wrapped short.
+    let backed_off = HealConfig {
+        backoff: HUGE,
+        ..heal(true, true)
+    };
+    let events = wedged_at(ReasonCode::ControlSilent, &[0, 31, 600, 3_599, 3_601]);
+    assert_eq!(
+        timeline(&backed_off, &events),
+        ["arm_keepalive", "wait", "wait", "wait", "destroy_socket"]
+    );
+    // Grace and restart timeout: saturated into the steps.
+    let slow = HealConfig {
+        grace: HUGE,
+        restart_timeout: HUGE,
+        ..heal(true, true)
+    };
+    let step_at = |rung: u8| {
+        let mut h = HealHistory {
+            rung: Some(rung),
+            ..HealHistory::default()
+        };
+        acts(decide(
+            &slow,
+            &wedged(ReasonCode::ControlSilent, Some(42)),
+            &report('S', true),
+            &mut h,
+            100 * SEC,
+        ))
+    };
+    assert!(
+        matches!(
+            step_at(1).as_slice(),
+            [Step::Signal {
+                grace_ms: u64::MAX,
+                ..
+            }]
+        ),
+        "{:?}",
+        step_at(1)
+    );
+    assert!(
+        matches!(
+            step_at(2).as_slice(),
+            [Step::Restart {
+                timeout_ms: u64::MAX,
+                ..
+            }]
+        ),
+        "{:?}",
+        step_at(2)
+    );
+}
+
 #[test]
 fn a_dead_socket_with_data_in_flight_skips_keepalive_for_destroy() {
     // A runner heartbeating into a half-open stream: its writes sit
