@@ -439,8 +439,8 @@ fn huge_windows_hold_and_huge_timeouts_saturate() {
     assert!(
         matches!(
             step_at(1).as_slice(),
-            [Step::Signal {
-                grace_ms: u64::MAX,
+            [Act::Signal {
+                grace_ms: Some(u64::MAX),
                 ..
             }]
         ),
@@ -450,7 +450,7 @@ fn huge_windows_hold_and_huge_timeouts_saturate() {
     assert!(
         matches!(
             step_at(2).as_slice(),
-            [Step::Restart {
+            [Act::Restart {
                 timeout_ms: u64::MAX,
                 ..
             }]
