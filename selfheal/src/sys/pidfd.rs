@@ -91,7 +91,11 @@ impl Pidfd {
     /// Waits up to `timeout` for the process to exit; true if it did.
     pub fn wait_exit(&self, timeout: std::time::Duration) -> bool {
         let mut pfd = [super::poll::readable(self.fd.as_fd())];
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // Whole milliseconds rounded up: a wait never ends before its
+        // timeout (rounded down, the last sub-millisecond was a busy loop
+        // of zero-timeout polls that a caller's round limit could end
+        // early).
+        let ms = timeout.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
         super::poll::poll(&mut pfd, ms).is_ok_and(|n| n > 0)
     }
 
