@@ -86,8 +86,16 @@ pub fn process_in(
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
+    // A listing that finds the process's directory gone: it exited during
+    // the read, which its caller counts as such (not as a gap of a
+    // process that was read).
+    let vanished = std::cell::Cell::new(false);
     let sockets_of = |gaps: &mut Vec<String>| match socket_fds(root, pid) {
         Ok(v) => v,
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => {
+            vanished.set(true);
+            Vec::new()
+        }
         Err(e) => {
             gaps.push(format!("pid {pid}: cannot list fds: {e}"));
             Vec::new()
@@ -119,9 +127,14 @@ pub fn process_in(
                     }
                 }
             }
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => vanished.set(true),
             Err(e) => cx.gaps.push(format!("pid {pid}: cannot list threads: {e}")),
         };
-    read_process(root, pid, detail, clocks, access, sockets_of, read_threads)
+    let read = read_process(root, pid, detail, clocks, access, sockets_of, read_threads)?;
+    if vanished.get() {
+        return Err(procfs::ProcError::NotFound(Some(root.of_pid(pid, "task"))));
+    }
+    Ok(read)
 }
 
 /// [`process_in`] with the threads and socket fds from one pass of the
@@ -627,5 +640,38 @@ mod tests {
         );
         assert!(got.gaps.is_empty(), "{:?}", got.gaps);
         assert!(!access.over);
+    }
+
+    /// A process whose `stat` was read but whose task and fd directories
+    /// are gone by their listing (it exited mid-read) is an error, which
+    /// callers count as a process that exited, not a read with gaps.
+    #[test]
+    fn a_process_gone_between_its_stat_and_its_listings_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("selfheal-fake-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let p = dir.join("42");
+        std::fs::create_dir_all(&p).expect("fixture dir");
+        std::fs::write(p.join("stat"), stat_line(42, "exiting", 'S', 1)).expect("stat");
+        std::fs::write(p.join("status"), "Name:\texiting\nUid:\t0\t0\t0\t0\n").expect("status");
+        let root = ProcRoot::at(&dir);
+        let mut reader = crate::sys::memread::Reader::default();
+        let mut access = MemAccess {
+            reader: &mut reader,
+            deadline: std::time::Instant::now() + READ_TIMEOUT,
+            over: false,
+        };
+        let got = process_in(
+            &root,
+            42,
+            Detail::Light,
+            &TaskClocks::default(),
+            &mut access,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            matches!(got, Err(procfs::ProcError::NotFound(_))),
+            "{:?}",
+            got.map(|p| p.gaps)
+        );
     }
 }
