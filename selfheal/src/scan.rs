@@ -25,6 +25,7 @@ use std::{
 };
 
 use selfheal_core::{
+    clock::ms,
     inspect::human_ms,
     keepalive::{KeepaliveSettings, ProofKeepalive},
     model::TcpState,
@@ -38,6 +39,7 @@ use crate::{
     actions::keepalive::KeepaliveOutcome,
     agents::ProcessTable,
     proc,
+    sys::clock,
     sys::{procfs::ProcRoot, sockdiag},
 };
 
@@ -103,12 +105,7 @@ pub fn scan(euid: u32) -> Scan {
                 continue;
             }
         };
-        let dump = dumps.entry(netns).or_insert_with(|| {
-            sockdiag::dump_tcp_in_netns_of(pid)
-                .map(|all| all.into_iter().map(|s| (s.inode, s)).collect())
-                .map_err(|e| format!("network namespace {netns} (via pid {pid}): {e}"))
-        });
-        let Ok(sockets) = dump else {
+        let Ok(sockets) = dump_of(&mut dumps, netns, pid) else {
             coverage.processes += 1;
             continue;
         };
@@ -151,6 +148,16 @@ pub fn scan(euid: u32) -> Scan {
         connections,
         coverage,
     }
+}
+
+/// The TCP sockets of network namespace `netns`, dumped through `pid`'s
+/// (once per namespace: later calls answer from `dumps`).
+fn dump_of(dumps: &mut BTreeMap<u64, Dump>, netns: u64, pid: u32) -> &Dump {
+    dumps.entry(netns).or_insert_with(|| {
+        sockdiag::dump_tcp_in_netns_of(pid)
+            .map(|all| all.into_iter().map(|s| (s.inode, s)).collect())
+            .map_err(|e| format!("network namespace {netns} (via pid {pid}): {e}"))
+    })
 }
 
 /// Who `p` is: its name, uid, and the unit, container and pod its cgroup
@@ -265,21 +272,15 @@ pub fn prove(
             inode: f.inode,
         };
         // Before arming: an answer read after it is younger than this.
-        let now = boot_ms();
+        let now = clock::boot_ms();
         match (prover.arm)(&target, ka) {
             // Armed over another prover's proof: the options read were
             // that proof's, not the socket's. Put back at once, not asked
             // twice (the other proof goes on).
             Ok(out) if ka.is_armed_as(&out.previous) => {
-                let back = match (prover.restore)(&target, &out.previous) {
-                    Ok(back) if back == out.previous => String::new(),
-                    Ok(back) => format!(
-                        "; put back {}, but read back {}",
-                        out.previous.words(),
-                        back.words()
-                    ),
-                    Err(e) => format!("; could not put back {}: {e}", out.previous.words()),
-                };
+                let back = put_back(prover, &target, &out.previous)
+                    .err()
+                    .unwrap_or_default();
                 results.push((
                     f.inode,
                     unproven(format!(
@@ -315,70 +316,67 @@ pub fn prove(
     };
     waiting(bound, asking.len());
     let until = Instant::now() + bound;
-    let mut polls = 0u32;
-    while !asking.is_empty() {
-        let out_of_time = Instant::now() >= until || stop.load(Ordering::Relaxed);
-        let now = boot_ms();
+    // Bounded in count as in time: the clock may not be trusted alone.
+    let most = ms(bound) / ms(PROOF_POLL) + 8;
+    for poll in 0..=most {
+        let stopped = stop.load(Ordering::Relaxed);
+        let out_of_time = stopped || poll == most || Instant::now() >= until;
+        let now = clock::boot_ms();
         let seen = sockets_of(asking.iter().map(|a| a.target.pid));
         let mut pending = Vec::new();
         for a in asking.drain(..) {
+            // The verdict, its words, and whether the socket is still
+            // there to have its options put back.
             let answer = match seen.get(&a.inode) {
                 None => Some((
                     ProofVerdict::Unproven,
                     "the connection ended during the proof".to_string(),
+                    false,
                 )),
                 Some(s) if s.state == TcpState::CloseWait => Some((
                     ProofVerdict::Alive,
                     "the peer closed the connection (its kernel answered)".to_string(),
+                    true,
                 )),
                 Some(s) if s.state != TcpState::Established => Some((
                     ProofVerdict::Unproven,
                     format!("the connection left ESTAB ({}) during the proof", s.state),
+                    true,
                 )),
                 Some(s) => match s.tcp_info.as_ref().map(|i| a.proof.answer(i, now)) {
-                    Some(Answer::Data) => {
-                        Some((ProofVerdict::Alive, "data arrived from the peer".into()))
-                    }
+                    Some(Answer::Data) => Some((
+                        ProofVerdict::Alive,
+                        "data arrived from the peer".into(),
+                        true,
+                    )),
                     Some(Answer::Answered) => Some((
                         ProofVerdict::Alive,
                         "the peer acknowledged a keepalive probe".into(),
+                        true,
                     )),
-                    Some(Answer::Dead { why }) => Some((ProofVerdict::Dead, why)),
+                    Some(Answer::Dead { why }) => Some((ProofVerdict::Dead, why, true)),
                     Some(Answer::Pending) | None if out_of_time => Some((
                         ProofVerdict::Unproven,
-                        if stop.load(Ordering::Relaxed) {
+                        if stopped {
                             "interrupted before an answer".into()
                         } else {
-                            format!(
-                                "no answer either way within {}",
-                                human_ms(duration_ms(bound))
-                            )
+                            format!("no answer either way within {}", human_ms(ms(bound)))
                         },
+                        true,
                     )),
                     Some(Answer::Pending) | None => None,
                 },
             };
             match answer {
-                Some((result, detail)) => {
+                Some((result, detail, there)) => {
                     let after = a.proof.armed_for(now);
-                    results.push((a.inode, finish(&a, prover, result, detail, after)));
+                    results.push((a.inode, finish(&a, prover, result, detail, there, after)));
                 }
                 None => pending.push(a),
             }
         }
         asking = pending;
-        polls += 1;
-        // Bounded in count as in time: the clock may not be trusted alone.
-        let most = duration_ms(bound) / duration_ms(PROOF_POLL) + 8;
-        if asking.is_empty() || u64::from(polls) > most {
-            for a in asking.drain(..) {
-                let after = a.proof.armed_for(boot_ms());
-                let detail = "no answer either way within its polls".to_string();
-                results.push((
-                    a.inode,
-                    finish(&a, prover, ProofVerdict::Unproven, detail, after),
-                ));
-            }
+        if asking.is_empty() {
             break;
         }
         std::thread::sleep(PROOF_POLL);
@@ -397,45 +395,50 @@ fn unproven(detail: String) -> ProofResult {
     }
 }
 
-/// Puts `a`'s socket's own options back (unless it is gone), read back and
-/// compared, and says what the proof found.
+/// Puts `previous` back on `target`'s socket through `prover`, read back
+/// and compared; what went wrong, as words to add to a detail.
+fn put_back(
+    prover: &Prover<'_>,
+    target: &ProofTarget,
+    previous: &KeepaliveSettings,
+) -> Result<(), String> {
+    match (prover.restore)(target, previous) {
+        Ok(back) if back == *previous => Ok(()),
+        Ok(back) => Err(format!(
+            "; put back {}, but read back {}",
+            previous.words(),
+            back.words()
+        )),
+        Err(e) => Err(format!(
+            "; could not put back its own options ({}): {e}",
+            previous.words()
+        )),
+    }
+}
+
+/// Puts `a`'s socket's own options back (where the socket is `there`
+/// still), and says what the proof found.
 fn finish(
     a: &Asking,
     prover: &Prover<'_>,
     result: ProofVerdict,
     mut detail: String,
+    there: bool,
     after_ms: u64,
 ) -> ProofResult {
-    let gone = detail.starts_with("the connection ended");
-    let restored = if gone {
-        false
-    } else {
-        match (prover.restore)(&a.target, &a.proof.previous) {
-            Ok(back) if back == a.proof.previous => true,
-            Ok(back) => {
-                detail.push_str(&format!(
-                    "; put back {}, but read back {}",
-                    a.proof.previous.words(),
-                    back.words()
-                ));
+    let restored = there
+        && match put_back(prover, &a.target, &a.proof.previous) {
+            Ok(()) => true,
+            Err(why) => {
+                detail.push_str(&why);
+                tracing::warn!(
+                    pid = a.target.pid,
+                    fd = a.target.fd,
+                    "scan --prove: {detail}"
+                );
                 false
             }
-            Err(e) => {
-                detail.push_str(&format!(
-                    "; could not put back its own options ({}): {e}",
-                    a.proof.previous.words()
-                ));
-                false
-            }
-        }
-    };
-    if !restored && !gone {
-        tracing::warn!(
-            pid = a.target.pid,
-            fd = a.target.fd,
-            "scan --prove: {detail}"
-        );
-    }
+        };
     ProofResult {
         result,
         detail,
@@ -449,26 +452,11 @@ fn finish(
 /// dump per namespace; a namespace that cannot be dumped shows none).
 fn sockets_of(pids: impl Iterator<Item = u32>) -> HashMap<u64, TcpSocket> {
     let root = ProcRoot::default();
-    let mut done = std::collections::BTreeSet::new();
-    let mut out = HashMap::new();
+    let mut dumps = BTreeMap::new();
     for pid in pids {
-        let Ok(ns) = root.namespace(pid, "net") else {
-            continue;
-        };
-        if !done.insert(ns) {
-            continue;
-        }
-        if let Ok(all) = sockdiag::dump_tcp_in_netns_of(pid) {
-            out.extend(all.into_iter().map(|s| (s.inode, s)));
+        if let Ok(netns) = root.namespace(pid, "net") {
+            dump_of(&mut dumps, netns, pid);
         }
     }
-    out
-}
-
-fn boot_ms() -> u64 {
-    crate::sys::clock::boot_ns() / 1_000_000
-}
-
-fn duration_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    dumps.into_values().flatten().flatten().collect()
 }

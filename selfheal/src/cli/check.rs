@@ -330,7 +330,7 @@ impl Session {
             Some(self.executor.as_ref()),
             tracer.as_mut().map(|t| t as &mut dyn check::TracerSource),
             &self.opts,
-            clock::boot_ns() / 1_000_000,
+            clock::boot_ms(),
         );
         let helper_up = tracer.is_some_and(|t| t.ok);
         if let Some(gap) = &disabled {

@@ -116,7 +116,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             agent,
             &report,
             &history,
-            selfheal::sys::clock::boot_ns() / 1_000_000,
+            selfheal::sys::clock::boot_ms(),
         )
     });
     // Stdout is line-buffered: a pretty JSON document of thousands of lines

@@ -49,7 +49,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<Finished, Error> {
-    let silent_for_ms = u64::try_from(args.silent_for.as_millis()).unwrap_or(u64::MAX);
+    let silent_for_ms = selfheal_core::clock::ms(args.silent_for);
     let read = selfheal::scan::scan(selfheal::sys::creds::euid());
     let mut connections = read.connections;
     if !args.pids.is_empty() {
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             if !json {
                 // Progress for the person waiting, not an error: stdout
                 // holds the answer alone.
-                let took = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+                let took = selfheal_core::clock::ms(bound);
                 let _ = writeln!(
                     std::io::stderr(),
                     "proving {n} suspect connection(s): each answers within {}",

@@ -602,19 +602,7 @@ mod tests {
 
         let root = ProcRoot::at(&dir);
         assert_eq!(socket_fds(&root, 42), Ok(vec![(3, 4242), (7, 99)]));
-        let mut reader = crate::sys::memread::Reader::default();
-        let mut access = MemAccess {
-            reader: &mut reader,
-            deadline: std::time::Instant::now() + READ_TIMEOUT,
-            over: false,
-        };
-        let got = process_in(
-            &root,
-            42,
-            Detail::Minimal,
-            &TaskClocks::default(),
-            &mut access,
-        );
+        let (got, over) = read_fake(&root, Detail::Minimal);
         let _ = std::fs::remove_dir_all(&dir);
         let got = got.expect("the fake process reads");
         assert_eq!(
@@ -639,7 +627,20 @@ mod tests {
             [(42, "fake agent", 'S', 10), (43, "worker (1)", 'R', 10)]
         );
         assert!(got.gaps.is_empty(), "{:?}", got.gaps);
-        assert!(!access.over);
+        assert!(!over);
+    }
+
+    /// Pid 42 of the fake procfs at `root`, read at `detail` by the real
+    /// collector; and whether its read ran past its deadline.
+    fn read_fake(root: &ProcRoot, detail: Detail) -> (procfs::ProcResult<ProcessInfo>, bool) {
+        let mut reader = crate::sys::memread::Reader::default();
+        let mut access = MemAccess {
+            reader: &mut reader,
+            deadline: std::time::Instant::now() + READ_TIMEOUT,
+            over: false,
+        };
+        let got = process_in(root, 42, detail, &TaskClocks::default(), &mut access);
+        (got, access.over)
     }
 
     /// A process whose `stat` was read but whose task and fd directories
@@ -654,19 +655,7 @@ mod tests {
         std::fs::write(p.join("stat"), stat_line(42, "exiting", 'S', 1)).expect("stat");
         std::fs::write(p.join("status"), "Name:\texiting\nUid:\t0\t0\t0\t0\n").expect("status");
         let root = ProcRoot::at(&dir);
-        let mut reader = crate::sys::memread::Reader::default();
-        let mut access = MemAccess {
-            reader: &mut reader,
-            deadline: std::time::Instant::now() + READ_TIMEOUT,
-            over: false,
-        };
-        let got = process_in(
-            &root,
-            42,
-            Detail::Light,
-            &TaskClocks::default(),
-            &mut access,
-        );
+        let (got, _) = read_fake(&root, Detail::Light);
         let _ = std::fs::remove_dir_all(&dir);
         assert!(
             matches!(got, Err(procfs::ProcError::NotFound(_))),

@@ -16,6 +16,12 @@ pub fn boot_ns() -> u64 {
     }
 }
 
+/// Milliseconds of `CLOCK_BOOTTIME` now: the `now_ms` judgements and
+/// proofs are timed with.
+pub fn boot_ms() -> u64 {
+    boot_ns() / 1_000_000
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
