@@ -41,8 +41,9 @@ pub struct Args {
     /// action.
     #[arg(long)]
     prove: bool,
-    /// Only these processes' connections (repeat for more): what is
-    /// listed, and so what --prove asks about.
+    /// Only these processes (repeat for more): their connections and
+    /// process findings are what is listed, and so what --prove asks
+    /// about.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
     /// The privileged helper's socket, for --prove. Without a helper
