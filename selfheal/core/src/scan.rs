@@ -884,6 +884,10 @@ mod tests {
             assert!(v.get(k).is_some(), "{k} missing: {v}");
         }
         assert_eq!(v["verdict"], "suspect");
+        assert!(
+            v.get("kind").is_none(),
+            "a connection's object is as it was: {v}"
+        );
         assert_eq!(v["state"], "ESTAB");
         assert!(v["proof"].is_null());
         assert_eq!(v["silent_ms"], 40_000);
