@@ -12,8 +12,14 @@
 //! sock_diag until each is in or the bound is up, and puts every socket's
 //! own options back, read back and compared. It takes no other action.
 //!
-//! Containment: a process's threads are read only when it holds a TCP
-//! connection; each such read has its own deadline
+//! Beside the connections, each process's own trouble as `inspect` shows
+//! it: its threads in D state (with their wait channel and age) and its
+//! unreaped children (zombies, listed under their parent), which the core
+//! turns into process findings ([`selfheal_core::scan::process_findings`]).
+//!
+//! Containment: what a process's threads wait in is read only when it
+//! holds a TCP connection (or has a thread in D state); of the others,
+//! only their threads' states. Each read has its own deadline
 //! ([`PROCESS_BUDGET`], the memory reads of a poll set in a reader that
 //! can be abandoned, as `check`'s), so a hostile process costs at most
 //! that. A process that ends mid-scan is counted, never an error.
@@ -31,7 +37,10 @@ use selfheal_core::{
     model::TcpState,
     proc::{Detail, ProcessInfo},
     prove::{Answer, Proof, ProofTarget},
-    scan::{self, Connection, Coverage, Finding, Owner, ProofResult, ProofVerdict, Waiter},
+    scan::{
+        self, Connection, Coverage, Finding, Owner, ProcessState, ProofResult, ProofVerdict,
+        Waiter, Zombie,
+    },
     sockdiag::TcpSocket,
 };
 
@@ -50,6 +59,9 @@ pub const PROCESS_BUDGET: Duration = Duration::from_secs(2);
 /// What one scan read.
 pub struct Scan {
     pub connections: Vec<Connection>,
+    /// The processes with a thread in D state or an unreaped child (the
+    /// others are not kept).
+    pub processes: Vec<ProcessState>,
     pub coverage: Coverage,
 }
 
@@ -67,7 +79,9 @@ pub fn scan(euid: u32) -> Scan {
     let mut dumps: BTreeMap<u64, Dump> = BTreeMap::new();
     let mut reader = crate::sys::memread::Reader::default();
     let clocks = proc::task_clocks();
+    let mut zombies = zombies_by_parent(&root, &table);
     let mut connections = Vec::new();
+    let mut processes = Vec::new();
     for entry in table.entries() {
         if !entry.has_argv || entry.pid == own {
             continue;
@@ -78,7 +92,8 @@ pub fn scan(euid: u32) -> Scan {
         }
         let pid = entry.pid;
         // Its socket fds first (one readlink each): most processes hold no
-        // TCP connection, and their threads are then never read.
+        // TCP connection, and their threads are then read for their state
+        // alone.
         let fds = match proc::socket_fds(&root, pid) {
             Ok(fds) => fds,
             Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => {
@@ -90,44 +105,65 @@ pub fn scan(euid: u32) -> Scan {
                 continue;
             }
         };
-        if fds.is_empty() {
-            coverage.processes += 1;
-            continue;
-        }
-        let netns = match root.namespace(pid, "net") {
-            Ok(ns) => ns,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                coverage.gone += 1;
-                continue;
-            }
-            Err(_) => {
-                coverage.unreadable += 1;
-                continue;
-            }
+        let sockets = if fds.is_empty() {
+            None
+        } else {
+            let netns = match root.namespace(pid, "net") {
+                Ok(ns) => ns,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    coverage.gone += 1;
+                    continue;
+                }
+                Err(_) => {
+                    coverage.unreadable += 1;
+                    continue;
+                }
+            };
+            dump_of(&mut dumps, netns, pid)
+                .as_ref()
+                .ok()
+                .filter(|sockets| fds.iter().any(|(_, ino)| sockets.contains_key(ino)))
         };
-        let Ok(sockets) = dump_of(&mut dumps, netns, pid) else {
-            coverage.processes += 1;
-            continue;
-        };
-        if !fds.iter().any(|(_, ino)| sockets.contains_key(ino)) {
-            coverage.processes += 1;
-            continue;
-        }
         let mut access = proc::MemAccess {
             reader: &mut reader,
             deadline: Instant::now() + PROCESS_BUDGET,
             over: false,
         };
-        let p = match proc::process_in(&root, pid, Detail::Light, &clocks, &mut access) {
-            Ok(p) => p,
-            Err(_) => {
-                coverage.gone += 1;
-                continue;
-            }
+        // What its threads wait in where it holds a connection; else only
+        // their states, and a closer look (wait channel, age) at a thread
+        // in D state.
+        let detail = if sockets.is_some() {
+            Detail::Light
+        } else {
+            Detail::Minimal
+        };
+        let mut read = proc::process_in(&root, pid, detail, &clocks, &mut access);
+        if detail == Detail::Minimal
+            && read
+                .as_ref()
+                .is_ok_and(|p| p.threads.iter().any(|t| t.state == 'D'))
+        {
+            read = proc::process_in(&root, pid, Detail::Light, &clocks, &mut access);
+        }
+        let Ok(p) = read else {
+            coverage.gone += 1;
+            continue;
         };
         coverage.processes += 1;
         coverage.over_budget += usize::from(access.over);
         let owner = owner_of(&table, &p);
+        let unreaped = zombies.remove(&pid).unwrap_or_default();
+        if !unreaped.is_empty() || p.threads.iter().any(|t| t.state == 'D') {
+            processes.push(ProcessState {
+                owner: owner.clone(),
+                pid_ns_init: p.pid_ns_init,
+                threads: p.threads.clone(),
+                zombies: unreaped,
+            });
+        }
+        let Some(sockets) = sockets else {
+            continue;
+        };
         let waiters = waiters_of(&p);
         // The sockets as this read saw them (a pid reused since the fd
         // list is another process, read whole here).
@@ -146,8 +182,35 @@ pub fn scan(euid: u32) -> Scan {
     coverage.netns_errors = dumps.into_values().filter_map(|d| d.err()).collect();
     Scan {
         connections,
+        processes,
         coverage,
     }
+}
+
+/// The zombies in `table` (processes with no command line that are no
+/// kernel thread, whose `stat` says `Z`), by parent pid. Whose they are is
+/// the parent's business: they are listed only under a parent the scan
+/// reads.
+fn zombies_by_parent(root: &ProcRoot, table: &ProcessTable) -> HashMap<u32, Vec<Zombie>> {
+    let mut out: HashMap<u32, Vec<Zombie>> = HashMap::new();
+    for entry in table.entries() {
+        // Kernel threads: kthreadd (pid 2) and its children.
+        if entry.has_argv || entry.pid <= 2 || matches!(entry.ppid, 0 | 2) {
+            continue;
+        }
+        let Ok(stat) = root.process(entry.pid).and_then(|p| p.stat()) else {
+            continue;
+        };
+        if stat.state == 'Z' {
+            out.entry(stat.ppid.max(0) as u32)
+                .or_default()
+                .push(Zombie {
+                    pid: entry.pid,
+                    comm: stat.comm,
+                });
+        }
+    }
+    out
 }
 
 /// The TCP sockets of network namespace `netns`, dumped through `pid`'s

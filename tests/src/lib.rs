@@ -224,6 +224,43 @@ pub fn compile_fuse_server(
     Ok((bin, mnt))
 }
 
+/// A FUSE filesystem that stops answering once the file `freeze` exists:
+/// `src/hangfs.c`, built with the system's C compiler, mounted on a
+/// scratch directory; dropping it kills the server (the kernel then fails
+/// what waits on it) and detaches the mount.
+pub struct HangFs {
+    server: Child,
+    pub mnt: std::path::PathBuf,
+}
+
+impl HangFs {
+    pub fn mount(dir: &Scratch, freeze: &std::path::Path) -> Result<HangFs, String> {
+        let (bin, mnt) = compile_fuse_server(dir, "hangfs")?;
+        let mut server = Command::new(&bin)
+            .arg(&mnt)
+            .arg(freeze)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        let _ = BufReader::new(server.stdout.take().unwrap()).read_line(&mut line);
+        if line.trim() != "mounted" {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err("cannot mount a FUSE filesystem here".into());
+        }
+        Ok(HangFs { server, mnt })
+    }
+}
+
+impl Drop for HangFs {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+    }
+}
+
 /// The control socket in a shown snapshot's kernel evidence (its
 /// `snapshot.evidence.sockets` entry of role `control`); fails the test
 /// when there is none.

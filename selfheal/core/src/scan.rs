@@ -18,10 +18,18 @@
 //! peer with a proof keepalive (the edge arms it and reads the answer,
 //! [`crate::prove::Proof::answer`] judges it) and [`with_proofs`] turns
 //! each suspect `dead` or `alive` by what the peer answered.
+//!
+//! Beside the connections, what is wrong with a process itself, as
+//! `inspect` shows it ([`process_findings`]): children that exited and
+//! that it has not reaped (zombies), with the missing-init diagnosis when
+//! it is PID 1 of its pid namespace, and threads in uninterruptible sleep
+//! (D state) for at least `silent_for`, with their wait channel.
 
 use serde::Serialize;
 
-use crate::{model::TcpState, sockdiag::TcpSocket, text::escape};
+use crate::{
+    inspect::missing_init, model::TcpState, proc::ThreadInfo, sockdiag::TcpSocket, text::escape,
+};
 
 /// A connection's verdict, most severe first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -149,6 +157,158 @@ pub struct ProofResult {
     /// Whether the socket's own keepalive options were put back and read
     /// back equal (false where never armed: nothing to put back).
     pub restored: bool,
+}
+
+/// The most zombies one process finding lists (all are counted).
+pub const MAX_ZOMBIES_LISTED: usize = 32;
+/// The most D-state threads one process finding lists (all are counted).
+pub const MAX_D_STATE_LISTED: usize = 32;
+
+/// A process as the census read it, for its own findings: who, whether it
+/// is PID 1 of its pid namespace, its threads (their state, wait channel
+/// and age) and its unreaped children.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessState {
+    pub owner: Owner,
+    pub pid_ns_init: bool,
+    pub threads: Vec<ThreadInfo>,
+    /// Its children in state Z, by pid and comm.
+    pub zombies: Vec<Zombie>,
+}
+
+/// A child that exited and that its parent has not reaped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Zombie {
+    pub pid: u32,
+    /// Its `comm`, which it controlled.
+    pub comm: String,
+}
+
+/// A thread in uninterruptible sleep.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DStateThread {
+    pub tid: u32,
+    /// The thread's own name, which the process controls.
+    pub name: String,
+    /// The kernel function it sleeps in, where read.
+    pub wchan: Option<String>,
+    /// How long it has not run, where known.
+    pub blocked_ms: Option<u64>,
+}
+
+/// What is wrong with one process itself (`scan --json`: one object each,
+/// `"kind": "process"`, after the connections).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcessFinding {
+    /// Always `process`: tells these lines from the connections'.
+    pub kind: &'static str,
+    /// The process (`pid`, `comm`, and the identity fields where known).
+    #[serde(flatten)]
+    pub owner: Owner,
+    /// Whether it is PID 1 of its own pid namespace (the init that must
+    /// reap orphans).
+    pub pid_ns_init: bool,
+    /// Its unreaped children, the first [`MAX_ZOMBIES_LISTED`].
+    pub zombies: Vec<Zombie>,
+    /// All of them, counted.
+    pub zombie_count: usize,
+    /// Set when it is PID 1 of its pid namespace and leaves zombies:
+    /// `inspect`'s missing-init diagnosis.
+    pub missing_init: Option<String>,
+    /// Its threads in D state for at least the threshold (or for an age
+    /// not known), the first [`MAX_D_STATE_LISTED`].
+    pub d_state: Vec<DStateThread>,
+    /// All of them, counted.
+    pub d_state_count: usize,
+}
+
+/// The findings of each process in `processes` that has unreaped children
+/// or a thread in D state for at least `silent_for_ms` (or for an age not
+/// known), by pid.
+pub fn process_findings(processes: &[ProcessState], silent_for_ms: u64) -> Vec<ProcessFinding> {
+    let mut out: Vec<ProcessFinding> = processes
+        .iter()
+        .filter_map(|p| {
+            let d_state: Vec<DStateThread> = p
+                .threads
+                .iter()
+                .filter(|t| t.state == 'D' && t.idle_ms.is_none_or(|ms| ms >= silent_for_ms))
+                .map(|t| DStateThread {
+                    tid: t.tid,
+                    name: t.name.clone(),
+                    wchan: t.wchan.clone(),
+                    blocked_ms: t.idle_ms,
+                })
+                .collect();
+            if d_state.is_empty() && p.zombies.is_empty() {
+                return None;
+            }
+            let zombie_count = p.zombies.len();
+            let missing_init = (p.pid_ns_init && zombie_count > 0)
+                .then(|| missing_init(zombie_count, p.owner.pid));
+            Some(ProcessFinding {
+                kind: "process",
+                owner: p.owner.clone(),
+                pid_ns_init: p.pid_ns_init,
+                zombies: p.zombies.iter().take(MAX_ZOMBIES_LISTED).cloned().collect(),
+                zombie_count,
+                missing_init,
+                d_state_count: d_state.len(),
+                d_state: d_state.into_iter().take(MAX_D_STATE_LISTED).collect(),
+            })
+        })
+        .collect();
+    out.sort_by_key(|f| f.owner.pid);
+    out
+}
+
+/// One process finding in words, for the table's `processes:` section.
+fn process_text(f: &ProcessFinding) -> String {
+    let mut parts = Vec::new();
+    if f.zombie_count > 0 {
+        let pids: Vec<String> = f
+            .zombies
+            .iter()
+            .map(|z| format!("{} {}", z.pid, escape(&z.comm)))
+            .collect();
+        let more = f.zombie_count - f.zombies.len();
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        parts.push(format!(
+            "{} zombie child(ren) not reaped ({}{more})",
+            f.zombie_count,
+            pids.join(", ")
+        ));
+    }
+    if let Some(d) = &f.missing_init {
+        parts.push(escape(d));
+    }
+    for t in &f.d_state {
+        let wchan = t
+            .wchan
+            .as_deref()
+            .map_or(String::new(), |w| format!(" in {}", escape(w)));
+        parts.push(format!(
+            "thread {} ({}) in D state (uninterruptible) for {}{wchan}",
+            t.tid,
+            escape(&t.name),
+            age(t.blocked_ms)
+        ));
+    }
+    let more = f.d_state_count - f.d_state.len();
+    if more > 0 {
+        parts.push(format!("{more} more thread(s) in D state"));
+    }
+    format!(
+        "  pid {} {}: {}; next: selfheal inspect --pid {}",
+        f.owner.pid,
+        escape(&f.owner.comm),
+        parts.join("; "),
+        f.owner.pid
+    )
 }
 
 /// How long `s` has carried no data, either way: the smaller of
@@ -325,7 +485,12 @@ fn waiting_text(w: &[Waiter]) -> String {
 /// The census as a table for a person, most severe first, each row with
 /// the `inspect` command to run next; every name a process controls
 /// (comm, unit, container) escaped.
-pub fn render(findings: &[Finding], coverage: &Coverage, silent_for_ms: u64) -> String {
+pub fn render(
+    findings: &[Finding],
+    processes: &[ProcessFinding],
+    coverage: &Coverage,
+    silent_for_ms: u64,
+) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let rows: Vec<[String; 9]> = findings
@@ -419,6 +584,12 @@ pub fn render(findings: &[Finding], coverage: &Coverage, silent_for_ms: u64) -> 
             escape(&p.detail)
         );
     }
+    if !processes.is_empty() {
+        let _ = writeln!(o, "\nprocesses:");
+    }
+    for f in processes {
+        let _ = writeln!(o, "{}", process_text(f));
+    }
     let count = |v: Verdict| findings.iter().filter(|f| f.verdict == v).count();
     let dead = match count(Verdict::Dead) {
         0 => String::new(),
@@ -433,6 +604,14 @@ pub fn render(findings: &[Finding], coverage: &Coverage, silent_for_ms: u64) -> 
         count(Verdict::Alive),
         coverage.processes
     );
+    let zombies = processes.iter().filter(|f| f.zombie_count > 0).count();
+    let d_state = processes.iter().filter(|f| f.d_state_count > 0).count();
+    if zombies > 0 {
+        let _ = write!(o, ", {zombies} with unreaped zombies");
+    }
+    if d_state > 0 {
+        let _ = write!(o, ", {d_state} with threads in D state");
+    }
     if coverage.not_yours > 0 {
         let _ = write!(
             o,
@@ -705,6 +884,10 @@ mod tests {
             assert!(v.get(k).is_some(), "{k} missing: {v}");
         }
         assert_eq!(v["verdict"], "suspect");
+        assert!(
+            v.get("kind").is_none(),
+            "a connection's object is as it was: {v}"
+        );
         assert_eq!(v["state"], "ESTAB");
         assert!(v["proof"].is_null());
         assert_eq!(v["silent_ms"], 40_000);
@@ -721,7 +904,7 @@ mod tests {
         c.owner.comm = "evil\x1b[2J".into();
         c.owner.unit = Some("x\x07.service".into());
         let f = census(&[c], 30_000);
-        let text = render(&f, &Coverage::default(), 30_000);
+        let text = render(&f, &[], &Coverage::default(), 30_000);
         assert!(
             !text.chars().any(|ch| ch.is_control() && ch != '\n'),
             "{text:?}"
@@ -729,7 +912,7 @@ mod tests {
         assert!(text.contains("selfheal inspect --pid 42"), "{text}");
         assert!(text.starts_with("VERDICT"), "{text}");
         assert!(text.contains("1 suspect"), "{text}");
-        let empty = render(&[], &Coverage::default(), 30_000);
+        let empty = render(&[], &[], &Coverage::default(), 30_000);
         assert!(empty.starts_with("no connection"), "{empty}");
     }
 
@@ -781,10 +964,130 @@ mod tests {
         assert_eq!(v["verdict"], "dead");
         assert_eq!(v["proof"]["result"], "dead");
         assert_eq!(v["proof"]["bound_ms"], 15_000);
-        let text = render(&f, &Coverage::default(), 30_000);
+        let text = render(&f, &[], &Coverage::default(), 30_000);
         assert!(text.contains("1 dead, 1 suspect"), "{text}");
         assert!(
             text.contains("pid 3 fd 5 -> 10.0.0.2:443: dead after 4.0s (bound 15s): 3 probes unanswered; its own options put back"),
+            "{text}"
+        );
+    }
+
+    fn thread(tid: u32, state: char, idle_ms: Option<u64>) -> ThreadInfo {
+        ThreadInfo {
+            tid,
+            name: "worker\x1b[2J".into(),
+            state,
+            wchan: (state == 'D').then(|| "fuse_wait_answer".into()),
+            cpu_ticks: 0,
+            syscall: None,
+            idle_ms,
+            kstack: Vec::new(),
+            recv: None,
+            wait: None,
+        }
+    }
+
+    fn process(
+        pid: u32,
+        pid_ns_init: bool,
+        threads: Vec<ThreadInfo>,
+        zombies: usize,
+    ) -> ProcessState {
+        ProcessState {
+            owner: Owner {
+                pid,
+                comm: "agent".into(),
+                ..Owner::default()
+            },
+            pid_ns_init,
+            threads,
+            zombies: (0..zombies)
+                .map(|k| Zombie {
+                    pid: pid + 1 + k as u32,
+                    comm: "child".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn d_state_threads_past_the_threshold_and_zombies_are_process_findings() {
+        let ps = [
+            // Fine: running and sleeping threads, no zombies.
+            process(
+                10,
+                false,
+                vec![thread(10, 'S', Some(90_000)), thread(11, 'R', None)],
+                0,
+            ),
+            // A D-state thread under the threshold: a disk read, not listed.
+            process(20, false, vec![thread(20, 'D', Some(500))], 0),
+            // Past it, and one of unknown age: both listed.
+            process(
+                30,
+                false,
+                vec![thread(30, 'D', Some(45_000)), thread(31, 'D', None)],
+                0,
+            ),
+            // Zombies under a process that is no init.
+            process(40, false, vec![thread(40, 'S', None)], 2),
+            // Zombies under PID 1 of a pid namespace: the missing init.
+            process(50, true, vec![thread(50, 'S', None)], 3),
+        ];
+        let f = process_findings(&ps, 30_000);
+        let pids: Vec<u32> = f.iter().map(|f| f.owner.pid).collect();
+        assert_eq!(pids, [30, 40, 50]);
+        assert_eq!(f[0].d_state_count, 2);
+        assert_eq!(f[0].d_state[0].wchan.as_deref(), Some("fuse_wait_answer"));
+        assert_eq!(f[0].d_state[0].blocked_ms, Some(45_000));
+        assert_eq!(f[1].zombie_count, 2);
+        assert!(f[1].missing_init.is_none());
+        assert_eq!(
+            f[2].missing_init.as_deref(),
+            Some(crate::inspect::missing_init(3, 50).as_str())
+        );
+        let v = serde_json::to_value(&f[2]).unwrap();
+        assert_eq!(v["kind"], "process");
+        assert_eq!(v["pid"], 50);
+        assert_eq!(v["zombies"][0]["pid"], 51);
+        assert_eq!(v["zombie_count"], 3);
+        assert!(v.get("verdict").is_none(), "no connection's keys: {v}");
+        let text = render(&[], &f, &Coverage::default(), 30_000);
+        assert!(
+            !text.chars().any(|ch| ch.is_control() && ch != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("\nprocesses:\n"), "{text}");
+        assert!(
+            text.contains("pid 30 agent: thread 30 (worker\\u{1b}[2J) in D state (uninterruptible) for 45s in fuse_wait_answer"),
+            "{text}"
+        );
+        assert!(text.contains("pid 40 agent: 2 zombie child(ren) not reaped (41 child, 42 child); next: selfheal inspect --pid 40"), "{text}");
+        assert!(text.contains("PID 1 of its pid namespace"), "{text}");
+        assert!(
+            text.contains("2 with unreaped zombies, 1 with threads in D state"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_process_findings_lists_are_capped_and_all_counted() {
+        let threads = (0..100).map(|t| thread(t, 'D', None)).collect();
+        let f = process_findings(&[process(7, false, threads, 500)], 1000);
+        assert_eq!(f[0].d_state.len(), MAX_D_STATE_LISTED);
+        assert_eq!(f[0].d_state_count, 100);
+        assert_eq!(f[0].zombies.len(), MAX_ZOMBIES_LISTED);
+        assert_eq!(f[0].zombie_count, 500);
+        let text = render(&[], &f, &Coverage::default(), 1000);
+        assert!(
+            text.contains(&format!("and {} more)", 500 - MAX_ZOMBIES_LISTED)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "{} more thread(s) in D state",
+                100 - MAX_D_STATE_LISTED
+            )),
             "{text}"
         );
     }

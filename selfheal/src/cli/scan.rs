@@ -17,16 +17,19 @@ use selfheal_core::{
 /// TCP peer: each connection a thread waits on, or that is connecting or
 /// peer-closed, with a verdict: suspect (no data either way for
 /// --silent-for while a thread waits on it), connecting (SYN-SENT that
-/// long), peer_closed (CLOSE-WAIT still held) or alive. Reads only,
-/// unless --prove; needs no config. Exit 0 when nothing is dead, suspect,
-/// connecting or peer-closed, 2 when something is proven dead, else 1.
+/// long), peer_closed (CLOSE-WAIT still held) or alive; and each process
+/// with unreaped zombie children (with the missing-init diagnosis) or a
+/// thread in D state for --silent-for, as inspect shows them. Reads only,
+/// unless --prove; needs no config. Exit 0 when no connection is dead,
+/// suspect, connecting or peer-closed, 2 when one is proven dead, else 1.
 #[derive(clap::Args)]
 pub struct Args {
     /// How long a waited-on connection may carry no data before it is
     /// suspect, and a connect may last before it is listed (e.g. 30s).
     #[arg(long, value_parser = super::parse_duration, default_value = "30s")]
     silent_for: Duration,
-    /// Print one JSON object per finding, one per line, instead of a table.
+    /// Print one JSON object per connection, then one per process finding
+    /// ("kind": "process"), one per line, instead of a table.
     #[arg(long)]
     json: bool,
     /// Ask each suspect's peer whether it is there: a proof keepalive
@@ -38,8 +41,9 @@ pub struct Args {
     /// action.
     #[arg(long)]
     prove: bool,
-    /// Only these processes' connections (repeat for more): what is
-    /// listed, and so what --prove asks about.
+    /// Only these processes (repeat for more): their connections and
+    /// process findings are what is listed, and so what --prove asks
+    /// about.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
     /// The privileged helper's socket, for --prove. Without a helper
@@ -56,6 +60,10 @@ pub fn run(args: Args) -> Result<Finished, Error> {
         connections.retain(|c| args.pids.contains(&c.owner.pid));
     }
     let mut findings = scan::census(&connections, silent_for_ms);
+    let mut processes = scan::process_findings(&read.processes, silent_for_ms);
+    if !args.pids.is_empty() {
+        processes.retain(|p| args.pids.contains(&p.owner.pid));
+    }
     if args.prove && scan::suspects(&findings).next().is_some() {
         // SIGINT and SIGTERM end the proofs as unproven, every socket's
         // options put back, instead of the process.
@@ -92,14 +100,19 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        for f in &findings {
-            let line = serde_json::to_string(f).context("cannot write the census")?;
+        let lines = findings
+            .iter()
+            .map(serde_json::to_string)
+            .chain(processes.iter().map(serde_json::to_string));
+        for line in lines {
+            let line = line.context("cannot write the census")?;
             // Still JSON, with DEL and C1 controls as \u escapes too.
             writeln!(out, "{}", selfheal_core::text::escape_json(&line))
                 .context("cannot write the census")?;
         }
     } else {
-        out.write_all(scan::render(&findings, &read.coverage, silent_for_ms).as_bytes())
+        let text = scan::render(&findings, &processes, &read.coverage, silent_for_ms);
+        out.write_all(text.as_bytes())
             .context("cannot write the census")?;
     }
     out.flush().context("cannot write the census")?;

@@ -367,6 +367,12 @@ impl Bed {
         self.provider_addr()
     }
 
+    /// The CA (PEM) of the bed's TLS edge ([`super::tls_edge`]), once it
+    /// runs: what a caller of it trusts.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls_ca.as_deref()
+    }
+
     /// A path for file `name` in the bed's own directory (removed with it).
     pub(super) fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)

@@ -85,9 +85,9 @@ fn openssl(args: &str) -> anyhow::Result<()> {
 }
 
 /// Starts the TLS edge before the bed's provider, in its namespace, with a
-/// certificate of a CA made for the bed; callers started after trust the
-/// CA. Where the edge listens.
-pub(super) fn tls_edge(bed: &mut Bed) -> anyhow::Result<SocketAddr> {
+/// certificate of a CA made for the bed (also for 127.0.0.1); callers
+/// started after trust the CA ([`Bed::tls_ca`]). Where the edge listens.
+pub fn tls_edge(bed: &mut Bed) -> anyhow::Result<SocketAddr> {
     let ip = IpAddr::V4(bed.topo.provider_ip);
     let edge = SocketAddr::new(ip, EDGE_PORT);
     let (ca, cert, key) = make_certs(&bed.file("tls"), &[ip, IpAddr::from([127, 0, 0, 1])])?;

@@ -51,7 +51,9 @@ use selfheal_core::protocol::Action;
 use selfheal_core::protocol::ErrorCode;
 use selfheal_core::protocol::Response;
 use tests::fixtures::{Procs, ask, outcome, serve_helper};
-use tests::{Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for};
+use tests::{
+    HangFs, Scratch, as_uid, client_opts, forced_strategy, need_ebpf, need_root, skip, wait_for,
+};
 
 const NOBODY: u32 = 65534;
 const SEC: Duration = Duration::from_secs(1);
@@ -982,43 +984,6 @@ fn the_root_reserve_and_the_escalation_table_are_bounded() {
     assert!(busy.message.contains("nothing was sent"), "{busy:?}");
     assert_eq!(exec.calls().len(), 2, "the third signal was not sent");
     drop(held);
-}
-
-/// A FUSE filesystem that stops answering: `tests/src/hangfs.c`, built
-/// with the system's C compiler, mounted on a scratch directory; dropping
-/// it kills the server (the kernel then fails what waits on it) and
-/// detaches the mount.
-struct HangFs {
-    server: Child,
-    mnt: PathBuf,
-}
-
-impl HangFs {
-    fn mount(dir: &Scratch, freeze: &std::path::Path) -> Result<HangFs, String> {
-        let (bin, mnt) = tests::compile_fuse_server(dir, "hangfs")?;
-        let mut server = Command::new(&bin)
-            .arg(&mnt)
-            .arg(freeze)
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        let _ = BufReader::new(server.stdout.take().unwrap()).read_line(&mut line);
-        if line.trim() != "mounted" {
-            let _ = server.kill();
-            let _ = server.wait();
-            return Err("cannot mount a FUSE filesystem here".into());
-        }
-        Ok(HangFs { server, mnt })
-    }
-}
-
-impl Drop for HangFs {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-    }
 }
 
 /// The FUSE case itself: the target's fd 7 is a file on a FUSE mount whose

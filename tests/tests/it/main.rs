@@ -43,6 +43,7 @@ mod probe;
 mod product_binary;
 mod reliability_map;
 mod scan;
+mod scan_sdk;
 mod stall;
 mod store;
 mod watch_capabilities;

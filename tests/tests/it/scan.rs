@@ -7,7 +7,10 @@
 //! cut call dead and a thinking one alive within the bound it states, puts
 //! both sockets' options back and leaves both calls as they were (the
 //! thinking one then completes, same pid); interrupted, it still puts
-//! every option back; an unprivileged user proves their own. Every wait is
+//! every option back; an unprivileged user proves their own. Per process,
+//! unreaped zombies (with the missing-init diagnosis under PID 1 of a pid
+//! namespace) and a thread in D state (a read on a FUSE filesystem that
+//! stopped answering) are listed, each user's own only. Every wait is
 //! bound by `--silent-for`, the proof's stated bound and the scans' own
 //! measured time.
 
@@ -21,15 +24,15 @@ use serde_json::Value;
 use tests::{NetnsPair, Peer, need_root, selfheal_bin};
 
 /// The threshold the tests scan with.
-const SILENT_FOR: Duration = Duration::from_secs(1);
+pub(super) const SILENT_FOR: Duration = Duration::from_secs(1);
 
 /// One `selfheal scan --json --silent-for 1s` (as `uid` when given): its
 /// findings, exit code, standard error and how long it took.
-struct Run {
-    findings: Vec<Value>,
-    code: i32,
-    stderr: String,
-    took: Duration,
+pub(super) struct Run {
+    pub(super) findings: Vec<Value>,
+    pub(super) code: i32,
+    pub(super) stderr: String,
+    pub(super) took: Duration,
 }
 
 fn scan_as(uid: Option<u32>) -> Run {
@@ -37,7 +40,7 @@ fn scan_as(uid: Option<u32>) -> Run {
 }
 
 /// `selfheal scan --json --silent-for 1s` and `extra` (as `uid` when given).
-fn run_scan(uid: Option<u32>, extra: &[&str]) -> Run {
+pub(super) fn run_scan(uid: Option<u32>, extra: &[&str]) -> Run {
     let mut cmd = Command::new(selfheal_bin());
     cmd.args(["scan", "--json", "--silent-for", "1s"])
         .args(extra)
@@ -63,36 +66,52 @@ fn run_scan(uid: Option<u32>, extra: &[&str]) -> Run {
     }
 }
 
-fn scan() -> Run {
+pub(super) fn scan() -> Run {
     scan_as(None)
 }
 
 /// The finding on socket `inode`, if listed.
-fn on(run: &Run, inode: u64) -> Option<&Value> {
+pub(super) fn on(run: &Run, inode: u64) -> Option<&Value> {
     run.findings.iter().find(|f| f["inode"] == inode)
+}
+
+/// The process finding (`"kind": "process"`) of `pid`, if listed.
+fn process_of(run: &Run, pid: u32) -> Option<&Value> {
+    run.findings
+        .iter()
+        .find(|f| f["kind"] == "process" && f["pid"] == pid)
 }
 
 /// Scans until `want` holds of the finding on `inode`, at most `polls`
 /// times and for at most twice `SILENT_FOR` plus ten times the first
 /// scan's own time: the finding and the last run.
-fn until(inode: u64, polls: u32, want: impl Fn(&Value) -> bool) -> (Value, Run) {
+pub(super) fn until(inode: u64, polls: u32, want: impl Fn(&Value) -> bool) -> (Value, Run) {
+    until_in(|run| on(run, inode), polls, want)
+}
+
+/// [`until`] of the finding `find` picks out of a run.
+pub(super) fn until_in(
+    find: impl for<'r> Fn(&'r Run) -> Option<&'r Value>,
+    polls: u32,
+    want: impl Fn(&Value) -> bool,
+) -> (Value, Run) {
     let first = scan();
     let limit = 2 * SILENT_FOR + 10 * first.took;
     let started = Instant::now();
     let mut run = first;
     for _ in 0..polls {
-        if let Some(f) = on(&run, inode).filter(|f| want(f)) {
+        if let Some(f) = find(&run).filter(|f| want(f)) {
             return (f.clone(), run);
         }
         assert!(
             started.elapsed() < limit,
             "not as wanted within {limit:?}: {:?}",
-            on(&run, inode)
+            find(&run)
         );
         std::thread::sleep(SILENT_FOR / 4);
         run = scan();
     }
-    panic!("not as wanted after {polls} scans: {:?}", on(&run, inode));
+    panic!("not as wanted after {polls} scans: {:?}", find(&run));
 }
 
 #[test]
@@ -294,18 +313,18 @@ fn processes_ending_mid_scan_are_no_error() {
 }
 
 /// The socket's keepalive options, read by root through a duplicate.
-fn options_of(pid: u32, fd: i32) -> selfheal_core::keepalive::KeepaliveSettings {
+pub(super) fn options_of(pid: u32, fd: i32) -> selfheal_core::keepalive::KeepaliveSettings {
     let t = selfheal::sys::pidfd::Pidfd::open(pid, None).expect("pidfd");
     selfheal::actions::keepalive::read_keepalive(&t, fd).expect("read the options")
 }
 
 /// The fd a finding names.
-fn fd_of(f: &Value) -> i32 {
+pub(super) fn fd_of(f: &Value) -> i32 {
     f["fd"].as_i64().expect("fd") as i32
 }
 
 /// A finding's proof: its result, when it came and its bound (ms).
-fn proof_of(f: &Value) -> (&str, u64, u64) {
+pub(super) fn proof_of(f: &Value) -> (&str, u64, u64) {
     let p = &f["proof"];
     (
         p["result"]
@@ -333,7 +352,7 @@ fn proving() -> std::sync::MutexGuard<'static, ()> {
 
 /// The slack `scan --prove` gives the kernel's last probe past a proof's
 /// bound (`selfheal::scan::PROOF_SLACK`).
-const PROOF_SLACK: Duration = selfheal::scan::PROOF_SLACK;
+pub(super) const PROOF_SLACK: Duration = selfheal::scan::PROOF_SLACK;
 
 #[test]
 fn prove_tells_a_cut_call_dead_and_a_thinking_one_alive_and_leaves_both_as_they_were() {
@@ -577,4 +596,181 @@ fn a_second_prove_leaves_the_first_ones_proof_alone() {
         options,
         "the socket's own options, in the end"
     );
+}
+
+/// A Python process that forks `children` children, each of which exits
+/// at once, and never reaps them; `unshare` first when `init` (it is then
+/// PID 1 of a pid namespace of its own, with `unshare` its parent, killed
+/// with it), as `uid` when given. The process and the pid of the one that
+/// does not reap, once it says the children are forked.
+fn zombie_maker(children: u32, init: bool, uid: Option<u32>) -> (Peer, u32) {
+    let script = "import os, sys, time\n\
+                  for _ in range(int(sys.argv[1])):\n    \
+                      if os.fork() == 0:\n        os._exit(0)\n\
+                  print('forked', flush=True)\ntime.sleep(600)\n";
+    let mut cmd = if init {
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--kill-child", "python3"]);
+        c
+    } else {
+        Command::new("python3")
+    };
+    cmd.args(["-c", script, &children.to_string()]);
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let peer = Peer::spawn(cmd);
+    peer.expect("forked", Duration::from_secs(30));
+    let pid = if init {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", peer.pid()))
+            .expect("unshare's children");
+        children
+            .trim()
+            .parse()
+            .expect("one child: the namespace's init")
+    } else {
+        peer.pid()
+    };
+    (peer, pid)
+}
+
+#[test]
+fn unreaped_zombies_and_a_thread_in_d_state_are_listed_per_process() {
+    let _area = tests::area(module_path!());
+    if !need_root("scan_processes") {
+        return;
+    }
+    let dir = tests::Scratch::new("scan-dstate");
+    let freeze = dir.join("freeze");
+    let fs = tests::HangFs::mount(&dir, &freeze).expect("a FUSE filesystem (root, /dev/fuse)");
+    std::fs::write(&freeze, "").expect("freeze the filesystem");
+    // A read of a file there waits on a server that no longer answers:
+    // uninterruptible (killable) sleep.
+    let mut cmd = Command::new("cat");
+    cmd.arg(fs.mnt.join("f"));
+    let reader = Peer::spawn(cmd);
+    let (_leaker, leaker) = zombie_maker(2, false, None);
+    let (_init, init) = zombie_maker(3, true, None);
+    let (_nobodys, nobodys) = zombie_maker(1, false, Some(65534));
+
+    let (d, _) = until_in(
+        |run| process_of(run, reader.pid()),
+        40,
+        |f| f["d_state_count"].as_u64() >= Some(1),
+    );
+    eprintln!("D state: {d}");
+    assert_eq!(d["comm"], "cat", "{d}");
+    assert_eq!(d["zombie_count"], 0, "{d}");
+    let t = &d["d_state"][0];
+    assert_eq!(t["tid"], reader.pid(), "{d}");
+    assert_eq!(t["name"], "cat", "{d}");
+    assert!(
+        t["wchan"].as_str().is_some_and(|w| !w.is_empty()),
+        "its wait channel: {d}"
+    );
+    let blocked = t["blocked_ms"].as_u64();
+    assert!(
+        blocked.is_none_or(|ms| ms >= 1000),
+        "past --silent-for: {d}"
+    );
+
+    let (z, run) = until_in(
+        |run| process_of(run, leaker),
+        20,
+        |f| f["zombie_count"] == 2,
+    );
+    assert_eq!(z["comm"], "python3", "{z}");
+    assert_eq!(z["pid_ns_init"], false, "{z}");
+    assert!(z["missing_init"].is_null(), "not an init: {z}");
+    let pids: Vec<u64> = z["zombies"]
+        .as_array()
+        .expect("zombies")
+        .iter()
+        .map(|c| c["pid"].as_u64().expect("a zombie's pid"))
+        .collect();
+    assert_eq!(pids.len(), 2, "{z}");
+    for p in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).expect("the zombie's stat");
+        let ppid = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.split(' ').nth(1));
+        assert_eq!(ppid, Some(Some(leaker.to_string().as_str())), "{stat}");
+        assert!(stat.contains(") Z "), "a zombie: {stat}");
+    }
+    let i = process_of(&run, init).expect("the namespace's init is listed");
+    assert_eq!(i["pid_ns_init"], true, "{i}");
+    assert_eq!(i["zombie_count"], 3, "{i}");
+    let why = i["missing_init"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "3 zombie(s) under pid {init} (PID 1 of its pid namespace)"
+        )),
+        "{i}"
+    );
+    assert!(
+        process_of(&run, nobodys).is_some(),
+        "root sees every user's"
+    );
+    // No connection is involved: the exit code is the connections'.
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+
+    // The table says the same, with what to run next.
+    let (r, l, n) = (
+        reader.pid().to_string(),
+        leaker.to_string(),
+        init.to_string(),
+    );
+    let out = Command::new(selfheal_bin())
+        .args([
+            "scan",
+            "--silent-for",
+            "1s",
+            "--pid",
+            &r,
+            "--pid",
+            &l,
+            "--pid",
+            &n,
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run selfheal scan");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("\nprocesses:\n"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "  pid {l} python3: 2 zombie child(ren) not reaped ("
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "thread {r} (cat) in D state (uninterruptible) for "
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("next: selfheal inspect --pid {n}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 with unreaped zombies, 1 with threads in D state"),
+        "{text}"
+    );
+
+    // Nobody sees its own zombies, and nothing of root's.
+    let mine = scan_as(Some(65534));
+    assert_eq!(mine.stderr, "", "nothing but the answer");
+    let own = process_of(&mine, nobodys).expect("nobody's own process is listed");
+    assert_eq!(own["zombie_count"], 1, "{own}");
+    for pid in [reader.pid(), leaker, init] {
+        assert!(
+            process_of(&mine, pid).is_none(),
+            "root's {pid} shown to nobody"
+        );
+    }
+    for f in &mine.findings {
+        assert_eq!(f["uid"], 65534, "another user's shown to nobody: {f}");
+    }
 }

@@ -426,6 +426,15 @@ pub(super) fn ebpf_gaps(ev: &Evidence, unseen_by_ebpf: usize) -> Vec<Gap> {
     gaps
 }
 
+/// The missing-init diagnosis: `unreaped` zombies under `pid1`, PID 1 of
+/// its pid namespace, which does not reap them.
+pub fn missing_init(unreaped: usize, pid1: u32) -> String {
+    format!(
+        "{unreaped} zombie(s) under pid {pid1} (PID 1 of its pid namespace), which does not reap: \
+         run the agent under an init (tini, `docker run --init`, `init: true`)"
+    )
+}
+
 /// Whether the agent's PID 1 (of its pid namespace) leaves zombies unreaped.
 pub(super) fn init_diagnosis(ev: &Evidence, zombies: &[Zombie]) -> InitDiagnosis {
     let root_is_pid1 = ev
@@ -441,13 +450,7 @@ pub(super) fn init_diagnosis(ev: &Evidence, zombies: &[Zombie]) -> InitDiagnosis
         zombies.iter().filter(|z| z.ppid == init).count()
             + ev.unread_zombies.get(&init).copied().unwrap_or(0)
     });
-    let diagnosis = (unreaped > 0).then(|| {
-        format!(
-            "{unreaped} zombie(s) under pid {} (PID 1 of its pid namespace), which does not reap: \
-             run the agent under an init (tini, `docker run --init`, `init: true`)",
-            pid1.unwrap_or(0)
-        )
-    });
+    let diagnosis = (unreaped > 0).then(|| missing_init(unreaped, pid1.unwrap_or(0)));
     InitDiagnosis {
         root_is_pid1,
         pid1,

@@ -24,7 +24,7 @@ use crate::{
 mod build;
 mod render;
 
-pub use self::build::build;
+pub use self::build::{build, missing_init};
 pub use self::render::{human_ms, render};
 
 /// Everything `inspect` shows.
