@@ -203,6 +203,10 @@ fn field<'l>(line: &'l str, key: &str) -> Option<&'l str> {
 pub fn run(args: &Args, warmup: u64) -> i32 {
     match Fleet::set_up(args) {
         Ok(fleet) => fleet.soak(args, warmup),
+        Err(_) if STOP.load(Ordering::Relaxed) => {
+            eprintln!("soak --fleet: interrupted while setting up");
+            1
+        }
         Err(e) => {
             eprintln!("soak --fleet: cannot run here: {e}");
             2
@@ -509,6 +513,23 @@ impl Fleet {
         }
     }
 
+    /// Cuts call `key`'s connection, whose client port is `port`: `b`
+    /// drops its packets both ways from now on.
+    fn cut(&self, run: &mut Run, key: (usize, u64), port: u16) {
+        let added = self.nft(&format!(
+            "add element inet selfheal_fleet cut {{ {port} timeout {}s }}\n",
+            CUT_TIMEOUT.as_secs()
+        ));
+        let call = run.calls.entry(key).or_default();
+        match added {
+            Ok(()) => {
+                call.fault = Some(Instant::now());
+                call.cut_port = Some(port);
+            }
+            Err(e) => run.failures.push(format!("cannot cut port {port}: {e}")),
+        }
+    }
+
     fn handle(&mut self, run: &mut Run, at: Instant, e: Event) {
         match e {
             Event::Line(Src::Edge, l) => {
@@ -519,6 +540,9 @@ impl Fleet {
                 match (l.split_whitespace().next(), via, port) {
                     (Some("forwarding"), Some(via), Some(port)) => {
                         run.vias.insert(via.to_string(), port);
+                        if let Some(key) = run.cuts_waiting.remove(via) {
+                            self.cut(run, key, port);
+                        }
                     }
                     (Some("closed"), Some(via), _) => {
                         run.vias.remove(via.trim_end_matches(':'));
@@ -538,22 +562,16 @@ impl Fleet {
                         call.fault = Some(at);
                     }
                 } else if l.starts_with("cut ") {
-                    let port = field(&l, "peer").and_then(|p| run.vias.get(p).copied());
-                    let Some(port) = port else {
-                        run.failures.push(format!("no client port for {l}"));
+                    let Some(peer) = field(&l, "peer") else {
                         return;
                     };
-                    let added = self.nft(&format!(
-                        "add element inet selfheal_fleet cut {{ {port} timeout {}s }}\n",
-                        CUT_TIMEOUT.as_secs()
-                    ));
-                    let call = run.calls.entry(key).or_default();
-                    match added {
-                        Ok(()) => {
-                            call.fault = Some(Instant::now());
-                            call.cut_port = Some(port);
+                    match run.vias.get(peer).copied() {
+                        Some(port) => self.cut(run, key, port),
+                        // The edge's line of this connection not read yet
+                        // (another reader thread): cut when it comes.
+                        None => {
+                            run.cuts_waiting.insert(peer.to_string(), key);
                         }
-                        Err(e) => run.failures.push(format!("cannot cut port {port}: {e}")),
                     }
                 }
             }
@@ -627,6 +645,9 @@ struct Run {
     /// The edge's upstream address (the provider's `peer`) → the client's
     /// port.
     vias: BTreeMap<String, u16>,
+    /// Cuts said before the edge's line of their connection was read: the
+    /// provider's `peer` → the call.
+    cuts_waiting: BTreeMap<String, (usize, u64)>,
     /// Heal actions: agent, when read, the actions.
     heals: Vec<(usize, Instant, String)>,
     last_check: BTreeMap<usize, Instant>,
@@ -652,6 +673,12 @@ impl Fleet {
     /// what failed.
     fn report(&self, run: &Run, pids_kept: &[bool], deadline: Instant) -> Vec<String> {
         let mut failures = run.failures.clone();
+        for (peer, key) in &run.cuts_waiting {
+            failures.push(format!(
+                "{} call {}: no edge connection for its cut (peer {peer})",
+                self.names[key.0], key.1
+            ));
+        }
         let tick = run.tick.max(Duration::from_millis(1));
         let stall_bound = self.stall_after + tick * 3;
         let cut_bound = SUSPECT_AFTER + PROOF_IDLE + PROOF_INTERVAL * PROOF_COUNT + tick * 3;

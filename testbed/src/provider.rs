@@ -158,12 +158,17 @@ impl Fate {
     /// The pacing of this fate for a stream given `bound` (every answer on
     /// a kept connection, in chunks, as real providers send it).
     pub fn pacing(self, bound: Duration) -> Pacing {
-        let ms = bound.as_millis() as u64;
+        // Any bound a caller names: the arithmetic saturates.
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        let three_fifths = ms / 5 * 3;
         let model = match self {
             Fate::Quick => "think-100-gap-20-tokens-5".to_string(),
-            Fate::Think => format!("first-early-think-{}-gap-20-tokens-5", ms + 3000),
-            Fate::PingAnswer => format!("ping-1000-for-{}-gap-20-tokens-5", ms * 3 / 5),
-            Fate::Slow => format!("first-early-think-0-gap-{}-tokens-4", ms * 3 / 5),
+            Fate::Think => format!(
+                "first-early-think-{}-gap-20-tokens-5",
+                ms.saturating_add(3000)
+            ),
+            Fate::PingAnswer => format!("ping-1000-for-{three_fifths}-gap-20-tokens-5"),
+            Fate::Slow => format!("first-early-think-0-gap-{three_fifths}-tokens-4"),
             Fate::Cut => "first-early-think-0-tokens-5".to_string(),
             Fate::Stall => "ping-1000".to_string(),
         };
@@ -659,6 +664,16 @@ mod tests {
         assert!(st.ping.is_some() && st.ping_for.is_none());
         assert!(Fate::Cut.pacing(b).cut && !Fate::Quick.pacing(b).cut);
         assert!(Fate::Quick.pacing(b).fleet.is_none());
+        // A bound no u64 of ms holds, from a caller's model: no overflow.
+        let p = Pacing::parse("fleet-18446744073709551615");
+        assert_eq!(p.fleet, Some(Duration::from_millis(u64::MAX)));
+        for f in Fate::ALL {
+            f.pacing(Duration::MAX);
+        }
+        assert_eq!(
+            Fate::Think.pacing(Duration::MAX).think,
+            Duration::from_millis(u64::MAX)
+        );
     }
 
     #[test]
