@@ -454,7 +454,11 @@ impl Fleet {
         }
         let started = Instant::now();
         let deadline = started + Duration::from_secs(args.seconds);
-        let sampler = std::thread::spawn(move || sample(watch_pid, helper_pid, started, deadline));
+        let sampler = std::thread::spawn(move || {
+            sample(watch_pid, helper_pid, started, deadline, || {
+                STOP.load(Ordering::Relaxed)
+            })
+        });
         println!(
             "soak --fleet: {} s, {} agents ({} per SDK), provider seed {}, stall_after {} ms, watch every {} ms with the helper, warm-up {warmup} s; work dir {}",
             args.seconds,
@@ -493,7 +497,8 @@ impl Fleet {
             &logged,
             &transitions,
         ));
-        failures.extend(self.report(&run, &pids_kept, deadline));
+        // Interrupted, the calls are judged at the stop, not the deadline.
+        failures.extend(self.report(&run, &pids_kept, Instant::now().min(deadline)));
         if interrupted {
             failures.push("interrupted (SIGINT or SIGTERM)".into());
         }

@@ -220,7 +220,7 @@ fn main() {
     let deadline = started + Duration::from_secs(args.seconds);
     let sampler = {
         let stop = deadline;
-        std::thread::spawn(move || sample(watch_pid, helper_pid, started, stop))
+        std::thread::spawn(move || sample(watch_pid, helper_pid, started, stop, || false))
     };
     println!(
         "soak: {} s, {} agents churning, watch every {} ms with the helper, warm-up {warmup} s; work dir {}",
@@ -559,13 +559,20 @@ fn read_watch(stdout: impl std::io::Read, mut route: impl FnMut(Value)) -> Seen 
     seen
 }
 
-/// Samples both processes about every second until `stop`.
-fn sample(watch: u32, helper: u32, started: Instant, stop: Instant) -> [Vec<Sample>; 2] {
+/// Samples both processes about every second until `stop`, or until
+/// `halted` says so.
+fn sample(
+    watch: u32,
+    helper: u32,
+    started: Instant,
+    stop: Instant,
+    halted: impl Fn() -> bool,
+) -> [Vec<Sample>; 2] {
     let mut out = [Vec::new(), Vec::new()];
     // From a second in: a process just started has not mapped its binary.
     std::thread::sleep(SEC);
     let mut k: u64 = 0;
-    while Instant::now() + SEC < stop {
+    while Instant::now() + SEC < stop && !halted() {
         // 0.7 to 1.3 s apart, never in step with the watch's interval: a
         // fixed period locks onto one phase of the check, and a floor taken
         // in the middle of every check would look like a leak.
