@@ -12,6 +12,10 @@
 //!   it. The pacing is the request's `model` ([`Pacing::parse`]), e.g.
 //!   `think-6000-gap-100-tokens-20-head-late`.
 //!
+//! A model with `fleet-MS` leaves the call's fate to the provider
+//! ([`Fate`]): picked from the model name and the provider's `--seed`, the
+//! same for the same pair, with `MS` as the bound a stalled stream is given.
+//!
 //! The request body is read in full before the provider starts thinking.
 
 use std::{net::SocketAddr, time::Duration};
@@ -26,7 +30,14 @@ pub struct Args {
     /// Address to serve on.
     #[arg(long)]
     pub listen: SocketAddr,
+    /// The seed of fleet calls' fates (default: from the clock); said in
+    /// the `listening` line.
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
+
+/// The seed of fleet calls' fates, set once as the provider starts.
+static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// How a call through the compatible APIs is paced, from its `model`:
 /// dash-separated pairs `think-MS` (silence before the first byte of the
@@ -54,6 +65,9 @@ pub struct Args {
 /// hour and then closes without an answer (a stall), or with `for-MS`
 /// for MS and then answers as any call does (`gap`, `tokens`). Content
 /// that comes slowly is `first-early-think-0-gap-MS`: a word every MS.
+///
+/// `fleet-MS` replaces all of these with a [`Fate`]'s pacing, picked per
+/// call from the whole model name and the provider's seed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
     pub think: Duration,
@@ -69,6 +83,99 @@ pub struct Pacing {
     pub ping_for: Option<Duration>,
     /// Pings carry a time stamp: their sizes vary.
     pub stamp: bool,
+    /// `fleet-MS`: the provider picks the fate ([`Fate`]); MS is the bound
+    /// a stalled stream is given.
+    pub fleet: Option<Duration>,
+    /// After the first event, say `cut` and go silent for [`CUT_HOLD`]
+    /// (the soak drops the connection's packets meanwhile).
+    pub cut: bool,
+}
+
+/// How long a cut call's provider holds its silent connection.
+pub const CUT_HOLD: Duration = Duration::from_secs(120);
+
+/// What a fleet call's provider does, picked at random per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Answers at once.
+    Quick,
+    /// The head and first event, then silent thinking past the bound,
+    /// then the answer.
+    Think,
+    /// The head and first event, pings every second for three fifths of
+    /// the bound, then the answer.
+    PingAnswer,
+    /// The head and first event, then a word every three fifths of the
+    /// bound, four words: content for longer than the bound.
+    Slow,
+    /// The head and first event, then `cut` said and silence: the soak
+    /// makes the peer vanish without a FIN or RST.
+    Cut,
+    /// The head and first event, then only pings, for an hour.
+    Stall,
+}
+
+impl Fate {
+    pub const ALL: [Fate; 6] = [
+        Fate::Quick,
+        Fate::Think,
+        Fate::PingAnswer,
+        Fate::Slow,
+        Fate::Cut,
+        Fate::Stall,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fate::Quick => "quick",
+            Fate::Think => "think",
+            Fate::PingAnswer => "ping_answer",
+            Fate::Slow => "slow",
+            Fate::Cut => "cut",
+            Fate::Stall => "stall",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Fate> {
+        Fate::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The fate of the call with `model` under `seed`: one of [`Fate::ALL`]
+    /// alike, the same for the same pair (FNV-1a of the name, mixed with
+    /// the seed by splitmix64).
+    pub fn pick(seed: u64, model: &str) -> Fate {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in model.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        let mut z = (h ^ seed).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        Fate::ALL[(z % Fate::ALL.len() as u64) as usize]
+    }
+
+    /// The pacing of this fate for a stream given `bound` (every answer on
+    /// a kept connection, in chunks, as real providers send it).
+    pub fn pacing(self, bound: Duration) -> Pacing {
+        // Any bound a caller names: the arithmetic saturates.
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        let three_fifths = ms / 5 * 3;
+        let model = match self {
+            Fate::Quick => "think-100-gap-20-tokens-5".to_string(),
+            Fate::Think => format!(
+                "first-early-think-{}-gap-20-tokens-5",
+                ms.saturating_add(3000)
+            ),
+            Fate::PingAnswer => format!("ping-1000-for-{three_fifths}-gap-20-tokens-5"),
+            Fate::Slow => format!("first-early-think-0-gap-{three_fifths}-tokens-4"),
+            Fate::Cut => "first-early-think-0-tokens-5".to_string(),
+            Fate::Stall => "ping-1000".to_string(),
+        };
+        let mut p = Pacing::parse(&format!("{model}-pool"));
+        p.cut = self == Fate::Cut;
+        p
+    }
 }
 
 /// How long a stalled stream pings before it closes.
@@ -87,6 +194,8 @@ impl Pacing {
             ping: None,
             ping_for: None,
             stamp: false,
+            fleet: None,
+            cut: false,
         };
         let words: Vec<&str> = model.split('-').collect();
         p.pool = words.contains(&"pool");
@@ -102,6 +211,7 @@ impl Pacing {
                 ("lag", Some(ms)) => p.lag = Duration::from_millis(ms),
                 ("ping", Some(ms)) => p.ping = Some(Duration::from_millis(ms.max(10))),
                 ("for", Some(ms)) => p.ping_for = Some(Duration::from_millis(ms)),
+                ("fleet", Some(ms)) => p.fleet = Some(Duration::from_millis(ms)),
                 _ => {}
             }
         }
@@ -116,7 +226,14 @@ impl Pacing {
 pub fn run(args: Args) -> anyhow::Result<()> {
     super::runtime()?.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen).await?;
-        say(format!("listening provider={}", args.listen));
+        let seed = *SEED.get_or_init(|| {
+            args.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64)
+            })
+        });
+        say(format!("listening provider={} seed={seed}", args.listen));
         http::serve_reusing(listener, |req, mut s| async move {
             let peer = s
                 .peer_addr()
@@ -229,13 +346,21 @@ async fn compatible(
     };
     let model = body["model"].as_str().unwrap_or("").to_string();
     let streaming = body["stream"].as_bool().unwrap_or(false);
-    let pace = Pacing::parse(&model);
+    let mut pace = Pacing::parse(&model);
+    let fate = pace
+        .fleet
+        .map(|bound| (Fate::pick(SEED.get().copied().unwrap_or(0), &model), bound));
+    if let Some((fate, bound)) = fate {
+        pace = fate.pacing(bound);
+    }
     say(format!(
-        "call api={} peer={peer} model={model} stream={streaming}",
+        "call api={} peer={peer} model={model} stream={streaming}{}",
         match api {
             Api::OpenAi => "openai",
             Api::Anthropic => "anthropic",
-        }
+        },
+        fate.map(|(f, _)| format!(" fate={}", f.name()))
+            .unwrap_or_default()
     ));
     let id = format!("tb-{}", std::process::id());
     let created = std::time::SystemTime::now()
@@ -320,7 +445,7 @@ async fn compatible(
                 Value::Null,
             ));
             s.put(&first).await?;
-            if first_early && !hold(api, &pace, &mut s).await? {
+            if first_early && !hold(api, &pace, &mut s, peer, &model).await? {
                 return s.end().await;
             }
             for _ in 0..pace.tokens {
@@ -348,7 +473,7 @@ async fn compatible(
                         "content_block": {"type": "text", "text": ""}}),
             ));
             s.put(&first).await?;
-            if first_early && !hold(api, &pace, &mut s).await? {
+            if first_early && !hold(api, &pace, &mut s, peer, &model).await? {
                 return s.end().await;
             }
             for _ in 0..pace.tokens {
@@ -374,10 +499,23 @@ async fn compatible(
     s.end().await
 }
 
-/// After the first event: thinks (`think`), or pings every `ping` for
+/// After the first event: says `cut peer=… model=…` and holds the
+/// connection silent for [`CUT_HOLD`] (`false`: no answer), thinks
+/// (`think`), or pings every `ping` for
 /// `ping_for` (then `true`: the answer follows) or [`STALL_LIMIT`]
 /// (`false`: a stall, no answer).
-async fn hold(api: Api, pace: &Pacing, s: &mut Body<'_>) -> std::io::Result<bool> {
+async fn hold(
+    api: Api,
+    pace: &Pacing,
+    s: &mut Body<'_>,
+    peer: &str,
+    model: &str,
+) -> std::io::Result<bool> {
+    if pace.cut {
+        say(format!("cut peer={peer} model={model}"));
+        tokio::time::sleep(CUT_HOLD).await;
+        return Ok(false);
+    }
     let Some(every) = pace.ping else {
         tokio::time::sleep(pace.think).await;
         return Ok(true);
@@ -484,6 +622,58 @@ mod tests {
             (Duration::ZERO, Duration::from_millis(3000), 9)
         );
         assert!(p.first_early && p.ping.is_none());
+    }
+
+    #[test]
+    fn a_fleet_calls_fate_comes_from_its_name_and_the_seed() {
+        let p = Pacing::parse("fleet-5000-agent-a0-call-7");
+        assert_eq!(p.fleet, Some(Duration::from_millis(5000)));
+        // The same pair, the same fate; every fate drawn, none far from
+        // a sixth of 6,000 names.
+        let mut seen = std::collections::BTreeMap::new();
+        for n in 0..6000 {
+            let model = format!("fleet-5000-agent-a0-call-{n}");
+            let f = Fate::pick(42, &model);
+            assert_eq!(f, Fate::pick(42, &model));
+            *seen.entry(f.name()).or_insert(0) += 1;
+        }
+        assert_eq!(seen.len(), 6, "{seen:?}");
+        assert!(seen.values().all(|&k| (800..1200).contains(&k)), "{seen:?}");
+        // Another seed, other fates.
+        let differ = (0..100)
+            .filter(|n| {
+                let m = format!("fleet-5000-call-{n}");
+                Fate::pick(1, &m) != Fate::pick(2, &m)
+            })
+            .count();
+        assert!(differ > 50, "{differ}");
+        for f in Fate::ALL {
+            assert_eq!(Fate::parse(f.name()), Some(f));
+        }
+        let b = Duration::from_millis(5000);
+        // Thinking past the bound in silence; pings within it; content
+        // past it, a word within it each; a stall pings forever; a cut
+        // goes silent.
+        let t = Fate::Think.pacing(b);
+        assert!(t.first_early && t.think > b && t.ping.is_none() && t.pool);
+        let p = Fate::PingAnswer.pacing(b);
+        assert!(p.ping_for.is_some_and(|f| f < b) && p.tokens > 0);
+        let s = Fate::Slow.pacing(b);
+        assert!(s.gap < b && s.gap * s.tokens as u32 > b && s.first_early);
+        let st = Fate::Stall.pacing(b);
+        assert!(st.ping.is_some() && st.ping_for.is_none());
+        assert!(Fate::Cut.pacing(b).cut && !Fate::Quick.pacing(b).cut);
+        assert!(Fate::Quick.pacing(b).fleet.is_none());
+        // A bound no u64 of ms holds, from a caller's model: no overflow.
+        let p = Pacing::parse("fleet-18446744073709551615");
+        assert_eq!(p.fleet, Some(Duration::from_millis(u64::MAX)));
+        for f in Fate::ALL {
+            f.pacing(Duration::MAX);
+        }
+        assert_eq!(
+            Fate::Think.pacing(Duration::MAX).think,
+            Duration::from_millis(u64::MAX)
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@
 // `cmdline = "sdk_runner.mjs --name NAME "`. One event loop (undici under
 // the SDK's fetch, waiting in epoll_wait), a caller per `--threads`; caller
 // i streams with the i-th `--model` (cycling), later calls with
-// `--then-model`. Every call prints one line, as it happens:
+// `--then-model`; a `{n}` in a model is replaced by the call's number N.
+// Every call prints one line, as it happens:
 //
 //     call N start
 //     call N done tokens=K
@@ -123,7 +124,7 @@ async function worker(index) {
     say(`call ${n} start`);
     let outcome;
     try {
-      const tokens = await call(model);
+      const tokens = await call(model.replaceAll("{n}", String(n)));
       say(`call ${n} done tokens=${tokens}`);
       outcome = "done";
     } catch (e) {

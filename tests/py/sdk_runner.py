@@ -28,7 +28,9 @@ as it happens. With `--status`, `GET /status` answers the agent's own story:
 `{"status": "ok", "current_task": "call N" | null, "calls": ..}`.
 
 The testbed's provider (`selfheal-testbed provider`) paces each call by its
-model name, e.g. `think-600000-gap-100-tokens-20`.
+model name, e.g. `think-600000-gap-100-tokens-20`. A `{n}` in a model is
+replaced by the call's number N, so that the provider's log names each call
+(the fleet soak's `fleet-5000-agent-NAME-call-{n}`).
 """
 
 import argparse
@@ -178,7 +180,8 @@ def turns(index, args):
     model = args.model[index % len(args.model)]
     made = 0
     while args.calls == 0 or made < args.calls:
-        yield begin(index), model
+        n = begin(index)
+        yield n, model.replace("{n}", str(n))
         made += 1
         model = args.then_model or model
 

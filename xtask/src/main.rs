@@ -88,12 +88,21 @@ enum Task {
     /// while agents start, wedge (half-open connections in network
     /// namespaces), heal and exit; fails on RSS growth of 1 MiB or more
     /// after warm-up, fd growth, or a lost snapshot. Prints a summary table.
+    /// With `--fleet`: real SDK agents calling a TLS provider whose every
+    /// call's fate is random (quick, thinking, pings then the answer, slow
+    /// content, cut, stalled behind pings); fails on a false heal, a cut or
+    /// stall not failed within its bound, an agent's pid lost, or the same
+    /// growth.
     Soak {
         /// How long to churn, in seconds.
         #[arg(long, default_value_t = 600)]
         seconds: u64,
+        /// The fleet soak of SDK calls instead of the churn.
+        #[arg(long)]
+        fleet: bool,
         /// More arguments for the `soak` program (`--slots N`,
-        /// `--interval-ms MS`, `--warmup SECONDS`).
+        /// `--interval-ms MS`, `--warmup SECONDS`; with `--fleet`,
+        /// `--per-sdk N`, `--seed S`, `--stall-after-ms MS`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -207,12 +216,17 @@ fn main() -> Result<()> {
             setup::all()?;
             vm::vm_test(args)
         }
-        Task::Soak { seconds, args } => {
+        Task::Soak {
+            seconds,
+            fleet,
+            args,
+        } => {
             setup::all()?;
             build_release()?;
             run(Command::new("target/release/soak")
                 .arg("--seconds")
                 .arg(seconds.to_string())
+                .args(fleet.then_some("--fleet"))
                 .args(args)
                 .env("SELFHEAL_BIN", "target/release/selfheal"))
         }

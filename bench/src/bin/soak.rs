@@ -28,6 +28,9 @@
 //! injected wedge was found, healed and recovered, and both processes are
 //! still running. Prints a summary table; exits 1 on failure, 2 when it
 //! cannot run here.
+//!
+//! `--fleet` soaks SDK calls over TLS instead: see `fleet.rs` beside the
+//! bench crate's library (`bench/src/fleet.rs`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -37,6 +40,9 @@ use std::{
     sync::{Arc, Mutex, mpsc},
     time::{Duration, Instant},
 };
+
+#[path = "../fleet.rs"]
+mod fleet;
 
 use bench::status_server;
 use serde_json::Value;
@@ -73,12 +79,29 @@ struct Args {
     /// the run, 20 to 120).
     #[arg(long)]
     warmup: Option<u64>,
+    /// The fleet soak instead of the churn: SDK agents calling a TLS
+    /// provider whose every call has a fate picked at random.
+    #[arg(long)]
+    fleet: bool,
+    /// Fleet: agents per SDK (1 to 8).
+    #[arg(long, default_value_t = 2)]
+    per_sdk: usize,
+    /// Fleet: the provider's seed (default: from the clock; printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Fleet: the agents' `stall_after`, in milliseconds (1,000 to 60,000).
+    #[arg(long, default_value_t = 5000)]
+    stall_after_ms: u64,
 }
 
 fn parse_args() -> Args {
     let a: Args = clap::Parser::parse();
     if a.seconds < 30 || a.slots == 0 || a.slots > 50 || a.interval_ms == 0 {
         eprintln!("soak: --seconds must be at least 30, --slots 1 to 50, --interval-ms above 0");
+        std::process::exit(2);
+    }
+    if a.per_sdk == 0 || a.per_sdk > 8 || !(1000..=60_000).contains(&a.stall_after_ms) {
+        eprintln!("soak: --per-sdk must be 1 to 8, --stall-after-ms 1000 to 60000");
         std::process::exit(2);
     }
     a
@@ -140,6 +163,9 @@ fn main() {
         eprintln!("soak: the warm-up ({warmup} s) leaves under 20 s to measure");
         std::process::exit(2);
     }
+    if args.fleet {
+        std::process::exit(fleet::run(&args, warmup));
+    }
     let bench::Bins { selfheal, peer } = bench::Bins::find();
     for p in [&selfheal, &peer] {
         if !p.exists() {
@@ -162,45 +188,11 @@ fn main() {
     let config = work.join("config.toml");
     std::fs::write(&config, config_text(&pair.b_addr, args.slots, status)).expect("config");
 
-    // The helper first: the watch connects to it once, when it starts.
-    let sock = work.join("helper.sock");
-    let helper_log = std::fs::File::create(work.join("helper.log")).expect("helper log");
-    let mut helper = Command::new(&selfheal)
-        .args(["helper", "--socket"])
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .stderr(helper_log)
-        .spawn()
-        .expect("start the helper");
-    if tests::wait_for(10 * SEC, Duration::from_millis(50), || {
-        sock.exists().then_some(())
-    })
-    .is_none()
-    {
-        let _ = helper.kill();
-        eprintln!("soak: the helper did not come up; see {}", work.display());
+    let Some((mut helper, mut watch)) =
+        start_watch(&selfheal, None, &work, &config, args.interval_ms)
+    else {
         std::process::exit(1);
-    }
-    let watch_log = std::fs::File::create(work.join("watch.log")).expect("watch log");
-    let mut watch = Command::new(&selfheal)
-        .args([
-            "watch",
-            "--json",
-            "--interval",
-            &format!("{}ms", args.interval_ms),
-            "--config",
-        ])
-        .arg(&config)
-        .arg("--state-dir")
-        .arg(work.join("state"))
-        .arg("--snapshot-dir")
-        .arg(work.join("snapshots"))
-        .arg("--helper")
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(watch_log)
-        .spawn()
-        .expect("start the watch");
+    };
     let (watch_pid, helper_pid) = (watch.id(), helper.id());
 
     // The watch's JSON lines: counted here, routed to their slot.
@@ -212,13 +204,23 @@ fn main() {
         inboxes.push(rx);
     }
     let stdout = watch.stdout.take().expect("piped stdout");
-    let reader = std::thread::spawn(move || read_watch(stdout, &routes));
+    let reader = std::thread::spawn(move || {
+        read_watch(stdout, |o| {
+            let slot = o["agent"]
+                .as_str()
+                .and_then(|a| a.strip_prefix("slot"))
+                .and_then(|k| k.parse::<usize>().ok());
+            if let Some(tx) = slot.and_then(|k| routes.get(k)) {
+                let _ = tx.send(o);
+            }
+        })
+    });
 
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
     let sampler = {
         let stop = deadline;
-        std::thread::spawn(move || sample(watch_pid, helper_pid, started, stop))
+        std::thread::spawn(move || sample(watch_pid, helper_pid, started, stop, || false))
     };
     println!(
         "soak: {} s, {} agents churning, watch every {} ms with the helper, warm-up {warmup} s; work dir {}",
@@ -255,17 +257,7 @@ fn main() {
     let helper_alive = helper.try_wait().ok().flatten().is_none();
     // A snapshot appended after the last line the watch printed is not lost:
     // the watch was stopped between the two.
-    let _ = watch.kill();
-    let _ = watch.wait();
-    let seen = reader.join().expect("watch reader");
-    // SAFETY: kill(2) of our own child.
-    unsafe { libc::kill(helper_pid as libc::pid_t, libc::SIGTERM) };
-    let _ = tests::wait_for(5 * SEC, Duration::from_millis(50), || {
-        helper.try_wait().ok().flatten()
-    });
-    let _ = helper.kill();
-    let _ = helper.wait();
-
+    let seen = stop_watch(&mut helper, &mut watch, reader);
     let logged = logged_snapshot_ids(&work.join("snapshots"));
     let transitions = wedged_transition_ids(&work.join("watch.log"));
     let churn = std::mem::take(&mut *lock(&churn));
@@ -288,6 +280,81 @@ fn main() {
         println!("soak: FAIL (logs kept in {})", work.display());
         std::process::exit(1);
     }
+}
+
+/// Starts `selfheal helper` and then `selfheal watch --json` healing
+/// through it with `config` (inside `netns`, where its agents' probes
+/// answer on loopback, or here), both writing into `work`; None (said
+/// why) when the helper does not come up.
+fn start_watch(
+    selfheal: &Path,
+    netns: Option<&tests::Netns>,
+    work: &Path,
+    config: &Path,
+    interval_ms: u64,
+) -> Option<(std::process::Child, std::process::Child)> {
+    // The helper first: the watch connects to it once, when it starts.
+    let sock = work.join("helper.sock");
+    let helper_log = std::fs::File::create(work.join("helper.log")).expect("helper log");
+    let mut helper = Command::new(selfheal)
+        .args(["helper", "--socket"])
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(helper_log)
+        .spawn()
+        .expect("start the helper");
+    if tests::wait_for(10 * SEC, Duration::from_millis(50), || {
+        sock.exists().then_some(())
+    })
+    .is_none()
+    {
+        let _ = helper.kill();
+        let _ = helper.wait();
+        eprintln!("soak: the helper did not come up; see {}", work.display());
+        return None;
+    }
+    let watch_log = std::fs::File::create(work.join("watch.log")).expect("watch log");
+    let watch = netns
+        .map_or_else(|| Command::new(selfheal), |n| n.command(selfheal))
+        .args([
+            "watch",
+            "--json",
+            "--interval",
+            &format!("{interval_ms}ms"),
+            "--config",
+        ])
+        .arg(config)
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--snapshot-dir")
+        .arg(work.join("snapshots"))
+        .arg("--helper")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(watch_log)
+        .spawn()
+        .expect("start the watch");
+    Some((helper, watch))
+}
+
+/// Stops the watch, then what `reader` read of it, then the helper
+/// (SIGTERM, then SIGKILL after 5 s).
+fn stop_watch(
+    helper: &mut std::process::Child,
+    watch: &mut std::process::Child,
+    reader: std::thread::JoinHandle<Seen>,
+) -> Seen {
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen = reader.join().expect("watch reader");
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(helper.id() as libc::pid_t, libc::SIGTERM) };
+    let _ = tests::wait_for(5 * SEC, Duration::from_millis(50), || {
+        helper.try_wait().ok().flatten()
+    });
+    let _ = helper.kill();
+    let _ = helper.wait();
+    seen
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -443,8 +510,8 @@ fn wait_verdict(
 }
 
 /// Reads the watch's JSON lines until it exits: counts them and hands each
-/// to its slot.
-fn read_watch(stdout: impl std::io::Read, routes: &[mpsc::Sender<Value>]) -> Seen {
+/// to `route`.
+fn read_watch(stdout: impl std::io::Read, mut route: impl FnMut(Value)) -> Seen {
     let mut seen = Seen::default();
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         seen.lines += 1;
@@ -487,24 +554,25 @@ fn read_watch(stdout: impl std::io::Read, routes: &[mpsc::Sender<Value>]) -> See
         }) {
             seen.no_ebpf += 1;
         }
-        let slot = o["agent"]
-            .as_str()
-            .and_then(|a| a.strip_prefix("slot"))
-            .and_then(|k| k.parse::<usize>().ok());
-        if let Some(tx) = slot.and_then(|k| routes.get(k)) {
-            let _ = tx.send(o);
-        }
+        route(o);
     }
     seen
 }
 
-/// Samples both processes about every second until `stop`.
-fn sample(watch: u32, helper: u32, started: Instant, stop: Instant) -> [Vec<Sample>; 2] {
+/// Samples both processes about every second until `stop`, or until
+/// `halted` says so.
+fn sample(
+    watch: u32,
+    helper: u32,
+    started: Instant,
+    stop: Instant,
+    halted: impl Fn() -> bool,
+) -> [Vec<Sample>; 2] {
     let mut out = [Vec::new(), Vec::new()];
     // From a second in: a process just started has not mapped its binary.
     std::thread::sleep(SEC);
     let mut k: u64 = 0;
-    while Instant::now() + SEC < stop {
+    while Instant::now() + SEC < stop && !halted() {
         // 0.7 to 1.3 s apart, never in step with the watch's interval: a
         // fixed period locks onto one phase of the check, and a floor taken
         // in the middle of every check would look like a leak.
@@ -571,23 +639,15 @@ fn median(mut v: Vec<u64>) -> u64 {
     v[v.len() / 2]
 }
 
-/// Prints the summary; `true` when everything held.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one summary of everything measured"
-)]
-fn report(
-    args: &Args,
+/// Prints the watch's and the helper's RSS and fds after `warmup`; what
+/// failed.
+fn usage(
     warmup: u64,
     samples: &[Vec<Sample>; 2],
-    churn: &Churn,
-    seen: &Seen,
-    logged: &BTreeSet<String>,
-    transitions: &[Option<String>],
     watch_alive: bool,
     helper_alive: bool,
-) -> bool {
-    let mut failures: Vec<String> = churn.failures.clone();
+) -> Vec<String> {
+    let mut failures = Vec::new();
     println!();
     println!(
         "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
@@ -669,11 +729,19 @@ fn report(
             ));
         }
     }
-    println!();
-    println!(
-        "churn: {} runners started, {} wedges injected, {} found and healed, {} recovered, {} exits ({} waits cut short by the end)",
-        churn.started, churn.injected, churn.healed, churn.recovered, churn.exited, churn.cut_short
-    );
+    failures
+}
+
+/// Prints what the watch printed and the snapshots it wrote over
+/// `seconds` with `agents` agents; what failed.
+fn watched(
+    seconds: u64,
+    agents: usize,
+    seen: &Seen,
+    logged: &BTreeSet<String>,
+    transitions: &[Option<String>],
+) -> Vec<String> {
+    let mut failures = Vec::new();
     let verdicts: Vec<String> = seen
         .verdicts
         .iter()
@@ -682,7 +750,7 @@ fn report(
     println!(
         "watch: {} outcome lines over {} s ({}), {} wedged transitions, {} heal actions ok, {} failed",
         seen.lines,
-        args.seconds,
+        seconds,
         verdicts.join(", "),
         seen.wedged_transitions,
         seen.actions_ok,
@@ -714,9 +782,6 @@ fn report(
             "note: {} outcomes had no eBPF evidence from the helper",
             seen.no_ebpf
         );
-    }
-    if churn.injected == 0 {
-        failures.push("no wedge was injected: the soak was too short".into());
     }
     if seen.bad_lines > 0 {
         failures.push(format!("{} watch lines were not JSON", seen.bad_lines));
@@ -750,7 +815,7 @@ fn report(
     }
     // Only the check the watch was killed in may have logged unreported
     // snapshots: at most one per agent.
-    if unreported > args.slots {
+    if unreported > agents {
         failures.push(format!(
             "{unreported} snapshots in the log were never reported"
         ));
@@ -767,11 +832,41 @@ fn report(
             "{transitions_missing} `-> wedged` transitions without their snapshot in the log"
         ));
     }
-    if churn.healed + churn.cut_short < churn.injected {
-        failures.push("not every injected wedge was healed".into());
-    }
     for f in seen.actions_failed.iter().take(5) {
         failures.push(format!("a heal action failed: {f}"));
+    }
+    failures
+}
+
+/// Prints the summary; `true` when everything held.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one summary of everything measured"
+)]
+fn report(
+    args: &Args,
+    warmup: u64,
+    samples: &[Vec<Sample>; 2],
+    churn: &Churn,
+    seen: &Seen,
+    logged: &BTreeSet<String>,
+    transitions: &[Option<String>],
+    watch_alive: bool,
+    helper_alive: bool,
+) -> bool {
+    let mut failures: Vec<String> = churn.failures.clone();
+    failures.extend(usage(warmup, samples, watch_alive, helper_alive));
+    println!();
+    println!(
+        "churn: {} runners started, {} wedges injected, {} found and healed, {} recovered, {} exits ({} waits cut short by the end)",
+        churn.started, churn.injected, churn.healed, churn.recovered, churn.exited, churn.cut_short
+    );
+    if churn.injected == 0 {
+        failures.push("no wedge was injected: the soak was too short".into());
+    }
+    failures.extend(watched(args.seconds, args.slots, seen, logged, transitions));
+    if churn.healed + churn.cut_short < churn.injected {
+        failures.push("not every injected wedge was healed".into());
     }
     for f in &failures {
         println!("FAILED: {f}");
