@@ -1,0 +1,427 @@
+//! The process table `check` reads ([`ProcessTable::read_check`]): every
+//! process's `stat` (pid, parent, start time: the tree descendants and the
+//! rules' roots are found in), and the rest only where its rules need it.
+//! `status`-free uid, executable, cgroup, pid namespace and command line
+//! are read for the processes a rule picks (and their descendants), for
+//! the uids a `cmdline` or `exe` rule may match, for every process's
+//! cgroup only under a `unit` rule, and for the container inits the
+//! runtimes name. `scan`, `inspect` and `config` read the whole table.
+//!
+//! Why `stat` of every process and not `/proc/PID/task/TID/children`: the
+//! kernel may be built without it (`CONFIG_PROC_CHILDREN`; this 6.18 host
+//! is), and it is one read per thread (5,000 for `check-bench`'s 100 agents
+//! of 50 threads) where `stat` is one per process.
+//!
+//! What a check says is what the whole table would say: when an agent's
+//! `cmdline`, `exe` or `unit` rule finds nothing here, the check reads the
+//! whole table instead (its problem counts processes of the whole host);
+//! a config with a `container` rule reads it from the start (a container
+//! rule looks at every container).
+
+use super::*;
+
+/// How a table read by [`ProcessTable::read_check`] fills in more of its
+/// processes later: where it read, and each process's start time then,
+/// so a pid reused since is not taken for it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Partial {
+    root: ProcRoot,
+    starts: HashMap<u32, u64>,
+    filled: BTreeSet<u32>,
+}
+
+/// The `cmdline` rules of some agents, as `runner`: which uids' command
+/// lines to read, and which of them to keep.
+pub(super) struct CmdlineRules<'a>(Vec<(&'a regex::Regex, Option<u32>)>);
+
+/// Whether a rule limited to `filter` may match a process of `uid`.
+fn admits(filter: Option<u32>, uid: Option<u32>) -> bool {
+    filter.is_none_or(|f| uid == Some(f))
+}
+
+impl<'a> CmdlineRules<'a> {
+    pub(super) fn of(agents: &[&'a AgentConfig], runner: u32) -> CmdlineRules<'a> {
+        CmdlineRules(
+            agents
+                .iter()
+                .filter_map(|a| match &a.rule {
+                    MatchRule::Cmdline(re) => Some((re, a.uid_filter(runner))),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether some rule may match a process of `uid`.
+    pub(super) fn read(&self, uid: Option<u32>) -> bool {
+        self.0.iter().any(|(_, f)| admits(*f, uid))
+    }
+
+    /// Whether some rule that may match a process of `uid` matches `joined`.
+    pub(super) fn keep(&self, uid: Option<u32>, joined: &str) -> bool {
+        self.0
+            .iter()
+            .any(|(re, f)| admits(*f, uid) && re.is_match(joined))
+    }
+}
+
+impl ProcessTable {
+    /// The table `check` needs for `agents` as `runner` (see the module
+    /// doc): what it finds is what [`ProcessTable::read_for`] finds, for
+    /// less read.
+    pub fn read_check(agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+        ProcessTable::read_check_in(&ProcRoot::default(), agents, runner)
+    }
+
+    /// [`ProcessTable::read_check`] under `root`.
+    pub(super) fn read_check_in(
+        root: &ProcRoot,
+        agents: &[&AgentConfig],
+        runner: u32,
+    ) -> ProcessTable {
+        if agents
+            .iter()
+            .any(|a| matches!(a.rule, MatchRule::Container(_)))
+        {
+            return ProcessTable::read_for_in(root, agents, runner);
+        }
+        let table = ProcessTable::read_stats(root, agents, runner);
+        let mut wanted = vec![1];
+        for agent in agents {
+            let m = find_for(agent, runner, &table);
+            if m.problem.is_some()
+                && !matches!(agent.rule, MatchRule::Pid(_) | MatchRule::Pidfile(_))
+            {
+                return ProcessTable::read_for_in(root, agents, runner);
+            }
+            wanted.extend(m.all);
+        }
+        table.fill_in(&wanted)
+    }
+
+    /// Every process's `stat`; the uid, executable, cgroup and command
+    /// line only where a rule of `agents` needs them to pick.
+    fn read_stats(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+        let cmdlines = CmdlineRules::of(agents, runner);
+        let exes: Vec<Option<u32>> = agents
+            .iter()
+            .filter(|a| matches!(a.rule, MatchRule::Exe(_)))
+            .map(|a| a.uid_filter(runner))
+            .collect();
+        let uids = !cmdlines.0.is_empty() || !exes.is_empty();
+        let cgroups = agents.iter().any(|a| matches!(a.rule, MatchRule::Unit(_)));
+        let mut entries = Vec::new();
+        let mut starts = HashMap::new();
+        let mut reader = CmdlineReader::default();
+        for process in root.all_processes().into_iter().flatten().flatten() {
+            let Some((mut e, start)) = read_stat(&process) else {
+                continue;
+            };
+            if uids {
+                e.uid = process.uid().ok();
+            }
+            if exes.iter().any(|f| admits(*f, e.uid)) {
+                e.exe = process.exe().ok();
+            }
+            if cgroups {
+                e.cgroup = std::fs::read_to_string(root.of_pid(e.pid, "cgroup"))
+                    .ok()
+                    .as_deref()
+                    .and_then(cgroup_path);
+            }
+            if e.has_argv && cmdlines.read(e.uid) {
+                let argv = reader.read(e.pid, e.uid);
+                if cmdlines.keep(e.uid, &argv.join(" ")) {
+                    e.cmdline = argv;
+                }
+            }
+            starts.insert(e.pid, start);
+            entries.push(e);
+        }
+        let mut table = ProcessTable::from_entries(entries).with_own_pid(std::process::id());
+        table.unread_cmdlines = reader.unread;
+        table.partial = Some(Partial {
+            root: root.clone(),
+            starts,
+            filled: BTreeSet::new(),
+        });
+        table
+    }
+
+    /// Reads every field of the processes `pids` not yet read in full, in a
+    /// table read by [`ProcessTable::read_check`] (a whole table has them).
+    /// One whose start time is no longer the one its `stat` gave (gone, its
+    /// pid reused) keeps what was read of it.
+    pub(super) fn fill_in(mut self, pids: &[u32]) -> ProcessTable {
+        let Some(mut partial) = self.partial.take() else {
+            return self;
+        };
+        for &pid in pids {
+            if !partial.filled.insert(pid) {
+                continue;
+            }
+            let (Some(e), Ok(process)) = (self.entries.get_mut(&pid), partial.root.process(pid))
+            else {
+                continue;
+            };
+            let before = e.clone();
+            fill(&partial.root, &process, e);
+            // Read after the rest: a process that lives now lived through
+            // its reads, so they were its own.
+            if read_stat(&process).map(|(_, start)| start) != partial.starts.get(&pid).copied() {
+                *e = before;
+            }
+        }
+        self.manager_root =
+            cgroup::manager_root(self.entries.get(&1).and_then(|e| e.cgroup.as_deref()));
+        self.partial = Some(partial);
+        self.index_identities()
+    }
+
+    /// The container inits the runtimes name for the containers of the
+    /// table's processes, read in full (their cgroup and pid namespace
+    /// confirm a container's processes, `ProcessTable::verify`).
+    pub(super) fn with_inits_filled(self) -> ProcessTable {
+        if self.partial.is_none() {
+            return self;
+        }
+        let inits: Vec<u32> = self
+            .entries
+            .values()
+            .filter_map(|e| self.inventory.identity(&e.containers))
+            .filter(|i| i.resolved)
+            .filter_map(|i| self.inventory.init_pid(&i.id).flatten())
+            .collect();
+        self.fill_in(&inits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use selfheal_core::config::Config;
+
+    /// `(pid, ppid, start)` processes in a made-up procfs tree at a fresh
+    /// directory: each with its `stat`, `cgroup`, `exe` link and `ns/pid`.
+    fn fake(name: &str, procs: &[(u32, u32, u64)]) -> (PathBuf, ProcRoot) {
+        let dir =
+            std::env::temp_dir().join(format!("selfheal-fake-check-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for &(pid, ppid, start) in procs {
+            write_stat(&dir, pid, ppid, start);
+            let p = dir.join(pid.to_string());
+            std::fs::create_dir_all(p.join("ns")).expect("fixture dir");
+            std::fs::write(p.join("ns/pid"), "").expect("ns");
+            std::fs::write(
+                p.join("cgroup"),
+                format!("0::/system.slice/p{pid}.service\n"),
+            )
+            .expect("cgroup");
+            std::os::unix::fs::symlink(format!("/usr/bin/p{pid}"), p.join("exe")).expect("exe");
+        }
+        (dir.clone(), ProcRoot::at(dir))
+    }
+
+    /// `PID/stat` of a sleeping process with this parent and start time.
+    fn write_stat(dir: &Path, pid: u32, ppid: u32, start: u64) {
+        let p = dir.join(pid.to_string());
+        std::fs::create_dir_all(&p).expect("fixture dir");
+        let zeros = |n: usize| vec!["0"; n].join(" ");
+        let line = format!(
+            "{pid} (p{pid}) S {ppid} {} {start} {}\n",
+            zeros(17),
+            zeros(30)
+        );
+        std::fs::write(p.join("stat"), line).expect("stat");
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, Path::new("/etc/selfheal/test.toml")).expect("config")
+    }
+
+    /// 1 ─┬─ 10 ── 11 ── 12
+    ///    └─ 20
+    const TREE: &[(u32, u32, u64)] = &[
+        (1, 0, 5),
+        (10, 1, 50),
+        (11, 10, 60),
+        (12, 11, 70),
+        (20, 1, 80),
+    ];
+
+    /// [`TREE`] in a fake procfs, and a config of one agent by pid 10.
+    fn pid_10_in(name: &str) -> (PathBuf, ProcRoot, Config) {
+        let (dir, root) = fake(name, TREE);
+        (
+            dir,
+            root,
+            config("[[agent]]\nname = \"a\"\nmatch = { pid = 10 }\n"),
+        )
+    }
+
+    /// A pid rule's check reads every process's `stat` (the tree) and the
+    /// rest of its own processes only: another process's cgroup, executable
+    /// and namespace, there to be read, are not. It finds what the whole
+    /// table finds.
+    #[test]
+    fn a_pid_rules_check_reads_only_its_processes_in_full() {
+        let (dir, root, c) = pid_10_in("pid");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let lean = ProcessTable::read_check_in(&root, &agents, 0);
+        let whole = ProcessTable::read_for_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        let m = find_for(agents[0], 0, &lean);
+        assert_eq!((&m.roots, &m.all), (&vec![10], &vec![10, 11, 12]));
+        assert_eq!(m, find_for(agents[0], 0, &whole));
+        assert_eq!(lean.len(), 5);
+        for pid in [1, 10, 11, 12] {
+            let e = lean.get(pid).unwrap();
+            assert_eq!(e, whole.get(pid).unwrap());
+            assert!(
+                e.cgroup.is_some() && e.exe.is_some() && e.pidns.is_some(),
+                "{e:?}"
+            );
+        }
+        let other = lean.get(20).unwrap();
+        assert_eq!(
+            (&other.cgroup, &other.exe, other.pidns, other.uid),
+            (&None, &None, None, None)
+        );
+        assert!(whole.get(20).unwrap().cgroup.is_some());
+    }
+
+    /// A process whose pid is another's by the time the rest of it is read
+    /// (its start time changed) keeps only what its `stat` said; one gone
+    /// by then is read as it was. Neither is an error.
+    #[test]
+    fn a_pid_reused_or_gone_before_its_fill_is_not_taken_for_it() {
+        let (dir, root, c) = pid_10_in("reuse");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let table = ProcessTable::read_stats(&root, &agents, 0);
+        write_stat(&dir, 11, 1, 999);
+        std::fs::remove_dir_all(dir.join("12")).expect("remove 12");
+        let table = table.fill_in(&[10, 11, 12]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(table.get(10).unwrap().cgroup.is_some());
+        for pid in [11, 12] {
+            let e = table.get(pid).unwrap();
+            assert_eq!((&e.cgroup, &e.exe), (&None, &None), "{pid}");
+        }
+        // The tree stays the one the stats gave.
+        assert_eq!(table.with_descendants(&[10]), [10, 11, 12]);
+    }
+
+    /// `cmdline` and `exe` rules read the uid of every process and the
+    /// executable only of those whose uid they may match; a `unit` rule
+    /// reads every cgroup; a pid rule neither.
+    #[test]
+    fn exe_and_unit_rules_read_what_they_pick_by() {
+        let (dir, root) = fake("exe", TREE);
+        let read = |text: &str| {
+            let c = config(text);
+            let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+            ProcessTable::read_stats(&root, &agents, 0)
+        };
+        let pid = read("[[agent]]\nname = \"a\"\nmatch = { pid = 10 }\n");
+        let mine = read("[[agent]]\nname = \"a\"\nmatch = { exe = \"/usr/bin/p20\" }\n");
+        let others =
+            read("[[agent]]\nname = \"a\"\nmatch = { exe = \"/usr/bin/p20\", uid = 4242 }\n");
+        let unit = read("[[agent]]\nname = \"a\"\nmatch = { unit = \"p20.service\" }\n");
+        let _ = std::fs::remove_dir_all(&dir);
+        // The fixture's files are root's, as the runner is.
+        for e in mine.entries() {
+            assert_eq!((e.uid, e.exe.is_some()), (Some(0), true), "{e:?}");
+        }
+        for e in others.entries() {
+            assert_eq!((e.uid, &e.exe), (Some(0), &None), "{e:?}");
+        }
+        for e in pid.entries() {
+            assert_eq!((e.uid, &e.exe, &e.cgroup), (None, &None, &None), "{e:?}");
+        }
+        assert!(
+            unit.entries()
+                .all(|e| e.cgroup.is_some() && e.exe.is_none())
+        );
+        assert_eq!(
+            find(&MatchRule::Unit("p20.service".into()), &unit).roots,
+            [20]
+        );
+    }
+
+    /// On this host, a check's table finds for pid, pidfile, cmdline, exe
+    /// and unit rules what the whole table finds (a unit with no process
+    /// too, word for word): a shell running two copies of `sleep`.
+    #[test]
+    fn a_checks_table_finds_what_the_whole_table_finds() {
+        let token = format!("selfheal-for-check-{}", std::process::id());
+        let dir = std::env::temp_dir().join(&token);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let exe = dir.join("sleeper");
+        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        let script = format!("{0} 60 & {0} 61 & wait", exe.display());
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", &script, &token])
+            .spawn()
+            .expect("sh");
+        let pidfile = dir.join("pid");
+        std::fs::write(&pidfile, sh.id().to_string()).expect("pidfile");
+        let c = config(&format!(
+            "[[agent]]\nname = \"pid\"\nmatch = {{ pid = {} }}\n\
+             [[agent]]\nname = \"pidfile\"\nmatch = {{ pidfile = \"{}\" }}\n\
+             [[agent]]\nname = \"cmdline\"\nmatch = {{ cmdline = \"{token}\" }}\n\
+             [[agent]]\nname = \"exe\"\nmatch = {{ exe = \"{}\" }}\n",
+            sh.id(),
+            pidfile.display(),
+            exe.display(),
+        ));
+        let nothing = config(&format!(
+            "[[agent]]\nname = \"unit\"\nmatch = {{ unit = \"{token}.service\" }}\n"
+        ));
+        let agents: Vec<&AgentConfig> = c.agents.iter().chain(&nothing.agents).collect();
+        let runner = crate::sys::creds::euid();
+        // The two sleepers started: at most 5 s, in 20 ms steps.
+        for _ in 0..250 {
+            let t = ProcessTable::read_for(&agents[..1], runner);
+            if find_for(agents[0], runner, &t).all.len() == 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let lean = ProcessTable::read_check(&agents, runner);
+        let whole = ProcessTable::read_for(&agents, runner);
+        let only = ProcessTable::read_check(&agents[..4], runner);
+        // Found while the pidfile is there.
+        let found: Vec<[Matched; 3]> = agents
+            .iter()
+            .map(|a| [&lean, &whole, &only].map(|t| find_for(a, runner, t)))
+            .collect();
+        // The sleepers by their pids, then the shell.
+        let sleepers = whole.with_descendants(&[sh.id()]);
+        let _ = std::process::Command::new("kill")
+            .args(
+                sleepers
+                    .iter()
+                    .filter(|p| **p != sh.id())
+                    .map(u32::to_string),
+            )
+            .status();
+        let _ = sh.kill();
+        let _ = sh.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        for (a, [l, w, o]) in agents.iter().zip(found) {
+            assert_eq!(l, w, "{}", a.name);
+            if a.name != "unit" {
+                // The shell and its sleepers; the exe rule its sleepers.
+                let (all, roots) = if a.name == "exe" { (2, 2) } else { (3, 1) };
+                assert_eq!((l.all.len(), l.roots.len()), (all, roots), "{}", a.name);
+                assert_eq!(o, l, "{}", a.name);
+            }
+        }
+        // Found, the four read the rest only of their three processes
+        // (and PID 1); with the unit that finds nothing, the whole table.
+        let filled = only.entries().filter(|e| e.cgroup.is_some()).count();
+        assert!(filled <= 4, "{filled} of {} read in full", only.len());
+        assert!(lean.entries().filter(|e| e.cgroup.is_some()).count() > 4);
+    }
+}
