@@ -18,7 +18,7 @@
 //! a config with a `container` rule reads it from the start (a container
 //! rule looks at every container).
 
-use super::*;
+use super::{matching::in_owned_unit, *};
 
 /// How a table read by [`ProcessTable::read_check`] fills in more of its
 /// processes later: where it read, and each process's start time then,
@@ -65,6 +65,95 @@ impl<'a> CmdlineRules<'a> {
     }
 }
 
+/// What a check's unit rules need of cgroups.
+enum Units {
+    /// No unit rule.
+    None,
+    /// The processes in the cgroups of their units, as the cgroup
+    /// hierarchy lists them.
+    Listed(BTreeSet<u32>),
+    /// The hierarchy cannot be listed: every process's cgroup is read.
+    Unlisted,
+}
+
+/// The most cgroup directories one check lists; past it, every process's
+/// cgroup is read instead.
+const MAX_CGROUP_DIRS: usize = 100_000;
+
+/// The processes in the units `agents`' unit rules name as `runner`
+/// (by [`in_owned_unit`], the rule `find` applies to each process's own
+/// cgroup): the `cgroup.procs` of every directory, in the hierarchy
+/// `/proc/PID/cgroup`'s paths are of (the unified one where the process
+/// has a `0::` line, else v1's `name=systemd`), whose path is in one.
+fn unit_members(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> Units {
+    let units: Vec<(&str, UnitOwner)> = agents
+        .iter()
+        .filter_map(|a| match &a.rule {
+            MatchRule::Unit(u) => Some((u.as_str(), a.unit_owner(runner))),
+            _ => None,
+        })
+        .collect();
+    if units.is_empty() {
+        return Units::None;
+    }
+    let Some((dir, path)) = hierarchy(root) else {
+        return Units::Unlisted;
+    };
+    let manager = cgroup::manager_root(
+        std::fs::read_to_string(root.of_pid(1, "cgroup"))
+            .ok()
+            .as_deref()
+            .and_then(cgroup_path)
+            .as_deref(),
+    );
+    let mut pids = BTreeSet::new();
+    let mut stack = vec![(dir, path)];
+    let mut listed = 0;
+    while let Some((dir, path)) = stack.pop() {
+        listed += 1;
+        if listed > MAX_CGROUP_DIRS {
+            return Units::Unlisted;
+        }
+        if cgroup::unit_of(&path, &manager)
+            .is_some_and(|p| units.iter().any(|(u, o)| in_owned_unit(p, u, *o)))
+        {
+            // A cgroup gone since its listing lists nothing.
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        let Ok(subs) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for sub in subs.flatten() {
+            if sub.file_type().is_ok_and(|t| t.is_dir())
+                && let Some(name) = sub.file_name().to_str()
+            {
+                let path = format!("{}/{name}", path.trim_end_matches('/'));
+                stack.push((sub.path(), path));
+            }
+        }
+    }
+    Units::Listed(pids)
+}
+
+/// Where the cgroup hierarchy of `/proc/PID/cgroup`'s paths is mounted
+/// here, and the cgroup path of that mount's root; `None` when this
+/// process's cgroup or mounts cannot be read or it is not mounted.
+fn hierarchy(root: &ProcRoot) -> Option<(PathBuf, String)> {
+    let own = std::fs::read_to_string(root.of_self("cgroup")).ok()?;
+    let v2 = own.lines().any(|l| l.starts_with("0::"));
+    let mounts = root.process(std::process::id()).ok()?.mountinfo().ok()?;
+    let m = mounts.into_iter().find(|m| {
+        if v2 {
+            m.fs_type == "cgroup2"
+        } else {
+            m.fs_type == "cgroup"
+                && m.super_options.get("name").and_then(Option::as_deref) == Some("systemd")
+        }
+    })?;
+    Some((m.mount_point, m.root))
+}
+
 impl ProcessTable {
     /// The table `check` needs for `agents` as `runner` (see the module
     /// doc): what it finds is what [`ProcessTable::read_for`] finds, for
@@ -109,7 +198,14 @@ impl ProcessTable {
             .map(|a| a.uid_filter(runner))
             .collect();
         let uids = !cmdlines.0.is_empty() || !exes.is_empty();
-        let cgroups = agents.iter().any(|a| matches!(a.rule, MatchRule::Unit(_)));
+        // Under a unit rule, the cgroups of the processes its units list;
+        // every process's where those cannot be listed.
+        let units = unit_members(root, agents, runner);
+        let cgroups = |pid: u32| match &units {
+            Units::None => false,
+            Units::Listed(pids) => pids.contains(&pid),
+            Units::Unlisted => true,
+        };
         let mut entries = Vec::new();
         let mut starts = HashMap::new();
         let mut reader = CmdlineReader::default();
@@ -123,7 +219,7 @@ impl ProcessTable {
             if exes.iter().any(|f| admits(*f, e.uid)) {
                 e.exe = process.exe().ok();
             }
-            if cgroups {
+            if cgroups(e.pid) {
                 e.cgroup = std::fs::read_to_string(root.of_pid(e.pid, "cgroup"))
                     .ok()
                     .as_deref()
@@ -423,5 +519,54 @@ mod tests {
         let filled = only.entries().filter(|e| e.cgroup.is_some()).count();
         assert!(filled <= 4, "{filled} of {} read in full", only.len());
         assert!(lean.entries().filter(|e| e.cgroup.is_some()).count() > 4);
+    }
+
+    /// A unit rule's check lists its unit's cgroup (here a unit's cgroup
+    /// made below the manager's root in the hierarchy `/proc/PID/cgroup`
+    /// names) and reads the cgroup of the processes it lists, not every
+    /// process's; it finds what the whole table finds.
+    #[test]
+    fn a_unit_rules_check_reads_the_processes_its_cgroup_lists() {
+        let (mount, mount_root) = hierarchy(&ProcRoot::default()).expect("a cgroup hierarchy");
+        let manager = cgroup::manager_root(cgroup_of(1).as_deref());
+        let unit = format!("selfheal-walk-{}.service", std::process::id());
+        let rel = manager
+            .strip_prefix(mount_root.trim_end_matches('/'))
+            .expect("below the mount");
+        let dir = mount.join(rel.trim_start_matches('/')).join(&unit);
+        std::fs::create_dir(&dir).expect("make the unit's cgroup");
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        let moved = std::fs::write(dir.join("cgroup.procs"), sleeper.id().to_string());
+        let c = config(&format!(
+            "[[agent]]\nname = \"u\"\nmatch = {{ unit = \"{unit}\" }}\n"
+        ));
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let runner = crate::sys::creds::euid();
+        let lean = ProcessTable::read_check(&agents, runner);
+        let whole = ProcessTable::read_for(&agents, runner);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        // Empty once the sleeper is reaped: at most 5 s, in 20 ms steps.
+        for _ in 0..250 {
+            if std::fs::remove_dir(&dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        moved.expect("move the sleeper into the unit");
+        let m = find_for(agents[0], runner, &lean);
+        assert_eq!((&m.roots, &m.problem), (&vec![sleeper.id()], &None));
+        assert_eq!(m, find_for(agents[0], runner, &whole));
+        // The sleeper and PID 1, of the host's processes.
+        let read: Vec<u32> = lean
+            .entries()
+            .filter(|e| e.cgroup.is_some())
+            .map(|e| e.pid)
+            .collect();
+        assert!(read.len() <= 2, "{read:?} of {}", lean.len());
+        assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
