@@ -28,7 +28,8 @@
 //! through procfs. `check` reads the threads through the kernel's task
 //! iterators, which the bench pins first as the helper does. Prints each
 //! one's ratio to the floor and its user and system CPU time (the child's
-//! rusage).
+//! rusage). `--baseline BIN` times another build's `check` in the same
+//! alternation and prints the ratio; `--check-only` stops after these.
 
 use std::{
     path::{Path, PathBuf},

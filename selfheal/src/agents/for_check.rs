@@ -1,11 +1,13 @@
 //! The process table `check` reads ([`ProcessTable::read_check`]): every
-//! process's `stat` (pid, parent, start time: the tree descendants and the
-//! rules' roots are found in), and the rest only where its rules need it.
-//! `status`-free uid, executable, cgroup, pid namespace and command line
-//! are read for the processes a rule picks (and their descendants), for
-//! the uids a `cmdline` or `exe` rule may match, for every process's
-//! cgroup only under a `unit` rule, and for the container inits the
-//! runtimes name. `scan`, `inspect` and `config` read the whole table.
+//! process's `stat` (one open by path: its parent and start time, the tree
+//! descendants and the rules' roots are found in), and the rest only where
+//! its rules need it. Uid, executable, cgroup and pid namespace are read
+//! for the processes a rule picks and their descendants; the uid of every
+//! process under a `cmdline` or `exe` rule, and its command line or
+//! executable only where the rule's `match.uid` admits it; under a `unit`
+//! rule, the cgroup of the processes its units' `cgroup.procs` list; and the
+//! container inits the runtimes name. `scan`, `inspect` and `config` read
+//! the whole table.
 //!
 //! Why `stat` of every process and not `/proc/PID/task/TID/children`: the
 //! kernel may be built without it (`CONFIG_PROC_CHILDREN`; this 6.18 host
@@ -17,6 +19,10 @@
 //! whole table instead (its problem counts processes of the whole host);
 //! a config with a `container` rule reads it from the start (a container
 //! rule looks at every container).
+//!
+//! Measured (`check-bench --check-only --baseline`, release, this 2-core
+//! host of ~250 processes, 100 agents matched by pid): see RELIABILITY.md,
+//! "A check against a C floor".
 
 use super::{matching::in_owned_unit, *};
 
@@ -154,6 +160,14 @@ fn hierarchy(root: &ProcRoot) -> Option<(PathBuf, String)> {
     Some((m.mount_point, m.root))
 }
 
+/// `pid`'s entry as `ROOT/PID/stat` says, and its start time; `None`
+/// when it is gone.
+fn stat_of(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64)> {
+    use procfs::FromRead as _;
+    let stat = procfs::process::Stat::from_file(root.of_pid(pid, "stat")).ok()?;
+    Some(entry_of(pid, stat))
+}
+
 impl ProcessTable {
     /// The table `check` needs for `agents` as `runner` (see the module
     /// doc): what it finds is what [`ProcessTable::read_for`] finds, for
@@ -209,15 +223,21 @@ impl ProcessTable {
         let mut entries = Vec::new();
         let mut starts = HashMap::new();
         let mut reader = CmdlineReader::default();
-        for process in root.all_processes().into_iter().flatten().flatten() {
-            let Some((mut e, start)) = read_stat(&process) else {
+        // By path, one open for each `stat`.
+        let pids = std::fs::read_dir(root.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok());
+        for pid in pids {
+            let Some((mut e, start)) = stat_of(root, pid) else {
                 continue;
             };
             if uids {
-                e.uid = process.uid().ok();
+                e.uid = uid_of(root, pid);
             }
             if exes.iter().any(|f| admits(*f, e.uid)) {
-                e.exe = process.exe().ok();
+                e.exe = std::fs::read_link(root.of_pid(pid, "exe")).ok();
             }
             if cgroups(e.pid) {
                 e.cgroup = std::fs::read_to_string(root.of_pid(e.pid, "cgroup"))
@@ -256,15 +276,16 @@ impl ProcessTable {
             if !partial.filled.insert(pid) {
                 continue;
             }
-            let (Some(e), Ok(process)) = (self.entries.get_mut(&pid), partial.root.process(pid))
-            else {
+            let Some(e) = self.entries.get_mut(&pid) else {
                 continue;
             };
             let before = e.clone();
-            fill(&partial.root, &process, e);
-            // Read after the rest: a process that lives now lived through
-            // its reads, so they were its own.
-            if read_stat(&process).map(|(_, start)| start) != partial.starts.get(&pid).copied() {
+            fill(&partial.root, e);
+            // Read after the rest: the process of that start time, alive
+            // now, lived through its reads, so they were its own.
+            if stat_of(&partial.root, pid).map(|(_, start)| start)
+                != partial.starts.get(&pid).copied()
+            {
                 *e = before;
             }
         }

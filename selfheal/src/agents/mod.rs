@@ -489,17 +489,16 @@ impl ProcessTable {
 
 /// One process, every field read.
 fn read_entry(root: &ProcRoot, process: &procfs::process::Process) -> Option<ProcEntry> {
-    let (mut e, _) = read_stat(process)?;
-    fill(root, process, &mut e);
+    let pid = u32::try_from(process.pid).ok()?;
+    let (mut e, _) = entry_of(pid, process.stat().ok()?);
+    fill(root, &mut e);
     Some(e)
 }
 
-/// What a process's `stat` says (pid, ppid, command name, whether it has
+/// `pid`'s entry as its `stat` says (parent, command name, whether it has
 /// a command line) and its start time (clock ticks after boot), nothing
-/// else read; `None` when it is gone.
-fn read_stat(process: &procfs::process::Process) -> Option<(ProcEntry, u64)> {
-    let stat = process.stat().ok()?;
-    let pid = u32::try_from(process.pid).ok()?;
+/// else read.
+fn entry_of(pid: u32, stat: procfs::process::Stat) -> (ProcEntry, u64) {
     // Kernel threads have no user memory, zombies none left.
     const PF_KTHREAD: u32 = 0x0020_0000;
     let has_argv = stat.flags & PF_KTHREAD == 0 && !matches!(stat.state, 'Z' | 'X');
@@ -515,12 +514,12 @@ fn read_stat(process: &procfs::process::Process) -> Option<(ProcEntry, u64)> {
         containers: Vec::new(),
         pidns: None,
     };
-    Some((entry, stat.starttime))
+    (entry, stat.starttime)
 }
 
 /// The fields of `e` beyond its `stat`: uid, executable, cgroup (and the
 /// containers it names), pid namespace. What cannot be read stays `None`.
-fn fill(root: &ProcRoot, process: &procfs::process::Process, e: &mut ProcEntry) {
+fn fill(root: &ProcRoot, e: &mut ProcEntry) {
     let cgroup_text = std::fs::read_to_string(root.of_pid(e.pid, "cgroup")).ok();
     e.cgroup = cgroup_text.as_deref().and_then(cgroup_path);
     e.containers = cgroup_text
@@ -528,8 +527,14 @@ fn fill(root: &ProcRoot, process: &procfs::process::Process, e: &mut ProcEntry) 
         .map(|t| containers_for(t, crate::sys::creds::euid()))
         .unwrap_or_default();
     e.pidns = root.namespace(e.pid, "pid").ok();
-    e.exe = process.exe().ok();
-    e.uid = process.uid().ok();
+    e.exe = std::fs::read_link(root.of_pid(e.pid, "exe")).ok();
+    e.uid = uid_of(root, e.pid);
+}
+
+/// The owner of `ROOT/PID`: the process's effective uid.
+fn uid_of(root: &ProcRoot, pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(root.pid(pid)).map(|m| m.uid()).ok()
 }
 
 /// The cgroup path of `pid` as its `/proc/PID/cgroup` says now
