@@ -212,12 +212,13 @@ impl ProcessTable {
             .map(|a| a.uid_filter(runner))
             .collect();
         let uids = !cmdlines.0.is_empty() || !exes.is_empty();
-        // Under a unit rule, the cgroups of the processes its units list;
-        // every process's where those cannot be listed.
+        // Under a unit rule, the cgroups of the processes its units list
+        // and PID 1's (where units are anchored); every process's where
+        // those cannot be listed.
         let units = unit_members(root, agents, runner);
         let cgroups = |pid: u32| match &units {
             Units::None => false,
-            Units::Listed(pids) => pids.contains(&pid),
+            Units::Listed(pids) => pid == 1 || pids.contains(&pid),
             Units::Unlisted => true,
         };
         let mut entries = Vec::new();
