@@ -28,7 +28,8 @@
 //! through procfs. `check` reads the threads through the kernel's task
 //! iterators, which the bench pins first as the helper does. Prints each
 //! one's ratio to the floor and its user and system CPU time (the child's
-//! rusage).
+//! rusage). `--baseline BIN` times another build's `check` in the same
+//! alternation and prints the ratio; `--check-only` stops after these.
 
 use std::{
     path::{Path, PathBuf},
@@ -55,6 +56,14 @@ struct Args {
     /// Timed runs of each command (the median is printed).
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Another `selfheal` binary (another build) whose `check` is timed
+    /// beside this one's, in the same alternation, and compared.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Only `check` against the C floor (and the baseline): no census,
+    /// progress evidence, probes or calls in flight.
+    #[arg(long)]
+    check_only: bool,
 }
 
 fn main() {
@@ -63,6 +72,8 @@ fn main() {
         threads,
         sockets,
         runs,
+        baseline,
+        check_only,
     } = clap::Parser::parse();
     let Bins { selfheal, peer } = Bins::find();
     let work = std::env::temp_dir().join(format!("selfheal-check-bench-{}", std::process::id()));
@@ -98,7 +109,9 @@ fn main() {
         ss * 1e3,
         (ps + ss) * 1e3
     );
-    census(&selfheal, runs, agents);
+    if !check_only {
+        census(&selfheal, runs, agents);
+    }
     let floor = build_floor(&work);
     // The task iterators pinned as the helper pins them; a check opens them.
     match selfheal::ebpf::iter::publish()
@@ -115,8 +128,12 @@ fn main() {
         let config = write_config(&work, &pids[..n], None);
         // The checks and the C floor alternate, so all see the same machine.
         let (mut iterated, mut procfs, mut floors) = (Vec::new(), Vec::new(), Vec::new());
+        let mut based = Vec::new();
         for _ in 0..runs {
             iterated.push(timed_usage(&mut check_in(&selfheal, &config, &work)));
+            if let Some(b) = &baseline {
+                based.push(timed_usage(&mut check_in(b, &config, &work)));
+            }
             procfs.push(timed_usage(
                 check_in(&selfheal, &config, &work).arg("--no-iterators"),
             ));
@@ -142,7 +159,11 @@ fn main() {
                 &procfs,
                 "procfs, for comparison",
             ),
+            ("baseline check", &based, "the --baseline binary"),
         ] {
+            if runs.is_empty() {
+                continue;
+            }
             let (t, user, sys) = medians(runs);
             let rss = runs.iter().map(|u| u.max_rss).max().unwrap_or(0);
             let to_floor = f.map_or_else(
@@ -161,6 +182,15 @@ fn main() {
         let (ti, ..) = medians(&iterated);
         let (tp, ..) = medians(&procfs);
         println!("  iterators / procfs, {n:>4} agents: {:.2}", ti / tp);
+        if !based.is_empty() {
+            let (tb, ub, _) = medians(&based);
+            let (_, ui, _) = medians(&iterated);
+            println!(
+                "  check / baseline check, {n:>4} agents: {:.2} (user {:.2})",
+                ti / tb,
+                ui / ub
+            );
+        }
         grows.push((n, ti, tp, f.map(|(f, ..)| f)));
     }
     if let [(n0, i0, p0, f0), (n1, i1, p1, f1)] = grows[..]
@@ -175,6 +205,10 @@ fn main() {
             per(i0, i1),
             per(p0, p1),
         );
+    }
+    if check_only {
+        stop(&mut children, &work);
+        return;
     }
     progress(&selfheal, &work, &pids, &addr, runs);
     // One HTTP probe per agent, concurrently, against curl one at a time.
@@ -195,11 +229,16 @@ fn main() {
     }
     // Last: the peers' writes wake the agents' readers, which then exit.
     in_flight(&selfheal, &work, &pids, &addr, &server_ends, sockets, runs);
-    for c in &mut children {
+    stop(&mut children, &work);
+}
+
+/// Kills the agents (started here) and removes the work directory.
+fn stop(children: &mut [Child], work: &Path) {
+    for c in children {
         let _ = c.kill();
         let _ = c.wait();
     }
-    let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(work);
 }
 
 /// A config in `dir` of every agent in `pids` with its connections as a

@@ -22,9 +22,13 @@ use selfheal_core::{
     text,
 };
 
-use crate::runtime::{Inventory, Sources};
+use crate::{
+    runtime::{Inventory, Sources},
+    sys::procfs::ProcRoot,
+};
 
 mod cmdline;
+mod for_check;
 mod matching;
 
 use self::cmdline::CmdlineReader;
@@ -105,6 +109,9 @@ pub struct ProcessTable {
     /// Processes whose command line was to be read and was not, in time
     /// ([`CMDLINE_DEADLINE`]): a cmdline rule cannot match them.
     unread_cmdlines: Vec<UnreadCmdline>,
+    /// Set when only what `check` needs was read
+    /// ([`ProcessTable::read_check`]): how to read more.
+    partial: Option<for_check::Partial>,
 }
 
 /// A process whose command line could not be read in time.
@@ -124,7 +131,7 @@ impl ProcessTable {
     /// Every command line is read, its first [`MAX_CMDLINE_BYTES`] bytes
     /// only (a user's multi-MiB argv costs a few KiB).
     pub fn read() -> ProcessTable {
-        ProcessTable::read_with(&|_| true, &|_, _| true)
+        ProcessTable::read_with(&ProcRoot::default(), &|_| true, &|_, _| true)
     }
 
     /// [`ProcessTable::read`] for checking `agents` as `runner`: a
@@ -134,35 +141,30 @@ impl ProcessTable {
     /// of the processes those rules pick, and no others (so the hint that
     /// other uids' processes would match is `selfheal config check`'s).
     pub fn read_for(agents: &[&AgentConfig], runner: u32) -> ProcessTable {
-        let rules: Vec<(&regex::Regex, Option<u32>)> = agents
-            .iter()
-            .filter_map(|a| match &a.rule {
-                MatchRule::Cmdline(re) => Some((re, a.uid_filter(runner))),
-                _ => None,
-            })
-            .collect();
-        let applies = |uid: Option<u32>, filter: Option<u32>| filter.is_none_or(|f| uid == Some(f));
-        ProcessTable::read_with(
-            &|uid| rules.iter().any(|(_, f)| applies(uid, *f)),
-            &|uid, joined| {
-                rules
-                    .iter()
-                    .any(|(re, f)| applies(uid, *f) && re.is_match(joined))
-            },
-        )
+        ProcessTable::read_for_in(&ProcRoot::default(), agents, runner)
     }
 
-    /// Reads every process; `read_cmdline(uid)` says whether to read its
-    /// command line, `keep(uid, joined argv)` whether to keep what was read.
+    /// [`ProcessTable::read_for`] under `root`.
+    fn read_for_in(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+        let rules = for_check::CmdlineRules::of(agents, runner);
+        ProcessTable::read_with(root, &|uid| rules.read(uid), &|uid, joined| {
+            rules.keep(uid, joined)
+        })
+    }
+
+    /// Reads every process under `root`; `read_cmdline(uid)` says whether
+    /// to read its command line, `keep(uid, joined argv)` whether to keep
+    /// what was read.
     fn read_with(
+        root: &ProcRoot,
         read_cmdline: &dyn Fn(Option<u32>) -> bool,
         keep: &dyn Fn(Option<u32>, &str) -> bool,
     ) -> ProcessTable {
         let mut entries = Vec::new();
         let mut cmdlines = CmdlineReader::default();
-        if let Ok(all) = crate::sys::procfs::ProcRoot::default().all_processes() {
+        if let Ok(all) = root.all_processes() {
             for process in all.flatten() {
-                if let Some(mut e) = read_entry(&process) {
+                if let Some(mut e) = read_entry(root, &process) {
                     if e.has_argv && read_cmdline(e.uid) {
                         let argv = cmdlines.read(e.pid, e.uid);
                         if keep(e.uid, &argv.join(" ")) {
@@ -235,6 +237,7 @@ impl ProcessTable {
             refused: BTreeMap::new(),
             manager_root,
             unread_cmdlines: Vec::new(),
+            partial: None,
         }
         .index_identities()
     }
@@ -371,7 +374,7 @@ impl ProcessTable {
     /// for container rules and identities.
     pub fn with_inventory(mut self, inventory: Inventory) -> ProcessTable {
         self.inventory = inventory;
-        self.index_identities()
+        self.with_inits_filled().index_identities()
     }
 
     pub fn inventory(&self) -> &Inventory {
@@ -484,35 +487,54 @@ impl ProcessTable {
     }
 }
 
-fn read_entry(process: &procfs::process::Process) -> Option<ProcEntry> {
-    // No stat: the process is gone.
-    let stat = process.stat().ok()?;
+/// One process, every field read.
+fn read_entry(root: &ProcRoot, process: &procfs::process::Process) -> Option<ProcEntry> {
     let pid = u32::try_from(process.pid).ok()?;
-    let cgroup_text =
-        std::fs::read_to_string(crate::sys::procfs::ProcRoot::default().of_pid(pid, "cgroup")).ok();
-    let cgroup = cgroup_text.as_deref().and_then(cgroup_path);
-    let containers = cgroup_text
-        .as_deref()
-        .map(|t| containers_for(t, crate::sys::creds::euid()))
-        .unwrap_or_default();
-    let pidns = crate::sys::procfs::ProcRoot::default()
-        .namespace(pid, "pid")
-        .ok();
+    let (mut e, _) = entry_of(pid, process.stat().ok()?);
+    fill(root, &mut e);
+    Some(e)
+}
+
+/// `pid`'s entry as its `stat` says (parent, command name, whether it has
+/// a command line) and its start time (clock ticks after boot), nothing
+/// else read.
+fn entry_of(pid: u32, stat: procfs::process::Stat) -> (ProcEntry, u64) {
     // Kernel threads have no user memory, zombies none left.
     const PF_KTHREAD: u32 = 0x0020_0000;
     let has_argv = stat.flags & PF_KTHREAD == 0 && !matches!(stat.state, 'Z' | 'X');
-    Some(ProcEntry {
+    let entry = ProcEntry {
         pid,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         comm: stat.comm,
         cmdline: Vec::new(),
         has_argv,
-        exe: process.exe().ok(),
-        cgroup,
-        uid: process.uid().ok(),
-        containers,
-        pidns,
-    })
+        exe: None,
+        cgroup: None,
+        uid: None,
+        containers: Vec::new(),
+        pidns: None,
+    };
+    (entry, stat.starttime)
+}
+
+/// The fields of `e` beyond its `stat`: uid, executable, cgroup (and the
+/// containers it names), pid namespace. What cannot be read stays `None`.
+fn fill(root: &ProcRoot, e: &mut ProcEntry) {
+    let cgroup_text = std::fs::read_to_string(root.of_pid(e.pid, "cgroup")).ok();
+    e.cgroup = cgroup_text.as_deref().and_then(cgroup_path);
+    e.containers = cgroup_text
+        .as_deref()
+        .map(|t| containers_for(t, crate::sys::creds::euid()))
+        .unwrap_or_default();
+    e.pidns = root.namespace(e.pid, "pid").ok();
+    e.exe = std::fs::read_link(root.of_pid(e.pid, "exe")).ok();
+    e.uid = uid_of(root, e.pid);
+}
+
+/// The owner of `ROOT/PID`: the process's effective uid.
+fn uid_of(root: &ProcRoot, pid: u32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(root.pid(pid)).map(|m| m.uid()).ok()
 }
 
 /// The cgroup path of `pid` as its `/proc/PID/cgroup` says now

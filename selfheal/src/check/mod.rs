@@ -118,11 +118,14 @@ pub fn run(
     let mut reads = tracer.as_ref().and_then(|t| t.passes());
     let through_helper =
         reads.is_some() && crate::sys::creds::euid() == 0 && !crate::sys::creds::reads_others();
-    let mut table = ProcessTable::read_for(&agents, crate::sys::creds::euid());
+    // What the rules need read, no more (`ProcessTable::read_check`); the
+    // runtimes asked before the helper, so the container inits they name
+    // are read in full when it is asked for pid namespaces.
+    let table = ProcessTable::read_check(&agents, crate::sys::creds::euid());
+    let mut table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     if let Some(r) = reads.as_mut().filter(|_| through_helper) {
         table = table.with_pid_namespaces(&mut |pids| r.namespaces(pids));
     }
-    let table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
     let targets: Vec<Target> = agents.iter().map(|a| target(a, &table)).collect();
     let all_pids: Vec<u32> = targets
         .iter()

@@ -8,6 +8,7 @@ mod alerting;
 mod architecture_map;
 mod bounds;
 mod check;
+mod check_walk;
 mod cli_errors;
 mod compat;
 mod config;

@@ -1,0 +1,594 @@
+//! The process table `check` reads ([`ProcessTable::read_check`]): every
+//! process's `stat` (one open by path: its parent and start time, the tree
+//! descendants and the rules' roots are found in), and the rest only where
+//! its rules need it. Uid, executable, cgroup and pid namespace are read
+//! for the processes a rule picks and their descendants; the uid of every
+//! process under a `cmdline` or `exe` rule, and its command line or
+//! executable only where the rule's `match.uid` admits it; under a `unit`
+//! rule, the cgroup of the processes its units' `cgroup.procs` list; and the
+//! container inits the runtimes name. `scan`, `inspect` and `config` read
+//! the whole table.
+//!
+//! Why `stat` of every process and not `/proc/PID/task/TID/children`: the
+//! kernel may be built without it (`CONFIG_PROC_CHILDREN`; this 6.18 host
+//! is), and it is one read per thread (5,000 for `check-bench`'s 100 agents
+//! of 50 threads) where `stat` is one per process.
+//!
+//! What a check says is what the whole table would say: when an agent's
+//! `cmdline`, `exe` or `unit` rule finds nothing here, the check reads the
+//! whole table instead (its problem counts processes of the whole host);
+//! a config with a `container` rule reads it from the start (a container
+//! rule looks at every container).
+//!
+//! Measured (`check-bench --check-only --baseline`, release, this 2-core
+//! host of ~250 processes, 100 agents matched by pid): see RELIABILITY.md,
+//! "A check against a C floor".
+
+use super::{matching::in_owned_unit, *};
+
+/// How a table read by [`ProcessTable::read_check`] fills in more of its
+/// processes later: where it read, and each process's start time then,
+/// so a pid reused since is not taken for it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Partial {
+    root: ProcRoot,
+    starts: HashMap<u32, u64>,
+    filled: BTreeSet<u32>,
+}
+
+/// The `cmdline` rules of some agents, as `runner`: which uids' command
+/// lines to read, and which of them to keep.
+pub(super) struct CmdlineRules<'a>(Vec<(&'a regex::Regex, Option<u32>)>);
+
+/// Whether a rule limited to `filter` may match a process of `uid`.
+fn admits(filter: Option<u32>, uid: Option<u32>) -> bool {
+    filter.is_none_or(|f| uid == Some(f))
+}
+
+impl<'a> CmdlineRules<'a> {
+    pub(super) fn of(agents: &[&'a AgentConfig], runner: u32) -> CmdlineRules<'a> {
+        CmdlineRules(
+            agents
+                .iter()
+                .filter_map(|a| match &a.rule {
+                    MatchRule::Cmdline(re) => Some((re, a.uid_filter(runner))),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether some rule may match a process of `uid`.
+    pub(super) fn read(&self, uid: Option<u32>) -> bool {
+        self.0.iter().any(|(_, f)| admits(*f, uid))
+    }
+
+    /// Whether some rule that may match a process of `uid` matches `joined`.
+    pub(super) fn keep(&self, uid: Option<u32>, joined: &str) -> bool {
+        self.0
+            .iter()
+            .any(|(re, f)| admits(*f, uid) && re.is_match(joined))
+    }
+}
+
+/// What a check's unit rules need of cgroups.
+enum Units {
+    /// No unit rule.
+    None,
+    /// The processes in the cgroups of their units, as the cgroup
+    /// hierarchy lists them.
+    Listed(BTreeSet<u32>),
+    /// The hierarchy cannot be listed: every process's cgroup is read.
+    Unlisted,
+}
+
+/// The most cgroup directories one check lists; past it, every process's
+/// cgroup is read instead.
+const MAX_CGROUP_DIRS: usize = 100_000;
+
+/// The processes in the units `agents`' unit rules name as `runner`
+/// (by [`in_owned_unit`], the rule `find` applies to each process's own
+/// cgroup): the `cgroup.procs` of every directory, in the hierarchy
+/// `/proc/PID/cgroup`'s paths are of (the unified one where the process
+/// has a `0::` line, else v1's `name=systemd`), whose path is in one.
+fn unit_members(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> Units {
+    let units: Vec<(&str, UnitOwner)> = agents
+        .iter()
+        .filter_map(|a| match &a.rule {
+            MatchRule::Unit(u) => Some((u.as_str(), a.unit_owner(runner))),
+            _ => None,
+        })
+        .collect();
+    if units.is_empty() {
+        return Units::None;
+    }
+    let Some((dir, path)) = hierarchy(root) else {
+        return Units::Unlisted;
+    };
+    let manager = cgroup::manager_root(
+        std::fs::read_to_string(root.of_pid(1, "cgroup"))
+            .ok()
+            .as_deref()
+            .and_then(cgroup_path)
+            .as_deref(),
+    );
+    let mut pids = BTreeSet::new();
+    let mut stack = vec![(dir, path)];
+    let mut listed = 0;
+    while let Some((dir, path)) = stack.pop() {
+        listed += 1;
+        if listed > MAX_CGROUP_DIRS {
+            return Units::Unlisted;
+        }
+        if cgroup::unit_of(&path, &manager)
+            .is_some_and(|p| units.iter().any(|(u, o)| in_owned_unit(p, u, *o)))
+        {
+            // A cgroup gone since its listing lists nothing.
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        let Ok(subs) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for sub in subs.flatten() {
+            if sub.file_type().is_ok_and(|t| t.is_dir())
+                && let Some(name) = sub.file_name().to_str()
+            {
+                let path = format!("{}/{name}", path.trim_end_matches('/'));
+                stack.push((sub.path(), path));
+            }
+        }
+    }
+    Units::Listed(pids)
+}
+
+/// Where the cgroup hierarchy of `/proc/PID/cgroup`'s paths is mounted
+/// here, and the cgroup path of that mount's root; `None` when this
+/// process's cgroup or mounts cannot be read or it is not mounted.
+fn hierarchy(root: &ProcRoot) -> Option<(PathBuf, String)> {
+    let own = std::fs::read_to_string(root.of_self("cgroup")).ok()?;
+    let v2 = own.lines().any(|l| l.starts_with("0::"));
+    let mounts = root.process(std::process::id()).ok()?.mountinfo().ok()?;
+    let m = mounts.into_iter().find(|m| {
+        if v2 {
+            m.fs_type == "cgroup2"
+        } else {
+            m.fs_type == "cgroup"
+                && m.super_options.get("name").and_then(Option::as_deref) == Some("systemd")
+        }
+    })?;
+    Some((m.mount_point, m.root))
+}
+
+/// `pid`'s entry as `ROOT/PID/stat` says, and its start time; `None`
+/// when it is gone.
+fn stat_of(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64)> {
+    use procfs::FromRead as _;
+    let stat = procfs::process::Stat::from_file(root.of_pid(pid, "stat")).ok()?;
+    Some(entry_of(pid, stat))
+}
+
+impl ProcessTable {
+    /// The table `check` needs for `agents` as `runner` (see the module
+    /// doc): what it finds is what [`ProcessTable::read_for`] finds, for
+    /// less read.
+    pub fn read_check(agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+        ProcessTable::read_check_in(&ProcRoot::default(), agents, runner)
+    }
+
+    /// [`ProcessTable::read_check`] under `root`.
+    pub(super) fn read_check_in(
+        root: &ProcRoot,
+        agents: &[&AgentConfig],
+        runner: u32,
+    ) -> ProcessTable {
+        if agents
+            .iter()
+            .any(|a| matches!(a.rule, MatchRule::Container(_)))
+        {
+            return ProcessTable::read_for_in(root, agents, runner);
+        }
+        let table = ProcessTable::read_stats(root, agents, runner);
+        let mut wanted = vec![1];
+        for agent in agents {
+            let m = find_for(agent, runner, &table);
+            if m.problem.is_some()
+                && !matches!(agent.rule, MatchRule::Pid(_) | MatchRule::Pidfile(_))
+            {
+                return ProcessTable::read_for_in(root, agents, runner);
+            }
+            wanted.extend(m.all);
+        }
+        table.fill_in(&wanted)
+    }
+
+    /// Every process's `stat`; the uid, executable, cgroup and command
+    /// line only where a rule of `agents` needs them to pick.
+    fn read_stats(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+        let cmdlines = CmdlineRules::of(agents, runner);
+        let exes: Vec<Option<u32>> = agents
+            .iter()
+            .filter(|a| matches!(a.rule, MatchRule::Exe(_)))
+            .map(|a| a.uid_filter(runner))
+            .collect();
+        let uids = !cmdlines.0.is_empty() || !exes.is_empty();
+        // Under a unit rule, the cgroups of the processes its units list
+        // and PID 1's (where units are anchored); every process's where
+        // those cannot be listed.
+        let units = unit_members(root, agents, runner);
+        let cgroups = |pid: u32| match &units {
+            Units::None => false,
+            Units::Listed(pids) => pid == 1 || pids.contains(&pid),
+            Units::Unlisted => true,
+        };
+        let mut entries = Vec::new();
+        let mut starts = HashMap::new();
+        let mut reader = CmdlineReader::default();
+        // By path, one open for each `stat`.
+        let pids = std::fs::read_dir(root.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok());
+        for pid in pids {
+            let Some((mut e, start)) = stat_of(root, pid) else {
+                continue;
+            };
+            if uids {
+                e.uid = uid_of(root, pid);
+            }
+            if exes.iter().any(|f| admits(*f, e.uid)) {
+                e.exe = std::fs::read_link(root.of_pid(pid, "exe")).ok();
+            }
+            if cgroups(e.pid) {
+                e.cgroup = std::fs::read_to_string(root.of_pid(e.pid, "cgroup"))
+                    .ok()
+                    .as_deref()
+                    .and_then(cgroup_path);
+            }
+            if e.has_argv && cmdlines.read(e.uid) {
+                let argv = reader.read(e.pid, e.uid);
+                if cmdlines.keep(e.uid, &argv.join(" ")) {
+                    e.cmdline = argv;
+                }
+            }
+            starts.insert(e.pid, start);
+            entries.push(e);
+        }
+        let mut table = ProcessTable::from_entries(entries).with_own_pid(std::process::id());
+        table.unread_cmdlines = reader.unread;
+        table.partial = Some(Partial {
+            root: root.clone(),
+            starts,
+            filled: BTreeSet::new(),
+        });
+        table
+    }
+
+    /// Reads every field of the processes `pids` not yet read in full, in a
+    /// table read by [`ProcessTable::read_check`] (a whole table has them).
+    /// One whose start time is no longer the one its `stat` gave (gone, its
+    /// pid reused) keeps what was read of it.
+    pub(super) fn fill_in(mut self, pids: &[u32]) -> ProcessTable {
+        let Some(mut partial) = self.partial.take() else {
+            return self;
+        };
+        for &pid in pids {
+            if !partial.filled.insert(pid) {
+                continue;
+            }
+            let Some(e) = self.entries.get_mut(&pid) else {
+                continue;
+            };
+            let before = e.clone();
+            fill(&partial.root, e);
+            // Read after the rest: the process of that start time, alive
+            // now, lived through its reads, so they were its own.
+            if stat_of(&partial.root, pid).map(|(_, start)| start)
+                != partial.starts.get(&pid).copied()
+            {
+                *e = before;
+            }
+        }
+        self.manager_root =
+            cgroup::manager_root(self.entries.get(&1).and_then(|e| e.cgroup.as_deref()));
+        self.partial = Some(partial);
+        self.index_identities()
+    }
+
+    /// The container inits the runtimes name for the containers of the
+    /// table's processes, read in full (their cgroup and pid namespace
+    /// confirm a container's processes, `ProcessTable::verify`).
+    pub(super) fn with_inits_filled(self) -> ProcessTable {
+        if self.partial.is_none() {
+            return self;
+        }
+        let inits: Vec<u32> = self
+            .entries
+            .values()
+            .filter_map(|e| self.inventory.identity(&e.containers))
+            .filter(|i| i.resolved)
+            .filter_map(|i| self.inventory.init_pid(&i.id).flatten())
+            .collect();
+        self.fill_in(&inits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use selfheal_core::config::Config;
+
+    /// `(pid, ppid, start)` processes in a made-up procfs tree at a fresh
+    /// directory: each with its `stat`, `cgroup`, `exe` link and `ns/pid`.
+    fn fake(name: &str, procs: &[(u32, u32, u64)]) -> (PathBuf, ProcRoot) {
+        let dir =
+            std::env::temp_dir().join(format!("selfheal-fake-check-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for &(pid, ppid, start) in procs {
+            write_stat(&dir, pid, ppid, start);
+            let p = dir.join(pid.to_string());
+            std::fs::create_dir_all(p.join("ns")).expect("fixture dir");
+            std::fs::write(p.join("ns/pid"), "").expect("ns");
+            std::fs::write(
+                p.join("cgroup"),
+                format!("0::/system.slice/p{pid}.service\n"),
+            )
+            .expect("cgroup");
+            std::os::unix::fs::symlink(format!("/usr/bin/p{pid}"), p.join("exe")).expect("exe");
+        }
+        (dir.clone(), ProcRoot::at(dir))
+    }
+
+    /// `PID/stat` of a sleeping process with this parent and start time.
+    fn write_stat(dir: &Path, pid: u32, ppid: u32, start: u64) {
+        let p = dir.join(pid.to_string());
+        std::fs::create_dir_all(&p).expect("fixture dir");
+        let zeros = |n: usize| vec!["0"; n].join(" ");
+        let line = format!(
+            "{pid} (p{pid}) S {ppid} {} {start} {}\n",
+            zeros(17),
+            zeros(30)
+        );
+        std::fs::write(p.join("stat"), line).expect("stat");
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, Path::new("/etc/selfheal/test.toml")).expect("config")
+    }
+
+    /// 1 ─┬─ 10 ── 11 ── 12
+    ///    └─ 20
+    const TREE: &[(u32, u32, u64)] = &[
+        (1, 0, 5),
+        (10, 1, 50),
+        (11, 10, 60),
+        (12, 11, 70),
+        (20, 1, 80),
+    ];
+
+    /// [`TREE`] in a fake procfs, and a config of one agent by pid 10.
+    fn pid_10_in(name: &str) -> (PathBuf, ProcRoot, Config) {
+        let (dir, root) = fake(name, TREE);
+        (
+            dir,
+            root,
+            config("[[agent]]\nname = \"a\"\nmatch = { pid = 10 }\n"),
+        )
+    }
+
+    /// A pid rule's check reads every process's `stat` (the tree) and the
+    /// rest of its own processes only: another process's cgroup, executable
+    /// and namespace, there to be read, are not. It finds what the whole
+    /// table finds.
+    #[test]
+    fn a_pid_rules_check_reads_only_its_processes_in_full() {
+        let (dir, root, c) = pid_10_in("pid");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let lean = ProcessTable::read_check_in(&root, &agents, 0);
+        let whole = ProcessTable::read_for_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        let m = find_for(agents[0], 0, &lean);
+        assert_eq!((&m.roots, &m.all), (&vec![10], &vec![10, 11, 12]));
+        assert_eq!(m, find_for(agents[0], 0, &whole));
+        assert_eq!(lean.len(), 5);
+        for pid in [1, 10, 11, 12] {
+            let e = lean.get(pid).unwrap();
+            assert_eq!(e, whole.get(pid).unwrap());
+            assert!(
+                e.cgroup.is_some() && e.exe.is_some() && e.pidns.is_some(),
+                "{e:?}"
+            );
+        }
+        let other = lean.get(20).unwrap();
+        assert_eq!(
+            (&other.cgroup, &other.exe, other.pidns, other.uid),
+            (&None, &None, None, None)
+        );
+        assert!(whole.get(20).unwrap().cgroup.is_some());
+    }
+
+    /// A process whose pid is another's by the time the rest of it is read
+    /// (its start time changed) keeps only what its `stat` said; one gone
+    /// by then is read as it was. Neither is an error.
+    #[test]
+    fn a_pid_reused_or_gone_before_its_fill_is_not_taken_for_it() {
+        let (dir, root, c) = pid_10_in("reuse");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let table = ProcessTable::read_stats(&root, &agents, 0);
+        write_stat(&dir, 11, 1, 999);
+        std::fs::remove_dir_all(dir.join("12")).expect("remove 12");
+        let table = table.fill_in(&[10, 11, 12]);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(table.get(10).unwrap().cgroup.is_some());
+        for pid in [11, 12] {
+            let e = table.get(pid).unwrap();
+            assert_eq!((&e.cgroup, &e.exe), (&None, &None), "{pid}");
+        }
+        // The tree stays the one the stats gave.
+        assert_eq!(table.with_descendants(&[10]), [10, 11, 12]);
+    }
+
+    /// `cmdline` and `exe` rules read the uid of every process and the
+    /// executable only of those whose uid they may match; a `unit` rule
+    /// reads every cgroup; a pid rule neither.
+    #[test]
+    fn exe_and_unit_rules_read_what_they_pick_by() {
+        let (dir, root) = fake("exe", TREE);
+        let read = |text: &str| {
+            let c = config(text);
+            let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+            ProcessTable::read_stats(&root, &agents, 0)
+        };
+        let pid = read("[[agent]]\nname = \"a\"\nmatch = { pid = 10 }\n");
+        let mine = read("[[agent]]\nname = \"a\"\nmatch = { exe = \"/usr/bin/p20\" }\n");
+        let others =
+            read("[[agent]]\nname = \"a\"\nmatch = { exe = \"/usr/bin/p20\", uid = 4242 }\n");
+        let unit = read("[[agent]]\nname = \"a\"\nmatch = { unit = \"p20.service\" }\n");
+        let _ = std::fs::remove_dir_all(&dir);
+        // The fixture's files are root's, as the runner is.
+        for e in mine.entries() {
+            assert_eq!((e.uid, e.exe.is_some()), (Some(0), true), "{e:?}");
+        }
+        for e in others.entries() {
+            assert_eq!((e.uid, &e.exe), (Some(0), &None), "{e:?}");
+        }
+        for e in pid.entries() {
+            assert_eq!((e.uid, &e.exe, &e.cgroup), (None, &None, &None), "{e:?}");
+        }
+        assert!(
+            unit.entries()
+                .all(|e| e.cgroup.is_some() && e.exe.is_none())
+        );
+        assert_eq!(
+            find(&MatchRule::Unit("p20.service".into()), &unit).roots,
+            [20]
+        );
+    }
+
+    /// On this host, a check's table finds for pid, pidfile, cmdline, exe
+    /// and unit rules what the whole table finds (a unit with no process
+    /// too, word for word): a shell running two copies of `sleep`.
+    #[test]
+    fn a_checks_table_finds_what_the_whole_table_finds() {
+        let token = format!("selfheal-for-check-{}", std::process::id());
+        let dir = std::env::temp_dir().join(&token);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let exe = dir.join("sleeper");
+        std::fs::copy("/bin/sleep", &exe).expect("copy sleep");
+        let script = format!("{0} 60 & {0} 61 & wait", exe.display());
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", &script, &token])
+            .spawn()
+            .expect("sh");
+        let pidfile = dir.join("pid");
+        std::fs::write(&pidfile, sh.id().to_string()).expect("pidfile");
+        let c = config(&format!(
+            "[[agent]]\nname = \"pid\"\nmatch = {{ pid = {} }}\n\
+             [[agent]]\nname = \"pidfile\"\nmatch = {{ pidfile = \"{}\" }}\n\
+             [[agent]]\nname = \"cmdline\"\nmatch = {{ cmdline = \"{token}\" }}\n\
+             [[agent]]\nname = \"exe\"\nmatch = {{ exe = \"{}\" }}\n",
+            sh.id(),
+            pidfile.display(),
+            exe.display(),
+        ));
+        let nothing = config(&format!(
+            "[[agent]]\nname = \"unit\"\nmatch = {{ unit = \"{token}.service\" }}\n"
+        ));
+        let agents: Vec<&AgentConfig> = c.agents.iter().chain(&nothing.agents).collect();
+        let runner = crate::sys::creds::euid();
+        // The two sleepers started: at most 5 s, in 20 ms steps.
+        for _ in 0..250 {
+            let t = ProcessTable::read_for(&agents[..1], runner);
+            if find_for(agents[0], runner, &t).all.len() == 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let lean = ProcessTable::read_check(&agents, runner);
+        let whole = ProcessTable::read_for(&agents, runner);
+        let only = ProcessTable::read_check(&agents[..4], runner);
+        // Found while the pidfile is there.
+        let found: Vec<[Matched; 3]> = agents
+            .iter()
+            .map(|a| [&lean, &whole, &only].map(|t| find_for(a, runner, t)))
+            .collect();
+        // The sleepers by their pids, then the shell.
+        let sleepers = whole.with_descendants(&[sh.id()]);
+        let _ = std::process::Command::new("kill")
+            .args(
+                sleepers
+                    .iter()
+                    .filter(|p| **p != sh.id())
+                    .map(u32::to_string),
+            )
+            .status();
+        let _ = sh.kill();
+        let _ = sh.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        for (a, [l, w, o]) in agents.iter().zip(found) {
+            assert_eq!(l, w, "{}", a.name);
+            if a.name != "unit" {
+                // The shell and its sleepers; the exe rule its sleepers.
+                let (all, roots) = if a.name == "exe" { (2, 2) } else { (3, 1) };
+                assert_eq!((l.all.len(), l.roots.len()), (all, roots), "{}", a.name);
+                assert_eq!(o, l, "{}", a.name);
+            }
+        }
+        // Found, the four read the rest only of their three processes
+        // (and PID 1); with the unit that finds nothing, the whole table.
+        let filled = only.entries().filter(|e| e.cgroup.is_some()).count();
+        assert!(filled <= 4, "{filled} of {} read in full", only.len());
+        assert!(lean.entries().filter(|e| e.cgroup.is_some()).count() > 4);
+    }
+
+    /// A unit rule's check lists its unit's cgroup (here a unit's cgroup
+    /// made below the manager's root in the hierarchy `/proc/PID/cgroup`
+    /// names) and reads the cgroup of the processes it lists, not every
+    /// process's; it finds what the whole table finds.
+    #[test]
+    fn a_unit_rules_check_reads_the_processes_its_cgroup_lists() {
+        let (mount, mount_root) = hierarchy(&ProcRoot::default()).expect("a cgroup hierarchy");
+        let manager = cgroup::manager_root(cgroup_of(1).as_deref());
+        let unit = format!("selfheal-walk-{}.service", std::process::id());
+        let rel = manager
+            .strip_prefix(mount_root.trim_end_matches('/'))
+            .expect("below the mount");
+        let dir = mount.join(rel.trim_start_matches('/')).join(&unit);
+        std::fs::create_dir(&dir).expect("make the unit's cgroup");
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        let moved = std::fs::write(dir.join("cgroup.procs"), sleeper.id().to_string());
+        let c = config(&format!(
+            "[[agent]]\nname = \"u\"\nmatch = {{ unit = \"{unit}\" }}\n"
+        ));
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let runner = crate::sys::creds::euid();
+        let lean = ProcessTable::read_check(&agents, runner);
+        let whole = ProcessTable::read_for(&agents, runner);
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        // Empty once the sleeper is reaped: at most 5 s, in 20 ms steps.
+        for _ in 0..250 {
+            if std::fs::remove_dir(&dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        moved.expect("move the sleeper into the unit");
+        let m = find_for(agents[0], runner, &lean);
+        assert_eq!((&m.roots, &m.problem), (&vec![sleeper.id()], &None));
+        assert_eq!(m, find_for(agents[0], runner, &whole));
+        // The sleeper and PID 1, of the host's processes.
+        let read: Vec<u32> = lean
+            .entries()
+            .filter(|e| e.cgroup.is_some())
+            .map(|e| e.pid)
+            .collect();
+        assert!(read.len() <= 2, "{read:?} of {}", lean.len());
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+}
