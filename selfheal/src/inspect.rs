@@ -75,6 +75,9 @@ pub struct Target {
     pub containers: Vec<Identity>,
     /// What the container runtimes could not tell about them.
     pub container_gaps: Vec<String>,
+    /// Why a `cmdline` rule could not tell whether some processes are the
+    /// agent's (their command lines went unread), if so.
+    pub unread_cmdlines: Option<String>,
 }
 
 /// How to collect.
@@ -465,6 +468,7 @@ impl Collector {
             upstreams: target.upstreams.clone(),
             containers: target.containers.clone(),
             container_gaps: target.container_gaps.clone(),
+            unread_cmdlines: target.unread_cmdlines.clone(),
             processes: read.processes,
             gone: read.gone,
             over_budget,

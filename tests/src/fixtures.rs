@@ -368,6 +368,7 @@ impl ProviderAgent {
             upstreams: vec![provider.to_string()],
             containers: Vec::new(),
             container_gaps: Vec::new(),
+            unread_cmdlines: None,
         }
     }
 

@@ -186,7 +186,9 @@ pub enum ReasonCode {
     /// `connect_timeout`.
     ConnectTimeout,
     /// The agent's evidence could not be collected within its budget
-    /// (`collect_budget`): it is not judged in this check.
+    /// (`collect_budget`), or its rule matched nothing while command lines
+    /// it had to match could not be read within theirs: it is not judged
+    /// in this check.
     OverBudget,
 }
 
@@ -257,6 +259,10 @@ display_as_str!(ReasonCode);
 pub enum GapKind {
     /// The agent's rule matched no process.
     NoProcess,
+    /// Command lines a `cmdline` rule had to match could not be read (in
+    /// time, or at all): the rule cannot tell whether those processes are
+    /// the agent's.
+    Unread,
     /// A process exited before it could be read.
     Vanished,
     /// A process's files (threads, fds) could not be read.

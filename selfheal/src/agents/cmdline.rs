@@ -65,8 +65,17 @@ impl CmdlineReader {
                 });
                 Vec::new()
             }
-            // Gone, or not readable: no command line, as before.
-            Err(_) => Vec::new(),
+            // The reader broke off: the process may be the rule's, unread.
+            Err(crate::sys::memread::ReadError::Reader(_)) => {
+                self.unread.push(UnreadCmdline {
+                    pid,
+                    uid,
+                    why: "its reader process failed",
+                });
+                Vec::new()
+            }
+            // Gone, or not readable: no command line.
+            Err(crate::sys::memread::ReadError::Errno(_)) => Vec::new(),
         }
     }
 }

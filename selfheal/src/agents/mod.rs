@@ -114,7 +114,8 @@ pub struct ProcessTable {
     partial: Option<for_check::Partial>,
 }
 
-/// A process whose command line could not be read in time.
+/// A process whose command line could not be read (in time, or because the
+/// reader failed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnreadCmdline {
     pub pid: u32,
@@ -203,8 +204,8 @@ impl ProcessTable {
             .uid
             .map_or("an unknown uid".to_string(), |u| format!("uid {u}"));
         Some(format!(
-            "the command line of {} process(es) could not be read in time, so this rule \
-             cannot match them: pid {} of {uid} ({}){}",
+            "the command line of {} process(es) could not be read, so this rule cannot \
+             tell whether they match: pid {} of {uid} ({}){}",
             unread.len(),
             first.pid,
             first.why,

@@ -60,6 +60,9 @@ pub(super) fn check_agent(
     if let Some(why) = &evidence.over_budget {
         return over_budget(agent, target, &report, why, probes, record, now_ms);
     }
+    if let Some(why) = judge::unjudgeable(&report) {
+        return over_budget(agent, target, &report, &why, probes, record, now_ms);
+    }
     let views = views(agent, &probes);
     let before = record.judge.clone();
     let (judgement, next) = judge::judge(agent, &report, &views, &before, now_ms);
@@ -135,8 +138,9 @@ pub(super) fn check_agent(
     outcome
 }
 
-/// An agent whose collection ran past its budget: not judged on the
-/// partial evidence. Its verdict is `unresponsive` (its processes could not
+/// An agent whose collection ran past its budget, or whose rule matched
+/// nothing while command lines it had to match went unread
+/// ([`judge::unjudgeable`]): not judged on the partial evidence. Its verdict is `unresponsive` (its processes could not
 /// be examined in time) with the reason `over_budget`; nothing is proven,
 /// snapshotted or healed for it in this check, and its judge's history
 /// keeps everything but the verdict for the next check.
@@ -321,7 +325,6 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         matches!(agent.rule, selfheal_core::config::MatchRule::Container(_)),
     );
     container_gaps.extend(table.refusals(&matched.all));
-    container_gaps.extend(table.cmdline_gap(agent, crate::sys::creds::euid()));
     Target {
         agent: Some(agent.name.clone()),
         rule: agent.rule.to_string(),
@@ -335,6 +338,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
         upstreams: lines,
         containers,
         container_gaps,
+        unread_cmdlines: table.cmdline_gap(agent, crate::sys::creds::euid()),
     }
 }
 

@@ -79,6 +79,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
                 upstreams: Vec::new(),
                 containers,
                 container_gaps,
+                unread_cmdlines: None,
             }
         }
         (Some(name), None) => {

@@ -124,6 +124,7 @@ fn me() -> Target {
         upstreams: Vec::new(),
         containers: Vec::new(),
         container_gaps: Vec::new(),
+        unread_cmdlines: None,
     }
 }
 

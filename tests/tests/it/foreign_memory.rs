@@ -651,8 +651,9 @@ fn cmdline_blocks(pid: u32, limit: Duration) -> bool {
 /// command line waits for as long as it likes (`ps` and `pgrep` hang on
 /// it). A root check with a cmdline rule for that uid, and an ordinary
 /// agent beside it: the read is abandoned at its deadline, the rule's
-/// agent gets a gap naming the process, the ordinary agent is judged, and
-/// the check exits.
+/// agent gets a gap naming the process and is not judged (`unresponsive`,
+/// `over_budget`: the holder may be its process, so never `down`), the
+/// ordinary agent is judged, and the check exits.
 #[test]
 fn a_process_holding_its_memory_map_lock_does_not_stall_discovery() {
     let _area = tests::area(module_path!());
@@ -701,10 +702,14 @@ fn a_process_holding_its_memory_map_lock_does_not_stall_discovery() {
     assert_eq!(o["verdict"], "busy", "{o:#}");
     assert!(
         gaps(l).iter().any(|g| g.contains(&format!(
-            "could not be read in time, so this rule cannot match them: pid {pid} of uid 65534"
+            "could not be read, so this rule cannot tell whether they match: pid {pid} of uid \
+             65534 (its read did not finish in time)"
         ))),
         "{l:#}"
     );
+    // The holder may be the rule's process: not `down`, not judged.
+    assert_eq!(l["verdict"], "unresponsive", "{l:#}");
+    assert_eq!(l["reasons"][0]["code"], "over_budget", "{l:#}");
     // A second run is as quick: the stuck reader was abandoned, not waited for.
     let again = check(&dir, &config, 20 * SEC, || fs.abort()).expect("the second check exited");
     println!("the second check: {:.0} ms", again.0);

@@ -1159,6 +1159,7 @@ fn iterate_passes_only_what_the_caller_may_query() {
         upstreams: Vec::new(),
         containers: Vec::new(),
         container_gaps: Vec::new(),
+        unread_cmdlines: None,
     };
     let (by_helper, by_procfs) = as_uid(NOBODY, || {
         let shared = Arc::new(std::sync::Mutex::new(client(&path)));

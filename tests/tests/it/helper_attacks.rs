@@ -668,6 +668,7 @@ fn a_foreign_pid_is_a_gap_not_a_refusal() {
             upstreams: Vec::new(),
             containers: Vec::new(),
             container_gaps: Vec::new(),
+            unread_cmdlines: None,
         }),
     );
     let gaps = serde_json::to_value(&report).unwrap()["gaps"].to_string();

@@ -225,6 +225,9 @@ pub(super) fn evidence_gaps(ev: &Evidence) -> Vec<Gap> {
             format!("no process matched: {p}"),
         ));
     }
+    if let Some(why) = &ev.unread_cmdlines {
+        gaps.push(Gap::new(GapKind::Unread, why.clone()));
+    }
     if let Some(why) = &ev.over_budget {
         gaps.push(Gap::new(GapKind::Budget, why.clone()));
     }

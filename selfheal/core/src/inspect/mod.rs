@@ -238,6 +238,9 @@ pub struct Evidence {
     pub upstreams: Vec<String>,
     pub containers: Vec<crate::runtime::Identity>,
     pub container_gaps: Vec<String>,
+    /// Why a `cmdline` rule could not tell whether some processes match
+    /// (their command lines could not be read), if so.
+    pub unread_cmdlines: Option<String>,
     pub processes: Vec<ProcessInfo>,
     /// Processes that vanished before they could be read.
     pub gone: Vec<u32>,
@@ -387,6 +390,7 @@ mod tests {
             upstreams: vec![],
             containers: vec![],
             container_gaps: vec![],
+            unread_cmdlines: None,
             processes,
             gone: vec![99],
             over_budget: None,

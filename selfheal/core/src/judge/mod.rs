@@ -333,6 +333,14 @@ pub fn judge(
         dead: Vec::new(),
     };
     if report.processes.iter().all(|p| p.state == 'Z') {
+        if let Some(why) = unjudgeable(report) {
+            j.reasons.push(reason(
+                ReasonCode::OverBudget,
+                Verdict::Unresponsive,
+                format!("not judged: {why}"),
+            ));
+            return j.finish();
+        }
         let why = report
             .gaps
             .iter()
@@ -363,6 +371,19 @@ pub fn judge(
     j.damage();
     j.base_verdict(&up, control_absent, probes.is_empty());
     j.finish()
+}
+
+/// Why a report whose evidence is whole still cannot be judged, if so: its
+/// rule matched no live process while command lines it had to match could
+/// not be read (in time, or at all). One of those may be the agent's, so
+/// it is not `down`; it is not judged, as evidence cut at the collection
+/// budget is not (`unresponsive`, `over_budget`).
+pub fn unjudgeable(report: &Report) -> Option<String> {
+    if !report.processes.iter().all(|p| p.state == 'Z') {
+        return None;
+    }
+    let unread = report.gaps.iter().find(|g| g.kind == GapKind::Unread)?;
+    Some(format!("no process matched, and {unread}"))
 }
 
 /// The agent says it is working on something (an event loop waiting on a

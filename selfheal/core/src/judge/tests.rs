@@ -208,6 +208,17 @@ fn verdicts_on_fixtures() {
         GapKind::NoProcess,
         "no process matched: no process's command line matches \"sol\"",
     ));
+    // The same, with a command line the rule had to match unread: not
+    // judged (one of those may be the agent), never `down`.
+    let mut unread = no_process.clone();
+    unread.gaps.push(Gap::new(
+        GapKind::Unread,
+        "the command line of 1 process(es) could not be read, so this rule cannot tell \
+         whether they match: pid 7 of uid 1000 (its read did not finish in time)",
+    ));
+    // A live process matched beside an unread one: judged as usual.
+    let mut unread_beside_match = report(vec![thread(101, 'S', None)], vec![alive_control()]);
+    unread_beside_match.gaps.push(unread.gaps[1].clone());
     let timeout = ProbeView {
         error: Some("timeout".into()),
         latency_ms: None,
@@ -336,6 +347,18 @@ fn verdicts_on_fixtures() {
             no_process,
             Verdict::Down,
             &["no_process"],
+        ),
+        Case::new(
+            "no process, a command line unread: not judged",
+            unread,
+            Verdict::Unresponsive,
+            &["over_budget"],
+        ),
+        Case::new(
+            "a process, another's command line unread: judged",
+            unread_beside_match,
+            Verdict::Idle,
+            &["idle"],
         ),
         Case {
             probes: vec![ok_probe(true)],
