@@ -14,6 +14,7 @@ use selfheal_core::{
     ebpf::{
         FdKind,
         snapshot::{blocked_recv, socket_activity, syscall_name},
+        tracefs,
     },
     proc::{
         MAX_SELECT_FDS, POLLFD_SIZE, decode_fd_set, decode_pollfds, parse_epoll_tfds,
@@ -21,13 +22,6 @@ use selfheal_core::{
     },
 };
 use selfheal_common::{InRecv, SockActivity};
-
-// `selfheal::ebpf::tracefs` is a private module: its source file is compiled
-// in here as it is (it uses std only). Once `selfheal::ebpf::tracefs` is
-// `pub`, drop this and call `selfheal::ebpf::tracefs::parse_field_offset`.
-#[path = "../../selfheal/src/ebpf/tracefs.rs"]
-#[allow(dead_code)]
-mod tracefs;
 
 /// The fields the loader asks tracefs for, and some odd ones.
 const TRACEFS_FIELDS: [&str; 7] = ["sk", "protocol", "ret", "common_pid", "", "*", " "];

@@ -781,7 +781,7 @@ enum Iterators {
 
 /// One walk of the task iterators over `pid`, and where they came from;
 /// `load` loads them where none are pinned.
-fn iterate(pid: u32, load: bool) -> Result<(ebpf::iter::IterProcess, &'static str), Walk> {
+fn iterate(pid: u32, load: bool) -> Result<(IterProcess, &'static str), Walk> {
     use std::os::fd::AsFd as _;
     let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
     let mut slot = open_iterators(load);

@@ -4,7 +4,8 @@
 //! ([`TaskIter::open_pinned`]); then each pass ([`TaskIter::process`])
 //! links both to one process (by pidfd, so a reused pid cannot be walked
 //! instead), reads each iterator's file to its end and parses the records:
-//! the process's threads ([`IterThread`]) and the sockets it holds. No aya
+//! the process's threads
+//! ([`IterThread`](selfheal_core::ebpf::iter::IterThread)) and the sockets it holds. No aya
 //! type leaves this module.
 //!
 //! A process that is gone by the time it is linked has nothing to walk:
@@ -15,7 +16,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use selfheal_core::ebpf::iter::{IterParseError, IterProcess, IterThread};
+use selfheal_core::ebpf::iter::{IterParseError, IterProcess};
 
 use super::layout::LayoutError;
 

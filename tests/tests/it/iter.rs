@@ -11,10 +11,8 @@
 
 use std::{collections::BTreeMap, os::fd::AsFd as _, time::Duration};
 
-use selfheal::{
-    ebpf::iter::{self, IterThread},
-    sys::pidfd::pidfd_open,
-};
+use selfheal::{ebpf::iter, sys::pidfd::pidfd_open};
+use selfheal_core::ebpf::iter::{IterProcess, IterThread};
 use tests::{Peer, listener, need_ebpf, wait_for};
 
 /// x86_64 `recvfrom`: what a blocking `recv` on a socket waits in.
@@ -150,7 +148,7 @@ fn a_process_gone_yields_nothing_or_an_error() {
     let pidfd = pidfd_open(child.id()).expect("pidfd");
     child.wait().expect("reap");
     match it.process(pidfd.as_fd()) {
-        Ok(p) => assert_eq!(p, iter::IterProcess::default()),
+        Ok(p) => assert_eq!(p, IterProcess::default()),
         Err(e) => assert!(e.to_string().contains("No such process"), "{e}"),
     }
     // The same iterator still walks a live process: only its own threads.

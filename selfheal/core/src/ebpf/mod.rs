@@ -6,6 +6,7 @@
 pub mod iter;
 pub mod snapshot;
 pub mod strategy;
+pub mod tracefs;
 
 use serde::Serialize;
 
