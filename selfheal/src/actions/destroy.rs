@@ -2,10 +2,7 @@
 //! network namespace, or `shutdown(SHUT_RDWR)` through a duplicate where
 //! the kernel refuses.
 
-use std::{
-    net::SocketAddr,
-    os::fd::{AsFd, OwnedFd},
-};
+use std::net::SocketAddr;
 
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6};
 use serde::{Deserialize, Serialize};
@@ -15,7 +12,10 @@ use super::{
     dup::{DupSocket, SocketGate, dup_tcp_socket, open_gate, pass},
     guard::check_target,
 };
-use crate::sys::{netns, pidfd::Pidfd, sockdiag};
+use crate::sys::{
+    pidfd::Pidfd,
+    system::{Handle as _, Kernel, ShutdownError, System},
+};
 
 /// How [`destroy_socket`] ended the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,21 +57,22 @@ pub fn destroy_socket(
     fd: i32,
     inode: Option<u64>,
 ) -> Result<DestroyOutcome, ActionError> {
-    destroy_socket_gated(target, fd, inode, &open_gate)
+    destroy_socket_gated(&Kernel, target, fd, inode, &open_gate)
 }
 
-/// [`destroy_socket`], with `gate` checked on the duplicate first.
-pub fn destroy_socket_gated(
-    target: &Pidfd,
+/// [`destroy_socket`] on `sys`, with `gate` checked on the duplicate first.
+pub fn destroy_socket_gated<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
     inode: Option<u64>,
-    gate: SocketGate<'_>,
+    gate: SocketGate<'_, S>,
 ) -> Result<DestroyOutcome, ActionError> {
-    check_target(target)?;
+    check_target(sys, target)?;
     let pid = target.pid();
-    let dup = dup_tcp_socket(target, fd, inode)?;
-    pass(gate, &dup)?;
-    match sock_destroy(target, fd, &dup) {
+    let dup = dup_tcp_socket(sys, target, fd, inode)?;
+    pass(sys, gate, &dup)?;
+    match sock_destroy(sys, target, fd, &dup) {
         Ok((local, remote, cookie)) => Ok(DestroyOutcome {
             method: DestroyMethod::SockDestroy,
             detail: format!(
@@ -84,7 +85,7 @@ pub fn destroy_socket_gated(
             local: Some(local),
             remote: Some(remote),
         }),
-        Err(refused) => shutdown_dup(pid, fd, &dup, Some(refused.to_string())),
+        Err(refused) => shutdown_dup(sys, pid, fd, &dup, Some(refused.to_string())),
     }
 }
 
@@ -97,32 +98,41 @@ pub fn shutdown_socket(
     fd: i32,
     inode: Option<u64>,
 ) -> Result<DestroyOutcome, ActionError> {
-    check_target(target)?;
-    let dup = dup_tcp_socket(target, fd, inode)?;
-    shutdown_dup(target.pid(), fd, &dup, None)
+    shutdown_socket_on(&Kernel, target, fd, inode)
 }
 
-fn shutdown_dup(
+/// [`shutdown_socket`] on `sys`.
+pub fn shutdown_socket_on<S: System>(
+    sys: &S,
+    target: &S::Process,
+    fd: i32,
+    inode: Option<u64>,
+) -> Result<DestroyOutcome, ActionError> {
+    check_target(sys, target)?;
+    let dup = dup_tcp_socket(sys, target, fd, inode)?;
+    shutdown_dup(sys, target.pid(), fd, &dup, None)
+}
+
+fn shutdown_dup<S: System>(
+    sys: &S,
     pid: u32,
     fd: i32,
-    dup: &DupSocket,
+    dup: &DupSocket<S>,
     refused: Option<String>,
 ) -> Result<DestroyOutcome, ActionError> {
-    // A second duplicate as a std TcpStream: its addresses and `shutdown`
-    // are the socket's (dropping it closes only that duplicate).
-    let stream = dup
-        .fd
-        .try_clone()
-        .map(std::net::TcpStream::from)
-        .map_err(|e| ActionError::io(format!("dup fd {fd} of pid {pid}"), e))?;
-    let (local, remote) = (stream.local_addr().ok(), stream.peer_addr().ok());
-    if let Err(e) = stream.shutdown(std::net::Shutdown::Both) {
-        let action = match &refused {
-            Some(why) => format!("shutdown fd {fd} of pid {pid} (SOCK_DESTROY failed: {why})"),
-            None => format!("shutdown fd {fd} of pid {pid}"),
-        };
-        return Err(ActionError::io(action, e));
-    }
+    let (local, remote) = match sys.shutdown(&dup.fd) {
+        Ok(addrs) => addrs,
+        Err(ShutdownError::Dup(e)) => {
+            return Err(ActionError::io(format!("dup fd {fd} of pid {pid}"), e));
+        }
+        Err(ShutdownError::Shutdown(e)) => {
+            let action = match &refused {
+                Some(why) => format!("shutdown fd {fd} of pid {pid} (SOCK_DESTROY failed: {why})"),
+                None => format!("shutdown fd {fd} of pid {pid}"),
+            };
+            return Err(ActionError::io(action, e));
+        }
+    };
     let detail = match refused {
         Some(why) => format!(
             "SOCK_DESTROY failed ({why}); shut down (SHUT_RDWR) through a duplicate of the fd"
@@ -140,32 +150,36 @@ fn shutdown_dup(
     })
 }
 
-/// The network namespace the socket lives in, as an fd.
-fn socket_netns(target: &Pidfd, dup: &DupSocket) -> Result<OwnedFd, String> {
-    if let Ok(ns) = crate::sys::socket::netns_of(dup.fd.as_fd()) {
+/// The network namespace the socket lives in.
+fn socket_netns<S: System>(
+    sys: &S,
+    target: &S::Process,
+    dup: &DupSocket<S>,
+) -> Result<S::Netns, String> {
+    if let Ok(ns) = sys.socket_netns(&dup.fd) {
         return Ok(ns);
     }
     let pid = target.pid();
-    netns::of_pid(pid)
-        .map(OwnedFd::from)
+    sys.netns_of_pid(pid)
         .map_err(|e| format!("cannot open the network namespace of pid {pid}: {e}"))
 }
 
 /// Runs the sock_diag lookup and `SOCK_DESTROY` in the socket's network
 /// namespace. Returns the addresses and cookie of the destroyed socket.
-fn sock_destroy(
-    target: &Pidfd,
+fn sock_destroy<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
-    dup: &DupSocket,
+    dup: &DupSocket<S>,
 ) -> Result<(SocketAddr, SocketAddr, u64), ActionError> {
     let pid = target.pid();
     let nl_err = |reason: String| ActionError::Netlink { pid, fd, reason };
-    let families: &[u8] =
-        match crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN) {
-            Ok(libc::AF_INET) => &[AF_INET],
-            Ok(libc::AF_INET6) => &[AF_INET6],
-            _ => &[AF_INET, AF_INET6],
-        };
-    let ns = socket_netns(target, dup).map_err(nl_err)?;
-    sockdiag::destroy_by_inode_in(&ns, families, dup.inode).map_err(|e| nl_err(e.to_string()))
+    let families: &[u8] = match sys.get_int(&dup.fd, libc::SOL_SOCKET, libc::SO_DOMAIN) {
+        Ok(libc::AF_INET) => &[AF_INET],
+        Ok(libc::AF_INET6) => &[AF_INET6],
+        _ => &[AF_INET, AF_INET6],
+    };
+    let ns = socket_netns(sys, target, dup).map_err(nl_err)?;
+    sys.destroy_by_inode_in(&ns, families, dup.inode)
+        .map_err(|e| nl_err(e.to_string()))
 }

@@ -3,22 +3,20 @@
 //! [`SocketGate`] checked on it right before anything changes, and the
 //! socket options read and written through it.
 
-use std::os::fd::{AsFd, AsRawFd as _, BorrowedFd, OwnedFd};
-
 use super::ActionError;
-use crate::sys::pidfd::Pidfd;
+use crate::sys::system::{FdLink, Handle as _, Kernel, System};
 
 /// A duplicate of a target's socket fd, with the socket's inode.
-pub(super) struct DupSocket {
-    pub(super) fd: OwnedFd,
+pub(super) struct DupSocket<S: System> {
+    pub(super) fd: S::Sock,
     pub(super) inode: u64,
 }
 
 /// The socket an action is about to change, as its duplicate shows it:
 /// what a [`SocketGate`] decides on.
-pub struct SocketSeen<'a> {
+pub struct SocketSeen<'a, S: System = Kernel> {
     /// The duplicate (`pidfd_getfd`): the target's own socket.
-    pub fd: BorrowedFd<'a>,
+    pub fd: &'a S::Sock,
     pub inode: u64,
     /// `SO_COOKIE`: the socket's identity, never reused while the system
     /// runs; `None` where the kernel does not say.
@@ -29,78 +27,62 @@ pub struct SocketSeen<'a> {
 /// right before an action changes anything: its `Err` refuses it, with
 /// nothing changed. The helper's authority re-checks the
 /// target's credentials and the socket's state here.
-pub type SocketGate<'g> = &'g dyn Fn(&SocketSeen<'_>) -> Result<(), ActionError>;
+pub type SocketGate<'g, S = Kernel> = &'g dyn Fn(&SocketSeen<'_, S>) -> Result<(), ActionError>;
 
 /// The gate that lets everything through (a caller acting for itself).
-pub fn open_gate(_: &SocketSeen<'_>) -> Result<(), ActionError> {
+pub fn open_gate<S: System>(_: &SocketSeen<'_, S>) -> Result<(), ActionError> {
     Ok(())
 }
 
+impl<S: System> DupSocket<S> {
+    /// What a gate sees of the duplicate.
+    pub(super) fn seen<'a>(&'a self, sys: &S) -> SocketSeen<'a, S> {
+        SocketSeen {
+            fd: &self.fd,
+            inode: self.inode,
+            cookie: sys.cookie(&self.fd),
+        }
+    }
+}
+
 /// Runs `gate` on a duplicate.
-pub(super) fn pass(gate: SocketGate<'_>, dup: &DupSocket) -> Result<(), ActionError> {
-    let seen = SocketSeen {
-        fd: dup.fd.as_fd(),
-        inode: dup.inode,
-        cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
-    };
-    gate(&seen)
+pub(super) fn pass<S: System>(
+    sys: &S,
+    gate: SocketGate<'_, S>,
+    dup: &DupSocket<S>,
+) -> Result<(), ActionError> {
+    gate(&dup.seen(sys))
 }
-
-/// Closes `fd` on a thread of its own: a file a caller chose may sit on a
-/// FUSE mount whose server never answers the `flush` that `close` sends.
-/// At most [`MAX_DEFERRED_CLOSES`] wait at once; beyond that an fd is
-/// leaked (logged) rather than risk the caller's thread.
-fn close_aside(fd: OwnedFd) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static WAITING: AtomicUsize = AtomicUsize::new(0);
-    if WAITING.fetch_add(1, Ordering::SeqCst) >= MAX_DEFERRED_CLOSES {
-        WAITING.fetch_sub(1, Ordering::SeqCst);
-        tracing::warn!("{MAX_DEFERRED_CLOSES} closes already hang; leaking a duplicated fd");
-        std::mem::forget(fd);
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("selfheal-close".into())
-        .spawn(move || {
-            drop(fd);
-            WAITING.fetch_sub(1, Ordering::SeqCst);
-        });
-    if spawned.is_err() {
-        WAITING.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Most duplicated non-socket fds [`close_aside`] closes at once.
-const MAX_DEFERRED_CLOSES: usize = 64;
 
 /// Duplicates `fd` of the target and checks that it is a socket (the inode
 /// is the one `/proc/PID/fd/FD` names: `socket:[inode]`). The target's fd
 /// is checked before it is duplicated, and the duplicate after (the target
 /// may swap it meanwhile), both by their `/proc` links: no call on the
 /// duplicate reaches a file's filesystem, and one that is not a socket is
-/// closed aside ([`close_aside`]).
-fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
+/// closed aside ([`System::close_aside`]).
+fn dup_socket<S: System>(
+    sys: &S,
+    target: &S::Process,
+    fd: i32,
+) -> Result<DupSocket<S>, ActionError> {
     let pid = target.pid();
     if fd < 0 {
         return Err(ActionError::NoSuchFd { pid, fd });
     }
-    let theirs = crate::sys::procfs::ProcRoot::default().of_pid(pid, &format!("fd/{fd}"));
-    if crate::proc::socket_inode_of_link(&theirs).is_none() {
-        return Err(match std::fs::symlink_metadata(&theirs) {
-            Err(_) => ActionError::NoSuchFd { pid, fd },
-            Ok(_) => ActionError::NotASocket { pid, fd },
-        });
+    match sys.fd_link(pid, fd) {
+        FdLink::Socket(_) => {}
+        FdLink::Missing => return Err(ActionError::NoSuchFd { pid, fd }),
+        FdLink::Other => return Err(ActionError::NotASocket { pid, fd }),
     }
-    let dup = target.get_fd(fd).map_err(|e| match e.raw_os_error() {
+    let dup = sys.get_fd(target, fd).map_err(|e| match e.raw_os_error() {
         Some(libc::EBADF) => ActionError::NoSuchFd { pid, fd },
         Some(libc::ESRCH) => ActionError::Gone { pid },
         _ => ActionError::io(format!("pidfd_getfd fd {fd} of pid {pid}"), e),
     })?;
-    let ours = crate::sys::procfs::ProcRoot::default().of_self(&format!("fd/{}", dup.as_raw_fd()));
-    match crate::proc::socket_inode_of_link(&ours) {
+    match sys.sock_inode(&dup) {
         Some(inode) => Ok(DupSocket { fd: dup, inode }),
         None => {
-            close_aside(dup);
+            sys.close_aside(dup);
             Err(ActionError::NotASocket { pid, fd })
         }
     }
@@ -110,13 +92,14 @@ fn dup_socket(target: &Pidfd, fd: i32) -> Result<DupSocket, ActionError> {
 /// `expect` names the judged socket's inode, any other socket the fd holds
 /// now: the check is made on the duplicate itself, after `pidfd_getfd`, so
 /// what is acted on is what was compared.
-pub(super) fn dup_tcp_socket(
-    target: &Pidfd,
+pub(super) fn dup_tcp_socket<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
     expect: Option<u64>,
-) -> Result<DupSocket, ActionError> {
+) -> Result<DupSocket<S>, ActionError> {
     let pid = target.pid();
-    let dup = dup_socket(target, fd)?;
+    let dup = dup_socket(sys, target, fd)?;
     if let Some(expected) = expect.filter(|i| *i != dup.inode) {
         return Err(ActionError::Replaced {
             pid,
@@ -125,8 +108,8 @@ pub(super) fn dup_tcp_socket(
             found: dup.inode,
         });
     }
-    let domain = crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_DOMAIN);
-    let protocol = crate::sys::socket::get_int(dup.fd.as_fd(), libc::SOL_SOCKET, libc::SO_PROTOCOL);
+    let domain = sys.get_int(&dup.fd, libc::SOL_SOCKET, libc::SO_DOMAIN);
+    let protocol = sys.get_int(&dup.fd, libc::SOL_SOCKET, libc::SO_PROTOCOL);
     match (domain, protocol) {
         (Ok(libc::AF_INET | libc::AF_INET6), Ok(libc::IPPROTO_TCP)) => Ok(dup),
         _ => Err(ActionError::NotTcp { pid, fd }),

@@ -3,7 +3,10 @@
 //! process's start time so that a reused pid is never hit.
 
 use super::ActionError;
-use crate::sys::pidfd::Pidfd;
+use crate::sys::{
+    pidfd::Pidfd,
+    system::{Handle as _, Kernel, ProcStat, System},
+};
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags field (include/linux/sched.h).
 const PF_KTHREAD: u32 = 0x0020_0000;
@@ -18,11 +21,16 @@ const MAX_ANCESTORS: usize = 4096;
 /// there could take us down with it), and kernel threads (`PF_KTHREAD`).
 /// A pid that does not exist is [`ActionError::Gone`].
 pub fn guard(pid: u32) -> Result<(), ActionError> {
-    guard_stat(pid).map(|_| ())
+    guard_on(&Kernel, pid)
+}
+
+/// [`guard`] on `sys`.
+pub fn guard_on<S: System>(sys: &S, pid: u32) -> Result<(), ActionError> {
+    guard_stat(sys, pid).map(|_| ())
 }
 
 /// [`guard`], returning the target's stat for the identity check.
-fn guard_stat(pid: u32) -> Result<procfs::process::Stat, ActionError> {
+fn guard_stat<S: System>(sys: &S, pid: u32) -> Result<ProcStat, ActionError> {
     let forbid = |why: &str| ActionError::Forbidden {
         pid,
         why: why.to_string(),
@@ -33,33 +41,25 @@ fn guard_stat(pid: u32) -> Result<procfs::process::Stat, ActionError> {
     if pid == 1 {
         return Err(forbid("it is init (pid 1)"));
     }
-    let me = std::process::id();
+    let me = sys.own_pid();
     if pid == me {
         return Err(forbid("it is this process"));
     }
-    let stat = crate::sys::procfs::ProcRoot::default()
-        .process(pid)
-        .and_then(|p| p.stat())
-        .map_err(|_| ActionError::Gone { pid })?;
+    let stat = sys.stat(pid).ok_or(ActionError::Gone { pid })?;
     if stat.flags & PF_KTHREAD != 0 {
         return Err(forbid("it is a kernel thread"));
     }
-    if is_ancestor(pid, me) {
+    if is_ancestor(sys, pid, me) {
         return Err(forbid("it is an ancestor of this process"));
     }
     Ok(stat)
 }
 
 /// Whether `pid` is on the parent chain of `me`.
-fn is_ancestor(pid: u32, me: u32) -> bool {
+fn is_ancestor<S: System>(sys: &S, pid: u32, me: u32) -> bool {
     let mut cur = me;
     for _ in 0..MAX_ANCESTORS {
-        let Some(ppid) = crate::sys::procfs::ProcRoot::default()
-            .process(cur)
-            .and_then(|p| p.stat())
-            .ok()
-            .and_then(|s| u32::try_from(s.ppid).ok())
-        else {
+        let Some(ppid) = sys.stat(cur).and_then(|s| u32::try_from(s.ppid).ok()) else {
             return false;
         };
         if ppid == pid {
@@ -75,17 +75,17 @@ fn is_ancestor(pid: u32, me: u32) -> bool {
 
 /// The guard for an open handle: [`guard`] on its pid, then proof that the
 /// pid still names the handle's process (same start time, not exited).
-pub(super) fn check_target(target: &Pidfd) -> Result<(), ActionError> {
+pub(super) fn check_target<S: System>(sys: &S, target: &S::Process) -> Result<(), ActionError> {
     let pid = target.pid();
-    let stat = guard_stat(pid)?;
-    if stat.starttime != target.start_ticks() {
+    let stat = guard_stat(sys, pid)?;
+    if stat.start_ticks != target.start_ticks() {
         return Err(ActionError::Reused {
             pid,
             expected: target.start_ticks(),
-            found: stat.starttime,
+            found: stat.start_ticks,
         });
     }
-    if !target.is_alive() {
+    if !sys.is_alive(target) {
         return Err(ActionError::Gone { pid });
     }
     Ok(())
@@ -96,8 +96,17 @@ pub(super) fn check_target(target: &Pidfd) -> Result<(), ActionError> {
 /// boot, of the process that was judged). A pid that now names another
 /// process is [`ActionError::Reused`]; one that names none, [`ActionError::Gone`].
 pub fn open_target(pid: u32, expect_start: u64) -> Result<Pidfd, ActionError> {
-    guard(pid)?;
-    Ok(Pidfd::open(pid, Some(expect_start))?)
+    open_target_on(&Kernel, pid, expect_start)
+}
+
+/// [`open_target`] on `sys`.
+pub fn open_target_on<S: System>(
+    sys: &S,
+    pid: u32,
+    expect_start: u64,
+) -> Result<S::Process, ActionError> {
+    guard_on(sys, pid)?;
+    Ok(sys.open(pid, Some(expect_start))?)
 }
 
 #[cfg(test)]

@@ -4,10 +4,7 @@
 //! unanswered ([`expire_keepalive`]), and putting a socket's own options
 //! back ([`restore_keepalive`]).
 
-use std::{
-    os::fd::{AsFd, BorrowedFd},
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use selfheal_core::keepalive::{
     KeepaliveSettings, MAX_TCP_KEEPCNT, MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL, ProofKeepalive,
@@ -19,7 +16,10 @@ use super::{
     dup::{DupSocket, SocketGate, SocketSeen, dup_tcp_socket, open_gate, pass},
     guard::check_target,
 };
-use crate::sys::pidfd::Pidfd;
+use crate::sys::{
+    pidfd::Pidfd,
+    system::{Handle as _, Kernel, System, TcpInfoSeen},
+};
 
 /// What [`arm_keepalive`] asks of a socket: the keepalive rung.
 ///
@@ -155,25 +155,25 @@ pub struct KeepaliveOutcome {
     pub silent_ms: Option<u32>,
 }
 
-fn read_settings(dup: BorrowedFd<'_>, what: &str) -> Result<KeepaliveSettings, ActionError> {
-    use nix::sys::socket::{getsockopt, sockopt::KeepAlive};
-    let enabled = getsockopt(&dup, KeepAlive).map_err(|e| {
-        ActionError::io(
-            format!("getsockopt SO_KEEPALIVE on {what}"),
-            std::io::Error::from(e),
-        )
-    })?;
-    let get = |name: libc::c_int, label: &str| {
-        crate::sys::socket::get_int(dup, libc::IPPROTO_TCP, name)
-            .map(|v| v.max(0) as u32)
+fn read_settings<S: System>(
+    sys: &S,
+    dup: &S::Sock,
+    what: &str,
+) -> Result<KeepaliveSettings, ActionError> {
+    let get = |level: libc::c_int, name: libc::c_int, label: &str| {
+        sys.get_int(dup, level, name)
             .map_err(|e| ActionError::io(format!("getsockopt {label} on {what}"), e))
+    };
+    let enabled = get(libc::SOL_SOCKET, libc::SO_KEEPALIVE, "SO_KEEPALIVE")? != 0;
+    let tcp = |name: libc::c_int, label: &str| {
+        get(libc::IPPROTO_TCP, name, label).map(|v| v.max(0) as u32)
     };
     Ok(KeepaliveSettings {
         enabled,
-        idle_s: get(libc::TCP_KEEPIDLE, "TCP_KEEPIDLE")?,
-        interval_s: get(libc::TCP_KEEPINTVL, "TCP_KEEPINTVL")?,
-        count: get(libc::TCP_KEEPCNT, "TCP_KEEPCNT")?,
-        user_timeout_ms: get(libc::TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT")?,
+        idle_s: tcp(libc::TCP_KEEPIDLE, "TCP_KEEPIDLE")?,
+        interval_s: tcp(libc::TCP_KEEPINTVL, "TCP_KEEPINTVL")?,
+        count: tcp(libc::TCP_KEEPCNT, "TCP_KEEPCNT")?,
+        user_timeout_ms: tcp(libc::TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT")?,
     })
 }
 
@@ -181,14 +181,14 @@ fn read_settings(dup: BorrowedFd<'_>, what: &str) -> Result<KeepaliveSettings, A
 /// `SO_KEEPALIVE`, and `TCP_KEEPIDLE` last — setting it on a socket with
 /// keepalive on re-arms the timer from the connection's real idle time, with
 /// every other option already in place.
-fn write_settings(
-    dup: BorrowedFd<'_>,
+fn write_settings<S: System>(
+    sys: &S,
+    dup: &S::Sock,
     s: &KeepaliveSettings,
     what: &str,
 ) -> Result<(), ActionError> {
-    use nix::sys::socket::{setsockopt, sockopt::KeepAlive};
     let set = |name: libc::c_int, label: &str, v: u32| {
-        crate::sys::socket::set_int(
+        sys.set_int(
             dup,
             libc::IPPROTO_TCP,
             name,
@@ -203,33 +203,31 @@ fn write_settings(
     )?;
     set(libc::TCP_KEEPINTVL, "TCP_KEEPINTVL", s.interval_s)?;
     set(libc::TCP_KEEPCNT, "TCP_KEEPCNT", s.count)?;
-    setsockopt(&dup, KeepAlive, &s.enabled).map_err(|e| {
+    sys.set_int(
+        dup,
+        libc::SOL_SOCKET,
+        libc::SO_KEEPALIVE,
+        libc::c_int::from(s.enabled),
+    )
+    .map_err(|e| {
         ActionError::io(
             format!("setsockopt SO_KEEPALIVE={} on {what}", s.enabled),
-            std::io::Error::from(e),
+            e,
         )
     })?;
     set(libc::TCP_KEEPIDLE, "TCP_KEEPIDLE", s.idle_s)?;
     Ok(())
 }
 
-/// The socket's `tcp_info`, when the kernel filled in at least the fields
-/// up to `tcpi_last_ack_recv` (every kernel with `pidfd_getfd` fills far more).
-fn tcp_info(dup: BorrowedFd<'_>) -> Option<libc::tcp_info> {
-    let (info, len) = crate::sys::socket::tcp_info(dup)?;
-    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_last_ack_recv) + 4;
-    (len >= needed).then_some(info)
-}
-
 /// How long the socket has heard nothing from its peer, as the keepalive
 /// timer counts it (the later of the last data and the last ACK received).
-fn silent_ms(dup: BorrowedFd<'_>) -> Option<u32> {
-    tcp_info(dup).as_ref().map(silence)
+fn silent_ms<S: System>(sys: &S, dup: &S::Sock) -> Option<u32> {
+    sys.tcp_info(dup).as_ref().map(silence)
 }
 
 /// [`silent_ms`] of a `tcp_info` already read.
-fn silence(i: &libc::tcp_info) -> u32 {
-    i.tcpi_last_data_recv.min(i.tcpi_last_ack_recv)
+fn silence(i: &TcpInfoSeen) -> u32 {
+    i.last_data_recv_ms.min(i.last_ack_recv_ms)
 }
 
 /// Arms TCP keepalive on socket `fd` of the target: duplicates it with
@@ -245,43 +243,49 @@ pub fn arm_keepalive(
     inode: Option<u64>,
     ka: &Keepalive,
 ) -> Result<KeepaliveOutcome, ActionError> {
-    arm_keepalive_gated(target, fd, inode, ka, &open_gate)
+    arm_keepalive_gated(&Kernel, target, fd, inode, ka, &open_gate)
 }
 
-/// [`arm_keepalive`], with `gate` checked on the duplicate first.
-pub fn arm_keepalive_gated(
-    target: &Pidfd,
+/// [`arm_keepalive`] on `sys`, with `gate` checked on the duplicate first.
+pub fn arm_keepalive_gated<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
     inode: Option<u64>,
     ka: &Keepalive,
-    gate: SocketGate<'_>,
+    gate: SocketGate<'_, S>,
 ) -> Result<KeepaliveOutcome, ActionError> {
-    check_target(target)?;
+    check_target(sys, target)?;
     let mut wanted = ka.to_settings()?;
     let pid = target.pid();
-    let dup = dup_tcp_socket(target, fd, inode)?;
-    pass(gate, &dup)?;
+    let dup = dup_tcp_socket(sys, target, fd, inode)?;
+    pass(sys, gate, &dup)?;
     let what = format!("fd {fd} of pid {pid}");
-    let previous = read_settings(dup.fd.as_fd(), &what)?;
-    let silent = silent_ms(dup.fd.as_fd());
+    let previous = read_settings(sys, &dup.fd, &what)?;
+    let silent = silent_ms(sys, &dup.fd);
     wanted.user_timeout_ms = effective_user_timeout_ms(&wanted, silent);
-    apply(pid, fd, &dup, previous, wanted, silent, &what)
+    apply(sys, pid, fd, &dup, previous, wanted, silent, &what)
 }
 
 /// Sets `applied` on the duplicate, putting `previous` back (best effort)
 /// if that fails midway: what [`arm_keepalive`] and
 /// [`arm_proof_keepalive`] share once they know what to set.
-fn apply(
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the system, the socket's names and the three settings of one arming"
+)]
+fn apply<S: System>(
+    sys: &S,
     pid: u32,
     fd: i32,
-    dup: &DupSocket,
+    dup: &DupSocket<S>,
     previous: KeepaliveSettings,
     applied: KeepaliveSettings,
     silent_ms: Option<u32>,
     what: &str,
 ) -> Result<KeepaliveOutcome, ActionError> {
-    if let Err(e) = write_settings(dup.fd.as_fd(), &applied, what) {
-        let _ = write_settings(dup.fd.as_fd(), &previous, what);
+    if let Err(e) = write_settings(sys, &dup.fd, &applied, what) {
+        let _ = write_settings(sys, &dup.fd, &previous, what);
         return Err(e);
     }
     Ok(KeepaliveOutcome {
@@ -303,38 +307,43 @@ pub fn restore_keepalive(
     inode: Option<u64>,
     previous: &KeepaliveSettings,
 ) -> Result<KeepaliveSettings, ActionError> {
-    restore_keepalive_chosen(target, fd, inode, &|_| Ok(previous.clone()))
+    restore_keepalive_chosen(&Kernel, target, fd, inode, &|_| Ok(previous.clone()))
 }
 
-/// [`restore_keepalive`] of the options `choose` picks for the socket seen
-/// on the duplicate (the helper: those it recorded under the socket's
-/// cookie when it armed the proof); its `Err` refuses with nothing
+/// [`restore_keepalive`] on `sys` of the options `choose` picks for the
+/// socket seen on the duplicate (the helper: those it recorded under the
+/// socket's cookie when it armed the proof); its `Err` refuses with nothing
 /// changed.
-pub fn restore_keepalive_chosen(
-    target: &Pidfd,
+pub fn restore_keepalive_chosen<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
     inode: Option<u64>,
-    choose: &dyn Fn(&SocketSeen<'_>) -> Result<KeepaliveSettings, ActionError>,
+    choose: &dyn Fn(&SocketSeen<'_, S>) -> Result<KeepaliveSettings, ActionError>,
 ) -> Result<KeepaliveSettings, ActionError> {
-    check_target(target)?;
-    let dup = dup_tcp_socket(target, fd, inode)?;
-    let seen = SocketSeen {
-        fd: dup.fd.as_fd(),
-        inode: dup.inode,
-        cookie: crate::sys::socket::cookie(dup.fd.as_fd()),
-    };
-    let previous = choose(&seen)?;
+    check_target(sys, target)?;
+    let dup = dup_tcp_socket(sys, target, fd, inode)?;
+    let previous = choose(&dup.seen(sys))?;
     let what = format!("fd {fd} of pid {}", target.pid());
-    write_settings(dup.fd.as_fd(), &previous, &what)?;
-    read_settings(dup.fd.as_fd(), &what)
+    write_settings(sys, &dup.fd, &previous, &what)?;
+    read_settings(sys, &dup.fd, &what)
 }
 
 /// The keepalive options of socket `fd` of the target, read through a
 /// duplicate.
 pub fn read_keepalive(target: &Pidfd, fd: i32) -> Result<KeepaliveSettings, ActionError> {
-    check_target(target)?;
-    let dup = dup_tcp_socket(target, fd, None)?;
-    read_settings(dup.fd.as_fd(), &format!("fd {fd} of pid {}", target.pid()))
+    read_keepalive_on(&Kernel, target, fd)
+}
+
+/// [`read_keepalive`] on `sys`.
+pub fn read_keepalive_on<S: System>(
+    sys: &S,
+    target: &S::Process,
+    fd: i32,
+) -> Result<KeepaliveSettings, ActionError> {
+    check_target(sys, target)?;
+    let dup = dup_tcp_socket(sys, target, fd, None)?;
+    read_settings(sys, &dup.fd, &format!("fd {fd} of pid {}", target.pid()))
 }
 
 /// `TCP_ESTABLISHED` and `TCP_CLOSE` (include/net/tcp_states.h), as
@@ -359,40 +368,42 @@ pub fn arm_proof_keepalive(
     inode: u64,
     proof: &ProofKeepalive,
 ) -> Result<KeepaliveOutcome, ActionError> {
-    arm_proof_keepalive_gated(target, fd, inode, proof, &open_gate)
+    arm_proof_keepalive_gated(&Kernel, target, fd, inode, proof, &open_gate)
 }
 
-/// [`arm_proof_keepalive`], with `gate` checked on the duplicate first.
-pub fn arm_proof_keepalive_gated(
-    target: &Pidfd,
+/// [`arm_proof_keepalive`] on `sys`, with `gate` checked on the duplicate
+/// first.
+pub fn arm_proof_keepalive_gated<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
     inode: u64,
     proof: &ProofKeepalive,
-    gate: SocketGate<'_>,
+    gate: SocketGate<'_, S>,
 ) -> Result<KeepaliveOutcome, ActionError> {
-    check_target(target)?;
+    check_target(sys, target)?;
     let pid = target.pid();
-    let dup = dup_tcp_socket(target, fd, Some(inode))?;
-    pass(gate, &dup)?;
+    let dup = dup_tcp_socket(sys, target, fd, Some(inode))?;
+    pass(sys, gate, &dup)?;
     let what = format!("fd {fd} of pid {pid}");
-    let previous = read_settings(dup.fd.as_fd(), &what)?;
-    let info = tcp_info(dup.fd.as_fd());
+    let previous = read_settings(sys, &dup.fd, &what)?;
+    let info = sys.tcp_info(&dup.fd);
     if let Some(i) = &info {
-        if i.tcpi_unacked > 0 {
+        if i.unacked > 0 {
             return Err(ActionError::NotApplicable {
                 pid,
                 fd,
                 why: format!(
                     "{} segment(s) unacknowledged: the kernel probes no connection with data in flight (its retransmissions are the proof)",
-                    i.tcpi_unacked
+                    i.unacked
                 ),
             });
         }
-        if i.tcpi_state != TCP_ESTABLISHED {
+        if i.state != TCP_ESTABLISHED {
             return Err(ActionError::NotApplicable {
                 pid,
                 fd,
-                why: format!("not established (TCP state {})", i.tcpi_state),
+                why: format!("not established (TCP state {})", i.state),
             });
         }
     }
@@ -400,7 +411,7 @@ pub fn arm_proof_keepalive_gated(
     let applied = proof
         .settings(silent)
         .map_err(ActionError::InvalidKeepalive)?;
-    apply(pid, fd, &dup, previous, applied, silent, &what)
+    apply(sys, pid, fd, &dup, previous, applied, silent, &what)
 }
 
 /// What [`expire_keepalive`] did.
@@ -425,23 +436,25 @@ pub struct ExpireOutcome {
 /// is off, or when no probe is outstanding: a peer that answered since the
 /// judgement is alive.
 pub fn expire_keepalive(target: &Pidfd, fd: i32, inode: u64) -> Result<ExpireOutcome, ActionError> {
-    expire_keepalive_gated(target, fd, inode, &open_gate)
+    expire_keepalive_gated(&Kernel, target, fd, inode, &open_gate)
 }
 
-/// [`expire_keepalive`], with `gate` checked on the duplicate first.
-pub fn expire_keepalive_gated(
-    target: &Pidfd,
+/// [`expire_keepalive`] on `sys`, with `gate` checked on the duplicate
+/// first.
+pub fn expire_keepalive_gated<S: System>(
+    sys: &S,
+    target: &S::Process,
     fd: i32,
     inode: u64,
-    gate: SocketGate<'_>,
+    gate: SocketGate<'_, S>,
 ) -> Result<ExpireOutcome, ActionError> {
-    check_target(target)?;
+    check_target(sys, target)?;
     let pid = target.pid();
-    let dup = dup_tcp_socket(target, fd, Some(inode))?;
-    pass(gate, &dup)?;
+    let dup = dup_tcp_socket(sys, target, fd, Some(inode))?;
+    pass(sys, gate, &dup)?;
     let what = format!("fd {fd} of pid {pid}");
-    let now = read_settings(dup.fd.as_fd(), &what)?;
-    let probes = tcp_info(dup.fd.as_fd()).map_or(0, |i| i.tcpi_probes);
+    let now = read_settings(sys, &dup.fd, &what)?;
+    let probes = sys.tcp_info(&dup.fd).map_or(0, |i| i.probes);
     if !now.enabled || probes == 0 {
         return Err(ActionError::NotApplicable {
             pid,
@@ -453,22 +466,21 @@ pub fn expire_keepalive_gated(
             },
         });
     }
+    let set = |name: libc::c_int, value: libc::c_int| {
+        sys.set_int(&dup.fd, libc::IPPROTO_TCP, name, value)
+    };
     // The user timeout as it was: put back if the connection is not seen
     // ended (the peer's ACK came in between), so that a live connection
     // never keeps a 1 ms user timeout.
     let put_back = || {
-        let _ = crate::sys::socket::set_int(
-            dup.fd.as_fd(),
-            libc::IPPROTO_TCP,
+        let _ = set(
             libc::TCP_USER_TIMEOUT,
             i32::try_from(now.user_timeout_ms).unwrap_or(i32::MAX),
         );
     };
-    crate::sys::socket::set_int(dup.fd.as_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 1)
+    set(libc::TCP_USER_TIMEOUT, 1)
         .map_err(|e| ActionError::io(format!("setsockopt TCP_USER_TIMEOUT=1 on {what}"), e))?;
-    if let Err(e) = crate::sys::socket::set_int(
-        dup.fd.as_fd(),
-        libc::IPPROTO_TCP,
+    if let Err(e) = set(
         libc::TCP_KEEPIDLE,
         i32::try_from(now.idle_s.max(1)).unwrap_or(1),
     ) {
@@ -478,14 +490,16 @@ pub fn expire_keepalive_gated(
             e,
         ));
     }
-    let deadline = Instant::now() + Duration::from_millis(200);
-    let ended = loop {
-        let closed = tcp_info(dup.fd.as_fd()).is_none_or(|i| i.tcpi_state == TCP_CLOSE);
-        if closed || Instant::now() >= deadline {
-            break closed;
+    let deadline = sys.now() + EXPIRE_WATCH;
+    // Bounded by the deadline, and by a count should a clock stand still.
+    let mut ended = false;
+    for _ in 0..EXPIRE_WATCH.as_millis() / EXPIRE_POLL.as_millis() + 1 {
+        ended = sys.tcp_info(&dup.fd).is_none_or(|i| i.state == TCP_CLOSE);
+        if ended || sys.now() >= deadline {
+            break;
         }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+        sys.sleep(EXPIRE_POLL);
+    }
     if !ended {
         put_back();
     }
@@ -497,6 +511,11 @@ pub fn expire_keepalive_gated(
         ended,
     })
 }
+
+/// How long [`expire_keepalive`] watches for the connection to end, and
+/// how often it looks.
+const EXPIRE_WATCH: Duration = Duration::from_millis(200);
+const EXPIRE_POLL: Duration = Duration::from_millis(5);
 
 #[cfg(test)]
 mod tests {

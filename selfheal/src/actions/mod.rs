@@ -3,9 +3,9 @@
 //! process (SIGTERM, then SIGKILL), running a restart command — plus the
 //! [`guard`](guard::guard) every one of them passes first.
 //!
-//! Processes are addressed by [`Pidfd`] (opened when the decision was taken,
-//! checked against the judged process's start time), so a pid reused between
-//! decision and action is never hit. Sockets are reached through
+//! Processes are addressed by [`Pidfd`](crate::sys::pidfd::Pidfd) (opened
+//! when the decision was taken, checked against the judged process's start
+//! time), so a pid reused between decision and action is never hit. Sockets are reached through
 //! `pidfd_getfd`: the agent's own socket, duplicated into this process, is
 //! changed and the duplicate closed; the agent's fd table is never touched.
 //!
@@ -30,6 +30,11 @@
 //! [`code`](ActionError::code) is the protocol's error code. Deciding
 //! *whether* to act is the ladder's job, not this module's.
 //!
+//! Every act reaches the kernel through a
+//! [`System`](crate::sys::system::System): the `_on` and `_gated` forms
+//! take it (the unit tests in `races` drive them on a fake kernel), and
+//! the plain forms act on the [`Kernel`].
+//!
 //! The rooms: [`guard`] (who may be acted on, and the handle), [`dup`]
 //! (the duplicated socket and its gate), [`keepalive`], [`destroy`],
 //! [`signal`] and [`restart`] (the acts).
@@ -40,6 +45,9 @@ pub mod guard;
 pub mod keepalive;
 pub mod restart;
 pub mod signal;
+
+#[cfg(test)]
+mod races;
 
 use std::time::{Duration, Instant};
 
@@ -56,7 +64,10 @@ use self::{
     restart::RestartOutcome,
     signal::SignalOutcome,
 };
-use crate::sys::pidfd::{Pidfd, PidfdError};
+use crate::sys::{
+    pidfd::PidfdError,
+    system::{Kernel, System},
+};
 
 /// Why an action was not taken, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -272,14 +283,14 @@ pub enum Signalling {
 }
 
 /// Who carries out an [`act`], and what it checks: acting directly, or
-/// the helper for its caller.
-pub trait Hand {
+/// the helper for its caller. `S` is the system it acts on.
+pub trait Hand<S: System = Kernel> {
     /// The keepalive rung's settings.
     fn keepalive(&self) -> &Keepalive;
 
     /// The process the helper pinned for this act; `None` opens it here
     /// by pid and start time ([`guard::open_target`]).
-    fn pinned(&self) -> Option<&Pidfd> {
+    fn pinned(&self) -> Option<&S::Process> {
         None
     }
 
@@ -291,7 +302,7 @@ pub trait Hand {
 
     /// Checked on a socket's duplicate right before a socket act changes
     /// anything.
-    fn gate(&self, act: &Act, seen: &SocketSeen<'_>) -> Result<(), ActionError> {
+    fn gate(&self, act: &Act, seen: &SocketSeen<'_, S>) -> Result<(), ActionError> {
         let _ = (act, seen);
         Ok(())
     }
@@ -302,7 +313,7 @@ pub trait Hand {
         &self,
         act: &Act,
         sent: Option<&KeepaliveSettings>,
-        seen: &SocketSeen<'_>,
+        seen: &SocketSeen<'_, S>,
     ) -> Result<KeepaliveSettings, ActionError> {
         let _ = (act, seen);
         sent.cloned().ok_or(ActionError::NoOptions)
@@ -322,15 +333,15 @@ pub trait Hand {
 }
 
 /// The process an act is for: pinned by the helper, or opened here.
-enum Held<'a> {
-    Pinned(&'a Pidfd),
-    Opened(Pidfd),
+enum Held<'a, P> {
+    Pinned(&'a P),
+    Opened(P),
 }
 
-impl std::ops::Deref for Held<'_> {
-    type Target = Pidfd;
+impl<P> std::ops::Deref for Held<'_, P> {
+    type Target = P;
 
-    fn deref(&self) -> &Pidfd {
+    fn deref(&self) -> &P {
         match self {
             Held::Pinned(p) => p,
             Held::Opened(p) => p,
@@ -340,20 +351,30 @@ impl std::ops::Deref for Held<'_> {
 
 /// Carries out `act` by `hand`: the one place an act becomes actions.
 pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
+    act_on(&Kernel, act, hand)
+}
+
+/// [`act`] on `sys`.
+pub fn act_on<S: System>(
+    sys: &S,
+    act: &Act,
+    hand: &dyn Hand<S>,
+) -> Result<ActOutcome, ActionError> {
     hand.admit(act)?;
-    let held = |pid: u32, start_ticks: u64| -> Result<Held<'_>, ActionError> {
+    let held = |pid: u32, start_ticks: u64| -> Result<Held<'_, S::Process>, ActionError> {
         match hand.pinned() {
             Some(p) => Ok(Held::Pinned(p)),
-            None => guard::open_target(pid, start_ticks).map(Held::Opened),
+            None => guard::open_target_on(sys, pid, start_ticks).map(Held::Opened),
         }
     };
-    let gate = |seen: &SocketSeen<'_>| hand.gate(act, seen);
+    let gate = |seen: &SocketSeen<'_, S>| hand.gate(act, seen);
     Ok(match act {
         Act::ArmKeepalive {
             pid,
             start_ticks,
             socket,
         } => ActOutcome::Keepalive(keepalive::arm_keepalive_gated(
+            sys,
             &*held(*pid, *start_ticks)?,
             socket.fd,
             Some(socket.inode),
@@ -365,6 +386,7 @@ pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
             start_ticks,
             socket,
         } => ActOutcome::Destroyed(destroy::destroy_socket_gated(
+            sys,
             &*held(*pid, *start_ticks)?,
             socket.fd,
             Some(socket.inode),
@@ -375,6 +397,7 @@ pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
             start_ticks,
             socket,
         } => ActOutcome::Expired(keepalive::expire_keepalive_gated(
+            sys,
             &*held(*pid, *start_ticks)?,
             socket.fd,
             socket.inode,
@@ -386,6 +409,7 @@ pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
             socket,
             keepalive,
         } => ActOutcome::Keepalive(keepalive::arm_proof_keepalive_gated(
+            sys,
             &*held(*pid, *start_ticks)?,
             socket.fd,
             socket.inode,
@@ -398,6 +422,7 @@ pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
             socket,
             previous,
         } => ActOutcome::Restored(keepalive::restore_keepalive_chosen(
+            sys,
             &*held(*pid, *start_ticks)?,
             socket.fd,
             Some(socket.inode),
@@ -408,8 +433,10 @@ pub fn act(act: &Act, hand: &dyn Hand) -> Result<ActOutcome, ActionError> {
         } => {
             let target = held(*pid, *start_ticks)?;
             ActOutcome::Signalled(match hand.signalling() {
-                Signalling::Escalate => signal::signal_escalate(&target, act.grace())?,
-                Signalling::TermOnly => signal::signal_term(&target, act.grace().min(MAX_GRACE))?,
+                Signalling::Escalate => signal::signal_escalate_on(sys, &target, act.grace())?,
+                Signalling::TermOnly => {
+                    signal::signal_term(sys, &target, act.grace().min(MAX_GRACE))?
+                }
             })
         }
         Act::Restart { argv, timeout_ms } => {
@@ -638,8 +665,6 @@ mod tests {
     /// only the options the act names.
     #[test]
     fn the_default_hand_passes_sockets_and_puts_back_only_what_is_named() {
-        use std::os::fd::AsFd as _;
-
         use selfheal_core::{
             keepalive::KeepaliveSettings,
             protocol::{Act, SocketRef},
@@ -655,8 +680,9 @@ mod tests {
         }
         let hand = Plain(Keepalive::default());
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let fd = std::os::fd::OwnedFd::from(l);
         let seen = SocketSeen {
-            fd: l.as_fd(),
+            fd: &fd,
             inode: 42,
             cookie: None,
         };

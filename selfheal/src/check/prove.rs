@@ -250,3 +250,183 @@ pub(super) fn unended_proofs(
         })
         .collect()
 }
+
+/// The prove stage through the direct executor on a fake kernel: what it
+/// arms and puts back, and what it refuses, without root.
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use selfheal_core::{
+        config::{AgentConfig, Config},
+        judge::AgentHistory,
+        keepalive::KeepaliveSettings,
+        prove::{ProofTarget, ProofWork},
+    };
+
+    use super::prove_stage;
+    use crate::{
+        actions::keepalive::Keepalive,
+        heal::direct::DirectExecutor,
+        sys::fake::{COOKIE, FD, FakeKernel, Fd, INODE, PID, START, Socket},
+    };
+
+    fn agent() -> AgentConfig {
+        let text = format!("[[agent]]\nname = \"sol\"\nmatch = {{ pid = {PID} }}\n");
+        Config::parse(&text, Path::new("/etc/selfheal/test.toml"))
+            .expect("config")
+            .agents
+            .remove(0)
+    }
+
+    fn direct(k: FakeKernel) -> DirectExecutor<FakeKernel> {
+        DirectExecutor {
+            keepalive: Keepalive::default(),
+            system: k,
+        }
+    }
+
+    fn target() -> ProofTarget {
+        ProofTarget {
+            pid: PID,
+            start_ticks: START,
+            fd: FD,
+            inode: INODE,
+        }
+    }
+
+    fn arm() -> ProofWork {
+        ProofWork::Arm {
+            cookie: COOKIE,
+            target: target(),
+            silent_ms: 30_000,
+            remote: "10.0.0.2:443".into(),
+        }
+    }
+
+    fn restore(answered: bool) -> ProofWork {
+        ProofWork::Restore {
+            cookie: COOKIE,
+            target: target(),
+            remote: "10.0.0.2:443".into(),
+            answered,
+        }
+    }
+
+    /// The keepalive options socket `inode` holds.
+    fn options(k: &FakeKernel, inode: u64) -> KeepaliveSettings {
+        let s = k.socket(inode);
+        let tcp = |name| s.opt(libc::IPPROTO_TCP, name) as u32;
+        KeepaliveSettings {
+            enabled: s.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
+            idle_s: tcp(libc::TCP_KEEPIDLE),
+            interval_s: tcp(libc::TCP_KEEPINTVL),
+            count: tcp(libc::TCP_KEEPCNT),
+            user_timeout_ms: tcp(libc::TCP_USER_TIMEOUT),
+        }
+    }
+
+    #[test]
+    fn a_proof_is_armed_recorded_and_put_back_read_back_when_the_peer_answers() {
+        let ex = direct(FakeKernel::agent());
+        let before = options(&ex.system, INODE);
+        let (a, cfg) = (agent(), agent().proof);
+        let mut hist = AgentHistory::default();
+        let (events, gaps) = prove_stage(&a, &[arm()], &mut hist, Some(&ex), false, 1_000);
+        assert!(gaps.is_empty(), "{gaps:?}");
+        assert!(events[0].ok, "{events:?}");
+        let proof = &hist.proofs[&COOKIE];
+        assert_eq!(
+            (proof.pid, proof.fd, proof.previous.clone()),
+            (PID, FD, before.clone())
+        );
+        let armed = options(&ex.system, INODE);
+        assert!(armed.enabled && armed.count == cfg.count, "{armed:?}");
+        let (events, gaps) = prove_stage(&a, &[restore(true)], &mut hist, Some(&ex), false, 9_000);
+        assert!(gaps.is_empty() && events[0].ok, "{events:?} {gaps:?}");
+        assert!(
+            events[0].detail.starts_with("the peer answered"),
+            "{events:?}"
+        );
+        assert_eq!(options(&ex.system, INODE), before);
+        assert!(hist.proofs.is_empty());
+        assert_eq!(hist.answered[&COOKIE].at_ms, 9_000);
+    }
+
+    #[test]
+    fn a_proof_on_a_reused_pid_is_a_gap_and_nothing_is_armed() {
+        let k = FakeKernel::agent();
+        k.with(|w| w.on_agent(|p| p.start_ticks = START + 7));
+        let ex = direct(k);
+        let mut hist = AgentHistory::default();
+        let (events, gaps) = prove_stage(&agent(), &[arm()], &mut hist, Some(&ex), false, 1);
+        assert!(!events[0].ok);
+        assert!(
+            gaps[0]
+                .starts_with("could not arm a proof keepalive on the connection to 10.0.0.2:443")
+                && gaps[0].contains("is no longer the process that was judged"),
+            "{gaps:?}"
+        );
+        assert!(hist.proofs.is_empty());
+        assert!(ex.system.calls_of("setsockopt").is_empty());
+    }
+
+    #[test]
+    fn a_proof_is_never_armed_on_a_socket_the_agent_no_longer_holds() {
+        let k = FakeKernel::agent();
+        k.with(|w| {
+            w.sockets.insert(43, Socket::tcp(0x43));
+            w.on_agent(|p| p.fds.insert(FD, Fd::Socket(43)))
+        });
+        let ex = direct(k);
+        let mut hist = AgentHistory::default();
+        let (events, gaps) = prove_stage(&agent(), &[arm()], &mut hist, Some(&ex), false, 1);
+        assert!(!events[0].ok);
+        assert!(
+            gaps[0].contains("no longer holds the judged socket"),
+            "{gaps:?}"
+        );
+        assert!(ex.system.calls_of("setsockopt").is_empty());
+        assert_eq!(options(&ex.system, 43), options(&ex.system, INODE));
+        assert!(hist.proofs.is_empty());
+    }
+
+    #[test]
+    fn a_restore_read_back_changed_is_a_failure_kept_for_the_next_check() {
+        let ex = direct(FakeKernel::agent());
+        let a = agent();
+        let mut hist = AgentHistory::default();
+        prove_stage(&a, &[arm()], &mut hist, Some(&ex), false, 1);
+        // Someone sets the idle time between the put-back and its reading.
+        ex.system.before("getsockopt 42 TCP_KEEPIDLE", |w| {
+            w.on_agent_socket(|s| s.opts.insert((libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 99));
+        });
+        let (events, gaps) = prove_stage(&a, &[restore(true)], &mut hist, Some(&ex), false, 2);
+        assert!(!events[0].ok);
+        assert!(events[0].detail.contains("but read back"), "{events:?}");
+        assert!(
+            gaps[0].contains("attempt 1, tried again next check"),
+            "{gaps:?}"
+        );
+        assert_eq!(hist.proofs[&COOKIE].restore_failures, 1);
+        assert!(hist.answered.is_empty());
+    }
+
+    #[test]
+    fn a_dry_run_or_no_executor_touches_nothing() {
+        let ex = direct(FakeKernel::agent());
+        let a = agent();
+        let mut hist = AgentHistory::default();
+        let (events, gaps) = prove_stage(&a, &[arm()], &mut hist, Some(&ex), true, 1);
+        assert_eq!(events[0].detail, "not armed: --dry-run");
+        assert!(gaps.is_empty());
+        let (events, gaps) = prove_stage(&a, &[arm()], &mut hist, None, false, 1);
+        assert!(!events[0].ok);
+        assert!(
+            gaps[0].ends_with("no helper and no permission to act directly"),
+            "{gaps:?}"
+        );
+        assert!(ex.system.calls().is_empty(), "{:?}", ex.system.calls());
+        assert!(hist.proofs.is_empty());
+    }
+}

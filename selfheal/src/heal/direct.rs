@@ -7,7 +7,10 @@ use std::time::Duration;
 use selfheal_core::protocol::{Act, ContainerRestart};
 
 use super::{Executor, HealError, helper::SharedClient};
-use crate::actions::{self, ActOutcome, ActionError, Hand, keepalive::Keepalive};
+use crate::{
+    actions::{self, ActOutcome, ActionError, Hand, keepalive::Keepalive},
+    sys::system::{Kernel, System},
+};
 
 /// This process's [`Hand`]. The helper, where there is one, tells the pid
 /// namespaces this process may not read itself.
@@ -16,7 +19,7 @@ struct Direct<'a> {
     helper: Option<&'a SharedClient>,
 }
 
-impl Hand for Direct<'_> {
+impl<S: System> Hand<S> for Direct<'_> {
     fn keepalive(&self) -> &Keepalive {
         self.keepalive
     }
@@ -71,14 +74,29 @@ pub fn act_here(
 }
 
 /// Acts from this process: for agents of our own uid, or as root without a
-/// helper running.
-#[derive(Debug, Default)]
-pub struct DirectExecutor {
+/// helper running; on the kernel, or in a test on a fake one.
+#[derive(Debug)]
+pub struct DirectExecutor<S: System = Kernel> {
     pub keepalive: Keepalive,
+    pub system: S,
 }
 
-impl Executor for DirectExecutor {
+impl Default for DirectExecutor {
+    /// On the kernel, with the keepalive rung's defaults.
+    fn default() -> DirectExecutor {
+        DirectExecutor {
+            keepalive: Keepalive::default(),
+            system: Kernel,
+        }
+    }
+}
+
+impl<S: System> Executor for DirectExecutor<S> {
     fn act(&self, _agent: &str, act: &Act) -> Result<ActOutcome, HealError> {
-        Ok(act_here(act, &self.keepalive, None)?)
+        let hand = Direct {
+            keepalive: &self.keepalive,
+            helper: None,
+        };
+        Ok(actions::act_on(&self.system, act, &hand)?)
     }
 }

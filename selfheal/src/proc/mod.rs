@@ -15,7 +15,6 @@
 //! that CPU's clock) beside `CLOCK_MONOTONIC`; a thread's age is then taken
 //! in the clock of the CPU it last ran on, never across CPUs.
 
-use procfs::process::FDTarget;
 use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks, ThreadInfo};
 
 use crate::sys::procfs::ProcRoot;
@@ -271,23 +270,7 @@ pub fn socket_fds(root: &ProcRoot, pid: u32) -> nix::Result<Vec<(i32, u64)>> {
     Ok(out)
 }
 
-/// The socket inode an fd link's target names (`socket:[inode]`, parsed by
-/// procfs); `None` for anything else.
-pub fn socket_inode_of_target(target: &str) -> Option<u64> {
-    use std::str::FromStr as _;
-    match FDTarget::from_str(target) {
-        Ok(FDTarget::Socket(inode)) => Some(inode),
-        _ => None,
-    }
-}
-
-/// The socket inode the fd link at `link` (`/proc/PID/fd/N`) names; `None`
-/// for anything else or a link gone. Reading the link calls nothing of the
-/// file's own filesystem (no `fstat`, which a FUSE server could leave
-/// unanswered).
-pub fn socket_inode_of_link(link: &std::path::Path) -> Option<u64> {
-    socket_inode_of_target(&std::fs::read_link(link).ok()?.to_string_lossy())
-}
+pub use crate::sys::procfs::{socket_inode_of_link, socket_inode_of_target};
 
 /// Reads a small procfs file relative to `dir` into `buf` (one `openat`, one
 /// or two `read`s; procfs files here are far below 64 KiB).

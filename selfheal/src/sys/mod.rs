@@ -21,12 +21,17 @@
 //!   group and catching SIGINT/SIGTERM as a flag, systemd socket
 //!   activation;
 //! - [`clock`] and [`creds`]: the clock ages are measured with; this
-//!   process's effective uid.
+//!   process's effective uid;
+//! - [`system`]: what the acts ask of the kernel, as one trait, `System`,
+//!   with `Kernel` the real one over the modules above; in tests, `fake`
+//!   is a kernel made of plain data that records every call.
 
 pub mod activation;
 pub mod bpf;
 pub mod clock;
 pub mod creds;
+#[cfg(test)]
+pub mod fake;
 pub mod fs;
 pub mod memread;
 pub mod netns;
@@ -37,6 +42,7 @@ pub mod procfs;
 pub mod signal;
 pub mod sockdiag;
 pub mod socket;
+pub mod system;
 
 /// A libc call's `0` as `Ok`, anything else as the error in `errno`.
 fn check(r: libc::c_int) -> std::io::Result<()> {

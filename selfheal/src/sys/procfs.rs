@@ -73,6 +73,24 @@ impl ProcRoot {
     }
 }
 
+/// The socket inode an fd link's target names (`socket:[inode]`, parsed by
+/// procfs); `None` for anything else.
+pub fn socket_inode_of_target(target: &str) -> Option<u64> {
+    use std::str::FromStr as _;
+    match procfs::process::FDTarget::from_str(target) {
+        Ok(procfs::process::FDTarget::Socket(inode)) => Some(inode),
+        _ => None,
+    }
+}
+
+/// The socket inode the fd link at `link` (`/proc/PID/fd/N`) names; `None`
+/// for anything else or a link gone. Reading the link calls nothing of the
+/// file's own filesystem (no `fstat`, which a FUSE server could leave
+/// unanswered).
+pub fn socket_inode_of_link(link: &Path) -> Option<u64> {
+    socket_inode_of_target(&std::fs::read_link(link).ok()?.to_string_lossy())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,7 +129,7 @@ impl HelperHand<'_> {
             .action()
             .ok_or(ActionError::NotTheHelpers { act: act.name() })?;
         self.authority
-            .check_socket(action, self.target, seen.fd)
+            .check_socket(action, self.target, std::os::fd::AsFd::as_fd(seen.fd))
             .map_err(|why| ActionError::Refused { why })
     }
 }

@@ -164,8 +164,14 @@ pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> 
             })
         }
     };
-    crate::actions::keepalive::restore_keepalive_chosen(&target, r.fd, Some(r.inode), &choose)
-        .map_err(|e| e.to_string())
+    crate::actions::keepalive::restore_keepalive_chosen(
+        &crate::sys::system::Kernel,
+        &target,
+        r.fd,
+        Some(r.inode),
+        &choose,
+    )
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
