@@ -333,6 +333,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
             Some((upstreams.upstreams[i].upstream.role.into(), i))
         }),
         upstreams: lines,
+        roles: agent.roles,
         containers,
         container_gaps,
     }

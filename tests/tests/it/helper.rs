@@ -1157,6 +1157,7 @@ fn iterate_passes_only_what_the_caller_may_query() {
         problem: None,
         upstream_of: Box::new(|_| None),
         upstreams: Vec::new(),
+        roles: selfheal_core::config::Roles::ByAddress,
         containers: Vec::new(),
         container_gaps: Vec::new(),
     };
