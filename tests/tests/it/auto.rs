@@ -25,7 +25,9 @@ use serde_json::Value;
 use tests::{
     Scratch,
     fixtures::rethrow,
-    runner_container::{Healing, RunnerContainer, after_cut, bed_options, docker_bed, steps},
+    runner_container::{
+        DockerBed, Healing, RunnerContainer, after_cut, bed_options, docker_bed, steps,
+    },
     runtimes::{cgroup2_root, docker, need_root_and, run_ok},
 };
 
@@ -164,6 +166,7 @@ fn a_labelled_container_is_healed_and_one_claiming_the_label_otherwise_is_never_
         assert_eq!(inspect(&name, "{{.Id}}"), id);
         assert_eq!(inspect(&name, "{{.State.Pid}}"), pid.to_string());
         assert_eq!(inspect(&claims, "{{.State.Pid}}"), claimer_pid.to_string());
+        check_cost(&b, claimer_pid);
         // Its stream is the one cut: the dispatch server has not heard
         // from it for more than two heartbeats, and it has not reattached.
         let after = bed.row("aclaims").expect("row");
@@ -172,6 +175,48 @@ fn a_labelled_container_is_healed_and_one_claiming_the_label_otherwise_is_never_
         assert!(silent > 2 * opts.heartbeat.as_millis() as u64, "{after}");
     });
     b.finish(&[&name, &claims], result);
+}
+
+/// What `[auto] containers = true` costs a check, measured here (no bound
+/// asserted): `check --dry-run` of one agent by pid (`pid`), with and
+/// without the section, alternating, 7 runs each; the medians printed.
+fn check_cost(b: &DockerBed, pid: u32) {
+    let base = format!("[[agent]]\nname = \"bypid\"\nmatch = {{ pid = {pid} }}\n");
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for (i, config) in [format!("[auto]\ncontainers = true\n{base}"), base]
+        .iter()
+        .enumerate()
+    {
+        std::fs::write(b.scratch.join(&format!("cost{i}.toml")), config).expect("config");
+    }
+    for round in 0..14 {
+        let i = round % 2;
+        let mut cmd = Command::new(tests::selfheal_bin());
+        cmd.envs(b.opts.env.iter().map(|(k, v)| (*k, v)))
+            .args(["check", "--json", "--dry-run", "--config"])
+            .arg(b.scratch.join(&format!("cost{i}.toml")))
+            .arg("--state-dir")
+            .arg(b.scratch.join(&format!("cost-state{i}")))
+            .arg("--snapshot-dir")
+            .arg(b.scratch.join(&format!("cost-snapshots{i}")))
+            .arg("--helper")
+            .arg(b.scratch.join("no-helper.sock"));
+        let t = Instant::now();
+        let out = cmd.output().expect("check");
+        times[i].push(t.elapsed());
+        let agents = String::from_utf8_lossy(&out.stdout).lines().count();
+        assert_eq!(agents, 2 - i, "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_millis()
+    };
+    eprintln!(
+        "check --dry-run of one agent by pid: {} ms with [auto] containers = true \
+         (that agent and the labelled container's), {} ms without (medians of 7, alternating)",
+        median(&mut times[0]),
+        median(&mut times[1])
+    );
 }
 
 /// A cgroup below the unified hierarchy's `system.slice` standing in for a
