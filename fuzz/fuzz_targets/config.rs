@@ -7,7 +7,10 @@
 //! the healing ladder on fixed evidence of a wedged agent) must not panic
 //! either: its durations, counts and commands are outside input too; and
 //! every ladder decision under its heal settings keeps the ladder's
-//! promises (`selfheal_fuzz::check_decision`).
+//! promises (`selfheal_fuzz::check_decision`). The `[auto]` section's
+//! agents (over a labelled container named from the input) are held to the
+//! same, and to names of `[A-Za-z0-9._-]` that no configured agent's
+//! starts like.
 
 #![no_main]
 
@@ -19,6 +22,7 @@ use std::{
 
 use libfuzzer_sys::fuzz_target;
 use selfheal_core::{
+    auto,
     config::{Config, ConfigError, UpstreamAddr, check_json_pointer, line_col},
     judge::{self, AgentHistory},
     ladder::{self, HealHistory},
@@ -78,7 +82,31 @@ fuzz_target!(|data: &[u8]| {
                 remotes.push(SocketAddr::new(IpAddr::V4(ip), port));
                 remotes.push(SocketAddr::new(IpAddr::V6(ip.to_ipv6_mapped()), port));
             }
+            let container = selfheal_core::runtime::Identity {
+                runtime: selfheal_core::runtime::Runtime::Docker,
+                id: "0123456789ab".repeat(5) + "cdef",
+                name: Some(text.chars().take(300).collect()),
+                image: None,
+                pod: None,
+                namespace: None,
+                pod_uid: None,
+                labels: [(auto::LABEL.0.to_string(), auto::LABEL.1.to_string())].into(),
+                resolved: true,
+                pod_refused: None,
+            };
+            let auto_agents = auto::agents(&config.auto, &[container], &config.agents);
             for agent in &config.agents {
+                assert!(!agent.name.starts_with(auto::PREFIX), "{}", agent.name);
+            }
+            for agent in &auto_agents {
+                assert!(agent.name.starts_with(auto::PREFIX), "{}", agent.name);
+                assert!(
+                    agent.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)),
+                    "{}",
+                    agent.name
+                );
+            }
+            for agent in config.agents.iter().chain(&auto_agents) {
                 let _ = config.agent(&agent.name);
                 for u in &agent.upstreams {
                     // Rendering an address and parsing it back.

@@ -22,6 +22,7 @@ use std::{
 };
 
 use selfheal_core::{
+    config::Roles,
     ebpf::{TracerSnapshot, iter::IterProcess, strategy::Strategy},
     model::SocketRole,
     proc::{Detail, ProcessInfo, TaskClocks},
@@ -71,6 +72,10 @@ pub struct Target {
     pub upstream_of: Box<dyn Fn(SocketAddr) -> Option<(SocketRole, usize)>>,
     /// Upstreams as configured, with what their host names resolved to.
     pub upstreams: Vec<String>,
+    /// How its sockets get their roles: through `upstream_of` alone, or
+    /// (an `[auto]` agent) only for the connections it made, never for one
+    /// it accepted.
+    pub roles: Roles,
     /// The containers its processes are in (empty on the host).
     pub containers: Vec<Identity>,
     /// What the container runtimes could not tell about them.
@@ -118,6 +123,10 @@ pub struct Collector {
     dumps: BTreeMap<(u64, u64), NetnsSockets>,
     /// Each dump's positions by inode.
     index: BTreeMap<(u64, u64), HashMap<u64, usize>>,
+    /// The listening addresses of each network namespace (for a target
+    /// whose roles are [`Roles::Outbound`]), read on first need; `None`
+    /// where they could not be read.
+    listening: BTreeMap<(u64, u64), Option<Vec<SocketAddr>>>,
     detail: Detail,
     /// The CPUs' task clocks, taken on the first read that measures waits:
     /// one reference per CPU per collector, not per process.
@@ -162,6 +171,7 @@ impl Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
+            listening: BTreeMap::new(),
             index: BTreeMap::new(),
             detail: opts.detail,
             clocks: None,
@@ -202,6 +212,7 @@ impl Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
+            listening: BTreeMap::new(),
             index: BTreeMap::new(),
             detail,
             clocks: None,
@@ -449,12 +460,27 @@ impl Collector {
             Some(tcp) => tcp,
             None => self.dumped_sockets(&read.processes),
         };
-        let roles = tcp
-            .iter()
-            .filter_map(|(_, r)| r.as_ref().ok())
-            .flatten()
-            .filter_map(|s| Some((s.inode, (target.upstream_of)(s.remote)?)))
-            .collect();
+        let mut roles = BTreeMap::new();
+        for (pid, r) in &tcp {
+            let Ok(sockets) = r else { continue };
+            let listening = match target.roles {
+                Roles::ByAddress => None,
+                // Where the listeners cannot be read, no connection can be
+                // told made: none gets a role.
+                Roles::Outbound => match self.listening_of(*pid) {
+                    Some(l) => Some(l),
+                    None => continue,
+                },
+            };
+            for s in sockets {
+                if listening.is_some_and(|l| selfheal_core::auto::accepted(s.local, l)) {
+                    continue;
+                }
+                if let Some(role) = (target.upstream_of)(s.remote) {
+                    roles.insert(s.inode, role);
+                }
+            }
+        }
         let snapshot = self.ebpf.snapshot.as_ref().map(|s| {
             let mut pids = target.pids.clone();
             pids.sort_unstable();
@@ -485,6 +511,25 @@ impl Collector {
             },
             collection: read.collection,
         }
+    }
+
+    /// The listening addresses of the network namespace of `pid` (cached
+    /// per namespace), or `None` where they cannot be read.
+    fn listening_of(&mut self, pid: u32) -> Option<&[SocketAddr]> {
+        use std::os::unix::fs::MetadataExt as _;
+        let m = std::fs::metadata(self.proc.of_pid(pid, "ns/net")).ok()?;
+        self.listening
+            .entry((m.dev(), m.ino()))
+            .or_insert_with(|| match sockdiag::listening_in_netns_of(pid) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot read the listening sockets of pid {pid}'s network namespace: {e}"
+                    );
+                    None
+                }
+            })
+            .as_deref()
     }
 
     /// The sockets of `processes`, from the (cached) sock_diag dump of

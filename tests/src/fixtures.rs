@@ -366,6 +366,7 @@ impl ProviderAgent {
                 (a == provider).then_some((selfheal_core::model::SocketRole::Provider, 0))
             }),
             upstreams: vec![provider.to_string()],
+            roles: selfheal_core::config::Roles::ByAddress,
             containers: Vec::new(),
             container_gaps: Vec::new(),
             unread_cmdlines: None,

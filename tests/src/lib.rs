@@ -7,6 +7,7 @@
 //! (`selfheal-testbed`), kept out of the product binary.
 
 pub mod fixtures;
+pub mod runner_container;
 pub mod runtimes;
 
 use std::{

@@ -14,7 +14,8 @@
 //!   judge's findings), [`text`] (escaping and redaction of everything
 //!   shown), [`clock`] (ages on the boot clock);
 //! - **config**: [`config`] (the TOML schema, its validation, upstream
-//!   matching);
+//!   matching), [`auto`] (the `[auto]` section's agents: labelled
+//!   containers and named units);
 //! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
 //!   collectors read, as plain types, and the parsers of what procfs and
 //!   the container runtimes answer), [`cgroup`] (which unit, manager and
@@ -48,6 +49,7 @@ macro_rules! display_as_str {
 }
 
 pub mod authority;
+pub mod auto;
 pub mod cgroup;
 pub mod clock;
 pub mod config;

@@ -27,6 +27,7 @@ use crate::{
     sys::procfs::ProcRoot,
 };
 
+pub mod auto;
 mod cmdline;
 mod for_check;
 mod matching;

@@ -107,11 +107,15 @@ pub fn run(
             agents: BTreeMap::new(),
         };
     }
-    let agents: Vec<&AgentConfig> = config
-        .agents
-        .iter()
-        .filter(|a| opts.only.is_empty() || opts.only.contains(&a.name))
-        .collect();
+    let wanted = |a: &&AgentConfig| opts.only.is_empty() || opts.only.contains(&a.name);
+    let configured: Vec<&AgentConfig> = config.agents.iter().filter(wanted).collect();
+    // The `[auto]` agents are found in the table read for their rules.
+    let reading = if opts.only.is_empty() {
+        crate::agents::auto::reading(config)
+    } else {
+        Vec::new()
+    };
+    let agents: Vec<&AgentConfig> = configured.iter().copied().chain(&reading).collect();
     // The helper's reads, where it answers; a root check that may not read
     // other users' processes (a `watch` holding no CAP_SYS_PTRACE or
     // CAP_DAC_READ_SEARCH) has it read every process.
@@ -123,6 +127,12 @@ pub fn run(
     // are read in full when it is asked for pid namespaces.
     let table = ProcessTable::read_check(&agents, crate::sys::creds::euid());
     let mut table = crate::agents::enrich_for(table, &agents, &crate::runtime::Sources::from_env());
+    let auto = if reading.is_empty() {
+        Vec::new()
+    } else {
+        crate::agents::auto::agents(config, &table)
+    };
+    let agents: Vec<&AgentConfig> = configured.into_iter().chain(&auto).collect();
     if let Some(r) = reads.as_mut().filter(|_| through_helper) {
         table = table.with_pid_namespaces(&mut |pids| r.namespaces(pids));
     }
@@ -170,8 +180,10 @@ pub fn run(
             record,
         ));
     }
-    history
-        .agents
-        .retain(|name, _| config.agents.iter().any(|a| &a.name == name));
+    history.agents.retain(|name, _| {
+        config.agents.iter().chain(&auto).any(|a| &a.name == name)
+                // Not looked for in this check: kept for the next.
+                || (reading.is_empty() && name.starts_with(selfheal_core::auto::PREFIX))
+    });
     outcomes
 }

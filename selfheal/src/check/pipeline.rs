@@ -336,6 +336,7 @@ pub fn target(agent: &AgentConfig, table: &ProcessTable) -> Target {
             Some((upstreams.upstreams[i].upstream.role.into(), i))
         }),
         upstreams: lines,
+        roles: agent.roles,
         containers,
         container_gaps,
         unread_cmdlines: table.cmdline_gap(agent, crate::sys::creds::euid()),

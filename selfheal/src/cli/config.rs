@@ -11,7 +11,8 @@ use selfheal::{
     config, runtime,
 };
 use selfheal_core::config::{
-    Config, MatchRule, ProbeConfig, Redirects, Resolution, ResolvedUpstreams, SecretSource,
+    AgentConfig, Config, MatchRule, ProbeConfig, Redirects, Resolution, ResolvedUpstreams,
+    SecretSource,
 };
 use selfheal_core::runtime::Identity;
 
@@ -50,10 +51,12 @@ pub fn run(args: Args) -> Result<Finished, Error> {
 fn check(args: CheckArgs) -> Result<Finished, Error> {
     let config = config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
     let table = ProcessTable::read();
-    let all: Vec<_> = config.agents.iter().collect();
+    let reading = selfheal::agents::auto::reading(&config);
+    let all: Vec<_> = config.agents.iter().chain(&reading).collect();
     let table = selfheal::agents::enrich_for(table, &all, &runtime::Sources::from_env());
-    let agents: Vec<_> = config
-        .agents
+    let auto = selfheal::agents::auto::agents(&config, &table);
+    let listed: Vec<&AgentConfig> = config.agents.iter().chain(&auto).collect();
+    let agents: Vec<_> = listed
         .iter()
         .map(|a| {
             (
@@ -62,8 +65,7 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
             )
         })
         .collect();
-    let containers: Vec<(Vec<Identity>, Vec<String>)> = config
-        .agents
+    let containers: Vec<(Vec<Identity>, Vec<String>)> = listed
         .iter()
         .zip(&agents)
         .map(|(a, (m, _))| {
@@ -79,7 +81,8 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
     std::io::stdout()
         .lock()
         .write_all(
-            selfheal_core::text::escape_lines(&render(&config, &agents, &containers)).as_bytes(),
+            selfheal_core::text::escape_lines(&render(&config, &listed, &agents, &containers))
+                .as_bytes(),
         )
         .context("cannot write the report")?;
     Ok(Finished::Done)
@@ -90,18 +93,19 @@ fn check(args: CheckArgs) -> Result<Finished, Error> {
 /// runtimes could not tell).
 fn render(
     config: &Config,
+    listed: &[&AgentConfig],
     found: &[(Matched, ResolvedUpstreams)],
     containers: &[(Vec<Identity>, Vec<String>)],
 ) -> String {
     let mut out = String::new();
-    let n = config.agents.len();
+    let n = listed.len();
     let _ = writeln!(
         out,
         "config {}: ok, {n} agent{}",
         config.path.display(),
         if n == 1 { "" } else { "s" }
     );
-    for (i, (agent, (matched, upstreams))) in config.agents.iter().zip(found).enumerate() {
+    for (i, (agent, (matched, upstreams))) in listed.iter().zip(found).enumerate() {
         let _ = writeln!(out, "\nagent {}", agent.name);
         let euid = selfheal::sys::creds::euid();
         let _ = match (agent.uid_filter(euid), &agent.rule) {

@@ -77,6 +77,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
                 problem: None,
                 upstream_of: Box::new(|_| None),
                 upstreams: Vec::new(),
+                roles: selfheal_core::config::Roles::ByAddress,
                 containers,
                 container_gaps,
                 unread_cmdlines: None,

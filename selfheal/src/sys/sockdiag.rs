@@ -72,6 +72,26 @@ pub fn dump_tcp_in_netns_of(pid: u32) -> Result<Vec<TcpSocket>, SockDiagError> {
     netns::run_in(&target, dump_tcp).map_err(|e| netns_err(e.to_string()))?
 }
 
+/// The local addresses of every listening TCP socket (IPv4 and IPv6) in
+/// the network namespace of `pid`: what tells a connection that was
+/// accepted from one that was made.
+pub fn listening_in_netns_of(pid: u32) -> Result<Vec<SocketAddr>, SockDiagError> {
+    let netns_err = |reason: String| SockDiagError::Netns { pid, reason };
+    let target = netns::of_pid(pid).map_err(|e| netns_err(e.to_string()))?;
+    netns::run_in(&target, || {
+        let mut diag = Diag::open()?;
+        let mut out = Vec::new();
+        for family in [AF_INET, AF_INET6] {
+            diag.dump(family, ExtensionFlags::empty(), StateFlags::LISTEN, |r| {
+                let id = &r.header.socket_id;
+                out.push(SocketAddr::new(id.source_address, id.source_port));
+            })?;
+        }
+        Ok(out)
+    })
+    .map_err(|e| netns_err(e.to_string()))?
+}
+
 /// Destroys (`SOCK_DESTROY`, as `ss -K`) the TCP socket with `inode` in the
 /// network namespace `ns` (the socket's own, from `SIOCGSKNS`): finds it in
 /// a dump of `families`, then sends back its 4-tuple, interface and cookie

@@ -59,13 +59,70 @@ fn bad_configs_name_file_line_and_key() {
         (
             "agents = 1\n".into(),
             1,
-            "key `agents`: unknown key (expected agent)",
+            "key `agents`: unknown key (expected agent, auto)",
         ),
         ("\"a\\nb\" = 1\n".into(), 1, "key `\"a\\nb\"`: unknown key"),
+        // The [auto] section.
+        ("[auto]\ncontainers = false\n".into(), 1, "no agents"),
+        ("[auto]\n".into(), 1, "no agents"),
+        (
+            "[auto]\ncontainers = 1\n".into(),
+            2,
+            "auto: key `containers`: expected true",
+        ),
+        (
+            "[auto]\nunits = \"x\"\n".into(),
+            2,
+            "key `units`: expected an array",
+        ),
+        (
+            "[auto]\nunits = [\"\"]\n".into(),
+            2,
+            "auto: key `units`: empty",
+        ),
+        (
+            "[auto]\nunits = [\"a\", \"a.service\"]\n".into(),
+            2,
+            "named twice",
+        ),
+        (
+            "[auto]\nunits = []\nlabel = 1\n".into(),
+            3,
+            "auto: key `label`: unknown",
+        ),
+        (
+            "[auto]\n[auto.proof]\ncount = 0\n".into(),
+            3,
+            "auto proof: key `count`",
+        ),
+        (
+            "[auto]\n[auto.thresholds]\nzombies = 0\n".into(),
+            3,
+            "auto thresholds",
+        ),
+        (
+            "[auto]\nunits = [\"a b\"]\n".into(),
+            2,
+            "auto: key `units`: bad unit name \"a b\"",
+        ),
+        (
+            with(
+                AGENT,
+                "[auto]\ncontainers = true\n[auto.heal]\nsignal = 1\n",
+            ),
+            7,
+            "auto heal: key `signal`: expected true or false",
+        ),
+        (
+            "[auto]\ncontainers = true\n[[agent]]\nname = \"auto.web\"\nmatch = { pid = 1 }\n"
+                .into(),
+            4,
+            "names starting with \"auto.\" are the [auto] section's agents'",
+        ),
         (
             with(AGENT, "[check]\nevery = \"30s\"\n"),
             4,
-            "key `check`: unknown key (expected agent)",
+            "key `check`: unknown key (expected agent, auto)",
         ),
         (
             "agent = 1\n".into(),

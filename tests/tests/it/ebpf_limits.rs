@@ -122,6 +122,7 @@ fn me() -> Target {
         problem: None,
         upstream_of: Box::new(|_| None),
         upstreams: Vec::new(),
+        roles: selfheal_core::config::Roles::ByAddress,
         containers: Vec::new(),
         container_gaps: Vec::new(),
         unread_cmdlines: None,

@@ -1167,6 +1167,7 @@ fn iterate_passes_only_what_the_caller_may_query() {
         problem: None,
         upstream_of: Box::new(|_| None),
         upstreams: Vec::new(),
+        roles: selfheal_core::config::Roles::ByAddress,
         containers: Vec::new(),
         container_gaps: Vec::new(),
         unread_cmdlines: None,

@@ -666,6 +666,7 @@ fn a_foreign_pid_is_a_gap_not_a_refusal() {
             problem: None,
             upstream_of: Box::new(|_| None),
             upstreams: Vec::new(),
+            roles: selfheal_core::config::Roles::ByAddress,
             containers: Vec::new(),
             container_gaps: Vec::new(),
             unread_cmdlines: None,

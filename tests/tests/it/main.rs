@@ -6,6 +6,7 @@
 mod actions;
 mod alerting;
 mod architecture_map;
+mod auto;
 mod bounds;
 mod check;
 mod check_walk;

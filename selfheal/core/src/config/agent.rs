@@ -93,6 +93,16 @@ pub(super) fn agent<'a>(
             format!("bad name {name:?}: use letters, digits, '.', '_' and '-'"),
         ));
     }
+    if name.starts_with(super::auto::PREFIX) {
+        return Err(f.key_error(
+            "name",
+            name_span,
+            format!(
+                "bad name {name:?}: names starting with {:?} are the [auto] section's agents'",
+                super::auto::PREFIX
+            ),
+        ));
+    }
     if let Some(first) = names.get(name) {
         return Err(f.key_error(
             "name",
@@ -139,6 +149,7 @@ pub(super) fn agent<'a>(
         thresholds,
         heal,
         proof,
+        roles: super::Roles::ByAddress,
     })
 }
 
@@ -164,7 +175,7 @@ fn each_table<T>(
         .collect()
 }
 
-fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
+pub(super) fn proof(p: &Fields<'_, '_>) -> Result<ProofConfig, ConfigError> {
     p.only(PROOF_KEYS)?;
     let d = ProofConfig::default();
     // The kernel's limits (include/net/tcp.h): whole seconds, 1 to 32767;
@@ -229,7 +240,7 @@ fn read_count(
         })
 }
 
-fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
+pub(super) fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
     t.only(THRESHOLD_KEYS)?;
     let d = Thresholds::default();
     let count = |key: &str, default: u32| read_count(t, key, default, true);
@@ -248,7 +259,7 @@ fn thresholds(t: &Fields<'_, '_>) -> Result<Thresholds, ConfigError> {
     })
 }
 
-fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
+pub(super) fn heal(h: &Fields<'_, '_>) -> Result<HealConfig, ConfigError> {
     h.only(HEAL_KEYS)?;
     let d = HealConfig::default();
     let count = |key: &str, default: u32| read_count(h, key, default, false);
@@ -427,17 +438,26 @@ fn one_match_rule(agent: &Fields<'_, '_>, m: &Fields<'_, '_>) -> Result<MatchRul
                     format!("bad regex {value:?}: {}", regex_reason(&e)),
                 )
             }),
-        _ => {
-            if value.contains('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(m.key_error(key, span, format!("bad unit name {value:?}")));
-            }
-            Ok(MatchRule::Unit(if value.contains('.') {
-                value.to_string()
-            } else {
-                format!("{value}.service")
-            }))
-        }
+        _ => unit_name(value)
+            .map(MatchRule::Unit)
+            .map_err(|e| m.key_error(key, span, e)),
     }
+}
+
+/// A unit's name as written, with `.service` added where it names no
+/// type; or why it is not one.
+pub(super) fn unit_name(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        return Err("empty".into());
+    }
+    if value.contains('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("bad unit name {value:?}"));
+    }
+    Ok(if value.contains('.') {
+        value.to_string()
+    } else {
+        format!("{value}.service")
+    })
 }
 
 /// A `match` table of container keys (`container`, `image`, `label`, `pod`,
@@ -610,6 +630,7 @@ mod tests {
                 ("match_uid", &["match"]),
                 ("upstreams", &["upstream"]),
                 ("probes", &["probe"]),
+                ("roles", &[]),
             ],
         );
         assert_keys_are_fields(&format!("{:?}", ProofConfig::default()), PROOF_KEYS, &[]);

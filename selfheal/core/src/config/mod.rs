@@ -13,12 +13,14 @@
 //! The rooms: `schema` (the types a validated config is made of), [`walk`]
 //! (the spanned walker, shared with the helper's policy parser), `agent`
 //! (an `[[agent]]` table, its `match` rule and its `thresholds`, `heal` and
-//! `proof` tables), `upstream` (upstream addresses and probes) and
+//! `proof` tables), `auto` (the `[auto]` section: what is watched without
+//! an agent table), `upstream` (upstream addresses and probes) and
 //! `resolve` (resolved upstreams as a matcher). This module holds the
 //! errors, the candidate files and [`Config::parse`], and names every item
 //! under `selfheal_core::config`.
 
 mod agent;
+mod auto;
 mod resolve;
 mod schema;
 mod upstream;
@@ -34,12 +36,13 @@ use toml::de::DeTable;
 
 use self::walk::{Cx, Fields};
 pub use self::{
+    auto::PREFIX as AUTO_PREFIX,
     resolve::{Resolution, ResolvedUpstream, ResolvedUpstreams},
     schema::{
-        AgentConfig, Config, DEFAULT_COLLECT_BUDGET, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_SILENCE,
-        DEFAULT_PROBE_TIMEOUT, DEFAULT_STALL_AFTER, HealConfig, MatchRule, MatchUid, ProbeAuth,
-        ProbeConfig, ProofConfig, Redirects, Role, SecretSource, Thresholds, UnitOwner, Upstream,
-        UpstreamAddr,
+        AgentConfig, AutoConfig, Config, DEFAULT_COLLECT_BUDGET, DEFAULT_CONNECT_TIMEOUT,
+        DEFAULT_MAX_SILENCE, DEFAULT_PROBE_TIMEOUT, DEFAULT_STALL_AFTER, HealConfig, MatchRule,
+        MatchUid, ProbeAuth, ProbeConfig, ProofConfig, Redirects, Role, Roles, SecretSource,
+        Thresholds, UnitOwner, Upstream, UpstreamAddr,
     },
     upstream::check_json_pointer,
     walk::line_col,
@@ -121,22 +124,29 @@ impl Config {
         let cx = Cx::new(text, path);
         let root = DeTable::parse(text).map_err(|e| cx.syntax(&e))?;
         let root = Fields::new(&cx, root.get_ref(), 0..0, String::new());
-        root.only(&["agent"])?;
-        let Some(agents) = root.tables("agent", "agent")? else {
-            return Err(cx.error(0..0, "no agents: add an [[agent]] table".into()));
+        root.only(&["agent", "auto"])?;
+        let auto = match root.table("auto", "auto".into())? {
+            Some(t) => auto::auto(&t)?,
+            None => AutoConfig::default(),
         };
+        let agents = root.tables("agent", "agent")?.unwrap_or_default();
         let mut out = Vec::new();
         let mut names: HashMap<String, usize> = HashMap::new();
         for (i, (table, span)) in agents.into_iter().enumerate() {
             let agent = agent::agent(&cx, table, span, i + 1, &mut names)?;
             out.push(agent);
         }
-        if out.is_empty() {
-            return Err(cx.error(0..0, "no agents: add an [[agent]] table".into()));
+        if out.is_empty() && !auto.is_on() {
+            return Err(cx.error(
+                0..0,
+                "no agents: add an [[agent]] table, or an [auto] section that watches something"
+                    .into(),
+            ));
         }
         Ok(Config {
             path: path.to_path_buf(),
             agents: out,
+            auto,
         })
     }
 

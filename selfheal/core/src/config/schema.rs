@@ -23,8 +23,37 @@ pub const DEFAULT_COLLECT_BUDGET: Duration = Duration::from_secs(5);
 pub struct Config {
     /// The file it was read from (named in every message about it).
     pub path: PathBuf,
-    /// The watched agents, in file order; at least one, names unique.
+    /// The watched agents, in file order; names unique, none starting with
+    /// `auto.`. At least one, unless `[auto]` watches something.
     pub agents: Vec<AgentConfig>,
+    /// `[auto]`: the containers and units watched without an agent table.
+    pub auto: AutoConfig,
+}
+
+/// What `[auto]` opts in: every container its runtime labels
+/// `selfheal.enable=true` (`containers = true`) and the systemd units named
+/// in `units`, each watched as an agent of its own (`crate::auto`), with
+/// these thresholds, healing and proof settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AutoConfig {
+    /// `containers`: watch labelled containers. Default false.
+    pub containers: bool,
+    /// `units`: system units to watch (a name without a type gets
+    /// `.service`).
+    pub units: Vec<String>,
+    /// `[auto.thresholds]`, as an agent's.
+    pub thresholds: Thresholds,
+    /// `[auto.heal]`, as an agent's.
+    pub heal: HealConfig,
+    /// `[auto.proof]`, as an agent's.
+    pub proof: ProofConfig,
+}
+
+impl AutoConfig {
+    /// Whether it watches anything.
+    pub fn is_on(&self) -> bool {
+        self.containers || !self.units.is_empty()
+    }
 }
 
 /// One watched agent: a named set of processes and what it talks to.
@@ -46,6 +75,23 @@ pub struct AgentConfig {
     pub heal: HealConfig,
     /// How a silent call is proven alive or dead (`[agent.proof]`).
     pub proof: ProofConfig,
+    /// How its sockets get their roles: by the upstreams' addresses (a
+    /// configured agent), or every outbound connection a provider (an
+    /// `[auto]` agent).
+    pub roles: Roles,
+}
+
+/// How an agent's sockets get their roles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Roles {
+    /// By the remote address, against the upstreams as configured.
+    #[default]
+    ByAddress,
+    /// Every connection the agent made is a provider upstream (its one
+    /// upstream matches every address); a connection it accepted (whose
+    /// local address a socket of its network namespace listens on) has no
+    /// role.
+    Outbound,
 }
 
 /// The prove stage's settings for one agent (`[agent.proof]`): a suspect
