@@ -8,7 +8,8 @@
 //! with the `openssl` command) the agents trust through their own
 //! environment (`SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`). `--per-sdk`
 //! agents of each SDK: Python `AsyncOpenAI`, sync `Anthropic`, `litellm`
-//! (`tests/py/sdk_runner.py`) and Node `openai` (`tests/node/sdk_runner.mjs`),
+//! (`tests/py/sdk_runner.py`), Node `openai` and `@anthropic-ai/sdk`
+//! (`tests/node/sdk_runner.mjs`),
 //! each one long-running process streaming one call after another with
 //! `max_retries` 0, its model `fleet-MS-agent-NAME-call-{n}`: the provider
 //! picks the fate from the name and its seed (the provider's `Fate`) and
@@ -22,15 +23,23 @@
 //!
 //! Passes when: every call of a fate that answers (quick, thinking, pings
 //! then the answer, slow content) was done, none failed; no heal touched an
-//! agent while only such a call was in flight (a false heal); every cut and
-//! every stall failed in its SDK within its bound from the fault (the cut,
-//! or the stall's last content); every agent's process is the one started
-//! (its pid kept); and the watch and helper held as in the churn soak (RSS,
+//! agent while only such a call was in flight (a false heal); no check
+//! said `down` of an agent whose process ran (a false `down`: any outcome
+//! but the first read after the process started, while it runs); every cut
+//! and every stall failed in its SDK within its bound from the fault (the
+//! cut, or the stall's last content); every fate had a call that ended as
+//! it must; every agent's process is the one started (its pid kept); and
+//! the watch and helper held as in the churn soak (RSS,
 //! fds, snapshots, heal actions, both running). The bounds come from the
 //! longest gap measured between two checks of the watch (`tick`: its
 //! interval, or a check's own run when longer): a stall `stall_after` + 3
 //! ticks (two intervals and the check that finds it), a cut the proof's
 //! `suspect_after` + idle + count × interval + 3 ticks.
+//!
+//! The watch's outcomes of an agent are counted by reason from its first
+//! call after its `ready` line; those before it (the agent starting:
+//! importing its SDK, its status port not yet up) are start-up outcomes,
+//! counted and printed apart.
 
 use std::{
     collections::BTreeMap,
@@ -89,7 +98,7 @@ struct Sdk {
     anthropic: bool,
 }
 
-const SDKS: [Sdk; 4] = [
+const SDKS: [Sdk; 5] = [
     Sdk {
         tag: "aopenai",
         node: false,
@@ -113,6 +122,12 @@ const SDKS: [Sdk; 4] = [
         node: true,
         sdk: "openai",
         anthropic: false,
+    },
+    Sdk {
+        tag: "nodeanthropic",
+        node: true,
+        sdk: "anthropic",
+        anthropic: true,
     },
 ];
 
@@ -226,6 +241,8 @@ struct Fleet {
     /// The provider and its edge, then the agents (dropped last to first).
     servers: Vec<Proc>,
     agents: Vec<Proc>,
+    /// When each agent's process was started.
+    spawned: Vec<Instant>,
     /// The agents' commands and logs, started once the watch runs.
     to_start: Vec<(Command, PathBuf)>,
     /// Lines read while waiting for others, handled first.
@@ -306,6 +323,7 @@ impl Fleet {
             stall_after: Duration::from_millis(args.stall_after_ms),
             servers,
             agents: Vec::new(),
+            spawned: Vec::new(),
             to_start: Vec::new(),
             pending: Vec::new(),
             rx,
@@ -365,7 +383,8 @@ impl Fleet {
     }
 
     /// Reads lines until `n` satisfy `f` (within 60 s: litellm imports
-    /// slowly on a loaded machine); other lines are dropped.
+    /// slowly on a loaded machine); every line read is kept for
+    /// [`Fleet::handle`].
     fn wait_lines(&mut self, n: usize, f: impl Fn(Src, &str) -> bool) -> Result<(), String> {
         let end = Instant::now() + 60 * SEC;
         let mut seen = 0;
@@ -375,8 +394,12 @@ impl Fleet {
                 return Err("interrupted".into());
             }
             match self.rx.recv_timeout(left.min(SEC)) {
-                Ok((_, Event::Line(from, l))) if f(from, &l) => seen += 1,
-                Ok(e) => self.pending.push(e),
+                Ok((at, e)) => {
+                    if matches!(&e, Event::Line(from, l) if f(*from, l)) {
+                        seen += 1;
+                    }
+                    self.pending.push((at, e));
+                }
                 Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() => {}
                 Err(_) => {
                     return Err(format!(
@@ -423,8 +446,12 @@ impl Fleet {
         // is imported and its loop on.
         let mut early = None;
         for (k, (cmd, log)) in std::mem::take(&mut self.to_start).into_iter().enumerate() {
+            let at = Instant::now();
             match spawn(cmd, Src::Agent(k), &self.tx, &log) {
-                Ok(p) => self.agents.push(p),
+                Ok(p) => {
+                    self.agents.push(p);
+                    self.spawned.push(at);
+                }
                 Err(e) => {
                     eprintln!("soak --fleet: {e}");
                     early = Some(2);
@@ -581,6 +608,10 @@ impl Fleet {
                 }
             }
             Event::Line(Src::Agent(k), l) => {
+                if l.starts_with("ready ") {
+                    run.ready.entry(k).or_insert(at);
+                    return;
+                }
                 let Some(rest) = l.strip_prefix("call ") else {
                     return;
                 };
@@ -593,6 +624,9 @@ impl Fleet {
                 let call = run.calls.entry((k, n)).or_default();
                 if what == "start" {
                     call.start = Some(at);
+                    if run.ready.contains_key(&k) {
+                        run.counting.entry(k).or_insert(at);
+                    }
                     return;
                 }
                 let outcome = match (
@@ -620,12 +654,23 @@ impl Fleet {
                     if let Some(last) = run.last_check.insert(k, at) {
                         run.tick = run.tick.max(at.duration_since(last));
                     }
+                    self.judge_down(run, k, at, &o);
                     let heals = o["heal"]["actions"]
                         .as_array()
                         .map_or(0, |a| a.iter().filter(|a| a["ok"] == true).count());
                     if heals > 0 {
                         run.heals.push((k, at, o["heal"]["actions"].to_string()));
                     }
+                    // Counted from the agent's first call after its
+                    // `ready`; before it, a start-up outcome.
+                    let counted = run.counting.get(&k).is_some_and(|c| at >= *c);
+                    let reasons = if counted {
+                        run.outcomes += 1;
+                        &mut run.reasons
+                    } else {
+                        run.startup_outcomes += 1;
+                        &mut run.startup_reasons
+                    };
                     for r in o["reasons"].as_array().into_iter().flatten() {
                         if let Some(code) = r["code"].as_str() {
                             // Codes are the watch's few words; a bad one
@@ -633,11 +678,48 @@ impl Fleet {
                             let known = code.len() <= 40
                                 && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
                             let code = if known { code } else { "?" };
-                            *run.reasons.entry(code.to_string()).or_default() += 1;
+                            *reasons.entry(code.to_string()).or_default() += 1;
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+impl Fleet {
+    /// A `down` outcome of agent `k` read at `at` is false when the check
+    /// that gave it started after the agent's process did (it is not the
+    /// first outcome read since the spawn) and the process still runs.
+    fn judge_down(&mut self, run: &mut Run, k: usize, at: Instant, o: &Value) {
+        let Some(spawned) = self.spawned.get(k).copied() else {
+            return;
+        };
+        if at <= spawned {
+            return;
+        }
+        let since = run.since_spawn.entry(k).or_default();
+        *since += 1;
+        if *since == 1 || o["verdict"] != "down" {
+            return;
+        }
+        let runs = self
+            .agents
+            .get_mut(k)
+            .is_some_and(|p| matches!(p.child.try_wait(), Ok(None)));
+        if runs {
+            let reasons: Vec<&str> = o["reasons"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["message"].as_str())
+                .collect();
+            run.false_downs.push(format!(
+                "{} {} ms after its start: {}",
+                self.names[k],
+                at.duration_since(spawned).as_millis(),
+                reasons.join("; ")
+            ));
         }
     }
 }
@@ -658,8 +740,20 @@ struct Run {
     last_check: BTreeMap<usize, Instant>,
     /// The longest gap between two checks of an agent.
     tick: Duration,
-    /// How many outcomes gave each reason.
+    /// When each agent said `ready`, and started its first call after it
+    /// (its outcomes are counted from then on).
+    ready: BTreeMap<usize, Instant>,
+    counting: BTreeMap<usize, Instant>,
+    /// Outcomes counted, and how many gave each reason.
+    outcomes: u64,
     reasons: BTreeMap<String, u64>,
+    /// Start-up outcomes (before the agent's first call), by reason.
+    startup_outcomes: u64,
+    startup_reasons: BTreeMap<String, u64>,
+    /// Outcomes of each agent read since its process started.
+    since_spawn: BTreeMap<usize, u64>,
+    /// `down` outcomes while the agent's process ran.
+    false_downs: Vec<String>,
     failures: Vec<String>,
 }
 
@@ -731,6 +825,7 @@ impl Fleet {
             "fate", "calls", "done", "failed", "in flight", "healed"
         );
         let mut by_sdk: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        let mut none_ended = Vec::new();
         for fate in Fate::ALL {
             let calls: Vec<(&(usize, u64), &Call)> = run
                 .calls
@@ -751,6 +846,10 @@ impl Fleet {
                 .filter(|(key, _)| heals_of.contains_key(key))
                 .count();
             let faulty = matches!(fate, Fate::Cut | Fate::Stall);
+            // Ended as the fate must: done, or failed for a cut or stall.
+            if (if faulty { failed.len() } else { done }) == 0 {
+                none_ended.push(fate.name());
+            }
             let bound = if fate == Fate::Cut {
                 cut_bound
             } else {
@@ -843,18 +942,32 @@ impl Fleet {
             per_sdk.join(", "),
             unknown.len()
         );
-        let reasons: Vec<String> = run
-            .reasons
-            .iter()
-            .map(|(r, n)| format!("{r} {n}"))
-            .collect();
+        let words = |m: &BTreeMap<String, u64>| {
+            m.iter()
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         println!(
-            "watch: tick (longest gap between two checks of an agent) {} ms; {} heals, {} false; outcomes by reason: {}",
+            "watch: tick (longest gap between two checks of an agent) {} ms; {} heals, {} false; {} false downs; {} outcomes from each agent's first call on, by reason: {}",
             tick.as_millis(),
             run.heals.len(),
             false_heals.len(),
-            reasons.join(", ")
+            run.false_downs.len(),
+            run.outcomes,
+            words(&run.reasons)
         );
+        println!(
+            "start-up: {} outcomes before each agent's first call (not counted above), by reason: {}",
+            run.startup_outcomes,
+            words(&run.startup_reasons)
+        );
+        for d in run.false_downs.iter().take(10) {
+            failures.push(format!("a false down (its process runs): {d}"));
+        }
+        if run.false_downs.len() > 10 {
+            failures.push(format!("{} false downs in all", run.false_downs.len()));
+        }
         for f in false_heals.iter().take(10) {
             failures.push(format!("a false heal: {f}"));
         }
@@ -872,17 +985,10 @@ impl Fleet {
         if !lost.is_empty() {
             failures.push(format!("agents whose process exited: {lost:?}"));
         }
-        for fate in [Fate::Cut, Fate::Stall] {
-            if !run
-                .calls
-                .values()
-                .any(|c| c.fate == Some(fate) && c.end.is_some())
-            {
-                failures.push(format!(
-                    "no {} call ended: the soak was too short",
-                    fate.name()
-                ));
-            }
+        for fate in none_ended {
+            failures.push(format!(
+                "no {fate} call ended as it must (done, or failed for a cut or stall): the soak was too short"
+            ));
         }
         failures
     }

@@ -61,7 +61,9 @@ static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 /// with `data: {"type": "ping"}` for the Messages stream; with `stamp`,
 /// each ping carries the time since the stream began and a relay's trace
 /// of 0, 6, 12 or 18 hex digits in turn, so the pings vary in size by up
-/// to about 20 bytes (a relay that stamps them). It pings for an
+/// to about 20 bytes (a relay that stamps them); with `hush-MS`, the pings
+/// begin only after MS of silence (a first keepalive that comes late: a
+/// call that thought in silence, then pinged). It pings for an
 /// hour and then closes without an answer (a stall), or with `for-MS`
 /// for MS and then answers as any call does (`gap`, `tokens`). Content
 /// that comes slowly is `first-early-think-0-gap-MS`: a word every MS.
@@ -83,6 +85,8 @@ pub struct Pacing {
     pub ping_for: Option<Duration>,
     /// Pings carry a time stamp: their sizes vary.
     pub stamp: bool,
+    /// Silence after the first event before the first ping.
+    pub hush: Duration,
     /// `fleet-MS`: the provider picks the fate ([`Fate`]); MS is the bound
     /// a stalled stream is given.
     pub fleet: Option<Duration>,
@@ -194,6 +198,7 @@ impl Pacing {
             ping: None,
             ping_for: None,
             stamp: false,
+            hush: Duration::ZERO,
             fleet: None,
             cut: false,
         };
@@ -211,6 +216,7 @@ impl Pacing {
                 ("lag", Some(ms)) => p.lag = Duration::from_millis(ms),
                 ("ping", Some(ms)) => p.ping = Some(Duration::from_millis(ms.max(10))),
                 ("for", Some(ms)) => p.ping_for = Some(Duration::from_millis(ms)),
+                ("hush", Some(ms)) => p.hush = Duration::from_millis(ms),
                 ("fleet", Some(ms)) => p.fleet = Some(Duration::from_millis(ms)),
                 _ => {}
             }
@@ -520,6 +526,7 @@ async fn hold(
         tokio::time::sleep(pace.think).await;
         return Ok(true);
     };
+    tokio::time::sleep(pace.hush).await;
     let start = tokio::time::Instant::now();
     let until = start + pace.ping_for.unwrap_or(STALL_LIMIT);
     for n in 0usize.. {
@@ -607,6 +614,10 @@ mod tests {
         assert_eq!(p.tokens, 3);
         assert!(p.first_early && !p.head_late);
         assert!(Pacing::parse("ping-1000-stamp").stamp);
+        // Silence before the first ping.
+        let p = Pacing::parse("ping-1000-hush-7000");
+        assert_eq!((p.hush, p.ping_for), (Duration::from_millis(7000), None));
+        assert_eq!(Pacing::parse("ping-1000").hush, Duration::ZERO);
         // A ping every 0 ms would spin: at least 10.
         assert_eq!(
             Pacing::parse("ping-0").ping,

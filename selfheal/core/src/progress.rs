@@ -21,7 +21,9 @@
 //! request: more than keepalive-sized data sent (an HTTP/2 client answers
 //! each PING with a PING of its own, which is not a request). An interval
 //! where nothing arrived changes nothing: silence is the proof keepalive's
-//! to judge, and a call that goes silent is no longer "talking".
+//! to judge, and a call that goes silent is no longer "talking". Nor does
+//! silence count towards a stream's stall: its count starts when its
+//! first keepalive arrived, however late that comes.
 //!
 //! A control stream (gRPC, HTTP/2) with an application heartbeat is told
 //! by [`Rule::Mirrored`] instead: its transport's keepalive is a PING
@@ -252,6 +254,16 @@ impl Progress {
             return restart(next, Interval::Content);
         }
         let arrived_at = now_ms.saturating_sub(u64::from(info.last_data_recv_ms));
+        // A stream's first keepalive since content or a request: what came
+        // before it was silence (the proof's to judge), not keepalive, so
+        // the count starts when it arrived, as the kernel dates it (the
+        // last arrival of the interval: never early). A call that thought
+        // in silence, or a host that slept between two checks, then pings,
+        // is given its whole bound from its first ping. A control stream's
+        // count is its application's silence, which includes that.
+        if rule == Rule::Stream && next.keepalives == 0 {
+            next.since_ms = arrived_at.clamp(self.checked_ms, now_ms);
+        }
         next.keepalives = next.keepalives.saturating_add(segs_in as u32);
         next.keepalive_bytes = next.keepalive_bytes.saturating_add(bytes_in);
         next.smallest = Some(next.smallest.map_or(mean, |s| s.min(mean)));
@@ -416,8 +428,10 @@ mod tests {
             );
             assert!(!seen.contains(&Interval::Content), "{style}: {seen:?}");
             assert_eq!(p.stalled(32_000, 60_000), None, "{style}: not yet");
-            let s = p.stalled(32_000, 30_000).expect(style);
-            assert_eq!(s.for_ms, 32_000, "{style}");
+            // Counted from the first ping (5 s), not from the head.
+            assert_eq!(p.since_ms, 5_000, "{style}");
+            let s = p.stalled(32_000, 27_000).expect(style);
+            assert_eq!(s.for_ms, 27_000, "{style}");
             assert_eq!(s.keepalives, 6, "{style}");
             assert_eq!((s.smallest, s.largest), (size, size), "{style}");
             assert_eq!(s.spacing_ms, Some(5_000), "{style}");
@@ -427,12 +441,13 @@ mod tests {
     #[test]
     fn closeness_counts_down_to_the_bound_and_is_none_without_keepalive() {
         let (p, _) = run(&pinging(|_| 42, 8));
-        // 16 s of pings every 5 s from 0: three counted, the last at 15 s.
+        // 16 s of pings every 5 s from 0: three counted, the first at 5 s,
+        // the last at 15 s.
         let c = p.closeness(16_000, 30_000).expect("pings counted");
         assert_eq!(
             c,
             Closeness {
-                only_keepalive_ms: 16_000,
+                only_keepalive_ms: 11_000,
                 keepalives: 3,
                 keepalive_bytes: 126,
                 keepalive_bytes_min: 42,
@@ -440,14 +455,14 @@ mod tests {
                 keepalive_spacing_ms: Some(5_000),
                 last_keepalive_ago_ms: 1_000,
                 stall_after_ms: 30_000,
-                left_ms: 14_000,
+                left_ms: 19_000,
                 stalled: false,
             }
         );
         // Past the bound: nothing left, stalled as the judge finds it.
         let c = p.closeness(40_000, 30_000).expect("pings counted");
         assert_eq!((c.left_ms, c.stalled), (0, true));
-        assert_eq!(p.stalled(40_000, 30_000).map(|s| s.for_ms), Some(40_000));
+        assert_eq!(p.stalled(40_000, 30_000).map(|s| s.for_ms), Some(35_000));
         // A clock before the record's start: no underflow.
         assert_eq!(p.closeness(0, 30_000).map(|c| c.left_ms), Some(30_000));
         // Silence, or content: nothing to show.
@@ -637,7 +652,77 @@ mod tests {
     fn pings_whose_size_varies_by_a_timestamp_are_still_keepalive() {
         let (p, seen) = run(&pinging(|n| 60 + u64::from(n * 7 % 20), 16));
         assert!(!seen.contains(&Interval::Content), "{seen:?}");
-        assert!(p.stalled(32_000, 30_000).is_some());
+        assert!(p.stalled(32_000, 27_000).is_some());
+    }
+
+    /// The head and first event, then silence past the bound (a call
+    /// thinking), then pings: the count starts at the first ping, not at
+    /// the head, so the call is given its whole bound of pings.
+    #[test]
+    fn a_first_keepalive_that_comes_late_starts_the_count_at_it_not_at_the_head() {
+        // Checks every 2 s; silence until 40 s (past a 30 s bound), then a
+        // 42-byte ping every 5 s from 41 s.
+        let (mut bytes, mut segs, mut last) = (400, 1, 0);
+        let steps: Vec<_> = (1..=40u64)
+            .map(|c| {
+                let now = c * 2_000;
+                let mut next = if last == 0 { 41_000 } else { last + 5_000 };
+                while next <= now {
+                    (last, segs, bytes) = (next, segs + 1, bytes + 42);
+                    next += 5_000;
+                }
+                (now, at(bytes, segs, 601, 1, (now - last) as u32))
+            })
+            .collect();
+        let mut p = Progress::start(&at(400, 1, 601, 1, 0), 0);
+        for (now, info) in &steps {
+            p = p.advance(info, *now).0;
+            // Past the bound from the head at every check, but from the
+            // first ping only once 30 s of pings went by.
+            let stalled = p.stalled(*now, 30_000).is_some();
+            assert_eq!(stalled, *now >= 71_000, "at {now}: {p:?}");
+            if *now == 48_000 {
+                assert_eq!((p.since_ms, p.keepalives), (41_000, 2), "{p:?}");
+                let c = p.closeness(*now, 30_000).expect("pings counted");
+                assert_eq!((c.only_keepalive_ms, c.left_ms), (7_000, 23_000));
+            }
+        }
+    }
+
+    /// The judge's clock (`CLOCK_BOOTTIME`) does not move with the wall
+    /// clock, but it counts a host's sleep: an hour between two checks.
+    /// Silence across the jump is no keepalive, so pings after it are
+    /// counted from the first; content after it restarts the count; a
+    /// clock that goes back starts the record afresh.
+    #[test]
+    fn a_clock_jump_between_checks_is_no_stall() {
+        const HOUR: u64 = 3_600_000;
+        // The head and first event at 0, a silent check at 2 s, the host
+        // asleep for an hour, then a ping 500 ms before the next check
+        // and another before the one after.
+        let (p, seen) = run(&[
+            (2_000, at(400, 1, 601, 1, 2_000)),
+            (HOUR + 2_000, at(442, 2, 601, 1, 500)),
+            (HOUR + 4_000, at(484, 3, 601, 1, 500)),
+        ]);
+        assert_eq!(seen[0], Interval::Silent);
+        assert!(matches!(seen[2], Interval::Keepalive { .. }), "{seen:?}");
+        assert_eq!(p.since_ms, HOUR + 1_500);
+        assert_eq!(p.stalled(HOUR + 4_000, 30_000), None, "{p:?}");
+        assert!(p.stalled(HOUR + 31_500, 30_000).is_some());
+        // Pings, the jump, then a word: content, counted again from it.
+        let (p, _) = run(&pinging(|_| 42, 8));
+        let (q, i) = p.advance(
+            &at(p.bytes_received + 150, p.data_segs_in + 1, 601, 1, 10),
+            HOUR,
+        );
+        assert_eq!((i, q.since_ms, q.keepalives), (Interval::Content, HOUR, 0));
+        // Back by an hour: afresh.
+        let (q, i) = q.advance(
+            &at(q.bytes_received + 42, q.data_segs_in + 1, 601, 1, 10),
+            1_000,
+        );
+        assert_eq!((i, q.since_ms, q.keepalives), (Interval::First, 1_000, 0));
     }
 
     #[test]

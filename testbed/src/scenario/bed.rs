@@ -354,6 +354,22 @@ impl Bed {
         Ok(self.named(name)?.child.id())
     }
 
+    /// Kills program `name` (SIGKILL) and reaps it, as its parent would.
+    pub(super) fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let i = *self
+            .named
+            .get(name)
+            .with_context(|| format!("no program {name}"))?;
+        let child = &mut self.procs[i].child;
+        child
+            .kill()
+            .with_context(|| format!("cannot kill {name}"))?;
+        child
+            .wait()
+            .with_context(|| format!("cannot reap {name}"))?;
+        Ok(())
+    }
+
     /// Whether program `name` still runs (has not exited).
     pub fn running(&mut self, name: &str) -> anyhow::Result<bool> {
         let i = *self

@@ -338,7 +338,8 @@ pub(super) fn sdk_agent(
 /// provider, or a proxy before it): its first call never answers, later
 /// ones answer at once. `models` (SDK callers only) overrides the first
 /// calls' models, one thread per model; `extra` are more arguments for an
-/// SDK runner (`tests/py/sdk_runner.py`: `--pause-ms`, `--whole`).
+/// SDK runner (`tests/py/sdk_runner.py`: `--pause-ms`, `--whole`,
+/// `--then-model`, which replaces the one that answers at once).
 pub(super) fn start_caller(
     bed: &mut Bed,
     name: &str,
@@ -423,7 +424,7 @@ pub(super) fn start_caller(
     cmd.args(extra);
     if models.len() > 1 {
         cmd.args(["--threads", &models.len().to_string()]);
-    } else {
+    } else if !extra.contains(&"--then-model") {
         cmd.args(["--then-model", FAST_MODEL]);
     }
     for m in &models {

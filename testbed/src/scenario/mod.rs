@@ -43,4 +43,6 @@ pub use incident::{THINKING, busy_provider, incident, peer_stopped, table_lies, 
 pub use load::{load, many_thinking};
 pub use silent::{silent_cut, silent_cut_of, thinking};
 pub use sockets::{TcpSocket, tcp_sockets, waits};
-pub use stalled::{make_certs, stream, stream_inspected, tls_edge};
+pub use stalled::{
+    AFTER_KILL, Plan, make_certs, stream, stream_inspected, stream_planned, tls_edge,
+};

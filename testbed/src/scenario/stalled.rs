@@ -19,11 +19,13 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use serde_json::Value;
 
 use super::{
     bed::{Bed, Options},
     callers::{CallLine, Caller, read_calls, start_caller, wait_calls},
     checks::{Event, Report, begin, checks, count_ok, is_wedged, ms_since, proofs, set_up},
+    sockets::connections_to,
 };
 
 /// Where the TLS edge listens, in the provider's namespace.
@@ -144,7 +146,61 @@ pub fn stream_inspected(
     inspect_at: Option<Duration>,
     say: &mut dyn FnMut(Event),
 ) -> anyhow::Result<Report> {
-    let name = "caller";
+    let plan = Plan {
+        inspect_at,
+        ..Plan::default()
+    };
+    stream_planned(opts, caller, model, stall_after, limit, &plan, say)
+}
+
+/// What a stream scenario varies beyond its caller, its first call's
+/// model and its bound ([`stream_planned`]).
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// More keys of the caller's provider upstream (`suspect_after = "20s"\n`).
+    pub upstream: String,
+    /// The model of every call after the first (None: one that answers at
+    /// once).
+    pub then_model: Option<String>,
+    /// Calls after the first that must be done before the checks stop
+    /// (0 counts as 1).
+    pub then_done: u32,
+    /// When to run `selfheal inspect` ([`stream_inspected`]).
+    pub inspect_at: Option<Duration>,
+    /// The caller's name, its agent's (default `caller`): one no other
+    /// scenario's caller has, where checks must find no process once it
+    /// is gone (every bed's processes are in one pid namespace).
+    pub name: Option<String>,
+    /// Kill the caller (SIGKILL, then reaped as its parent would) at the
+    /// first check this long after its call's connection was up; the
+    /// checks stop [`AFTER_KILL`] checks later.
+    pub kill_at: Option<Duration>,
+}
+
+/// Checks run after a [`Plan::kill_at`] kill.
+pub const AFTER_KILL: u32 = 3;
+
+/// [`stream`] as `plan` says.
+///
+/// Facts on top of [`stream_inspected`]'s: `local_ports` (the local ports
+/// of the caller's connections to the edge, each once, as the checks
+/// found them), `then_done` (later calls done), `then_tokens` (their
+/// tokens); with a kill, `killed_ms`, `after_kill` (each later check's
+/// verdict and reason codes), `heals_after_kill` and
+/// `progress_before_kill` and `progress_after_kill` (the caller's
+/// progress records in the checks' history at the kill and after the
+/// last check).
+pub fn stream_planned(
+    opts: &Options,
+    caller: Caller,
+    model: &str,
+    stall_after: Option<Duration>,
+    limit: Duration,
+    plan: &Plan,
+    say: &mut dyn FnMut(Event),
+) -> anyhow::Result<Report> {
+    let inspect_at = plan.inspect_at;
+    let name = plan.name.as_deref().unwrap_or("caller");
     let scenario = format!("stream_{}_{model}", caller.name());
     let (mut report, mut bed) = begin(opts, &scenario, "stl", Duration::from_millis(500))?;
     let edge = tls_edge(&mut bed)?;
@@ -152,14 +208,18 @@ pub fn stream_inspected(
         Some(d) => format!("{}ms", d.as_millis()),
         None => "off".into(),
     };
+    let mut extra = Vec::new();
+    if let Some(m) = &plan.then_model {
+        extra.extend(["--then-model", m.as_str()]);
+    }
     start_caller(
         &mut bed,
         name,
         caller,
         edge,
-        &format!("stall_after = \"{bound}\"\n"),
+        &format!("stall_after = \"{bound}\"\n{}", plan.upstream),
         Some(vec![model.into()]),
-        &[],
+        &extra,
     )?;
     set_up(
         &bed,
@@ -195,8 +255,21 @@ pub fn stream_inspected(
     let mut armed = 0;
     let mut first_ended = false;
     let mut next_done = false;
+    let want = plan.then_done.max(1);
+    let (mut then_done, mut then_tokens) = (0u32, Vec::new());
+    let mut ports: Vec<u16> = Vec::new();
+    let mut kill_due = false;
     checks(&bed, &mut report, say, limit, |bed, run, report, say| {
         report.detect(run, name, "wedged", ms_since(start), is_wedged);
+        for c in connections_to(pid, edge) {
+            if !ports.contains(&c.local.port()) {
+                ports.push(c.local.port());
+            }
+        }
+        if plan.kill_at.is_some_and(|at| start.elapsed() >= at) {
+            kill_due = true;
+            return Ok(true);
+        }
         let due = inspect_at.is_some_and(|at| start.elapsed() >= at);
         if due && report.detect_ms.is_none() && !report.facts.contains_key("inspect_ms") {
             let at = ms_since(start);
@@ -219,15 +292,53 @@ pub fn stream_inspected(
                     report.fact("first_done_ms", ms_since(start));
                     report.fact("first_tokens", *tokens);
                 }
-                CallLine::Done(..) if first_ended && !next_done => {
-                    next_done = true;
-                    report.next_call_done(ms_since(start));
+                CallLine::Done(_, tokens) if first_ended => {
+                    if !next_done {
+                        next_done = true;
+                        report.next_call_done(ms_since(start));
+                    }
+                    then_done += 1;
+                    then_tokens.push(*tokens);
                 }
                 _ => {}
             }
         }
-        Ok(first_ended && next_done)
+        Ok(plan.kill_at.is_none() && first_ended && then_done >= want)
     })?;
+    report.fact("local_ports", ports);
+    report.fact("then_done", then_done);
+    report.fact("then_tokens", then_tokens);
+    // The caller's progress records in the checks' history.
+    let records = |bed: &Bed| -> anyhow::Result<usize> {
+        let state = std::fs::read_to_string(bed.file("state").join("state.json"))
+            .context("cannot read the checks' history")?;
+        let state: Value = serde_json::from_str(&state).context("the history is not JSON")?;
+        Ok(state["data"]["agents"][name]["judge"]["progress"]
+            .as_object()
+            .map_or(0, |m| m.len()))
+    };
+    if kill_due {
+        report.fact("progress_before_kill", records(&bed)?);
+        bed.kill(name)?;
+        report.fact("killed_ms", ms_since(start));
+        let heals_before_kill = report.heals.len();
+        let mut after_kill = Vec::new();
+        checks(&bed, &mut report, say, limit, |_, run, _, _| {
+            if let Some(o) = run.of(name) {
+                let codes: Vec<Value> = o["reasons"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|r| r["code"].clone())
+                    .collect();
+                after_kill.push(serde_json::json!({"verdict": o["verdict"], "codes": codes}));
+            }
+            Ok(after_kill.len() as u32 >= AFTER_KILL)
+        })?;
+        report.fact("after_kill", after_kill);
+        report.fact("heals_after_kill", report.heals.len() - heals_before_kill);
+        report.fact("progress_after_kill", records(&bed)?);
+    }
     report.fact("proofs_armed", armed);
     report.fact("pid", pid);
     report.fact("same_pid", bed.still_runs(name, pid)?);

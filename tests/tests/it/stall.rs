@@ -16,7 +16,7 @@
 
 use std::{sync::atomic::AtomicU8, time::Duration};
 
-use selfheal_testbed::scenario::{self, Caller, Event, Options, Report};
+use selfheal_testbed::scenario::{self, Caller, Event, Options, Plan, Report};
 use tests::{need_root, selfheal_bin, testbed_bin};
 
 /// How often `selfheal check` runs.
@@ -62,11 +62,31 @@ fn run(
     limit: Duration,
     name: &'static str,
 ) -> Option<Report> {
+    planned(caller, model, bound, limit, &Plan::default(), name)
+}
+
+/// [`run`] as `plan` says ([`scenario::stream_planned`]).
+fn planned(
+    caller: Caller,
+    model: &str,
+    bound: Option<Duration>,
+    limit: Duration,
+    plan: &Plan,
+    name: &'static str,
+) -> Option<Report> {
     if !need_root(name) {
         return None;
     }
-    let r = scenario::stream(&options(), caller, model, bound, limit, &mut log(name))
-        .expect("the scenario ran");
+    let r = scenario::stream_planned(
+        &options(),
+        caller,
+        model,
+        bound,
+        limit,
+        plan,
+        &mut log(name),
+    )
+    .expect("the scenario ran");
     eprintln!(
         "SCENARIO {name}: detect {:?} ms, {} checks, heals {:?}, verdicts {:?}, facts {}",
         r.detect_ms,
@@ -93,10 +113,30 @@ fn check_ms(r: &Report) -> u64 {
 /// the check that finds it), ended by the socket rung without a proof
 /// keepalive, failed in the SDK, the next call done, same pid.
 fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
-    let r = run(caller, model, Some(stall_after()), limit(), name)?;
+    stalled_planned(caller, model, &Plan::default(), Duration::ZERO, name)
+}
+
+/// [`stalled`] as `plan` says, for a call whose pings begin `late` after
+/// its first event: its bounds are that much later.
+fn stalled_planned(
+    caller: Caller,
+    model: &str,
+    plan: &Plan,
+    late: Duration,
+    name: &'static str,
+) -> Option<Report> {
+    let r = planned(
+        caller,
+        model,
+        Some(stall_after()),
+        limit() + late,
+        plan,
+        name,
+    )?;
     let took = check_ms(&r);
     let interval = (CHECK_EVERY.as_millis() as u64).max(took);
-    let bound = stall_after().as_millis() as u64 + 2 * interval + took;
+    let late_ms = late.as_millis() as u64;
+    let bound = late_ms + stall_after().as_millis() as u64 + 2 * interval + took;
     let detect = r.detect_ms.unwrap_or_else(|| {
         panic!(
             "never wedged: verdicts {:?}, reasons {:?}",
@@ -109,8 +149,8 @@ fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
     );
     // Not before the bound either: only keepalive for stall_after.
     assert!(
-        detect >= stall_after().as_millis() as u64,
-        "wedged after {detect} ms, before stall_after"
+        detect >= late_ms + stall_after().as_millis() as u64,
+        "wedged after {detect} ms, before stall_after (its pings began {late_ms} ms in)"
     );
     let w = &r.facts["wedged"];
     let stall = w["reasons"]
@@ -227,6 +267,124 @@ fn a_node_openai_stream_stalled_behind_ping_comments_is_wedged_and_ended() {
 fn a_node_anthropic_stream_stalled_behind_ping_events_is_wedged_and_ended() {
     let _area = tests::area(module_path!());
     stalled(Caller::NodeAnthropic, STALL, "stall_node_anthropic");
+}
+
+/// The head and first event, then silence past the bound (a call that
+/// thought), then pings: wedged only `stall_after` after its first ping,
+/// never counted from the head. The upstream's `suspect_after` (20 s) is
+/// longer than the silence, so the call's record is kept through it (a
+/// shorter one drops the record of a quiet connection, and the count
+/// starts afresh with the pings whatever the rule).
+#[test]
+fn a_stream_whose_first_keepalive_comes_late_is_counted_from_it_not_from_the_head() {
+    let _area = tests::area(module_path!());
+    let late = stall_after() + CHECK_EVERY * 2;
+    let plan = Plan {
+        upstream: "suspect_after = \"20s\"\n".into(),
+        ..Plan::default()
+    };
+    stalled_planned(
+        Caller::AsyncOpenAi,
+        &format!("ping-1000-hush-{}-pool", late.as_millis()),
+        &plan,
+        late,
+        "stall_late_first_keepalive",
+    );
+}
+
+/// Pings for three fifths of the bound, then the answer, on a kept
+/// connection.
+fn ping_then_answer_pooled() -> String {
+    format!("{}-pool", ping_then_answer())
+}
+
+/// A call stalled and ended, then three calls on one kept connection,
+/// each pinging for three fifths of the bound before its answer: the
+/// pings of the three add up to past the bound, but each request and
+/// answer starts the count again, so none is stalled: one heal (the
+/// stall's), all three done, on one connection reused.
+#[test]
+fn a_connection_reused_for_new_calls_counts_each_call_afresh() {
+    let _area = tests::area(module_path!());
+    let plan = Plan {
+        then_model: Some(ping_then_answer_pooled()),
+        then_done: 3,
+        ..Plan::default()
+    };
+    let limit = limit() + stall_after() * 3;
+    let Some(r) = planned(
+        Caller::AsyncOpenAi,
+        STALL,
+        Some(stall_after()),
+        limit,
+        &plan,
+        "stall_reused_connection",
+    ) else {
+        return;
+    };
+    assert!(
+        r.detect_ms.is_some(),
+        "the first call was never wedged: {:?}",
+        r.reasons
+    );
+    assert_eq!(r.heals, ["caller: destroy_socket"], "{:?}", r.reasons);
+    assert_eq!(fact(&r, "then_done"), Some(3), "{:?}", r.facts);
+    assert_eq!(r.facts["then_tokens"], serde_json::json!([5, 5, 5]));
+    // The stalled call's connection, then one for the three calls.
+    let ports = r.facts["local_ports"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ports.len(), 2, "connections by local port: {ports:?}");
+    assert_eq!(r.facts["same_pid"], true, "{:?}", r.facts);
+}
+
+/// The caller killed (SIGKILL) while its stream stalls behind pings,
+/// before the bound: the next checks say `down` (`no_process`), nothing
+/// is healed on the gone pid, and the history keeps no progress record
+/// of its connection.
+#[test]
+fn a_process_that_exits_mid_call_while_stalled_is_down_and_forgotten() {
+    let _area = tests::area(module_path!());
+    let plan = Plan {
+        kill_at: Some(stall_after() * 3 / 5),
+        name: Some("exiting".into()),
+        ..Plan::default()
+    };
+    let Some(r) = planned(
+        Caller::AsyncOpenAi,
+        STALL,
+        Some(stall_after()),
+        limit(),
+        &plan,
+        "stall_process_exits",
+    ) else {
+        return;
+    };
+    assert!(
+        fact(&r, "killed_ms").is_some(),
+        "never killed: {:?}",
+        r.facts
+    );
+    assert_eq!(r.detect_ms, None, "wedged before the kill: {:?}", r.reasons);
+    let after = r.facts["after_kill"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(after.len() as u32, scenario::AFTER_KILL, "{after:?}");
+    for o in &after {
+        assert_eq!(o["verdict"], "down", "{after:?}");
+        assert!(
+            o["codes"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c == "no_process")),
+            "{after:?}"
+        );
+    }
+    assert_eq!(fact(&r, "heals_after_kill"), Some(0), "{:?}", r.heals);
+    // Its pings were counted before the kill, and are forgotten.
+    assert!(fact(&r, "progress_before_kill") >= Some(1), "{:?}", r.facts);
+    assert_eq!(fact(&r, "progress_after_kill"), Some(0), "{:?}", r.facts);
 }
 
 /// A relay that stamps its pings with the time: their sizes vary.

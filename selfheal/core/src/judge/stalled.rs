@@ -296,23 +296,24 @@ mod tests {
         let cfg = agent("stall_after = \"20s\"");
         let js = checks(&cfg, 40, 5_000, |_| 42);
         let at = first_stalled(&js).expect("a stall");
-        // Check k is at 2(k+1) s; the call was first seen at 2 s: wedged
-        // at the first check 20 s after that.
-        assert_eq!(at, 10, "{:#?}", js[at].reasons);
+        // Check k is at 2(k+1) s; the call was first seen at 2 s, its
+        // first ping came at 5 s: wedged at the first check 20 s after
+        // that (26 s).
+        assert_eq!(at, 12, "{:#?}", js[at].reasons);
         assert!(js[..at].iter().all(|j| j.verdict == Verdict::Busy));
         let j = &js[at];
         assert_eq!(j.verdict, Verdict::Wedged);
         let r = &j.reasons[0];
         assert_eq!(r.code, ReasonCode::StreamStalled);
         for words in [
-            "only keepalive for at least 20.0s",
-            "4 arrival(s) of 42 bytes",
+            "only keepalive for at least 21.0s",
+            "5 arrival(s) of 42 bytes",
             "5.0s apart",
             "the peer is alive",
         ] {
             assert!(r.message.contains(words), "{words:?} in {}", r.message);
         }
-        assert_eq!(r.evidence["keepalives"], 4);
+        assert_eq!(r.evidence["keepalives"], 5);
         assert_eq!(r.evidence["keepalive_spacing_ms"], 5_000);
         assert!(j.work.is_empty(), "no proof for a live peer: {:?}", j.work);
         assert_eq!(j.dead.len(), 1);
@@ -347,7 +348,7 @@ mod tests {
         let mut history = AgentHistory::default();
         let (mut bytes, mut segs, mut last) = (0, 0, 0);
         let mut shown = Vec::new();
-        for c in 1..=12u64 {
+        for c in 1..=13u64 {
             let now = c * 2_000;
             while last + 5_000 <= now {
                 last += 5_000;
@@ -367,14 +368,15 @@ mod tests {
         assert_eq!(p.len(), 1, "{p:?}");
         let c = &p[0];
         assert_eq!((c.inode, c.remote.as_str()), (2, "10.9.9.9:443"));
-        assert_eq!(c.closeness.only_keepalive_ms, 10_000);
+        // Counted from the first ping (5 s).
+        assert_eq!(c.closeness.only_keepalive_ms, 7_000);
         assert_eq!(c.closeness.keepalives, 2);
         assert_eq!(c.closeness.keepalive_bytes_max, 42);
         assert_eq!(c.closeness.stall_after_ms, 20_000);
-        assert_eq!(c.closeness.left_ms, 10_000);
+        assert_eq!(c.closeness.left_ms, 13_000);
         assert!(!c.closeness.stalled);
         // Past the bound: what the reason says, nothing left.
-        let (p, j) = &shown[10];
+        let (p, j) = &shown[12];
         let r = j
             .reasons
             .iter()
@@ -559,6 +561,57 @@ mod tests {
         gone.sockets.clear();
         let (_, next) = judge(&cfg, &gone, &[], &next, 6_000);
         assert!(next.progress.is_empty());
+    }
+
+    /// An agent that opens and closes thousands of pinging connections
+    /// over many checks (a quarter of them new at each check, each living
+    /// four checks: 13,568 in 50 checks): at every check the history holds
+    /// at most the report's socket cap of progress records, each one of a
+    /// connection in that check's report, and its saved size stays flat.
+    #[test]
+    fn a_history_over_thousands_of_connections_and_many_checks_stays_bounded() {
+        let cfg = agent("stall_after = \"20s\"");
+        let cap = crate::inspect::MAX_SOCKETS as u64;
+        let base = report(counters(0, 0, 0, 2_000));
+        let s = base.sockets[0].clone();
+        let mut history = AgentHistory::default();
+        let mut sizes = Vec::new();
+        let mut seen = 0;
+        for c in 0..50u64 {
+            let now = (c + 1) * 2_000;
+            let first = 5_000 + c * cap / 4;
+            let mut r = base.clone();
+            r.sockets = (first..first + cap)
+                .map(|cookie| SocketReport {
+                    inode: cookie,
+                    cookie,
+                    fd: i32::try_from(cookie).ok(),
+                    tcp_info: Some(counters(42 * c, c as u32, 1_000, now)),
+                    ..s.clone()
+                })
+                .collect();
+            seen = first + cap - 5_000;
+            let (_, next) = judge(&cfg, &r, &[], &history, now);
+            assert!(next.progress.len() as u64 <= cap, "{}", next.progress.len());
+            assert!(
+                next.progress
+                    .keys()
+                    .all(|k| (first..first + cap).contains(k)),
+                "a record of a connection gone at check {c}"
+            );
+            assert!(next.suspect_since_ms.len() as u64 <= cap);
+            assert!(next.pending.len() as u64 <= cap);
+            sizes.push(serde_json::to_string(&next).map_or(0, |t| t.len()));
+            history = next;
+        }
+        assert_eq!(seen, 13_568);
+        // Flat from the check where every record's connection has been
+        // seen four times on (a few more digits in the numbers at most).
+        let steady = sizes[4];
+        assert!(
+            sizes[4..].iter().all(|&n| n <= steady + steady / 10),
+            "{sizes:?}"
+        );
     }
 
     #[test]
