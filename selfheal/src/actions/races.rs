@@ -526,6 +526,26 @@ fn a_socket_missing_from_its_namespace_is_shut_down_instead() {
 }
 
 #[test]
+fn a_socket_whose_namespace_cannot_be_opened_is_shut_down_and_says_why() {
+    let k = FakeKernel::agent();
+    k.with(|w| {
+        w.on_agent_socket(|s| s.netns_readable = false);
+        w.on_agent(|p| p.netns = 0)
+    });
+    let out = destroyed(&k);
+    assert_eq!(out.method, DestroyMethod::Shutdown);
+    assert!(
+        out.detail.starts_with(
+            "SOCK_DESTROY failed (sock_diag for fd 7 of pid 100: cannot open the network \
+             namespace of pid 100: Permission denied"
+        ),
+        "{}",
+        out.detail
+    );
+    assert!(k.calls_of("sock_destroy").is_empty());
+}
+
+#[test]
 fn a_caller_without_authority_is_refused_by_the_kernel_with_nothing_changed() {
     let k = FakeKernel::agent();
     k.with(|w| w.on_agent(|p| p.uid = 0));

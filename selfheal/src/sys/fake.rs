@@ -45,6 +45,7 @@ pub struct Proc {
     pub flags: u32,
     pub uid: u32,
     pub alive: bool,
+    /// Its network namespace; 0: one this process may not open.
     pub netns: u64,
     pub fds: BTreeMap<i32, Fd>,
     /// How long after SIGTERM it exits; `None`: it ignores SIGTERM.
@@ -557,11 +558,12 @@ impl System for FakeKernel {
 
     fn netns_of_pid(&self, pid: u32) -> std::io::Result<u64> {
         let w = self.call(format!("netns_of_pid {pid}"));
-        w.processes
-            .get(&pid)
-            .filter(|p| p.alive)
-            .map(|p| p.netns)
-            .ok_or_else(|| errno(libc::ENOENT))
+        match w.processes.get(&pid).filter(|p| p.alive) {
+            None => Err(errno(libc::ENOENT)),
+            // Namespace 0: one this process may not open.
+            Some(p) if p.netns == 0 => Err(errno(libc::EACCES)),
+            Some(p) => Ok(p.netns),
+        }
     }
 
     fn destroy_by_inode_in(
