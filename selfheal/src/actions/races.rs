@@ -25,7 +25,9 @@ use super::{
     signal::{KILL_WAIT, Signal, signal_escalate_on},
 };
 use crate::sys::{
-    fake::{CLOSE, COOKIE, FD, FakeKernel, Fd, INODE, PID, Proc, START, Socket, UID},
+    fake::{
+        CLOSE, COOKIE, FD, FakeKernel, Fd, INODE, KERNEL_KEEPALIVE, PID, Proc, START, Socket, UID,
+    },
     system::System,
 };
 
@@ -112,25 +114,12 @@ fn proof() -> ProofKeepalive {
 
 /// The keepalive options of socket `inode` as the kernel holds them.
 fn options(k: &FakeKernel, inode: u64) -> KeepaliveSettings {
-    let s = k.socket(inode);
-    KeepaliveSettings {
-        enabled: s.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
-        idle_s: s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) as u32,
-        interval_s: s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) as u32,
-        count: s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT) as u32,
-        user_timeout_ms: s.opt(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) as u32,
-    }
+    k.socket(inode).keepalive()
 }
 
 /// The kernel's defaults, which the fake's sockets start with.
 fn defaults() -> KeepaliveSettings {
-    KeepaliveSettings {
-        enabled: false,
-        idle_s: 7200,
-        interval_s: 75,
-        count: 9,
-        user_timeout_ms: 0,
-    }
+    KERNEL_KEEPALIVE
 }
 
 /// Nothing of the agent's sockets was changed, shut or destroyed.

@@ -17,10 +17,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+use selfheal_core::keepalive::KeepaliveSettings;
+
 use super::{
     pidfd::PidfdError,
     sockdiag::SockDiagError,
     system::{Addrs, FdLink, Handle, ProcStat, ShutdownError, System, TcpInfoSeen},
+};
+
+/// The keepalive options of a new socket: the kernel's defaults.
+pub const KERNEL_KEEPALIVE: KeepaliveSettings = KeepaliveSettings {
+    enabled: false,
+    idle_s: 7200,
+    interval_s: 75,
+    count: 9,
+    user_timeout_ms: 0,
 };
 
 /// `TCP_ESTABLISHED` and `TCP_CLOSE`.
@@ -135,11 +146,23 @@ impl Socket {
             .get(&(level, name))
             .copied()
             .unwrap_or(match (level, name) {
-                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => 7200,
-                (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) => 75,
-                (libc::IPPROTO_TCP, libc::TCP_KEEPCNT) => 9,
+                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => KERNEL_KEEPALIVE.idle_s as i32,
+                (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) => KERNEL_KEEPALIVE.interval_s as i32,
+                (libc::IPPROTO_TCP, libc::TCP_KEEPCNT) => KERNEL_KEEPALIVE.count as i32,
                 _ => 0,
             })
+    }
+
+    /// Its keepalive options, as `getsockopt` reads them.
+    pub fn keepalive(&self) -> KeepaliveSettings {
+        let tcp = |name| self.opt(libc::IPPROTO_TCP, name) as u32;
+        KeepaliveSettings {
+            enabled: self.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
+            idle_s: tcp(libc::TCP_KEEPIDLE),
+            interval_s: tcp(libc::TCP_KEEPINTVL),
+            count: tcp(libc::TCP_KEEPCNT),
+            user_timeout_ms: tcp(libc::TCP_USER_TIMEOUT),
+        }
     }
 }
 

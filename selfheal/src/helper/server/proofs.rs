@@ -212,6 +212,11 @@ pub fn put_back_on<S: System>(
 mod tests {
     use super::*;
 
+    /// The kernel's keepalive options on a new socket.
+    fn kernel_defaults() -> KeepaliveSettings {
+        crate::sys::fake::KERNEL_KEEPALIVE
+    }
+
     #[test]
     fn the_book_is_bounded_per_uid() {
         let mut b = ProofBook::default();
@@ -228,13 +233,7 @@ mod tests {
             inode,
             at: std::time::Instant::now(),
             uid,
-            previous: KeepaliveSettings {
-                enabled: false,
-                idle_s: 7200,
-                interval_s: 75,
-                count: 9,
-                user_timeout_ms: 0,
-            },
+            previous: kernel_defaults(),
         };
         for c in 0..MAX_PROOFS_PER_UID as u64 {
             b.room(5).unwrap();
@@ -271,13 +270,7 @@ mod tests {
             fd: FD,
             inode: INODE,
             uid: 1000,
-            previous: KeepaliveSettings {
-                enabled: false,
-                idle_s: 7200,
-                interval_s: 75,
-                count: 9,
-                user_timeout_ms: 0,
-            },
+            previous: kernel_defaults(),
             at: std::time::Instant::now(),
         };
         (k, r)
