@@ -32,9 +32,10 @@ use crate::actions;
 
 /// Restarts container `id` of `runtime`, which must hold process
 /// `pid`/`start_ticks`; what was done, as JSON, or why not. `pid_ns`
-/// tells a process's pid namespace (the inode of `/proc/PID/ns/pid`).
+/// tells a process's pid namespace (the inode of `/proc/PID/ns/pid`), or
+/// why it cannot.
 #[allow(clippy::too_many_arguments)]
-pub fn restart_container(
+pub fn restart_container<E: std::fmt::Display>(
     sources: &Sources,
     runtime: Runtime,
     id: &str,
@@ -42,7 +43,7 @@ pub fn restart_container(
     start_ticks: u64,
     grace: Duration,
     timeout: Duration,
-    pid_ns: &dyn Fn(u32) -> Result<u64, String>,
+    pid_ns: &dyn Fn(u32) -> Result<u64, E>,
 ) -> Result<serde_json::Value, String> {
     let short = &id[..id.len().min(12)];
     holds(pid, Some(start_ticks), id)
@@ -132,12 +133,12 @@ fn holds(pid: u32, start_ticks: Option<u64>, id: &str) -> Result<(), String> {
 /// `init`, the container's init as its runtime reports it now, and `init`
 /// is in container `id`'s cgroup (so the runtime's pid is this pid
 /// namespace's, and the container's).
-fn in_namespace_of(
+fn in_namespace_of<E: std::fmt::Display>(
     pid: u32,
     start_ticks: u64,
     id: &str,
     init: u32,
-    pid_ns: &dyn Fn(u32) -> Result<u64, String>,
+    pid_ns: &dyn Fn(u32) -> Result<u64, E>,
 ) -> Result<(), String> {
     let target = crate::sys::pidfd::Pidfd::open(pid, Some(start_ticks))
         .map_err(|e| format!("pid {pid} is gone ({e})"))?;
@@ -147,7 +148,8 @@ fn in_namespace_of(
     holds(init, None, id).map_err(|why| {
         format!("pid {init}, its init as its runtime reports it, is not its ({why}): the runtime's pid namespace is another")
     })?;
-    let (mine, its) = (pid_ns(pid)?, pid_ns(init)?);
+    let ns = |pid: u32| pid_ns(pid).map_err(|e| e.to_string());
+    let (mine, its) = (ns(pid)?, ns(init)?);
     if !target.is_alive() || !init_fd.is_alive() {
         return Err(format!("pid {pid} or its init pid {init} exited"));
     }
@@ -159,12 +161,21 @@ fn in_namespace_of(
     Ok(())
 }
 
+/// A process's pid namespace this process may not read (another user's
+/// needs `CAP_SYS_PTRACE`), or that has exited.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read pid {pid}'s pid namespace ({source})")]
+pub struct PidNsUnread {
+    pub pid: u32,
+    pub source: std::io::Error,
+}
+
 /// The pid namespace of `pid` as this process reads it (the inode of
-/// `/proc/PID/ns/pid`; another user's needs `CAP_SYS_PTRACE`).
-pub fn pid_namespace_here(pid: u32) -> Result<u64, String> {
+/// `/proc/PID/ns/pid`).
+pub fn pid_namespace_here(pid: u32) -> Result<u64, PidNsUnread> {
     crate::sys::procfs::ProcRoot::default()
         .namespace(pid, "pid")
-        .map_err(|e| format!("cannot read pid {pid}'s pid namespace ({e})"))
+        .map_err(|source| PidNsUnread { pid, source })
 }
 
 /// The pid of task `id`'s init process, from containerd's state directory
