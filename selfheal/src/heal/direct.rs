@@ -39,7 +39,7 @@ impl<S: System> Hand<S> for Direct<'_> {
             &pid_ns,
         )
         .map(ActOutcome::Reported)
-        .map_err(ActionError::Container)
+        .map_err(|e| ActionError::Container(e.to_string()))
     }
 }
 

@@ -336,6 +336,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
                 Duration::from_secs(20),
                 &selfheal::runtime::restart::pid_namespace_here,
             )
+            .map_err(|e| e.to_string())
         };
         let before = started("{{.State.StartedAt}}");
         let mut targets = vec![("forged", forged.pid())];
@@ -724,6 +725,7 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
                 Duration::from_secs(30),
                 &selfheal::runtime::restart::pid_namespace_here,
             )
+            .map_err(|e| e.to_string())
         };
         for (what, pid) in targets {
             let e = restart(pid).expect_err(what);
