@@ -150,18 +150,27 @@ fn shutdown_dup<S: System>(
     })
 }
 
+/// The socket's network namespace could not be had: neither through the
+/// socket (`SIOCGSKNS`) nor through its process.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open the network namespace of pid {pid}: {source}")]
+struct NetnsUnopened {
+    pid: u32,
+    source: std::io::Error,
+}
+
 /// The network namespace the socket lives in.
 fn socket_netns<S: System>(
     sys: &S,
     target: &S::Process,
     dup: &DupSocket<S>,
-) -> Result<S::Netns, String> {
+) -> Result<S::Netns, NetnsUnopened> {
     if let Ok(ns) = sys.socket_netns(&dup.fd) {
         return Ok(ns);
     }
     let pid = target.pid();
     sys.netns_of_pid(pid)
-        .map_err(|e| format!("cannot open the network namespace of pid {pid}: {e}"))
+        .map_err(|source| NetnsUnopened { pid, source })
 }
 
 /// Runs the sock_diag lookup and `SOCK_DESTROY` in the socket's network
@@ -179,7 +188,7 @@ fn sock_destroy<S: System>(
         Ok(libc::AF_INET6) => &[AF_INET6],
         _ => &[AF_INET, AF_INET6],
     };
-    let ns = socket_netns(sys, target, dup).map_err(nl_err)?;
+    let ns = socket_netns(sys, target, dup).map_err(|e| nl_err(e.to_string()))?;
     sys.destroy_by_inode_in(&ns, families, dup.inode)
         .map_err(|e| nl_err(e.to_string()))
 }

@@ -25,7 +25,9 @@ use super::{
     signal::{KILL_WAIT, Signal, signal_escalate_on},
 };
 use crate::sys::{
-    fake::{CLOSE, COOKIE, FD, FakeKernel, Fd, INODE, PID, Proc, START, Socket, UID},
+    fake::{
+        CLOSE, COOKIE, FD, FakeKernel, Fd, INODE, KERNEL_KEEPALIVE, PID, Proc, START, Socket, UID,
+    },
     system::System,
 };
 
@@ -112,25 +114,12 @@ fn proof() -> ProofKeepalive {
 
 /// The keepalive options of socket `inode` as the kernel holds them.
 fn options(k: &FakeKernel, inode: u64) -> KeepaliveSettings {
-    let s = k.socket(inode);
-    KeepaliveSettings {
-        enabled: s.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
-        idle_s: s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) as u32,
-        interval_s: s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) as u32,
-        count: s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPCNT) as u32,
-        user_timeout_ms: s.opt(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT) as u32,
-    }
+    k.socket(inode).keepalive()
 }
 
 /// The kernel's defaults, which the fake's sockets start with.
 fn defaults() -> KeepaliveSettings {
-    KeepaliveSettings {
-        enabled: false,
-        idle_s: 7200,
-        interval_s: 75,
-        count: 9,
-        user_timeout_ms: 0,
-    }
+    KERNEL_KEEPALIVE
 }
 
 /// Nothing of the agent's sockets was changed, shut or destroyed.
@@ -523,6 +512,26 @@ fn a_socket_missing_from_its_namespace_is_shut_down_instead() {
         "{}",
         out.detail
     );
+}
+
+#[test]
+fn a_socket_whose_namespace_cannot_be_opened_is_shut_down_and_says_why() {
+    let k = FakeKernel::agent();
+    k.with(|w| {
+        w.on_agent_socket(|s| s.netns_readable = false);
+        w.on_agent(|p| p.netns = 0)
+    });
+    let out = destroyed(&k);
+    assert_eq!(out.method, DestroyMethod::Shutdown);
+    assert!(
+        out.detail.starts_with(
+            "SOCK_DESTROY failed (sock_diag for fd 7 of pid 100: cannot open the network \
+             namespace of pid 100: Permission denied"
+        ),
+        "{}",
+        out.detail
+    );
+    assert!(k.calls_of("sock_destroy").is_empty());
 }
 
 #[test]

@@ -180,6 +180,24 @@ pub(super) fn in_owned_unit(place: cgroup::UnitPlace<'_>, unit: &str, owner: Uni
     }
 }
 
+/// Why a unit agent's process is no longer the unit's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotInUnit {
+    /// It exited, or its pid names another process now.
+    #[error("pid {pid} is gone (it exited since it was matched)")]
+    Gone { pid: u32 },
+    #[error("the cgroup of pid {pid} cannot be read")]
+    CgroupUnread { pid: u32 },
+    /// It moved: `cgroup` (escaped) is where it is now.
+    #[error("pid {pid} is no longer in {owner} {unit}: its cgroup is now {cgroup}")]
+    Moved {
+        pid: u32,
+        owner: UnitOwner,
+        unit: String,
+        cgroup: String,
+    },
+}
+
 /// The act-time re-check of a unit agent's identity: whether `pid`, the
 /// process started at `start_ticks`, is in unit `unit` of a manager
 /// `owner` allows right now (its cgroup read again, anchored below the
@@ -190,25 +208,25 @@ pub fn still_in_unit(
     owner: UnitOwner,
     pid: u32,
     start_ticks: u64,
-) -> Result<(), String> {
+) -> Result<(), NotInUnit> {
     let root = cgroup::manager_root(cgroup_of(1).as_deref());
     let path = cgroup_of(pid);
     // Read after the cgroup: a cgroup read of another process under a
     // reused pid is caught here.
     if crate::sys::pidfd::start_ticks(pid) != Some(start_ticks) {
-        return Err(format!(
-            "pid {pid} is gone (it exited since it was matched)"
-        ));
+        return Err(NotInUnit::Gone { pid });
     }
     let Some(path) = path else {
-        return Err(format!("the cgroup of pid {pid} cannot be read"));
+        return Err(NotInUnit::CgroupUnread { pid });
     };
     match cgroup::unit_of(&path, &root) {
         Some(place) if in_owned_unit(place, unit, owner) => Ok(()),
-        _ => Err(format!(
-            "pid {pid} is no longer in {owner} {unit}: its cgroup is now {}",
-            text::escape(&path)
-        )),
+        _ => Err(NotInUnit::Moved {
+            pid,
+            owner,
+            unit: unit.to_string(),
+            cgroup: text::escape(&path),
+        }),
     }
 }
 

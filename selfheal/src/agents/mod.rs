@@ -35,7 +35,7 @@ mod matching;
 use self::cmdline::CmdlineReader;
 pub use self::cmdline::{CMDLINE_DEADLINE, CMDLINE_STALLS, MAX_CMDLINE_BYTES, split_argv};
 pub use self::matching::{
-    Matched, enrich, enrich_for, find, find_for, find_of, read_pidfile, still_in_unit,
+    Matched, NotInUnit, enrich, enrich_for, find, find_for, find_of, read_pidfile, still_in_unit,
 };
 
 /// One process as the snapshot saw it.

@@ -95,7 +95,7 @@ pub(super) fn heal(
 /// are still in the unit, as their cgroups say now
 /// ([`agents::still_in_unit`]). Other agents: nothing to re-check here
 /// (a container restart re-checks its container where it acts).
-fn unit_recheck(agent: &AgentConfig, step: &Act, report: &Report) -> Result<(), String> {
+fn unit_recheck(agent: &AgentConfig, step: &Act, report: &Report) -> Result<(), agents::NotInUnit> {
     let selfheal_core::config::MatchRule::Unit(unit) = &agent.rule else {
         return Ok(());
     };

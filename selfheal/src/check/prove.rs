@@ -315,15 +315,7 @@ mod tests {
 
     /// The keepalive options socket `inode` holds.
     fn options(k: &FakeKernel, inode: u64) -> KeepaliveSettings {
-        let s = k.socket(inode);
-        let tcp = |name| s.opt(libc::IPPROTO_TCP, name) as u32;
-        KeepaliveSettings {
-            enabled: s.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
-            idle_s: tcp(libc::TCP_KEEPIDLE),
-            interval_s: tcp(libc::TCP_KEEPINTVL),
-            count: tcp(libc::TCP_KEEPCNT),
-            user_timeout_ms: tcp(libc::TCP_USER_TIMEOUT),
-        }
+        k.socket(inode).keepalive()
     }
 
     #[test]

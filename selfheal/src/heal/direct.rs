@@ -9,6 +9,8 @@ use selfheal_core::protocol::{Act, ContainerRestart};
 use super::{Executor, HealError, helper::SharedClient};
 use crate::{
     actions::{self, ActOutcome, ActionError, Hand, keepalive::Keepalive},
+    helper::ClientError,
+    runtime::restart::PidNsUnread,
     sys::system::{Kernel, System},
 };
 
@@ -37,29 +39,45 @@ impl<S: System> Hand<S> for Direct<'_> {
             &pid_ns,
         )
         .map(ActOutcome::Reported)
-        .map_err(ActionError::Container)
+        .map_err(|e| ActionError::Container(e.to_string()))
     }
+}
+
+/// Why the pid namespace of a process could not be had, here or from the
+/// helper.
+#[derive(Debug, thiserror::Error)]
+enum PidNsError {
+    /// This process may not read it, and there is no helper to ask.
+    #[error(transparent)]
+    Here(#[from] PidNsUnread),
+    /// The connection shared with the tracer was poisoned by a panic.
+    #[error("helper client poisoned")]
+    Poisoned,
+    /// The helper did not answer.
+    #[error("cannot read pid {pid}'s pid namespace: the helper: {source}")]
+    Helper { pid: u32, source: ClientError },
+    /// The helper answered without it.
+    #[error("cannot read pid {pid}'s pid namespace, nor can the helper")]
+    NotByTheHelper { pid: u32 },
 }
 
 /// The pid namespace of `pid` (the inode of `/proc/PID/ns/pid`): read
 /// here, or, where this process may not read it, asked of `helper`.
-fn pid_namespace(pid: u32, helper: Option<&SharedClient>) -> Result<u64, String> {
+fn pid_namespace(pid: u32, helper: Option<&SharedClient>) -> Result<u64, PidNsError> {
     let here = crate::runtime::restart::pid_namespace_here(pid);
     let Some(helper) = helper.filter(|_| here.is_err() && !crate::sys::creds::reads_others())
     else {
-        return here;
+        return Ok(here?);
     };
-    let mut client = helper
-        .lock()
-        .map_err(|_| "helper client poisoned".to_string())?;
+    let mut client = helper.lock().map_err(|_| PidNsError::Poisoned)?;
     let got = client
         .namespaces(&[pid])
-        .map_err(|e| format!("cannot read pid {pid}'s pid namespace: the helper: {e}"))?;
+        .map_err(|source| PidNsError::Helper { pid, source })?;
     got.processes
         .iter()
         .find(|p| p.pid == pid)
         .and_then(|p| p.pid_ns)
-        .ok_or_else(|| format!("cannot read pid {pid}'s pid namespace, nor can the helper"))
+        .ok_or(PidNsError::NotByTheHelper { pid })
 }
 
 /// Carries out `act` from this process, with `keepalive` for its

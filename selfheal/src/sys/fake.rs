@@ -17,10 +17,21 @@ use std::{
     time::{Duration, Instant},
 };
 
+use selfheal_core::keepalive::KeepaliveSettings;
+
 use super::{
     pidfd::PidfdError,
     sockdiag::SockDiagError,
     system::{Addrs, FdLink, Handle, ProcStat, ShutdownError, System, TcpInfoSeen},
+};
+
+/// The keepalive options of a new socket: the kernel's defaults.
+pub const KERNEL_KEEPALIVE: KeepaliveSettings = KeepaliveSettings {
+    enabled: false,
+    idle_s: 7200,
+    interval_s: 75,
+    count: 9,
+    user_timeout_ms: 0,
 };
 
 /// `TCP_ESTABLISHED` and `TCP_CLOSE`.
@@ -45,6 +56,7 @@ pub struct Proc {
     pub flags: u32,
     pub uid: u32,
     pub alive: bool,
+    /// Its network namespace; 0: one this process may not open.
     pub netns: u64,
     pub fds: BTreeMap<i32, Fd>,
     /// How long after SIGTERM it exits; `None`: it ignores SIGTERM.
@@ -134,11 +146,23 @@ impl Socket {
             .get(&(level, name))
             .copied()
             .unwrap_or(match (level, name) {
-                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => 7200,
-                (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) => 75,
-                (libc::IPPROTO_TCP, libc::TCP_KEEPCNT) => 9,
+                (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => KERNEL_KEEPALIVE.idle_s as i32,
+                (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL) => KERNEL_KEEPALIVE.interval_s as i32,
+                (libc::IPPROTO_TCP, libc::TCP_KEEPCNT) => KERNEL_KEEPALIVE.count as i32,
                 _ => 0,
             })
+    }
+
+    /// Its keepalive options, as `getsockopt` reads them.
+    pub fn keepalive(&self) -> KeepaliveSettings {
+        let tcp = |name| self.opt(libc::IPPROTO_TCP, name) as u32;
+        KeepaliveSettings {
+            enabled: self.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0,
+            idle_s: tcp(libc::TCP_KEEPIDLE),
+            interval_s: tcp(libc::TCP_KEEPINTVL),
+            count: tcp(libc::TCP_KEEPCNT),
+            user_timeout_ms: tcp(libc::TCP_USER_TIMEOUT),
+        }
     }
 }
 
@@ -557,11 +581,12 @@ impl System for FakeKernel {
 
     fn netns_of_pid(&self, pid: u32) -> std::io::Result<u64> {
         let w = self.call(format!("netns_of_pid {pid}"));
-        w.processes
-            .get(&pid)
-            .filter(|p| p.alive)
-            .map(|p| p.netns)
-            .ok_or_else(|| errno(libc::ENOENT))
+        match w.processes.get(&pid).filter(|p| p.alive) {
+            None => Err(errno(libc::ENOENT)),
+            // Namespace 0: one this process may not open.
+            Some(p) if p.netns == 0 => Err(errno(libc::EACCES)),
+            Some(p) => Ok(p.netns),
+        }
     }
 
     fn destroy_by_inode_in(

@@ -336,6 +336,7 @@ fn a_docker_container_is_a_processs_only_where_the_runtime_says() {
                 Duration::from_secs(20),
                 &selfheal::runtime::restart::pid_namespace_here,
             )
+            .map_err(|e| e.to_string())
         };
         let before = started("{{.State.StartedAt}}");
         let mut targets = vec![("forged", forged.pid())];
@@ -629,7 +630,7 @@ fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
     move_to(&format!("system.slice/ident-elsewhere-{me}.service"));
     let moved = still_in_unit(&unit, UnitOwner::System, pid, start);
     eprintln!("moved to another unit: {moved:?}");
-    let moved = moved.unwrap_err();
+    let moved = moved.unwrap_err().to_string();
     assert!(
         moved.contains("is no longer in") && moved.contains(&format!("ident-elsewhere-{me}")),
         "{moved}"
@@ -649,13 +650,15 @@ fn a_unit_agents_process_is_rechecked_in_its_unit_right_before_a_step() {
     assert_eq!(still_in_unit(&unit, UnitOwner::System, pid, start), Ok(()));
     let wrong_start = still_in_unit(&unit, UnitOwner::System, pid, start + 1);
     assert!(
-        wrong_start.as_ref().is_err_and(|e| e.contains("is gone")),
+        wrong_start
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("is gone")),
         "another process under the pid: {wrong_start:?}"
     );
     drop(agent);
     let gone = still_in_unit(&unit, UnitOwner::System, pid, start);
     eprintln!("exited: {gone:?}");
-    assert!(gone.is_err_and(|e| e.contains("is gone")));
+    assert!(gone.is_err_and(|e| e.to_string().contains("is gone")));
     drop((other, forged));
 }
 
@@ -724,6 +727,7 @@ fn a_podman_container_is_a_processs_only_where_the_runtime_says() {
                 Duration::from_secs(30),
                 &selfheal::runtime::restart::pid_namespace_here,
             )
+            .map_err(|e| e.to_string())
         };
         for (what, pid) in targets {
             let e = restart(pid).expect_err(what);

@@ -175,7 +175,7 @@ impl Hand for HelperHand<'_> {
                 if book().get(c).is_none() {
                     book()
                         .room(self.caller.uid)
-                        .map_err(|why| ActionError::Refused { why })?;
+                        .map_err(|e| ActionError::Refused { why: e.to_string() })?;
                 }
                 self.cookie.set(Some(c));
             }

@@ -8,7 +8,13 @@ use std::collections::HashMap;
 
 use selfheal_core::keepalive::KeepaliveSettings;
 
-use crate::sys::pidfd::Pidfd;
+use crate::{
+    actions::{ActionError, dup::SocketSeen, keepalive::restore_keepalive_chosen},
+    sys::{
+        pidfd::PidfdError,
+        system::{Kernel, System},
+    },
+};
 
 /// A proof keepalive the helper armed: the socket's own options before.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +87,7 @@ impl ProofBook {
 
     /// Whether `uid` may arm one more (after forgetting proofs whose
     /// process is gone); why not.
-    pub fn room(&mut self, uid: u32) -> Result<(), String> {
+    pub fn room(&mut self, uid: u32) -> Result<(), NoRoom> {
         let mine = self.entries.values().filter(|r| r.uid == uid).count();
         if mine < MAX_PROOFS_PER_UID && self.entries.len() < MAX_PROOFS {
             return Ok(());
@@ -89,15 +95,10 @@ impl ProofBook {
         self.prune();
         let mine = self.entries.values().filter(|r| r.uid == uid).count();
         if mine >= MAX_PROOFS_PER_UID {
-            return Err(format!(
-                "uid {uid} has {mine} proof keepalives armed (at most {MAX_PROOFS_PER_UID}): \
-                 put some back first"
-            ));
+            return Err(NoRoom::Uid { uid, armed: mine });
         }
         if self.entries.len() >= MAX_PROOFS {
-            return Err(format!(
-                "{MAX_PROOFS} proof keepalives are armed: try again later"
-            ));
+            return Err(NoRoom::Full);
         }
         Ok(())
     }
@@ -150,33 +151,71 @@ impl ProofBook {
     }
 }
 
+/// Why a caller may arm no more proof keepalives now.
+#[derive(Debug, thiserror::Error)]
+pub enum NoRoom {
+    /// The caller's uid holds its share of the book.
+    #[error(
+        "uid {uid} has {armed} proof keepalives armed (at most {max}): put some back first",
+        max = MAX_PROOFS_PER_UID
+    )]
+    Uid { uid: u32, armed: usize },
+    /// The book is full.
+    #[error("{max} proof keepalives are armed: try again later", max = MAX_PROOFS)]
+    Full,
+}
+
+/// Why the helper could not put a proof's options back itself.
+#[derive(Debug, thiserror::Error)]
+pub enum PutBackError {
+    /// The process it was armed through is gone, or its pid reused.
+    #[error(transparent)]
+    Process(#[from] PidfdError),
+    /// The put-back was refused (the fd holds another socket) or failed.
+    #[error(transparent)]
+    Act(#[from] ActionError),
+}
+
 /// Puts back the options of a proof whose time is up (the helper on its
 /// own): through a new pidfd of the process it was armed through, on that
 /// fd, only while it still holds that socket (inode and cookie).
-pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, String> {
-    let target = Pidfd::open(r.pid, Some(r.start_ticks)).map_err(|e| e.to_string())?;
-    let choose = |seen: &crate::actions::dup::SocketSeen<'_>| {
+pub fn put_back(cookie: u64, r: &Recorded) -> Result<KeepaliveSettings, PutBackError> {
+    put_back_on(&Kernel, cookie, r)
+}
+
+/// [`put_back`] on `sys`.
+pub fn put_back_on<S: System>(
+    sys: &S,
+    cookie: u64,
+    r: &Recorded,
+) -> Result<KeepaliveSettings, PutBackError> {
+    let target = sys.open(r.pid, Some(r.start_ticks))?;
+    let choose = |seen: &SocketSeen<'_, S>| {
         if seen.cookie == Some(cookie) {
             Ok(r.previous.clone())
         } else {
-            Err(crate::actions::ActionError::Refused {
+            Err(ActionError::Refused {
                 why: "the fd holds another socket now".into(),
             })
         }
     };
-    crate::actions::keepalive::restore_keepalive_chosen(
-        &crate::sys::system::Kernel,
+    Ok(restore_keepalive_chosen(
+        sys,
         &target,
         r.fd,
         Some(r.inode),
         &choose,
-    )
-    .map_err(|e| e.to_string())
+    )?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's keepalive options on a new socket.
+    fn kernel_defaults() -> KeepaliveSettings {
+        crate::sys::fake::KERNEL_KEEPALIVE
+    }
 
     #[test]
     fn the_book_is_bounded_per_uid() {
@@ -194,19 +233,13 @@ mod tests {
             inode,
             at: std::time::Instant::now(),
             uid,
-            previous: KeepaliveSettings {
-                enabled: false,
-                idle_s: 7200,
-                interval_s: 75,
-                count: 9,
-                user_timeout_ms: 0,
-            },
+            previous: kernel_defaults(),
         };
         for c in 0..MAX_PROOFS_PER_UID as u64 {
             b.room(5).unwrap();
             b.record(c, r(5));
         }
-        assert!(b.room(5).unwrap_err().contains("at most 4096"));
+        assert!(b.room(5).unwrap_err().to_string().contains("at most 4096"));
         assert!(b.room(6).is_ok());
         // The first record of a socket is kept.
         let mut later = r(6);
@@ -218,5 +251,63 @@ mod tests {
         drop(l);
         b.prune();
         assert!(b.is_empty());
+    }
+
+    /// A proof on the fake kernel's agent: its socket's own options were
+    /// the kernel's defaults, and the proof's are on it now.
+    fn armed() -> (crate::sys::fake::FakeKernel, Recorded) {
+        use crate::sys::fake::{FD, FakeKernel, INODE, PID, START};
+        let k = FakeKernel::agent();
+        k.with(|w| {
+            w.on_agent_socket(|s| {
+                s.opts.insert((libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+                s.opts.insert((libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 1)
+            })
+        });
+        let r = Recorded {
+            pid: PID,
+            start_ticks: START,
+            fd: FD,
+            inode: INODE,
+            uid: 1000,
+            previous: kernel_defaults(),
+            at: std::time::Instant::now(),
+        };
+        (k, r)
+    }
+
+    #[test]
+    fn the_helper_puts_back_a_proof_itself_only_on_the_socket_it_armed() {
+        use crate::sys::fake::{COOKIE, INODE};
+        let (k, r) = armed();
+        // The cookie differs: the fd holds another socket by that inode.
+        let e = put_back_on(&k, COOKIE + 1, &r).unwrap_err();
+        assert_eq!(e.to_string(), "the fd holds another socket now");
+        assert!(k.calls_of("setsockopt").is_empty(), "{:?}", k.calls());
+        assert_eq!(put_back_on(&k, COOKIE, &r).unwrap(), r.previous);
+        let s = k.socket(INODE);
+        assert_eq!(s.opt(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+        assert_eq!(s.opt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 7200);
+    }
+
+    #[test]
+    fn a_proof_whose_process_is_gone_or_reused_is_left_alone() {
+        use crate::sys::fake::{COOKIE, START};
+        let (k, r) = armed();
+        k.with(|w| w.on_agent(|p| p.start_ticks = START + 1));
+        let e = put_back_on(&k, COOKIE, &r).unwrap_err();
+        assert!(
+            matches!(e, PutBackError::Process(PidfdError::Reused { .. })),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("no longer the process that was judged"),
+            "{e}"
+        );
+        k.with(|w| w.on_agent(|p| p.alive = false));
+        let e = put_back_on(&k, COOKIE, &r).unwrap_err();
+        assert_eq!(e.to_string(), "pid 100 is not running");
+        assert!(k.calls_of("get_fd").is_empty(), "{:?}", k.calls());
     }
 }
