@@ -100,7 +100,12 @@ pub(super) fn cut_while_thinking(
         Ok(calls.started.first().cloned())
     })?;
     calls.cut = calls.started.first().cloned();
-    let flows = bed.wait_connection("the provider connection", holder, remote)?;
+    // The connection follows the call's start as soon as the client and
+    // the machine allow (litellm imports its provider code in its first
+    // call): given 10 s, or as long as this run took from the bed's start
+    // to that call if longer (38 s once, at a load of 10 on 2 cores).
+    let pace = Duration::from_millis(bed.at_ms()).max(Duration::from_secs(10));
+    let flows = bed.wait_connections("the provider connection", pace, holder, remote, 1)?;
     // About a second of checks while the call is in flight, before the cut.
     watch(bed, report, say, Duration::from_millis(1000))?;
     let before = report.verdicts.get(caller).cloned().unwrap_or_default();
