@@ -27,7 +27,7 @@
 //! said `down` of an agent whose process ran (a false `down`: any outcome
 //! but the first read after the process started, while it runs); every cut
 //! and every stall failed in its SDK within its bound from the fault (the
-//! cut, or the stall's last content); every fate had a call that ended as
+//! cut, or the stall's first ping); every fate had a call that ended as
 //! it must; every agent's process is the one started (its pid kept); and
 //! the watch and helper held as in the churn soak (RSS,
 //! fds, snapshots, heal actions, both running). The bounds come from the
@@ -185,8 +185,9 @@ fn spawn(mut cmd: Command, from: Src, tx: &Tx, log: &Path) -> Result<Proc, Strin
 struct Call {
     fate: Option<Fate>,
     start: Option<Instant>,
-    /// The cut, or a stall's last content (the provider's call line: the
-    /// head and first event go out at once, then only pings).
+    /// The cut, or a stall's first ping (a ping period after the
+    /// provider's call line: the head and first event go out at once, then
+    /// only pings; a stall is counted from its first keepalive).
     fault: Option<Instant>,
     /// The client's port dropped for a cut.
     cut_port: Option<u16>,
@@ -591,7 +592,10 @@ impl Fleet {
                     let call = run.calls.entry(key).or_default();
                     call.fate = fate;
                     if fate == Some(Fate::Stall) {
-                        call.fault = Some(at);
+                        // Its first ping, one ping period after the call
+                        // line: a stall is counted from its first keepalive.
+                        let ping = Fate::Stall.pacing(self.stall_after).ping;
+                        call.fault = Some(at + ping.unwrap_or_default());
                     }
                 } else if l.starts_with("cut ") {
                     let Some(peer) = field(&l, "peer") else {
