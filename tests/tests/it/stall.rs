@@ -110,8 +110,10 @@ fn check_ms(r: &Report) -> u64 {
 /// A call stalled behind pings: wedged (`stream_stalled`) within
 /// `stall_after` plus two check intervals (each the longer of the timer's
 /// interval and the longest check's own run, plus one check's run for
-/// the check that finds it), ended by the socket rung without a proof
-/// keepalive, failed in the SDK, the next call done, same pid.
+/// the check that finds it) of its first ping (the provider's ping period
+/// after its first event: the count starts there), ended by the socket
+/// rung without a proof keepalive, failed in the SDK, the next call done,
+/// same pid.
 fn stalled(caller: Caller, model: &str, name: &'static str) -> Option<Report> {
     stalled_planned(caller, model, &Plan::default(), Duration::ZERO, name)
 }
@@ -136,7 +138,11 @@ fn stalled_planned(
     let took = check_ms(&r);
     let interval = (CHECK_EVERY.as_millis() as u64).max(took);
     let late_ms = late.as_millis() as u64;
-    let bound = late_ms + stall_after().as_millis() as u64 + 2 * interval + took;
+    let ping = selfheal_testbed::provider::Pacing::parse(model)
+        .ping
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let bound = late_ms + ping + stall_after().as_millis() as u64 + 2 * interval + took;
     let detect = r.detect_ms.unwrap_or_else(|| {
         panic!(
             "never wedged: verdicts {:?}, reasons {:?}",
