@@ -110,7 +110,12 @@ pub fn run(
     let wanted = |a: &&AgentConfig| opts.only.is_empty() || opts.only.contains(&a.name);
     let configured: Vec<&AgentConfig> = config.agents.iter().filter(wanted).collect();
     // The `[auto]` agents are found in the table read for their rules.
-    let reading = if opts.only.is_empty() {
+    let auto_wanted = opts.only.is_empty()
+        || opts
+            .only
+            .iter()
+            .any(|n| n.starts_with(selfheal_core::auto::PREFIX));
+    let reading = if auto_wanted && config.auto.is_on() {
         crate::agents::auto::reading(config)
     } else {
         Vec::new()
@@ -132,7 +137,10 @@ pub fn run(
     } else {
         crate::agents::auto::agents(config, &table)
     };
-    let agents: Vec<&AgentConfig> = configured.into_iter().chain(&auto).collect();
+    let agents: Vec<&AgentConfig> = configured
+        .into_iter()
+        .chain(auto.iter().filter(wanted))
+        .collect();
     if let Some(r) = reads.as_mut().filter(|_| through_helper) {
         table = table.with_pid_namespaces(&mut |pids| r.namespaces(pids));
     }
@@ -183,7 +191,7 @@ pub fn run(
     history.agents.retain(|name, _| {
         config.agents.iter().chain(&auto).any(|a| &a.name == name)
                 // Not looked for in this check: kept for the next.
-                || (reading.is_empty() && name.starts_with(selfheal_core::auto::PREFIX))
+                || (!auto_wanted && name.starts_with(selfheal_core::auto::PREFIX))
     });
     outcomes
 }

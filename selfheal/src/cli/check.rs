@@ -230,8 +230,11 @@ fn with_fallback<T>(
 impl Session {
     fn open(c: &Common) -> Result<Session, Error> {
         let config = config::locate(c.config.as_deref()).and_then(|p| config::load(&p))?;
+        // An `[auto]` agent is found by each check, not named in the file.
         for name in &c.agents {
-            super::configured_agent(&config, name)?;
+            if !(config.auto.is_on() && name.starts_with(selfheal_core::auto::PREFIX)) {
+                super::configured_agent(&config, name)?;
+            }
         }
         let state_dir = c.state_dir.clone().unwrap_or_else(store::default_state_dir);
         let opened = with_fallback(&state_dir, c.state_dir.is_none(), "state", |d| {

@@ -166,7 +166,7 @@ fn a_labelled_container_is_healed_and_one_claiming_the_label_otherwise_is_never_
         assert_eq!(inspect(&name, "{{.Id}}"), id);
         assert_eq!(inspect(&name, "{{.State.Pid}}"), pid.to_string());
         assert_eq!(inspect(&claims, "{{.State.Pid}}"), claimer_pid.to_string());
-        check_cost(&b, claimer_pid);
+        check_cost(&b, claimer_pid, &agent);
         // Its stream is the one cut: the dispatch server has not heard
         // from it for more than two heartbeats, and it has not reattached.
         let after = bed.row("aclaims").expect("row");
@@ -180,7 +180,8 @@ fn a_labelled_container_is_healed_and_one_claiming_the_label_otherwise_is_never_
 /// What `[auto] containers = true` costs a check, measured here (no bound
 /// asserted): `check --dry-run` of one agent by pid (`pid`), with and
 /// without the section, alternating, 7 runs each; the medians printed.
-fn check_cost(b: &DockerBed, pid: u32) {
+/// Then `--agent AGENT` (an `[auto]` agent's name) checks that one only.
+fn check_cost(b: &DockerBed, pid: u32, agent: &str) {
     let base = format!("[[agent]]\nname = \"bypid\"\nmatch = {{ pid = {pid} }}\n");
     let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for (i, config) in [format!("[auto]\ncontainers = true\n{base}"), base]
@@ -189,8 +190,7 @@ fn check_cost(b: &DockerBed, pid: u32) {
     {
         std::fs::write(b.scratch.join(&format!("cost{i}.toml")), config).expect("config");
     }
-    for round in 0..14 {
-        let i = round % 2;
+    let check = |i: usize| {
         let mut cmd = Command::new(tests::selfheal_bin());
         cmd.envs(b.opts.env.iter().map(|(k, v)| (*k, v)))
             .args(["check", "--json", "--dry-run", "--config"])
@@ -201,12 +201,24 @@ fn check_cost(b: &DockerBed, pid: u32) {
             .arg(b.scratch.join(&format!("cost-snapshots{i}")))
             .arg("--helper")
             .arg(b.scratch.join("no-helper.sock"));
+        cmd
+    };
+    for round in 0..14 {
+        let i = round % 2;
+        let mut cmd = check(i);
         let t = Instant::now();
         let out = cmd.output().expect("check");
         times[i].push(t.elapsed());
         let agents = String::from_utf8_lossy(&out.stdout).lines().count();
         assert_eq!(agents, 2 - i, "{}", String::from_utf8_lossy(&out.stderr));
     }
+    let out = check(0).args(["--agent", agent]).output().expect("check");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["agent"], agent, "{lines:?}");
     let median = |v: &mut Vec<Duration>| {
         v.sort();
         v[v.len() / 2].as_millis()

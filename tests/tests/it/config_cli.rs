@@ -199,3 +199,28 @@ fn a_cmdline_rule_matches_only_the_runners_processes_unless_told() {
     let _ = theirs.wait();
     rethrow(result);
 }
+
+/// A config of `[auto]` alone is a config; `config check` lists each unit
+/// it names as the agent `auto.unit.UNIT`, with what it matches now and
+/// its one upstream, which every address is.
+#[test]
+fn an_auto_section_alone_lists_its_agents() {
+    let _area = tests::area(module_path!());
+    let dir = TempDir::new("cfgcli-auto");
+    let unit = format!("cfgcli-auto-{}.service", std::process::id());
+    let config = dir.write(
+        "config.toml",
+        format!("[auto]\nunits = [\"{unit}\"]\n[auto.heal]\nbackoff = \"1s\"\n"),
+    );
+    let (code, out, err) = check(&config);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for want in [
+        "ok, 1 agent".to_string(),
+        format!("agent auto.unit.{unit}"),
+        format!("unit = \"{unit}\""),
+        "has no processes".into(),
+        "provider ::/0".into(),
+    ] {
+        assert!(out.contains(&want), "{want:?} in:\n{out}");
+    }
+}
