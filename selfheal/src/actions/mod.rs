@@ -31,7 +31,7 @@
 //! *whether* to act is the ladder's job, not this module's.
 //!
 //! Every act reaches the kernel through a
-//! [`System`](crate::sys::system::System): the `_on` and `_gated` forms
+//! [`System`]: the `_on` and `_gated` forms
 //! take it (the unit tests in `races` drive them on a fake kernel), and
 //! the plain forms act on the [`Kernel`].
 //!
