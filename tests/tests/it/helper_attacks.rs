@@ -1001,6 +1001,9 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
     }
     let dir = Scratch::new("attack-fuse");
     let freeze = dir.join("freeze");
+    // Declared before the filesystem, so dropped after it, also when the
+    // test fails: what waits on the frozen server waits until it dies.
+    let mut procs = Procs::default();
     let fs = match HangFs::mount(&dir, &freeze) {
         Ok(fs) => fs,
         Err(why) => {
@@ -1009,7 +1012,6 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
         }
     };
     let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
-    let mut procs = Procs::default();
     let pid = procs.sh(0, &format!("exec 7<{}/f; exec sleep 300", fs.mnt.display()));
     wait_for(5 * SEC, TICK, || {
         std::fs::read_link(format!("/proc/{pid}/fd/7")).ok()

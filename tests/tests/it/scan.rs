@@ -642,13 +642,31 @@ fn unreaped_zombies_and_a_thread_in_d_state_are_listed_per_process() {
     }
     let dir = tests::Scratch::new("scan-dstate");
     let freeze = dir.join("freeze");
+    // Declared before the filesystem, so dropped after it, also when the
+    // test fails: a request the server has read waits, SIGKILL or not,
+    // until the server answers or dies (dropping it kills it).
+    let reader: Peer;
     let fs = tests::HangFs::mount(&dir, &freeze).expect("a FUSE filesystem (root, /dev/fuse)");
     std::fs::write(&freeze, "").expect("freeze the filesystem");
     // A read of a file there waits on a server that no longer answers:
-    // uninterruptible (killable) sleep.
+    // uninterruptible sleep.
     let mut cmd = Command::new("cat");
     cmd.arg(fs.mnt.join("f"));
-    let reader = Peer::spawn(cmd);
+    reader = Peer::spawn(cmd);
+    // The scans' bound counts from when the reader is in D state, however
+    // long starting it took on this machine.
+    let in_d = Instant::now();
+    let stat = format!("/proc/{}/stat", reader.pid());
+    while !std::fs::read_to_string(&stat)
+        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('D')))
+    {
+        assert!(
+            in_d.elapsed() < Duration::from_secs(60),
+            "the reader never waited on the frozen filesystem"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("the reader was in D state after {:?}", in_d.elapsed());
     let (_leaker, leaker) = zombie_maker(2, false, None);
     let (_init, init) = zombie_maker(3, true, None);
     let (_nobodys, nobodys) = zombie_maker(1, false, Some(65534));
