@@ -657,15 +657,12 @@ fn unreaped_zombies_and_a_thread_in_d_state_are_listed_per_process() {
     // long starting it took on this machine.
     let in_d = Instant::now();
     let stat = format!("/proc/{}/stat", reader.pid());
-    while !std::fs::read_to_string(&stat)
-        .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('D')))
-    {
-        assert!(
-            in_d.elapsed() < Duration::from_secs(60),
-            "the reader never waited on the frozen filesystem"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    tests::wait_for(Duration::from_secs(60), Duration::from_millis(20), || {
+        std::fs::read_to_string(&stat)
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('D')))
+            .then_some(())
+    })
+    .expect("the reader never waited on the frozen filesystem");
     eprintln!("the reader was in D state after {:?}", in_d.elapsed());
     let (_leaker, leaker) = zombie_maker(2, false, None);
     let (_init, init) = zombie_maker(3, true, None);
