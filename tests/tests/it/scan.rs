@@ -646,9 +646,14 @@ fn unreaped_zombies_and_a_thread_in_d_state_are_listed_per_process() {
     // test fails: a request the server has read waits, SIGKILL or not,
     // until the server answers or dies (dropping it kills it).
     let reader: Peer;
-    let fs = tests::HangFs::mount(&dir, &freeze).expect("a FUSE filesystem (root, /dev/fuse)");
+    // Frozen before it is mounted, so its server never answers the
+    // kernel's INIT: every request waits in `fuse_get_req`, killable and
+    // so in D state. Frozen after INIT, a request would wait for its
+    // answer interruptibly (S state), and which one a run got was a race
+    // the machine's load decided.
     std::fs::write(&freeze, "").expect("freeze the filesystem");
-    // A read of a file there waits on a server that no longer answers:
+    let fs = tests::HangFs::mount(&dir, &freeze).expect("a FUSE filesystem (root, /dev/fuse)");
+    // A read of a file there waits on a server that never answers:
     // uninterruptible sleep.
     let mut cmd = Command::new("cat");
     cmd.arg(fs.mnt.join("f"));
