@@ -106,6 +106,18 @@ pub enum Error {
         path: PathBuf,
         configured: Vec<String>,
     },
+    /// An `[auto]` agent's name that names no labelled container or
+    /// `[auto]` unit found on this host now.
+    #[error(
+        "no [auto] agent named {name:?} on this host now (see {}); found: {}",
+        .path.display(),
+        if .found.is_empty() { "none".to_string() } else { .found.join(", ") }
+    )]
+    NoSuchAutoAgent {
+        name: String,
+        path: PathBuf,
+        found: Vec<String>,
+    },
     /// `selfheal helper` as a user other than root on the system socket.
     #[error(
         "refusing to run the helper as uid {euid} on the system socket {socket}: only root may \
@@ -160,6 +172,7 @@ impl Error {
             Error::Cli(_)
             | Error::Config(_)
             | Error::NoSuchAgent { .. }
+            | Error::NoSuchAutoAgent { .. }
             | Error::HelperNotRoot { .. }
             | Error::Policy(_)
             | Error::MetricsUnprotected { .. }
@@ -264,6 +277,26 @@ mod tests {
                 },
                 3,
                 "selfheal: no agent named \"luna\" in /c.toml; configured: sol, terra",
+            ),
+            (
+                Error::NoSuchAutoAgent {
+                    name: "auto.docker.web.0123456789ab".into(),
+                    path: "/c.toml".into(),
+                    found: vec!["auto.unit.runner.service".into()],
+                },
+                3,
+                "selfheal: no [auto] agent named \"auto.docker.web.0123456789ab\" on this host now \
+                 (see /c.toml); found: auto.unit.runner.service",
+            ),
+            (
+                Error::NoSuchAutoAgent {
+                    name: "auto.unit.x".into(),
+                    path: "/c.toml".into(),
+                    found: Vec::new(),
+                },
+                3,
+                "selfheal: no [auto] agent named \"auto.unit.x\" on this host now (see /c.toml); \
+                 found: none",
             ),
             (
                 Error::HelperNotRoot {

@@ -10,7 +10,11 @@ use selfheal::{
     agents::{self, ProcessTable},
     config, inspect,
 };
-use selfheal_core::{config::MatchRule, ebpf::strategy::Strategy, text::escape};
+use selfheal_core::{
+    config::{AgentConfig, MatchRule},
+    ebpf::strategy::Strategy,
+    text::escape,
+};
 
 /// Show an agent's processes, threads and the receive each is blocked in
 /// (and for how long), its TCP sockets with their role, the kernel's
@@ -19,7 +23,8 @@ use selfheal_core::{config::MatchRule, ebpf::strategy::Strategy, text::escape};
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["name", "pid"])))]
 pub struct Args {
-    /// The configured agent to inspect.
+    /// The agent to inspect: a configured name, or an `[auto]` agent's
+    /// (`auto.RUNTIME.NAME.ID12`, `auto.unit.UNIT`) as `check` names it.
     name: Option<String>,
     /// Inspect this process and its descendants instead of a configured agent.
     #[arg(long)]
@@ -86,11 +91,17 @@ pub fn run(args: Args) -> Result<Finished, Error> {
         (Some(name), None) => {
             let config =
                 config::locate(args.config.as_deref()).and_then(|path| config::load(&path))?;
-            let agent = super::configured_agent(&config, name)?;
             let sources = selfheal::runtime::Sources::from_env();
-            let table = selfheal::agents::enrich_for(table, &[agent], &sources);
-            let target = selfheal::check::pipeline::target(agent, &table);
-            agent_config = Some(agent.clone());
+            let (agent, table) =
+                if config.auto.is_on() && name.starts_with(selfheal_core::auto::PREFIX) {
+                    auto_agent(&config, name, table, &sources)?
+                } else {
+                    let agent = super::configured_agent(&config, name)?;
+                    let table = selfheal::agents::enrich_for(table, &[agent], &sources);
+                    (agent.clone(), table)
+                };
+            let target = selfheal::check::pipeline::target(&agent, &table);
+            agent_config = Some(agent);
             target
         }
         // clap's group requires one of the two already.
@@ -149,6 +160,30 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     }
     out.flush().context("cannot write the report")?;
     Ok(Finished::Done)
+}
+
+/// The `[auto]` agent `name` as `check` finds it: the table enriched for
+/// `[auto]`'s rules, the runtimes asked for the labelled containers, the
+/// agent among those found now (a container's label read from its
+/// runtime, never from what its processes say).
+fn auto_agent(
+    config: &selfheal_core::config::Config,
+    name: &str,
+    table: ProcessTable,
+    sources: &selfheal::runtime::Sources,
+) -> Result<(AgentConfig, ProcessTable), Error> {
+    let reading = agents::auto::reading(config);
+    let rules: Vec<&AgentConfig> = reading.iter().collect();
+    let table = agents::enrich_for(table, &rules, sources);
+    let found = agents::auto::agents(config, &table);
+    match found.iter().find(|a| a.name == name) {
+        Some(agent) => Ok((agent.clone(), table)),
+        None => Err(Error::NoSuchAutoAgent {
+            name: name.to_string(),
+            path: config.path.clone(),
+            found: found.into_iter().map(|a| a.name).collect(),
+        }),
+    }
 }
 
 /// The history `check` keeps for agent `name`, or none (said on stderr)

@@ -11,7 +11,7 @@
 //! in for the unit: PID 1 here is no systemd) is healed the same way,
 //! while another unit's server, whose accepted connection is cut the same
 //! way, stays healthy past the thresholds: an accepted connection has no
-//! role.
+//! role. `inspect` names an `[auto]` agent as `check` does.
 
 use std::{
     net::SocketAddr,
@@ -158,6 +158,28 @@ fn a_labelled_container_is_healed_and_one_claiming_the_label_otherwise_is_never_
             unwatched(run)
         });
         healed(&bed, &agent, "arunner", healing);
+        // `inspect` names the `[auto]` agent as check does: the labelled
+        // container's process, judged against check's history; a name of
+        // the same form that no container has is refused, saying what is.
+        let (text, doc) = bed.inspect(&agent).expect("inspect the [auto] agent");
+        assert_eq!(doc["agent"], agent.as_str(), "{doc}");
+        assert!(
+            doc["processes"]
+                .as_array()
+                .is_some_and(|ps| ps.iter().any(|p| p["pid"] == pid)),
+            "{doc}"
+        );
+        assert!(doc["verdict"].is_string(), "{doc}");
+        assert!(text.starts_with(&format!("agent {agent} ")), "{text}");
+        let none = format!("auto.docker.{name}.000000000000");
+        let e = bed
+            .inspect(&none)
+            .expect_err("no such [auto] agent")
+            .to_string();
+        assert!(
+            e.contains(&format!("no [auto] agent named {none:?}")) && e.contains(&agent),
+            "{e}"
+        );
         let inspect = |c: &str, format: &str| {
             run_ok(docker(sock).args(["inspect", "--format", format, c])).expect("docker inspect")
         };
