@@ -17,7 +17,7 @@ use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use selfheal_core::{
-    policy::{Policy, PolicyError, Target},
+    policy::{Policy, PolicyError, TargetProcess},
     protocol::Caller,
 };
 
@@ -79,7 +79,7 @@ fn check_rules(policy: &Policy, wider: &Policy, uids: &[u32]) {
         for (i, &a) in uids.iter().enumerate() {
             let b = uids[(i + 1) % uids.len()];
             for (pid, kernel_thread) in [(50, false), (1, false), (HELPER_PID, false), (51, true)] {
-                let target = Target {
+                let target = TargetProcess {
                     pid,
                     uids: [a, b, a],
                     kernel_thread,

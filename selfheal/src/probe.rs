@@ -56,11 +56,11 @@ pub const RUN_ALL_MARGIN: Duration = Duration::from_millis(500);
 /// The HTTP client could not be built.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot build the http client: {0}")]
-pub struct ClientError(#[source] reqwest::Error);
+pub struct HttpClientError(#[source] reqwest::Error);
 
 /// The HTTP client for probes with the default `redirects =
 /// "same-origin"`: [`client_for`].
-pub fn client() -> Result<reqwest::Client, ClientError> {
+pub fn client() -> Result<reqwest::Client, HttpClientError> {
     client_for(Redirects::SameOrigin)
 }
 
@@ -95,7 +95,7 @@ fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
 /// TLS is rustls (aws-lc-rs crypto, or the process default provider when
 /// one is installed), certificates checked against the platform's trust
 /// store; HTTP/1.1 only.
-pub fn client_for(redirects: Redirects) -> Result<reqwest::Client, ClientError> {
+pub fn client_for(redirects: Redirects) -> Result<reqwest::Client, HttpClientError> {
     let policy = match redirects {
         Redirects::None => reqwest::redirect::Policy::none(),
         Redirects::SameOrigin => reqwest::redirect::Policy::custom(|attempt| {
@@ -134,7 +134,7 @@ pub fn client_for(redirects: Redirects) -> Result<reqwest::Client, ClientError> 
         .no_proxy()
         .pool_max_idle_per_host(0)
         .build()
-        .map_err(ClientError)
+        .map_err(HttpClientError)
 }
 
 /// Runs one probe. Never fails and never outlives the probe's timeout

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    inspect::{EbpfStatus, InitDiagnosis, ProcessReport, Report, SocketReport, ThreadReport},
+    inspect::{EbpfReport, InitDiagnosis, ProcessReport, Report, SocketReport, ThreadReport},
     judge::{Judgement, Reason, Verdict},
     ladder::HealHistory,
     model::{DeadKind, DeadSocket, ReasonCode, SocketRole, TcpState},
@@ -60,8 +60,8 @@ pub fn no_init() -> InitDiagnosis {
 }
 
 /// A tracer built in that did not run.
-pub fn ebpf_idle() -> EbpfStatus {
-    EbpfStatus {
+pub fn ebpf_idle() -> EbpfReport {
+    EbpfReport {
         built_in: true,
         strategy: None,
         attempts: vec![],

@@ -51,12 +51,12 @@ pub struct Outcome {
     /// What the metrics need of the evidence (not in the JSON: `inspect`
     /// has all of it).
     #[serde(skip)]
-    pub evidence: Evidence,
+    pub evidence: EvidenceSummary,
 }
 
 /// The facts of an agent's evidence the metrics carry.
 #[derive(Clone, Debug, Default)]
-pub struct Evidence {
+pub struct EvidenceSummary {
     /// The eBPF strategy the evidence came from, if any.
     pub strategy: Option<&'static str>,
     /// The agent's processes (0: none found).

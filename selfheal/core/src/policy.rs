@@ -73,7 +73,7 @@ pub struct Policy {
 
 /// What the rules need to know about a target process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target {
+pub struct TargetProcess {
     pub pid: u32,
     /// Real, effective and saved uid.
     pub uids: [u32; 3],
@@ -92,13 +92,18 @@ impl Policy {
     }
 
     /// Whether `caller` may query `target` (watch it, read its eBPF data).
-    pub fn check_query(&self, caller: &Caller, target: &Target) -> Result<(), String> {
+    pub fn check_query(&self, caller: &Caller, target: &TargetProcess) -> Result<(), String> {
         self.check_reach(caller, target, "query")
     }
 
     /// Whether `caller` may reach every uid of `target`; `verb` names what
     /// it may not do in the refusal.
-    fn check_reach(&self, caller: &Caller, target: &Target, verb: &str) -> Result<(), String> {
+    fn check_reach(
+        &self,
+        caller: &Caller,
+        target: &TargetProcess,
+        verb: &str,
+    ) -> Result<(), String> {
         match target
             .uids
             .iter()
@@ -116,7 +121,7 @@ impl Policy {
     pub fn check_act(
         &self,
         caller: &Caller,
-        target: &Target,
+        target: &TargetProcess,
         helper_pid: u32,
     ) -> Result<(), String> {
         if let Some(why) = never_acted_on(target.pid, helper_pid) {
@@ -281,8 +286,8 @@ mod tests {
         }
     }
 
-    fn target(pid: u32, uid: u32) -> Target {
-        Target {
+    fn target(pid: u32, uid: u32) -> TargetProcess {
+        TargetProcess {
             pid,
             uids: [uid; 3],
             kernel_thread: false,
@@ -303,7 +308,7 @@ mod tests {
         assert!(p.check_query(&caller(1000), &target(50, 1001)).is_err());
         assert!(p.check_act(&caller(0), &target(50, 1000), 7).is_ok());
         // A setuid program started by the user is not the user's.
-        let setuid = Target {
+        let setuid = TargetProcess {
             pid: 60,
             uids: [1000, 0, 0],
             kernel_thread: false,
@@ -314,7 +319,7 @@ mod tests {
             let e = p.check_act(&caller(0), &target(pid, 0), 7).unwrap_err();
             assert!(e.contains(needle), "{e}");
         }
-        let kthread = Target {
+        let kthread = TargetProcess {
             kernel_thread: true,
             ..target(2, 0)
         };

@@ -10,7 +10,7 @@ use selfheal_core::{
     judge::{self, AgentHistory, Judgement, ProbeView, Reason, Verdict},
     ladder::{self, Decision},
     metrics,
-    outcome::{Evidence, Outcome},
+    outcome::{EvidenceSummary, Outcome},
     probe::ProbeResult,
     proc::Detail,
     prove::ProofWork,
@@ -100,7 +100,7 @@ pub(super) fn check_agent(
         probes,
         proofs,
         heal: None,
-        evidence: Evidence {
+        evidence: EvidenceSummary {
             strategy: report.ebpf.strategy.map(|s| s.name()),
             processes: report.processes.len(),
             iterated: report.collection.iterators,
@@ -180,7 +180,7 @@ fn over_budget(
         gaps: partial.gaps.iter().map(ToString::to_string).collect(),
         proofs: Vec::new(),
         heal: None,
-        evidence: Evidence {
+        evidence: EvidenceSummary {
             strategy: partial.ebpf.strategy.map(|s| s.name()),
             processes: partial.processes.len(),
             iterated: partial.collection.iterators,

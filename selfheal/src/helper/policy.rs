@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use selfheal_core::policy::{Policy, PolicyError, Target};
+use selfheal_core::policy::{Policy, PolicyError, TargetProcess};
 
 /// The policy file read when no `--policy` is given (if it exists).
 pub const DEFAULT_POLICY: &str = "/etc/selfheal/helper.toml";
@@ -50,11 +50,11 @@ pub fn load(path: Option<&Path>, euid: u32) -> Result<Policy, PolicyError> {
 }
 
 /// Reads `pid`'s identity from procfs; `None` when it is gone.
-pub fn read_target(pid: u32) -> Option<Target> {
+pub fn read_target(pid: u32) -> Option<TargetProcess> {
     let p = crate::sys::procfs::ProcRoot::default().process(pid).ok()?;
     let status = p.status().ok()?;
     let stat = p.stat().ok()?;
-    Some(Target {
+    Some(TargetProcess {
         pid,
         uids: [status.ruid, status.euid, status.suid],
         kernel_thread: stat.flags & PF_KTHREAD != 0,

@@ -77,7 +77,7 @@ pub fn build(ev: &Evidence) -> Report {
         sockets: socket_reports,
         init,
         zombies,
-        ebpf: EbpfStatus {
+        ebpf: EbpfReport {
             built_in: ev.ebpf.built_in,
             strategy: snapshot.map(|s| s.strategy),
             attempts: ev.ebpf.attempts.clone(),

@@ -42,7 +42,7 @@ pub struct Report {
     pub sockets: Vec<SocketReport>,
     pub zombies: Vec<Zombie>,
     pub init: InitDiagnosis,
-    pub ebpf: EbpfStatus,
+    pub ebpf: EbpfReport,
     /// Which readers read the processes: the kernel's task iterators or
     /// procfs, and why procfs where it did.
     pub collection: Collection,
@@ -187,7 +187,7 @@ pub struct InitDiagnosis {
 
 /// The tracer, as far as this report is concerned.
 #[derive(Clone, Debug, Serialize)]
-pub struct EbpfStatus {
+pub struct EbpfReport {
     pub built_in: bool,
     /// The strategy that attached, or `None`.
     pub strategy: Option<Strategy>,

@@ -5,7 +5,7 @@ use crate::{
     history::AgentRecord,
     judge::Reason,
     ladder::Decision,
-    outcome::{ActionOutcome, Evidence, HealReport},
+    outcome::{ActionOutcome, EvidenceSummary, HealReport},
     protocol::{Act, SocketRef},
     prove::ProofEvent,
 };
@@ -33,7 +33,7 @@ fn outcome(agent: &str, verdict: Verdict, reasons: &[&str]) -> Outcome {
         gaps: vec![],
         proofs: vec![],
         heal: None,
-        evidence: Evidence {
+        evidence: EvidenceSummary {
             strategy: None,
             processes: 1,
             iterated: 0,

@@ -15,7 +15,7 @@ use std::{
 };
 
 use selfheal_core::{
-    policy::Target,
+    policy::TargetProcess,
     protocol::{Caller, ErrorCode, WireError},
 };
 
@@ -29,7 +29,7 @@ use crate::{
 /// before every escalation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Identity {
-    pub(super) target: Target,
+    pub(super) target: TargetProcess,
     pub(super) start_ticks: u64,
     pub(super) exe: Option<PathBuf>,
 }
@@ -37,7 +37,7 @@ pub(super) struct Identity {
 /// Opens a pidfd on `pid` (checked against `start` when given) and reads
 /// the process's identity through it: the identity is of the process the
 /// pidfd holds, since it was still alive after the read.
-pub(super) fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, Target), WireError> {
+pub(super) fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, TargetProcess), WireError> {
     let gone = |m: String| refusal(ErrorCode::Gone, m);
     let fd = Pidfd::open(pid, start).map_err(|e| match &e {
         PidfdError::Gone { .. } => gone(format!("pid {pid} is not running")),
@@ -329,12 +329,13 @@ impl Shared {
         verb: &str,
         pid: u32,
         start: Option<u64>,
-    ) -> Result<(Pidfd, Target), WireError> {
+    ) -> Result<(Pidfd, TargetProcess), WireError> {
         if caller.uid == 0 {
             return pin(pid, start);
         }
         let hidden = || Self::out_of_reach(caller, verb, pid);
-        let reachable = |t: &Target| t.uids.iter().all(|u| self.policy.may_reach(caller.uid, *u));
+        let reachable =
+            |t: &TargetProcess| t.uids.iter().all(|u| self.policy.may_reach(caller.uid, *u));
         let before = read_target(pid).ok_or_else(hidden)?;
         if !reachable(&before) {
             return Err(hidden());
