@@ -160,7 +160,17 @@ pub struct IterTaskRecord {
 pub const ITER_TASK_RECORD_SIZE: usize = 80;
 const _: () = assert!(core::mem::size_of::<IterTaskRecord>() == ITER_TASK_RECORD_SIZE);
 
-/// One record of the `iter/task_file` program: a socket the process holds.
+/// One record of the `iter/task_file` program: a socket the process holds,
+/// and, for a TCP socket of an IPv4 or IPv6 family (`flags &
+/// SOCK_TCP`), what sock_diag would report of it, read from the socket
+/// itself in the same pass, whatever its network namespace.
+///
+/// Values are the kernel's raw fields: times in jiffies
+/// (`tcp_jiffies32`, the low 32 bits of `jiffies`) with the pass's
+/// `now_jiffies` beside them, so user space derives `tcp_info`'s ages as
+/// the kernel's `tcp_get_info` does (`jiffies_to_msecs(now - stamp)`);
+/// `rto_jiffies` is `icsk_rto`; the queues' sequence numbers as
+/// `tcp_diag_get_info` subtracts them. Zero where not `SOCK_TCP`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IterSockRecord {
@@ -171,10 +181,64 @@ pub struct IterSockRecord {
     /// The socket's inode number (what `/proc/PID/fd/N` names as
     /// `socket:[inode]`).
     pub inode: u64,
+    /// `SOCK_*` bits.
+    pub flags: u32,
+    /// `skc_family` (`AF_INET` 2, `AF_INET6` 10).
+    pub family: u16,
+    /// `skc_state` (`TCP_ESTABLISHED` 1 … of `include/net/tcp_states.h`).
+    pub state: u8,
+    /// `icsk_retransmits`, `icsk_backoff`, `icsk_probes_out`.
+    pub retransmits: u8,
+    pub backoff: u8,
+    pub probes: u8,
+    /// `skc_num`: the local port, host order.
+    pub local_port: u16,
+    /// `skc_dport`: the remote port, network order.
+    pub remote_port_be: u16,
+    pub pad: u16,
+    /// The local and remote addresses, network order: the first 4 bytes
+    /// for `AF_INET`, all 16 for `AF_INET6` (v4-mapped included).
+    pub local_addr: [u8; 16],
+    pub remote_addr: [u8; 16],
+    /// `skc_cookie`: 0 until something asked for it (sock_diag, `SO_COOKIE`).
+    pub cookie: u64,
+    /// The inode number of the socket's network namespace (`net.ns.inum`).
+    pub netns: u32,
+    /// `sk_uid`.
+    pub uid: u32,
+    /// `tcp_jiffies32` when the record was written.
+    pub now_jiffies: u32,
+    /// `lsndtime`, `icsk_ack.lrcvtime`, `rcv_tstamp` (jiffies).
+    pub lsndtime: u32,
+    pub lrcvtime: u32,
+    pub rcv_tstamp: u32,
+    /// `icsk_rto` (jiffies), `srtt_us` (µs, ×8), `packets_out`.
+    pub rto_jiffies: u32,
+    pub srtt_us: u32,
+    pub packets_out: u32,
+    /// `rcv_nxt`, `copied_seq`, `write_seq`, `snd_una`.
+    pub rcv_nxt: u32,
+    pub copied_seq: u32,
+    pub write_seq: u32,
+    pub snd_una: u32,
+    /// `data_segs_in`, `data_segs_out`.
+    pub data_segs_in: u32,
+    pub data_segs_out: u32,
+    pub pad2: u32,
+    /// `bytes_received`, `bytes_acked`.
+    pub bytes_received: u64,
+    pub bytes_acked: u64,
 }
 
+/// `IterSockRecord::flags` bit: the socket is a TCP socket of an IPv4 or
+/// IPv6 family, and its fields were read.
+pub const SOCK_TCP: u32 = 1 << 0;
+/// `IterSockRecord::flags` bit: the program was loaded without the TCP
+/// fields (this kernel's BTF lacks one): only `fd` and `inode` are set.
+pub const SOCK_NO_TCP_LAYOUT: u32 = 1 << 1;
+
 /// Size of one [`IterSockRecord`] in the iterator's output.
-pub const ITER_SOCK_RECORD_SIZE: usize = 16;
+pub const ITER_SOCK_RECORD_SIZE: usize = 152;
 const _: () = assert!(core::mem::size_of::<IterSockRecord>() == ITER_SOCK_RECORD_SIZE);
 
 /// Indexes of the `COUNTERS` array: events the programs could not record.

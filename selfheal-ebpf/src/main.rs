@@ -41,7 +41,7 @@
 use aya_ebpf::{
     bindings::{seq_file, task_struct},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_boot_ns,
+        bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_jiffies64, bpf_ktime_get_boot_ns,
         bpf_probe_read_kernel, bpf_seq_write, bpf_task_pt_regs,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
@@ -54,7 +54,7 @@ use aya_ebpf::{
 use selfheal_common::{
     EAGAIN, IPPROTO_TCP, InRecv, IterSockRecord, IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND,
     MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING,
-    SockActivity, WATCHED_WORDS, counter,
+    SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -119,6 +119,83 @@ static OFF_INODE_MODE: u64 = 0;
 /// `offsetof(struct inode, i_ino)`.
 #[unsafe(no_mangle)]
 static OFF_INODE_INO: u64 = 0;
+
+/// 1 when the `OFF_TCP_*` offsets below are set (the kernel's BTF has
+/// every field): the file iterator then reads TCP sockets' fields.
+#[unsafe(no_mangle)]
+static TCP_ON: u64 = 0;
+/// `offsetof(struct file, private_data)`, `offsetof(struct socket, file)`,
+/// `offsetof(struct socket, sk)`.
+#[unsafe(no_mangle)]
+static OFF_FILE_PRIVATE: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_SOCKET_FILE: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_SOCKET_SK: u64 = 0;
+/// Offsets from a `struct sock *` (see `selfheal::ebpf::layout::TcpLayout`).
+#[unsafe(no_mangle)]
+static OFF_TCP_FAMILY: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_STATE: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_NUM: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_DPORT: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_RCV_SADDR: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_DADDR: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_V6_RCV_SADDR: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_V6_DADDR: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_COOKIE: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_NET: u64 = 0;
+/// `offsetof(struct net, ns.inum)`.
+#[unsafe(no_mangle)]
+static OFF_NET_INUM: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_TYPE: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_PROTOCOL: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_UID: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_RTO: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_RETRANSMITS: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_BACKOFF: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_PROBES: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_LRCVTIME: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_LSNDTIME: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_RCV_TSTAMP: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_SRTT: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_PACKETS_OUT: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_RCV_NXT: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_COPIED_SEQ: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_WRITE_SEQ: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_SND_UNA: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_BYTES_RECEIVED: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_BYTES_ACKED: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_SEGS_IN: u64 = 0;
+#[unsafe(no_mangle)]
+static OFF_TCP_SEGS_OUT: u64 = 0;
 
 #[inline(always)]
 fn config(v: &'static u64) -> u64 {
@@ -799,7 +876,7 @@ pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
 
 /// `iter/task_file`: one `IterSockRecord` for each socket among the files
 /// the link's walk reaches (one process's: the kernel skips threads that
-/// share the leader's file table).
+/// share the leader's file table), with a TCP socket's fields.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task_file")]
 pub extern "C" fn iter_task_file(ctx: *mut BpfIterTaskFile) -> i32 {
@@ -816,13 +893,95 @@ pub extern "C" fn iter_task_file(ctx: *mut BpfIterTaskFile) -> i32 {
     if mode & S_IFMT != S_IFSOCK {
         return 0;
     }
-    let rec = IterSockRecord {
+    let mut rec = IterSockRecord {
         tgid: read_at(task as u64, config(&OFF_TASK_TGID)),
         fd: fd as u32,
         inode: read_at(inode, config(&OFF_INODE_INO)),
+        ..IterSockRecord::default()
     };
+    if config(&TCP_ON) == 0 {
+        rec.flags = SOCK_NO_TCP_LAYOUT;
+    } else {
+        tcp_fields(file as u64, &mut rec);
+    }
     seq_write(meta, &rec);
     0
+}
+
+/// `AF_INET`, `AF_INET6`, `SOCK_STREAM`.
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+const SOCK_STREAM: u16 = 1;
+
+/// An IPv4 address as read from memory (network order), in the first 4
+/// of 16 bytes.
+#[inline(always)]
+fn v4(a: u32) -> [u8; 16] {
+    let b = a.to_ne_bytes();
+    [b[0], b[1], b[2], b[3], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+}
+
+/// Fills `rec` with what sock_diag reports of the socket of `file`, and
+/// sets `SOCK_TCP`, when it is a TCP socket of an IPv4 or IPv6 family.
+/// Its `struct socket` must point back at `file`: an `O_PATH` descriptor
+/// of a socket's path has the mode of a socket but no socket behind it.
+#[inline(always)]
+fn tcp_fields(file: u64, rec: &mut IterSockRecord) {
+    let socket: u64 = read_at(file, config(&OFF_FILE_PRIVATE));
+    if socket == 0 || read_at::<u64>(socket, config(&OFF_SOCKET_FILE)) != file {
+        return;
+    }
+    let sk: u64 = read_at(socket, config(&OFF_SOCKET_SK));
+    if sk == 0 {
+        return;
+    }
+    let family: u16 = read_at(sk, config(&OFF_TCP_FAMILY));
+    if (family != AF_INET && family != AF_INET6)
+        || read_at::<u16>(sk, config(&OFF_TCP_TYPE)) != SOCK_STREAM
+        || read_at::<u16>(sk, config(&OFF_TCP_PROTOCOL)) != IPPROTO_TCP
+    {
+        return;
+    }
+    rec.family = family;
+    if family == AF_INET {
+        rec.local_addr = v4(read_at(sk, config(&OFF_TCP_RCV_SADDR)));
+        rec.remote_addr = v4(read_at(sk, config(&OFF_TCP_DADDR)));
+    } else {
+        rec.local_addr = read_at(sk, config(&OFF_TCP_V6_RCV_SADDR));
+        rec.remote_addr = read_at(sk, config(&OFF_TCP_V6_DADDR));
+    }
+    rec.state = read_at(sk, config(&OFF_TCP_STATE));
+    rec.local_port = read_at(sk, config(&OFF_TCP_NUM));
+    rec.remote_port_be = read_at(sk, config(&OFF_TCP_DPORT));
+    rec.cookie = read_at(sk, config(&OFF_TCP_COOKIE));
+    let net: u64 = read_at(sk, config(&OFF_TCP_NET));
+    rec.netns = if net == 0 {
+        0
+    } else {
+        read_at(net, config(&OFF_NET_INUM))
+    };
+    rec.uid = read_at(sk, config(&OFF_TCP_UID));
+    rec.retransmits = read_at(sk, config(&OFF_TCP_RETRANSMITS));
+    rec.backoff = read_at(sk, config(&OFF_TCP_BACKOFF));
+    rec.probes = read_at(sk, config(&OFF_TCP_PROBES));
+    rec.rto_jiffies = read_at(sk, config(&OFF_TCP_RTO));
+    rec.lsndtime = read_at(sk, config(&OFF_TCP_LSNDTIME));
+    rec.lrcvtime = read_at(sk, config(&OFF_TCP_LRCVTIME));
+    rec.rcv_tstamp = read_at(sk, config(&OFF_TCP_RCV_TSTAMP));
+    rec.srtt_us = read_at(sk, config(&OFF_TCP_SRTT));
+    rec.packets_out = read_at(sk, config(&OFF_TCP_PACKETS_OUT));
+    rec.rcv_nxt = read_at(sk, config(&OFF_TCP_RCV_NXT));
+    rec.copied_seq = read_at(sk, config(&OFF_TCP_COPIED_SEQ));
+    rec.write_seq = read_at(sk, config(&OFF_TCP_WRITE_SEQ));
+    rec.snd_una = read_at(sk, config(&OFF_TCP_SND_UNA));
+    rec.bytes_received = read_at(sk, config(&OFF_TCP_BYTES_RECEIVED));
+    rec.bytes_acked = read_at(sk, config(&OFF_TCP_BYTES_ACKED));
+    rec.data_segs_in = read_at(sk, config(&OFF_TCP_SEGS_IN));
+    rec.data_segs_out = read_at(sk, config(&OFF_TCP_SEGS_OUT));
+    // SAFETY: bpf_jiffies64 has no preconditions. Read last, as
+    // `tcp_get_info` reads `tcp_jiffies32` after the stamps it ages.
+    rec.now_jiffies = unsafe { bpf_jiffies64() } as u32;
+    rec.flags = SOCK_TCP;
 }
 
 #[cfg(not(test))]

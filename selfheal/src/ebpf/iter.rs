@@ -112,7 +112,7 @@ mod kernel {
     };
 
     use aya::{Btf, Ebpf, EbpfLoader, programs::Iter};
-    use selfheal_core::ebpf::iter::{parse_sock_records, parse_task_records};
+    use selfheal_core::ebpf::iter::{parse_sock_records, parse_task_records, tcp_pass};
 
     use super::{FILE_PROGRAM, IterError, IterProcess, TASK_PROGRAM};
     use crate::{
@@ -149,6 +149,8 @@ mod kernel {
         programs: Programs,
         /// The last pass's output, kept for its capacity.
         buf: Vec<u8>,
+        /// The kernel's tick rate, read on the first pass (0: unknown).
+        hz: Option<u32>,
     }
 
     impl TaskIter {
@@ -196,6 +198,50 @@ mod kernel {
                 .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
                 .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true)
                 .override_global("OFF_REGS_ARG1", &layout.regs_arg1, true);
+            match &layout.tcp {
+                Ok(t) => {
+                    loader
+                        .override_global("TCP_ON", &1u64, true)
+                        .override_global("OFF_FILE_PRIVATE", &t.file_private, true)
+                        .override_global("OFF_SOCKET_FILE", &t.socket_file, true)
+                        .override_global("OFF_SOCKET_SK", &t.socket_sk, true)
+                        .override_global("OFF_TCP_FAMILY", &t.family, true)
+                        .override_global("OFF_TCP_STATE", &t.state, true)
+                        .override_global("OFF_TCP_NUM", &t.num, true)
+                        .override_global("OFF_TCP_DPORT", &t.dport, true)
+                        .override_global("OFF_TCP_RCV_SADDR", &t.rcv_saddr, true)
+                        .override_global("OFF_TCP_DADDR", &t.daddr, true)
+                        .override_global("OFF_TCP_V6_RCV_SADDR", &t.v6_rcv_saddr, true)
+                        .override_global("OFF_TCP_V6_DADDR", &t.v6_daddr, true)
+                        .override_global("OFF_TCP_COOKIE", &t.cookie, true)
+                        .override_global("OFF_TCP_NET", &t.net, true)
+                        .override_global("OFF_NET_INUM", &t.net_inum, true)
+                        .override_global("OFF_TCP_TYPE", &t.sk_type, true)
+                        .override_global("OFF_TCP_PROTOCOL", &t.protocol, true)
+                        .override_global("OFF_TCP_UID", &t.uid, true)
+                        .override_global("OFF_TCP_RTO", &t.rto, true)
+                        .override_global("OFF_TCP_RETRANSMITS", &t.retransmits, true)
+                        .override_global("OFF_TCP_BACKOFF", &t.backoff, true)
+                        .override_global("OFF_TCP_PROBES", &t.probes, true)
+                        .override_global("OFF_TCP_LRCVTIME", &t.lrcvtime, true)
+                        .override_global("OFF_TCP_LSNDTIME", &t.lsndtime, true)
+                        .override_global("OFF_TCP_RCV_TSTAMP", &t.rcv_tstamp, true)
+                        .override_global("OFF_TCP_SRTT", &t.srtt_us, true)
+                        .override_global("OFF_TCP_PACKETS_OUT", &t.packets_out, true)
+                        .override_global("OFF_TCP_RCV_NXT", &t.rcv_nxt, true)
+                        .override_global("OFF_TCP_COPIED_SEQ", &t.copied_seq, true)
+                        .override_global("OFF_TCP_WRITE_SEQ", &t.write_seq, true)
+                        .override_global("OFF_TCP_SND_UNA", &t.snd_una, true)
+                        .override_global("OFF_TCP_BYTES_RECEIVED", &t.bytes_received, true)
+                        .override_global("OFF_TCP_BYTES_ACKED", &t.bytes_acked, true)
+                        .override_global("OFF_TCP_SEGS_IN", &t.data_segs_in, true)
+                        .override_global("OFF_TCP_SEGS_OUT", &t.data_segs_out, true);
+                }
+                Err(why) => tracing::warn!(
+                    "task iterators: sockets' TCP fields are not read on this kernel \
+                     (sock_diag reads them): {why}"
+                ),
+            }
             let mut ebpf = loader
                 .load(OBJECT)
                 .map_err(|e| IterError::Load { reason: chain(&e) })?;
@@ -209,6 +255,7 @@ mod kernel {
             Ok(Self {
                 programs: Programs::Loaded(Box::new(ebpf)),
                 buf: Vec::new(),
+                hz: None,
             })
         }
 
@@ -252,6 +299,7 @@ mod kernel {
             Ok(Self {
                 programs: Programs::Pinned(open(TASK_PROGRAM)?, open(FILE_PROGRAM)?),
                 buf: Vec::new(),
+                hz: None,
             })
         }
 
@@ -266,17 +314,20 @@ mod kernel {
                 Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
             };
             let threads = parse_task_records(walk(task, pidfd, &mut self.buf)?)?;
+            let records = parse_sock_records(walk(file, pidfd, &mut self.buf)?)?;
             let mut sockets: Vec<(i32, u64)> =
-                parse_sock_records(walk(file, pidfd, &mut self.buf)?)?
-                    .into_iter()
-                    .map(|s| (s.fd as i32, s.inode))
-                    .collect();
+                records.iter().map(|s| (s.fd as i32, s.inode)).collect();
             // Linux 6.1's task_file iterator may yield a file of a process
             // more than once (it revisits a file table its threads share):
-            // one entry per fd.
+            // one entry per fd (and one connection per socket: `tcp_pass`).
             sockets.sort_unstable();
             sockets.dedup();
-            Ok(IterProcess { threads, sockets })
+            let hz = *self.hz.get_or_insert_with(|| bpf::kernel_hz().unwrap_or(0));
+            Ok(IterProcess {
+                threads,
+                sockets,
+                tcp: tcp_pass(&records, hz),
+            })
         }
     }
 

@@ -34,6 +34,111 @@ pub struct KernelLayout {
     /// The `task_struct` fields the task iterator reads, or why this
     /// kernel's BTF lacks one (the tracer needs none of them).
     pub task: Result<TaskLayout, String>,
+    /// The socket and `tcp_sock` fields the file iterator reads, or why
+    /// this kernel's BTF lacks one (then sock_diag reads the sockets).
+    pub tcp: Result<TcpLayout, String>,
+}
+
+/// Offsets of what the file iterator reads of a TCP socket: from a
+/// `struct file` to its `struct socket` and back, to the `struct sock`,
+/// and within it (a `tcp_sock` begins with its `inet_connection_sock`,
+/// which begins with its `sock`, which begins with its `sock_common`, so
+/// every offset here is from the `struct sock *`). What the kernel's
+/// `tcp_get_info` and `inet_sk_diag_fill` read for sock_diag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpLayout {
+    /// `file.private_data`: a socket file's `struct socket *`.
+    pub file_private: u64,
+    /// `socket.file` (the back pointer that proves it is a socket file)
+    /// and `socket.sk`.
+    pub socket_file: u64,
+    pub socket_sk: u64,
+    /// `sock_common`: `skc_family`, `skc_state`, `skc_num` (local port,
+    /// host order), `skc_dport` (network order), `skc_rcv_saddr`,
+    /// `skc_daddr`, `skc_v6_rcv_saddr`, `skc_v6_daddr`, `skc_cookie`,
+    /// and `skc_net` → `net.ns.inum`.
+    pub family: u64,
+    pub state: u64,
+    pub num: u64,
+    pub dport: u64,
+    pub rcv_saddr: u64,
+    pub daddr: u64,
+    pub v6_rcv_saddr: u64,
+    pub v6_daddr: u64,
+    pub cookie: u64,
+    pub net: u64,
+    pub net_inum: u64,
+    /// `sock.sk_type`, `sock.sk_protocol`, `sock.sk_uid`.
+    pub sk_type: u64,
+    pub protocol: u64,
+    pub uid: u64,
+    /// `inet_connection_sock`: `icsk_rto`, `icsk_retransmits`,
+    /// `icsk_backoff`, `icsk_probes_out`, `icsk_ack.lrcvtime`.
+    pub rto: u64,
+    pub retransmits: u64,
+    pub backoff: u64,
+    pub probes: u64,
+    pub lrcvtime: u64,
+    /// `tcp_sock`: `lsndtime`, `rcv_tstamp`, `srtt_us`, `packets_out`,
+    /// `rcv_nxt`, `copied_seq`, `write_seq`, `snd_una`, `bytes_received`,
+    /// `bytes_acked`, `data_segs_in`, `data_segs_out`.
+    pub lsndtime: u64,
+    pub rcv_tstamp: u64,
+    pub srtt_us: u64,
+    pub packets_out: u64,
+    pub rcv_nxt: u64,
+    pub copied_seq: u64,
+    pub write_seq: u64,
+    pub snd_una: u64,
+    pub bytes_received: u64,
+    pub bytes_acked: u64,
+    pub data_segs_in: u64,
+    pub data_segs_out: u64,
+}
+
+impl TcpLayout {
+    fn from_btf(btf: &Btf) -> Result<Self, LayoutError> {
+        let at = |s: &str, path: &[&str]| member_path(btf, s, path);
+        let common = |m: &str| at("sock", &["__sk_common", m]);
+        let icsk = |path: &[&str]| at("inet_connection_sock", path);
+        let tcp = |m: &str| at("tcp_sock", &[m]);
+        Ok(Self {
+            file_private: at("file", &["private_data"])?,
+            socket_file: at("socket", &["file"])?,
+            socket_sk: at("socket", &["sk"])?,
+            family: common("skc_family")?,
+            state: common("skc_state")?,
+            num: common("skc_num")?,
+            dport: common("skc_dport")?,
+            rcv_saddr: common("skc_rcv_saddr")?,
+            daddr: common("skc_daddr")?,
+            v6_rcv_saddr: common("skc_v6_rcv_saddr")?,
+            v6_daddr: common("skc_v6_daddr")?,
+            cookie: common("skc_cookie")?,
+            net: common("skc_net")?,
+            net_inum: at("net", &["ns", "inum"])?,
+            sk_type: at("sock", &["sk_type"])?,
+            protocol: at("sock", &["sk_protocol"])?,
+            uid: at("sock", &["sk_uid"])?,
+            rto: icsk(&["icsk_rto"])?,
+            retransmits: icsk(&["icsk_retransmits"])?,
+            backoff: icsk(&["icsk_backoff"])?,
+            probes: icsk(&["icsk_probes_out"])?,
+            lrcvtime: icsk(&["icsk_ack", "lrcvtime"])?,
+            lsndtime: tcp("lsndtime")?,
+            rcv_tstamp: tcp("rcv_tstamp")?,
+            srtt_us: tcp("srtt_us")?,
+            packets_out: tcp("packets_out")?,
+            rcv_nxt: tcp("rcv_nxt")?,
+            copied_seq: tcp("copied_seq")?,
+            write_seq: tcp("write_seq")?,
+            snd_una: tcp("snd_una")?,
+            bytes_received: tcp("bytes_received")?,
+            bytes_acked: tcp("bytes_acked")?,
+            data_segs_in: tcp("data_segs_in")?,
+            data_segs_out: tcp("data_segs_out")?,
+        })
+    }
 }
 
 /// Offsets of what the task iterators read: in `struct task_struct`, and
@@ -166,6 +271,7 @@ impl KernelLayout {
             recvmsg_flags_arg,
             recvmsg_nonblock_arg: index("nonblock"),
             task: TaskLayout::from_btf(btf).map_err(|e| e.to_string()),
+            tcp: TcpLayout::from_btf(btf).map_err(|e| e.to_string()),
         })
     }
 }
@@ -227,6 +333,67 @@ fn member_offset(btf: &Btf, struct_name: &str, member: &str) -> Result<Position,
     find_member(btf, &s, member, 0, 0).ok_or_else(|| LayoutError::Missing {
         what: format!("member {struct_name}.{member}"),
     })
+}
+
+/// The byte offset of `path` (a member, then members of its type in
+/// turn) from the start of `struct_name`: `["icsk_ack", "lrcvtime"]` is
+/// `offsetof(struct inet_connection_sock, icsk_ack.lrcvtime)`. Every step
+/// must be a whole, byte-aligned member.
+fn member_path(btf: &Btf, struct_name: &str, path: &[&str]) -> Result<u64, LayoutError> {
+    let mut s = named_struct(btf, struct_name)?;
+    let mut off = 0;
+    let mut walked = struct_name.to_string();
+    for (i, name) in path.iter().enumerate() {
+        walked = format!("{walked}.{name}");
+        let missing = || LayoutError::Missing {
+            what: format!("member {walked}"),
+        };
+        let (pos, ty) = find_member_typed(btf, &s, name, 0, 0).ok_or_else(missing)?;
+        off += pos.whole(&walked)?;
+        if i + 1 < path.len() {
+            match ty.map(|t| resolve(btf, t)) {
+                Some(Type::Struct(inner) | Type::Union(inner)) => s = inner,
+                _ => {
+                    return Err(LayoutError::Unexpected {
+                        what: format!("{walked} is not a struct"),
+                    });
+                }
+            }
+        }
+    }
+    Ok(off)
+}
+
+/// [`find_member`], with the member's type.
+fn find_member_typed(
+    btf: &Btf,
+    s: &btf_rs::Struct,
+    name: &str,
+    base: u64,
+    depth: u32,
+) -> Option<(Position, Option<Type>)> {
+    if depth > 8 {
+        return None;
+    }
+    for m in &s.members {
+        let bits = base + u64::from(m.bit_offset());
+        let member_name = btf.resolve_name(m).unwrap_or_default();
+        let ty = btf.resolve_chained_type(m).ok();
+        if member_name == name {
+            let pos = Position {
+                bits,
+                bitfield: m.bitfield_size(),
+            };
+            return Some((pos, ty));
+        }
+        if member_name.is_empty()
+            && let Some(Type::Struct(inner) | Type::Union(inner)) = ty.map(|t| resolve(btf, t))
+            && let Some(found) = find_member_typed(btf, &inner, name, bits, depth + 1)
+        {
+            return Some(found);
+        }
+    }
+    None
 }
 
 /// Depth-first search through anonymous structs and unions.
@@ -328,6 +495,14 @@ mod tests {
         ] {
             assert!(off < 16384, "{task:?}");
         }
+        let tcp = layout.tcp.expect("tcp_sock layout");
+        // `struct sock` begins with its `sock_common`, whose first member
+        // is the address pair: the v4 addresses are at its very start.
+        assert_eq!((tcp.daddr, tcp.rcv_saddr), (0, 4), "{tcp:?}");
+        assert!(
+            tcp.lsndtime > tcp.rto && tcp.data_segs_out < 8192,
+            "{tcp:?}"
+        );
     }
 
     #[test]

@@ -193,3 +193,32 @@ pub fn is_bpffs_fd(fd: BorrowedFd<'_>) -> std::io::Result<bool> {
 pub fn mount_bpffs_on(dir: BorrowedFd<'_>) -> std::io::Result<()> {
     mount_bpffs(Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())))
 }
+
+/// The kernel's tick rate (`HZ`): the jiffies the file iterator's TCP
+/// stamps count in. The coarse clocks tick once a jiffy, so their
+/// resolution (`clock_getres(CLOCK_MONOTONIC_COARSE)`) is `TICK_NSEC`,
+/// `1 s / HZ` rounded; `None` where it is not a plausible tick (1 µs to
+/// 100 ms).
+pub fn kernel_hz() -> Option<u32> {
+    use nix::time::{ClockId, clock_getres};
+    let res = clock_getres(ClockId::CLOCK_MONOTONIC_COARSE).ok()?;
+    let ns = u64::try_from(res.tv_sec())
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(u64::try_from(res.tv_nsec()).ok()?)?;
+    if !(1_000..=100_000_000).contains(&ns) {
+        return None;
+    }
+    u32::try_from((1_000_000_000 + ns / 2) / ns).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The tick rate is one the kernel can be built with: 100, 250, 300
+    /// or 1000 (what `CONFIG_HZ` offers).
+    #[test]
+    fn the_tick_rate_is_a_kernel_config_value() {
+        let hz = super::kernel_hz().expect("coarse clock resolution");
+        assert!([100, 250, 300, 1000].contains(&hz), "{hz}");
+    }
+}

@@ -12,7 +12,10 @@
 use std::{collections::BTreeMap, os::fd::AsFd as _, time::Duration};
 
 use selfheal::{ebpf::iter, sys::pidfd::pidfd_open};
-use selfheal_core::ebpf::iter::{IterProcess, IterThread};
+use selfheal_core::{
+    ebpf::iter::{IterThread, TcpPass},
+    sockdiag::TcpSocket,
+};
 use tests::{Peer, listener, need_ebpf, wait_for};
 
 /// x86_64 `recvfrom`: what a blocking `recv` on a socket waits in.
@@ -137,6 +140,199 @@ fn threads_match_procfs() {
     );
 }
 
+/// `a`, read by the iterator, against the same socket in two sock_diag
+/// dumps, `before` and `after` the pass: every field equal but the ages
+/// (which grow between the reads: within the two dumps') and the timer
+/// (the pass does not read it).
+fn same_socket(a: &TcpSocket, before: &TcpSocket, after: &TcpSocket) {
+    let what = format!("iterator {a:#?}\nsock_diag before {before:#?}\nafter {after:#?}");
+    let (ai, bi, ci) = (
+        a.tcp_info.clone().expect("iterator tcp_info"),
+        before.tcp_info.clone().expect("tcp_info"),
+        after.tcp_info.clone().expect("tcp_info"),
+    );
+    let ages = |i: &selfheal_core::sockdiag::TcpInfo| {
+        [i.last_data_recv_ms, i.last_data_sent_ms, i.last_ack_recv_ms]
+    };
+    for ((x, lo), hi) in ages(&ai).into_iter().zip(ages(&bi)).zip(ages(&ci)) {
+        assert!(lo <= x && x <= hi, "ages out of order: {what}");
+    }
+    let without_ages = |i: selfheal_core::sockdiag::TcpInfo| selfheal_core::sockdiag::TcpInfo {
+        last_data_recv_ms: 0,
+        last_data_sent_ms: 0,
+        last_ack_recv_ms: 0,
+        ..i
+    };
+    assert_eq!(without_ages(ai), without_ages(bi), "{what}");
+    let plain = |s: &TcpSocket| TcpSocket {
+        timer: None,
+        tcp_info: None,
+        ..s.clone()
+    };
+    assert_eq!(plain(a), plain(before), "{what}");
+}
+
+/// The iterator's TCP connections of `pid` against sock_diag's dump of
+/// its namespace (`dump`, made before the pass and after): the same
+/// connections (every socket the process holds that the dump has, of
+/// `only` where given: other tests of this process make their own), each
+/// with the same fields (`same_socket`). Returns how many, and their
+/// namespace.
+fn tcp_matches_sock_diag(
+    it: &mut iter::TaskIter,
+    pid: u32,
+    only: Option<&std::collections::BTreeSet<u64>>,
+    dump: impl Fn() -> Vec<TcpSocket>,
+) -> (usize, u32) {
+    let pidfd = pidfd_open(pid).expect("pidfd");
+    let before = dump();
+    let pass = it.process(pidfd.as_fd()).expect("a pass");
+    let after = dump();
+    let TcpPass::Read(mut tcp) = pass.tcp else {
+        panic!("no TCP fields from the pass: {:?}", pass.tcp);
+    };
+    let held: std::collections::BTreeSet<u64> = pass
+        .sockets
+        .iter()
+        .map(|(_, i)| *i)
+        .filter(|i| only.is_none_or(|o| o.contains(i)))
+        .collect();
+    tcp.retain(|t| held.contains(&t.socket.inode));
+    let by_inode = |d: &[TcpSocket]| -> BTreeMap<u64, TcpSocket> {
+        d.iter()
+            .filter(|s| held.contains(&s.inode))
+            .map(|s| (s.inode, s.clone()))
+            .collect()
+    };
+    let (b, a) = (by_inode(&before), by_inode(&after));
+    let mine: Vec<u64> = tcp.iter().map(|t| t.socket.inode).collect();
+    assert_eq!(
+        mine,
+        b.keys().copied().collect::<Vec<_>>(),
+        "the pass's connections (left) against sock_diag's (right)"
+    );
+    let netns = tcp.first().map_or(0, |t| t.netns);
+    for t in &tcp {
+        same_socket(&t.socket, &b[&t.socket.inode], &a[&t.socket.inode]);
+        assert_eq!(t.netns, netns, "one process, one namespace here");
+    }
+    (tcp.len(), netns)
+}
+
+/// The TCP fields of the file iterator's pass against sock_diag on real
+/// connections: IPv4, IPv6 and v4-mapped (a dual-stack listener's
+/// accepted end), with data sent and received, beside a listener, a UDP
+/// socket, a unix pair and an `O_PATH` descriptor of a unix socket's path
+/// (none of them a connection); then in a network namespace the test
+/// makes, read from this one with no `setns`: first unread (its
+/// connections have no cookie until sock_diag gives them one), then equal.
+#[test]
+fn tcp_fields_match_sock_diag() {
+    let _area = tests::area(module_path!());
+    use std::{
+        io::{Read as _, Write as _},
+        os::{
+            fd::AsRawFd as _,
+            unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+        },
+    };
+    if !need_ebpf("iter::tcp_fields_match_sock_diag") {
+        return;
+    }
+    let mut held = Vec::new();
+    for (listen, connect) in [
+        ("127.0.0.1:0", None),
+        ("[::1]:0", None),
+        ("[::]:0", Some("127.0.0.1")),
+    ] {
+        let l = std::net::TcpListener::bind(listen).expect("bind");
+        let port = l.local_addr().unwrap().port();
+        let to = match connect {
+            Some(host) => format!("{host}:{port}"),
+            None => l.local_addr().unwrap().to_string(),
+        };
+        let mut c = std::net::TcpStream::connect(&to).expect("connect");
+        let (mut s, _) = l.accept().expect("accept");
+        c.write_all(&[7; 1000]).unwrap();
+        s.read_exact(&mut [0; 1000]).unwrap();
+        s.write_all(&[8; 10]).unwrap();
+        c.read_exact(&mut [0; 10]).unwrap();
+        held.push((l, c, s));
+    }
+    // Quiet for a while, so the ages the pass derives are not all zero.
+    std::thread::sleep(Duration::from_millis(300));
+    let mapped = held[2].2.local_addr().unwrap();
+    assert!(
+        matches!(mapped, std::net::SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_some()),
+        "{mapped}"
+    );
+    let _udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let _pair = std::os::unix::net::UnixStream::pair().unwrap();
+    let dir = tests::TempDir::new("tcpiter");
+    let path = dir.write("sock", "");
+    std::fs::remove_file(&path).unwrap();
+    let _bound = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let _o_path = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(&path)
+        .expect("O_PATH");
+
+    let inode = |fd: i32| {
+        std::fs::metadata(format!("/proc/self/fd/{fd}"))
+            .unwrap()
+            .ino()
+    };
+    let mut mine = std::collections::BTreeSet::new();
+    for (l, c, s) in &held {
+        use std::os::fd::AsRawFd as _;
+        mine.extend([l.as_raw_fd(), c.as_raw_fd(), s.as_raw_fd()].map(inode));
+    }
+    for fd in [
+        _udp.as_raw_fd(),
+        _pair.0.as_raw_fd(),
+        _bound.as_raw_fd(),
+        _o_path.as_raw_fd(),
+    ] {
+        mine.insert(inode(fd));
+    }
+    let mut it = iter::load().expect("load the task iterator");
+    let (n, ours) = tcp_matches_sock_diag(&mut it, std::process::id(), Some(&mine), || {
+        selfheal::sys::sockdiag::dump_tcp().expect("dump")
+    });
+    assert_eq!(n, 6, "three connections, both ends");
+    let own_ns = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+    assert_eq!(u64::from(ours), own_ns);
+
+    // Another network namespace, never entered by this process.
+    let ns = match tests::Netns::new("tcpit") {
+        Ok(ns) => ns,
+        Err(e) => panic!("cannot make a network namespace: {e}"),
+    };
+    let mut cmd = ns.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["limits", "2", "0", "0", "0"]);
+    let peer = tests::Peer::spawn(cmd);
+    peer.expect("ready ", Duration::from_secs(10));
+    let pid = peer.pid();
+    let first = it
+        .process(pidfd_open(pid).expect("pidfd").as_fd())
+        .expect("a pass");
+    assert!(
+        matches!(&first.tcp, TcpPass::Unread(why) if why.contains("no socket cookie")),
+        "{:?}",
+        first.tcp
+    );
+    let (n, theirs) = tcp_matches_sock_diag(&mut it, pid, None, || {
+        selfheal::sys::sockdiag::dump_tcp_in_netns_of(pid).expect("dump")
+    });
+    assert_eq!(n, 4, "two connections, both ends");
+    let their_ns = std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .unwrap()
+        .ino();
+    assert_eq!(u64::from(theirs), their_ns);
+    assert_ne!(theirs, ours);
+}
+
 #[test]
 fn a_process_gone_yields_nothing_or_an_error() {
     let _area = tests::area(module_path!());
@@ -148,7 +344,10 @@ fn a_process_gone_yields_nothing_or_an_error() {
     let pidfd = pidfd_open(child.id()).expect("pidfd");
     child.wait().expect("reap");
     match it.process(pidfd.as_fd()) {
-        Ok(p) => assert_eq!(p, IterProcess::default()),
+        Ok(p) => assert_eq!(
+            (p.threads, p.sockets, p.tcp),
+            (Vec::new(), Vec::new(), TcpPass::Read(Vec::new()))
+        ),
         Err(e) => assert!(e.to_string().contains("No such process"), "{e}"),
     }
     // The same iterator still walks a live process: only its own threads.
