@@ -296,8 +296,23 @@ fn check_reports_the_helpers_full_map_in_its_gaps() {
     };
     let result = std::panic::catch_unwind(|| {
         assert!(up.is_some(), "the helper did not come up");
-        // The first check has the helper watch this process.
-        let before = check(&dir);
+        // The first check has the helper watch this process. A helper that
+        // has not answered within the check's own wait (its tracer still
+        // loading on a loaded machine: 10 s were seen at a load of 15) is
+        // a gap the check says; asked again, at most twice more, before
+        // the test proper.
+        let began = Instant::now();
+        let mut before = check(&dir);
+        for _ in 0..2 {
+            if !before["gaps"].to_string().contains("did not answer") {
+                break;
+            }
+            before = check(&dir);
+        }
+        eprintln!(
+            "the helper answered with its eBPF after {:?}",
+            began.elapsed()
+        );
         let gaps = before["gaps"].to_string();
         assert!(!gaps.contains("SOCKS full"), "{gaps}");
         assert!(

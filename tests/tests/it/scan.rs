@@ -105,13 +105,20 @@ pub(super) fn until_in(
         }
         assert!(
             started.elapsed() < limit,
-            "not as wanted within {limit:?}: {:?}",
-            find(&run)
+            "not as wanted within {limit:?}: {:?}; the last scan ({:?}, {} findings) said: {}",
+            find(&run),
+            run.took,
+            run.findings.len(),
+            run.stderr.trim()
         );
         std::thread::sleep(SILENT_FOR / 4);
         run = scan();
     }
-    panic!("not as wanted after {polls} scans: {:?}", find(&run));
+    panic!(
+        "not as wanted after {polls} scans: {:?}; the last scan said: {}",
+        find(&run),
+        run.stderr.trim()
+    );
 }
 
 #[test]
