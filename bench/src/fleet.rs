@@ -29,7 +29,7 @@
 //! and every stall failed in its SDK within its bound from the fault (the
 //! cut, or the stall's first ping); every fate had a call that ended as
 //! it must; every agent's process is the one started (its pid kept); and
-//! the watch and helper held as in the churn soak (RSS,
+//! the watch and helper held as in the churn soak (memory,
 //! fds, snapshots, heal actions, both running). The bounds come from the
 //! longest gap measured between two checks of the watch (`tick`: its
 //! interval, or a check's own run when longer): a stall `stall_after` + 3
@@ -482,8 +482,9 @@ impl Fleet {
         }
         let started = Instant::now();
         let deadline = started + Duration::from_secs(args.seconds);
+        let state_dir = self.work.join("state");
         let sampler = std::thread::spawn(move || {
-            sample(watch_pid, helper_pid, started, deadline, || {
+            sample(watch_pid, helper_pid, &state_dir, started, deadline, || {
                 STOP.load(Ordering::Relaxed)
             })
         });

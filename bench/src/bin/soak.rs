@@ -21,8 +21,16 @@
 //! Every agent also has an HTTP probe (a status endpoint in this process),
 //! so the probe path runs every check too.
 //!
-//! Passes when, after the warm-up: neither process's RSS grew by 1 MiB or
-//! more (median of the first samples against the median of the last), the
+//! About every 10 s a sample also reads where each process's memory is
+//! (`/proc/PID/smaps`: heap, anonymous, file) and counts the records of the
+//! watch's saved history (heal actions, proofs, progress records); the
+//! report prints that timeline, so a growth says whether it levels off and
+//! what grew with it.
+//!
+//! Passes when, after the warm-up: neither process's anonymous memory
+//! (`RssAnon`: what it allocated) grew by 1 MiB or more (median of the
+//! first samples against the median of the last; the pages of its binary,
+//! read in and dropped by the kernel, are printed apart), the
 //! floor of their open fds did not rise, no not-ok verdict lacks its
 //! snapshot and every snapshot id reported is in the snapshot log, every
 //! injected wedge was found, healed and recovered, and both processes are
@@ -46,7 +54,7 @@ mod fleet;
 
 use bench::status_server;
 use serde_json::Value;
-use tests::{NetnsPair, Peer, is_root, open_fds, rss_kib};
+use tests::{NetnsPair, Peer, is_root, open_fds};
 
 const SEC: Duration = Duration::from_secs(1);
 /// First port of the slots' dispatch servers (inside namespace `b`).
@@ -144,10 +152,99 @@ struct Seen {
 #[derive(Clone)]
 struct Sample {
     at: f64,
+    /// `VmRSS`, `RssAnon` and `RssFile` ([`rss_of`]).
     rss_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
     fds: usize,
     /// What each fd is (`/proc/PID/fd/N` → target), to name a leak.
     open: BTreeMap<u32, String>,
+    /// Where the resident memory is, every [`DETAIL_EVERY`]th sample.
+    mem: Option<Mem>,
+    /// The watch's history as saved, at the same samples (the watch only).
+    census: Option<Census>,
+}
+
+/// Every this many samples (about 10 s apart), a sample also reads where
+/// the memory is and counts the watch's history.
+const DETAIL_EVERY: u64 = 10;
+
+/// A process's resident memory by kind of mapping (`/proc/PID/smaps`):
+/// the main heap (`[heap]`, brk), anonymous mappings (glibc's thread
+/// arenas, large allocations, thread stacks) and the rest (the binary,
+/// libraries, vdso), in KiB; and how many threads it runs.
+#[derive(Clone, Copy, Default)]
+struct Mem {
+    heap_kib: u64,
+    anon_kib: u64,
+    other_kib: u64,
+    threads: u64,
+}
+
+fn mem_of(pid: u32) -> Option<Mem> {
+    use procfs::process::MMapPath;
+    let p = procfs::process::Process::new(pid as i32).ok()?;
+    let mut m = Mem {
+        threads: p.status().ok()?.threads,
+        ..Mem::default()
+    };
+    for map in p.smaps().ok()? {
+        let kib = map.extension.map.get("Rss").copied().unwrap_or(0) / 1024;
+        match map.pathname {
+            MMapPath::Heap => m.heap_kib += kib,
+            MMapPath::Anonymous | MMapPath::Stack | MMapPath::TStack(_) => m.anon_kib += kib,
+            _ => m.other_kib += kib,
+        }
+    }
+    Some(m)
+}
+
+/// `pid`'s resident memory in KiB (`/proc/PID/status`): all of it
+/// (`VmRSS`), what it allocated (`RssAnon`: heap, arenas, stacks) and the
+/// pages of the files it maps (`RssFile`: its binary and libraries, read
+/// in as their code runs, dropped and read again under memory pressure).
+fn rss_of(pid: u32) -> Option<(u64, u64, u64)> {
+    let s = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .status()
+        .ok()?;
+    Some((s.vmrss?, s.rssanon?, s.rssfile?))
+}
+
+/// What the watch's saved history holds, summed over its agents: the
+/// records that could grow with time.
+#[derive(Clone, Copy, Default)]
+struct Census {
+    bytes: u64,
+    /// Heal actions of the last hour (`heal.actions`).
+    actions: u64,
+    /// Proof keepalives remembered (`judge.proofs`), answered peers,
+    /// per-connection progress, suspect and pending sockets.
+    proofs: u64,
+    answered: u64,
+    progress: u64,
+    suspects: u64,
+    pending: u64,
+}
+
+/// Reads `dir/state.json` (the store's envelope, its history in `data`).
+fn census_of(dir: &Path) -> Option<Census> {
+    let bytes = std::fs::read(dir.join(selfheal::store::STATE_FILE)).ok()?;
+    let mut v: Value = serde_json::from_slice(&bytes).ok()?;
+    let h: selfheal_core::history::History = serde_json::from_value(v["data"].take()).ok()?;
+    let mut c = Census {
+        bytes: bytes.len() as u64,
+        ..Census::default()
+    };
+    for a in h.agents.values() {
+        c.actions += a.heal.actions.len() as u64;
+        c.proofs += a.judge.proofs.len() as u64;
+        c.answered += a.judge.answered.len() as u64;
+        c.progress += a.judge.progress.len() as u64;
+        c.suspects += a.judge.suspect_since_ms.len() as u64;
+        c.pending += a.judge.pending.len() as u64;
+    }
+    Some(c)
 }
 
 fn main() {
@@ -220,7 +317,10 @@ fn main() {
     let deadline = started + Duration::from_secs(args.seconds);
     let sampler = {
         let stop = deadline;
-        std::thread::spawn(move || sample(watch_pid, helper_pid, started, stop, || false))
+        let state_dir = work.join("state");
+        std::thread::spawn(move || {
+            sample(watch_pid, helper_pid, &state_dir, started, stop, || false)
+        })
     };
     println!(
         "soak: {} s, {} agents churning, watch every {} ms with the helper, warm-up {warmup} s; work dir {}",
@@ -560,10 +660,12 @@ fn read_watch(stdout: impl std::io::Read, mut route: impl FnMut(Value)) -> Seen 
 }
 
 /// Samples both processes about every second until `stop`, or until
-/// `halted` says so.
+/// `halted` says so; every [`DETAIL_EVERY`]th sample also where their
+/// memory is and what the watch's history in `state_dir` holds.
 fn sample(
     watch: u32,
     helper: u32,
+    state_dir: &Path,
     started: Instant,
     stop: Instant,
     halted: impl Fn() -> bool,
@@ -579,13 +681,19 @@ fn sample(
         k += 1;
         std::thread::sleep(Duration::from_millis(700 + (k * 379) % 600));
         let at = started.elapsed().as_secs_f64();
+        let detail = k.is_multiple_of(DETAIL_EVERY);
         for (i, pid) in [watch, helper].into_iter().enumerate() {
-            if let (Some(rss_kib), Some(open)) = (rss_kib(pid), open_fds(pid)) {
+            if let (Some((rss_kib, anon_kib, file_kib)), Some(open)) = (rss_of(pid), open_fds(pid))
+            {
                 out[i].push(Sample {
                     at,
                     rss_kib,
+                    anon_kib,
+                    file_kib,
                     fds: open.len(),
                     open,
+                    mem: detail.then(|| mem_of(pid)).flatten(),
+                    census: (detail && i == 0).then(|| census_of(state_dir)).flatten(),
                 });
             }
         }
@@ -639,6 +747,61 @@ fn median(mut v: Vec<u64>) -> u64 {
     v[v.len() / 2]
 }
 
+/// Prints, about every 10 s, where the watch's and the helper's memory
+/// is and what the watch's history holds: whether a growth levels off,
+/// and what grows with it.
+fn timeline(samples: &[Vec<Sample>; 2]) {
+    println!(
+        "{:>5} | {:>7} {:>6} {:>6} {:>6} {:>3} | {:>7} {:>7} {:>6} {:>8} {:>6} {:>8} {:>5} | {:>7} {:>6} {:>6} {:>3}",
+        "t s",
+        "watch",
+        "heap",
+        "anon",
+        "other",
+        "thr",
+        "state B",
+        "actions",
+        "proofs",
+        "answered",
+        "progr",
+        "suspects",
+        "pend",
+        "helper",
+        "heap",
+        "anon",
+        "thr"
+    );
+    for w in &samples[0] {
+        let Some(wm) = w.mem else { continue };
+        let c = w.census.unwrap_or_default();
+        let h = samples[1].iter().find(|h| h.at == w.at);
+        let hm = h.and_then(|h| h.mem).unwrap_or_default();
+        println!(
+            "{:>5.0} | {:>7} {:>6} {:>6} {:>6} {:>3} | {:>7} {:>7} {:>6} {:>8} {:>6} {:>8} {:>5} | {:>7} {:>6} {:>6} {:>3}",
+            w.at,
+            w.rss_kib,
+            wm.heap_kib,
+            wm.anon_kib,
+            wm.other_kib,
+            wm.threads,
+            c.bytes,
+            c.actions,
+            c.proofs,
+            c.answered,
+            c.progress,
+            c.suspects,
+            c.pending,
+            h.map_or(0, |h| h.rss_kib),
+            hm.heap_kib,
+            hm.anon_kib,
+            hm.threads
+        );
+    }
+    println!(
+        "(RSS in KiB: heap is [heap], anon the anonymous mappings: thread arenas, large allocations, stacks)"
+    );
+}
+
 /// Prints the watch's and the helper's RSS and fds after `warmup`; what
 /// failed.
 fn usage(
@@ -649,14 +812,17 @@ fn usage(
 ) -> Vec<String> {
     let mut failures = Vec::new();
     println!();
+    timeline(samples);
     println!(
-        "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "{:<16} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11} {:>11} {:>8} {:>8} {:>8}",
         "process",
         "rss start",
         "rss warm",
         "rss end",
         "rss max",
         "growth",
+        "anon growth",
+        "file growth",
         "fds warm",
         "fds end",
         "fds max"
@@ -679,10 +845,15 @@ fn usage(
         // Medians of the first and last five samples after the warm-up: a
         // leak moves the level, a single allocation peak does not.
         let n = 5.min(after.len() / 2);
-        let warm = median(after[..n].iter().map(|x| x.rss_kib).collect());
-        let end = median(after[after.len() - n..].iter().map(|x| x.rss_kib).collect());
+        let growth_of = |f: fn(&Sample) -> u64| {
+            let warm = median(after[..n].iter().map(|x| f(x)).collect());
+            let end = median(after[after.len() - n..].iter().map(|x| f(x)).collect());
+            (warm, end, end as i64 - warm as i64)
+        };
+        let (warm, end, growth) = growth_of(|x| x.rss_kib);
+        let (anon_warm, anon_end, anon_growth) = growth_of(|x| x.anon_kib);
+        let (_, _, file_growth) = growth_of(|x| x.file_kib);
         let max = after.iter().map(|x| x.rss_kib).max().unwrap_or(0);
-        let growth = end as i64 - warm as i64;
         // The fd floor: a leak raises the fewest fds the process ever holds;
         // descriptors open during a check come and go.
         let q = (after.len() / 4).max(1);
@@ -694,12 +865,17 @@ fn usage(
             .unwrap_or(0);
         let fds_max = after.iter().map(|x| x.fds).max().unwrap_or(0);
         println!(
-            "{name:<16} {:>6} KiB {warm:>5} KiB {end:>5} KiB {max:>5} KiB {growth:>+5} KiB {fds_warm:>8} {fds_end:>8} {fds_max:>8}",
+            "{name:<16} {:>6} KiB {warm:>5} KiB {end:>5} KiB {max:>5} KiB {growth:>+5} KiB {anon_growth:>+7} KiB {file_growth:>+7} KiB {fds_warm:>8} {fds_end:>8} {fds_max:>8}",
             s.first().map_or(0, |x| x.rss_kib),
         );
-        if growth >= RSS_LIMIT_KIB {
+        // What the process allocated is what a leak grows: its anonymous
+        // memory. The pages of its binary (RssFile) are read in as code
+        // first runs and dropped and read again as the kernel needs memory:
+        // they move the RSS with no allocation at all, and never past the
+        // size of what is mapped.
+        if anon_growth >= RSS_LIMIT_KIB {
             failures.push(format!(
-                "{name}: RSS grew {growth} KiB after the warm-up (limit {RSS_LIMIT_KIB} KiB)"
+                "{name}: its anonymous memory (RssAnon: heap, arenas, stacks) grew {anon_growth} KiB after the warm-up, {anon_warm} to {anon_end} KiB (limit {RSS_LIMIT_KIB} KiB; RSS {growth:+} KiB, file pages {file_growth:+} KiB)"
             ));
         }
         if fds_end > fds_warm {
@@ -728,6 +904,20 @@ fn usage(
                 }
             ));
         }
+    }
+    // What the watch's history kept from the warm-up to the end: the
+    // records that grow with heals and connections (each within its own
+    // window: an hour of actions, ten minutes of proofs).
+    let census: Vec<(f64, Census)> = samples[0]
+        .iter()
+        .filter(|x| x.at >= warmup as f64)
+        .filter_map(|x| Some((x.at, x.census?)))
+        .collect();
+    if let (Some((t0, a)), Some((t1, b))) = (census.first(), census.last()) {
+        println!(
+            "watch history {t0:.0} s → {t1:.0} s: state {} → {} bytes, heal actions {} → {}, proofs {} → {}, progress records {} → {}",
+            a.bytes, b.bytes, a.actions, b.actions, a.proofs, b.proofs, a.progress, b.progress
+        );
     }
     failures
 }
