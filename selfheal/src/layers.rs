@@ -26,7 +26,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("actions", 3),
     ("store", 3),
     // What needs the acts: runtimes (their restart rung), the proof's
-    // keepalive, the snapshot log, the helper.
+    // keepalive, the snapshot log, the helper (its server, its client, and
+    // who may do what through it: `helper::access`).
     ("runtime", 4),
     ("prove", 4),
     ("snapshots", 4),

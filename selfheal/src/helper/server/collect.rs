@@ -31,7 +31,8 @@ use selfheal_core::{
 };
 use serde_json::Value;
 
-use super::{Shared, authz::masked, lock};
+use super::{Shared, lock};
+use crate::helper::access::authz::masked;
 use crate::{
     ebpf::{chain, iter::IterError},
     proc::{self, MemAccess},

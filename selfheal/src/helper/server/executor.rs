@@ -15,7 +15,7 @@ use crate::{
     actions::{
         self, ActOutcome, ActionError, Hand, Signalling, dup::SocketSeen, keepalive::Keepalive,
     },
-    helper::authority::Authority,
+    helper::access::authority::Authority,
     sys::pidfd::Pidfd,
 };
 

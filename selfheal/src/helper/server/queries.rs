@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, os::fd::AsFd as _};
 
 use selfheal_core::{
-    owner::Account,
+    access::owner::Account,
     protocol::{
         AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, IterateResult, IteratedProcess,
         Limits, MAX_PIDS, MAX_REQUEST_BYTES, PROTOCOL_VERSION, UnwatchResult, WatchResult,
@@ -19,7 +19,8 @@ use selfheal_core::{
 };
 use serde_json::Value;
 
-use super::{Shared, authz::Authorized, lock, refusal};
+use super::{Shared, lock, refusal};
+use crate::helper::access::authz::Authorized;
 use crate::{
     ebpf::{Tracer, TracerError, TracerOptions, chain},
     sys::pidfd::start_ticks,
@@ -342,7 +343,7 @@ impl Shared {
                 }
             }
         }
-        let (gone, refused) = super::authz::masked(caller, gone, refused);
+        let (gone, refused) = crate::helper::access::authz::masked(caller, gone, refused);
         let result = IterateResult {
             processes,
             gone,

@@ -3,7 +3,7 @@
 //! to the helper's own, and `/etc/subuid` (read bounded, from a file only
 //! root could have written, cached until it changes) with names from the
 //! passwd database. The rules that decide are
-//! [`selfheal_core::owner`]'s; [`ConnSet`] holds the open connections and
+//! [`selfheal_core::access::owner`]'s; [`ConnSet`] holds the open connections and
 //! admits, or closes one to admit, by them.
 
 use std::{
@@ -17,7 +17,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use selfheal_core::owner::{
+use selfheal_core::access::owner::{
     Account, Admission, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account, admit,
 };
 
@@ -253,7 +253,7 @@ fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
         crate::sys::procfs::ProcRoot::default().of_self(&format!("fdinfo/{}", pidfd.as_raw_fd())),
     )
     .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
-    let (now, _) = super::server::authz::parse_pidfd_fdinfo(&info);
+    let (now, _) = super::authz::parse_pidfd_fdinfo(&info);
     if now != Some(i64::from(pid)) {
         return Err(format!("pid {pid} exited while its namespace was read"));
     }

@@ -1,7 +1,7 @@
 //! The helper's authority is the kernel's: for a caller other than root,
 //! an act on a process needs what the kernel would demand of that caller
 //! acting itself (ptrace access: the rules are
-//! [`selfheal_core::authority`]'s), checked once before anything of the
+//! [`selfheal_core::access::authority`]'s), checked once before anything of the
 //! target is read for the caller and again right before the act — after
 //! `pidfd_getfd`, on the duplicate, for a socket act. This module owns
 //! reading what the rules need (the target's credentials, through the
@@ -29,8 +29,8 @@ use std::{
 };
 
 use selfheal_core::{
-    authority::{self as rules, CallerCreds, Seen, TaskCreds, UserNs},
-    policy::Policy,
+    access::authority::{self as rules, CallerCreds, Seen, TaskCreds, UserNs},
+    access::policy::Policy,
 };
 
 use crate::sys::pidfd::Pidfd;
