@@ -1656,7 +1656,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     assert!(start_ticks(pid).is_some(), "the process was signalled");
     // A target that exits: refused with that reason.
     drop(procs);
-    let e = authority.recheck(&target).unwrap_err();
+    let e = authority.recheck(&target).unwrap_err().to_string();
     assert!(e.contains("has exited"), "{e}");
 }
 

@@ -165,7 +165,7 @@ impl Shared {
         };
         let authority = Authority::check(caller, &target, &self.policy).map_err(|m| {
             if target.is_alive() {
-                forbidden(m)
+                forbidden(m.to_string())
             } else {
                 exited()
             }

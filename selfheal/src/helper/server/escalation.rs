@@ -134,7 +134,11 @@ impl Shared {
             Some(now) => self
                 .policy
                 .check_act(&caller, &now.target, self.helper_pid)
-                .and_then(|()| Authority::check(&caller, &target, &self.policy).map(|_| ()))
+                .and_then(|()| {
+                    Authority::check(&caller, &target, &self.policy)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
                 .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
         };
         let result = checked.and_then(|()| {

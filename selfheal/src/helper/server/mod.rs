@@ -131,7 +131,7 @@ pub trait Executor: Send + Sync {
     ) -> Result<ActOutcome, ActionError> {
         authority
             .recheck(target)
-            .map_err(|why| ActionError::Refused { why })?;
+            .map_err(|e| ActionError::Refused { why: e.to_string() })?;
         self.act(caller, target, act)
     }
 
@@ -283,8 +283,10 @@ pub enum ServerError {
     AlreadyRunning { path: PathBuf },
     #[error("refusing to replace {}: it exists and is not a socket", path.display())]
     NotASocket { path: PathBuf },
-    #[error("socket activation: {0}")]
-    Activation(String),
+    #[error("socket activation: {why}")]
+    Activation {
+        why: crate::sys::activation::ActivationError,
+    },
     #[error("{action}: {source}")]
     Sys {
         action: &'static str,
