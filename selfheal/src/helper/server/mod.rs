@@ -58,6 +58,8 @@ pub mod executor;
 pub mod listen;
 pub mod proofs;
 mod queries;
+
+pub use self::queries::NoIterators;
 mod ratelimit;
 
 use std::{
@@ -375,7 +377,7 @@ impl ServerHandle {
 
     /// Where the task iterators are pinned (root's checks link them; the
     /// helper answers `iterate` with them), or why they are not.
-    pub fn iterators(&self) -> Result<&std::path::Path, &str> {
+    pub fn iterators(&self) -> Result<&std::path::Path, &NoIterators> {
         match &self.stopper.shared.iterators_at {
             Ok(p) => Ok(p),
             Err(e) => Err(e),
@@ -534,9 +536,9 @@ pub(super) struct Shared {
     /// The task iterators the helper pinned, opened from their pins (or
     /// loaded unpinned where they could not be pinned), for `iterate` and
     /// `collect`; or why there are none.
-    iterators: Mutex<Result<crate::ebpf::iter::TaskIter, String>>,
+    iterators: Mutex<Result<crate::ebpf::iter::TaskIter, NoIterators>>,
     /// Where they are pinned, or why they are not.
-    iterators_at: Result<std::path::PathBuf, String>,
+    iterators_at: Result<std::path::PathBuf, NoIterators>,
     rate: RateLimiter,
     audit: Mutex<VecDeque<AuditRecord>>,
     audit_capacity: usize,

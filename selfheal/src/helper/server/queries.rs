@@ -81,22 +81,39 @@ pub(super) fn attach(
     }
 }
 
+/// Why the helper has no task iterators, or none pinned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoIterators {
+    /// The helper runs with eBPF off.
+    #[error("eBPF is disabled (--no-ebpf)")]
+    Disabled,
+    /// Only root may load or pin them.
+    #[error("the helper is not root")]
+    NotRoot,
+    /// Pinning, opening and loading them failed (`why`: each failure's
+    /// chain).
+    #[error("{why}")]
+    Failed { why: String },
+    /// They could not be pinned (`why`), and were loaded for the helper's
+    /// own passes.
+    #[error("{why}; loaded unpinned for the helper's own passes (`iterate`, `collect`)")]
+    Unpinned { why: String },
+}
+
 /// Pins the task iterators (root, eBPF on) and opens them from their
 /// pins, as a check does; or why not.
 pub(super) fn pin_iterators(
     ebpf: bool,
 ) -> (
-    Result<crate::ebpf::iter::TaskIter, String>,
-    Result<std::path::PathBuf, String>,
+    Result<crate::ebpf::iter::TaskIter, NoIterators>,
+    Result<std::path::PathBuf, NoIterators>,
 ) {
     use crate::ebpf::iter;
     if !ebpf {
-        let off = "eBPF is disabled (--no-ebpf)".to_string();
-        return (Err(off.clone()), Err(off));
+        return (Err(NoIterators::Disabled), Err(NoIterators::Disabled));
     }
     if crate::sys::creds::euid() != 0 {
-        let off = "the helper is not root".to_string();
-        return (Err(off.clone()), Err(off));
+        return (Err(NoIterators::NotRoot), Err(NoIterators::NotRoot));
     }
     // This build's pins, made before the helper started (the unit's
     // `ExecStartPre=+`, outside the sandbox that keeps the bpffs
@@ -112,15 +129,12 @@ pub(super) fn pin_iterators(
         // runtime's default AppArmor profile): loaded for the helper's own
         // passes, which need no pin.
         Err(why) => match iter::load() {
-            Ok(it) => (
-                Ok(it),
-                Err(format!(
-                    "{why}; loaded unpinned for the helper's own passes (`iterate`, `collect`)"
-                )),
-            ),
+            Ok(it) => (Ok(it), Err(NoIterators::Unpinned { why })),
             Err(e) => {
-                let why = format!("{} (and {why})", chain(&e));
-                (Err(why.clone()), Err(why))
+                let failed = NoIterators::Failed {
+                    why: format!("{} (and {why})", chain(&e)),
+                };
+                (Err(failed.clone()), Err(failed))
             }
         },
     }
@@ -304,8 +318,9 @@ impl Shared {
         same_ns: bool,
         pids: &[u32],
     ) -> Result<Value, WireError> {
-        let unavailable =
-            |why: &str| refusal(ErrorCode::Unavailable, format!("no task iterators: {why}"));
+        let unavailable = |why: &NoIterators| {
+            refusal(ErrorCode::Unavailable, format!("no task iterators: {why}"))
+        };
         if let Err(why) = &*lock(&self.iterators) {
             return Err(unavailable(why));
         }
