@@ -394,3 +394,33 @@ impl Shared {
         Ok(v)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn why_there_are_no_iterators_is_said_in_the_words_the_log_and_refusals_use() {
+        assert_eq!(
+            NoIterators::Disabled.to_string(),
+            "eBPF is disabled (--no-ebpf)"
+        );
+        assert_eq!(NoIterators::NotRoot.to_string(), "the helper is not root");
+        let unpinned = NoIterators::Unpinned {
+            why: "no bpffs".into(),
+        };
+        assert_eq!(
+            unpinned.to_string(),
+            "no bpffs; loaded unpinned for the helper's own passes (`iterate`, `collect`)"
+        );
+        // Not root: neither pinned nor loaded, and nothing is tried.
+        if crate::sys::creds::euid() != 0 {
+            let (it, at) = pin_iterators(true);
+            assert_eq!(it.err(), Some(NoIterators::NotRoot));
+            assert_eq!(at.err(), Some(NoIterators::NotRoot));
+        }
+        let (it, at) = pin_iterators(false);
+        assert_eq!(it.err(), Some(NoIterators::Disabled));
+        assert_eq!(at.err(), Some(NoIterators::Disabled));
+    }
+}
