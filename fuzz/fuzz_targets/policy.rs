@@ -17,7 +17,7 @@ use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use selfheal_core::{
-    policy::{Policy, PolicyError, TargetProcess},
+    access::policy::{Policy, PolicyError, TargetProcess},
     protocol::Caller,
 };
 

@@ -914,8 +914,9 @@ fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence)
         ..TracerOptions::default()
     }) {
         Ok(mut t) => {
-            let owners =
-                crate::helper::owner::Owners::new(crate::helper::owner::DEFAULT_SUBUID.into());
+            let owners = crate::helper::access::owner::Owners::new(
+                crate::helper::access::owner::DEFAULT_SUBUID.into(),
+            );
             for &pid in pids {
                 if let Err(e) = t.watch(pid, owners.of_process(pid).owner) {
                     ev.error = Some(ebpf::chain(&e));

@@ -1,8 +1,9 @@
 //! The library's layers, checked: each top-level module has a rank, and a
 //! module's code may name (`crate::x`) only modules of a lower rank. So the
 //! modules form layers with no import cycle, and a newcomer can tell from
-//! the table below what a module may lean on. Comments and `#[cfg(test)]`
-//! code are not counted; the command line (`src/cli`, in the binary) sits
+//! the table below what a module may lean on. Comments, `#[cfg(test)]`
+//! code and a module's `tests.rs` (declared `#[cfg(test)] mod tests;`)
+//! are not counted; the command line (`src/cli`, in the binary) sits
 //! above all of them. The lowest layer, `sys`, is the one seam to the
 //! system: no other file has an `unsafe` block or a `/proc` path.
 
@@ -26,7 +27,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("actions", 3),
     ("store", 3),
     // What needs the acts: runtimes (their restart rung), the proof's
-    // keepalive, the snapshot log, the helper.
+    // keepalive, the snapshot log, the helper (its server, its client, and
+    // who may do what through it: `helper::access`).
     ("runtime", 4),
     ("prove", 4),
     ("snapshots", 4),
@@ -91,6 +93,12 @@ fn named_modules(code: &str) -> Vec<String> {
     found
 }
 
+/// Whether `file` is a test module's own file (`tests.rs`, which its
+/// parent declares `#[cfg(test)] mod tests;`): all of it is test code.
+fn is_test_file(file: &Path) -> bool {
+    file.file_name().is_some_and(|n| n == "tests.rs")
+}
+
 /// A file's code without comments and without its `#[cfg(test)]` part.
 fn code_of(text: &str) -> String {
     let body = text.split("#[cfg(test)]").next().unwrap_or("");
@@ -135,7 +143,7 @@ fn upward_edges(src: &Path) -> Vec<String> {
                     .to_string()
             })
             .unwrap_or_default();
-        if matches!(first.as_str(), "cli" | "main" | "lib" | "layers") {
+        if matches!(first.as_str(), "cli" | "main" | "lib" | "layers") || is_test_file(rel) {
             continue;
         }
         let Some(&from) = rank.get(first.as_str()) else {
@@ -197,7 +205,7 @@ fn raw_outside_sys(src: &Path) -> Vec<(String, Raw)> {
     let mut out = Vec::new();
     for file in files {
         let rel = file.strip_prefix(src).unwrap_or(&file);
-        if rel.starts_with("sys") {
+        if rel.starts_with("sys") || is_test_file(rel) {
             continue;
         }
         let text = std::fs::read_to_string(&file)
@@ -305,6 +313,9 @@ fn an_upward_edge_is_found() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     std::fs::write(dir.join("trust.rs"), "use crate::check::Outcome;\n").expect("write");
     std::fs::write(dir.join("store.rs"), "use crate::{fs::x, trust};\n").expect("write");
+    // A test module's own file is test code.
+    std::fs::create_dir_all(dir.join("fs")).expect("temp dir");
+    std::fs::write(dir.join("fs/tests.rs"), "use crate::check::Outcome;\n").expect("write");
     let bad = upward_edges(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(bad, ["trust (rank 1) -> check (rank 7) in trust.rs"]);

@@ -304,6 +304,65 @@ struct HttpRequest<'a> {
 /// The most of a `bearer_file` that is read.
 const MAX_SECRET_BYTES: u64 = 64 << 10;
 
+/// Why a probe's credential could not be read. The message names the
+/// variable or file and what to do, and never holds the secret.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// `bearer_env` names a variable that is not set.
+    #[error("bearer_env: environment variable {name} is not set")]
+    EnvUnset { name: String },
+    /// `bearer_env` names a variable that is not UTF-8.
+    #[error("bearer_env: environment variable {name} is not UTF-8")]
+    EnvNotUtf8 { name: String },
+    /// `bearer_file` could not be opened, examined or read (`action`).
+    #[error("bearer_file {shown}: cannot {action}: {source}")]
+    File {
+        shown: String,
+        action: &'static str,
+        source: std::io::Error,
+    },
+    /// `bearer_file` is not a regular file.
+    #[error("bearer_file {shown}: not a regular file")]
+    NotAFile { shown: String },
+    /// `bearer_file` is owned by someone other than root or us.
+    #[error("bearer_file {shown}: owned by uid {owner}, not by root or uid {me}: chown it")]
+    Owner { shown: String, owner: u32, me: u32 },
+    /// `bearer_file` can be read or changed by other users.
+    #[error(
+        "bearer_file {shown}: mode {mode:04o} lets other users read or change it: chmod 600 it (or 640 for a group)"
+    )]
+    Mode { shown: String, mode: u32 },
+    /// `bearer_file` is over 64 KiB.
+    #[error("bearer_file {shown}: larger than 64 KiB")]
+    TooLarge { shown: String },
+    /// `bearer_file` is not UTF-8 text.
+    #[error("bearer_file {shown}: not UTF-8 text")]
+    NotUtf8 { shown: String },
+    /// The credential (`what`: its variable or file) is empty.
+    #[error("{what}: empty")]
+    Empty { what: String },
+    /// The credential holds control characters.
+    #[error("{what}: holds control characters")]
+    Control { what: String },
+}
+
+/// Why a probe's `auth` header could not be made.
+#[derive(Debug, thiserror::Error)]
+enum AuthError {
+    /// Its credential could not be read.
+    #[error("{source}")]
+    Secret {
+        #[from]
+        source: SecretError,
+    },
+    /// The configured header name is not one HTTP allows.
+    #[error("auth: bad header name {name:?}")]
+    HeaderName { name: String },
+    /// The credential cannot be sent in a header.
+    #[error("auth: the secret is not a valid header value")]
+    HeaderValue,
+}
+
 /// The credential of a probe's `auth`, read now: the first line of its
 /// file, or its environment variable. The error says what is wrong and
 /// what to do, and never holds the secret.
@@ -311,56 +370,58 @@ const MAX_SECRET_BYTES: u64 = 64 << 10;
 /// A file must be a regular file owned by root or by us, writable by
 /// nobody else and readable by no other user (group-readable is allowed,
 /// for a `root:selfheal 0640` file).
-pub fn read_secret(source: &SecretSource) -> Result<String, String> {
+pub fn read_secret(source: &SecretSource) -> Result<String, SecretError> {
     use std::{io::Read as _, os::unix::fs::MetadataExt as _};
     let text = match source {
         SecretSource::Env(name) => match std::env::var(name) {
             Ok(v) => v,
             Err(std::env::VarError::NotPresent) => {
-                return Err(format!(
-                    "bearer_env: environment variable {name} is not set"
-                ));
+                return Err(SecretError::EnvUnset { name: name.clone() });
             }
             Err(std::env::VarError::NotUnicode(_)) => {
-                return Err(format!(
-                    "bearer_env: environment variable {name} is not UTF-8"
-                ));
+                return Err(SecretError::EnvNotUtf8 { name: name.clone() });
             }
         },
         SecretSource::File(path) => {
             let shown = text::escape(&path.display().to_string());
-            let file = std::fs::File::open(path)
-                .map_err(|e| format!("bearer_file {shown}: cannot open: {e}"))?;
-            let meta = file
-                .metadata()
-                .map_err(|e| format!("bearer_file {shown}: cannot stat: {e}"))?;
+            let io = |action: &'static str| {
+                let shown = shown.clone();
+                move |source| SecretError::File {
+                    shown,
+                    action,
+                    source,
+                }
+            };
+            let file = std::fs::File::open(path).map_err(io("open"))?;
+            let meta = file.metadata().map_err(io("stat"))?;
             let me = crate::sys::creds::euid();
             if !meta.is_file() {
-                return Err(format!("bearer_file {shown}: not a regular file"));
+                return Err(SecretError::NotAFile { shown });
             }
             if meta.uid() != 0 && meta.uid() != me {
-                return Err(format!(
-                    "bearer_file {shown}: owned by uid {}, not by root or uid {me}: chown it",
-                    meta.uid()
-                ));
+                return Err(SecretError::Owner {
+                    shown,
+                    owner: meta.uid(),
+                    me,
+                });
             }
             if meta.mode() & 0o026 != 0 {
-                return Err(format!(
-                    "bearer_file {shown}: mode {:04o} lets other users read or change it: chmod 600 it (or 640 for a group)",
-                    meta.mode() & 0o7777
-                ));
+                return Err(SecretError::Mode {
+                    shown,
+                    mode: meta.mode() & 0o7777,
+                });
             }
             let mut bytes = Vec::new();
             file.take(MAX_SECRET_BYTES + 1)
                 .read_to_end(&mut bytes)
-                .map_err(|e| format!("bearer_file {shown}: cannot read: {e}"))?;
+                .map_err(io("read"))?;
             if bytes.len() as u64 > MAX_SECRET_BYTES {
-                return Err(format!("bearer_file {shown}: larger than 64 KiB"));
+                return Err(SecretError::TooLarge { shown });
             }
-            String::from_utf8(bytes).map_err(|_| format!("bearer_file {shown}: not UTF-8 text"))?
+            String::from_utf8(bytes).map_err(|_| SecretError::NotUtf8 { shown })?
         }
     };
-    let what = match source {
+    let what = || match source {
         SecretSource::Env(name) => format!("bearer_env {name}"),
         SecretSource::File(path) => {
             format!("bearer_file {}", text::escape(&path.display().to_string()))
@@ -368,10 +429,10 @@ pub fn read_secret(source: &SecretSource) -> Result<String, String> {
     };
     let secret = text.lines().next().unwrap_or("").trim();
     if secret.is_empty() {
-        return Err(format!("{what}: empty"));
+        return Err(SecretError::Empty { what: what() });
     }
     if secret.chars().any(char::is_control) {
-        return Err(format!("{what}: holds control characters"));
+        return Err(SecretError::Control { what: what() });
     }
     Ok(secret.to_string())
 }
@@ -379,18 +440,18 @@ pub fn read_secret(source: &SecretSource) -> Result<String, String> {
 /// The header a probe's `auth` sends, read now.
 fn auth_header(
     auth: &ProbeAuth,
-) -> Result<(reqwest::header::HeaderName, reqwest::header::HeaderValue), String> {
+) -> Result<(reqwest::header::HeaderName, reqwest::header::HeaderValue), AuthError> {
     let secret = read_secret(&auth.source)?;
     let (name, value) = match &auth.header {
         None => (reqwest::header::AUTHORIZATION, format!("Bearer {secret}")),
         Some(h) => (
             reqwest::header::HeaderName::from_bytes(h.as_bytes())
-                .map_err(|_| format!("auth: bad header name {h:?}"))?,
+                .map_err(|_| AuthError::HeaderName { name: h.clone() })?,
             secret,
         ),
     };
-    let mut value = reqwest::header::HeaderValue::from_str(&value)
-        .map_err(|_| "auth: the secret is not a valid header value".to_string())?;
+    let mut value =
+        reqwest::header::HeaderValue::from_str(&value).map_err(|_| AuthError::HeaderValue)?;
     value.set_sensitive(true);
     Ok((name, value))
 }
@@ -646,6 +707,47 @@ pub fn check_health_file(path: &Path, max_age: Duration) -> ProbeResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_that_cannot_be_used_is_named_never_shown() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let unset = SecretSource::Env("SELFHEAL_TEST_NO_SUCH_VARIABLE_9".into());
+        assert_eq!(
+            read_secret(&unset).unwrap_err().to_string(),
+            "bearer_env: environment variable SELFHEAL_TEST_NO_SUCH_VARIABLE_9 is not set"
+        );
+        let dir = std::env::temp_dir().join(format!("selfheal-secret-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let loose = read_secret(&SecretSource::File(file.clone())).unwrap_err();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let read = read_secret(&SecretSource::File(file.clone()));
+        std::fs::write(&file, "\n").unwrap();
+        let empty = read_secret(&SecretSource::File(file.clone())).unwrap_err();
+        let missing = read_secret(&SecretSource::File(dir.join("none"))).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        let shown = file.display();
+        assert_eq!(
+            loose.to_string(),
+            format!(
+                "bearer_file {shown}: mode 0644 lets other users read or change it: chmod 600 it (or 640 for a group)"
+            )
+        );
+        assert_eq!(read.unwrap(), "s3cret");
+        assert_eq!(empty.to_string(), format!("bearer_file {shown}: empty"));
+        let missing = missing.to_string();
+        assert!(
+            missing.starts_with(&format!(
+                "bearer_file {}: cannot open: ",
+                dir.join("none").display()
+            )),
+            "{missing}"
+        );
+        assert!(!loose.to_string().contains("s3cret"));
+    }
 
     #[test]
     fn io_kind_found_down_the_chain() {

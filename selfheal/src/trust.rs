@@ -21,8 +21,8 @@ use std::{
 };
 
 use selfheal_core::{
+    access::policy::PolicyError,
     config::{ConfigError, line_col, walk::Invalid},
-    policy::PolicyError,
 };
 
 /// Why a file was not opened.

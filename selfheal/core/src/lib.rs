@@ -29,12 +29,10 @@
 //!   people), [`history`] (what `check` remembers between runs),
 //!   [`metrics`] (the Prometheus text);
 //! - **heal**: [`ladder`] (the next step), [`protocol`] (what the root
-//!   helper and its clients say to each other), [`policy`] (who may query
-//!   and act on which process, and the helper's policy file), [`owner`]
-//!   (whom the helper counts a caller against, and each owner's fair
-//!   share), and
-//!   [`authority`] (what the kernel would let a caller of the helper do
-//!   itself);
+//!   helper and its clients say to each other), and [`access`] (who may
+//!   query and act on which process through the helper: its policy file,
+//!   what the kernel would let a caller do itself, and whom a caller counts
+//!   against, with each owner's fair share);
 //! - **keep**: [`state`] (the state file's envelope and its decoding).
 
 /// `Display` for each of the types named: each prints its `as_str()`.
@@ -48,7 +46,7 @@ macro_rules! display_as_str {
     )+};
 }
 
-pub mod authority;
+pub mod access;
 pub mod auto;
 pub mod cgroup;
 pub mod clock;
@@ -64,8 +62,6 @@ pub mod ladder;
 pub mod metrics;
 pub mod model;
 pub mod outcome;
-pub mod owner;
-pub mod policy;
 pub mod probe;
 pub mod proc;
 pub mod progress;

@@ -18,7 +18,7 @@
 use std::path::PathBuf;
 
 use selfheal::helper::ServerError;
-use selfheal_core::{config::ConfigError, policy::PolicyError};
+use selfheal_core::{access::policy::PolicyError, config::ConfigError};
 
 /// Done.
 pub const EXIT_OK: u8 = 0;

@@ -10,8 +10,8 @@ use nix::sys::signal::{SigSet, Signal};
 use selfheal::{
     ebpf::TracerOptions,
     helper::{
-        DEFAULT_SOCKET, Executor, Listen, SOCKET_MODE, ServerOptions, StopReason, policy, serve,
-        server::listen::take_activated_listener,
+        DEFAULT_SOCKET, Executor, Listen, SOCKET_MODE, ServerOptions, StopReason, access::policy,
+        serve, server::listen::take_activated_listener,
     },
 };
 

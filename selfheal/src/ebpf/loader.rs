@@ -126,7 +126,7 @@ impl Tracer {
     }
 
     /// Adds `tgid` to the pid filter, counting its socket entries against
-    /// `owner` ([`crate::helper::owner::Owners::of_process`]: the uid that
+    /// `owner` ([`crate::helper::access::owner::Owners::of_process`]: the uid that
     /// owns the process's uid), one of those that share the socket map.
     /// Refused when [`MAX_OWNED`] processes are watched already.
     pub fn watch(&mut self, tgid: u32, owner: u32) -> Result<(), TracerError> {

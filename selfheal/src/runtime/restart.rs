@@ -27,7 +27,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use super::{Runtime, Sources, docker};
+use selfheal_core::runtime::Runtime;
+
+use super::{Sources, docker};
 use crate::{
     actions::{self, ActionError},
     sys::pidfd::PidfdError,

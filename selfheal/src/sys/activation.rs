@@ -6,6 +6,38 @@ use std::{
     sync::atomic::{AtomicBool, Ordering},
 };
 
+/// Why the socket systemd passed cannot be taken or used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ActivationError {
+    /// This process's threads could not be counted.
+    #[error("cannot count this process's threads: {reason}")]
+    Threads { reason: String },
+    /// More than one thread runs, so the environment may not be changed.
+    #[error("the environment is changed only before any thread starts ({threads} run)")]
+    Threaded { threads: u64 },
+    /// `LISTEN_FDS` is set, but nothing was passed at fd 3.
+    #[error("LISTEN_FDS is set but fd 3 is not open")]
+    NoListener,
+    /// `LISTEN_PID` names this process but `LISTEN_FDS` is missing.
+    #[error("LISTEN_PID is set but LISTEN_FDS is not")]
+    NoFds,
+    /// `LISTEN_FDS` is not a number.
+    #[error("LISTEN_FDS={value:?} is not a number")]
+    BadFds { value: String },
+    /// The passed fd is a socket of another type (`kind`).
+    #[error("fd {fd}: a {kind} socket, not a stream socket")]
+    NotStream { fd: i32, kind: String },
+    /// The passed fd is not a socket.
+    #[error("fd {fd}: not a socket ({errno})")]
+    NotSocket { fd: i32, errno: nix::errno::Errno },
+    /// The passed socket does not listen.
+    #[error("fd {fd}: not a listening socket")]
+    NotListening { fd: i32 },
+    /// The passed socket has no unix address.
+    #[error("not a unix socket ({reason})")]
+    NotUnix { reason: String },
+}
+
 /// Set once the passed listener was taken: fd 3 has one owner.
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
@@ -14,7 +46,7 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// for its own. Changing the environment is sound only while no other
 /// thread runs: where one of them is set, refused (`Err`) in a process
 /// with more than one thread.
-pub fn take_env() -> Result<(Option<String>, Option<String>), String> {
+pub fn take_env() -> Result<(Option<String>, Option<String>), ActivationError> {
     const VARS: [&str; 3] = ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
     if VARS.iter().all(|v| std::env::var_os(v).is_none()) {
         return Ok((None, None));
@@ -23,11 +55,11 @@ pub fn take_env() -> Result<(Option<String>, Option<String>), String> {
         .process(std::process::id())
         .and_then(|p| p.status())
         .map(|s| s.threads)
-        .map_err(|e| format!("cannot count this process's threads: {e}"))?;
+        .map_err(|e| ActivationError::Threads {
+            reason: e.to_string(),
+        })?;
     if threads != 1 {
-        return Err(format!(
-            "the environment is changed only before any thread starts ({threads} run)"
-        ));
+        return Err(ActivationError::Threaded { threads });
     }
     let pid = std::env::var("LISTEN_PID").ok();
     let fds = std::env::var("LISTEN_FDS").ok();
@@ -42,7 +74,7 @@ pub fn take_env() -> Result<(Option<String>, Option<String>), String> {
 /// The listening socket of `n` passed fds (fd 3), taken once: every passed
 /// fd is made close-on-exec; fds after the first are left unused. `None`
 /// when it was taken already.
-pub fn take_listener(n: u32) -> Result<Option<OwnedFd>, String> {
+pub fn take_listener(n: u32) -> Result<Option<OwnedFd>, ActivationError> {
     if TAKEN.swap(true, Ordering::SeqCst) {
         return Ok(None);
     }
@@ -51,7 +83,7 @@ pub fn take_listener(n: u32) -> Result<Option<OwnedFd>, String> {
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
         if flags < 0 {
             if fd == 3 {
-                return Err("LISTEN_FDS is set but fd 3 is not open".into());
+                return Err(ActivationError::NoListener);
             }
             continue;
         }

@@ -104,7 +104,7 @@ impl Reader {
             )));
         }
         if self.child.is_none() {
-            self.child = Some(spawn().map_err(ReadError::Reader)?);
+            self.child = Some(spawn().map_err(|e| ReadError::Reader(e.to_string()))?);
         }
         let (child, sock) = self.child.as_mut().expect("just started");
         let mut req = [0u8; 24];
@@ -180,7 +180,7 @@ impl Reader {
         deadline: Instant,
     ) -> Result<Vec<u8>, ReadError> {
         if self.child.is_none() {
-            self.child = Some(spawn().map_err(ReadError::Reader)?);
+            self.child = Some(spawn().map_err(|e| ReadError::Reader(e.to_string()))?);
         }
         let (child, sock) = self.child.as_mut().expect("just started");
         let child = *child;
@@ -302,15 +302,26 @@ pub fn abandoned() -> Vec<u32> {
     left.iter().map(|p| p.as_raw() as u32).collect()
 }
 
-fn spawn() -> Result<(Pid, UnixStream), String> {
-    let (mine, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+/// Why no reader child could be started.
+#[derive(Debug, thiserror::Error)]
+enum SpawnError {
+    /// The socket pair to the child could not be made.
+    #[error("socketpair: {source}")]
+    SocketPair { source: std::io::Error },
+    /// The child could not be forked.
+    #[error("fork: {errno}")]
+    Fork { errno: nix::errno::Errno },
+}
+
+fn spawn() -> Result<(Pid, UnixStream), SpawnError> {
+    let (mine, theirs) = UnixStream::pair().map_err(|source| SpawnError::SocketPair { source })?;
     // Everything the child touches is allocated here, before the fork.
     let mut buf = vec![0u8; 8 + MAX_READ].into_boxed_slice();
     let fd = theirs.as_raw_fd();
     // SAFETY: the child makes raw system calls only (see `serve`) and
     // leaves with `_exit`; it never returns into Rust code that may take a
     // lock another thread held at the fork.
-    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+    match unsafe { nix::unistd::fork() }.map_err(|errno| SpawnError::Fork { errno })? {
         nix::unistd::ForkResult::Child => unsafe { serve(fd, &mut buf) },
         nix::unistd::ForkResult::Parent { child } => {
             drop(theirs);

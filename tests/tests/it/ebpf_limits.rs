@@ -131,7 +131,7 @@ fn me() -> Target {
 
 /// Whom `pid`'s socket entries count against, as the helper reads it.
 fn owner(pid: u32) -> u32 {
-    use selfheal::helper::owner::{DEFAULT_SUBUID, Owners};
+    use selfheal::helper::access::owner::{DEFAULT_SUBUID, Owners};
     Owners::new(DEFAULT_SUBUID.into()).of_process(pid).owner
 }
 

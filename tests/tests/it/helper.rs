@@ -30,7 +30,7 @@ use selfheal::{
     ebpf::TracerOptions,
     helper::{
         ClientError, DryExecutor, Executor, HelperClient, Listen, RateLimit, ServerHandle,
-        ServerOptions, StopReason, policy, serve,
+        ServerOptions, StopReason, access::policy, serve,
     },
     sys::pidfd::{Pidfd, start_ticks},
 };

@@ -1565,7 +1565,7 @@ fn restore_puts_back_only_what_the_helper_recorded() {
 #[test]
 fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     let _area = tests::area(module_path!());
-    use selfheal::{actions::ActionError, helper::authority::Authority};
+    use selfheal::{actions::ActionError, helper::access::authority::Authority};
     use selfheal_core::protocol::Caller;
     let test = "helper bad input: setuid exec between check and act";
     if !need_root(test) {
@@ -1656,7 +1656,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
     assert!(start_ticks(pid).is_some(), "the process was signalled");
     // A target that exits: refused with that reason.
     drop(procs);
-    let e = authority.recheck(&target).unwrap_err();
+    let e = authority.recheck(&target).unwrap_err().to_string();
     assert!(e.contains("has exited"), "{e}");
 }
 

@@ -594,8 +594,8 @@ fn exec_sleep(pid: u32) {
 #[test]
 fn the_owner_of_a_namespace_is_its_outermost_creator() {
     let _area = tests::area(module_path!());
-    use selfheal::helper::owner::Owners;
-    use selfheal_core::owner::Basis;
+    use selfheal::helper::access::owner::Owners;
+    use selfheal_core::access::owner::Basis;
     let test = "limits: namespace owners";
     if !need_root(test) {
         return;

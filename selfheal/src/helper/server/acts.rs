@@ -13,21 +13,19 @@ use std::{
 };
 
 use selfheal_core::{
-    owner::Account,
-    policy::never_acted_on,
+    access::owner::Account,
+    access::policy::never_acted_on,
     protocol::{Act, ActRequest, Action, Caller, ErrorCode, MAX_GRACE, WireError},
 };
 use serde_json::Value;
 
-use super::{
-    Executor, Shared,
-    authz::{check_socket_fd, identity},
-    escalation::Escalation,
-    lock, refusal,
-};
+use super::{Executor, Shared, escalation::Escalation, lock, refusal};
 use crate::{
     actions::{ActOutcome, ActionError, DryRun},
-    helper::authority::Authority,
+    helper::access::{
+        authority::Authority,
+        authz::{check_socket_fd, identity},
+    },
     sys::pidfd::Pidfd,
 };
 
@@ -167,7 +165,7 @@ impl Shared {
         };
         let authority = Authority::check(caller, &target, &self.policy).map_err(|m| {
             if target.is_alive() {
-                forbidden(m)
+                forbidden(m.to_string())
             } else {
                 exited()
             }

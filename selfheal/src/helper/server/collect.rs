@@ -31,11 +31,16 @@ use selfheal_core::{
 };
 use serde_json::Value;
 
-use super::{Shared, authz::masked, lock};
+use super::{Shared, lock};
+use crate::helper::access::authz::masked;
 use crate::{
     ebpf::{chain, iter::IterError},
     proc::{self, MemAccess},
-    sys::{memread::Reader, procfs::ProcRoot, sockdiag},
+    sys::{
+        memread::Reader,
+        procfs::ProcRoot,
+        sockdiag::{self, SockDiagError},
+    },
 };
 
 impl Shared {
@@ -55,7 +60,7 @@ impl Shared {
         };
         let root = ProcRoot::default();
         let mut reader = Reader::default();
-        let mut dumps: BTreeMap<u64, Result<Vec<TcpSocket>, String>> = BTreeMap::new();
+        let mut dumps: BTreeMap<u64, Result<Vec<TcpSocket>, SockDiagError>> = BTreeMap::new();
         let mut result = CollectResult {
             processes: Vec::new(),
             gone: Vec::new(),
@@ -114,9 +119,9 @@ impl Shared {
                     }
                     let (tcp, tcp_error) = match (net_ns, process.sockets.is_empty()) {
                         (Some(ns), false) => {
-                            let dump = dumps.entry(ns).or_insert_with(|| {
-                                sockdiag::dump_tcp_in_netns_of(pid).map_err(|e| e.to_string())
-                            });
+                            let dump = dumps
+                                .entry(ns)
+                                .or_insert_with(|| sockdiag::dump_tcp_in_netns_of(pid));
                             held(dump, &process.sockets)
                         }
                         (None, false) => (
@@ -216,7 +221,7 @@ fn withhold_kernel_stacks(process: &mut selfheal_core::proc::ProcessInfo) {
 /// The sockets of `dump` among `sockets` (`(fd, inode)`), in the dump's
 /// order; or why the dump failed.
 fn held(
-    dump: &Result<Vec<TcpSocket>, String>,
+    dump: &Result<Vec<TcpSocket>, SockDiagError>,
     sockets: &[(i32, u64)],
 ) -> (Option<Vec<TcpSocket>>, Option<String>) {
     match dump {
@@ -229,6 +234,6 @@ fn held(
                 .collect();
             (Some(mine), None)
         }
-        Err(why) => (None, Some(why.clone())),
+        Err(why) => (None, Some(why.to_string())),
     }
 }

@@ -15,14 +15,12 @@ use std::{
 };
 
 use selfheal_core::{
-    owner::{Account, ConnLimits},
+    access::owner::{Account, ConnLimits},
     protocol::{Caller, ErrorCode, MAX_REQUEST_BYTES, Op, Response, parse_request},
 };
 
-use super::{
-    ServerError, Shared, StopReason, authz::Connector, listen::BoundSocket, lock, refusal,
-};
-use crate::helper::owner::ConnSet;
+use super::{ServerError, Shared, StopReason, listen::BoundSocket, lock, refusal};
+use crate::helper::access::{authz::Connector, owner::ConnSet};
 
 pub(super) struct Conns {
     /// The open connections, by owner.

@@ -17,16 +17,18 @@ use std::{
 };
 
 use selfheal_core::{
-    owner::Account,
+    access::owner::Account,
     protocol::{Act, ActRequest, Caller, ErrorCode, WireError},
 };
 
-use super::{
-    Shared,
-    authz::{Identity, identity},
-    lock, refusal,
+use super::{Shared, lock, refusal};
+use crate::{
+    helper::access::{
+        authority::Authority,
+        authz::{Identity, identity},
+    },
+    sys::pidfd::Pidfd,
 };
-use crate::{helper::authority::Authority, sys::pidfd::Pidfd};
 
 /// The escalations the timer thread will run: bounded in all, per owner,
 /// and root's apart.
@@ -83,12 +85,12 @@ impl Shared {
         for e in &table.pending {
             *pending.entry(e.owner).or_default() += 1;
         }
-        let limits = selfheal_core::owner::EscalationLimits {
+        let limits = selfheal_core::access::owner::EscalationLimits {
             max: table.max,
             per_owner: table.max_per_uid,
             root_reserve: table.root_reserve,
         };
-        selfheal_core::owner::escalation_room(&pending, account, &limits).map_err(|why| {
+        selfheal_core::access::owner::escalation_room(&pending, account, &limits).map_err(|why| {
             refusal(
                 ErrorCode::Busy,
                 format!(
@@ -132,7 +134,11 @@ impl Shared {
             Some(now) => self
                 .policy
                 .check_act(&caller, &now.target, self.helper_pid)
-                .and_then(|()| Authority::check(&caller, &target, &self.policy).map(|_| ()))
+                .and_then(|()| {
+                    Authority::check(&caller, &target, &self.policy)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
                 .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
         };
         let result = checked.and_then(|()| {

@@ -15,7 +15,7 @@ use crate::{
     actions::{
         self, ActOutcome, ActionError, Hand, Signalling, dup::SocketSeen, keepalive::Keepalive,
     },
-    helper::authority::Authority,
+    helper::access::authority::Authority,
     sys::pidfd::Pidfd,
 };
 
@@ -130,7 +130,7 @@ impl HelperHand<'_> {
             .ok_or(ActionError::NotTheHelpers { act: act.name() })?;
         self.authority
             .check_socket(action, self.target, std::os::fd::AsFd::as_fd(seen.fd))
-            .map_err(|why| ActionError::Refused { why })
+            .map_err(|e| ActionError::Refused { why: e.to_string() })
     }
 }
 
@@ -158,7 +158,7 @@ impl Hand for HelperHand<'_> {
             Act::Signal { .. } => self
                 .authority
                 .recheck(self.target)
-                .map_err(|why| ActionError::Refused { why }),
+                .map_err(|e| ActionError::Refused { why: e.to_string() }),
             Act::Restart { .. } | Act::RestartContainer(_) => Err(ActionError::NotHere {
                 why: "the helper does not run restart commands: the caller runs its own".into(),
             }),

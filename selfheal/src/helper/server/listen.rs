@@ -18,6 +18,7 @@ use std::{
 use nix::sys::socket::{getsockopt, sockopt};
 
 use super::ServerError;
+use crate::sys::activation::ActivationError;
 
 /// Where the helper listens when no `--socket` is given.
 pub const DEFAULT_SOCKET: &str = "/run/selfheal/helper.sock";
@@ -46,7 +47,7 @@ pub fn activation(
     listen_pid: Option<&str>,
     listen_fds: Option<&str>,
     our_pid: u32,
-) -> Result<Option<u32>, String> {
+) -> Result<Option<u32>, ActivationError> {
     let Some(pid) = listen_pid else {
         return Ok(None);
     };
@@ -54,11 +55,10 @@ pub fn activation(
     if pid.trim().parse::<u32>().ok() != Some(our_pid) {
         return Ok(None);
     }
-    let fds = listen_fds.ok_or("LISTEN_PID is set but LISTEN_FDS is not")?;
-    let n: u32 = fds
-        .trim()
-        .parse()
-        .map_err(|_| format!("LISTEN_FDS={fds:?} is not a number"))?;
+    let fds = listen_fds.ok_or(ActivationError::NoFds)?;
+    let n: u32 = fds.trim().parse().map_err(|_| ActivationError::BadFds {
+        value: fds.to_string(),
+    })?;
     Ok((n > 0).then_some(n))
 }
 
@@ -70,12 +70,13 @@ pub fn activation(
 /// process with one thread: call it first thing, before any thread starts
 /// ([`crate::sys::activation::take_env`]).
 pub fn take_activated_listener() -> Result<Option<OwnedFd>, ServerError> {
-    let (pid, fds) = crate::sys::activation::take_env().map_err(ServerError::Activation)?;
+    let activation_error = |why| ServerError::Activation { why };
+    let (pid, fds) = crate::sys::activation::take_env().map_err(activation_error)?;
     let found = activation(pid.as_deref(), fds.as_deref(), std::process::id());
-    let Some(n) = found.map_err(ServerError::Activation)? else {
+    let Some(n) = found.map_err(activation_error)? else {
         return Ok(None);
     };
-    crate::sys::activation::take_listener(n).map_err(ServerError::Activation)
+    crate::sys::activation::take_listener(n).map_err(activation_error)
 }
 
 /// A socket file we bound, removed on exit if it is still ours.
@@ -262,19 +263,27 @@ pub(super) fn bind_path(path: &Path) -> Result<(UnixListener, BoundSocket), Serv
 
 /// Checks that a handed-over fd is a listening unix stream socket.
 pub(super) fn listener_from_fd(fd: OwnedFd) -> Result<UnixListener, ServerError> {
-    let bad = |what: String| ServerError::Activation(format!("fd {}: {what}", fd.as_raw_fd()));
+    let bad = |why| ServerError::Activation { why };
+    let n = fd.as_raw_fd();
     match getsockopt(&fd, sockopt::SockType) {
         Ok(nix::sys::socket::SockType::Stream) => {}
-        Ok(t) => return Err(bad(format!("a {t:?} socket, not a stream socket"))),
-        Err(e) => return Err(bad(format!("not a socket ({e})"))),
+        Ok(t) => {
+            return Err(bad(ActivationError::NotStream {
+                fd: n,
+                kind: format!("{t:?}"),
+            }));
+        }
+        Err(errno) => return Err(bad(ActivationError::NotSocket { fd: n, errno })),
     }
     if !getsockopt(&fd, sockopt::AcceptConn).unwrap_or(false) {
-        return Err(bad("not a listening socket".into()));
+        return Err(bad(ActivationError::NotListening { fd: n }));
     }
     let listener = UnixListener::from(fd);
-    listener
-        .local_addr()
-        .map_err(|e| ServerError::Activation(format!("not a unix socket ({e})")))?;
+    listener.local_addr().map_err(|e| {
+        bad(ActivationError::NotUnix {
+            reason: e.to_string(),
+        })
+    })?;
     Ok(listener)
 }
 
@@ -295,6 +304,7 @@ mod tests {
         assert!(
             activation(Some("10"), Some("two"), 10)
                 .unwrap_err()
+                .to_string()
                 .contains("LISTEN_FDS")
         );
     }

@@ -7,7 +7,7 @@
 //! on their number (in all, a fair share per owner, and a reserve only
 //! root may use), frames requests with size and time limits, keeps a
 //! per-owner rate limit and cap on acts in flight (the owner: the
-//! caller's real one, [`super::owner`]), authorizes every request by
+//! caller's real one, [`super::access::owner`]), authorizes every request by
 //! `SO_PEERCRED` and a pidfd of the process that connected
 //! (`SO_PEERPIDFD`: it must still live, in the helper's pid namespace, on
 //! every request), and every pid it names (policy), keeps the eBPF tracer
@@ -15,7 +15,7 @@
 //! `signal` act's grace, the policy checked again first), audits every
 //! action ([`audit`]), and shuts down gracefully. For a caller other than
 //! root, an act also needs the kernel's own authority
-//! ([`super::authority`]: ptrace access, checked before the target's fds
+//! ([`super::access::authority`]: ptrace access, checked before the target's fds
 //! are read and again right before the act). An idle timeout waits while
 //! the executor holds state an exit would lose
 //! ([`Executor::holds_state`]). The actions themselves are the
@@ -26,12 +26,12 @@
 //! Its rooms: `listen` (binding, the socket's directory, socket
 //! activation), `conn` (the accept loop, one connection's framing, and
 //! each request's dispatch), `ratelimit` (the per-owner token bucket),
-//! `authz` (who asks, and which processes and fds a request may touch),
 //! `queries` (`hello` and the eBPF tracer's watch, unwatch and snapshot),
 //! `acts` (an act, checked then handed to the executor), `executor` (the
 //! real actions, by the helper's hand), `proofs` (the proof keepalives it
 //! armed), `escalation` (the SIGKILL timer) and `audit` (the record of
-//! every act).
+//! every act). Who asks, and which processes and fds a request may
+//! touch, is [`crate::helper::access`]'s.
 //!
 //! # Invariants
 //!
@@ -50,7 +50,7 @@
 
 pub mod acts;
 pub mod audit;
-pub(super) mod authz;
+
 mod collect;
 mod conn;
 mod escalation;
@@ -58,6 +58,8 @@ pub mod executor;
 pub mod listen;
 pub mod proofs;
 mod queries;
+
+pub use self::queries::NoIterators;
 mod ratelimit;
 
 use std::{
@@ -74,13 +76,12 @@ use std::{
 };
 
 use selfheal_core::{
-    policy::Policy,
+    access::policy::Policy,
     protocol::{Act, Caller, EbpfStatus, ErrorCode, WireError},
 };
 
 use self::{
     audit::AuditRecord,
-    authz::pid_namespace,
     conn::{Conns, LoopLimits, accept_loop},
     escalation::{Escalations, escalation_loop},
     listen::{bind_path, listener_from_fd},
@@ -90,8 +91,9 @@ use self::{
 use crate::{
     actions::{ActOutcome, ActionError},
     ebpf::TracerOptions,
-    helper::{
+    helper::access::{
         authority::Authority,
+        authz::pid_namespace,
         owner::{ConnSet, Owners},
     },
     sys::pidfd::Pidfd,
@@ -131,7 +133,7 @@ pub trait Executor: Send + Sync {
     ) -> Result<ActOutcome, ActionError> {
         authority
             .recheck(target)
-            .map_err(|why| ActionError::Refused { why })?;
+            .map_err(|e| ActionError::Refused { why: e.to_string() })?;
         self.act(caller, target, act)
     }
 
@@ -198,7 +200,7 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Connections one owner may hold open at once, at most (its fair
     /// share of what other owners leave may be less; see
-    /// [`selfheal_core::owner`]); more are answered `busy` and closed.
+    /// [`selfheal_core::access::owner`]); more are answered `busy` and closed.
     pub max_connections_per_uid: usize,
     /// Of `max_connections`, how many only root (uid 0) may use: other
     /// owners together hold at most `max_connections - root_reserve`, so
@@ -256,7 +258,7 @@ impl ServerOptions {
             max_escalations_per_uid: 64,
             root_escalation_reserve: 64,
             max_watched_per_uid: MAX_WATCHED_PER_UID,
-            subuid: PathBuf::from(super::owner::DEFAULT_SUBUID),
+            subuid: PathBuf::from(super::access::owner::DEFAULT_SUBUID),
             peer_pidfd: true,
             rate: RateLimit {
                 burst: 100,
@@ -283,8 +285,10 @@ pub enum ServerError {
     AlreadyRunning { path: PathBuf },
     #[error("refusing to replace {}: it exists and is not a socket", path.display())]
     NotASocket { path: PathBuf },
-    #[error("socket activation: {0}")]
-    Activation(String),
+    #[error("socket activation: {why}")]
+    Activation {
+        why: crate::sys::activation::ActivationError,
+    },
     #[error("{action}: {source}")]
     Sys {
         action: &'static str,
@@ -373,7 +377,7 @@ impl ServerHandle {
 
     /// Where the task iterators are pinned (root's checks link them; the
     /// helper answers `iterate` with them), or why they are not.
-    pub fn iterators(&self) -> Result<&std::path::Path, &str> {
+    pub fn iterators(&self) -> Result<&std::path::Path, &NoIterators> {
         match &self.stopper.shared.iterators_at {
             Ok(p) => Ok(p),
             Err(e) => Err(e),
@@ -524,17 +528,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// State shared by the accept loop and the connections.
-struct Shared {
-    policy: Policy,
+pub(super) struct Shared {
+    pub(super) policy: Policy,
     executor: Arc<dyn Executor>,
     tracer: Mutex<TracerState>,
     ebpf: EbpfStatus,
     /// The task iterators the helper pinned, opened from their pins (or
     /// loaded unpinned where they could not be pinned), for `iterate` and
     /// `collect`; or why there are none.
-    iterators: Mutex<Result<crate::ebpf::iter::TaskIter, String>>,
+    iterators: Mutex<Result<crate::ebpf::iter::TaskIter, NoIterators>>,
     /// Where they are pinned, or why they are not.
-    iterators_at: Result<std::path::PathBuf, String>,
+    iterators_at: Result<std::path::PathBuf, NoIterators>,
     rate: RateLimiter,
     audit: Mutex<VecDeque<AuditRecord>>,
     audit_capacity: usize,
@@ -545,7 +549,7 @@ struct Shared {
     owners: Owners,
     helper_pid: u32,
     /// The helper's pid namespace (device, inode of `/proc/self/ns/pid`).
-    pid_ns: Option<(u64, u64)>,
+    pub(super) pid_ns: Option<(u64, u64)>,
     request_timeout: Duration,
     write_timeout: Duration,
     /// Whether to ask the kernel for `SO_PEERPIDFD`.
@@ -560,7 +564,7 @@ struct Shared {
     timer_wake: UnixStream,
 }
 
-fn refusal(code: ErrorCode, message: impl Into<String>) -> WireError {
+pub(super) fn refusal(code: ErrorCode, message: impl Into<String>) -> WireError {
     WireError {
         code,
         message: message.into(),

@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, os::fd::AsFd as _};
 
 use selfheal_core::{
-    owner::Account,
+    access::owner::Account,
     protocol::{
         AttemptWire, Caller, EbpfStatus, ErrorCode, HelloResult, IterateResult, IteratedProcess,
         Limits, MAX_PIDS, MAX_REQUEST_BYTES, PROTOCOL_VERSION, UnwatchResult, WatchResult,
@@ -19,7 +19,8 @@ use selfheal_core::{
 };
 use serde_json::Value;
 
-use super::{Shared, authz::Authorized, lock, refusal};
+use super::{Shared, lock, refusal};
+use crate::helper::access::authz::Authorized;
 use crate::{
     ebpf::{Tracer, TracerError, TracerOptions, chain},
     sys::pidfd::start_ticks,
@@ -80,22 +81,39 @@ pub(super) fn attach(
     }
 }
 
+/// Why the helper has no task iterators, or none pinned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoIterators {
+    /// The helper runs with eBPF off.
+    #[error("eBPF is disabled (--no-ebpf)")]
+    Disabled,
+    /// Only root may load or pin them.
+    #[error("the helper is not root")]
+    NotRoot,
+    /// Pinning, opening and loading them failed (`why`: each failure's
+    /// chain).
+    #[error("{why}")]
+    Failed { why: String },
+    /// They could not be pinned (`why`), and were loaded for the helper's
+    /// own passes.
+    #[error("{why}; loaded unpinned for the helper's own passes (`iterate`, `collect`)")]
+    Unpinned { why: String },
+}
+
 /// Pins the task iterators (root, eBPF on) and opens them from their
 /// pins, as a check does; or why not.
 pub(super) fn pin_iterators(
     ebpf: bool,
 ) -> (
-    Result<crate::ebpf::iter::TaskIter, String>,
-    Result<std::path::PathBuf, String>,
+    Result<crate::ebpf::iter::TaskIter, NoIterators>,
+    Result<std::path::PathBuf, NoIterators>,
 ) {
     use crate::ebpf::iter;
     if !ebpf {
-        let off = "eBPF is disabled (--no-ebpf)".to_string();
-        return (Err(off.clone()), Err(off));
+        return (Err(NoIterators::Disabled), Err(NoIterators::Disabled));
     }
     if crate::sys::creds::euid() != 0 {
-        let off = "the helper is not root".to_string();
-        return (Err(off.clone()), Err(off));
+        return (Err(NoIterators::NotRoot), Err(NoIterators::NotRoot));
     }
     // This build's pins, made before the helper started (the unit's
     // `ExecStartPre=+`, outside the sandbox that keeps the bpffs
@@ -111,15 +129,12 @@ pub(super) fn pin_iterators(
         // runtime's default AppArmor profile): loaded for the helper's own
         // passes, which need no pin.
         Err(why) => match iter::load() {
-            Ok(it) => (
-                Ok(it),
-                Err(format!(
-                    "{why}; loaded unpinned for the helper's own passes (`iterate`, `collect`)"
-                )),
-            ),
+            Ok(it) => (Ok(it), Err(NoIterators::Unpinned { why })),
             Err(e) => {
-                let why = format!("{} (and {why})", chain(&e));
-                (Err(why.clone()), Err(why))
+                let failed = NoIterators::Failed {
+                    why: format!("{} (and {why})", chain(&e)),
+                };
+                (Err(failed.clone()), Err(failed))
             }
         },
     }
@@ -303,8 +318,9 @@ impl Shared {
         same_ns: bool,
         pids: &[u32],
     ) -> Result<Value, WireError> {
-        let unavailable =
-            |why: &str| refusal(ErrorCode::Unavailable, format!("no task iterators: {why}"));
+        let unavailable = |why: &NoIterators| {
+            refusal(ErrorCode::Unavailable, format!("no task iterators: {why}"))
+        };
         if let Err(why) = &*lock(&self.iterators) {
             return Err(unavailable(why));
         }
@@ -342,7 +358,7 @@ impl Shared {
                 }
             }
         }
-        let (gone, refused) = super::authz::masked(caller, gone, refused);
+        let (gone, refused) = crate::helper::access::authz::masked(caller, gone, refused);
         let result = IterateResult {
             processes,
             gone,
@@ -376,5 +392,35 @@ impl Shared {
             m.insert("refused".into(), refused.into());
         }
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn why_there_are_no_iterators_is_said_in_the_words_the_log_and_refusals_use() {
+        assert_eq!(
+            NoIterators::Disabled.to_string(),
+            "eBPF is disabled (--no-ebpf)"
+        );
+        assert_eq!(NoIterators::NotRoot.to_string(), "the helper is not root");
+        let unpinned = NoIterators::Unpinned {
+            why: "no bpffs".into(),
+        };
+        assert_eq!(
+            unpinned.to_string(),
+            "no bpffs; loaded unpinned for the helper's own passes (`iterate`, `collect`)"
+        );
+        // Not root: neither pinned nor loaded, and nothing is tried.
+        if crate::sys::creds::euid() != 0 {
+            let (it, at) = pin_iterators(true);
+            assert_eq!(it.err(), Some(NoIterators::NotRoot));
+            assert_eq!(at.err(), Some(NoIterators::NotRoot));
+        }
+        let (it, at) = pin_iterators(false);
+        assert_eq!(it.err(), Some(NoIterators::Disabled));
+        assert_eq!(at.err(), Some(NoIterators::Disabled));
     }
 }

@@ -2,7 +2,7 @@
 //! finding and reading the file (`/etc/selfheal/helper.toml`), refusing one
 //! that a non-trusted user could have written, and reading a target's
 //! identity from procfs. The rules that decide, the file's shape and its
-//! validation are the core's ([`selfheal_core::policy`]).
+//! validation are the core's ([`selfheal_core::access::policy`]).
 //!
 //! A policy file decides what others may do as root, so it must be trusted:
 //! the file and every directory above it must be owned by root (or by the
@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use selfheal_core::policy::{Policy, PolicyError, TargetProcess};
+use selfheal_core::access::policy::{Policy, PolicyError, TargetProcess};
 
 /// The policy file read when no `--policy` is given (if it exists).
 pub const DEFAULT_POLICY: &str = "/etc/selfheal/helper.toml";

@@ -15,29 +15,32 @@ use std::{
 };
 
 use selfheal_core::{
-    policy::TargetProcess,
+    access::policy::TargetProcess,
     protocol::{Caller, ErrorCode, WireError},
 };
 
-use super::{Shared, refusal};
+use crate::helper::server::{Shared, refusal};
 use crate::{
-    helper::{authority::Authority, policy::read_target},
+    helper::access::{authority::Authority, policy::read_target},
     sys::pidfd::{Pidfd, PidfdError, pidfd_open, start_ticks},
 };
 
 /// What the policy and the audit need to know of a target, read again
 /// before every escalation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Identity {
-    pub(super) target: TargetProcess,
-    pub(super) start_ticks: u64,
-    pub(super) exe: Option<PathBuf>,
+pub(in crate::helper) struct Identity {
+    pub(in crate::helper) target: TargetProcess,
+    pub(in crate::helper) start_ticks: u64,
+    pub(in crate::helper) exe: Option<PathBuf>,
 }
 
 /// Opens a pidfd on `pid` (checked against `start` when given) and reads
 /// the process's identity through it: the identity is of the process the
 /// pidfd holds, since it was still alive after the read.
-pub(super) fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, TargetProcess), WireError> {
+pub(in crate::helper) fn pin(
+    pid: u32,
+    start: Option<u64>,
+) -> Result<(Pidfd, TargetProcess), WireError> {
     let gone = |m: String| refusal(ErrorCode::Gone, m);
     let fd = Pidfd::open(pid, start).map_err(|e| match &e {
         PidfdError::Gone { .. } => gone(format!("pid {pid} is not running")),
@@ -60,7 +63,7 @@ pub(super) fn pin(pid: u32, start: Option<u64>) -> Result<(Pidfd, TargetProcess)
 }
 
 /// The pid namespace of process `pid` (`"self"` for ours).
-pub(super) fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
+pub(in crate::helper) fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
     std::fs::metadata(crate::sys::procfs::ProcRoot::default().file(&format!("{pid}/ns/pid")))
         .ok()
         .map(|md| (md.dev(), md.ino()))
@@ -69,7 +72,11 @@ pub(super) fn pid_namespace(pid: &str) -> Option<(u64, u64)> {
 /// `(gone, refused)` as a caller may be told them: a caller that may not
 /// see every process (any but root) is not told which of its pids are
 /// gone, only that they are refused, like one it may not query.
-pub(super) fn masked(caller: &Caller, gone: Vec<u32>, refused: Vec<u32>) -> (Vec<u32>, Vec<u32>) {
+pub(in crate::helper) fn masked(
+    caller: &Caller,
+    gone: Vec<u32>,
+    refused: Vec<u32>,
+) -> (Vec<u32>, Vec<u32>) {
     if caller.uid == 0 {
         return (gone, refused);
     }
@@ -106,19 +113,23 @@ pub fn parse_pidfd_fdinfo(text: &str) -> (Option<i64>, Option<usize>) {
 /// A connection is not passed on: a process that received one from its
 /// (exited) connector is refused, so the credentials of a dead process,
 /// whose pid another process may hold by now, never authorize anything.
-pub(super) struct Connector {
+pub(in crate::helper) struct Connector {
     /// `SO_PEERCRED` at accept.
-    pub(super) caller: Caller,
+    pub(in crate::helper) caller: Caller,
     /// `None` when the connector was gone already, or its pid is not
     /// visible in our pid namespace (then no pid it names is ours).
-    pub(super) pidfd: Option<OwnedFd>,
-    pub(super) start_ticks: Option<u64>,
+    pub(in crate::helper) pidfd: Option<OwnedFd>,
+    pub(in crate::helper) start_ticks: Option<u64>,
     /// How the pidfd was had (`SO_PEERPIDFD`, `pidfd_open`), for messages.
-    pub(super) how: &'static str,
+    pub(in crate::helper) how: &'static str,
 }
 
 impl Connector {
-    pub(super) fn pin(stream: &UnixStream, caller: Caller, peer_pidfd: bool) -> Connector {
+    pub(in crate::helper) fn pin(
+        stream: &UnixStream,
+        caller: Caller,
+        peer_pidfd: bool,
+    ) -> Connector {
         let kernel = if peer_pidfd {
             match crate::sys::socket::peer_pidfd(stream.as_fd()) {
                 Ok(fd) => Some(Ok(fd)),
@@ -154,7 +165,7 @@ impl Connector {
     /// The caller of a request on this connection, and whether it is in
     /// the helper's pid namespace; refused when the process that connected
     /// has exited (or its pid names another process now).
-    pub(super) fn verify(&self) -> Result<(Caller, bool), WireError> {
+    pub(in crate::helper) fn verify(&self) -> Result<(Caller, bool), WireError> {
         let gone = || {
             refusal(
                 ErrorCode::Forbidden,
@@ -209,7 +220,7 @@ impl Connector {
 /// file (on a FUSE mount its owner serves, say) could block `fstat` or
 /// `close` of the duplicate forever. Reading the link names the file
 /// without calling into its filesystem.
-pub(super) fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
+pub(in crate::helper) fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
     match std::fs::read_link(
         crate::sys::procfs::ProcRoot::default().of_pid(pid, &format!("fd/{fd}")),
     ) {
@@ -233,7 +244,7 @@ pub(super) fn check_socket_fd(pid: u32, fd: i32) -> Result<(), WireError> {
 
 /// Who `target` is now: its uids, start time and executable, read while
 /// the pidfd says it lives.
-pub(super) fn identity(target: &Pidfd) -> Option<Identity> {
+pub(in crate::helper) fn identity(target: &Pidfd) -> Option<Identity> {
     let pid = target.pid();
     let t = read_target(pid)?;
     let start = start_ticks(pid)?;
@@ -248,10 +259,10 @@ pub(super) fn identity(target: &Pidfd) -> Option<Identity> {
 /// A process a query may read: pinned by its pidfd, with the authority
 /// that allowed it and what that authority saw of it. What is read of it
 /// is answered only once [`Pinned::still_readable`] says so.
-pub(super) struct Pinned {
-    pub(super) fd: Pidfd,
+pub(in crate::helper) struct Pinned {
+    pub(in crate::helper) fd: Pidfd,
     authority: Authority,
-    before: Option<selfheal_core::authority::Seen>,
+    before: Option<selfheal_core::access::authority::Seen>,
 }
 
 impl Pinned {
@@ -260,7 +271,7 @@ impl Pinned {
     /// authorized, running the same program (an exec keeps the pid and
     /// the start time: a setuid program's state read after its exec is
     /// not the caller's to see), and the caller may still read it.
-    pub(super) fn still_readable(&self) -> bool {
+    pub(in crate::helper) fn still_readable(&self) -> bool {
         self.fd.is_alive()
             && self
                 .authority
@@ -273,16 +284,16 @@ impl Pinned {
 /// Pids a query may name: (pid, start ticks) of those it may, those that
 /// do not exist (told apart only to callers that may see every process),
 /// and those it may not.
-pub(super) struct Authorized<T = (u32, u64)> {
-    pub(super) ok: Vec<T>,
-    pub(super) gone: Vec<u32>,
-    pub(super) refused: Vec<u32>,
+pub(in crate::helper) struct Authorized<T = (u32, u64)> {
+    pub(in crate::helper) ok: Vec<T>,
+    pub(in crate::helper) gone: Vec<u32>,
+    pub(in crate::helper) refused: Vec<u32>,
 }
 
 impl Shared {
     /// Pids in requests are read in the helper's pid namespace: a caller in
     /// another one (a container) would name other processes than it means.
-    pub(super) fn check_pid_namespace(
+    pub(in crate::helper) fn check_pid_namespace(
         &self,
         caller: &Caller,
         same_ns: bool,
@@ -308,7 +319,7 @@ impl Shared {
     /// The one answer a caller gets for a pid it may not reach, whether the
     /// pid exists or not and whatever its start time: nothing in it tells
     /// one case from another.
-    pub(super) fn out_of_reach(caller: &Caller, verb: &str, pid: u32) -> WireError {
+    pub(in crate::helper) fn out_of_reach(caller: &Caller, verb: &str, pid: u32) -> WireError {
         refusal(
             ErrorCode::Forbidden,
             format!(
@@ -323,7 +334,7 @@ impl Shared {
     /// not know of (no such pid, another uid's process, a start time that
     /// is not its process's) is [`Shared::out_of_reach`]; and nothing is
     /// opened before the policy allows it.
-    pub(super) fn pin_for(
+    pub(in crate::helper) fn pin_for(
         &self,
         caller: &Caller,
         verb: &str,
@@ -363,7 +374,7 @@ impl Shared {
     }
 
     /// Pins and authorizes `pids` for a query, pid by pid.
-    pub(super) fn authorize_query(
+    pub(in crate::helper) fn authorize_query(
         &self,
         caller: &Caller,
         same_ns: bool,
@@ -383,7 +394,7 @@ impl Shared {
 
     /// [`Shared::authorize_query`], with each authorized process pinned by
     /// its pidfd, for a query that reads the process itself.
-    pub(super) fn authorize_query_pinned(
+    pub(in crate::helper) fn authorize_query_pinned(
         &self,
         caller: &Caller,
         same_ns: bool,

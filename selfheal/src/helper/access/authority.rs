@@ -1,7 +1,7 @@
 //! The helper's authority is the kernel's: for a caller other than root,
 //! an act on a process needs what the kernel would demand of that caller
 //! acting itself (ptrace access: the rules are
-//! [`selfheal_core::authority`]'s), checked once before anything of the
+//! [`selfheal_core::access::authority`]'s), checked once before anything of the
 //! target is read for the caller and again right before the act — after
 //! `pidfd_getfd`, on the duplicate, for a socket act. This module owns
 //! reading what the rules need (the target's credentials, through the
@@ -29,12 +29,34 @@ use std::{
 };
 
 use selfheal_core::{
-    authority::{self as rules, CallerCreds, Seen, TaskCreds, UserNs},
-    policy::Policy,
+    access::authority::{self as rules, CallerCreds, Seen, TaskCreds, UserNs},
+    access::policy::Policy,
 };
 
 use crate::sys::pidfd::Pidfd;
 use selfheal_core::protocol::{Action, Caller};
+
+/// Why the helper will not act for a caller on a process or its socket.
+/// Every message is a whole sentence naming only what the caller may read
+/// itself (no fd, no inode).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AuthorityError {
+    /// The process exited before or while it was read.
+    #[error("pid {pid} has exited: nothing was done")]
+    Exited { pid: u32 },
+    /// The kernel would not let the caller ptrace the process (`why`).
+    #[error(
+        "uid {uid} may not act on pid {pid}: {why}; the kernel would not let uid {uid} \
+         ptrace it, and the helper lends no more than the kernel would"
+    )]
+    Refused { uid: u32, pid: u32, why: String },
+    /// The socket's TCP state could not be read on its duplicate.
+    #[error("uid {uid} may not act on this socket of pid {pid}: its TCP state cannot be read")]
+    SocketUnread { uid: u32, pid: u32 },
+    /// The socket is not in a state the act is for (`why`).
+    #[error("uid {uid} may not act on this socket of pid {pid}: {why}")]
+    SocketState { uid: u32, pid: u32, why: String },
+}
 
 /// What the first check found, so that the re-check holds the target to
 /// the same principal; root's holds nothing and allows everything.
@@ -64,7 +86,11 @@ impl Authority {
     /// act itself, for its own uid or one `policy` grants it; the refusal
     /// is a whole sentence naming only what the caller may read itself (no
     /// fd, no inode).
-    pub fn check(caller: &Caller, target: &Pidfd, policy: &Policy) -> Result<Authority, String> {
+    pub fn check(
+        caller: &Caller,
+        target: &Pidfd,
+        policy: &Policy,
+    ) -> Result<Authority, AuthorityError> {
         Authority::check_seen(caller, target, policy).map(|(a, _)| a)
     }
 
@@ -75,19 +101,19 @@ impl Authority {
         caller: &Caller,
         target: &Pidfd,
         policy: &Policy,
-    ) -> Result<(Authority, Option<Seen>), String> {
+    ) -> Result<(Authority, Option<Seen>), AuthorityError> {
         if caller.uid == 0 {
             return Ok((Authority::root(), None));
         }
         let (caller_creds, caller_ns) = read_caller(caller);
-        let t = read_task(target).map_err(|why| refused(caller.uid, target.pid(), &why))?;
+        let t = read_task(target).map_err(|why| why.refused(caller.uid, target.pid()))?;
         let principal = rules::principal(caller.uid, &t.creds);
         if !policy.may_reach(caller.uid, principal) {
-            return Err(refused(
-                caller.uid,
-                target.pid(),
-                &format!("it is a process of uid {principal}"),
-            ));
+            return Err(AuthorityError::Refused {
+                uid: caller.uid,
+                pid: target.pid(),
+                why: format!("it is a process of uid {principal}"),
+            });
         }
         let a = Authority {
             uid: caller.uid,
@@ -106,20 +132,24 @@ impl Authority {
     /// dumpable flag, capabilities, executable and address space: no exec
     /// between), and still one the caller could read itself. Root's
     /// authority holds nothing.
-    pub fn reauthorize(&self, target: &Pidfd, before: Option<&Seen>) -> Result<(), String> {
+    pub fn reauthorize(&self, target: &Pidfd, before: Option<&Seen>) -> Result<(), AuthorityError> {
         if self.checked.is_none() {
             return Ok(());
         }
         let Some(before) = before else {
-            return Err(refused(
-                self.uid,
-                target.pid(),
-                "nothing was seen of it before the read",
-            ));
+            return Err(AuthorityError::Refused {
+                uid: self.uid,
+                pid: target.pid(),
+                why: "nothing was seen of it before the read".into(),
+            });
         };
-        let t = read_task(target).map_err(|why| refused(self.uid, target.pid(), &why))?;
+        let t = read_task(target).map_err(|why| why.refused(self.uid, target.pid()))?;
         if let Some(why) = rules::reread_refusal(before, &t.seen()) {
-            return Err(refused(self.uid, target.pid(), &why));
+            return Err(AuthorityError::Refused {
+                uid: self.uid,
+                pid: target.pid(),
+                why,
+            });
         }
         self.judge(target.pid(), &t)
     }
@@ -131,11 +161,11 @@ impl Authority {
 
     /// The check again, right before the act: the target must still be one
     /// the caller could act on itself, for the same principal.
-    pub fn recheck(&self, target: &Pidfd) -> Result<(), String> {
+    pub fn recheck(&self, target: &Pidfd) -> Result<(), AuthorityError> {
         if self.checked.is_none() {
             return Ok(());
         }
-        let t = read_task(target).map_err(|why| refused(self.uid, target.pid(), &why))?;
+        let t = read_task(target).map_err(|why| why.refused(self.uid, target.pid()))?;
         self.judge(target.pid(), &t)
     }
 
@@ -146,29 +176,26 @@ impl Authority {
         action: Action,
         target: &Pidfd,
         dup: BorrowedFd<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), AuthorityError> {
         if self.checked.is_none() {
             return Ok(());
         }
         self.recheck(target)?;
-        let state = tcp_state(dup).ok_or_else(|| {
-            format!(
-                "uid {} may not act on this socket of pid {}: its TCP state cannot be read",
-                self.uid,
-                target.pid()
-            )
+        let state = tcp_state(dup).ok_or(AuthorityError::SocketUnread {
+            uid: self.uid,
+            pid: target.pid(),
         })?;
         match rules::socket_refusal(action, state) {
             None => Ok(()),
-            Some(why) => Err(format!(
-                "uid {} may not act on this socket of pid {}: {why}",
-                self.uid,
-                target.pid()
-            )),
+            Some(why) => Err(AuthorityError::SocketState {
+                uid: self.uid,
+                pid: target.pid(),
+                why,
+            }),
         }
     }
 
-    fn judge(&self, pid: u32, t: &Task) -> Result<(), String> {
+    fn judge(&self, pid: u32, t: &Task) -> Result<(), AuthorityError> {
         let Some(c) = &self.checked else {
             return Ok(());
         };
@@ -181,22 +208,36 @@ impl Authority {
         };
         match rules::ptrace_refusal(&c.caller, c.principal, &t.creds, ns) {
             None => Ok(()),
-            Some(why) => Err(refused(self.uid, pid, &why)),
+            Some(why) => Err(AuthorityError::Refused {
+                uid: self.uid,
+                pid,
+                why,
+            }),
         }
     }
 }
 
-/// What [`read_task`] says of a process that has exited.
-const EXITED: &str = "it has exited";
+/// Why [`read_task`] could not read a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unread {
+    /// It has exited.
+    Exited,
+    /// Its `/proc/PID/status` has no credentials in it.
+    Status,
+}
 
-fn refused(uid: u32, pid: u32, why: &str) -> String {
-    if why == EXITED {
-        return format!("pid {pid} has exited: nothing was done");
+impl Unread {
+    /// The refusal it makes for `uid` acting on `pid`.
+    fn refused(self, uid: u32, pid: u32) -> AuthorityError {
+        match self {
+            Unread::Exited => AuthorityError::Exited { pid },
+            Unread::Status => AuthorityError::Refused {
+                uid,
+                pid,
+                why: "its /proc/PID/status cannot be read".into(),
+            },
+        }
     }
-    format!(
-        "uid {uid} may not act on pid {pid}: {why}; the kernel would not let uid {uid} \
-         ptrace it, and the helper lends no more than the kernel would"
-    )
 }
 
 /// A target as read through its pidfd.
@@ -224,9 +265,9 @@ impl Task {
 /// Most bytes of `/proc/PID/status` read (it is a few KiB).
 const MAX_STATUS: u64 = 64 * 1024;
 
-fn read_task(target: &Pidfd) -> Result<Task, String> {
+fn read_task(target: &Pidfd) -> Result<Task, Unread> {
     let pid = target.pid();
-    let gone = || EXITED.to_string();
+    let gone = || Unread::Exited;
     let dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
@@ -243,8 +284,7 @@ fn read_task(target: &Pidfd) -> Result<Task, String> {
         .take(MAX_STATUS)
         .read_to_string(&mut text)
         .map_err(|_| gone())?;
-    let (uids, gids, cap_permitted) =
-        rules::parse_status(&text).ok_or("its /proc/PID/status cannot be read")?;
+    let (uids, gids, cap_permitted) = rules::parse_status(&text).ok_or(Unread::Status)?;
     let user_ns_fd = open_at(&dir, "ns/user").ok().map(OwnedFd::from);
     let user_ns = user_ns_fd.as_ref().and_then(ns_id);
     let exe = crate::sys::fs::dev_ino_at(dir.as_raw_fd(), c"exe").ok();
@@ -366,8 +406,30 @@ mod tests {
                 pid: std::process::id(),
             };
             let e = Authority::check(&nobody, &me, &Policy::default()).unwrap_err();
-            assert!(e.contains("it is a process of uid 0"), "{e}");
+            assert!(e.to_string().contains("it is a process of uid 0"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_refusal_names_the_uid_and_the_pid() {
+        assert_eq!(
+            Unread::Exited.refused(1000, 42).to_string(),
+            "pid 42 has exited: nothing was done"
+        );
+        assert_eq!(
+            Unread::Status.refused(1000, 42).to_string(),
+            "uid 1000 may not act on pid 42: its /proc/PID/status cannot be read; the kernel \
+             would not let uid 1000 ptrace it, and the helper lends no more than the kernel would"
+        );
+        let socket = AuthorityError::SocketState {
+            uid: 1000,
+            pid: 42,
+            why: "it is a listener".into(),
+        };
+        assert_eq!(
+            socket.to_string(),
+            "uid 1000 may not act on this socket of pid 42: it is a listener"
+        );
     }
 
     #[test]
@@ -376,6 +438,6 @@ mod tests {
         let fd = Pidfd::open(child.id(), None).unwrap();
         child.wait().unwrap();
         let e = read_task(&fd).err().unwrap();
-        assert_eq!(e, EXITED);
+        assert_eq!(e, Unread::Exited);
     }
 }

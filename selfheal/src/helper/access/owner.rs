@@ -3,7 +3,7 @@
 //! to the helper's own, and `/etc/subuid` (read bounded, from a file only
 //! root could have written, cached until it changes) with names from the
 //! passwd database. The rules that decide are
-//! [`selfheal_core::owner`]'s; [`ConnSet`] holds the open connections and
+//! [`selfheal_core::access::owner`]'s; [`ConnSet`] holds the open connections and
 //! admits, or closes one to admit, by them.
 
 use std::{
@@ -17,7 +17,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use selfheal_core::owner::{
+use selfheal_core::access::owner::{
     Account, Admission, ConnLimits, MAX_SUBUID_BYTES, Namespace, OpenConn, Subuids, account, admit,
 };
 
@@ -188,7 +188,7 @@ impl Owners {
         };
         let ns = match userns_of(pidfd, pid) {
             Ok(fd) => fd,
-            Err(e) => return Namespace::Unreadable(e),
+            Err(e) => return Namespace::Unreadable(e.to_string()),
         };
         let mut cur = ns;
         if ns_id(&cur) == Some(own) {
@@ -224,16 +224,48 @@ fn ns_id(fd: &OwnedFd) -> Option<(u64, u64)> {
     Some((st.st_dev, st.st_ino))
 }
 
+/// Why a caller's user namespace could not be had.
+#[derive(Debug, thiserror::Error)]
+enum NamespaceError {
+    /// `PIDFD_GET_USER_NAMESPACE` failed other than for want of support.
+    #[error("PIDFD_GET_USER_NAMESPACE: {source}")]
+    Ioctl { source: std::io::Error },
+    /// The kernel cannot name a pidfd's namespace, and the pid is not
+    /// visible in the helper's pid namespace.
+    #[error("its pid is not visible here and the kernel cannot name its namespace")]
+    NoPid,
+    /// `/proc/PID/ns/user` could not be opened.
+    #[error("{}: {source}", path.display())]
+    Open {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The pidfd's own fdinfo could not be read.
+    #[error("the pidfd's fdinfo: {source}")]
+    Fdinfo { source: std::io::Error },
+    /// The process left `pid` while its namespace was opened.
+    #[error("pid {pid} exited while its namespace was read")]
+    Exited { pid: u32 },
+}
+
+/// A connection not admitted: the rules' refusal, in their words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{why}")]
+pub struct Busy {
+    /// Who holds what, and the limit it meets.
+    pub why: String,
+}
+
 /// The user namespace of the process behind `pidfd`: asked of the pidfd
 /// itself, or where the kernel lacks that, opened under `/proc/PID` and
 /// kept only when the pidfd says the process still lives under `pid`.
-fn userns_of(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
+fn userns_of(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, NamespaceError> {
     let e = match crate::sys::ns::userns_of_pidfd(pidfd) {
         Ok(fd) => return Ok(fd),
         Err(e) => e,
     };
     if !matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) {
-        return Err(format!("PIDFD_GET_USER_NAMESPACE: {e}"));
+        return Err(NamespaceError::Ioctl { source: e });
     }
     userns_by_proc(pidfd, pid)
 }
@@ -241,21 +273,24 @@ fn userns_of(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
 /// [`userns_of`] where the kernel cannot name a pidfd's namespace: opened
 /// under `/proc/PID`, kept only when the pidfd says the process still
 /// lives under `pid`.
-fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, String> {
+fn userns_by_proc(pidfd: BorrowedFd<'_>, pid: u32) -> Result<OwnedFd, NamespaceError> {
     if pid == 0 {
-        return Err("its pid is not visible here and the kernel cannot name its namespace".into());
+        return Err(NamespaceError::NoPid);
     }
     let path = crate::sys::procfs::ProcRoot::default().of_pid(pid, "ns/user");
-    let f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(source) => return Err(NamespaceError::Open { path, source }),
+    };
     // The pid was the connector's while it lived: what was opened under
     // it is the connector's when it still lives under that pid now.
     let info = std::fs::read_to_string(
         crate::sys::procfs::ProcRoot::default().of_self(&format!("fdinfo/{}", pidfd.as_raw_fd())),
     )
-    .map_err(|e| format!("the pidfd's fdinfo: {e}"))?;
-    let (now, _) = super::server::authz::parse_pidfd_fdinfo(&info);
+    .map_err(|source| NamespaceError::Fdinfo { source })?;
+    let (now, _) = super::authz::parse_pidfd_fdinfo(&info);
     if now != Some(i64::from(pid)) {
-        return Err(format!("pid {pid} exited while its namespace was read"));
+        return Err(NamespaceError::Exited { pid });
     }
     Ok(OwnedFd::from(f))
 }
@@ -302,7 +337,7 @@ impl ConnSet {
         who: &Account,
         limits: &ConnLimits,
         stream: &UnixStream,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, Busy> {
         let ids: Vec<u64> = self.open.keys().copied().collect();
         let view: Vec<OpenConn> = self
             .open
@@ -314,7 +349,7 @@ impl ConnSet {
             .collect();
         match admit(&view, who, limits) {
             Admission::Admit => {}
-            Admission::Busy(why) => return Err(why),
+            Admission::Busy(why) => return Err(Busy { why }),
             Admission::Evict {
                 index,
                 owner,
@@ -427,7 +462,7 @@ mod tests {
         match userns_of(me.as_fd(), 0) {
             Ok(fd) => assert_eq!(ns_id(&fd), own),
             // A kernel before 6.11, and our pid not given: no way to it.
-            Err(e) => assert!(e.contains("cannot name"), "{e}"),
+            Err(e) => assert!(e.to_string().contains("cannot name"), "{e}"),
         }
     }
 

@@ -2,7 +2,7 @@
 //! rules and its policy file's shape and validation (file:line:key
 //! errors). Reading the file, refusing one that a non-trusted user could
 //! have written, and reading a target's identity from procfs are the
-//! helper's (`selfheal::helper::policy`).
+//! helper's (`selfheal::helper::access::policy`).
 //!
 //! # Rules
 //!

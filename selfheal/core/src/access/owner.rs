@@ -3,7 +3,7 @@
 //! the `/etc/subuid` range its uid is in), the parser of `/etc/subuid`,
 //! and the fair-share rules for the helper's limits. Pure: the edge reads
 //! the file, the namespace and the passwd database
-//! (`selfheal::helper::owner`).
+//! (`selfheal::helper::access::owner`).
 //!
 //! # Who the owner is
 //!

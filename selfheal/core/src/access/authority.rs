@@ -1,6 +1,6 @@
 //! The helper's authority, as pure rules: what the kernel would demand of a
 //! caller acting on a process itself, and which socket states an act is
-//! for. The helper (`selfheal::helper::authority`) reads the credentials
+//! for. The helper (`selfheal::helper::access::authority`) reads the credentials
 //! and the socket; these functions decide, and do no I/O.
 //!
 //! # The rule
@@ -96,7 +96,7 @@ pub fn principal(caller_uid: u32, target: &TaskCreds) -> u32 {
 /// uid, or one the policy grants it), ptrace a process of `target`'s
 /// credentials in user namespace `ns`; `None` when it would. Root may
 /// always. Whether the caller may reach the target's uids at all is the
-/// policy's to say first ([`crate::policy`]). The reason names
+/// policy's to say first ([`crate::access::policy`]). The reason names
 /// only what the caller may read itself.
 pub fn ptrace_refusal(
     caller: &CallerCreds,
