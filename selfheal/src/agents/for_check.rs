@@ -935,6 +935,20 @@ mod tests {
             .map(|e| e.pid)
             .collect();
         assert!(read.len() <= 2, "{read:?} of {}", lean.len());
+        // Where the kernel lists children, no other process is even in
+        // the table: the sleeper, PID 1 and this test's lineage.
+        if lists_children(&ProcRoot::default()) {
+            let lineage = std::iter::successors(Some(std::process::id()), |p| {
+                whole.get(*p).map(|e| e.ppid).filter(|pp| *pp != 0)
+            })
+            .take(MAX_LINEAGE)
+            .count();
+            let listed: Vec<u32> = lean.entries().map(|e| e.pid).collect();
+            assert!(
+                listed.len() <= lineage + 2 && listed.len() < whole.len(),
+                "{listed:?}: more than the sleeper, PID 1 and {lineage} of the lineage"
+            );
+        }
         assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
