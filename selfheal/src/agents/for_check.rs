@@ -229,23 +229,33 @@ fn lists_children(root: &ProcRoot) -> bool {
 }
 
 /// The children of process `pid`: every one of its threads' `children`
-/// (a process forked by any thread is that thread's child). `None` when
-/// that would take more than `budget` reads (each counted in `used`).
+/// (a process forked by any thread is that thread's child); none when it
+/// is gone, and a thread gone since the listing has none. `None` when a
+/// listing cannot be read otherwise (the walk is then asked instead), or
+/// when that would take more than `budget` reads (each counted in
+/// `used`).
 fn children_of(root: &ProcRoot, pid: u32, budget: usize, used: &mut usize) -> Option<Vec<u32>> {
-    let tasks = std::fs::read_dir(root.of_pid(pid, "task")).ok();
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     *used += 1;
+    let tasks = match std::fs::read_dir(root.of_pid(pid, "task")) {
+        Ok(tasks) => tasks,
+        Err(e) if gone(&e) => return Some(Vec::new()),
+        Err(_) => return None,
+    };
     let mut kids = Vec::new();
-    for tid in tasks.into_iter().flatten().flatten() {
+    for tid in tasks.flatten() {
         *used += 1;
         if *used > budget {
             return None;
         }
-        // A thread gone since its listing has none.
-        let text = std::fs::read_to_string(tid.path().join("children")).unwrap_or_default();
-        kids.extend(
-            text.split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
+        match std::fs::read_to_string(tid.path().join("children")) {
+            Ok(text) => kids.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
+            Err(e) if gone(&e) => {}
+            Err(_) => return None,
+        }
     }
     Some(kids)
 }
@@ -368,6 +378,9 @@ impl ProcessTable {
             if named.len() + picked >= budget {
                 return None;
             }
+        }
+        if named.len() >= budget {
+            return None;
         }
         for pid in named {
             seeds.stat(root, pid);
@@ -720,6 +733,28 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         for t in [many, none] {
             assert_eq!(t.len(), 45);
+            assert_eq!(find_for(agents[0], 0, &t).all, [10, 11, 12]);
+        }
+    }
+
+    /// A `children` file that cannot be read (here a directory in its
+    /// place) leaves the walk to find the descendants; a thread gone since
+    /// its listing (no file) has none.
+    #[test]
+    fn an_unreadable_children_file_leaves_it_to_the_walk() {
+        let (dir, root, c) = pid_10_in("unreadable-children");
+        with_children(&dir, TREE);
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        std::fs::create_dir_all(dir.join("10/task/16")).expect("a thread gone");
+        let lean = ProcessTable::read_check_in(&root, &agents, 0);
+        let file = dir.join("11/task/11/children");
+        std::fs::remove_file(&file).expect("children");
+        std::fs::create_dir(&file).expect("a directory in its place");
+        let walked = ProcessTable::read_check_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(lean.len(), 4);
+        assert_eq!(walked.len(), 45);
+        for t in [lean, walked] {
             assert_eq!(find_for(agents[0], 0, &t).all, [10, 11, 12]);
         }
     }
