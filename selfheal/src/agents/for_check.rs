@@ -288,6 +288,14 @@ impl Seeds {
     }
 }
 
+/// What a check reads when the processes its rules name will not do.
+enum Instead {
+    /// Every process's `stat` ([`ProcessTable::read_stats`]).
+    Walk,
+    /// The whole table ([`ProcessTable::read_for`]).
+    Whole,
+}
+
 /// The most ancestors of selfheal read for its lineage (rules other than
 /// `pid` and `pidfile` never pick them).
 const MAX_LINEAGE: usize = 4096;
@@ -312,8 +320,11 @@ impl ProcessTable {
         {
             return ProcessTable::read_for_in(root, agents, runner);
         }
-        let table = ProcessTable::read_named(root, agents, runner)
-            .unwrap_or_else(|| ProcessTable::read_stats(root, agents, runner));
+        let table = match ProcessTable::read_named(root, agents, runner) {
+            Ok(table) => table,
+            Err(Instead::Walk) => ProcessTable::read_stats(root, agents, runner),
+            Err(Instead::Whole) => return ProcessTable::read_for_in(root, agents, runner),
+        };
         let mut wanted = vec![1];
         for agent in agents {
             let m = find_for(agent, runner, &table);
@@ -333,15 +344,20 @@ impl ProcessTable {
     /// list, the processes of the uids a `cmdline` or `exe` rule admits
     /// (by the owner of `/proc/PID`), PID 1 and selfheal's lineage; then
     /// the descendants of what the rules pick, from their threads'
-    /// `children`. `None` where that is not the cheaper read or cannot say
-    /// what the whole table would: a kernel without `children` files, a
-    /// container rule, units whose cgroups cannot be listed, more reads
-    /// than one per process of the host, or a rule that finds nothing
-    /// (whose problem counts the host's processes).
-    fn read_named(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> Option<ProcessTable> {
+    /// `children`. What to read instead where that is not the cheaper
+    /// read or cannot say what the whole table would: the walk for a
+    /// kernel without `children` files, a container rule (which reads the
+    /// whole table anyway), units whose cgroups cannot be listed, or more
+    /// reads than one per process of the host; the whole table for a rule
+    /// that finds nothing (whose problem counts the host's processes).
+    fn read_named(
+        root: &ProcRoot,
+        agents: &[&AgentConfig],
+        runner: u32,
+    ) -> Result<ProcessTable, Instead> {
         let reads = Reads::of(agents.iter().copied(), runner);
         if reads.containers || !lists_children(root) {
-            return None;
+            return Err(Instead::Walk);
         }
         let host = host_pids(root);
         let budget = host.len();
@@ -350,7 +366,7 @@ impl ProcessTable {
         match unit_members(root, agents, runner) {
             Units::None => {}
             Units::Listed(pids) => cgroups.extend(pids),
-            Units::Unlisted => return None,
+            Units::Unlisted => return Err(Instead::Walk),
         }
         let mut named: Vec<u32> = cgroups.iter().copied().collect();
         for agent in agents {
@@ -376,11 +392,11 @@ impl ProcessTable {
             }
             let picked = uids.values().filter(|u| reads.picks(**u)).count();
             if named.len() + picked >= budget {
-                return None;
+                return Err(Instead::Walk);
             }
         }
         if named.len() >= budget {
-            return None;
+            return Err(Instead::Walk);
         }
         for pid in named {
             seeds.stat(root, pid);
@@ -408,20 +424,20 @@ impl ProcessTable {
         for agent in agents {
             let m = find_for(agent, runner, &found);
             if m.problem.is_some() {
-                return None;
+                return Err(Instead::Whole);
             }
             roots.extend(m.roots);
         }
         let threads: u64 = roots.iter().filter_map(|p| seeds.threads.get(p)).sum();
         if descent(true, threads, budget.saturating_sub(seeds.used)) == Descent::Walk {
-            return None;
+            return Err(Instead::Walk);
         }
         // Each process once; a child whose `stat` names another parent is
         // a pid reused since its listing, not a descendant.
         let mut stack: Vec<u32> = roots.iter().copied().collect();
         let mut seen: BTreeSet<u32> = roots;
         while let Some(pid) = stack.pop() {
-            for kid in children_of(root, pid, budget, &mut seeds.used)? {
+            for kid in children_of(root, pid, budget, &mut seeds.used).ok_or(Instead::Walk)? {
                 if seen.insert(kid)
                     && seeds.stat(root, kid)
                     && seeds.entries.get(&kid).is_some_and(|e| e.ppid == pid)
@@ -430,10 +446,10 @@ impl ProcessTable {
                 }
             }
             if seeds.used > budget {
-                return None;
+                return Err(Instead::Walk);
             }
         }
-        Some(ProcessTable::partial_of(
+        Ok(ProcessTable::partial_of(
             root,
             seeds.entries.into_values().collect(),
             seeds.starts,
