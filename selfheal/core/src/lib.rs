@@ -15,7 +15,8 @@
 //!   shown), [`clock`] (ages on the boot clock);
 //! - **config**: [`config`] (the TOML schema, its validation, upstream
 //!   matching), [`auto`] (the `[auto]` section's agents: labelled
-//!   containers and named units);
+//!   containers and named units), [`discovery`] (what finding the agents
+//!   must read of the host, by their rules);
 //! - **evidence**: [`proc`], [`sockdiag`], [`ebpf`], [`runtime`] (what the
 //!   collectors read, as plain types, and the parsers of what procfs and
 //!   the container runtimes answer), [`cgroup`] (which unit, manager and
@@ -51,6 +52,7 @@ pub mod auto;
 pub mod cgroup;
 pub mod clock;
 pub mod config;
+pub mod discovery;
 pub mod ebpf;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixture;

@@ -1,18 +1,27 @@
-//! The process table `check` reads ([`ProcessTable::read_check`]): every
-//! process's `stat` (one open by path: its parent and start time, the tree
-//! descendants and the rules' roots are found in), and the rest only where
-//! its rules need it. Uid, executable, cgroup and pid namespace are read
-//! for the processes a rule picks and their descendants; the uid of every
-//! process under a `cmdline` or `exe` rule, and its command line or
-//! executable only where the rule's `match.uid` admits it; under a `unit`
-//! rule, the cgroup of the processes its units' `cgroup.procs` list; and the
-//! container inits the runtimes name. `scan`, `inspect` and `config` read
-//! the whole table.
+//! The process table `check` reads ([`ProcessTable::read_check`]): what
+//! its rules need (the core's `discovery::Reads`), no more. `scan`,
+//! `inspect` and `config` read the whole table.
 //!
-//! Why `stat` of every process and not `/proc/PID/task/TID/children`: the
-//! kernel may be built without it (`CONFIG_PROC_CHILDREN`; this 6.18 host
-//! is), and it is one read per thread (5,000 for `check-bench`'s 100 agents
-//! of 50 threads) where `stat` is one per process.
+//! Where the kernel lists each task's children
+//! (`/proc/PID/task/TID/children`, `CONFIG_PROC_CHILDREN`), the table is
+//! the processes the rules name and their descendants
+//! (`ProcessTable::read_named`): the pids of `pid` and `pidfile` rules,
+//! the processes their units' `cgroup.procs` list, the processes of the
+//! uids a `cmdline` or `exe` rule admits (by the owner of `/proc/PID`,
+//! looked up without opening it), PID 1 and selfheal's lineage, then
+//! the descendants of what the rules pick from each of their threads'
+//! `children`. That is one read per thread of the agents' processes
+//! against one `stat` per process of the host, so it is done only while
+//! it is fewer reads (`discovery::descent`, and counted as it goes).
+//!
+//! Otherwise, every process's `stat` (one open by path: its parent and
+//! start time, the tree descendants and the rules' roots are found in),
+//! and the rest only where its rules need it. Uid, executable, cgroup and
+//! pid namespace are read for the processes a rule picks and their
+//! descendants; the uid of every process under a `cmdline` or `exe` rule,
+//! and its command line or executable only where the rule's `match.uid`
+//! admits it; under a `unit` rule, the cgroup of the processes its units'
+//! `cgroup.procs` list; and the container inits the runtimes name.
 //!
 //! What a check says is what the whole table would say: when an agent's
 //! `cmdline`, `exe` or `unit` rule finds nothing here, the check reads the
@@ -20,9 +29,10 @@
 //! a config with a `container` rule reads it from the start (a container
 //! rule looks at every container).
 //!
-//! Measured (`check-bench --check-only --baseline`, release, this 2-core
-//! host of ~250 processes, 100 agents matched by pid): see RELIABILITY.md,
-//! "A check against a C floor".
+//! Measured (`check-bench --check-only --baseline`, release): see
+//! RELIABILITY.md, "A check against a C floor".
+
+use selfheal_core::discovery::{Descent, Reads, descent};
 
 use super::{matching::in_owned_unit, *};
 
@@ -56,11 +66,6 @@ impl<'a> CmdlineRules<'a> {
                 })
                 .collect(),
         )
-    }
-
-    /// Whether some rule may match a process of `uid`.
-    pub(super) fn read(&self, uid: Option<u32>) -> bool {
-        self.0.iter().any(|(_, f)| admits(*f, uid))
     }
 
     /// Whether some rule that may match a process of `uid` matches `joined`.
@@ -163,10 +168,137 @@ fn hierarchy(root: &ProcRoot) -> Option<(PathBuf, String)> {
 /// `pid`'s entry as `ROOT/PID/stat` says, and its start time; `None`
 /// when it is gone.
 fn stat_of(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64)> {
+    stat_threads(root, pid).map(|(e, start, _)| (e, start))
+}
+
+/// [`stat_of`], and how many threads the process has.
+fn stat_threads(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64, u64)> {
     use procfs::FromRead as _;
     let stat = procfs::process::Stat::from_file(root.of_pid(pid, "stat")).ok()?;
-    Some(entry_of(pid, stat))
+    let threads = u64::try_from(stat.num_threads).unwrap_or(0);
+    let (e, start) = entry_of(pid, stat);
+    Some((e, start, threads))
 }
+
+/// The pids under `root`, as its directory lists them (names only: no
+/// process is opened).
+fn host_pids(root: &ProcRoot) -> Vec<u32> {
+    std::fs::read_dir(root.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
+/// `pid`'s cgroup path as `ROOT/PID/cgroup` says.
+fn cgroup_of_in(root: &ProcRoot, pid: u32) -> Option<String> {
+    std::fs::read_to_string(root.of_pid(pid, "cgroup"))
+        .ok()
+        .as_deref()
+        .and_then(cgroup_path)
+}
+
+/// Reads of `e` (its uid read) what a `cmdline` or `exe` rule picks it
+/// by, where `reads` admits its uid: its executable, and its command line
+/// (kept only where a rule of `cmdlines` matches it).
+fn read_picking(
+    root: &ProcRoot,
+    reads: &Reads,
+    cmdlines: &CmdlineRules<'_>,
+    reader: &mut CmdlineReader,
+    e: &mut ProcEntry,
+) {
+    if reads.exe_of(e.uid) {
+        e.exe = std::fs::read_link(root.of_pid(e.pid, "exe")).ok();
+    }
+    if e.has_argv && reads.cmdline_of(e.uid) {
+        let argv = reader.read(e.pid, e.uid);
+        if cmdlines.keep(e.uid, &argv.join(" ")) {
+            e.cmdline = argv;
+        }
+    }
+}
+
+/// Whether the kernel lists each task's children
+/// (`/proc/PID/task/TID/children`, `CONFIG_PROC_CHILDREN`), as this
+/// process's own main thread under `root` shows.
+fn lists_children(root: &ProcRoot) -> bool {
+    root.of_self(&format!("task/{}/children", std::process::id()))
+        .is_file()
+}
+
+/// The children of process `pid`: every one of its threads' `children`
+/// (a process forked by any thread is that thread's child); none when it
+/// is gone, and a thread gone since the listing has none. `None` when a
+/// listing cannot be read otherwise (the walk is then asked instead), or
+/// when that would take more than `budget` reads (each counted in
+/// `used`).
+fn children_of(root: &ProcRoot, pid: u32, budget: usize, used: &mut usize) -> Option<Vec<u32>> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    *used += 1;
+    let tasks = match std::fs::read_dir(root.of_pid(pid, "task")) {
+        Ok(tasks) => tasks,
+        Err(e) if gone(&e) => return Some(Vec::new()),
+        Err(_) => return None,
+    };
+    let mut kids = Vec::new();
+    for tid in tasks.flatten() {
+        *used += 1;
+        if *used > budget {
+            return None;
+        }
+        match std::fs::read_to_string(tid.path().join("children")) {
+            Ok(text) => kids.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            ),
+            Err(e) if gone(&e) => {}
+            Err(_) => return None,
+        }
+    }
+    Some(kids)
+}
+
+/// The processes read so far by a table built from the processes its
+/// rules name ([`ProcessTable::read_named`]), and what that cost.
+#[derive(Default)]
+struct Seeds {
+    entries: BTreeMap<u32, ProcEntry>,
+    starts: HashMap<u32, u64>,
+    threads: HashMap<u32, u64>,
+    /// Processes opened (a `stat`, a `task` listing, a `children` file).
+    used: usize,
+}
+
+impl Seeds {
+    /// Reads `pid`'s `stat` once; whether it is there.
+    fn stat(&mut self, root: &ProcRoot, pid: u32) -> bool {
+        if self.entries.contains_key(&pid) {
+            return true;
+        }
+        self.used += 1;
+        let Some((e, start, threads)) = stat_threads(root, pid) else {
+            return false;
+        };
+        self.starts.insert(pid, start);
+        self.threads.insert(pid, threads);
+        self.entries.insert(pid, e);
+        true
+    }
+}
+
+/// What a check reads when the processes its rules name will not do.
+enum Instead {
+    /// Every process's `stat` ([`ProcessTable::read_stats`]).
+    Walk,
+    /// The whole table ([`ProcessTable::read_for`]).
+    Whole,
+}
+
+/// The most ancestors of selfheal read for its lineage (rules other than
+/// `pid` and `pidfile` never pick them).
+const MAX_LINEAGE: usize = 4096;
 
 impl ProcessTable {
     /// The table `check` needs for `agents` as `runner` (see the module
@@ -188,7 +320,11 @@ impl ProcessTable {
         {
             return ProcessTable::read_for_in(root, agents, runner);
         }
-        let table = ProcessTable::read_stats(root, agents, runner);
+        let table = match ProcessTable::read_named(root, agents, runner) {
+            Ok(table) => table,
+            Err(Instead::Walk) => ProcessTable::read_stats(root, agents, runner),
+            Err(Instead::Whole) => return ProcessTable::read_for_in(root, agents, runner),
+        };
         let mut wanted = vec![1];
         for agent in agents {
             let m = find_for(agent, runner, &table);
@@ -202,16 +338,130 @@ impl ProcessTable {
         table.fill_in(&wanted)
     }
 
+    /// The table of the processes `agents`' rules name and their
+    /// descendants, read without a `stat` of every process: the pids of
+    /// `pid` and `pidfile` rules, the processes their units' `cgroup.procs`
+    /// list, the processes of the uids a `cmdline` or `exe` rule admits
+    /// (by the owner of `/proc/PID`), PID 1 and selfheal's lineage; then
+    /// the descendants of what the rules pick, from their threads'
+    /// `children`. What to read instead where that is not the cheaper
+    /// read or cannot say what the whole table would: the walk for a
+    /// kernel without `children` files, a container rule (which reads the
+    /// whole table anyway), units whose cgroups cannot be listed, or more
+    /// reads than one per process of the host; the whole table for a rule
+    /// that finds nothing (whose problem counts the host's processes).
+    fn read_named(
+        root: &ProcRoot,
+        agents: &[&AgentConfig],
+        runner: u32,
+    ) -> Result<ProcessTable, Instead> {
+        let reads = Reads::of(agents.iter().copied(), runner);
+        if reads.containers || !lists_children(root) {
+            return Err(Instead::Walk);
+        }
+        let host = host_pids(root);
+        let budget = host.len();
+        let mut seeds = Seeds::default();
+        let mut cgroups = BTreeSet::from([1]);
+        match unit_members(root, agents, runner) {
+            Units::None => {}
+            Units::Listed(pids) => cgroups.extend(pids),
+            Units::Unlisted => return Err(Instead::Walk),
+        }
+        let mut named: Vec<u32> = cgroups.iter().copied().collect();
+        for agent in agents {
+            match &agent.rule {
+                MatchRule::Pid(pid) => named.push(*pid),
+                MatchRule::Pidfile(path) => named.extend(read_pidfile(path).ok()),
+                _ => {}
+            }
+        }
+        // Selfheal and its ancestors, which rules by what a process runs
+        // or where never pick.
+        let mut cur = std::process::id();
+        for _ in 0..MAX_LINEAGE {
+            if cur == 0 || !seeds.stat(root, cur) {
+                break;
+            }
+            cur = seeds.entries[&cur].ppid;
+        }
+        let mut uids = BTreeMap::new();
+        if reads.uids() {
+            for &pid in &host {
+                uids.insert(pid, uid_of(root, pid));
+            }
+            let picked = uids.values().filter(|u| reads.picks(**u)).count();
+            if named.len() + picked >= budget {
+                return Err(Instead::Walk);
+            }
+        }
+        if named.len() >= budget {
+            return Err(Instead::Walk);
+        }
+        for pid in named {
+            seeds.stat(root, pid);
+        }
+        let cmdlines = CmdlineRules::of(agents, runner);
+        let mut reader = CmdlineReader::default();
+        for (&pid, &uid) in &uids {
+            if reads.picks(uid) && seeds.stat(root, pid) {
+                let e = seeds.entries.get_mut(&pid).expect("read just now");
+                e.uid = uid;
+                read_picking(root, &reads, &cmdlines, &mut reader, e);
+            }
+        }
+        for (pid, e) in seeds.entries.iter_mut() {
+            if reads.uids() && e.uid.is_none() {
+                e.uid = uid_of(root, *pid);
+            }
+            if cgroups.contains(pid) {
+                e.cgroup = cgroup_of_in(root, *pid);
+            }
+        }
+        let found = ProcessTable::from_entries(seeds.entries.values().cloned().collect())
+            .with_own_pid(std::process::id());
+        let mut roots = BTreeSet::new();
+        for agent in agents {
+            let m = find_for(agent, runner, &found);
+            if m.problem.is_some() {
+                return Err(Instead::Whole);
+            }
+            roots.extend(m.roots);
+        }
+        let threads: u64 = roots.iter().filter_map(|p| seeds.threads.get(p)).sum();
+        if descent(true, threads, budget.saturating_sub(seeds.used)) == Descent::Walk {
+            return Err(Instead::Walk);
+        }
+        // Each process once; a child whose `stat` names another parent is
+        // a pid reused since its listing, not a descendant.
+        let mut stack: Vec<u32> = roots.iter().copied().collect();
+        let mut seen: BTreeSet<u32> = roots;
+        while let Some(pid) = stack.pop() {
+            for kid in children_of(root, pid, budget, &mut seeds.used).ok_or(Instead::Walk)? {
+                if seen.insert(kid)
+                    && seeds.stat(root, kid)
+                    && seeds.entries.get(&kid).is_some_and(|e| e.ppid == pid)
+                {
+                    stack.push(kid);
+                }
+            }
+            if seeds.used > budget {
+                return Err(Instead::Walk);
+            }
+        }
+        Ok(ProcessTable::partial_of(
+            root,
+            seeds.entries.into_values().collect(),
+            seeds.starts,
+            reader,
+        ))
+    }
+
     /// Every process's `stat`; the uid, executable, cgroup and command
     /// line only where a rule of `agents` needs them to pick.
     fn read_stats(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
         let cmdlines = CmdlineRules::of(agents, runner);
-        let exes: Vec<Option<u32>> = agents
-            .iter()
-            .filter(|a| matches!(a.rule, MatchRule::Exe(_)))
-            .map(|a| a.uid_filter(runner))
-            .collect();
-        let uids = !cmdlines.0.is_empty() || !exes.is_empty();
+        let reads = Reads::of(agents.iter().copied(), runner);
         // Under a unit rule, the cgroups of the processes its units list
         // and PID 1's (where units are anchored); every process's where
         // those cannot be listed.
@@ -224,37 +474,31 @@ impl ProcessTable {
         let mut entries = Vec::new();
         let mut starts = HashMap::new();
         let mut reader = CmdlineReader::default();
-        // By path, one open for each `stat`.
-        let pids = std::fs::read_dir(root.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok());
-        for pid in pids {
+        for pid in host_pids(root) {
             let Some((mut e, start)) = stat_of(root, pid) else {
                 continue;
             };
-            if uids {
+            if reads.uids() {
                 e.uid = uid_of(root, pid);
             }
-            if exes.iter().any(|f| admits(*f, e.uid)) {
-                e.exe = std::fs::read_link(root.of_pid(pid, "exe")).ok();
-            }
+            read_picking(root, &reads, &cmdlines, &mut reader, &mut e);
             if cgroups(e.pid) {
-                e.cgroup = std::fs::read_to_string(root.of_pid(e.pid, "cgroup"))
-                    .ok()
-                    .as_deref()
-                    .and_then(cgroup_path);
-            }
-            if e.has_argv && cmdlines.read(e.uid) {
-                let argv = reader.read(e.pid, e.uid);
-                if cmdlines.keep(e.uid, &argv.join(" ")) {
-                    e.cmdline = argv;
-                }
+                e.cgroup = cgroup_of_in(root, e.pid);
             }
             starts.insert(e.pid, start);
             entries.push(e);
         }
+        ProcessTable::partial_of(root, entries, starts, reader)
+    }
+
+    /// A table read by [`ProcessTable::read_check`] of `entries`, their
+    /// start times and the command lines `reader` left unread.
+    fn partial_of(
+        root: &ProcRoot,
+        entries: Vec<ProcEntry>,
+        starts: HashMap<u32, u64>,
+        reader: CmdlineReader,
+    ) -> ProcessTable {
         let mut table = ProcessTable::from_entries(entries).with_own_pid(std::process::id());
         table.unread_cmdlines = reader.unread;
         table.partial = Some(Partial {
@@ -266,9 +510,11 @@ impl ProcessTable {
     }
 
     /// Reads every field of the processes `pids` not yet read in full, in a
-    /// table read by [`ProcessTable::read_check`] (a whole table has them).
-    /// One whose start time is no longer the one its `stat` gave (gone, its
-    /// pid reused) keeps what was read of it.
+    /// table read by [`ProcessTable::read_check`] (a whole table has them);
+    /// one the table has not read yet (a container's init, in a table of
+    /// the processes its rules name) is read first. One whose start time
+    /// is no longer the one its `stat` gave (gone, its pid reused) keeps
+    /// what was read of it.
     pub(super) fn fill_in(mut self, pids: &[u32]) -> ProcessTable {
         let Some(mut partial) = self.partial.take() else {
             return self;
@@ -276,6 +522,15 @@ impl ProcessTable {
         for &pid in pids {
             if !partial.filled.insert(pid) {
                 continue;
+            }
+            if !self.entries.contains_key(&pid)
+                && let Some((e, start)) = stat_of(&partial.root, pid)
+            {
+                partial.starts.insert(pid, start);
+                if e.ppid != pid {
+                    self.children.entry(e.ppid).or_default().push(pid);
+                }
+                self.entries.insert(pid, e);
             }
             let Some(e) = self.entries.get_mut(&pid) else {
                 continue;
@@ -406,6 +661,148 @@ mod tests {
             (&None, &None, None, None)
         );
         assert!(whole.get(20).unwrap().cgroup.is_some());
+    }
+
+    /// Gives `dir`'s processes (`procs`) the `task/TID/children` files of a
+    /// kernel that has them: each process one thread listing its children,
+    /// and this process's own main thread's file (how the kernel is told
+    /// to have them).
+    fn with_children(dir: &Path, procs: &[(u32, u32, u64)]) {
+        for &(pid, _, _) in procs {
+            let kids: Vec<String> = procs
+                .iter()
+                .filter(|(p, ppid, _)| *ppid == pid && *p != pid)
+                .map(|(p, _, _)| p.to_string())
+                .collect();
+            write_children(dir, pid, pid, &kids.join(" "));
+        }
+        // A host of more processes than the agent's tree costs in reads.
+        for pid in 1000..1040 {
+            write_stat(dir, pid, 1, 100);
+        }
+        let own = std::process::id();
+        let task = dir.join(format!("self/task/{own}"));
+        std::fs::create_dir_all(&task).expect("self");
+        std::fs::write(task.join("children"), "").expect("own children");
+    }
+
+    /// `PID/task/TID/children` under `dir`.
+    fn write_children(dir: &Path, pid: u32, tid: u32, kids: &str) {
+        let task = dir.join(format!("{pid}/task/{tid}"));
+        std::fs::create_dir_all(&task).expect("task");
+        std::fs::write(task.join("children"), format!("{kids} ")).expect("children");
+    }
+
+    /// On a kernel with `children` files, a pid rule's check reads no
+    /// process outside its tree (PID 1 aside): not even the `stat` of
+    /// another, which is not in the table. Descendants forked by any
+    /// thread are found. It finds what the whole table finds, and reads
+    /// its processes as the whole table does.
+    #[test]
+    fn with_children_files_a_pid_rules_check_reads_only_its_tree() {
+        let (dir, root, c) = pid_10_in("children");
+        with_children(&dir, TREE);
+        // 11 was forked by 10's second thread.
+        write_children(&dir, 10, 10, "");
+        write_children(&dir, 10, 15, "11");
+        only_the_tree_of_10(&dir, &root, &c);
+    }
+
+    /// `c`'s one agent, checked under `root` (at `dir`, removed after),
+    /// is 10 and its descendants, and the check's table holds those and
+    /// PID 1 only, each as the whole table has it.
+    fn only_the_tree_of_10(dir: &Path, root: &ProcRoot, c: &Config) {
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let lean = ProcessTable::read_check_in(root, &agents, 0);
+        let whole = ProcessTable::read_for_in(root, &agents, 0);
+        let _ = std::fs::remove_dir_all(dir);
+        let m = find_for(agents[0], 0, &lean);
+        assert_eq!((&m.roots, &m.all), (&vec![10], &vec![10, 11, 12]));
+        assert_eq!(m, find_for(agents[0], 0, &whole));
+        let read: Vec<u32> = lean.entries().map(|e| e.pid).collect();
+        assert_eq!(read, [1, 10, 11, 12]);
+        for pid in read {
+            assert_eq!(lean.get(pid), whole.get(pid), "{pid}");
+        }
+        assert!(whole.get(20).is_some());
+    }
+
+    /// The walk where children files are the dearer read (the agent's
+    /// threads outnumber the host's processes) or the kernel has none.
+    #[test]
+    fn the_walk_stays_where_children_files_cost_more_or_are_missing() {
+        let (dir, root, c) = pid_10_in("many-threads");
+        with_children(&dir, TREE);
+        for tid in 100..150 {
+            write_children(&dir, 10, tid, "");
+        }
+        let stat = dir.join("10/stat");
+        let line = std::fs::read_to_string(&stat).expect("stat");
+        // num_threads, the 20th field.
+        let mut fields: Vec<&str> = line.split(' ').collect();
+        fields[19] = "51";
+        std::fs::write(&stat, fields.join(" ")).expect("stat");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let many = ProcessTable::read_check_in(&root, &agents, 0);
+        std::fs::remove_dir_all(dir.join("self")).expect("self");
+        let none = ProcessTable::read_check_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        for t in [many, none] {
+            assert_eq!(t.len(), 45);
+            assert_eq!(find_for(agents[0], 0, &t).all, [10, 11, 12]);
+        }
+    }
+
+    /// A `children` file that cannot be read (here a directory in its
+    /// place) leaves the walk to find the descendants; a thread gone since
+    /// its listing (no file) has none.
+    #[test]
+    fn an_unreadable_children_file_leaves_it_to_the_walk() {
+        let (dir, root, c) = pid_10_in("unreadable-children");
+        with_children(&dir, TREE);
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        std::fs::create_dir_all(dir.join("10/task/16")).expect("a thread gone");
+        let lean = ProcessTable::read_check_in(&root, &agents, 0);
+        let file = dir.join("11/task/11/children");
+        std::fs::remove_file(&file).expect("children");
+        std::fs::create_dir(&file).expect("a directory in its place");
+        let walked = ProcessTable::read_check_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(lean.len(), 4);
+        assert_eq!(walked.len(), 45);
+        for t in [lean, walked] {
+            assert_eq!(find_for(agents[0], 0, &t).all, [10, 11, 12]);
+        }
+    }
+
+    /// A child listed by its parent whose `stat` names another parent
+    /// (its pid reused since the listing) is not a descendant, and what it
+    /// lists is not read.
+    #[test]
+    fn a_listed_child_of_another_parent_is_not_a_descendant() {
+        let (dir, root, c) = pid_10_in("reused-child");
+        with_children(&dir, TREE);
+        // 10 lists 20, whose stat says 1 is its parent; 20 lists 21.
+        write_children(&dir, 10, 10, "11 20");
+        write_stat(&dir, 21, 20, 90);
+        write_children(&dir, 20, 20, "21");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let lean = ProcessTable::read_check_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(find_for(agents[0], 0, &lean).all, [10, 11, 12]);
+        assert!(lean.get(21).is_none());
+    }
+
+    /// An `exe` rule limited to a uid reads, of the processes of other
+    /// uids, only the owner of their `/proc/PID` (no `stat`): here 10 is
+    /// uid 4242's, and 20 not in the table.
+    #[test]
+    fn with_children_files_an_exe_rule_reads_only_its_uids_processes() {
+        let (dir, root) = fake("exe-uid", TREE);
+        with_children(&dir, TREE);
+        std::os::unix::fs::chown(dir.join("10"), Some(4242), None).expect("chown");
+        let c = config("[[agent]]\nname = \"a\"\nmatch = { exe = \"/usr/bin/p10\", uid = 4242 }\n");
+        only_the_tree_of_10(&dir, &root, &c);
     }
 
     /// A process whose pid is another's by the time the rest of it is read
@@ -589,6 +986,20 @@ mod tests {
             .map(|e| e.pid)
             .collect();
         assert!(read.len() <= 2, "{read:?} of {}", lean.len());
+        // Where the kernel lists children, no other process is even in
+        // the table: the sleeper, PID 1 and this test's lineage.
+        if lists_children(&ProcRoot::default()) {
+            let lineage = std::iter::successors(Some(std::process::id()), |p| {
+                whole.get(*p).map(|e| e.ppid).filter(|pp| *pp != 0)
+            })
+            .take(MAX_LINEAGE)
+            .count();
+            let listed: Vec<u32> = lean.entries().map(|e| e.pid).collect();
+            assert!(
+                listed.len() <= lineage + 2 && listed.len() < whole.len(),
+                "{listed:?}: more than the sleeper, PID 1 and {lineage} of the lineage"
+            );
+        }
         assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }

@@ -149,7 +149,8 @@ impl ProcessTable {
     /// [`ProcessTable::read_for`] under `root`.
     fn read_for_in(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
         let rules = for_check::CmdlineRules::of(agents, runner);
-        ProcessTable::read_with(root, &|uid| rules.read(uid), &|uid, joined| {
+        let reads = selfheal_core::discovery::Reads::of(agents.iter().copied(), runner);
+        ProcessTable::read_with(root, &|uid| reads.cmdline_of(uid), &|uid, joined| {
             rules.keep(uid, joined)
         })
     }
