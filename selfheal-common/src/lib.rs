@@ -224,7 +224,9 @@ pub struct IterSockRecord {
     /// `data_segs_in`, `data_segs_out`.
     pub data_segs_in: u32,
     pub data_segs_out: u32,
-    pub pad2: u32,
+    /// [`ITER_SOCK_MAGIC`]: what tells this build's records from another
+    /// build's program's output of a size that happens to divide alike.
+    pub magic: u32,
     /// `bytes_received`, `bytes_acked`.
     pub bytes_received: u64,
     pub bytes_acked: u64,
@@ -236,6 +238,9 @@ pub const SOCK_TCP: u32 = 1 << 0;
 /// `IterSockRecord::flags` bit: the program was loaded without the TCP
 /// fields (this kernel's BTF lacks one): only `fd` and `inode` are set.
 pub const SOCK_NO_TCP_LAYOUT: u32 = 1 << 1;
+
+/// [`IterSockRecord::magic`] of this record layout.
+pub const ITER_SOCK_MAGIC: u32 = 0x5348_5331;
 
 /// Size of one [`IterSockRecord`] in the iterator's output.
 pub const ITER_SOCK_RECORD_SIZE: usize = 152;

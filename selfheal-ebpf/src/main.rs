@@ -52,9 +52,9 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, InRecv, IterSockRecord, IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND,
-    MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING,
-    SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity, WATCHED_WORDS, counter,
+    EAGAIN, IPPROTO_TCP, ITER_SOCK_MAGIC, InRecv, IterSockRecord, IterTaskRecord, MAX_IN_RECV,
+    MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE,
+    RECV_NONBLOCKING, SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -897,6 +897,7 @@ pub extern "C" fn iter_task_file(ctx: *mut BpfIterTaskFile) -> i32 {
         tgid: read_at(task as u64, config(&OFF_TASK_TGID)),
         fd: fd as u32,
         inode: read_at(inode, config(&OFF_INODE_INO)),
+        magic: ITER_SOCK_MAGIC,
         ..IterSockRecord::default()
     };
     if config(&TCP_ON) == 0 {

@@ -1,6 +1,6 @@
 //! Collecting an agent's evidence: the I/O edge of `inspect` (the kernel's
-//! task iterators or procfs, one sock_diag dump per network namespace, the
-//! eBPF tracer). The report's types, the pure join
+//! task iterators or procfs; TCP connections from the iterators' pass or
+//! one sock_diag dump per network namespace; the eBPF tracer). The report's types, the pure join
 //! ([`selfheal_core::inspect::build`]) and the text renderer
 //! ([`selfheal_core::inspect::render`]) are the core's.
 //!
@@ -8,9 +8,11 @@
 //! that can, at minimal or light detail: the kernel's task iterators (one
 //! walk of each per process; [`crate::ebpf::iter`]), linked here for root,
 //! run by the helper for anyone else ([`HelperReads`]: the pids the caller
-//! may query); then procfs. The evidence is the same either way;
-//! [`selfheal_core::inspect::Collection`] says which read how many, and
-//! why procfs did where it did.
+//! may query); then procfs. A process's TCP connections come from the
+//! same pass (every network namespace, no `setns`, no dump) where it read
+//! them, else from the sock_diag dump of its namespace. The evidence is
+//! the same either way; [`selfheal_core::inspect::Collection`] says which
+//! read how many, why procfs did where it did, and why sock_diag did.
 
 use selfheal_core::inspect::{
     Collection, EbpfEvidence, Evidence, FULL_IS_PROCFS, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
@@ -23,7 +25,11 @@ use std::{
 
 use selfheal_core::{
     config::Roles,
-    ebpf::{TracerSnapshot, iter::IterProcess, strategy::Strategy},
+    ebpf::{
+        TracerSnapshot,
+        iter::{IterProcess, TcpPass},
+        strategy::Strategy,
+    },
     model::SocketRole,
     proc::{Detail, ProcessInfo, TaskClocks},
     protocol::{
@@ -330,6 +336,8 @@ impl Collector {
         let (mut unread_processes, mut unread_zombies) = (0, BTreeMap::new());
         let mut zombies = 0;
         let mut collection = Collection::default();
+        // The TCP connections each pass read, by pid.
+        let mut passes_tcp = BTreeMap::new();
         // Not linked here (and not turned off): the helper's passes.
         let passes = self.passes.as_ref().filter(|_| {
             self.iterators_off.is_some() && !self.iterators_asked_off && detail != Detail::Full
@@ -384,6 +392,7 @@ impl Collector {
                             read => {
                                 collection.iterators += 1;
                                 collection.iterators_from = Some("helper".into());
+                                passes_tcp.insert(pid, pass.tcp.clone());
                                 read
                             }
                         }
@@ -411,7 +420,16 @@ impl Collector {
                     Ok((pass, from)) => {
                         collection.iterators += 1;
                         collection.iterators_from = Some(from.to_string());
-                        proc::process_iterated(&self.proc, pid, &pass, detail, clocks, &mut access)
+                        let read = proc::process_iterated(
+                            &self.proc,
+                            pid,
+                            &pass,
+                            detail,
+                            clocks,
+                            &mut access,
+                        );
+                        passes_tcp.insert(pid, pass.tcp);
+                        read
                     }
                     Err(Walk::Gone) => {
                         gone.push(pid);
@@ -439,6 +457,7 @@ impl Collector {
             unread_processes,
             unread_zombies,
             tcp: None,
+            passes_tcp,
             collection,
         };
         self.evidence(target, read)
@@ -456,9 +475,10 @@ impl Collector {
                 target.pids.len(),
             )
         });
+        let mut collection = read.collection;
         let tcp = match read.tcp {
             Some(tcp) => tcp,
-            None => self.dumped_sockets(&read.processes),
+            None => self.sockets(&read.processes, &read.passes_tcp, &mut collection),
         };
         let mut roles = BTreeMap::new();
         for (pid, r) in &tcp {
@@ -509,7 +529,7 @@ impl Collector {
                 watched_since_ns: self.ebpf.watched_since_ns,
                 snapshot,
             },
-            collection: read.collection,
+            collection,
         }
     }
 
@@ -532,9 +552,60 @@ impl Collector {
             .as_deref()
     }
 
+    /// The TCP connections of `processes` by network namespace: from the
+    /// task iterators' pass of each process whose pass read them (every
+    /// namespace in that one pass, no dump), else from the (cached)
+    /// sock_diag dump of its namespace, noting why in `collection`. A
+    /// socket two processes hold is listed once.
+    fn sockets(
+        &mut self,
+        processes: &[ProcessInfo],
+        passes: &BTreeMap<u32, TcpPass>,
+        collection: &mut Collection,
+    ) -> Vec<NetnsSockets> {
+        let mut groups: Vec<(u32, u32, Vec<TcpSocket>)> = Vec::new();
+        let mut seen = HashSet::new();
+        let mut rest = Vec::new();
+        for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
+            match passes.get(&p.pid) {
+                Some(TcpPass::Read(conns)) => {
+                    for c in conns.iter().filter(|c| seen.insert(c.socket.inode)) {
+                        match groups.iter_mut().find(|(ns, _, _)| *ns == c.netns) {
+                            Some((_, _, all)) => all.push(c.socket.clone()),
+                            None => groups.push((c.netns, p.pid, vec![c.socket.clone()])),
+                        }
+                    }
+                }
+                Some(TcpPass::Unread(why)) => {
+                    collection.sock_diag_for(why);
+                    rest.push(p);
+                }
+                None => {
+                    collection.sock_diag_for("procfs read the process");
+                    rest.push(p);
+                }
+            }
+        }
+        let mut tcp: Vec<NetnsSockets> = groups
+            .into_iter()
+            .map(|(_, pid, all)| (pid, Ok(all)))
+            .collect();
+        if !rest.is_empty() {
+            tcp.extend(self.dumped_sockets(&rest).into_iter().map(|(pid, found)| {
+                let found = found.map(|all| {
+                    all.into_iter()
+                        .filter(|s| !seen.contains(&s.inode))
+                        .collect()
+                });
+                (pid, found)
+            }));
+        }
+        tcp
+    }
+
     /// The sockets of `processes`, from the (cached) sock_diag dump of
     /// each network namespace they live in.
-    fn dumped_sockets(&mut self, processes: &[ProcessInfo]) -> Vec<NetnsSockets> {
+    fn dumped_sockets(&mut self, processes: &[&ProcessInfo]) -> Vec<NetnsSockets> {
         let owned: BTreeSet<u64> = processes
             .iter()
             .flat_map(|p| p.sockets.iter().map(|(_, ino)| *ino))
@@ -599,8 +670,11 @@ struct Read {
     unread_processes: usize,
     unread_zombies: BTreeMap<u32, usize>,
     /// Their sockets by network namespace, where read with them (else
-    /// from this collector's dumps).
+    /// from the task iterators' passes and this collector's dumps).
     tcp: Option<Vec<NetnsSockets>>,
+    /// The TCP connections the task iterators' pass of each process read,
+    /// or why it read none.
+    passes_tcp: BTreeMap<u32, TcpPass>,
     collection: Collection,
 }
 
@@ -627,6 +701,7 @@ fn read_through(
         unread_processes: 0,
         unread_zombies: BTreeMap::new(),
         tcp: None,
+        passes_tcp: BTreeMap::new(),
         collection: Collection::default(),
     };
     let (mut wanted, mut zombies) = (Vec::new(), 0);

@@ -607,6 +607,9 @@ fn both_readers_give_the_same_evidence_and_judgement() {
         let began = std::time::Instant::now();
         (agent.collect(procfs_because), began)
     };
+    // Every connection given its cookie, as a check's first dump of the
+    // namespace gives them: the pass reads the connections since.
+    selfheal::sys::sockdiag::dump_tcp().expect("dump");
     let (by_iter, t0) = read(None);
     let (by_procfs, t1) = read(Some("the procfs side of the comparison"));
     let between = t1.duration_since(t0).as_millis() as u64 + 50;
@@ -660,6 +663,66 @@ fn both_readers_give_the_same_evidence_and_judgement() {
             .count()
     };
     assert!(waiting(&by_iter) >= 6, "too few waits to compare");
+
+    // The connections: from the pass on one side (no sock_diag), from the
+    // namespace's dump on the other, equal but for ages (within the time
+    // between the reads) and the timer the pass does not read.
+    assert!(
+        by_iter.collection.why_sock_diag.is_empty(),
+        "{:?}",
+        by_iter.collection
+    );
+    assert_eq!(
+        by_procfs.collection.why_sock_diag,
+        ["procfs read the process"]
+    );
+    let conns = |ev: &selfheal_core::inspect::Evidence| -> BTreeMap<u64, TcpSocket> {
+        ev.tcp
+            .iter()
+            .flat_map(|(_, r)| r.as_ref().expect("connections read").iter())
+            .map(|s| (s.inode, s.clone()))
+            .collect()
+    };
+    let (a, b) = (conns(&by_iter), conns(&by_procfs));
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "the pass's connections (left) against sock_diag's (right)"
+    );
+    assert!(a.len() >= 10, "too few connections to compare: {}", a.len());
+    for (inode, x) in &a {
+        let y = &b[inode];
+        let (xi, yi) = (x.tcp_info.clone().unwrap(), y.tcp_info.clone().unwrap());
+        for (u, v) in [
+            (xi.last_data_recv_ms, yi.last_data_recv_ms),
+            (xi.last_data_sent_ms, yi.last_data_sent_ms),
+            (xi.last_ack_recv_ms, yi.last_ack_recv_ms),
+        ] {
+            let (u, v) = (u64::from(u), u64::from(v));
+            assert!(
+                u <= v && v <= u + between,
+                "socket {inode}: age {u} ms by the pass, {v} ms by sock_diag ({between} ms apart)"
+            );
+        }
+        let plain = |s: &TcpSocket| TcpSocket {
+            timer: None,
+            tcp_info: s
+                .tcp_info
+                .clone()
+                .map(|i| selfheal_core::sockdiag::TcpInfo {
+                    last_data_recv_ms: 0,
+                    last_data_sent_ms: 0,
+                    last_ack_recv_ms: 0,
+                    ..i
+                }),
+            ..s.clone()
+        };
+        assert_eq!(
+            plain(x),
+            plain(y),
+            "the pass (left) against sock_diag (right)"
+        );
+    }
 
     assert_eq!(agent.verdict(&by_iter), agent.verdict(&by_procfs));
 }

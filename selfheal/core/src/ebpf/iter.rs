@@ -8,7 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use selfheal_common::{
-    ITER_SOCK_RECORD_SIZE, ITER_TASK_RECORD_SIZE, IterSockRecord, IterTaskRecord,
+    ITER_SOCK_MAGIC, ITER_SOCK_RECORD_SIZE, ITER_TASK_RECORD_SIZE, IterSockRecord, IterTaskRecord,
     SOCK_NO_TCP_LAYOUT, SOCK_TCP,
 };
 
@@ -253,6 +253,12 @@ pub enum IterParseError {
     /// program and a reader that disagree on the record.
     #[error("iterator output of {len} bytes is not a whole number of {record}-byte records")]
     Truncated { len: usize, record: usize },
+    /// A record without this build's mark: the program is another
+    /// build's (a pin this build did not make).
+    #[error(
+        "the file iterator wrote a record of another build (mark {found:#x}, not {ITER_SOCK_MAGIC:#x})"
+    )]
+    Foreign { found: u32 },
 }
 
 /// The threads in the task iterator's output: [`IterTaskRecord`]s back to
@@ -285,9 +291,9 @@ pub fn parse_task_records(bytes: &[u8]) -> Result<Vec<IterThread>, IterParseErro
 }
 
 /// The sockets in the file iterator's output: [`IterSockRecord`]s back to
-/// back, in native byte order.
+/// back, in native byte order, each with this build's mark.
 pub fn parse_sock_records(bytes: &[u8]) -> Result<Vec<IterSockRecord>, IterParseError> {
-    Ok(records(bytes, ITER_SOCK_RECORD_SIZE)?
+    let out: Vec<IterSockRecord> = records(bytes, ITER_SOCK_RECORD_SIZE)?
         .map(|c| {
             let mut f = Fields(c);
             IterSockRecord {
@@ -321,12 +327,16 @@ pub fn parse_sock_records(bytes: &[u8]) -> Result<Vec<IterSockRecord>, IterParse
                 snd_una: f.u32(),
                 data_segs_in: f.u32(),
                 data_segs_out: f.u32(),
-                pad2: f.u32(),
+                magic: f.u32(),
                 bytes_received: f.u64(),
                 bytes_acked: f.u64(),
             }
         })
-        .collect())
+        .collect();
+    match out.iter().find(|r| r.magic != ITER_SOCK_MAGIC) {
+        Some(r) => Err(IterParseError::Foreign { found: r.magic }),
+        None => Ok(out),
+    }
 }
 
 /// `bytes` cut into records of `size` bytes.
@@ -520,7 +530,7 @@ mod tests {
             r.snd_una,
             r.data_segs_in,
             r.data_segs_out,
-            r.pad2,
+            r.magic,
         ] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
@@ -535,6 +545,7 @@ mod tests {
             tgid: 7,
             fd: 3,
             inode: 99,
+            magic: ITER_SOCK_MAGIC,
             flags: SOCK_TCP,
             family: 2,
             state: 1,
@@ -575,6 +586,7 @@ mod tests {
             tgid: 7,
             fd: 12,
             inode: 1 << 40,
+            magic: ITER_SOCK_MAGIC,
             ..IterSockRecord::default()
         };
         let mut out = sock_bytes(&a);
@@ -584,6 +596,21 @@ mod tests {
         let mut shifted = vec![0u8];
         shifted.extend(&out);
         assert_eq!(parse_sock_records(&shifted[1..]).unwrap(), vec![a, b]);
+        // Another build's records (16 bytes each, before the TCP fields):
+        // 19 of them fill two records of this size, and are refused.
+        let old: Vec<u8> = (0..19u64)
+            .flat_map(|i| {
+                [7u32.to_ne_bytes(), (3 + i as u32).to_ne_bytes()]
+                    .concat()
+                    .into_iter()
+                    .chain((99 + i).to_ne_bytes())
+            })
+            .collect();
+        assert_eq!(old.len(), 2 * ITER_SOCK_RECORD_SIZE);
+        assert!(matches!(
+            parse_sock_records(&old),
+            Err(IterParseError::Foreign { .. })
+        ));
         assert_eq!(
             parse_sock_records(&out[..17]),
             Err(IterParseError::Truncated {

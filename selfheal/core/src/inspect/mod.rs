@@ -217,6 +217,11 @@ pub struct Collection {
     pub procfs: usize,
     /// Why procfs read them, each reason once.
     pub why_procfs: Vec<String>,
+    /// Processes whose TCP connections sock_diag's dump of their network
+    /// namespace gave, not the task iterators' pass, and why, each reason
+    /// once (absent where none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub why_sock_diag: Vec<String>,
 }
 
 impl Collection {
@@ -225,6 +230,13 @@ impl Collection {
         self.procfs += 1;
         if !self.why_procfs.iter().any(|w| w == why) {
             self.why_procfs.push(why.to_string());
+        }
+    }
+
+    /// Notes that sock_diag read a process's connections, for `why`.
+    pub fn sock_diag_for(&mut self, why: &str) {
+        if !self.why_sock_diag.iter().any(|w| w == why) {
+            self.why_sock_diag.push(why.to_string());
         }
     }
 }

@@ -237,6 +237,10 @@ pub(super) fn render_raw(r: &Report) -> String {
             "read by: {iterators} for {i} process(es), procfs for {p} ({why})"
         ),
     };
+    if !c.why_sock_diag.is_empty() {
+        let why = escape(&c.why_sock_diag.join("; "));
+        let _ = writeln!(o, "connections read by: sock_diag ({why})");
+    }
     if !r.gaps.is_empty() {
         let _ = writeln!(o, "\nnot seen");
         for g in &r.gaps {
