@@ -348,8 +348,9 @@ impl ProcessTable {
     /// read or cannot say what the whole table would: the walk for a
     /// kernel without `children` files, a container rule (which reads the
     /// whole table anyway), units whose cgroups cannot be listed, or more
-    /// reads than one per process of the host; the whole table for a rule
-    /// that finds nothing (whose problem counts the host's processes).
+    /// reads than one per process of the host, or a pid or pidfile rule
+    /// that finds nothing (as the walk would); the whole table for another
+    /// rule that finds nothing (whose problem counts the host's processes).
     fn read_named(
         root: &ProcRoot,
         agents: &[&AgentConfig],
@@ -424,7 +425,11 @@ impl ProcessTable {
         for agent in agents {
             let m = find_for(agent, runner, &found);
             if m.problem.is_some() {
-                return Err(Instead::Whole);
+                // A pid's or pidfile's problem counts nothing of the host.
+                return Err(match agent.rule {
+                    MatchRule::Pid(_) | MatchRule::Pidfile(_) => Instead::Walk,
+                    _ => Instead::Whole,
+                });
             }
             roots.extend(m.roots);
         }
@@ -773,6 +778,30 @@ mod tests {
         for t in [lean, walked] {
             assert_eq!(find_for(agents[0], 0, &t).all, [10, 11, 12]);
         }
+    }
+
+    /// A pid rule whose process is not running is told so from the walk,
+    /// as before, not from the whole table (its problem counts nothing of
+    /// the host): no other process is read in full.
+    #[test]
+    fn a_missing_pid_is_walked_for_not_read_in_full() {
+        let (dir, root) = fake("missing-pid", TREE);
+        with_children(&dir, TREE);
+        let c = config("[[agent]]\nname = \"a\"\nmatch = { pid = 99 }\n");
+        let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+        let lean = ProcessTable::read_check_in(&root, &agents, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            find_for(agents[0], 0, &lean).problem.as_deref(),
+            Some("pid 99 is not running")
+        );
+        assert_eq!(lean.len(), 45);
+        let full: Vec<u32> = lean
+            .entries()
+            .filter(|e| e.cgroup.is_some())
+            .map(|e| e.pid)
+            .collect();
+        assert_eq!(full, [1]);
     }
 
     /// A child listed by its parent whose `stat` names another parent
