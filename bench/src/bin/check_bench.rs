@@ -30,6 +30,12 @@
 //! one's ratio to the floor and its user and system CPU time (the child's
 //! rusage). `--baseline BIN` times another build's `check` in the same
 //! alternation and prints the ratio; `--check-only` stops after these.
+//! That build's `check` opens only its own pins (their directory is named
+//! by its object's hash, and pinning removes other builds' beside it), so
+//! pin them where a check looks second (`BIN helper --pin-iterators` with
+//! no bpffs at `/sys/fs/bpf`: in `/run/selfheal/bpf`) and run the bench
+//! with one at `/sys/fs/bpf`, in a mount namespace of the run's own
+//! (RELIABILITY.md, "A check against a C floor").
 
 use std::{
     path::{Path, PathBuf},
