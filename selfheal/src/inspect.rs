@@ -16,6 +16,7 @@
 
 use selfheal_core::inspect::{
     Collection, EbpfEvidence, Evidence, FULL_IS_PROCFS, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
+    UnreadListening,
 };
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -130,9 +131,12 @@ pub struct Collector {
     /// Each dump's positions by inode.
     index: BTreeMap<(u64, u64), HashMap<u64, usize>>,
     /// The listening addresses of each network namespace (for a target
-    /// whose roles are [`Roles::Outbound`]), read on first need; `None`
-    /// where they could not be read.
-    listening: BTreeMap<(u64, u64), Option<Vec<SocketAddr>>>,
+    /// whose roles are [`Roles::Outbound`]), read on first need, or why
+    /// they could not be read.
+    listening: BTreeMap<(u64, u64), Result<Vec<SocketAddr>, String>>,
+    /// How the listening addresses of a pid's network namespace are read
+    /// (`sockdiag::listening_in_netns_of`; a test's failure otherwise).
+    read_listening: fn(u32) -> Result<Vec<SocketAddr>, sockdiag::SockDiagError>,
     detail: Detail,
     /// The CPUs' task clocks, taken on the first read that measures waits:
     /// one reference per CPU per collector, not per process.
@@ -178,6 +182,7 @@ impl Collector {
             ebpf,
             dumps: BTreeMap::new(),
             listening: BTreeMap::new(),
+            read_listening: sockdiag::listening_in_netns_of,
             index: BTreeMap::new(),
             detail: opts.detail,
             clocks: None,
@@ -219,6 +224,7 @@ impl Collector {
             ebpf,
             dumps: BTreeMap::new(),
             listening: BTreeMap::new(),
+            read_listening: sockdiag::listening_in_netns_of,
             index: BTreeMap::new(),
             detail,
             clocks: None,
@@ -481,15 +487,28 @@ impl Collector {
             None => self.sockets(&read.processes, &read.passes_tcp, &mut collection),
         };
         let mut roles = BTreeMap::new();
+        let mut unread_listening: Vec<UnreadListening> = Vec::new();
         for (pid, r) in &tcp {
             let Ok(sockets) = r else { continue };
             let listening = match target.roles {
                 Roles::ByAddress => None,
                 // Where the listeners cannot be read, no connection can be
-                // told made: none gets a role.
+                // told made: none gets a role, and the evidence says why.
                 Roles::Outbound => match self.listening_of(*pid) {
-                    Some(l) => Some(l),
-                    None => continue,
+                    (_, Ok(l)) => Some(l),
+                    (netns, Err(error)) => {
+                        let seen = unread_listening
+                            .iter()
+                            .any(|u| netns.is_some() && u.netns == netns);
+                        if !sockets.is_empty() && !seen {
+                            unread_listening.push(UnreadListening {
+                                pid: *pid,
+                                netns,
+                                error: error.to_string(),
+                            });
+                        }
+                        continue;
+                    }
                 },
             };
             for s in sockets {
@@ -515,6 +534,7 @@ impl Collector {
             containers: target.containers.clone(),
             container_gaps: target.container_gaps.clone(),
             unread_cmdlines: target.unread_cmdlines.clone(),
+            unread_listening,
             processes: read.processes,
             gone: read.gone,
             over_budget,
@@ -533,23 +553,22 @@ impl Collector {
         }
     }
 
-    /// The listening addresses of the network namespace of `pid` (cached
-    /// per namespace), or `None` where they cannot be read.
-    fn listening_of(&mut self, pid: u32) -> Option<&[SocketAddr]> {
+    /// The network namespace of `pid` (its inode, where it could be read)
+    /// and its listening addresses (cached per namespace), or why they
+    /// cannot be read.
+    fn listening_of(&mut self, pid: u32) -> (Option<u64>, Result<&[SocketAddr], String>) {
         use std::os::unix::fs::MetadataExt as _;
-        let m = std::fs::metadata(self.proc.of_pid(pid, "ns/net")).ok()?;
-        self.listening
+        let path = self.proc.of_pid(pid, "ns/net");
+        let m = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) => return (None, Err(format!("{}: {e}", path.display()))),
+        };
+        let read = self.read_listening;
+        let l = self
+            .listening
             .entry((m.dev(), m.ino()))
-            .or_insert_with(|| match sockdiag::listening_in_netns_of(pid) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::warn!(
-                        "cannot read the listening sockets of pid {pid}'s network namespace: {e}"
-                    );
-                    None
-                }
-            })
-            .as_deref()
+            .or_insert_with(|| read(pid).map_err(|e| e.to_string()));
+        (Some(m.ino()), l.as_deref().map_err(Clone::clone))
     }
 
     /// The TCP connections of `processes` by network namespace: from the
@@ -1007,5 +1026,106 @@ fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence)
             ev.error = Some(ebpf::chain(&e));
             (None, ev)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    /// This process as an `[auto]` agent whose upstream is `provider`.
+    fn outbound(provider: SocketAddr) -> Target {
+        let pid = std::process::id();
+        Target {
+            agent: Some("auto.me".into()),
+            rule: format!("pid={pid}"),
+            roots: vec![pid],
+            pids: vec![pid],
+            problem: None,
+            upstream_of: Box::new(move |a| (a == provider).then_some((SocketRole::Provider, 0))),
+            upstreams: vec![provider.to_string()],
+            roles: Roles::Outbound,
+            containers: Vec::new(),
+            container_gaps: Vec::new(),
+            unread_cmdlines: None,
+        }
+    }
+
+    fn collector() -> Collector {
+        let opts = CollectOptions {
+            no_ebpf: true,
+            no_iterators: Some("a unit test".into()),
+            ..CollectOptions::default()
+        };
+        Collector::new(&opts, &[std::process::id()])
+    }
+
+    fn inode(fd: &impl std::os::fd::AsRawFd) -> u64 {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .unwrap()
+            .ino()
+    }
+
+    /// A connection this process made to its own listener, and the one it
+    /// accepted: the made one is the provider's, the accepted one has no
+    /// role; where the listeners cannot be read, neither has one and the
+    /// evidence names the pid, the namespace and the error.
+    #[test]
+    fn unread_listeners_leave_no_role_and_are_said() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = listener.local_addr().unwrap();
+        let made = TcpStream::connect(at).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let (made, accepted) = (inode(&made), inode(&accepted));
+        let target = outbound(at);
+
+        let ev = collector().collect(&target);
+        assert!(ev.unread_listening.is_empty());
+        assert_eq!(
+            ev.roles.get(&made),
+            Some(&(SocketRole::Provider, 0)),
+            "{:?}",
+            ev.roles
+        );
+        assert!(!ev.roles.contains_key(&accepted));
+
+        let mut c = collector();
+        c.read_listening = |pid| {
+            Err(sockdiag::SockDiagError::Netns {
+                pid,
+                reason: "EPERM: Operation not permitted".into(),
+            })
+        };
+        let ev = c.collect(&target);
+        assert!(ev.roles.is_empty(), "{:?}", ev.roles);
+        let pid = std::process::id();
+        use std::os::unix::fs::MetadataExt as _;
+        let netns = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        assert_eq!(
+            ev.unread_listening,
+            [UnreadListening {
+                pid,
+                netns: Some(netns),
+                error: format!(
+                    "cannot enter the network namespace of pid {pid}: EPERM: Operation not \
+                     permitted"
+                ),
+            }]
+        );
+        let report = selfheal_core::inspect::build(&ev);
+        assert_eq!(
+            selfheal_core::judge::unjudgeable(&report).as_deref(),
+            Some(
+                format!(
+                    "listening sockets of pid {pid}'s network namespace (net:[{netns}]) \
+                     unreadable: cannot enter the network namespace of pid {pid}: EPERM: \
+                     Operation not permitted; its connections cannot be told accepted from \
+                     made, none was judged"
+                )
+                .as_str()
+            )
+        );
     }
 }
