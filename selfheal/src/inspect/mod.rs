@@ -185,22 +185,39 @@ impl Collector {
                 Err(e) => ebpf.error = Some(ebpf::chain(&e)),
             }
         }
+        Collector::with(
+            ebpf,
+            opts.detail,
+            opts.no_iterators.clone(),
+            opts.load_iterators,
+        )
+    }
+
+    /// A collector of `ebpf`'s evidence, at `detail`, its task iterators
+    /// turned off for `no_iterators` if given, loaded where none are
+    /// pinned with `load_iterators`.
+    fn with(
+        ebpf: EbpfEvidence,
+        detail: Detail,
+        no_iterators: Option<String>,
+        load_iterators: bool,
+    ) -> Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
             listening: BTreeMap::new(),
             read_listening: sockdiag::listening_in_netns_of,
             index: BTreeMap::new(),
-            detail: opts.detail,
+            detail,
             clocks: None,
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
-            iterators_off: iterators_off(opts.no_iterators.clone()),
-            iterators_asked_off: opts.no_iterators.is_some(),
+            iterators_asked_off: no_iterators.is_some(),
+            iterators_off: iterators_off(no_iterators),
             passes: None,
             reads: None,
-            load_iterators: opts.load_iterators,
+            load_iterators,
         }
     }
 
@@ -227,23 +244,7 @@ impl Collector {
                 snapshot: None,
             },
         };
-        Collector {
-            ebpf,
-            dumps: BTreeMap::new(),
-            listening: BTreeMap::new(),
-            read_listening: sockdiag::listening_in_netns_of,
-            index: BTreeMap::new(),
-            detail,
-            clocks: None,
-            budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
-            reader: crate::sys::memread::Reader::default(),
-            proc: ProcRoot::default(),
-            iterators_off: iterators_off(None),
-            iterators_asked_off: false,
-            passes: None,
-            reads: None,
-            load_iterators: false,
-        }
+        Collector::with(ebpf, detail, None, false)
     }
 
     /// The time budget of each following collection (one call of
