@@ -33,7 +33,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("prove", 4),
     ("snapshots", 4),
     ("helper", 4),
-    // Discovery and collection.
+    // Discovery and collection (`inspect`: the collector, its per-process
+    // readers, its sockets and its tracer, each a room of its own).
     ("agents", 5),
     ("inspect", 5),
     // The census, who carries out an act, and the check pipeline.

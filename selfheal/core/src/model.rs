@@ -269,6 +269,11 @@ pub enum GapKind {
     Process,
     /// A network namespace's socket table could not be dumped.
     Sockets,
+    /// The listening sockets of a network namespace could not be read, so
+    /// an agent whose upstreams are what its connections do
+    /// ([`crate::config::Roles::Outbound`]) cannot tell the connections it
+    /// accepted from those it made: none of them got a role.
+    Listening,
     /// No eBPF evidence, or the tracer lost events.
     Ebpf,
     /// A container runtime could not tell about a container.

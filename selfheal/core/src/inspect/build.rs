@@ -231,6 +231,7 @@ pub(super) fn evidence_gaps(ev: &Evidence) -> Vec<Gap> {
     if let Some(why) = &ev.over_budget {
         gaps.push(Gap::new(GapKind::Budget, why.clone()));
     }
+    gaps.extend(ev.unread_listening.iter().map(listening_gap));
     for pid in &ev.gone {
         gaps.push(Gap::new(
             GapKind::Vanished,
@@ -246,6 +247,21 @@ pub(super) fn evidence_gaps(ev: &Evidence) -> Vec<Gap> {
         gaps.extend(p.gaps.iter().map(|g| Gap::new(GapKind::Process, g.clone())));
     }
     gaps
+}
+
+/// The gap of a network namespace whose listening sockets could not be
+/// read: its pid, namespace and error, and what that leaves unjudged.
+pub(super) fn listening_gap(u: &super::UnreadListening) -> Gap {
+    Gap::new(
+        GapKind::Listening,
+        format!(
+            "listening sockets of pid {}'s network namespace{} unreadable: {}; its connections \
+             cannot be told accepted from made, none was judged",
+            u.pid,
+            u.netns.map(|n| format!(" (net:[{n}])")).unwrap_or_default(),
+            u.error
+        ),
+    )
 }
 
 /// The agent's TCP sockets: the dumps, restricted to inodes its processes

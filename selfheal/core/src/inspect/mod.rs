@@ -241,6 +241,17 @@ impl Collection {
     }
 }
 
+/// A network namespace whose listening sockets could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreadListening {
+    /// The process the namespace was entered through.
+    pub pid: u32,
+    /// The namespace's inode (`/proc/PID/ns/net`), where it could be read.
+    pub netns: Option<u64>,
+    /// Why the read failed.
+    pub error: String,
+}
+
 /// Evidence gathered for a target.
 pub struct Evidence {
     pub agent: Option<String>,
@@ -253,6 +264,10 @@ pub struct Evidence {
     /// Why a `cmdline` rule could not tell whether some processes match
     /// (their command lines could not be read), if so.
     pub unread_cmdlines: Option<String>,
+    /// The network namespaces whose listening sockets could not be read
+    /// for an agent whose roles are [`crate::config::Roles::Outbound`]:
+    /// none of their connections got a role.
+    pub unread_listening: Vec<UnreadListening>,
     pub processes: Vec<ProcessInfo>,
     /// Processes that vanished before they could be read.
     pub gone: Vec<u32>,
@@ -403,6 +418,7 @@ mod tests {
             containers: vec![],
             container_gaps: vec![],
             unread_cmdlines: None,
+            unread_listening: vec![],
             processes,
             gone: vec![99],
             over_budget: None,
@@ -602,6 +618,45 @@ mod tests {
         assert_eq!(budget.len(), 1, "{:?}", r.gaps);
         assert_eq!(budget[0].text, why);
         assert!(render(&r).contains("exceeded its budget of 5000 ms"));
+    }
+
+    #[test]
+    fn unread_listeners_are_a_gap_naming_pid_namespace_and_error() {
+        let procs = vec![process(1, 0, 'S', false, vec![thread(1, None)], vec![])];
+        let mut ev = evidence(procs, vec![], None);
+        assert!(!build(&ev).gaps.iter().any(|g| g.kind == GapKind::Listening));
+        ev.unread_listening = vec![
+            UnreadListening {
+                pid: 7,
+                netns: Some(4026532001),
+                error: "cannot enter the network namespace of pid 7: EPERM".into(),
+            },
+            UnreadListening {
+                pid: 9,
+                netns: None,
+                error: "/proc/9/ns/net: No such file or directory".into(),
+            },
+        ];
+        let r = build(&ev);
+        let gaps: Vec<_> = r
+            .gaps
+            .iter()
+            .filter(|g| g.kind == GapKind::Listening)
+            .map(|g| g.text.as_str())
+            .collect();
+        assert_eq!(
+            gaps,
+            [
+                "listening sockets of pid 7's network namespace (net:[4026532001]) unreadable: \
+                 cannot enter the network namespace of pid 7: EPERM; its connections cannot be \
+                 told accepted from made, none was judged",
+                "listening sockets of pid 9's network namespace unreadable: /proc/9/ns/net: No \
+                 such file or directory; its connections cannot be told accepted from made, none \
+                 was judged",
+            ]
+        );
+        assert!(render(&r).contains("(net:[4026532001]) unreadable"));
+        assert!(crate::judge::unjudgeable(&r).is_some_and(|w| w == gaps[0]));
     }
 
     #[test]

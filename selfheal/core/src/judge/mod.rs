@@ -332,15 +332,15 @@ pub fn judge(
         work: Vec::new(),
         dead: Vec::new(),
     };
+    if let Some(why) = unjudgeable(report) {
+        j.reasons.push(reason(
+            ReasonCode::OverBudget,
+            Verdict::Unresponsive,
+            format!("not judged: {why}"),
+        ));
+        return j.finish();
+    }
     if report.processes.iter().all(|p| p.state == 'Z') {
-        if let Some(why) = unjudgeable(report) {
-            j.reasons.push(reason(
-                ReasonCode::OverBudget,
-                Verdict::Unresponsive,
-                format!("not judged: {why}"),
-            ));
-            return j.finish();
-        }
         let why = report
             .gaps
             .iter()
@@ -373,12 +373,20 @@ pub fn judge(
     j.finish()
 }
 
-/// Why a report whose evidence is whole still cannot be judged, if so: its
-/// rule matched no live process while command lines it had to match could
-/// not be read (in time, or at all). One of those may be the agent's, so
-/// it is not `down`; it is not judged, as evidence cut at the collection
-/// budget is not (`unresponsive`, `over_budget`).
+/// Why a report whose evidence is whole still cannot be judged, if so.
+/// It is not judged, as evidence cut at the collection budget is not
+/// (`unresponsive`, `over_budget`), when:
+/// - the listening sockets of a network namespace it has connections in
+///   could not be read ([`GapKind::Listening`]): none of those connections
+///   got a role, so a dead upstream among them would pass for an agent
+///   with no upstream call (`idle`);
+/// - its rule matched no live process while command lines it had to match
+///   could not be read (in time, or at all): one of those may be the
+///   agent's, so it is not `down`.
 pub fn unjudgeable(report: &Report) -> Option<String> {
+    if let Some(g) = report.gaps.iter().find(|g| g.kind == GapKind::Listening) {
+        return Some(g.text.clone());
+    }
     if !report.processes.iter().all(|p| p.state == 'Z') {
         return None;
     }

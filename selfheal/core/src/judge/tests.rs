@@ -219,6 +219,22 @@ fn verdicts_on_fixtures() {
     // A live process matched beside an unread one: judged as usual.
     let mut unread_beside_match = report(vec![thread(101, 'S', None)], vec![alive_control()]);
     unread_beside_match.gaps.push(unread.gaps[1].clone());
+    // A live process of an agent whose upstreams are what its connections
+    // do, its namespace's listeners unread: none of its connections got a
+    // role, so it is not judged (without the rule it would pass as healthy).
+    let mut listeners_unread = report(vec![thread(101, 'S', None)], vec![]);
+    listeners_unread.gaps.push(Gap::new(
+        GapKind::Listening,
+        "listening sockets of pid 101's network namespace (net:[4026531840]) unreadable: \
+         cannot enter the network namespace of pid 101: Operation not permitted; its \
+         connections cannot be told accepted from made, none was judged",
+    ));
+    // The same live process with its socket table unread instead: judged.
+    let mut sockets_unread = report(vec![thread(101, 'S', None)], vec![]);
+    sockets_unread.gaps.push(Gap::new(
+        GapKind::Sockets,
+        "TCP sockets of pid 101's network namespace unavailable: EPERM",
+    ));
     let timeout = ProbeView {
         error: Some("timeout".into()),
         latency_ms: None,
@@ -353,6 +369,18 @@ fn verdicts_on_fixtures() {
             unread,
             Verdict::Unresponsive,
             &["over_budget"],
+        ),
+        Case::new(
+            "a live process, its namespace's listeners unread: not judged",
+            listeners_unread,
+            Verdict::Unresponsive,
+            &["over_budget"],
+        ),
+        Case::new(
+            "a live process, its namespace's socket table unread: judged",
+            sockets_unread,
+            Verdict::Healthy,
+            &["healthy"],
         ),
         Case::new(
             "a process, another's command line unread: judged",

@@ -16,6 +16,7 @@
 
 use selfheal_core::inspect::{
     Collection, EbpfEvidence, Evidence, FULL_IS_PROCFS, MAX_PROCESSES, MAX_ZOMBIES, NetnsSockets,
+    UnreadListening,
 };
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -50,6 +51,13 @@ use crate::{
 /// make them itself: passes of the task iterators, for a check that may
 /// not link them; whole processes and their namespaces, for one that may
 /// not read other users' processes.
+mod readers;
+mod sockets;
+mod tracer;
+
+use readers::{Walk, iterate, open_iterators, read_through, state_and_ppid};
+use tracer::attach;
+
 pub trait HelperReads {
     /// One pass over each of `pids` that may be read, or why there is none.
     fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, String>;
@@ -130,9 +138,12 @@ pub struct Collector {
     /// Each dump's positions by inode.
     index: BTreeMap<(u64, u64), HashMap<u64, usize>>,
     /// The listening addresses of each network namespace (for a target
-    /// whose roles are [`Roles::Outbound`]), read on first need; `None`
-    /// where they could not be read.
-    listening: BTreeMap<(u64, u64), Option<Vec<SocketAddr>>>,
+    /// whose roles are [`Roles::Outbound`]), read on first need, or why
+    /// they could not be read.
+    listening: BTreeMap<(u64, u64), Result<Vec<SocketAddr>, String>>,
+    /// How the listening addresses of a pid's network namespace are read
+    /// (`sockdiag::listening_in_netns_of`; a test's failure otherwise).
+    read_listening: fn(u32) -> Result<Vec<SocketAddr>, sockdiag::SockDiagError>,
     detail: Detail,
     /// The CPUs' task clocks, taken on the first read that measures waits:
     /// one reference per CPU per collector, not per process.
@@ -174,21 +185,39 @@ impl Collector {
                 Err(e) => ebpf.error = Some(ebpf::chain(&e)),
             }
         }
+        Collector::with(
+            ebpf,
+            opts.detail,
+            opts.no_iterators.clone(),
+            opts.load_iterators,
+        )
+    }
+
+    /// A collector of `ebpf`'s evidence, at `detail`, its task iterators
+    /// turned off for `no_iterators` if given, loaded where none are
+    /// pinned with `load_iterators`.
+    fn with(
+        ebpf: EbpfEvidence,
+        detail: Detail,
+        no_iterators: Option<String>,
+        load_iterators: bool,
+    ) -> Collector {
         Collector {
             ebpf,
             dumps: BTreeMap::new(),
             listening: BTreeMap::new(),
+            read_listening: sockdiag::listening_in_netns_of,
             index: BTreeMap::new(),
-            detail: opts.detail,
+            detail,
             clocks: None,
             budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
             reader: crate::sys::memread::Reader::default(),
             proc: ProcRoot::default(),
-            iterators_off: iterators_off(opts.no_iterators.clone()),
-            iterators_asked_off: opts.no_iterators.is_some(),
+            iterators_asked_off: no_iterators.is_some(),
+            iterators_off: iterators_off(no_iterators),
             passes: None,
             reads: None,
-            load_iterators: opts.load_iterators,
+            load_iterators,
         }
     }
 
@@ -215,22 +244,7 @@ impl Collector {
                 snapshot: None,
             },
         };
-        Collector {
-            ebpf,
-            dumps: BTreeMap::new(),
-            listening: BTreeMap::new(),
-            index: BTreeMap::new(),
-            detail,
-            clocks: None,
-            budget: selfheal_core::config::DEFAULT_COLLECT_BUDGET,
-            reader: crate::sys::memread::Reader::default(),
-            proc: ProcRoot::default(),
-            iterators_off: iterators_off(None),
-            iterators_asked_off: false,
-            passes: None,
-            reads: None,
-            load_iterators: false,
-        }
+        Collector::with(ebpf, detail, None, false)
     }
 
     /// The time budget of each following collection (one call of
@@ -481,15 +495,28 @@ impl Collector {
             None => self.sockets(&read.processes, &read.passes_tcp, &mut collection),
         };
         let mut roles = BTreeMap::new();
+        let mut unread_listening: Vec<UnreadListening> = Vec::new();
         for (pid, r) in &tcp {
             let Ok(sockets) = r else { continue };
             let listening = match target.roles {
                 Roles::ByAddress => None,
                 // Where the listeners cannot be read, no connection can be
-                // told made: none gets a role.
+                // told made: none gets a role, and the evidence says why.
                 Roles::Outbound => match self.listening_of(*pid) {
-                    Some(l) => Some(l),
-                    None => continue,
+                    (_, Ok(l)) => Some(l),
+                    (netns, Err(error)) => {
+                        let seen = unread_listening
+                            .iter()
+                            .any(|u| netns.is_some() && u.netns == netns);
+                        if !sockets.is_empty() && !seen {
+                            unread_listening.push(UnreadListening {
+                                pid: *pid,
+                                netns,
+                                error: error.to_string(),
+                            });
+                        }
+                        continue;
+                    }
                 },
             };
             for s in sockets {
@@ -515,6 +542,7 @@ impl Collector {
             containers: target.containers.clone(),
             container_gaps: target.container_gaps.clone(),
             unread_cmdlines: target.unread_cmdlines.clone(),
+            unread_listening,
             processes: read.processes,
             gone: read.gone,
             over_budget,
@@ -531,131 +559,6 @@ impl Collector {
             },
             collection,
         }
-    }
-
-    /// The listening addresses of the network namespace of `pid` (cached
-    /// per namespace), or `None` where they cannot be read.
-    fn listening_of(&mut self, pid: u32) -> Option<&[SocketAddr]> {
-        use std::os::unix::fs::MetadataExt as _;
-        let m = std::fs::metadata(self.proc.of_pid(pid, "ns/net")).ok()?;
-        self.listening
-            .entry((m.dev(), m.ino()))
-            .or_insert_with(|| match sockdiag::listening_in_netns_of(pid) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::warn!(
-                        "cannot read the listening sockets of pid {pid}'s network namespace: {e}"
-                    );
-                    None
-                }
-            })
-            .as_deref()
-    }
-
-    /// The TCP connections of `processes` by network namespace: from the
-    /// task iterators' pass of each process whose pass read them (every
-    /// namespace in that one pass, no dump), else from the (cached)
-    /// sock_diag dump of its namespace, noting why in `collection`. A
-    /// socket two processes hold is listed once.
-    fn sockets(
-        &mut self,
-        processes: &[ProcessInfo],
-        passes: &BTreeMap<u32, TcpPass>,
-        collection: &mut Collection,
-    ) -> Vec<NetnsSockets> {
-        let mut groups: Vec<(u32, u32, Vec<TcpSocket>)> = Vec::new();
-        let mut seen = HashSet::new();
-        let mut rest = Vec::new();
-        for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
-            match passes.get(&p.pid) {
-                Some(TcpPass::Read(conns)) => {
-                    for c in conns.iter().filter(|c| seen.insert(c.socket.inode)) {
-                        match groups.iter_mut().find(|(ns, _, _)| *ns == c.netns) {
-                            Some((_, _, all)) => all.push(c.socket.clone()),
-                            None => groups.push((c.netns, p.pid, vec![c.socket.clone()])),
-                        }
-                    }
-                }
-                Some(TcpPass::Unread(why)) => {
-                    collection.sock_diag_for(why);
-                    rest.push(p);
-                }
-                None => {
-                    collection.sock_diag_for("procfs read the process");
-                    rest.push(p);
-                }
-            }
-        }
-        let mut tcp: Vec<NetnsSockets> = groups
-            .into_iter()
-            .map(|(_, pid, all)| (pid, Ok(all)))
-            .collect();
-        if !rest.is_empty() {
-            tcp.extend(self.dumped_sockets(&rest).into_iter().map(|(pid, found)| {
-                let found = found.map(|all| {
-                    all.into_iter()
-                        .filter(|s| !seen.contains(&s.inode))
-                        .collect()
-                });
-                (pid, found)
-            }));
-        }
-        tcp
-    }
-
-    /// The sockets of `processes`, from the (cached) sock_diag dump of
-    /// each network namespace they live in.
-    fn dumped_sockets(&mut self, processes: &[&ProcessInfo]) -> Vec<NetnsSockets> {
-        let owned: BTreeSet<u64> = processes
-            .iter()
-            .flat_map(|p| p.sockets.iter().map(|(_, ino)| *ino))
-            .collect();
-        let mut tcp: Vec<NetnsSockets> = Vec::new();
-        let mut seen_ns = BTreeSet::new();
-        for p in processes.iter().filter(|p| !p.sockets.is_empty()) {
-            let ns = match std::fs::metadata(self.proc.of_pid(p.pid, "ns/net")) {
-                Ok(m) => {
-                    use std::os::unix::fs::MetadataExt as _;
-                    (m.dev(), m.ino())
-                }
-                // Its sockets are unread, and the report says why.
-                Err(e) => {
-                    tcp.push((p.pid, Err(format!("cannot read it ({e})"))));
-                    continue;
-                }
-            };
-            if !seen_ns.insert(ns) {
-                continue;
-            }
-            let (via, dump) = self.dumps.entry(ns).or_insert_with(|| {
-                (
-                    p.pid,
-                    sockdiag::dump_tcp_in_netns_of(p.pid).map_err(|e| e.to_string()),
-                )
-            });
-            // The agent's sockets, looked up by inode in the namespace's
-            // index rather than by scanning its whole table for each agent,
-            // and kept in the dump's order.
-            let index = self.index.entry(ns).or_insert_with(|| {
-                dump.as_ref().map_or_else(
-                    |_| HashMap::new(),
-                    |all| all.iter().enumerate().map(|(i, s)| (s.inode, i)).collect(),
-                )
-            });
-            let mine = dump
-                .as_ref()
-                .map(|all| {
-                    let mut at: Vec<usize> = owned
-                        .iter()
-                        .filter_map(|ino| index.get(ino).copied())
-                        .collect();
-                    at.sort_unstable();
-                    at.into_iter().map(|i| all[i].clone()).collect()
-                })
-                .map_err(Clone::clone);
-            tcp.push((*via, mine));
-        }
-        tcp
     }
 }
 
@@ -676,154 +579,6 @@ struct Read {
     /// or why it read none.
     passes_tcp: BTreeMap<u32, TcpPass>,
     collection: Collection,
-}
-
-/// Reads `target`'s processes through `source` (the helper): which pids
-/// to read is decided here, by the caps and each process's `stat` (which
-/// anyone may read); the processes, their waits and their sockets are
-/// read by the helper, within what is left of `budget`. Pids the helper
-/// refused, or all of a request that failed, are read by procfs here,
-/// with the reason (for another user's process, a gap).
-fn read_through(
-    source: &mut dyn HelperReads,
-    root: &ProcRoot,
-    target: &Target,
-    detail: Detail,
-    clocks: &TaskClocks,
-    budget: Duration,
-) -> Read {
-    let deadline = std::time::Instant::now() + budget;
-    let mut read = Read {
-        processes: Vec::new(),
-        gone: Vec::new(),
-        over: false,
-        unread: 0,
-        unread_processes: 0,
-        unread_zombies: BTreeMap::new(),
-        tcp: None,
-        passes_tcp: BTreeMap::new(),
-        collection: Collection::default(),
-    };
-    let (mut wanted, mut zombies) = (Vec::new(), 0);
-    for &pid in &target.pids {
-        match state_and_ppid(root, pid) {
-            None => read.gone.push(pid),
-            Some(('Z', ppid)) if zombies >= MAX_ZOMBIES => {
-                *read.unread_zombies.entry(ppid).or_insert(0) += 1;
-            }
-            Some(('Z', _)) => {
-                zombies += 1;
-                wanted.push(pid);
-            }
-            Some(_) if wanted.len() - zombies >= MAX_PROCESSES => read.unread_processes += 1,
-            Some(_) => wanted.push(pid),
-        }
-    }
-    let mut reader = crate::sys::memread::Reader::default();
-    let mut here = |pid: u32, why: &str, read: &mut Read| {
-        let mut access = proc::MemAccess {
-            reader: &mut reader,
-            deadline,
-            over: false,
-        };
-        read.collection.procfs_for(why);
-        match proc::process_in(root, pid, detail, clocks, &mut access) {
-            Ok(p) => read.processes.push(p),
-            Err(_) => read.gone.push(pid),
-        }
-        read.over |= access.over;
-    };
-    let mut tcp = ByNamespace::default();
-    for (i, chunk) in wanted.chunks(MAX_COLLECT_PIDS).enumerate() {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            let rest = wanted.len() - i * MAX_COLLECT_PIDS;
-            read.over = true;
-            read.unread += rest;
-            break;
-        }
-        let req = CollectRequest {
-            pids: chunk.to_vec(),
-            detail,
-            budget_ms: (left.as_millis() as u64).clamp(1, MAX_COLLECT_BUDGET_MS),
-        };
-        let answer = match source.collect(&req) {
-            Ok(a) => a,
-            Err(why) => {
-                for &pid in chunk {
-                    here(pid, &why, &mut read);
-                }
-                continue;
-            }
-        };
-        read.gone.extend(&answer.gone);
-        for &pid in &answer.refused {
-            here(
-                pid,
-                "the helper did not read it (this user may not query it)",
-                &mut read,
-            );
-        }
-        let reached: BTreeSet<u32> = answer.processes.iter().map(|c| c.pid).collect();
-        read.unread += answer
-            .over_budget
-            .iter()
-            .filter(|p| !reached.contains(p))
-            .count();
-        read.over |= !answer.over_budget.is_empty();
-        for c in answer.processes {
-            if c.read_by == selfheal_core::protocol::READ_BY_ITERATORS {
-                read.collection.iterators += 1;
-                read.collection.iterators_from = Some("helper".into());
-            } else {
-                read.collection
-                    .procfs_for(&format!("the helper read procfs: {}", c.read_by));
-            }
-            if !c.process.sockets.is_empty() {
-                let found = match (c.tcp, c.tcp_error) {
-                    (Some(tcp), _) => Ok(tcp),
-                    (None, why) => Err(why.unwrap_or_else(|| "no sockets".into())),
-                };
-                tcp.add(c.net_ns, c.pid, found);
-            }
-            read.processes.push(c.process);
-        }
-    }
-    read.tcp = Some(tcp.sockets.into_iter().map(|(_, t, _)| t).collect());
-    read
-}
-
-/// Sockets by network namespace, in the order the namespaces are met
-/// (one unreadable namespace, `None`, apiece); in each, every process's
-/// in its dump's order, a socket two processes share once.
-#[derive(Default)]
-struct ByNamespace {
-    sockets: Vec<(Option<u64>, NetnsSockets, HashSet<u64>)>,
-}
-
-impl ByNamespace {
-    /// Adds process `pid`'s sockets in namespace `ns`, or why they could
-    /// not be read (kept only while nothing of that namespace was read).
-    fn add(&mut self, ns: Option<u64>, pid: u32, found: Result<Vec<TcpSocket>, String>) {
-        let slot = self
-            .sockets
-            .iter_mut()
-            .find(|(n, _, _)| ns.is_some() && *n == ns);
-        match (slot, found) {
-            (Some((_, (_, Ok(all)), seen)), Ok(mine)) => {
-                all.extend(mine.into_iter().filter(|s| seen.insert(s.inode)));
-            }
-            (Some((_, got @ (_, Err(_)), seen)), Ok(mine)) => {
-                seen.extend(mine.iter().map(|s| s.inode));
-                *got = (pid, Ok(mine));
-            }
-            (Some(_), Err(_)) => {}
-            (None, found) => {
-                let seen = found.iter().flatten().map(|s| s.inode).collect();
-                self.sockets.push((ns, (pid, found), seen));
-            }
-        }
-    }
 }
 
 /// Why the task iterators are not tried: `off` if given, else when this
@@ -873,139 +628,4 @@ enum HelperPass<'a> {
     Gone,
     /// Refused, or not in the answer.
     Refused,
-}
-
-/// Why one process was not walked by the iterators.
-enum Walk {
-    /// It is gone.
-    Gone,
-    /// They could not run: why (procfs reads it instead).
-    Failed(String),
-}
-
-/// The task iterators of this process: opened from the helper's pins, or
-/// loaded where asked, on first use, and kept, so a `watch` pays for them
-/// once; or why they cannot run (kept once loading failed: a kernel that
-/// refused them once refuses them again).
-static ITERATORS: std::sync::Mutex<Option<Iterators>> = std::sync::Mutex::new(None);
-
-/// What this process has of the task iterators.
-enum Iterators {
-    /// Open, and where they came from (`pinned` or `loaded`).
-    Open(ebpf::iter::TaskIter, &'static str),
-    /// None pinned, and not loaded (not asked to): why.
-    NotPinned(String),
-    /// Loading them failed: why.
-    Failed(String),
-}
-
-/// One walk of the task iterators over `pid`, and where they came from;
-/// `load` loads them where none are pinned.
-fn iterate(pid: u32, load: bool) -> Result<(IterProcess, &'static str), Walk> {
-    use std::os::fd::AsFd as _;
-    let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
-    let mut slot = open_iterators(load);
-    let (it, from) = match slot.as_mut() {
-        Some(Iterators::Open(it, from)) => (it, *from),
-        Some(Iterators::NotPinned(why) | Iterators::Failed(why)) => {
-            return Err(Walk::Failed(why.clone()));
-        }
-        None => return Err(Walk::Failed("the task iterators are not open".into())),
-    };
-    match it.process(pidfd.as_fd()) {
-        Ok(pass) => Ok((pass, from)),
-        Err(ebpf::iter::IterError::Gone) => Err(Walk::Gone),
-        Err(e) => Err(Walk::Failed(format!(
-            "the kernel's task iterators: {}",
-            ebpf::chain(&e)
-        ))),
-    }
-}
-
-/// This process's task iterators, opened from the helper's pins on first
-/// use or, with `load`, loaded where none are pinned; or why not. A miss
-/// of the pins is kept (each process is not asked again), until a caller
-/// asks to load.
-fn open_iterators(load: bool) -> std::sync::MutexGuard<'static, Option<Iterators>> {
-    let mut slot = ITERATORS.lock().unwrap_or_else(|e| e.into_inner());
-    let retry = matches!(*slot, Some(Iterators::NotPinned(_))) && load;
-    if slot.is_none() || retry {
-        *slot = Some(match ebpf::iter::open_published() {
-            Ok((it, _)) => Iterators::Open(it, "pinned"),
-            Err(pinned) if !load => Iterators::NotPinned(format!(
-                "{} (the helper pins them), and one check does not load them (`watch` does)",
-                ebpf::chain(&pinned)
-            )),
-            Err(pinned) => match ebpf::iter::load() {
-                Ok(it) => Iterators::Open(it, "loaded"),
-                Err(e) => Iterators::Failed(format!(
-                    "the kernel's task iterators: {} (and {})",
-                    ebpf::chain(&e),
-                    ebpf::chain(&pinned)
-                )),
-            },
-        });
-    }
-    slot
-}
-
-/// A process's state and parent from `/proc/PID/stat` (one small read),
-/// or `None` when it is gone.
-fn state_and_ppid(root: &ProcRoot, pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read(root.of_pid(pid, "stat")).ok()?;
-    // `PID (COMM) STATE PPID …`; COMM may hold anything, so split at the last `)`.
-    let close = stat.iter().rposition(|b| *b == b')')?;
-    let mut rest = std::str::from_utf8(stat.get(close + 1..)?)
-        .ok()?
-        .split_ascii_whitespace();
-    let state = rest.next()?.chars().next()?;
-    let ppid = rest.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-fn attach(pids: &[u32], opts: &CollectOptions) -> (Option<Tracer>, EbpfEvidence) {
-    let mut ev = EbpfEvidence {
-        built_in: ebpf::BUILT_IN,
-        attempts: Vec::new(),
-        error: None,
-        watched_since_ns: None,
-        snapshot: None,
-    };
-    if opts.no_ebpf {
-        ev.error = Some(
-            opts.no_ebpf_why
-                .clone()
-                .unwrap_or_else(|| "disabled by --no-ebpf".into()),
-        );
-        return (None, ev);
-    }
-    let strategies = if opts.strategies.is_empty() {
-        Strategy::ALL.to_vec()
-    } else {
-        opts.strategies.clone()
-    };
-    match Tracer::attach(&TracerOptions {
-        strategies,
-        ..TracerOptions::default()
-    }) {
-        Ok(mut t) => {
-            let owners = crate::helper::access::owner::Owners::new(
-                crate::helper::access::owner::DEFAULT_SUBUID.into(),
-            );
-            for &pid in pids {
-                if let Err(e) = t.watch(pid, owners.of_process(pid).owner) {
-                    ev.error = Some(ebpf::chain(&e));
-                    return (None, ev);
-                }
-            }
-            (Some(t), ev)
-        }
-        Err(e) => {
-            if let ebpf::TracerError::NoStrategy { attempts } = &e {
-                ev.attempts = attempts.clone();
-            }
-            ev.error = Some(ebpf::chain(&e));
-            (None, ev)
-        }
-    }
 }
