@@ -267,6 +267,23 @@ mod tests {
         );
     }
 
+    /// A process gone before its namespace is read: no namespace, and the
+    /// error names the file that could not be read (on the real procfs).
+    #[test]
+    fn the_listeners_of_a_gone_process_are_an_error_naming_the_file() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let mut c = collector();
+        let (netns, read) = c.listening_of(pid);
+        assert_eq!(netns, None);
+        let error = read.unwrap_err();
+        assert!(
+            error.starts_with(&format!("/proc/{pid}/ns/net: ")),
+            "{error}"
+        );
+    }
+
     #[test]
     fn unread_listeners_leave_no_role_and_are_said() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
