@@ -443,7 +443,34 @@ impl Bed {
     /// One `selfheal check --json`, as the timer runs it, inside the
     /// runners' namespace and through the helper.
     pub fn check(&self) -> anyhow::Result<CheckRun> {
-        let mut cmd = self.topo.runners.command(&self.opts.selfheal);
+        self.check_by(self.topo.runners.command(&self.opts.selfheal))
+    }
+
+    /// [`Bed::check`] with the check's `CLOCK_BOOTTIME` moved by `secs`
+    /// (negative: back), as a host's suspend and resume moves it between
+    /// two timer runs: the check runs in a time namespace of its own
+    /// (`unshare --time --boottime SECS`, inside the runners' network
+    /// namespace), with the same helper, arguments and environment;
+    /// `CLOCK_MONOTONIC`, the kernel's own timers (`tcp_info` ages) and
+    /// the helper's clock do not move. The kernel refuses an offset that
+    /// would take the clock below zero (`unshare` fails, and so does this).
+    pub fn check_with_boottime_offset(&self, secs: i64) -> anyhow::Result<CheckRun> {
+        let mut cmd = self.topo.runners.command(Path::new("unshare"));
+        cmd.args(["--time", "--boottime", &secs.to_string(), "--"])
+            .arg(&self.opts.selfheal);
+        let run = self.check_by(cmd)?;
+        if run.outcomes.is_empty() && run.stderr.contains("unshare") {
+            bail!(
+                "cannot run check with CLOCK_BOOTTIME moved by {secs} s: {}",
+                run.stderr.trim()
+            );
+        }
+        Ok(run)
+    }
+
+    /// `cmd` (`selfheal`, or a wrapper that runs it) with `check`'s
+    /// arguments and environment.
+    fn check_by(&self, mut cmd: Command) -> anyhow::Result<CheckRun> {
         cmd.envs(self.opts.env.iter().map(|(k, v)| (*k, v)));
         cmd.args(["check", "--json", "--config"])
             .arg(self.config_path())

@@ -476,13 +476,21 @@ fn an_async_anthropic_call_that_pings_then_answers_within_the_bound_completes_un
     );
 }
 
+/// A word every 1.5 s, for twice the bound: the model, and its words.
+fn slow_content() -> (String, u64) {
+    let gap = 1500;
+    let tokens = (stall_after().as_millis() as u64 * 2).div_ceil(gap);
+    (
+        format!("first-early-think-0-gap-{gap}-tokens-{tokens}"),
+        tokens,
+    )
+}
+
 /// A word every 1.5 s, for twice the bound.
 #[test]
 fn a_stream_whose_content_comes_slowly_past_the_bound_is_never_stalled() {
     let _area = tests::area(module_path!());
-    let gap = 1500;
-    let tokens = (stall_after().as_millis() as u64 * 2).div_ceil(gap);
-    let model = format!("first-early-think-0-gap-{gap}-tokens-{tokens}");
+    let (model, tokens) = slow_content();
     if let Some(r) = untouched(Caller::AsyncOpenAi, &model, tokens, "slow_openai_async") {
         let ran = fact(&r, "first_done_ms").unwrap_or(0);
         assert!(
@@ -866,4 +874,300 @@ fn slow_heartbeats(name: &str, tls: bool) {
         assert!(control_silent(o).is_none(), "{name}: at {at} ms: {o:#}");
         assert_ne!(o["verdict"], "wedged", "{o:#}");
     }
+}
+
+/// The jump of `CLOCK_BOOTTIME` a host's suspend and resume makes
+/// between two timer runs of `check`: 3 hours.
+const JUMP_S: i64 = 3 * 3600;
+
+/// The caller of the boottime jump tests.
+const JUMPER: &str = "jumper";
+
+/// One check of a boottime jump run: its clock's offset, when it started
+/// and ended (ms after the call's connection was up), the caller's
+/// verdict and reason codes, and its healing steps.
+#[derive(Debug)]
+struct Jumped {
+    offset_s: i64,
+    start_ms: u64,
+    end_ms: u64,
+    verdict: String,
+    codes: Vec<String>,
+    heals: Vec<String>,
+}
+
+/// The async OpenAI SDK streaming `model` over TLS through the bed's edge,
+/// its provider upstream's `stall_after` the stall tests' bound; checked
+/// every [`CHECK_EVERY`] with `CLOCK_BOOTTIME` moved by `offset(n)`
+/// seconds at the `n`th check (a time namespace of the check's own:
+/// [`scenario::Bed::check_with_boottime_offset`]), for at most `limit`,
+/// until `done` says so (given the checks so far and the caller's call
+/// lines). None (skipped) unless root. The checks, the call lines, and
+/// whether the caller's pid is the one that started.
+fn across_a_boottime_jump(
+    model: &str,
+    limit: Duration,
+    offset: impl Fn(usize) -> i64,
+    done: impl Fn(&[Jumped], &[scenario::CallLine]) -> bool,
+    name: &'static str,
+) -> Option<(Vec<Jumped>, Vec<scenario::CallLine>, bool)> {
+    use std::time::Instant;
+    if !need_root(name) {
+        return None;
+    }
+    let mut bed = scenario::Bed::new(&options(), "cj", Duration::from_millis(500)).expect("bed");
+    let edge = scenario::tls_edge(&mut bed).expect("the TLS edge");
+    let (program, script) = scenario::sdk_runner().expect("the SDK runner");
+    let ca = bed.tls_ca().expect("the edge's CA").to_path_buf();
+    // The SDK runners' status port in the runners' namespace.
+    let status = "127.0.0.1:9101";
+    let mut cmd = bed.topo.runners.command(&program);
+    cmd.env("SSL_CERT_FILE", &ca)
+        .arg(&script)
+        .args(["--name", JUMPER, "--sdk", "openai-async", "--base-url"])
+        .arg(format!("https://{edge}/v1"))
+        .args(["--status", status, "--then-model", scenario::FAST_MODEL])
+        .args(["--model", model]);
+    let script_name = script
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let block = format!(
+        "[[agent]]\nname = \"{JUMPER}\"\nmatch = {{ cmdline = \"{script_name} --name {JUMPER} \" }}\n\
+         [[agent.upstream]]\nrole = \"provider\"\naddr = \"{edge}\"\nstall_after = \"{}ms\"\n\
+         [[agent.probe]]\nurl = \"http://{status}/status\"\ntimeout = \"1s\"\n\
+         [agent.thresholds]\nsuspect_after = \"2s\"\nrecv_blocked = \"2s\"\n\
+         [agent.heal]\nstep_window = \"5s\"\nbackoff = \"1s\"\n{}",
+        stall_after().as_millis(),
+        scenario::PROOF
+    );
+    bed.spawn(JUMPER, cmd, Some(block)).expect("the caller");
+    let pid = bed.pid(JUMPER).expect("the caller's pid");
+    // Its call's connection up (an SDK's import and connect take seconds).
+    let up = Instant::now() + Duration::from_secs(60);
+    while !scenario::tcp_sockets(pid)
+        .unwrap_or_default()
+        .iter()
+        .any(|s| s.remote == edge && s.state == 1)
+    {
+        assert!(Instant::now() < up, "the caller never connected to {edge}");
+        scenario::pause(Duration::from_millis(50)).expect("not interrupted");
+    }
+    let start = Instant::now();
+    let ms = |t: Instant| t.duration_since(start).as_millis() as u64;
+    let mut seen = Vec::new();
+    let mut lines = Vec::new();
+    while start.elapsed() < limit {
+        scenario::pause(CHECK_EVERY).expect("not interrupted");
+        let off = offset(seen.len());
+        let t = Instant::now();
+        let run = if off == 0 {
+            bed.check()
+        } else {
+            bed.check_with_boottime_offset(off)
+        }
+        .expect("check ran");
+        let o = run
+            .of(JUMPER)
+            .unwrap_or_else(|| panic!("no outcome for {JUMPER}: {run:?}"));
+        let j = Jumped {
+            offset_s: off,
+            start_ms: ms(t),
+            end_ms: ms(Instant::now()),
+            verdict: o["verdict"].as_str().unwrap_or("?").into(),
+            codes: o["reasons"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r["code"].as_str().map(str::to_string))
+                .collect(),
+            heals: o["heal"]["actions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| {
+                    let action = a["step"]["action"].as_str().unwrap_or("?");
+                    if a["ok"] == false {
+                        let why = a["error"].as_str().or(a["detail"].as_str());
+                        format!("{action} (failed: {})", why.unwrap_or("?"))
+                    } else {
+                        action.to_string()
+                    }
+                })
+                .collect(),
+        };
+        eprintln!("[{name}] {j:?}");
+        if !j.heals.is_empty() {
+            eprintln!("[{name}] heal {}", o["heal"]);
+        }
+        seen.push(j);
+        // Each read gives the lines printed since the last.
+        lines.extend(
+            bed.lines(JUMPER)
+                .expect("the caller's lines")
+                .iter()
+                .filter_map(|l| scenario::CallLine::parse(l)),
+        );
+        if done(&seen, &lines) {
+            break;
+        }
+    }
+    let same_pid = bed.pid(JUMPER).ok() == Some(pid) && bed.running(JUMPER).unwrap_or(false);
+    eprintln!("SCENARIO {name}: {} checks, calls {lines:?}", seen.len());
+    Some((seen, lines, same_pid))
+}
+
+/// The first check that found the caller wedged, `stream_stalled`.
+fn first_stalled(seen: &[Jumped]) -> Option<&Jumped> {
+    seen.iter()
+        .find(|j| j.verdict == "wedged" && j.codes.iter().any(|c| c == "stream_stalled"))
+}
+
+/// The checks' longest run.
+fn longest(seen: &[Jumped]) -> u64 {
+    seen.iter()
+        .map(|j| j.end_ms - j.start_ms)
+        .max()
+        .unwrap_or(0)
+}
+
+/// A stream stalled behind pings, checked across a jump of
+/// `CLOCK_BOOTTIME` at check `at` (from the offset before it to the one
+/// after): wedged within `stall_after` of the last check before the jump
+/// plus a ping and two check intervals, never before `stall_after` has
+/// passed in real time since that check (a suspend is not the call's
+/// silence: the count starts at the first ping after the jump). Checked
+/// in the helper's clock after the jump, it is ended by the socket rung
+/// and failed in the SDK; checked in a time namespace, the helper refuses
+/// (its start times differ by the offset) and nothing ends it. Same pid.
+fn stalled_across(before: i64, after: i64, name: &'static str) {
+    let at = 1;
+    let Some((seen, lines, same_pid)) = across_a_boottime_jump(
+        "ping-1000-pool",
+        limit(),
+        |n| if n < at { before } else { after },
+        |seen, lines| {
+            first_stalled(seen).is_some()
+                && (after != 0
+                    || lines
+                        .iter()
+                        .any(|l| matches!(l, scenario::CallLine::Done(..))))
+        },
+        name,
+    ) else {
+        return;
+    };
+    let last_before = &seen[at - 1];
+    let took = longest(&seen);
+    let interval = (CHECK_EVERY.as_millis() as u64).max(took);
+    let bound_ms = stall_after().as_millis() as u64;
+    let w = first_stalled(&seen).unwrap_or_else(|| panic!("never stalled: {seen:#?}"));
+    let since = w.end_ms - last_before.start_ms;
+    eprintln!(
+        "{name}: boottime {before:+} s then {after:+} s at check {at}: stalled {since} ms after the last check before the jump (stall_after {bound_ms} ms, checks took up to {took} ms)"
+    );
+    assert!(
+        since >= bound_ms,
+        "stalled {since} ms after the last check before a {} s jump, before stall_after ({bound_ms} ms): the jump was counted as the call's silence: {seen:#?}",
+        after - before
+    );
+    let most = 1_000 + bound_ms + 2 * interval + took;
+    assert!(
+        since <= most,
+        "stalled {since} ms after the jump's check, not within {most} ms: {seen:#?}"
+    );
+    assert_eq!(w.offset_s, after, "{seen:#?}");
+    let heals: Vec<&String> = seen.iter().flat_map(|j| &j.heals).collect();
+    let failed = lines
+        .iter()
+        .any(|l| matches!(l, scenario::CallLine::Failed(..)));
+    if after == 0 {
+        assert!(
+            !heals.is_empty() && heals.iter().all(|h| *h == "destroy_socket"),
+            "ended by the socket rung alone: {heals:?}"
+        );
+        assert!(failed, "the stalled call failed in the SDK: {lines:?}");
+    } else {
+        // A check in a time namespace reads its processes' start times
+        // (`/proc/PID/stat`) moved by the offset; the helper, outside it,
+        // does not, and refuses to act on a process that is not the one
+        // judged. A host's suspend moves both alike.
+        assert!(
+            !heals.is_empty()
+                && heals.iter().all(|h| {
+                    h.starts_with("destroy_socket (failed: ")
+                        && h.contains("is no longer the process that was judged")
+                }),
+            "refused by the helper: {heals:?}"
+        );
+        assert!(!failed, "nothing ended the call: {lines:?}");
+    }
+    assert!(same_pid, "same pid");
+}
+
+/// A stalled stream checked once, then with `CLOCK_BOOTTIME` 3 hours on
+/// (a host's suspend between two timer runs): stalled `stall_after` after
+/// the jump, not at once.
+#[test]
+fn a_stalled_stream_across_a_boottime_jump_forward_is_counted_from_after_it() {
+    let _area = tests::area(module_path!());
+    stalled_across(0, JUMP_S, "stall_boottime_forward");
+}
+
+/// A stalled stream checked once with `CLOCK_BOOTTIME` 3 hours on, then
+/// with it back (the clock 3 hours behind the history's last check): the
+/// record starts afresh and the stall is found `stall_after` later, not
+/// never.
+#[test]
+fn a_stalled_stream_across_a_boottime_jump_back_is_counted_afresh() {
+    let _area = tests::area(module_path!());
+    stalled_across(JUMP_S, 0, "stall_boottime_back");
+}
+
+/// Content every 1.5 s for twice the bound, checked once, then with
+/// `CLOCK_BOOTTIME` 3 hours on for four checks, then back: never
+/// wedged, never healed, every word in, same pid.
+#[test]
+fn a_streaming_call_across_boottime_jumps_is_untouched() {
+    let _area = tests::area(module_path!());
+    let (model, tokens) = slow_content();
+    let Some((seen, lines, same_pid)) = across_a_boottime_jump(
+        &model,
+        limit(),
+        |n| if (1..=4).contains(&n) { JUMP_S } else { 0 },
+        |_, lines| {
+            lines
+                .iter()
+                .filter(|l| matches!(l, scenario::CallLine::Done(..)))
+                .count()
+                >= 2
+        },
+        "stream_boottime_jumps",
+    ) else {
+        return;
+    };
+    assert!(
+        seen.iter().any(|j| j.offset_s == JUMP_S) && seen.iter().skip(5).any(|j| j.offset_s == 0),
+        "checked before, across and after the jump: {seen:#?}"
+    );
+    for j in &seen {
+        assert!(
+            ["busy", "idle", "healthy"].contains(&j.verdict.as_str()),
+            "{j:?}"
+        );
+        assert!(!j.codes.iter().any(|c| c == "stream_stalled"), "{j:?}");
+        assert!(j.heals.is_empty(), "{j:?}");
+    }
+    let first = lines.iter().find_map(|l| match l {
+        scenario::CallLine::Done(_, t) => Some(*t),
+        _ => None,
+    });
+    assert_eq!(first, Some(tokens), "every word in: {lines:?}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| matches!(l, scenario::CallLine::Failed(..))),
+        "{lines:?}"
+    );
+    assert!(same_pid, "same pid");
 }
