@@ -144,6 +144,93 @@ mod kernel {
         Pinned(OwnedFd, OwnedFd),
     }
 
+    /// The newest kernel whose verifier is known to refuse the file
+    /// iterator's TCP part: measured on Debian's 6.1 ("BPF program is too
+    /// large" after 1,000,000 instructions, tens of seconds under qemu);
+    /// 6.18 loads it. Newer kernels try it, and a refusal falls back too.
+    const REFUSES_TCP_PART: (u8, u8) = (6, 1);
+
+    /// Loads the object's two iterator programs with `task`'s offsets and,
+    /// where `tcp` is given, the offsets that let the file iterator read
+    /// each TCP socket's fields (`TCP_ON` set: left at 0, the verifier
+    /// drops that part of the program as dead code).
+    fn load_programs(
+        btf: &Btf,
+        layout: &KernelLayout,
+        task: &crate::ebpf::layout::TaskLayout,
+        tcp: Option<&crate::ebpf::layout::TcpLayout>,
+    ) -> Result<Ebpf, IterError> {
+        let mut loader = EbpfLoader::new();
+        loader.btf(Some(btf));
+        for map in UNUSED_MAPS {
+            loader.map_max_entries(map, 1);
+        }
+        loader
+            .override_global("OFF_TASK_TGID", &task.tgid, true)
+            .override_global("OFF_TASK_PID", &task.pid, true)
+            .override_global("OFF_TASK_STATE", &task.state, true)
+            .override_global("OFF_TASK_EXIT_STATE", &task.exit_state, true)
+            .override_global("OFF_TASK_RUNTIME", &task.runtime, true)
+            .override_global("OFF_TASK_EXEC_START", &task.exec_start, true)
+            .override_global("OFF_TASK_CPU", &task.cpu, true)
+            .override_global("OFF_TASK_COMM", &task.comm, true)
+            .override_global("OFF_FILE_INODE", &task.file_inode, true)
+            .override_global("OFF_INODE_MODE", &task.inode_mode, true)
+            .override_global("OFF_INODE_INO", &task.inode_ino, true)
+            .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
+            .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true)
+            .override_global("OFF_REGS_ARG1", &layout.regs_arg1, true);
+        if let Some(t) = tcp {
+            loader
+                .override_global("TCP_ON", &1u64, true)
+                .override_global("OFF_FILE_PRIVATE", &t.file_private, true)
+                .override_global("OFF_SOCKET_FILE", &t.socket_file, true)
+                .override_global("OFF_SOCKET_SK", &t.socket_sk, true)
+                .override_global("OFF_TCP_FAMILY", &t.family, true)
+                .override_global("OFF_TCP_STATE", &t.state, true)
+                .override_global("OFF_TCP_NUM", &t.num, true)
+                .override_global("OFF_TCP_DPORT", &t.dport, true)
+                .override_global("OFF_TCP_RCV_SADDR", &t.rcv_saddr, true)
+                .override_global("OFF_TCP_DADDR", &t.daddr, true)
+                .override_global("OFF_TCP_V6_RCV_SADDR", &t.v6_rcv_saddr, true)
+                .override_global("OFF_TCP_V6_DADDR", &t.v6_daddr, true)
+                .override_global("OFF_TCP_COOKIE", &t.cookie, true)
+                .override_global("OFF_TCP_NET", &t.net, true)
+                .override_global("OFF_NET_INUM", &t.net_inum, true)
+                .override_global("OFF_TCP_TYPE", &t.sk_type, true)
+                .override_global("OFF_TCP_PROTOCOL", &t.protocol, true)
+                .override_global("OFF_TCP_UID", &t.uid, true)
+                .override_global("OFF_TCP_RTO", &t.rto, true)
+                .override_global("OFF_TCP_RETRANSMITS", &t.retransmits, true)
+                .override_global("OFF_TCP_BACKOFF", &t.backoff, true)
+                .override_global("OFF_TCP_PROBES", &t.probes, true)
+                .override_global("OFF_TCP_LRCVTIME", &t.lrcvtime, true)
+                .override_global("OFF_TCP_LSNDTIME", &t.lsndtime, true)
+                .override_global("OFF_TCP_RCV_TSTAMP", &t.rcv_tstamp, true)
+                .override_global("OFF_TCP_SRTT", &t.srtt_us, true)
+                .override_global("OFF_TCP_PACKETS_OUT", &t.packets_out, true)
+                .override_global("OFF_TCP_RCV_NXT", &t.rcv_nxt, true)
+                .override_global("OFF_TCP_COPIED_SEQ", &t.copied_seq, true)
+                .override_global("OFF_TCP_WRITE_SEQ", &t.write_seq, true)
+                .override_global("OFF_TCP_SND_UNA", &t.snd_una, true)
+                .override_global("OFF_TCP_BYTES_RECEIVED", &t.bytes_received, true)
+                .override_global("OFF_TCP_BYTES_ACKED", &t.bytes_acked, true)
+                .override_global("OFF_TCP_SEGS_IN", &t.data_segs_in, true)
+                .override_global("OFF_TCP_SEGS_OUT", &t.data_segs_out, true);
+        }
+        let mut ebpf = loader
+            .load(OBJECT)
+            .map_err(|e| IterError::Load { reason: chain(&e) })?;
+        for (name, kind) in [(TASK_PROGRAM, "task"), (FILE_PROGRAM, "task_file")] {
+            iter_mut(&mut ebpf, name)?
+                .load(kind, btf)
+                .map_err(|e| IterError::Load {
+                    reason: condense(&chain(&e)),
+                })?;
+        }
+        Ok(ebpf)
+    }
+
     /// The loaded task iterators.
     pub struct TaskIter {
         programs: Programs,
@@ -151,6 +238,9 @@ mod kernel {
         buf: Vec<u8>,
         /// The kernel's tick rate, read on the first pass (0: unknown).
         hz: Option<u32>,
+        /// Why the file iterator does not read sockets' TCP fields, where
+        /// this process loaded it without them (unknown for pins).
+        tcp_off: Option<String>,
     }
 
     impl TaskIter {
@@ -178,85 +268,57 @@ mod kernel {
                     ),
                 })?
             };
-            let mut loader = EbpfLoader::new();
-            loader.btf(Some(&btf));
-            for map in UNUSED_MAPS {
-                loader.map_max_entries(map, 1);
-            }
-            loader
-                .override_global("OFF_TASK_TGID", &task.tgid, true)
-                .override_global("OFF_TASK_PID", &task.pid, true)
-                .override_global("OFF_TASK_STATE", &task.state, true)
-                .override_global("OFF_TASK_EXIT_STATE", &task.exit_state, true)
-                .override_global("OFF_TASK_RUNTIME", &task.runtime, true)
-                .override_global("OFF_TASK_EXEC_START", &task.exec_start, true)
-                .override_global("OFF_TASK_CPU", &task.cpu, true)
-                .override_global("OFF_TASK_COMM", &task.comm, true)
-                .override_global("OFF_FILE_INODE", &task.file_inode, true)
-                .override_global("OFF_INODE_MODE", &task.inode_mode, true)
-                .override_global("OFF_INODE_INO", &task.inode_ino, true)
-                .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
-                .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true)
-                .override_global("OFF_REGS_ARG1", &layout.regs_arg1, true);
-            match &layout.tcp {
-                Ok(t) => {
-                    loader
-                        .override_global("TCP_ON", &1u64, true)
-                        .override_global("OFF_FILE_PRIVATE", &t.file_private, true)
-                        .override_global("OFF_SOCKET_FILE", &t.socket_file, true)
-                        .override_global("OFF_SOCKET_SK", &t.socket_sk, true)
-                        .override_global("OFF_TCP_FAMILY", &t.family, true)
-                        .override_global("OFF_TCP_STATE", &t.state, true)
-                        .override_global("OFF_TCP_NUM", &t.num, true)
-                        .override_global("OFF_TCP_DPORT", &t.dport, true)
-                        .override_global("OFF_TCP_RCV_SADDR", &t.rcv_saddr, true)
-                        .override_global("OFF_TCP_DADDR", &t.daddr, true)
-                        .override_global("OFF_TCP_V6_RCV_SADDR", &t.v6_rcv_saddr, true)
-                        .override_global("OFF_TCP_V6_DADDR", &t.v6_daddr, true)
-                        .override_global("OFF_TCP_COOKIE", &t.cookie, true)
-                        .override_global("OFF_TCP_NET", &t.net, true)
-                        .override_global("OFF_NET_INUM", &t.net_inum, true)
-                        .override_global("OFF_TCP_TYPE", &t.sk_type, true)
-                        .override_global("OFF_TCP_PROTOCOL", &t.protocol, true)
-                        .override_global("OFF_TCP_UID", &t.uid, true)
-                        .override_global("OFF_TCP_RTO", &t.rto, true)
-                        .override_global("OFF_TCP_RETRANSMITS", &t.retransmits, true)
-                        .override_global("OFF_TCP_BACKOFF", &t.backoff, true)
-                        .override_global("OFF_TCP_PROBES", &t.probes, true)
-                        .override_global("OFF_TCP_LRCVTIME", &t.lrcvtime, true)
-                        .override_global("OFF_TCP_LSNDTIME", &t.lsndtime, true)
-                        .override_global("OFF_TCP_RCV_TSTAMP", &t.rcv_tstamp, true)
-                        .override_global("OFF_TCP_SRTT", &t.srtt_us, true)
-                        .override_global("OFF_TCP_PACKETS_OUT", &t.packets_out, true)
-                        .override_global("OFF_TCP_RCV_NXT", &t.rcv_nxt, true)
-                        .override_global("OFF_TCP_COPIED_SEQ", &t.copied_seq, true)
-                        .override_global("OFF_TCP_WRITE_SEQ", &t.write_seq, true)
-                        .override_global("OFF_TCP_SND_UNA", &t.snd_una, true)
-                        .override_global("OFF_TCP_BYTES_RECEIVED", &t.bytes_received, true)
-                        .override_global("OFF_TCP_BYTES_ACKED", &t.bytes_acked, true)
-                        .override_global("OFF_TCP_SEGS_IN", &t.data_segs_in, true)
-                        .override_global("OFF_TCP_SEGS_OUT", &t.data_segs_out, true);
-                }
-                Err(why) => tracing::warn!(
+            // Reading sockets' TCP fields makes the file iterator larger
+            // than an older verifier explores (Linux 6.1: "BPF program is
+            // too large"): refused, the programs are loaded without them
+            // and sock_diag reads those fields, as where the kernel's BTF
+            // lacks one.
+            let old_verifier = crate::sys::procfs::kernel_version()
+                .filter(|v| *v <= REFUSES_TCP_PART)
+                .map(|(major, minor)| {
+                    format!(
+                        "Linux {major}.{minor}'s verifier refuses the program that reads them \
+                         (too large: Debian's 6.1 stops at 1,000,000 instructions), so it is not \
+                         tried"
+                    )
+                });
+            let tcp = match (&layout.tcp, old_verifier) {
+                (Err(why), _) => Err(why.to_string()),
+                (Ok(_), Some(why)) => Err(why),
+                (Ok(t), None) => Ok(t),
+            };
+            let (ebpf, tcp_off) = match tcp {
+                Ok(t) => match load_programs(&btf, &layout, &task, Some(t)) {
+                    Ok(ebpf) => (ebpf, None),
+                    Err(refused) => (
+                        load_programs(&btf, &layout, &task, None)?,
+                        Some(format!(
+                            "the program that reads them was refused: {refused}"
+                        )),
+                    ),
+                },
+                Err(why) => (load_programs(&btf, &layout, &task, None)?, Some(why)),
+            };
+            if let Some(why) = &tcp_off {
+                tracing::warn!(
                     "task iterators: sockets' TCP fields are not read on this kernel \
                      (sock_diag reads them): {why}"
-                ),
-            }
-            let mut ebpf = loader
-                .load(OBJECT)
-                .map_err(|e| IterError::Load { reason: chain(&e) })?;
-            for (name, kind) in [(TASK_PROGRAM, "task"), (FILE_PROGRAM, "task_file")] {
-                iter_mut(&mut ebpf, name)?
-                    .load(kind, &btf)
-                    .map_err(|e| IterError::Load {
-                        reason: condense(&chain(&e)),
-                    })?;
+                );
             }
             Ok(Self {
                 programs: Programs::Loaded(Box::new(ebpf)),
                 buf: Vec::new(),
                 hz: None,
+                tcp_off,
             })
+        }
+
+        /// Why this process loaded the file iterator without reading
+        /// sockets' TCP fields (the kernel's BTF lacks one, or its verifier
+        /// refused that program), or `None` where it reads them or the
+        /// programs came from pins.
+        pub fn tcp_off(&self) -> Option<&str> {
+            self.tcp_off.as_deref()
         }
 
         /// Pins both programs in `dir` (a bpffs directory), as
@@ -300,6 +362,7 @@ mod kernel {
                 programs: Programs::Pinned(open(TASK_PROGRAM)?, open(FILE_PROGRAM)?),
                 buf: Vec::new(),
                 hz: None,
+                tcp_off: None,
             })
         }
 
@@ -386,6 +449,9 @@ impl TaskIter {
         Err(IterError::NotBuiltIn)
     }
     pub fn pin(&mut self, _dir: &Path) -> Result<(), IterError> {
+        match self.0 {}
+    }
+    pub fn tcp_off(&self) -> Option<&str> {
         match self.0 {}
     }
     pub fn process(

@@ -91,6 +91,14 @@ pub fn socket_inode_of_link(link: &Path) -> Option<u64> {
     socket_inode_of_target(&std::fs::read_link(link).ok()?.to_string_lossy())
 }
 
+/// The running kernel's `(major, minor)` version (`/proc/sys/kernel/osrelease`
+/// through the `procfs` crate), or `None` where it cannot be read.
+pub fn kernel_version() -> Option<(u8, u8)> {
+    procfs::sys::kernel::Version::current()
+        .ok()
+        .map(|v| (v.major, v.minor))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
