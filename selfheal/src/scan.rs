@@ -386,6 +386,8 @@ pub fn prove(
         let out_of_time = stopped || poll == most || Instant::now() >= until;
         let now = clock::boot_ms();
         let seen = sockets_of(asking.iter().map(|a| a.target.pid));
+        // The ages count back from the read, after `now`.
+        let read = clock::boot_ms();
         let mut pending = Vec::new();
         for a in asking.drain(..) {
             // The verdict, its words, and whether the socket is still
@@ -406,7 +408,7 @@ pub fn prove(
                     format!("the connection left ESTAB ({}) during the proof", s.state),
                     true,
                 )),
-                Some(s) => match s.tcp_info.as_ref().map(|i| a.proof.answer(i, now)) {
+                Some(s) => match s.tcp_info.as_ref().map(|i| a.proof.answer(i, now, read)) {
                     Some(Answer::Data) => Some((
                         ProofVerdict::Alive,
                         "data arrived from the peer".into(),

@@ -440,12 +440,26 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(50));
             let (restore, lines) = self.run_json(&on_cfg, &on_state);
             let (ok, failed) = proof_events(&lines, "restore");
+            // An agent with fewer sockets put back than it holds: what the
+            // check said of it.
+            let short = lines.iter().find(|l| {
+                l["proofs"].as_array().map_or(0, |p| {
+                    p.iter()
+                        .filter(|e| e["action"] == "restore" && e["ok"] == true)
+                        .count()
+                }) < per_agent
+            });
             assert_eq!(
                 ok,
                 n,
-                "round {round}: the restoring check put back {ok} of {n} sockets' options ok ({} agents judged, {} probes sent since arming); first failure: {failed:?}",
+                "round {round}: the restoring check put back {ok} of {n} sockets' options ok ({} agents judged, {} probes sent since arming); first failure: {failed:?}; the first agent not all put back: verdict {}, reasons {}",
                 lines.len(),
-                Mib::read().keepalive.saturating_sub(before.keepalive)
+                Mib::read().keepalive.saturating_sub(before.keepalive),
+                short.map_or("-".into(), |l| l["verdict"].to_string()),
+                short.map_or("-".into(), |l| {
+                    let r = l["reasons"].to_string();
+                    r.chars().take(600).collect::<String>()
+                })
             );
             let window = start.elapsed();
             let on = Mib::read().minus(&before);

@@ -88,6 +88,7 @@ pub fn report_of(process: ProcessReport, sockets: Vec<SocketReport>) -> Report {
         collection: Default::default(),
         gaps: vec![],
         left_out: Default::default(),
+        read_ms: None,
     }
 }
 

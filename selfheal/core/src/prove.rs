@@ -110,18 +110,24 @@ impl Proof {
             .saturating_add(u64::from(self.count).saturating_mul(self.interval_ms))
     }
 
-    /// What `info`, read at `now_ms`, says of the peer: the ages in
-    /// `tcp_info` are compared with the time since arming (an ACK or data
-    /// younger than that came after it).
-    pub fn answer(&self, info: &TcpInfo, now_ms: u64) -> Answer {
-        let armed_for = self.armed_for(now_ms);
+    /// What `info` says of the peer. It was read between `now_ms` (the
+    /// check's start) and `read_ms` (a clock reading after the read). The
+    /// ages in `tcp_info` count back from the moment of the read, so an
+    /// ACK or data younger than the time from arming to `read_ms` came
+    /// after arming (counting from `now_ms` instead would miss an answer
+    /// that came sooner after arming than the read came after the check's
+    /// start). A proof is dead only if it was given its whole bound by
+    /// `now_ms`, which is before the probes were counted.
+    pub fn answer(&self, info: &TcpInfo, now_ms: u64, read_ms: u64) -> Answer {
+        let answered_within = self.armed_for(read_ms.max(now_ms));
         let silent = u64::from(info.last_data_recv_ms);
-        if silent < armed_for {
+        if silent < answered_within {
             return Answer::Data;
         }
-        if u64::from(info.last_ack_recv_ms) < armed_for {
+        if u64::from(info.last_ack_recv_ms) < answered_within {
             return Answer::Answered;
         }
+        let armed_for = self.armed_for(now_ms);
         if info.unacked == 0 && self.proves_dead(info.probes, armed_for) {
             return Answer::Dead {
                 why: format!(
@@ -279,22 +285,74 @@ mod answer_tests {
         assert_eq!(p.first_probe_ms, 3_000);
         assert_eq!(p.bound_ms(), 18_000);
         // 4 s after arming: data 1 s ago, an ACK 1 s ago, or neither.
-        assert_eq!(p.answer(&info(1_000, 9_000, 0), 104_000), Answer::Data);
-        assert_eq!(p.answer(&info(9_000, 1_000, 0), 104_000), Answer::Answered);
-        assert_eq!(p.answer(&info(9_000, 9_000, 1), 104_000), Answer::Pending);
+        assert_eq!(
+            p.answer(&info(1_000, 9_000, 0), 104_000, 104_000),
+            Answer::Data
+        );
+        assert_eq!(
+            p.answer(&info(9_000, 1_000, 0), 104_000, 104_000),
+            Answer::Answered
+        );
+        assert_eq!(
+            p.answer(&info(9_000, 9_000, 1), 104_000, 104_000),
+            Answer::Pending
+        );
         // An ACK from before arming is no answer.
-        assert_eq!(p.answer(&info(30_000, 5_000, 3), 104_000), Answer::Pending);
+        assert_eq!(
+            p.answer(&info(30_000, 5_000, 3), 104_000, 104_000),
+            Answer::Pending
+        );
         // Three probes unanswered, a moment before the bound, then at it.
-        assert_eq!(p.answer(&info(30_000, 30_000, 3), 117_999), Answer::Pending);
+        assert_eq!(
+            p.answer(&info(30_000, 30_000, 3), 117_999, 117_999),
+            Answer::Pending
+        );
         assert!(matches!(
-            p.answer(&info(30_000, 30_000, 3), 118_000),
+            p.answer(&info(30_000, 30_000, 3), 118_000, 118_000),
             Answer::Dead { .. }
         ));
         // Fewer probes than asked, however long: not dead.
-        assert_eq!(p.answer(&info(60_000, 60_000, 2), 160_000), Answer::Pending);
+        assert_eq!(
+            p.answer(&info(60_000, 60_000, 2), 160_000, 160_000),
+            Answer::Pending
+        );
         // Data in flight: its retransmissions, not probes, decide.
         let mut i = info(30_000, 30_000, 3);
         i.unacked = 1;
-        assert_eq!(p.answer(&i, 118_000), Answer::Pending);
+        assert_eq!(p.answer(&i, 118_000, 118_000), Answer::Pending);
+    }
+
+    /// The ages count back from the read, not from the check's start: an
+    /// ACK 100 ms after arming, read 300 ms after a check that started
+    /// 200 ms after arming, is an answer (from the start, its age of
+    /// 400 ms is older than the 200 ms armed); an ACK from before arming is
+    /// none however late the read; and dead waits for the whole bound from
+    /// the start, however late the read.
+    #[test]
+    fn a_proof_is_answered_by_ages_counted_from_the_read_and_dead_by_the_start() {
+        let p = armed();
+        let at = p.armed_at_ms;
+        assert_eq!(
+            p.answer(&info(9_000, 400, 0), at + 200, at + 500),
+            Answer::Answered
+        );
+        assert_eq!(
+            p.answer(&info(400, 9_000, 0), at + 200, at + 500),
+            Answer::Data
+        );
+        assert_eq!(
+            p.answer(&info(9_000, 501, 0), at + 200, at + 500),
+            Answer::Pending
+        );
+        assert_eq!(
+            p.answer(&info(30_000, 30_000, 3), at + 17_999, at + 19_000),
+            Answer::Pending
+        );
+        // A read stamped before the start (a clock that went back) counts
+        // from the start.
+        assert_eq!(
+            p.answer(&info(9_000, 150, 0), at + 200, at + 100),
+            Answer::Answered
+        );
     }
 }

@@ -47,6 +47,17 @@ struct Acting<'a> {
     /// Decide, but take no step.
     dry_run: bool,
     now_ms: u64,
+    /// When `now_ms` was read, to tell later moments on its clock
+    /// ([`Acting::clock_ms`]).
+    started: std::time::Instant,
+}
+
+impl Acting<'_> {
+    /// This moment on the check's clock: `now_ms` and the time since.
+    fn clock_ms(&self) -> u64 {
+        let since = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.now_ms.saturating_add(since)
+    }
 }
 
 /// Where eBPF evidence comes from when `check` does not attach a tracer of
@@ -100,6 +111,7 @@ pub fn run(
     opts: &Options,
     now_ms: u64,
 ) -> Vec<Outcome> {
+    let started = std::time::Instant::now();
     let boot = boot_id();
     if history.boot_id != boot {
         *history = History {
@@ -173,6 +185,7 @@ pub fn run(
         executor,
         dry_run: opts.dry_run,
         now_ms,
+        started,
     };
     let mut outcomes = Vec::new();
     for (agent, target) in agents.iter().zip(&targets) {

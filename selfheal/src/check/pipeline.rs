@@ -57,6 +57,9 @@ pub(super) fn check_agent(
         evidence = collector.collect_with(target, detail);
         report = inspect::build(&evidence);
     }
+    // The sockets' ages count back from their read, which came after
+    // `now_ms`: a proof's answer is timed against this reading.
+    report.read_ms = Some(acting.clock_ms());
     if let Some(why) = &evidence.over_budget {
         return over_budget(agent, target, &report, why, probes, record, now_ms);
     }

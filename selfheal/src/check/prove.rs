@@ -67,13 +67,12 @@ pub(super) fn prove_stage(
                             "proof keepalive armed: idle {} s, interval {} s, {} probes (options before: {:?})",
                             ka.idle_s, ka.interval_s, ka.count, out.previous
                         );
-                        // Timed from this check's start, the clock the
-                        // next check's tcp_info ages are compared with (the
-                        // ages are read after it starts: an ACK right after
-                        // arming must count as after it), and from the
-                        // silence the kernel's keepalive timer counts (data
-                        // or ACK). Any ACK after this check's judgement
-                        // proves the peer there.
+                        // Timed from this check's start, before anything
+                        // was armed, and from the silence the kernel's
+                        // keepalive timer counts (data or ACK). A later
+                        // check counts its tcp_info ages back from its
+                        // own read of them (`Proof::answer`): any ACK after
+                        // this check's start proves the peer there.
                         let armed_at_ms = now_ms;
                         let kernel_silent = out.silent_ms.map_or(*silent_ms, u64::from);
                         hist.proofs.insert(

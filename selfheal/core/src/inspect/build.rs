@@ -94,6 +94,7 @@ pub fn build(ev: &Evidence) -> Report {
             zombies: ev.unread_zombies.values().sum(),
             ..LeftOut::default()
         },
+        read_ms: None,
     };
     cap(&mut report);
     report

@@ -52,6 +52,13 @@ pub struct Report {
     /// counted; absent when nothing is.
     #[serde(skip_serializing_if = "LeftOut::is_empty")]
     pub left_out: LeftOut,
+    /// A clock reading (`CLOCK_BOOTTIME` ms, the check's clock) taken after
+    /// the sockets were read, where the reader stamped one: the `tcp_info`
+    /// ages count back from the read, and a proof's answer is timed
+    /// against it ([`crate::prove::Proof::answer`]). `None`: the judge's
+    /// `now_ms` stands for it.
+    #[serde(skip)]
+    pub read_ms: Option<u64>,
 }
 
 /// Why a full read is procfs's, not the task iterators': they read no

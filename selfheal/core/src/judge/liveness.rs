@@ -60,6 +60,7 @@ pub(super) fn liveness(
     closed_seen_ms: u64,
     keepalive_only_ms: Option<u64>,
     now_ms: u64,
+    read_ms: u64,
 ) -> Liveness {
     let th = &cfg.thresholds;
     let upstream = s.upstream.and_then(|i| cfg.upstreams.get(i));
@@ -91,7 +92,7 @@ pub(super) fn liveness(
     let silent = u64::from(i.last_data_recv_ms);
     if let Some(p) = proof {
         // Our own probes: they govern, not the agent's keepalive threshold.
-        match p.answer(i, now_ms) {
+        match p.answer(i, now_ms, read_ms) {
             Answer::Data => return Liveness::Alive("data arriving"),
             Answer::Answered => {
                 return Liveness::Alive("the peer answered the proof keepalive");

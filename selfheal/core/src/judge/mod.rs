@@ -293,7 +293,8 @@ pub fn needs_thread_detail(
                             .progress
                             .get(&s.cookie)
                             .and_then(|p| p.keepalive_only_ms(now_ms)),
-                        now_ms
+                        now_ms,
+                        report.read_ms.unwrap_or(now_ms),
                     ),
                     Liveness::Alive(_)
                 )

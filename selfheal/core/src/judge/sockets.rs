@@ -71,7 +71,15 @@ impl<'a> Judging<'a> {
                 .is_some_and(|i| i.bytes_acked > 1 && i.last_data_sent_ms < i.last_data_recv_ms);
         let closed_seen = closed_seen_ms(s, self.history, self.now_ms);
         let (stall, keepalive_only) = self.progress(s, upstream, suspect_after);
-        let liveness = liveness(s, self.cfg, proof, closed_seen, keepalive_only, self.now_ms);
+        let liveness = liveness(
+            s,
+            self.cfg,
+            proof,
+            closed_seen,
+            keepalive_only,
+            self.now_ms,
+            self.report.read_ms.unwrap_or(self.now_ms),
+        );
         self.keep_proof(s, proof_held(s, self.history), &liveness);
         if let Some(a) = self.history.answered.get(&s.cookie) {
             self.next.answered.insert(s.cookie, *a);

@@ -1542,6 +1542,45 @@ fn the_threads_waiting_on_one_dead_connection_are_counted() {
     assert_eq!(w.evidence["waiters"], 1);
 }
 
+/// A proof armed 20 ms before this check started, answered 15 ms after
+/// arming, on a socket read 30 ms into the check: the ACK's age (35 ms)
+/// counts back from the read, so it is an answer and the options are put
+/// back. Judged against the check's start alone, the same ACK looked older
+/// than the proof and the options were left armed (a socket read later in
+/// a check than its proof was armed in the check before: a benchmark of
+/// 1,000 proofs left 87 armed).
+#[test]
+fn a_proof_answer_is_timed_from_when_its_socket_was_read() {
+    // Suspect after 10 ms, so an ACK 35 ms ago is no sign of life alone.
+    let cfg = agent("[agent.thresholds]\nsuspect_after = \"10ms\"\n");
+    let sockets = || {
+        vec![
+            alive_control(),
+            socket(2, "provider", info(2 * MIN, 35, 2 * MIN)),
+        ]
+    };
+    let threads = || vec![poll_thread(101, 2, 2 * MIN)];
+    let mut r = report(threads(), sockets());
+    r.read_ms = Some(100 * MIN + 30);
+    let (j, h) = judge(&cfg, &r, &[], &armed(20), 100 * MIN);
+    assert_eq!(work_of(&j), ["restore"], "{:?}", j.reasons);
+    assert!(
+        matches!(j.work[0], ProofWork::Restore { answered: true, .. }),
+        "{:?}",
+        j.work
+    );
+    assert!(h.answered.contains_key(&5002) || h.proofs.contains_key(&5002));
+    // Unstamped (the check's start stands for the read): no answer yet.
+    let (j, _) = judge(
+        &cfg,
+        &report(threads(), sockets()),
+        &[],
+        &armed(20),
+        100 * MIN,
+    );
+    assert!(work_of(&j).is_empty(), "{:?}", j.work);
+}
+
 /// A peer that closed while a proof keepalive was armed on its silent
 /// call: its leftover FIN-WAIT-2 socket answers the probes (for up to 60 s),
 /// so the socket's last ACK stays fresh. The close is already the evidence:
