@@ -529,7 +529,8 @@ impl Bench {
     /// with proof on; probes and segments per minute and check times, printed.
     /// Asserted: the proof-on run armed and the peers answered (no socket
     /// judged dead), and no socket was asked more than once per
-    /// `suspect_after` plus the proof's length.
+    /// `suspect_after` plus the proof's length (a round trip over
+    /// loopback).
     fn idle(&self, n: usize, length: Duration) {
         const SUSPECT_S: u64 = 10;
         let ns = own_netns();
@@ -598,8 +599,13 @@ impl Bench {
             "only {armed} proof keepalives armed on {n} idle sockets"
         );
         let rounds_per_socket = armed as f64 / n as f64;
-        // At most one round per suspect_after plus the proof's own length.
-        let most = on_min * 60.0 / (SUSPECT_S as f64 + 1.0) + 1.0;
+        // At most one round per suspect_after plus the proof's own length:
+        // a socket is suspect again once its last ACK, the answer to the
+        // round before, is older than suspect_after. Over loopback the
+        // answer comes a round trip after arming, so the rounds are at
+        // least suspect_after apart, the first at the start (the sockets
+        // were silent through the proof-off run).
+        let most = on_min * 60.0 / SUSPECT_S as f64 + 1.0;
         assert!(
             rounds_per_socket <= most,
             "{rounds_per_socket:.2} proof rounds per socket in {:.1} min (at most {most:.1})",
@@ -624,11 +630,11 @@ impl Bench {
             );
         }
         println!(
-            "    proof on / off: check {:.2} x; {:+.1} segments out a minute per socket; {rounds_per_socket:.2} proof rounds per socket in {on_min:.1} min ({:.2} a minute; at most one per suspect_after + 1 s: {:.2})",
+            "    proof on / off: check {:.2} x; {:+.1} segments out a minute per socket; {rounds_per_socket:.2} proof rounds per socket in {on_min:.1} min ({:.2} a minute; at most one per suspect_after: {:.2})",
             on_t / off_t,
             (per_min(on.out_segs, on_min) - per_min(off.out_segs, off_min)) / n as f64,
             rounds_per_socket / on_min,
-            60.0 / (SUSPECT_S as f64 + 1.0)
+            60.0 / SUSPECT_S as f64
         );
     }
 
