@@ -410,14 +410,90 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
             Some(n),
             "{line}"
         );
+        if let Some(p) = &podman {
+            auto_on_podman(p, &scratch, &env);
+        }
     });
     if let Some(p) = podman {
+        let _ = run_ok(Command::new("podman").args(&p.args).args([
+            "rm",
+            "-f",
+            "-t",
+            "0",
+            &format!("{}-auto", p.tag),
+            &format!("{}-claims", p.tag),
+        ]));
         p.stop();
     }
     cleanup();
     drop(dockerd);
     let _ = std::fs::remove_dir_all(&exec);
     rethrow(result);
+}
+
+/// `[auto] containers = true` on Podman: a container labelled
+/// `selfheal.enable=true` is an agent named for its runtime, name and id,
+/// checked with no `[[agent]]` table; one that claims the label through
+/// its environment and a label of another value is in no outcome, and the
+/// Docker container beside them (no such label) neither.
+fn auto_on_podman(p: &tests::runtimes::Podman, scratch: &Scratch, env: &[(&str, String)]) {
+    let image = format!("localhost/{}:1", p.tag);
+    let run = |name: &str, extra: &[&str]| {
+        run_ok(
+            Command::new("podman")
+                .args(&p.args)
+                .args([
+                    "run",
+                    "-d",
+                    "--network=none",
+                    "--ulimit=nofile=1024:1024",
+                    "--ulimit=nproc=1024:1024",
+                    "--name",
+                    name,
+                ])
+                .args(extra)
+                .args([image.as_str(), "/bin/sleep", "600"]),
+        )
+        .unwrap_or_else(|e| panic!("podman run {name}: {e}"))
+    };
+    let (name, claims) = (format!("{}-auto", p.tag), format!("{}-claims", p.tag));
+    let id = run(&name, &["--label", "selfheal.enable=true"]);
+    let claims_id = run(
+        &claims,
+        &[
+            "--env",
+            "selfheal.enable=true",
+            "--label",
+            "selfheal.enable=yes",
+        ],
+    );
+    let dir = scratch.join("auto");
+    std::fs::create_dir_all(&dir).expect("the [auto] scratch directory");
+    let config = tests::config_in(&dir, "[auto]\ncontainers = true\n");
+    let out = tests::fixtures::check_cmd(&config, &Places::without_helper(&dir))
+        .arg("--dry-run")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run selfheal check");
+    let (text, log) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let agent = format!("auto.podman.{name}.{}", &id[..12]);
+    assert_eq!(
+        lines.iter().map(|l| l["agent"].clone()).collect::<Vec<_>>(),
+        [serde_json::Value::from(agent.as_str())],
+        "{text}{log}"
+    );
+    let c = &lines[0]["containers"][0];
+    assert_eq!(c["runtime"], "podman", "{text}");
+    assert_eq!(c["id"], id.as_str(), "{text}");
+    assert_eq!(c["name"], name.as_str(), "{text}");
+    assert!(!text.contains(&claims_id[..12]), "{text}");
 }
 
 /// `sleep 600` as uid 65534 in cgroup `rel` below that user's delegated
