@@ -319,9 +319,9 @@ impl ProcessTable {
     /// tells them; then each process's container confirmed again
     /// (as `ProcessTable::verify` does). Where `ask` fails they stay unread (and
     /// such a process is not taken for its container).
-    pub fn with_pid_namespaces(
+    pub fn with_pid_namespaces<E: std::fmt::Display>(
         mut self,
-        ask: &mut dyn FnMut(&[u32]) -> Result<selfheal_core::protocol::NamespacesResult, String>,
+        ask: &mut dyn FnMut(&[u32]) -> Result<selfheal_core::protocol::NamespacesResult, E>,
     ) -> ProcessTable {
         let unread: Vec<u32> = self
             .entries
