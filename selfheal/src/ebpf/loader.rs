@@ -78,6 +78,7 @@ impl Tracer {
         let mut attempts = Vec::new();
         for &strategy in &opts.strategies {
             let result = precheck(strategy, &layout)
+                .map_err(|e| e.to_string())
                 .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref().map_err(Clone::clone)));
             match result {
                 Ok(()) => {
@@ -450,12 +451,33 @@ pub(crate) fn fdinfo_flags(info: &str) -> Option<u32> {
         .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
 }
 
+/// Why a strategy cannot run on this kernel, found before touching it.
+#[derive(Debug, thiserror::Error)]
+enum PrecheckError {
+    /// `tp_btf` reads `sk_protocol` as a whole `u16`.
+    #[error("sock.sk_protocol is a bitfield on this kernel (before 5.6)")]
+    SkProtocolBitfield,
+    /// The classic tracepoints' formats are read from tracefs.
+    #[error("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")]
+    NoTracefs,
+    /// An event's format could not be read.
+    #[error(transparent)]
+    Format(#[from] tracefs::FormatError),
+    /// A record field is not where the program reads it.
+    #[error("{category}:{event} field {field} is at offset {got}, the program reads {want}")]
+    Offset {
+        category: &'static str,
+        event: &'static str,
+        field: &'static str,
+        got: u64,
+        want: u64,
+    },
+}
+
 /// Checks what a strategy needs before touching the kernel.
-fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), String> {
+fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), PrecheckError> {
     match strategy {
-        Strategy::TpBtf if layout.sk_protocol.is_none() => {
-            Err("sock.sk_protocol is a bitfield on this kernel (before 5.6)".into())
-        }
+        Strategy::TpBtf if layout.sk_protocol.is_none() => Err(PrecheckError::SkProtocolBitfield),
         Strategy::TpBtf => Ok(()),
         Strategy::Tracepoint => check_tracepoint_layout(),
         Strategy::Kprobe | Strategy::Fentry => Ok(()),
@@ -464,10 +486,9 @@ fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), String> {
 
 /// The classic tracepoints' record offsets the programs read must match this
 /// kernel's format files.
-fn check_tracepoint_layout() -> Result<(), String> {
-    let root = tracefs::root()
-        .ok_or("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")?;
-    let mut expected: Vec<(&str, &str, &str, u64)> = vec![
+fn check_tracepoint_layout() -> Result<(), PrecheckError> {
+    let root = tracefs::root().ok_or(PrecheckError::NoTracefs)?;
+    let mut expected: Vec<(&'static str, &'static str, &'static str, u64)> = vec![
         ("syscalls", "sys_enter_recvfrom", "fd", 16),
         ("syscalls", "sys_enter_recvfrom", "flags", 40),
         ("syscalls", "sys_enter_recvmsg", "fd", 16),
@@ -485,9 +506,13 @@ fn check_tracepoint_layout() -> Result<(), String> {
     for (category, event, field, want) in expected {
         let got = tracefs::field_offset(&root, category, event, field)?;
         if got != want {
-            return Err(format!(
-                "{category}:{event} field {field} is at offset {got}, the program reads {want}"
-            ));
+            return Err(PrecheckError::Offset {
+                category,
+                event,
+                field,
+                got,
+                want,
+            });
         }
     }
     Ok(())
