@@ -159,7 +159,8 @@ pub struct Collector {
     /// The listening addresses of each network namespace (for a target
     /// whose roles are [`Roles::Outbound`]), read on first need, or why
     /// they could not be read.
-    listening: BTreeMap<(u64, u64), Result<Vec<SocketAddr>, String>>,
+    listening:
+        BTreeMap<(u64, u64), Result<Vec<SocketAddr>, std::sync::Arc<sockdiag::SockDiagError>>>,
     /// How the listening addresses of a pid's network namespace are read
     /// (`sockdiag::listening_in_netns_of`; a test's failure otherwise).
     read_listening: fn(u32) -> Result<Vec<SocketAddr>, sockdiag::SockDiagError>,
