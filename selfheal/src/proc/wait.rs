@@ -72,7 +72,7 @@ pub(super) fn read_wait(
             let len = nfds.min(MAX_POLLFDS) * POLLFD_SIZE;
             let bytes = mem
                 .read(tid, "poll", arg0, &mut buf[..len])
-                .map_err(|gap| push_gap(gaps, gap))
+                .map_err(|gap| push_gap(gaps, gap.to_string()))
                 .ok()?;
             let found = decode_pollfds(bytes)
                 .filter(|(_, events)| events & POLL_READ != 0)
@@ -98,7 +98,7 @@ pub(super) fn read_wait(
             let len = nfds.div_ceil(64) * 8;
             let bytes = mem
                 .read(tid, "select", arg1, &mut buf[..len])
-                .map_err(|gap| push_gap(gaps, gap))
+                .map_err(|gap| push_gap(gaps, gap.to_string()))
                 .ok()?;
             let found = decode_fd_set(bytes, nfds).filter_map(socket_of).collect();
             (found, None)
@@ -216,30 +216,34 @@ impl<'a, 'r> Mem<'a, 'r> {
         what: &'static str,
         addr: u64,
         buf: &'b mut [u8],
-    ) -> Result<&'b [u8], String> {
+    ) -> Result<&'b [u8], SetReadError> {
         let pid = self.pid;
         let len = buf.len() as u64;
         let maps = self.maps.get_or_insert_with(|| maps(pid, self.access));
-        let maps = maps
-            .as_ref()
-            .map_err(|e| format!("tid {tid}: cannot read its {what} set: {e}"))?;
-        anonymous_private(maps, addr, len)
-            .map_err(|why| format!("tid {tid}: the {what} set at {addr:#x} {why}: not read"))?;
+        let maps = maps.as_ref().map_err(|e| SetReadError::Maps {
+            tid,
+            what,
+            maps: e.clone(),
+        })?;
+        anonymous_private(maps, addr, len).map_err(|why| SetReadError::NotPrivate {
+            tid,
+            what,
+            addr,
+            why,
+        })?;
         if std::time::Instant::now() >= self.access.deadline {
             self.access.over = true;
-            return Err(format!(
-                "tid {tid}: its {what} set was not read: the collection's time was up"
-            ));
+            return Err(SetReadError::OutOfTime { tid, what });
         }
         let bytes = self
             .access
             .reader
             .read(pid, addr, buf, self.access.deadline)
-            .map_err(|e| {
-                if e == crate::sys::memread::ReadError::Timeout {
+            .map_err(|error| {
+                if error == crate::sys::memread::ReadError::Timeout {
                     self.access.over = true;
                 }
-                format!("tid {tid}: cannot read its {what} set: {e}")
+                SetReadError::Read { tid, what, error }
             })?;
         self.read.push((tid, what, addr, len));
         Ok(bytes)
@@ -271,6 +275,38 @@ impl<'a, 'r> Mem<'a, 'r> {
             );
         }
     }
+}
+
+/// Why a wait set in the process's memory was not read: the gap, naming
+/// the thread and the set.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SetReadError {
+    /// The process's memory map is unreadable (why, as [`maps`] says).
+    #[error("tid {tid}: cannot read its {what} set: {maps}")]
+    Maps {
+        tid: u32,
+        what: &'static str,
+        maps: String,
+    },
+    /// The set is not all in private anonymous memory (why, as
+    /// [`anonymous_private`] says): it is not read.
+    #[error("tid {tid}: the {what} set at {addr:#x} {why}: not read")]
+    NotPrivate {
+        tid: u32,
+        what: &'static str,
+        addr: u64,
+        why: String,
+    },
+    /// The collection's deadline passed before the read.
+    #[error("tid {tid}: its {what} set was not read: the collection's time was up")]
+    OutOfTime { tid: u32, what: &'static str },
+    /// The read itself failed (or was abandoned at the deadline).
+    #[error("tid {tid}: cannot read its {what} set: {error}")]
+    Read {
+        tid: u32,
+        what: &'static str,
+        error: crate::sys::memread::ReadError,
+    },
 }
 
 /// `pid`'s memory map, or why it is unreadable. Read by the reader child
