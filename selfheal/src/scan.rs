@@ -290,10 +290,11 @@ pub const PROOF_POLL: Duration = Duration::from_millis(250);
 pub const PROOF_SLACK: Duration = Duration::from_secs(2);
 
 /// The acting side `--prove` goes through: arms a proof keepalive on a
-/// socket, and puts its own options back (returning them as read back).
-pub struct Prover<'a> {
-    pub arm: &'a dyn Fn(&ProofTarget, &ProofKeepalive) -> Result<KeepaliveOutcome, String>,
-    pub restore: &'a dyn Fn(&ProofTarget, &KeepaliveSettings) -> Result<KeepaliveSettings, String>,
+/// socket, and puts its own options back (returning them as read back);
+/// `E` is why either failed, as the executor says it.
+pub struct Prover<'a, E: std::fmt::Display> {
+    pub arm: &'a dyn Fn(&ProofTarget, &ProofKeepalive) -> Result<KeepaliveOutcome, E>,
+    pub restore: &'a dyn Fn(&ProofTarget, &KeepaliveSettings) -> Result<KeepaliveSettings, E>,
 }
 
 /// One proof in flight.
@@ -311,10 +312,10 @@ struct Asking {
 /// proof is armed, how long the answers may take. Every armed socket gets
 /// its own options back as soon as its answer is in. The results, by
 /// socket inode.
-pub fn prove(
+pub fn prove<E: std::fmt::Display>(
     findings: &[Finding],
     ka: &ProofKeepalive,
-    prover: &Prover<'_>,
+    prover: &Prover<'_, E>,
     stop: &AtomicBool,
     waiting: impl FnOnce(Duration, usize),
 ) -> Vec<(u64, ProofResult)> {
@@ -460,8 +461,9 @@ fn unproven(detail: String) -> ProofResult {
 
 /// Puts `previous` back on `target`'s socket through `prover`, read back
 /// and compared; what went wrong, as words to add to a detail.
-fn put_back(
-    prover: &Prover<'_>,
+// A `String` error: the words are the product (a proof's detail).
+fn put_back<E: std::fmt::Display>(
+    prover: &Prover<'_, E>,
     target: &ProofTarget,
     previous: &KeepaliveSettings,
 ) -> Result<(), String> {
@@ -481,9 +483,9 @@ fn put_back(
 
 /// Puts `a`'s socket's own options back (where the socket is `there`
 /// still), and says what the proof found.
-fn finish(
+fn finish<E: std::fmt::Display>(
     a: &Asking,
-    prover: &Prover<'_>,
+    prover: &Prover<'_, E>,
     result: ProofVerdict,
     mut detail: String,
     there: bool,
