@@ -52,12 +52,9 @@ impl Tracer {
         };
         let bytes = std::fs::read(&opts.btf_path).map_err(|e| no_btf(e.to_string()))?;
         let layout = KernelLayout::from_btf_file(&opts.btf_path)?;
-        let btf = Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| {
-            format!(
-                "cannot parse kernel BTF {}: {}",
-                opts.btf_path.display(),
-                chain(&e)
-            )
+        let btf = Btf::parse(&bytes, aya::Endianness::default()).map_err(|source| BtfParseError {
+            path: opts.btf_path.clone(),
+            source,
         });
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref().ok());
@@ -79,7 +76,7 @@ impl Tracer {
         for &strategy in &opts.strategies {
             let result = precheck(strategy, &layout)
                 .map_err(|e| e.to_string())
-                .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref().map_err(Clone::clone)));
+                .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref()));
             match result {
                 Ok(()) => {
                     attempts.push(Attempt {
@@ -518,16 +515,42 @@ fn check_tracepoint_layout() -> Result<(), PrecheckError> {
     Ok(())
 }
 
+/// Why the kernel's BTF could not be parsed for aya (the fentry, fexit
+/// and tp_btf programs load against it).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot parse kernel BTF {}: {}", path.display(), chain(source))]
+struct BtfParseError {
+    path: std::path::PathBuf,
+    source: aya::BtfError,
+}
+
+/// Why one program did not load or attach.
+#[derive(Debug, thiserror::Error)]
+enum AttachError<'b> {
+    /// The object has no program of that name.
+    #[error("program {0} missing from the object")]
+    Missing(&'static str),
+    /// It loads against the kernel's BTF, which could not be parsed.
+    #[error(transparent)]
+    Btf(&'b BtfParseError),
+    /// The kernel refused it (its error chain, a verifier log in it).
+    #[error("{}", chain(.0))]
+    Program(#[source] aya::programs::ProgramError),
+}
+
 /// Loads and attaches every program of `strategy`; on the first failure,
 /// unloads what it loaded and returns the reason.
+// A `String` error: the reason is the product (the attempt's, condensed,
+// with a hint).
 fn attach_all(
     ebpf: &mut Ebpf,
     strategy: Strategy,
-    btf: Result<&Btf, String>,
+    btf: Result<&Btf, &BtfParseError>,
 ) -> Result<(), String> {
     let specs = strategy.programs();
     for (i, spec) in specs.iter().enumerate() {
-        if let Err(e) = attach_one(ebpf, spec, btf.clone()) {
+        if let Err(e) = attach_one(ebpf, spec, btf) {
+            let e = e.to_string();
             for done in &specs[..=i] {
                 if let Some(prog) = ebpf.program_mut(done.program) {
                     let _ = unload(prog);
@@ -544,15 +567,16 @@ fn attach_all(
     Ok(())
 }
 
-fn attach_one(
+fn attach_one<'b>(
     ebpf: &mut Ebpf,
     spec: &ProgramSpec,
-    btf: Result<&Btf, String>,
-) -> Result<(), String> {
+    btf: Result<&Btf, &'b BtfParseError>,
+) -> Result<(), AttachError<'b>> {
     let prog = ebpf
         .program_mut(spec.program)
-        .ok_or_else(|| format!("program {} missing from the object", spec.program))?;
-    let e = |e: aya::programs::ProgramError| chain(&e);
+        .ok_or(AttachError::Missing(spec.program))?;
+    let e = AttachError::Program;
+    let btf = btf.map_err(AttachError::Btf);
     match spec.hook {
         Hook::Kprobe(f) | Hook::Kretprobe(f) => {
             let p: &mut KProbe = prog.try_into().map_err(e)?;
