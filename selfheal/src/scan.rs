@@ -67,7 +67,17 @@ pub struct Scan {
 
 /// One network namespace's TCP sockets by inode, or why they could not be
 /// dumped.
-type Dump = Result<HashMap<u64, TcpSocket>, String>;
+type Dump = Result<HashMap<u64, TcpSocket>, NetnsDumpError>;
+
+/// Why a network namespace's sockets could not be dumped: the namespace,
+/// the pid it was entered through, and the dump's error.
+#[derive(Debug, thiserror::Error)]
+#[error("network namespace {netns} (via pid {pid}): {source}")]
+pub struct NetnsDumpError {
+    pub netns: u64,
+    pub pid: u32,
+    pub source: sockdiag::SockDiagError,
+}
 
 /// Reads every process `euid` may read (all of them for root; else only
 /// those whose uid is `euid`: another user's are counted, never read).
@@ -179,7 +189,10 @@ pub fn scan(euid: u32) -> Scan {
             });
         }
     }
-    coverage.netns_errors = dumps.into_values().filter_map(|d| d.err()).collect();
+    coverage.netns_errors = dumps
+        .into_values()
+        .filter_map(|d| d.err().map(|e| e.to_string()))
+        .collect();
     Scan {
         connections,
         processes,
@@ -219,7 +232,7 @@ fn dump_of(dumps: &mut BTreeMap<u64, Dump>, netns: u64, pid: u32) -> &Dump {
     dumps.entry(netns).or_insert_with(|| {
         sockdiag::dump_tcp_in_netns_of(pid)
             .map(|all| all.into_iter().map(|s| (s.inode, s)).collect())
-            .map_err(|e| format!("network namespace {netns} (via pid {pid}): {e}"))
+            .map_err(|source| NetnsDumpError { netns, pid, source })
     })
 }
 
