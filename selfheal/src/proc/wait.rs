@@ -177,7 +177,7 @@ pub(super) struct Mem<'a, 'r> {
     pub(super) root: &'a crate::sys::procfs::ProcRoot,
     pub(super) pid: u32,
     pub(super) access: &'a mut MemAccess<'r>,
-    pub(super) maps: Option<Result<Vec<Mapping>, String>>,
+    pub(super) maps: Option<Result<Vec<Mapping>, std::sync::Arc<MapsError>>>,
     /// `(tid, which set, addr, len)` of each set read.
     pub(super) read: Vec<(u32, &'static str, u64, u64)>,
 }
@@ -219,11 +219,13 @@ impl<'a, 'r> Mem<'a, 'r> {
     ) -> Result<&'b [u8], SetReadError> {
         let pid = self.pid;
         let len = buf.len() as u64;
-        let maps = self.maps.get_or_insert_with(|| maps(pid, self.access));
+        let maps = self
+            .maps
+            .get_or_insert_with(|| maps(pid, self.access).map_err(std::sync::Arc::new));
         let maps = maps.as_ref().map_err(|e| SetReadError::Maps {
             tid,
             what,
-            maps: e.clone(),
+            maps: std::sync::Arc::clone(e),
         })?;
         anonymous_private(maps, addr, len).map_err(|why| SetReadError::NotPrivate {
             tid,
@@ -281,12 +283,13 @@ impl<'a, 'r> Mem<'a, 'r> {
 /// the thread and the set.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum SetReadError {
-    /// The process's memory map is unreadable (why, as [`maps`] says).
+    /// The process's memory map is unreadable (read once per process,
+    /// shared by its sets).
     #[error("tid {tid}: cannot read its {what} set: {maps}")]
     Maps {
         tid: u32,
         what: &'static str,
-        maps: String,
+        maps: std::sync::Arc<MapsError>,
     },
     /// The set is not all in private anonymous memory (why, as
     /// [`anonymous_private`] says): it is not read.
@@ -309,10 +312,22 @@ pub(super) enum SetReadError {
     },
 }
 
+/// Why a process's memory map is unreadable.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MapsError {
+    /// The reader child did not read it (or was abandoned at the
+    /// deadline).
+    #[error("its memory map is unreadable: {0}")]
+    Read(crate::sys::memread::ReadError),
+    /// What it read does not parse.
+    #[error("its memory map is unreadable: {0}")]
+    Parse(#[source] procfs::ProcError),
+}
+
 /// `pid`'s memory map, or why it is unreadable. Read by the reader child
 /// too: reading it waits for the process's `mmap_lock`, which the process
 /// can keep taken (an `mmap` of its own waiting on its FUSE server).
-pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, String> {
+pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, MapsError> {
     use procfs::{
         FromRead as _,
         process::{MMPermissions, MMapPath, MemoryMaps},
@@ -321,10 +336,9 @@ pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>,
         if e == crate::sys::memread::ReadError::Timeout {
             access.over = true;
         }
-        format!("its memory map is unreadable: {e}")
+        MapsError::Read(e)
     })?;
-    let maps = MemoryMaps::from_read(&text[..])
-        .map_err(|e| format!("its memory map is unreadable: {e}"))?;
+    let maps = MemoryMaps::from_read(&text[..]).map_err(MapsError::Parse)?;
     Ok(maps
         .into_iter()
         .map(|m| Mapping {
