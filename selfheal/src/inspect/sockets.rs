@@ -165,6 +165,8 @@ pub(super) struct ByNamespace {
 impl ByNamespace {
     /// Adds process `pid`'s sockets in namespace `ns`, or why they could
     /// not be read (kept only while nothing of that namespace was read).
+    // A `String` error: the helper's words as the wire and the core's
+    // `NetnsSockets` carry them.
     pub(super) fn add(&mut self, ns: Option<u64>, pid: u32, found: Result<Vec<TcpSocket>, String>) {
         let slot = self
             .sockets
