@@ -90,3 +90,41 @@ impl crate::check::TracerSource for HelperTracer {
         Some(Box::new(ThroughHelper(self.0.clone())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read through the helper that got no answer names the read, then
+    /// the client's error, and keeps it as the source.
+    #[test]
+    fn helper_reads_fail_by_kind_naming_the_read() {
+        let timeout = || ClientError::Timeout {
+            path: "/run/selfheal/helper.sock".into(),
+            timeout: std::time::Duration::from_millis(5),
+        };
+        let answer = "helper at /run/selfheal/helper.sock did not answer within 5 ms";
+        for (e, read) in [
+            (
+                HelperReadError::Iterate(timeout()),
+                "the helper's task iterators",
+            ),
+            (
+                HelperReadError::Collect(timeout()),
+                "the helper's collection",
+            ),
+            (
+                HelperReadError::Namespaces(timeout()),
+                "the helper's namespace reads",
+            ),
+        ] {
+            assert_eq!(e.to_string(), format!("{read}: {answer}"));
+            let source = std::error::Error::source(&e).map(ToString::to_string);
+            assert_eq!(source.as_deref(), Some(answer));
+        }
+        assert_eq!(
+            HelperReadError::Poisoned.to_string(),
+            "helper client poisoned"
+        );
+    }
+}

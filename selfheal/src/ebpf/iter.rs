@@ -657,3 +657,29 @@ fn root_only(uid: u32, mode: u32) -> Result<(), NotRootOnly> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pins directory another user may write is refused in the words
+    /// the pin errors give.
+    #[test]
+    fn a_directory_others_may_write_is_refused_by_kind() {
+        assert!(root_only(0, 0o40700).is_ok());
+        let e = root_only(1000, 0o40700).unwrap_err();
+        assert!(
+            matches!(e, NotRootOnly::Writable { uid: 1000, .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "is owned by uid 1000 with mode 0700: only root may write where pins live"
+        );
+        assert_eq!(
+            root_only(0, 0o40777).unwrap_err().to_string(),
+            "is owned by uid 0 with mode 0777: only root may write where pins live"
+        );
+        assert_eq!(NotRootOnly::NotADirectory.to_string(), "is not a directory");
+    }
+}

@@ -671,6 +671,56 @@ fn hint(hook: Hook, error: &str) -> &'static str {
 mod tests {
     use super::*;
 
+    /// A strategy's precheck fails by kind, in the words of its attempt.
+    #[test]
+    fn precheck_errors_read_as_the_attempts_reasons() {
+        assert_eq!(
+            PrecheckError::SkProtocolBitfield.to_string(),
+            "sock.sk_protocol is a bitfield on this kernel (before 5.6)"
+        );
+        assert_eq!(
+            PrecheckError::NoTracefs.to_string(),
+            "tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
+        );
+        let offset = PrecheckError::Offset {
+            category: "sock",
+            event: "sock_recv_length",
+            field: "ret",
+            got: 24,
+            want: 20,
+        };
+        assert_eq!(
+            offset.to_string(),
+            "sock:sock_recv_length field ret is at offset 24, the program reads 20"
+        );
+        let root = std::env::temp_dir().join(format!("selfheal-tracefs-{}", std::process::id()));
+        let dir = root.join("events/sock/sock_recv_length");
+        std::fs::create_dir_all(&dir).unwrap();
+        let format = dir.join("format");
+        let e = PrecheckError::from(
+            tracefs::field_offset(&root, "sock", "sock_recv_length", "ret").unwrap_err(),
+        );
+        assert!(
+            matches!(e, PrecheckError::Format(tracefs::FormatError::Read { .. })),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot read {}: No such file or directory (os error 2)",
+                format.display()
+            )
+        );
+        std::fs::write(&format, "format:\n").unwrap();
+        let e = tracefs::field_offset(&root, "sock", "sock_recv_length", "ret").unwrap_err();
+        assert!(matches!(e, tracefs::FormatError::NoField { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("{} has no field `ret`", format.display())
+        );
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
     #[test]
     fn verifier_logs_are_condensed_to_their_verdict() {
         let log = "the BPF_PROG_LOAD syscall returned Permission denied (os error 13). Verifier output: 0: R1=ctx()\n38: (79) r3 = *(u64 *)(r2 +0)\ndereference of modified ctx ptr R2 off=88 disallowed\nverification time 88 usec\nstack depth 40\nprocessed 22 insns\n";
