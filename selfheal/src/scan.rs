@@ -67,7 +67,17 @@ pub struct Scan {
 
 /// One network namespace's TCP sockets by inode, or why they could not be
 /// dumped.
-type Dump = Result<HashMap<u64, TcpSocket>, String>;
+type Dump = Result<HashMap<u64, TcpSocket>, NetnsDumpError>;
+
+/// Why a network namespace's sockets could not be dumped: the namespace,
+/// the pid it was entered through, and the dump's error.
+#[derive(Debug, thiserror::Error)]
+#[error("network namespace {netns} (via pid {pid}): {source}")]
+pub struct NetnsDumpError {
+    pub netns: u64,
+    pub pid: u32,
+    pub source: sockdiag::SockDiagError,
+}
 
 /// Reads every process `euid` may read (all of them for root; else only
 /// those whose uid is `euid`: another user's are counted, never read).
@@ -179,7 +189,10 @@ pub fn scan(euid: u32) -> Scan {
             });
         }
     }
-    coverage.netns_errors = dumps.into_values().filter_map(|d| d.err()).collect();
+    coverage.netns_errors = dumps
+        .into_values()
+        .filter_map(|d| d.err().map(|e| e.to_string()))
+        .collect();
     Scan {
         connections,
         processes,
@@ -219,7 +232,7 @@ fn dump_of(dumps: &mut BTreeMap<u64, Dump>, netns: u64, pid: u32) -> &Dump {
     dumps.entry(netns).or_insert_with(|| {
         sockdiag::dump_tcp_in_netns_of(pid)
             .map(|all| all.into_iter().map(|s| (s.inode, s)).collect())
-            .map_err(|e| format!("network namespace {netns} (via pid {pid}): {e}"))
+            .map_err(|source| NetnsDumpError { netns, pid, source })
     })
 }
 
@@ -290,10 +303,11 @@ pub const PROOF_POLL: Duration = Duration::from_millis(250);
 pub const PROOF_SLACK: Duration = Duration::from_secs(2);
 
 /// The acting side `--prove` goes through: arms a proof keepalive on a
-/// socket, and puts its own options back (returning them as read back).
-pub struct Prover<'a> {
-    pub arm: &'a dyn Fn(&ProofTarget, &ProofKeepalive) -> Result<KeepaliveOutcome, String>,
-    pub restore: &'a dyn Fn(&ProofTarget, &KeepaliveSettings) -> Result<KeepaliveSettings, String>,
+/// socket, and puts its own options back (returning them as read back);
+/// `E` is why either failed, as the executor says it.
+pub struct Prover<'a, E: std::fmt::Display> {
+    pub arm: &'a dyn Fn(&ProofTarget, &ProofKeepalive) -> Result<KeepaliveOutcome, E>,
+    pub restore: &'a dyn Fn(&ProofTarget, &KeepaliveSettings) -> Result<KeepaliveSettings, E>,
 }
 
 /// One proof in flight.
@@ -311,10 +325,10 @@ struct Asking {
 /// proof is armed, how long the answers may take. Every armed socket gets
 /// its own options back as soon as its answer is in. The results, by
 /// socket inode.
-pub fn prove(
+pub fn prove<E: std::fmt::Display>(
     findings: &[Finding],
     ka: &ProofKeepalive,
-    prover: &Prover<'_>,
+    prover: &Prover<'_, E>,
     stop: &AtomicBool,
     waiting: impl FnOnce(Duration, usize),
 ) -> Vec<(u64, ProofResult)> {
@@ -462,8 +476,9 @@ fn unproven(detail: String) -> ProofResult {
 
 /// Puts `previous` back on `target`'s socket through `prover`, read back
 /// and compared; what went wrong, as words to add to a detail.
-fn put_back(
-    prover: &Prover<'_>,
+// A `String` error: the words are the product (a proof's detail).
+fn put_back<E: std::fmt::Display>(
+    prover: &Prover<'_, E>,
     target: &ProofTarget,
     previous: &KeepaliveSettings,
 ) -> Result<(), String> {
@@ -483,9 +498,9 @@ fn put_back(
 
 /// Puts `a`'s socket's own options back (where the socket is `there`
 /// still), and says what the proof found.
-fn finish(
+fn finish<E: std::fmt::Display>(
     a: &Asking,
-    prover: &Prover<'_>,
+    prover: &Prover<'_, E>,
     result: ProofVerdict,
     mut detail: String,
     there: bool,

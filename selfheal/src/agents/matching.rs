@@ -107,7 +107,7 @@ pub(super) fn find_any(
             Ok(pid) => by_pid(table, pid, |pid| {
                 format!("pidfile {}: pid {pid} is not running", path.display())
             }),
-            Err(problem) => Matched::problem(problem),
+            Err(problem) => Matched::problem(problem.to_string()),
         },
         MatchRule::Cmdline(re) => {
             let matched = table
@@ -336,18 +336,46 @@ pub(super) fn by_exe(
 /// Largest pidfile read: a pid is a few bytes.
 pub(super) const MAX_PIDFILE_BYTES: u64 = 4096;
 
+/// Why a pidfile gave no pid. Each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum PidfileError {
+    /// It could not be read (missing, no permission).
+    #[error("cannot read pidfile {}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// It is a directory, a device, a FIFO.
+    #[error("pidfile {} is not a regular file", path.display())]
+    NotAFile { path: std::path::PathBuf },
+    /// It holds no pid (why, as the core's `parse_pidfile` says).
+    #[error("pidfile {}: {why}", path.display())]
+    NoPid {
+        path: std::path::PathBuf,
+        why: String,
+    },
+}
+
 /// Reads the pid in `path`. The error names the file.
-pub fn read_pidfile(path: &Path) -> Result<u32, String> {
-    let name = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read pidfile {name}: {e}"))?;
+pub fn read_pidfile(path: &Path) -> Result<u32, PidfileError> {
+    let read = |source| PidfileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(read)?;
     if !meta.is_file() {
-        return Err(format!("pidfile {name} is not a regular file"));
+        return Err(PidfileError::NotAFile {
+            path: path.to_path_buf(),
+        });
     }
     let mut bytes = Vec::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_PIDFILE_BYTES).read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read pidfile {name}: {e}"))?;
-    parse_pidfile(&String::from_utf8_lossy(&bytes)).map_err(|e| format!("pidfile {name}: {e}"))
+        .map_err(read)?;
+    parse_pidfile(&String::from_utf8_lossy(&bytes)).map_err(|why| PidfileError::NoPid {
+        path: path.to_path_buf(),
+        why,
+    })
 }
 
 /// Asks the runtimes about the containers that matter, and attaches their

@@ -35,7 +35,8 @@ mod matching;
 use self::cmdline::CmdlineReader;
 pub use self::cmdline::{CMDLINE_DEADLINE, CMDLINE_STALLS, MAX_CMDLINE_BYTES, split_argv};
 pub use self::matching::{
-    Matched, NotInUnit, enrich, enrich_for, find, find_for, find_of, read_pidfile, still_in_unit,
+    Matched, NotInUnit, PidfileError, enrich, enrich_for, find, find_for, find_of, read_pidfile,
+    still_in_unit,
 };
 
 /// One process as the snapshot saw it.
@@ -86,6 +87,30 @@ impl ProcEntry {
             pidns: None,
         }
     }
+}
+
+/// Why a process whose cgroup names a container is not taken for it: the
+/// runtime's word could not be confirmed here (`ProcessTable::verify`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum NotConfirmed {
+    #[error("its runtime reports no init pid for it")]
+    NoInit,
+    #[error(
+        "its init pid {init}, as its runtime reports it, is no process here \
+         (the runtime's pid namespace is another)"
+    )]
+    InitNotHere { init: u32 },
+    #[error(
+        "pid {init}, its init as its runtime reports it, is not in its cgroup \
+         (the runtime's pid namespace is another)"
+    )]
+    InitNotInCgroup { init: u32 },
+    #[error("it is not in the pid namespace of the container's init (pid {init})")]
+    OtherPidNamespace { init: u32 },
+    #[error(
+        "the pid namespaces of pid {pid} and of the container's init (pid {init}) cannot be read"
+    )]
+    PidNamespacesUnread { pid: u32, init: u32 },
 }
 
 /// A snapshot of the processes on the host (in selfheal's pid namespace).
@@ -284,33 +309,22 @@ impl ProcessTable {
     /// Whether the runtime confirms that process `e` is in container `i`:
     /// the container's init, as the runtime reports it, is a process here
     /// whose cgroup is that container's, and `e` is in its pid namespace.
-    fn verify(&self, e: &ProcEntry, i: &Identity) -> Result<(), String> {
+    fn verify(&self, e: &ProcEntry, i: &Identity) -> Result<(), NotConfirmed> {
         let init = self
             .inventory
             .init_pid(&i.id)
             .flatten()
-            .ok_or("its runtime reports no init pid for it")?;
+            .ok_or(NotConfirmed::NoInit)?;
         let Some(ie) = self.entries.get(&init) else {
-            return Err(format!(
-                "its init pid {init}, as its runtime reports it, is no process here \
-                 (the runtime's pid namespace is another)"
-            ));
+            return Err(NotConfirmed::InitNotHere { init });
         };
         if !ie.containers.iter().any(|c| c.id == i.id) {
-            return Err(format!(
-                "pid {init}, its init as its runtime reports it, is not in its cgroup \
-                 (the runtime's pid namespace is another)"
-            ));
+            return Err(NotConfirmed::InitNotInCgroup { init });
         }
         match (e.pidns, ie.pidns) {
             (Some(a), Some(b)) if a == b => Ok(()),
-            (Some(_), Some(_)) => Err(format!(
-                "it is not in the pid namespace of the container's init (pid {init})"
-            )),
-            _ => Err(format!(
-                "the pid namespaces of pid {} and of the container's init (pid {init}) cannot be read",
-                e.pid
-            )),
+            (Some(_), Some(_)) => Err(NotConfirmed::OtherPidNamespace { init }),
+            _ => Err(NotConfirmed::PidNamespacesUnread { pid: e.pid, init }),
         }
     }
 
@@ -319,9 +333,9 @@ impl ProcessTable {
     /// tells them; then each process's container confirmed again
     /// (as `ProcessTable::verify` does). Where `ask` fails they stay unread (and
     /// such a process is not taken for its container).
-    pub fn with_pid_namespaces(
+    pub fn with_pid_namespaces<E: std::fmt::Display>(
         mut self,
-        ask: &mut dyn FnMut(&[u32]) -> Result<selfheal_core::protocol::NamespacesResult, String>,
+        ask: &mut dyn FnMut(&[u32]) -> Result<selfheal_core::protocol::NamespacesResult, E>,
     ) -> ProcessTable {
         let unread: Vec<u32> = self
             .entries

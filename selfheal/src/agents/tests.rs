@@ -331,3 +331,67 @@ fn units_under_a_contained_systemd() {
         [2]
     );
 }
+
+/// A pidfile's error says which kind it is, in the words the problem
+/// shows (naming the file).
+#[test]
+fn pidfile_errors_are_kinds_with_the_problems_words() {
+    let dir = std::env::temp_dir().join(format!("selfheal-pidfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("missing.pid");
+    let empty = dir.join("empty.pid");
+    std::fs::write(&empty, "").unwrap();
+    let e = read_pidfile(&missing).unwrap_err();
+    assert!(matches!(e, PidfileError::Read { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "cannot read pidfile {}: No such file or directory (os error 2)",
+            missing.display()
+        )
+    );
+    let e = read_pidfile(&dir).unwrap_err();
+    assert!(matches!(e, PidfileError::NotAFile { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("pidfile {} is not a regular file", dir.display())
+    );
+    let e = read_pidfile(&empty).unwrap_err();
+    assert!(matches!(e, PidfileError::NoPid { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("pidfile {}: empty (no pid)", empty.display())
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Why a container's process is not taken for it, in the refusal's words.
+#[test]
+fn unconfirmed_containers_read_as_refusals() {
+    for (e, text) in [
+        (
+            NotConfirmed::NoInit,
+            "its runtime reports no init pid for it",
+        ),
+        (
+            NotConfirmed::InitNotHere { init: 7 },
+            "its init pid 7, as its runtime reports it, is no process here (the runtime's pid \
+             namespace is another)",
+        ),
+        (
+            NotConfirmed::InitNotInCgroup { init: 7 },
+            "pid 7, its init as its runtime reports it, is not in its cgroup (the runtime's pid \
+             namespace is another)",
+        ),
+        (
+            NotConfirmed::OtherPidNamespace { init: 7 },
+            "it is not in the pid namespace of the container's init (pid 7)",
+        ),
+        (
+            NotConfirmed::PidNamespacesUnread { pid: 9, init: 7 },
+            "the pid namespaces of pid 9 and of the container's init (pid 7) cannot be read",
+        ),
+    ] {
+        assert_eq!(e.to_string(), text);
+    }
+}

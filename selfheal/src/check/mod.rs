@@ -65,7 +65,10 @@ impl Acting<'_> {
 pub trait TracerSource {
     /// Watches `pids` (from now on, if not yet) and returns the tracer's
     /// picture of them, with since when they are all watched.
-    fn snapshot(&mut self, pids: &[u32]) -> Result<(TracerSnapshot, Option<u64>), String>;
+    fn snapshot(
+        &mut self,
+        pids: &[u32],
+    ) -> Result<(TracerSnapshot, Option<u64>), crate::helper::ClientError>;
 
     /// Where the task iterators' passes come from for a check that may
     /// not link them itself (the helper), if anywhere.
@@ -162,7 +165,10 @@ pub fn run(
         .flat_map(|t| t.pids.iter().copied())
         .collect();
     let mut collector = match tracer {
-        Some(source) => Collector::from_snapshot(source.snapshot(&all_pids), opts.collect.detail),
+        Some(source) => Collector::from_snapshot(
+            source.snapshot(&all_pids).map_err(|e| e.to_string()),
+            opts.collect.detail,
+        ),
         None => Collector::new(&opts.collect, &all_pids),
     };
     if let Some(why) = &opts.collect.no_iterators {

@@ -398,13 +398,14 @@ impl check::TracerSource for Answered<'_> {
     fn snapshot(
         &mut self,
         pids: &[u32],
-    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), String> {
+    ) -> Result<(selfheal_core::ebpf::TracerSnapshot, Option<u64>), selfheal::helper::ClientError>
+    {
         let got = self.inner.read(pids);
         self.ok = match &got {
             Ok(_) => true,
             Err(e) => e.code().is_some(),
         };
-        got.map_err(|e| e.to_string())
+        got
     }
 
     fn passes(&self) -> Option<Box<dyn selfheal::inspect::HelperReads>> {

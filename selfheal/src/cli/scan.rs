@@ -71,13 +71,9 @@ pub fn run(args: Args) -> Result<Finished, Error> {
             .context("cannot catch SIGINT and SIGTERM while proving")?;
         let (executor, _) = super::check::executor(&args.helper);
         let ka = selfheal::prove::keepalive(&selfheal_core::config::ProofConfig::default());
-        let arm = |t: &ProofTarget, ka: &ProofKeepalive| {
-            executor.arm_proof("scan", t, ka).map_err(|e| e.to_string())
-        };
+        let arm = |t: &ProofTarget, ka: &ProofKeepalive| executor.arm_proof("scan", t, ka);
         let restore = |t: &ProofTarget, previous: &KeepaliveSettings| {
-            executor
-                .restore_proof("scan", t, previous)
-                .map_err(|e| e.to_string())
+            executor.restore_proof("scan", t, previous)
         };
         let prover = selfheal::scan::Prover {
             arm: &arm,

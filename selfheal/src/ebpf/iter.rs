@@ -32,8 +32,8 @@ pub enum IterError {
     #[error("cannot read the kernel's struct layout")]
     Layout(#[from] LayoutError),
     /// The kernel's BTF lacks a `task_struct` field the program reads.
-    #[error("the task iterator cannot run on this kernel: {reason}")]
-    TaskLayout { reason: String },
+    #[error("the task iterator cannot run on this kernel: {0}")]
+    TaskLayout(#[source] LayoutError),
     /// The object or the program could not be loaded (no iterator support,
     /// refused by the verifier, no permission).
     #[error("cannot load the task iterator: {reason}")]
@@ -251,10 +251,7 @@ mod kernel {
             // type), then aya's own parse; the file's bytes are dropped
             // before the load.
             let layout = KernelLayout::from_btf_file(btf_path)?;
-            let task = layout
-                .task
-                .clone()
-                .map_err(|reason| IterError::TaskLayout { reason })?;
+            let task = layout.task.clone().map_err(IterError::TaskLayout)?;
             let btf = {
                 let bytes = std::fs::read(btf_path).map_err(|e| LayoutError::NoBtf {
                     path: btf_path.display().to_string(),
@@ -506,7 +503,7 @@ fn trusted(dir: &Path) -> Result<(), IterError> {
             reason,
         };
         let m = std::fs::symlink_metadata(d).map_err(|e| refuse(e.to_string()))?;
-        root_only_dir(&m).map_err(refuse)?;
+        root_only_dir(&m).map_err(|e| refuse(e.to_string()))?;
         if !crate::sys::bpf::is_bpffs(d).map_err(|e| refuse(e.to_string()))? {
             return Err(refuse("not on a bpffs".into()));
         }
@@ -633,22 +630,56 @@ fn private_dir(path: &Path, mode: u32) -> std::io::Result<()> {
     }
 }
 
+/// Why a directory is not one pins are made in or trusted from.
+#[derive(Debug, thiserror::Error)]
+enum NotRootOnly {
+    /// A file, or a symlink.
+    #[error("is not a directory")]
+    NotADirectory,
+    /// Another user owns it, or may write it.
+    #[error("is owned by uid {uid} with mode {:04o}: only root may write where pins live", .mode & 0o7777)]
+    Writable { uid: u32, mode: u32 },
+}
+
 /// Whether `m` is a directory (not a symlink) owned by root that no one
 /// else may write: the only kind pins are made in or trusted from.
-fn root_only_dir(m: &std::fs::Metadata) -> Result<(), String> {
+fn root_only_dir(m: &std::fs::Metadata) -> Result<(), NotRootOnly> {
     if !m.is_dir() {
-        return Err("is not a directory".into());
+        return Err(NotRootOnly::NotADirectory);
     }
     root_only(m.uid(), m.mode())
 }
 
 /// Whether a directory of owner `uid` and `mode` is root's alone to write.
-fn root_only(uid: u32, mode: u32) -> Result<(), String> {
+fn root_only(uid: u32, mode: u32) -> Result<(), NotRootOnly> {
     if uid != 0 || mode & 0o022 != 0 {
-        return Err(format!(
-            "is owned by uid {uid} with mode {:04o}: only root may write where pins live",
-            mode & 0o7777
-        ));
+        return Err(NotRootOnly::Writable { uid, mode });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pins directory another user may write is refused in the words
+    /// the pin errors give.
+    #[test]
+    fn a_directory_others_may_write_is_refused_by_kind() {
+        assert!(root_only(0, 0o40700).is_ok());
+        let e = root_only(1000, 0o40700).unwrap_err();
+        assert!(
+            matches!(e, NotRootOnly::Writable { uid: 1000, .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "is owned by uid 1000 with mode 0700: only root may write where pins live"
+        );
+        assert_eq!(
+            root_only(0, 0o40777).unwrap_err().to_string(),
+            "is owned by uid 0 with mode 0777: only root may write where pins live"
+        );
+        assert_eq!(NotRootOnly::NotADirectory.to_string(), "is not a directory");
+    }
 }

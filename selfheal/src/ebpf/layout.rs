@@ -33,10 +33,10 @@ pub struct KernelLayout {
     pub regs_arg1: u64,
     /// The `task_struct` fields the task iterator reads, or why this
     /// kernel's BTF lacks one (the tracer needs none of them).
-    pub task: Result<TaskLayout, String>,
+    pub task: Result<TaskLayout, LayoutError>,
     /// The socket and `tcp_sock` fields the file iterator reads, or why
     /// this kernel's BTF lacks one (then sock_diag reads the sockets).
-    pub tcp: Result<TcpLayout, String>,
+    pub tcp: Result<TcpLayout, LayoutError>,
 }
 
 /// Offsets of what the file iterator reads of a TCP socket: from a
@@ -197,7 +197,7 @@ impl TaskLayout {
 }
 
 /// Why the layout could not be read.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
     /// The kernel exposes no BTF (CONFIG_DEBUG_INFO_BTF off) or it is unreadable.
     #[error("cannot read kernel BTF at {path}: {reason}")]
@@ -270,8 +270,8 @@ impl KernelLayout {
             sk_protocol,
             recvmsg_flags_arg,
             recvmsg_nonblock_arg: index("nonblock"),
-            task: TaskLayout::from_btf(btf).map_err(|e| e.to_string()),
-            tcp: TcpLayout::from_btf(btf).map_err(|e| e.to_string()),
+            task: TaskLayout::from_btf(btf),
+            tcp: TcpLayout::from_btf(btf),
         })
     }
 }

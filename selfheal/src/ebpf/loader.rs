@@ -52,12 +52,9 @@ impl Tracer {
         };
         let bytes = std::fs::read(&opts.btf_path).map_err(|e| no_btf(e.to_string()))?;
         let layout = KernelLayout::from_btf_file(&opts.btf_path)?;
-        let btf = Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| {
-            format!(
-                "cannot parse kernel BTF {}: {}",
-                opts.btf_path.display(),
-                chain(&e)
-            )
+        let btf = Btf::parse(&bytes, aya::Endianness::default()).map_err(|source| BtfParseError {
+            path: opts.btf_path.clone(),
+            source,
         });
         let mut loader = EbpfLoader::new();
         loader.btf(btf.as_ref().ok());
@@ -78,7 +75,8 @@ impl Tracer {
         let mut attempts = Vec::new();
         for &strategy in &opts.strategies {
             let result = precheck(strategy, &layout)
-                .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref().map_err(Clone::clone)));
+                .map_err(|e| e.to_string())
+                .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref()));
             match result {
                 Ok(()) => {
                     attempts.push(Attempt {
@@ -450,12 +448,33 @@ pub(crate) fn fdinfo_flags(info: &str) -> Option<u32> {
         .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
 }
 
+/// Why a strategy cannot run on this kernel, found before touching it.
+#[derive(Debug, thiserror::Error)]
+enum PrecheckError {
+    /// `tp_btf` reads `sk_protocol` as a whole `u16`.
+    #[error("sock.sk_protocol is a bitfield on this kernel (before 5.6)")]
+    SkProtocolBitfield,
+    /// The classic tracepoints' formats are read from tracefs.
+    #[error("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")]
+    NoTracefs,
+    /// An event's format could not be read.
+    #[error(transparent)]
+    Format(#[from] tracefs::FormatError),
+    /// A record field is not where the program reads it.
+    #[error("{category}:{event} field {field} is at offset {got}, the program reads {want}")]
+    Offset {
+        category: &'static str,
+        event: &'static str,
+        field: &'static str,
+        got: u64,
+        want: u64,
+    },
+}
+
 /// Checks what a strategy needs before touching the kernel.
-fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), String> {
+fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), PrecheckError> {
     match strategy {
-        Strategy::TpBtf if layout.sk_protocol.is_none() => {
-            Err("sock.sk_protocol is a bitfield on this kernel (before 5.6)".into())
-        }
+        Strategy::TpBtf if layout.sk_protocol.is_none() => Err(PrecheckError::SkProtocolBitfield),
         Strategy::TpBtf => Ok(()),
         Strategy::Tracepoint => check_tracepoint_layout(),
         Strategy::Kprobe | Strategy::Fentry => Ok(()),
@@ -464,10 +483,9 @@ fn precheck(strategy: Strategy, layout: &KernelLayout) -> Result<(), String> {
 
 /// The classic tracepoints' record offsets the programs read must match this
 /// kernel's format files.
-fn check_tracepoint_layout() -> Result<(), String> {
-    let root = tracefs::root()
-        .ok_or("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")?;
-    let mut expected: Vec<(&str, &str, &str, u64)> = vec![
+fn check_tracepoint_layout() -> Result<(), PrecheckError> {
+    let root = tracefs::root().ok_or(PrecheckError::NoTracefs)?;
+    let mut expected: Vec<(&'static str, &'static str, &'static str, u64)> = vec![
         ("syscalls", "sys_enter_recvfrom", "fd", 16),
         ("syscalls", "sys_enter_recvfrom", "flags", 40),
         ("syscalls", "sys_enter_recvmsg", "fd", 16),
@@ -485,24 +503,54 @@ fn check_tracepoint_layout() -> Result<(), String> {
     for (category, event, field, want) in expected {
         let got = tracefs::field_offset(&root, category, event, field)?;
         if got != want {
-            return Err(format!(
-                "{category}:{event} field {field} is at offset {got}, the program reads {want}"
-            ));
+            return Err(PrecheckError::Offset {
+                category,
+                event,
+                field,
+                got,
+                want,
+            });
         }
     }
     Ok(())
 }
 
+/// Why the kernel's BTF could not be parsed for aya (the fentry, fexit
+/// and tp_btf programs load against it).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot parse kernel BTF {}: {}", path.display(), chain(source))]
+struct BtfParseError {
+    path: std::path::PathBuf,
+    source: aya::BtfError,
+}
+
+/// Why one program did not load or attach.
+#[derive(Debug, thiserror::Error)]
+enum AttachError<'b> {
+    /// The object has no program of that name.
+    #[error("program {0} missing from the object")]
+    Missing(&'static str),
+    /// It loads against the kernel's BTF, which could not be parsed.
+    #[error(transparent)]
+    Btf(&'b BtfParseError),
+    /// The kernel refused it (its error chain, a verifier log in it).
+    #[error("{}", chain(.0))]
+    Program(#[source] aya::programs::ProgramError),
+}
+
 /// Loads and attaches every program of `strategy`; on the first failure,
 /// unloads what it loaded and returns the reason.
+// A `String` error: the reason is the product (the attempt's, condensed,
+// with a hint).
 fn attach_all(
     ebpf: &mut Ebpf,
     strategy: Strategy,
-    btf: Result<&Btf, String>,
+    btf: Result<&Btf, &BtfParseError>,
 ) -> Result<(), String> {
     let specs = strategy.programs();
     for (i, spec) in specs.iter().enumerate() {
-        if let Err(e) = attach_one(ebpf, spec, btf.clone()) {
+        if let Err(e) = attach_one(ebpf, spec, btf) {
+            let e = e.to_string();
             for done in &specs[..=i] {
                 if let Some(prog) = ebpf.program_mut(done.program) {
                     let _ = unload(prog);
@@ -519,15 +567,16 @@ fn attach_all(
     Ok(())
 }
 
-fn attach_one(
+fn attach_one<'b>(
     ebpf: &mut Ebpf,
     spec: &ProgramSpec,
-    btf: Result<&Btf, String>,
-) -> Result<(), String> {
+    btf: Result<&Btf, &'b BtfParseError>,
+) -> Result<(), AttachError<'b>> {
     let prog = ebpf
         .program_mut(spec.program)
-        .ok_or_else(|| format!("program {} missing from the object", spec.program))?;
-    let e = |e: aya::programs::ProgramError| chain(&e);
+        .ok_or(AttachError::Missing(spec.program))?;
+    let e = AttachError::Program;
+    let btf = btf.map_err(AttachError::Btf);
     match spec.hook {
         Hook::Kprobe(f) | Hook::Kretprobe(f) => {
             let p: &mut KProbe = prog.try_into().map_err(e)?;
@@ -621,6 +670,56 @@ fn hint(hook: Hook, error: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A strategy's precheck fails by kind, in the words of its attempt.
+    #[test]
+    fn precheck_errors_read_as_the_attempts_reasons() {
+        assert_eq!(
+            PrecheckError::SkProtocolBitfield.to_string(),
+            "sock.sk_protocol is a bitfield on this kernel (before 5.6)"
+        );
+        assert_eq!(
+            PrecheckError::NoTracefs.to_string(),
+            "tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
+        );
+        let offset = PrecheckError::Offset {
+            category: "sock",
+            event: "sock_recv_length",
+            field: "ret",
+            got: 24,
+            want: 20,
+        };
+        assert_eq!(
+            offset.to_string(),
+            "sock:sock_recv_length field ret is at offset 24, the program reads 20"
+        );
+        let root = std::env::temp_dir().join(format!("selfheal-tracefs-{}", std::process::id()));
+        let dir = root.join("events/sock/sock_recv_length");
+        std::fs::create_dir_all(&dir).unwrap();
+        let format = dir.join("format");
+        let e = PrecheckError::from(
+            tracefs::field_offset(&root, "sock", "sock_recv_length", "ret").unwrap_err(),
+        );
+        assert!(
+            matches!(e, PrecheckError::Format(tracefs::FormatError::Read { .. })),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot read {}: No such file or directory (os error 2)",
+                format.display()
+            )
+        );
+        std::fs::write(&format, "format:\n").unwrap();
+        let e = tracefs::field_offset(&root, "sock", "sock_recv_length", "ret").unwrap_err();
+        assert!(matches!(e, tracefs::FormatError::NoField { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("{} has no field `ret`", format.display())
+        );
+        std::fs::remove_dir_all(root).unwrap();
+    }
 
     #[test]
     fn verifier_logs_are_condensed_to_their_verdict() {

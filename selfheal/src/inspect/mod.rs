@@ -60,13 +60,32 @@ use tracer::attach;
 
 pub trait HelperReads {
     /// One pass over each of `pids` that may be read, or why there is none.
-    fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, String>;
+    fn iterate(&mut self, pids: &[u32]) -> Result<IterateResult, HelperReadError>;
 
     /// Each of `req.pids` that may be read, read as a check reads it.
-    fn collect(&mut self, req: &CollectRequest) -> Result<CollectResult, String>;
+    fn collect(&mut self, req: &CollectRequest) -> Result<CollectResult, HelperReadError>;
 
     /// The namespaces of each of `pids` that may be read.
-    fn namespaces(&mut self, pids: &[u32]) -> Result<NamespacesResult, String>;
+    fn namespaces(&mut self, pids: &[u32]) -> Result<NamespacesResult, HelperReadError>;
+}
+
+/// Why a read made through the helper ([`HelperReads`]) got no answer:
+/// which read, and the client's error.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperReadError {
+    /// The shared connection's lock was poisoned (a thread panicked
+    /// holding it).
+    #[error("helper client poisoned")]
+    Poisoned,
+    /// The passes of the task iterators ([`HelperReads::iterate`]).
+    #[error("the helper's task iterators: {0}")]
+    Iterate(#[source] crate::helper::ClientError),
+    /// Whole processes ([`HelperReads::collect`]).
+    #[error("the helper's collection: {0}")]
+    Collect(#[source] crate::helper::ClientError),
+    /// The processes' namespaces ([`HelperReads::namespaces`]).
+    #[error("the helper's namespace reads: {0}")]
+    Namespaces(#[source] crate::helper::ClientError),
 }
 
 /// What to inspect: an agent's processes, or one process and its descendants.
@@ -140,7 +159,8 @@ pub struct Collector {
     /// The listening addresses of each network namespace (for a target
     /// whose roles are [`Roles::Outbound`]), read on first need, or why
     /// they could not be read.
-    listening: BTreeMap<(u64, u64), Result<Vec<SocketAddr>, String>>,
+    listening:
+        BTreeMap<(u64, u64), Result<Vec<SocketAddr>, std::sync::Arc<sockdiag::SockDiagError>>>,
     /// How the listening addresses of a pid's network namespace are read
     /// (`sockdiag::listening_in_netns_of`; a test's failure otherwise).
     read_listening: fn(u32) -> Result<Vec<SocketAddr>, sockdiag::SockDiagError>,
@@ -161,7 +181,7 @@ pub struct Collector {
     iterators_asked_off: bool,
     /// The helper's passes, when they are not linked here: taken once
     /// for every pid of the check, or why there are none.
-    passes: Option<Result<HelperPasses, String>>,
+    passes: Option<Result<HelperPasses, HelperReadError>>,
     /// Where whole processes are read, for a collector that may not read
     /// other users' processes itself ([`Collector::reads_from`]).
     reads: Option<Box<dyn HelperReads>>,
@@ -225,6 +245,7 @@ impl Collector {
     /// long-running tracer): its snapshot, since when the pids are watched,
     /// or why there is none.
     pub fn from_snapshot(
+        // The error is the report's gap text ([`EbpfEvidence::error`]).
         snapshot: Result<(TracerSnapshot, Option<u64>), String>,
         detail: Detail,
     ) -> Collector {
@@ -422,7 +443,7 @@ impl Collector {
                         proc::process_in(&self.proc, pid, detail, clocks, &mut access)
                     }
                     Err(why) => {
-                        collection.procfs_for(why);
+                        collection.procfs_for(&why.to_string());
                         proc::process_in(&self.proc, pid, detail, clocks, &mut access)
                     }
                 }

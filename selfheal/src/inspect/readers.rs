@@ -76,6 +76,7 @@ pub(super) fn read_through(
         let answer = match source.collect(&req) {
             Ok(a) => a,
             Err(why) => {
+                let why = why.to_string();
                 for &pid in chunk {
                     here(pid, &why, &mut read);
                 }

@@ -5,6 +5,22 @@
 
 use super::*;
 
+/// Why the listening addresses of a process's network namespace are
+/// unread.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ListeningError {
+    /// Its namespace could not be read (the process is gone).
+    #[error("{}: {source}", path.display())]
+    Netns {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The namespace's dump failed (once per namespace, shared by its
+    /// processes).
+    #[error(transparent)]
+    Dump(std::sync::Arc<sockdiag::SockDiagError>),
+}
+
 impl Collector {
     /// The network namespace of `pid` (its inode, where it could be read)
     /// and its listening addresses (cached per namespace), or why they
@@ -12,19 +28,23 @@ impl Collector {
     pub(super) fn listening_of(
         &mut self,
         pid: u32,
-    ) -> (Option<u64>, Result<&[SocketAddr], String>) {
+    ) -> (Option<u64>, Result<&[SocketAddr], ListeningError>) {
         use std::os::unix::fs::MetadataExt as _;
         let path = self.proc.of_pid(pid, "ns/net");
         let m = match std::fs::metadata(&path) {
             Ok(m) => m,
-            Err(e) => return (None, Err(format!("{}: {e}", path.display()))),
+            Err(source) => return (None, Err(ListeningError::Netns { path, source })),
         };
         let read = self.read_listening;
         let l = self
             .listening
             .entry((m.dev(), m.ino()))
-            .or_insert_with(|| read(pid).map_err(|e| e.to_string()));
-        (Some(m.ino()), l.as_deref().map_err(Clone::clone))
+            .or_insert_with(|| read(pid).map_err(std::sync::Arc::new));
+        (
+            Some(m.ino()),
+            l.as_deref()
+                .map_err(|e| ListeningError::Dump(std::sync::Arc::clone(e))),
+        )
     }
 
     /// The TCP connections of `processes` by network namespace: from the
@@ -145,6 +165,8 @@ pub(super) struct ByNamespace {
 impl ByNamespace {
     /// Adds process `pid`'s sockets in namespace `ns`, or why they could
     /// not be read (kept only while nothing of that namespace was read).
+    // A `String` error: the helper's words as the wire and the core's
+    // `NetnsSockets` carry them.
     pub(super) fn add(&mut self, ns: Option<u64>, pid: u32, found: Result<Vec<TcpSocket>, String>) {
         let slot = self
             .sockets
@@ -278,6 +300,8 @@ mod tests {
         let (netns, read) = c.listening_of(pid);
         assert_eq!(netns, None);
         let error = read.unwrap_err();
+        assert!(matches!(error, ListeningError::Netns { .. }), "{error:?}");
+        let error = error.to_string();
         assert!(
             error.starts_with(&format!("/proc/{pid}/ns/net: ")),
             "{error}"

@@ -411,7 +411,7 @@ pub fn task_clocks() -> TaskClocks {
         let pinned = one.set(cpu).and_then(|()| sched_setaffinity(this, &one));
         cpus.push(match pinned {
             Err(e) => Err(format!("this reader cannot run there: {e}")),
-            Ok(()) => clock_offset_here(cpu),
+            Ok(()) => clock_offset_here(cpu).map_err(|e| e.to_string()),
         });
     }
     // Best effort: the set was this thread's own a moment ago.
@@ -419,22 +419,40 @@ pub fn task_clocks() -> TaskClocks {
     TaskClocks { cpus }
 }
 
+/// Why a CPU's task clock was not taken on it.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CpuClockError {
+    /// The thread pinned to it ran on this other CPU (-1: unknown).
+    #[error("pinned there, this reader ran on cpu {0}")]
+    RanElsewhere(i64),
+    /// Its `sched` file could not be read.
+    #[error("{} unreadable: {source}", path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// Its `sched` file holds no `se.exec_start`.
+    #[error("{} has no se.exec_start", path.display())]
+    NoExecStart { path: std::path::PathBuf },
+}
+
 /// This CPU's task clock minus `CLOCK_MONOTONIC`, in milliseconds, for a
 /// thread pinned to `cpu`.
-pub(super) fn clock_offset_here(cpu: usize) -> Result<f64, String> {
+pub(super) fn clock_offset_here(cpu: usize) -> Result<f64, CpuClockError> {
     // Yielding makes the kernel set our own exec_start to this CPU's task
     // clock as it schedules us back in.
     let _ = nix::sched::sched_yield();
     let mono = monotonic_ms();
     let here = nix::sched::sched_getcpu().map_or(-1, |c| c as i64);
     if usize::try_from(here).ok() != Some(cpu) {
-        return Err(format!("pinned there, this reader ran on cpu {here}"));
+        return Err(CpuClockError::RanElsewhere(here));
     }
     let path = crate::sys::procfs::ProcRoot::default().of_thread_self("sched");
-    let sched = std::fs::read_to_string(&path)
-        .map_err(|e| format!("{} unreadable: {e}", path.display()))?;
-    let start = parse_exec_start(&sched)
-        .ok_or_else(|| format!("{} has no se.exec_start", path.display()))?;
+    let sched = match std::fs::read_to_string(&path) {
+        Ok(sched) => sched,
+        Err(source) => return Err(CpuClockError::Unreadable { path, source }),
+    };
+    let start = parse_exec_start(&sched).ok_or(CpuClockError::NoExecStart { path })?;
     Ok(start - mono)
 }
 

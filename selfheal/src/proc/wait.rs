@@ -72,7 +72,7 @@ pub(super) fn read_wait(
             let len = nfds.min(MAX_POLLFDS) * POLLFD_SIZE;
             let bytes = mem
                 .read(tid, "poll", arg0, &mut buf[..len])
-                .map_err(|gap| push_gap(gaps, gap))
+                .map_err(|gap| push_gap(gaps, gap.to_string()))
                 .ok()?;
             let found = decode_pollfds(bytes)
                 .filter(|(_, events)| events & POLL_READ != 0)
@@ -98,7 +98,7 @@ pub(super) fn read_wait(
             let len = nfds.div_ceil(64) * 8;
             let bytes = mem
                 .read(tid, "select", arg1, &mut buf[..len])
-                .map_err(|gap| push_gap(gaps, gap))
+                .map_err(|gap| push_gap(gaps, gap.to_string()))
                 .ok()?;
             let found = decode_fd_set(bytes, nfds).filter_map(socket_of).collect();
             (found, None)
@@ -177,7 +177,7 @@ pub(super) struct Mem<'a, 'r> {
     pub(super) root: &'a crate::sys::procfs::ProcRoot,
     pub(super) pid: u32,
     pub(super) access: &'a mut MemAccess<'r>,
-    pub(super) maps: Option<Result<Vec<Mapping>, String>>,
+    pub(super) maps: Option<Result<Vec<Mapping>, std::sync::Arc<MapsError>>>,
     /// `(tid, which set, addr, len)` of each set read.
     pub(super) read: Vec<(u32, &'static str, u64, u64)>,
 }
@@ -216,30 +216,36 @@ impl<'a, 'r> Mem<'a, 'r> {
         what: &'static str,
         addr: u64,
         buf: &'b mut [u8],
-    ) -> Result<&'b [u8], String> {
+    ) -> Result<&'b [u8], SetReadError> {
         let pid = self.pid;
         let len = buf.len() as u64;
-        let maps = self.maps.get_or_insert_with(|| maps(pid, self.access));
-        let maps = maps
-            .as_ref()
-            .map_err(|e| format!("tid {tid}: cannot read its {what} set: {e}"))?;
-        anonymous_private(maps, addr, len)
-            .map_err(|why| format!("tid {tid}: the {what} set at {addr:#x} {why}: not read"))?;
+        let maps = self
+            .maps
+            .get_or_insert_with(|| maps(pid, self.access).map_err(std::sync::Arc::new));
+        let maps = maps.as_ref().map_err(|e| SetReadError::Maps {
+            tid,
+            what,
+            maps: std::sync::Arc::clone(e),
+        })?;
+        anonymous_private(maps, addr, len).map_err(|why| SetReadError::NotPrivate {
+            tid,
+            what,
+            addr,
+            why,
+        })?;
         if std::time::Instant::now() >= self.access.deadline {
             self.access.over = true;
-            return Err(format!(
-                "tid {tid}: its {what} set was not read: the collection's time was up"
-            ));
+            return Err(SetReadError::OutOfTime { tid, what });
         }
         let bytes = self
             .access
             .reader
             .read(pid, addr, buf, self.access.deadline)
-            .map_err(|e| {
-                if e == crate::sys::memread::ReadError::Timeout {
+            .map_err(|error| {
+                if error == crate::sys::memread::ReadError::Timeout {
                     self.access.over = true;
                 }
-                format!("tid {tid}: cannot read its {what} set: {e}")
+                SetReadError::Read { tid, what, error }
             })?;
         self.read.push((tid, what, addr, len));
         Ok(bytes)
@@ -273,10 +279,55 @@ impl<'a, 'r> Mem<'a, 'r> {
     }
 }
 
+/// Why a wait set in the process's memory was not read: the gap, naming
+/// the thread and the set.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SetReadError {
+    /// The process's memory map is unreadable (read once per process,
+    /// shared by its sets).
+    #[error("tid {tid}: cannot read its {what} set: {maps}")]
+    Maps {
+        tid: u32,
+        what: &'static str,
+        maps: std::sync::Arc<MapsError>,
+    },
+    /// The set is not all in private anonymous memory (why, as
+    /// [`anonymous_private`] says): it is not read.
+    #[error("tid {tid}: the {what} set at {addr:#x} {why}: not read")]
+    NotPrivate {
+        tid: u32,
+        what: &'static str,
+        addr: u64,
+        why: String,
+    },
+    /// The collection's deadline passed before the read.
+    #[error("tid {tid}: its {what} set was not read: the collection's time was up")]
+    OutOfTime { tid: u32, what: &'static str },
+    /// The read itself failed (or was abandoned at the deadline).
+    #[error("tid {tid}: cannot read its {what} set: {error}")]
+    Read {
+        tid: u32,
+        what: &'static str,
+        error: crate::sys::memread::ReadError,
+    },
+}
+
+/// Why a process's memory map is unreadable.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MapsError {
+    /// The reader child did not read it (or was abandoned at the
+    /// deadline).
+    #[error("its memory map is unreadable: {0}")]
+    Read(crate::sys::memread::ReadError),
+    /// What it read does not parse.
+    #[error("its memory map is unreadable: {0}")]
+    Parse(#[source] procfs::ProcError),
+}
+
 /// `pid`'s memory map, or why it is unreadable. Read by the reader child
 /// too: reading it waits for the process's `mmap_lock`, which the process
 /// can keep taken (an `mmap` of its own waiting on its FUSE server).
-pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, String> {
+pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>, MapsError> {
     use procfs::{
         FromRead as _,
         process::{MMPermissions, MMapPath, MemoryMaps},
@@ -285,10 +336,9 @@ pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>,
         if e == crate::sys::memread::ReadError::Timeout {
             access.over = true;
         }
-        format!("its memory map is unreadable: {e}")
+        MapsError::Read(e)
     })?;
-    let maps = MemoryMaps::from_read(&text[..])
-        .map_err(|e| format!("its memory map is unreadable: {e}"))?;
+    let maps = MemoryMaps::from_read(&text[..]).map_err(MapsError::Parse)?;
     Ok(maps
         .into_iter()
         .map(|m| Mapping {
