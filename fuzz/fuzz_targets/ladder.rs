@@ -215,6 +215,8 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
                     largest: u.arbitrary()?,
                     first_at_ms: u.arbitrary()?,
                     last_at_ms: u.arbitrary()?,
+                    suspended_by_first_ms: u.arbitrary()?,
+                    suspended_by_last_ms: u.arbitrary()?,
                 },
             )]
             .into_iter()

@@ -118,6 +118,13 @@ pub struct Progress {
     pub first_at_ms: Option<u64>,
     #[serde(skip_serializing_if = "is_zero")]
     pub last_at_ms: u64,
+    /// How much of `suspended_ms` had passed by the first and by the last
+    /// keepalive's arrival: the suspend between the two (not counted in
+    /// their spacing), and since the last (not counted in its age).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub suspended_by_first_ms: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub suspended_by_last_ms: u64,
 }
 
 fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
@@ -161,7 +168,8 @@ pub struct Stall {
     pub keepalives: u32,
     pub smallest: u64,
     pub largest: u64,
-    /// The mean time between keepalives, where two or more were dated.
+    /// The mean time between keepalives, where two or more were dated,
+    /// the machine awake.
     pub spacing_ms: Option<u64>,
 }
 
@@ -185,7 +193,7 @@ pub struct Closeness {
     pub keepalive_bytes_max: u64,
     /// The mean time between keepalives, where two or more were dated.
     pub keepalive_spacing_ms: Option<u64>,
-    /// How long ago the last keepalive arrived.
+    /// How long ago the last keepalive arrived, the machine awake.
     pub last_keepalive_ago_ms: u64,
     pub stall_after_ms: u64,
     /// What remains of `stall_after` (0 once past it).
@@ -269,6 +277,8 @@ impl Progress {
             n.keepalive_bytes = 0;
             n.first_at_ms = None;
             n.last_at_ms = 0;
+            n.suspended_by_first_ms = 0;
+            n.suspended_by_last_ms = 0;
             n.largest = 0;
             (n, why)
         };
@@ -331,8 +341,14 @@ impl Progress {
         next.keepalive_bytes = next.keepalive_bytes.saturating_add(bytes_in);
         next.smallest = Some(next.smallest.map_or(mean, |s| s.min(mean)));
         next.largest = next.largest.max(mean);
-        next.first_at_ms.get_or_insert(arrived_at);
+        // An arrival is dated after the interval's suspend (its age is in
+        // time awake): all the span's suspend so far had passed by it.
+        if next.first_at_ms.is_none() {
+            next.first_at_ms = Some(arrived_at);
+            next.suspended_by_first_ms = next.suspended_ms;
+        }
         next.last_at_ms = arrived_at;
+        next.suspended_by_last_ms = next.suspended_ms;
         (
             next,
             Interval::Keepalive {
@@ -379,11 +395,15 @@ impl Progress {
     }
 
     /// The mean time between the keepalives counted, where two or more
-    /// were dated apart.
+    /// were dated apart, the machine awake.
     fn spacing_ms(&self) -> Option<u64> {
+        let asleep = self
+            .suspended_by_last_ms
+            .saturating_sub(self.suspended_by_first_ms);
         self.first_at_ms
-            .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
-            .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1))
+            .map(|first| self.last_at_ms.saturating_sub(first).saturating_sub(asleep))
+            .filter(|&apart| apart > 0 && self.keepalives > 1)
+            .map(|apart| apart / u64::from(self.keepalives - 1))
     }
 
     /// How close this record is at `now_ms` to the bound `stall_after_ms`;
@@ -402,7 +422,9 @@ impl Progress {
             keepalive_bytes_min: self.smallest.unwrap_or(0),
             keepalive_bytes_max: self.largest,
             keepalive_spacing_ms: self.spacing_ms(),
-            last_keepalive_ago_ms: now_ms.saturating_sub(self.last_at_ms),
+            last_keepalive_ago_ms: now_ms
+                .saturating_sub(self.last_at_ms)
+                .saturating_sub(self.suspended_ms.saturating_sub(self.suspended_by_last_ms)),
             stall_after_ms,
             left_ms: stall_after_ms.saturating_sub(only_keepalive_ms),
             stalled: self.stalled(now_ms, stall_after_ms).is_some(),

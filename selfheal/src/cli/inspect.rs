@@ -308,7 +308,7 @@ mod tests {
         let c = p.closeness(3_616_000, 20_000).expect("pings counted");
         assert_eq!(
             super::closeness(&c),
-            "only keepalive for 11.0s, not counting 1h00m suspended: 3 arrival(s) of 42 bytes about 5.0s apart, the last 1h00m ago; stall_after 20.0s, 9.0s left"
+            "only keepalive for 11.0s, not counting 1h00m suspended: 3 arrival(s) of 42 bytes about 5.0s apart, the last 1.0s ago; stall_after 20.0s, 9.0s left"
         );
         let awake = Progress {
             checked_ms: 16_000,

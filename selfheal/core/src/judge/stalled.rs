@@ -720,6 +720,8 @@ mod tests {
         );
         assert_eq!(r.evidence["stalled_ms"], 21_000);
         assert_eq!(r.evidence["suspended_ms"], HOUR);
+        // Pings 5 s apart awake, the hour between two of them not counted.
+        assert_eq!(r.evidence["keepalive_spacing_ms"], 5_000);
         assert_eq!(r.evidence["stalled_ms"], p[0].closeness.only_keepalive_ms);
         // Without a suspend the reason is as it was.
         let r = &plain[12].0.reasons[0];

@@ -551,12 +551,19 @@ fn a_suspend_inside_the_keepalive_span_is_not_counted() {
         (c.only_keepalive_ms, c.suspended_ms, c.left_ms, c.stalled),
         (13_000, HOUR, 17_000, false)
     );
+    // The last ping (15 s) came before the suspend: 3 s ago, awake.
+    assert_eq!(
+        (c.keepalive_spacing_ms, c.last_keepalive_ago_ms),
+        (Some(5_000), 3_000)
+    );
     // Stalled at the same check as without the suspend, for as long.
     let first = |s: &[Option<Stall>]| s.iter().position(Option::is_some);
     assert_eq!(first(&stalls), Some(17), "{p:?}");
     assert_eq!(first(&stalls), first(&plain_stalls));
     let s = stalls[17].expect("stalled");
     assert_eq!((s.for_ms, s.suspended_ms), (31_000, HOUR));
+    // Pings 5 s apart awake, the hour between two of them not counted.
+    assert_eq!(s.spacing_ms, Some(5_000));
     assert_eq!(
         plain_stalls[17].map(|s| (s.for_ms, s.suspended_ms)),
         Some((31_000, 0))
