@@ -191,7 +191,8 @@ pub struct Closeness {
     /// The smallest and largest mean keepalive size (bytes).
     pub keepalive_bytes_min: u64,
     pub keepalive_bytes_max: u64,
-    /// The mean time between keepalives, where two or more were dated.
+    /// The mean time between keepalives, where two or more were dated,
+    /// the machine awake.
     pub keepalive_spacing_ms: Option<u64>,
     /// How long ago the last keepalive arrived, the machine awake.
     pub last_keepalive_ago_ms: u64,
