@@ -19,6 +19,7 @@ use libfuzzer_sys::{
     fuzz_target,
 };
 use selfheal_core::{
+    clock::Now,
     config::{AgentConfig, Config, HealConfig, Thresholds},
     judge::{self, AgentHistory, ProbeView, Verdict},
     ladder::{self, ActionRecord, HealHistory, SocketStep},
@@ -202,6 +203,8 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
                 selfheal_core::progress::Progress {
                     since_ms: u.arbitrary()?,
                     checked_ms: u.arbitrary()?,
+                    checked_mono_ms: u.arbitrary()?,
+                    suspended_ms: u.arbitrary()?,
                     bytes_received: u.arbitrary()?,
                     data_segs_in: u.arbitrary()?,
                     bytes_acked: u.arbitrary()?,
@@ -212,6 +215,8 @@ fn agent_history(u: &mut Unstructured<'_>) -> Result<AgentHistory> {
                     largest: u.arbitrary()?,
                     first_at_ms: u.arbitrary()?,
                     last_at_ms: u.arbitrary()?,
+                    suspended_by_first_ms: u.arbitrary()?,
+                    suspended_by_last_ms: u.arbitrary()?,
                 },
             )]
             .into_iter()
@@ -250,8 +255,17 @@ fn one(u: &mut Unstructured<'_>) -> Result<()> {
     }];
     let probes = &probes[..u.int_in_range(0..=1)?];
 
-    let (j, next) = judge::judge(&agent, &report, probes, &judge_history, now_ms);
-    let _ = judge::judge(&agent, &report, probes, &next, now_ms.saturating_add(1));
+    // `CLOCK_MONOTONIC` beside it, any reading (ahead, behind, none).
+    let now = Now {
+        boot_ms: now_ms,
+        mono_ms: u.arbitrary()?,
+    };
+    let (j, next) = judge::judge_at(&agent, &report, probes, &judge_history, now);
+    let later = Now {
+        boot_ms: now_ms.saturating_add(u.arbitrary::<u32>()?.into()),
+        mono_ms: now.mono_ms.map(|m| m.saturating_add(1)),
+    };
+    let _ = judge::judge_at(&agent, &report, probes, &next, later);
     let j = if u.arbitrary()? { j } else { wedged() };
     let before = heal_history.clone();
     let decision = ladder::decide(&agent.heal, &j, &report, &mut heal_history, now_ms);

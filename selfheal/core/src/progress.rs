@@ -31,6 +31,18 @@
 //! keepalive when what arrived mirrors what went out; its application
 //! heartbeats are small too, and alike, and would pass the stream rule.
 //!
+//! The span is counted in time the machine was awake. Its stamps are
+//! `CLOCK_BOOTTIME`'s, which goes on counting while the machine is
+//! suspended (a laptop's lid, a paused VM); each check also reads
+//! `CLOCK_MONOTONIC`, which does not, and the record keeps the suspend
+//! seen between checks (how much further the one moved than the other)
+//! out of the span. A stream that pinged for a minute before an hour's
+//! suspend has pinged for a minute when the machine wakes, and its peer,
+//! given the rest of its bound, may yet send what it buffered. A record
+//! saved without `CLOCK_MONOTONIC` (by an older build), and readings
+//! that contradict each other (`CLOCK_MONOTONIC` back, or ahead of
+//! `CLOCK_BOOTTIME`), count the interval whole, as `CLOCK_BOOTTIME` says.
+//!
 //! Limits, by construction: the evidence is per check, so a stall is
 //! dated from the check that last saw content (at most one interval
 //! late), and a stream whose every content event is keepalive-sized (a
@@ -41,7 +53,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::sockdiag::TcpInfo;
+use crate::{clock::Now, sockdiag::TcpInfo};
 
 /// The largest mean data segment, in bytes, that counts as keepalive.
 pub const KEEPALIVE_MAX_SEGMENT: u64 = 128;
@@ -76,6 +88,15 @@ pub struct Progress {
     pub since_ms: u64,
     /// When the last check was.
     pub checked_ms: u64,
+    /// Its `CLOCK_MONOTONIC` ms, where it was read: the next check tells
+    /// from it how long the machine was suspended in between.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked_mono_ms: Option<u64>,
+    /// How long the machine was suspended between `since_ms` and the last
+    /// check: the part of the keepalive-only span not counted. A record
+    /// saved without it reads back as none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub suspended_ms: u64,
     /// The counters at the last check.
     pub bytes_received: u64,
     pub data_segs_in: u32,
@@ -97,6 +118,13 @@ pub struct Progress {
     pub first_at_ms: Option<u64>,
     #[serde(skip_serializing_if = "is_zero")]
     pub last_at_ms: u64,
+    /// How much of `suspended_ms` had passed by the first and by the last
+    /// keepalive's arrival: the suspend between the two (not counted in
+    /// their spacing), and since the last (not counted in its age).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub suspended_by_first_ms: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub suspended_by_last_ms: u64,
 }
 
 fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
@@ -133,12 +161,15 @@ pub enum Rule {
 /// A stall, as [`Progress::stalled`] finds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stall {
-    /// How long only keepalive has arrived.
+    /// How long only keepalive has arrived, the machine awake.
     pub for_ms: u64,
+    /// How long the machine was suspended within that span, not counted.
+    pub suspended_ms: u64,
     pub keepalives: u32,
     pub smallest: u64,
     pub largest: u64,
-    /// The mean time between keepalives, where two or more were dated.
+    /// The mean time between keepalives, where two or more were dated,
+    /// the machine awake.
     pub spacing_ms: Option<u64>,
 }
 
@@ -148,16 +179,22 @@ pub struct Stall {
 /// sends is in it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Closeness {
-    /// How long only keepalive has arrived (since `since_ms`).
+    /// How long only keepalive has arrived (since `since_ms`), the machine
+    /// awake.
     pub only_keepalive_ms: u64,
+    /// How long the machine was suspended within that span, not counted
+    /// (absent when it was not).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub suspended_ms: u64,
     pub keepalives: u32,
     pub keepalive_bytes: u64,
     /// The smallest and largest mean keepalive size (bytes).
     pub keepalive_bytes_min: u64,
     pub keepalive_bytes_max: u64,
-    /// The mean time between keepalives, where two or more were dated.
+    /// The mean time between keepalives, where two or more were dated,
+    /// the machine awake.
     pub keepalive_spacing_ms: Option<u64>,
-    /// How long ago the last keepalive arrived.
+    /// How long ago the last keepalive arrived, the machine awake.
     pub last_keepalive_ago_ms: u64,
     pub stall_after_ms: u64,
     /// What remains of `stall_after` (0 once past it).
@@ -170,9 +207,15 @@ pub struct Closeness {
 impl Progress {
     /// The record of a connection first seen at `now_ms`.
     pub fn start(info: &TcpInfo, now_ms: u64) -> Self {
+        Self::start_at(info, Now::boot(now_ms))
+    }
+
+    /// [`Progress::start`] at `now`, on both clocks.
+    pub fn start_at(info: &TcpInfo, now: Now) -> Self {
         Self {
-            since_ms: now_ms,
-            checked_ms: now_ms,
+            since_ms: now.boot_ms,
+            checked_ms: now.boot_ms,
+            checked_mono_ms: now.mono_ms,
             bytes_received: info.bytes_received,
             data_segs_in: info.data_segs_in,
             bytes_acked: info.bytes_acked,
@@ -191,19 +234,37 @@ impl Progress {
 
     /// [`Progress::advance`] by `rule`.
     pub fn advance_as(&self, info: &TcpInfo, now_ms: u64, rule: Rule) -> (Self, Interval) {
-        let fresh = || (Self::start(info, now_ms), Interval::First);
+        self.advance_at(info, Now::boot(now_ms), rule)
+    }
+
+    /// [`Progress::advance_as`] at `now`, on both clocks: time the machine
+    /// was suspended since the last check (`CLOCK_BOOTTIME` moved further
+    /// than `CLOCK_MONOTONIC`) is not counted in the keepalive-only span.
+    /// Where that cannot be told (either check without `CLOCK_MONOTONIC`,
+    /// as a record saved by an older build is; readings that contradict
+    /// each other) the interval counts whole, as `CLOCK_BOOTTIME` says.
+    pub fn advance_at(&self, info: &TcpInfo, now: Now, rule: Rule) -> (Self, Interval) {
+        let now_ms = now.boot_ms;
+        let fresh = || (Self::start_at(info, now), Interval::First);
         if info.bytes_received < self.bytes_received
             || info.bytes_acked < self.bytes_acked
             || now_ms < self.checked_ms
         {
             return fresh();
         }
+        let last = Now {
+            boot_ms: self.checked_ms,
+            mono_ms: self.checked_mono_ms,
+        };
+        let suspended = crate::clock::suspended_between(last, now).unwrap_or(0);
         let bytes_in = info.bytes_received - self.bytes_received;
         let segs_in = u64::from(info.data_segs_in.wrapping_sub(self.data_segs_in));
         let bytes_out = info.bytes_acked - self.bytes_acked;
         let segs_out = u64::from(info.data_segs_out.wrapping_sub(self.data_segs_out));
         let mut next = Self {
             checked_ms: now_ms,
+            checked_mono_ms: now.mono_ms,
+            suspended_ms: self.suspended_ms.saturating_add(suspended),
             bytes_received: info.bytes_received,
             data_segs_in: info.data_segs_in,
             bytes_acked: info.bytes_acked,
@@ -212,10 +273,13 @@ impl Progress {
         };
         let restart = |mut n: Self, why| {
             n.since_ms = now_ms;
+            n.suspended_ms = 0;
             n.keepalives = 0;
             n.keepalive_bytes = 0;
             n.first_at_ms = None;
             n.last_at_ms = 0;
+            n.suspended_by_first_ms = 0;
+            n.suspended_by_last_ms = 0;
             n.largest = 0;
             (n, why)
         };
@@ -261,15 +325,31 @@ impl Progress {
         // in silence, or a host that slept between two checks, then pings,
         // is given its whole bound from its first ping. A control stream's
         // count is its application's silence, which includes that.
+        // The kernel's age of the arrival is in time awake (jiffies): one
+        // younger than the interval's time awake dates a span that holds
+        // none of the interval's suspend (the latest it can be); an older
+        // one starts the span at the last check, with all of it.
         if rule == Rule::Stream && next.keepalives == 0 {
-            next.since_ms = arrived_at.clamp(self.checked_ms, now_ms);
+            let awake = (now_ms - self.checked_ms).saturating_sub(suspended);
+            let age = u64::from(info.last_data_recv_ms);
+            (next.since_ms, next.suspended_ms) = if age >= awake {
+                (self.checked_ms, suspended)
+            } else {
+                (now_ms - age, 0)
+            };
         }
         next.keepalives = next.keepalives.saturating_add(segs_in as u32);
         next.keepalive_bytes = next.keepalive_bytes.saturating_add(bytes_in);
         next.smallest = Some(next.smallest.map_or(mean, |s| s.min(mean)));
         next.largest = next.largest.max(mean);
-        next.first_at_ms.get_or_insert(arrived_at);
+        // An arrival is dated after the interval's suspend (its age is in
+        // time awake): all the span's suspend so far had passed by it.
+        if next.first_at_ms.is_none() {
+            next.first_at_ms = Some(arrived_at);
+            next.suspended_by_first_ms = next.suspended_ms;
+        }
         next.last_at_ms = arrived_at;
+        next.suspended_by_last_ms = next.suspended_ms;
         (
             next,
             Interval::Keepalive {
@@ -283,12 +363,15 @@ impl Progress {
     /// `stall_after_ms`: at least [`MIN_KEEPALIVES`] keepalives and
     /// nothing else for at least that long.
     pub fn stalled(&self, now_ms: u64, stall_after_ms: u64) -> Option<Stall> {
-        let for_ms = now_ms.checked_sub(self.since_ms)?;
+        let for_ms = now_ms
+            .checked_sub(self.since_ms)?
+            .saturating_sub(self.suspended_ms);
         if self.keepalives < MIN_KEEPALIVES || for_ms < stall_after_ms {
             return None;
         }
         Some(Stall {
             for_ms,
+            suspended_ms: self.suspended_ms,
             keepalives: self.keepalives,
             smallest: self.smallest.unwrap_or(0),
             largest: self.largest,
@@ -300,15 +383,28 @@ impl Progress {
     /// [`MIN_KEEPALIVES`] were counted: the application has sent nothing
     /// since at least then.
     pub fn keepalive_only_ms(&self, now_ms: u64) -> Option<u64> {
-        (self.keepalives >= MIN_KEEPALIVES).then(|| now_ms.saturating_sub(self.since_ms))
+        (self.keepalives >= MIN_KEEPALIVES).then(|| self.awake_ms(now_ms))
+    }
+
+    /// The keepalive-only span at `now_ms` (a check's time: the last
+    /// check's, for what the record knows of suspends), the machine awake:
+    /// the time since `since_ms` less what it spent suspended.
+    fn awake_ms(&self, now_ms: u64) -> u64 {
+        now_ms
+            .saturating_sub(self.since_ms)
+            .saturating_sub(self.suspended_ms)
     }
 
     /// The mean time between the keepalives counted, where two or more
-    /// were dated apart.
+    /// were dated apart, the machine awake.
     fn spacing_ms(&self) -> Option<u64> {
+        let asleep = self
+            .suspended_by_last_ms
+            .saturating_sub(self.suspended_by_first_ms);
         self.first_at_ms
-            .filter(|&first| self.last_at_ms > first && self.keepalives > 1)
-            .map(|first| (self.last_at_ms - first) / u64::from(self.keepalives - 1))
+            .map(|first| self.last_at_ms.saturating_sub(first).saturating_sub(asleep))
+            .filter(|&apart| apart > 0 && self.keepalives > 1)
+            .map(|apart| apart / u64::from(self.keepalives - 1))
     }
 
     /// How close this record is at `now_ms` to the bound `stall_after_ms`;
@@ -318,15 +414,18 @@ impl Progress {
         if self.keepalives == 0 {
             return None;
         }
-        let only_keepalive_ms = now_ms.saturating_sub(self.since_ms);
+        let only_keepalive_ms = self.awake_ms(now_ms);
         Some(Closeness {
             only_keepalive_ms,
+            suspended_ms: self.suspended_ms,
             keepalives: self.keepalives,
             keepalive_bytes: self.keepalive_bytes,
             keepalive_bytes_min: self.smallest.unwrap_or(0),
             keepalive_bytes_max: self.largest,
             keepalive_spacing_ms: self.spacing_ms(),
-            last_keepalive_ago_ms: now_ms.saturating_sub(self.last_at_ms),
+            last_keepalive_ago_ms: now_ms
+                .saturating_sub(self.last_at_ms)
+                .saturating_sub(self.suspended_ms.saturating_sub(self.suspended_by_last_ms)),
             stall_after_ms,
             left_ms: stall_after_ms.saturating_sub(only_keepalive_ms),
             stalled: self.stalled(now_ms, stall_after_ms).is_some(),

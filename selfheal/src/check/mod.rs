@@ -47,6 +47,8 @@ struct Acting<'a> {
     /// Decide, but take no step.
     dry_run: bool,
     now_ms: u64,
+    /// `now_ms` with `CLOCK_MONOTONIC` beside it, for the judge.
+    now: selfheal_core::clock::Now,
     /// When `now_ms` was read, to tell later moments on its clock
     /// ([`Acting::clock_ms`]).
     started: std::time::Instant,
@@ -112,9 +114,10 @@ pub fn run(
     executor: Option<&dyn Executor>,
     tracer: Option<&mut dyn TracerSource>,
     opts: &Options,
-    now_ms: u64,
+    now: selfheal_core::clock::Now,
 ) -> Vec<Outcome> {
     let started = std::time::Instant::now();
+    let now_ms = now.boot_ms;
     let boot = boot_id();
     if history.boot_id != boot {
         *history = History {
@@ -192,6 +195,7 @@ pub fn run(
         dry_run: opts.dry_run,
         now_ms,
         started,
+        now,
     };
     let mut outcomes = Vec::new();
     for (agent, target) in agents.iter().zip(&targets) {

@@ -333,7 +333,7 @@ impl Session {
             Some(self.executor.as_ref()),
             tracer.as_mut().map(|t| t as &mut dyn check::TracerSource),
             &self.opts,
-            clock::boot_ms(),
+            clock::now(),
         );
         let helper_up = tracer.is_some_and(|t| t.ok);
         if let Some(gap) = &disabled {

@@ -125,12 +125,7 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     // A configured agent is judged, against check's history (read only).
     let diagnosis = agent_config.as_ref().map(|agent| {
         let history = history_of(&agent.name, args.state_dir.as_deref());
-        selfheal::check::pipeline::diagnose(
-            agent,
-            &report,
-            &history,
-            selfheal::sys::clock::boot_ms(),
-        )
+        selfheal::check::pipeline::diagnose(agent, &report, &history, selfheal::sys::clock::now())
     });
     // Stdout is line-buffered: a pretty JSON document of thousands of lines
     // would otherwise be thousands of writes.
@@ -251,7 +246,9 @@ fn render_diagnosis(d: &selfheal::check::pipeline::Diagnosis) -> String {
 
 /// A connection's keepalive-only arrivals against its bound, in words:
 /// "only keepalive for 12.0s: 3 arrival(s) of 42 bytes about 5.0s apart,
-/// the last 1.0s ago; stall_after 20.0s, 8.0s left". Only numbers.
+/// the last 1.0s ago; stall_after 20.0s, 8.0s left", the time counted
+/// being time awake ("only keepalive for 12.0s, not counting 1h00m
+/// suspended: …"). Only numbers.
 fn closeness(c: &selfheal_core::progress::Closeness) -> String {
     let human = selfheal_core::inspect::human_ms;
     let sizes = if c.keepalive_bytes_min == c.keepalive_bytes_max {
@@ -272,11 +269,56 @@ fn closeness(c: &selfheal_core::progress::Closeness) -> String {
     } else {
         format!("{} left", human(c.left_ms))
     };
+    let suspended = if c.suspended_ms > 0 {
+        format!(", not counting {} suspended", human(c.suspended_ms))
+    } else {
+        String::new()
+    };
     format!(
-        "only keepalive for {}: {} arrival(s) of {sizes}{spacing}, the last {} ago; stall_after {}, {left}",
+        "only keepalive for {}{suspended}: {} arrival(s) of {sizes}{spacing}, the last {} ago; stall_after {}, {left}",
         human(c.only_keepalive_ms),
         c.keepalives,
         human(c.last_keepalive_ago_ms),
         human(c.stall_after_ms),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use selfheal_core::progress::Progress;
+
+    /// The words of a connection's count towards its bound: the time
+    /// counted is time awake, and a suspend within it is named, not
+    /// counted; without one, nothing is said of it.
+    #[test]
+    fn a_suspend_not_counted_is_named_in_the_words() {
+        // Three 42-byte pings from 5 s to 15 s, an hour suspended since.
+        let p = Progress {
+            since_ms: 5_000,
+            checked_ms: 3_616_000,
+            suspended_ms: 3_600_000,
+            keepalives: 3,
+            keepalive_bytes: 126,
+            smallest: Some(42),
+            largest: 42,
+            first_at_ms: Some(5_000),
+            last_at_ms: 15_000,
+            ..Progress::default()
+        };
+        let c = p.closeness(3_616_000, 20_000).expect("pings counted");
+        assert_eq!(
+            super::closeness(&c),
+            "only keepalive for 11.0s, not counting 1h00m suspended: 3 arrival(s) of 42 bytes about 5.0s apart, the last 1.0s ago; stall_after 20.0s, 9.0s left"
+        );
+        let awake = Progress {
+            checked_ms: 16_000,
+            suspended_ms: 0,
+            ..p
+        };
+        let c = awake.closeness(16_000, 20_000).expect("pings counted");
+        assert_eq!(
+            super::closeness(&c),
+            "only keepalive for 11.0s: 3 arrival(s) of 42 bytes about 5.0s apart, the last 1.0s ago; stall_after 20.0s, 9.0s left"
+        );
+    }
 }

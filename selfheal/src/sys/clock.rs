@@ -1,6 +1,10 @@
 //! The one clock selfheal measures ages with: `CLOCK_BOOTTIME`, the clock of
 //! `bpf_ktime_get_boot_ns()`. Monotonic, counts time in suspend, and does not
-//! jump when someone sets the wall clock.
+//! jump when someone sets the wall clock. Beside it, [`now`] reads
+//! `CLOCK_MONOTONIC`, which stops in suspend: the judge tells from the two
+//! how long the machine was suspended between checks.
+
+use selfheal_core::clock::Now;
 
 /// Nanoseconds of `CLOCK_BOOTTIME` now.
 pub fn boot_ns() -> u64 {
@@ -22,6 +26,26 @@ pub fn boot_ms() -> u64 {
     boot_ns() / 1_000_000
 }
 
+/// Milliseconds of `CLOCK_MONOTONIC` now, if it can be read.
+pub fn mono_ms() -> Option<u64> {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
+    let ns = (ts.tv_sec() as u64).saturating_mul(1_000_000_000) + ts.tv_nsec() as u64;
+    Some(ns / 1_000_000)
+}
+
+/// A check's time on both clocks, read one right after the other
+/// (`CLOCK_MONOTONIC` first: never ahead of the `CLOCK_BOOTTIME` read after
+/// it). A `CLOCK_MONOTONIC` that cannot be read, or reads ahead, is left
+/// out ([`Now::both`]).
+pub fn now() -> Now {
+    let mono = mono_ms();
+    let boot = boot_ms();
+    match mono {
+        Some(m) => Now::both(boot, m),
+        None => Now::boot(boot),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,5 +55,20 @@ mod tests {
         let a = boot_ns();
         std::thread::sleep(std::time::Duration::from_millis(5));
         assert!(boot_ns() >= a + 4_000_000);
+    }
+
+    /// Both clocks move alike while awake (a test is not suspended), and
+    /// `CLOCK_MONOTONIC` is never ahead of `CLOCK_BOOTTIME`.
+    #[test]
+    fn both_clocks_are_read_and_move_together() {
+        let a = now();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let b = now();
+        let (ma, mb) = (a.mono_ms.expect("monotonic"), b.mono_ms.expect("monotonic"));
+        assert!(ma <= a.boot_ms && mb <= b.boot_ms, "{a:?} {b:?}");
+        assert!(mb >= ma + 19, "{a:?} {b:?}");
+        let suspended = selfheal_core::clock::suspended_between(a, b);
+        // Each reading is cut to whole ms on its own: 1 ms either way.
+        assert!(suspended.is_none_or(|s| s <= 1), "{suspended:?}");
     }
 }

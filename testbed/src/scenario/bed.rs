@@ -455,10 +455,7 @@ impl Bed {
     /// the helper's clock do not move. The kernel refuses an offset that
     /// would take the clock below zero (`unshare` fails, and so does this).
     pub fn check_with_boottime_offset(&self, secs: i64) -> anyhow::Result<CheckRun> {
-        let mut cmd = self.topo.runners.command(Path::new("unshare"));
-        cmd.args(["--time", "--boottime", &secs.to_string(), "--"])
-            .arg(&self.opts.selfheal);
-        let run = self.check_by(cmd)?;
+        let run = self.check_by(self.boottime_offset(secs))?;
         if run.outcomes.is_empty() && run.stderr.contains("unshare") {
             bail!(
                 "cannot run check with CLOCK_BOOTTIME moved by {secs} s: {}",
@@ -500,8 +497,37 @@ impl Bed {
     /// history (procfs and sock_diag only: no tracer of its own), as text
     /// and as `--json`: (the text, the document).
     pub fn inspect(&self, name: &str) -> anyhow::Result<(String, Value)> {
+        self.inspect_by(name, || self.topo.runners.command(&self.opts.selfheal))
+    }
+
+    /// [`Bed::inspect`] with its `CLOCK_BOOTTIME` moved by `secs`, as
+    /// [`Bed::check_with_boottime_offset`] moves a check's.
+    pub fn inspect_with_boottime_offset(
+        &self,
+        name: &str,
+        secs: i64,
+    ) -> anyhow::Result<(String, Value)> {
+        self.inspect_by(name, || self.boottime_offset(secs))
+    }
+
+    /// `selfheal` in the runners' network namespace and a time namespace
+    /// of its own with `CLOCK_BOOTTIME` moved by `secs`.
+    fn boottime_offset(&self, secs: i64) -> Command {
+        let mut cmd = self.topo.runners.command(Path::new("unshare"));
+        cmd.args(["--time", "--boottime", &secs.to_string(), "--"])
+            .arg(&self.opts.selfheal);
+        cmd
+    }
+
+    /// [`Bed::inspect`] by the command `selfheal` (or a wrapper that runs
+    /// it) that `command` gives.
+    fn inspect_by(
+        &self,
+        name: &str,
+        command: impl Fn() -> Command,
+    ) -> anyhow::Result<(String, Value)> {
         let run = |json: bool| -> anyhow::Result<String> {
-            let mut cmd = self.topo.runners.command(&self.opts.selfheal);
+            let mut cmd = command();
             cmd.envs(self.opts.env.iter().map(|(k, v)| (*k, v)));
             cmd.args(["inspect", name, "--no-ebpf", "--config"])
                 .arg(self.config_path())

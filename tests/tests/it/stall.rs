@@ -885,7 +885,9 @@ const JUMPER: &str = "jumper";
 
 /// One check of a boottime jump run: its clock's offset, when it started
 /// and ended (ms after the call's connection was up), the caller's
-/// verdict and reason codes, and its healing steps.
+/// verdict and reason codes, the suspend its `stream_stalled` reason says
+/// it did not count and the pings' spacing it gives, if any, and its
+/// healing steps.
 #[derive(Debug)]
 struct Jumped {
     offset_s: i64,
@@ -893,7 +895,28 @@ struct Jumped {
     end_ms: u64,
     verdict: String,
     codes: Vec<String>,
+    suspended_ms: Option<u64>,
+    spacing_ms: Option<u64>,
     heals: Vec<String>,
+}
+
+/// A boottime jump run: its checks, the caller's call lines, whether the
+/// caller's pid is the one that started, and `inspect` after the check it
+/// was asked after, with that check's offset.
+struct JumpRun {
+    seen: Vec<Jumped>,
+    lines: Vec<scenario::CallLine>,
+    same_pid: bool,
+    inspected: Option<Inspected>,
+}
+
+/// `inspect` of the caller in a boottime jump run: its text and document,
+/// when it started and ended (ms after the call's connection was up).
+struct Inspected {
+    text: String,
+    doc: serde_json::Value,
+    start_ms: u64,
+    end_ms: u64,
 }
 
 /// The async OpenAI SDK streaming `model` over TLS through the bed's edge,
@@ -902,15 +925,16 @@ struct Jumped {
 /// seconds at the `n`th check (a time namespace of the check's own:
 /// [`scenario::Bed::check_with_boottime_offset`]), for at most `limit`,
 /// until `done` says so (given the checks so far and the caller's call
-/// lines). None (skipped) unless root. The checks, the call lines, and
-/// whether the caller's pid is the one that started.
+/// lines), with `inspect` of the caller after check `inspect_after`, if
+/// any, on that check's clock. None (skipped) unless root.
 fn across_a_boottime_jump(
     model: &str,
     limit: Duration,
     offset: impl Fn(usize) -> i64,
+    inspect_after: Option<usize>,
     done: impl Fn(&[Jumped], &[scenario::CallLine]) -> bool,
     name: &'static str,
-) -> Option<(Vec<Jumped>, Vec<scenario::CallLine>, bool)> {
+) -> Option<JumpRun> {
     use std::time::Instant;
     if !need_root(name) {
         return None;
@@ -957,6 +981,7 @@ fn across_a_boottime_jump(
     let ms = |t: Instant| t.duration_since(start).as_millis() as u64;
     let mut seen = Vec::new();
     let mut lines = Vec::new();
+    let mut inspected = None;
     while start.elapsed() < limit {
         scenario::pause(CHECK_EVERY).expect("not interrupted");
         let off = offset(seen.len());
@@ -970,6 +995,11 @@ fn across_a_boottime_jump(
         let o = run
             .of(JUMPER)
             .unwrap_or_else(|| panic!("no outcome for {JUMPER}: {run:?}"));
+        let stalled = o["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["code"] == "stream_stalled");
         let j = Jumped {
             offset_s: off,
             start_ms: ms(t),
@@ -981,6 +1011,8 @@ fn across_a_boottime_jump(
                 .flatten()
                 .filter_map(|r| r["code"].as_str().map(str::to_string))
                 .collect(),
+            suspended_ms: stalled.and_then(|r| r["evidence"]["suspended_ms"].as_u64()),
+            spacing_ms: stalled.and_then(|r| r["evidence"]["keepalive_spacing_ms"].as_u64()),
             heals: o["heal"]["actions"]
                 .as_array()
                 .into_iter()
@@ -1001,6 +1033,28 @@ fn across_a_boottime_jump(
             eprintln!("[{name}] heal {}", o["heal"]);
         }
         seen.push(j);
+        if inspect_after == Some(seen.len() - 1) {
+            let start_ms = ms(Instant::now());
+            let (text, doc) = if off == 0 {
+                bed.inspect(JUMPER)
+            } else {
+                bed.inspect_with_boottime_offset(JUMPER, off)
+            }
+            .expect("inspect ran");
+            let end_ms = ms(Instant::now());
+            eprintln!(
+                "[{name}] inspect after check {} ({} ms): progress {:#}\n{text}",
+                seen.len() - 1,
+                end_ms - start_ms,
+                doc["progress"]
+            );
+            inspected = Some(Inspected {
+                text,
+                doc,
+                start_ms,
+                end_ms,
+            });
+        }
         // Each read gives the lines printed since the last.
         lines.extend(
             bed.lines(JUMPER)
@@ -1014,7 +1068,12 @@ fn across_a_boottime_jump(
     }
     let same_pid = bed.pid(JUMPER).ok() == Some(pid) && bed.running(JUMPER).unwrap_or(false);
     eprintln!("SCENARIO {name}: {} checks, calls {lines:?}", seen.len());
-    Some((seen, lines, same_pid))
+    Some(JumpRun {
+        seen,
+        lines,
+        same_pid,
+        inspected,
+    })
 }
 
 /// The first check that found the caller wedged, `stream_stalled`.
@@ -1033,19 +1092,32 @@ fn longest(seen: &[Jumped]) -> u64 {
 
 /// A stream stalled behind pings, checked across a jump of
 /// `CLOCK_BOOTTIME` at check `at` (from the offset before it to the one
-/// after): wedged within `stall_after` of the last check before the jump
-/// plus a ping and two check intervals, never before `stall_after` has
-/// passed in real time since that check (a suspend is not the call's
-/// silence: the count starts at the first ping after the jump). Checked
-/// in the helper's clock after the jump, it is ended by the socket rung
-/// and failed in the SDK; checked in a time namespace, the helper refuses
-/// (its start times differ by the offset) and nothing ends it. Same pid.
-fn stalled_across(before: i64, after: i64, name: &'static str) {
-    let at = 1;
-    let Some((seen, lines, same_pid)) = across_a_boottime_jump(
+/// after; `CLOCK_MONOTONIC` does not move: to the judge, a jump forward is
+/// a suspend): wedged within `stall_after` of the check the count starts
+/// after plus a ping and two check intervals (and `inspect`'s run, where
+/// it ran between them), never before `stall_after` has passed in real
+/// time since that check. The count starts at the first ping after the
+/// first check (a suspend is not the call's silence, whether it comes
+/// before the first ping or amid the pings), or after the jump's check
+/// for a jump back (the record starts afresh there). Where the pings were counted before a jump forward (`at` past
+/// the check after the first), the stall's reason names the jump as the
+/// suspend it did not count, to the ms each clock is read in; else none.
+/// Checked in the helper's clock after the jump, it is ended by the socket
+/// rung and failed in the SDK; checked in a time namespace, the helper
+/// refuses (its start times differ by the offset) and nothing ends it.
+/// Same pid. The run, for more to be asked of it.
+fn stalled_across(
+    before: i64,
+    after: i64,
+    at: usize,
+    inspect_after: Option<usize>,
+    name: &'static str,
+) -> Option<JumpRun> {
+    let run = across_a_boottime_jump(
         "ping-1000-pool",
         limit(),
         |n| if n < at { before } else { after },
+        inspect_after,
         |seen, lines| {
             first_stalled(seen).is_some()
                 && (after != 0
@@ -1054,29 +1126,47 @@ fn stalled_across(before: i64, after: i64, name: &'static str) {
                         .any(|l| matches!(l, scenario::CallLine::Done(..))))
         },
         name,
-    ) else {
-        return;
-    };
-    let last_before = &seen[at - 1];
-    let took = longest(&seen);
+    )?;
+    let (seen, lines) = (&run.seen, &run.lines);
+    let first = if after < before { &seen[at] } else { &seen[0] };
+    let took = longest(seen);
     let interval = (CHECK_EVERY.as_millis() as u64).max(took);
     let bound_ms = stall_after().as_millis() as u64;
-    let w = first_stalled(&seen).unwrap_or_else(|| panic!("never stalled: {seen:#?}"));
-    let since = w.end_ms - last_before.start_ms;
+    let w = first_stalled(seen).unwrap_or_else(|| panic!("never stalled: {seen:#?}"));
+    let since = w.end_ms - first.start_ms;
+    let inspect_ms = run.inspected.as_ref().map_or(0, |i| i.end_ms - i.start_ms);
     eprintln!(
-        "{name}: boottime {before:+} s then {after:+} s at check {at}: stalled {since} ms after the last check before the jump (stall_after {bound_ms} ms, checks took up to {took} ms)"
+        "{name}: boottime {before:+} s then {after:+} s at check {at}: stalled {since} ms after the check the count starts after (stall_after {bound_ms} ms, checks took up to {took} ms, inspect {inspect_ms} ms), suspended_ms {:?}",
+        w.suspended_ms
     );
     assert!(
         since >= bound_ms,
-        "stalled {since} ms after the last check before a {} s jump, before stall_after ({bound_ms} ms): the jump was counted as the call's silence: {seen:#?}",
+        "stalled {since} ms after the check the count starts after, with a {} s jump at check {at}, before stall_after ({bound_ms} ms): the jump was counted as the call's silence: {seen:#?}",
         after - before
     );
-    let most = 1_000 + bound_ms + 2 * interval + took;
+    let most = 1_000 + bound_ms + 2 * interval + took + inspect_ms;
     assert!(
         since <= most,
-        "stalled {since} ms after the jump's check, not within {most} ms: {seen:#?}"
+        "stalled {since} ms after the check the count starts after, not within {most} ms: {seen:#?}"
     );
     assert_eq!(w.offset_s, after, "{seen:#?}");
+    // One ping a second, each dated within a check's own run, whatever
+    // the clock did between them.
+    let spacing = w.spacing_ms.unwrap_or(0);
+    assert!(
+        spacing.abs_diff(1_000) <= 2 * took + 20,
+        "spacing {spacing} ms, checks took up to {took} ms: {w:?}"
+    );
+    if at > 1 && after > before {
+        let jump_ms = (after - before) as u64 * 1_000;
+        let s = w.suspended_ms.unwrap_or(0);
+        assert!(
+            s.abs_diff(jump_ms) <= 1,
+            "the {jump_ms} ms jump amid the pings named as not counted: {s} ms: {w:?}"
+        );
+    } else {
+        assert_eq!(w.suspended_ms, None, "no suspend in the span: {w:?}");
+    }
     let heals: Vec<&String> = seen.iter().flat_map(|j| &j.heals).collect();
     let failed = lines
         .iter()
@@ -1102,7 +1192,8 @@ fn stalled_across(before: i64, after: i64, name: &'static str) {
         );
         assert!(!failed, "nothing ended the call: {lines:?}");
     }
-    assert!(same_pid, "same pid");
+    assert!(run.same_pid, "same pid");
+    Some(run)
 }
 
 /// A stalled stream checked once, then with `CLOCK_BOOTTIME` 3 hours on
@@ -1111,7 +1202,7 @@ fn stalled_across(before: i64, after: i64, name: &'static str) {
 #[test]
 fn a_stalled_stream_across_a_boottime_jump_forward_is_counted_from_after_it() {
     let _area = tests::area(module_path!());
-    stalled_across(0, JUMP_S, "stall_boottime_forward");
+    stalled_across(0, JUMP_S, 1, None, "stall_boottime_forward");
 }
 
 /// A stalled stream checked once with `CLOCK_BOOTTIME` 3 hours on, then
@@ -1121,7 +1212,97 @@ fn a_stalled_stream_across_a_boottime_jump_forward_is_counted_from_after_it() {
 #[test]
 fn a_stalled_stream_across_a_boottime_jump_back_is_counted_afresh() {
     let _area = tests::area(module_path!());
-    stalled_across(JUMP_S, 0, "stall_boottime_back");
+    stalled_across(JUMP_S, 0, 1, None, "stall_boottime_back");
+}
+
+/// The check at which a suspend comes amid a stream's pings: the check
+/// before it counted the first ping (one a second, each check interval a
+/// second and its run), and with that check's own interval at least
+/// `MIN_KEEPALIVES` are counted, short of the five intervals of the
+/// bound: judged on `CLOCK_BOOTTIME` alone, it would be stalled at once.
+const SUSPEND_AT: usize = 2;
+
+/// A stream stalled behind pings, the first counted, then a suspend of 3
+/// hours (`CLOCK_BOOTTIME` on, `CLOCK_MONOTONIC` not) before the next
+/// check: that check, right after the resume, finds the call busy, not
+/// stalled (its keepalive-only span is the seconds awake, not 3 hours of
+/// them), and `inspect` then shows those seconds, the bound's rest and the
+/// suspend named apart; the pings that go on awake are wedged
+/// (`stream_stalled`) within `stall_after` of the first check plus a ping
+/// and two check intervals, the reason naming the suspend it did not
+/// count ([`stalled_across`]).
+#[test]
+fn a_stalled_stream_across_a_suspend_amid_its_pings_is_counted_awake() {
+    let _area = tests::area(module_path!());
+    let Some(run) = stalled_across(
+        0,
+        JUMP_S,
+        SUSPEND_AT,
+        Some(SUSPEND_AT),
+        "stall_suspend_amid_pings",
+    ) else {
+        return;
+    };
+    let bound = stall_after().as_millis() as u64;
+    let resumed = &run.seen[SUSPEND_AT];
+    assert_eq!(resumed.offset_s, JUMP_S, "{resumed:?}");
+    // The span began after the first check: short of the bound at the
+    // check after the resume and at `inspect`, if they ran in time.
+    let i = run.inspected.as_ref().expect("inspect ran");
+    let awake = i.end_ms - run.seen[0].start_ms;
+    assert!(
+        awake < bound,
+        "the checks (up to {} ms) and inspect ran {awake} ms from the first: too slow to tell the span short of the bound ({bound} ms): {:#?}",
+        longest(&run.seen),
+        run.seen
+    );
+    assert_eq!(
+        resumed.verdict, "busy",
+        "right after the resume: {resumed:?}"
+    );
+    assert!(
+        run.seen[..=SUSPEND_AT]
+            .iter()
+            .all(|j| !j.codes.iter().any(|c| c == "stream_stalled")),
+        "{:#?}",
+        run.seen
+    );
+    let progress = i.doc["progress"].as_array().cloned().unwrap_or_default();
+    assert_eq!(progress.len(), 1, "one pinging connection: {:#}", i.doc);
+    let p = &progress[0];
+    let jump_ms = JUMP_S as u64 * 1_000;
+    let suspended = p["suspended_ms"].as_u64().unwrap_or(0);
+    assert!(
+        suspended.abs_diff(jump_ms) <= 1,
+        "the suspend named apart: {p:#}"
+    );
+    let n = p["keepalives"].as_u64().unwrap_or(0);
+    assert!(
+        n >= u64::from(selfheal_core::progress::MIN_KEEPALIVES),
+        "pings counted before and across the suspend: {p:#}"
+    );
+    // The seconds awake since the first check, at most: never the hours.
+    let only = p["only_keepalive_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(only > 0 && only <= awake, "at most {awake} ms: {p:#}");
+    assert_eq!(p["left_ms"].as_u64(), Some(bound - only), "{p:#}");
+    assert_eq!(p["stalled"], false, "{p:#}");
+    // One ping a second, the suspend between two of them not counted.
+    let took = longest(&run.seen);
+    let spacing = p["keepalive_spacing_ms"].as_u64().unwrap_or(0);
+    assert!(
+        spacing.abs_diff(1_000) <= 2 * took + 20,
+        "spacing {spacing} ms, checks took up to {took} ms: {p:#}"
+    );
+    let line = i
+        .text
+        .lines()
+        .skip_while(|l| *l != "progress:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no progress in the text:\n{}", i.text));
+    assert!(
+        line.contains(", not counting 3h00m suspended: "),
+        "{line:?}"
+    );
 }
 
 /// Content every 1.5 s for twice the bound, checked once, then with
@@ -1131,10 +1312,16 @@ fn a_stalled_stream_across_a_boottime_jump_back_is_counted_afresh() {
 fn a_streaming_call_across_boottime_jumps_is_untouched() {
     let _area = tests::area(module_path!());
     let (model, tokens) = slow_content();
-    let Some((seen, lines, same_pid)) = across_a_boottime_jump(
+    let Some(JumpRun {
+        seen,
+        lines,
+        same_pid,
+        ..
+    }) = across_a_boottime_jump(
         &model,
         limit(),
         |n| if (1..=4).contains(&n) { JUMP_S } else { 0 },
+        None,
         |_, lines| {
             lines
                 .iter()
@@ -1143,7 +1330,8 @@ fn a_streaming_call_across_boottime_jumps_is_untouched() {
                 >= 2
         },
         "stream_boottime_jumps",
-    ) else {
+    )
+    else {
         return;
     };
     assert!(

@@ -89,8 +89,8 @@ impl<'a> Judging<'a> {
             Rule::Stream
         };
         let p = match self.history.progress.get(&s.cookie) {
-            Some(p) => p.advance_as(i, self.now_ms, rule).0,
-            None => Progress::start(i, self.now_ms),
+            Some(p) => p.advance_at(i, self.now, rule).0,
+            None => Progress::start_at(i, self.now),
         };
         if p.keepalives == 0 && u64::from(i.last_data_recv_ms) > suspect_after_ms {
             return (None, None);
@@ -123,6 +123,14 @@ impl<'a> Judging<'a> {
         let spacing = stall.spacing_ms.map_or(String::new(), |ms| {
             format!(", about {} apart", human_ms(ms))
         });
+        let suspended = if stall.suspended_ms > 0 {
+            format!(
+                ", not counting {} the machine was suspended",
+                human_ms(stall.suspended_ms)
+            )
+        } else {
+            String::new()
+        };
         let last = s.tcp_info.as_ref().map_or(String::new(), |i| {
             format!(
                 ", the last {} ago",
@@ -133,7 +141,7 @@ impl<'a> Judging<'a> {
             ReasonCode::StreamStalled,
             Verdict::Wedged,
             format!(
-                "{} call to {}: only keepalive for at least {} ({} arrival(s) of {sizes}{spacing}{last}), past its stall_after of {}; the peer is alive, the call makes no progress",
+                "{} call to {}: only keepalive for at least {}{suspended} ({} arrival(s) of {sizes}{spacing}{last}), past its stall_after of {}; the peer is alive, the call makes no progress",
                 s.role,
                 s.remote,
                 human_ms(stall.for_ms),
@@ -158,9 +166,14 @@ impl<'a> Judging<'a> {
             "stall_after_ms",
             bound,
         );
-        self.reasons.push(match stall.spacing_ms {
+        let r = match stall.spacing_ms {
             Some(ms) => with(r, "keepalive_spacing_ms", ms),
             None => r,
+        };
+        self.reasons.push(if stall.suspended_ms > 0 {
+            with(r, "suspended_ms", stall.suspended_ms)
+        } else {
+            r
         });
         if !self.dead.iter().any(|d| d.inode == s.inode)
             && let Some(d) = self.finding(s, false, DeadKind::Awaited)
@@ -177,6 +190,7 @@ impl<'a> Judging<'a> {
 mod tests {
     use super::*;
     use crate::{
+        clock::Now,
         config::{Config, HealConfig},
         fixture,
         ladder::{Decision, HealHistory, decide},
@@ -612,6 +626,124 @@ mod tests {
             sizes[4..].iter().all(|&n| n <= steady + steady / 10),
             "{sizes:?}"
         );
+    }
+
+    /// An hour suspended.
+    const HOUR: u64 = 3_600_000;
+
+    /// [`checks`] of a 42-byte ping every 5 s, in time awake, for `secs`
+    /// s awake, the machine suspended for `asleep` ms after `awake` ms
+    /// (between two checks), judged with `judge_at` on both clocks (or,
+    /// `mono` false, `CLOCK_BOOTTIME` alone); `forget` drops what the
+    /// history knows of `CLOCK_MONOTONIC` before each check (a history
+    /// saved by an older build). Each judgement, with what `inspect`
+    /// shows after it.
+    fn pinging_across(
+        cfg: &AgentConfig,
+        secs: u64,
+        awake: u64,
+        asleep: u64,
+        mono: bool,
+        forget: impl Fn(u64) -> bool,
+    ) -> Vec<(Judgement, Vec<ConnectionProgress>)> {
+        let mut history = AgentHistory::default();
+        let (mut bytes, mut segs, mut last) = (0, 0, 0);
+        (1..=secs / 2)
+            .map(|c| {
+                let t = c * 2_000;
+                while last + 5_000 <= t {
+                    last += 5_000;
+                    segs += 1;
+                    bytes += 42;
+                }
+                let boot = if t > awake { t + asleep } else { t };
+                let now = if mono {
+                    Now::both(boot, t)
+                } else {
+                    Now::boot(boot)
+                };
+                if forget(t) {
+                    let text = serde_json::to_string(&history)
+                        .expect("json")
+                        .replace("\"checked_mono_ms\":", "\"dropped\":");
+                    assert!(!text.contains("checked_mono_ms"));
+                    history = serde_json::from_str(&text).expect("an old history loads");
+                }
+                let r = report(counters(bytes, segs, t - last, t));
+                let (j, next) = judge_at(cfg, &r, &[], &history, now);
+                let p = progress_of(cfg, &r, &next, boot);
+                history = next;
+                (j, p)
+            })
+            .collect()
+    }
+
+    fn stalled_at(js: &[(Judgement, Vec<ConnectionProgress>)]) -> Option<usize> {
+        first_stalled(&js.iter().map(|(j, _)| j.clone()).collect::<Vec<_>>())
+    }
+
+    /// Pings from 5 s, the machine suspended for an hour after the check
+    /// at 14 s (9 s of pings): the check right after the resume finds the
+    /// call busy, 11 s of pings shown with 9 s left; it is wedged at the
+    /// same check as with no suspend (26 s awake), its reason naming the
+    /// hour it did not count. Judged on `CLOCK_BOOTTIME` alone it would be
+    /// wedged right after the resume.
+    #[test]
+    fn a_suspend_inside_a_streams_keepalive_span_is_not_counted() {
+        let cfg = agent("stall_after = \"20s\"");
+        let plain = pinging_across(&cfg, 40, u64::MAX, 0, true, |_| false);
+        let js = pinging_across(&cfg, 40, 14_000, HOUR, true, |_| false);
+        assert_eq!(stalled_at(&plain), Some(12));
+        assert_eq!(stalled_at(&js), Some(12), "{:#?}", js[7]);
+        let (j, p) = &js[7];
+        assert_eq!(j.verdict, Verdict::Busy, "{:#?}", j.reasons);
+        let c = &p[0].closeness;
+        assert_eq!(
+            (c.only_keepalive_ms, c.suspended_ms, c.left_ms, c.stalled),
+            (11_000, HOUR, 9_000, false)
+        );
+        let v = serde_json::to_value(&p[0]).expect("json");
+        assert_eq!(v["suspended_ms"], HOUR);
+        // No suspend: no such field.
+        let v = serde_json::to_value(&plain[7].1[0]).expect("json");
+        assert!(v.get("suspended_ms").is_none(), "{v}");
+        let (j, p) = &js[12];
+        assert_eq!(j.verdict, Verdict::Wedged);
+        let r = &j.reasons[0];
+        assert_eq!(r.code, ReasonCode::StreamStalled);
+        assert!(
+            r.message.contains(
+                "only keepalive for at least 21.0s, not counting 1h00m the machine was suspended"
+            ),
+            "{}",
+            r.message
+        );
+        assert_eq!(r.evidence["stalled_ms"], 21_000);
+        assert_eq!(r.evidence["suspended_ms"], HOUR);
+        // Pings 5 s apart awake, the hour between two of them not counted.
+        assert_eq!(r.evidence["keepalive_spacing_ms"], 5_000);
+        assert_eq!(r.evidence["stalled_ms"], p[0].closeness.only_keepalive_ms);
+        // Without a suspend the reason is as it was.
+        let r = &plain[12].0.reasons[0];
+        assert!(!r.evidence.contains_key("suspended_ms"), "{r:?}");
+        assert!(!r.message.contains("suspended"), "{}", r.message);
+        // `CLOCK_BOOTTIME` alone counts the hour: wedged at once.
+        let boot = pinging_across(&cfg, 40, 14_000, HOUR, false, |_| false);
+        assert_eq!(stalled_at(&boot), Some(7));
+    }
+
+    /// A history saved by a build that read no `CLOCK_MONOTONIC` loads,
+    /// and the interval from it counts whole (the hour's suspend counted,
+    /// wedged right after the resume, as that build did); a suspend after
+    /// a check that read both clocks is not counted.
+    #[test]
+    fn a_history_without_the_monotonic_clock_counts_as_before() {
+        let cfg = agent("stall_after = \"20s\"");
+        let old = pinging_across(&cfg, 40, 14_000, HOUR, true, |t| t == 16_000);
+        assert_eq!(stalled_at(&old), Some(7));
+        // Forgotten before a check without a suspend: nothing changes.
+        let js = pinging_across(&cfg, 40, 14_000, HOUR, true, |t| t == 10_000);
+        assert_eq!(stalled_at(&js), Some(12));
     }
 
     #[test]

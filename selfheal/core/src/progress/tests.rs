@@ -110,6 +110,7 @@ fn closeness_counts_down_to_the_bound_and_is_none_without_keepalive() {
         c,
         Closeness {
             only_keepalive_ms: 11_000,
+            suspended_ms: 0,
             keepalives: 3,
             keepalive_bytes: 126,
             keepalive_bytes_min: 42,
@@ -494,4 +495,264 @@ fn bytes_without_counted_segments_are_never_keepalive() {
     );
     assert_eq!(seen, [Interval::Content, Interval::Content]);
     assert_eq!(p.stalled(100_000, 1), None);
+}
+
+/// An hour, suspended.
+const HOUR: u64 = 3_600_000;
+
+/// A stream that sends a 42-byte ping every 5 s of time awake after its
+/// head, checked every 2 s awake for `checks` checks, the machine
+/// suspended for `asleep` ms once `awake` ms had passed (between two
+/// checks): each check's time on both clocks (`CLOCK_BOOTTIME` moved on
+/// by the suspend, `CLOCK_MONOTONIC` not) and its counters, whose ages
+/// are the kernel's, in time awake.
+fn pinging_across(awake: u64, asleep: u64, checks: u64) -> Vec<(Now, TcpInfo)> {
+    pinging(|_| 42, checks)
+        .into_iter()
+        .map(|(t, info)| {
+            let boot = if t > awake { t + asleep } else { t };
+            (Now::both(boot, t), info)
+        })
+        .collect()
+}
+
+/// The record after `steps` from the head at 0 on both clocks, and the
+/// stall at each check against `bound`.
+fn run_at(steps: &[(Now, TcpInfo)], bound: u64) -> (Progress, Vec<Option<Stall>>) {
+    let mut p = Progress::start_at(&at(400, 1, 601, 1, 0), Now::both(0, 0));
+    let mut stalls = Vec::new();
+    for (now, info) in steps {
+        p = p.advance_at(info, *now, Rule::Stream).0;
+        stalls.push(p.stalled(now.boot_ms, bound));
+    }
+    (p, stalls)
+}
+
+/// Pings from 5 s, the machine suspended for an hour after the check at
+/// 16 s (11 s of pings counted): the check right after the resume finds
+/// 13 s of pings, not an hour, and `inspect` the bound's rest; the pings
+/// that go on awake are stalled at the same check as with no suspend
+/// (31 s of pings at 36 s awake), the hour named and not counted.
+#[test]
+fn a_suspend_inside_the_keepalive_span_is_not_counted() {
+    let bound = 30_000;
+    let (p, stalls) = run_at(&pinging_across(16_000, HOUR, 30), bound);
+    let (plain, plain_stalls) = run_at(&pinging_across(16_000, 0, 30), bound);
+    // Check 9 (18 s awake) is the first after the resume.
+    assert_eq!(stalls[8], None, "right after the resume");
+    let (after, _) = run_at(&pinging_across(16_000, HOUR, 9), bound);
+    assert_eq!(after.checked_ms, HOUR + 18_000);
+    assert_eq!(after.suspended_ms, HOUR);
+    assert_eq!(after.keepalive_only_ms(HOUR + 18_000), Some(13_000));
+    let c = after
+        .closeness(HOUR + 18_000, bound)
+        .expect("pings counted");
+    assert_eq!(
+        (c.only_keepalive_ms, c.suspended_ms, c.left_ms, c.stalled),
+        (13_000, HOUR, 17_000, false)
+    );
+    // The last ping (15 s) came before the suspend: 3 s ago, awake.
+    assert_eq!(
+        (c.keepalive_spacing_ms, c.last_keepalive_ago_ms),
+        (Some(5_000), 3_000)
+    );
+    // Stalled at the same check as without the suspend, for as long.
+    let first = |s: &[Option<Stall>]| s.iter().position(Option::is_some);
+    assert_eq!(first(&stalls), Some(17), "{p:?}");
+    assert_eq!(first(&stalls), first(&plain_stalls));
+    let s = stalls[17].expect("stalled");
+    assert_eq!((s.for_ms, s.suspended_ms), (31_000, HOUR));
+    // Pings 5 s apart awake, the hour between two of them not counted.
+    assert_eq!(s.spacing_ms, Some(5_000));
+    assert_eq!(
+        plain_stalls[17].map(|s| (s.for_ms, s.suspended_ms)),
+        Some((31_000, 0))
+    );
+    assert_eq!(p.since_ms, plain.since_ms);
+    assert_eq!(p.keepalives, plain.keepalives);
+    // Saved and read back with what it knows of the suspend.
+    let text = serde_json::to_string(&p).expect("serialize");
+    assert!(text.contains("\"suspended_ms\":3600000"), "{text}");
+    assert_eq!(serde_json::from_str::<Progress>(&text).ok(), Some(p));
+}
+
+/// A suspend in the interval where the first ping arrives: a span dated
+/// by the ping's age (time awake) holds none of it; one dated from the
+/// last check (the arrival aged past it) holds all of it.
+#[test]
+fn a_span_started_across_a_suspend_holds_only_what_follows_its_start() {
+    let head = Progress::start_at(&at(400, 1, 601, 1, 0), Now::both(0, 0));
+    let p = head
+        .advance_at(
+            &at(400, 1, 601, 1, 2_000),
+            Now::both(2_000, 2_000),
+            Rule::Stream,
+        )
+        .0;
+    // 2 s awake and an hour suspended; a ping 500 ms before the check.
+    let (q, i) = p.advance_at(
+        &at(442, 2, 601, 1, 500),
+        Now::both(HOUR + 4_000, 4_000),
+        Rule::Stream,
+    );
+    assert!(matches!(i, Interval::Keepalive { .. }), "{i:?}");
+    assert_eq!((q.since_ms, q.suspended_ms), (HOUR + 3_500, 0));
+    // A ping aged past the interval's time awake (it came before the
+    // suspend, or before the last check: a reading race): from that
+    // check, the whole suspend in the span and not counted.
+    let (q, _) = p.advance_at(
+        &at(442, 2, 601, 1, 2_000),
+        Now::both(HOUR + 4_000, 4_000),
+        Rule::Stream,
+    );
+    assert_eq!((q.since_ms, q.suspended_ms), (2_000, HOUR));
+    assert_eq!(q.awake_ms(HOUR + 4_000), 2_000);
+    // Content after a suspend restarts the count, with nothing of it.
+    let (p, _) = run_at(&pinging_across(16_000, HOUR, 8), 30_000);
+    let (q, i) = p.advance_at(
+        &at(p.bytes_received + 150, p.data_segs_in + 1, 601, 1, 10),
+        Now::both(HOUR + 20_000, 20_000),
+        Rule::Stream,
+    );
+    assert_eq!(
+        (i, q.since_ms, q.suspended_ms),
+        (Interval::Content, HOUR + 20_000, 0)
+    );
+}
+
+/// No suspend: both clocks advance alike, and every record, interval
+/// and stall is what `CLOCK_BOOTTIME` alone gives.
+#[test]
+fn without_a_suspend_both_clocks_count_as_boottime_alone() {
+    let steps = pinging(|_| 42, 30);
+    let (alone, _) = run(&steps);
+    // `CLOCK_MONOTONIC` a constant behind (a machine suspended before).
+    let both: Vec<_> = steps
+        .iter()
+        .map(|(t, i)| (Now::both(t + 90_000, *t), i.clone()))
+        .collect();
+    let mut p = Progress::start_at(&at(400, 1, 601, 1, 0), Now::both(90_000, 0));
+    let mut q = Progress::start(&at(400, 1, 601, 1, 0), 90_000);
+    for (now, info) in &both {
+        let (np, ip) = p.advance_at(info, *now, Rule::Stream);
+        let (nq, iq) = q.advance(info, now.boot_ms);
+        assert_eq!(ip, iq);
+        assert_eq!(np.suspended_ms, 0);
+        assert_eq!(
+            np.stalled(now.boot_ms, 30_000),
+            nq.stalled(now.boot_ms, 30_000)
+        );
+        assert_eq!(
+            np.closeness(now.boot_ms, 30_000),
+            nq.closeness(now.boot_ms, 30_000)
+        );
+        (p, q) = (np, nq);
+    }
+    assert_eq!(p.since_ms, alone.since_ms + 90_000);
+    assert_eq!(p.stalled(150_000, 30_000).map(|s| s.for_ms), Some(55_000));
+}
+
+/// A record saved by a build that read no `CLOCK_MONOTONIC` (no
+/// `checked_mono_ms`, no `suspended_ms`) loads; the interval from it
+/// counts whole, as `CLOCK_BOOTTIME` says (a suspend in it is counted, as
+/// before), and the intervals after it know of suspends.
+#[test]
+fn a_record_saved_without_the_monotonic_clock_counts_as_before() {
+    let old = r#"{"since_ms":5000,"checked_ms":16000,"bytes_received":526,"data_segs_in":4,"bytes_acked":601,"data_segs_out":1,"keepalives":3,"keepalive_bytes":126,"smallest":42,"largest":42,"first_at_ms":5000,"last_at_ms":15000}"#;
+    let p: Progress = serde_json::from_str(old).expect("an old record loads");
+    assert_eq!((p.checked_mono_ms, p.suspended_ms), (None, 0));
+    let (before, _) = run(&pinging(|_| 42, 8));
+    assert_eq!(p, before, "what CLOCK_BOOTTIME alone recorded");
+    // An hour suspended after it: counted, stalled at once, as before.
+    let ping = at(568, 5, 601, 1, 0);
+    let (q, _) = p.advance_at(&ping, Now::both(HOUR + 20_000, 20_000), Rule::Stream);
+    let (r, _) = p.advance(&ping, HOUR + 20_000);
+    assert_eq!(q.suspended_ms, 0);
+    assert_eq!(
+        q.stalled(HOUR + 20_000, 30_000),
+        r.stalled(HOUR + 20_000, 30_000)
+    );
+    assert!(q.stalled(HOUR + 20_000, 30_000).is_some());
+    // The next interval has both readings: its suspend is not counted.
+    let (q, _) = q.advance_at(
+        &at(610, 6, 601, 1, 0),
+        Now::both(3 * HOUR + 22_000, 22_000),
+        Rule::Stream,
+    );
+    assert_eq!(q.suspended_ms, 2 * HOUR);
+    assert_eq!(q.keepalive_only_ms(3 * HOUR + 22_000), Some(HOUR + 17_000));
+}
+
+/// Readings that contradict each other (`CLOCK_MONOTONIC` back, or ahead
+/// of `CLOCK_BOOTTIME`, or moved further than it; the extremes of a
+/// `u64`): no panic, and the interval counts whole, as `CLOCK_BOOTTIME`
+/// says; `CLOCK_BOOTTIME` back starts the record afresh, as before.
+#[test]
+fn contradicting_clocks_count_as_boottime_alone() {
+    let (p, _) = run_at(&pinging_across(u64::MAX, 0, 8), 30_000);
+    assert_eq!(p.checked_mono_ms, Some(16_000));
+    let ping = at(p.bytes_received + 42, p.data_segs_in + 1, 601, 1, 0);
+    let boot = p.advance(&ping, HOUR + 18_000).0;
+    let whole = boot.keepalive_only_ms(HOUR + 18_000);
+    assert_eq!(whole, Some(HOUR + 13_000));
+    for (now, what) in [
+        (Now::both(HOUR + 18_000, 15_000), "monotonic back"),
+        (Now::both(HOUR + 18_000, 0), "monotonic back to 0"),
+        (
+            Now {
+                boot_ms: HOUR + 18_000,
+                mono_ms: Some(HOUR + 19_000),
+            },
+            "boottime behind monotonic",
+        ),
+        (
+            Now {
+                boot_ms: HOUR + 18_000,
+                mono_ms: Some(u64::MAX),
+            },
+            "monotonic at its most",
+        ),
+        (Now::boot(HOUR + 18_000), "no monotonic"),
+        (
+            Now::both(HOUR + 18_000, HOUR + 18_000),
+            "monotonic moved further",
+        ),
+    ] {
+        // Monotonic moved further than boottime: from a last check whose
+        // monotonic was 6 s behind.
+        let from = if what == "monotonic moved further" {
+            Progress {
+                checked_mono_ms: Some(10_000),
+                ..p.clone()
+            }
+        } else {
+            p.clone()
+        };
+        let (q, i) = from.advance_at(&ping, now, Rule::Stream);
+        assert!(matches!(i, Interval::Keepalive { .. }), "{what}: {i:?}");
+        assert_eq!(q.suspended_ms, 0, "{what}");
+        assert_eq!(q.keepalive_only_ms(HOUR + 18_000), whole, "{what}");
+        assert!(q.stalled(HOUR + 18_000, 30_000).is_some(), "{what}");
+        // And the next check, from a reading not to trust, does not
+        // count a suspend it cannot tell.
+        let next = at(q.bytes_received + 42, q.data_segs_in + 1, 601, 1, 0);
+        let (r, _) = q.advance_at(&next, Now::both(HOUR + 20_000, 20_000), Rule::Stream);
+        assert!(r.suspended_ms <= HOUR, "{what}: {r:?}");
+    }
+    // A record whose own readings are the ones not to trust.
+    let bad = Progress {
+        checked_mono_ms: Some(u64::MAX),
+        suspended_ms: u64::MAX,
+        ..p.clone()
+    };
+    let (q, _) = bad.advance_at(&ping, Now::both(u64::MAX, 0), Rule::Stream);
+    assert_eq!(q.suspended_ms, u64::MAX);
+    assert_eq!(q.keepalive_only_ms(u64::MAX), Some(0));
+    assert!(q.closeness(u64::MAX, 30_000).is_some());
+    // Boottime back: afresh, whatever monotonic says.
+    let (q, i) = p.advance_at(&ping, Now::both(10_000, 10_000), Rule::Stream);
+    assert_eq!(
+        (i, q.since_ms, q.suspended_ms),
+        (Interval::First, 10_000, 0)
+    );
 }
