@@ -46,6 +46,9 @@ impl Now {
 /// `CLOCK_MONOTONIC` or has it ahead of `CLOCK_BOOTTIME`, either clock went
 /// back, or `CLOCK_BOOTTIME` moved less than `CLOCK_MONOTONIC` (no machine
 /// does that; the caller then counts as if there had been no suspend).
+/// A lead under [`SUSPEND_FLOOR_MS`] is 0: the two clocks are read one
+/// after the other and each cut to whole ms, so awake they drift apart by a
+/// millisecond now and then.
 pub fn suspended_between(before: Now, after: Now) -> Option<u64> {
     let (b0, m0) = (before.boot_ms, before.mono_ms?);
     let (b1, m1) = (after.boot_ms, after.mono_ms?);
@@ -54,8 +57,15 @@ pub fn suspended_between(before: Now, after: Now) -> Option<u64> {
     }
     let boot = b1.checked_sub(b0)?;
     let mono = m1.checked_sub(m0)?;
-    boot.checked_sub(mono)
+    let lead = boot.checked_sub(mono)?;
+    Some(if lead < SUSPEND_FLOOR_MS { 0 } else { lead })
 }
+
+/// The least lead of `CLOCK_BOOTTIME` over `CLOCK_MONOTONIC` between two
+/// checks taken for a suspend. Below it the lead is the readings' rounding
+/// (1 ms, read apart by microseconds); a real suspend lasts seconds, and
+/// one under a second changes no stall bound (those are tens of seconds).
+pub const SUSPEND_FLOOR_MS: u64 = 1_000;
 
 /// Milliseconds from `since_ns` to `now_ns`, 0 if `since_ns` is later.
 pub fn age_ms(now_ns: u64, since_ns: u64) -> u64 {
@@ -88,6 +98,19 @@ mod tests {
         assert_eq!(
             suspended_between(at(10_000, 9_000), at(12_000, 11_000)),
             Some(0)
+        );
+        // The readings' rounding (1 or 2 ms), or a pause under the floor:
+        // no suspend. At the floor: one.
+        for lead in [1, 2, SUSPEND_FLOOR_MS - 1] {
+            assert_eq!(
+                suspended_between(at(10_000, 9_000), at(12_000 + lead, 11_000)),
+                Some(0),
+                "{lead}"
+            );
+        }
+        assert_eq!(
+            suspended_between(at(10_000, 9_000), at(12_000 + SUSPEND_FLOOR_MS, 11_000)),
+            Some(SUSPEND_FLOOR_MS)
         );
         // An hour suspended within 2 s awake.
         assert_eq!(
