@@ -402,6 +402,32 @@ impl Podman {
     }
 }
 
+/// `sleep 600` in a Podman container `name` of `image` (no network),
+/// with Podman's global `args` and `extra` run options: its id.
+pub fn podman_sleeper(
+    args: &[String],
+    image: &str,
+    name: &str,
+    extra: &[&str],
+) -> Result<String, String> {
+    // Limits no higher than this process's own: runc may not raise them.
+    run_ok(
+        Command::new("podman")
+            .args(args)
+            .args([
+                "run",
+                "-d",
+                "--network=none",
+                "--ulimit=nofile=1024:1024",
+                "--ulimit=nproc=1024:1024",
+                "--name",
+                name,
+            ])
+            .args(extra)
+            .args([image, "/bin/sleep", "600"]),
+    )
+}
+
 pub fn start_podman(scratch: &Scratch, tar: &Path, tag: &str) -> Result<Podman, String> {
     let args: Vec<String> = vec![
         format!("--root={}", scratch.join("podman/root").display()),
@@ -419,21 +445,12 @@ pub fn start_podman(scratch: &Scratch, tar: &Path, tag: &str) -> Result<Podman, 
             .arg(tar)
             .arg(&image),
     )?;
-    // Limits no higher than this process's own: runc may not raise them.
-    let id = run_ok(Command::new("podman").args(&args).args([
-        "run",
-        "-d",
-        "--network=none",
-        "--ulimit=nofile=1024:1024",
-        "--ulimit=nproc=1024:1024",
-        "--name",
-        &format!("{tag}-runner"),
-        "--label",
-        "app=runner",
+    let id = podman_sleeper(
+        &args,
         &image,
-        "/bin/sleep",
-        "600",
-    ]))?;
+        &format!("{tag}-runner"),
+        &["--label", "app=runner"],
+    )?;
     let sock = scratch.join("podman.sock");
     let child = Command::new("podman")
         .args(&args)

@@ -439,22 +439,8 @@ fn docker_and_podman_containers_are_matched_by_label_and_name() {
 fn auto_on_podman(p: &tests::runtimes::Podman, scratch: &Scratch, env: &[(&str, String)]) {
     let image = format!("localhost/{}:1", p.tag);
     let run = |name: &str, extra: &[&str]| {
-        run_ok(
-            Command::new("podman")
-                .args(&p.args)
-                .args([
-                    "run",
-                    "-d",
-                    "--network=none",
-                    "--ulimit=nofile=1024:1024",
-                    "--ulimit=nproc=1024:1024",
-                    "--name",
-                    name,
-                ])
-                .args(extra)
-                .args([image.as_str(), "/bin/sleep", "600"]),
-        )
-        .unwrap_or_else(|e| panic!("podman run {name}: {e}"))
+        tests::runtimes::podman_sleeper(&p.args, &image, name, extra)
+            .unwrap_or_else(|e| panic!("podman run {name}: {e}"))
     };
     let (name, claims) = (format!("{}-auto", p.tag), format!("{}-claims", p.tag));
     let id = run(&name, &["--label", "selfheal.enable=true"]);
