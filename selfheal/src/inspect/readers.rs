@@ -144,11 +144,16 @@ pub(super) enum Iterators {
     Failed(String),
 }
 
-/// One walk of the task iterators over `pid`, and where they came from;
-/// `load` loads them where none are pinned.
-pub(super) fn iterate(pid: u32, load: bool) -> Result<(IterProcess, &'static str), Walk> {
+/// One walk of the task iterators over `pid`, where they came from, and
+/// the start time of the process walked; `load` loads them where none are
+/// pinned.
+pub(super) fn iterate(pid: u32, load: bool) -> Result<super::kernel::Walked, Walk> {
     use std::os::fd::AsFd as _;
-    let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
+    let pidfd = match crate::sys::pidfd::Pidfd::open(pid, None) {
+        Ok(fd) => fd,
+        Err(crate::sys::pidfd::PidfdError::Gone { .. }) => return Err(Walk::Gone),
+        Err(e) => return Err(Walk::Failed(e.to_string())),
+    };
     let mut slot = open_iterators(load);
     let (it, from) = match slot.as_mut() {
         Some(Iterators::Open(it, from)) => (it, *from),
@@ -158,7 +163,11 @@ pub(super) fn iterate(pid: u32, load: bool) -> Result<(IterProcess, &'static str
         None => return Err(Walk::Failed("the task iterators are not open".into())),
     };
     match it.process(pidfd.as_fd()) {
-        Ok(pass) => Ok((pass, from)),
+        Ok(pass) => Ok(super::kernel::Walked {
+            pass,
+            from,
+            start_ticks: pidfd.start_ticks(),
+        }),
         Err(ebpf::iter::IterError::Gone) => Err(Walk::Gone),
         Err(e) => Err(Walk::Failed(format!(
             "the kernel's task iterators: {}",
