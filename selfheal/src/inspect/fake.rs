@@ -36,10 +36,10 @@ enum Call {
 /// What the task iterators' walk of a pid finds.
 #[derive(Clone)]
 enum FakeWalk {
-    /// The pass, of a process started at `start_ticks`.
+    /// The pass, and whether the process walked has exited after it.
     Read {
         pass: IterProcess,
-        start_ticks: u64,
+        exited: bool,
     },
     Gone,
     Failed(String),
@@ -102,10 +102,10 @@ impl CollectKernel for FakeKernel {
         let mut s = self.script();
         s.calls.push(Call::Walk(pid));
         match s.walks.get(&pid).cloned() {
-            Some(FakeWalk::Read { pass, start_ticks }) => Ok(Walked {
+            Some(FakeWalk::Read { pass, exited }) => Ok(Walked {
                 pass,
                 from: "pinned",
-                start_ticks,
+                exited: Box::new(move || exited),
             }),
             Some(FakeWalk::Failed(why)) => Err(Walk::Failed(why)),
             Some(FakeWalk::Gone) | None => Err(Walk::Gone),
@@ -203,9 +203,9 @@ impl Host {
         std::os::unix::fs::symlink(format!("socket:[{inode}]"), link).expect("fd link");
     }
 
-    /// The walk of `pid` finds it started at `start`, holding `sockets`
-    /// (fd, inode), its connections read by the pass as `tcp`.
-    fn walks(&self, pid: u32, start: u64, sockets: &[(i32, u64)], tcp: TcpPass) {
+    /// The walk of `pid` finds it holding `sockets` (fd, inode), its
+    /// connections read by the pass as `tcp`; it still runs after.
+    fn walks(&self, pid: u32, sockets: &[(i32, u64)], tcp: TcpPass) {
         let pass = IterProcess {
             threads: vec![thread(pid)],
             sockets: sockets.to_vec(),
@@ -215,9 +215,17 @@ impl Host {
             pid,
             FakeWalk::Read {
                 pass,
-                start_ticks: start,
+                exited: false,
             },
         );
+    }
+
+    /// The process walked as `pid` exits after its walk (its pidfd says
+    /// so).
+    fn exits_after_walk(&self, pid: u32) {
+        if let Some(FakeWalk::Read { exited, .. }) = self.kernel.script().walks.get_mut(&pid) {
+            *exited = true;
+        }
     }
 
     fn walk_is(&self, pid: u32, walk: FakeWalk) {
@@ -349,7 +357,7 @@ fn groups(ev: &Evidence) -> Vec<(u32, Result<Vec<u64>, String>)> {
 fn a_walked_process_is_read_from_its_pass_and_no_namespace_is_dumped() {
     let host = Host::new("walked");
     host.process(42, 1, 'S', 500, "a");
-    host.walks(42, 500, &[(3, 7)], read(&[7]));
+    host.walks(42, &[(3, 7)], read(&[7]));
     let ev = host.collector().collect(&agent(&[42]));
     assert_eq!(pids(&ev), [42]);
     assert!(ev.gone.is_empty(), "{:?}", ev.gone);
@@ -363,7 +371,7 @@ fn a_walked_process_is_read_from_its_pass_and_no_namespace_is_dumped() {
     assert_eq!(host.kernel.calls(), [Call::Ready, Call::Walk(42)]);
 }
 
-/// The pid exited after its walk and another process took it before its
+/// The process exited after its walk and another took its pid before its
 /// `stat` was read: the pass is of the one, the `stat` of the other. It
 /// is gone, never read as a mix of both, and its pass's connections are
 /// not the agent's.
@@ -371,10 +379,11 @@ fn a_walked_process_is_read_from_its_pass_and_no_namespace_is_dumped() {
 fn a_pid_reused_after_its_walk_is_gone_not_read_as_the_new_process() {
     let host = Host::new("reused");
     host.process(42, 1, 'S', 500, "a");
-    host.walks(42, 500, &[(3, 7)], read(&[7]));
+    host.walks(42, &[(3, 7)], read(&[7]));
     host.process(43, 1, 'S', 600, "a");
-    host.walks(43, 600, &[(3, 8)], read(&[8]));
-    // 42 is now another process, started later.
+    host.walks(43, &[(3, 8)], read(&[8]));
+    // 42 exits after its walk and is now another process, started later.
+    host.exits_after_walk(42);
     host.restart(42, 1, 'R', 900);
     let ev = host.collector().collect(&agent(&[42, 43]));
     assert_eq!(pids(&ev), [43]);
@@ -382,6 +391,24 @@ fn a_pid_reused_after_its_walk_is_gone_not_read_as_the_new_process() {
     assert_eq!(ev.collection.iterators, 1);
     assert_eq!(groups(&ev), [(43, Ok(vec![8]))]);
     assert!(!ev.roles.contains_key(&7));
+}
+
+/// A process that exited by its `stat`'s read but whose `stat` is a
+/// zombie's is what it left (a zombie keeps its pid): read, for the
+/// zombie diagnosis. One still running after the read is its own, whatever
+/// its state.
+#[test]
+fn an_exited_process_whose_stat_is_a_zombie_is_read_as_the_zombie() {
+    let host = Host::new("zombie");
+    host.process(42, 1, 'Z', 500, "a");
+    host.walks(42, &[], read(&[]));
+    host.exits_after_walk(42);
+    host.process(43, 1, 'R', 600, "a");
+    host.walks(43, &[], read(&[]));
+    let ev = host.collector().collect(&agent(&[42, 43]));
+    assert_eq!(pids(&ev), [42, 43]);
+    assert!(ev.gone.is_empty(), "{:?}", ev.gone);
+    assert_eq!(ev.processes[0].state, 'Z');
 }
 
 /// A process gone at its walk is gone: procfs is not asked instead (a
@@ -487,7 +514,7 @@ fn a_pass_without_connections_takes_them_from_the_dump_saying_why() {
     let host = Host::new("unread");
     host.process(42, 1, 'S', 500, "a");
     let why = "this kernel's sockets have no tcp_info fields the pass reads";
-    host.walks(42, 500, &[(3, 7)], TcpPass::Unread(why.into()));
+    host.walks(42, &[(3, 7)], TcpPass::Unread(why.into()));
     host.dump("a", Ok(vec![conn(7, 1, PROVIDER)]));
     let ev = host.collector().collect(&agent(&[42]));
     assert_eq!(ev.collection.iterators, 1);
@@ -502,7 +529,7 @@ fn a_pass_without_connections_takes_them_from_the_dump_saying_why() {
 fn a_connection_in_a_pass_and_in_a_dump_is_listed_once() {
     let host = Host::new("shared");
     host.process(42, 1, 'S', 500, "a");
-    host.walks(42, 500, &[(3, 7)], read(&[7]));
+    host.walks(42, &[(3, 7)], read(&[7]));
     host.process(43, 42, 'S', 600, "a");
     host.fd(43, 3, 7);
     host.fd(43, 4, 8);
@@ -519,7 +546,7 @@ fn a_spent_budget_stops_the_collection_and_says_how_far_it_got() {
     let host = Host::new("budget");
     for pid in [42, 43] {
         host.process(pid, 1, 'S', 500, "a");
-        host.walks(pid, 500, &[], read(&[]));
+        host.walks(pid, &[], read(&[]));
     }
     let mut c = host.collector();
     c.set_budget(Duration::ZERO);
@@ -549,7 +576,7 @@ fn past_the_zombie_cap_zombies_are_counted_under_their_parent_unwalked() {
     let all: Vec<u32> = (1000..1000 + MAX_ZOMBIES as u32 + 2).collect();
     for &pid in &all {
         host.zombie(pid, 7, 500);
-        host.walks(pid, 500, &[], read(&[]));
+        host.walks(pid, &[], read(&[]));
     }
     let ev = host.collector().collect(&agent(&all));
     assert_eq!(ev.processes.len(), MAX_ZOMBIES);
@@ -564,7 +591,7 @@ fn past_the_zombie_cap_zombies_are_counted_under_their_parent_unwalked() {
 fn a_full_read_is_procfs_even_where_the_iterators_run() {
     let host = Host::new("full");
     host.process(42, 1, 'S', 500, "a");
-    host.walks(42, 500, &[], read(&[]));
+    host.walks(42, &[], read(&[]));
     let ev = host.collector().collect_with(&agent(&[42]), Detail::Full);
     assert_eq!(pids(&ev), [42]);
     assert_eq!(ev.collection.why_procfs, [FULL_IS_PROCFS]);
@@ -797,8 +824,8 @@ fn auto_agents_read_their_namespaces_listeners_once_and_accepted_connections_get
             socket: s.clone(),
         }])
     };
-    host.walks(42, 500, &[(3, 7)], tcp(&made));
-    host.walks(43, 600, &[(3, 8)], tcp(&accepted));
+    host.walks(42, &[(3, 7)], tcp(&made));
+    host.walks(43, &[(3, 8)], tcp(&accepted));
     host.kernel
         .script()
         .listening

@@ -2,8 +2,8 @@
 //! [`ProcRoot`] points at): the task iterators' walk of a process, the
 //! sock_diag dump of a network namespace, and its listening addresses.
 //! [`Live`] is the kernel itself; the tests' `FakeKernel` (`fake.rs`)
-//! scripts each answer, so the collector's races (a pid reused after its
-//! walk, a process gone at it, a namespace gone before its dump, a refused
+//! scripts each answer, so the collector's races (a process that exits
+//! and whose pid is reused after its walk, a process gone at it, a namespace gone before its dump, a refused
 //! dump) are tested without root.
 
 use super::{
@@ -16,10 +16,10 @@ pub(super) struct Walked {
     pub(super) pass: IterProcess,
     /// Where the iterators came from (`pinned` or `loaded`).
     pub(super) from: &'static str,
-    /// The start time of the process walked, read once its pidfd was
-    /// open: a `stat` read after the walk that shows another is of a
-    /// process that took the pid since.
-    pub(super) start_ticks: u64,
+    /// Whether the process walked (the one its pidfd pinned) has exited
+    /// by now. Still running after its `stat` was read, that `stat` was
+    /// its own; exited, its pid may name another process since.
+    pub(super) exited: Box<dyn Fn() -> bool + Send>,
 }
 
 /// The collector's reads of the kernel beyond procfs.

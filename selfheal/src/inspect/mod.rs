@@ -457,13 +457,14 @@ impl Collector {
                 proc::process_in(&self.proc, pid, detail, clocks, &mut access)
             } else {
                 match self.kernel.walk(pid, self.load_iterators) {
-                    Ok(Walked {
-                        pass,
-                        from,
-                        start_ticks,
-                    }) => {
-                        // The walk was of the process its pidfd pinned; a
-                        // pid reused since is another process: gone.
+                    Ok(Walked { pass, from, exited }) => {
+                        // The walk was of the process its pidfd pinned.
+                        // Exited by the time its `stat` was read, its pid
+                        // may name another process: gone, unless the
+                        // `stat` is a zombie's (a zombie keeps its pid
+                        // until reaped; another process that took the pid,
+                        // lived and died since would need pid allocation
+                        // to go round the whole pid space in between).
                         match proc::process_iterated(
                             &self.proc,
                             pid,
@@ -472,7 +473,7 @@ impl Collector {
                             clocks,
                             &mut access,
                         ) {
-                            Ok(p) if p.start_ticks != start_ticks => {
+                            Ok(p) if p.state != 'Z' && exited() => {
                                 gone.push(pid);
                                 continue;
                             }

@@ -145,15 +145,11 @@ pub(super) enum Iterators {
 }
 
 /// One walk of the task iterators over `pid`, where they came from, and
-/// the start time of the process walked; `load` loads them where none are
-/// pinned.
+/// whether the process walked has exited since (asked of its pidfd);
+/// `load` loads them where none are pinned.
 pub(super) fn iterate(pid: u32, load: bool) -> Result<super::kernel::Walked, Walk> {
     use std::os::fd::AsFd as _;
-    let pidfd = match crate::sys::pidfd::Pidfd::open(pid, None) {
-        Ok(fd) => fd,
-        Err(crate::sys::pidfd::PidfdError::Gone { .. }) => return Err(Walk::Gone),
-        Err(e) => return Err(Walk::Failed(e.to_string())),
-    };
+    let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
     let mut slot = open_iterators(load);
     let (it, from) = match slot.as_mut() {
         Some(Iterators::Open(it, from)) => (it, *from),
@@ -166,7 +162,7 @@ pub(super) fn iterate(pid: u32, load: bool) -> Result<super::kernel::Walked, Wal
         Ok(pass) => Ok(super::kernel::Walked {
             pass,
             from,
-            start_ticks: pidfd.start_ticks(),
+            exited: Box::new(move || crate::sys::pidfd::exited(pidfd.as_fd())),
         }),
         Err(ebpf::iter::IterError::Gone) => Err(Walk::Gone),
         Err(e) => Err(Walk::Failed(format!(
