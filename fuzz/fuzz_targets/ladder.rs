@@ -260,12 +260,12 @@ fn one(u: &mut Unstructured<'_>) -> Result<()> {
         boot_ms: now_ms,
         mono_ms: u.arbitrary()?,
     };
-    let (j, next) = judge::judge_at(&agent, &report, probes, &judge_history, now);
+    let (j, next) = judge::judge(&agent, &report, probes, &judge_history, now);
     let later = Now {
         boot_ms: now_ms.saturating_add(u.arbitrary::<u32>()?.into()),
         mono_ms: now.mono_ms.map(|m| m.saturating_add(1)),
     };
-    let _ = judge::judge_at(&agent, &report, probes, &next, later);
+    let _ = judge::judge(&agent, &report, probes, &next, later);
     let j = if u.arbitrary()? { j } else { wedged() };
     let before = heal_history.clone();
     let decision = ladder::decide(&agent.heal, &j, &report, &mut heal_history, now_ms);

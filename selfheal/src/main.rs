@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         Command::Install(args) => cli::install::run(args),
         Command::Helper(args) => cli::helper::run(
             args,
-            std::sync::Arc::new(selfheal::helper::server::executor::ActionsExecutor::default()),
+            std::sync::Arc::new(selfheal::helper::server::performer::ActionsPerformer::default()),
         ),
     };
     exit(result)

@@ -357,6 +357,7 @@ pub fn prove<E: std::fmt::Display>(
             Ok(out) if ka.is_armed_as(&out.previous) => {
                 let back = put_back(prover, &target, &out.previous)
                     .err()
+                    .map(|why| format!("; {why}"))
                     .unwrap_or_default();
                 results.push((
                     f.inode,
@@ -474,25 +475,34 @@ fn unproven(detail: String) -> ProofResult {
     }
 }
 
+/// Why a proof's socket was not put back as it was.
+#[derive(Debug, thiserror::Error)]
+enum PutBackError {
+    /// Set, but read back otherwise.
+    #[error("put back {previous}, but read back {back}")]
+    ReadBack { previous: String, back: String },
+    /// Not set.
+    #[error("could not put back its own options ({previous}): {error}")]
+    Failed { previous: String, error: String },
+}
+
 /// Puts `previous` back on `target`'s socket through `prover`, read back
-/// and compared; what went wrong, as words to add to a detail.
-// A `String` error: the words are the product (a proof's detail).
+/// and compared.
 fn put_back<E: std::fmt::Display>(
     prover: &Prover<'_, E>,
     target: &ProofTarget,
     previous: &KeepaliveSettings,
-) -> Result<(), String> {
+) -> Result<(), PutBackError> {
     match (prover.restore)(target, previous) {
         Ok(back) if back == *previous => Ok(()),
-        Ok(back) => Err(format!(
-            "; put back {}, but read back {}",
-            previous.words(),
-            back.words()
-        )),
-        Err(e) => Err(format!(
-            "; could not put back its own options ({}): {e}",
-            previous.words()
-        )),
+        Ok(back) => Err(PutBackError::ReadBack {
+            previous: previous.words(),
+            back: back.words(),
+        }),
+        Err(e) => Err(PutBackError::Failed {
+            previous: previous.words(),
+            error: e.to_string(),
+        }),
     }
 }
 
@@ -510,7 +520,7 @@ fn finish<E: std::fmt::Display>(
         && match put_back(prover, &a.target, &a.proof.previous) {
             Ok(()) => true,
             Err(why) => {
-                detail.push_str(&why);
+                detail.push_str(&format!("; {why}"));
                 tracing::warn!(
                     pid = a.target.pid,
                     fd = a.target.fd,
@@ -539,4 +549,31 @@ fn sockets_of(pids: impl Iterator<Item = u32>) -> HashMap<u64, TcpSocket> {
         }
     }
     dumps.into_values().flatten().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A socket not put back as it was reads as words added to the proof's
+    /// detail, naming what was set and what came back.
+    #[test]
+    fn a_socket_not_put_back_says_what_was_set_and_what_came_back() {
+        let e = PutBackError::ReadBack {
+            previous: "keepalive off".into(),
+            back: "keepalive on".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "put back keepalive off, but read back keepalive on"
+        );
+        let e = PutBackError::Failed {
+            previous: "keepalive off".into(),
+            error: "pid 42 is gone".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "could not put back its own options (keepalive off): pid 42 is gone"
+        );
+    }
 }

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use selfheal::helper::{Executor, Listen, ServerHandle, ServerOptions, serve};
+use selfheal::helper::{Listen, Performer, ServerHandle, ServerOptions, serve};
 use selfheal_core::protocol::Response;
 
 /// Where one test's `selfheal` commands keep what they write, and which
@@ -135,7 +135,7 @@ pub fn wait_answering(socket: &Path) {
 /// shut down, its options changed by `tweak` first.
 pub fn serve_helper(
     socket: impl Into<PathBuf>,
-    exec: Arc<dyn Executor>,
+    exec: Arc<dyn Performer>,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> ServerHandle {
     let mut opts = ServerOptions::new(Listen::Path(socket.into()));

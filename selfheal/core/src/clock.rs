@@ -40,6 +40,13 @@ impl Now {
     }
 }
 
+/// `CLOCK_BOOTTIME` ms alone ([`Now::boot`]).
+impl From<u64> for Now {
+    fn from(boot_ms: u64) -> Self {
+        Self::boot(boot_ms)
+    }
+}
+
 /// How long the machine was suspended between readings `before` and
 /// `after`: how much further `CLOCK_BOOTTIME` moved than
 /// `CLOCK_MONOTONIC`. None when that cannot be told: either reading lacks

@@ -205,13 +205,10 @@ pub struct Closeness {
 }
 
 impl Progress {
-    /// The record of a connection first seen at `now_ms`.
-    pub fn start(info: &TcpInfo, now_ms: u64) -> Self {
-        Self::start_at(info, Now::boot(now_ms))
-    }
-
-    /// [`Progress::start`] at `now`, on both clocks.
-    pub fn start_at(info: &TcpInfo, now: Now) -> Self {
+    /// The record of a connection first seen at `now` (a bare `u64`:
+    /// `CLOCK_BOOTTIME` ms alone).
+    pub fn start(info: &TcpInfo, now: impl Into<Now>) -> Self {
+        let now = now.into();
         Self {
             since_ms: now.boot_ms,
             checked_ms: now.boot_ms,
@@ -224,28 +221,26 @@ impl Progress {
         }
     }
 
-    /// The record after the check at `now_ms` read `info`, and what
-    /// arrived since the last. Counters that went backwards (another
+    /// The record after the check at `now` read `info`, and what arrived
+    /// since the last, by [`Rule::Stream`].
+    pub fn advance(&self, info: &TcpInfo, now: impl Into<Now>) -> (Self, Interval) {
+        self.advance_as(info, now, Rule::Stream)
+    }
+
+    /// The record after the check at `now` read `info`, and what arrived
+    /// since the last, by `rule`. Counters that went backwards (another
     /// connection under the same cookie, a kernel that does not count data
-    /// segments) or a clock that did start the record afresh.
-    pub fn advance(&self, info: &TcpInfo, now_ms: u64) -> (Self, Interval) {
-        self.advance_as(info, now_ms, Rule::Stream)
-    }
-
-    /// [`Progress::advance`] by `rule`.
-    pub fn advance_as(&self, info: &TcpInfo, now_ms: u64, rule: Rule) -> (Self, Interval) {
-        self.advance_at(info, Now::boot(now_ms), rule)
-    }
-
-    /// [`Progress::advance_as`] at `now`, on both clocks: time the machine
-    /// was suspended since the last check (`CLOCK_BOOTTIME` moved further
-    /// than `CLOCK_MONOTONIC`) is not counted in the keepalive-only span.
-    /// Where that cannot be told (either check without `CLOCK_MONOTONIC`,
-    /// as a record saved by an older build is; readings that contradict
-    /// each other) the interval counts whole, as `CLOCK_BOOTTIME` says.
-    pub fn advance_at(&self, info: &TcpInfo, now: Now, rule: Rule) -> (Self, Interval) {
+    /// segments) or a clock that did start the record afresh. Time the
+    /// machine was suspended since the last check (`CLOCK_BOOTTIME` moved
+    /// further than `CLOCK_MONOTONIC`) is not counted in the keepalive-only
+    /// span. Where that cannot be told (either check without
+    /// `CLOCK_MONOTONIC`, as a bare `u64` or a record saved by an older
+    /// build is; readings that contradict each other) the interval counts
+    /// whole, as `CLOCK_BOOTTIME` says.
+    pub fn advance_as(&self, info: &TcpInfo, now: impl Into<Now>, rule: Rule) -> (Self, Interval) {
+        let now = now.into();
         let now_ms = now.boot_ms;
-        let fresh = || (Self::start_at(info, now), Interval::First);
+        let fresh = || (Self::start(info, now), Interval::First);
         if info.bytes_received < self.bytes_received
             || info.bytes_acked < self.bytes_acked
             || now_ms < self.checked_ms

@@ -68,7 +68,7 @@ pub(super) fn check_agent(
     }
     let views = views(agent, &probes);
     let before = record.judge.clone();
-    let (judgement, next) = judge::judge_at(agent, &report, &views, &before, acting.now);
+    let (judgement, next) = judge::judge(agent, &report, &views, &before, acting.now);
     let transition = before.verdict != Some(judgement.verdict);
     if transition && judgement.verdict == Verdict::Wedged {
         record.wedges = record.wedges.saturating_add(1);
@@ -387,7 +387,7 @@ pub fn diagnose(
     let configs: Vec<_> = agent.probes.iter().collect();
     let results = probe::run_all(&configs);
     let views = views(agent, &results);
-    let (j, next) = judge::judge_at(agent, report, &views, history, now);
+    let (j, next) = judge::judge(agent, report, &views, history, now);
     let progress = judge::progress_of(agent, report, &next, now_ms);
     let mut proofs = Vec::new();
     for s in &report.sockets {

@@ -10,7 +10,7 @@ use nix::sys::signal::{SigSet, Signal};
 use selfheal::{
     ebpf::TracerOptions,
     helper::{
-        DEFAULT_SOCKET, Executor, Listen, SOCKET_MODE, ServerOptions, StopReason, access::policy,
+        DEFAULT_SOCKET, Listen, Performer, SOCKET_MODE, ServerOptions, StopReason, access::policy,
         serve, server::listen::take_activated_listener,
     },
 };
@@ -71,7 +71,7 @@ pub struct Args {
     pin_iterators: bool,
 }
 
-pub fn run(args: Args, executor: Arc<dyn Executor>) -> Result<Finished, Error> {
+pub fn run(args: Args, executor: Arc<dyn Performer>) -> Result<Finished, Error> {
     let euid = selfheal::sys::creds::euid();
     if args.pin_iterators {
         if euid != 0 {

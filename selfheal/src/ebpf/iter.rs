@@ -408,9 +408,32 @@ mod kernel {
             }
         })?;
         let mut file = bpf::iter_file(link.as_fd()).map_err(|e| run("iterator file", e))?;
-        buf.clear();
-        file.read_to_end(buf).map_err(|e| run("read", e))?;
-        Ok(buf)
+        let len = read_all(&mut file, buf).map_err(|e| run("read", e))?;
+        Ok(&buf[..len])
+    }
+
+    /// The first bytes a walk's output is read into: a process of a few
+    /// hundred threads, or a thousand sockets, in one `read`.
+    const WALK_BUF: usize = 64 << 10;
+
+    /// Reads `file` to its end into `buf` (kept from walk to walk, grown
+    /// as needed, never shrunk), `WALK_BUF` bytes at least per `read`;
+    /// the length read. Not `read_to_end`, whose size probe (`statx`,
+    /// `lseek`) and small first reads cost a dozen syscalls a walk where
+    /// two do.
+    fn read_all(file: &mut std::fs::File, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+        let mut len = 0;
+        loop {
+            if buf.len() - len < WALK_BUF {
+                buf.resize(len + WALK_BUF.max(buf.len()), 0);
+            }
+            match file.read(&mut buf[len..]) {
+                Ok(0) => return Ok(len),
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn iter_mut<'e>(ebpf: &'e mut Ebpf, name: &str) -> Result<&'e mut Iter, IterError> {

@@ -75,7 +75,7 @@ impl Tracer {
         let mut attempts = Vec::new();
         for &strategy in &opts.strategies {
             let result = precheck(strategy, &layout)
-                .map_err(|e| e.to_string())
+                .map_err(StrategyError::Precheck)
                 .and_then(|()| attach_all(&mut ebpf, strategy, btf.as_ref()));
             match result {
                 Ok(()) => {
@@ -95,7 +95,7 @@ impl Tracer {
                 }
                 Err(error) => attempts.push(Attempt {
                     strategy,
-                    error: Some(error),
+                    error: Some(error.to_string()),
                 }),
             }
         }
@@ -538,15 +538,30 @@ enum AttachError<'b> {
     Program(#[source] aya::programs::ProgramError),
 }
 
+/// Why a strategy did not attach: the attempt's reason, as the report
+/// shows it.
+#[derive(Debug, thiserror::Error)]
+enum StrategyError {
+    /// Found before touching the kernel.
+    #[error(transparent)]
+    Precheck(PrecheckError),
+    /// The kernel refused a program: which hook, its error condensed
+    /// (the verifier log's last lines), and a hint where one helps.
+    #[error("{hook}: {reason}{hint}")]
+    Attach {
+        hook: String,
+        reason: String,
+        hint: &'static str,
+    },
+}
+
 /// Loads and attaches every program of `strategy`; on the first failure,
 /// unloads what it loaded and returns the reason.
-// A `String` error: the reason is the product (the attempt's, condensed,
-// with a hint).
 fn attach_all(
     ebpf: &mut Ebpf,
     strategy: Strategy,
     btf: Result<&Btf, &BtfParseError>,
-) -> Result<(), String> {
+) -> Result<(), StrategyError> {
     let specs = strategy.programs();
     for (i, spec) in specs.iter().enumerate() {
         if let Err(e) = attach_one(ebpf, spec, btf) {
@@ -556,12 +571,11 @@ fn attach_all(
                     let _ = unload(prog);
                 }
             }
-            return Err(format!(
-                "{}: {}{}",
-                describe(spec.hook),
-                condense(&e),
-                hint(spec.hook, &e)
-            ));
+            return Err(StrategyError::Attach {
+                hook: describe(spec.hook),
+                reason: condense(&e),
+                hint: hint(spec.hook, &e),
+            });
         }
     }
     Ok(())
@@ -719,6 +733,25 @@ mod tests {
             format!("{} has no field `ret`", format.display())
         );
         std::fs::remove_dir_all(root).unwrap();
+    }
+
+    /// A strategy's failure reads as its attempt's reason: a precheck's
+    /// own words, or the hook, the kernel's error and the hint.
+    #[test]
+    fn strategy_errors_read_as_the_attempts_reasons() {
+        assert_eq!(
+            StrategyError::Precheck(PrecheckError::NoTracefs).to_string(),
+            PrecheckError::NoTracefs.to_string()
+        );
+        let attach = StrategyError::Attach {
+            hook: describe(Hook::Kprobe("tcp_recvmsg")),
+            reason: condense("Invalid argument (os error 22)"),
+            hint: " (no kprobe PMU)",
+        };
+        assert_eq!(
+            attach.to_string(),
+            "kprobe tcp_recvmsg: Invalid argument (os error 22) (no kprobe PMU)"
+        );
     }
 
     #[test]

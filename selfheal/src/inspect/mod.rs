@@ -47,6 +47,10 @@ use crate::{
     sys::{procfs::ProcRoot, sockdiag},
 };
 
+#[cfg(test)]
+mod fake;
+/// The collector's reads of the kernel beyond procfs, and the real ones.
+mod kernel;
 /// Reads made elsewhere (by the helper), for a collector that may not
 /// make them itself: passes of the task iterators, for a check that may
 /// not link them; whole processes and their namespaces, for one that may
@@ -55,7 +59,8 @@ mod readers;
 mod sockets;
 mod tracer;
 
-use readers::{Walk, iterate, open_iterators, read_through, state_and_ppid};
+use kernel::{CollectKernel, Live, Walked};
+use readers::{Walk, read_through, state_and_ppid};
 use tracer::attach;
 
 pub trait HelperReads {
@@ -161,9 +166,9 @@ pub struct Collector {
     /// they could not be read.
     listening:
         BTreeMap<(u64, u64), Result<Vec<SocketAddr>, std::sync::Arc<sockdiag::SockDiagError>>>,
-    /// How the listening addresses of a pid's network namespace are read
-    /// (`sockdiag::listening_in_netns_of`; a test's failure otherwise).
-    read_listening: fn(u32) -> Result<Vec<SocketAddr>, sockdiag::SockDiagError>,
+    /// The task iterators' walks, the namespaces' dumps and listening
+    /// addresses: the kernel's ([`Live`]), or a test's script.
+    kernel: Box<dyn CollectKernel>,
     detail: Detail,
     /// The CPUs' task clocks, taken on the first read that measures waits:
     /// one reference per CPU per collector, not per process.
@@ -226,7 +231,7 @@ impl Collector {
             ebpf,
             dumps: BTreeMap::new(),
             listening: BTreeMap::new(),
-            read_listening: sockdiag::listening_in_netns_of,
+            kernel: Box::new(Live),
             index: BTreeMap::new(),
             detail,
             clocks: None,
@@ -359,7 +364,7 @@ impl Collector {
         // Opening or loading the iterators is not the agent's collection:
         // done before its budget starts.
         if self.iterators_off.is_none() && detail != Detail::Full {
-            drop(open_iterators(self.load_iterators));
+            self.kernel.ready_iterators(self.load_iterators);
         }
         let started = std::time::Instant::now();
         let mut access = proc::MemAccess {
@@ -451,20 +456,34 @@ impl Collector {
                 collection.procfs_for(why);
                 proc::process_in(&self.proc, pid, detail, clocks, &mut access)
             } else {
-                match iterate(pid, self.load_iterators) {
-                    Ok((pass, from)) => {
-                        collection.iterators += 1;
-                        collection.iterators_from = Some(from.to_string());
-                        let read = proc::process_iterated(
+                match self.kernel.walk(pid, self.load_iterators) {
+                    Ok(Walked { pass, from, exited }) => {
+                        // The walk was of the process its pidfd pinned.
+                        // Exited by the time its `stat` was read, its pid
+                        // may name another process: gone, unless the
+                        // `stat` is a zombie's (a zombie keeps its pid
+                        // until reaped; another process that took the pid,
+                        // lived and died since would need pid allocation
+                        // to go round the whole pid space in between).
+                        match proc::process_iterated(
                             &self.proc,
                             pid,
                             &pass,
                             detail,
                             clocks,
                             &mut access,
-                        );
-                        passes_tcp.insert(pid, pass.tcp);
-                        read
+                        ) {
+                            Ok(p) if p.state != 'Z' && exited() => {
+                                gone.push(pid);
+                                continue;
+                            }
+                            read => {
+                                collection.iterators += 1;
+                                collection.iterators_from = Some(from.to_string());
+                                passes_tcp.insert(pid, pass.tcp);
+                                read
+                            }
+                        }
                     }
                     Err(Walk::Gone) => {
                         gone.push(pid);

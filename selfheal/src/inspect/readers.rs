@@ -144,9 +144,10 @@ pub(super) enum Iterators {
     Failed(String),
 }
 
-/// One walk of the task iterators over `pid`, and where they came from;
+/// One walk of the task iterators over `pid`, where they came from, and
+/// whether the process walked has exited since (asked of its pidfd);
 /// `load` loads them where none are pinned.
-pub(super) fn iterate(pid: u32, load: bool) -> Result<(IterProcess, &'static str), Walk> {
+pub(super) fn iterate(pid: u32, load: bool) -> Result<super::kernel::Walked, Walk> {
     use std::os::fd::AsFd as _;
     let pidfd = crate::sys::pidfd::pidfd_open(pid).map_err(|_| Walk::Gone)?;
     let mut slot = open_iterators(load);
@@ -158,7 +159,11 @@ pub(super) fn iterate(pid: u32, load: bool) -> Result<(IterProcess, &'static str
         None => return Err(Walk::Failed("the task iterators are not open".into())),
     };
     match it.process(pidfd.as_fd()) {
-        Ok(pass) => Ok((pass, from)),
+        Ok(pass) => Ok(super::kernel::Walked {
+            pass,
+            from,
+            exited: Box::new(move || crate::sys::pidfd::exited(pidfd.as_fd())),
+        }),
         Err(ebpf::iter::IterError::Gone) => Err(Walk::Gone),
         Err(e) => Err(Walk::Failed(format!(
             "the kernel's task iterators: {}",

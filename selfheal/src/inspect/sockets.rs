@@ -35,11 +35,11 @@ impl Collector {
             Ok(m) => m,
             Err(source) => return (None, Err(ListeningError::Netns { path, source })),
         };
-        let read = self.read_listening;
+        let kernel = &mut self.kernel;
         let l = self
             .listening
             .entry((m.dev(), m.ino()))
-            .or_insert_with(|| read(pid).map_err(std::sync::Arc::new));
+            .or_insert_with(|| kernel.listening(pid).map_err(std::sync::Arc::new));
         (
             Some(m.ino()),
             l.as_deref()
@@ -122,12 +122,11 @@ impl Collector {
             if !seen_ns.insert(ns) {
                 continue;
             }
-            let (via, dump) = self.dumps.entry(ns).or_insert_with(|| {
-                (
-                    p.pid,
-                    sockdiag::dump_tcp_in_netns_of(p.pid).map_err(|e| e.to_string()),
-                )
-            });
+            let kernel = &mut self.kernel;
+            let (via, dump) = self
+                .dumps
+                .entry(ns)
+                .or_insert_with(|| (p.pid, kernel.dump_tcp(p.pid).map_err(|e| e.to_string())));
             // The agent's sockets, looked up by inode in the namespace's
             // index rather than by scanning its whole table for each agent,
             // and kept in the dump's order.
@@ -209,6 +208,30 @@ mod tests {
             containers: Vec::new(),
             container_gaps: Vec::new(),
             unread_cmdlines: None,
+        }
+    }
+
+    /// The kernel, but one whose namespaces' listeners cannot be read.
+    struct NoListeners;
+
+    impl super::super::kernel::CollectKernel for NoListeners {
+        fn ready_iterators(&mut self, load: bool) {
+            super::super::kernel::Live.ready_iterators(load);
+        }
+
+        fn walk(&mut self, pid: u32, load: bool) -> Result<super::super::kernel::Walked, Walk> {
+            super::super::kernel::Live.walk(pid, load)
+        }
+
+        fn dump_tcp(&mut self, pid: u32) -> Result<Vec<TcpSocket>, sockdiag::SockDiagError> {
+            super::super::kernel::Live.dump_tcp(pid)
+        }
+
+        fn listening(&mut self, pid: u32) -> Result<Vec<SocketAddr>, sockdiag::SockDiagError> {
+            Err(sockdiag::SockDiagError::Netns {
+                pid,
+                reason: "EPERM: Operation not permitted".into(),
+            })
         }
     }
 
@@ -328,12 +351,7 @@ mod tests {
         assert!(!ev.roles.contains_key(&accepted));
 
         let mut c = collector();
-        c.read_listening = |pid| {
-            Err(sockdiag::SockDiagError::Netns {
-                pid,
-                reason: "EPERM: Operation not permitted".into(),
-            })
-        };
+        c.kernel = Box::new(NoListeners);
         let ev = c.collect(&target);
         assert!(ev.roles.is_empty(), "{:?}", ev.roles);
         let pid = std::process::id();

@@ -306,6 +306,26 @@ fn read_at<'b, P: ?Sized + nix::NixPath>(
     Some(&buf[..len])
 }
 
+/// What tests write into a made-up procfs tree.
+#[cfg(test)]
+pub(crate) mod fixture {
+    /// A `stat` line of 52 fields: `pid (comm) state ppid …` with utime
+    /// 7, stime 3, two threads and start time `start`.
+    pub(crate) fn stat_line(pid: u32, comm: &str, state: char, ppid: u32, start: u64) -> String {
+        let mut fields = vec!["0".to_string(); 52];
+        fields[0] = pid.to_string();
+        fields[1] = format!("({comm})");
+        fields[2] = state.to_string();
+        fields[3] = ppid.to_string();
+        fields[13] = "7".into();
+        fields[14] = "3".into();
+        fields[19] = "2".into();
+        fields[21] = start.to_string();
+        fields[24] = "18446744073709551615".into();
+        fields.join(" ") + "\n"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,20 +563,8 @@ mod tests {
         assert!(me.threads.iter().any(|t| t.tid == std::process::id()));
     }
 
-    /// A `stat` line of 52 fields: `pid (comm) state ppid …` with utime
-    /// 7, stime 3 and start time 123456.
     fn stat_line(pid: u32, comm: &str, state: char, ppid: u32) -> String {
-        let mut fields = vec!["0".to_string(); 52];
-        fields[0] = pid.to_string();
-        fields[1] = format!("({comm})");
-        fields[2] = state.to_string();
-        fields[3] = ppid.to_string();
-        fields[13] = "7".into();
-        fields[14] = "3".into();
-        fields[19] = "2".into();
-        fields[21] = "123456".into();
-        fields[24] = "18446744073709551615".into();
-        fields.join(" ") + "\n"
+        fixture::stat_line(pid, comm, state, ppid, 123456)
     }
 
     /// The fake: a made-up procfs tree with one process (its `stat`,

@@ -549,7 +549,7 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
 
     use selfheal::{
         ebpf::TracerOptions,
-        helper::server::executor::ActionsExecutor,
+        helper::server::performer::ActionsPerformer,
         helper::{ClientOptions, HelperClient},
     };
     use selfheal_core::ebpf::socks_share;
@@ -574,7 +574,7 @@ fn subordinate_uids_share_their_owners_part_of_the_socket_map() {
     tests::fixtures::subuid_file(&dir.join("subuid"), &format!("{OWNER}:{SUBUIDS}:100\n"));
     let _helper = tests::fixtures::serve_helper(
         dir.join("helper.sock"),
-        Arc::new(ActionsExecutor::default()),
+        Arc::new(ActionsPerformer::default()),
         |opts| {
             opts.subuid = dir.join("subuid");
             opts.ebpf = Some(TracerOptions {

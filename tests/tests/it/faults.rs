@@ -674,7 +674,7 @@ fn a_reused_pid_is_never_acted_on() {
             direct::{DirectExecutor, act_here},
             helper::HelperExecutor,
         },
-        helper::server::executor::ActionsExecutor,
+        helper::server::performer::ActionsPerformer,
         helper::{ClientOptions, HelperClient},
         sys::pidfd::start_ticks,
     };
@@ -747,7 +747,7 @@ fn a_reused_pid_is_never_acted_on() {
     let dir = Scratch::new("faults-reuse");
     let server = tests::fixtures::serve_helper(
         dir.join("helper.sock"),
-        std::sync::Arc::new(ActionsExecutor::default()),
+        std::sync::Arc::new(ActionsPerformer::default()),
         |_| {},
     );
     let copts = ClientOptions {

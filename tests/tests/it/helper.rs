@@ -29,7 +29,7 @@ use selfheal::{
     actions::{ActOutcome, ActionError},
     ebpf::TracerOptions,
     helper::{
-        ClientError, DryExecutor, Executor, HelperClient, Listen, RateLimit, ServerHandle,
+        ClientError, DryPerformer, HelperClient, Listen, Performer, RateLimit, ServerHandle,
         ServerOptions, StopReason, access::policy, serve,
     },
     sys::pidfd::{Pidfd, start_ticks},
@@ -98,8 +98,8 @@ fn client(path: &Path) -> HelperClient {
 fn start(
     dir: &Scratch,
     tweak: impl FnOnce(&mut ServerOptions),
-) -> (ServerHandle, Arc<DryExecutor>) {
-    let exec = Arc::new(DryExecutor::new());
+) -> (ServerHandle, Arc<DryPerformer>) {
+    let exec = Arc::new(DryPerformer::new());
     let handle = tests::fixtures::serve_helper(dir.join("helper.sock"), exec.clone(), tweak);
     (handle, exec)
 }
@@ -696,7 +696,7 @@ fn a_socket_activated_server_serves_then_exits_when_idle() {
     let l = UnixListener::bind(&path).unwrap();
     let mut opts = ServerOptions::new(Listen::Fd(l.into()));
     opts.idle_timeout = Some(Duration::from_millis(700));
-    let h = serve(opts, Arc::new(DryExecutor::new())).unwrap();
+    let h = serve(opts, Arc::new(DryPerformer::new())).unwrap();
     let began = Instant::now();
     let mut c = client(&path);
     assert_eq!(c.hello().unwrap().caller.uid, 0);
@@ -723,7 +723,7 @@ struct Gate {
     calls: AtomicUsize,
 }
 
-impl Executor for Gate {
+impl Performer for Gate {
     fn act(&self, _: &Caller, target: &Pidfd, _: &Act) -> Result<ActOutcome, ActionError> {
         let _ = self.entered.lock().unwrap().send(());
         std::thread::sleep(Duration::from_millis(700));

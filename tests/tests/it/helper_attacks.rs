@@ -41,8 +41,8 @@ use std::{
 
 use selfheal::{
     ebpf::TracerOptions,
-    helper::server::executor::ActionsExecutor,
-    helper::{ClientOptions, DryExecutor, Executor, HelperClient, ServerHandle, ServerOptions},
+    helper::server::performer::ActionsPerformer,
+    helper::{ClientOptions, DryPerformer, HelperClient, Performer, ServerHandle, ServerOptions},
     sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
@@ -62,7 +62,7 @@ const TICK: Duration = Duration::from_millis(20);
 /// An in-process helper on `dir`'s socket.
 fn start(
     dir: &Scratch,
-    exec: Arc<dyn Executor>,
+    exec: Arc<dyn Performer>,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> ServerHandle {
     serve_helper(dir.join("helper.sock"), exec, tweak)
@@ -244,7 +244,7 @@ fn stale_peer_credentials(test: &str, peer_pidfd: bool) {
         return;
     }
     let dir = Scratch::new(&format!("attack-ns-{peer_pidfd}"));
-    let exec = Arc::new(DryExecutor::new());
+    let exec = Arc::new(DryPerformer::new());
     let h = start(&dir, exec.clone(), |o| o.peer_pidfd = peer_pidfd);
     let mut procs = Procs::default();
     let target = procs.sh(0, "exec sleep 300");
@@ -337,7 +337,7 @@ fn long_acts_of_four_uids_leave_root_served() {
         return;
     }
     let dir = Scratch::new("attack-slots");
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let path = dir.join("helper.sock");
     let uids: [u32; 4] = [65530, 65531, 65532, 65533];
     let mut procs = Procs::default();
@@ -429,7 +429,7 @@ fn a_socket_action_on_a_file_is_refused_without_touching_it() {
         return;
     }
     let dir = Scratch::new("attack-fd");
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let mut procs = Procs::default();
     let file = dir.join("file");
     std::fs::write(&file, "").unwrap();
@@ -475,7 +475,7 @@ fn a_setuid_exec_during_the_grace_gets_no_sigkill() {
         .expect("copy sleep");
     std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
     std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let mut procs = Procs::default();
     // Where nobody may write its readiness file.
     let public = dir.join("public");
@@ -555,7 +555,7 @@ fn forbidden_answers_do_not_tell_whether_a_pid_exists() {
         return;
     }
     let dir = Scratch::new("attack-exists");
-    let exec = Arc::new(DryExecutor::new());
+    let exec = Arc::new(DryPerformer::new());
     let _h = start(&dir, exec.clone(), |_| {});
     let mut procs = Procs::default();
     let roots = procs.sh(0, "exec sleep 300");
@@ -612,7 +612,7 @@ fn a_foreign_pid_is_a_gap_not_a_refusal() {
         return;
     }
     let dir = Scratch::new("attack-gap");
-    let _h = start(&dir, Arc::new(DryExecutor::new()), |o| {
+    let _h = start(&dir, Arc::new(DryPerformer::new()), |o| {
         o.ebpf = Some(TracerOptions {
             strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
             ..TracerOptions::default()
@@ -817,7 +817,7 @@ fn eight_uids_flooding_leave_root_answered() {
     }
     const FLOOD_FOR: Duration = Duration::from_secs(4);
     let dir = Scratch::new("attack-load");
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let path = dir.join("helper.sock");
     let uids: Vec<u32> = (65520..65528).collect();
     let mut procs = Procs::default();
@@ -899,7 +899,7 @@ fn a_signal_escalates_on_the_helpers_timer_and_the_healer_sees_the_end() {
         return;
     }
     let dir = Scratch::new("attack-escalate");
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let mut procs = Procs::default();
     let pid = procs.deaf(NOBODY);
     let step = selfheal_core::protocol::Act::Signal {
@@ -942,7 +942,7 @@ fn the_root_reserve_and_the_escalation_table_are_bounded() {
         return;
     }
     let dir = Scratch::new("attack-bounds");
-    let exec = Arc::new(DryExecutor::new());
+    let exec = Arc::new(DryPerformer::new());
     let _h = start(&dir, exec.clone(), |o| {
         o.max_connections = 4;
         o.max_connections_per_uid = 4;
@@ -1011,7 +1011,7 @@ fn a_socket_action_on_a_hung_fuse_file_is_answered() {
             return;
         }
     };
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let pid = procs.sh(0, &format!("exec 7<{}/f; exec sleep 300", fs.mnt.display()));
     wait_for(5 * SEC, TICK, || {
         std::fs::read_link(format!("/proc/{pid}/fd/7")).ok()
@@ -1267,7 +1267,7 @@ fn master_worker_attack(test: &str, dumpable: bool) {
         return;
     }
     let dir = Scratch::new(&format!("attack-auth-master-{dumpable}"));
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let m = Master::start(dumpable);
     let inode = m.listener_inode();
     let (w, fd) = (m.worker, m.fd);
@@ -1476,7 +1476,7 @@ fn restore_puts_back_only_what_the_helper_recorded() {
         return;
     }
     let dir = Scratch::new("attack-auth-restore");
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
@@ -1627,7 +1627,7 @@ fn a_target_that_execs_setuid_after_the_check_is_not_acted_on() {
             .then_some(())
     })
     .expect("the target exec'd the setuid binary");
-    let exec = ActionsExecutor::default();
+    let exec = ActionsPerformer::default();
     let destroy = socket_act(Action::DestroySocket, pid, 3, inode, serde_json::json!({}));
     let r_destroy = exec.act_checked(&caller, &target, &destroy.act().unwrap(), &authority);
     let r_signal = exec.act_checked(
@@ -1677,7 +1677,7 @@ fn an_unprivileged_checks_proof_goes_back_through_the_helper() {
         return;
     }
     let dir = Scratch::new("attack-auth-check");
-    let h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
+    let h = start(&dir, Arc::new(ActionsPerformer::default()), |o| {
         o.idle_timeout = Some(Duration::from_millis(500));
     });
     let mut procs = Procs::default();
@@ -1737,7 +1737,11 @@ fn a_proof_nobody_restores_is_put_back_by_the_helper_in_time() {
         return;
     }
     let dir = Scratch::new("attack-auth-expiry");
-    let _h = start(&dir, Arc::new(ActionsExecutor::with_proof_ttl(SEC)), |_| {});
+    let _h = start(
+        &dir,
+        Arc::new(ActionsPerformer::with_proof_ttl(SEC)),
+        |_| {},
+    );
     let mut procs = Procs::default();
     let (pid, fd, inode, _peer) = nobodys_connection(&mut procs);
     let own = options_of(pid, fd);
@@ -1785,7 +1789,7 @@ fn nobodys_process_in_its_own_user_namespace_is_still_its_own() {
         return;
     }
     let dir = Scratch::new("attack-auth-userns");
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let mut procs = Procs::default();
@@ -1854,7 +1858,7 @@ fn a_non_dumpable_workers_evidence_is_out_of_nobodys_reach() {
         return;
     }
     let dir = Scratch::new("attack-auth-query");
-    let _h = start(&dir, Arc::new(DryExecutor::new()), |o| {
+    let _h = start(&dir, Arc::new(DryPerformer::new()), |o| {
         o.ebpf = Some(TracerOptions {
             strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),
             ..TracerOptions::default()
@@ -1908,10 +1912,10 @@ fn a_restarted_helpers_unknown_proof_is_put_back_by_the_caller_itself() {
     };
     let path = dir.join("helper.sock");
     let healer = || helper_healer(&path);
-    let first = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let first = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let armed = as_uid(NOBODY, || healer().arm_proof("mine", &t, &ka)).expect("armed");
     drop(first);
-    let second = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let second = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let back = as_uid(NOBODY, || {
         healer().restore_proof("mine", &t, &armed.previous)
     });
@@ -1971,7 +1975,7 @@ fn a_read_across_a_setuid_exec_is_refused() {
     std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
     // With its task iterators where they load, so that a light collect
     // and `iterate` walk the process with them.
-    let h = start(&dir, Arc::new(DryExecutor::default()), |o| {
+    let h = start(&dir, Arc::new(DryPerformer::default()), |o| {
         if iterators {
             o.ebpf = Some(TracerOptions {
                 strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),

@@ -35,8 +35,8 @@ use std::{
 
 use selfheal::{
     ebpf::TracerOptions,
-    helper::server::executor::ActionsExecutor,
-    helper::{Executor, HelperClient, ServerHandle, ServerOptions},
+    helper::server::performer::ActionsPerformer,
+    helper::{HelperClient, Performer, ServerHandle, ServerOptions},
     sys::pidfd::start_ticks,
 };
 use selfheal_core::ebpf::strategy::Strategy;
@@ -74,7 +74,7 @@ pub(crate) const ROLE: &str = "SELFHEAL_LIMITS_ROLE";
 /// An in-process helper on `dir`'s socket, with `dir`'s subuid file.
 fn start(
     dir: &Scratch,
-    exec: Arc<dyn Executor>,
+    exec: Arc<dyn Performer>,
     tweak: impl FnOnce(&mut ServerOptions),
 ) -> ServerHandle {
     serve_helper(dir.join("helper.sock"), exec, |o| {
@@ -231,7 +231,7 @@ fn the_uids_of_a_user_namespace_share_their_owners_escalations() {
     subuid_file(&dir, "");
     let h = start(
         &dir,
-        Arc::new(ActionsExecutor::default()),
+        Arc::new(ActionsPerformer::default()),
         escalation_limits,
     );
     let path = dir.join("helper.sock");
@@ -310,7 +310,7 @@ fn subordinate_uids_share_their_owners_escalations() {
     );
     let _h = start(
         &dir,
-        Arc::new(ActionsExecutor::default()),
+        Arc::new(ActionsPerformer::default()),
         escalation_limits,
     );
     let path = dir.join("helper.sock");
@@ -437,7 +437,7 @@ fn subordinate_uids_cannot_hold_every_connection() {
     }
     let dir = Scratch::new("limits-connflood");
     subuid_file(&dir, &format!("{CONN_OWNER}:{CONN_UIDS}:65536\n"));
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let path = dir.join("helper.sock");
     let mut held = Vec::new();
     let mut refused = 0;
@@ -476,7 +476,7 @@ fn three_owners_cannot_keep_a_fourth_out() {
     }
     let dir = Scratch::new("limits-owners");
     subuid_file(&dir, "");
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |_| {});
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |_| {});
     let path = dir.join("helper.sock");
     let mut held = Vec::new();
     for uid in [61106, 61107, 61108] {
@@ -517,7 +517,7 @@ fn a_huge_garbage_subuid_file_is_bounded() {
     }
     text.push_str(&format!("{LATE_OWNER}:{LATE_UIDS}:65536\n"));
     subuid_file(&dir, &text);
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |o| {
         o.max_connections_per_uid = 2;
     });
     let path = dir.join("helper.sock");
@@ -699,7 +699,7 @@ fn subordinate_uids_share_their_owners_watched_pids() {
     }
     let dir = Scratch::new("limits-watch");
     subuid_file(&dir, "61114:2313200:100\n");
-    let _h = start(&dir, Arc::new(ActionsExecutor::default()), |o| {
+    let _h = start(&dir, Arc::new(ActionsPerformer::default()), |o| {
         o.max_watched_per_uid = 4;
         o.ebpf = Some(TracerOptions {
             strategies: forced_strategy().map_or(Strategy::ALL.to_vec(), |s| vec![s]),

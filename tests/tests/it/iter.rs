@@ -614,16 +614,17 @@ fn both_readers_give_the_same_evidence_and_judgement() {
     let agent = ProviderAgent::new("both", fat.pid(), provider, agents.to_vec(), pids.clone());
     // Every thread asleep, and silent past the provider's suspect_after.
     agent.settle();
-    let read = |procfs_because| {
-        let began = std::time::Instant::now();
-        (agent.collect(procfs_because), began)
-    };
     // Every connection given its cookie, as a check's first dump of the
     // namespace gives them: the pass reads the connections since.
     selfheal::sys::sockdiag::dump_tcp().expect("dump");
-    let (by_iter, t0) = read(None);
-    let (by_procfs, t1) = read(Some("the procfs side of the comparison"));
-    let between = t1.duration_since(t0).as_millis() as u64 + 50;
+    let t0 = std::time::Instant::now();
+    let by_iter = agent.collect(None);
+    let by_procfs = agent.collect(Some("the procfs side of the comparison"));
+    // Each age is read somewhere in its own collection (the procfs side's
+    // sockets at its end, from the namespace's dump): two readings of one
+    // age are at most the time from the first collection's start to the
+    // second's end apart (and the 50 ms always allowed the readers' clocks).
+    let between = t0.elapsed().as_millis() as u64 + 50;
 
     assert_eq!(by_iter.over_budget, None);
     assert_eq!(by_procfs.over_budget, None);

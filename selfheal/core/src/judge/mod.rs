@@ -1,8 +1,8 @@
 //! The judge: a pure function from an agent's config, its evidence (the
 //! joined [`crate::inspect::Report`] and its probe results) and its
-//! history to a verdict with reasons. No I/O, no clock: `now_ms` is passed
-//! in (`CLOCK_BOOTTIME` milliseconds; [`judge_at`] takes `CLOCK_MONOTONIC`
-//! beside it, to tell a suspend), and the updated history comes back for
+//! history to a verdict with reasons. No I/O, no clock: the time is passed
+//! in (`CLOCK_BOOTTIME` milliseconds, with `CLOCK_MONOTONIC` beside them
+//! where read, to tell a suspend), and the updated history comes back for
 //! the caller to store.
 //!
 //! The proof rules (design.md, "Verdicts"): a silent upstream socket is
@@ -307,40 +307,25 @@ pub fn needs_thread_detail(
             .any(|t| t.state == 'D')
 }
 
-/// Judges one agent at `now_ms` (`CLOCK_BOOTTIME`), as [`judge_at`] does
-/// knowing nothing of suspends.
-pub fn judge(
-    cfg: &AgentConfig,
-    report: &Report,
-    probes: &[ProbeView],
-    history: &AgentHistory,
-    now_ms: u64,
-) -> (Judgement, AgentHistory) {
-    judge_at(
-        cfg,
-        report,
-        probes,
-        history,
-        crate::clock::Now::boot(now_ms),
-    )
-}
-
 /// Judges one agent at `now`. Returns the judgement and the history to
-/// store. Every age is `CLOCK_BOOTTIME`'s; `CLOCK_MONOTONIC`, where given,
-/// tells the time the machine was suspended since the last check, which a
-/// stream's keepalive-only span does not count ([`crate::progress`]).
+/// store. Every age is `CLOCK_BOOTTIME`'s; `CLOCK_MONOTONIC`, where given
+/// (a [`crate::clock::Now`] of both; a bare `u64` is `CLOCK_BOOTTIME` ms
+/// alone), tells the time the machine was suspended since the last check,
+/// which a stream's keepalive-only span does not count
+/// ([`crate::progress`]).
 ///
 /// The rules run in families, each its own method of `Judging`: the
 /// upstream sockets one by one, the control upstream's absence, the probes,
 /// the agent's `current_task` against the kernel, and damage (zombies,
 /// D-state). Then the base verdict when nothing is wrong.
-pub fn judge_at(
+pub fn judge(
     cfg: &AgentConfig,
     report: &Report,
     probes: &[ProbeView],
     history: &AgentHistory,
-    now: crate::clock::Now,
+    now: impl Into<crate::clock::Now>,
 ) -> (Judgement, AgentHistory) {
+    let now = now.into();
     let now_ms = now.boot_ms;
     let mut j = Judging {
         cfg,

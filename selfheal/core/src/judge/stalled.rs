@@ -89,8 +89,8 @@ impl<'a> Judging<'a> {
             Rule::Stream
         };
         let p = match self.history.progress.get(&s.cookie) {
-            Some(p) => p.advance_at(i, self.now, rule).0,
-            None => Progress::start_at(i, self.now),
+            Some(p) => p.advance_as(i, self.now, rule).0,
+            None => Progress::start(i, self.now),
         };
         if p.keepalives == 0 && u64::from(i.last_data_recv_ms) > suspect_after_ms {
             return (None, None);
@@ -633,7 +633,7 @@ mod tests {
 
     /// [`checks`] of a 42-byte ping every 5 s, in time awake, for `secs`
     /// s awake, the machine suspended for `asleep` ms after `awake` ms
-    /// (between two checks), judged with `judge_at` on both clocks (or,
+    /// (between two checks), judged on both clocks (or,
     /// `mono` false, `CLOCK_BOOTTIME` alone); `forget` drops what the
     /// history knows of `CLOCK_MONOTONIC` before each check (a history
     /// saved by an older build). Each judgement, with what `inspect`
@@ -670,7 +670,7 @@ mod tests {
                     history = serde_json::from_str(&text).expect("an old history loads");
                 }
                 let r = report(counters(bytes, segs, t - last, t));
-                let (j, next) = judge_at(cfg, &r, &[], &history, now);
+                let (j, next) = judge(cfg, &r, &[], &history, now);
                 let p = progress_of(cfg, &r, &next, boot);
                 history = next;
                 (j, p)

@@ -519,10 +519,10 @@ fn pinging_across(awake: u64, asleep: u64, checks: u64) -> Vec<(Now, TcpInfo)> {
 /// The record after `steps` from the head at 0 on both clocks, and the
 /// stall at each check against `bound`.
 fn run_at(steps: &[(Now, TcpInfo)], bound: u64) -> (Progress, Vec<Option<Stall>>) {
-    let mut p = Progress::start_at(&at(400, 1, 601, 1, 0), Now::both(0, 0));
+    let mut p = Progress::start(&at(400, 1, 601, 1, 0), Now::both(0, 0));
     let mut stalls = Vec::new();
     for (now, info) in steps {
-        p = p.advance_at(info, *now, Rule::Stream).0;
+        p = p.advance_as(info, *now, Rule::Stream).0;
         stalls.push(p.stalled(now.boot_ms, bound));
     }
     (p, stalls)
@@ -581,16 +581,16 @@ fn a_suspend_inside_the_keepalive_span_is_not_counted() {
 /// last check (the arrival aged past it) holds all of it.
 #[test]
 fn a_span_started_across_a_suspend_holds_only_what_follows_its_start() {
-    let head = Progress::start_at(&at(400, 1, 601, 1, 0), Now::both(0, 0));
+    let head = Progress::start(&at(400, 1, 601, 1, 0), Now::both(0, 0));
     let p = head
-        .advance_at(
+        .advance_as(
             &at(400, 1, 601, 1, 2_000),
             Now::both(2_000, 2_000),
             Rule::Stream,
         )
         .0;
     // 2 s awake and an hour suspended; a ping 500 ms before the check.
-    let (q, i) = p.advance_at(
+    let (q, i) = p.advance_as(
         &at(442, 2, 601, 1, 500),
         Now::both(HOUR + 4_000, 4_000),
         Rule::Stream,
@@ -600,7 +600,7 @@ fn a_span_started_across_a_suspend_holds_only_what_follows_its_start() {
     // A ping aged past the interval's time awake (it came before the
     // suspend, or before the last check: a reading race): from that
     // check, the whole suspend in the span and not counted.
-    let (q, _) = p.advance_at(
+    let (q, _) = p.advance_as(
         &at(442, 2, 601, 1, 2_000),
         Now::both(HOUR + 4_000, 4_000),
         Rule::Stream,
@@ -609,7 +609,7 @@ fn a_span_started_across_a_suspend_holds_only_what_follows_its_start() {
     assert_eq!(q.awake_ms(HOUR + 4_000), 2_000);
     // Content after a suspend restarts the count, with nothing of it.
     let (p, _) = run_at(&pinging_across(16_000, HOUR, 8), 30_000);
-    let (q, i) = p.advance_at(
+    let (q, i) = p.advance_as(
         &at(p.bytes_received + 150, p.data_segs_in + 1, 601, 1, 10),
         Now::both(HOUR + 20_000, 20_000),
         Rule::Stream,
@@ -631,10 +631,10 @@ fn without_a_suspend_both_clocks_count_as_boottime_alone() {
         .iter()
         .map(|(t, i)| (Now::both(t + 90_000, *t), i.clone()))
         .collect();
-    let mut p = Progress::start_at(&at(400, 1, 601, 1, 0), Now::both(90_000, 0));
+    let mut p = Progress::start(&at(400, 1, 601, 1, 0), Now::both(90_000, 0));
     let mut q = Progress::start(&at(400, 1, 601, 1, 0), 90_000);
     for (now, info) in &both {
-        let (np, ip) = p.advance_at(info, *now, Rule::Stream);
+        let (np, ip) = p.advance_as(info, *now, Rule::Stream);
         let (nq, iq) = q.advance(info, now.boot_ms);
         assert_eq!(ip, iq);
         assert_eq!(np.suspended_ms, 0);
@@ -665,7 +665,7 @@ fn a_record_saved_without_the_monotonic_clock_counts_as_before() {
     assert_eq!(p, before, "what CLOCK_BOOTTIME alone recorded");
     // An hour suspended after it: counted, stalled at once, as before.
     let ping = at(568, 5, 601, 1, 0);
-    let (q, _) = p.advance_at(&ping, Now::both(HOUR + 20_000, 20_000), Rule::Stream);
+    let (q, _) = p.advance_as(&ping, Now::both(HOUR + 20_000, 20_000), Rule::Stream);
     let (r, _) = p.advance(&ping, HOUR + 20_000);
     assert_eq!(q.suspended_ms, 0);
     assert_eq!(
@@ -674,7 +674,7 @@ fn a_record_saved_without_the_monotonic_clock_counts_as_before() {
     );
     assert!(q.stalled(HOUR + 20_000, 30_000).is_some());
     // The next interval has both readings: its suspend is not counted.
-    let (q, _) = q.advance_at(
+    let (q, _) = q.advance_as(
         &at(610, 6, 601, 1, 0),
         Now::both(3 * HOUR + 22_000, 22_000),
         Rule::Stream,
@@ -728,7 +728,7 @@ fn contradicting_clocks_count_as_boottime_alone() {
         } else {
             p.clone()
         };
-        let (q, i) = from.advance_at(&ping, now, Rule::Stream);
+        let (q, i) = from.advance_as(&ping, now, Rule::Stream);
         assert!(matches!(i, Interval::Keepalive { .. }), "{what}: {i:?}");
         assert_eq!(q.suspended_ms, 0, "{what}");
         assert_eq!(q.keepalive_only_ms(HOUR + 18_000), whole, "{what}");
@@ -736,7 +736,7 @@ fn contradicting_clocks_count_as_boottime_alone() {
         // And the next check, from a reading not to trust, does not
         // count a suspend it cannot tell.
         let next = at(q.bytes_received + 42, q.data_segs_in + 1, 601, 1, 0);
-        let (r, _) = q.advance_at(&next, Now::both(HOUR + 20_000, 20_000), Rule::Stream);
+        let (r, _) = q.advance_as(&next, Now::both(HOUR + 20_000, 20_000), Rule::Stream);
         assert!(r.suspended_ms <= HOUR, "{what}: {r:?}");
     }
     // A record whose own readings are the ones not to trust.
@@ -745,12 +745,12 @@ fn contradicting_clocks_count_as_boottime_alone() {
         suspended_ms: u64::MAX,
         ..p.clone()
     };
-    let (q, _) = bad.advance_at(&ping, Now::both(u64::MAX, 0), Rule::Stream);
+    let (q, _) = bad.advance_as(&ping, Now::both(u64::MAX, 0), Rule::Stream);
     assert_eq!(q.suspended_ms, u64::MAX);
     assert_eq!(q.keepalive_only_ms(u64::MAX), Some(0));
     assert!(q.closeness(u64::MAX, 30_000).is_some());
     // Boottime back: afresh, whatever monotonic says.
-    let (q, i) = p.advance_at(&ping, Now::both(10_000, 10_000), Rule::Stream);
+    let (q, i) = p.advance_as(&ping, Now::both(10_000, 10_000), Rule::Stream);
     assert_eq!(
         (i, q.since_ms, q.suspended_ms),
         (Interval::First, 10_000, 0)

@@ -2,8 +2,8 @@
 //! the policy and the kernel's own authority, its fd checked to be a
 //! socket, counted against the owner's acts in flight (and, for a
 //! `signal`, its room for an escalation), then handed to the
-//! [`Executor`] and its SIGKILL queued for the timer.
-//! [`DryExecutor`] records the calls instead (tests, dry runs).
+//! [`Performer`] and its SIGKILL queued for the timer.
+//! [`DryPerformer`] records the calls instead (tests, dry runs).
 
 use std::{
     io::Write as _,
@@ -19,7 +19,7 @@ use selfheal_core::{
 };
 use serde_json::Value;
 
-use super::{Executor, Shared, escalation::Escalation, lock, refusal};
+use super::{Performer, Shared, escalation::Escalation, lock, refusal};
 use crate::{
     actions::{ActOutcome, ActionError, DryRun},
     helper::access::{
@@ -29,7 +29,7 @@ use crate::{
     sys::pidfd::Pidfd,
 };
 
-/// One call a [`DryExecutor`] received.
+/// One call a [`DryPerformer`] received.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DryCall {
     pub caller: Caller,
@@ -41,14 +41,14 @@ pub struct DryCall {
     pub escalation: bool,
 }
 
-/// An executor that does nothing but record its calls (tests, dry runs).
+/// An performer that does nothing but record its calls (tests, dry runs).
 #[derive(Debug, Default)]
-pub struct DryExecutor {
+pub struct DryPerformer {
     calls: Mutex<Vec<DryCall>>,
     delay: Duration,
 }
 
-impl DryExecutor {
+impl DryPerformer {
     pub fn new() -> Self {
         Self::default()
     }
@@ -84,7 +84,7 @@ impl DryExecutor {
     }
 }
 
-impl Executor for DryExecutor {
+impl Performer for DryPerformer {
     fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError> {
         std::thread::sleep(self.delay);
         Ok(self.record(caller, target, act, false))
@@ -199,9 +199,9 @@ impl Shared {
         let act = req
             .act()
             .map_err(|e| refusal(e.code, format!("{}: {}{}", req.action, e.message, still())))?;
-        let executor = self.executor.clone();
+        let performer = self.performer.clone();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            executor.act_checked(caller, &target, &act, &authority)
+            performer.act_checked(caller, &target, &act, &authority)
         }));
         let mut value = match outcome {
             Ok(Ok(out)) => out.to_json(),

@@ -74,9 +74,9 @@ pub(super) fn accept_loop(
                     .then(|| idle.saturating_sub(c.last_change.elapsed()))
             };
             match left {
-                // Idle, unless the executor holds what an exit would lose
+                // Idle, unless the performer holds what an exit would lose
                 // (proofs armed, not yet put back): then it waits on.
-                Some(left) if left.is_zero() && !shared.executor.holds_state() => {
+                Some(left) if left.is_zero() && !shared.performer.holds_state() => {
                     break Ok(StopReason::Idle);
                 }
                 Some(left) if left.is_zero() => {}

@@ -142,9 +142,9 @@ impl Shared {
                 .map_err(|m| refuse(format!("{m}: SIGKILL not sent"))),
         };
         let result = checked.and_then(|()| {
-            let executor = self.executor.clone();
+            let performer = self.performer.clone();
             match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                executor.escalate(&caller, &target, &act)
+                performer.escalate(&caller, &target, &act)
             })) {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(m)) => Err(refusal(

@@ -1,5 +1,5 @@
 //! The helper's server, and the room that wires the others: the options
-//! it runs with ([`ServerOptions`]), the [`Executor`] it hands actions
+//! it runs with ([`ServerOptions`]), the [`Performer`] it hands actions
 //! to, [`serve`] that starts it, the [`ServerHandle`] and [`Stopper`] that
 //! stop it, and the state every connection shares. The server listens (a
 //! socket path it binds, or a listener handed over by systemd socket
@@ -17,17 +17,17 @@
 //! root, an act also needs the kernel's own authority
 //! ([`super::access::authority`]: ptrace access, checked before the target's fds
 //! are read and again right before the act). An idle timeout waits while
-//! the executor holds state an exit would lose
-//! ([`Executor::holds_state`]). The actions themselves are the
-//! [`Executor`]'s: the server checks everything first and calls it last
-//! ([`acts`]); the real one is [`executor::ActionsExecutor`], which keeps
+//! the performer holds state an exit would lose
+//! ([`Performer::holds_state`]). The actions themselves are the
+//! [`Performer`]'s: the server checks everything first and calls it last
+//! ([`acts`]); the real one is [`performer::ActionsPerformer`], which keeps
 //! the proofs it armed ([`proofs`]).
 //!
 //! Its rooms: `listen` (binding, the socket's directory, socket
 //! activation), `conn` (the accept loop, one connection's framing, and
 //! each request's dispatch), `ratelimit` (the per-owner token bucket),
 //! `queries` (`hello` and the eBPF tracer's watch, unwatch and snapshot),
-//! `acts` (an act, checked then handed to the executor), `executor` (the
+//! `acts` (an act, checked then handed to the performer), `performer` (the
 //! real actions, by the helper's hand), `proofs` (the proof keepalives it
 //! armed), `escalation` (the SIGKILL timer) and `audit` (the record of
 //! every act). Who asks, and which processes and fds a request may
@@ -54,8 +54,8 @@ pub mod audit;
 mod collect;
 mod conn;
 mod escalation;
-pub mod executor;
 pub mod listen;
+pub mod performer;
 pub mod proofs;
 mod queries;
 
@@ -102,25 +102,27 @@ use crate::{
 /// Most pids one owner may have watched at once.
 pub const MAX_WATCHED_PER_UID: usize = 4096;
 
-/// Performs the privileged actions. The server has already parsed the
+/// Performs the privileged actions on the helper's side (the caller's
+/// side, which asks the helper or acts itself, is [`crate::heal::Executor`]).
+/// The server has already parsed the
 /// request, authorized the caller, and opened `target` (checked against the
-/// request's `start_ticks`) when it calls [`Executor::act`]; the executor
+/// request's `start_ticks`) when it calls [`Performer::act`]; the performer
 /// acts through `target` only, and bounds its own time (a grace period, a
 /// restart command's timeout). A restart command must never come from the
 /// request as root: it is the agent's configured one, or it runs with the
 /// caller's credentials.
 ///
-/// A `signal` act is two steps: [`Executor::act`] sends SIGTERM and
+/// A `signal` act is two steps: [`Performer::act`] sends SIGTERM and
 /// returns at once; when the process still lives after the grace, the
 /// server's timer thread checks the policy again and calls
-/// [`Executor::escalate`] (SIGKILL).
-pub trait Executor: Send + Sync {
+/// [`Performer::escalate`] (SIGKILL).
+pub trait Performer: Send + Sync {
     /// Performs `req` on `target`; the result is the response's JSON, the
     /// error its `failed` message.
     fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError>;
 
-    /// [`Executor::act`] under `authority`: the server calls this one.
-    /// The executor re-checks the authority right before it changes
+    /// [`Performer::act`] under `authority`: the server calls this one.
+    /// The performer re-checks the authority right before it changes
     /// anything (on the socket's duplicate, for a socket act); a refusal
     /// is [`ActionError::Refused`]. This default re-checks the target, then
     /// acts.
@@ -137,7 +139,7 @@ pub trait Executor: Send + Sync {
         self.act(caller, target, act)
     }
 
-    /// Whether the executor holds state an exit would lose (proofs it armed
+    /// Whether the performer holds state an exit would lose (proofs it armed
     /// and has not yet put back): a socket-activated server then does not
     /// exit when idle.
     fn holds_state(&self) -> bool {
@@ -404,7 +406,7 @@ impl Drop for ServerHandle {
 /// listener), attaches the tracer, and returns once it accepts connections.
 pub fn serve(
     opts: ServerOptions,
-    executor: Arc<dyn Executor>,
+    performer: Arc<dyn Performer>,
 ) -> Result<ServerHandle, ServerError> {
     let (listener, bound) = match opts.listen {
         Listen::Path(path) => {
@@ -441,7 +443,7 @@ pub fn serve(
     let _ = owners.subuids();
     let shared = Arc::new(Shared {
         policy: opts.policy,
-        executor,
+        performer,
         tracer: Mutex::new(TracerState {
             tracer,
             watched: BTreeMap::new(),
@@ -530,7 +532,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// State shared by the accept loop and the connections.
 pub(super) struct Shared {
     pub(super) policy: Policy,
-    executor: Arc<dyn Executor>,
+    performer: Arc<dyn Performer>,
     tracer: Mutex<TracerState>,
     ebpf: EbpfStatus,
     /// The task iterators the helper pinned, opened from their pins (or

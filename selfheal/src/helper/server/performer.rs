@@ -1,4 +1,4 @@
-//! The helper's executor ([`ActionsExecutor`]): the real actions, for
+//! The helper's performer ([`ActionsPerformer`]): the real actions, for
 //! requests the server has already parsed, authorized and pinned to a
 //! pidfd, each through [`actions::act`] by the helper's [`Hand`]: it acts
 //! on the pinned process, checks the caller's authority on each socket's
@@ -20,18 +20,18 @@ use crate::{
 };
 
 use super::{
-    Executor,
+    Performer,
     proofs::{ProofBook, Recorded, put_back},
 };
 
-/// The helper's executor: the real actions, for requests the helper has
+/// The helper's performer: the real actions, for requests the helper has
 /// already parsed, authorized and pinned to a pidfd. It keeps the proofs
 /// it armed ([`ProofBook`], by socket cookie): `restore_keepalive` puts
 /// back what it recorded then, and `expire_keepalive` ends only a proof it
 /// armed. A request's own values are used only for root, and only for a
 /// socket it has no record of (a helper restarted since the arming).
 #[derive(Debug, Default)]
-pub struct ActionsExecutor {
+pub struct ActionsPerformer {
     pub keepalive: Keepalive,
     proofs: std::sync::Arc<std::sync::Mutex<ProofBook>>,
     /// Whether the thread that puts back proofs whose time is up runs.
@@ -41,13 +41,13 @@ pub struct ActionsExecutor {
 /// Longest hold a caller may ask of a proof keepalive (10 minutes).
 const MAX_PROOF_HOLD_MS: u32 = 600_000;
 
-impl ActionsExecutor {
+impl ActionsPerformer {
     /// One that puts back a proof nobody restored after `ttl` (rather than
     /// [`super::proofs::PROOF_RECORD_TTL`]: tests).
-    pub fn with_proof_ttl(ttl: Duration) -> ActionsExecutor {
-        ActionsExecutor {
+    pub fn with_proof_ttl(ttl: Duration) -> ActionsPerformer {
+        ActionsPerformer {
             proofs: std::sync::Arc::new(std::sync::Mutex::new(ProofBook::new(ttl))),
-            ..ActionsExecutor::default()
+            ..ActionsPerformer::default()
         }
     }
 
@@ -113,7 +113,7 @@ fn lock_book(m: &std::sync::Mutex<ProofBook>) -> std::sync::MutexGuard<'_, Proof
 /// policy again), and no restart command: running one as root on a
 /// caller's say-so is not the helper's to do.
 struct HelperHand<'a> {
-    exec: &'a ActionsExecutor,
+    exec: &'a ActionsPerformer,
     caller: &'a Caller,
     target: &'a Pidfd,
     authority: &'a Authority,
@@ -221,7 +221,7 @@ impl Hand for HelperHand<'_> {
     }
 }
 
-impl ActionsExecutor {
+impl ActionsPerformer {
     /// Carries out `act` on `target` for `caller` under `authority`, and
     /// keeps the book of the proofs it arms.
     fn run(
@@ -269,7 +269,7 @@ impl ActionsExecutor {
     }
 }
 
-impl Executor for ActionsExecutor {
+impl Performer for ActionsPerformer {
     fn act(&self, caller: &Caller, target: &Pidfd, act: &Act) -> Result<ActOutcome, ActionError> {
         // Root's authority: what an in-process caller (tests) asks.
         self.run(caller, target, act, &Authority::root())
