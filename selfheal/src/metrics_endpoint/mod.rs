@@ -366,10 +366,7 @@ fn dispatch(p: Pending, shared: &Arc<Shared>, slots: &Arc<Mutex<Slots>>) {
     let spawned = std::thread::Builder::new()
         .name("selfheal-metrics-conn".into())
         .stack_size(256 * 1024)
-        .spawn(move || {
-            answer(p.stream, p.peer, &p.head, &shared);
-            drop(held);
-        });
+        .spawn(move || answer(p.stream, p.peer, &p.head, &shared, held));
     if let Err(e) = spawned {
         tracing::warn!("metrics: cannot start a connection thread: {e}");
     }
@@ -457,8 +454,9 @@ fn authorize(token: &Token, authorization: Option<&[u8]>) -> Result<(), Unauthor
     }
 }
 
-/// Answers one complete request head, within [`WRITE_DEADLINE`].
-fn answer(mut stream: TcpStream, peer: IpAddr, buf: &[u8], shared: &Shared) {
+/// Answers one complete request head, within [`WRITE_DEADLINE`], holding
+/// its peer's slot (`held`) until the answer is written.
+fn answer(mut stream: TcpStream, peer: IpAddr, buf: &[u8], shared: &Shared, held: Held) {
     if stream.set_nonblocking(false).is_err() {
         return;
     }
@@ -512,6 +510,11 @@ fn answer(mut stream: TcpStream, peer: IpAddr, buf: &[u8], shared: &Shared) {
     if !head_only {
         let _ = stream.write_all(body.as_bytes());
     }
+    // The slot is free before the peer sees the connection end: a client
+    // asking again once answered never finds its own answered requests
+    // holding its share (`503`), however late this thread runs on.
+    drop(held);
+    drop(stream);
 }
 
 /// Logs a refused scrape, at most one line per [`UNAUTHORIZED_LOG_EVERY`].
