@@ -246,7 +246,8 @@ fn owner_of(table: &ProcessTable, p: &ProcessInfo) -> Owner {
         comm: p.name.clone(),
         uid: p.uid,
         unit: table.unit_of(p.pid).map(|u| u.unit.to_string()),
-        container: container.map(|c| format!("{}:{}", c.runtime, &c.id[..c.id.len().min(12)])),
+        container: container
+            .map(|c| format!("{}:{}", c.runtime, selfheal_core::runtime::short_id(&c.id))),
         pod_uid: container.and_then(|c| c.pod_uid.clone()),
         start_ticks: Some(p.start_ticks),
     }

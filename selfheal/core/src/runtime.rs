@@ -66,10 +66,17 @@ pub struct Identity {
     pub pod_refused: Option<String>,
 }
 
+/// The first 12 characters of a container id, as `docker ps` shows it
+/// (an id is 64 hex digits wherever selfheal takes one; cut at a
+/// character all the same, never inside one).
+pub fn short_id(id: &str) -> &str {
+    id.char_indices().nth(12).map_or(id, |(at, _)| &id[..at])
+}
+
 impl Identity {
     /// The first 12 digits of the id, as `docker ps` shows it.
     pub fn short_id(&self) -> &str {
-        &self.id[..self.id.len().min(12)]
+        short_id(&self.id)
     }
 
     /// `NAME (ID12, docker, image IMAGE, pod NS/POD)` for people, one line

@@ -423,7 +423,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
             }
         }
         for a in o.heal.iter().flat_map(|h| &h.actions) {
-            let what = render::step_words(&a.step);
+            let what = a.step.words();
             if a.ok {
                 tracing::warn!("agent {}: healed: {what}: {}", o.agent, a.detail);
             } else {

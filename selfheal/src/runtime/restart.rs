@@ -142,7 +142,7 @@ pub fn restart_container<E: std::fmt::Display>(
     timeout: Duration,
     pid_ns: &dyn Fn(u32) -> Result<u64, E>,
 ) -> Result<serde_json::Value, RestartError> {
-    let short = id[..id.len().min(12)].to_string();
+    let short = selfheal_core::runtime::short_id(id).to_string();
     let not_held = |why| RestartError::NotHeld {
         short: short.clone(),
         why,

@@ -56,7 +56,7 @@ pub fn summary_line(o: &Outcome) -> String {
 fn heal_words(h: &HealReport) -> String {
     match &h.decision {
         Decision::Act { steps } if h.dry_run => {
-            let names: Vec<String> = steps.iter().map(step_words).collect();
+            let names: Vec<String> = steps.iter().map(Act::words).collect();
             format!(" [would heal: {}]", names.join(", "))
         }
         Decision::Act { .. } => {
@@ -66,7 +66,7 @@ fn heal_words(h: &HealReport) -> String {
                 .map(|a| {
                     format!(
                         "{}: {}",
-                        step_words(&a.step),
+                        a.step.words(),
                         if a.ok {
                             "ok".to_string()
                         } else {
@@ -80,39 +80,6 @@ fn heal_words(h: &HealReport) -> String {
         Decision::Wait { why, .. } => format!(" [heal: waiting, {why}]"),
         Decision::GaveUp { why } => format!(" [heal: GAVE UP, {why}]"),
         Decision::Nothing { why } => format!(" [heal: nothing, {why}]"),
-    }
-}
-
-/// A step as people say it.
-pub fn step_words(s: &Act) -> String {
-    match s {
-        Act::ArmKeepalive { pid, socket, .. } => {
-            format!("arm keepalive on pid {pid} fd {}", socket.fd)
-        }
-        Act::ExpireKeepalive { pid, socket, .. } => format!(
-            "end the unanswered keepalive on pid {pid} fd {} (ETIMEDOUT)",
-            socket.fd
-        ),
-        Act::DestroySocket { pid, socket, .. } => {
-            format!("destroy socket pid {pid} fd {}", socket.fd)
-        }
-        Act::Signal { pid, .. } => format!(
-            "SIGTERM pid {pid} (SIGKILL after {} ms)",
-            s.grace().as_millis()
-        ),
-        Act::Restart { argv, .. } => format!("restart: {}", argv.join(" ")),
-        Act::RestartContainer(c) => format!(
-            "restart {} container {} (grace {} ms)",
-            c.runtime,
-            &c.id[..c.id.len().min(12)],
-            c.grace_ms
-        ),
-        Act::ProveKeepalive { pid, socket, .. } => {
-            format!("arm a proof keepalive on pid {pid} fd {}", socket.fd)
-        }
-        Act::RestoreKeepalive { pid, socket, .. } => {
-            format!("restore the keepalive of pid {pid} fd {}", socket.fd)
-        }
     }
 }
 

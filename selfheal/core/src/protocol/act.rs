@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{ActRequest, Action, ErrorCode, WireError};
+use super::{ActRequest, ErrorCode, WireError};
 use crate::{keepalive::KeepaliveSettings, keepalive::ProofKeepalive, runtime::Runtime};
 
 /// A `signal` act's grace before SIGKILL when the request names none.
@@ -100,6 +100,57 @@ pub enum Act {
     },
 }
 
+/// An act's name on the wire (`ActRequest::action`): every [`Act`] but a
+/// container restart, which never crosses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Duplicate the socket `fd` and arm TCP keepalive and user timeout on it.
+    ArmKeepalive,
+    /// Destroy the socket `fd` (`SOCK_DESTROY`, or `shutdown` where missing).
+    DestroySocket,
+    /// SIGTERM, then SIGKILL after a grace period.
+    Signal,
+    /// Run the agent's restart command.
+    Restart,
+    /// The prove stage: arm a proof keepalive on socket `fd` (`inode`).
+    ProveKeepalive,
+    /// The prove stage: put a socket's own keepalive options back.
+    RestoreKeepalive,
+    /// End a connection whose proof keepalive went unanswered, as a
+    /// keepalive timeout (the agent's read fails with `ETIMEDOUT`).
+    ExpireKeepalive,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ArmKeepalive => "arm_keepalive",
+            Self::DestroySocket => "destroy_socket",
+            Self::Signal => "signal",
+            Self::Restart => "restart",
+            Self::ProveKeepalive => "prove_keepalive",
+            Self::RestoreKeepalive => "restore_keepalive",
+            Self::ExpireKeepalive => "expire_keepalive",
+        }
+    }
+
+    /// Whether the action works on one of the target's sockets (and so
+    /// needs `fd`).
+    pub fn needs_fd(self) -> bool {
+        !matches!(self, Self::Signal | Self::Restart)
+    }
+
+    /// Whether the action must name the judged socket's `inode`: every
+    /// socket action, since an fd alone may hold a new connection by the
+    /// time the act arrives.
+    pub fn needs_inode(self) -> bool {
+        self.needs_fd()
+    }
+}
+
+display_as_str!(Action);
+
 impl Act {
     /// The act's name: the wire's `action`, or `restart_container`.
     pub fn name(&self) -> &'static str {
@@ -180,6 +231,39 @@ impl Act {
             | Self::RestoreKeepalive { socket, .. }
             | Self::ExpireKeepalive { socket, .. } => Some(*socket),
             Self::Signal { .. } | Self::Restart { .. } | Self::RestartContainer(_) => None,
+        }
+    }
+
+    /// The act as people say it.
+    pub fn words(&self) -> String {
+        match self {
+            Act::ArmKeepalive { pid, socket, .. } => {
+                format!("arm keepalive on pid {pid} fd {}", socket.fd)
+            }
+            Act::ExpireKeepalive { pid, socket, .. } => format!(
+                "end the unanswered keepalive on pid {pid} fd {} (ETIMEDOUT)",
+                socket.fd
+            ),
+            Act::DestroySocket { pid, socket, .. } => {
+                format!("destroy socket pid {pid} fd {}", socket.fd)
+            }
+            Act::Signal { pid, .. } => format!(
+                "SIGTERM pid {pid} (SIGKILL after {} ms)",
+                self.grace().as_millis()
+            ),
+            Act::Restart { argv, .. } => format!("restart: {}", argv.join(" ")),
+            Act::RestartContainer(c) => format!(
+                "restart {} container {} (grace {} ms)",
+                c.runtime,
+                crate::runtime::short_id(&c.id),
+                c.grace_ms
+            ),
+            Act::ProveKeepalive { pid, socket, .. } => {
+                format!("arm a proof keepalive on pid {pid} fd {}", socket.fd)
+            }
+            Act::RestoreKeepalive { pid, socket, .. } => {
+                format!("restore the keepalive of pid {pid} fd {}", socket.fd)
+            }
         }
     }
 
@@ -320,6 +404,44 @@ mod tests {
 
     fn socket() -> SocketRef {
         SocketRef { fd: 7, inode: 4242 }
+    }
+
+    /// Each act in words; a container id of any characters is cut to 12
+    /// of them, never inside one (an id with multi-byte characters once
+    /// made the cut at byte 12 panic).
+    #[test]
+    fn an_act_in_words_cuts_a_container_id_at_a_character() {
+        assert_eq!(
+            Act::DestroySocket {
+                pid: 5,
+                start_ticks: 9,
+                socket: socket(),
+            }
+            .words(),
+            "destroy socket pid 5 fd 7"
+        );
+        let restart = |id: &str| {
+            Act::RestartContainer(ContainerRestart {
+                runtime: Runtime::Containerd,
+                id: id.into(),
+                pid: 5,
+                start_ticks: 9,
+                grace_ms: 300,
+                timeout_ms: 1_000,
+            })
+            .words()
+        };
+        assert_eq!(
+            restart("0123456789abcdef"),
+            "restart containerd container 0123456789ab (grace 300 ms)"
+        );
+        assert_eq!(
+            restart(&format!("a{}", "é".repeat(13))),
+            format!(
+                "restart containerd container a{} (grace 300 ms)",
+                "é".repeat(11)
+            )
+        );
     }
 
     #[test]

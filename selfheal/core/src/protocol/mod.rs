@@ -142,7 +142,7 @@ mod act;
 mod response;
 mod snapshot;
 
-pub use self::act::{Act, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
+pub use self::act::{Act, Action, ContainerRestart, DEFAULT_GRACE, MAX_GRACE, SocketRef};
 pub use self::response::{
     AttemptWire, Caller, CollectResult, CollectedProcess, EbpfStatus, HelloResult, IterateResult,
     IteratedProcess, Limits, NamespacesResult, PerPid, ProcessNamespaces, READ_BY_ITERATORS,
@@ -278,56 +278,6 @@ impl Op {
         }
     }
 }
-
-/// A privileged action.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
-    /// Duplicate the socket `fd` and arm TCP keepalive and user timeout on it.
-    ArmKeepalive,
-    /// Destroy the socket `fd` (`SOCK_DESTROY`, or `shutdown` where missing).
-    DestroySocket,
-    /// SIGTERM, then SIGKILL after a grace period.
-    Signal,
-    /// Run the agent's restart command.
-    Restart,
-    /// The prove stage: arm a proof keepalive on socket `fd` (`inode`).
-    ProveKeepalive,
-    /// The prove stage: put a socket's own keepalive options back.
-    RestoreKeepalive,
-    /// End a connection whose proof keepalive went unanswered, as a
-    /// keepalive timeout (the agent's read fails with `ETIMEDOUT`).
-    ExpireKeepalive,
-}
-
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ArmKeepalive => "arm_keepalive",
-            Self::DestroySocket => "destroy_socket",
-            Self::Signal => "signal",
-            Self::Restart => "restart",
-            Self::ProveKeepalive => "prove_keepalive",
-            Self::RestoreKeepalive => "restore_keepalive",
-            Self::ExpireKeepalive => "expire_keepalive",
-        }
-    }
-
-    /// Whether the action works on one of the target's sockets (and so
-    /// needs `fd`).
-    pub fn needs_fd(self) -> bool {
-        !matches!(self, Self::Signal | Self::Restart)
-    }
-
-    /// Whether the action must name the judged socket's `inode`: every
-    /// socket action, since an fd alone may hold a new connection by the
-    /// time the act arrives.
-    pub fn needs_inode(self) -> bool {
-        self.needs_fd()
-    }
-}
-
-display_as_str!(Action);
 
 /// The fields of an `act` request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
