@@ -3,8 +3,9 @@
 //! sock_diag dump of a network namespace, and its listening addresses.
 //! [`Live`] is the kernel itself; the tests' `FakeKernel` (`fake.rs`)
 //! scripts each answer, so the collector's races (a process that exits
-//! and whose pid is reused after its walk, a process gone at it, a namespace gone before its dump, a refused
-//! dump) are tested without root.
+//! and whose pid is reused after its walk, a process gone at it, a
+//! namespace gone before its dump, a refused dump) are tested without
+//! root.
 
 use super::{
     readers::{self, Walk},
