@@ -34,7 +34,11 @@
 //! Rust eBPF has no CO-RE field relocations, so the few struct offsets needed
 //! (sock → socket → inode number, sock → protocol, the task_struct fields
 //! the iterator reads) are read from the running kernel's BTF by the loader
-//! and passed in as read-only globals.
+//! and passed in as read-only globals. aya freezes `.rodata`, so the
+//! verifier sees each offset as a constant: the iterators load fields
+//! directly through the pointers it knows the type of (checking each
+//! access against that type's BTF), instead of a `bpf_probe_read_kernel`
+//! call per field.
 #![no_std]
 #![no_main]
 
@@ -42,7 +46,7 @@ use aya_ebpf::{
     bindings::{seq_file, task_struct},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_jiffies64, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel, bpf_seq_write, bpf_task_pt_regs,
+        bpf_probe_read_kernel, bpf_seq_write, bpf_sock_from_file, bpf_task_pt_regs,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{Array, HashMap},
@@ -124,12 +128,7 @@ static OFF_INODE_INO: u64 = 0;
 /// every field): the file iterator then reads TCP sockets' fields.
 #[unsafe(no_mangle)]
 static TCP_ON: u64 = 0;
-/// `offsetof(struct file, private_data)`, `offsetof(struct socket, file)`,
 /// `offsetof(struct socket, sk)`.
-#[unsafe(no_mangle)]
-static OFF_FILE_PRIVATE: u64 = 0;
-#[unsafe(no_mangle)]
-static OFF_SOCKET_FILE: u64 = 0;
 #[unsafe(no_mangle)]
 static OFF_SOCKET_SK: u64 = 0;
 /// Offsets from a `struct sock *` (see `selfheal::ebpf::layout::TcpLayout`).
@@ -797,11 +796,26 @@ pub struct BpfIterTask {
     pub task: *mut task_struct,
 }
 
-/// Reads a `T` at `base + off` (0 where it cannot be read).
+/// Reads a `T` at `base + off` of a pointer the verifier knows the type
+/// of (the iterator's context, a helper's typed result, or a pointer field
+/// loaded from one): a direct load. The offset comes from frozen
+/// read-only data, so the verifier sees a constant, checks that the access
+/// lies inside a field of that type, and lets a fault on an untrusted
+/// pointer read as 0 instead of a helper call per field.
 #[inline(always)]
-fn read_at<T: Default>(base: u64, off: u64) -> T {
+fn load<T>(base: *const u8, off: u64) -> T {
+    // SAFETY: the verifier checked `off` and the size against the BTF type
+    // of `base`; loads through BTF pointers are fault-handled.
+    unsafe { core::ptr::read_volatile(base.wrapping_add(off as usize) as *const T) }
+}
+
+/// Reads a `T` at `base + off` where the verifier cannot type the access
+/// (a `tcp_sock` field behind a `struct sock *`): 0 where it cannot be read.
+#[inline(always)]
+fn probe_at<T: Default>(base: *const u8, off: u64) -> T {
     // SAFETY: bpf_probe_read_kernel checks the address; offsets come from BTF.
-    unsafe { bpf_probe_read_kernel((base + off) as *const T) }.unwrap_or_default()
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(off as usize) as *const T) }
+        .unwrap_or_default()
 }
 
 /// The kernel's `struct bpf_iter__task_file`, the file iterator's context.
@@ -844,31 +858,31 @@ pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
     if task.is_null() {
         return 0;
     }
-    let t = task as u64;
+    let t = task as *const u8;
     // SAFETY: `task` is the iterator's trusted, non-NULL task pointer.
-    let regs = unsafe { bpf_task_pt_regs(task) } as u64;
-    let (syscall, arg0, arg1) = if regs == 0 {
+    let regs = unsafe { bpf_task_pt_regs(task) } as *const u8;
+    let (syscall, arg0, arg1) = if regs.is_null() {
         (u64::MAX, 0, 0)
     } else {
         (
-            read_at::<u64>(regs, config(&OFF_REGS_SYSCALL)),
-            read_at::<u64>(regs, config(&OFF_REGS_ARG0)),
-            read_at::<u64>(regs, config(&OFF_REGS_ARG1)),
+            load::<u64>(regs, config(&OFF_REGS_SYSCALL)),
+            load::<u64>(regs, config(&OFF_REGS_ARG0)),
+            load::<u64>(regs, config(&OFF_REGS_ARG1)),
         )
     };
     let rec = IterTaskRecord {
-        tgid: read_at(t, config(&OFF_TASK_TGID)),
-        tid: read_at(t, config(&OFF_TASK_PID)),
-        state: read_at(t, config(&OFF_TASK_STATE)),
-        exit_state: read_at(t, config(&OFF_TASK_EXIT_STATE)),
-        runtime_ns: read_at(t, config(&OFF_TASK_RUNTIME)),
+        tgid: load(t, config(&OFF_TASK_TGID)),
+        tid: load(t, config(&OFF_TASK_PID)),
+        state: load(t, config(&OFF_TASK_STATE)),
+        exit_state: load(t, config(&OFF_TASK_EXIT_STATE)),
+        runtime_ns: load(t, config(&OFF_TASK_RUNTIME)),
         syscall,
         arg0,
         arg1,
-        exec_start_ns: read_at(t, config(&OFF_TASK_EXEC_START)),
-        cpu: read_at(t, config(&OFF_TASK_CPU)),
+        exec_start_ns: load(t, config(&OFF_TASK_EXEC_START)),
+        cpu: load(t, config(&OFF_TASK_CPU)),
         pad: 0,
-        comm: read_at(t, config(&OFF_TASK_COMM)),
+        comm: load(t, config(&OFF_TASK_COMM)),
     };
     seq_write(meta, &rec);
     0
@@ -885,25 +899,25 @@ pub extern "C" fn iter_task_file(ctx: *mut BpfIterTaskFile) -> i32 {
     if task.is_null() || file.is_null() {
         return 0;
     }
-    let inode: u64 = read_at(file as u64, config(&OFF_FILE_INODE));
-    if inode == 0 {
+    let inode: *const u8 = load(file as *const u8, config(&OFF_FILE_INODE));
+    if inode.is_null() {
         return 0;
     }
-    let mode: u16 = read_at(inode, config(&OFF_INODE_MODE));
+    let mode: u16 = load(inode, config(&OFF_INODE_MODE));
     if mode & S_IFMT != S_IFSOCK {
         return 0;
     }
     let mut rec = IterSockRecord {
-        tgid: read_at(task as u64, config(&OFF_TASK_TGID)),
+        tgid: load(task as *const u8, config(&OFF_TASK_TGID)),
         fd: fd as u32,
-        inode: read_at(inode, config(&OFF_INODE_INO)),
+        inode: load(inode, config(&OFF_INODE_INO)),
         magic: ITER_SOCK_MAGIC,
         ..IterSockRecord::default()
     };
     if config(&TCP_ON) == 0 {
         rec.flags = SOCK_NO_TCP_LAYOUT;
     } else {
-        tcp_fields(file as u64, &mut rec);
+        tcp_fields(file, &mut rec);
     }
     seq_write(meta, &rec);
     0
@@ -924,61 +938,66 @@ fn v4(a: u32) -> [u8; 16] {
 
 /// Fills `rec` with what sock_diag reports of the socket of `file`, and
 /// sets `SOCK_TCP`, when it is a TCP socket of an IPv4 or IPv6 family.
-/// Its `struct socket` must point back at `file`: an `O_PATH` descriptor
-/// of a socket's path has the mode of a socket but no socket behind it.
+/// The kernel finds the socket: `bpf_sock_from_file` answers only for a
+/// file whose operations are a socket's (an `O_PATH` descriptor of a
+/// socket's path has the mode of a socket but no socket behind it). The
+/// `struct sock` fields are direct loads; the verifier types the pointer
+/// as a `struct sock` only, so the `inet_connection_sock` and `tcp_sock`
+/// fields after it are read with `bpf_probe_read_kernel`.
 #[inline(always)]
-fn tcp_fields(file: u64, rec: &mut IterSockRecord) {
-    let socket: u64 = read_at(file, config(&OFF_FILE_PRIVATE));
-    if socket == 0 || read_at::<u64>(socket, config(&OFF_SOCKET_FILE)) != file {
+fn tcp_fields(file: *mut core::ffi::c_void, rec: &mut IterSockRecord) {
+    // SAFETY: `file` is the iterator's non-NULL file pointer.
+    let socket = unsafe { bpf_sock_from_file(file as *mut _) } as *const u8;
+    if socket.is_null() {
         return;
     }
-    let sk: u64 = read_at(socket, config(&OFF_SOCKET_SK));
-    if sk == 0 {
+    let sk: *const u8 = load(socket, config(&OFF_SOCKET_SK));
+    if sk.is_null() {
         return;
     }
-    let family: u16 = read_at(sk, config(&OFF_TCP_FAMILY));
+    let family: u16 = load(sk, config(&OFF_TCP_FAMILY));
     if (family != AF_INET && family != AF_INET6)
-        || read_at::<u16>(sk, config(&OFF_TCP_TYPE)) != SOCK_STREAM
-        || read_at::<u16>(sk, config(&OFF_TCP_PROTOCOL)) != IPPROTO_TCP
+        || load::<u16>(sk, config(&OFF_TCP_TYPE)) != SOCK_STREAM
+        || load::<u16>(sk, config(&OFF_TCP_PROTOCOL)) != IPPROTO_TCP
     {
         return;
     }
     rec.family = family;
     if family == AF_INET {
-        rec.local_addr = v4(read_at(sk, config(&OFF_TCP_RCV_SADDR)));
-        rec.remote_addr = v4(read_at(sk, config(&OFF_TCP_DADDR)));
+        rec.local_addr = v4(load(sk, config(&OFF_TCP_RCV_SADDR)));
+        rec.remote_addr = v4(load(sk, config(&OFF_TCP_DADDR)));
     } else {
-        rec.local_addr = read_at(sk, config(&OFF_TCP_V6_RCV_SADDR));
-        rec.remote_addr = read_at(sk, config(&OFF_TCP_V6_DADDR));
+        rec.local_addr = load(sk, config(&OFF_TCP_V6_RCV_SADDR));
+        rec.remote_addr = load(sk, config(&OFF_TCP_V6_DADDR));
     }
-    rec.state = read_at(sk, config(&OFF_TCP_STATE));
-    rec.local_port = read_at(sk, config(&OFF_TCP_NUM));
-    rec.remote_port_be = read_at(sk, config(&OFF_TCP_DPORT));
-    rec.cookie = read_at(sk, config(&OFF_TCP_COOKIE));
-    let net: u64 = read_at(sk, config(&OFF_TCP_NET));
-    rec.netns = if net == 0 {
+    rec.state = load(sk, config(&OFF_TCP_STATE));
+    rec.local_port = load(sk, config(&OFF_TCP_NUM));
+    rec.remote_port_be = load(sk, config(&OFF_TCP_DPORT));
+    rec.cookie = load(sk, config(&OFF_TCP_COOKIE));
+    let net: *const u8 = load(sk, config(&OFF_TCP_NET));
+    rec.netns = if net.is_null() {
         0
     } else {
-        read_at(net, config(&OFF_NET_INUM))
+        load(net, config(&OFF_NET_INUM))
     };
-    rec.uid = read_at(sk, config(&OFF_TCP_UID));
-    rec.retransmits = read_at(sk, config(&OFF_TCP_RETRANSMITS));
-    rec.backoff = read_at(sk, config(&OFF_TCP_BACKOFF));
-    rec.probes = read_at(sk, config(&OFF_TCP_PROBES));
-    rec.rto_jiffies = read_at(sk, config(&OFF_TCP_RTO));
-    rec.lsndtime = read_at(sk, config(&OFF_TCP_LSNDTIME));
-    rec.lrcvtime = read_at(sk, config(&OFF_TCP_LRCVTIME));
-    rec.rcv_tstamp = read_at(sk, config(&OFF_TCP_RCV_TSTAMP));
-    rec.srtt_us = read_at(sk, config(&OFF_TCP_SRTT));
-    rec.packets_out = read_at(sk, config(&OFF_TCP_PACKETS_OUT));
-    rec.rcv_nxt = read_at(sk, config(&OFF_TCP_RCV_NXT));
-    rec.copied_seq = read_at(sk, config(&OFF_TCP_COPIED_SEQ));
-    rec.write_seq = read_at(sk, config(&OFF_TCP_WRITE_SEQ));
-    rec.snd_una = read_at(sk, config(&OFF_TCP_SND_UNA));
-    rec.bytes_received = read_at(sk, config(&OFF_TCP_BYTES_RECEIVED));
-    rec.bytes_acked = read_at(sk, config(&OFF_TCP_BYTES_ACKED));
-    rec.data_segs_in = read_at(sk, config(&OFF_TCP_SEGS_IN));
-    rec.data_segs_out = read_at(sk, config(&OFF_TCP_SEGS_OUT));
+    rec.uid = load(sk, config(&OFF_TCP_UID));
+    rec.retransmits = probe_at(sk, config(&OFF_TCP_RETRANSMITS));
+    rec.backoff = probe_at(sk, config(&OFF_TCP_BACKOFF));
+    rec.probes = probe_at(sk, config(&OFF_TCP_PROBES));
+    rec.rto_jiffies = probe_at(sk, config(&OFF_TCP_RTO));
+    rec.lsndtime = probe_at(sk, config(&OFF_TCP_LSNDTIME));
+    rec.lrcvtime = probe_at(sk, config(&OFF_TCP_LRCVTIME));
+    rec.rcv_tstamp = probe_at(sk, config(&OFF_TCP_RCV_TSTAMP));
+    rec.srtt_us = probe_at(sk, config(&OFF_TCP_SRTT));
+    rec.packets_out = probe_at(sk, config(&OFF_TCP_PACKETS_OUT));
+    rec.rcv_nxt = probe_at(sk, config(&OFF_TCP_RCV_NXT));
+    rec.copied_seq = probe_at(sk, config(&OFF_TCP_COPIED_SEQ));
+    rec.write_seq = probe_at(sk, config(&OFF_TCP_WRITE_SEQ));
+    rec.snd_una = probe_at(sk, config(&OFF_TCP_SND_UNA));
+    rec.bytes_received = probe_at(sk, config(&OFF_TCP_BYTES_RECEIVED));
+    rec.bytes_acked = probe_at(sk, config(&OFF_TCP_BYTES_ACKED));
+    rec.data_segs_in = probe_at(sk, config(&OFF_TCP_SEGS_IN));
+    rec.data_segs_out = probe_at(sk, config(&OFF_TCP_SEGS_OUT));
     // SAFETY: bpf_jiffies64 has no preconditions. Read last, as
     // `tcp_get_info` reads `tcp_jiffies32` after the stamps it ages.
     rec.now_jiffies = unsafe { bpf_jiffies64() } as u32;

@@ -183,8 +183,6 @@ mod kernel {
         if let Some(t) = tcp {
             loader
                 .override_global("TCP_ON", &1u64, true)
-                .override_global("OFF_FILE_PRIVATE", &t.file_private, true)
-                .override_global("OFF_SOCKET_FILE", &t.socket_file, true)
                 .override_global("OFF_SOCKET_SK", &t.socket_sk, true)
                 .override_global("OFF_TCP_FAMILY", &t.family, true)
                 .override_global("OFF_TCP_STATE", &t.state, true)

@@ -39,19 +39,15 @@ pub struct KernelLayout {
     pub tcp: Result<TcpLayout, LayoutError>,
 }
 
-/// Offsets of what the file iterator reads of a TCP socket: from a
-/// `struct file` to its `struct socket` and back, to the `struct sock`,
-/// and within it (a `tcp_sock` begins with its `inet_connection_sock`,
+/// Offsets of what the file iterator reads of a TCP socket (the kernel's
+/// `bpf_sock_from_file` finds a file's `struct socket`): from it to the
+/// `struct sock`, and within that (a `tcp_sock` begins with its `inet_connection_sock`,
 /// which begins with its `sock`, which begins with its `sock_common`, so
 /// every offset here is from the `struct sock *`). What the kernel's
 /// `tcp_get_info` and `inet_sk_diag_fill` read for sock_diag.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TcpLayout {
-    /// `file.private_data`: a socket file's `struct socket *`.
-    pub file_private: u64,
-    /// `socket.file` (the back pointer that proves it is a socket file)
-    /// and `socket.sk`.
-    pub socket_file: u64,
+    /// `socket.sk`.
     pub socket_sk: u64,
     /// `sock_common`: `skc_family`, `skc_state`, `skc_num` (local port,
     /// host order), `skc_dport` (network order), `skc_rcv_saddr`,
@@ -103,8 +99,6 @@ impl TcpLayout {
         let icsk = |path: &[&str]| at("inet_connection_sock", path);
         let tcp = |m: &str| at("tcp_sock", &[m]);
         Ok(Self {
-            file_private: at("file", &["private_data"])?,
-            socket_file: at("socket", &["file"])?,
             socket_sk: at("socket", &["sk"])?,
             family: common("skc_family")?,
             state: common("skc_state")?,
