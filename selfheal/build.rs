@@ -55,12 +55,30 @@ fn main() {
     // the environment concurrently.
     unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     match aya_build::build_ebpf([package], aya_build::Toolchain::default()) {
-        Ok(()) => println!("cargo::rustc-cfg=selfheal_ebpf"),
+        Ok(()) => {
+            println!("cargo::rustc-cfg=selfheal_ebpf");
+            println!(
+                "cargo::rustc-env=SELFHEAL_EBPF_OBJECT_HASH={:016x}",
+                object_hash()
+            );
+        }
         Err(e) if required => panic!("building the eBPF object failed: {e:#}"),
         Err(e) => {
             println!("cargo::warning=eBPF not built in: building the eBPF object failed: {e:#}")
         }
     }
+}
+
+/// FNV-1a (64 bits) of the eBPF object aya-build wrote: the name of this
+/// build's pin directory (`iter-HASH`), computed once here instead of on
+/// every check.
+fn object_hash() -> u64 {
+    let out = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    let object = std::fs::read(PathBuf::from(out).join("selfheal"))
+        .expect("aya-build wrote the eBPF object to OUT_DIR/selfheal");
+    object.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Where bpf-linker is, or where `cargo install` puts it.

@@ -70,6 +70,11 @@ struct Args {
     /// progress evidence, probes or calls in flight.
     #[arg(long)]
     check_only: bool,
+    /// Time nothing: start the agents, pin the iterators, print the
+    /// `check` command over all of them, and keep them up this many
+    /// seconds (at most 3,600) for a profiler or `strace` run by hand.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    hold: Option<u64>,
 }
 
 fn main() {
@@ -80,6 +85,7 @@ fn main() {
         runs,
         baseline,
         check_only,
+        hold,
     } = clap::Parser::parse();
     let Bins { selfheal, peer } = Bins::find();
     let work = std::env::temp_dir().join(format!("selfheal-check-bench-{}", std::process::id()));
@@ -128,6 +134,16 @@ fn main() {
             "  no task iterators ({}): `check` reads procfs as `--no-iterators` does",
             selfheal::ebpf::chain(&e)
         ),
+    }
+    if let Some(seconds) = hold {
+        let config = write_config(&work, &pids, None);
+        println!(
+            "  holding {agents} agents for {seconds} s; one check over them:\n    {:?}",
+            check_in(&selfheal, &config, &work)
+        );
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        stop(&mut children, &work);
+        return;
     }
     let mut grows = Vec::new();
     for n in [10.min(agents), agents] {

@@ -68,15 +68,19 @@ pub const SYSTEM_BPFFS: &str = "/sys/fs/bpf";
 pub const OWN_BPFFS: &str = "/run/selfheal/bpf";
 
 /// The directory of this build's pins under the bpffs directory `base`:
-/// named by a hash of the eBPF object, so the pins of another build of
-/// selfheal (other programs, other records) are never opened as this
-/// one's.
+/// named by a hash of the eBPF object (FNV-1a, computed when it was
+/// built), so the pins of another build of selfheal (other programs,
+/// other records) are never opened as this one's.
 fn pins_under(base: &Path) -> PathBuf {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::hash::DefaultHasher::new();
-    object().hash(&mut h);
-    base.join(format!("iter-{:016x}", h.finish()))
+    base.join(format!("iter-{OBJECT_HASH}"))
 }
+
+/// The eBPF object's hash, in hex (`build.rs`); zeros where eBPF is not
+/// built in.
+#[cfg(selfheal_ebpf)]
+const OBJECT_HASH: &str = env!("SELFHEAL_EBPF_OBJECT_HASH");
+#[cfg(not(selfheal_ebpf))]
+const OBJECT_HASH: &str = "0000000000000000";
 
 /// Where this build's pins are looked for, in order: in the system's
 /// bpffs (`/sys/fs/bpf/selfheal/iter-…`), then in selfheal's own
@@ -86,14 +90,6 @@ pub fn pin_dirs() -> [PathBuf; 2] {
         pins_under(&Path::new(SYSTEM_BPFFS).join("selfheal")),
         pins_under(Path::new(OWN_BPFFS)),
     ]
-}
-
-/// The eBPF object's bytes (empty where eBPF is not built in).
-fn object() -> &'static [u8] {
-    #[cfg(selfheal_ebpf)]
-    return crate::ebpf::loader::OBJECT;
-    #[cfg(not(selfheal_ebpf))]
-    return &[];
 }
 
 /// The programs in the object.
@@ -702,5 +698,26 @@ mod tests {
             "is owned by uid 0 with mode 0777: only root may write where pins live"
         );
         assert_eq!(NotRootOnly::NotADirectory.to_string(), "is not a directory");
+    }
+
+    /// The pins' directory is named by the hash of the object this binary
+    /// holds (another object, another name), not of some other build's.
+    #[cfg(selfheal_ebpf)]
+    #[test]
+    fn the_pins_are_named_by_this_object() {
+        let fnv = |bytes: &[u8]| {
+            bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+            })
+        };
+        let object = crate::ebpf::loader::OBJECT;
+        assert_eq!(OBJECT_HASH, format!("{:016x}", fnv(object)));
+        let mut other = object.to_vec();
+        other[0] ^= 1;
+        assert_ne!(fnv(&other), fnv(object));
+        assert_eq!(
+            pins_under(Path::new("/b")),
+            Path::new(&format!("/b/iter-{:016x}", fnv(object)))
+        );
     }
 }

@@ -202,7 +202,9 @@ pub(super) fn open_iterators(load: bool) -> std::sync::MutexGuard<'static, Optio
 /// A process's state and parent from `/proc/PID/stat` (one small read),
 /// or `None` when it is gone.
 pub(super) fn state_and_ppid(root: &ProcRoot, pid: u32) -> Option<(char, u32)> {
-    let stat = std::fs::read(root.of_pid(pid, "stat")).ok()?;
+    let (mut buf, mut more) = ([0u8; 2048], Vec::new());
+    let stat =
+        crate::sys::procfs::read_whole(&root.of_pid(pid, "stat"), &mut buf, &mut more).ok()?;
     // `PID (COMM) STATE PPID …`; COMM may hold anything, so split at the last `)`.
     let close = stat.iter().rposition(|b| *b == b')')?;
     let mut rest = std::str::from_utf8(stat.get(close + 1..)?)

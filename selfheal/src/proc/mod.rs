@@ -205,7 +205,7 @@ struct Head {
 
 impl Head {
     fn read(root: &ProcRoot, pid: u32, buf: &mut [u8]) -> procfs::ProcResult<Head> {
-        let stat = root.process(pid)?.stat()?;
+        let stat = root.stat(pid)?;
         let status =
             read_at(nix::fcntl::AT_FDCWD, &root.of_pid(pid, "status"), buf).and_then(parse_status);
         Ok(Head { pid, stat, status })

@@ -29,9 +29,8 @@ pub struct Pidfd {
 
 /// Start time of `pid` in clock ticks after boot, if it is running.
 pub fn start_ticks(pid: u32) -> Option<u64> {
-    procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
+    super::procfs::ProcRoot::default()
+        .stat(pid)
         .ok()
         .map(|s| s.starttime)
 }

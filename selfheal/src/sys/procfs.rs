@@ -67,10 +67,70 @@ impl ProcRoot {
         procfs::process::Process::new_with_root(self.pid(pid))
     }
 
+    /// `pid`'s `stat` as the `procfs` crate parses it, read from its main
+    /// thread's file (`ROOT/PID/task/PID/stat`) in one `read`
+    /// ([`read_whole`]). The fields a process table uses (parent, name,
+    /// state, flags, start time, thread count) are the process's either
+    /// way; the process's own file has the kernel sum every thread's times
+    /// and faults first, which a process of many threads makes several
+    /// times dearer. Times and faults here are the main thread's. Where
+    /// the main thread's file is missing (a fixture that made only
+    /// `PID/stat`), `ROOT/PID/stat`.
+    pub fn stat(&self, pid: u32) -> procfs::ProcResult<procfs::process::Stat> {
+        use procfs::FromRead as _;
+        let mut buf = [0u8; 2048];
+        let mut more = Vec::new();
+        let text = match read_whole(
+            &self.of_pid(pid, &format!("task/{pid}/stat")),
+            &mut buf,
+            &mut more,
+        ) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                read_whole(&self.of_pid(pid, "stat"), &mut buf, &mut more)?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        procfs::process::Stat::from_read(text)
+    }
+
     /// Every process under this root, as the `procfs` crate lists them.
     pub fn all_processes(&self) -> procfs::ProcResult<procfs::process::ProcessesIter> {
         procfs::process::all_processes_with_root(&self.root)
     }
+}
+
+/// The whole of the small procfs file at `path`, read into `buf` in one
+/// `read` where it fits (procfs's `stat`, `status` and `cgroup` hand over
+/// their whole text in the first `read` whose buffer holds it, so a short
+/// read is the end), into `more` past `buf`'s size. No size probe
+/// (`statx`, `lseek`) and no second `read` for the end, which
+/// `std::fs::read` spends on every file.
+pub fn read_whole<'b>(
+    path: &Path,
+    buf: &'b mut [u8],
+    more: &'b mut Vec<u8>,
+) -> std::io::Result<&'b [u8]> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open(path)?;
+    let mut len = 0;
+    while len < buf.len() {
+        match file.read(&mut buf[len..]) {
+            Ok(0) => return Ok(&buf[..len]),
+            Ok(n) => {
+                len += n;
+                if len < buf.len() {
+                    return Ok(&buf[..len]);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    more.clear();
+    more.extend_from_slice(buf);
+    file.read_to_end(more)?;
+    Ok(more)
 }
 
 /// The socket inode an fd link's target names (`socket:[inode]`, parsed by
@@ -102,6 +162,73 @@ pub fn kernel_version() -> Option<(u8, u8)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process's `stat` read from its main thread's file says what its
+    /// own file says of the fields a table uses (this process, with a
+    /// second thread running); a fixture with only `PID/stat` is read
+    /// there; a gone process is an error.
+    #[test]
+    fn a_stat_from_the_main_thread_is_the_process_s() {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || stopped.recv());
+        let pid = std::process::id();
+        let own = ProcRoot::default().process(pid).unwrap().stat().unwrap();
+        let main = ProcRoot::default().stat(pid).unwrap();
+        stop.send(()).unwrap();
+        let _ = worker.join();
+        assert!(own.num_threads >= 2, "{}", own.num_threads);
+        assert_eq!(
+            (
+                main.pid,
+                main.ppid,
+                &main.comm,
+                main.flags,
+                main.starttime,
+                main.num_threads
+            ),
+            (
+                own.pid,
+                own.ppid,
+                &own.comm,
+                own.flags,
+                own.starttime,
+                own.num_threads
+            )
+        );
+        let dir = std::env::temp_dir().join(format!("selfheal-stat-fixture-{pid}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("42")).unwrap();
+        let zeros = |n: usize| vec!["0"; n].join(" ");
+        let line = format!("42 (a (b) c) S 7 {} 123 {}\n", zeros(17), zeros(30));
+        std::fs::write(dir.join("42/stat"), line).unwrap();
+        let root = ProcRoot::at(&dir);
+        let fixture = root.stat(42);
+        let gone = root.stat(43);
+        let _ = std::fs::remove_dir_all(&dir);
+        let fixture = fixture.unwrap();
+        assert_eq!(
+            (fixture.ppid, fixture.comm.as_str(), fixture.starttime),
+            (7, "a (b) c", 123)
+        );
+        assert!(gone.is_err());
+    }
+
+    /// A file larger than the buffer is read whole; one smaller is read
+    /// into the buffer.
+    #[test]
+    fn read_whole_reads_past_the_buffer() {
+        let path = std::env::temp_dir().join(format!("selfheal-read-whole-{}", std::process::id()));
+        let text: Vec<u8> = (0..10_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(&path, &text).unwrap();
+        let (mut buf, mut more) = ([0u8; 2048], Vec::new());
+        let big = read_whole(&path, &mut buf, &mut more).map(<[u8]>::to_vec);
+        std::fs::write(&path, &text[..100]).unwrap();
+        let (mut buf, mut more) = ([0u8; 2048], Vec::new());
+        let small = read_whole(&path, &mut buf, &mut more).map(<[u8]>::to_vec);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(big.unwrap(), text);
+        assert_eq!(small.unwrap(), &text[..100]);
+    }
 
     #[test]
     fn paths_are_built_under_the_root() {

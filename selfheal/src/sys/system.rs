@@ -172,10 +172,7 @@ impl System for Kernel {
     }
 
     fn stat(&self, pid: u32) -> Option<ProcStat> {
-        let s = super::procfs::ProcRoot::default()
-            .process(pid)
-            .and_then(|p| p.stat())
-            .ok()?;
+        let s = super::procfs::ProcRoot::default().stat(pid).ok()?;
         Some(ProcStat {
             start_ticks: s.starttime,
             ppid: s.ppid,

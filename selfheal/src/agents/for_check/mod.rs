@@ -173,8 +173,7 @@ fn stat_of(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64)> {
 
 /// [`stat_of`], and how many threads the process has.
 fn stat_threads(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64, u64)> {
-    use procfs::FromRead as _;
-    let stat = procfs::process::Stat::from_file(root.of_pid(pid, "stat")).ok()?;
+    let stat = root.stat(pid).ok()?;
     let threads = u64::try_from(stat.num_threads).unwrap_or(0);
     let (e, start) = entry_of(pid, stat);
     Some((e, start, threads))
@@ -193,10 +192,10 @@ fn host_pids(root: &ProcRoot) -> Vec<u32> {
 
 /// `pid`'s cgroup path as `ROOT/PID/cgroup` says.
 fn cgroup_of_in(root: &ProcRoot, pid: u32) -> Option<String> {
-    std::fs::read_to_string(root.of_pid(pid, "cgroup"))
-        .ok()
-        .as_deref()
-        .and_then(cgroup_path)
+    let (mut buf, mut more) = ([0u8; 4096], Vec::new());
+    let text =
+        crate::sys::procfs::read_whole(&root.of_pid(pid, "cgroup"), &mut buf, &mut more).ok()?;
+    cgroup_path(&String::from_utf8_lossy(text))
 }
 
 /// Reads of `e` (its uid read) what a `cmdline` or `exe` rule picks it
@@ -269,6 +268,11 @@ struct Seeds {
     threads: HashMap<u32, u64>,
     /// Processes opened (a `stat`, a `task` listing, a `children` file).
     used: usize,
+    /// The pids procfs listed, once listed.
+    host: Option<Vec<u32>>,
+    /// Each `stat` read, as it was read (the entry before any other field
+    /// of it), for the walk that may follow, which reads them no more.
+    stats: HashMap<u32, (ProcEntry, u64)>,
 }
 
 impl Seeds {
@@ -283,8 +287,14 @@ impl Seeds {
         };
         self.starts.insert(pid, start);
         self.threads.insert(pid, threads);
+        self.stats.insert(pid, (e.clone(), start));
         self.entries.insert(pid, e);
         true
+    }
+
+    /// The pids under `root`, listed once.
+    fn host(&mut self, root: &ProcRoot) -> &[u32] {
+        self.host.get_or_insert_with(|| host_pids(root))
     }
 }
 
@@ -320,9 +330,10 @@ impl ProcessTable {
         {
             return ProcessTable::read_for_in(root, agents, runner);
         }
-        let table = match ProcessTable::read_named(root, agents, runner) {
+        let mut seeds = Seeds::default();
+        let table = match ProcessTable::read_named(root, agents, runner, &mut seeds) {
             Ok(table) => table,
-            Err(Instead::Walk) => ProcessTable::read_stats(root, agents, runner),
+            Err(Instead::Walk) => ProcessTable::read_stats(root, agents, runner, seeds),
             Err(Instead::Whole) => return ProcessTable::read_for_in(root, agents, runner),
         };
         let mut wanted = vec![1];
@@ -351,18 +362,20 @@ impl ProcessTable {
     /// reads than one per process of the host, or a pid or pidfile rule
     /// that finds nothing (as the walk would); the whole table for another
     /// rule that finds nothing (whose problem counts the host's processes).
+    /// What it reads on the way (`seeds`: the pids listed, the `stat`s)
+    /// the walk reads no more.
     fn read_named(
         root: &ProcRoot,
         agents: &[&AgentConfig],
         runner: u32,
+        seeds: &mut Seeds,
     ) -> Result<ProcessTable, Instead> {
         let reads = Reads::of(agents.iter().copied(), runner);
         if reads.containers || !lists_children(root) {
             return Err(Instead::Walk);
         }
-        let host = host_pids(root);
+        let host = seeds.host(root).to_vec();
         let budget = host.len();
-        let mut seeds = Seeds::default();
         let mut cgroups = BTreeSet::from([1]);
         match unit_members(root, agents, runner) {
             Units::None => {}
@@ -456,15 +469,21 @@ impl ProcessTable {
         }
         Ok(ProcessTable::partial_of(
             root,
-            seeds.entries.into_values().collect(),
-            seeds.starts,
+            std::mem::take(&mut seeds.entries).into_values().collect(),
+            std::mem::take(&mut seeds.starts),
             reader,
         ))
     }
 
-    /// Every process's `stat`; the uid, executable, cgroup and command
-    /// line only where a rule of `agents` needs them to pick.
-    fn read_stats(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+    /// Every process's `stat` (from `seeds` where read there); the uid,
+    /// executable, cgroup and command line only where a rule of `agents`
+    /// needs them to pick.
+    fn read_stats(
+        root: &ProcRoot,
+        agents: &[&AgentConfig],
+        runner: u32,
+        mut seeds: Seeds,
+    ) -> ProcessTable {
         let cmdlines = CmdlineRules::of(agents, runner);
         let reads = Reads::of(agents.iter().copied(), runner);
         // Under a unit rule, the cgroups of the processes its units list
@@ -479,8 +498,10 @@ impl ProcessTable {
         let mut entries = Vec::new();
         let mut starts = HashMap::new();
         let mut reader = CmdlineReader::default();
-        for pid in host_pids(root) {
-            let Some((mut e, start)) = stat_of(root, pid) else {
+        let host = seeds.host(root).to_vec();
+        for pid in host {
+            let Some((mut e, start)) = seeds.stats.remove(&pid).or_else(|| stat_of(root, pid))
+            else {
                 continue;
             };
             if reads.uids() {

@@ -263,7 +263,7 @@ fn with_children_files_an_exe_rule_reads_only_its_uids_processes() {
 fn a_pid_reused_or_gone_before_its_fill_is_not_taken_for_it() {
     let (dir, root, c) = pid_10_in("reuse");
     let agents: Vec<&AgentConfig> = c.agents.iter().collect();
-    let table = ProcessTable::read_stats(&root, &agents, 0);
+    let table = ProcessTable::read_stats(&root, &agents, 0, Seeds::default());
     write_stat(&dir, 11, 1, 999);
     std::fs::remove_dir_all(dir.join("12")).expect("remove 12");
     let table = table.fill_in(&[10, 11, 12]);
@@ -277,6 +277,37 @@ fn a_pid_reused_or_gone_before_its_fill_is_not_taken_for_it() {
     assert_eq!(table.with_descendants(&[10]), [10, 11, 12]);
 }
 
+/// The walk that follows a named read reads neither the listing nor a
+/// `stat` the named read read: what they said then is what the table
+/// holds (a `stat` changed since, or a process listed since, is not read).
+#[test]
+fn the_walk_reads_no_stat_the_named_read_read() {
+    let (dir, root, c) = pid_10_in("seeded");
+    let agents: Vec<&AgentConfig> = c.agents.iter().collect();
+    let mut seeds = Seeds::default();
+    assert_eq!(seeds.host(&root).len(), TREE.len());
+    assert!(seeds.stat(&root, 10));
+    write_stat(&dir, 10, 20, 50);
+    write_stat(&dir, 11, 20, 60);
+    write_stat(&dir, 30, 1, 90);
+    let table = ProcessTable::read_stats(&root, &agents, 0, seeds);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        table.get(10).map(|e| e.ppid),
+        Some(1),
+        "10's stat as the named read read it"
+    );
+    assert_eq!(
+        table.get(11).map(|e| e.ppid),
+        Some(20),
+        "11's stat read by the walk"
+    );
+    assert!(
+        table.get(30).is_none(),
+        "listed after the named read's listing"
+    );
+}
+
 /// `cmdline` and `exe` rules read the uid of every process and the
 /// executable only of those whose uid they may match; a `unit` rule
 /// reads every cgroup; a pid rule neither.
@@ -286,7 +317,7 @@ fn exe_and_unit_rules_read_what_they_pick_by() {
     let read = |text: &str| {
         let c = config(text);
         let agents: Vec<&AgentConfig> = c.agents.iter().collect();
-        ProcessTable::read_stats(&root, &agents, 0)
+        ProcessTable::read_stats(&root, &agents, 0, Seeds::default())
     };
     let pid = read("[[agent]]\nname = \"a\"\nmatch = { pid = 10 }\n");
     let mine = read("[[agent]]\nname = \"a\"\nmatch = { exe = \"/usr/bin/p20\" }\n");
