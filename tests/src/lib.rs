@@ -344,7 +344,7 @@ pub enum Skip {
     /// cgroup, raise a limit, an unprivileged user namespace).
     Machine,
     /// Runs only in `cargo xtask vm-test`'s VM, whose kernel it sets up
-    /// (locked down): expected on the host; `cargo xtask test --no-vm`
+    /// (its BTF hidden): expected on the host; `cargo xtask test --no-vm`
     /// says it was dropped.
     Vm,
     /// Depends on this host in a way no set-up changes (what this pid

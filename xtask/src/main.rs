@@ -41,7 +41,7 @@ enum Task {
     /// Set up, then run every test, with the eBPF object required.
     Test {
         /// Skip the VM kernel test (kprobe/fentry strategies on Debian's 6.1,
-        /// the locked-down kernel's procfs fallback): its tests are listed
+        /// the procfs fallback on a kernel without BTF): its tests are listed
         /// as dropped.
         #[arg(long)]
         no_vm: bool,
