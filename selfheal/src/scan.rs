@@ -161,6 +161,7 @@ pub fn scan(euid: u32) -> Scan {
         };
         coverage.processes += 1;
         coverage.over_budget += usize::from(access.over);
+        coverage.with_gaps += usize::from(!p.gaps.is_empty());
         let owner = owner_of(&table, &p);
         let unreaped = zombies.remove(&pid).unwrap_or_default();
         if !unreaped.is_empty() || p.threads.iter().any(|t| t.state == 'D') {

@@ -302,6 +302,10 @@ pub fn parse_pidfile(text: &str) -> Result<u32, String> {
 /// Most pollfds read from a poll/ppoll set (32 KiB); a larger set is cut
 /// here and the cut is a gap.
 pub const MAX_POLLFDS: usize = 4096;
+/// Most bytes read of an epoll set's `fdinfo` (about 100,000 registered
+/// fds at ~80 bytes a line); a larger set is cut here at a line and the
+/// cut is a gap.
+pub const MAX_EPOLL_FDINFO: usize = 8 << 20;
 /// Most fds read from a select/pselect6 read set: glibc's `FD_SETSIZE`.
 pub const MAX_SELECT_FDS: usize = 1024;
 

@@ -5,8 +5,9 @@
 use super::*;
 use selfheal_core::proc::syscall_name;
 use selfheal_core::proc::{
-    Backing, EPOLL_READ, MAX_POLLFDS, MAX_SELECT_FDS, Mapping, POLL_READ, POLLFD_SIZE, ProcWait,
-    ThreadInfo, anonymous_private, decode_fd_set, decode_pollfds, epoll_items,
+    Backing, EPOLL_READ, MAX_EPOLL_FDINFO, MAX_POLLFDS, MAX_SELECT_FDS, Mapping, POLL_READ,
+    POLLFD_SIZE, ProcWait, ThreadInfo, anonymous_private, decode_fd_set, decode_pollfds,
+    epoll_items,
 };
 
 /// x86_64 receive syscalls whose first argument is the socket's fd.
@@ -105,28 +106,26 @@ pub(super) fn read_wait(
         }
         WaitKind::Epoll => {
             let epfd = arg0 as i32;
-            let cwd = nix::fcntl::AT_FDCWD;
-            let cap = buf.len();
-            let Some(bytes) = read_at(cwd, &mem.root.of_pid(pid, &format!("fdinfo/{epfd}")), buf)
-            else {
+            let path = mem.root.of_pid(pid, &format!("fdinfo/{epfd}"));
+            let Ok((bytes, cut)) = read_capped(&path, MAX_EPOLL_FDINFO) else {
                 push_gap(
                     gaps,
                     format!("tid {tid}: cannot read its epoll set (fdinfo of fd {epfd})"),
                 );
                 return None;
             };
-            // A full buffer may end inside a line: keep whole lines only.
-            let bytes = if bytes.len() == cap {
+            // A cut may end inside a line: keep whole lines only.
+            let bytes = if cut {
                 push_gap(
                     gaps,
                     format!(
-                        "tid {tid}: epoll set of fd {epfd} larger than {} KiB: only its first part read",
-                        cap >> 10
+                        "tid {tid}: epoll set of fd {epfd} larger than {} MiB: only its first part read",
+                        MAX_EPOLL_FDINFO >> 20
                     ),
                 );
                 &bytes[..bytes.iter().rposition(|b| *b == b'\n').unwrap_or(0)]
             } else {
-                bytes
+                &bytes[..]
             };
             let text = String::from_utf8_lossy(bytes);
             let found = epoll_items(&text)
@@ -156,6 +155,20 @@ pub(super) fn read_wait(
         epoll_fd,
         idle_ms: None,
     })
+}
+
+/// The file at `path` to its end, or its first `cap` bytes and `true`
+/// where it is longer (an epoll set's `fdinfo` holds a line per registered
+/// fd: thousands of sockets are hundreds of KiB).
+fn read_capped(path: &std::path::Path, cap: usize) -> std::io::Result<(Vec<u8>, bool)> {
+    use std::io::Read as _;
+    let mut bytes = Vec::with_capacity(64 << 10);
+    std::fs::File::open(path)?
+        .take(cap as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    let cut = bytes.len() > cap;
+    bytes.truncate(cap);
+    Ok((bytes, cut))
 }
 
 /// One process's memory reads: its map (read at the first read), and
@@ -360,4 +373,31 @@ pub(super) fn maps(pid: u32, access: &mut MemAccess<'_>) -> Result<Vec<Mapping>,
             },
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file past the cap is cut at the cap and says so; one within it is
+    /// read whole, however many reads that takes.
+    #[test]
+    fn read_capped_cuts_at_the_cap_and_says_so() {
+        let path = std::env::temp_dir().join(format!("selfheal-capped-{}", std::process::id()));
+        let line = b"tfd:        7 events:       19 data:                7  pos:0 ino:1b sdev:8\n";
+        let text: Vec<u8> = line
+            .iter()
+            .copied()
+            .cycle()
+            .take(line.len() * 5000)
+            .collect();
+        std::fs::write(&path, &text).unwrap();
+        let whole = read_capped(&path, 1 << 20);
+        let cut = read_capped(&path, 1000);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(whole.unwrap(), (text.clone(), false));
+        let (bytes, was_cut) = cut.unwrap();
+        assert!(was_cut);
+        assert_eq!(bytes, text[..1000]);
+    }
 }

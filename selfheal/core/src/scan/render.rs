@@ -21,6 +21,9 @@ pub struct Coverage {
     /// Processes whose read ran past its budget (their threads are partly
     /// read).
     pub over_budget: usize,
+    /// Processes read with a gap (a wait set read only in part or not at
+    /// all, …): `selfheal inspect --pid` lists each.
+    pub with_gaps: usize,
     /// Network namespaces whose sockets could not be dumped, with why.
     pub netns_errors: Vec<String>,
 }
@@ -195,6 +198,13 @@ pub fn render(
             o,
             ", {} read only in part (past their budget)",
             coverage.over_budget
+        );
+    }
+    if coverage.with_gaps > 0 {
+        let _ = write!(
+            o,
+            ", {} read with gaps (`selfheal inspect --pid PID` says what it did not see)",
+            coverage.with_gaps
         );
     }
     let _ = writeln!(o);

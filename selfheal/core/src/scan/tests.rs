@@ -276,6 +276,25 @@ fn the_table_escapes_what_a_process_names_and_says_what_to_run() {
     assert!(empty.starts_with("no connection"), "{empty}");
 }
 
+/// Processes read with a gap are counted under the table, with what to
+/// run to see the gaps; none, nothing is said.
+#[test]
+fn processes_read_with_gaps_are_counted() {
+    let cover = |with_gaps| Coverage {
+        processes: 9,
+        with_gaps,
+        ..Coverage::default()
+    };
+    let text = render(&[], &[], &cover(2), 30_000);
+    assert!(
+        text.contains(
+            "9 processes read, 2 read with gaps (`selfheal inspect --pid PID` says what it did not see)"
+        ),
+        "{text}"
+    );
+    assert!(!render(&[], &[], &cover(0), 30_000).contains("gaps"));
+}
+
 fn proof(result: ProofVerdict, detail: &str) -> ProofResult {
     ProofResult {
         result,
