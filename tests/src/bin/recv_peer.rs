@@ -361,7 +361,7 @@ fn rusage(cmd: &[&str]) -> Result<()> {
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     say(&format!(
-        "rusage wall={wall:.3} user={:.3} sys={:.3} maxrss={} code={}",
+        "rusage wall={wall:.6} user={:.6} sys={:.6} maxrss={} code={}",
         secs(u.ru_utime),
         secs(u.ru_stime),
         u.ru_maxrss,

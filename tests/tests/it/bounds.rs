@@ -31,27 +31,12 @@ const MAX_RSS_KIB: i64 = 64 * 1024;
 /// carries the forked copy's peak across `exec`, and this test process is
 /// large.
 fn timed_check(config: &Path, dir: &Scratch) -> Usage {
-    let out = Command::new(tests::helper_bin("recv-peer"))
-        .arg("rusage")
-        .arg(selfheal_bin())
-        .args(["check", "--json", "--config"])
-        .arg(config)
-        .args(Places::without_helper(dir).args())
-        .output()
-        .expect("run recv-peer rusage");
-    let line = String::from_utf8_lossy(&out.stdout).into_owned();
-    let field = |k: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {k} in {line:?}"))
-    };
-    Usage {
-        wall: field("wall"),
-        user: field("user"),
-        sys: field("sys"),
-        max_rss: field("maxrss") as i64,
-    }
+    tests::timed_usage(
+        Command::new(selfheal_bin())
+            .args(["check", "--json", "--config"])
+            .arg(config)
+            .args(Places::without_helper(dir).args()),
+    )
 }
 
 fn check(config: &Path, dir: &Scratch) -> tests::CheckRun {
