@@ -287,22 +287,7 @@ fn read_at<'b, P: ?Sized + nix::NixPath>(
         nix::sys::stat::Mode::empty(),
     )
     .ok()?;
-    // procfs's seq files hand over their whole text in one read when the
-    // buffer is large enough: a short read is the end, no second read needed.
-    let mut len = 0;
-    while len < buf.len() {
-        match nix::unistd::read(&fd, &mut buf[len..]) {
-            Ok(0) => break,
-            Ok(n) => {
-                len += n;
-                if len < buf.len() {
-                    break;
-                }
-            }
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return None,
-        }
-    }
+    let len = crate::sys::procfs::read_short(&mut std::fs::File::from(fd), buf).ok()?;
     Some(&buf[..len])
 }
 

@@ -113,24 +113,35 @@ pub fn read_whole<'b>(
 ) -> std::io::Result<&'b [u8]> {
     use std::io::Read as _;
     let mut file = std::fs::File::open(path)?;
+    let len = read_short(&mut file, buf)?;
+    if len < buf.len() {
+        return Ok(&buf[..len]);
+    }
+    more.clear();
+    more.extend_from_slice(buf);
+    file.read_to_end(more)?;
+    Ok(more)
+}
+
+/// Reads `file` into `buf` until its end, a short read (procfs's seq
+/// files hand over their whole text in one read when the buffer holds it,
+/// so a short read is the end) or a full buffer: the length read.
+pub fn read_short(file: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut len = 0;
     while len < buf.len() {
         match file.read(&mut buf[len..]) {
-            Ok(0) => return Ok(&buf[..len]),
+            Ok(0) => break,
             Ok(n) => {
                 len += n;
                 if len < buf.len() {
-                    return Ok(&buf[..len]);
+                    break;
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    more.clear();
-    more.extend_from_slice(buf);
-    file.read_to_end(more)?;
-    Ok(more)
+    Ok(len)
 }
 
 /// The socket inode an fd link's target names (`socket:[inode]`, parsed by

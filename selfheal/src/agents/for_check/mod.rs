@@ -498,7 +498,7 @@ impl ProcessTable {
         let mut entries = Vec::new();
         let mut starts = HashMap::new();
         let mut reader = CmdlineReader::default();
-        let host = seeds.host(root).to_vec();
+        let host = seeds.host.take().unwrap_or_else(|| host_pids(root));
         for pid in host {
             let Some((mut e, start)) = seeds.stats.remove(&pid).or_else(|| stat_of(root, pid))
             else {
