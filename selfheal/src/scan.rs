@@ -1,10 +1,12 @@
 //! `selfheal scan`'s edge: reads, with no config, every process the caller
 //! may read (root: the host, every network namespace; anyone else: their
-//! own processes only), each one's TCP connections from its network
-//! namespace's sock_diag dump, and, for a process holding one, what its
-//! threads wait in (procfs, light detail: the same reader as `check`'s,
-//! with its bounds). The census is the core's
-//! ([`selfheal_core::scan::census`]).
+//! own processes only), each one's TCP connections, and, for a process
+//! holding one, what its threads wait in (light detail: the same reader as
+//! `check`'s, with its bounds). As root, threads, socket fds and
+//! connections come from one pass of the kernel's task iterators over the
+//! host ([`host_pass`]); otherwise from procfs and each network
+//! namespace's sock_diag dump, and the census says why. The census is the
+//! core's ([`selfheal_core::scan::census`]).
 //!
 //! `scan --prove` ([`prove`]) asks each suspect's peer with a proof
 //! keepalive, through the same acting side as `check`'s (the helper, or
@@ -32,6 +34,7 @@ use std::{
 
 use selfheal_core::{
     clock::ms,
+    ebpf::iter::{HostPass, IterProcess, IterTcp, TcpPass},
     inspect::human_ms,
     keepalive::{KeepaliveSettings, ProofKeepalive},
     model::TcpState,
@@ -81,11 +84,27 @@ pub struct NetnsDumpError {
 
 /// Reads every process `euid` may read (all of them for root; else only
 /// those whose uid is `euid`: another user's are counted, never read).
-pub fn scan(euid: u32) -> Scan {
+/// As root, the threads and sockets of every process come from one pass
+/// of the kernel's task iterators over the host ([`host_pass`]); without
+/// it (`no_iterators`, a kernel without them, or as another user), from
+/// procfs and one sock_diag dump per network namespace.
+pub fn scan(euid: u32, no_iterators: bool) -> Scan {
     let root = ProcRoot::default();
+    // The table first: a process in it that the pass, read after, does
+    // not hold ended in between.
     let table = ProcessTable::read_for(&[], euid);
-    let own = std::process::id();
     let mut coverage = Coverage::default();
+    let mut pass = if euid != 0 {
+        None
+    } else if no_iterators {
+        coverage.procfs_because = Some("disabled by --no-iterators".into());
+        None
+    } else {
+        host_pass()
+            .map_err(|why| coverage.procfs_because = Some(why))
+            .ok()
+    };
+    let own = std::process::id();
     let mut dumps: BTreeMap<u64, Dump> = BTreeMap::new();
     let mut reader = crate::sys::memread::Reader::default();
     let clocks = proc::task_clocks();
@@ -101,69 +120,49 @@ pub fn scan(euid: u32) -> Scan {
             continue;
         }
         let pid = entry.pid;
-        // Its socket fds first (one readlink each): most processes hold no
-        // TCP connection, and their threads are then read for their state
-        // alone.
-        let fds = match proc::socket_fds(&root, pid) {
-            Ok(fds) => fds,
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => {
-                coverage.gone += 1;
-                continue;
-            }
-            Err(_) => {
-                coverage.unreadable += 1;
-                continue;
-            }
-        };
-        let sockets = if fds.is_empty() {
-            None
-        } else {
-            let netns = match root.namespace(pid, "net") {
-                Ok(ns) => ns,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    coverage.gone += 1;
-                    continue;
-                }
-                Err(_) => {
-                    coverage.unreadable += 1;
-                    continue;
-                }
-            };
-            dump_of(&mut dumps, netns, pid)
-                .as_ref()
-                .ok()
-                .filter(|sockets| fds.iter().any(|(_, ino)| sockets.contains_key(ino)))
-        };
+        let unreaped = zombies.remove(&pid).unwrap_or_default();
         let mut access = proc::MemAccess {
             reader: &mut reader,
             deadline: Instant::now() + PROCESS_BUDGET,
             over: false,
         };
-        // What its threads wait in where it holds a connection; else only
-        // their states, and a closer look (wait channel, age) at a thread
-        // in D state.
-        let detail = if sockets.is_some() {
-            Detail::Light
-        } else {
-            Detail::Minimal
+        let read = match &mut pass {
+            Some((pass, tcp)) => iterated(
+                &root,
+                pid,
+                pass,
+                tcp,
+                &unreaped,
+                &mut dumps,
+                &clocks,
+                &mut access,
+            ),
+            None => from_procfs(&root, pid, &mut dumps, &clocks, &mut access),
         };
-        let mut read = proc::process_in(&root, pid, detail, &clocks, &mut access);
-        if detail == Detail::Minimal
-            && read
-                .as_ref()
-                .is_ok_and(|p| p.threads.iter().any(|t| t.state == 'D'))
-        {
-            read = proc::process_in(&root, pid, Detail::Light, &clocks, &mut access);
-        }
-        let Ok(p) = read else {
+        let (p, sockets) = match read {
+            Read::Process(p, sockets) => (p, sockets),
+            Read::Quiet => {
+                coverage.processes += 1;
+                continue;
+            }
+            Read::Gone => {
+                coverage.gone += 1;
+                continue;
+            }
+            Read::Unreadable => {
+                coverage.unreadable += 1;
+                continue;
+            }
+        };
+        // The pid reused since the table was read: another process.
+        if entry.start_ticks.is_some_and(|t| t != p.start_ticks) {
             coverage.gone += 1;
             continue;
-        };
+        }
         coverage.processes += 1;
         coverage.over_budget += usize::from(access.over);
         coverage.with_gaps += usize::from(!p.gaps.is_empty());
         let owner = owner_of(&table, &p);
-        let unreaped = zombies.remove(&pid).unwrap_or_default();
         if !unreaped.is_empty() || p.threads.iter().any(|t| t.state == 'D') {
             processes.push(ProcessState {
                 owner: owner.clone(),
@@ -198,6 +197,153 @@ pub fn scan(euid: u32) -> Scan {
         connections,
         processes,
         coverage,
+    }
+}
+
+/// One pass of the task iterators over the host, and its TCP connections
+/// by inode; or why there is none (then procfs and sock_diag read
+/// instead). The iterators are this build's pinned ones where a helper
+/// published them, else loaded here.
+pub fn host_pass() -> Result<(HostPass, BTreeMap<u64, IterTcp>), String> {
+    use crate::ebpf::iter;
+    if !iter::in_initial_pid_namespace() {
+        return Err(
+            "this scan runs in a pid namespace of its own, where the task iterators' pids are not procfs's"
+                .into(),
+        );
+    }
+    let mut it = match iter::open_published() {
+        Ok((it, _)) => it,
+        Err(pinned) => iter::load().map_err(|loaded| {
+            format!("the task iterators are neither pinned ({pinned}) nor loadable ({loaded})")
+        })?,
+    };
+    let mut pass = it
+        .host()
+        .map_err(|e| format!("the task iterators' pass failed: {e}"))?;
+    let tcp = std::mem::replace(&mut pass.tcp, Ok(BTreeMap::new()))
+        .map_err(|why| format!("the task iterators read no TCP connection: {why}"))?;
+    Ok((pass, tcp))
+}
+
+/// What was read of one process.
+enum Read {
+    /// The process, and its TCP connections by inode where it holds one.
+    Process(ProcessInfo, Option<HashMap<u64, TcpSocket>>),
+    /// Read by the pass, with nothing to look closer at: no TCP
+    /// connection, no thread in D state, no zombie.
+    Quiet,
+    Gone,
+    Unreadable,
+}
+
+/// `pid` from the host pass: its threads and sockets as the pass read
+/// them (taken out of `pass`), its connections from `tcp`; a SYN-SENT
+/// one's retransmit timer, which the pass does not read, from its
+/// namespace's dump. Only a process that holds a connection, has a
+/// thread in D state or an unreaped child is read further (its `stat`,
+/// `status`, and what its waits name).
+#[allow(clippy::too_many_arguments)]
+fn iterated(
+    root: &ProcRoot,
+    pid: u32,
+    pass: &mut HostPass,
+    tcp: &BTreeMap<u64, IterTcp>,
+    unreaped: &[Zombie],
+    dumps: &mut BTreeMap<u64, Dump>,
+    clocks: &selfheal_core::proc::TaskClocks,
+    access: &mut proc::MemAccess<'_>,
+) -> Read {
+    let Some(hp) = pass
+        .processes
+        .remove(&pid)
+        .filter(|p| !p.threads.is_empty())
+    else {
+        return Read::Gone;
+    };
+    let mut sockets: HashMap<u64, TcpSocket> = HashMap::new();
+    for (_, inode) in &hp.sockets {
+        if let Some(t) = tcp.get(inode) {
+            let mut socket = t.socket.clone();
+            if socket.state == TcpState::SynSent
+                && let Ok(dumped) = dump_of(dumps, u64::from(t.netns), pid)
+            {
+                socket.timer = dumped.get(inode).and_then(|d| d.timer.clone());
+            }
+            sockets.insert(*inode, socket);
+        }
+    }
+    let d_state = hp.threads.iter().any(|t| t.state_letter() == 'D');
+    if sockets.is_empty() && !d_state && unreaped.is_empty() {
+        return Read::Quiet;
+    }
+    let detail = if sockets.is_empty() {
+        Detail::Minimal
+    } else {
+        Detail::Light
+    };
+    let detail = if d_state { Detail::Light } else { detail };
+    let one = IterProcess {
+        threads: hp.threads,
+        sockets: hp.sockets,
+        tcp: TcpPass::Unread("read from the host pass".into()),
+    };
+    match proc::process_iterated(root, pid, &one, detail, clocks, access) {
+        Ok(p) => Read::Process(p, (!sockets.is_empty()).then_some(sockets)),
+        Err(_) => Read::Gone,
+    }
+}
+
+/// `pid` from procfs: its socket fds first (one readlink each: most
+/// processes hold no TCP connection, and their threads are then read for
+/// their state alone), its connections from its namespace's dump.
+fn from_procfs(
+    root: &ProcRoot,
+    pid: u32,
+    dumps: &mut BTreeMap<u64, Dump>,
+    clocks: &selfheal_core::proc::TaskClocks,
+    access: &mut proc::MemAccess<'_>,
+) -> Read {
+    let fds = match proc::socket_fds(root, pid) {
+        Ok(fds) => fds,
+        Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => return Read::Gone,
+        Err(_) => return Read::Unreadable,
+    };
+    let sockets = if fds.is_empty() {
+        None
+    } else {
+        let netns = match root.namespace(pid, "net") {
+            Ok(ns) => ns,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Read::Gone,
+            Err(_) => return Read::Unreadable,
+        };
+        dump_of(dumps, netns, pid).as_ref().ok().and_then(|all| {
+            let mine: HashMap<u64, TcpSocket> = fds
+                .iter()
+                .filter_map(|(_, ino)| all.get(ino).map(|s| (*ino, s.clone())))
+                .collect();
+            (!mine.is_empty()).then_some(mine)
+        })
+    };
+    // What its threads wait in where it holds a connection; else only
+    // their states, and a closer look (wait channel, age) at a thread in
+    // D state.
+    let detail = if sockets.is_some() {
+        Detail::Light
+    } else {
+        Detail::Minimal
+    };
+    let mut read = proc::process_in(root, pid, detail, clocks, access);
+    if detail == Detail::Minimal
+        && read
+            .as_ref()
+            .is_ok_and(|p| p.threads.iter().any(|t| t.state == 'D'))
+    {
+        read = proc::process_in(root, pid, Detail::Light, clocks, access);
+    }
+    match read {
+        Ok(p) => Read::Process(p, sockets),
+        Err(_) => Read::Gone,
     }
 }
 

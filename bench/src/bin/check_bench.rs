@@ -18,8 +18,9 @@
 //!
 //! The census: `selfheal scan --json` over the whole host (every process,
 //! every network namespace, the threads of each process holding a TCP
-//! connection) against `ps -eLo pid,tid,stat,wchan` + `ss -tinp`, in
-//! alternation, with its peak RSS.
+//! connection), on the pinned task iterators and with `--no-iterators`,
+//! against `ps -eLo pid,tid,stat,wchan` + `ss -tinp`, in alternation, with
+//! their peak RSS.
 //!
 //! Beside `check`, in alternation with it, `check --no-iterators` (every
 //! thread from procfs) and the C floor (`bench/src/diag_floor.c`, compiled
@@ -121,9 +122,6 @@ fn main() {
         ss * 1e3,
         (ps + ss) * 1e3
     );
-    if !check_only {
-        census(&selfheal, runs, agents);
-    }
     let floor = build_floor(&work);
     // The task iterators pinned as the helper pins them; a check opens them.
     match selfheal::ebpf::iter::publish()
@@ -134,6 +132,9 @@ fn main() {
             "  no task iterators ({}): `check` reads procfs as `--no-iterators` does",
             selfheal::ebpf::chain(&e)
         ),
+    }
+    if !check_only && hold.is_none() {
+        census(&selfheal, runs, agents);
     }
     if let Some(seconds) = hold {
         let config = write_config(&work, &pids, None);
@@ -524,33 +525,45 @@ fn median_rss(runs: usize, mut f: impl FnMut() -> (f64, i64)) -> (f64, i64) {
 }
 
 /// `selfheal scan --json` over the whole host (this fleet and everything
-/// else the machine runs) against `ps -eLo pid,tid,stat,wchan` + `ss
-/// -tinp`, which together show less (no wait per socket, no verdict);
-/// alternating, medians of `runs`.
+/// else the machine runs), on the pinned task iterators and with
+/// `--no-iterators` (procfs and sock_diag), against `ps -eLo
+/// pid,tid,stat,wchan` + `ss -tinp`, which together show less (no wait per
+/// socket, no verdict); alternating, medians of `runs`.
 fn census(selfheal: &Path, runs: usize, agents: usize) {
-    let (mut scans, mut tools) = (Vec::new(), Vec::new());
+    let (mut pass, mut procfs, mut tools) = (Vec::new(), Vec::new(), Vec::new());
+    let scan = |extra: &[&str]| {
+        timed_usage(
+            Command::new(selfheal)
+                .args(["scan", "--json", "--silent-for", "30s"])
+                .args(extra),
+        )
+    };
     for _ in 0..runs {
-        scans.push(timed_usage(Command::new(selfheal).args([
-            "scan",
-            "--json",
-            "--silent-for",
-            "30s",
-        ])));
+        pass.push(scan(&[]));
+        procfs.push(scan(&["--no-iterators"]));
         let ps = timed(Command::new("ps").args(["-eLo", "pid,tid,stat,wchan"])).0;
         let ss = timed(Command::new("ss").args(["-tinp"])).0;
         tools.push(ps + ss);
     }
-    let (t, user, sys) = medians(&scans);
-    let rss = scans.iter().map(|u| u.max_rss).max().unwrap_or(0);
     tools.sort_by(f64::total_cmp);
     let both = tools[tools.len() / 2];
     println!(
-        "  selfheal scan (whole host, {agents} agents among it): {:.1} ms (user {:.1} ms, sys {:.1} ms), peak RSS {:.1} MiB; ps + ss {:.1} ms; {:.2} x ps + ss (goal <= 0.25)",
-        t * 1e3,
-        user * 1e3,
-        sys * 1e3,
-        rss as f64 / 1024.0,
-        both * 1e3,
-        t / both
+        "  ps -eLo pid,tid,stat,wchan + ss -tinp, alternating with the scans: {:.1} ms",
+        both * 1e3
     );
+    for (what, runs) in [
+        ("selfheal scan (task iterators)", &pass),
+        ("selfheal scan --no-iterators", &procfs),
+    ] {
+        let (t, user, sys) = medians(runs);
+        let rss = runs.iter().map(|u| u.max_rss).max().unwrap_or(0);
+        println!(
+            "  {what}, whole host ({agents} agents among it): {:.1} ms (user {:.1} ms, sys {:.1} ms), peak RSS {:.1} MiB; {:.2} x ps + ss (goal <= 0.25)",
+            t * 1e3,
+            user * 1e3,
+            sys * 1e3,
+            rss as f64 / 1024.0,
+            t / both
+        );
+    }
 }

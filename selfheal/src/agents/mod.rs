@@ -64,6 +64,9 @@ pub struct ProcEntry {
     pub containers: Vec<CgroupContainer>,
     /// Its pid namespace (the inode of `/proc/PID/ns/pid`), where readable.
     pub pidns: Option<u64>,
+    /// When it started, in clock ticks after boot (`stat`'s `starttime`):
+    /// with the pid, which process this is. `None` in fixtures.
+    pub start_ticks: Option<u64>,
 }
 
 impl ProcEntry {
@@ -85,6 +88,7 @@ impl ProcEntry {
             uid: None,
             containers: Vec::new(),
             pidns: None,
+            start_ticks: None,
         }
     }
 }
@@ -530,6 +534,7 @@ fn entry_of(pid: u32, stat: procfs::process::Stat) -> (ProcEntry, u64) {
         uid: None,
         containers: Vec::new(),
         pidns: None,
+        start_ticks: Some(stat.starttime),
     };
     (entry, stat.starttime)
 }

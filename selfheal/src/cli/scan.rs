@@ -46,6 +46,13 @@ pub struct Args {
     /// about.
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
+    /// Read every process from procfs, and each network namespace's
+    /// sockets from sock_diag, instead of one pass of the kernel's task
+    /// iterators over the host (which root's scans use where the kernel
+    /// has them: the same evidence, read in the kernel). The table's last
+    /// line says when a scan as root read procfs, and why.
+    #[arg(long)]
+    no_iterators: bool,
     /// The privileged helper's socket, for --prove. Without a helper
     /// there, proofs are armed directly where the kernel lets this user.
     #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::listen::DEFAULT_SOCKET)]
@@ -54,7 +61,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<Finished, Error> {
     let silent_for_ms = selfheal_core::clock::ms(args.silent_for);
-    let read = selfheal::scan::scan(selfheal::sys::creds::euid());
+    let read = selfheal::scan::scan(selfheal::sys::creds::euid(), args.no_iterators);
     let mut connections = read.connections;
     if !args.pids.is_empty() {
         connections.retain(|c| args.pids.contains(&c.owner.pid));

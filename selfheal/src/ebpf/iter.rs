@@ -16,7 +16,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use selfheal_core::ebpf::iter::{IterParseError, IterProcess};
+use selfheal_core::ebpf::iter::{HostPass, IterParseError, IterProcess};
 
 use super::layout::LayoutError;
 
@@ -110,7 +110,7 @@ mod kernel {
     use aya::{Btf, Ebpf, EbpfLoader, programs::Iter};
     use selfheal_core::ebpf::iter::{parse_sock_records, parse_task_records, tcp_pass};
 
-    use super::{FILE_PROGRAM, IterError, IterProcess, TASK_PROGRAM};
+    use super::{FILE_PROGRAM, HostPass, IterError, IterProcess, TASK_PROGRAM};
     use crate::{
         ebpf::{
             chain,
@@ -367,8 +367,8 @@ mod kernel {
                 }
                 Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
             };
-            let threads = parse_task_records(walk(task, pidfd, &mut self.buf)?)?;
-            let records = parse_sock_records(walk(file, pidfd, &mut self.buf)?)?;
+            let threads = parse_task_records(walk(task, Some(pidfd), &mut self.buf)?)?;
+            let records = parse_sock_records(walk(file, Some(pidfd), &mut self.buf)?)?;
             let mut sockets: Vec<(i32, u64)> =
                 records.iter().map(|s| (s.fd as i32, s.inode)).collect();
             // Linux 6.1's task_file iterator may yield a file of a process
@@ -385,16 +385,40 @@ mod kernel {
         }
     }
 
-    /// One walk of `prog` over the process `pidfd` names: its output.
+    impl TaskIter {
+        /// One pass over every task of this pid namespace: each walks once
+        /// (the threads, then every process's files), cut by process. The
+        /// pids are the initial pid namespace's (what the programs read):
+        /// run only there ([`super::in_initial_pid_namespace`]).
+        pub fn host(&mut self) -> Result<HostPass, IterError> {
+            let (task, file) = match &self.programs {
+                Programs::Loaded(ebpf) => {
+                    (prog_fd(ebpf, TASK_PROGRAM)?, prog_fd(ebpf, FILE_PROGRAM)?)
+                }
+                Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
+            };
+            let threads = parse_task_records(walk(task, None, &mut self.buf)?)?;
+            let records = parse_sock_records(walk(file, None, &mut self.buf)?)?;
+            let hz = *self.hz.get_or_insert_with(|| bpf::kernel_hz().unwrap_or(0));
+            Ok(HostPass::of(threads, &records, hz))
+        }
+    }
+
+    /// One walk of `prog` over the process `pidfd` names, or over every
+    /// task of this pid namespace: its output.
     fn walk<'b>(
         prog: BorrowedFd<'_>,
-        pidfd: BorrowedFd<'_>,
+        pidfd: Option<BorrowedFd<'_>>,
         buf: &'b mut Vec<u8>,
     ) -> Result<&'b [u8], IterError> {
         let run = |what: &str, e: std::io::Error| IterError::Run {
             reason: format!("{what}: {e}"),
         };
-        let link = bpf::link_iter_to_process(prog, pidfd).map_err(|e| {
+        let link = match pidfd {
+            Some(pidfd) => bpf::link_iter_to_process(prog, pidfd),
+            None => bpf::link_iter_to_host(prog),
+        }
+        .map_err(|e| {
             if e.raw_os_error() == Some(libc::ESRCH) {
                 IterError::Gone
             } else {
@@ -474,6 +498,20 @@ impl TaskIter {
     ) -> Result<IterProcess, IterError> {
         match self.0 {}
     }
+    pub fn host(&mut self) -> Result<HostPass, IterError> {
+        match self.0 {}
+    }
+}
+
+/// Whether this process is in the initial pid namespace, where the pids
+/// the iterators read (the kernel's own, `task->tgid`) are the ones
+/// procfs names. `/proc/self/ns/pid` of the initial namespace has the
+/// kernel's fixed inode number (`PROC_PID_INIT_INO`).
+pub fn in_initial_pid_namespace() -> bool {
+    const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+    crate::sys::procfs::ProcRoot::default()
+        .own_namespace("pid")
+        .is_ok_and(|ino| ino == PROC_PID_INIT_INO)
 }
 
 /// Loads the task iterator for the running kernel

@@ -57,6 +57,17 @@ fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
+/// Links the iterator program `prog` to no process: its walk reaches
+/// every task (or every task's files) of the caller's pid namespace.
+pub fn link_iter_to_host(prog: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.0[0] = prog.as_raw_fd() as u32; // prog_fd
+    attr.0[1] = 0; // target_fd
+    attr.0[2] = BPF_TRACE_ITER; // attach_type
+    attr.0[3] = 0; // flags; no iter_info: the whole namespace
+    bpf_fd(BPF_LINK_CREATE, &mut attr)
+}
+
 /// Links the iterator program `prog` to the process `pidfd` names: its
 /// walk reaches that process's threads (or files) only. Linux 6.1+.
 pub fn link_iter_to_process(

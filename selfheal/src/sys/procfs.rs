@@ -52,6 +52,13 @@ impl ProcRoot {
         std::fs::metadata(self.of_pid(pid, &format!("ns/{kind}"))).map(|m| m.ino())
     }
 
+    /// The inode of `ROOT/self/ns/KIND`: which namespace of that kind
+    /// this process is in.
+    pub fn own_namespace(&self, kind: &str) -> std::io::Result<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(self.of_self(&format!("ns/{kind}"))).map(|m| m.ino())
+    }
+
     /// `ROOT/self/NAME`: a file of this process.
     pub fn of_self(&self, name: &str) -> PathBuf {
         self.root.join("self").join(name)

@@ -71,6 +71,17 @@ pub(super) fn scan() -> Run {
     scan_as(None)
 }
 
+/// `selfheal scan --silent-for 1s` and `extra` as root: its table.
+fn table(extra: &[&str]) -> String {
+    let out = Command::new(selfheal_bin())
+        .args(["scan", "--silent-for", "1s"])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run selfheal scan");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The finding on socket `inode`, if listed.
 pub(super) fn on(run: &Run, inode: u64) -> Option<&Value> {
     run.findings.iter().find(|f| f["inode"] == inode)
@@ -160,6 +171,21 @@ fn a_receive_on_a_cut_connection_is_suspect_once_silent_past_the_threshold() {
     }
 }
 
+/// A client in `pair`'s namespace A blocked in `connect` to `port` of B,
+/// whose SYNs B drops; and when it called `connect` (ms, monotonic).
+fn connecting_to(pair: &NetnsPair, port: u16) -> (Peer, u64) {
+    pair.drop_port_into_b(port).expect("drop SYNs");
+    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
+    cmd.args(["connect", &format!("{}:{port}", pair.b_addr)]);
+    let client = Peer::spawn(cmd);
+    let line = client.expect("connecting", Duration::from_secs(10));
+    let at = line
+        .split_once("at_ms=")
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .expect("at_ms");
+    (client, at)
+}
+
 #[test]
 fn a_connect_whose_syns_are_dropped_is_connecting() {
     let _area = tests::area(module_path!());
@@ -167,15 +193,7 @@ fn a_connect_whose_syns_are_dropped_is_connecting() {
         return;
     }
     let pair = NetnsPair::new("scc").expect("netns pair");
-    pair.drop_port_into_b(7101).expect("drop SYNs");
-    let mut cmd = pair.a.command(&tests::helper_bin("recv-peer"));
-    cmd.args(["connect", &format!("{}:7101", pair.b_addr)]);
-    let client = Peer::spawn(cmd);
-    let line = client.expect("connecting", Duration::from_secs(10));
-    let at: u64 = line
-        .split_once("at_ms=")
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .expect("at_ms");
+    let (client, at) = connecting_to(&pair, 7101);
     // Its socket: the one connect() made, found by pid in the census.
     let pid = client.pid();
     let first = scan();
@@ -241,6 +259,104 @@ fn a_connection_whose_peer_sends_is_alive_and_a_held_close_wait_is_peer_closed()
     let closed_at = order.iter().position(|v| *v == "peer_closed");
     let alive_at = order.iter().position(|v| *v == "alive");
     assert!(closed_at < alive_at, "{order:?}");
+}
+
+/// The census of one pass of the kernel's task iterators over the host
+/// and of procfs with sock_diag (`--no-iterators`), over the same
+/// connections: a receive on a cut connection `suspect`, a connect whose
+/// SYNs are dropped `connecting` (its age a lower bound both ways: the
+/// pass takes the retransmit timer from the namespace's dump), a beating
+/// connection `alive`; each with the same fd, inode, state, verdict and
+/// waiting threads. The pass's table says nothing of procfs; the other's
+/// says why it read procfs.
+#[test]
+fn the_iterators_pass_and_procfs_read_the_same_census() {
+    let _area = tests::area(module_path!());
+    if !tests::need_ebpf("scan_pass_procfs") {
+        return;
+    }
+    let pair = NetnsPair::new("scp").expect("netns pair");
+    let cut = cut_suspect(&pair, 7111);
+    let _beat = pair.listening_in_b(&["beat", &format!("{}:7113", pair.b_addr), "100"]);
+    let (mut alive, alive_conn) = pair.client_in_a(7113);
+    alive.tell("go");
+    let (connecting, at) = connecting_to(&pair, 7112);
+    let pids = [cut.conn.pid, alive_conn.pid, connecting.pid()];
+    let (_, pass) = until_in(
+        |run| {
+            run.findings
+                .iter()
+                .find(|f| f["pid"] == connecting.pid() && f["verdict"] == "connecting")
+        },
+        40,
+        |_| true,
+    );
+    let procfs = run_scan(None, &["--no-iterators"]);
+    let real = tests::monotonic_ms() - at;
+    // What each read of these processes: everything but the ages.
+    let census = |run: &Run| {
+        let mut out: Vec<String> = run
+            .findings
+            .iter()
+            .filter(|f| pids.iter().any(|p| f["pid"] == *p))
+            .map(|f| {
+                let mut waiting: Vec<String> = f["waiting"]
+                    .as_array()
+                    .expect("waiting")
+                    .iter()
+                    .map(|w| format!("{}/{}/{}", w["tid"], w["syscall"], w["event_loop"]))
+                    .collect();
+                waiting.sort();
+                format!(
+                    "pid {} fd {} inode {} {} {} waiting {waiting:?}",
+                    f["pid"], f["fd"], f["inode"], f["state"], f["verdict"]
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let (a, b) = (census(&pass), census(&procfs));
+    assert_eq!(a, b, "the pass read {a:#?}, procfs {b:#?}");
+    let verdicts: Vec<(u64, &str)> = [cut.conn.inode, alive_conn.inode]
+        .iter()
+        .map(|i| {
+            (
+                *i,
+                on(&pass, *i).map_or("absent", |f| f["verdict"].as_str().unwrap_or("?")),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [(cut.conn.inode, "suspect"), (alive_conn.inode, "alive")]
+    );
+    for run in [&pass, &procfs] {
+        let f = run
+            .findings
+            .iter()
+            .find(|f| f["pid"] == connecting.pid())
+            .expect("the connect is listed");
+        assert_eq!(f["verdict"], "connecting", "{f}");
+        let age = f["silent_ms"].as_u64().expect("age");
+        assert!(
+            (1000..=real).contains(&age),
+            "{age} ms, {real} ms since connect: {f}"
+        );
+        assert_eq!(run.stderr, "");
+    }
+    // The table says which reader read.
+    let pid = cut.conn.pid.to_string();
+    let through_pass = table(&["--pid", &pid]);
+    assert!(
+        !through_pass.contains("read through procfs"),
+        "{through_pass}"
+    );
+    let through_procfs = table(&["--pid", &pid, "--no-iterators"]);
+    assert!(
+        through_procfs.contains("read through procfs and sock_diag: disabled by --no-iterators"),
+        "{through_procfs}"
+    );
 }
 
 #[test]
@@ -838,22 +954,7 @@ fn unreaped_zombies_and_a_thread_in_d_state_are_listed_per_process() {
         leaker.to_string(),
         init.to_string(),
     );
-    let out = Command::new(selfheal_bin())
-        .args([
-            "scan",
-            "--silent-for",
-            "1s",
-            "--pid",
-            &r,
-            "--pid",
-            &l,
-            "--pid",
-            &n,
-        ])
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run selfheal scan");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = table(&["--pid", &r, "--pid", &l, "--pid", &n]);
     eprintln!("{text}");
     assert!(text.contains("\nprocesses:\n"), "{text}");
     assert!(

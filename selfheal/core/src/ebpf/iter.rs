@@ -154,18 +154,10 @@ pub fn tcp_socket(rec: &IterSockRecord, hz: u32) -> Option<IterTcp> {
 /// (nothing asked for one: sock_diag's dump gives it one, and the judge's
 /// history knows connections by cookie).
 pub fn tcp_pass(records: &[IterSockRecord], hz: u32) -> TcpPass {
-    if records.iter().any(|r| r.flags & SOCK_NO_TCP_LAYOUT != 0) {
-        return TcpPass::Unread(
-            "the task iterator was loaded without the TCP fields (this kernel's BTF lacks one)"
-                .into(),
-        );
-    }
-    if hz == 0 {
-        return TcpPass::Unread("the kernel's tick rate (HZ) is unknown".into());
-    }
-    let mut out: Vec<IterTcp> = records.iter().filter_map(|r| tcp_socket(r, hz)).collect();
-    out.sort_unstable_by_key(|t| t.socket.inode);
-    out.dedup_by_key(|t| t.socket.inode);
+    let out = match tcp_connections(records, hz) {
+        Ok(out) => out,
+        Err(why) => return TcpPass::Unread(why),
+    };
     let uncookied = out.iter().filter(|t| t.socket.cookie == 0).count();
     if uncookied > 0 {
         return TcpPass::Unread(format!(
@@ -173,6 +165,77 @@ pub fn tcp_pass(records: &[IterSockRecord], hz: u32) -> TcpPass {
         ));
     }
     TcpPass::Read(out)
+}
+
+/// The TCP connections of a pass's socket records, each once, sorted by
+/// inode, cookie or none (a socket nothing asked a cookie of has 0); or
+/// why the records cannot say: the program was loaded without the TCP
+/// fields, or the tick rate is unknown.
+pub fn tcp_connections(records: &[IterSockRecord], hz: u32) -> Result<Vec<IterTcp>, String> {
+    if records.iter().any(|r| r.flags & SOCK_NO_TCP_LAYOUT != 0) {
+        return Err(
+            "the task iterator was loaded without the TCP fields (this kernel's BTF lacks one)"
+                .into(),
+        );
+    }
+    if hz == 0 {
+        return Err("the kernel's tick rate (HZ) is unknown".into());
+    }
+    let mut out: Vec<IterTcp> = records.iter().filter_map(|r| tcp_socket(r, hz)).collect();
+    out.sort_unstable_by_key(|t| t.socket.inode);
+    out.dedup_by_key(|t| t.socket.inode);
+    Ok(out)
+}
+
+/// One pass of the iterators over the whole host (no process named), cut
+/// by process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPass {
+    /// Each process the pass met, by pid (the thread-group id): its
+    /// threads in the kernel's order and `(fd, inode)` of its sockets,
+    /// sorted, each once.
+    pub processes: std::collections::BTreeMap<u32, HostProcess>,
+    /// Every TCP connection the pass read, once, by inode (with no cookie
+    /// where nothing asked the kernel for one); or why none were read.
+    pub tcp: Result<std::collections::BTreeMap<u64, IterTcp>, String>,
+}
+
+/// What a host pass read of one process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostProcess {
+    pub threads: Vec<IterThread>,
+    pub sockets: Vec<(i32, u64)>,
+}
+
+impl HostPass {
+    /// The pass cut by process: `threads` and `records` as the two
+    /// iterators wrote them over the host, the kernel ticking `hz` jiffies
+    /// a second. A process that holds no socket has none listed; one whose
+    /// threads the task walk missed (it started between the walks) has
+    /// its sockets alone.
+    pub fn of(threads: Vec<IterThread>, records: &[IterSockRecord], hz: u32) -> HostPass {
+        let mut processes: std::collections::BTreeMap<u32, HostProcess> =
+            std::collections::BTreeMap::new();
+        for t in threads {
+            processes.entry(t.tgid).or_default().threads.push(t);
+        }
+        for r in records {
+            processes
+                .entry(r.tgid)
+                .or_default()
+                .sockets
+                .push((r.fd as i32, r.inode));
+        }
+        for p in processes.values_mut() {
+            // A file table threads share may be walked more than once
+            // (Linux 6.1): one entry per fd.
+            p.sockets.sort_unstable();
+            p.sockets.dedup();
+        }
+        let tcp = tcp_connections(records, hz)
+            .map(|all| all.into_iter().map(|t| (t.socket.inode, t)).collect());
+        HostPass { processes, tcp }
+    }
 }
 
 /// One thread, as the task iterator read it from its `task_struct`.
@@ -745,6 +808,70 @@ mod tests {
         let old: IterProcess =
             serde_json::from_str(r#"{"threads":[],"sockets":[[3,99]]}"#).unwrap();
         assert!(matches!(old.tcp, TcpPass::Unread(_)));
+    }
+
+    #[test]
+    fn a_host_pass_is_cut_by_process_and_keeps_uncookied_connections() {
+        let thread = |tgid: u32, tid: u32| IterThread {
+            tgid,
+            tid,
+            state: 1,
+            exit_state: 0,
+            runtime_ns: 0,
+            syscall: None,
+            arg0: 0,
+            arg1: 0,
+            exec_start_ns: 0,
+            cpu: 0,
+            comm: "t".into(),
+        };
+        let a = IterSockRecord {
+            cookie: 0,
+            ..tcp_record()
+        };
+        // Process 7's file table walked twice (Linux 6.1), its second fd on
+        // the same socket; process 9 holds a unix socket; process 11 began
+        // between the walks: its sockets, no threads.
+        let again = IterSockRecord { fd: 5, ..a };
+        let unix = IterSockRecord {
+            tgid: 9,
+            flags: 0,
+            inode: 5,
+            ..a
+        };
+        let late = IterSockRecord {
+            tgid: 11,
+            inode: 100,
+            ..tcp_record()
+        };
+        let pass = HostPass::of(
+            vec![thread(7, 7), thread(7, 8), thread(9, 9)],
+            &[a, again, a, unix, late],
+            250,
+        );
+        let p: Vec<String> = pass
+            .processes
+            .iter()
+            .map(|(pid, p)| format!("{pid}: {} {:?}", p.threads.len(), p.sockets))
+            .collect();
+        assert_eq!(
+            p,
+            [
+                "7: 2 [(3, 99), (5, 99)]",
+                "9: 1 [(3, 5)]",
+                "11: 0 [(3, 100)]",
+            ]
+        );
+        // The census needs no cookie: the connection without one is read.
+        let tcp = pass.tcp.unwrap();
+        assert_eq!(tcp.keys().copied().collect::<Vec<_>>(), [99, 100]);
+        assert_eq!(tcp[&99].socket.cookie, 0);
+        let no_layout = IterSockRecord {
+            flags: SOCK_NO_TCP_LAYOUT,
+            ..IterSockRecord::default()
+        };
+        assert!(HostPass::of(Vec::new(), &[no_layout], 250).tcp.is_err());
+        assert!(HostPass::of(Vec::new(), &[a], 0).tcp.is_err());
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub struct Coverage {
     pub with_gaps: usize,
     /// Network namespaces whose sockets could not be dumped, with why.
     pub netns_errors: Vec<String>,
+    /// Why a scan as root read procfs and sock_diag instead of one pass of
+    /// the kernel's task iterators (it sees the same, more slowly).
+    pub procfs_because: Option<String>,
 }
 
 pub(super) fn age(ms: Option<u64>) -> String {
@@ -210,6 +213,9 @@ pub fn render(
     let _ = writeln!(o);
     for e in &coverage.netns_errors {
         let _ = writeln!(o, "sockets not read: {}", escape(e));
+    }
+    if let Some(why) = &coverage.procfs_because {
+        let _ = writeln!(o, "read through procfs and sock_diag: {}", escape(why));
     }
     o
 }
