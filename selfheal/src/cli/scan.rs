@@ -29,7 +29,8 @@ pub struct Args {
     #[arg(long, value_parser = super::parse_duration, default_value = "30s")]
     silent_for: Duration,
     /// Print one JSON object per connection, then one per process finding
-    /// ("kind": "process"), one per line, instead of a table.
+    /// ("kind": "process"), then one of what the scan read and could not
+    /// see ("kind": "coverage"), one per line, instead of a table.
     #[arg(long)]
     json: bool,
     /// Ask each suspect's peer whether it is there: a proof keepalive
@@ -57,6 +58,14 @@ pub struct Args {
     /// there, proofs are armed directly where the kernel lets this user.
     #[arg(long, value_name = "PATH", default_value = selfheal::helper::server::listen::DEFAULT_SOCKET)]
     helper: std::path::PathBuf,
+}
+
+/// The last line of `--json`: what the census read and could not see.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    kind: &'static str,
+    #[serde(flatten)]
+    coverage: &'a scan::Coverage,
 }
 
 pub fn run(args: Args) -> Result<Finished, Error> {
@@ -103,10 +112,15 @@ pub fn run(args: Args) -> Result<Finished, Error> {
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
+        let summary = Summary {
+            kind: "coverage",
+            coverage: &read.coverage,
+        };
         let lines = findings
             .iter()
             .map(serde_json::to_string)
-            .chain(processes.iter().map(serde_json::to_string));
+            .chain(processes.iter().map(serde_json::to_string))
+            .chain(std::iter::once(serde_json::to_string(&summary)));
         for line in lines {
             let line = line.context("cannot write the census")?;
             // Still JSON, with DEL and C1 controls as \u escapes too.

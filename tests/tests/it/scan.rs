@@ -28,9 +28,11 @@ use tests::{NetnsPair, Peer, need_root, selfheal_bin};
 pub(super) const SILENT_FOR: Duration = Duration::from_secs(1);
 
 /// One `selfheal scan --json --silent-for 1s` (as `uid` when given): its
-/// findings, exit code, standard error and how long it took.
+/// findings, its last line (what it read and could not see), exit code,
+/// standard error and how long it took.
 pub(super) struct Run {
     pub(super) findings: Vec<Value>,
+    pub(super) coverage: Value,
     pub(super) code: i32,
     pub(super) stderr: String,
     pub(super) took: Duration,
@@ -55,12 +57,22 @@ pub(super) fn run_scan(uid: Option<u32>, extra: &[&str]) -> Run {
     let out = cmd.output().expect("run selfheal scan");
     let took = started.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let findings = stdout
+    let mut findings: Vec<Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
         .collect();
+    // The coverage line comes last, once (a run that failed has none).
+    let coverage = match findings.last() {
+        Some(last) if last["kind"] == "coverage" => findings.pop().expect("last"),
+        _ => Value::Null,
+    };
+    assert!(
+        findings.iter().all(|f| f["kind"] != "coverage"),
+        "a coverage line before the last: {stdout}"
+    );
     Run {
         findings,
+        coverage,
         code: out.status.code().expect("exited"),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         took,
@@ -331,7 +343,23 @@ fn the_iterators_pass_and_procfs_read_the_same_census() {
         verdicts,
         [(cut.conn.inode, "suspect"), (alive_conn.inode, "alive")]
     );
+    assert_eq!(
+        pass.coverage["procfs_because"],
+        Value::Null,
+        "{}",
+        pass.coverage
+    );
+    assert_eq!(
+        procfs.coverage["procfs_because"], "disabled by --no-iterators",
+        "{}",
+        procfs.coverage
+    );
     for run in [&pass, &procfs] {
+        assert!(
+            run.coverage["processes"].as_u64() >= Some(3),
+            "{}",
+            run.coverage
+        );
         let f = run
             .findings
             .iter()
@@ -387,6 +415,14 @@ fn an_unprivileged_user_sees_only_their_own_processes() {
     );
     let mine = scan_as(Some(65534));
     assert_eq!(mine.stderr, "", "nothing but the answer");
+    // Others' processes counted on the coverage line, never read; root
+    // reads every one.
+    assert!(
+        mine.coverage["not_yours"].as_u64() > Some(0),
+        "{}",
+        mine.coverage
+    );
+    assert_eq!(as_root.coverage["not_yours"], 0, "{}", as_root.coverage);
     let f = on(&mine, nobody_conn.inode).expect("nobody's own connection is listed");
     assert_eq!(f["verdict"], "suspect", "{f}");
     assert_eq!(mine.code, 1);
