@@ -220,17 +220,29 @@ fn check(
 ) -> Option<(f64, i32, Vec<serde_json::Value>)> {
     let path = dir.join("config.toml");
     std::fs::write(&path, config).unwrap();
-    let t = Instant::now();
-    let mut child = check_cmd(
+    let cmd = check_cmd(
         &path,
         &Places::under(dir)
             .metrics(dir.join("selfheal.prom"))
             .helper(dir.join("helper.sock")),
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("run selfheal check");
+    );
+    bounded(cmd, limit, on_hang)
+}
+
+/// `cmd` (a selfheal printing JSON lines), bounded as [`check`] is: its
+/// wall time in ms, exit code and lines; `None` when it has not exited
+/// within `limit`.
+fn bounded(
+    mut cmd: std::process::Command,
+    limit: Duration,
+    on_hang: impl FnOnce(),
+) -> Option<(f64, i32, Vec<serde_json::Value>)> {
+    let t = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run selfheal");
     let exited = loop {
         if child.try_wait().unwrap().is_some() {
             break true;
@@ -256,7 +268,7 @@ fn check(
                 .map(|l| l.split_whitespace().nth(1).unwrap_or(l))
                 .collect();
             println!(
-                "check still running after {ms:.0} ms: task {:?} state {:?}: {}",
+                "selfheal still running after {ms:.0} ms: task {:?} state {:?}: {}",
                 task.file_name(),
                 stat.rsplit(") ").next().and_then(|s| s.chars().next()),
                 top.join(" < ")
@@ -393,6 +405,32 @@ fn a_poll_set_on_a_fuse_page_is_a_gap_and_the_check_goes_on() {
         outcome(&alone, "ordinary")["verdict"],
         "{o:#}"
     );
+
+    // The census over both: the attacker's process read with a gap, its
+    // page not faulted in, the ordinary agent's connection listed with its
+    // poll.
+    let mut scan = std::process::Command::new(tests::selfheal_bin());
+    scan.args(["scan", "--json", "--silent-for", "1s"])
+        .args(["--pid", &attacker.pid.to_string()])
+        .args(["--pid", &ordinary.pid.to_string()])
+        .env_remove("RUST_LOG");
+    let (ms, code, lines) = bounded(scan, 20 * SEC, || fs.abort()).unwrap_or_else(|| {
+        panic!("the scan did not exit within 20 s (the FUSE connection was aborted)")
+    });
+    println!("scan of both: {ms:.1} ms (exit {code})");
+    assert_eq!(
+        fs.said("held", Duration::from_millis(300)),
+        None,
+        "the scan faulted the FUSE page in"
+    );
+    let coverage = lines.last().expect("a coverage line");
+    assert_eq!(coverage["kind"], "coverage", "{lines:#?}");
+    assert!(coverage["with_gaps"].as_u64() >= Some(1), "{coverage}");
+    let listed = lines
+        .iter()
+        .find(|l| l["pid"] == ordinary.pid && l["remote"] == format!("127.0.0.1:{}", ordinary.port))
+        .unwrap_or_else(|| panic!("the ordinary agent's connection is not listed: {lines:#?}"));
+    assert_eq!(listed["waiting"][0]["syscall"], "poll", "{listed}");
 }
 
 /// The budget: an agent whose collection takes longer than its
