@@ -883,16 +883,20 @@ pub fn timed_usage(cmd: &mut Command) -> Usage {
     if let Some(dir) = cmd.get_current_dir() {
         launcher.current_dir(dir);
     }
-    let out = launcher
-        .stderr(Stdio::null())
-        .output()
-        .expect("run recv-peer rusage");
+    let out = launcher.output().expect("run recv-peer rusage");
     let line = String::from_utf8_lossy(&out.stdout).into_owned();
     let field = |k: &str| -> f64 {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("recv-peer rusage: no {k} in {line:?}"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "recv-peer rusage {:?}: no {k} in {line:?} ({}; stderr: {})",
+                    cmd.get_program(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            })
     };
     Usage {
         wall: field("wall"),
