@@ -89,10 +89,15 @@ pub struct NetnsDumpError {
 /// it (`no_iterators`, a kernel without them, or as another user), from
 /// procfs and one sock_diag dump per network namespace.
 pub fn scan(euid: u32, no_iterators: bool) -> Scan {
-    let root = ProcRoot::default();
+    scan_in(&ProcRoot::default(), euid, no_iterators)
+}
+
+/// [`scan`] of the processes under `root` (the iterators' pass reads the
+/// running kernel: with another root, pass `no_iterators`).
+fn scan_in(root: &ProcRoot, euid: u32, no_iterators: bool) -> Scan {
     // The table first: a process in it that the pass, read after, does
     // not hold ended in between.
-    let table = ProcessTable::read_for(&[], euid);
+    let table = ProcessTable::read_for_in(root, &[], euid);
     let mut coverage = Coverage::default();
     let mut pass = if euid != 0 {
         None
@@ -108,7 +113,7 @@ pub fn scan(euid: u32, no_iterators: bool) -> Scan {
     let mut dumps: BTreeMap<u64, Dump> = BTreeMap::new();
     let mut reader = crate::sys::memread::Reader::default();
     let clocks = proc::task_clocks();
-    let mut zombies = zombies_by_parent(&root, &table);
+    let mut zombies = zombies_by_parent(root, &table);
     let mut connections = Vec::new();
     let mut processes = Vec::new();
     for entry in table.entries() {
@@ -128,7 +133,7 @@ pub fn scan(euid: u32, no_iterators: bool) -> Scan {
         };
         let read = match &mut pass {
             Some((pass, tcp)) => iterated(
-                &root,
+                root,
                 pid,
                 pass,
                 tcp,
@@ -137,7 +142,7 @@ pub fn scan(euid: u32, no_iterators: bool) -> Scan {
                 &clocks,
                 &mut access,
             ),
-            None => from_procfs(&root, pid, &mut dumps, &clocks, &mut access),
+            None => from_procfs(root, pid, &mut dumps, &clocks, &mut access),
         };
         let (p, sockets) = match read {
             Read::Process(p, sockets) => (p, sockets),
@@ -702,6 +707,59 @@ fn sockets_of(pids: impl Iterator<Item = u32>) -> HashMap<u64, TcpSocket> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proc::fixture::stat_line;
+
+    /// A procfs tree of one process, pid 4242, its one thread in D state:
+    /// its `stat` (what the process table reads) says it started at
+    /// `listed`, its thread's (what the read of the process reads) at
+    /// `read`.
+    struct Tree(std::path::PathBuf);
+
+    impl Tree {
+        fn new(name: &str, listed: u64, read: u64) -> Tree {
+            let dir =
+                std::env::temp_dir().join(format!("selfheal-scan-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let p = dir.join("4242");
+            for d in ["task/4242", "fd", "ns"] {
+                std::fs::create_dir_all(p.join(d)).expect("fixture dir");
+            }
+            let write = |path: &str, text: &str| {
+                std::fs::write(p.join(path), text).expect("fixture file");
+            };
+            write("stat", &stat_line(4242, "agent", 'D', 1, listed));
+            write("task/4242/stat", &stat_line(4242, "agent", 'D', 1, read));
+            write("status", "Name:\tagent\nUid:\t0\t0\t0\t0\nNSpid:\t4242\n");
+            Tree(dir)
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A pid reused between the process table's read and the read of its
+    /// threads (another start time) is another process: counted as ended,
+    /// its threads listed under no process. The same start time both
+    /// times: its D-state thread is listed.
+    #[test]
+    fn a_pid_reused_after_the_table_was_read_is_counted_as_ended() {
+        let reused = Tree::new("reused", 100, 200);
+        let s = scan_in(&ProcRoot::at(&reused.0), 0, true);
+        assert!(s.processes.is_empty(), "{:?}", s.processes.len());
+        assert_eq!((s.coverage.processes, s.coverage.gone), (0, 1));
+        let same = Tree::new("same", 100, 100);
+        let s = scan_in(&ProcRoot::at(&same.0), 0, true);
+        let pids: Vec<u32> = s.processes.iter().map(|p| p.owner.pid).collect();
+        assert_eq!(pids, [4242]);
+        assert_eq!((s.coverage.processes, s.coverage.gone), (1, 0));
+        assert_eq!(
+            s.coverage.procfs_because.as_deref(),
+            Some("disabled by --no-iterators")
+        );
+    }
 
     /// A socket not put back as it was reads as words added to the proof's
     /// detail, naming what was set and what came back.

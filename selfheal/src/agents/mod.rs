@@ -176,7 +176,11 @@ impl ProcessTable {
     }
 
     /// [`ProcessTable::read_for`] under `root`.
-    fn read_for_in(root: &ProcRoot, agents: &[&AgentConfig], runner: u32) -> ProcessTable {
+    pub(crate) fn read_for_in(
+        root: &ProcRoot,
+        agents: &[&AgentConfig],
+        runner: u32,
+    ) -> ProcessTable {
         let rules = for_check::CmdlineRules::of(agents, runner);
         let reads = selfheal_core::discovery::Reads::of(agents.iter().copied(), runner);
         ProcessTable::read_with(root, &|uid| reads.cmdline_of(uid), &|uid, joined| {
