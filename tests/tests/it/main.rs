@@ -127,7 +127,7 @@ fn every_test_takes_its_areas_turn() {
     let mut missing = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("list tests/it").flatten() {
         let path = entry.path();
-        // This file's own strings hold `#[test]`; its tests are the two here.
+        // This file's own strings hold `#[test]`; its tests are the ones here.
         if path.extension().is_none_or(|x| x != "rs") || path.ends_with("main.rs") {
             continue;
         }
@@ -148,6 +148,62 @@ fn every_test_takes_its_areas_turn() {
         missing.is_empty(),
         "tests without their area's turn:\n  {}",
         missing.join("\n  ")
+    );
+}
+
+/// The network namespaces the tests name literally (`Netns::new("N")`,
+/// and a pair's `NetnsPair::new("T")`: `Ta` and `Tb`), each named by one
+/// call only: tests of one area run beside each other in one process, and
+/// two of the same name collide ("File exists").
+fn netns_names(source: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (call, suffixes) in [
+        ("NetnsPair::new(\"", &["a", "b"][..]),
+        ("Netns::new(\"", &[""][..]),
+    ] {
+        for (at, _) in source.match_indices(call) {
+            let rest = &source[at + call.len()..];
+            let Some(end) = rest.find('"') else {
+                continue;
+            };
+            // `NetnsPair::new(` also ends in `Netns::new(`: count it once.
+            if call.starts_with("Netns::") && source[..at].ends_with("Pair") {
+                continue;
+            }
+            out.extend(suffixes.iter().map(|s| format!("{}{s}", &rest[..end])));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_network_namespace_is_named_by_one_test() {
+    let _area = tests::area(module_path!());
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it");
+    let mut names: Vec<String> = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("list tests/it").flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|x| x != "rs") || path.ends_with("main.rs") {
+            continue;
+        }
+        names.extend(netns_names(
+            &std::fs::read_to_string(&path).expect("read an area"),
+        ));
+    }
+    assert!(names.len() > 20, "{names:?}");
+    names.sort();
+    let twice: Vec<&String> = names
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| &w[0])
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "network namespaces named twice: {twice:?}"
+    );
+    assert_eq!(
+        netns_names("NetnsPair::new(\"x\"); Netns::new(\"y\"); Netns::new(&format!(\"z\"))"),
+        ["xa", "xb", "y"]
     );
 }
 

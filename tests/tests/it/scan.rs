@@ -287,7 +287,7 @@ fn the_iterators_pass_and_procfs_read_the_same_census() {
     if !tests::need_ebpf("scan_pass_procfs") {
         return;
     }
-    let pair = NetnsPair::new("scp").expect("netns pair");
+    let pair = NetnsPair::new("sci").expect("netns pair");
     let cut = cut_suspect(&pair, 7111);
     let _beat = pair.listening_in_b(&["beat", &format!("{}:7113", pair.b_addr), "100"]);
     let (mut alive, alive_conn) = pair.client_in_a(7113);
