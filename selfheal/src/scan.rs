@@ -282,12 +282,13 @@ fn iterated(
     if sockets.is_empty() && !d_state && unreaped.is_empty() {
         return Read::Quiet;
     }
-    let detail = if sockets.is_empty() {
+    // What its threads wait in where it holds a connection, or a closer
+    // look (wait channel, age) at a thread in D state; else their states.
+    let detail = if sockets.is_empty() && !d_state {
         Detail::Minimal
     } else {
         Detail::Light
     };
-    let detail = if d_state { Detail::Light } else { detail };
     let one = IterProcess {
         threads: hp.threads,
         sockets: hp.sockets,
