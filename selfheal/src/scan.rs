@@ -34,7 +34,7 @@ use std::{
 
 use selfheal_core::{
     clock::ms,
-    ebpf::iter::{HostPass, IterProcess, IterTcp, TcpPass},
+    ebpf::iter::{HostPass, HostProcess, IterTcp},
     inspect::human_ms,
     keepalive::{KeepaliveSettings, ProofKeepalive},
     model::TcpState,
@@ -132,16 +132,7 @@ fn scan_in(root: &ProcRoot, euid: u32, no_iterators: bool) -> Scan {
             over: false,
         };
         let read = match &mut pass {
-            Some((pass, tcp)) => iterated(
-                root,
-                pid,
-                pass,
-                tcp,
-                &unreaped,
-                &mut dumps,
-                &clocks,
-                &mut access,
-            ),
+            Some(pass) => iterated(root, pid, pass, &unreaped, &mut dumps, &clocks, &mut access),
             None => from_procfs(root, pid, &mut dumps, &clocks, &mut access),
         };
         let (p, sockets) = match read {
@@ -205,11 +196,18 @@ fn scan_in(root: &ProcRoot, euid: u32, no_iterators: bool) -> Scan {
     }
 }
 
-/// One pass of the task iterators over the host, and its TCP connections
-/// by inode; or why there is none (then procfs and sock_diag read
-/// instead). The iterators are this build's pinned ones where a helper
-/// published them, else loaded here.
-pub fn host_pass() -> Result<(HostPass, BTreeMap<u64, IterTcp>), String> {
+/// What one pass of the task iterators over the host read.
+pub struct Pass {
+    /// Each process's threads and sockets, by pid (taken out as read).
+    pub processes: BTreeMap<u32, HostProcess>,
+    /// Every TCP connection, by inode.
+    pub tcp: BTreeMap<u64, IterTcp>,
+}
+
+/// One pass of the task iterators over the host; or why there is none
+/// (then procfs and sock_diag read instead). The iterators are this
+/// build's pinned ones where a helper published them, else loaded here.
+pub fn host_pass() -> Result<Pass, String> {
     use crate::ebpf::iter;
     if !iter::in_initial_pid_namespace() {
         return Err(
@@ -223,12 +221,11 @@ pub fn host_pass() -> Result<(HostPass, BTreeMap<u64, IterTcp>), String> {
             format!("the task iterators are neither pinned ({pinned}) nor loadable ({loaded})")
         })?,
     };
-    let mut pass = it
+    let HostPass { processes, tcp } = it
         .host()
         .map_err(|e| format!("the task iterators' pass failed: {e}"))?;
-    let tcp = std::mem::replace(&mut pass.tcp, Ok(BTreeMap::new()))
-        .map_err(|why| format!("the task iterators read no TCP connection: {why}"))?;
-    Ok((pass, tcp))
+    let tcp = tcp.map_err(|why| format!("the task iterators read no TCP connection: {why}"))?;
+    Ok(Pass { processes, tcp })
 }
 
 /// What was read of one process.
@@ -243,17 +240,15 @@ enum Read {
 }
 
 /// `pid` from the host pass: its threads and sockets as the pass read
-/// them (taken out of `pass`), its connections from `tcp`; a SYN-SENT
+/// them (taken out of `pass`), and its connections; a SYN-SENT
 /// one's retransmit timer, which the pass does not read, from its
 /// namespace's dump. Only a process that holds a connection, has a
 /// thread in D state or an unreaped child is read further (its `stat`,
 /// `status`, and what its waits name).
-#[allow(clippy::too_many_arguments)]
 fn iterated(
     root: &ProcRoot,
     pid: u32,
-    pass: &mut HostPass,
-    tcp: &BTreeMap<u64, IterTcp>,
+    pass: &mut Pass,
     unreaped: &[Zombie],
     dumps: &mut BTreeMap<u64, Dump>,
     clocks: &selfheal_core::proc::TaskClocks,
@@ -268,7 +263,7 @@ fn iterated(
     };
     let mut sockets: HashMap<u64, TcpSocket> = HashMap::new();
     for (_, inode) in &hp.sockets {
-        if let Some(t) = tcp.get(inode) {
+        if let Some(t) = pass.tcp.get(inode) {
             let mut socket = t.socket.clone();
             if socket.state == TcpState::SynSent
                 && let Ok(dumped) = dump_of(dumps, u64::from(t.netns), pid)
@@ -289,12 +284,7 @@ fn iterated(
     } else {
         Detail::Light
     };
-    let one = IterProcess {
-        threads: hp.threads,
-        sockets: hp.sockets,
-        tcp: TcpPass::Unread("read from the host pass".into()),
-    };
-    match proc::process_iterated(root, pid, &one, detail, clocks, access) {
+    match proc::process_iterated(root, pid, &hp.threads, &hp.sockets, detail, clocks, access) {
         Ok(p) => Read::Process(p, (!sockets.is_empty()).then_some(sockets)),
         Err(_) => Read::Gone,
     }

@@ -515,19 +515,19 @@ impl ProcessTable {
 /// One process, every field read.
 fn read_entry(root: &ProcRoot, process: &procfs::process::Process) -> Option<ProcEntry> {
     let pid = u32::try_from(process.pid).ok()?;
-    let (mut e, _) = entry_of(pid, process.stat().ok()?);
+    let mut e = entry_of(pid, process.stat().ok()?);
     fill(root, &mut e);
     Some(e)
 }
 
 /// `pid`'s entry as its `stat` says (parent, command name, whether it has
-/// a command line) and its start time (clock ticks after boot), nothing
-/// else read.
-fn entry_of(pid: u32, stat: procfs::process::Stat) -> (ProcEntry, u64) {
+/// a command line, its start time in clock ticks after boot), nothing else
+/// read.
+fn entry_of(pid: u32, stat: procfs::process::Stat) -> ProcEntry {
     // Kernel threads have no user memory, zombies none left.
     const PF_KTHREAD: u32 = 0x0020_0000;
     let has_argv = stat.flags & PF_KTHREAD == 0 && !matches!(stat.state, 'Z' | 'X');
-    let entry = ProcEntry {
+    ProcEntry {
         pid,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         comm: stat.comm,
@@ -539,8 +539,7 @@ fn entry_of(pid: u32, stat: procfs::process::Stat) -> (ProcEntry, u64) {
         containers: Vec::new(),
         pidns: None,
         start_ticks: Some(stat.starttime),
-    };
-    (entry, stat.starttime)
+    }
 }
 
 /// The fields of `e` beyond its `stat`: uid, executable, cgroup (and the

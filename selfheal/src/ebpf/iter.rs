@@ -108,7 +108,10 @@ mod kernel {
     };
 
     use aya::{Btf, Ebpf, EbpfLoader, programs::Iter};
-    use selfheal_core::ebpf::iter::{parse_sock_records, parse_task_records, tcp_pass};
+    use selfheal_common::IterSockRecord;
+    use selfheal_core::ebpf::iter::{
+        IterThread, one_per_fd, parse_sock_records, parse_task_records, tcp_pass,
+    };
 
     use super::{FILE_PROGRAM, HostPass, IterError, IterProcess, TASK_PROGRAM};
     use crate::{
@@ -361,46 +364,43 @@ mod kernel {
         /// walk of each iterator; [`IterError::Gone`] or nothing when it
         /// is gone.
         pub fn process(&mut self, pidfd: BorrowedFd<'_>) -> Result<IterProcess, IterError> {
-            let (task, file) = match &self.programs {
-                Programs::Loaded(ebpf) => {
-                    (prog_fd(ebpf, TASK_PROGRAM)?, prog_fd(ebpf, FILE_PROGRAM)?)
-                }
-                Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
-            };
-            let threads = parse_task_records(walk(task, Some(pidfd), &mut self.buf)?)?;
-            let records = parse_sock_records(walk(file, Some(pidfd), &mut self.buf)?)?;
+            let (threads, records, hz) = self.walk_both(Some(pidfd))?;
             let mut sockets: Vec<(i32, u64)> =
                 records.iter().map(|s| (s.fd as i32, s.inode)).collect();
-            // Linux 6.1's task_file iterator may yield a file of a process
-            // more than once (it revisits a file table its threads share):
-            // one entry per fd (and one connection per socket: `tcp_pass`).
-            sockets.sort_unstable();
-            sockets.dedup();
-            let hz = *self.hz.get_or_insert_with(|| bpf::kernel_hz().unwrap_or(0));
+            one_per_fd(&mut sockets);
             Ok(IterProcess {
                 threads,
                 sockets,
                 tcp: tcp_pass(&records, hz),
             })
         }
-    }
 
-    impl TaskIter {
         /// One pass over every task of this pid namespace: each walks once
         /// (the threads, then every process's files), cut by process. The
         /// pids are the initial pid namespace's (what the programs read):
         /// run only there ([`super::in_initial_pid_namespace`]).
         pub fn host(&mut self) -> Result<HostPass, IterError> {
+            let (threads, records, hz) = self.walk_both(None)?;
+            Ok(HostPass::of(threads, &records, hz))
+        }
+
+        /// One walk of each iterator over the process `pidfd` names (or
+        /// the whole pid namespace): the threads, the socket records and
+        /// the kernel's tick rate (read on the first pass; 0: unknown).
+        fn walk_both(
+            &mut self,
+            pidfd: Option<BorrowedFd<'_>>,
+        ) -> Result<(Vec<IterThread>, Vec<IterSockRecord>, u32), IterError> {
             let (task, file) = match &self.programs {
                 Programs::Loaded(ebpf) => {
                     (prog_fd(ebpf, TASK_PROGRAM)?, prog_fd(ebpf, FILE_PROGRAM)?)
                 }
                 Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
             };
-            let threads = parse_task_records(walk(task, None, &mut self.buf)?)?;
-            let records = parse_sock_records(walk(file, None, &mut self.buf)?)?;
+            let threads = parse_task_records(walk(task, pidfd, &mut self.buf)?)?;
+            let records = parse_sock_records(walk(file, pidfd, &mut self.buf)?)?;
             let hz = *self.hz.get_or_insert_with(|| bpf::kernel_hz().unwrap_or(0));
-            Ok(HostPass::of(threads, &records, hz))
+            Ok((threads, records, hz))
         }
     }
 

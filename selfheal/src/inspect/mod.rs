@@ -420,7 +420,8 @@ impl Collector {
                         match proc::process_iterated(
                             &self.proc,
                             pid,
-                            pass,
+                            &pass.threads,
+                            &pass.sockets,
                             detail,
                             clocks,
                             &mut access,
@@ -468,7 +469,8 @@ impl Collector {
                         match proc::process_iterated(
                             &self.proc,
                             pid,
-                            &pass,
+                            &pass.threads,
+                            &pass.sockets,
                             detail,
                             clocks,
                             &mut access,

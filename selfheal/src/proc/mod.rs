@@ -137,26 +137,27 @@ pub fn process_in(
 }
 
 /// [`process_in`] with the threads and socket fds from one pass of the
-/// task iterators over the process (`pass`), read at `detail` (minimal or
-/// light). What the iterators do not read, the process's own `stat` and
+/// task iterators over the process (its `threads` and `(fd, inode)` of its
+/// `sockets`), read at `detail` (minimal or light). What the iterators do not read, the process's own `stat` and
 /// `status`, the memory a readiness wait names and a D-state thread's
 /// `wchan`, is read as [`process_in`] reads it.
 pub fn process_iterated(
     root: &ProcRoot,
     pid: u32,
-    pass: &selfheal_core::ebpf::iter::IterProcess,
+    threads: &[selfheal_core::ebpf::iter::IterThread],
+    sockets: &[(i32, u64)],
     detail: Detail,
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
 ) -> procfs::ProcResult<ProcessInfo> {
-    let sockets_of = |_: &mut Vec<String>| pass.sockets.clone();
-    let read_threads = |cx: &mut Threads<'_, '_, '_>, threads: &mut Vec<ThreadInfo>| {
-        threads.reserve(pass.threads.len());
-        for t in &pass.threads {
+    let sockets_of = |_: &mut Vec<String>| sockets.to_vec();
+    let read_threads = |cx: &mut Threads<'_, '_, '_>, out: &mut Vec<ThreadInfo>| {
+        out.reserve(threads.len());
+        for t in threads {
             if cx.mem.out_of_time() {
                 break;
             }
-            threads.push(iterated(t, cx));
+            out.push(iterated(t, cx));
         }
     };
     read_process(root, pid, detail, clocks, access, sockets_of, read_threads)

@@ -48,15 +48,13 @@ impl ProcRoot {
     /// The inode of `ROOT/PID/ns/KIND` (`pid`, `net`): which namespace of
     /// that kind the process is in. Another user's needs `CAP_SYS_PTRACE`.
     pub fn namespace(&self, pid: u32, kind: &str) -> std::io::Result<u64> {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(self.of_pid(pid, &format!("ns/{kind}"))).map(|m| m.ino())
+        inode_of(&self.of_pid(pid, &format!("ns/{kind}")))
     }
 
     /// The inode of `ROOT/self/ns/KIND`: which namespace of that kind
     /// this process is in.
     pub fn own_namespace(&self, kind: &str) -> std::io::Result<u64> {
-        use std::os::unix::fs::MetadataExt as _;
-        std::fs::metadata(self.of_self(&format!("ns/{kind}"))).map(|m| m.ino())
+        inode_of(&self.of_self(&format!("ns/{kind}")))
     }
 
     /// `ROOT/self/NAME`: a file of this process.
@@ -128,6 +126,13 @@ pub fn read_whole<'b>(
     more.extend_from_slice(buf);
     file.read_to_end(more)?;
     Ok(more)
+}
+
+/// The inode number of the file at `path` (a namespace file's names the
+/// namespace).
+fn inode_of(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).map(|m| m.ino())
 }
 
 /// Reads `file` into `buf` until its end, a short read (procfs's seq

@@ -227,15 +227,21 @@ impl HostPass {
                 .push((r.fd as i32, r.inode));
         }
         for p in processes.values_mut() {
-            // A file table threads share may be walked more than once
-            // (Linux 6.1): one entry per fd.
-            p.sockets.sort_unstable();
-            p.sockets.dedup();
+            one_per_fd(&mut p.sockets);
         }
         let tcp = tcp_connections(records, hz)
             .map(|all| all.into_iter().map(|t| (t.socket.inode, t)).collect());
         HostPass { processes, tcp }
     }
+}
+
+/// `(fd, inode)` pairs a walk found, sorted, each once: Linux 6.1's
+/// task_file iterator may yield a file of a process more than once (it
+/// revisits a file table its threads share), so one entry per fd (and one
+/// connection per socket: [`tcp_connections`]).
+pub fn one_per_fd(fds: &mut Vec<(i32, u64)>) {
+    fds.sort_unstable();
+    fds.dedup();
 }
 
 /// One thread, as the task iterator read it from its `task_struct`.

@@ -175,7 +175,8 @@ fn stat_of(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64)> {
 fn stat_threads(root: &ProcRoot, pid: u32) -> Option<(ProcEntry, u64, u64)> {
     let stat = root.stat(pid).ok()?;
     let threads = u64::try_from(stat.num_threads).unwrap_or(0);
-    let (e, start) = entry_of(pid, stat);
+    let start = stat.starttime;
+    let e = entry_of(pid, stat);
     Some((e, start, threads))
 }
 

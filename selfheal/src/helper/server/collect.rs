@@ -102,7 +102,15 @@ impl Shared {
             };
             let (read, read_by) = match pass {
                 Ok(pass) => (
-                    proc::process_iterated(&root, pid, &pass, req.detail, &clocks, &mut access),
+                    proc::process_iterated(
+                        &root,
+                        pid,
+                        &pass.threads,
+                        &pass.sockets,
+                        req.detail,
+                        &clocks,
+                        &mut access,
+                    ),
                     READ_BY_ITERATORS.to_string(),
                 ),
                 Err(why) => (
