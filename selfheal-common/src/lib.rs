@@ -244,6 +244,13 @@ pub const ITER_SOCK_MAGIC: u32 = 0x5348_5331;
 
 /// Size of one [`IterSockRecord`] in the iterator's output.
 pub const ITER_SOCK_RECORD_SIZE: usize = 152;
+
+/// The most bytes of a `tcp_sock` the file iterator reads onto its stack
+/// at once (one window), and the most windows: where the fields it reads
+/// fit that many, each window is one `bpf_probe_read_kernel`, not one a
+/// field.
+pub const TCP_WINDOW: usize = 192;
+pub const TCP_WINDOWS: usize = 4;
 const _: () = assert!(core::mem::size_of::<IterSockRecord>() == ITER_SOCK_RECORD_SIZE);
 
 /// Indexes of the `COUNTERS` array: events the programs could not record.

@@ -38,7 +38,10 @@
 //! verifier sees each offset as a constant: the iterators load fields
 //! directly through the pointers it knows the type of (checking each
 //! access against that type's BTF), instead of a `bpf_probe_read_kernel`
-//! call per field.
+//! call per field. The `tcp_sock` fields behind a socket's `struct sock`
+//! (a type the verifier does not know the pointer to be) are read a
+//! window at a time onto the stack: the loader finds windows that hold
+//! them all (`TCP_WINDOW_START`, `TCP_WINDOW_LEN`), one helper call each.
 #![no_std]
 #![no_main]
 
@@ -58,7 +61,8 @@ use aya_ebpf::{
 use selfheal_common::{
     EAGAIN, IPPROTO_TCP, ITER_SOCK_MAGIC, InRecv, IterSockRecord, IterTaskRecord, MAX_IN_RECV,
     MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE,
-    RECV_NONBLOCKING, SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity, WATCHED_WORDS, counter,
+    RECV_NONBLOCKING, SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity, TCP_WINDOW, TCP_WINDOWS,
+    WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -128,6 +132,14 @@ static OFF_INODE_INO: u64 = 0;
 /// every field): the file iterator then reads TCP sockets' fields.
 #[unsafe(no_mangle)]
 static TCP_ON: u64 = 0;
+/// Where the loader found every `OFF_TCP_*` field behind the `struct
+/// sock` in at most `TCP_WINDOWS` windows of at most `TCP_WINDOW` bytes,
+/// each window's start (8-aligned) and length; a length of 0 ends them.
+/// With none, each field is its own `bpf_probe_read_kernel`.
+#[unsafe(no_mangle)]
+static TCP_WINDOW_START: [u64; TCP_WINDOWS] = [0; TCP_WINDOWS];
+#[unsafe(no_mangle)]
+static TCP_WINDOW_LEN: [u64; TCP_WINDOWS] = [0; TCP_WINDOWS];
 /// `offsetof(struct socket, sk)`.
 #[unsafe(no_mangle)]
 static OFF_SOCKET_SK: u64 = 0;
@@ -942,8 +954,10 @@ fn v4(a: u32) -> [u8; 16] {
 /// file whose operations are a socket's (an `O_PATH` descriptor of a
 /// socket's path has the mode of a socket but no socket behind it). The
 /// `struct sock` fields are direct loads; the verifier types the pointer
-/// as a `struct sock` only, so the `inet_connection_sock` and `tcp_sock`
-/// fields after it are read with `bpf_probe_read_kernel`.
+/// as a `struct sock` only (and as untrusted, so `bpf_skc_to_tcp_sock`
+/// refuses it), so the `inet_connection_sock` and `tcp_sock` fields after
+/// it are read with `bpf_probe_read_kernel`: a window at a time where the
+/// loader set windows, else a field at a time.
 #[inline(always)]
 fn tcp_fields(file: *mut core::ffi::c_void, rec: &mut IterSockRecord) {
     // SAFETY: `file` is the iterator's non-NULL file pointer.
@@ -981,6 +995,21 @@ fn tcp_fields(file: *mut core::ffi::c_void, rec: &mut IterSockRecord) {
         load(net, config(&OFF_NET_INUM))
     };
     rec.uid = load(sk, config(&OFF_TCP_UID));
+    if config(&TCP_WINDOW_LEN[0]) == 0 {
+        tcp_sock_probed(sk, rec);
+    } else {
+        tcp_sock_windows(sk, rec);
+    }
+    // SAFETY: bpf_jiffies64 has no preconditions. Read last, as
+    // `tcp_get_info` reads `tcp_jiffies32` after the stamps it ages.
+    rec.now_jiffies = unsafe { bpf_jiffies64() } as u32;
+    rec.flags = SOCK_TCP;
+}
+
+/// The `inet_connection_sock` and `tcp_sock` fields of `rec`, one
+/// `bpf_probe_read_kernel` each.
+#[inline(always)]
+fn tcp_sock_probed(sk: *const u8, rec: &mut IterSockRecord) {
     rec.retransmits = probe_at(sk, config(&OFF_TCP_RETRANSMITS));
     rec.backoff = probe_at(sk, config(&OFF_TCP_BACKOFF));
     rec.probes = probe_at(sk, config(&OFF_TCP_PROBES));
@@ -998,10 +1027,78 @@ fn tcp_fields(file: *mut core::ffi::c_void, rec: &mut IterSockRecord) {
     rec.bytes_acked = probe_at(sk, config(&OFF_TCP_BYTES_ACKED));
     rec.data_segs_in = probe_at(sk, config(&OFF_TCP_SEGS_IN));
     rec.data_segs_out = probe_at(sk, config(&OFF_TCP_SEGS_OUT));
-    // SAFETY: bpf_jiffies64 has no preconditions. Read last, as
-    // `tcp_get_info` reads `tcp_jiffies32` after the stamps it ages.
-    rec.now_jiffies = unsafe { bpf_jiffies64() } as u32;
-    rec.flags = SOCK_TCP;
+}
+
+/// The same fields, read a window at a time (`TCP_WINDOW_START`,
+/// `TCP_WINDOW_LEN`): one `bpf_probe_read_kernel` a window onto the
+/// stack, each field then taken from the window that holds it. Every
+/// window's bounds and every field's offset are frozen constants, so the
+/// verifier follows one path and checks each stack read against the
+/// bytes the helper wrote. A window the kernel cannot read reads as
+/// zeros, as a field read alone does.
+#[inline(always)]
+fn tcp_sock_windows(sk: *const u8, rec: &mut IterSockRecord) {
+    let mut buf = core::mem::MaybeUninit::<[u64; TCP_WINDOW / 8]>::uninit();
+    let at = buf.as_mut_ptr() as *mut u8;
+    for w in 0..TCP_WINDOWS {
+        let (start, len) = (config(&TCP_WINDOW_START[w]), config(&TCP_WINDOW_LEN[w]));
+        if len == 0 || len > TCP_WINDOW as u64 {
+            return;
+        }
+        // SAFETY: `at` has TCP_WINDOW bytes and `len` is at most that; the
+        // helper checks the source address (and zeroes `at` on a fault).
+        unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                at as *mut core::ffi::c_void,
+                len as u32,
+                sk.wrapping_add(start as usize) as *const core::ffi::c_void,
+            )
+        };
+        let window = Window { at, start, len };
+        window.take(&mut rec.retransmits, config(&OFF_TCP_RETRANSMITS));
+        window.take(&mut rec.backoff, config(&OFF_TCP_BACKOFF));
+        window.take(&mut rec.probes, config(&OFF_TCP_PROBES));
+        window.take(&mut rec.rto_jiffies, config(&OFF_TCP_RTO));
+        window.take(&mut rec.lsndtime, config(&OFF_TCP_LSNDTIME));
+        window.take(&mut rec.lrcvtime, config(&OFF_TCP_LRCVTIME));
+        window.take(&mut rec.rcv_tstamp, config(&OFF_TCP_RCV_TSTAMP));
+        window.take(&mut rec.srtt_us, config(&OFF_TCP_SRTT));
+        window.take(&mut rec.packets_out, config(&OFF_TCP_PACKETS_OUT));
+        window.take(&mut rec.rcv_nxt, config(&OFF_TCP_RCV_NXT));
+        window.take(&mut rec.copied_seq, config(&OFF_TCP_COPIED_SEQ));
+        window.take(&mut rec.write_seq, config(&OFF_TCP_WRITE_SEQ));
+        window.take(&mut rec.snd_una, config(&OFF_TCP_SND_UNA));
+        window.take(&mut rec.bytes_received, config(&OFF_TCP_BYTES_RECEIVED));
+        window.take(&mut rec.bytes_acked, config(&OFF_TCP_BYTES_ACKED));
+        window.take(&mut rec.data_segs_in, config(&OFF_TCP_SEGS_IN));
+        window.take(&mut rec.data_segs_out, config(&OFF_TCP_SEGS_OUT));
+    }
+}
+
+/// One window of a `tcp_sock` read onto the stack: `len` bytes from
+/// offset `start`, at `at`.
+struct Window {
+    at: *const u8,
+    start: u64,
+    len: u64,
+}
+
+impl Window {
+    /// Sets `field` to the value at offset `off` of the socket, where this
+    /// window holds all of it.
+    #[inline(always)]
+    fn take<T: Copy>(&self, field: &mut T, off: u64) {
+        let size = core::mem::size_of::<T>() as u64;
+        if off >= self.start && off + size <= self.start + self.len {
+            // SAFETY: inside the `len` bytes the helper wrote; aligned, as
+            // the window starts 8-aligned and the kernel aligns its fields.
+            *field = unsafe {
+                core::ptr::read_volatile(
+                    self.at.wrapping_add((off - self.start) as usize) as *const T
+                )
+            };
+        }
+    }
 }
 
 #[cfg(not(test))]

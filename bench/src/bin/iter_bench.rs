@@ -3,7 +3,10 @@
 //! reads, one iterator pass per process (link, read, parse; threads and
 //! socket fds) against reading every thread's `/proc/PID/task/TID/stat`
 //! and `syscall` and every fd link (one open, read, close each, as the C
-//! floor `bench/src/diag_floor.c` reads its files). The two alternate,
+//! floor `bench/src/diag_floor.c` reads its files), the same passes with
+//! each `tcp_sock` field read alone (one helper call a field, not a
+//! window at a time) and one pass over the whole host (`--sockets`
+//! connections each agent). They alternate,
 //! `--runs` times each; prints their medians, their ratio, and the
 //! one-time cost of loading the programs. Needs root.
 
@@ -28,6 +31,9 @@ struct Args {
     /// Threads per agent.
     #[arg(long, default_value_t = 50)]
     threads: usize,
+    /// Connections per agent (its threads all read the first).
+    #[arg(long, default_value_t = 1)]
+    sockets: usize,
     /// Timed runs of each way (the median is printed).
     #[arg(long, default_value_t = 11)]
     runs: usize,
@@ -37,15 +43,15 @@ fn main() {
     let Args {
         agents,
         threads,
+        sockets,
         runs,
     } = clap::Parser::parse();
     let Bins { peer, .. } = Bins::find();
 
-    // One connection per agent; its threads all read it.
-    let (addr, accepter) = accept_n(agents);
+    let (addr, accepter) = accept_n(agents * sockets);
     let addr = addr.to_string();
     let mut children: Vec<Child> = (0..agents)
-        .map(|_| fat_agent(&peer, &addr, threads, 1))
+        .map(|_| fat_agent(&peer, &addr, threads, sockets))
         .collect();
     let _server_ends = accepter.join().expect("accepter");
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -58,13 +64,19 @@ fn main() {
     });
     let load = start.elapsed().as_secs_f64();
 
+    let mut alone = iter::load_reading(iter::TcpReads::Alone).unwrap_or_else(|e| {
+        eprintln!("iter-bench: {e}");
+        std::process::exit(1);
+    });
     let pidfds: Vec<OwnedFd> = pids
         .iter()
         .map(|&p| selfheal::sys::pidfd::pidfd_open(p).expect("pidfd"))
         .collect();
     let mut passes = Vec::new();
     let mut reads = Vec::new();
-    let (mut seen_iter, mut seen_proc) = (0, 0);
+    let mut hosts = Vec::new();
+    let mut alones = Vec::new();
+    let (mut seen_iter, mut seen_proc, mut seen_host) = (0, 0, 0);
     for _ in 0..runs {
         let start = Instant::now();
         seen_iter = pidfds
@@ -74,8 +86,24 @@ fn main() {
             .sum();
         passes.push(start.elapsed().as_secs_f64());
         let start = Instant::now();
+        for fd in &pidfds {
+            alone.process(fd.as_fd()).expect("an iterator pass");
+        }
+        alones.push(start.elapsed().as_secs_f64());
+        let start = Instant::now();
         seen_proc = procfs_reads(&pids);
         reads.push(start.elapsed().as_secs_f64());
+        if iter::in_initial_pid_namespace() {
+            let start = Instant::now();
+            seen_host = task_iter
+                .host()
+                .expect("a host pass")
+                .processes
+                .values()
+                .map(|p| p.threads.len())
+                .sum();
+            hosts.push(start.elapsed().as_secs_f64());
+        }
     }
     let (pass, read) = (median(&mut passes), median(&mut reads));
     println!(
@@ -94,6 +122,20 @@ fn main() {
         read * 1e3
     );
     println!("  iterator / procfs: {:.3}", pass / read);
+    let each = median(&mut alones);
+    println!(
+        "  the same passes, each tcp_sock field read alone (not a window at a time): {:.2} ms; windows / alone: {:.3}",
+        each * 1e3,
+        pass / each
+    );
+    if !hosts.is_empty() {
+        let host = median(&mut hosts);
+        println!(
+            "  one pass over the whole host (link each once, read, cut by process): {:.2} ms, {seen_host} threads; host / per-process passes: {:.3}",
+            host * 1e3,
+            host / pass
+        );
+    }
     for c in &mut children {
         let _ = c.kill();
         let _ = c.wait();

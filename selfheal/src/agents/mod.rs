@@ -545,7 +545,7 @@ fn entry_of(pid: u32, stat: procfs::process::Stat) -> ProcEntry {
 /// The fields of `e` beyond its `stat`: uid, executable, cgroup (and the
 /// containers it names), pid namespace. What cannot be read stays `None`.
 fn fill(root: &ProcRoot, e: &mut ProcEntry) {
-    let cgroup_text = std::fs::read_to_string(root.of_pid(e.pid, "cgroup")).ok();
+    let cgroup_text = cgroup_text(root, e.pid);
     e.cgroup = cgroup_text.as_deref().and_then(cgroup_path);
     e.containers = cgroup_text
         .as_deref()
@@ -554,6 +554,15 @@ fn fill(root: &ProcRoot, e: &mut ProcEntry) {
     e.pidns = root.namespace(e.pid, "pid").ok();
     e.exe = std::fs::read_link(root.of_pid(e.pid, "exe")).ok();
     e.uid = uid_of(root, e.pid);
+}
+
+/// The text of `ROOT/PID/cgroup`, in one `read` where it fits 4 KiB;
+/// `None` when it cannot be read.
+fn cgroup_text(root: &ProcRoot, pid: u32) -> Option<String> {
+    let (mut buf, mut more) = ([0u8; 4096], Vec::new());
+    crate::sys::procfs::read_whole(&root.of_pid(pid, "cgroup"), &mut buf, &mut more)
+        .ok()
+        .map(|t| String::from_utf8_lossy(t).into_owned())
 }
 
 /// The owner of `ROOT/PID`: the process's effective uid.
@@ -565,9 +574,7 @@ fn uid_of(root: &ProcRoot, pid: u32) -> Option<u32> {
 /// The cgroup path of `pid` as its `/proc/PID/cgroup` says now
 /// ([`cgroup_path`]); `None` when it cannot be read.
 pub fn cgroup_of(pid: u32) -> Option<String> {
-    std::fs::read_to_string(crate::sys::procfs::ProcRoot::default().of_pid(pid, "cgroup"))
-        .ok()
-        .and_then(|t| cgroup_path(&t))
+    cgroup_text(&ProcRoot::default(), pid).and_then(|t| cgroup_path(&t))
 }
 
 #[cfg(test)]

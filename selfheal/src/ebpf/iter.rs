@@ -108,12 +108,12 @@ mod kernel {
     };
 
     use aya::{Btf, Ebpf, EbpfLoader, programs::Iter};
-    use selfheal_common::IterSockRecord;
+    use selfheal_common::{IterSockRecord, TCP_WINDOWS};
     use selfheal_core::ebpf::iter::{
         IterThread, one_per_fd, parse_sock_records, parse_task_records, tcp_pass,
     };
 
-    use super::{FILE_PROGRAM, HostPass, IterError, IterProcess, TASK_PROGRAM};
+    use super::{FILE_PROGRAM, HostPass, IterError, IterProcess, TASK_PROGRAM, TcpReads};
     use crate::{
         ebpf::{
             chain,
@@ -157,7 +157,7 @@ mod kernel {
         btf: &Btf,
         layout: &KernelLayout,
         task: &crate::ebpf::layout::TaskLayout,
-        tcp: Option<&crate::ebpf::layout::TcpLayout>,
+        tcp: Option<(&crate::ebpf::layout::TcpLayout, TcpReads)>,
     ) -> Result<Ebpf, IterError> {
         let mut loader = EbpfLoader::new();
         loader.btf(Some(btf));
@@ -179,9 +179,20 @@ mod kernel {
             .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
             .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true)
             .override_global("OFF_REGS_ARG1", &layout.regs_arg1, true);
-        if let Some(t) = tcp {
+        // Kept alive for the loader's borrows below.
+        let (mut starts, mut lens) = ([0u64; TCP_WINDOWS], [0u64; TCP_WINDOWS]);
+        if let Some((t, reads)) = tcp {
+            let windows = match reads {
+                TcpReads::Windows => t.windows().unwrap_or_default(),
+                TcpReads::Alone => Vec::new(),
+            };
+            for (i, (start, len)) in windows.into_iter().enumerate() {
+                (starts[i], lens[i]) = (start, len);
+            }
             loader
                 .override_global("TCP_ON", &1u64, true)
+                .override_global("TCP_WINDOW_START", &starts, true)
+                .override_global("TCP_WINDOW_LEN", &lens, true)
                 .override_global("OFF_SOCKET_SK", &t.socket_sk, true)
                 .override_global("OFF_TCP_FAMILY", &t.family, true)
                 .override_global("OFF_TCP_STATE", &t.state, true)
@@ -244,6 +255,11 @@ mod kernel {
         /// Loads the object's iterator programs, with the struct offsets of
         /// the kernel whose BTF is at `btf_path`.
         pub fn load(btf_path: &Path) -> Result<Self, IterError> {
+            Self::load_reading(btf_path, TcpReads::Windows)
+        }
+
+        /// [`TaskIter::load`], the `tcp_sock` fields read as `reads` says.
+        pub fn load_reading(btf_path: &Path, reads: TcpReads) -> Result<Self, IterError> {
             // The layout through btf-rs's mmap backend (no index of every
             // type), then aya's own parse; the file's bytes are dropped
             // before the load.
@@ -282,7 +298,7 @@ mod kernel {
                 (Ok(t), None) => Ok(t),
             };
             let (ebpf, tcp_off) = match tcp {
-                Ok(t) => match load_programs(&btf, &layout, &task, Some(t)) {
+                Ok(t) => match load_programs(&btf, &layout, &task, Some((t, reads))) {
                     Ok(ebpf) => (ebpf, None),
                     Err(refused) => (
                         load_programs(&btf, &layout, &task, None)?,
@@ -483,6 +499,9 @@ impl TaskIter {
     pub fn load(_btf_path: &Path) -> Result<Self, IterError> {
         Err(IterError::NotBuiltIn)
     }
+    pub fn load_reading(_btf_path: &Path, _reads: TcpReads) -> Result<Self, IterError> {
+        Err(IterError::NotBuiltIn)
+    }
     pub fn open_pinned(_dir: &Path) -> Result<Self, IterError> {
         Err(IterError::NotBuiltIn)
     }
@@ -518,6 +537,25 @@ pub fn in_initial_pid_namespace() -> bool {
 /// ([`super::layout::VMLINUX_BTF`]).
 pub fn load() -> Result<TaskIter, IterError> {
     TaskIter::load(Path::new(super::layout::VMLINUX_BTF))
+}
+
+/// How the file iterator reads a TCP socket's `inet_connection_sock` and
+/// `tcp_sock` fields (behind a pointer the verifier types as a `struct
+/// sock` only, so through `bpf_probe_read_kernel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcpReads {
+    /// A window at a time onto the program's stack, where the fields fit
+    /// the windows (`TcpLayout::windows`), else each alone: what
+    /// [`load`] loads.
+    Windows,
+    /// Each field alone: the same values, one helper call a field (for
+    /// the tests and the benchmark, which compare the two).
+    Alone,
+}
+
+/// [`load`], the `tcp_sock` fields read as `reads` says.
+pub fn load_reading(reads: TcpReads) -> Result<TaskIter, IterError> {
+    TaskIter::load_reading(Path::new(super::layout::VMLINUX_BTF), reads)
 }
 
 /// Opens this build's pinned iterators from the first of [`pin_dirs`]

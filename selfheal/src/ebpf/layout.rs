@@ -93,6 +93,56 @@ pub struct TcpLayout {
 }
 
 impl TcpLayout {
+    /// The `inet_connection_sock` and `tcp_sock` fields the file iterator
+    /// reads behind a `struct sock`: each one's offset and size (the size
+    /// of the record field it fills).
+    fn sock_fields(&self) -> [(u64, u64); 17] {
+        [
+            (self.rto, 4),
+            (self.retransmits, 1),
+            (self.backoff, 1),
+            (self.probes, 1),
+            (self.lrcvtime, 4),
+            (self.lsndtime, 4),
+            (self.rcv_tstamp, 4),
+            (self.srtt_us, 4),
+            (self.packets_out, 4),
+            (self.rcv_nxt, 4),
+            (self.copied_seq, 4),
+            (self.write_seq, 4),
+            (self.snd_una, 4),
+            (self.bytes_received, 8),
+            (self.bytes_acked, 8),
+            (self.data_segs_in, 4),
+            (self.data_segs_out, 4),
+        ]
+    }
+
+    /// The windows the file iterator reads those fields in: `(start,
+    /// length)`, each start 8-aligned, each at most `TCP_WINDOW` bytes,
+    /// every field inside one; `None` where they take more than
+    /// `TCP_WINDOWS` windows or a field is not aligned to its size (the
+    /// program's stack reads must be), and each field is then read alone.
+    pub fn windows(&self) -> Option<Vec<(u64, u64)>> {
+        use selfheal_common::{TCP_WINDOW, TCP_WINDOWS};
+        let mut fields = self.sock_fields();
+        fields.sort_unstable();
+        let mut windows: Vec<(u64, u64)> = Vec::new();
+        for (off, size) in fields {
+            if off % size != 0 {
+                return None;
+            }
+            let end = off + size;
+            match windows.last_mut() {
+                Some((start, len)) if end - *start <= TCP_WINDOW as u64 => {
+                    *len = (*len).max(end - *start);
+                }
+                _ => windows.push((off & !7, end - (off & !7))),
+            }
+        }
+        (windows.len() <= TCP_WINDOWS).then_some(windows)
+    }
+
     fn from_btf(btf: &Btf) -> Result<Self, LayoutError> {
         let at = |s: &str, path: &[&str]| member_path(btf, s, path);
         let common = |m: &str| at("sock", &["__sk_common", m]);
@@ -497,6 +547,8 @@ mod tests {
             tcp.lsndtime > tcp.rto && tcp.data_segs_out < 8192,
             "{tcp:?}"
         );
+        // The file iterator reads the tcp_sock fields in a few windows.
+        assert!(tcp.windows().is_some_and(|w| w.len() <= 3), "{tcp:?}");
     }
 
     #[test]
@@ -513,5 +565,78 @@ mod tests {
         let err = KernelLayout::from_btf_file(&dir);
         let _ = std::fs::remove_file(&dir);
         assert!(err.is_err());
+    }
+
+    /// Linux 6.18's offsets (x86_64, as this kernel's BTF has them).
+    fn linux_6_18() -> TcpLayout {
+        TcpLayout {
+            socket_sk: 24,
+            family: 16,
+            state: 18,
+            num: 14,
+            dport: 12,
+            rcv_saddr: 4,
+            daddr: 0,
+            v6_rcv_saddr: 72,
+            v6_daddr: 56,
+            cookie: 88,
+            net: 48,
+            net_inum: 184,
+            sk_type: 534,
+            protocol: 532,
+            uid: 528,
+            rto: 1184,
+            retransmits: 1249,
+            backoff: 1251,
+            probes: 1253,
+            lrcvtime: 1264,
+            lsndtime: 1584,
+            rcv_tstamp: 1724,
+            srtt_us: 1680,
+            packets_out: 1684,
+            rcv_nxt: 1664,
+            copied_seq: 1464,
+            write_seq: 1576,
+            snd_una: 1672,
+            bytes_received: 1752,
+            bytes_acked: 1824,
+            data_segs_in: 1764,
+            data_segs_out: 1540,
+        }
+    }
+
+    /// Every field in exactly the window that holds it, each window
+    /// 8-aligned and within its bound: three reads for 17 fields here.
+    #[test]
+    fn the_tcp_fields_fit_three_windows_on_linux_6_18() {
+        use selfheal_common::TCP_WINDOW;
+        let t = linux_6_18();
+        let w = t.windows().expect("windows");
+        assert_eq!(w, [(1184, 84), (1464, 124), (1664, 168)]);
+        for (off, size) in t.sock_fields() {
+            let holding = w
+                .iter()
+                .filter(|(s, l)| off >= *s && off + size <= s + l)
+                .count();
+            assert!(holding >= 1, "field at {off} in no window: {w:?}");
+        }
+        assert!(
+            w.iter()
+                .all(|(s, l)| s % 8 == 0 && *l as usize <= TCP_WINDOW)
+        );
+    }
+
+    /// Fields spread wider than the windows allow, or one not aligned to
+    /// its size, leave each field to its own read.
+    #[test]
+    fn fields_that_do_not_fit_the_windows_are_read_one_by_one() {
+        let mut t = linux_6_18();
+        t.bytes_acked = 4000;
+        assert_eq!(t.windows().map(|w| w.len()), Some(4));
+        t.rcv_tstamp = 2500;
+        assert_eq!(t.windows(), None, "five windows");
+        let mut t = linux_6_18();
+        t.rto = 1186;
+        assert_eq!(t.windows(), None);
     }
 }

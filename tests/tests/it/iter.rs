@@ -226,6 +226,8 @@ fn tcp_matches_sock_diag(
 /// (none of them a connection); then in a network namespace the test
 /// makes, read from this one with no `setns`: first unread (its
 /// connections have no cookie until sock_diag gives them one), then equal.
+/// The `tcp_sock` fields read a window at a time (as loaded) and each
+/// alone alike.
 #[test]
 fn tcp_fields_match_sock_diag() {
     let _area = tests::area(module_path!());
@@ -312,6 +314,13 @@ fn tcp_fields_match_sock_diag() {
         selfheal::sys::sockdiag::dump_tcp().expect("dump")
     });
     assert_eq!(n, 6, "three connections, both ends");
+    // Each tcp_sock field read alone, not a window at a time: the same.
+    let mut alone = iter::load_reading(iter::TcpReads::Alone).expect("load, each field alone");
+    let (n, _) = tcp_matches_sock_diag(&mut alone, std::process::id(), Some(&mine), || {
+        selfheal::sys::sockdiag::dump_tcp().expect("dump")
+    });
+    assert_eq!(n, 6, "each field alone: three connections, both ends");
+    drop(alone);
     let own_ns = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
     assert_eq!(u64::from(ours), own_ns);
 

@@ -193,10 +193,7 @@ fn host_pids(root: &ProcRoot) -> Vec<u32> {
 
 /// `pid`'s cgroup path as `ROOT/PID/cgroup` says.
 fn cgroup_of_in(root: &ProcRoot, pid: u32) -> Option<String> {
-    let (mut buf, mut more) = ([0u8; 4096], Vec::new());
-    let text =
-        crate::sys::procfs::read_whole(&root.of_pid(pid, "cgroup"), &mut buf, &mut more).ok()?;
-    cgroup_path(&String::from_utf8_lossy(text))
+    cgroup_text(root, pid).and_then(|t| cgroup_path(&t))
 }
 
 /// Reads of `e` (its uid read) what a `cmdline` or `exe` rule picks it
