@@ -59,10 +59,10 @@ use aya_ebpf::{
     },
 };
 use selfheal_common::{
-    EAGAIN, IPPROTO_TCP, ITER_SOCK_MAGIC, InRecv, IterSockRecord, IterTaskRecord, MAX_IN_RECV,
-    MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT, OwnerShare, RECV_HAS_INODE,
-    RECV_NONBLOCKING, SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity, TCP_WINDOW, TCP_WINDOWS,
-    WATCHED_WORDS, counter,
+    EAGAIN, IPPROTO_TCP, ITER_SOCK_MAGIC, ITER_SOCK_RECORD_SIZE, InRecv, IterSockRecord,
+    IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT,
+    OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING, SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity,
+    TCP_WINDOW, TCP_WINDOWS, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -919,19 +919,27 @@ pub extern "C" fn iter_task_file(ctx: *mut BpfIterTaskFile) -> i32 {
     if mode & S_IFMT != S_IFSOCK {
         return 0;
     }
-    let mut rec = IterSockRecord {
-        tgid: load(task as *const u8, config(&OFF_TASK_TGID)),
-        fd: fd as u32,
-        inode: load(inode, config(&OFF_INODE_INO)),
-        magic: ITER_SOCK_MAGIC,
-        ..IterSockRecord::default()
-    };
+    let mut zeroed = core::mem::MaybeUninit::<IterSockRecord>::uninit();
+    let words = zeroed.as_mut_ptr() as *mut u64;
+    for i in 0..ITER_SOCK_RECORD_SIZE / 8 {
+        // SAFETY: the record is ITER_SOCK_RECORD_SIZE bytes, 8-aligned.
+        // Zeroed a word at a time: `..Default::default()` calls the
+        // object's `memset`, one store a byte.
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+    }
+    // SAFETY: every byte was just written (the record has no padding
+    // past its size, which is a multiple of 8).
+    let rec: &mut IterSockRecord = unsafe { &mut *zeroed.as_mut_ptr() };
+    rec.tgid = load(task as *const u8, config(&OFF_TASK_TGID));
+    rec.fd = fd as u32;
+    rec.inode = load(inode, config(&OFF_INODE_INO));
+    rec.magic = ITER_SOCK_MAGIC;
     if config(&TCP_ON) == 0 {
         rec.flags = SOCK_NO_TCP_LAYOUT;
     } else {
-        tcp_fields(file, &mut rec);
+        tcp_fields(file, rec);
     }
-    seq_write(meta, &rec);
+    seq_write::<IterSockRecord>(meta, rec);
     0
 }
 
