@@ -297,8 +297,22 @@ mod kernel {
                 (Ok(_), Some(why)) => Err(why),
                 (Ok(t), None) => Ok(t),
             };
+            // A verifier that refuses the windows' program (none known)
+            // is given each field alone before none at all.
+            let with_tcp = |t| {
+                load_programs(&btf, &layout, &task, Some((t, reads))).or_else(|refused| {
+                    if reads == TcpReads::Alone || t.windows().is_none() {
+                        return Err(refused);
+                    }
+                    tracing::warn!(
+                        "task iterators: the program that reads tcp_sock a window at a time \
+                         was refused ({refused}); reading each field alone"
+                    );
+                    load_programs(&btf, &layout, &task, Some((t, TcpReads::Alone)))
+                })
+            };
             let (ebpf, tcp_off) = match tcp {
-                Ok(t) => match load_programs(&btf, &layout, &task, Some((t, reads))) {
+                Ok(t) => match with_tcp(t) {
                     Ok(ebpf) => (ebpf, None),
                     Err(refused) => (
                         load_programs(&btf, &layout, &task, None)?,
