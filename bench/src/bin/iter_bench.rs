@@ -3,12 +3,12 @@
 //! reads, one iterator pass per process (link, read, parse; threads and
 //! socket fds) against reading every thread's `/proc/PID/task/TID/stat`
 //! and `syscall` and every fd link (one open, read, close each, as the C
-//! floor `bench/src/diag_floor.c` reads its files), the same passes with
-//! each `tcp_sock` field read alone (one helper call a field, not a
-//! window at a time) and one pass over the whole host (`--sockets`
-//! connections each agent). They alternate,
-//! `--runs` times each; prints their medians, their ratio, and the
-//! one-time cost of loading the programs. Needs root.
+//! floor `bench/src/diag_floor.c` reads its files); beside them the same
+//! passes with each `tcp_sock` field read alone (one helper call a field,
+//! not a window at a time), and one pass over the whole host. Each agent
+//! holds `--sockets` connections; its threads all read the first. They
+//! alternate, `--runs` times each; prints their medians, their ratios,
+//! and the one-time cost of loading the programs. Needs root.
 
 use std::{
     io::Read as _,
