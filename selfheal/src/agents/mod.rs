@@ -574,7 +574,12 @@ fn uid_of(root: &ProcRoot, pid: u32) -> Option<u32> {
 /// The cgroup path of `pid` as its `/proc/PID/cgroup` says now
 /// ([`cgroup_path`]); `None` when it cannot be read.
 pub fn cgroup_of(pid: u32) -> Option<String> {
-    cgroup_text(&ProcRoot::default(), pid).and_then(|t| cgroup_path(&t))
+    cgroup_of_in(&ProcRoot::default(), pid)
+}
+
+/// [`cgroup_of`] under `root`.
+fn cgroup_of_in(root: &ProcRoot, pid: u32) -> Option<String> {
+    cgroup_text(root, pid).and_then(|t| cgroup_path(&t))
 }
 
 #[cfg(test)]

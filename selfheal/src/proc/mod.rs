@@ -137,10 +137,11 @@ pub fn process_in(
 }
 
 /// [`process_in`] with the threads and socket fds from one pass of the
-/// task iterators over the process (its `threads` and `(fd, inode)` of its
-/// `sockets`), read at `detail` (minimal or light). What the iterators do not read, the process's own `stat` and
-/// `status`, the memory a readiness wait names and a D-state thread's
-/// `wchan`, is read as [`process_in`] reads it.
+/// task iterators over the process (its `threads` and `(fd, inode)` of
+/// its `sockets`), read at `detail` (minimal or light). What the
+/// iterators do not read, the process's own `stat` and `status`, the
+/// memory a readiness wait names and a D-state thread's `wchan`, is read
+/// as [`process_in`] reads it.
 pub fn process_iterated(
     root: &ProcRoot,
     pid: u32,

@@ -191,11 +191,6 @@ fn host_pids(root: &ProcRoot) -> Vec<u32> {
         .collect()
 }
 
-/// `pid`'s cgroup path as `ROOT/PID/cgroup` says.
-fn cgroup_of_in(root: &ProcRoot, pid: u32) -> Option<String> {
-    cgroup_text(root, pid).and_then(|t| cgroup_path(&t))
-}
-
 /// Reads of `e` (its uid read) what a `cmdline` or `exe` rule picks it
 /// by, where `reads` admits its uid: its executable, and its command line
 /// (kept only where a rule of `cmdlines` matches it).
