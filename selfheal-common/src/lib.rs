@@ -113,8 +113,9 @@ pub struct OwnerShare {
 
 /// One record of the `iter/task` program, written with `bpf_seq_write` for
 /// every thread of the process the iterator's link names: what procfs's
-/// `task/TID/stat`, `task/TID/syscall` and `task/TID/sched` say of it, read
-/// in one pass.
+/// `task/TID/stat`, `task/TID/syscall` and `task/TID/sched` say of it, and
+/// for the process's leader what its `stat` and `status` say of the
+/// process ([`TASK_HEAD`]), read in one pass.
 ///
 /// Values are the kernel's raw fields, unconverted: `state` is
 /// `task_struct.__state` (the letter procfs shows also depends on
@@ -150,14 +151,34 @@ pub struct IterTaskRecord {
     pub exec_start_ns: u64,
     /// The CPU the thread last ran on (`task_cpu()`).
     pub cpu: u32,
-    /// Zero.
-    pub pad: u32,
+    /// [`TASK_HEAD`] where the fields below were read (the thread leads
+    /// its process and the loader found their offsets); 0 otherwise, and
+    /// they are zero.
+    pub flags: u32,
     /// `task_struct.comm`, NUL-padded.
     pub comm: [u8; 16],
+    /// The process's parent: `real_parent->tgid`.
+    pub ppid: u32,
+    /// Its real uid: `real_cred->uid`, the kernel's (initial user
+    /// namespace's) number.
+    pub ruid: u32,
+    /// When it started: `start_boottime`, ns since boot.
+    pub start_ns: u64,
+    /// The depth of its pid namespace (`thread_pid->level`: 0 in the
+    /// initial one).
+    pub pid_level: u32,
+    /// Its pid in its own pid namespace (`thread_pid->numbers[level].nr`);
+    /// 0 where that could not be read.
+    pub ns_pid: u32,
 }
 
+/// [`IterTaskRecord::flags`]: the thread is its process's leader and the
+/// record carries what procfs's `stat` and `status` say of the process
+/// (`ppid` … `ns_pid`).
+pub const TASK_HEAD: u32 = 1;
+
 /// Size of one [`IterTaskRecord`] in the iterator's output.
-pub const ITER_TASK_RECORD_SIZE: usize = 80;
+pub const ITER_TASK_RECORD_SIZE: usize = 104;
 const _: () = assert!(core::mem::size_of::<IterTaskRecord>() == ITER_TASK_RECORD_SIZE);
 
 /// One record of the `iter/task_file` program: a socket the process holds,

@@ -62,7 +62,7 @@ use selfheal_common::{
     EAGAIN, IPPROTO_TCP, ITER_SOCK_MAGIC, ITER_SOCK_RECORD_SIZE, InRecv, IterSockRecord,
     IterTaskRecord, MAX_IN_RECV, MAX_IN_SEND, MAX_OWNED, MAX_OWNERS, MAX_SOCKS, MSG_DONTWAIT,
     OwnerShare, RECV_HAS_INODE, RECV_NONBLOCKING, SOCK_NO_TCP_LAYOUT, SOCK_TCP, SockActivity,
-    TCP_WINDOW, TCP_WINDOWS, WATCHED_WORDS, counter,
+    TASK_HEAD, TCP_WINDOW, TCP_WINDOWS, WATCHED_WORDS, counter,
 };
 
 // ---- configuration, written by the loader before load ----------------------
@@ -115,6 +115,35 @@ static OFF_TASK_CPU: u64 = 0;
 /// `offsetof(struct task_struct, comm)`.
 #[unsafe(no_mangle)]
 static OFF_TASK_COMM: u64 = 0;
+/// 1 when the `OFF_HEAD_*` offsets below are set: the task iterator then
+/// reads, for each process's leader, what its `stat` and `status` say of
+/// the process (`TASK_HEAD`).
+#[unsafe(no_mangle)]
+static HEAD_ON: u64 = 0;
+/// `offsetof(struct task_struct, real_parent)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_REAL_PARENT: u64 = 0;
+/// `offsetof(struct task_struct, real_cred)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_REAL_CRED: u64 = 0;
+/// `offsetof(struct cred, uid)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_CRED_UID: u64 = 0;
+/// `offsetof(struct task_struct, start_boottime)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_START: u64 = 0;
+/// `offsetof(struct task_struct, thread_pid)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_THREAD_PID: u64 = 0;
+/// `offsetof(struct pid, level)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_PID_LEVEL: u64 = 0;
+/// `offsetof(struct pid, numbers) + offsetof(struct upid, nr)`.
+#[unsafe(no_mangle)]
+static OFF_HEAD_PID_NR: u64 = 0;
+/// `sizeof(struct upid)`.
+#[unsafe(no_mangle)]
+static HEAD_UPID_SIZE: u64 = 0;
 /// `offsetof(struct pt_regs, si)`: the second syscall argument (x86_64).
 #[unsafe(no_mangle)]
 static OFF_REGS_ARG1: u64 = 104;
@@ -882,7 +911,7 @@ pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
             load::<u64>(regs, config(&OFF_REGS_ARG1)),
         )
     };
-    let rec = IterTaskRecord {
+    let mut rec = IterTaskRecord {
         tgid: load(t, config(&OFF_TASK_TGID)),
         tid: load(t, config(&OFF_TASK_PID)),
         state: load(t, config(&OFF_TASK_STATE)),
@@ -893,11 +922,41 @@ pub extern "C" fn iter_task(ctx: *mut BpfIterTask) -> i32 {
         arg1,
         exec_start_ns: load(t, config(&OFF_TASK_EXEC_START)),
         cpu: load(t, config(&OFF_TASK_CPU)),
-        pad: 0,
+        flags: 0,
         comm: load(t, config(&OFF_TASK_COMM)),
+        ppid: 0,
+        ruid: 0,
+        start_ns: 0,
+        pid_level: 0,
+        ns_pid: 0,
     };
+    if config(&HEAD_ON) != 0 && rec.tid == rec.tgid {
+        head(t, &mut rec);
+    }
     seq_write(meta, &rec);
     0
+}
+
+/// What procfs's `stat` and `status` say of the process `t` leads: its
+/// parent, real uid, start time and pid namespace. The pointers are read
+/// with `bpf_probe_read_kernel` (each verifier since 6.1 types them
+/// differently; a NULL one reads as 0), `pid->numbers[level]` at an
+/// offset known only here.
+#[inline(always)]
+fn head(t: *const u8, rec: &mut IterTaskRecord) {
+    let parent: u64 = probe_at(t, config(&OFF_HEAD_REAL_PARENT));
+    let cred: u64 = probe_at(t, config(&OFF_HEAD_REAL_CRED));
+    let pid: u64 = probe_at(t, config(&OFF_HEAD_THREAD_PID));
+    if parent == 0 || cred == 0 || pid == 0 {
+        return;
+    }
+    rec.ppid = probe_at(parent as *const u8, config(&OFF_TASK_TGID));
+    rec.ruid = probe_at(cred as *const u8, config(&OFF_HEAD_CRED_UID));
+    rec.start_ns = load(t, config(&OFF_HEAD_START));
+    rec.pid_level = probe_at(pid as *const u8, config(&OFF_HEAD_PID_LEVEL));
+    let nr = config(&OFF_HEAD_PID_NR) + u64::from(rec.pid_level) * config(&HEAD_UPID_SIZE);
+    rec.ns_pid = probe_at(pid as *const u8, nr);
+    rec.flags = TASK_HEAD;
 }
 
 /// `iter/task_file`: one `IterSockRecord` for each socket among the files

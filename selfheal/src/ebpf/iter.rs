@@ -179,6 +179,18 @@ mod kernel {
             .override_global("OFF_REGS_SYSCALL", &layout.regs_syscall, true)
             .override_global("OFF_REGS_ARG0", &layout.regs_arg0, true)
             .override_global("OFF_REGS_ARG1", &layout.regs_arg1, true);
+        if let Some(h) = &task.head {
+            loader
+                .override_global("HEAD_ON", &1u64, true)
+                .override_global("OFF_HEAD_REAL_PARENT", &h.real_parent, true)
+                .override_global("OFF_HEAD_REAL_CRED", &h.real_cred, true)
+                .override_global("OFF_HEAD_CRED_UID", &h.cred_uid, true)
+                .override_global("OFF_HEAD_START", &h.start, true)
+                .override_global("OFF_HEAD_THREAD_PID", &h.thread_pid, true)
+                .override_global("OFF_HEAD_PID_LEVEL", &h.pid_level, true)
+                .override_global("OFF_HEAD_PID_NR", &h.pid_nr, true)
+                .override_global("HEAD_UPID_SIZE", &h.upid_size, true);
+        }
         // Kept alive for the loader's borrows below.
         let (mut starts, mut lens) = ([0u64; TCP_WINDOWS], [0u64; TCP_WINDOWS]);
         if let Some((t, reads)) = tcp {
@@ -427,7 +439,12 @@ mod kernel {
                 }
                 Programs::Pinned(task, file) => (task.as_fd(), file.as_fd()),
             };
-            let threads = parse_task_records(walk(task, pidfd, &mut self.buf)?)?;
+            let mut threads = parse_task_records(walk(task, pidfd, &mut self.buf)?)?;
+            // Where the kernel's numbers are not procfs's, a process's
+            // head is read from procfs.
+            if !super::heads_are_procfs() {
+                threads.iter_mut().for_each(|t| t.head = None);
+            }
             let records = parse_sock_records(walk(file, pidfd, &mut self.buf)?)?;
             let hz = *self.hz.get_or_insert_with(|| bpf::kernel_hz().unwrap_or(0));
             Ok((threads, records, hz))
@@ -545,6 +562,32 @@ pub fn in_initial_pid_namespace() -> bool {
     crate::sys::procfs::ProcRoot::default()
         .own_namespace("pid")
         .is_ok_and(|ino| ino == PROC_PID_INIT_INO)
+}
+
+/// Whether what the task iterator reads of a process from its leader
+/// (`IterThread::head`: the kernel's pids, uid and start time) is what
+/// procfs shows this process: in the initial pid and user namespaces
+/// (procfs maps pids and uids into the reader's) and the initial time
+/// namespace (procfs shifts start times by the reader's boot-time
+/// offset), or on a kernel without time namespaces. Asked once: selfheal
+/// changes none of these namespaces of its own.
+pub fn heads_are_procfs() -> bool {
+    static HEADS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HEADS.get_or_init(heads_read_are_procfs)
+}
+
+fn heads_read_are_procfs() -> bool {
+    const PROC_USER_INIT_INO: u64 = 0xEFFF_FFFD;
+    const PROC_TIME_INIT_INO: u64 = 0xEFFF_FFFA;
+    let root = crate::sys::procfs::ProcRoot::default();
+    let time = match root.own_namespace("time") {
+        Ok(ino) => ino == PROC_TIME_INIT_INO,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    };
+    time && in_initial_pid_namespace()
+        && root
+            .own_namespace("user")
+            .is_ok_and(|ino| ino == PROC_USER_INIT_INO)
 }
 
 /// Loads the task iterator for the running kernel

@@ -211,6 +211,49 @@ pub struct TaskLayout {
     pub file_inode: u64,
     pub inode_mode: u64,
     pub inode_ino: u64,
+    /// What the task iterator reads of a process from its leader, where
+    /// the kernel's BTF has every field (`None`: procfs is read instead).
+    pub head: Option<HeadLayout>,
+}
+
+/// Offsets of what procfs's `stat` and `status` say of a process that the
+/// task iterator reads from its leader's `task_struct`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadLayout {
+    /// `task_struct.real_parent`, `task_struct.real_cred`, `cred.uid`.
+    pub real_parent: u64,
+    pub real_cred: u64,
+    pub cred_uid: u64,
+    /// `task_struct.start_boottime`.
+    pub start: u64,
+    /// `task_struct.thread_pid`, `pid.level`.
+    pub thread_pid: u64,
+    pub pid_level: u64,
+    /// `pid.numbers[0].nr`, and the size of each of `numbers`.
+    pub pid_nr: u64,
+    pub upid_size: u64,
+}
+
+impl HeadLayout {
+    fn from_btf(btf: &Btf) -> Result<Self, LayoutError> {
+        let whole = |s: &str, m: &str| member_offset(btf, s, m)?.whole(&format!("{s}.{m}"));
+        let upid_size = named_struct(btf, "upid")?.size() as u64;
+        if upid_size == 0 {
+            return Err(LayoutError::Unexpected {
+                what: "struct upid has no size".into(),
+            });
+        }
+        Ok(Self {
+            real_parent: whole("task_struct", "real_parent")?,
+            real_cred: whole("task_struct", "real_cred")?,
+            cred_uid: whole("cred", "uid")?,
+            start: whole("task_struct", "start_boottime")?,
+            thread_pid: whole("task_struct", "thread_pid")?,
+            pid_level: whole("pid", "level")?,
+            pid_nr: whole("pid", "numbers")? + whole("upid", "nr")?,
+            upid_size,
+        })
+    }
 }
 
 impl TaskLayout {
@@ -236,6 +279,7 @@ impl TaskLayout {
             file_inode: whole("file", "f_inode")?,
             inode_mode: whole("inode", "i_mode")?,
             inode_ino: whole("inode", "i_ino")?,
+            head: HeadLayout::from_btf(btf).ok(),
         })
     }
 }
@@ -539,6 +583,11 @@ mod tests {
         ] {
             assert!(off < 16384, "{task:?}");
         }
+        // The process's head from its leader: every field found, and a
+        // `struct upid` of a number and a namespace pointer.
+        let head = task.head.expect("the head's fields");
+        assert_eq!(head.upid_size, 16, "{head:?}");
+        assert!(head.real_parent < 16384 && head.start < 16384, "{head:?}");
         let tcp = layout.tcp.expect("tcp_sock layout");
         // `struct sock` begins with its `sock_common`, whose first member
         // is the address pair: the v4 addresses are at its very start.

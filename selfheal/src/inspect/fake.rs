@@ -274,6 +274,7 @@ fn thread(pid: u32) -> IterThread {
         exec_start_ns: 0,
         cpu: 0,
         comm: "agent".into(),
+        head: None,
     }
 }
 

@@ -15,6 +15,7 @@
 //! that CPU's clock) beside `CLOCK_MONOTONIC`; a thread's age is then taken
 //! in the clock of the CPU it last ran on, never across CPUs.
 
+use selfheal_core::ebpf::iter::{IterHead, IterThread};
 use selfheal_core::proc::{Detail, ProcessInfo, TaskClocks, ThreadInfo};
 
 use crate::sys::procfs::ProcRoot;
@@ -129,7 +130,16 @@ pub fn process_in(
             Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ESRCH) => vanished.set(true),
             Err(e) => cx.gaps.push(format!("pid {pid}: cannot list threads: {e}")),
         };
-    let read = read_process(root, pid, detail, clocks, access, sockets_of, read_threads)?;
+    let read = read_process(
+        root,
+        pid,
+        None,
+        detail,
+        clocks,
+        access,
+        sockets_of,
+        read_threads,
+    )?;
     if vanished.get() {
         return Err(procfs::ProcError::NotFound(Some(root.of_pid(pid, "task"))));
     }
@@ -138,14 +148,15 @@ pub fn process_in(
 
 /// [`process_in`] with the threads and socket fds from one pass of the
 /// task iterators over the process (its `threads` and `(fd, inode)` of
-/// its `sockets`), read at `detail` (minimal or light). What the
-/// iterators do not read, the process's own `stat` and `status`, the
-/// memory a readiness wait names and a D-state thread's `wchan`, is read
-/// as [`process_in`] reads it.
+/// its `sockets`), read at `detail` (minimal or light), and what its own
+/// `stat` and `status` say from its leader's head where the pass read it
+/// (`IterThread::head`). What the iterators do not read, that head where
+/// they did not, the memory a readiness wait names and a D-state thread's
+/// `wchan`, is read as [`process_in`] reads it.
 pub fn process_iterated(
     root: &ProcRoot,
     pid: u32,
-    threads: &[selfheal_core::ebpf::iter::IterThread],
+    threads: &[IterThread],
     sockets: &[(i32, u64)],
     detail: Detail,
     clocks: &TaskClocks,
@@ -161,16 +172,32 @@ pub fn process_iterated(
             out.push(iterated(t, cx));
         }
     };
-    read_process(root, pid, detail, clocks, access, sockets_of, read_threads)
+    let head = threads
+        .iter()
+        .find(|t| t.tid == pid)
+        .and_then(|t| Some(Head::iterated(pid, t, t.head?)));
+    read_process(
+        root,
+        pid,
+        head,
+        detail,
+        clocks,
+        access,
+        sockets_of,
+        read_threads,
+    )
 }
 
-/// Process `pid` under `root`: its own `stat` and `status`, its socket
-/// fds (`sockets_of`, which may add gaps), and the threads `read_threads`
-/// reads with what reading them shares (until `access`'s deadline); the
-/// wait sets read from its memory are checked again after.
+/// Process `pid` under `root`: its own `stat` and `status` (unless its
+/// `head` is given), its socket fds (`sockets_of`, which may add gaps),
+/// and the threads `read_threads` reads with what reading them shares
+/// (until `access`'s deadline); the wait sets read from its memory are
+/// checked again after.
+#[allow(clippy::too_many_arguments)]
 fn read_process(
     root: &ProcRoot,
     pid: u32,
+    head: Option<Head>,
     detail: Detail,
     clocks: &TaskClocks,
     access: &mut MemAccess<'_>,
@@ -178,7 +205,10 @@ fn read_process(
     read_threads: impl FnOnce(&mut Threads<'_, '_, '_>, &mut Vec<ThreadInfo>),
 ) -> procfs::ProcResult<ProcessInfo> {
     let mut buf = vec![0u8; 64 << 10];
-    let head = Head::read(root, pid, &mut buf)?;
+    let head = match head {
+        Some(head) => head,
+        None => Head::read(root, pid, &mut buf)?,
+    };
     let mut gaps = Vec::new();
     let sockets = sockets_of(&mut gaps);
     let mut threads = Vec::new();
@@ -198,19 +228,51 @@ fn read_process(
     Ok(head.process(threads, sockets, gaps))
 }
 
-/// What a check reads of the process itself: its `stat` and `status`.
+/// What a check reads of the process itself: what its `stat` (parent,
+/// name, state, start time) and `status` (real uid, whether it is pid 1
+/// of a nested pid namespace) say.
 struct Head {
     pid: u32,
-    stat: procfs::process::Stat,
-    status: Option<self::thread::StatusIds>,
+    ppid: u32,
+    name: String,
+    state: char,
+    start_ticks: u64,
+    uid: Option<u32>,
+    pid_ns_init: bool,
 }
 
 impl Head {
+    /// From procfs: the process's `stat` and `status`.
     fn read(root: &ProcRoot, pid: u32, buf: &mut [u8]) -> procfs::ProcResult<Head> {
         let stat = root.stat(pid)?;
         let status =
             read_at(nix::fcntl::AT_FDCWD, &root.of_pid(pid, "status"), buf).and_then(parse_status);
-        Ok(Head { pid, stat, status })
+        Ok(Head {
+            pid,
+            ppid: stat.ppid.max(0) as u32,
+            name: stat.comm,
+            state: stat.state,
+            start_ticks: stat.starttime,
+            pid_ns_init: status
+                .as_ref()
+                .is_some_and(|s| s.nspid.len() > 1 && s.nspid.last() == Some(&1)),
+            uid: status.map(|s| s.ruid),
+        })
+    }
+
+    /// From a pass of the task iterator: its `leader`'s record, and the
+    /// `head` read with it (procfs's `stat` shows the leader's name and
+    /// state for the process).
+    fn iterated(pid: u32, leader: &IterThread, head: IterHead) -> Head {
+        Head {
+            pid,
+            ppid: head.ppid,
+            name: leader.comm.clone(),
+            state: leader.state_letter(),
+            start_ticks: head.start_ticks,
+            uid: Some(head.ruid),
+            pid_ns_init: head.pid_ns_init,
+        }
     }
 
     fn process(
@@ -219,19 +281,15 @@ impl Head {
         sockets: Vec<(i32, u64)>,
         gaps: Vec<String>,
     ) -> ProcessInfo {
-        let Head { pid, stat, status } = self;
         threads.sort_by_key(|t| t.tid);
-        let pid_ns_init = status
-            .as_ref()
-            .is_some_and(|s| s.nspid.len() > 1 && s.nspid.last() == Some(&1));
         ProcessInfo {
-            pid,
-            ppid: stat.ppid.max(0) as u32,
-            name: stat.comm,
-            state: stat.state,
-            start_ticks: stat.starttime,
-            uid: status.map(|s| s.ruid),
-            pid_ns_init,
+            pid: self.pid,
+            ppid: self.ppid,
+            name: self.name,
+            state: self.state,
+            start_ticks: self.start_ticks,
+            uid: self.uid,
+            pid_ns_init: self.pid_ns_init,
             threads,
             sockets,
             gaps,

@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         ["server", addr] => server(addr),
         ["threads", addr] => threads(addr),
         ["zombies", n] => zombies(n),
+        ["headless"] => headless(),
         ["sink", addr] => sink(addr),
         ["beat", addr, ms] => beat(addr, ms),
         ["beats", addr, ms] => beats(addr, ms),
@@ -59,7 +60,7 @@ fn main() -> ExitCode {
         ["forks", n, ..] => forks(n),
         ["rusage", cmd @ ..] if !cmd.is_empty() => rusage(cmd),
         ["limits", conns, epoll, zombies, nfds] => limits(conns, epoll, zombies, nfds),
-        _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | sink ADDR".into()),
+        _ => Err("usage: recv-peer client ADDR [--once] | tokio-client ADDR | server ADDR | threads ADDR | zombies N | headless | sink ADDR".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -268,6 +269,21 @@ fn threads(addr: &str) -> Result<()> {
 /// Starts N children that exit at once and never reaps them. Prints
 /// `ready pid=P zombies=N` once all N are zombies, then waits for stdin to
 /// close.
+/// Says `ready PID`, then its main thread ends while another sleeps on:
+/// the process's leader a zombie, the process alive.
+fn headless() -> Result<()> {
+    std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(600)));
+    println!("ready {}", std::process::id());
+    std::io::stdout()
+        .flush()
+        .map_err(|e| format!("stdout: {e}"))?;
+    // The thread's own `exit` (not `exit_group`, not `pthread_exit`, whose
+    // unwinding through Rust's frames aborts the process).
+    // SAFETY: ends this thread only; the other keeps the process alive.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    Err("the main thread's exit returned".into())
+}
+
 fn zombies(n: &str) -> Result<()> {
     let n: usize = n.parse().map_err(|_| format!("bad count {n}"))?;
     let mut children = Vec::new();

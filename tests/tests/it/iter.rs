@@ -5,7 +5,8 @@
 //! before its walk yields nothing or an error, never another's threads;
 //! the collector's evidence and the judge's verdict equal either way;
 //! pins opened only from a bpffs directory root alone can write, and
-//! refused from every other an attacker could arrange.
+//! refused from every other an attacker could arrange; what the pass reads
+//! of a process from its leader equal to its `stat` and `status`.
 //!
 //! Needs root and the eBPF object.
 
@@ -138,6 +139,233 @@ fn threads_match_procfs() {
         again.threads.iter().map(|t| t.tid).collect::<Vec<_>>(),
         threads.iter().map(|t| t.tid).collect::<Vec<_>>()
     );
+}
+
+/// What a process's own `stat` and `status` say of it: its parent, name,
+/// state, start time, real uid and whether it is pid 1 of a nested pid
+/// namespace (`NSpid:` lists more than one pid and the last is 1).
+#[derive(Debug, PartialEq, Eq)]
+struct ProcHead {
+    ppid: u32,
+    name: String,
+    state: char,
+    start_ticks: u64,
+    ruid: u32,
+    pid_ns_init: bool,
+}
+
+/// `pid`'s head from procfs; `None` when a file cannot be read.
+fn proc_head(pid: u32) -> Option<ProcHead> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    let name = stat[stat.find('(')? + 1..close].to_string();
+    let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+    };
+    let nspid = line("NSpid:")?;
+    Some(ProcHead {
+        ppid: f[1].parse().ok()?,
+        name,
+        state: f[0].chars().next()?,
+        // Field 22, the 20th after the name.
+        start_ticks: f[19].parse().ok()?,
+        ruid: line("Uid:")?.first()?.parse().ok()?,
+        pid_ns_init: nspid.len() > 1 && nspid.last().map(String::as_str) == Some("1"),
+    })
+}
+
+/// `pid`'s head from one pass of `it`: its leader's record.
+fn pass_head(it: &mut iter::TaskIter, pid: u32) -> Option<ProcHead> {
+    let pass = it.process(pidfd_open(pid).ok()?.as_fd()).ok()?;
+    let leader = pass.threads.iter().find(|t| t.tid == pid)?;
+    let head = leader.head?;
+    Some(ProcHead {
+        ppid: head.ppid,
+        name: leader.comm.clone(),
+        state: leader.state_letter(),
+        start_ticks: head.start_ticks,
+        ruid: head.ruid,
+        pid_ns_init: head.pid_ns_init,
+    })
+}
+
+/// Kills and reaps its child when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What the task iterator reads of a process from its leader is what the
+/// process's `stat` and `status` say: for a process of root, one of
+/// another uid, pid 1 and pid 2 of a nested pid namespace, a zombie, and
+/// a process whose leader thread exited while another thread runs on.
+#[test]
+fn heads_match_procfs() {
+    let _area = tests::area(module_path!());
+    if !need_ebpf("iter::heads_match_procfs") {
+        return;
+    }
+    let spawn = |argv: &[&str]| {
+        Reaped(
+            std::process::Command::new(argv[0])
+                .args(&argv[1..])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn"),
+        )
+    };
+    let sleeper = spawn(&["sleep", "60"]);
+    let nobody = spawn(&[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "sleep",
+        "60",
+    ]);
+    // unshare forks pid 1 of the new namespace (a shell), which forks pid 2.
+    let nested = spawn(&["unshare", "--pid", "--fork", "sh", "-c", "sleep 60 & wait"]);
+    let zombie = spawn(&["true"]);
+    // The leader thread ends (`pthread_exit`) while another sleeps on.
+    let headless = Peer::recv_peer(&["headless"]);
+    headless.expect("ready ", Duration::from_secs(10));
+    // Its other thread alive: a leader gone, not a zombie process.
+    let live_thread = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|d| {
+            d.flatten().any(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .is_ok_and(|s| s.rsplit(") ").next().is_some_and(|r| r.starts_with('S')))
+            })
+        })
+    };
+    let children = |pid: u32| -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    // Each exec'd and asleep, the zombie and the headless leader dead.
+    let is = |pid: u32, name: &str, state: char| {
+        proc_head(pid).is_some_and(|h| h.name == name && h.state == state)
+    };
+    let settled = wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
+        let init = *children(nested.0.id()).first()?;
+        let second = *children(init).first()?;
+        (is(sleeper.0.id(), "sleep", 'S')
+            && is(nobody.0.id(), "sleep", 'S')
+            && is(init, "sh", 'S')
+            && is(second, "sleep", 'S')
+            && is(zombie.0.id(), "true", 'Z')
+            && is(headless.pid(), "recv-peer", 'Z')
+            && live_thread(headless.pid()))
+        .then_some((init, second))
+    });
+    let (init, second) = settled.expect("the processes never settled");
+
+    let mut it = iter::load().expect("load the task iterator");
+    let cases = [
+        ("root's", sleeper.0.id()),
+        ("another uid's", nobody.0.id()),
+        ("pid 1 of a nested namespace", init),
+        ("pid 2 of a nested namespace", second),
+        ("a zombie", zombie.0.id()),
+        ("a leader gone before its thread", headless.pid()),
+        ("this test's", std::process::id()),
+    ];
+    for (what, pid) in cases {
+        let by_pass = pass_head(&mut it, pid);
+        let by_procfs = proc_head(pid);
+        assert!(by_procfs.is_some(), "{what} process {pid}: procfs unread");
+        assert_eq!(
+            by_pass, by_procfs,
+            "{what} process {pid}: the pass (left) against procfs (right)"
+        );
+    }
+    let init_head = proc_head(init).expect("read");
+    assert!(init_head.pid_ns_init && !proc_head(second).unwrap().pid_ns_init);
+    assert_eq!(proc_head(nobody.0.id()).unwrap().ruid, 65534);
+}
+
+/// The variable that has this binary play [`heads_role`].
+pub(crate) const HEADS_ROLE: &str = "SELFHEAL_ITER_TEST_HEADS_ROLE";
+
+/// Not a test: one pass over this process, run in a time or pid namespace
+/// of its own ([`heads_are_read_from_procfs_in_namespaces_of_its_own`]);
+/// prints how many of its threads carried a head from the pass, and its
+/// start time as its own `stat` shows it here.
+pub(crate) fn heads_role() {
+    let me = std::process::id();
+    let mut it = iter::load().expect("load the task iterator");
+    let pass = it
+        .process(pidfd_open(me).expect("pidfd").as_fd())
+        .expect("a pass");
+    let heads = pass.threads.iter().filter(|t| t.head.is_some()).count();
+    let start = proc_head(me).expect("own stat").start_ticks;
+    println!(
+        "RESULT threads={} heads={heads} procfs_start={start} shared={}",
+        pass.threads.len(),
+        iter::heads_are_procfs()
+    );
+}
+
+/// Where procfs's numbers are not the kernel's (a time namespace that
+/// shifts start times, a pid namespace of its own), the pass's heads are
+/// dropped and procfs read instead; in the initial namespaces they are
+/// kept.
+#[test]
+fn heads_are_read_from_procfs_in_namespaces_of_its_own() {
+    let _area = tests::area(module_path!());
+    if !need_ebpf("iter::heads_are_read_from_procfs_in_namespaces_of_its_own") {
+        return;
+    }
+    let run = |wrap: &[&str]| -> String {
+        let mut cmd = std::process::Command::new(wrap.first().copied().unwrap_or("env"));
+        cmd.args(wrap.iter().skip(1))
+            .arg(std::env::current_exe().expect("this binary"))
+            .env(HEADS_ROLE, "1");
+        let out = cmd.output().expect("run the role");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{wrap:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .unwrap_or_else(|| panic!("{wrap:?}: no result: {stdout}"))
+            .to_string()
+    };
+    let field = |line: &str, key: &str| -> u64 {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    let here = run(&[]);
+    assert!(here.ends_with("shared=true"), "{here}");
+    assert_eq!(field(&here, "heads"), 1, "the leader's head: {here}");
+    // A boot-time offset of a day: procfs's start times move by it.
+    let timens = run(&["unshare", "--time", "--boottime", "86400", "--fork", "--"]);
+    assert!(timens.ends_with("shared=false"), "{timens}");
+    assert_eq!(field(&timens, "heads"), 0, "{timens}");
+    assert!(
+        field(&timens, "procfs_start") >= 86400 * 100,
+        "procfs's start time, shifted: {timens}"
+    );
+    let pidns = run(&["unshare", "--pid", "--fork", "--"]);
+    assert!(pidns.ends_with("shared=false"), "{pidns}");
+    assert_eq!(field(&pidns, "heads"), 0, "{pidns}");
 }
 
 /// `a`, read by the iterator, against the same socket in two sock_diag

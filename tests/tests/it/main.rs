@@ -65,6 +65,7 @@ const ROLES: &[(&str, fn())] = &[
         helper_attacks::master_worker_roles,
     ),
     (helper_owners::ROLE, helper_owners::owners_roles),
+    (iter::HEADS_ROLE, iter::heads_role),
     (store::CHILD_ENV, store::child_process_entry),
 ];
 

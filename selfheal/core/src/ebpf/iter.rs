@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use selfheal_common::{
     ITER_SOCK_MAGIC, ITER_SOCK_RECORD_SIZE, ITER_TASK_RECORD_SIZE, IterSockRecord, IterTaskRecord,
-    SOCK_NO_TCP_LAYOUT, SOCK_TCP,
+    SOCK_NO_TCP_LAYOUT, SOCK_TCP, TASK_HEAD,
 };
 
 use crate::{
@@ -275,6 +275,26 @@ pub struct IterThread {
     pub cpu: u32,
     /// Its name (`comm`), as procfs's `stat` shows it (lossy UTF-8).
     pub comm: String,
+    /// Of a process's leader, what procfs's `stat` and `status` say of the
+    /// process, where the pass read it. Not sent by the helper: a check
+    /// reading through it reads them from procfs.
+    #[serde(skip)]
+    pub head: Option<IterHead>,
+}
+
+/// What the process's `stat` (parent, start time) and `status` (real
+/// uid, `NSpid`) say of it, as the task iterator read it from the
+/// process's leader: the kernel's own numbers, which are procfs's for a
+/// reader in the initial user, pid and time namespaces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IterHead {
+    pub ppid: u32,
+    pub ruid: u32,
+    /// `stat`'s `starttime`: clock ticks since boot.
+    pub start_ticks: u64,
+    /// Whether it is pid 1 of a pid namespace below the initial one
+    /// (`NSpid:` lists more than one pid and the last is 1).
+    pub pid_ns_init: bool,
 }
 
 impl IterThread {
@@ -299,6 +319,15 @@ impl IterThread {
 impl From<IterTaskRecord> for IterThread {
     fn from(r: IterTaskRecord) -> Self {
         let name = r.comm.split(|&b| b == 0).next().unwrap_or_default();
+        // A nested pid namespace's own pid that could not be read (0)
+        // leaves the head unread, not a guess.
+        let head =
+            (r.flags & TASK_HEAD != 0 && (r.pid_level == 0 || r.ns_pid != 0)).then_some(IterHead {
+                ppid: r.ppid,
+                ruid: r.ruid,
+                start_ticks: r.start_ns / NS_PER_TICK,
+                pid_ns_init: r.pid_level > 0 && r.ns_pid == 1,
+            });
         Self {
             tgid: r.tgid,
             tid: r.tid,
@@ -311,6 +340,7 @@ impl From<IterTaskRecord> for IterThread {
             exec_start_ns: r.exec_start_ns,
             cpu: r.cpu,
             comm: String::from_utf8_lossy(name).into_owned(),
+            head,
         }
     }
 }
@@ -340,7 +370,8 @@ pub fn parse_task_records(bytes: &[u8]) -> Result<Vec<IterThread>, IterParseErro
             let (tgid, tid, state, exit_state) = (f.u32(), f.u32(), f.u32(), f.u32());
             let (runtime_ns, syscall, arg0, arg1, exec_start_ns) =
                 (f.u64(), f.u64(), f.u64(), f.u64(), f.u64());
-            let (cpu, pad) = (f.u32(), f.u32());
+            let (cpu, flags) = (f.u32(), f.u32());
+            let comm = f.bytes();
             IterThread::from(IterTaskRecord {
                 tgid,
                 tid,
@@ -352,8 +383,13 @@ pub fn parse_task_records(bytes: &[u8]) -> Result<Vec<IterThread>, IterParseErro
                 arg1,
                 exec_start_ns,
                 cpu,
-                pad,
-                comm: f.bytes(),
+                flags,
+                comm,
+                ppid: f.u32(),
+                ruid: f.u32(),
+                start_ns: f.u64(),
+                pid_level: f.u32(),
+                ns_pid: f.u32(),
             })
         })
         .collect())
@@ -480,10 +516,17 @@ mod tests {
         for v in [r.runtime_ns, r.syscall, r.arg0, r.arg1, r.exec_start_ns] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
-        for v in [r.cpu, r.pad] {
+        for v in [r.cpu, r.flags] {
             b.extend_from_slice(&v.to_ne_bytes());
         }
         b.extend_from_slice(&r.comm);
+        for v in [r.ppid, r.ruid] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
+        b.extend_from_slice(&r.start_ns.to_ne_bytes());
+        for v in [r.pid_level, r.ns_pid] {
+            b.extend_from_slice(&v.to_ne_bytes());
+        }
         b
     }
 
@@ -506,13 +549,19 @@ mod tests {
             arg1: 4096,
             exec_start_ns: 5_000_123_456,
             cpu: 1,
-            pad: 0,
+            flags: TASK_HEAD,
             comm: comm(b"agent"),
+            ppid: 3,
+            ruid: 1000,
+            start_ns: 51_700_000_123,
+            pid_level: 1,
+            ns_pid: 1,
         };
         let b = IterTaskRecord {
             tid: 10,
             syscall: u64::MAX,
             comm: comm(b"0123456789abcde"),
+            flags: 0,
             ..a
         };
         let mut out = bytes(&a);
@@ -534,11 +583,18 @@ mod tests {
                     exec_start_ns: 5_000_123_456,
                     cpu: 1,
                     comm: "agent".into(),
+                    head: Some(IterHead {
+                        ppid: 3,
+                        ruid: 1000,
+                        start_ticks: 5170,
+                        pid_ns_init: true,
+                    }),
                 },
                 IterThread {
                     tid: 10,
                     syscall: None,
                     comm: "0123456789abcde".into(),
+                    head: None,
                     ..threads[0].clone()
                 },
             ]
@@ -565,6 +621,50 @@ mod tests {
             ..IterTaskRecord::default()
         };
         assert_eq!(IterThread::from(full).comm, "0123456789abcdef");
+    }
+
+    /// A leader's head: unread without the flag, or where its pid in a
+    /// nested pid namespace could not be read; `pid_ns_init` only for pid 1
+    /// of a nested namespace; the start time in whole ticks, as `stat`.
+    #[test]
+    fn a_head_is_read_only_where_the_pass_read_it_whole() {
+        let leader = IterTaskRecord {
+            tgid: 40,
+            tid: 40,
+            flags: TASK_HEAD,
+            ppid: 1,
+            ruid: 0,
+            start_ns: 9_999_999,
+            ..IterTaskRecord::default()
+        };
+        let head = |r: IterTaskRecord| IterThread::from(r).head;
+        assert_eq!(
+            head(leader),
+            Some(IterHead {
+                ppid: 1,
+                ruid: 0,
+                start_ticks: 0,
+                pid_ns_init: false,
+            })
+        );
+        assert_eq!(head(IterTaskRecord { flags: 0, ..leader }), None);
+        let nested = IterTaskRecord {
+            pid_level: 2,
+            ..leader
+        };
+        assert_eq!(head(nested), None, "its own pid unread");
+        for (ns_pid, init) in [(1, true), (7, false)] {
+            let h = head(IterTaskRecord { ns_pid, ..nested }).expect("read");
+            assert_eq!(h.pid_ns_init, init, "{ns_pid}");
+        }
+        let h = head(IterTaskRecord {
+            ns_pid: 1,
+            ..leader
+        });
+        assert!(
+            !h.expect("read").pid_ns_init,
+            "pid 1 of the initial namespace"
+        );
     }
 
     /// A record's bytes as the program writes them (`#[repr(C)]`, no
@@ -830,6 +930,7 @@ mod tests {
             exec_start_ns: 0,
             cpu: 0,
             comm: "t".into(),
+            head: None,
         };
         let a = IterSockRecord {
             cookie: 0,

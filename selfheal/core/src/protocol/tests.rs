@@ -89,6 +89,7 @@ fn an_iterate_result_round_trips_with_its_threads_and_sockets() {
                     exec_start_ns: 1 << 50,
                     cpu: 1,
                     comm: "agent \u{1b}[31m".into(),
+                    head: None,
                 }],
                 sockets: vec![(7, 4242)],
                 tcp: crate::ebpf::iter::TcpPass::Read(vec![crate::ebpf::iter::IterTcp {
