@@ -127,6 +127,12 @@ pub fn redact_url(url: &str) -> String {
 /// [`redact_url`]. A URL ends at whitespace or at one of `"'<>()` and
 /// backtick.
 pub fn redact_urls_in(text: &str) -> String {
+    // Every URL the pattern matches holds `://`: a text without it (most
+    // log lines) is returned as it is, and the pattern is built only for
+    // one that has it.
+    if !text.contains("://") {
+        return text.to_string();
+    }
     static URL: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r#"(?i)https?://[^\s"'<>()`]+"#).expect("url regex"));
     URL.replace_all(text, |c: &regex::Captures<'_>| redact_url(&c[0]))
@@ -244,6 +250,15 @@ mod tests {
         assert_eq!(
             redact_urls_in("error sending request for url (http://u:p@h/x?t=s): refused"),
             "error sending request for url (http://REDACTED@h/x?t=REDACTED): refused"
+        );
+        // Without `://` nothing is a URL; with it, every URL is redacted,
+        // whatever its case.
+        for plain in ["agent a0: healthy", "http:/h?token=s", "https//u:p@h", ""] {
+            assert_eq!(redact_urls_in(plain), plain);
+        }
+        assert_eq!(
+            redact_urls_in("HTTPS://u:p@h/ and http://h/?k=v"),
+            "HTTPS://REDACTED@h/ and http://h/?k=REDACTED"
         );
     }
 

@@ -66,7 +66,7 @@ const MATCH_KEYS: &[&str] = &[
 const CONTAINER_MATCH_KEYS: &[&str] = &["container", "image", "label", "pod", "namespace"];
 
 /// The `index`th `[[agent]]` table at `span`; `names` holds the names seen
-/// so far, with their lines.
+/// so far, with where each stands (its byte offset).
 pub(super) fn agent<'a>(
     cx: &'a Cx<'a>,
     table: &'a DeTable<'_>,
@@ -103,14 +103,17 @@ pub(super) fn agent<'a>(
             ),
         ));
     }
-    if let Some(first) = names.get(name) {
+    if let Some(&first) = names.get(name) {
+        // The line counted only here: counting each name's would scan the
+        // file once an agent.
+        let first = line_col(cx.text, first).0;
         return Err(f.key_error(
             "name",
             name_span,
             format!("duplicate agent name {name:?} (first at line {first})"),
         ));
     }
-    names.insert(name.to_string(), line_col(cx.text, name_span.start).0);
+    names.insert(name.to_string(), name_span.start);
     let scope = format!("agent {name:?}");
     let f = Fields {
         scope: scope.clone(),
