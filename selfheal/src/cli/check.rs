@@ -293,8 +293,10 @@ impl Session {
         })
     }
 
-    /// One check: judge, save the history, print, log transitions.
-    fn once(&mut self, c: &Common) -> anyhow::Result<(u8, String)> {
+    /// One check: judge, save the history, print, log transitions; its
+    /// exit code, and its metrics where `metrics` asks for them (empty
+    /// otherwise; rendered anyway where a metrics file is written).
+    fn once(&mut self, c: &Common, metrics: bool) -> anyhow::Result<(u8, String)> {
         // A snapshot log that could not be opened is tried again on every
         // check (`watch` recovers once the directory is fixed); until then
         // every check says healing is off.
@@ -346,17 +348,21 @@ impl Session {
         {
             tracing::error!("cannot save the state: {e}");
         }
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        let info = metrics::CheckInfo::from_outcomes(
-            &outcomes,
-            selfheal::ebpf::BUILT_IN,
-            helper_up,
-            now,
-            started.elapsed().as_secs_f64(),
-        );
-        let metrics = metrics::render(&outcomes, &self.history, &info);
+        let metrics = if metrics || c.metrics_file.is_some() {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let info = metrics::CheckInfo::from_outcomes(
+                &outcomes,
+                selfheal::ebpf::BUILT_IN,
+                helper_up,
+                now,
+                started.elapsed().as_secs_f64(),
+            );
+            metrics::render(&outcomes, &self.history, &info)
+        } else {
+            String::new()
+        };
         // A metrics file that cannot be written (a full disk, a removed
         // directory) keeps its last good content (the write is atomic); the
         // failure is logged, a gap in every agent's result, and exit code 1
@@ -465,7 +471,7 @@ fn report(outcomes: &[Outcome], json: bool) -> anyhow::Result<()> {
 
 pub fn check(args: CheckArgs) -> Result<Finished, Error> {
     let mut session = Session::open(&args.common)?;
-    let (code, _) = session.once(&args.common)?;
+    let (code, _) = session.once(&args.common, false)?;
     Ok(Finished::Status(code))
 }
 
@@ -495,7 +501,7 @@ pub fn watch(args: WatchArgs) -> Result<Finished, Error> {
     let mut n = 0u64;
     loop {
         let started = Instant::now();
-        let (code, text) = session.once(&args.common)?;
+        let (code, text) = session.once(&args.common, true)?;
         if let Ok(mut m) = metrics.lock() {
             *m = text;
         }
