@@ -624,14 +624,22 @@ struct Read {
 }
 
 /// Why the task iterators are not tried: `off` if given, else when this
-/// process is not root (they need CAP_BPF and CAP_PERFMON) or eBPF is not
-/// built in; `None` when they are to be tried.
+/// process is not root (they need CAP_BPF and CAP_PERFMON), eBPF is not
+/// built in, or this process runs in a pid namespace of its own (where a
+/// pid procfs names is not the pid `pidfd_open` takes, nor the kernel's
+/// the programs read); `None` when they are to be tried.
 fn iterators_off(off: Option<String>) -> Option<String> {
     off.or_else(|| {
         if !ebpf::BUILT_IN {
             Some("eBPF is not built into this binary".into())
         } else if crate::sys::creds::euid() != 0 {
             Some("not root: the kernel's task iterators need CAP_BPF and CAP_PERFMON".into())
+        } else if !ebpf::iter::in_initial_pid_namespace() {
+            Some(
+                "this check runs in a pid namespace of its own, where the task iterators' pids \
+                 are not procfs's"
+                    .into(),
+            )
         } else {
             None
         }

@@ -6,7 +6,8 @@
 //! the collector's evidence and the judge's verdict equal either way;
 //! pins opened only from a bpffs directory root alone can write, and
 //! refused from every other an attacker could arrange; what the pass reads
-//! of a process from its leader equal to its `stat` and `status`.
+//! of a process from its leader equal to its `stat` and `status`; a check
+//! in a pid namespace of its own reading procfs.
 //!
 //! Needs root and the eBPF object.
 
@@ -366,6 +367,67 @@ fn heads_are_read_from_procfs_in_namespaces_of_its_own() {
     let pidns = run(&["unshare", "--pid", "--fork", "--"]);
     assert!(pidns.ends_with("shared=false"), "{pidns}");
     assert_eq!(field(&pidns, "heads"), 0, "{pidns}");
+}
+
+/// A check in a pid namespace of its own (the host's `/proc` still
+/// mounted) reads its agent through procfs: the task iterators would take
+/// procfs's pid for one of its own namespace (`pidfd_open`), find no such
+/// process, and call a live agent down. `watch --count 1` loads the
+/// iterators itself where none are pinned, as `check` opens the helper's.
+#[test]
+fn a_check_in_a_pid_namespace_of_its_own_reads_procfs() {
+    let _area = tests::area(module_path!());
+    if !need_ebpf("iter::a_check_in_a_pid_namespace_of_its_own_reads_procfs") {
+        return;
+    }
+    let agent = Reaped(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep"),
+    );
+    let scratch = tests::Scratch::new("iter-pidns");
+    let config = scratch.join("selfheal.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"sleeper\"\nmatch = {{ pid = {} }}\n",
+            agent.0.id()
+        ),
+    )
+    .expect("config");
+    let once = |wrap: &[&str], tag: &str| -> serde_json::Value {
+        let mut cmd = std::process::Command::new(wrap.first().copied().unwrap_or("env"));
+        cmd.args(wrap.iter().skip(1))
+            .arg(tests::selfheal_bin())
+            .args(["watch", "--count", "1", "--json", "--dry-run", "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(scratch.join(&format!("state-{tag}")))
+            .arg("--snapshot-dir")
+            .arg(scratch.join(&format!("snap-{tag}")));
+        let out = cmd.output().expect("run selfheal watch");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{tag}: no report: {stdout}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+        serde_json::from_str(line).expect("a JSON report")
+    };
+    for (wrap, tag) in [
+        (&[][..], "here"),
+        (&["unshare", "--pid", "--fork", "--"][..], "pidns"),
+    ] {
+        let report = once(wrap, tag);
+        assert_eq!(report["verdict"], "healthy", "{tag}: {report}");
+        let gaps = report["gaps"].to_string();
+        assert!(!gaps.contains("exited before"), "{tag}: {report}");
+    }
 }
 
 /// `a`, read by the iterator, against the same socket in two sock_diag
