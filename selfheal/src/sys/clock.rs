@@ -33,16 +33,32 @@ pub fn mono_ms() -> Option<u64> {
     Some(ns / 1_000_000)
 }
 
+/// The most times [`now`] reads its pair.
+const PAIR_TRIES: usize = 4;
+
 /// A check's time on both clocks, read one right after the other
 /// (`CLOCK_MONOTONIC` first: never ahead of the `CLOCK_BOOTTIME` read after
-/// it). A `CLOCK_MONOTONIC` that cannot be read, or reads ahead, is left
-/// out ([`Now::both`]).
+/// it), and `CLOCK_MONOTONIC` once more after: where that has moved to
+/// another millisecond (the thread was preempted between the reads, or a
+/// millisecond ended), the pair is read again, up to `PAIR_TRIES` times,
+/// so the suspend two checks' pairs tell is the clocks' rounding alone,
+/// not a preemption's length. A `CLOCK_MONOTONIC` that cannot be read, or
+/// reads ahead, is left out ([`Now::both`]).
 pub fn now() -> Now {
-    let mono = mono_ms();
-    let boot = boot_ms();
-    match mono {
-        Some(m) => Now::both(boot, m),
-        None => Now::boot(boot),
+    let mut pair = None;
+    for _ in 0..PAIR_TRIES {
+        let Some(mono) = mono_ms() else {
+            return Now::boot(boot_ms());
+        };
+        let boot = boot_ms();
+        pair = Some((boot, mono));
+        if mono_ms() == Some(mono) {
+            break;
+        }
+    }
+    match pair {
+        Some((boot, mono)) => Now::both(boot, mono),
+        None => Now::boot(boot_ms()),
     }
 }
 
