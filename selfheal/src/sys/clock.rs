@@ -45,20 +45,16 @@ const PAIR_TRIES: usize = 4;
 /// not a preemption's length. A `CLOCK_MONOTONIC` that cannot be read, or
 /// reads ahead, is left out ([`Now::both`]).
 pub fn now() -> Now {
-    let mut pair = None;
-    for _ in 0..PAIR_TRIES {
+    let mut tries = 0;
+    loop {
         let Some(mono) = mono_ms() else {
             return Now::boot(boot_ms());
         };
         let boot = boot_ms();
-        pair = Some((boot, mono));
-        if mono_ms() == Some(mono) {
-            break;
+        tries += 1;
+        if mono_ms() == Some(mono) || tries >= PAIR_TRIES {
+            return Now::both(boot, mono);
         }
-    }
-    match pair {
-        Some((boot, mono)) => Now::both(boot, mono),
-        None => Now::boot(boot_ms()),
     }
 }
 
